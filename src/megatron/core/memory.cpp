@@ -1,0 +1,52 @@
+#include "megatron/core/memory.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace megatron {
+
+namespace {
+std::atomic<size_t> g_cpu_current{0};
+std::atomic<size_t> g_cpu_peak{0};
+
+void* cpu_allocate(size_t bytes, Device) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  MEGATRON_CHECK(p != nullptr, "out of host memory allocating " << bytes << " bytes");
+  const size_t now = g_cpu_current.fetch_add(bytes) + bytes;
+  size_t peak = g_cpu_peak.load();
+  while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+void cpu_release(void* p, size_t bytes, Device) {
+  g_cpu_current.fetch_sub(bytes);
+  std::free(p);
+}
+void cpu_memset_zero(void* p, size_t bytes, Device) { std::memset(p, 0, bytes); }
+
+const DeviceAllocator kCpuAllocator{cpu_allocate, cpu_release, cpu_memset_zero};
+DeviceAllocator g_cuda_allocator;  // set by the CUDA backend when it is built and a GPU is used
+}  // namespace
+
+void register_cuda_allocator(const DeviceAllocator& allocator) { g_cuda_allocator = allocator; }
+
+const DeviceAllocator& allocator_for(Device device) {
+  if (device.is_cpu()) return kCpuAllocator;
+  MEGATRON_CHECK(g_cuda_allocator.allocate != nullptr,
+                 "no CUDA allocator: this build has no CUDA backend or it was not initialised; "
+                 "use --device cpu or a build with CUDA");
+  return g_cuda_allocator;
+}
+
+MemoryStats memory_stats(DeviceType type) {
+  MEGATRON_CHECK(type == DeviceType::cpu, "memory_stats for CUDA is reported by the CUDA backend");
+  return {g_cpu_current.load(), g_cpu_peak.load()};
+}
+
+void reset_peak_memory(DeviceType type) {
+  if (type == DeviceType::cpu) g_cpu_peak.store(g_cpu_current.load());
+}
+
+}  // namespace megatron

@@ -1,0 +1,33 @@
+#pragma once
+// AdamW with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW / Apex FusedAdam:
+//   g  = grad * grad_scale                      (grad_scale folds in 1/loss_scale and clipping)
+//   m  = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
+//   p  = p - lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + weight_decay * p)
+// master, grad, exp_avg, exp_avg_sq: same numel, f32 (or all f64). step t >= 1.
+// model_param: the compute copy (bf16/f32/f64) written from the updated master; may be undefined
+// when the master *is* the model parameter.
+#include <cstdint>
+
+#include "megatron/core/tensor.h"
+
+namespace megatron::ops {
+
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float grad_scale = 1.0f;
+  int64_t step = 1;
+};
+
+void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
+                const AdamWParams& params);
+
+namespace cpu {
+void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
+                const AdamWParams& params);
+}  // namespace cpu
+
+}  // namespace megatron::ops

@@ -1,0 +1,44 @@
+#pragma once
+// Core attention with grouped-query heads (flash-attention contract).
+//   q (S,B,NH,HS); k, v (S,B,G,HS) with NH % G == 0; query head h reads kv group h / (NH/G).
+//   out (S,B,NH,HS) = softmax(scale * q k^T [+ causal mask]) v, with dropout on the
+//   probabilities (mask from CounterRng{seed, stream}, element index ((b*NH + h)*S + i)*S + j,
+//   kept when uniform > p, kept values scaled by 1/(1-p)).
+//   lse (B,NH,S) f32 (f64 for f64 q): log-sum-exp of each row of the scaled scores, returned so
+//   backward recomputes the probabilities instead of storing them.
+// Backward overwrites dq, dk, dv.
+//
+// Fused QKV (Megatron's per-query-group layout): qkv (S,B,G,(r+2)*HS), r = NH/G; each group
+// holds its r query heads, then one key head, then one value head. split copies them out to
+// q (S,B,NH,HS), k, v (S,B,G,HS); merge is its backward (overwrites dqkv).
+#include <cstdint>
+
+#include "megatron/core/tensor.h"
+
+namespace megatron::ops {
+
+struct AttentionParams {
+  bool causal = true;
+  float softmax_scale = 1.0f;  // usually 1/sqrt(HS)
+  float dropout_p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+};
+
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionParams& params);
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
+void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
+void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+namespace cpu {
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionParams& params);
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
+void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
+void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+}  // namespace cpu
+
+}  // namespace megatron::ops

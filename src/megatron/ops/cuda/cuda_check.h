@@ -1,0 +1,17 @@
+#pragma once
+// Error checking for every CUDA runtime and cuBLAS call: failures throw megatron::Error with
+// the call, the error name and the location.
+#include <cuda_runtime.h>
+
+#include "megatron/core/error.h"
+
+#define CUDA_CHECK(call)                                                                         \
+  do {                                                                                           \
+    const cudaError_t megatron_cuda_status_ = (call);                                            \
+    MEGATRON_CHECK(megatron_cuda_status_ == cudaSuccess,                                         \
+                   #call << " failed: " << cudaGetErrorName(megatron_cuda_status_) << " ("       \
+                         << cudaGetErrorString(megatron_cuda_status_) << ")");                   \
+  } while (0)
+
+// After a kernel launch: catches bad launch configurations at the launch site.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

@@ -1,0 +1,23 @@
+#pragma once
+// Choosing and preparing a GPU. Kept free of CUDA headers so host code can include it.
+#include <string>
+
+namespace megatron::cuda {
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  int sm_major = 0;
+  int sm_minor = 0;
+  size_t total_memory = 0;
+  int multiprocessors = 0;
+};
+
+// True when this build has the CUDA backend and at least one GPU is visible.
+bool cuda_available();
+int device_count();
+// Selects GPU `index`, checks it is sm_80 or newer and registers the device allocator.
+// Throws with a clear message when there is no GPU or it is too old.
+DeviceInfo init_device(int index);
+
+}  // namespace megatron::cuda

@@ -1,0 +1,114 @@
+// Public op entry points: route each call to the backend that owns its tensors' memory.
+// The first tensor argument decides; backends check that the others live on the same device.
+#include "megatron/ops/activation.h"
+#include "megatron/ops/adamw.h"
+#include "megatron/ops/attention.h"
+#include "megatron/ops/cross_entropy.h"
+#include "megatron/ops/dropout.h"
+#include "megatron/ops/elementwise.h"
+#include "megatron/ops/embedding.h"
+#include "megatron/ops/gemm.h"
+#include "megatron/ops/norm.h"
+#include "megatron/ops/reduce.h"
+#include "megatron/ops/rope.h"
+
+namespace megatron::ops {
+
+namespace {
+// The CUDA backend (issue: CUDA backend) adds its branch here; until an op has one, a CUDA
+// tensor reaching it is a clear error rather than a silent host round-trip.
+void require_cpu_backend(const Tensor& t, const char* op) {
+  MEGATRON_CHECK(t.device().is_cpu(), op << " has no CUDA implementation in this build; run with --device cpu");
+}
+}  // namespace
+
+#define MEGATRON_DISPATCH(first, fn, ...)   \
+  do {                                      \
+    require_cpu_backend(first, #fn);        \
+    return cpu::fn(__VA_ARGS__);            \
+  } while (0)
+
+void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& p) {
+  MEGATRON_DISPATCH(c, matmul, c, a, b, p);
+}
+void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  MEGATRON_DISPATCH(y, linear_forward, y, x, w, bias);
+}
+void linear_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w) {
+  MEGATRON_DISPATCH(dy, linear_backward, dx, dw, db, dy, x, w);
+}
+
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& w, const EmbeddingParams& p) {
+  MEGATRON_DISPATCH(out, embedding_forward, out, tokens, w, p);
+}
+void embedding_backward(Tensor& dw, const Tensor& dout, const Tensor& tokens, const EmbeddingParams& p) {
+  MEGATRON_DISPATCH(dw, embedding_backward, dw, dout, tokens, p);
+}
+
+void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b,
+                  const NormParams& p) {
+  MEGATRON_DISPATCH(y, norm_forward, y, mean, rstd, x, w, b, p);
+}
+void norm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                   const Tensor& mean, const Tensor& rstd, const NormParams& p) {
+  MEGATRON_DISPATCH(dy, norm_backward, dx, dw, db, dy, x, w, mean, rstd, p);
+}
+
+void gelu_forward(Tensor& y, const Tensor& x) { MEGATRON_DISPATCH(y, gelu_forward, y, x); }
+void gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) { MEGATRON_DISPATCH(dx, gelu_backward, dx, dy, x); }
+void swiglu_forward(Tensor& y, const Tensor& x) { MEGATRON_DISPATCH(y, swiglu_forward, y, x); }
+void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
+  MEGATRON_DISPATCH(dx, swiglu_backward, dx, dy, x);
+}
+
+void rope_forward(Tensor& y, const Tensor& x, const RopeParams& p) { MEGATRON_DISPATCH(y, rope_forward, y, x, p); }
+void rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& p) {
+  MEGATRON_DISPATCH(dx, rope_backward, dx, dy, p);
+}
+
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionParams& p) {
+  MEGATRON_DISPATCH(out, attention_forward, out, lse, q, k, v, p);
+}
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& p) {
+  MEGATRON_DISPATCH(dq, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, p);
+}
+void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) { MEGATRON_DISPATCH(q, qkv_split, q, k, v, qkv); }
+void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  MEGATRON_DISPATCH(dqkv, qkv_merge, dqkv, dq, dk, dv);
+}
+
+void cross_entropy_forward(Tensor& losses, Tensor& lse, const Tensor& logits, const Tensor& targets) {
+  MEGATRON_DISPATCH(losses, cross_entropy_forward, losses, lse, logits, targets);
+}
+void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& loss_mask, float grad_scale) {
+  MEGATRON_DISPATCH(dlogits, cross_entropy_backward, dlogits, logits, targets, lse, loss_mask, grad_scale);
+}
+
+void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& p) {
+  MEGATRON_DISPATCH(y, dropout_forward, y, x, p);
+}
+void dropout_backward(Tensor& dx, const Tensor& dy, const DropoutParams& p) {
+  MEGATRON_DISPATCH(dx, dropout_backward, dx, dy, p);
+}
+
+void add(Tensor& out, const Tensor& a, const Tensor& b) { MEGATRON_DISPATCH(out, add, out, a, b); }
+void add_scaled(Tensor& out, const Tensor& x, float alpha) { MEGATRON_DISPATCH(out, add_scaled, out, x, alpha); }
+void scale(Tensor& out, const Tensor& x, float alpha) { MEGATRON_DISPATCH(out, scale, out, x, alpha); }
+void cast(Tensor& out, const Tensor& x) { MEGATRON_DISPATCH(out, cast, out, x); }
+void transpose01(Tensor& out, const Tensor& in) { MEGATRON_DISPATCH(out, transpose01, out, in); }
+
+void sum_squares(Tensor& acc, const Tensor& x) { MEGATRON_DISPATCH(acc, sum_squares, acc, x); }
+void dot(Tensor& acc, const Tensor& a, const Tensor& b) { MEGATRON_DISPATCH(acc, dot, acc, a, b); }
+void count_nonfinite(Tensor& acc, const Tensor& x) { MEGATRON_DISPATCH(acc, count_nonfinite, acc, x); }
+
+void adamw_step(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad, Tensor& model_param,
+                const AdamWParams& p) {
+  MEGATRON_DISPATCH(master, adamw_step, master, m, v, grad, model_param, p);
+}
+
+#undef MEGATRON_DISPATCH
+
+}  // namespace megatron::ops

@@ -1,0 +1,26 @@
+#pragma once
+// Inverted dropout with a regenerated mask: element i is kept when
+// CounterRng{seed, stream}.uniform(i) > p, and kept elements are scaled by 1/(1-p).
+// Backward regenerates the same mask from (seed, stream); nothing is stored. p = 0 copies.
+// y may alias x; dx may alias dy.
+#include <cstdint>
+
+#include "megatron/core/tensor.h"
+
+namespace megatron::ops {
+
+struct DropoutParams {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+};
+
+void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& params);
+void dropout_backward(Tensor& dx, const Tensor& dy, const DropoutParams& params);
+
+namespace cpu {
+void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& params);
+void dropout_backward(Tensor& dx, const Tensor& dy, const DropoutParams& params);
+}  // namespace cpu
+
+}  // namespace megatron::ops

@@ -1,0 +1,29 @@
+#pragma once
+// Rotary position embedding on x (S,B,H,D), Megatron's convention:
+//   rot_dim = int(D * rotary_percent) (even); inv_freq[j] = 1 / base^(2j / rot_dim), j < rot_dim/2,
+//   computed in float32; angle = (position_offset + s) * inv_freq[j].
+//   Non-interleaved (default, GPT-NeoX style): pairs are (i, i + rot_dim/2):
+//     y[i] = x[i] cos - x[i+h] sin,  y[i+h] = x[i+h] cos + x[i] sin   (h = rot_dim/2)
+//   Interleaved: pairs are (2j, 2j+1) with the same angle j.
+//   Channels >= rot_dim pass through. Backward applies the inverse rotation; dx overwritten.
+// y may alias x (in place).
+#include "megatron/core/tensor.h"
+
+namespace megatron::ops {
+
+struct RopeParams {
+  float base = 10000.0f;
+  float percent = 1.0f;
+  bool interleaved = false;
+  int64_t position_offset = 0;
+};
+
+void rope_forward(Tensor& y, const Tensor& x, const RopeParams& params);
+void rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params);
+
+namespace cpu {
+void rope_forward(Tensor& y, const Tensor& x, const RopeParams& params);
+void rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params);
+}  // namespace cpu
+
+}  // namespace megatron::ops
