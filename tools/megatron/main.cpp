@@ -1,10 +1,50 @@
-// The `megatron` executable: one subcommand per file in this directory.
+// The `megatron` executable: `megatron <subcommand> [flags]`, one subcommand per file here.
+// Errors surface as one clear message on stderr and a non-zero exit.
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <string>
 
+#include "commands.h"
+#include "megatron/core/error.h"
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  int (*run)(const megatron::tools::Args&);
+  const char* help;
+};
+
+constexpr Subcommand kSubcommands[] = {
+    {"train", megatron::tools::train, "train a GPT model (Megatron-LM's pretrain_gpt.py flags)"},
+    {"preprocess-data", megatron::tools::preprocess_data, "tokenize JSONL into Megatron .bin/.idx files"},
+    {"generate", megatron::tools::generate, "sample text from a checkpoint"},
+};
+
+void print_usage(FILE* out) {
+  std::fprintf(out, "usage: megatron <subcommand> [flags]    (megatron <subcommand> --help for its flags)\n\n");
+  for (const auto& s : kSubcommands) std::fprintf(out, "  %-16s %s\n", s.name, s.help);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  (void)argc;
-  (void)argv;
-  std::puts("megatron: placeholder during bring-up");
-  return 0;
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    print_usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const megatron::tools::Args args(argv + 2, argv + argc);
+  for (const auto& s : kSubcommands) {
+    if (std::strcmp(argv[1], s.name) != 0) continue;
+    try {
+      return s.run(args);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "megatron %s: error: %s\n", s.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "megatron: unknown subcommand '%s'\n\n", argv[1]);
+  print_usage(stderr);
+  return 2;
 }

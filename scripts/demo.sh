@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The main job, end to end on one CPU: install what is missing, build, turn the fortune-cookie
+# corpus (Debian's `fortunes` packages) into Megatron .bin/.idx data, train a small GPT on it,
+# show the validation loss falling, and print text sampled from the trained model.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh release >/dev/null
+bin=build/release/megatron
+work="${MEGATRON_DEMO_DIR:-/tmp/megatron-demo}"
+iters="${MEGATRON_DEMO_ITERS:-600}"
+rm -rf "$work" && mkdir -p "$work"
+
+# One JSON document per fortune (entries are separated by lines holding a single '%').
+# Backslashes become '/', tabs spaces and other control characters are dropped, so the only
+# escapes needed are \" and \n.
+for f in /usr/share/games/fortunes/*; do
+  case "$f" in *.dat|*.u8|*/art|*/ascii-art) continue ;; esac
+  [ -f "$f" ] && cat "$f" && echo "%"
+done | LC_ALL=C awk '
+  function flush() {
+    if (doc != "") {
+      gsub(/\\/, "/", doc); gsub(/\t/, " ", doc); gsub(/"/, "\\\"", doc); gsub(/\n/, "\\n", doc)
+      gsub(/[\001-\037\177]/, "", doc)
+      printf "{\"text\": \"%s\"}\n", doc
+    }
+    doc = ""
+  }
+  $0 == "%" { flush(); next }
+  { doc = (doc == "" ? $0 : doc "\n" $0) }
+  END { flush() }' > "$work/fortunes.jsonl"
+echo "corpus: $(wc -l < "$work/fortunes.jsonl") fortunes, $(du -h "$work/fortunes.jsonl" | cut -f1)"
+
+"$bin" preprocess-data --input "$work/fortunes.jsonl" --output-prefix "$work/fortunes" \
+  --tokenizer-type ByteTokenizer --append-eod --workers 2
+
+"$bin" train \
+  --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128 \
+  --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear \
+  --attention-dropout 0 --hidden-dropout 0 \
+  --micro-batch-size 16 --global-batch-size 16 --train-iters "$iters" \
+  --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 30 --weight-decay 0.1 --clip-grad 1.0 \
+  --data-path "$work/fortunes_text_document" --split 95,5,0 --tokenizer-type ByteTokenizer \
+  --log-interval 50 --eval-interval 100 --eval-iters 4 \
+  --save "$work/checkpoints" --save-interval "$iters" --metrics-file "$work/metrics.jsonl" \
+  --device cpu
+
+echo
+echo "validation loss by iteration (from $work/metrics.jsonl):"
+grep '"validation"' "$work/metrics.jsonl" | sed -E 's/.*"iteration":([0-9]+).*"lm_loss":([0-9.eE+-]+).*/  \1  \2/'
+echo
+"$bin" generate --load "$work/checkpoints" --prompt "The " --max-new-tokens 200 --num-samples 3 \
+  --temperature 0.8 --top-k 20 --seed 7

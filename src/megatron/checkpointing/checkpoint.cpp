@@ -1,0 +1,541 @@
+#include "megatron/checkpointing/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "megatron/checkpointing/atomic_file.h"
+#include "megatron/checkpointing/crc32c.h"
+#include "megatron/checkpointing/safetensors.h"
+#include "megatron/core/error.h"
+#include "megatron/core/logging.h"
+
+namespace megatron::checkpointing {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormatName = "megatron-cpp-sharded";
+constexpr int kFormatVersion = 1;
+constexpr const char* kMetadataFile = "metadata.json";
+constexpr const char* kCommonFile = "common.json";
+
+// Where one shard lives, and which part of the global tensor it holds.
+struct ShardLocation {
+  std::string file;
+  std::string key;
+  Shape global_offset;
+  Shape local_shape;
+};
+
+struct TensorMeta {
+  DType dtype = DType::f32;
+  Shape global_shape;
+  std::vector<ShardLocation> shards;
+};
+
+using TensorTable = std::map<std::string, TensorMeta>;
+
+// What one rank wrote: its files' digests and its shards. Ranks send this to rank 0.
+struct RankReport {
+  std::map<std::string, FileDigest> files;
+  std::vector<std::pair<std::string, TensorMeta>> shards;  // one shard each
+};
+
+std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
+
+std::string hex32(uint32_t value) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", value);
+  return text;
+}
+
+std::string rank_file(const char* kind, int rank) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%s_rank_%05d.safetensors", kind, rank);
+  return text;
+}
+
+std::string iteration_dir_name(int64_t iteration) {
+  if (iteration == kReleaseIteration) return "release";
+  char text[32];
+  std::snprintf(text, sizeof(text), "iter_%07lld", static_cast<long long>(iteration));
+  return text;
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Decimal iteration numbers; more than 18 digits could overflow int64.
+std::optional<int64_t> parse_iteration(const std::string& digits) {
+  if (!all_digits(digits) || digits.size() > 18) return std::nullopt;
+  return std::stoll(digits);
+}
+
+std::optional<int64_t> iteration_of_dir_name(const std::string& name) {
+  if (name.rfind("iter_", 0) != 0) return std::nullopt;
+  return parse_iteration(name.substr(5));
+}
+
+// Quoted and escaped, for messages about file contents that may be binary garbage.
+std::string quoted(const std::string& text) {
+  return json(text.substr(0, 64)).dump(-1, ' ', true, json::error_handler_t::replace) + (text.size() > 64 ? "..." : "");
+}
+
+std::string list_names(const std::vector<std::string>& names) {
+  std::ostringstream os;
+  for (size_t i = 0; i < names.size() && i < 5; ++i) os << (i ? ", " : "") << "'" << names[i] << "'";
+  if (names.size() > 5) os << ", ... (" << names.size() << " in all)";
+  return names.empty() ? "none" : os.str();
+}
+
+// ---- shard geometry -------------------------------------------------------------------------
+
+// The shards must tile the global shape: each inside it, no two sharing an element, and together
+// as many elements as the whole. `where` names the tensor's origin in messages.
+void check_tiling(const std::string& where, const std::string& name, const TensorMeta& t) {
+  const size_t rank = t.global_shape.size();
+  int64_t covered = 0;
+  for (const ShardLocation& s : t.shards) {
+    MEGATRON_CHECK(s.global_offset.size() == rank && s.local_shape.size() == rank,
+                   where << ": shard of tensor '" << name << "' at offset " << shape_str(s.global_offset)
+                         << " with shape " << shape_str(s.local_shape) << " does not have the " << rank
+                         << " dimensions of global shape " << shape_str(t.global_shape));
+    for (size_t d = 0; d < rank; ++d)
+      MEGATRON_CHECK(s.global_offset[d] >= 0 && s.local_shape[d] >= 0 &&
+                         s.global_offset[d] + s.local_shape[d] <= t.global_shape[d],
+                     where << ": shard of tensor '" << name << "' at offset " << shape_str(s.global_offset)
+                           << " with shape " << shape_str(s.local_shape) << " lies outside global shape "
+                           << shape_str(t.global_shape));
+    covered += shape_numel(s.local_shape);
+  }
+  for (size_t i = 0; i < t.shards.size(); ++i)
+    for (size_t j = i + 1; j < t.shards.size(); ++j) {
+      const ShardLocation &a = t.shards[i], &b = t.shards[j];
+      bool overlap = shape_numel(a.local_shape) > 0 && shape_numel(b.local_shape) > 0;
+      for (size_t d = 0; d < rank && overlap; ++d)
+        overlap = a.global_offset[d] < b.global_offset[d] + b.local_shape[d] &&
+                  b.global_offset[d] < a.global_offset[d] + a.local_shape[d];
+      MEGATRON_CHECK(!overlap, where << ": shards of tensor '" << name << "' at offsets " << shape_str(a.global_offset)
+                                     << " and " << shape_str(b.global_offset)
+                                     << " overlap; each element must be saved by exactly one rank "
+                                     << "(save one replica of data-parallel copies)");
+    }
+  MEGATRON_CHECK(covered == shape_numel(t.global_shape),
+                 where << ": shards of tensor '" << name << "' cover " << covered << " of the "
+                       << shape_numel(t.global_shape) << " elements of global shape " << shape_str(t.global_shape)
+                       << "; every element must be saved by some rank");
+}
+
+// Copies the box `extent` that starts at src_start in a row-major array of shape src_shape to
+// dst_start in one of shape dst_shape, a row of the innermost dimension at a time.
+void copy_box(const uint8_t* src, const Shape& src_shape, const Shape& src_start, uint8_t* dst, const Shape& dst_shape,
+              const Shape& dst_start, const Shape& extent, size_t element_size) {
+  if (shape_numel(extent) == 0) return;
+  const size_t rank = extent.size();
+  if (rank == 0) {
+    std::memcpy(dst, src, element_size);
+    return;
+  }
+  const auto linear = [rank](const Shape& shape, const Shape& start, const Shape& index) {
+    int64_t offset = 0;
+    for (size_t d = 0; d < rank; ++d) offset = offset * shape[d] + start[d] + index[d];
+    return size_t(offset);
+  };
+  const size_t row_bytes = size_t(extent.back()) * element_size;
+  Shape index(rank, 0);  // position inside the box; the innermost entry stays 0
+  while (true) {
+    std::memcpy(dst + linear(dst_shape, dst_start, index) * element_size,
+                src + linear(src_shape, src_start, index) * element_size, row_bytes);
+    int d = int(rank) - 2;
+    for (; d >= 0; --d) {
+      if (++index[size_t(d)] < extent[size_t(d)]) break;
+      index[size_t(d)] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+// ---- saving ---------------------------------------------------------------------------------
+
+void check_sharded_tensor(const ShardedTensor& s) {
+  MEGATRON_CHECK(!s.name.empty(), "a sharded tensor has an empty name; give every tensor its global name");
+  MEGATRON_CHECK(s.local.defined(), "sharded tensor '" << s.name << "' has no local data");
+  MEGATRON_CHECK(s.local.device().is_cpu(), "sharded tensor '" << s.name << "' is on " << s.local.device().str()
+                                                               << "; copy it to host memory before saving");
+  MEGATRON_CHECK(s.global_shape.size() == s.global_offset.size() && s.global_shape.size() == s.local.shape().size(),
+                 "sharded tensor '" << s.name << "': global shape " << shape_str(s.global_shape) << ", offset "
+                                    << shape_str(s.global_offset) << " and local shape " << shape_str(s.local.shape())
+                                    << " must have the same number of dimensions");
+}
+
+// Writes one rank's shards of one kind into `file`, recording its digest and shard locations.
+void write_shard_file(const std::string& dir, const std::string& file, const std::vector<ShardedTensor>& shards,
+                      RankReport& report) {
+  if (shards.empty()) return;
+  std::map<std::string, int> count;
+  for (const ShardedTensor& s : shards) ++count[s.name];
+  std::vector<NamedTensor> named;
+  for (const ShardedTensor& s : shards) {
+    std::string key = s.name;
+    if (count[s.name] > 1) {
+      key += "@";
+      for (size_t d = 0; d < s.global_offset.size(); ++d) key += (d ? "," : "") + std::to_string(s.global_offset[d]);
+    }
+    named.push_back({key, s.local});
+    report.shards.push_back(
+        {s.name, {s.local.dtype(), s.global_shape, {{file, key, s.global_offset, s.local.shape()}}}});
+  }
+  report.files[file] = write_safetensors(join(dir, file), named, {{"format", kFormatName}});
+}
+
+FileDigest write_common(const std::string& dir, int64_t iteration, const json& common) {
+  std::string text;
+  try {
+    text = json{{"iteration", iteration}, {"state", common}}.dump(2);
+  } catch (const json::exception& e) {
+    MEGATRON_FAIL("cannot save the common checkpoint state: " << e.what() << "; strings must be valid UTF-8");
+  }
+  return write_file_atomic(join(dir, kCommonFile), text);
+}
+
+// Rank 0: merges the ranks' reports into the tensor table and checks that the shards tile it.
+TensorTable merge_reports(const std::vector<RankReport>& reports) {
+  TensorTable table;
+  for (const RankReport& report : reports)
+    for (const auto& [name, shard] : report.shards) {
+      auto [it, inserted] = table.try_emplace(name, TensorMeta{shard.dtype, shard.global_shape, {}});
+      TensorMeta& t = it->second;
+      MEGATRON_CHECK(t.dtype == shard.dtype && t.global_shape == shard.global_shape,
+                     "shards of tensor '" << name << "' disagree: " << dtype_name(t.dtype) << " "
+                                          << shape_str(t.global_shape) << " versus " << dtype_name(shard.dtype) << " "
+                                          << shape_str(shard.global_shape)
+                                          << "; all shards must share dtype and global shape");
+      t.shards.push_back(shard.shards.front());
+    }
+  for (const auto& [name, t] : table) check_tiling("cannot save checkpoint", name, t);
+  return table;
+}
+
+json tensor_to_json(const TensorMeta& t) {
+  json shards = json::array();
+  for (const ShardLocation& s : t.shards)
+    shards.push_back(
+        {{"file", s.file}, {"key", s.key}, {"global_offset", s.global_offset}, {"local_shape", s.local_shape}});
+  return {{"dtype", safetensors_dtype_name(t.dtype)}, {"global_shape", t.global_shape}, {"shards", shards}};
+}
+
+// The checksum covers the compact dump of the object without "checksum"; nlohmann::json keeps keys
+// sorted and the metadata holds only strings and integers, so the dump is canonical.
+std::string metadata_checksum(const json& metadata) {
+  const std::string canonical = metadata.dump();
+  return hex32(crc32c(canonical.data(), canonical.size()));
+}
+
+void write_metadata(const std::string& dir, int64_t iteration, int world_size,
+                    const std::map<std::string, FileDigest>& files, const TensorTable& tensors) {
+  json metadata = {{"format", kFormatName},
+                   {"format_version", kFormatVersion},
+                   {"iteration", iteration},
+                   {"world_size", world_size}};
+  json& files_json = metadata["files"] = json::object();
+  for (const auto& [name, digest] : files)
+    files_json[name] = {{"bytes", digest.bytes}, {"crc32c", hex32(digest.crc32c)}};
+  json& tensors_json = metadata["tensors"] = json::object();
+  for (const auto& [name, t] : tensors) tensors_json[name] = tensor_to_json(t);
+  metadata["checksum"] = metadata_checksum(metadata);
+  write_file_atomic(join(dir, kMetadataFile), metadata.dump(1));
+}
+
+void write_tracker(const std::string& save_dir, int64_t iteration) {
+  write_file_atomic(join(save_dir, kTrackerFileName),
+                    iteration == kReleaseIteration ? std::string("release") : std::to_string(iteration));
+}
+
+// Leftovers of crashed saves: staging copies of iteration directories and of the tracker.
+void remove_stale_staging(const std::string& save_dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(save_dir, ec)) {
+    const std::optional<std::string> base = staging_base_name(entry.path().filename().string());
+    if (!base || !(iteration_of_dir_name(*base) || *base == "release" || *base == kTrackerFileName)) continue;
+    std::error_code remove_ec;
+    fs::remove_all(entry.path(), remove_ec);
+    if (remove_ec) LOG_WARN("could not remove stale '" << entry.path().string() << "': " << remove_ec.message());
+  }
+}
+
+// ---- loading --------------------------------------------------------------------------------
+
+std::string earlier_checkpoints_hint(const std::string& load_dir, int64_t iteration) {
+  std::vector<int64_t> earlier;
+  for (int64_t i : list_checkpoints(load_dir))
+    if (iteration == kReleaseIteration || i < iteration) earlier.push_back(i);
+  if (earlier.empty()) return "no earlier checkpoint exists in '" + load_dir + "'";
+  std::string list;
+  for (int64_t i : earlier) list += (list.empty() ? "" : ", ") + std::to_string(i);
+  return "load an earlier iteration instead (available in '" + load_dir + "': " + list + ")";
+}
+
+TensorMeta tensor_from_json(const json& j) {
+  TensorMeta t;
+  const std::string dtype = j.at("dtype").get<std::string>();
+  const std::optional<DType> parsed = dtype_from_safetensors_name(dtype);
+  MEGATRON_CHECK(parsed.has_value(), "unknown dtype '" << dtype << "'");
+  t.dtype = *parsed;
+  t.global_shape = j.at("global_shape").get<Shape>();
+  for (const json& s : j.at("shards"))
+    t.shards.push_back({s.at("file").get<std::string>(), s.at("key").get<std::string>(),
+                        s.at("global_offset").get<Shape>(), s.at("local_shape").get<Shape>()});
+  return t;
+}
+
+// Reads metadata.json and checks its own checksum and format.
+json read_metadata(const std::string& dir, int64_t iteration, const std::string& hint) {
+  const std::string path = join(dir, kMetadataFile);
+  MEGATRON_CHECK(fs::exists(path), "checkpoint '" << dir << "' has no " << kMetadataFile
+                                                  << ": its save did not complete, or it is not a megatron-cpp "
+                                                  << "checkpoint; " << hint);
+  json metadata = json::parse(read_file(path), nullptr, false);
+  MEGATRON_CHECK(metadata.is_object() && metadata.contains("checksum") && metadata["checksum"].is_string(),
+                 "checkpoint metadata '" << path << "' is not a JSON object with a checksum: the checkpoint is "
+                                         << "corrupt; " << hint);
+  const std::string expected = metadata["checksum"].get<std::string>();
+  metadata.erase("checksum");
+  const std::string actual = metadata_checksum(metadata);
+  MEGATRON_CHECK(actual == expected, "checkpoint metadata '" << path << "' fails its checksum (CRC32C expected "
+                                                             << expected << ", actual " << actual
+                                                             << "): the checkpoint is corrupt; " << hint);
+  MEGATRON_CHECK(metadata.value("format", "") == kFormatName && metadata.value("format_version", 0) == kFormatVersion,
+                 "checkpoint '" << dir << "' has format " << quoted(metadata.value("format", "")) << " version "
+                                << metadata.value("format_version", 0) << "; this build reads " << kFormatName
+                                << " version " << kFormatVersion);
+  MEGATRON_CHECK(metadata.value("iteration", int64_t(-2)) == iteration,
+                 "checkpoint '" << dir << "' records iteration " << metadata.value("iteration", int64_t(-2)) << ", not "
+                                << iteration << " as its directory name says; it was moved or renamed");
+  return metadata;
+}
+
+// Every listed file must have the recorded size and CRC-32C: a flipped bit anywhere is caught
+// before any tensor is used.
+void verify_files(const std::string& dir, const json& files, const std::string& hint) {
+  for (const auto& item : files.items()) {
+    const std::string& name = item.key();
+    MEGATRON_CHECK(name.find('/') == std::string::npos && name != "." && name != "..",
+                   "checkpoint '" << dir << "' lists file " << quoted(name) << ", which is not a plain file name");
+    const std::string path = join(dir, name);
+    MEGATRON_CHECK(fs::is_regular_file(path),
+                   "checkpoint file '" << path << "' is missing: the checkpoint is incomplete; " << hint);
+    const FileDigest actual = digest_file(path);
+    const uint64_t bytes = item.value().at("bytes").get<uint64_t>();
+    const std::string crc = item.value().at("crc32c").get<std::string>();
+    MEGATRON_CHECK(actual.bytes == bytes, "checkpoint file '" << path << "' has " << actual.bytes << " bytes, expected "
+                                                              << bytes << ": the checkpoint is corrupt; " << hint);
+    MEGATRON_CHECK(hex32(actual.crc32c) == crc, "checkpoint file '" << path << "' fails its checksum (CRC32C expected "
+                                                                    << crc << ", actual " << hex32(actual.crc32c)
+                                                                    << "): the checkpoint is corrupt; " << hint);
+  }
+}
+
+}  // namespace
+
+// ---- public API -----------------------------------------------------------------------------
+
+std::string checkpoint_directory(const std::string& root, int64_t iteration) {
+  MEGATRON_CHECK(iteration >= 0 || iteration == kReleaseIteration,
+                 "checkpoint iteration " << iteration << " is negative; use a non-negative iteration or "
+                                         << "kReleaseIteration");
+  return join(root, iteration_dir_name(iteration));
+}
+
+std::optional<int64_t> read_tracker(const std::string& load_dir) {
+  const std::string path = join(load_dir, kTrackerFileName);
+  if (!fs::exists(path)) return std::nullopt;
+  const std::string content = read_file(path);
+  const size_t first = content.find_first_not_of(" \t\r\n");
+  const std::string trimmed =
+      first == std::string::npos ? "" : content.substr(first, content.find_last_not_of(" \t\r\n") - first + 1);
+  if (trimmed == "release") return kReleaseIteration;
+  const std::optional<int64_t> iteration = parse_iteration(trimmed);
+  MEGATRON_CHECK(iteration.has_value(), "checkpoint tracker '" << path << "' holds " << quoted(content)
+                                                               << "; expected an iteration number in ASCII decimal "
+                                                               << "or 'release'. Fix or delete the file");
+  return iteration;
+}
+
+std::vector<int64_t> list_checkpoints(const std::string& load_dir) {
+  std::vector<int64_t> iterations;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(load_dir, ec)) {
+    const std::optional<int64_t> iteration = iteration_of_dir_name(entry.path().filename().string());
+    if (iteration && entry.is_directory()) iterations.push_back(*iteration);
+  }
+  std::sort(iterations.begin(), iterations.end());
+  return iterations;
+}
+
+void save_checkpoint(const std::string& save_dir, int64_t iteration, const std::vector<ShardedTensor>& model,
+                     const std::vector<ShardedTensor>& optimizer, const json& common, const SaveOptions& options) {
+  const auto stage = [&](const char* name) {
+    if (options.on_stage) options.on_stage(name);
+  };
+  std::set<std::string> model_names;
+  for (const ShardedTensor& s : model) {
+    check_sharded_tensor(s);
+    model_names.insert(s.name);
+  }
+  for (const ShardedTensor& s : optimizer) {
+    check_sharded_tensor(s);
+    MEGATRON_CHECK(model_names.count(s.name) == 0, "tensor name '" << s.name << "' is used by both the model and the "
+                                                                   << "optimizer state; names must be unique");
+  }
+  const std::string final_dir = checkpoint_directory(save_dir, iteration);
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);
+  MEGATRON_CHECK(!ec, "cannot create checkpoint directory '" << save_dir << "': " << ec.message()
+                                                             << "; check the path and its permissions");
+
+  const int rank = 0, world_size = 1;  // the single-process case of the protocol in checkpoint.h
+  StagedDirectory staged(final_dir);
+  RankReport report;
+  write_shard_file(staged.path(), rank_file("model", rank), model, report);
+  stage("after_model_file");
+  write_shard_file(staged.path(), rank_file("optim", rank), optimizer, report);
+  stage("after_optim_file");
+
+  const TensorTable tensors = merge_reports({report});
+  std::map<std::string, FileDigest> files = report.files;
+  files[kCommonFile] = write_common(staged.path(), iteration, common);
+  stage("after_common_file");
+  write_metadata(staged.path(), iteration, world_size, files, tensors);
+  stage("before_publish");
+  staged.publish();
+  stage("before_tracker");
+  write_tracker(save_dir, iteration);
+  stage("after_tracker");
+  remove_stale_staging(save_dir);
+}
+
+struct CheckpointReader::State {
+  std::string directory;
+  int64_t iteration = 0;
+  json common;
+  TensorTable tensors;
+  std::map<std::string, SafetensorsReader> files;
+};
+
+CheckpointReader CheckpointReader::open(const std::string& load_dir, int64_t iteration) {
+  auto state = std::make_shared<State>();
+  state->directory = checkpoint_directory(load_dir, iteration);
+  state->iteration = iteration;
+  const std::string hint = earlier_checkpoints_hint(load_dir, iteration);
+  MEGATRON_CHECK(fs::is_directory(state->directory),
+                 "checkpoint directory '" << state->directory << "' does not exist; " << hint);
+  const std::string where = "checkpoint metadata '" + join(state->directory, kMetadataFile) + "'";
+  json metadata;
+  // Past the checksums, a structure that does not parse is a writer's bug rather than a flipped
+  // bit; either way the checkpoint cannot be used.
+  try {
+    metadata = read_metadata(state->directory, iteration, hint);
+    verify_files(state->directory, metadata.at("files"), hint);
+    for (const auto& item : metadata.at("tensors").items()) state->tensors[item.key()] = tensor_from_json(item.value());
+    const json common = json::parse(read_file(join(state->directory, kCommonFile)));
+    MEGATRON_CHECK(common.at("iteration").get<int64_t>() == iteration,
+                   "'" << join(state->directory, kCommonFile) << "' records iteration " << common.at("iteration")
+                       << ", not " << iteration << ": the directory mixes files of different saves; " << hint);
+    state->common = common.at("state");
+  } catch (const json::exception& e) {
+    MEGATRON_FAIL(where << " or " << kCommonFile << " is malformed (" << e.what() << "); " << hint);
+  }
+  for (const auto& [name, t] : state->tensors) {
+    check_tiling(where, name, t);
+    for (const ShardLocation& s : t.shards) {
+      MEGATRON_CHECK(metadata["files"].contains(s.file),
+                     where << ": tensor '" << name << "' has a shard in unlisted file '" << s.file << "'");
+      auto it = state->files.find(s.file);
+      if (it == state->files.end())
+        it = state->files.emplace(s.file, SafetensorsReader::open(join(state->directory, s.file))).first;
+      const SafetensorsEntry& entry = it->second.info(s.key);
+      MEGATRON_CHECK(entry.dtype == t.dtype && entry.shape == s.local_shape,
+                     where << ": shard '" << s.key << "' of '" << s.file << "' is " << dtype_name(entry.dtype) << " "
+                           << shape_str(entry.shape) << " but the metadata says " << dtype_name(t.dtype) << " "
+                           << shape_str(s.local_shape));
+    }
+  }
+  CheckpointReader reader;
+  reader.state_ = std::move(state);
+  return reader;
+}
+
+const std::string& CheckpointReader::directory() const { return state_->directory; }
+int64_t CheckpointReader::iteration() const { return state_->iteration; }
+const json& CheckpointReader::common() const { return state_->common; }
+
+std::vector<std::string> CheckpointReader::names() const {
+  std::vector<std::string> names;
+  for (const auto& item : state_->tensors) names.push_back(item.first);
+  return names;
+}
+
+bool CheckpointReader::has(const std::string& name) const { return state_->tensors.count(name) != 0; }
+
+TensorInfo CheckpointReader::info(const std::string& name) const {
+  const auto it = state_->tensors.find(name);
+  MEGATRON_CHECK(it != state_->tensors.end(), "tensor '" << name << "' is not in checkpoint '" << state_->directory
+                                                         << "'; it holds " << list_names(names()));
+  return {it->second.global_shape, it->second.dtype};
+}
+
+void CheckpointReader::load(const std::string& name, const Shape& global_offset, Tensor& dest) const {
+  const TensorInfo tensor = info(name);
+  const TensorMeta& meta = state_->tensors.at(name);
+  const size_t rank = tensor.global_shape.size();
+  MEGATRON_CHECK(dest.defined() && dest.device().is_cpu(),
+                 "loading tensor '" << name << "' needs a defined CPU destination tensor");
+  MEGATRON_CHECK(dest.shape().size() == rank && global_offset.size() == rank,
+                 "loading tensor '" << name << "' of global shape " << shape_str(tensor.global_shape) << " into "
+                                    << shape_str(dest.shape()) << " at offset " << shape_str(global_offset)
+                                    << ": the number of dimensions differs");
+  for (size_t d = 0; d < rank; ++d)
+    MEGATRON_CHECK(global_offset[d] >= 0 && global_offset[d] + dest.shape()[d] <= tensor.global_shape[d],
+                   "loading tensor '" << name << "': slice at offset " << shape_str(global_offset) << " with shape "
+                                      << shape_str(dest.shape()) << " lies outside global shape "
+                                      << shape_str(tensor.global_shape));
+  const Shape origin(rank, 0);
+  const size_t stored_size = dtype_size(tensor.dtype);
+  for (const ShardLocation& s : meta.shards) {
+    Shape lo(rank), extent(rank);
+    bool overlaps = true;
+    for (size_t d = 0; d < rank && overlaps; ++d) {
+      lo[d] = std::max(global_offset[d], s.global_offset[d]);
+      extent[d] = std::min(global_offset[d] + dest.shape()[d], s.global_offset[d] + s.local_shape[d]) - lo[d];
+      overlaps = extent[d] > 0;
+    }
+    if (!overlaps) continue;
+    Shape src_start(rank), dst_start(rank);
+    for (size_t d = 0; d < rank; ++d) {
+      src_start[d] = lo[d] - s.global_offset[d];
+      dst_start[d] = lo[d] - global_offset[d];
+    }
+    const uint8_t* src = state_->files.at(s.file).bytes(s.key);
+    auto* dst = static_cast<uint8_t*>(dest.raw());
+    if (dest.dtype() == tensor.dtype) {
+      copy_box(src, s.local_shape, src_start, dst, dest.shape(), dst_start, extent, stored_size);
+      continue;
+    }
+    Tensor piece = Tensor::empty(extent, tensor.dtype);
+    copy_box(src, s.local_shape, src_start, static_cast<uint8_t*>(piece.raw()), extent, origin, extent, stored_size);
+    const Tensor converted = piece.to(dest.dtype());
+    copy_box(static_cast<const uint8_t*>(converted.raw()), extent, origin, dst, dest.shape(), dst_start, extent,
+             dest.element_size());
+  }
+}
+
+}  // namespace megatron::checkpointing

@@ -1,0 +1,87 @@
+#pragma once
+// Parameters and their metadata: the one source of truth (DESIGN principle 5). Each parameter
+// is registered once with its Megatron name, global shape and TP split; DDP buffers, the
+// optimizer, checkpoint sharding and initialisation all read this.
+//
+// Storage: all parameters of a model live in one flat buffer of the compute dtype, and all
+// main gradients in one flat fp32 buffer (f64 when the parameters are f64, for gradient
+// checks); each Parameter holds views into both.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megatron/core/tensor.h"
+
+namespace megatron {
+
+enum class InitMethod { normal, zeros, ones };
+
+struct ParamSpec {
+  std::string name;          // global Megatron name, e.g. decoder.layers.3.mlp.linear_fc1.weight
+  Shape global_shape;
+  int partition_dim = -1;    // dimension split across TP ranks; -1 = replicated
+  // Independent blocks along partition_dim that are split separately (fused SwiGLU fc1 is
+  // [gate; up]: 2 blocks, and rank t holds [gate_t; up_t]). 1 for ordinary layers.
+  int64_t partition_blocks = 1;
+  InitMethod init = InitMethod::normal;
+  float init_std = 0.02f;
+  bool weight_decay = true;       // false for biases and norm weights
+  bool sequence_parallel = false; // replicated under TP but sees only a sequence shard under SP
+};
+
+struct Parameter {
+  ParamSpec spec;
+  Shape local_shape;
+  int tp_rank = 0;
+  int tp_size = 1;
+  Tensor data;       // compute copy (params dtype), view into the parameter buffer
+  Tensor main_grad;  // accumulation buffer (f32, or f64), view into the gradient buffer
+  int64_t buffer_offset = 0;  // element offset of this parameter in the flat buffers
+
+  // The part of a flat buffer (same layout as the parameter buffer) that belongs to this parameter.
+  Tensor view_of(const Tensor& flat_buffer) const {
+    return flat_buffer.slice(buffer_offset, buffer_offset + shape_numel(local_shape)).view(local_shape);
+  }
+
+  // Index into the global tensor of local element `local_index` (row-major): how a shard
+  // initialises exactly the values the full tensor would hold there.
+  int64_t global_index(int64_t local_index) const;
+  // For checkpoints: the local tensor as one or more slices of the global tensor. Element
+  // offsets per dim; one entry per partition block.
+  struct Slice {
+    Shape global_offset;
+    Tensor local;
+  };
+  std::vector<Slice> global_slices() const { return global_slices_of(data); }
+  // The same slicing applied to another tensor of the local shape (main grad, optimizer state).
+  std::vector<Slice> global_slices_of(const Tensor& local) const;
+};
+
+class ParameterRegistry {
+ public:
+  // Registers a parameter for this TP rank; returns a stable pointer (valid for the registry's
+  // lifetime). Views are created by allocate().
+  Parameter* add(ParamSpec spec, int tp_rank, int tp_size);
+  // Makes the flat buffers and points every parameter into them.
+  void allocate(DType params_dtype);
+  // Initialises every parameter from (seed, name, global element index): independent of TP
+  // layout and of registration order.
+  void initialize(uint64_t seed);
+  void zero_grads();
+
+  const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }
+  Parameter* find(const std::string& name) const;
+  DType params_dtype() const { return param_buffer_.dtype(); }
+  DType grad_dtype() const { return grad_buffer_.dtype(); }
+  Tensor& param_buffer() { return param_buffer_; }
+  Tensor& grad_buffer() { return grad_buffer_; }
+  int64_t num_local_elements() const { return param_buffer_.numel(); }
+
+ private:
+  std::vector<std::unique_ptr<Parameter>> params_;
+  Tensor param_buffer_;
+  Tensor grad_buffer_;
+};
+
+}  // namespace megatron

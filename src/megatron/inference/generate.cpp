@@ -1,0 +1,50 @@
+#include "megatron/inference/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace megatron {
+
+int32_t sample_token(const std::vector<float>& logits, const SamplingParams& params, HostRng& rng) {
+  const int64_t V = params.vocab_size > 0 ? std::min<int64_t>(params.vocab_size, int64_t(logits.size()))
+                                          : int64_t(logits.size());
+  MEGATRON_CHECK(V > 0, "no logits to sample from");
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  if (params.temperature <= 0.0f)
+    return *std::max_element(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] < logits[b]; });
+  const int64_t k = params.top_k > 0 ? std::min(params.top_k, V) : V;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  // Softmax over the k best at this temperature, then inverse-CDF sampling.
+  const double top = logits[size_t(order[0])];
+  std::vector<double> p(static_cast<size_t>(k));
+  double total = 0;
+  for (int64_t i = 0; i < k; ++i) total += p[size_t(i)] = std::exp((logits[size_t(order[size_t(i)])] - top) / params.temperature);
+  double u = rng.uniform() * total;
+  for (int64_t i = 0; i < k; ++i) {
+    u -= p[size_t(i)];
+    if (u < 0) return order[size_t(i)];
+  }
+  return order[size_t(k - 1)];
+}
+
+std::vector<int32_t> generate_tokens(GPTModel& model, std::vector<int32_t> tokens, int64_t max_new_tokens,
+                                     const SamplingParams& params, int32_t stop_token, HostRng& rng) {
+  MEGATRON_CHECK(!tokens.empty(), "generation needs at least one prompt token");
+  const int64_t window = model.config().seq_length;
+  for (int64_t n = 0; n < max_new_tokens; ++n) {
+    const int64_t S = std::min<int64_t>(int64_t(tokens.size()), window);
+    Tensor input = Tensor::empty({1, S}, DType::i32);
+    std::copy(tokens.end() - S, tokens.end(), input.data<int32_t>());
+    const Tensor logits = model.logits(input);  // (S,1,V)
+    const std::vector<float> last = logits.select(S - 1).to_vector();
+    const int32_t next = sample_token(last, params, rng);
+    tokens.push_back(next);
+    if (next == stop_token) break;
+  }
+  return tokens;
+}
+
+}  // namespace megatron

@@ -1,0 +1,109 @@
+#include "megatron/models/gpt/gpt_model.h"
+
+#include "megatron/ops/cross_entropy.h"
+#include "megatron/ops/elementwise.h"
+#include "megatron/ops/embedding.h"
+#include "megatron/ops/reduce.h"
+
+namespace megatron {
+
+namespace {
+DType loss_dtype(DType activations) { return activations == DType::f64 ? DType::f64 : DType::f32; }
+
+Tensor position_ids(int64_t B, int64_t S) {
+  Tensor p = Tensor::empty({B, S}, DType::i32);
+  int32_t* d = p.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) d[b * S + s] = int32_t(s);
+  return p;
+}
+
+// (B,S) -> (S,B) flattened to N = S*B, the row order of the logits.
+Tensor to_sequence_major(const Tensor& bs) {
+  Tensor out = Tensor::empty({bs.dim(1), bs.dim(0)}, bs.dtype(), bs.device());
+  ops::transpose01(out, bs);
+  return out.view({-1});
+}
+}  // namespace
+
+GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx) : config_(config), ctx_(&ctx) {
+  MEGATRON_CHECK(config.padded_vocab_size > 0, "padded_vocab_size is not set; derive the config before building");
+  word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
+      registry_, ctx, "embedding.word_embeddings.weight", config.padded_vocab_size, config.hidden_size,
+      config.init_method_std);
+  if (config.position_embedding_type == PositionEmbeddingType::learned_absolute)
+    position_embeddings_ = registry_.add({.name = "embedding.position_embeddings.weight",
+                                          .global_shape = {config.max_position_embeddings, config.hidden_size},
+                                          .init_std = config.init_method_std},
+                                         ctx.tp_rank(), ctx.tp_size());
+  decoder_ = std::make_unique<TransformerBlock>(registry_, ctx, config, 0, config.num_layers, true);
+  tensor_parallel::ColumnParallelLinear::Options out{.bias = false, .init_std = config.init_method_std};
+  if (!config.untie_embeddings_and_output_weights) out.shared_weight = word_embeddings_->weight();
+  output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
+      registry_, ctx, "output_layer", config.hidden_size, config.padded_vocab_size, out);
+  registry_.allocate(config.params_dtype);
+}
+
+Tensor GPTModel::forward_to_logits(const Tensor& tokens, const ForwardContext& fwd, Saved& saved) {
+  MEGATRON_CHECK(tokens.dim(1) <= config_.max_position_embeddings,
+                 "sequence of " << tokens.dim(1) << " tokens exceeds max_position_embeddings "
+                                << config_.max_position_embeddings);
+  saved.tokens = tokens;
+  Tensor h = word_embeddings_->forward(tokens);
+  if (position_embeddings_) {
+    saved.positions = position_ids(tokens.dim(0), tokens.dim(1));
+    ops::embedding_forward(h, saved.positions, position_embeddings_->data, {.accumulate = true});
+  }
+  saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding")};
+  ops::dropout_forward(h, h, saved.embedding_dropout);
+  const Tensor hidden = decoder_->forward(h, fwd, saved.block);
+  return output_layer_->forward(hidden, saved.output);
+}
+
+LossSums GPTModel::loss_sums(const Tensor& logits, const Tensor& labels_sb, const Tensor& mask_sb, Tensor& lse) {
+  const int64_t N = labels_sb.numel();
+  const DType dt = loss_dtype(logits.dtype());
+  Tensor losses = Tensor::empty({N}, dt, logits.device());
+  lse = Tensor::empty({N}, dt, logits.device());
+  ops::cross_entropy_forward(losses, lse, logits.view({N, -1}), labels_sb);
+  Tensor acc = Tensor::zeros({2}, dt, logits.device());
+  Tensor loss_acc = acc.slice(0, 1), count_acc = acc.slice(1, 2);
+  const Tensor mask = mask_sb.dtype() == dt ? mask_sb : mask_sb.to(dt);
+  ops::dot(loss_acc, losses, mask);
+  ops::dot(count_acc, mask, mask);  // the mask is 0/1, so sum(mask^2) counts tokens
+  return {acc.item(0), acc.item(1)};
+}
+
+LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
+                                    float loss_grad_scale, const ForwardContext& fwd) {
+  Saved saved;
+  Tensor logits = forward_to_logits(tokens, fwd, saved);
+  const Tensor labels_sb = to_sequence_major(labels);
+  const Tensor mask_sb = to_sequence_major(loss_mask);
+  Tensor lse;
+  const LossSums sums = loss_sums(logits, labels_sb, mask_sb, lse);
+
+  // dlogits overwrite the logits in place: no second vocabulary-sized buffer.
+  Tensor logits_rows = logits.view({labels_sb.numel(), -1});
+  ops::cross_entropy_backward(logits_rows, logits_rows, labels_sb, lse, mask_sb, loss_grad_scale);
+  Tensor d = decoder_->backward(output_layer_->backward(logits, saved.output), saved.block);
+  ops::dropout_backward(d, d, saved.embedding_dropout);
+  if (position_embeddings_)
+    ops::embedding_backward(position_embeddings_->main_grad, d, saved.positions, {});
+  word_embeddings_->backward(d, saved.tokens);
+  return sums;
+}
+
+LossSums GPTModel::evaluate(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask) {
+  Saved saved;
+  const Tensor logits = forward_to_logits(tokens, {.training = false}, saved);
+  Tensor lse;
+  return loss_sums(logits, to_sequence_major(labels), to_sequence_major(loss_mask), lse);
+}
+
+Tensor GPTModel::logits(const Tensor& tokens) {
+  Saved saved;
+  return forward_to_logits(tokens, {.training = false}, saved);
+}
+
+}  // namespace megatron

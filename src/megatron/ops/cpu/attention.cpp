@@ -1,0 +1,236 @@
+// Core attention on the CPU: one query row at a time, the scores of that row held in full (no
+// tiling; the reference favours the textbook form). Softmax runs in float (double for f64) with
+// the row maximum subtracted; backward recomputes the probabilities from the saved lse.
+#include "megatron/ops/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "megatron/core/rng.h"
+#include "megatron/ops/cpu/dispatch_dtype.h"
+
+namespace megatron::ops::cpu {
+namespace {
+
+struct Dims {
+  int64_t S, B, NH, G, HS;
+  int64_t q_offset(int64_t s, int64_t b, int64_t h) const { return ((s * B + b) * NH + h) * HS; }  // (S,B,NH,HS)
+  int64_t kv_offset(int64_t s, int64_t b, int64_t g) const { return ((s * B + b) * G + g) * HS; }  // (S,B,G,HS)
+  int64_t lse_offset(int64_t b, int64_t h, int64_t i) const { return (b * NH + h) * S + i; }       // (B,NH,S)
+};
+
+// Dropout multiplier of probability (b, h, i, j): 1/(1-p) when CounterRng's draw at element index
+// ((b*NH + h)*S + i)*S + j exceeds p, else 0 (attention.h).
+template <class A>
+A dropout_factor(const CounterRng& rng, const Dims& d, int64_t b, int64_t h, int64_t i, int64_t j, float p) {
+  if (p == 0.0f) return A(1);
+  const auto index = uint64_t(((b * d.NH + h) * d.S + i) * d.S + j);
+  return rng.uniform(index) > p ? A(1) / (A(1) - A(p)) : A(0);
+}
+
+template <class T>
+compute_t<T> dot_row(const T* a, const T* b, int64_t n) {
+  compute_t<T> sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += load(a[i]) * load(b[i]);
+  return sum;
+}
+
+template <class T>
+void attention_forward_kernel(T* out, compute_t<T>* lse, const T* q, const T* k, const T* v, const Dims& d,
+                              const AttentionParams& p) {
+  using A = compute_t<T>;
+  const CounterRng rng{p.seed, p.stream};
+  const A scale = A(p.softmax_scale);
+  const int64_t r = d.NH / d.G;
+#pragma omp parallel for collapse(2) if (worth_parallel(d.B * d.NH * d.S * d.S * d.HS))
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t h = 0; h < d.NH; ++h) {
+      const int64_t g = h / r;  // GQA: query head h reads kv group h / (NH/G)
+      std::vector<A> score(size_t(d.S)), acc(size_t(d.HS));
+      for (int64_t i = 0; i < d.S; ++i) {
+        const T* qi = q + d.q_offset(i, b, h);
+        const int64_t len = p.causal ? i + 1 : d.S;  // causal: key j <= query i
+        // s_ij = scale * q_i . k_j;  lse_i = log sum_j exp(s_ij), with the row max m subtracted
+        A m = -std::numeric_limits<A>::infinity();
+        for (int64_t j = 0; j < len; ++j) {
+          score[size_t(j)] = scale * dot_row(qi, k + d.kv_offset(j, b, g), d.HS);
+          m = std::max(m, score[size_t(j)]);
+        }
+        A sum = 0;
+        for (int64_t j = 0; j < len; ++j) sum += std::exp(score[size_t(j)] - m);
+        const A l = m + std::log(sum);
+        // out_i = sum_j dropout(p_ij) v_j,  p_ij = exp(s_ij - lse_i)
+        std::fill(acc.begin(), acc.end(), A(0));
+        for (int64_t j = 0; j < len; ++j) {
+          const A pij = std::exp(score[size_t(j)] - l) * dropout_factor<A>(rng, d, b, h, i, j, p.dropout_p);
+          const T* vj = v + d.kv_offset(j, b, g);
+          for (int64_t e = 0; e < d.HS; ++e) acc[size_t(e)] += pij * load(vj[e]);
+        }
+        T* oi = out + d.q_offset(i, b, h);
+        for (int64_t e = 0; e < d.HS; ++e) oi[e] = store<T>(acc[size_t(e)]);
+        lse[d.lse_offset(b, h, i)] = l;
+      }
+    }
+  }
+}
+
+// One task per (batch, kv group): the group's r query heads are its only writers of dk, dv.
+template <class T>
+void attention_backward_kernel(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                               const compute_t<T>* lse, const Dims& d, const AttentionParams& p) {
+  using A = compute_t<T>;
+  const CounterRng rng{p.seed, p.stream};
+  const A scale = A(p.softmax_scale);
+  const int64_t r = d.NH / d.G;
+#pragma omp parallel for collapse(2) if (worth_parallel(d.B * d.NH * d.S * d.S * d.HS))
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t g = 0; g < d.G; ++g) {
+      std::vector<A> dk_acc(size_t(d.S * d.HS), A(0)), dv_acc(size_t(d.S * d.HS), A(0)), dq_acc(size_t(d.HS));
+      for (int64_t h = g * r; h < (g + 1) * r; ++h) {
+        for (int64_t i = 0; i < d.S; ++i) {
+          const T* qi = q + d.q_offset(i, b, h);
+          const T* doi = dout + d.q_offset(i, b, h);
+          const int64_t len = p.causal ? i + 1 : d.S;
+          const A l = lse[d.lse_offset(b, h, i)];
+          // D_i = dout_i . out_i = sum_j p_ij dP_ij: the row term of the softmax backward
+          const A D = dot_row(doi, out + d.q_offset(i, b, h), d.HS);
+          std::fill(dq_acc.begin(), dq_acc.end(), A(0));
+          for (int64_t j = 0; j < len; ++j) {
+            const T* kj = k + d.kv_offset(j, b, g);
+            const T* vj = v + d.kv_offset(j, b, g);
+            const A pij = std::exp(scale * dot_row(qi, kj, d.HS) - l);
+            const A mask = dropout_factor<A>(rng, d, b, h, i, j, p.dropout_p);
+            // out_i = sum_j p_ij mask_ij v_j:  dv_j += p_ij mask_ij dout_i,  dP_ij = mask_ij dout_i . v_j
+            const A dp = mask * dot_row(doi, vj, d.HS);
+            // softmax: dS_ij = p_ij (dP_ij - D_i);  s_ij = scale q_i . k_j
+            const A ds = pij * (dp - D);
+            for (int64_t e = 0; e < d.HS; ++e) {
+              dv_acc[size_t(j * d.HS + e)] += pij * mask * load(doi[e]);
+              dq_acc[size_t(e)] += scale * ds * load(kj[e]);
+              dk_acc[size_t(j * d.HS + e)] += scale * ds * load(qi[e]);
+            }
+          }
+          T* dqi = dq + d.q_offset(i, b, h);
+          for (int64_t e = 0; e < d.HS; ++e) dqi[e] = store<T>(dq_acc[size_t(e)]);
+        }
+      }
+      for (int64_t j = 0; j < d.S; ++j) {
+        for (int64_t e = 0; e < d.HS; ++e) {
+          dk[d.kv_offset(j, b, g) + e] = store<T>(dk_acc[size_t(j * d.HS + e)]);
+          dv[d.kv_offset(j, b, g) + e] = store<T>(dv_acc[size_t(j * d.HS + e)]);
+        }
+      }
+    }
+  }
+}
+
+void check_4d(const Tensor& t, const Shape& shape, DType dtype, const char* name) {
+  check_cpu(t, name);
+  check_shape(t, shape, name);
+  check_dtype(t, dtype, name);
+}
+
+// Dims from q (S,B,NH,HS) and k (S,B,G,HS); checks q, k, v agree.
+Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_defined(q, "attention q");
+  check_defined(k, "attention k");
+  MEGATRON_CHECK(q.ndim() == 4, "attention q must be (S,B,NH,HS), got " << shape_str(q.shape()));
+  MEGATRON_CHECK(k.ndim() == 4, "attention k must be (S,B,G,HS), got " << shape_str(k.shape()));
+  const Dims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  MEGATRON_CHECK(d.G > 0 && d.NH % d.G == 0, "attention: " << d.NH << " query heads cannot be grouped over " << d.G
+                                                           << " kv heads; NH % G must be 0");
+  check_4d(q, q.shape(), q.dtype(), "attention q");
+  check_4d(k, {d.S, d.B, d.G, d.HS}, q.dtype(), "attention k");
+  check_4d(v, {d.S, d.B, d.G, d.HS}, q.dtype(), "attention v");
+  return d;
+}
+
+void check_params(const AttentionParams& p) {
+  MEGATRON_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f,
+                 "attention dropout " << p.dropout_p << " must be in [0, 1)");
+}
+
+}  // namespace
+
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionParams& params) {
+  const Dims d = attention_dims(q, k, v);
+  check_params(params);
+  check_4d(out, q.shape(), q.dtype(), "attention out");
+  check_cpu(lse, "attention lse");
+  check_shape(lse, {d.B, d.NH, d.S}, "attention lse");
+  check_dtype(lse, accum_dtype(q.dtype()), "attention lse");
+  dispatch_floating(q.dtype(), "attention_forward", [&]<class T>(std::type_identity<T>) {
+    attention_forward_kernel<T>(out.data<T>(), lse.data<compute_t<T>>(), q.data<T>(), k.data<T>(), v.data<T>(), d,
+                                params);
+  });
+}
+
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
+  const Dims d = attention_dims(q, k, v);
+  check_params(params);
+  check_4d(out, q.shape(), q.dtype(), "attention out");
+  check_4d(dout, q.shape(), q.dtype(), "attention dout");
+  check_4d(dq, q.shape(), q.dtype(), "attention dq");
+  check_4d(dk, k.shape(), q.dtype(), "attention dk");
+  check_4d(dv, k.shape(), q.dtype(), "attention dv");
+  check_cpu(lse, "attention lse");
+  check_shape(lse, {d.B, d.NH, d.S}, "attention lse");
+  check_dtype(lse, accum_dtype(q.dtype()), "attention lse");
+  dispatch_floating(q.dtype(), "attention_backward", [&]<class T>(std::type_identity<T>) {
+    attention_backward_kernel<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(), q.data<T>(), k.data<T>(),
+                                 v.data<T>(), out.data<T>(), lse.data<compute_t<T>>(), d, params);
+  });
+}
+
+namespace {
+
+// Per-query-group QKV layout: qkv (S,B,G,(r+2)*HS), each group [q_0 .. q_{r-1} | k | v].
+// Copies heads between qkv and q, k, v (split: to_qkv false; merge: to_qkv true), byte for byte,
+// so any dtype works.
+void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
+  const Dims d = attention_dims(q, k, v);
+  const int64_t r = d.NH / d.G;
+  check_4d(qkv, {d.S, d.B, d.G, (r + 2) * d.HS}, q.dtype(), "qkv");
+  const size_t head_bytes = size_t(d.HS) * q.element_size();
+  auto* fused = static_cast<char*>(qkv.raw());
+  auto* qp = static_cast<char*>(q.raw());
+  auto* kp = static_cast<char*>(k.raw());
+  auto* vp = static_cast<char*>(v.raw());
+  const auto move = [&](char* fused_head, char* head) {
+    if (to_qkv) {
+      std::memcpy(fused_head, head, head_bytes);
+    } else {
+      std::memcpy(head, fused_head, head_bytes);
+    }
+  };
+#pragma omp parallel for if (worth_parallel(qkv.numel()))
+  for (int64_t sb = 0; sb < d.S * d.B; ++sb) {
+    for (int64_t g = 0; g < d.G; ++g) {
+      char* block = fused + size_t((sb * d.G + g) * (r + 2)) * head_bytes;
+      for (int64_t t = 0; t < r; ++t)
+        move(block + size_t(t) * head_bytes, qp + size_t(sb * d.NH + g * r + t) * head_bytes);
+      move(block + size_t(r) * head_bytes, kp + size_t(sb * d.G + g) * head_bytes);
+      move(block + size_t(r + 1) * head_bytes, vp + size_t(sb * d.G + g) * head_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
+  // qkv is only read on this path; qkv_copy takes it mutable to share the index arithmetic with merge.
+  Tensor fused = qkv;
+  qkv_copy(fused, q, k, v, false);
+}
+
+void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  Tensor q = dq, k = dk, v = dv;  // read only on this path (shallow handles, no copies)
+  qkv_copy(dqkv, q, k, v, true);
+}
+
+}  // namespace megatron::ops::cpu

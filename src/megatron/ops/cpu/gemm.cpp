@@ -1,0 +1,260 @@
+// GEMM and the linear layer on the CPU: OpenBLAS sgemm/dgemm. bf16 operands are widened to float
+// copies first (the reference favours clarity over memory), the product is accumulated in float and
+// rounded to bf16 once at the end. f64 runs through dgemm for the gradient checks.
+#include "megatron/ops/gemm.h"
+
+#include <cblas.h>
+
+#include <limits>
+#include <vector>
+
+#include "megatron/ops/cpu/dispatch_dtype.h"
+
+namespace megatron::ops::cpu {
+namespace {
+
+blasint blas_dim(int64_t n) {
+  MEGATRON_CHECK(n <= std::numeric_limits<blasint>::max(),
+                 "GEMM dimension " << n << " exceeds the BLAS integer range; split the product");
+  return blasint(n < 1 ? 1 : n);  // leading dimensions must be >= 1 even for empty operands
+}
+
+// Row-major C (M,N) = alpha op(A) op(B) + beta C, op(A) (M,K), op(B) (K,N).
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
+               float beta, float* c) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(m), blasint(n),
+              blasint(k), alpha, a, blas_dim(ta ? m : k), b, blas_dim(tb ? k : n), beta, c, blas_dim(n));
+}
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, const double* b,
+               double beta, double* c) {
+  if (m == 0 || n == 0) return;
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blasint(m), blasint(n),
+              blasint(k), alpha, a, blas_dim(ta ? m : k), b, blas_dim(tb ? k : n), beta, c, blas_dim(n));
+}
+
+// dst[i] = src[i] converted to C, for a tensor of any floating dtype.
+template <class C>
+void widen(const Tensor& src, C* dst) {
+  dispatch_floating(src.dtype(), "widen", [&]<class T>(std::type_identity<T>) {
+    const T* s = src.data<T>();
+    const int64_t n = src.numel();
+#pragma omp parallel for if (worth_parallel(n))
+    for (int64_t i = 0; i < n; ++i) dst[i] = C(load(s[i]));
+  });
+}
+
+template <class C>
+void narrow(const C* src, Tensor& dst) {
+  dispatch_floating(dst.dtype(), "narrow", [&]<class T>(std::type_identity<T>) {
+    T* d = dst.data<T>();
+    const int64_t n = dst.numel();
+#pragma omp parallel for if (worth_parallel(n))
+    for (int64_t i = 0; i < n; ++i) d[i] = store<T>(compute_t<T>(src[i]));
+  });
+}
+
+// A read-only operand as C*: the tensor's own memory when it holds C, else a widened copy.
+template <class C>
+class Operand {
+ public:
+  explicit Operand(const Tensor& t) {
+    if (t.dtype() == dtype_of<C>()) {
+      ptr_ = t.data<C>();
+    } else {
+      copy_.resize(size_t(t.numel()));
+      widen(t, copy_.data());
+      ptr_ = copy_.data();
+    }
+  }
+  const C* data() const { return ptr_; }
+
+ private:
+  std::vector<C> copy_;
+  const C* ptr_ = nullptr;
+};
+
+// An output as C*: the tensor's own memory when it holds C, else a C copy (holding the old
+// contents when keep is true) that finish() rounds back into the tensor.
+template <class C>
+class Output {
+ public:
+  Output(Tensor& t, bool keep) : tensor_(t) {
+    if (t.dtype() == dtype_of<C>()) {
+      ptr_ = t.data<C>();
+    } else {
+      copy_.assign(size_t(t.numel()), C(0));
+      if (keep) widen(t, copy_.data());
+      ptr_ = copy_.data();
+    }
+  }
+  C* data() { return ptr_; }
+  void finish() {
+    if (!copy_.empty()) narrow(copy_.data(), tensor_);
+  }
+
+ private:
+  Tensor& tensor_;
+  std::vector<C> copy_;
+  C* ptr_ = nullptr;
+};
+
+void check_gemm_input(const Tensor& t, const char* name) {
+  check_defined(t, name);
+  check_cpu(t, name);
+  MEGATRON_CHECK(t.ndim() >= 1, name << " must have at least one dimension, got a 0-d tensor");
+  MEGATRON_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f64,
+                 name << " has dtype " << dtype_name(t.dtype()) << "; GEMM takes f32, bf16 or f64");
+}
+
+// C may have the inputs' dtype, or f32 for bf16 inputs (accumulation into the fp32 main grad).
+void check_gemm_output(const Tensor& c, DType input, const char* name) {
+  check_cpu(c, name);
+  MEGATRON_CHECK(c.dtype() == input || (input == DType::bf16 && c.dtype() == DType::f32),
+                 name << " has dtype " << dtype_name(c.dtype()) << " for " << dtype_name(input) << " inputs; expected "
+                      << dtype_name(input) << (input == DType::bf16 ? " or f32" : ""));
+}
+
+// C (M,N) = alpha op(A) op(B) + beta C in C = float or double.
+template <class C>
+void matmul_impl(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                 const MatmulParams& p) {
+  const Operand<C> A(a), B(b);
+  Output<C> out(c, p.beta != 0.0f);
+  blas_gemm(ta, tb, m, n, k, C(p.alpha), A.data(), B.data(), C(p.beta), out.data());
+  out.finish();
+}
+
+// y (N,out) = x (N,in) W^T + bias: the accumulator starts as the bias rows, so bf16 rounds once.
+template <class C>
+void linear_forward_impl(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias, int64_t n,
+                         int64_t out_features, int64_t in_features) {
+  const Operand<C> X(x), W(w);
+  Output<C> Y(y, false);
+  C* yp = Y.data();
+  if (bias.defined()) {
+    const Operand<C> bias_c(bias);
+    const C* bp = bias_c.data();
+#pragma omp parallel for if (worth_parallel(n * out_features))
+    for (int64_t row = 0; row < n; ++row)
+      for (int64_t o = 0; o < out_features; ++o) yp[row * out_features + o] = bp[o];
+  }
+  blas_gemm(false, true, n, out_features, in_features, C(1), X.data(), W.data(), C(bias.defined() ? 1 : 0), yp);
+  Y.finish();
+}
+
+template <class C>
+void linear_backward_impl(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                          int64_t n, int64_t out_features, int64_t in_features) {
+  const Operand<C> DY(dy), X(x);
+  if (dx.defined()) {
+    // dx (N,in) = dy (N,out) @ W (out,in)
+    const Operand<C> W(w);
+    Output<C> DX(dx, false);
+    blas_gemm(false, false, n, in_features, out_features, C(1), DY.data(), W.data(), C(0), DX.data());
+    DX.finish();
+  }
+  // dW (out,in) += dy^T (out,N) @ x (N,in)
+  blas_gemm(true, false, out_features, in_features, n, C(1), DY.data(), X.data(), C(1), dw.data<C>());
+  if (db.defined()) {
+    // db[o] += sum over rows of dy[row, o]
+    const C* dyp = DY.data();
+    C* dbp = db.data<C>();
+#pragma omp parallel for if (worth_parallel(n * out_features))
+    for (int64_t o = 0; o < out_features; ++o) {
+      C sum = 0;
+      for (int64_t row = 0; row < n; ++row) sum += dyp[row * out_features + o];
+      dbp[o] += sum;
+    }
+  }
+}
+
+// Leading dims of the linear layer's activations: (..., features) -> the shape with features replaced.
+Shape with_last_dim(const Shape& shape, int64_t last) {
+  Shape s = shape;
+  s.back() = last;
+  return s;
+}
+
+}  // namespace
+
+void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params) {
+  check_gemm_input(a, "matmul A");
+  check_gemm_input(b, "matmul B");
+  check_dtype(b, a.dtype(), "matmul B");
+  check_defined(c, "matmul C");
+  check_gemm_output(c, a.dtype(), "matmul C");
+  MEGATRON_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
+                 "matmul takes 2-D views; got A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << ", C "
+                                                  << shape_str(c.shape()) << " (use view() to flatten)");
+  const bool ta = params.trans_a == Transpose::yes, tb = params.trans_b == Transpose::yes;
+  const int64_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);
+  const int64_t kb = tb ? b.dim(1) : b.dim(0), n = tb ? b.dim(0) : b.dim(1);
+  MEGATRON_CHECK(k == kb,
+                 "matmul inner dimensions differ: op(A) is " << m << "x" << k << ", op(B) is " << kb << "x" << n);
+  check_shape(c, {m, n}, "matmul C");
+  if (a.dtype() == DType::f64) {
+    matmul_impl<double>(c, a, b, ta, tb, m, n, k, params);
+  } else {
+    matmul_impl<float>(c, a, b, ta, tb, m, n, k, params);
+  }
+}
+
+void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_gemm_input(x, "linear x");
+  check_gemm_input(weight, "linear weight");
+  check_dtype(weight, x.dtype(), "linear weight");
+  MEGATRON_CHECK(weight.ndim() == 2, "linear weight must be 2-D (out,in), got " << shape_str(weight.shape()));
+  const int64_t out_features = weight.dim(0), in_features = weight.dim(1);
+  MEGATRON_CHECK(x.dim(-1) == in_features, "linear x has " << x.dim(-1) << " features (shape " << shape_str(x.shape())
+                                                           << "), the weight expects " << in_features);
+  check_shape(y, with_last_dim(x.shape(), out_features), "linear y");
+  check_cpu(y, "linear y");
+  check_dtype(y, x.dtype(), "linear y");
+  if (bias.defined()) {
+    check_cpu(bias, "linear bias");
+    check_shape(bias, {out_features}, "linear bias");
+    check_dtype(bias, x.dtype(), "linear bias");
+  }
+  const int64_t n = rows_of(x, "linear x");
+  if (x.dtype() == DType::f64) {
+    linear_forward_impl<double>(y, x, weight, bias, n, out_features, in_features);
+  } else {
+    linear_forward_impl<float>(y, x, weight, bias, n, out_features, in_features);
+  }
+}
+
+void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                     const Tensor& weight) {
+  check_gemm_input(x, "linear x");
+  check_gemm_input(weight, "linear weight");
+  check_gemm_input(dy, "linear dy");
+  check_dtype(weight, x.dtype(), "linear weight");
+  check_dtype(dy, x.dtype(), "linear dy");
+  MEGATRON_CHECK(weight.ndim() == 2, "linear weight must be 2-D (out,in), got " << shape_str(weight.shape()));
+  const int64_t out_features = weight.dim(0), in_features = weight.dim(1);
+  check_shape(x, with_last_dim(dy.shape(), in_features), "linear x");
+  check_shape(dy, with_last_dim(x.shape(), out_features), "linear dy");
+  const DType grad_dtype = accum_dtype(x.dtype());
+  if (dx.defined()) {
+    check_cpu(dx, "linear dx");
+    check_shape(dx, x.shape(), "linear dx");
+    check_dtype(dx, x.dtype(), "linear dx");
+  }
+  check_cpu(dweight, "linear dweight");
+  check_shape(dweight, weight.shape(), "linear dweight");
+  check_dtype(dweight, grad_dtype, "linear dweight");
+  if (dbias.defined()) {
+    check_cpu(dbias, "linear dbias");
+    check_shape(dbias, {out_features}, "linear dbias");
+    check_dtype(dbias, grad_dtype, "linear dbias");
+  }
+  const int64_t n = rows_of(x, "linear x");
+  if (x.dtype() == DType::f64) {
+    linear_backward_impl<double>(dx, dweight, dbias, dy, x, weight, n, out_features, in_features);
+  } else {
+    linear_backward_impl<float>(dx, dweight, dbias, dy, x, weight, n, out_features, in_features);
+  }
+}
+
+}  // namespace megatron::ops::cpu

@@ -1,0 +1,156 @@
+// LayerNorm and RMSNorm on the CPU, one row of C channels at a time (llm.c layernorm_forward /
+// layernorm_backward). RMSNorm is LayerNorm with the mean fixed at 0 and no bias, so one kernel
+// serves both.
+#include "megatron/ops/norm.h"
+
+#include <cmath>
+
+#include "megatron/ops/cpu/dispatch_dtype.h"
+
+namespace megatron::ops::cpu {
+namespace {
+
+template <class T>
+void norm_forward_kernel(T* y, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* w, const T* b, int64_t N,
+                         int64_t C, bool rms, float eps) {
+  using A = compute_t<T>;
+#pragma omp parallel for if (worth_parallel(N * C))
+  for (int64_t n = 0; n < N; ++n) {
+    const T* xr = x + n * C;
+    T* yr = y + n * C;
+    // m = mean(x) (0 for RMSNorm); var = mean((x - m)^2), which is mean(x^2) for RMSNorm
+    A m = 0;
+    if (!rms) {
+      for (int64_t c = 0; c < C; ++c) m += load(xr[c]);
+      m /= A(C);
+    }
+    A var = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const A d = load(xr[c]) - m;
+      var += d * d;
+    }
+    var /= A(C);
+    const A s = A(1) / std::sqrt(var + A(eps));
+    // y = (x - m) * rstd * w + b
+    for (int64_t c = 0; c < C; ++c) {
+      const A bias = b != nullptr ? load(b[c]) : A(0);
+      yr[c] = store<T>((load(xr[c]) - m) * s * load(w[c]) + bias);
+    }
+    if (mean != nullptr) mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <class T>
+void norm_backward_kernel(T* dx, compute_t<T>* dw, compute_t<T>* db, const T* dy, const T* x, const T* w,
+                          const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C) {
+  using A = compute_t<T>;
+  const bool rms = mean == nullptr;
+  // dx, row by row. With xhat = (x - m) rstd and g = dy * w:
+  //   LayerNorm: dx = rstd (g - mean(g) - xhat mean(g xhat))
+  //   RMSNorm:   dx = rstd (g - xhat mean(g xhat))          (no mean was subtracted in forward)
+#pragma omp parallel for if (worth_parallel(N * C))
+  for (int64_t n = 0; n < N; ++n) {
+    const A m = rms ? A(0) : mean[n], s = rstd[n];
+    const T* xr = x + n * C;
+    const T* dyr = dy + n * C;
+    A g_mean = 0, gx_mean = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const A g = load(dyr[c]) * load(w[c]);
+      g_mean += g;
+      gx_mean += g * (load(xr[c]) - m) * s;
+    }
+    g_mean = rms ? A(0) : g_mean / A(C);
+    gx_mean /= A(C);
+    for (int64_t c = 0; c < C; ++c) {
+      const A g = load(dyr[c]) * load(w[c]);
+      const A xhat = (load(xr[c]) - m) * s;
+      dx[n * C + c] = store<T>(s * (g - g_mean - xhat * gx_mean));
+    }
+  }
+  // dw += sum_n dy xhat, db += sum_n dy: channel by channel, so threads never share an output.
+#pragma omp parallel for if (worth_parallel(N * C))
+  for (int64_t c = 0; c < C; ++c) {
+    A dw_sum = 0, db_sum = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      const A g = load(dy[n * C + c]);
+      dw_sum += g * (load(x[n * C + c]) - (rms ? A(0) : mean[n])) * rstd[n];
+      db_sum += g;
+    }
+    dw[c] += dw_sum;
+    if (db != nullptr) db[c] += db_sum;
+  }
+}
+
+// Optional tensors as pointers (nullptr when undefined).
+template <class T>
+T* data_or_null(Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+template <class T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+void check_param(const Tensor& t, int64_t C, DType dtype, const char* name) {
+  check_cpu(t, name);
+  check_shape(t, {C}, name);
+  check_dtype(t, dtype, name);
+}
+
+// The mean is saved for LayerNorm only; RMSNorm takes no mean and no bias.
+void check_kind_tensors(const NormParams& p, const Tensor& mean, const Tensor& bias, const char* bias_name) {
+  if (p.kind == NormKind::rmsnorm) {
+    MEGATRON_CHECK(!mean.defined(), "RMSNorm saves no mean; pass an undefined mean tensor");
+    MEGATRON_CHECK(!bias.defined(), "RMSNorm has no bias; pass an undefined " << bias_name);
+  } else {
+    check_defined(mean, "LayerNorm mean");
+  }
+}
+
+}  // namespace
+
+void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const NormParams& params) {
+  const int64_t N = rows_of(x, "norm x"), C = x.dim(-1);
+  check_cpu(x, "norm x");
+  check_kind_tensors(params, mean, bias, "bias");
+  MEGATRON_CHECK(params.eps > 0.0f, "norm eps must be positive, got " << params.eps);
+  dispatch_floating(x.dtype(), "norm_forward", [&]<class T>(std::type_identity<T>) {
+    const DType stat = dtype_of<compute_t<T>>();
+    check_cpu(y, "norm y");
+    check_shape(y, x.shape(), "norm y");
+    check_dtype(y, x.dtype(), "norm y");
+    check_param(weight, C, x.dtype(), "norm weight");
+    if (bias.defined()) check_param(bias, C, x.dtype(), "norm bias");
+    if (mean.defined()) check_param(mean, N, stat, "norm mean");
+    check_param(rstd, N, stat, "norm rstd");
+    norm_forward_kernel<T>(y.data<T>(), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(), x.data<T>(),
+                           weight.data<T>(), data_or_null<T>(bias), N, C, params.kind == NormKind::rmsnorm, params.eps);
+  });
+}
+
+void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                   const Tensor& mean, const Tensor& rstd, const NormParams& params) {
+  const int64_t N = rows_of(x, "norm x"), C = x.dim(-1);
+  check_cpu(x, "norm x");
+  check_kind_tensors(params, mean, dbias, "dbias");
+  dispatch_floating(x.dtype(), "norm_backward", [&]<class T>(std::type_identity<T>) {
+    const DType acc = dtype_of<compute_t<T>>();
+    for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&dx, "norm dx"}, {&dy, "norm dy"}}) {
+      check_cpu(*t, name);
+      check_shape(*t, x.shape(), name);
+      check_dtype(*t, x.dtype(), name);
+    }
+    check_param(weight, C, x.dtype(), "norm weight");
+    check_param(dweight, C, acc, "norm dweight");
+    if (dbias.defined()) check_param(dbias, C, acc, "norm dbias");
+    if (mean.defined()) check_param(mean, N, acc, "norm mean");
+    check_param(rstd, N, acc, "norm rstd");
+    norm_backward_kernel<T>(dx.data<T>(), dweight.data<compute_t<T>>(), data_or_null<compute_t<T>>(dbias), dy.data<T>(),
+                            x.data<T>(), weight.data<T>(), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(),
+                            N, C);
+  });
+}
+
+}  // namespace megatron::ops::cpu

@@ -1,0 +1,88 @@
+// Rotary position embedding on the CPU. Frequencies and angles are float32, as Megatron computes
+// them; cos and sin are then taken in the compute type. Backward is the same rotation by -angle.
+#include "megatron/ops/rope.h"
+
+#include <cmath>
+#include <vector>
+
+#include "megatron/ops/cpu/dispatch_dtype.h"
+
+namespace megatron::ops::cpu {
+namespace {
+
+// cos and sin of angle (position_offset + s) * inv_freq[j], inv_freq[j] = 1 / base^(2j / rot_dim),
+// as (S, rot_dim/2) tables.
+template <class A>
+void rotation_tables(std::vector<A>& cos_t, std::vector<A>& sin_t, int64_t S, int64_t rot_dim, const RopeParams& p) {
+  const int64_t half = rot_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t j = 0; j < half; ++j) inv_freq[size_t(j)] = 1.0f / std::pow(p.base, float(2 * j) / float(rot_dim));
+  cos_t.resize(size_t(S * half));
+  sin_t.resize(size_t(S * half));
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t j = 0; j < half; ++j) {
+      const float angle = float(p.position_offset + s) * inv_freq[size_t(j)];
+      cos_t[size_t(s * half + j)] = std::cos(A(angle));
+      sin_t[size_t(s * half + j)] = std::sin(A(angle));
+    }
+  }
+}
+
+// Rotates each pair (x1, x2) by +angle (forward) or -angle (backward, the inverse rotation):
+//   y1 = x1 cos - x2 sin,   y2 = x2 cos + x1 sin
+// Pairs are (j, j + rot_dim/2), or (2j, 2j+1) when interleaved. Channels >= rot_dim are copied.
+template <class T>
+void rope_kernel(T* y, const T* x, int64_t S, int64_t B, int64_t H, int64_t D, int64_t rot_dim, const RopeParams& p,
+                 bool inverse) {
+  using A = compute_t<T>;
+  std::vector<A> cos_t, sin_t;
+  rotation_tables(cos_t, sin_t, S, rot_dim, p);
+  const int64_t half = rot_dim / 2;
+  const A sign = inverse ? A(-1) : A(1);
+#pragma omp parallel for if (worth_parallel(S * B * H * D))
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const T* xr = x + (s * B * H + bh) * D;
+      T* yr = y + (s * B * H + bh) * D;
+      for (int64_t j = 0; j < half; ++j) {
+        const int64_t i1 = p.interleaved ? 2 * j : j;
+        const int64_t i2 = p.interleaved ? 2 * j + 1 : j + half;
+        const A c = cos_t[size_t(s * half + j)], sn = sign * sin_t[size_t(s * half + j)];
+        const A x1 = load(xr[i1]), x2 = load(xr[i2]);
+        yr[i1] = store<T>(x1 * c - x2 * sn);
+        yr[i2] = store<T>(x2 * c + x1 * sn);
+      }
+      for (int64_t i = rot_dim; i < D; ++i) yr[i] = xr[i];
+    }
+  }
+}
+
+void rope_apply(Tensor& y, const Tensor& x, const RopeParams& p, bool inverse, const char* op, const char* y_name,
+                const char* x_name) {
+  check_defined(x, x_name);
+  check_cpu(x, x_name);
+  check_cpu(y, y_name);
+  MEGATRON_CHECK(x.ndim() == 4, x_name << " must be (S,B,H,D), got " << shape_str(x.shape()));
+  check_shape(y, x.shape(), y_name);
+  check_dtype(y, x.dtype(), y_name);
+  MEGATRON_CHECK(p.percent > 0.0f && p.percent <= 1.0f, op << ": rotary percent " << p.percent << " must be in (0, 1]");
+  const int64_t S = x.dim(0), B = x.dim(1), H = x.dim(2), D = x.dim(3);
+  const auto rot_dim = int64_t(double(D) * double(p.percent));  // Python's int(D * percent)
+  MEGATRON_CHECK(rot_dim % 2 == 0, op << ": rotary dim int(" << D << " * " << p.percent << ") = " << rot_dim
+                                      << " must be even; choose a rotary percent that gives an even dim");
+  dispatch_floating(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
+    rope_kernel<T>(y.data<T>(), x.data<T>(), S, B, H, D, rot_dim, p, inverse);
+  });
+}
+
+}  // namespace
+
+void rope_forward(Tensor& y, const Tensor& x, const RopeParams& params) {
+  rope_apply(y, x, params, false, "rope_forward", "rope y", "rope x");
+}
+
+void rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params) {
+  rope_apply(dx, dy, params, true, "rope_backward", "rope dx", "rope dy");
+}
+
+}  // namespace megatron::ops::cpu

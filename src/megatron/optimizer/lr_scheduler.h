@@ -1,0 +1,30 @@
+#pragma once
+// Megatron's OptimizerParamScheduler (megatron/core/optimizer_param_scheduler.py), exactly:
+// steps are counted in *samples*, the scheduler is stepped by the global batch size after
+// every successful iteration, and lr(num_steps) follows warmup then the decay style.
+#include <cstdint>
+
+#include "megatron/training/arguments.h"
+
+namespace megatron {
+
+class OptimizerParamScheduler {
+ public:
+  OptimizerParamScheduler(const OptimizerArgs& args, int64_t train_iters, int64_t global_batch_size);
+  double lr() const { return lr_at(num_steps_); }
+  double lr_at(int64_t num_steps) const;
+  double weight_decay() const { return weight_decay_; }
+  void step(int64_t increment) { num_steps_ += increment; }
+  int64_t num_steps() const { return num_steps_; }
+  void set_num_steps(int64_t n) { num_steps_ = n; }
+
+ private:
+  double max_lr_, min_lr_, init_lr_;
+  int64_t warmup_steps_, decay_steps_, wsd_decay_steps_;
+  LrDecayStyle style_;
+  WsdDecayStyle wsd_style_;
+  double weight_decay_;
+  int64_t num_steps_ = 0;
+};
+
+}  // namespace megatron

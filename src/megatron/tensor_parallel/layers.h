@@ -1,0 +1,72 @@
+#pragma once
+// Megatron-Core's parallel layers. Activations are sequence-major (S,B,C). Each layer
+// registers its parameters with their TP split; at TP=1 the communication is an identity.
+//   ColumnParallelLinear: W (out, in) split along out (dim 0); Y_local = X W_local^T + b_local.
+//   RowParallelLinear:    W (out, in) split along in (dim 1); Y = all-reduce(X_local W_local^T) + b.
+//   VocabParallelEmbedding: rows of the padded vocabulary split across TP.
+// forward() fills a Saved struct with exactly what backward() needs.
+#include <string>
+
+#include "megatron/core/parameter.h"
+#include "megatron/parallel/comm.h"
+
+namespace megatron::tensor_parallel {
+
+struct LinearSaved {
+  Tensor input;  // (S,B,in_local)
+};
+
+class ColumnParallelLinear {
+ public:
+  struct Options {
+    bool bias = true;
+    float init_std = 0.02f;
+    int64_t partition_blocks = 1;      // 2 for fused [gate; up]
+    Parameter* shared_weight = nullptr; // use this weight instead of registering one (tied output layer)
+  };
+  ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
+                       int64_t input_size, int64_t output_size, const Options& options);
+  Tensor forward(const Tensor& x, LinearSaved& saved) const;       // (S,B,in) -> (S,B,out/TP)
+  Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx (S,B,in)
+  int64_t output_size_per_partition() const { return output_per_partition_; }
+
+ private:
+  const ParallelContext* ctx_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  int64_t output_per_partition_;
+};
+
+class RowParallelLinear {
+ public:
+  struct Options {
+    bool bias = true;
+    float init_std = 0.02f;
+  };
+  RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
+                    int64_t input_size, int64_t output_size, const Options& options);
+  Tensor forward(const Tensor& x, LinearSaved& saved) const;       // (S,B,in/TP) -> (S,B,out)
+  Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx (S,B,in/TP)
+
+ private:
+  const ParallelContext* ctx_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+};
+
+class VocabParallelEmbedding {
+ public:
+  VocabParallelEmbedding(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& name,
+                         int64_t padded_vocab_size, int64_t hidden_size, float init_std);
+  // tokens (B,S) i32 -> (S,B,C) in the weight's dtype.
+  Tensor forward(const Tensor& tokens) const;
+  void backward(const Tensor& dout, const Tensor& tokens) const;
+  Parameter* weight() const { return weight_; }
+
+ private:
+  const ParallelContext* ctx_;
+  Parameter* weight_;
+  int64_t vocab_start_;
+};
+
+}  // namespace megatron::tensor_parallel

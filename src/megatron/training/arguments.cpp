@@ -1,0 +1,862 @@
+#include "megatron/training/arguments.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+
+#include "megatron/core/error.h"
+#include "megatron/datasets/tokenizers/byte_tokenizer.h"
+#include "megatron/models/gpt/presets.h"
+
+namespace megatron {
+namespace {
+
+template <class... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+std::string join(const std::vector<std::string>& items, std::string_view separator) {
+  std::string out;
+  for (const std::string& item : items) {
+    if (!out.empty()) out += separator;
+    out += item;
+  }
+  return out;
+}
+
+// ---- the flag table ---------------------------------------------------------------------------
+
+template <class T>
+using FieldRef = T& (*)(TrainingArgs&);
+
+// store_true (the flag sets the field) or store_false (--disable-bias-linear clears add_bias_linear).
+struct Switch {
+  FieldRef<bool> field;
+  bool value_when_given;
+};
+
+// An enum field, read and written as its index into Flag::choices (listed in enum order).
+struct EnumField {
+  int (*get)(TrainingArgs&);
+  void (*set)(TrainingArgs&, int);
+};
+
+// --config FILE: read by the parser itself; it sets no field.
+struct ConfigFile {};
+
+using Field =
+    std::variant<FieldRef<int64_t>, FieldRef<double>, FieldRef<float>, FieldRef<std::string>,
+                 FieldRef<std::vector<std::string>>, FieldRef<std::optional<double>>, Switch, EnumField, ConfigFile>;
+
+struct Flag {
+  std::string name;  // "--num-layers"; its YAML key is num_layers (num-layers is accepted too)
+  Field field;
+  std::string section;
+  std::string help;
+  std::vector<std::string> choices = {};  // allowed values of enum and restricted string fields
+};
+
+template <class Ref>
+EnumField enum_field(Ref) {
+  return {[](TrainingArgs& args) { return int(Ref{}(args)); },
+          [](TrainingArgs& args, int index) {
+            auto& field = Ref{}(args);
+            field = std::remove_reference_t<decltype(field)>(index);
+          }};
+}
+
+#define FIELD(member) \
+  [](TrainingArgs & args) -> auto& { return args.member; }
+
+std::vector<Flag> build_flag_table() {
+  std::vector<std::string> presets;
+  for (const ModelPreset& preset : model_presets()) presets.emplace_back(preset.name);
+  const char* model = "model";
+  const char* parallel = "parallelism and precision";
+  const char* training = "training";
+  const char* lr = "learning rate (Megatron's OptimizerParamScheduler)";
+  const char* optimizer = "optimizer (AdamW)";
+  const char* data = "data";
+  const char* checkpoint = "checkpointing";
+  const char* logging = "logging and evaluation";
+  return {
+      {"--config", ConfigFile{}, "configuration",
+       "YAML file of flag values (keys: flag names without the leading dashes, e.g. num_layers: 12); command-line "
+       "flags override it"},
+      {"--model-preset", FIELD(model_preset), model,
+       "Starting values for the model shape; any model flag overrides them", presets},
+      {"--num-layers", FIELD(model.num_layers), model, "Transformer layers; required"},
+      {"--hidden-size", FIELD(model.hidden_size), model, "Hidden size h; required"},
+      {"--ffn-hidden-size", FIELD(model.ffn_hidden_size), model,
+       "MLP width; derived: 4h, or int((4h*2/3)/64)*64 with --swiglu"},
+      {"--num-attention-heads", FIELD(model.num_attention_heads), model, "Attention heads; required"},
+      {"--group-query-attention", Switch{FIELD(model.group_query_attention), true}, model,
+       "Grouped-query attention with --num-query-groups key/value heads"},
+      {"--num-query-groups", FIELD(model.num_query_groups), model,
+       "Key/value heads with --group-query-attention (Megatron's default 1); derived: the heads otherwise"},
+      {"--kv-channels", FIELD(model.kv_channels), model, "Head dimension; derived: hidden-size / num-attention-heads"},
+      {"--max-position-embeddings", FIELD(model.max_position_embeddings), model,
+       "Position table size, >= seq-length; derived here: seq-length (Megatron requires the flag)"},
+      {"--seq-length", FIELD(model.seq_length), model, "Sequence length S; required"},
+      {"--make-vocab-size-divisible-by", FIELD(model.make_vocab_size_divisible_by), model,
+       "Pad the vocabulary to a multiple of this times TP"},
+      {"--normalization",
+       enum_field(FIELD(model.normalization)),
+       model,
+       "Normalization layer",
+       {"LayerNorm", "RMSNorm"}},
+      {"--norm-epsilon", FIELD(model.layernorm_epsilon), model, "Epsilon of the normalization layers"},
+      {"--swiglu", Switch{FIELD(model.swiglu), true}, model, "SwiGLU MLP instead of GELU"},
+      {"--position-embedding-type",
+       enum_field(FIELD(model.position_embedding_type)),
+       model,
+       "Position encoding",
+       {"learned_absolute", "rope", "none"}},
+      {"--rotary-base", FIELD(model.rotary_base), model, "RoPE base theta"},
+      {"--rotary-percent", FIELD(model.rotary_percent), model, "Fraction of each head's dimensions RoPE rotates"},
+      {"--rotary-interleaved", Switch{FIELD(model.rotary_interleaved), true}, model,
+       "Rotate interleaved pairs instead of halves (GPT-NeoX style)"},
+      {"--disable-bias-linear", Switch{FIELD(model.add_bias_linear), false}, model, "No biases in linear layers"},
+      {"--add-qkv-bias", Switch{FIELD(model.add_qkv_bias), true}, model, "Bias on the QKV projection only"},
+      {"--untie-embeddings-and-output-weights", Switch{FIELD(model.untie_embeddings_and_output_weights), true}, model,
+       "Separate output layer instead of the word embeddings"},
+      {"--init-method-std", FIELD(model.init_method_std), model,
+       "Std of the normal weight init (output projections use std/sqrt(2*layers))"},
+      {"--attention-dropout", FIELD(model.attention_dropout), model, "Dropout on attention probabilities"},
+      {"--hidden-dropout", FIELD(model.hidden_dropout), model, "Dropout on the residual branches"},
+      {"--bf16", Switch{FIELD(bf16), true}, parallel, "bf16 parameters and compute, fp32 master weights"},
+      {"--fp16", Switch{FIELD(fp16), true}, parallel, "fp16 with loss scaling (not available yet)"},
+      {"--tensor-model-parallel-size", FIELD(model.tensor_model_parallel_size), parallel, "TP (1 in this build)"},
+      {"--pipeline-model-parallel-size", FIELD(model.pipeline_model_parallel_size), parallel, "PP (1 in this build)"},
+      {"--sequence-parallel", Switch{FIELD(model.sequence_parallel), true}, parallel,
+       "Sequence parallelism (needs TP > 1)"},
+      {"--micro-batch-size", FIELD(micro_batch_size), training, "Sequences per micro-batch per rank; required"},
+      {"--global-batch-size", FIELD(global_batch_size), training,
+       "Sequences per step; a multiple of micro-batch-size * DP; derived: micro-batch-size * DP"},
+      {"--train-iters", FIELD(train_iters), training, "Training steps; required"},
+      {"--seed", FIELD(seed), training, "Seed of initialization, dropout and data order"},
+      {"--device", FIELD(device), training, "Where to run", {"auto", "cpu", "cuda"}},
+      {"--lr", FIELD(optimizer.lr), lr, "Peak learning rate; required"},
+      {"--min-lr", FIELD(optimizer.min_lr), lr, "Learning rate at the end of the decay"},
+      {"--lr-decay-style",
+       enum_field(FIELD(optimizer.lr_decay_style)),
+       lr,
+       "Decay after warmup",
+       {"constant", "linear", "cosine", "inverse-square-root", "WSD"}},
+      {"--lr-decay-iters", FIELD(optimizer.lr_decay_iters), lr, "Iterations of warmup + decay; derived: train-iters"},
+      {"--lr-warmup-iters", FIELD(optimizer.lr_warmup_iters), lr, "Linear warmup iterations"},
+      {"--lr-warmup-fraction", FIELD(optimizer.lr_warmup_fraction), lr,
+       "Warmup as a fraction of lr-decay-iters (instead of --lr-warmup-iters)"},
+      {"--lr-warmup-init", FIELD(optimizer.lr_warmup_init), lr, "Learning rate at step 0 of the warmup"},
+      {"--lr-wsd-decay-style",
+       enum_field(FIELD(optimizer.lr_wsd_decay_style)),
+       lr,
+       "Shape of the WSD anneal",
+       {"exponential", "linear", "cosine", "minus_sqrt"}},
+      {"--lr-wsd-decay-iters", FIELD(optimizer.lr_wsd_decay_iters), lr,
+       "Length of the WSD anneal; required with --lr-decay-style WSD"},
+      {"--weight-decay", FIELD(optimizer.weight_decay), optimizer, "Decoupled weight decay (not on biases, norms)"},
+      {"--clip-grad", FIELD(optimizer.clip_grad), optimizer, "Clip the global gradient L2 norm to this; 0 disables"},
+      {"--adam-beta1", FIELD(optimizer.adam_beta1), optimizer, "Adam beta1"},
+      {"--adam-beta2", FIELD(optimizer.adam_beta2), optimizer, "Adam beta2"},
+      {"--adam-eps", FIELD(optimizer.adam_eps), optimizer, "Adam epsilon"},
+      {"--data-path", FIELD(data.data_path), data,
+       "Dataset prefixes (PREFIX.bin/.idx), optionally weighted: [w1] p1 [w2] p2 ..."},
+      {"--split", FIELD(data.split), data, "Train/valid/test weights of --data-path, e.g. 969,30,1"},
+      {"--mock-data", Switch{FIELD(data.mock_data), true}, data, "Megatron's synthetic dataset instead of files"},
+      {"--tokenizer-type", FIELD(data.tokenizer_type), data, "NullTokenizer or ByteTokenizer; required"},
+      {"--tokenizer-model", FIELD(data.tokenizer_model), data, "Model file of tokenizers that need one"},
+      {"--vocab-size", FIELD(data.vocab_size), data, "Vocabulary size of NullTokenizer"},
+      {"--eod-mask-loss", Switch{FIELD(data.eod_mask_loss), true}, data, "No loss on end-of-document tokens"},
+      {"--save", FIELD(save), checkpoint, "Directory to write checkpoints to"},
+      {"--load", FIELD(load), checkpoint, "Directory to resume from"},
+      {"--save-interval", FIELD(save_interval), checkpoint, "Iterations between checkpoints; required with --save"},
+      {"--finetune", Switch{FIELD(finetune), true}, checkpoint,
+       "Load weights only: iteration 0, fresh optimizer and scheduler"},
+      {"--no-save-optim", Switch{FIELD(no_save_optim), true}, checkpoint, "Leave optimizer state out of checkpoints"},
+      {"--no-load-optim", Switch{FIELD(no_load_optim), true}, checkpoint, "Do not load optimizer state"},
+      {"--log-interval", FIELD(log_interval), logging, "Iterations between log lines"},
+      {"--eval-interval", FIELD(eval_interval), logging, "Iterations between evaluations; 0: none"},
+      {"--eval-iters", FIELD(eval_iters), logging, "Batches per evaluation"},
+      {"--metrics-file", FIELD(metrics_file), logging, "JSONL file, one object per logged iteration"},
+  };
+}
+
+#undef FIELD
+
+const std::vector<Flag>& flag_table() {
+  static const std::vector<Flag> table = build_flag_table();
+  return table;
+}
+
+const Flag* find_flag(std::string_view name) {
+  for (const Flag& flag : flag_table()) {
+    if (flag.name == name) return &flag;
+  }
+  return nullptr;
+}
+
+template <class T>
+bool holds(const Flag& flag) {
+  return std::holds_alternative<T>(flag.field);
+}
+
+// ---- reading and writing values as text -------------------------------------------------------
+
+std::optional<int64_t> parse_int(std::string_view text) {
+  int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+template <class Real>
+std::optional<Real> parse_real(std::string_view text) {
+  Real value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+// Shortest text that reads back to the same value.
+template <class Real>
+std::string format_real(Real value) {
+  char buffer[64];
+  const auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  return std::string(buffer, end);
+}
+
+std::vector<std::string> split_words(std::string_view text) {
+  std::istringstream is{std::string(text)};
+  std::vector<std::string> words;
+  for (std::string word; is >> word;) words.push_back(word);
+  return words;
+}
+
+// One flag's value from one source, before it is written into the arguments.
+struct Assignment {
+  const Flag* flag;
+  std::vector<std::string> values;  // exactly one for scalar kinds ("true"/"false" for switches)
+  std::string where;                // as the user wrote it: "--hidden-size" or "run.yaml: hidden_size"
+};
+
+// Writes one assignment into the arguments; returns the problem, or "" when it applied.
+struct Writer {
+  const Assignment& a;
+  TrainingArgs& args;
+
+  const std::string& text() const { return a.values.front(); }
+  std::string bad(std::string_view expected) const { return concat(a.where, " '", text(), "': expected ", expected); }
+
+  std::string operator()(FieldRef<int64_t> ref) const {
+    const auto value = parse_int(text());
+    if (!value) return bad("an integer (a whole number such as 8)");
+    ref(args) = *value;
+    return {};
+  }
+  std::string operator()(FieldRef<double> ref) const {
+    const auto value = parse_real<double>(text());
+    if (!value) return bad("a number (such as 0.01 or 3e-4)");
+    ref(args) = *value;
+    return {};
+  }
+  std::string operator()(FieldRef<float> ref) const {
+    const auto value = parse_real<float>(text());
+    if (!value) return bad("a number (such as 0.01 or 1e-5)");
+    ref(args) = *value;
+    return {};
+  }
+  std::string operator()(FieldRef<std::optional<double>> ref) const {
+    if (text().empty()) {  // "" is unset (training_args_to_flags writes it so)
+      ref(args).reset();
+      return {};
+    }
+    const auto value = parse_real<double>(text());
+    if (!value) return bad("a number (such as 0.01)");
+    ref(args) = *value;
+    return {};
+  }
+  std::string operator()(FieldRef<std::string> ref) const {
+    const auto& choices = a.flag->choices;
+    if (!choices.empty() && !text().empty() && std::find(choices.begin(), choices.end(), text()) == choices.end()) {
+      return bad(concat("one of ", join(choices, ", ")));
+    }
+    ref(args) = text();
+    return {};
+  }
+  std::string operator()(FieldRef<std::vector<std::string>> ref) const {
+    ref(args) = a.values;
+    return {};
+  }
+  std::string operator()(Switch s) const {
+    if (text() != "true" && text() != "false") return bad("true or false");
+    s.field(args) = text() == "true" ? s.value_when_given : !s.value_when_given;
+    return {};
+  }
+  std::string operator()(EnumField e) const {
+    const auto& choices = a.flag->choices;
+    const auto it = std::find(choices.begin(), choices.end(), text());
+    if (it == choices.end()) return bad(concat("one of ", join(choices, ", ")));
+    e.set(args, int(it - choices.begin()));
+    return {};
+  }
+  std::string operator()(ConfigFile) const { return {}; }  // already read by the parser
+};
+
+// A field's value as flag text; "" for unset optionals, empty strings and empty lists.
+struct Reader {
+  const Flag& flag;
+  TrainingArgs& args;
+
+  std::string operator()(FieldRef<int64_t> ref) const { return std::to_string(ref(args)); }
+  std::string operator()(FieldRef<double> ref) const { return format_real(ref(args)); }
+  std::string operator()(FieldRef<float> ref) const { return format_real(ref(args)); }
+  std::string operator()(FieldRef<std::optional<double>> ref) const {
+    return ref(args) ? format_real(*ref(args)) : std::string();
+  }
+  std::string operator()(FieldRef<std::string> ref) const { return ref(args); }
+  std::string operator()(FieldRef<std::vector<std::string>> ref) const { return join(ref(args), " "); }
+  std::string operator()(Switch s) const { return s.field(args) == s.value_when_given ? "true" : "false"; }
+  std::string operator()(EnumField e) const { return flag.choices.at(size_t(e.get(args))); }
+  std::string operator()(ConfigFile) const { return {}; }
+};
+
+std::string read_value(const Flag& flag, TrainingArgs& args) { return std::visit(Reader{flag, args}, flag.field); }
+
+// ---- collecting assignments from argv, YAML and flag pairs ------------------------------------
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  std::iota(row.begin(), row.end(), size_t(0));
+  for (size_t i = 0; i < a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i + 1;
+    for (size_t j = 0; j < b.size(); ++j) {
+      const size_t above = row[j + 1];
+      row[j + 1] = std::min({above + 1, row[j] + 1, diagonal + (a[i] == b[j] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The known flag closest to an unknown one, when it is close enough to be a typo.
+const Flag* closest_flag(std::string_view name) {
+  const Flag* best = nullptr;
+  // Allow about one edit in three characters of the name after "--".
+  size_t best_distance = std::max<size_t>(2, (name.size() - std::min<size_t>(name.size(), 2)) / 3) + 1;
+  for (const Flag& flag : flag_table()) {
+    const size_t distance = edit_distance(name, flag.name);
+    if (distance < best_distance) {
+      best = &flag;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+std::string yaml_key(const std::string& flag_name) {
+  std::string key = flag_name.substr(2);
+  std::replace(key.begin(), key.end(), '-', '_');
+  return key;
+}
+
+std::string flag_name_for_key(const std::string& key) {
+  std::string name = "--" + key;
+  std::replace(name.begin(), name.end(), '_', '-');
+  return name;
+}
+
+std::string unknown_flag(const std::string& where, const std::string& name, bool yaml) {
+  const Flag* close = closest_flag(name);
+  if (close == nullptr) {
+    return concat(where, ": unknown ", yaml ? "key" : "flag", "; megatron train does not support it (see ",
+                  "megatron train --help for the flags it does)");
+  }
+  return concat(where, ": unknown ", yaml ? "key" : "flag", "; did you mean ",
+                yaml ? yaml_key(close->name) : close->name, "?");
+}
+
+void add_once(std::vector<Assignment>& assignments, Assignment assignment, std::vector<std::string>& problems) {
+  for (const Assignment& earlier : assignments) {
+    if (earlier.flag == assignment.flag) {
+      problems.push_back(concat(assignment.where, " is given twice (first as ", earlier.where, "): keep one"));
+      return;
+    }
+  }
+  assignments.push_back(std::move(assignment));
+}
+
+bool is_flag_token(const std::string& token) { return token.rfind("--", 0) == 0; }
+
+std::vector<Assignment> assignments_from_argv(const std::vector<std::string>& argv,
+                                              std::vector<std::string>& problems) {
+  std::vector<Assignment> assignments;
+  size_t i = 0;
+  while (i < argv.size()) {
+    const std::string& token = argv[i++];
+    if (!is_flag_token(token)) {
+      problems.push_back(
+          concat("'", token, "' follows no flag: values come right after their flag, ", "e.g. --seq-length 1024"));
+      continue;
+    }
+    const size_t equals = token.find('=');
+    const std::string name = token.substr(0, equals);
+    const Flag* flag = find_flag(name);
+    if (flag == nullptr) {
+      problems.push_back(unknown_flag(name, name, false));
+      while (i < argv.size() && !is_flag_token(argv[i])) ++i;  // its values, so they do not pile up errors
+      continue;
+    }
+    Assignment assignment{flag, {}, name};
+    if (equals != std::string::npos) assignment.values.push_back(token.substr(equals + 1));
+    if (holds<Switch>(*flag)) {
+      if (!assignment.values.empty()) {
+        problems.push_back(concat(token, ": ", name, " takes no value; write ", name, " alone"));
+        continue;
+      }
+      assignment.values.push_back("true");
+    } else if (holds<FieldRef<std::vector<std::string>>>(*flag)) {
+      while (i < argv.size() && !is_flag_token(argv[i])) assignment.values.push_back(argv[i++]);
+      if (assignment.values.empty()) {
+        problems.push_back(concat(name, " needs at least one value, e.g. ", name, " my-corpus_text_document"));
+        continue;
+      }
+    } else if (assignment.values.empty()) {
+      if (i == argv.size() || is_flag_token(argv[i])) {
+        problems.push_back(concat(name, " needs a value: write ", name, " VALUE or ", name, "=VALUE"));
+        continue;
+      }
+      assignment.values.push_back(argv[i++]);
+    }
+    add_once(assignments, std::move(assignment), problems);
+  }
+  return assignments;
+}
+
+// The text values of one YAML entry, or a problem.
+std::optional<std::vector<std::string>> yaml_values(const Flag& flag, const YAML::Node& node, const std::string& where,
+                                                    std::vector<std::string>& problems) {
+  if (holds<Switch>(flag)) {
+    bool value = false;
+    if (node.IsScalar() && YAML::convert<bool>::decode(node, value))
+      return std::vector<std::string>{value ? "true" : "false"};
+    problems.push_back(concat(where, ": expected true or false"));
+    return std::nullopt;
+  }
+  if (holds<FieldRef<std::vector<std::string>>>(flag)) {
+    if (node.IsScalar()) return split_words(node.Scalar());
+    std::vector<std::string> values;
+    for (size_t i = 0; node.IsSequence() && i < node.size(); ++i) {
+      if (!node[i].IsScalar()) break;
+      values.push_back(node[i].Scalar());
+    }
+    if (node.IsSequence() && values.size() == node.size()) return values;
+    problems.push_back(concat(where, ": expected a list of strings, e.g. [0.3, corpus-a, 0.7, corpus-b]"));
+    return std::nullopt;
+  }
+  if (!node.IsScalar()) {
+    problems.push_back(concat(where, ": expected a single value, not a list or mapping"));
+    return std::nullopt;
+  }
+  return std::vector<std::string>{node.Scalar()};
+}
+
+std::vector<Assignment> assignments_from_yaml(const std::string& path, std::vector<std::string>& problems) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    problems.push_back(
+        concat("--config ", path, ": cannot be read as YAML (", e.what(), "); fix the path or the file"));
+    return {};
+  }
+  if (root.IsNull()) return {};
+  if (!root.IsMap()) {
+    problems.push_back(concat("--config ", path, ": expected a mapping of flag names to values, e.g. num_layers: 12"));
+    return {};
+  }
+  std::vector<Assignment> assignments;
+  for (const auto& entry : root) {
+    const std::string key = entry.first.Scalar();
+    const std::string where = concat(path, ": ", key);
+    const Flag* flag = find_flag(flag_name_for_key(key));
+    if (flag == nullptr) {
+      problems.push_back(unknown_flag(where, flag_name_for_key(key), true));
+      continue;
+    }
+    if (holds<ConfigFile>(*flag)) {
+      problems.push_back(concat(where, ": a config file cannot name another one; merge the two files"));
+      continue;
+    }
+    if (entry.second.IsNull()) continue;  // "key:" or "key: null" means not given
+    auto values = yaml_values(*flag, entry.second, where, problems);
+    if (values) add_once(assignments, Assignment{flag, std::move(*values), where}, problems);
+  }
+  return assignments;
+}
+
+std::vector<Assignment> assignments_from_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
+                                               std::vector<std::string>& problems) {
+  std::vector<Assignment> assignments;
+  for (const auto& [name, text] : pairs) {
+    const Flag* flag = find_flag(name);
+    if (flag == nullptr) {
+      problems.push_back(unknown_flag(name, name, false));
+      continue;
+    }
+    if (holds<ConfigFile>(*flag)) {
+      problems.push_back(concat(name, ": stored flags hold merged values and cannot name a config file; drop it"));
+      continue;
+    }
+    std::vector<std::string> values =
+        holds<FieldRef<std::vector<std::string>>>(*flag) ? split_words(text) : std::vector{text};
+    add_once(assignments, Assignment{flag, std::move(values), name}, problems);
+  }
+  return assignments;
+}
+
+[[noreturn]] void throw_problems(const std::vector<std::string>& problems, std::string_view note) {
+  std::ostringstream os;
+  os << problems.size() << (problems.size() == 1 ? " problem" : " problems")
+     << " with the arguments:";
+  for (const std::string& problem : problems) os << "\n  - " << problem;
+  if (!note.empty()) os << "\n" << note;
+  throw Error(os.str());
+}
+
+// Layers in increasing precedence (YAML, then the command line). The preset is the starting
+// point under all of them, whichever layer names it.
+TrainingArgs resolve(const std::vector<std::vector<Assignment>>& layers, int64_t world_size,
+                     std::vector<std::string> problems) {
+  TrainingArgs args;
+  const Flag* preset_flag = find_flag("--model-preset");
+  for (auto layer = layers.rbegin(); layer != layers.rend(); ++layer) {
+    const auto it =
+        std::find_if(layer->begin(), layer->end(), [&](const Assignment& a) { return a.flag == preset_flag; });
+    if (it == layer->end()) continue;
+    // An unknown name is reported when the assignment is written below.
+    if (const ModelPreset* preset = find_model_preset(it->values.front())) apply_model_preset(*preset, args.model);
+    break;
+  }
+  for (const auto& layer : layers) {
+    for (const Assignment& assignment : layer) {
+      std::string problem = std::visit(Writer{assignment, args}, assignment.flag->field);
+      if (!problem.empty()) problems.push_back(std::move(problem));
+    }
+  }
+  if (!problems.empty()) throw_problems(problems, "(the consistency checks run once these are fixed)");
+  args.world_size = world_size;
+  derive_training_args(args);
+  const std::vector<std::string> invalid = validate(args);
+  if (!invalid.empty()) throw_problems(invalid, "");
+  return args;
+}
+
+// ---- derivation and validation ----------------------------------------------------------------
+
+// The tokenizer's vocabulary size, or nullopt with the reason in *why.
+std::optional<int64_t> known_vocab_size(const DataArgs& data, std::string* why) {
+  const std::string& type = data.tokenizer_type;
+  if ((type == "NullTokenizer" || type == "ByteTokenizer") && !data.tokenizer_model.empty()) {
+    *why = concat("--tokenizer-model ", data.tokenizer_model, " does not apply to ", type,
+                  ", which needs no model file: drop --tokenizer-model");
+  } else if (type == "NullTokenizer" && data.vocab_size <= 0) {
+    *why = concat("--tokenizer-type NullTokenizer needs --vocab-size N (got ", data.vocab_size,
+                  "): its ids are the numbers 0..N-1; e.g. --vocab-size 50257");
+  } else if (type == "NullTokenizer") {
+    return data.vocab_size;
+  } else if (type == "ByteTokenizer" && data.vocab_size != 0) {
+    *why = concat("--vocab-size ", data.vocab_size, " does not apply to ByteTokenizer (256 bytes + end of document = ",
+                  datasets::ByteTokenizer::kVocabSize, " ids): drop --vocab-size");
+  } else if (type == "ByteTokenizer") {
+    return datasets::ByteTokenizer::kVocabSize;
+  } else if (type.empty()) {
+    *why =
+        "--tokenizer-type is required: use NullTokenizer with --vocab-size N (e.g. with --mock-data) or ByteTokenizer";
+  } else {
+    *why =
+        concat("--tokenizer-type ", type, " is not wired into megatron train yet: use NullTokenizer or ByteTokenizer");
+  }
+  return std::nullopt;
+}
+
+// --split weights (Megatron reads every run of [.0-9] as a number), or nullopt if malformed.
+std::optional<std::vector<double>> split_weights(const std::string& split) {
+  std::vector<double> weights;
+  size_t i = 0;
+  while (i < split.size()) {
+    const size_t begin = split.find_first_of(".0123456789", i);
+    if (begin == std::string::npos) break;
+    const size_t end = std::min(split.find_first_not_of(".0123456789", begin), split.size());
+    const auto weight = parse_real<double>(std::string_view(split).substr(begin, end - begin));
+    if (!weight) return std::nullopt;
+    weights.push_back(*weight);
+    i = end;
+  }
+  if (weights.empty() || weights.size() > 3 || std::accumulate(weights.begin(), weights.end(), 0.0) <= 0.0) {
+    return std::nullopt;
+  }
+  weights.resize(3, 0.0);
+  return weights;
+}
+
+void require_positive(std::vector<std::string>& errors, int64_t value, const char* flag, const char* fix) {
+  if (value > 0) return;
+  errors.push_back(value == 0 ? concat(flag, " is required (got 0): ", fix)
+                              : concat(flag, " ", value, " must be positive: ", fix));
+}
+
+void check_batch(const TrainingArgs& a, std::vector<std::string>& errors) {
+  require_positive(errors, a.micro_batch_size, "--micro-batch-size", "set e.g. --micro-batch-size 8");
+  require_positive(errors, a.train_iters, "--train-iters", "set e.g. --train-iters 1000");
+  const int64_t model_parallel = a.model.tensor_model_parallel_size * a.model.pipeline_model_parallel_size;
+  if (a.world_size <= 0 || (model_parallel > 0 && a.world_size % model_parallel != 0)) {
+    errors.push_back(concat("world size ", a.world_size, " is not a multiple of TP*PP = ", model_parallel,
+                            ": each data-parallel replica needs all TP*PP ranks; launch a multiple of ", model_parallel,
+                            " ranks"));
+  }
+  const int64_t per_step = a.micro_batch_size * a.data_parallel_size;
+  if (a.global_batch_size <= 0 && a.micro_batch_size > 0) {
+    errors.push_back(concat("--global-batch-size ", a.global_batch_size,
+                            " must be positive: leave it unset to use micro-batch-size * DP"));
+  } else if (per_step > 0 && a.global_batch_size % per_step != 0) {
+    errors.push_back(concat("--global-batch-size ", a.global_batch_size, " is not a multiple of --micro-batch-size ",
+                            a.micro_batch_size, " x data-parallel size ", a.data_parallel_size, " = ", per_step,
+                            ": each step runs whole micro-batches on every replica; use e.g. ",
+                            (a.global_batch_size + per_step - 1) / per_step * per_step));
+  }
+  if (a.seed < 0) errors.push_back(concat("--seed ", a.seed, " must be >= 0: use e.g. 1234"));
+}
+
+void check_schedule(const OptimizerArgs& o, int64_t train_iters, std::vector<std::string>& errors) {
+  if (!(o.lr > 0.0)) {
+    errors.push_back(o.lr == 0.0 ? std::string("--lr is required (got 0): set the peak learning rate, e.g. --lr 3e-4")
+                                 : concat("--lr ", o.lr, " must be positive: e.g. --lr 3e-4"));
+  }
+  if (o.min_lr < 0.0) {
+    errors.push_back(concat("--min-lr ", o.min_lr, " must be >= 0: e.g. --min-lr 3e-5"));
+  } else if (o.lr > 0.0 && o.min_lr > o.lr) {
+    errors.push_back(concat("--min-lr ", o.min_lr, " exceeds --lr ", o.lr,
+                            ": the schedule decays from lr down to min_lr; lower --min-lr"));
+  }
+  if (o.lr_warmup_init < 0.0) errors.push_back(concat("--lr-warmup-init ", o.lr_warmup_init, " must be >= 0"));
+  if (o.lr_warmup_iters < 0) errors.push_back(concat("--lr-warmup-iters ", o.lr_warmup_iters, " must be >= 0"));
+  if (o.lr_decay_iters < 0 || (o.lr_decay_iters == 0 && train_iters > 0)) {
+    errors.push_back(concat("--lr-decay-iters ", o.lr_decay_iters,
+                            " must be positive: leave it unset to use "
+                            "--train-iters"));
+  }
+  if (o.lr_warmup_fraction && o.lr_warmup_iters != 0) {
+    errors.push_back(concat("--lr-warmup-fraction ", *o.lr_warmup_fraction, " and --lr-warmup-iters ",
+                            o.lr_warmup_iters, " are mutually exclusive: warmup is a fraction of the decay or a ",
+                            "count of iterations; keep one"));
+  } else if (o.lr_warmup_fraction && !(*o.lr_warmup_fraction >= 0.0 && *o.lr_warmup_fraction < 1.0)) {
+    errors.push_back(concat("--lr-warmup-fraction ", *o.lr_warmup_fraction,
+                            " must lie in [0, 1): warmup must end before the decay does; e.g. 0.01"));
+  } else if (!o.lr_warmup_fraction && o.lr_decay_iters > 0 && o.lr_warmup_iters >= o.lr_decay_iters) {
+    errors.push_back(concat("--lr-warmup-iters ", o.lr_warmup_iters, " is not below --lr-decay-iters ",
+                            o.lr_decay_iters, ": Megatron's scheduler needs warmup < decay; shorten the warmup"));
+  }
+  if (o.lr_decay_style == LrDecayStyle::WSD && o.lr_wsd_decay_iters <= 0) {
+    errors.push_back(concat("--lr-decay-style WSD needs --lr-wsd-decay-iters (got ", o.lr_wsd_decay_iters,
+                            "): the length of the final anneal, e.g. a tenth of --lr-decay-iters"));
+  } else if (o.lr_wsd_decay_iters < 0 || o.lr_wsd_decay_iters > o.lr_decay_iters) {
+    errors.push_back(concat("--lr-wsd-decay-iters ", o.lr_wsd_decay_iters, " must lie in [0, --lr-decay-iters ",
+                            o.lr_decay_iters, "]: the anneal is the end of the decay"));
+  }
+}
+
+void check_optimizer(const OptimizerArgs& o, std::vector<std::string>& errors) {
+  if (o.weight_decay < 0.0) errors.push_back(concat("--weight-decay ", o.weight_decay, " must be >= 0: e.g. 0.1"));
+  if (o.clip_grad < 0.0) errors.push_back(concat("--clip-grad ", o.clip_grad, " must be >= 0 (0 disables): e.g. 1"));
+  for (const auto& [beta, flag] : {std::pair{o.adam_beta1, "--adam-beta1"}, std::pair{o.adam_beta2, "--adam-beta2"}}) {
+    if (!(beta >= 0.0 && beta < 1.0)) {
+      errors.push_back(concat(flag, " ", beta, " must lie in [0, 1): it is a moving-average decay; e.g. 0.9"));
+    }
+  }
+  if (!(o.adam_eps > 0.0)) errors.push_back(concat("--adam-eps ", o.adam_eps, " must be positive: e.g. 1e-8"));
+}
+
+void check_data(const TrainingArgs& a, std::vector<std::string>& errors) {
+  const DataArgs& d = a.data;
+  const bool has_path = !d.data_path.empty();
+  if (d.mock_data && has_path) {
+    errors.push_back(
+        "--mock-data and --data-path are mutually exclusive: train on files or on synthetic data; "
+        "drop one");
+  } else if (!d.mock_data && !has_path) {
+    errors.push_back("no training data: give --data-path PREFIX (PREFIX.bin/.idx) or --mock-data");
+  }
+  std::string why;
+  if (!known_vocab_size(d, &why)) errors.push_back(why);
+
+  const auto weights = split_weights(d.split);
+  if (has_path && !weights) {
+    errors.push_back(
+        concat("--split '", d.split, "' must hold one to three weights >= 0 with a positive sum, ", "e.g. 969,30,1"));
+  }
+  if (a.eval_interval < 0) errors.push_back(concat("--eval-interval ", a.eval_interval, " must be >= 0 (0: none)"));
+  if (a.eval_interval > 0 && a.eval_iters <= 0) {
+    errors.push_back(concat("--eval-iters ", a.eval_iters, " must be positive when --eval-interval is set: e.g. 10"));
+  }
+  // Mock data always has a validation split (Megatron forces 1,1,1).
+  if (a.eval_interval > 0 && has_path && !d.mock_data && weights && (*weights)[1] <= 0.0) {
+    errors.push_back(concat("--eval-interval ", a.eval_interval, " needs a validation split but --split '", d.split,
+                            "' gives it weight 0: give it one, e.g. --split 969,30,1, or set --eval-interval 0"));
+  }
+}
+
+void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
+  if (a.fp16) {
+    errors.push_back("--fp16: fp16 with dynamic loss scaling arrives with the CUDA backend; use --bf16");
+    if (a.bf16) errors.push_back("--bf16 and --fp16 are both given: choose one");
+  }
+  if (!a.save.empty() && a.save_interval <= 0) {
+    errors.push_back(concat("--save ", a.save, " needs --save-interval N (got ", a.save_interval,
+                            "): how many iterations between checkpoints, e.g. --save-interval 1000"));
+  } else if (a.save_interval < 0) {
+    errors.push_back(concat("--save-interval ", a.save_interval, " must be >= 0"));
+  }
+  if (a.finetune && a.load.empty()) {
+    errors.push_back(
+        "--finetune needs --load DIR: it starts from a checkpoint's weights; give --load or drop "
+        "--finetune");
+  }
+  if (a.log_interval <= 0) {
+    errors.push_back(concat("--log-interval ", a.log_interval, " must be positive: e.g. --log-interval 10"));
+  }
+  // Restricted string fields may have been set by code rather than by the parser; "" stands for
+  // unset where the default is unset (--model-preset).
+  TrainingArgs copy = a;
+  TrainingArgs defaults;
+  for (const Flag& flag : flag_table()) {
+    if (!holds<FieldRef<std::string>>(flag) || flag.choices.empty()) continue;
+    const std::string value = read_value(flag, copy);
+    const bool unset_allowed = value.empty() && read_value(flag, defaults).empty();
+    if (!unset_allowed && std::find(flag.choices.begin(), flag.choices.end(), value) == flag.choices.end()) {
+      errors.push_back(concat(flag.name, " ", value, ": expected one of ", join(flag.choices, ", ")));
+    }
+  }
+}
+
+// The metavariable of a flag in help text.
+std::string metavar(const Flag& flag) {
+  struct Namer {
+    const Flag& flag;
+    std::string choices() const {
+      const std::string all = join(flag.choices, ",");
+      return all.size() <= 40 ? "{" + all + "}" : "NAME";
+    }
+    std::string operator()(FieldRef<int64_t>) const { return "INT"; }
+    std::string operator()(FieldRef<double>) const { return "FLOAT"; }
+    std::string operator()(FieldRef<float>) const { return "FLOAT"; }
+    std::string operator()(FieldRef<std::optional<double>>) const { return "FLOAT"; }
+    std::string operator()(FieldRef<std::string>) const { return flag.choices.empty() ? "STR" : choices(); }
+    std::string operator()(FieldRef<std::vector<std::string>>) const { return "STR [STR ...]"; }
+    std::string operator()(Switch) const { return ""; }
+    std::string operator()(EnumField) const { return choices(); }
+    std::string operator()(ConfigFile) const { return "FILE.yaml"; }
+  };
+  return std::visit(Namer{flag}, flag.field);
+}
+
+}  // namespace
+
+int64_t tokenizer_vocab_size(const DataArgs& data) {
+  std::string why;
+  const std::optional<int64_t> size = known_vocab_size(data, &why);
+  MEGATRON_CHECK(size, why);
+  return *size;
+}
+
+void derive_training_args(TrainingArgs& a) {
+  a.model.params_dtype = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
+  std::string unused;
+  if (const auto vocab = known_vocab_size(a.data, &unused)) a.model.vocab_size = *vocab;
+  derive_model_fields(a.model);
+  const int64_t model_parallel = a.model.tensor_model_parallel_size * a.model.pipeline_model_parallel_size;
+  // A layout that does not divide the world keeps DP = 1; validate() reports it.
+  if (model_parallel > 0 && a.world_size > 0 && a.world_size % model_parallel == 0) {
+    a.data_parallel_size = a.world_size / model_parallel;
+  }
+  if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * a.data_parallel_size;
+  if (a.optimizer.lr_decay_iters == 0) a.optimizer.lr_decay_iters = a.train_iters;
+}
+
+std::vector<std::string> validate(const TrainingArgs& args) {
+  std::vector<std::string> errors = validate(args.model);
+  check_batch(args, errors);
+  check_schedule(args.optimizer, args.train_iters, errors);
+  check_optimizer(args.optimizer, errors);
+  check_data(args, errors);
+  check_run(args, errors);
+  return errors;
+}
+
+TrainingArgs parse_training_args(const std::vector<std::string>& argv, int64_t world_size) {
+  std::vector<std::string> problems;
+  std::vector<Assignment> command_line = assignments_from_argv(argv, problems);
+  std::vector<Assignment> config_file;
+  for (const Assignment& assignment : command_line) {
+    if (holds<ConfigFile>(*assignment.flag)) config_file = assignments_from_yaml(assignment.values.front(), problems);
+  }
+  return resolve({config_file, command_line}, world_size, std::move(problems));
+}
+
+TrainingArgs parse_training_args_from_flags(const std::vector<std::pair<std::string, std::string>>& flags,
+                                            int64_t world_size) {
+  std::vector<std::string> problems;
+  std::vector<Assignment> assignments = assignments_from_pairs(flags, problems);
+  return resolve({assignments}, world_size, std::move(problems));
+}
+
+std::string training_args_help() {
+  std::ostringstream os;
+  os << "Usage: megatron train [--flag VALUE | --flag=VALUE]...\n\n"
+        "Flags keep Megatron-LM's names. Values are taken, each overriding the one before, from the defaults,\n"
+        "--model-preset, the --config YAML file and the command line. Unset derived values are computed.\n";
+  TrainingArgs defaults;
+  std::string section;
+  for (const Flag& flag : flag_table()) {
+    if (flag.section != section) {
+      section = flag.section;
+      os << "\n" << section << ":\n";
+    }
+    std::string left = "  " + flag.name;
+    if (const std::string var = metavar(flag); !var.empty()) left += " " + var;
+    os << left;
+    if (left.size() >= 44) {
+      os << "\n" << std::string(44, ' ');
+    } else {
+      os << std::string(44 - left.size(), ' ');
+    }
+    os << flag.help;
+    if (metavar(flag) == "NAME") os << "; one of " << join(flag.choices, ", ");
+    const std::string value = read_value(flag, defaults);
+    if (!holds<Switch>(flag) && !value.empty() && value != "0") os << " [default: " << value << "]";
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::vector<std::pair<std::string, std::string>> training_args_to_flags(const TrainingArgs& args) {
+  TrainingArgs copy = args;  // the field references need a mutable object; reading changes nothing
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (const Flag& flag : flag_table()) {
+    if (!holds<ConfigFile>(flag)) flags.emplace_back(flag.name, read_value(flag, copy));
+  }
+  return flags;
+}
+
+}  // namespace megatron

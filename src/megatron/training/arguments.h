@@ -1,0 +1,105 @@
+#pragma once
+// Everything `megatron train` can be told, split by subsystem, with Megatron's flag names.
+// One table (arguments.cpp) maps each flag and YAML key to its field, so the two never drift.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megatron/transformer/transformer_config.h"
+
+namespace megatron {
+
+enum class LrDecayStyle { constant, linear, cosine, inverse_square_root, WSD };
+enum class WsdDecayStyle { exponential, linear, cosine, minus_sqrt };
+
+struct OptimizerArgs {
+  double lr = 0.0;  // required
+  double min_lr = 0.0;
+  LrDecayStyle lr_decay_style = LrDecayStyle::linear;
+  int64_t lr_decay_iters = 0;  // derived: train_iters
+  int64_t lr_warmup_iters = 0;
+  std::optional<double> lr_warmup_fraction;
+  double lr_warmup_init = 0.0;
+  WsdDecayStyle lr_wsd_decay_style = WsdDecayStyle::exponential;
+  int64_t lr_wsd_decay_iters = 0;
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;  // 0 disables clipping
+};
+
+struct DataArgs {
+  std::vector<std::string> data_path;  // Megatron's "[w1] p1 [w2] p2 ..." list, as given
+  std::string split = "969, 30, 1";
+  bool mock_data = false;
+  std::string tokenizer_type;   // NullTokenizer, ByteTokenizer, ...
+  std::string tokenizer_model;  // path for tokenizers that need one
+  int64_t vocab_size = 0;       // NullTokenizer size
+  bool eod_mask_loss = false;
+};
+
+struct TrainingArgs {
+  TransformerConfig model;
+  OptimizerArgs optimizer;
+  DataArgs data;
+
+  std::string model_preset;        // --model-preset NAME: starting values for model fields
+  bool bf16 = false;               // --bf16: params_dtype bf16 (derived into model.params_dtype)
+  bool fp16 = false;               // --fp16: parsed, rejected by validate() until the CUDA backend
+  int64_t world_size = 1;          // from the launcher, not a flag
+  int64_t micro_batch_size = 0;    // required
+  int64_t global_batch_size = 0;   // derived: micro_batch_size * data_parallel_size
+  int64_t train_iters = 0;         // required
+  int64_t data_parallel_size = 1;  // derived: world_size / (TP * PP)
+  int64_t seed = 1234;
+  std::string device = "auto";  // auto | cpu | cuda
+
+  int64_t log_interval = 100;
+  int64_t eval_interval = 0;  // 0: no evaluation
+  int64_t eval_iters = 100;
+  std::string metrics_file;  // JSONL, one object per logged iteration (ours)
+
+  std::string save;
+  std::string load;
+  int64_t save_interval = 0;
+  bool finetune = false;
+  bool no_save_optim = false;
+  bool no_load_optim = false;
+
+  // Number of micro-batches per step on this DP rank.
+  int64_t num_micro_batches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
+};
+
+// Parses argv (after the subcommand) and any --config YAML file. Flags override YAML; YAML
+// overrides presets; presets override defaults. Then derives fields and validates: every
+// problem is reported in one Error (unknown flags, bad values, contradictions).
+TrainingArgs parse_training_args(const std::vector<std::string>& argv, int64_t world_size = 1);
+
+// The same as parse_training_args, from training_args_to_flags output (e.g. stored in a
+// checkpoint): bool flags carry "true"/"false", list values are separated by spaces, "" is unset.
+TrainingArgs parse_training_args_from_flags(const std::vector<std::pair<std::string, std::string>>& flags,
+                                            int64_t world_size = 1);
+
+// Fills what Megatron derives (done once, after all values are in): model.vocab_size from the
+// tokenizer, model.params_dtype from --bf16/--fp16, derive_model_fields(), data_parallel_size =
+// world_size / (TP*PP), global_batch_size = mbs * DP and lr_decay_iters = train_iters when unset.
+void derive_training_args(TrainingArgs& args);
+
+// Every rule the arguments break (model rules included), one message each. Empty when valid.
+std::vector<std::string> validate(const TrainingArgs& args);
+
+// Vocabulary size (unpadded) of the tokenizer the data arguments name: --vocab-size for
+// NullTokenizer, 257 for ByteTokenizer. Throws for other tokenizers or missing sizes.
+int64_t tokenizer_vocab_size(const DataArgs& data);
+
+// Help text generated from the flag table.
+std::string training_args_help();
+
+// The arguments as JSON-ready key/value text (for checkpoints and logs): flag name -> value,
+// one pair per table row except --config (its contents are already merged in).
+std::vector<std::pair<std::string, std::string>> training_args_to_flags(const TrainingArgs& args);
+
+}  // namespace megatron

@@ -1,0 +1,126 @@
+#include "megatron/training/checkpoint_io.h"
+
+#include "megatron/core/logging.h"
+
+namespace megatron {
+
+namespace {
+using checkpointing::CheckpointReader;
+using checkpointing::ShardedTensor;
+
+// Flags that fix the model's shape: a checkpoint only loads into a model that agrees on them.
+const char* const kArchitectureFlags[] = {
+    "--num-layers",   "--hidden-size",     "--ffn-hidden-size",         "--num-attention-heads",
+    "--num-query-groups", "--kv-channels", "--normalization",           "--swiglu",
+    "--position-embedding-type", "--disable-bias-linear", "--add-qkv-bias",
+    "--untie-embeddings-and-output-weights", "--max-position-embeddings", "--make-vocab-size-divisible-by"};
+
+nlohmann::json args_json(const TrainingArgs& args) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [flag, value] : training_args_to_flags(args)) j[flag] = value;
+  return j;
+}
+
+std::vector<ShardedTensor> model_state(GPTModel& model) {
+  std::vector<ShardedTensor> out;
+  for (const auto& p : model.parameters().params())
+    for (const auto& slice : p->global_slices()) out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
+  return out;
+}
+
+void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& args, const std::string& dir) {
+  const nlohmann::json now = args_json(args);
+  for (const char* flag : kArchitectureFlags) {
+    const std::string a = saved.contains(flag) ? saved[flag].get<std::string>() : "";
+    const std::string b = now.contains(flag) ? now[flag].get<std::string>() : "";
+    MEGATRON_CHECK(a == b, "checkpoint " << dir << " was trained with " << flag << " " << (a.empty() ? "(unset)" : a)
+                                         << " but this run has " << (b.empty() ? "(unset)" : b)
+                                         << "; the model shapes must match: use the checkpoint's value");
+  }
+  const std::string padded = std::to_string(args.model.padded_vocab_size);
+  MEGATRON_CHECK(!saved.contains("padded_vocab_size") || saved["padded_vocab_size"] == padded,
+                 "checkpoint " << dir << " has a padded vocabulary of " << saved["padded_vocab_size"]
+                               << " but this run's tokenizer gives " << padded << "; use the same tokenizer");
+}
+
+CheckpointReader open_latest(const std::string& load_dir) {
+  const auto iteration = checkpointing::read_tracker(load_dir);
+  MEGATRON_CHECK(iteration.has_value(), "no checkpoint in " << load_dir << " (no latest_checkpointed_iteration.txt); "
+                                                            << "train with --save " << load_dir << " first");
+  return CheckpointReader::open(load_dir, *iteration);
+}
+}  // namespace
+
+void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const AdamWOptimizer* optimizer,
+                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress) {
+  nlohmann::json common;
+  common["iteration"] = progress.iteration;
+  common["consumed_train_samples"] = progress.consumed_train_samples;
+  common["consumed_valid_samples"] = progress.consumed_valid_samples;
+  common["skipped_iterations"] = progress.skipped_iterations;
+  common["nan_iterations"] = progress.nan_iterations;
+  common["scheduler_num_steps"] = scheduler.num_steps();
+  common["optimizer_step"] = optimizer ? optimizer->step_count() : 0;
+  // Dropout masks and init are counter-based functions of the seed, so the seed and the
+  // iteration are the whole RNG state.
+  common["rng"] = {{"seed", args.seed}};
+  nlohmann::json a = args_json(args);
+  a["padded_vocab_size"] = std::to_string(args.model.padded_vocab_size);
+  common["args"] = a;
+  std::vector<ShardedTensor> optim;
+  if (optimizer && !args.no_save_optim) optim = optimizer->sharded_state();
+  checkpointing::save_checkpoint(args.save, progress.iteration, model_state(model), optim, common);
+  LOG_INFO("  successfully saved checkpoint from iteration " << progress.iteration << " to " << args.save);
+}
+
+bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, AdamWOptimizer* optimizer,
+                              OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
+  if (args.load.empty()) return false;
+  if (!checkpointing::read_tracker(args.load).has_value()) {
+    LOG_WARN("--load " << args.load << " holds no checkpoint yet; starting from scratch");
+    return false;
+  }
+  const CheckpointReader reader = open_latest(args.load);
+  const nlohmann::json& common = reader.common();
+  check_same_architecture(common.at("args"), args, args.load);
+  for (const auto& p : model.parameters().params())
+    for (auto& slice : p->global_slices()) reader.load(p->spec.name, slice.global_offset, slice.local);
+
+  const bool restore_state = !args.finetune && !args.no_load_optim;
+  if (optimizer) {
+    const bool has_optim = reader.has("optimizer." + model.parameters().params().front()->spec.name + ".exp_avg");
+    if (restore_state && has_optim) {
+      optimizer->load_state(reader);
+      optimizer->set_step_count(common.at("optimizer_step").get<int64_t>());
+    } else {
+      optimizer->reload_master_from_model();
+    }
+  }
+  if (!args.finetune) {
+    progress->iteration = common.at("iteration").get<int64_t>();
+    progress->consumed_train_samples = common.at("consumed_train_samples").get<int64_t>();
+    progress->consumed_valid_samples = common.at("consumed_valid_samples").get<int64_t>();
+    progress->skipped_iterations = common.at("skipped_iterations").get<int64_t>();
+    progress->nan_iterations = common.at("nan_iterations").get<int64_t>();
+    if (scheduler) scheduler->set_num_steps(common.at("scheduler_num_steps").get<int64_t>());
+  }
+  LOG_INFO(" loaded checkpoint from " << args.load << " at iteration " << common.at("iteration").get<int64_t>()
+                                      << (args.finetune ? " (finetune: weights only)" : ""));
+  return true;
+}
+
+TrainingArgs read_checkpoint_args(const std::string& load_dir) {
+  const CheckpointReader reader = open_latest(load_dir);
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (const auto& [flag, value] : reader.common().at("args").items())
+    if (flag.rfind("--", 0) == 0) flags.emplace_back(flag, value.get<std::string>());
+  return parse_training_args_from_flags(flags);
+}
+
+void load_model_weights(const std::string& load_dir, GPTModel& model) {
+  const CheckpointReader reader = open_latest(load_dir);
+  for (const auto& p : model.parameters().params())
+    for (auto& slice : p->global_slices()) reader.load(p->spec.name, slice.global_offset, slice.local);
+}
+
+}  // namespace megatron

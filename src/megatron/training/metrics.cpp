@@ -1,0 +1,71 @@
+#include "megatron/training/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "megatron/core/error.h"
+#include "megatron/core/logging.h"
+
+namespace megatron {
+
+std::string format_training_log_line(const IterationStats& s) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+                "throughput per GPU (TFLOP/s/GPU): %.1f | tokens per second: %.0f | learning rate: %.6E | "
+                "global batch size: %5lld | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | "
+                "number of skipped iterations: %3lld | number of nan iterations: %3lld | peak memory (MiB): %.0f |",
+                timestamp_now().c_str(), static_cast<long long>(s.iteration), static_cast<long long>(s.train_iters),
+                static_cast<long long>(s.consumed_samples), s.elapsed_ms_per_iteration, s.tflops_per_gpu,
+                s.tokens_per_second, s.learning_rate, static_cast<long long>(s.global_batch_size), s.lm_loss,
+                s.loss_scale, s.grad_norm, static_cast<long long>(s.skipped_iterations),
+                static_cast<long long>(s.nan_iterations), s.peak_memory_mib);
+  return buf;
+}
+
+std::string format_validation_line(int64_t iteration, double loss) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                " validation loss at iteration %lld on validation set | lm loss value: %.6E | lm loss PPL: %.6E |",
+                static_cast<long long>(iteration), loss, std::exp(std::min(20.0, loss)));
+  const std::string line(buf);
+  const std::string dashes(line.size(), '-');
+  return dashes + "\n" + line + "\n" + dashes;
+}
+
+MetricsFile::MetricsFile(const std::string& path) {
+  if (path.empty()) return;
+  out_.open(path, std::ios::app);
+  MEGATRON_CHECK(out_.good(), "cannot open --metrics-file " << path << " for appending; check the directory exists");
+}
+
+void MetricsFile::write_training(const IterationStats& s) {
+  if (!out_.is_open()) return;
+  const nlohmann::json j = {{"kind", "train"},
+                            {"iteration", s.iteration},
+                            {"consumed_samples", s.consumed_samples},
+                            {"elapsed_ms_per_iteration", s.elapsed_ms_per_iteration},
+                            {"tflops_per_gpu", s.tflops_per_gpu},
+                            {"tokens_per_second", s.tokens_per_second},
+                            {"learning_rate", s.learning_rate},
+                            {"global_batch_size", s.global_batch_size},
+                            {"lm_loss", s.lm_loss},
+                            {"loss_scale", s.loss_scale},
+                            {"grad_norm", s.grad_norm},
+                            {"skipped_iterations", s.skipped_iterations},
+                            {"nan_iterations", s.nan_iterations},
+                            {"peak_memory_mib", s.peak_memory_mib}};
+  out_ << j.dump() << '\n';
+  out_.flush();
+}
+
+void MetricsFile::write_validation(int64_t iteration, double loss) {
+  if (!out_.is_open()) return;
+  out_ << nlohmann::json{{"kind", "validation"}, {"iteration", iteration}, {"lm_loss", loss}}.dump() << '\n';
+  out_.flush();
+}
+
+}  // namespace megatron

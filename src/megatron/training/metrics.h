@@ -1,0 +1,41 @@
+#pragma once
+// What the training loop reports: Megatron's log line (reference §5.1) on stdout and the same
+// numbers as one JSON object per line in --metrics-file.
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace megatron {
+
+struct IterationStats {
+  int64_t iteration = 0;
+  int64_t train_iters = 0;
+  int64_t consumed_samples = 0;
+  double elapsed_ms_per_iteration = 0.0;
+  double tflops_per_gpu = 0.0;
+  double tokens_per_second = 0.0;
+  double learning_rate = 0.0;
+  int64_t global_batch_size = 0;
+  double lm_loss = 0.0;
+  double loss_scale = 1.0;
+  double grad_norm = 0.0;
+  int64_t skipped_iterations = 0;
+  int64_t nan_iterations = 0;
+  double peak_memory_mib = 0.0;
+};
+
+std::string format_training_log_line(const IterationStats& stats);
+std::string format_validation_line(int64_t iteration, double loss);
+
+class MetricsFile {
+ public:
+  MetricsFile() = default;
+  explicit MetricsFile(const std::string& path);  // appends; empty path: disabled
+  void write_training(const IterationStats& stats);
+  void write_validation(int64_t iteration, double loss);
+
+ private:
+  std::ofstream out_;
+};
+
+}  // namespace megatron

@@ -1,0 +1,186 @@
+#include "megatron/training/training.h"
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+
+#include "megatron/core/logging.h"
+#include "megatron/core/memory.h"
+#include "megatron/datasets/gpt_dataset.h"
+#include "megatron/datasets/tokenizers/tokenizer.h"
+#include "megatron/models/gpt/gpt_model.h"
+#include "megatron/optimizer/lr_scheduler.h"
+#include "megatron/optimizer/optimizer.h"
+#include "megatron/training/checkpoint_io.h"
+#include "megatron/training/metrics.h"
+
+namespace megatron {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+struct DataSources {
+  std::unique_ptr<datasets::Tokenizer> tokenizer;
+  std::unique_ptr<datasets::SampleSource> train, valid;
+};
+
+int64_t num_evaluations(const TrainingArgs& args) {
+  return args.eval_interval > 0 ? args.train_iters / args.eval_interval + 1 : 0;
+}
+
+DataSources build_data(const TrainingArgs& args) {
+  DataSources d;
+  d.tokenizer = datasets::make_tokenizer(args.data.tokenizer_type, args.data.vocab_size, args.data.tokenizer_model);
+  const int64_t S = args.model.seq_length;
+  const int64_t train_samples = args.train_iters * args.global_batch_size;
+  const int64_t valid_samples = num_evaluations(args) * args.eval_iters * args.global_batch_size;
+  if (args.data.mock_data) {
+    d.train = std::make_unique<datasets::MockGPTDataset>(d.tokenizer->vocab_size(), S, args.seed, train_samples);
+    if (valid_samples > 0)
+      d.valid = std::make_unique<datasets::MockGPTDataset>(d.tokenizer->vocab_size(), S, args.seed, valid_samples,
+                                                         datasets::Split::valid);
+    return d;
+  }
+  d.train = datasets::build_split_dataset(args.data.data_path, args.data.split, 0, S, args.seed, train_samples);
+  MEGATRON_CHECK(d.train != nullptr, "--split \"" << args.data.split << "\" gives the training split no data; "
+                                                   << "give it a non-zero weight, e.g. --split 98,2,0");
+  if (valid_samples > 0) {
+    d.valid = datasets::build_split_dataset(args.data.data_path, args.data.split, 1, S, args.seed, valid_samples);
+    MEGATRON_CHECK(d.valid != nullptr, "--eval-interval " << args.eval_interval << " needs a validation split but --split \""
+                                                          << args.data.split << "\" gives it no data; "
+                                                          << "give it a weight (e.g. --split 98,2,0) or drop --eval-interval");
+  }
+  return d;
+}
+
+// Megatron's pretraining sampler: the global batch at `consumed` is split into micro-batches of
+// micro_batch_size * DP samples, and DP rank r takes its contiguous part of each.
+std::vector<int64_t> micro_batch_indices(int64_t consumed, int64_t micro, int64_t mbs, int64_t dp, int64_t dp_rank) {
+  std::vector<int64_t> idx(static_cast<size_t>(mbs));
+  const int64_t start = consumed + micro * mbs * dp + dp_rank * mbs;
+  for (int64_t i = 0; i < mbs; ++i) idx[size_t(i)] = start + i;
+  return idx;
+}
+
+double evaluate(GPTModel& model, const datasets::SampleSource& valid, const datasets::Tokenizer& tok,
+                const TrainingArgs& args, TrainingProgress& progress) {
+  LossSums total;
+  for (int64_t it = 0; it < args.eval_iters; ++it) {
+    for (int64_t m = 0; m < args.num_micro_batches(); ++m) {
+      const auto batch = datasets::make_batch(
+          valid, micro_batch_indices(progress.consumed_valid_samples, m, args.micro_batch_size, 1, 0), tok.eod(),
+          args.data.eod_mask_loss);
+      const LossSums s = model.evaluate(batch.tokens, batch.labels, batch.loss_mask);
+      total.loss_sum += s.loss_sum;
+      total.num_tokens += s.num_tokens;
+    }
+    progress.consumed_valid_samples += args.global_batch_size;
+  }
+  return total.loss_sum / std::max(1.0, total.num_tokens);
+}
+
+bool should_save(const TrainingArgs& args, int64_t iteration) {
+  return !args.save.empty() && args.save_interval > 0 && iteration % args.save_interval == 0;
+}
+}  // namespace
+
+TrainingSummary pretrain(const TrainingArgs& args) {
+  MEGATRON_CHECK(args.device != "cuda", "--device cuda: this build's ops run on the CPU only (the CUDA backend "
+                                        "arrives with its own issue); use --device cpu");
+  ParallelContext ctx = ParallelContext::single_process();
+  DataSources data = build_data(args);
+
+  TransformerConfig config = args.model;
+  GPTModel model(config, ctx);
+  model.parameters().initialize(uint64_t(args.seed));
+  const int64_t n_params = num_parameters(config);
+  LOG_INFO("> building GPT model: " << config.num_layers << " layers, hidden " << config.hidden_size << ", "
+                                    << n_params << " parameters, padded vocab " << config.padded_vocab_size
+                                    << ", params dtype " << dtype_name(config.params_dtype));
+
+  AdamWOptimizer optimizer(model.parameters(), ctx,
+                           {args.optimizer.adam_beta1, args.optimizer.adam_beta2, args.optimizer.adam_eps,
+                            args.optimizer.clip_grad});
+  OptimizerParamScheduler scheduler(args.optimizer, args.train_iters, args.global_batch_size);
+  TrainingProgress progress;
+  load_training_checkpoint(args, model, &optimizer, &scheduler, &progress);
+
+  MetricsFile metrics(args.metrics_file);
+  TrainingSummary summary;
+  const int64_t micro = args.num_micro_batches();
+  const double flops_per_iteration = num_floating_point_operations(config, args.global_batch_size);
+  const int64_t tokens_per_iteration = args.global_batch_size * config.seq_length;
+
+  double interval_loss_sum = 0, interval_tokens = 0, interval_seconds = 0;
+  int64_t interval_iters = 0;
+  const int64_t first_iteration = progress.iteration;
+  while (progress.iteration < args.train_iters) {
+    const auto t0 = Clock::now();
+    model.parameters().zero_grads();
+    LossSums iteration_sums;
+    for (int64_t m = 0; m < micro; ++m) {
+      const auto batch = datasets::make_batch(
+          *data.train, micro_batch_indices(progress.consumed_train_samples, m, args.micro_batch_size,
+                                           args.data_parallel_size, ctx.dp->rank()),
+          data.tokenizer->eod(), args.data.eod_mask_loss);
+      double tokens = 0;
+      for (float v : batch.loss_mask.to_vector()) tokens += v;
+      // Megatron's default loss: the mean over each micro-batch's tokens, averaged over micro-batches.
+      const float grad_scale = tokens > 0 ? float(1.0 / (tokens * double(micro))) : 0.0f;
+      const ForwardContext fwd{.training = true, .seed = uint64_t(args.seed), .step = uint64_t(progress.iteration * micro + m)};
+      const LossSums s = model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd);
+      iteration_sums.loss_sum += s.loss_sum;
+      iteration_sums.num_tokens += s.num_tokens;
+    }
+    const OptimizerStepResult step = optimizer.step(scheduler.lr(), scheduler.weight_decay());
+    const double loss = iteration_sums.loss_sum / std::max(1.0, iteration_sums.num_tokens);
+    ++progress.iteration;
+    progress.consumed_train_samples += args.global_batch_size;
+    if (step.skipped) {
+      ++progress.skipped_iterations;
+      if (!std::isfinite(loss)) ++progress.nan_iterations;
+    } else {
+      scheduler.step(args.global_batch_size);
+      interval_loss_sum += loss;
+      ++interval_iters;
+    }
+    summary.train_losses.push_back(loss);
+    ++summary.iterations_run;
+    interval_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    interval_tokens += double(tokens_per_iteration);
+
+    const bool first = progress.iteration == first_iteration + 1;
+    if (first || progress.iteration % args.log_interval == 0 || progress.iteration == args.train_iters) {
+      const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + (step.skipped ? 1 : 0));
+      IterationStats st;
+      st.iteration = progress.iteration;
+      st.train_iters = args.train_iters;
+      st.consumed_samples = progress.consumed_train_samples;
+      st.elapsed_ms_per_iteration = 1e3 * interval_seconds / double(iters_in_interval);
+      st.tflops_per_gpu = flops_per_iteration / (st.elapsed_ms_per_iteration * 1e-3 * 1e12);
+      st.tokens_per_second = interval_tokens / interval_seconds;
+      st.learning_rate = scheduler.lr();
+      st.global_batch_size = args.global_batch_size;
+      st.lm_loss = interval_iters > 0 ? interval_loss_sum / double(interval_iters) : loss;
+      st.grad_norm = step.grad_norm;
+      st.skipped_iterations = progress.skipped_iterations;
+      st.nan_iterations = progress.nan_iterations;
+      st.peak_memory_mib = double(memory_stats(DeviceType::cpu).peak_bytes) / (1024.0 * 1024.0);
+      LOG_INFO(format_training_log_line(st));
+      metrics.write_training(st);
+      interval_loss_sum = interval_tokens = interval_seconds = 0;
+      interval_iters = 0;
+    }
+    if (data.valid && progress.iteration % args.eval_interval == 0) {
+      const double vloss = evaluate(model, *data.valid, *data.tokenizer, args, progress);
+      summary.valid_losses.push_back(vloss);
+      LOG_INFO(format_validation_line(progress.iteration, vloss));
+      metrics.write_validation(progress.iteration, vloss);
+    }
+    if (should_save(args, progress.iteration) || (!args.save.empty() && progress.iteration == args.train_iters))
+      save_training_checkpoint(args, model, &optimizer, scheduler, progress);
+  }
+  return summary;
+}
+
+}  // namespace megatron

@@ -1,0 +1,72 @@
+#include "megatron/transformer/attention.h"
+
+#include <cmath>
+
+namespace megatron {
+
+namespace {
+int64_t qkv_size(const TransformerConfig& c) {
+  return (c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels;
+}
+float output_init_std(const TransformerConfig& c) {
+  return c.init_method_std / std::sqrt(2.0f * float(c.num_layers));  // Megatron's scaled init for projections
+}
+}  // namespace
+
+SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+                             const std::string& prefix)
+    : prefix_(prefix),
+      heads_local_(config.num_attention_heads / ctx.tp_size()),
+      groups_local_(config.num_query_groups / ctx.tp_size()),
+      head_dim_(config.kv_channels),
+      attention_dropout_(config.attention_dropout),
+      rope_(config.position_embedding_type == PositionEmbeddingType::rope),
+      rope_params_{config.rotary_base, config.rotary_percent, config.rotary_interleaved, 0},
+      linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
+                  {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std}),
+      linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
+                   config.hidden_size, {.bias = config.add_bias_linear, .init_std = output_init_std(config)}) {
+  MEGATRON_CHECK(config.num_query_groups % ctx.tp_size() == 0,
+                 "num_query_groups " << config.num_query_groups << " is not divisible by TP " << ctx.tp_size());
+}
+
+Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
+  const int64_t S = x.dim(0), B = x.dim(1);
+  const Tensor qkv = linear_qkv_.forward(x, saved.qkv).view({S, B, groups_local_, -1});
+  saved.q = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
+  saved.k = Tensor::empty({S, B, groups_local_, head_dim_}, x.dtype(), x.device());
+  saved.v = Tensor::empty({S, B, groups_local_, head_dim_}, x.dtype(), x.device());
+  ops::qkv_split(saved.q, saved.k, saved.v, qkv);
+  if (rope_) {
+    ops::rope_forward(saved.q, saved.q, rope_params_);
+    ops::rope_forward(saved.k, saved.k, rope_params_);
+  }
+  saved.attention = {.causal = true,
+                     .softmax_scale = 1.0f / std::sqrt(float(head_dim_)),
+                     .dropout_p = fwd.dropout_p(attention_dropout_),
+                     .seed = fwd.seed,
+                     .stream = fwd.dropout_stream(prefix_ + ".core_attention")};
+  saved.out = Tensor::empty(saved.q.shape(), x.dtype(), x.device());
+  saved.lse = Tensor::empty({B, heads_local_, S}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
+  ops::attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention);
+  return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
+}
+
+Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved) const {
+  const Tensor dout = linear_proj_.backward(dy, saved.proj).view(saved.out.shape());
+  Tensor dq = Tensor::empty(saved.q.shape(), saved.q.dtype(), saved.q.device());
+  Tensor dk = Tensor::empty(saved.k.shape(), saved.k.dtype(), saved.k.device());
+  Tensor dv = Tensor::empty(saved.v.shape(), saved.v.dtype(), saved.v.device());
+  ops::attention_backward(dq, dk, dv, dout, saved.q, saved.k, saved.v, saved.out, saved.lse, saved.attention);
+  if (rope_) {
+    ops::rope_backward(dq, dq, rope_params_);
+    ops::rope_backward(dk, dk, rope_params_);
+  }
+  const int64_t S = dy.dim(0), B = dy.dim(1);
+  Tensor dqkv = Tensor::empty({S, B, groups_local_, (heads_local_ / groups_local_ + 2) * head_dim_}, dy.dtype(),
+                              dy.device());
+  ops::qkv_merge(dqkv, dq, dk, dv);
+  return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);
+}
+
+}  // namespace megatron

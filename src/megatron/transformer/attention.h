@@ -1,0 +1,38 @@
+#pragma once
+// Self-attention (Megatron-Core SelfAttention): fused QKV column-parallel projection in the
+// per-query-group layout, RoPE, core (flash-style) attention, row-parallel output projection.
+// Under TP each rank owns whole query groups: num_query_groups / TP of them.
+#include <string>
+
+#include "megatron/ops/attention.h"
+#include "megatron/ops/rope.h"
+#include "megatron/tensor_parallel/layers.h"
+#include "megatron/transformer/forward_context.h"
+#include "megatron/transformer/transformer_config.h"
+
+namespace megatron {
+
+class SelfAttention {
+ public:
+  struct Saved {
+    tensor_parallel::LinearSaved qkv, proj;
+    Tensor q, k, v;  // after RoPE: (S,B,NH_local,d), (S,B,G_local,d)
+    Tensor out, lse;
+    ops::AttentionParams attention;
+  };
+  SelfAttention(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+                const std::string& prefix);
+  Tensor forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;  // (S,B,H) -> (S,B,H)
+  Tensor backward(const Tensor& dy, const Saved& saved) const;
+
+ private:
+  std::string prefix_;
+  int64_t heads_local_, groups_local_, head_dim_;
+  float attention_dropout_;
+  bool rope_;
+  ops::RopeParams rope_params_;
+  tensor_parallel::ColumnParallelLinear linear_qkv_;
+  tensor_parallel::RowParallelLinear linear_proj_;
+};
+
+}  // namespace megatron

@@ -1,0 +1,24 @@
+#pragma once
+// Per-forward settings shared by every module: training or inference, and where dropout
+// masks come from. A mask is a pure function of (seed, site, step), so backward, a resumed
+// run and another backend all regenerate the same mask.
+#include <cstdint>
+#include <string>
+
+#include "megatron/core/rng.h"
+
+namespace megatron {
+
+struct ForwardContext {
+  bool training = true;
+  uint64_t seed = 0;
+  uint64_t step = 0;  // global micro-batch counter: iteration * micro-batches + micro-batch
+
+  // Stream id of one dropout site for this step.
+  uint64_t dropout_stream(const std::string& site) const {
+    return stream_id(site) ^ (step * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
+  }
+  float dropout_p(float configured) const { return training ? configured : 0.0f; }
+};
+
+}  // namespace megatron

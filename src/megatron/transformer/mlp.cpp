@@ -1,0 +1,47 @@
+#include "megatron/transformer/mlp.h"
+
+#include <cmath>
+
+#include "megatron/ops/activation.h"
+
+namespace megatron {
+
+MLP::MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+         const std::string& prefix)
+    : swiglu_(config.swiglu),
+      linear_fc1_(registry, ctx, prefix + ".linear_fc1", config.hidden_size,
+                  config.ffn_hidden_size * (config.swiglu ? 2 : 1),
+                  {.bias = config.add_bias_linear,
+                   .init_std = config.init_method_std,
+                   .partition_blocks = config.swiglu ? 2 : 1}),
+      linear_fc2_(registry, ctx, prefix + ".linear_fc2", config.ffn_hidden_size, config.hidden_size,
+                  {.bias = config.add_bias_linear,
+                   .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers))}) {}
+
+Tensor MLP::forward(const Tensor& x, Saved& saved) const {
+  saved.fc1_out = linear_fc1_.forward(x, saved.fc1);
+  const int64_t F = saved.fc1_out.dim(-1) / (swiglu_ ? 2 : 1);
+  Tensor act = Tensor::empty({x.dim(0), x.dim(1), F}, x.dtype(), x.device());
+  Tensor act_rows = act.view({-1, F});
+  const Tensor fc1_rows = saved.fc1_out.view({act_rows.dim(0), -1});
+  if (swiglu_)
+    ops::swiglu_forward(act_rows, fc1_rows);
+  else
+    ops::gelu_forward(act_rows, fc1_rows);
+  return linear_fc2_.forward(act, saved.fc2);
+}
+
+Tensor MLP::backward(const Tensor& dy, const Saved& saved) const {
+  const Tensor dact = linear_fc2_.backward(dy, saved.fc2);
+  Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), saved.fc1_out.dtype(), saved.fc1_out.device());
+  Tensor dfc1_rows = dfc1.view({-1, dfc1.dim(-1)});
+  const Tensor dact_rows = dact.view({dfc1_rows.dim(0), -1});
+  const Tensor fc1_rows = saved.fc1_out.view(dfc1_rows.shape());
+  if (swiglu_)
+    ops::swiglu_backward(dfc1_rows, dact_rows, fc1_rows);
+  else
+    ops::gelu_backward(dfc1_rows, dact_rows, fc1_rows);
+  return linear_fc1_.backward(dfc1, saved.fc1);
+}
+
+}  // namespace megatron

@@ -1,0 +1,28 @@
+#pragma once
+// The dense MLP: fc1 column-parallel (fused [gate; up] with SwiGLU), activation, fc2
+// row-parallel.
+#include <string>
+
+#include "megatron/tensor_parallel/layers.h"
+#include "megatron/transformer/transformer_config.h"
+
+namespace megatron {
+
+class MLP {
+ public:
+  struct Saved {
+    tensor_parallel::LinearSaved fc1, fc2;
+    Tensor fc1_out;  // activation input
+  };
+  MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+      const std::string& prefix);
+  Tensor forward(const Tensor& x, Saved& saved) const;
+  Tensor backward(const Tensor& dy, const Saved& saved) const;
+
+ private:
+  bool swiglu_;
+  tensor_parallel::ColumnParallelLinear linear_fc1_;
+  tensor_parallel::RowParallelLinear linear_fc2_;
+};
+
+}  // namespace megatron

@@ -1,0 +1,29 @@
+#pragma once
+// LayerNorm / RMSNorm module over the hidden dimension, replicated across TP.
+#include <string>
+
+#include "megatron/core/parameter.h"
+#include "megatron/ops/norm.h"
+#include "megatron/transformer/transformer_config.h"
+
+namespace megatron {
+
+class Norm {
+ public:
+  struct Saved {
+    Tensor input, mean, rstd;
+  };
+  // weight_name / bias_name: full Megatron names (TE spec fuses the pre-norms into the next
+  // linear, e.g. "...self_attention.linear_qkv.layer_norm_weight").
+  Norm(ParameterRegistry& registry, const TransformerConfig& config, int tp_rank, const std::string& weight_name,
+       const std::string& bias_name);
+  Tensor forward(const Tensor& x, Saved& saved) const;         // (S,B,C) -> (S,B,C)
+  Tensor backward(const Tensor& dy, const Saved& saved) const;  // returns dx
+
+ private:
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  ops::NormParams params_;
+};
+
+}  // namespace megatron

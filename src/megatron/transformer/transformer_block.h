@@ -1,0 +1,27 @@
+#pragma once
+// The decoder: the layers [first, last) owned by this pipeline stage, and the final norm when
+// the stage is the last one.
+#include <memory>
+#include <vector>
+
+#include "megatron/transformer/transformer_layer.h"
+
+namespace megatron {
+
+class TransformerBlock {
+ public:
+  struct Saved {
+    std::vector<TransformerLayer::Saved> layers;
+    Norm::Saved final_norm;
+  };
+  TransformerBlock(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+                   int64_t first_layer, int64_t last_layer, bool has_final_norm);
+  Tensor forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;
+  Tensor backward(const Tensor& dy, const Saved& saved) const;
+
+ private:
+  std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  std::unique_ptr<Norm> final_norm_;
+};
+
+}  // namespace megatron

@@ -1,0 +1,237 @@
+#include "megatron/transformer/transformer_config.h"
+
+#include <sstream>
+
+#include "megatron/core/error.h"
+
+namespace megatron {
+namespace {
+
+template <class... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+// The divisors of n nearest to `near` from below and from above, as "a or b" (for fixes).
+std::string nearby_divisors(int64_t n, int64_t near) {
+  int64_t below = 1;
+  int64_t above = n;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d != 0) continue;
+    if (d <= near) {
+      below = d;
+    } else {
+      above = d;
+      break;
+    }
+  }
+  return below == above ? concat(below) : concat(below, " or ", above);
+}
+
+void require_positive(std::vector<std::string>& errors, int64_t value, const char* flag, const char* fix) {
+  if (value > 0) return;
+  if (value == 0) {
+    errors.push_back(concat(flag, " is required (got 0): ", fix));
+  } else {
+    errors.push_back(concat(flag, " ", value, " must be positive: ", fix));
+  }
+}
+
+void check_shape(const TransformerConfig& c, std::vector<std::string>& errors) {
+  require_positive(errors, c.num_layers, "--num-layers", "set e.g. --num-layers 12, or pick a --model-preset");
+  require_positive(errors, c.hidden_size, "--hidden-size", "set e.g. --hidden-size 768, or pick a --model-preset");
+  require_positive(errors, c.num_attention_heads, "--num-attention-heads",
+                   "set e.g. --num-attention-heads 12, or pick a --model-preset");
+  require_positive(errors, c.seq_length, "--seq-length", "set e.g. --seq-length 1024, or pick a --model-preset");
+  if (c.hidden_size > 0 && c.ffn_hidden_size <= 0) {
+    errors.push_back(concat("--ffn-hidden-size ", c.ffn_hidden_size,
+                            " must be positive: leave it unset to derive 4*hidden_size, or give a width"));
+  }
+}
+
+void check_heads(const TransformerConfig& c, std::vector<std::string>& errors) {
+  if (c.hidden_size <= 0 || c.num_attention_heads <= 0) return;  // already reported as required
+  if (c.kv_channels < 0) {
+    errors.push_back(concat("--kv-channels ", c.kv_channels, " must be positive: leave it unset to derive ",
+                            "hidden_size / num_attention_heads"));
+  } else if (c.kv_channels == 0 && c.hidden_size % c.num_attention_heads != 0) {
+    errors.push_back(concat("--num-attention-heads ", c.num_attention_heads, " does not divide --hidden-size ",
+                            c.hidden_size, ": hidden_size must be a multiple of num_attention_heads; choose e.g. ",
+                            nearby_divisors(c.hidden_size, c.num_attention_heads), " heads, or set --kv-channels"));
+  } else if (c.kv_channels == 0) {
+    errors.push_back("--kv-channels 0 was never derived: call derive_model_fields() before validate(), or set it");
+  }
+
+  if (c.num_query_groups <= 0) {
+    errors.push_back(concat("--num-query-groups ", c.num_query_groups, " must be positive: give the number of ",
+                            "key/value heads with --group-query-attention (without it, it equals the heads)"));
+  } else if (c.num_attention_heads % c.num_query_groups != 0) {
+    errors.push_back(concat("--num-query-groups ", c.num_query_groups, " does not divide --num-attention-heads ",
+                            c.num_attention_heads, ": every query group holds the same number of heads; choose e.g. ",
+                            nearby_divisors(c.num_attention_heads, c.num_query_groups), " groups"));
+  } else if (!c.group_query_attention && c.num_query_groups != c.num_attention_heads) {
+    errors.push_back(concat("--num-query-groups ", c.num_query_groups, " differs from --num-attention-heads ",
+                            c.num_attention_heads, " without --group-query-attention: Megatron would ignore it; ",
+                            "add --group-query-attention or drop --num-query-groups"));
+  }
+}
+
+void check_positions(const TransformerConfig& c, std::vector<std::string>& errors) {
+  if (c.seq_length > 0 && c.max_position_embeddings <= 0) {
+    errors.push_back(concat("--max-position-embeddings ", c.max_position_embeddings,
+                            " must be positive: leave it unset to use --seq-length"));
+  } else if (c.seq_length > c.max_position_embeddings && c.seq_length > 0) {
+    errors.push_back(concat("--seq-length ", c.seq_length, " exceeds --max-position-embeddings ",
+                            c.max_position_embeddings, ": positions past the table have no embedding; raise ",
+                            "--max-position-embeddings to at least ", c.seq_length, " or shorten --seq-length"));
+  }
+  if (c.position_embedding_type != PositionEmbeddingType::rope) return;
+  if (!(c.rotary_base > 0.0f)) {
+    errors.push_back(concat("--rotary-base ", c.rotary_base, " must be positive: use e.g. 10000"));
+  }
+  if (!(c.rotary_percent > 0.0f && c.rotary_percent <= 1.0f)) {
+    errors.push_back(concat("--rotary-percent ", c.rotary_percent,
+                            " must lie in (0, 1]: it is the fraction of each head rotated; use e.g. 1.0"));
+  } else if (c.kv_channels > 0) {
+    const auto rotary_dim = int64_t(float(c.kv_channels) * c.rotary_percent);
+    if (rotary_dim <= 0 || rotary_dim % 2 != 0) {
+      errors.push_back(concat("--rotary-percent ", c.rotary_percent, " gives rotary dim int(", c.kv_channels, " * ",
+                              c.rotary_percent, ") = ", rotary_dim,
+                              ": RoPE rotates pairs, so it must be even and positive; choose a percent that gives ",
+                              "an even dim, e.g. 1.0 or 0.5"));
+    }
+  }
+}
+
+void check_fraction(std::vector<std::string>& errors, float value, const char* flag) {
+  if (value >= 0.0f && value < 1.0f) return;
+  errors.push_back(concat(flag, " ", value, " must lie in [0, 1): it is a drop probability; use e.g. 0.1 or 0"));
+}
+
+void check_numerics(const TransformerConfig& c, std::vector<std::string>& errors) {
+  check_fraction(errors, c.attention_dropout, "--attention-dropout");
+  check_fraction(errors, c.hidden_dropout, "--hidden-dropout");
+  if (!(c.layernorm_epsilon > 0.0f)) {
+    errors.push_back(concat("--norm-epsilon ", c.layernorm_epsilon, " must be positive: use e.g. 1e-5"));
+  }
+  if (!(c.init_method_std > 0.0f)) {
+    errors.push_back(concat("--init-method-std ", c.init_method_std, " must be positive: use e.g. 0.02"));
+  }
+  const DType d = c.params_dtype;
+  if (d != DType::f32 && d != DType::bf16 && d != DType::f16 && d != DType::f64) {
+    errors.push_back(concat("params dtype ", dtype_name(d), " cannot hold parameters: use f32 or --bf16"));
+  }
+}
+
+void check_vocab(const TransformerConfig& c, std::vector<std::string>& errors) {
+  require_positive(errors, c.make_vocab_size_divisible_by, "--make-vocab-size-divisible-by", "use e.g. 128");
+  if (c.vocab_size <= 0) {
+    errors.push_back(concat("vocab size ", c.vocab_size, " must be positive: it comes from the tokenizer; set ",
+                            "--tokenizer-type (and --vocab-size for NullTokenizer)"));
+  } else if (c.padded_vocab_size < c.vocab_size) {
+    errors.push_back(concat("padded vocab size ", c.padded_vocab_size, " is smaller than the vocab size ", c.vocab_size,
+                            ": every token needs an embedding row; leave it to derivation"));
+  }
+}
+
+void check_parallel(const TransformerConfig& c, std::vector<std::string>& errors) {
+  if (c.tensor_model_parallel_size != 1) {
+    errors.push_back(concat("--tensor-model-parallel-size ", c.tensor_model_parallel_size,
+                            ": only 1 is supported in this build; TP>1 arrives with the tensor-parallel issue; ",
+                            "drop the flag"));
+  }
+  if (c.pipeline_model_parallel_size != 1) {
+    errors.push_back(concat("--pipeline-model-parallel-size ", c.pipeline_model_parallel_size,
+                            ": only 1 is supported in this build; PP>1 arrives with the pipeline-parallel issue; ",
+                            "drop the flag"));
+  }
+  if (c.sequence_parallel) {
+    errors.push_back(
+        "--sequence-parallel needs --tensor-model-parallel-size > 1: TP>1 arrives with the tensor-parallel issue; "
+        "drop the flag");
+  }
+}
+
+}  // namespace
+
+void derive_model_fields(TransformerConfig& c) {
+  if (c.ffn_hidden_size == 0) {
+    // Megatron: int((4h * 2/3) / 64) * 64 in floating point, i.e. floor(8h / 192) * 64.
+    c.ffn_hidden_size = c.swiglu ? (8 * c.hidden_size) / 192 * 64 : 4 * c.hidden_size;
+  }
+  if (c.kv_channels == 0 && c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0) {
+    c.kv_channels = c.hidden_size / c.num_attention_heads;
+  }
+  if (c.num_query_groups == 0) c.num_query_groups = c.group_query_attention ? 1 : c.num_attention_heads;
+  if (c.max_position_embeddings == 0) c.max_position_embeddings = c.seq_length;
+  if (c.padded_vocab_size == 0 && c.vocab_size > 0 && c.make_vocab_size_divisible_by > 0 &&
+      c.tensor_model_parallel_size > 0) {
+    c.padded_vocab_size = padded_vocab_size(c.vocab_size, c.make_vocab_size_divisible_by, c.tensor_model_parallel_size);
+  }
+}
+
+std::vector<std::string> validate(const TransformerConfig& config) {
+  std::vector<std::string> errors;
+  check_shape(config, errors);
+  check_heads(config, errors);
+  check_positions(config, errors);
+  check_numerics(config, errors);
+  check_vocab(config, errors);
+  check_parallel(config, errors);
+  return errors;
+}
+
+int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tensor_parallel_size) {
+  MEGATRON_CHECK(vocab_size >= 0 && divisible_by > 0 && tensor_parallel_size > 0,
+                 "padded_vocab_size(" << vocab_size << ", " << divisible_by << ", " << tensor_parallel_size
+                                      << "): the vocab must be >= 0 and the divisor and TP positive");
+  const int64_t multiple = divisible_by * tensor_parallel_size;
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+int64_t num_parameters(const TransformerConfig& c) {
+  const int64_t h = c.hidden_size;
+  const int64_t q_width = c.num_attention_heads * c.kv_channels;  // n*d
+  const int64_t qkv_width = q_width + 2 * c.num_query_groups * c.kv_channels;
+  const int64_t fc1_width = c.swiglu ? 2 * c.ffn_hidden_size : c.ffn_hidden_size;  // [gate; up]
+  const int64_t norm = c.normalization == Normalization::LayerNorm ? 2 * h : h;    // LayerNorm has a bias
+  const bool qkv_bias = c.add_bias_linear || c.add_qkv_bias;
+
+  int64_t layer = 2 * norm;                                      // input + pre-MLP norm
+  layer += h * qkv_width + (qkv_bias ? qkv_width : 0);           // linear_qkv
+  layer += q_width * h + (c.add_bias_linear ? h : 0);            // linear_proj
+  layer += h * fc1_width + (c.add_bias_linear ? fc1_width : 0);  // linear_fc1
+  layer += c.ffn_hidden_size * h + (c.add_bias_linear ? h : 0);  // linear_fc2
+
+  int64_t total = c.num_layers * layer + norm;  // + final norm
+  total += c.padded_vocab_size * h;             // word embeddings
+  if (c.position_embedding_type == PositionEmbeddingType::learned_absolute) total += c.max_position_embeddings * h;
+  if (c.untie_embeddings_and_output_weights) total += c.padded_vocab_size * h;  // output layer, no bias
+  return total;
+}
+
+double num_floating_point_operations(const TransformerConfig& c, int64_t global_batch_size) {
+  // Reference §5.2, dense path without MTP or an output gate. The factor 6 = 2 (multiply-add)
+  // * 3 (forward, activation gradient, weight gradient).
+  const double B = double(global_batch_size);
+  const double s = double(c.seq_length);
+  const double h = double(c.hidden_size);
+  const double L = double(c.num_layers);
+  const double V = double(c.padded_vocab_size);
+  const double nd = double(c.num_attention_heads) * double(c.kv_channels);
+  const double gd = double(c.num_query_groups) * double(c.kv_channels);
+  const double e = c.swiglu ? 3.0 : 2.0;
+  const double F = double(c.ffn_hidden_size);
+
+  const double attn_proj = 6.0 * (h * (nd + 2.0 * gd) + nd * h);
+  const double mlp = 6.0 * h * F * e;
+  const double logits = 6.0 * h * V;
+  const double per_token = L * mlp + L * attn_proj + logits;
+  // Causal core attention counts half of the s x s score and context products.
+  const double core_attention = B * s * s * L * 6.0 * nd;
+  return B * s * per_token + core_attention;
+}
+
+}  // namespace megatron

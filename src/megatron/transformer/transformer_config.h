@@ -1,0 +1,70 @@
+#pragma once
+// The model's shape and numerics, with Megatron-Core's TransformerConfig names.
+// A config is plain data: arguments.cpp fills it from flags/YAML/presets, derives the fields
+// Megatron derives (ffn_hidden_size, kv_channels, ...) once, and validate() reports every
+// inconsistency without rewriting anything.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megatron/core/dtype.h"
+
+namespace megatron {
+
+enum class Normalization { LayerNorm, RMSNorm };
+enum class PositionEmbeddingType { learned_absolute, rope, none };
+
+struct TransformerConfig {
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t ffn_hidden_size = 0;  // derived: 4h, or int((4h*2/3)/64)*64 with swiglu
+  int64_t num_attention_heads = 0;
+  int64_t num_query_groups = 0;  // derived: = heads unless group_query_attention
+  int64_t kv_channels = 0;       // derived: hidden_size / num_attention_heads
+  bool group_query_attention = false;
+  int64_t vocab_size = 0;  // tokenizer vocabulary (before padding)
+  int64_t make_vocab_size_divisible_by = 128;
+  int64_t padded_vocab_size = 0;  // derived (§10.4 of the compat reference, times TP)
+  int64_t max_position_embeddings = 0;
+  int64_t seq_length = 0;
+  Normalization normalization = Normalization::LayerNorm;
+  float layernorm_epsilon = 1e-5f;  // flag: --norm-epsilon
+  bool swiglu = false;              // false: GELU (tanh approximation)
+  PositionEmbeddingType position_embedding_type = PositionEmbeddingType::learned_absolute;
+  float rotary_base = 10000.0f;
+  float rotary_percent = 1.0f;
+  bool rotary_interleaved = false;
+  bool add_bias_linear = true;  // flag: --disable-bias-linear clears it
+  bool add_qkv_bias = false;    // bias on QKV only (Qwen2); implied by add_bias_linear
+  bool untie_embeddings_and_output_weights = false;
+  float init_method_std = 0.02f;
+  float attention_dropout = 0.1f;
+  float hidden_dropout = 0.1f;
+  DType params_dtype = DType::f32;  // --bf16 / --fp16; f64 only for CPU gradient checks
+
+  // Parallel layout seen by the model (filled from the parallel arguments).
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  bool sequence_parallel = false;
+};
+
+// Fills the fields Megatron derives, where they are still 0: ffn_hidden_size (4h, or
+// int((4h*2/3)/64)*64 with swiglu), kv_channels (h / heads, only when heads divide h),
+// num_query_groups (heads, or Megatron's 1 with group_query_attention), max_position_embeddings
+// (seq_length; Megatron requires the flag, we derive it for convenience) and padded_vocab_size
+// (from vocab_size). Never reports: validate() does that afterwards.
+void derive_model_fields(TransformerConfig& config);
+
+// Every rule the config breaks, one message each (value, rule, fix). Empty when valid.
+std::vector<std::string> validate(const TransformerConfig& config);
+
+// Megatron's vocab padding: ceil(vocab / (divisor * TP)) * (divisor * TP).
+int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tensor_parallel_size);
+
+// Parameter count of the full (unsharded) model.
+int64_t num_parameters(const TransformerConfig& config);
+
+// Megatron's FLOPs per iteration for a global batch (reference §5.2; dense GPT path).
+double num_floating_point_operations(const TransformerConfig& config, int64_t global_batch_size);
+
+}  // namespace megatron

@@ -1,0 +1,53 @@
+#include "megatron/transformer/transformer_layer.h"
+
+#include "megatron/ops/elementwise.h"
+
+namespace megatron {
+
+namespace {
+std::string layer_prefix(int64_t n) { return "decoder.layers." + std::to_string(n); }
+}  // namespace
+
+TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelContext& ctx,
+                                   const TransformerConfig& config, int64_t layer_number)
+    : prefix_(layer_prefix(layer_number)),
+      hidden_dropout_(config.hidden_dropout),
+      input_norm_(registry, config, ctx.tp_rank(), prefix_ + ".self_attention.linear_qkv.layer_norm_weight",
+                  prefix_ + ".self_attention.linear_qkv.layer_norm_bias"),
+      self_attention_(registry, ctx, config, prefix_ + ".self_attention"),
+      pre_mlp_norm_(registry, config, ctx.tp_rank(), prefix_ + ".mlp.linear_fc1.layer_norm_weight",
+                    prefix_ + ".mlp.linear_fc1.layer_norm_bias"),
+      mlp_(registry, ctx, config, prefix_ + ".mlp") {}
+
+Tensor TransformerLayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
+  const float p = fwd.dropout_p(hidden_dropout_);
+  saved.attention_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".self_attn_bda")};
+  saved.mlp_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".mlp_bda")};
+
+  Tensor a = self_attention_.forward(input_norm_.forward(x, saved.norm1), fwd, saved.attention);
+  ops::dropout_forward(a, a, saved.attention_dropout);
+  Tensor h = Tensor::empty(x.shape(), x.dtype(), x.device());
+  ops::add(h, x, a);
+
+  Tensor m = mlp_.forward(pre_mlp_norm_.forward(h, saved.norm2), saved.mlp);
+  ops::dropout_forward(m, m, saved.mlp_dropout);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  ops::add(out, h, m);
+  return out;
+}
+
+Tensor TransformerLayer::backward(const Tensor& dy, const Saved& saved) const {
+  // Residual stream: the gradient reaching h is dy (skip path) plus what flows back through the MLP.
+  Tensor dm = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+  ops::dropout_backward(dm, dy, saved.mlp_dropout);
+  Tensor dh = pre_mlp_norm_.backward(mlp_.backward(dm, saved.mlp), saved.norm2);
+  ops::add(dh, dh, dy);
+
+  Tensor da = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+  ops::dropout_backward(da, dh, saved.attention_dropout);
+  Tensor dx = input_norm_.backward(self_attention_.backward(da, saved.attention), saved.norm1);
+  ops::add(dx, dx, dh);
+  return dx;
+}
+
+}  // namespace megatron

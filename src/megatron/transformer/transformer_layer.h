@@ -1,0 +1,37 @@
+#pragma once
+// One pre-norm transformer layer (Megatron-Core TransformerLayer, TE spec names):
+//   h   = x + dropout(attention(norm1(x)))
+//   out = h + dropout(mlp(norm2(h)))
+#include <string>
+
+#include "megatron/ops/dropout.h"
+#include "megatron/transformer/attention.h"
+#include "megatron/transformer/mlp.h"
+#include "megatron/transformer/norm.h"
+
+namespace megatron {
+
+class TransformerLayer {
+ public:
+  struct Saved {
+    Norm::Saved norm1, norm2;
+    SelfAttention::Saved attention;
+    MLP::Saved mlp;
+    ops::DropoutParams attention_dropout, mlp_dropout;
+  };
+  // layer_number: global, 0-based (checkpoint names use global indices, as Megatron HEAD).
+  TransformerLayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+                   int64_t layer_number);
+  Tensor forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;
+  Tensor backward(const Tensor& dy, const Saved& saved) const;
+
+ private:
+  std::string prefix_;
+  float hidden_dropout_;
+  Norm input_norm_;
+  SelfAttention self_attention_;
+  Norm pre_mlp_norm_;
+  MLP mlp_;
+};
+
+}  // namespace megatron

@@ -1,0 +1,47 @@
+#pragma once
+// Helpers for end-to-end tests: temporary directories and running the `megatron` binary.
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <sys/wait.h>
+
+namespace megatron::testing {
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/megatron-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `megatron <args>` (the binary CMake passes in MEGATRON_BIN) through the shell.
+inline RunResult run_megatron(const std::string& args) {
+  const char* bin = std::getenv("MEGATRON_BIN");
+  RunResult r;
+  if (bin == nullptr) {
+    r.output = "MEGATRON_BIN is not set: run these tests through ctest, or set it to the megatron executable";
+    return r;
+  }
+  const std::string command = std::string(bin) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace megatron::testing

@@ -1,0 +1,396 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "megatron/core/error.h"
+#include "megatron/training/arguments.h"
+
+using namespace megatron;
+
+namespace {
+
+using Argv = std::vector<std::string>;
+
+// The smallest valid command line: the rest is defaults and derivations.
+Argv minimal_argv() {
+  return {"--num-layers",
+          "2",
+          "--hidden-size",
+          "64",
+          "--num-attention-heads",
+          "4",
+          "--seq-length",
+          "128",
+          "--micro-batch-size",
+          "2",
+          "--train-iters",
+          "10",
+          "--lr",
+          "1e-3",
+          "--mock-data",
+          "--tokenizer-type",
+          "NullTokenizer",
+          "--vocab-size",
+          "100"};
+}
+
+Argv with(Argv argv, const Argv& extra) {
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+// minimal_argv() without `flag` and its value, if it takes one.
+Argv without(const std::string& flag) {
+  Argv argv = minimal_argv();
+  const auto it = std::find(argv.begin(), argv.end(), flag);
+  const bool has_value = it + 1 != argv.end() && (it + 1)->rfind("--", 0) != 0;
+  argv.erase(it, it + (has_value ? 2 : 1));
+  return argv;
+}
+
+// The error text parse_training_args throws, or "" when it does not throw.
+std::string parse_error(const Argv& argv, int64_t world_size = 1) {
+  try {
+    parse_training_args(argv, world_size);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+testing::AssertionResult contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "'" << part << "' not in:\n" << text;
+}
+
+// A YAML file that lives as long as the object.
+class YamlFile {
+ public:
+  explicit YamlFile(const std::string& text)
+      : path_(std::filesystem::temp_directory_path() /
+              (std::string("megatron_test_arguments_") + testing::UnitTest::GetInstance()->current_test_info()->name() +
+               ".yaml")) {
+    std::ofstream(path_) << text;
+  }
+  ~YamlFile() { std::filesystem::remove(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace
+
+TEST(ParseArgs, DefaultsAndDerivedFields) {
+  const TrainingArgs args = parse_training_args(minimal_argv());
+  EXPECT_EQ(args.model.num_layers, 2);
+  EXPECT_EQ(args.model.ffn_hidden_size, 256);  // 4h
+  EXPECT_EQ(args.model.kv_channels, 16);       // h / heads
+  EXPECT_EQ(args.model.num_query_groups, 4);   // heads without --group-query-attention
+  EXPECT_EQ(args.model.max_position_embeddings, 128);
+  EXPECT_EQ(args.model.vocab_size, 100);
+  EXPECT_EQ(args.model.padded_vocab_size, 128);
+  EXPECT_EQ(args.model.params_dtype, DType::f32);
+  EXPECT_EQ(args.global_batch_size, 2);  // mbs * DP
+  EXPECT_EQ(args.optimizer.lr_decay_iters, 10);
+  EXPECT_EQ(args.optimizer.lr, 1e-3);
+  EXPECT_EQ(args.optimizer.lr_decay_style, LrDecayStyle::linear);
+  EXPECT_EQ(args.seed, 1234);
+  EXPECT_EQ(args.device, "auto");
+  EXPECT_EQ(args.num_micro_batches(), 1);
+
+  const TrainingArgs swiglu = parse_training_args(with(minimal_argv(), {"--swiglu", "--bf16"}));
+  EXPECT_EQ(swiglu.model.ffn_hidden_size, 128);  // int((4*64*2/3)/64)*64
+  EXPECT_EQ(swiglu.model.params_dtype, DType::bf16);
+}
+
+TEST(ParseArgs, DataParallelDerivations) {
+  const TrainingArgs args = parse_training_args(minimal_argv(), 4);
+  EXPECT_EQ(args.world_size, 4);
+  EXPECT_EQ(args.data_parallel_size, 4);
+  EXPECT_EQ(args.global_batch_size, 8);
+  const TrainingArgs accumulate = parse_training_args(with(minimal_argv(), {"--global-batch-size", "32"}), 4);
+  EXPECT_EQ(accumulate.num_micro_batches(), 4);
+}
+
+TEST(ParseArgs, Tokenizers) {
+  Argv byte = without("--vocab-size");
+  byte[std::find(byte.begin(), byte.end(), "NullTokenizer") - byte.begin()] = "ByteTokenizer";
+  EXPECT_EQ(parse_training_args(byte).model.vocab_size, 257);
+  EXPECT_EQ(parse_training_args(byte).model.padded_vocab_size, 384);
+
+  DataArgs data;
+  data.tokenizer_type = "NullTokenizer";
+  data.vocab_size = 50257;
+  EXPECT_EQ(tokenizer_vocab_size(data), 50257);
+  data.vocab_size = 0;
+  EXPECT_THROW(tokenizer_vocab_size(data), Error);
+  data.tokenizer_type = "GPT2BPETokenizer";
+  EXPECT_THROW(tokenizer_vocab_size(data), Error);
+}
+
+TEST(ParseArgs, EqualsFormAndLists) {
+  const TrainingArgs args = parse_training_args(
+      {"--num-layers=2", "--hidden-size=128", "--num-attention-heads", "4", "--seq-length=128", "--micro-batch-size",
+       "2", "--train-iters", "10", "--lr=3e-4", "--lr-decay-style=cosine", "--tokenizer-type=ByteTokenizer",
+       "--data-path", "0.3", "corpus-a", "0.7", "corpus-b", "--split", "98,2,0"});
+  EXPECT_EQ(args.model.hidden_size, 128);
+  EXPECT_EQ(args.optimizer.lr, 3e-4);
+  EXPECT_EQ(args.optimizer.lr_decay_style, LrDecayStyle::cosine);
+  EXPECT_EQ(args.data.data_path, (std::vector<std::string>{"0.3", "corpus-a", "0.7", "corpus-b"}));
+  EXPECT_EQ(args.data.split, "98,2,0");
+  // --data-path=VALUE starts the list; following words still belong to it.
+  const TrainingArgs equals = parse_training_args(with(without("--mock-data"), {"--data-path=0.5", "a", "0.5", "b"}));
+  EXPECT_EQ(equals.data.data_path, (std::vector<std::string>{"0.5", "a", "0.5", "b"}));
+}
+
+TEST(ParseArgs, Precedence) {
+  // default < preset < YAML < flags, field by field.
+  YamlFile yaml(
+      "model_preset: llama-tiny\n"
+      "hidden_size: 128\n"
+      "num_layers: 3\n"
+      "lr: 0.01\n");
+  const TrainingArgs args =
+      parse_training_args({"--config", yaml.path(), "--num-layers", "4", "--seq-length", "64", "--micro-batch-size",
+                           "1", "--train-iters", "5", "--mock-data", "--tokenizer-type", "ByteTokenizer"});
+  EXPECT_EQ(args.model.normalization, Normalization::RMSNorm);  // preset over default
+  EXPECT_EQ(args.model.num_query_groups, 2);                    // preset
+  EXPECT_EQ(args.model.hidden_size, 128);                       // YAML over preset
+  EXPECT_EQ(args.optimizer.lr, 0.01);                           // YAML over default
+  EXPECT_EQ(args.model.num_layers, 4);                          // flag over YAML
+  EXPECT_EQ(args.model.seq_length, 64);                         // flag over preset
+  EXPECT_EQ(args.model.kv_channels, 32);                        // derived from the merged values
+  EXPECT_EQ(args.model_preset, "llama-tiny");
+
+  // A preset named on the command line replaces the YAML's.
+  const TrainingArgs flag_preset =
+      parse_training_args({"--config", yaml.path(), "--model-preset", "tiny", "--micro-batch-size", "1",
+                           "--train-iters", "5", "--mock-data", "--tokenizer-type", "ByteTokenizer"});
+  EXPECT_EQ(flag_preset.model.normalization, Normalization::LayerNorm);
+  EXPECT_EQ(flag_preset.model.hidden_size, 128);  // the YAML still overrides the preset
+  EXPECT_EQ(flag_preset.model_preset, "tiny");
+}
+
+TEST(ParseArgs, YamlValues) {
+  YamlFile yaml(
+      "model_preset: llama-tiny\n"
+      "swiglu: no\n"                // YAML booleans, overriding the preset's true
+      "disable_bias_linear: off\n"  // store_false flag: biases back on
+      "rotary-interleaved: yes\n"   // dashed keys work too
+      "data_path: [0.5, a, 0.5, b]\n"
+      "lr_warmup_fraction: 0.1\n"
+      "save:\n");  // null: not given
+  const TrainingArgs args = parse_training_args({"--config", yaml.path(), "--micro-batch-size", "1", "--train-iters",
+                                                 "5", "--lr", "1e-3", "--tokenizer-type", "ByteTokenizer"});
+  EXPECT_FALSE(args.model.swiglu);
+  EXPECT_TRUE(args.model.add_bias_linear);
+  EXPECT_TRUE(args.model.rotary_interleaved);
+  EXPECT_EQ(args.data.data_path, (std::vector<std::string>{"0.5", "a", "0.5", "b"}));
+  EXPECT_EQ(args.optimizer.lr_warmup_fraction, 0.1);
+  EXPECT_EQ(args.save, "");
+}
+
+TEST(ParseArgs, YamlProblems) {
+  YamlFile yaml(
+      "num_layer: 2\n"
+      "swiglu: 3\n"
+      "hidden_size: [64]\n"
+      "hidden-size: 64\n");
+  const std::string error = parse_error(with(minimal_argv(), {"--config", yaml.path()}));
+  EXPECT_TRUE(contains(error, ": num_layer: unknown key; did you mean num_layers?"));
+  EXPECT_TRUE(contains(error, ": swiglu: expected true or false"));
+  EXPECT_TRUE(contains(error, ": hidden_size: expected a single value"));
+  EXPECT_TRUE(contains(parse_error({"--config", "/nonexistent/run.yaml"}), "cannot be read as YAML"));
+
+  YamlFile twice("hidden_size: 64\nhidden-size: 64\n");
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--config", twice.path()})), "is given twice"));
+}
+
+TEST(ParseArgs, FlagProblems) {
+  EXPECT_TRUE(contains(parse_error(with(without("--hidden-size"), {"--hiden-size", "64"})),
+                       "--hiden-size: unknown flag; did you mean --hidden-size?"));
+  const std::string unsupported = parse_error(with(minimal_argv(), {"--use-mcore-models"}));
+  EXPECT_TRUE(contains(unsupported, "--use-mcore-models: unknown flag"));
+  EXPECT_TRUE(contains(parse_error(with(without("--hidden-size"), {"--hidden-size", "abc"})),
+                       "--hidden-size 'abc': expected an integer"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--init-method-std", "x1"})),
+                       "--init-method-std 'x1': expected a number"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--num-layers", "3"})), "--num-layers is given twice"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--swiglu=true"})), "--swiglu takes no value"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--seed"})), "--seed needs a value"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--normalization", "BatchNorm"})),
+                       "--normalization 'BatchNorm': expected one of LayerNorm, RMSNorm"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--device", "tpu"})), "expected one of auto, cpu, cuda"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--model-preset", "gpt3"})),
+                       "expected one of tiny, gpt2-124m, gpt2-350m"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"stray"})), "'stray' follows no flag"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--data-path"})), "--data-path needs at least one value"));
+}
+
+TEST(ParseArgs, UnknownFlagValuesDoNotPileUp) {
+  const std::string error = parse_error(with(minimal_argv(), {"--hiden-size", "64", "128"}));
+  EXPECT_TRUE(contains(error, "1 problem with the arguments"));
+}
+
+// Each rule: extra flags (or a replaced command line) and a recognisable part of its message.
+TEST(ValidateArgs, EachRule) {
+  struct Case {
+    Argv argv;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {without("--lr"), "--lr is required"},
+      {without("--micro-batch-size"), "--micro-batch-size is required"},
+      {without("--train-iters"), "--train-iters is required"},
+      {without("--num-layers"), "--num-layers is required"},
+      {without("--vocab-size"), "NullTokenizer needs --vocab-size"},
+      {without("--tokenizer-type"), "--tokenizer-type is required"},
+      {with(without("--tokenizer-type"), {"--tokenizer-type", "GPT2BPETokenizer"}), "is not wired into"},
+      {with(minimal_argv(), {"--tokenizer-model", "t.model"}), "--tokenizer-model t.model does not apply"},
+      {with(without("--num-attention-heads"), {"--num-attention-heads", "5"}),
+       "--num-attention-heads 5 does not divide --hidden-size 64"},
+      {with(minimal_argv(), {"--group-query-attention", "--num-query-groups", "3"}),
+       "--num-query-groups 3 does not divide --num-attention-heads 4"},
+      {with(minimal_argv(), {"--max-position-embeddings", "64"}), "--seq-length 128 exceeds"},
+      {with(minimal_argv(), {"--position-embedding-type", "rope", "--rotary-percent", "2"}),
+       "--rotary-percent 2 must lie in (0, 1]"},
+      {with(minimal_argv(), {"--hidden-dropout", "1"}), "--hidden-dropout 1 must lie in [0, 1)"},
+      {with(minimal_argv(), {"--fp16"}), "fp16 with dynamic loss scaling arrives with the CUDA backend; use --bf16"},
+      {with(minimal_argv(), {"--tensor-model-parallel-size", "2"}), "TP>1 arrives with the tensor-parallel issue"},
+      {with(minimal_argv(), {"--pipeline-model-parallel-size", "2"}), "PP>1 arrives with the pipeline-parallel issue"},
+      {with(minimal_argv(), {"--sequence-parallel"}), "--sequence-parallel needs"},
+      {with(minimal_argv(), {"--global-batch-size", "5"}),
+       "--global-batch-size 5 is not a multiple of --micro-batch-size 2 x data-parallel size 1 = 2: each step runs "
+       "whole micro-batches on every replica; use e.g. 6"},
+      {with(minimal_argv(), {"--save", "/tmp/ckpt"}), "--save /tmp/ckpt needs --save-interval"},
+      {with(minimal_argv(), {"--finetune"}), "--finetune needs --load"},
+      {with(minimal_argv(), {"--data-path", "corpus"}), "--mock-data and --data-path are mutually exclusive"},
+      {without("--mock-data"), "no training data"},
+      {with(with(without("--mock-data"), {"--data-path", "corpus", "--split", "100,0,0"}), {"--eval-interval", "5"}),
+       "needs a validation split"},
+      {with(with(without("--mock-data"), {"--data-path", "corpus"}), {"--split", "a,b"}), "--split 'a,b' must hold"},
+      {with(minimal_argv(), {"--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"}),
+       "--lr-warmup-fraction 0.1 and --lr-warmup-iters 2 are mutually exclusive"},
+      {with(minimal_argv(), {"--lr-warmup-iters", "10"}), "--lr-warmup-iters 10 is not below --lr-decay-iters 10"},
+      {with(minimal_argv(), {"--min-lr", "0.1"}), "--min-lr 0.1 exceeds --lr 0.001"},
+      {with(minimal_argv(), {"--lr-decay-style", "WSD"}), "--lr-decay-style WSD needs --lr-wsd-decay-iters"},
+      {with(minimal_argv(), {"--adam-beta2", "1"}), "--adam-beta2 1 must lie in [0, 1)"},
+      {with(minimal_argv(), {"--log-interval", "0"}), "--log-interval 0 must be positive"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_TRUE(contains(parse_error(c.argv), c.message));
+  }
+}
+
+TEST(ValidateArgs, WorldSizeMustHoldTheModelLayout) {
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--tensor-model-parallel-size", "2"}), 3),
+                       "world size 3 is not a multiple of TP*PP = 2"));
+}
+
+TEST(ValidateArgs, AllProblemsListedAtOnce) {
+  const std::string error =
+      parse_error(with(without("--num-attention-heads"),
+                       {"--num-attention-heads", "5", "--attention-dropout", "1.5", "--save", "ckpt", "--fp16"}));
+  EXPECT_TRUE(contains(error, "4 problems with the arguments"));
+  EXPECT_TRUE(contains(error, "--num-attention-heads 5 does not divide"));
+  EXPECT_TRUE(contains(error, "--attention-dropout 1.5"));
+  EXPECT_TRUE(contains(error, "--save ckpt needs --save-interval"));
+  EXPECT_TRUE(contains(error, "--fp16"));
+}
+
+TEST(ValidateArgs, ValidArgsHaveNoProblems) {
+  TrainingArgs args = parse_training_args(minimal_argv());
+  EXPECT_TRUE(validate(args).empty());
+  args.device = "tpu";  // set by code, not by the parser
+  ASSERT_EQ(validate(args).size(), 1u);
+  EXPECT_TRUE(contains(validate(args).front(), "--device tpu: expected one of auto, cpu, cuda"));
+}
+
+TEST(ArgsToFlags, RoundTrip) {
+  YamlFile yaml("model_preset: llama-tiny\nuntie_embeddings_and_output_weights: false\n");
+  const TrainingArgs args = parse_training_args({"--config",
+                                                 yaml.path(),
+                                                 "--micro-batch-size",
+                                                 "2",
+                                                 "--global-batch-size",
+                                                 "8",
+                                                 "--train-iters",
+                                                 "100",
+                                                 "--lr",
+                                                 "3e-4",
+                                                 "--min-lr",
+                                                 "3e-5",
+                                                 "--lr-decay-style",
+                                                 "inverse-square-root",
+                                                 "--lr-warmup-fraction",
+                                                 "0.05",
+                                                 "--norm-epsilon",
+                                                 "1e-6",
+                                                 "--rotary-percent",
+                                                 "0.5",
+                                                 "--bf16",
+                                                 "--data-path",
+                                                 "0.25",
+                                                 "a",
+                                                 "0.75",
+                                                 "b",
+                                                 "--split",
+                                                 "90,10,0",
+                                                 "--eval-interval",
+                                                 "10",
+                                                 "--tokenizer-type",
+                                                 "ByteTokenizer",
+                                                 "--save",
+                                                 "/tmp/run",
+                                                 "--save-interval",
+                                                 "50",
+                                                 "--no-save-optim",
+                                                 "--metrics-file",
+                                                 "m.jsonl",
+                                                 "--device",
+                                                 "cpu"},
+                                                2);
+  const auto flags = training_args_to_flags(args);
+  const TrainingArgs back = parse_training_args_from_flags(flags, 2);
+  EXPECT_EQ(training_args_to_flags(back), flags);
+  // Fields that are not flags come back by derivation.
+  EXPECT_EQ(back.model.padded_vocab_size, args.model.padded_vocab_size);
+  EXPECT_EQ(back.model.params_dtype, DType::bf16);
+  EXPECT_EQ(back.data_parallel_size, 2);
+  EXPECT_FALSE(back.model.untie_embeddings_and_output_weights);  // YAML beat the preset, and still does
+  EXPECT_EQ(back.model.layernorm_epsilon, 1e-6f);
+  EXPECT_EQ(back.optimizer.min_lr, 3e-5);
+  EXPECT_EQ(back.optimizer.lr_warmup_fraction, 0.05);
+  EXPECT_EQ(back.data.data_path, args.data.data_path);
+
+  // One pair per flag, --config excepted; unset values are "".
+  EXPECT_EQ(std::count_if(flags.begin(), flags.end(), [](const auto& f) { return f.first == "--config"; }), 0);
+  const auto find = [&](const std::string& name) {
+    return std::find_if(flags.begin(), flags.end(), [&](const auto& f) { return f.first == name; })->second;
+  };
+  EXPECT_EQ(find("--disable-bias-linear"), "true");
+  EXPECT_EQ(find("--swiglu"), "true");
+  EXPECT_EQ(find("--lr-decay-style"), "inverse-square-root");
+  EXPECT_EQ(find("--load"), "");
+  EXPECT_EQ(find("--data-path"), "0.25 a 0.75 b");
+
+  // Defaults and unset values ("") survive too.
+  const auto minimal = training_args_to_flags(parse_training_args(minimal_argv()));
+  EXPECT_EQ(training_args_to_flags(parse_training_args_from_flags(minimal)), minimal);
+}
+
+TEST(Help, ListsEveryFlag) {
+  const std::string help = training_args_help();
+  for (const auto& [flag, value] : training_args_to_flags(TrainingArgs{})) {
+    EXPECT_TRUE(contains(help, "  " + flag + " ")) << flag;
+  }
+  EXPECT_TRUE(contains(help, "--config FILE.yaml"));
+  EXPECT_TRUE(contains(help, "--normalization {LayerNorm,RMSNorm}"));
+  EXPECT_TRUE(contains(help, "[default: 1234]"));
+  EXPECT_TRUE(contains(help, "one of tiny, gpt2-124m"));
+}

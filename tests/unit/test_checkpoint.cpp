@@ -1,0 +1,389 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "megatron/checkpointing/checkpoint.h"
+#include "megatron/checkpointing/safetensors.h"
+
+using namespace megatron;
+using namespace megatron::checkpointing;
+namespace fs = std::filesystem;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = ::testing::TempDir() + "checkpoint_XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string read_all(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_all(const std::string& file, const std::string& bytes) { std::ofstream(file, std::ios::binary) << bytes; }
+
+void flip_byte(const std::string& file, size_t position) {
+  std::string bytes = read_all(file);
+  bytes[position] = char(bytes[position] ^ 0x01);
+  write_all(file, bytes);
+}
+
+// Element value of the global tensor at a row-major index, shifted by `base` so that two saves
+// hold different numbers. Small integers: exact in every dtype used here (bf16 holds 8 bits of
+// mantissa, so values stay below 256).
+float value_at(const Shape& index, const Shape& shape, float base) {
+  float v = base;
+  for (size_t d = 0; d < shape.size(); ++d) v = v * float(shape[d]) + float(index[d]);
+  return v;
+}
+
+// The slice [offset, offset + local) of the global tensor defined by value_at.
+Tensor global_slice(const Shape& global, const Shape& offset, const Shape& local, DType dtype, float base) {
+  Tensor t = Tensor::empty(local, dtype);
+  Shape index(local.size(), 0);
+  for (int64_t flat = 0; flat < t.numel(); ++flat) {
+    int64_t rest = flat;
+    for (size_t d = local.size(); d-- > 0;) {
+      index[d] = offset[d] + rest % local[d];
+      rest /= local[d];
+    }
+    t.set_item(flat, value_at(index, global, base));
+  }
+  return t;
+}
+
+ShardedTensor shard(const std::string& name, const Shape& global, const Shape& offset, const Shape& local,
+                    DType dtype = DType::f32, float base = 0) {
+  return {name, global, offset, global_slice(global, offset, local, dtype, base)};
+}
+
+// "w" [6,4] saved as two row shards, plus optimizer state for it, as one rank of a TP=2 run would
+// hold them after gathering; `base` makes the values of different saves distinct.
+struct Saved {
+  std::vector<ShardedTensor> model, optimizer;
+  nlohmann::json common;
+};
+
+Saved example_state(float base) {
+  Saved s;
+  s.model = {shard("w", {6, 4}, {0, 0}, {3, 4}, DType::f32, base), shard("w", {6, 4}, {3, 0}, {3, 4}, DType::f32, base),
+             shard("b", {4}, {0}, {4}, DType::bf16, base)};
+  s.optimizer = {shard("w.exp_avg", {6, 4}, {0, 0}, {6, 4}, DType::f32, base + 1),
+                 shard("step", {}, {}, {}, DType::i64, base)};
+  s.common = {{"lr", 0.25}, {"rng", {1, 2, 3}}, {"consumed_samples", 1234}, {"base", base}};
+  return s;
+}
+
+void save_example(const std::string& dir, int64_t iteration, float base, const SaveOptions& options = {}) {
+  const Saved s = example_state(base);
+  save_checkpoint(dir, iteration, s.model, s.optimizer, s.common, options);
+}
+
+// Loads the whole of every tensor of example_state(base) and compares it exactly.
+void expect_example(const std::string& dir, int64_t iteration, float base) {
+  const CheckpointReader reader = CheckpointReader::open(dir, iteration);
+  EXPECT_EQ(reader.common().at("base").get<float>(), base);
+  const Saved s = example_state(base);
+  for (const auto* group : {&s.model, &s.optimizer})
+    for (const ShardedTensor& t : *group) {
+      Tensor dest = Tensor::zeros(t.local.shape(), t.local.dtype());
+      reader.load(t.name, t.global_offset, dest);
+      EXPECT_EQ(dest.to_vector(), t.local.to_vector()) << t.name << " at iteration " << iteration;
+    }
+}
+
+std::vector<std::string> staging_leftovers(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".tmp.") != std::string::npos || name.find(".old.") != std::string::npos) names.push_back(name);
+  }
+  return names;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "'" << (needle) << "' not in: " << (haystack)
+
+}  // namespace
+
+TEST(Checkpoint, DirectoryAndTrackerFollowMegatron) {
+  TempDir dir;
+  save_example(dir.path(), 100, 0);
+  EXPECT_EQ(checkpoint_directory(dir.path(), 100), dir.path() + "/iter_0000100");
+  EXPECT_EQ(read_all(dir.path() + "/latest_checkpointed_iteration.txt"), "100");  // no newline
+  EXPECT_EQ(read_tracker(dir.path()), 100);
+  for (const char* file :
+       {"model_rank_00000.safetensors", "optim_rank_00000.safetensors", "common.json", "metadata.json"})
+    EXPECT_TRUE(fs::is_regular_file(dir.path() + "/iter_0000100/" + file)) << file;
+  EXPECT_EQ(list_checkpoints(dir.path()), std::vector<int64_t>{100});
+  EXPECT_TRUE(staging_leftovers(dir.path()).empty());
+}
+
+TEST(Checkpoint, RoundTripsShardsAndCommonState) {
+  TempDir dir;
+  const Saved saved = example_state(0);
+  save_checkpoint(dir.path(), 7, saved.model, saved.optimizer, saved.common);
+  const CheckpointReader reader = CheckpointReader::open(dir.path(), 7);
+  EXPECT_EQ(reader.iteration(), 7);
+  EXPECT_EQ(reader.common(), saved.common);
+  EXPECT_EQ(reader.names(), (std::vector<std::string>{"b", "step", "w", "w.exp_avg"}));
+  EXPECT_EQ(reader.info("w").global_shape, (Shape{6, 4}));
+  EXPECT_EQ(reader.info("b").dtype, DType::bf16);
+  EXPECT_EQ(reader.info("step").global_shape, Shape{});
+
+  Tensor whole = Tensor::empty({6, 4}, DType::f32);
+  reader.load("w", {0, 0}, whole);
+  EXPECT_EQ(whole.to_vector(), global_slice({6, 4}, {0, 0}, {6, 4}, DType::f32, 0).to_vector());
+  // Rows [2, 5) straddle the two saved shards.
+  Tensor rows = Tensor::empty({3, 4}, DType::f32);
+  reader.load("w", {2, 0}, rows);
+  EXPECT_EQ(rows.to_vector(), global_slice({6, 4}, {2, 0}, {3, 4}, DType::f32, 0).to_vector());
+  // A column split, as a different tensor-parallel layout would ask for, converted to bf16
+  // (values are integers below 256, exact in bf16).
+  Tensor columns = Tensor::empty({6, 2}, DType::bf16);
+  reader.load("w", {0, 2}, columns);
+  EXPECT_EQ(columns.to_vector(), global_slice({6, 4}, {0, 2}, {6, 2}, DType::f32, 0).to_vector());
+  Tensor step = Tensor::empty({}, DType::i64);
+  reader.load("step", {}, step);
+  EXPECT_EQ(step.item(), 0.0);
+
+  // Two shards of "w" in one file are told apart by their offsets.
+  const SafetensorsReader model = SafetensorsReader::open(dir.path() + "/iter_0000007/model_rank_00000.safetensors");
+  EXPECT_TRUE(model.has("w@0,0") && model.has("w@3,0") && model.has("b"));
+}
+
+TEST(Checkpoint, ReshardsIrregularBlocksInThreeDimensions) {
+  // Global [5,6,2] saved as four blocks of unequal size split along dims 0 and 1; every box is
+  // loaded back and compared with the values computed directly.
+  TempDir dir;
+  const Shape global = {5, 6, 2};
+  std::vector<ShardedTensor> model;
+  for (int64_t r0 : {0, 2})
+    for (int64_t c0 : {0, 5}) model.push_back(shard("x", global, {r0, c0, 0}, {r0 == 0 ? 2 : 3, c0 == 0 ? 5 : 1, 2}));
+  save_checkpoint(dir.path(), 1, model, {}, nlohmann::json::object());
+  const CheckpointReader reader = CheckpointReader::open(dir.path(), 1);
+  EXPECT_FALSE(fs::exists(dir.path() + "/iter_0000001/optim_rank_00000.safetensors"));
+  for (int64_t r = 0; r < 5; ++r)
+    for (int64_t c = 0; c < 6; ++c)
+      for (int64_t h = 1; r + h <= 5; h += 2)
+        for (int64_t w = 1; c + w <= 6; w += 2) {
+          Tensor dest = Tensor::empty({h, w, 1}, DType::f32);
+          reader.load("x", {r, c, 1}, dest);
+          ASSERT_EQ(dest.to_vector(), global_slice(global, {r, c, 1}, {h, w, 1}, DType::f32, 0).to_vector())
+              << "box at [" << r << ", " << c << ", 1] of shape [" << h << ", " << w << ", 1]";
+        }
+}
+
+TEST(Checkpoint, RefusesShardsThatDoNotTileTheTensor) {
+  TempDir dir;
+  const auto save = [&](std::vector<ShardedTensor> model, std::vector<ShardedTensor> optimizer = {}) {
+    return error_of([&] { save_checkpoint(dir.path(), 1, model, optimizer, nlohmann::json::object()); });
+  };
+  EXPECT_CONTAINS(save({shard("w", {6, 4}, {0, 0}, {4, 4}), shard("w", {6, 4}, {3, 0}, {3, 4})}), "overlap");
+  EXPECT_CONTAINS(save({shard("w", {6, 4}, {0, 0}, {3, 4})}), "cover 12 of the 24 elements");
+  EXPECT_CONTAINS(save({shard("w", {6, 4}, {4, 0}, {3, 4}), shard("w", {6, 4}, {0, 0}, {4, 4})}), "outside");
+  EXPECT_CONTAINS(save({shard("w", {4}, {0}, {4})}, {shard("w", {4}, {0}, {4})}), "both the model and the optimizer");
+  EXPECT_CONTAINS(save({shard("w", {6, 4}, {0, 0}, {3, 4}), shard("w", {6, 4}, {3, 0}, {3, 4}, DType::bf16)}),
+                  "disagree");
+  EXPECT_FALSE(read_tracker(dir.path()).has_value());
+  EXPECT_TRUE(list_checkpoints(dir.path()).empty());
+  EXPECT_TRUE(staging_leftovers(dir.path()).empty());
+}
+
+TEST(Checkpoint, MissingTensorListsAvailableNames) {
+  TempDir dir;
+  save_example(dir.path(), 1, 0);
+  const CheckpointReader reader = CheckpointReader::open(dir.path(), 1);
+  EXPECT_FALSE(reader.has("v"));
+  Tensor dest = Tensor::empty({4}, DType::f32);
+  const std::string message = error_of([&] { reader.load("v", {0}, dest); });
+  EXPECT_CONTAINS(message, "'v'");
+  EXPECT_CONTAINS(message, "'w.exp_avg'");
+  Tensor too_big = Tensor::empty({5}, DType::f32);
+  EXPECT_CONTAINS(error_of([&] { reader.load("b", {0}, too_big); }), "outside global shape");
+}
+
+TEST(Checkpoint, FlippedByteInAShardFileIsCaught) {
+  TempDir dir;
+  save_example(dir.path(), 1, 0);
+  save_example(dir.path(), 2, 10);
+  const std::string file = dir.path() + "/iter_0000002/model_rank_00000.safetensors";
+  flip_byte(file, fs::file_size(file) - 3);  // inside the tensor data: no format check could see it
+  const std::string message = error_of([&] { CheckpointReader::open(dir.path(), 2); });
+  EXPECT_CONTAINS(message, file);
+  EXPECT_CONTAINS(message, "CRC32C expected");
+  EXPECT_CONTAINS(message, "corrupt");
+  EXPECT_CONTAINS(message, "earlier iteration");
+  EXPECT_CONTAINS(message, ": 1)");  // the loadable iteration is named
+  expect_example(dir.path(), 1, 0);
+}
+
+TEST(Checkpoint, TruncatedOrMissingFilesAreCaught) {
+  TempDir dir;
+  save_example(dir.path(), 1, 0);
+  const std::string optim = dir.path() + "/iter_0000001/optim_rank_00000.safetensors";
+  const std::string bytes = read_all(optim);
+  write_all(optim, bytes.substr(0, bytes.size() - 1));
+  EXPECT_CONTAINS(error_of([&] { CheckpointReader::open(dir.path(), 1); }), "bytes, expected");
+  fs::remove(optim);
+  EXPECT_CONTAINS(error_of([&] { CheckpointReader::open(dir.path(), 1); }), "is missing");
+  fs::remove(dir.path() + "/iter_0000001/metadata.json");
+  EXPECT_CONTAINS(error_of([&] { CheckpointReader::open(dir.path(), 1); }), "has no metadata.json");
+  EXPECT_CONTAINS(error_of([&] { CheckpointReader::open(dir.path(), 3); }), "does not exist");
+}
+
+TEST(Checkpoint, EveryFlippedBitOfMetadataIsCaught) {
+  // metadata.json cannot list its own CRC, so it carries a checksum of its canonical form: a
+  // flipped bit anywhere must fail either the JSON parse or that checksum.
+  // One small tensor keeps the file short: the loop rewrites it once per byte.
+  TempDir dir;
+  save_checkpoint(dir.path(), 1, {shard("w", {2, 2}, {0, 0}, {2, 2})}, {}, {{"seed", 1}});
+  const std::string file = dir.path() + "/iter_0000001/metadata.json";
+  const std::string original = read_all(file);
+  for (size_t i = 0; i < original.size(); ++i) {
+    std::string bytes = original;
+    bytes[i] = char(bytes[i] ^ 0x01);
+    write_all(file, bytes);
+    const std::string message = error_of([&] { CheckpointReader::open(dir.path(), 1); });
+    ASSERT_NE(message.find(file), std::string::npos) << "flip at byte " << i << ": " << message;
+    ASSERT_NE(message.find("corrupt"), std::string::npos) << "flip at byte " << i << ": " << message;
+  }
+  write_all(file, original);
+  EXPECT_NO_THROW(CheckpointReader::open(dir.path(), 1));
+}
+
+TEST(Checkpoint, FlippedByteInCommonStateIsCaught) {
+  TempDir dir;
+  save_example(dir.path(), 1, 0);
+  const std::string file = dir.path() + "/iter_0000001/common.json";
+  flip_byte(file, read_all(file).find("1234"));
+  EXPECT_CONTAINS(error_of([&] { CheckpointReader::open(dir.path(), 1); }), "common.json' fails its checksum");
+}
+
+TEST(Checkpoint, StagesAreReachedInOrder) {
+  TempDir dir;
+  std::vector<std::string> reached;
+  SaveOptions options;
+  options.on_stage = [&](const std::string& stage) { reached.push_back(stage); };
+  save_example(dir.path(), 1, 0, options);
+  EXPECT_EQ(reached, std::vector<std::string>(std::begin(kSaveStages), std::end(kSaveStages)));
+}
+
+TEST(Checkpoint, ExceptionAtAnyStageKeepsThePreviousCheckpoint) {
+  for (const std::string stage : kSaveStages) {
+    SCOPED_TRACE(stage);
+    TempDir dir;
+    save_example(dir.path(), 1, 0);
+    SaveOptions options;
+    options.on_stage = [&](const std::string& s) {
+      if (s == stage) throw std::runtime_error("injected failure");
+    };
+    EXPECT_THROW(save_example(dir.path(), 2, 10, options), std::runtime_error);
+    const bool tracker_moved = stage == "after_tracker";
+    EXPECT_EQ(read_tracker(dir.path()), tracker_moved ? 2 : 1);
+    expect_example(dir.path(), 1, 0);
+    EXPECT_TRUE(staging_leftovers(dir.path()).empty());  // an unpublished staging directory is removed
+  }
+}
+
+TEST(CheckpointCrashDeathTest, CrashAtAnyStageKeepsThePreviousCheckpoint) {
+  // The save runs in a forked child that dies with _exit at the stage: no destructors run, so the
+  // staging directory is left behind exactly as after a real crash.
+  TempDir dir;
+  save_example(dir.path(), 1, 0);
+  for (const std::string stage : kSaveStages) {
+    SCOPED_TRACE(stage);
+    SaveOptions options;
+    options.on_stage = [&](const std::string& s) {
+      if (s == stage) ::_exit(3);
+    };
+    EXPECT_EXIT(save_example(dir.path(), 2, 10, options), ::testing::ExitedWithCode(3), "");
+    const bool tracker_moved = stage == "after_tracker";
+    ASSERT_EQ(read_tracker(dir.path()), tracker_moved ? 2 : 1);
+    expect_example(dir.path(), 1, 0);
+    if (tracker_moved) expect_example(dir.path(), 2, 10);
+  }
+  EXPECT_FALSE(staging_leftovers(dir.path()).empty());                    // the children's crashes left them
+  EXPECT_EQ(list_checkpoints(dir.path()), (std::vector<int64_t>{1, 2}));  // and readers ignore them
+  save_example(dir.path(), 3, 20);
+  EXPECT_TRUE(staging_leftovers(dir.path()).empty());  // the next successful save removes them
+  expect_example(dir.path(), 3, 20);
+}
+
+TEST(Checkpoint, SavingAnIterationAgainReplacesIt) {
+  TempDir dir;
+  save_example(dir.path(), 5, 0);
+  const CheckpointReader old_reader = CheckpointReader::open(dir.path(), 5);
+  save_example(dir.path(), 5, 30);
+  expect_example(dir.path(), 5, 30);
+  EXPECT_TRUE(staging_leftovers(dir.path()).empty());
+  // A reader opened before the replacement keeps reading the old files (they stay mapped).
+  Tensor b = Tensor::empty({4}, DType::bf16);
+  old_reader.load("b", {0}, b);
+  EXPECT_EQ(b.to_vector(), global_slice({4}, {0}, {4}, DType::f32, 0).to_vector());
+}
+
+TEST(Checkpoint, TrackerFormat) {
+  TempDir dir;
+  const std::string tracker = dir.path() + "/latest_checkpointed_iteration.txt";
+  EXPECT_FALSE(read_tracker(dir.path()).has_value());
+  write_all(tracker, "release");
+  EXPECT_EQ(read_tracker(dir.path()), kReleaseIteration);
+  write_all(tracker, "  42\n");  // hand-edited: Megatron strips whitespace too
+  EXPECT_EQ(read_tracker(dir.path()), 42);
+  for (const std::string bad : {"", "abc", "-5", "12x", "1e3", "99999999999999999999"}) {
+    write_all(tracker, bad);
+    const std::string message = error_of([&] { read_tracker(dir.path()); });
+    EXPECT_CONTAINS(message, tracker);
+    EXPECT_CONTAINS(message, nlohmann::json(bad).dump());
+  }
+}
+
+TEST(Checkpoint, ReleaseCheckpoint) {
+  TempDir dir;
+  save_example(dir.path(), kReleaseIteration, 0);
+  EXPECT_EQ(read_all(dir.path() + "/latest_checkpointed_iteration.txt"), "release");
+  EXPECT_TRUE(fs::is_directory(dir.path() + "/release"));
+  EXPECT_EQ(read_tracker(dir.path()), kReleaseIteration);
+  expect_example(dir.path(), kReleaseIteration, 0);
+  EXPECT_TRUE(list_checkpoints(dir.path()).empty());  // only numbered iterations are listed
+}
+
+TEST(Checkpoint, StaleStagingFromAnotherProcessIsIgnoredThenRemoved) {
+  TempDir dir;
+  save_example(dir.path(), 1, 0);
+  fs::create_directory(dir.path() + "/iter_0000002.tmp.99999");
+  write_all(dir.path() + "/iter_0000002.tmp.99999/model_rank_00000.safetensors", "partial");
+  write_all(dir.path() + "/latest_checkpointed_iteration.txt.tmp.99999", "2");
+  write_all(dir.path() + "/notes.tmp.1", "not ours");
+  EXPECT_EQ(list_checkpoints(dir.path()), std::vector<int64_t>{1});
+  EXPECT_EQ(read_tracker(dir.path()), 1);
+  save_example(dir.path(), 2, 10);
+  EXPECT_EQ(staging_leftovers(dir.path()), std::vector<std::string>{"notes.tmp.1"});  // only ours are removed
+}

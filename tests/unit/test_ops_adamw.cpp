@@ -1,0 +1,114 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "megatron/ops/adamw.h"
+#include "op_test_util.h"
+
+using namespace megatron;
+using namespace megatron::test;
+using megatron::ops::AdamWParams;
+
+namespace {
+
+struct State {
+  Tensor master, m, v;
+};
+
+State make_state(const std::vector<float>& p, DType dt) {
+  const auto n = int64_t(p.size());
+  return {Tensor::from_vector(p, {n}, dt), Tensor::zeros({n}, dt), Tensor::zeros({n}, dt)};
+}
+
+// torch.optim.AdamW by hand, in double, for one element.
+struct HandAdam {
+  double p, m = 0.0, v = 0.0;
+  void step(double grad, const AdamWParams& a) {
+    const double g = grad * a.grad_scale, b1 = a.beta1, b2 = a.beta2;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    const double m_hat = m / (1 - std::pow(b1, double(a.step))), v_hat = v / (1 - std::pow(b2, double(a.step)));
+    p = p - double(a.lr) * (m_hat / (std::sqrt(v_hat) + double(a.eps)) + double(a.weight_decay) * p);
+  }
+};
+
+const std::vector<float> kParams{1.0f, -0.5f, 0.25f, 2.0f};
+const std::vector<std::vector<float>> kGrads{
+    {0.5f, -1.0f, 0.0f, 3.0f}, {0.25f, 2.0f, -1.0f, 3.0f}, {-1.0f, 0.5f, 1.0f, 0.1f}};
+
+}  // namespace
+
+TEST(AdamW, FirstStepMovesEachWeightByAboutLr) {
+  // Step 1 from zero moments: m_hat = g, v_hat = g^2, so the update is lr * g / (|g| + eps) = lr sign(g).
+  State s = make_state({1.0f}, DType::f64);
+  Tensor grad = Tensor::from_vector({0.5f}, {1}, DType::f64), none;
+  ops::adamw_step(s.master, s.m, s.v, grad, none, {0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 1});
+  EXPECT_NEAR(s.master.item(0), 0.9, 1e-7);
+}
+
+TEST(AdamW, ThreeStepsMatchHandComputedTorchFormula) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    State s = make_state(kParams, dt);
+    std::vector<HandAdam> hand;
+    for (float p : kParams) hand.push_back({p});
+    Tensor none;
+    for (int64_t t = 1; t <= 3; ++t) {
+      const AdamWParams a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t};
+      const Tensor grad = Tensor::from_vector(kGrads[size_t(t - 1)], {4}, dt);
+      ops::adamw_step(s.master, s.m, s.v, grad, none, a);
+      for (size_t i = 0; i < hand.size(); ++i) hand[i].step(kGrads[size_t(t - 1)][i], a);
+    }
+    Tensor expect_p = Tensor::empty({4}, DType::f64), expect_m = Tensor::empty({4}, DType::f64);
+    Tensor expect_v = Tensor::empty({4}, DType::f64);
+    for (int64_t i = 0; i < 4; ++i) {
+      expect_p.set_item(i, hand[size_t(i)].p);
+      expect_m.set_item(i, hand[size_t(i)].m);
+      expect_v.set_item(i, hand[size_t(i)].v);
+    }
+    // f64: same formula, a few roundings. f32: each step adds ~10 roundings to m, v and the
+    // update; over 3 steps, factor 32 of u against the state's scale.
+    const double u = unit_roundoff(dt), factor = dt == DType::f64 ? 16.0 : 32.0;
+    EXPECT_TRUE(matches_reference(s.master, expect_p, u, factor)) << dtype_name(dt) << " master";
+    EXPECT_TRUE(matches_reference(s.m, expect_m, u, factor)) << dtype_name(dt) << " exp_avg";
+    EXPECT_TRUE(matches_reference(s.v, expect_v, u, factor)) << dtype_name(dt) << " exp_avg_sq";
+  }
+}
+
+TEST(AdamW, WeightDecayIsDecoupled) {
+  // Zero gradient, zero moments: the Adam term is 0 / (0 + eps) = 0 and only p -= lr wd p remains.
+  State s = make_state(kParams, DType::f32);
+  Tensor grad = Tensor::zeros({4}, DType::f32), none;
+  ops::adamw_step(s.master, s.m, s.v, grad, none, {0.1f, 0.9f, 0.999f, 1e-8f, 0.5f, 1.0f, 1});
+  for (int64_t i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(float(s.master.item(i)), kParams[size_t(i)] * (1.0f - 0.05f)) << i;
+}
+
+TEST(AdamW, GradScaleEqualsScaledGradient) {
+  State a = make_state(kParams, DType::f32), b = make_state(kParams, DType::f32);
+  Tensor none;
+  Tensor grad = Tensor::from_vector(kGrads[1], {4}), halved = Tensor::from_vector(kGrads[1], {4});
+  for (int64_t i = 0; i < 4; ++i) halved.set_item(i, 0.5 * grad.item(i));  // exact
+  ops::adamw_step(a.master, a.m, a.v, grad, none, {1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 0.5f, 1});
+  ops::adamw_step(b.master, b.m, b.v, halved, none, {1e-2f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 1});
+  EXPECT_TRUE(all_close(a.master, b.master, 0.0, 0.0));
+}
+
+TEST(AdamW, WritesTheBf16ModelCopyFromTheMaster) {
+  State s = make_state(kParams, DType::f32);
+  Tensor grad = Tensor::from_vector(kGrads[0], {4}), model = poisoned({2, 2}, DType::bf16);
+  ops::adamw_step(s.master, s.m, s.v, grad, model, {1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f, 1});
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(model.data<bf16>()[i].bits, bf16(s.master.data<float>()[i]).bits) << i;
+}
+
+TEST(AdamW, RejectsBadArguments) {
+  State s = make_state(kParams, DType::f32);
+  Tensor grad = Tensor::from_vector(kGrads[0], {4}), none;
+  EXPECT_TRUE(throws_error_naming([&] { ops::adamw_step(s.master, s.m, s.v, grad, none, {.step = 0}); }, "step"));
+  Tensor short_grad = Tensor::zeros({3}, DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::adamw_step(s.master, s.m, s.v, short_grad, none, {}); }, "adamw grad"));
+  Tensor bf16_grad = Tensor::zeros({4}, DType::bf16);
+  EXPECT_TRUE(throws_error_naming([&] { ops::adamw_step(s.master, s.m, s.v, bf16_grad, none, {}); }, "adamw grad"));
+  State half = make_state(kParams, DType::bf16);
+  EXPECT_TRUE(
+      throws_error_naming([&] { ops::adamw_step(half.master, half.m, half.v, bf16_grad, none, {}); }, "adamw master"));
+}

@@ -1,0 +1,222 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "megatron/core/rng.h"
+#include "megatron/ops/attention.h"
+#include "op_test_util.h"
+
+using namespace megatron;
+using namespace megatron::test;
+using megatron::ops::AttentionParams;
+
+namespace {
+
+constexpr int64_t kS = 5, kB = 2, kNH = 4, kG = 2, kHS = 4;
+
+AttentionParams params(bool causal, float dropout) { return {causal, 0.5f, dropout, 1234, stream_id("attn")}; }
+
+struct AttentionRun {
+  Tensor out, lse, dq, dk, dv;
+};
+
+AttentionRun run_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                           const AttentionParams& p) {
+  const DType dt = q.dtype(), st = dt == DType::f64 ? DType::f64 : DType::f32;
+  AttentionRun r{poisoned(q.shape(), dt), poisoned({kB, kNH, kS}, st), poisoned(q.shape(), dt), poisoned(k.shape(), dt),
+                 poisoned(v.shape(), dt)};
+  ops::attention_forward(r.out, r.lse, q, k, v, p);
+  ops::attention_backward(r.dq, r.dk, r.dv, dout, q, k, v, r.out, r.lse, p);
+  return r;
+}
+
+// The textbook definition in double, written apart from the kernel: for each (b, h) the full
+// score matrix, p = exp(s) / sum exp(s) over allowed keys, dropout mask from the documented
+// element index, out = p' v, with query head h reading kv group h / (NH/G).
+void reference_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const AttentionParams& p) {
+  const CounterRng rng{p.seed, p.stream};
+  for (int64_t b = 0; b < kB; ++b) {
+    for (int64_t h = 0; h < kNH; ++h) {
+      const int64_t g = h / (kNH / kG);
+      for (int64_t i = 0; i < kS; ++i) {
+        std::vector<double> e(kS, 0.0);
+        double total = 0.0;
+        for (int64_t j = 0; j < kS; ++j) {
+          if (p.causal && j > i) continue;
+          double s = 0.0;
+          for (int64_t d = 0; d < kHS; ++d)
+            s += q.item(((i * kB + b) * kNH + h) * kHS + d) * k.item(((j * kB + b) * kG + g) * kHS + d);
+          e[size_t(j)] = std::exp(p.softmax_scale * s);
+          total += e[size_t(j)];
+        }
+        lse.set_item((b * kNH + h) * kS + i, std::log(total));
+        for (int64_t d = 0; d < kHS; ++d) {
+          double o = 0.0;
+          for (int64_t j = 0; j < kS; ++j) {
+            const bool kept = rng.uniform(uint64_t(((b * kNH + h) * kS + i) * kS + j)) > p.dropout_p;
+            const double mask = kept ? 1.0 / (1.0 - double(p.dropout_p)) : 0.0;
+            o += e[size_t(j)] / total * mask * v.item(((j * kB + b) * kG + g) * kHS + d);
+          }
+          out.set_item(((i * kB + b) * kNH + h) * kHS + d, o);
+        }
+      }
+    }
+  }
+}
+
+const std::pair<bool, float> kVariants[] = {{true, 0.0f}, {false, 0.0f}, {true, 0.3f}, {false, 0.3f}};
+
+}  // namespace
+
+TEST(Attention, ForwardMatchesTextbookDefinition) {
+  const Tensor q = randn({kS, kB, kNH, kHS}, DType::f64, 1), k = randn({kS, kB, kG, kHS}, DType::f64, 2);
+  const Tensor v = randn({kS, kB, kG, kHS}, DType::f64, 3);
+  for (const auto& [causal, dropout] : kVariants) {
+    const AttentionParams p = params(causal, dropout);
+    Tensor out = poisoned(q.shape(), DType::f64), lse = poisoned({kB, kNH, kS}, DType::f64);
+    ops::attention_forward(out, lse, q, k, v, p);
+    Tensor ref_out = Tensor::zeros(q.shape(), DType::f64), ref_lse = Tensor::zeros({kB, kNH, kS}, DType::f64);
+    reference_attention(ref_out, ref_lse, q, k, v, p);
+    // Both in double over S = 5 keys and HS = 4 channels: a few tens of roundings at most.
+    EXPECT_TRUE(matches_reference(out, ref_out, 0x1p-53, 64.0)) << "causal " << causal << " dropout " << dropout;
+    EXPECT_TRUE(matches_reference(lse, ref_lse, 0x1p-53, 64.0)) << "causal " << causal << " dropout " << dropout;
+  }
+}
+
+TEST(Attention, GradientsMatchFiniteDifferences) {
+  for (const auto& [causal, dropout] : kVariants) {
+    const AttentionParams p = params(causal, dropout);
+    Tensor q = randn({kS, kB, kNH, kHS}, DType::f64, 10), k = randn({kS, kB, kG, kHS}, DType::f64, 11);
+    Tensor v = randn({kS, kB, kG, kHS}, DType::f64, 12);
+    const Tensor r = randn(q.shape(), DType::f64, 13);
+    // The dropout mask depends only on (seed, stream, index), so L is a smooth function of q, k, v.
+    const auto loss = [&] {
+      Tensor out = Tensor::empty(q.shape(), DType::f64), lse = Tensor::empty({kB, kNH, kS}, DType::f64);
+      ops::attention_forward(out, lse, q, k, v, p);
+      return sum_product(out, r);
+    };
+    const AttentionRun run = run_attention(q, k, v, r, p);
+    const std::string what = std::string("causal ") + (causal ? "1" : "0") + " dropout " + std::to_string(dropout);
+    EXPECT_TRUE(grad_close(run.dq, numeric_grad(q, loss))) << what << " dq";
+    EXPECT_TRUE(grad_close(run.dk, numeric_grad(k, loss))) << what << " dk";
+    EXPECT_TRUE(grad_close(run.dv, numeric_grad(v, loss))) << what << " dv";
+  }
+}
+
+TEST(Attention, LowerPrecisionMatchesF64) {
+  const Tensor q = randn({kS, kB, kNH, kHS}, DType::f64, 20), k = randn({kS, kB, kG, kHS}, DType::f64, 21);
+  const Tensor v = randn({kS, kB, kG, kHS}, DType::f64, 22), dout = randn(q.shape(), DType::f64, 23);
+  for (const auto& [causal, dropout] : kVariants) {
+    const AttentionParams p = params(causal, dropout);
+    const AttentionRun ref = run_attention(q, k, v, dout, p);
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const AttentionRun run = run_attention(q.to(dt), k.to(dt), v.to(dt), dout.to(dt), p);
+      const std::string what =
+          std::string(dtype_name(dt)) + " causal " + (causal ? "1" : "0") + " dropout " + std::to_string(dropout);
+      // f32: scores are HS-term dot products, the softmax sums S terms, outputs and gradients
+      // sum S (and r = NH/G heads for dk, dv) more: under 64 roundings of the operand scale.
+      // bf16: inputs exact and arithmetic f32, so the error is the rounding of the outputs (u),
+      // plus, in backward, of `out` which enters D_i = dout_i . out_i (a few u): factor 8.
+      const double u = unit_roundoff(dt), factor = dt == DType::f32 ? 64.0 : 8.0;
+      EXPECT_TRUE(matches_reference(run.lse, ref.lse, kUnitRoundoffF32, 16.0)) << what << " lse (f32 for both)";
+      EXPECT_TRUE(matches_reference(run.out, ref.out, u, factor)) << what << " out";
+      EXPECT_TRUE(matches_reference(run.dq, ref.dq, u, factor)) << what << " dq";
+      EXPECT_TRUE(matches_reference(run.dk, ref.dk, u, factor)) << what << " dk";
+      EXPECT_TRUE(matches_reference(run.dv, ref.dv, u, factor)) << what << " dv";
+    }
+  }
+}
+
+TEST(Attention, OutputsFullyWrittenAndGradientsOverwrite) {
+  const Tensor q = randn({kS, kB, kNH, kHS}, DType::f32, 30), k = randn({kS, kB, kG, kHS}, DType::f32, 31);
+  const Tensor v = randn({kS, kB, kG, kHS}, DType::f32, 32), dout = randn(q.shape(), DType::f32, 33);
+  const AttentionParams p = params(true, 0.3f);
+  const AttentionRun run = run_attention(q, k, v, dout, p);  // every output started as NaN
+  for (const Tensor* t : {&run.out, &run.lse, &run.dq, &run.dk, &run.dv}) ASSERT_TRUE(all_finite(*t));
+  Tensor dq = filled(q.shape(), DType::f32, 9.0), dk = filled(k.shape(), DType::f32, 9.0);
+  Tensor dv = filled(v.shape(), DType::f32, 9.0);
+  ops::attention_backward(dq, dk, dv, dout, q, k, v, run.out, run.lse, p);
+  EXPECT_TRUE(all_close(dq, run.dq, 0.0, 0.0));
+  EXPECT_TRUE(all_close(dk, run.dk, 0.0, 0.0));
+  EXPECT_TRUE(all_close(dv, run.dv, 0.0, 0.0));
+}
+
+TEST(Attention, ParallelRunMatchesSerialRunBitwise) {
+  // B * NH * S^2 * HS = 2 * 4 * 48^2 * 8 is far above the serial threshold.
+  const int64_t S = 48, HS = 8;
+  const Tensor q = randn({S, kB, kNH, HS}, DType::f32, 50), k = randn({S, kB, kG, HS}, DType::f32, 51);
+  const Tensor v = randn({S, kB, kG, HS}, DType::f32, 52), dout = randn(q.shape(), DType::f32, 53);
+  const AttentionParams p = params(true, 0.3f);
+  std::vector<Tensor> runs[2];
+  for (int t : {0, 1}) {
+    with_threads(t == 0 ? 1 : 2, [&] {
+      Tensor out = poisoned(q.shape(), DType::f32), lse = poisoned({kB, kNH, S}, DType::f32);
+      Tensor dq = poisoned(q.shape(), DType::f32), dk = poisoned(k.shape(), DType::f32);
+      Tensor dv = poisoned(v.shape(), DType::f32);
+      ops::attention_forward(out, lse, q, k, v, p);
+      ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, p);
+      runs[t] = {out, lse, dq, dk, dv};
+    });
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_TRUE(all_finite(runs[1][i])) << i;
+    EXPECT_TRUE(all_close(runs[1][i], runs[0][i], 0.0, 0.0)) << i;
+  }
+}
+
+TEST(Attention, QkvSplitFollowsPerGroupLayout) {
+  // interop-formats.md 4.2: NH = 4, G = 2, HS = 1 gives rows [q0, q1, k0, v0, q2, q3, k1, v1].
+  const int64_t S = 2, B = 3, NH = 4, G = 2, HS = 1, r = NH / G;
+  Tensor qkv = Tensor::empty({S, B, G, (r + 2) * HS}, DType::f32);
+  for (int64_t i = 0; i < qkv.numel(); ++i) qkv.set_item(i, double(i));
+  Tensor q = poisoned({S, B, NH, HS}, DType::f32), k = poisoned({S, B, G, HS}, DType::f32);
+  Tensor v = poisoned({S, B, G, HS}, DType::f32);
+  ops::qkv_split(q, k, v, qkv);
+  for (int64_t sb = 0; sb < S * B; ++sb) {
+    const double row = double(sb * 8);  // the 8 fused values of one token start here
+    const double expect_q[] = {row + 0, row + 1, row + 4, row + 5}, expect_k[] = {row + 2, row + 6};
+    const double expect_v[] = {row + 3, row + 7};
+    for (int64_t h = 0; h < NH; ++h) ASSERT_EQ(q.item(sb * NH + h), expect_q[h]) << "q head " << h;
+    for (int64_t g = 0; g < G; ++g) {
+      ASSERT_EQ(k.item(sb * G + g), expect_k[g]) << "k head " << g;
+      ASSERT_EQ(v.item(sb * G + g), expect_v[g]) << "v head " << g;
+    }
+  }
+  // merge is the inverse (and the backward) of split.
+  Tensor merged = poisoned(qkv.shape(), DType::f32);
+  ops::qkv_merge(merged, q, k, v);
+  EXPECT_TRUE(all_close(merged, qkv, 0.0, 0.0));
+}
+
+TEST(Attention, QkvSplitWithWiderHeads) {
+  const int64_t S = 2, B = 1, NH = 6, G = 3, HS = 4, r = NH / G;
+  const Tensor qkv = randn({S, B, G, (r + 2) * HS}, DType::bf16, 40);
+  Tensor q = poisoned({S, B, NH, HS}, DType::bf16), k = poisoned({S, B, G, HS}, DType::bf16);
+  Tensor v = poisoned({S, B, G, HS}, DType::bf16);
+  ops::qkv_split(q, k, v, qkv);
+  for (int64_t sb = 0; sb < S * B; ++sb)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t d = 0; d < HS; ++d) {
+        const int64_t block = (sb * G + g) * (r + 2) * HS;
+        for (int64_t t = 0; t < r; ++t)
+          ASSERT_EQ(q.item((sb * NH + g * r + t) * HS + d), qkv.item(block + t * HS + d)) << g << "," << t;
+        ASSERT_EQ(k.item((sb * G + g) * HS + d), qkv.item(block + r * HS + d));
+        ASSERT_EQ(v.item((sb * G + g) * HS + d), qkv.item(block + (r + 1) * HS + d));
+      }
+}
+
+TEST(Attention, RejectsBadArguments) {
+  const Tensor q = randn({kS, kB, kNH, kHS}, DType::f32, 1), v = randn({kS, kB, kG, kHS}, DType::f32, 2);
+  Tensor out = Tensor::empty(q.shape(), DType::f32), lse = Tensor::empty({kB, kNH, kS}, DType::f32);
+  const Tensor k3 = randn({kS, kB, 3, kHS}, DType::f32, 3);  // 4 heads do not group over 3
+  EXPECT_TRUE(throws_error_naming([&] { ops::attention_forward(out, lse, q, k3, k3, params(true, 0.0f)); }, "NH % G"));
+  Tensor lse64 = Tensor::empty({kB, kNH, kS}, DType::f64);
+  EXPECT_TRUE(
+      throws_error_naming([&] { ops::attention_forward(out, lse64, q, v, v, params(true, 0.0f)); }, "attention lse"));
+  EXPECT_TRUE(throws_error_naming([&] { ops::attention_forward(out, lse, q, v, v, params(true, 1.0f)); }, "dropout"));
+  Tensor bad_qkv = Tensor::empty({kS, kB, kG, 3 * kHS}, DType::f32);  // needs (r+2)*HS = 4*HS
+  Tensor q2 = q.clone(), k2 = v.clone(), v2 = v.clone();
+  EXPECT_TRUE(throws_error_naming([&] { ops::qkv_split(q2, k2, v2, bad_qkv); }, "qkv"));
+}

@@ -1,0 +1,180 @@
+#include <gtest/gtest.h>
+
+#include "megatron/ops/gemm.h"
+#include "op_test_util.h"
+
+using namespace megatron;
+using namespace megatron::test;
+using megatron::ops::MatmulParams;
+using megatron::ops::Transpose;
+
+namespace {
+
+// C = alpha op(A) op(B) + beta C0 by plain loops in double.
+Tensor naive_matmul(const Tensor& a, const Tensor& b, const Tensor& c0, bool ta, bool tb, double alpha, double beta) {
+  const int64_t m = c0.dim(0), n = c0.dim(1), k = ta ? a.dim(0) : a.dim(1);
+  Tensor c = Tensor::zeros({m, n}, DType::f64);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double av = ta ? a.item(p * m + i) : a.item(i * k + p);
+        const double bv = tb ? b.item(j * k + p) : b.item(p * n + j);
+        s += av * bv;
+      }
+      c.set_item(i * n + j, alpha * s + beta * c0.item(i * n + j));
+    }
+  }
+  return c;
+}
+
+struct LinearGrads {
+  Tensor dx, dw, db;
+};
+
+LinearGrads run_linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w) {
+  const DType acc = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  LinearGrads g{poisoned(x.shape(), x.dtype()), Tensor::zeros(w.shape(), acc), Tensor::zeros({w.dim(0)}, acc)};
+  ops::linear_backward(g.dx, g.dw, g.db, dy, x, w);
+  return g;
+}
+
+constexpr int64_t kS = 5, kB = 2, kIn = 8, kOut = 6;
+
+}  // namespace
+
+TEST(Matmul, AllTransposeCombinationsMatchNaiveLoops) {
+  const int64_t m = 5, n = 7, k = 3;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, DType::f64, 1);
+      const Tensor b = randn(tb ? Shape{n, k} : Shape{k, n}, DType::f64, 2);
+      const Tensor c0 = randn({m, n}, DType::f64, 3);
+      const Tensor expected = naive_matmul(a, b, c0, ta, tb, 0.5, 2.0);
+      const MatmulParams p{ta ? Transpose::yes : Transpose::no, tb ? Transpose::yes : Transpose::no, 0.5f, 2.0f};
+      Tensor c = c0.clone();
+      ops::matmul(c, a, b, p);
+      // dgemm vs loops in double: both O(k) roundings of O(1) terms, k = 3.
+      EXPECT_TRUE(matches_reference(c, expected, 0x1p-53, 16.0)) << "f64 ta=" << ta << " tb=" << tb;
+
+      // The same product in f32 and with bf16 operands into an f32 C (inputs are bf16-exact).
+      // Each element is a k-term dot product plus the beta term: at most (k + 2) roundings in f32.
+      for (DType in : {DType::f32, DType::bf16}) {
+        Tensor c32 = c0.to(DType::f32);
+        ops::matmul(c32, a.to(in), b.to(in), p);
+        EXPECT_TRUE(matches_reference(c32, expected, kUnitRoundoffF32, double(k + 2)))
+            << dtype_name(in) << " ta=" << ta << " tb=" << tb;
+      }
+    }
+  }
+}
+
+TEST(Matmul, Bf16OutputRoundsOnceAndBetaZeroIgnoresOldC) {
+  const Tensor a = randn({4, 8}, DType::bf16, 4), b = randn({8, 3}, DType::bf16, 5);
+  Tensor c = poisoned({4, 3}, DType::bf16);  // beta = 0: C is written, never read
+  ops::matmul(c, a, b, {});
+  ASSERT_TRUE(all_finite(c));
+  const Tensor expected =
+      naive_matmul(a.to(DType::f64), b.to(DType::f64), Tensor::zeros({4, 3}, DType::f64), false, false, 1.0, 0.0);
+  // f32 accumulation (8 terms, ~2^-21 relative) then one rounding to bf16 (<= u |c|): factor 2.
+  EXPECT_TRUE(matches_reference(c, expected, kUnitRoundoffBf16, 2.0));
+}
+
+TEST(Matmul, RejectsMismatchedShapesAndDtypes) {
+  Tensor c = Tensor::zeros({4, 3}, DType::f32);
+  EXPECT_THROW(ops::matmul(c, randn({4, 8}, DType::f32, 1), randn({7, 3}, DType::f32, 2), {}), Error);
+  EXPECT_THROW(ops::matmul(c, randn({4, 8}, DType::f32, 1), randn({8, 4}, DType::f32, 2), {}), Error);
+  EXPECT_THROW(ops::matmul(c, randn({4, 8}, DType::f32, 1), randn({8, 3}, DType::bf16, 2), {}), Error);
+  Tensor c16 = Tensor::zeros({4, 3}, DType::bf16);
+  EXPECT_THROW(ops::matmul(c16, randn({4, 8}, DType::f32, 1), randn({8, 3}, DType::f32, 2), {}), Error);
+}
+
+TEST(Linear, GradientsMatchFiniteDifferences) {
+  for (bool with_bias : {true, false}) {
+    Tensor x = randn({kS, kB, kIn}, DType::f64, 10);  // leading dims (S,B) are flattened to rows
+    Tensor w = randn({kOut, kIn}, DType::f64, 11);
+    Tensor b = with_bias ? randn({kOut}, DType::f64, 12) : Tensor();
+    const Tensor r = randn({kS, kB, kOut}, DType::f64, 13);
+    const auto loss = [&] {
+      Tensor y = Tensor::empty({kS, kB, kOut}, DType::f64);
+      ops::linear_forward(y, x, w, b);
+      return sum_product(y, r);
+    };
+    Tensor dx = poisoned(x.shape(), DType::f64), dw = Tensor::zeros(w.shape(), DType::f64);
+    Tensor db = with_bias ? Tensor::zeros({kOut}, DType::f64) : Tensor();
+    ops::linear_backward(dx, dw, db, r, x, w);  // dL/dy = R
+    EXPECT_TRUE(grad_close(dx, numeric_grad(x, loss))) << "dx, bias " << with_bias;
+    EXPECT_TRUE(grad_close(dw, numeric_grad(w, loss))) << "dw, bias " << with_bias;
+    if (with_bias) {
+      EXPECT_TRUE(grad_close(db, numeric_grad(b, loss))) << "db";
+    }
+  }
+}
+
+TEST(Linear, LowerPrecisionMatchesF64) {
+  const Tensor x = randn({kS, kB, kIn}, DType::f64, 20), w = randn({kOut, kIn}, DType::f64, 21);
+  const Tensor b = randn({kOut}, DType::f64, 22), dy = randn({kS, kB, kOut}, DType::f64, 23);
+  Tensor y64 = Tensor::empty({kS, kB, kOut}, DType::f64);
+  ops::linear_forward(y64, x, w, b);
+  const LinearGrads g64 = run_linear_backward(dy, x, w);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor y = poisoned({kS, kB, kOut}, dt);
+    ops::linear_forward(y, x.to(dt), w.to(dt), b.to(dt));
+    const LinearGrads g = run_linear_backward(dy.to(dt), x.to(dt), w.to(dt));
+    const double u = unit_roundoff(dt);
+    // Activations (y, dx): dot products of K <= 8 terms accumulate in f32, error <= K u32 of the
+    // operand magnitudes; bf16 adds one rounding of the result (<= u16). Factors: 8 for f32, 2 for bf16.
+    const double factor = dt == DType::f32 ? 8.0 : 2.0;
+    EXPECT_TRUE(matches_reference(y, y64, u, factor)) << dtype_name(dt) << " y";
+    EXPECT_TRUE(matches_reference(g.dx, g64.dx, u, factor)) << dtype_name(dt) << " dx";
+    // Parameter gradients are f32 for both: sums of N = 10 products, no bf16 rounding at all.
+    EXPECT_TRUE(matches_reference(g.dw, g64.dw, kUnitRoundoffF32, 10.0)) << dtype_name(dt) << " dw";
+    EXPECT_TRUE(matches_reference(g.db, g64.db, kUnitRoundoffF32, 10.0)) << dtype_name(dt) << " db";
+  }
+}
+
+TEST(Linear, ParameterGradientsAccumulateActivationGradientsOverwrite) {
+  const Tensor x = randn({kS * kB, kIn}, DType::f32, 30), w = randn({kOut, kIn}, DType::f32, 31);
+  const Tensor dy = randn({kS * kB, kOut}, DType::f32, 32);
+  const LinearGrads once = run_linear_backward(dy, x, w);
+  ASSERT_TRUE(all_finite(once.dx));  // started as NaN: fully overwritten
+
+  Tensor dx = filled(x.shape(), DType::f32, 123.0);
+  Tensor dw = Tensor::zeros(w.shape(), DType::f32), db = Tensor::zeros({kOut}, DType::f32);
+  ops::linear_backward(dx, dw, db, dy, x, w);
+  ops::linear_backward(dx, dw, db, dy, x, w);
+  // Same arithmetic twice: the second call adds exactly the first result again (G + G = 2G exactly).
+  for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_EQ(dw.item(i), 2.0 * once.dw.item(i)) << "dw " << i;
+  for (int64_t i = 0; i < db.numel(); ++i) ASSERT_EQ(db.item(i), 2.0 * once.db.item(i)) << "db " << i;
+  for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_EQ(dx.item(i), once.dx.item(i)) << "dx " << i;
+}
+
+TEST(Linear, Bf16WeightGradientAccumulatesIntoF32MainGrad) {
+  const Tensor x = randn({kS * kB, kIn}, DType::bf16, 40), w = randn({kOut, kIn}, DType::bf16, 41);
+  const Tensor dy = randn({kS * kB, kOut}, DType::bf16, 42);
+  const Tensor main_grad0 = randn({kOut, kIn}, DType::f32, 43, 1000.0);
+  Tensor main_grad = main_grad0.clone();
+  Tensor no_dx, no_db;  // undefined: skipped
+  ops::linear_backward(no_dx, main_grad, no_db, dy, x, w);
+  const Tensor fresh = run_linear_backward(dy, x, w).dw;
+  // main_grad = old + dy^T x: one f32 addition on top of the fresh gradient (terms ~1000).
+  Tensor expected = Tensor::empty(main_grad.shape(), DType::f64);
+  for (int64_t i = 0; i < expected.numel(); ++i) expected.set_item(i, main_grad0.item(i) + fresh.item(i));
+  EXPECT_TRUE(matches_reference(main_grad, expected, kUnitRoundoffF32, 4.0));
+}
+
+TEST(Linear, RejectsBadShapesAndDtypes) {
+  const Tensor x = randn({4, kIn}, DType::f32, 1), w = randn({kOut, kIn}, DType::f32, 2);
+  Tensor y = Tensor::empty({4, kOut}, DType::f32);
+  Tensor bad_y = Tensor::empty({4, kOut + 1}, DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::linear_forward(bad_y, x, w, Tensor()); }, "linear y"));
+  EXPECT_THROW(ops::linear_forward(y, randn({4, kIn + 1}, DType::f32, 3), w, Tensor()), Error);
+  EXPECT_THROW(ops::linear_forward(y, x, w, randn({kOut + 1}, DType::f32, 4)), Error);
+  Tensor dx = Tensor::empty(x.shape(), DType::f32), db;
+  Tensor dw_bf16 = Tensor::zeros(w.shape(), DType::bf16);  // main grads are f32
+  EXPECT_TRUE(throws_error_naming(
+      [&] {
+        ops::linear_backward(dx, dw_bf16, db, randn({4, kOut}, DType::f32, 5), x, w);
+      },
+      "linear dweight"));
+}

@@ -1,0 +1,163 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "megatron/ops/norm.h"
+#include "op_test_util.h"
+
+using namespace megatron;
+using namespace megatron::test;
+using megatron::ops::NormKind;
+using megatron::ops::NormParams;
+
+namespace {
+
+constexpr int64_t kS = 5, kB = 2, kC = 8, kN = kS * kB;
+
+DType stat_dtype(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
+
+struct NormRun {
+  Tensor y, mean, rstd, dx, dw, db;
+};
+
+// Forward then backward in x's dtype, with NaN-poisoned outputs and zeroed parameter gradients.
+NormRun run_norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& dy, const NormParams& p) {
+  const DType dt = x.dtype(), st = stat_dtype(dt);
+  const bool ln = p.kind == NormKind::layernorm;
+  NormRun r{poisoned(x.shape(), dt), ln ? poisoned({kN}, st) : Tensor(),
+            poisoned({kN}, st),      poisoned(x.shape(), dt),
+            Tensor::zeros({kC}, st), b.defined() ? Tensor::zeros({kC}, st) : Tensor()};
+  ops::norm_forward(r.y, r.mean, r.rstd, x, w, b, p);
+  ops::norm_backward(r.dx, r.dw, r.db, dy, x, w, r.mean, r.rstd, p);
+  return r;
+}
+
+const NormParams kLayerNorm{NormKind::layernorm, 1e-5f};
+const NormParams kRmsNorm{NormKind::rmsnorm, 1e-5f};
+
+}  // namespace
+
+TEST(Norm, KnownValues) {
+  // LayerNorm of [1, 2, 3, 4]: mean 2.5, biased variance 1.25. RMSNorm of [3, 4]: mean square 12.5.
+  const Tensor x = Tensor::from_vector({1, 2, 3, 4}, {1, 4}, DType::f64);
+  Tensor y = Tensor::empty({1, 4}, DType::f64), mean = Tensor::empty({1}, DType::f64);
+  Tensor rstd = Tensor::empty({1}, DType::f64);
+  ops::norm_forward(y, mean, rstd, x, filled({4}, DType::f64, 2.0), filled({4}, DType::f64, 0.5), kLayerNorm);
+  const double s = 1.0 / std::sqrt(1.25 + double(1e-5f));
+  EXPECT_DOUBLE_EQ(mean.item(0), 2.5);
+  EXPECT_DOUBLE_EQ(rstd.item(0), s);
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(y.item(i), (i + 1 - 2.5) * s * 2.0 + 0.5);
+
+  const Tensor x2 = Tensor::from_vector({3, 4}, {1, 2}, DType::f64);
+  Tensor y2 = Tensor::empty({1, 2}, DType::f64), no_mean;
+  ops::norm_forward(y2, no_mean, rstd, x2, filled({2}, DType::f64, 1.0), Tensor(), kRmsNorm);
+  const double s2 = 1.0 / std::sqrt(12.5 + double(1e-5f));
+  EXPECT_DOUBLE_EQ(y2.item(0), 3.0 * s2);
+  EXPECT_DOUBLE_EQ(y2.item(1), 4.0 * s2);
+}
+
+TEST(Norm, GradientsMatchFiniteDifferences) {
+  for (const NormParams& p : {kLayerNorm, kRmsNorm}) {
+    const bool ln = p.kind == NormKind::layernorm;
+    Tensor x = randn({kS, kB, kC}, DType::f64, 1, 2.0);
+    Tensor w = randn({kC}, DType::f64, 2);
+    Tensor b = ln ? randn({kC}, DType::f64, 3) : Tensor();
+    const Tensor r = randn({kS, kB, kC}, DType::f64, 4);
+    const auto loss = [&] {
+      Tensor y = Tensor::empty(x.shape(), DType::f64), rstd = Tensor::empty({kN}, DType::f64);
+      Tensor mean = ln ? Tensor::empty({kN}, DType::f64) : Tensor();
+      ops::norm_forward(y, mean, rstd, x, w, b, p);
+      return sum_product(y, r);
+    };
+    const NormRun run = run_norm(x, w, b, r, p);
+    const char* kind = ln ? "layernorm" : "rmsnorm";
+    EXPECT_TRUE(grad_close(run.dx, numeric_grad(x, loss))) << kind << " dx";
+    EXPECT_TRUE(grad_close(run.dw, numeric_grad(w, loss))) << kind << " dw";
+    if (ln) {
+      EXPECT_TRUE(grad_close(run.db, numeric_grad(b, loss))) << kind << " db";
+    }
+  }
+}
+
+TEST(Norm, LowerPrecisionMatchesF64) {
+  for (const NormParams& p : {kLayerNorm, kRmsNorm}) {
+    const bool ln = p.kind == NormKind::layernorm;
+    const Tensor x = randn({kS, kB, kC}, DType::f64, 10, 2.0), w = randn({kC}, DType::f64, 11);
+    const Tensor b = ln ? randn({kC}, DType::f64, 12) : Tensor(), dy = randn({kS, kB, kC}, DType::f64, 13);
+    const NormRun ref = run_norm(x, w, b, dy, p);
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const NormRun run = run_norm(x.to(dt), w.to(dt), ln ? b.to(dt) : Tensor(), dy.to(dt), p);
+      const std::string what = std::string(ln ? "layernorm " : "rmsnorm ") + dtype_name(dt);
+      // Statistics are f32 for both dtypes: sums of C = 8 terms, a division and a square root,
+      // about C + 4 roundings in f32.
+      if (ln) {
+        EXPECT_TRUE(matches_reference(run.mean, ref.mean, kUnitRoundoffF32, kC + 4)) << what << " mean";
+      }
+      EXPECT_TRUE(matches_reference(run.rstd, ref.rstd, kUnitRoundoffF32, kC + 4)) << what << " rstd";
+      // y and dx: the f32 statistics' error times a few more operations (2C + 8 roundings), then
+      // for bf16 one rounding of the result (factor 2 leaves room for the f32 part, 2^-16 smaller).
+      const double u = unit_roundoff(dt), factor = dt == DType::f32 ? 2 * kC + 8 : 2.0;
+      EXPECT_TRUE(matches_reference(run.y, ref.y, u, factor)) << what << " y";
+      EXPECT_TRUE(matches_reference(run.dx, ref.dx, u, factor)) << what << " dx";
+      // Parameter gradients stay f32: N = 10 row terms each on top of the per-row error above.
+      EXPECT_TRUE(matches_reference(run.dw, ref.dw, kUnitRoundoffF32, 2 * kC + 8 + kN)) << what << " dw";
+      if (ln) {
+        EXPECT_TRUE(matches_reference(run.db, ref.db, kUnitRoundoffF32, kN)) << what << " db";
+      }
+    }
+  }
+}
+
+TEST(Norm, OutputsFullyWrittenParameterGradientsAccumulate) {
+  const Tensor x = randn({kN, kC}, DType::f32, 20), w = randn({kC}, DType::f32, 21), b = randn({kC}, DType::f32, 22);
+  const Tensor dy = randn({kN, kC}, DType::f32, 23);
+  const NormRun fresh = run_norm(x, w, b, dy, kLayerNorm);  // outputs started as NaN
+  for (const Tensor* t : {&fresh.y, &fresh.mean, &fresh.rstd, &fresh.dx}) ASSERT_TRUE(all_finite(*t));
+
+  const Tensor dw0 = randn({kC}, DType::f32, 24), db0 = randn({kC}, DType::f32, 25);
+  Tensor dx = filled({kN, kC}, DType::f32, -7.0), dw = dw0.clone(), db = db0.clone();
+  ops::norm_backward(dx, dw, db, dy, x, w, fresh.mean, fresh.rstd, kLayerNorm);
+  for (int64_t c = 0; c < kC; ++c) {
+    // dw = dw0 + (the gradient from zero): the same float sum added once.
+    ASSERT_EQ(dw.item(c), double(float(dw0.item(c)) + float(fresh.dw.item(c)))) << c;
+    ASSERT_EQ(db.item(c), double(float(db0.item(c)) + float(fresh.db.item(c)))) << c;
+  }
+  EXPECT_TRUE(all_close(dx, fresh.dx, 0.0, 0.0));  // overwritten, not accumulated
+}
+
+TEST(Norm, ParallelRunMatchesSerialRunBitwise) {
+  // N * C = 1024 * 64 is above the serial threshold; the channel loop of dw, db runs in parallel too.
+  const int64_t N = 1024, C = 64;
+  const Tensor x = randn({N, C}, DType::bf16, 30), w = randn({C}, DType::bf16, 31), b = randn({C}, DType::bf16, 32);
+  const Tensor dy = randn({N, C}, DType::bf16, 33);
+  std::vector<Tensor> runs[2];
+  for (int t : {0, 1}) {
+    with_threads(t == 0 ? 1 : 2, [&] {
+      Tensor y = poisoned({N, C}, DType::bf16), mean = poisoned({N}, DType::f32), rstd = poisoned({N}, DType::f32);
+      Tensor dx = poisoned({N, C}, DType::bf16), dw = Tensor::zeros({C}, DType::f32),
+             db = Tensor::zeros({C}, DType::f32);
+      ops::norm_forward(y, mean, rstd, x, w, b, kLayerNorm);
+      ops::norm_backward(dx, dw, db, dy, x, w, mean, rstd, kLayerNorm);
+      runs[t] = {y, mean, rstd, dx, dw, db};
+    });
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_TRUE(all_finite(runs[1][i])) << i;
+    EXPECT_TRUE(all_close(runs[1][i], runs[0][i], 0.0, 0.0)) << i;
+  }
+}
+
+TEST(Norm, RejectsBadArguments) {
+  const Tensor x = randn({kN, kC}, DType::f32, 1), w = randn({kC}, DType::f32, 2);
+  Tensor y = Tensor::empty({kN, kC}, DType::f32), mean = Tensor::empty({kN}, DType::f32);
+  Tensor rstd = Tensor::empty({kN}, DType::f32), no_mean;
+  EXPECT_TRUE(throws_error_naming(
+      [&] { ops::norm_forward(y, mean, rstd, x, randn({kC + 1}, DType::f32, 3), Tensor(), kLayerNorm); },
+      "norm weight"));
+  Tensor rstd64 = Tensor::empty({kN}, DType::f64);
+  EXPECT_TRUE(
+      throws_error_naming([&] { ops::norm_forward(y, mean, rstd64, x, w, Tensor(), kLayerNorm); }, "norm rstd"));
+  EXPECT_TRUE(throws_error_naming(
+      [&] { ops::norm_forward(y, no_mean, rstd, x, w, randn({kC}, DType::f32, 4), kRmsNorm); }, "RMSNorm has no bias"));
+}

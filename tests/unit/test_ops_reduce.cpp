@@ -1,0 +1,71 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "megatron/ops/reduce.h"
+#include "op_test_util.h"
+
+using namespace megatron;
+using namespace megatron::test;
+
+TEST(Reduce, KnownSumsAccumulate) {
+  const Tensor a = Tensor::from_vector({1, 2, 3}, {3}), b = Tensor::from_vector({4, 5, 6}, {3});
+  Tensor acc = filled({1}, DType::f32, 1.0);
+  ops::sum_squares(acc, a);  // 1 + 14
+  EXPECT_EQ(acc.item(0), 15.0);
+  ops::dot(acc, a, b);  // + 32
+  EXPECT_EQ(acc.item(0), 47.0);
+  Tensor acc64 = Tensor::zeros({1}, DType::f64);
+  ops::sum_squares(acc64, a.to(DType::f64));
+  EXPECT_EQ(acc64.item(0), 14.0);
+}
+
+TEST(Reduce, CountsNonFiniteInEveryFloatingDtype) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    Tensor x = randn({100}, dt, 1);
+    x.set_item(3, nan);
+    x.set_item(50, inf);
+    x.set_item(99, -inf);
+    Tensor acc = Tensor::zeros({1}, dt == DType::f64 ? DType::f64 : DType::f32);
+    ops::count_nonfinite(acc, x);
+    ops::count_nonfinite(acc, x);
+    EXPECT_EQ(acc.item(0), 6.0) << dtype_name(dt);
+  }
+}
+
+TEST(Reduce, LargeSumsAreDoubleAccurateAndIndependentOfThreadCount) {
+  const int64_t n = 300001;  // several blocks, the last one partial
+  const Tensor x = randn({n}, DType::f32, 2), y = randn({n}, DType::f32, 3);
+  double exact_sq = 0.0, exact_dot = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    exact_sq += x.item(i) * x.item(i);
+    exact_dot += x.item(i) * y.item(i);
+  }
+  Tensor results[2][2];
+  for (int t : {0, 1}) {
+    with_threads(t == 0 ? 1 : 3, [&] {
+      results[t][0] = Tensor::zeros({1}, DType::f32);
+      results[t][1] = Tensor::zeros({1}, DType::f32);
+      ops::sum_squares(results[t][0], x);
+      ops::dot(results[t][1], x, y);
+    });
+  }
+  EXPECT_EQ(results[0][0].item(0), results[1][0].item(0));
+  EXPECT_EQ(results[0][1].item(0), results[1][1].item(0));
+  // Summed in double (error ~n 2^-53 relative, far below f32) then rounded once to the f32
+  // accumulator: within one f32 rounding of the loop sum in double (u |sum|, plus the dot's
+  // cancellation scaled by sum |x y| <= sum of squares).
+  EXPECT_NEAR(results[0][0].item(0), exact_sq, kUnitRoundoffF32 * exact_sq);
+  EXPECT_NEAR(results[0][1].item(0), exact_dot, kUnitRoundoffF32 * std::fabs(exact_dot) + 1e-9 * exact_sq);
+}
+
+TEST(Reduce, RejectsBadAccumulators) {
+  const Tensor x = randn({8}, DType::f64, 4);
+  Tensor f32_acc = Tensor::zeros({1}, DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::sum_squares(f32_acc, x); }, "sum_squares acc"));  // f64 input: f64 acc
+  Tensor two = Tensor::zeros({2}, DType::f64);
+  EXPECT_TRUE(throws_error_naming([&] { ops::sum_squares(two, x); }, "sum_squares acc"));
+  EXPECT_TRUE(throws_error_naming([&] { ops::dot(two, x, randn({7}, DType::f64, 5)); }, "dot b"));
+}

@@ -1,0 +1,151 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "megatron/ops/rope.h"
+#include "op_test_util.h"
+
+using namespace megatron;
+using namespace megatron::test;
+using megatron::ops::RopeParams;
+
+namespace {
+
+constexpr int64_t kS = 5, kB = 2, kH = 3, kD = 8;
+
+// Megatron's formulation, written independently of the kernel's pair loop:
+//   emb = [freqs, freqs] (or each freq repeated twice when interleaved), freqs = pos * inv_freq (float32)
+//   y = x cos(emb) + rotate_half(x) sin(emb) on the first rot_dim channels,
+//   rotate_half([x1, x2]) = [-x2, x1]  (interleaved: [-x1, x0, -x3, x2, ...])
+Tensor reference_rope(const Tensor& x, const RopeParams& p) {
+  const int64_t S = x.dim(0), B = x.dim(1), H = x.dim(2), D = x.dim(3);
+  const auto rot = int64_t(double(D) * double(p.percent));
+  Tensor y = x.clone();
+  for (int64_t s = 0; s < S; ++s) {
+    std::vector<double> emb(static_cast<size_t>(rot));
+    for (int64_t c = 0; c < rot; ++c) {
+      const int64_t j = p.interleaved ? c / 2 : c % (rot / 2);
+      const float inv_freq = 1.0f / std::pow(p.base, float(2 * j) / float(rot));
+      emb[size_t(c)] = double(float(p.position_offset + s) * inv_freq);
+    }
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const int64_t base = (s * B * H + bh) * D;
+      for (int64_t c = 0; c < rot; ++c) {
+        double rotated;
+        if (p.interleaved) {
+          rotated = c % 2 == 0 ? -x.item(base + c + 1) : x.item(base + c - 1);
+        } else {
+          rotated = c < rot / 2 ? -x.item(base + c + rot / 2) : x.item(base + c - rot / 2);
+        }
+        y.set_item(base + c, x.item(base + c) * std::cos(emb[size_t(c)]) + rotated * std::sin(emb[size_t(c)]));
+      }
+    }
+  }
+  return y;
+}
+
+const RopeParams kVariants[] = {
+    {10000.0f, 1.0f, false, 0},
+    {10000.0f, 0.5f, false, 3},
+    {500000.0f, 1.0f, true, 7},
+    {10000.0f, 0.5f, true, 0},
+};
+
+}  // namespace
+
+TEST(Rope, KnownRotation) {
+  // D = 4, position 1: inv_freq[0] = 1, so the first pair turns by exactly 1 radian.
+  const Tensor x = Tensor::from_vector({1, 0, 0, 0}, {1, 1, 1, 4}, DType::f64);
+  Tensor y = Tensor::empty({1, 1, 1, 4}, DType::f64);
+  ops::rope_forward(y, x, {10000.0f, 1.0f, false, 1});  // pairs (0, 2), (1, 3)
+  EXPECT_DOUBLE_EQ(y.item(0), std::cos(1.0));
+  EXPECT_DOUBLE_EQ(y.item(1), 0.0);
+  EXPECT_DOUBLE_EQ(y.item(2), std::sin(1.0));
+  EXPECT_DOUBLE_EQ(y.item(3), 0.0);
+  ops::rope_forward(y, x, {10000.0f, 1.0f, true, 1});  // pairs (0, 1), (2, 3)
+  EXPECT_DOUBLE_EQ(y.item(0), std::cos(1.0));
+  EXPECT_DOUBLE_EQ(y.item(1), std::sin(1.0));
+  EXPECT_DOUBLE_EQ(y.item(2), 0.0);
+}
+
+TEST(Rope, MatchesMegatronFormulation) {
+  const Tensor x = randn({kS, kB, kH, kD}, DType::f64, 1);
+  for (const RopeParams& p : kVariants) {
+    Tensor y = poisoned(x.shape(), DType::f64);
+    ops::rope_forward(y, x, p);
+    // Same angles, same cos/sin, a different order of two products: a few ulp.
+    EXPECT_TRUE(matches_reference(y, reference_rope(x, p), 0x1p-53, 4.0))
+        << "percent " << p.percent << " interleaved " << p.interleaved;
+  }
+}
+
+TEST(Rope, PartialRotaryLeavesTailAndInverseRestoresInput) {
+  const Tensor x = randn({kS, kB, kH, kD}, DType::f64, 2);
+  for (const RopeParams& p : kVariants) {
+    Tensor y = poisoned(x.shape(), DType::f64);
+    ops::rope_forward(y, x, p);
+    const auto rot = int64_t(kD * p.percent);
+    for (int64_t row = 0; row < x.numel() / kD; ++row)
+      for (int64_t c = rot; c < kD; ++c) ASSERT_EQ(y.item(row * kD + c), x.item(row * kD + c)) << "tail channel " << c;
+    // Rotations are orthogonal: backward (the inverse rotation) of forward gives x back.
+    Tensor back = poisoned(x.shape(), DType::f64);
+    ops::rope_backward(back, y, p);
+    EXPECT_TRUE(all_close(back, x, 1e-15, 1e-15));
+  }
+}
+
+TEST(Rope, GradientMatchesFiniteDifferences) {
+  for (const RopeParams& p : kVariants) {
+    Tensor x = randn({kS, kB, kH, kD}, DType::f64, 3);
+    const Tensor r = randn(x.shape(), DType::f64, 4);
+    const auto loss = [&] {
+      Tensor y = Tensor::empty(x.shape(), DType::f64);
+      ops::rope_forward(y, x, p);
+      return sum_product(y, r);
+    };
+    Tensor dx = poisoned(x.shape(), DType::f64);
+    ops::rope_backward(dx, r, p);
+    EXPECT_TRUE(grad_close(dx, numeric_grad(x, loss))) << "percent " << p.percent << " interleaved " << p.interleaved;
+  }
+}
+
+TEST(Rope, InPlaceEqualsOutOfPlace) {
+  const Tensor x = randn({kS, kB, kH, kD}, DType::bf16, 5);
+  const RopeParams p{10000.0f, 0.5f, false, 2};
+  Tensor out = poisoned(x.shape(), DType::bf16);
+  ops::rope_forward(out, x, p);
+  Tensor inplace = x.clone();
+  ops::rope_forward(inplace, inplace, p);
+  EXPECT_TRUE(all_close(inplace, out, 0.0, 0.0));
+}
+
+TEST(Rope, LowerPrecisionMatchesF64) {
+  const Tensor x = randn({kS, kB, kH, kD}, DType::f64, 6), dy = randn({kS, kB, kH, kD}, DType::f64, 7);
+  for (const RopeParams& p : kVariants) {
+    Tensor y64 = Tensor::empty(x.shape(), DType::f64), dx64 = Tensor::empty(x.shape(), DType::f64);
+    ops::rope_forward(y64, x, p);
+    ops::rope_backward(dx64, dy, p);
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Tensor y = poisoned(x.shape(), dt), dx = poisoned(x.shape(), dt);
+      ops::rope_forward(y, x.to(dt), p);
+      ops::rope_backward(dx, dy.to(dt), p);
+      // Same float32 angles; cosf/sinf within 1 ulp of cos/sin of that angle, then two products and
+      // a sum: factor 4 in f32. bf16: one rounding of the result dominates: factor 2.
+      const double factor = dt == DType::f32 ? 4.0 : 2.0;
+      EXPECT_TRUE(matches_reference(y, y64, unit_roundoff(dt), factor)) << dtype_name(dt) << " y";
+      EXPECT_TRUE(matches_reference(dx, dx64, unit_roundoff(dt), factor)) << dtype_name(dt) << " dx";
+    }
+  }
+}
+
+TEST(Rope, RejectsBadArguments) {
+  const Tensor x = randn({kS, kB, kH, 6}, DType::f32, 1);
+  Tensor y = Tensor::empty(x.shape(), DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::rope_forward(y, x, {10000.0f, 0.5f, false, 0}); }, "must be even"));
+  const Tensor x3 = randn({kS, kB, 6}, DType::f32, 2);
+  Tensor y3 = Tensor::empty(x3.shape(), DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::rope_forward(y3, x3, {}); }, "rope x"));
+  Tensor wrong = Tensor::empty({kS, kB, kH, 8}, DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::rope_forward(wrong, x, {}); }, "rope y"));
+}
