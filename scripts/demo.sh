@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh release >/dev/null
+scripts/build.sh release --target megatron >/dev/null
 bin=build/release/megatron
 work="${MEGATRON_DEMO_DIR:-/tmp/megatron-demo}"
 iters="${MEGATRON_DEMO_ITERS:-600}"
@@ -45,9 +45,13 @@ echo "corpus: $(wc -l < "$work/fortunes.jsonl") fortunes, $(du -h "$work/fortune
   --save "$work/checkpoints" --save-interval "$iters" --metrics-file "$work/metrics.jsonl" \
   --device cpu
 
+# Iteration 1's loss is measured before the first update: the fresh model's loss.
+loss_of() { sed -nE "/\"kind\":\"$1\"/s/.*\"iteration\":([0-9]+),.*\"lm_loss\":([0-9.eE+-]+).*/\1 \2/p" "$work/metrics.jsonl"; }
+initial=$(loss_of train | awk '$1 == 1 { print $2 }')
 echo
-echo "validation loss by iteration (from $work/metrics.jsonl):"
-grep '"validation"' "$work/metrics.jsonl" | sed -E 's/.*"iteration":([0-9]+).*"lm_loss":([0-9.eE+-]+).*/  \1  \2/'
+echo "loss of the fresh model (iteration 1, before any update): $initial"
+echo "validation loss by iteration:"
+loss_of validation | awk -v init="$initial" '{ printf "  %5d  %.3f  (%.0f%% of initial)\n", $1, $2, 100 * $2 / init }'
 echo
 "$bin" generate --load "$work/checkpoints" --prompt "The " --max-new-tokens 200 --num-samples 3 \
   --temperature 0.8 --top-k 20 --seed 7

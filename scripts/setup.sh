@@ -3,7 +3,7 @@
 # Idempotent and quiet when everything is present. Needs root (or sudo) to install.
 set -euo pipefail
 
-packages=(g++ cmake ninja-build ccache pkg-config libopenblas-dev libyaml-cpp-dev nlohmann-json3-dev
+packages=(g++ cmake ninja-build ccache pkg-config libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev
           libgtest-dev fortunes-min fortunes)
 
 missing=()

@@ -1,12 +1,12 @@
 #pragma once
 // Helpers for end-to-end tests: temporary directories and running the `megatron` binary.
+#include <sys/wait.h>
+
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-
-#include <sys/wait.h>
 
 namespace megatron::testing {
 

@@ -25,7 +25,9 @@ void expect_failure(const std::string& args, const std::string& needle) {
 
 void write_jsonl(const std::string& path) {
   std::ofstream out(path);
-  for (int i = 0; i < 50; ++i) out << R"({"text": "document number )" << i << R"( has some words in it."})" << "\n";
+  for (int i = 0; i < 50; ++i)
+    out << R"({"text": "document number )" << i << R"( has some words in it."})"
+        << "\n";
 }
 
 void flip_byte(const std::string& path, std::streamoff offset) {
@@ -38,12 +40,16 @@ void flip_byte(const std::string& path, std::streamoff offset) {
 }
 }  // namespace
 
-TEST(BadInput, UnknownFlagSuggestsTheRightOne) { expect_failure("train --num-layerz 2" + kTiny + kMock, "--num-layers"); }
+TEST(BadInput, UnknownFlagSuggestsTheRightOne) {
+  expect_failure("train --num-layerz 2" + kTiny + kMock, "--num-layers");
+}
 
 TEST(BadInput, HeadsMustDivideHidden) {
-  expect_failure("train --num-layers 2 --hidden-size 30 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
-                 " --train-iters 2 --lr 1e-3" + kMock,
-                 "--num-attention-heads");
+  expect_failure(
+      "train --num-layers 2 --hidden-size 30 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
+      " --train-iters 2 --lr 1e-3" +
+          kMock,
+      "--num-attention-heads");
 }
 
 TEST(BadInput, NonexistentDataPath) {
@@ -74,4 +80,6 @@ TEST(BadInput, CheckpointWithFlippedByte) {
   expect_failure("generate --load " + dir / "ckpt", "model_rank_00000.safetensors");
 }
 
-TEST(BadInput, LoadWithoutCheckpointForGenerate) { expect_failure("generate --load /nonexistent/ckpt", "/nonexistent/ckpt"); }
+TEST(BadInput, LoadWithoutCheckpointForGenerate) {
+  expect_failure("generate --load /nonexistent/ckpt", "/nonexistent/ckpt");
+}

@@ -13,11 +13,35 @@ using megatron::testing::TempDir;
 
 namespace {
 std::vector<std::string> tiny_run(const std::string& extra_iters) {
-  return {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-          "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", extra_iters,
-          "--lr", "1e-3", "--lr-decay-style", "cosine", "--lr-warmup-iters", "3",
-          "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
-          "--log-interval", "5", "--device", "cpu"};
+  return {"--num-layers",
+          "2",
+          "--hidden-size",
+          "32",
+          "--num-attention-heads",
+          "4",
+          "--seq-length",
+          "16",
+          "--micro-batch-size",
+          "2",
+          "--global-batch-size",
+          "4",
+          "--train-iters",
+          extra_iters,
+          "--lr",
+          "1e-3",
+          "--lr-decay-style",
+          "cosine",
+          "--lr-warmup-iters",
+          "3",
+          "--mock-data",
+          "--tokenizer-type",
+          "NullTokenizer",
+          "--vocab-size",
+          "100",
+          "--log-interval",
+          "5",
+          "--device",
+          "cpu"};
 }
 
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
@@ -33,15 +57,14 @@ TEST(Training, ResumeIsBitExact) {
   // Dropout on (masks are counter-based), bf16 compute with fp32 master weights and gradient
   // accumulation over 2 micro-batches: every piece of state must survive the checkpoint.
   // The LR schedule is pinned with --lr-decay-iters so the 10-iteration run schedules like the 20.
-  const std::vector<std::string> common = {"--bf16", "--attention-dropout", "0.1", "--hidden-dropout", "0.1",
-                                           "--lr-decay-iters", "20"};
+  const std::vector<std::string> common = {"--bf16", "--attention-dropout", "0.1", "--hidden-dropout",
+                                           "0.1",    "--lr-decay-iters",    "20"};
   const TrainingSummary straight = pretrain(parse_training_args(with(tiny_run("20"), common)));
   ASSERT_EQ(straight.train_losses.size(), 20u);
 
   const std::string ckpt = dir / "ckpt";
   pretrain(parse_training_args(with(tiny_run("10"), with(common, {"--save", ckpt, "--save-interval", "10"}))));
-  const TrainingSummary resumed =
-      pretrain(parse_training_args(with(tiny_run("20"), with(common, {"--load", ckpt}))));
+  const TrainingSummary resumed = pretrain(parse_training_args(with(tiny_run("20"), with(common, {"--load", ckpt}))));
   ASSERT_EQ(resumed.train_losses.size(), 10u);
   for (size_t i = 0; i < 10; ++i)
     EXPECT_TRUE(bit_equal(straight.train_losses[10 + i], resumed.train_losses[i]))

@@ -23,7 +23,7 @@ TEST(DType, F16KnownEncodings) {
   EXPECT_EQ(f16(1.0f).bits, 0x3C00);
   EXPECT_EQ(f16(-2.0f).bits, 0xC000);
   EXPECT_EQ(f16(65504.0f).bits, 0x7BFF);
-  EXPECT_EQ(f16(65520.0f).bits, 0x7C00);              // rounds up to infinity
+  EXPECT_EQ(f16(65520.0f).bits, 0x7C00);                // rounds up to infinity
   EXPECT_EQ(f16(5.960464477539063e-08f).bits, 0x0001);  // smallest subnormal 2^-24
   EXPECT_EQ(f16(0.0f).bits, 0x0000);
   // Every half value survives a round trip through float.

@@ -114,7 +114,9 @@ double initial_loss(int64_t vocab, int64_t divisible_by) {
 
 }  // namespace
 
-TEST(GPTModel, Gpt2StyleGradientsMatchFiniteDifferences) { check_gradients_by_finite_differences(gpt2_style(DType::f64)); }
+TEST(GPTModel, Gpt2StyleGradientsMatchFiniteDifferences) {
+  check_gradients_by_finite_differences(gpt2_style(DType::f64));
+}
 
 TEST(GPTModel, LlamaStyleGradientsMatchFiniteDifferences) {
   check_gradients_by_finite_differences(llama_style(DType::f64));

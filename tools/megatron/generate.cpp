@@ -1,4 +1,6 @@
 // megatron generate: load a checkpoint written by `megatron train --save` and sample text.
+#include "megatron/inference/generate.h"
+
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -6,7 +8,6 @@
 #include "commands.h"
 #include "megatron/core/error.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
-#include "megatron/inference/generate.h"
 #include "megatron/training/checkpoint_io.h"
 
 namespace megatron::tools {
@@ -44,14 +45,22 @@ GenerateArgs parse(const Args& args) {
         MEGATRON_FAIL(flag << " " << v << " is not a number");
       }
     };
-    if (flag == "--load") g.load = value();
-    else if (flag == "--prompt") g.prompt = value();
-    else if (flag == "--max-new-tokens") number(g.max_new_tokens);
-    else if (flag == "--num-samples") number(g.num_samples);
-    else if (flag == "--temperature") number(g.temperature);
-    else if (flag == "--top-k") number(g.top_k);
-    else if (flag == "--seed") number(g.seed);
-    else MEGATRON_FAIL("unknown flag " << flag << "\n" << kHelp);
+    if (flag == "--load")
+      g.load = value();
+    else if (flag == "--prompt")
+      g.prompt = value();
+    else if (flag == "--max-new-tokens")
+      number(g.max_new_tokens);
+    else if (flag == "--num-samples")
+      number(g.num_samples);
+    else if (flag == "--temperature")
+      number(g.temperature);
+    else if (flag == "--top-k")
+      number(g.top_k);
+    else if (flag == "--seed")
+      number(g.seed);
+    else
+      MEGATRON_FAIL("unknown flag " << flag << "\n" << kHelp);
   }
   MEGATRON_CHECK(!g.load.empty(), "--load DIR is required: the --save directory of a training run\n" << kHelp);
   return g;

@@ -38,9 +38,9 @@ uint16_t f16::from_float(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
-  if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // overflow (incl. rounding up) -> inf
-  if (abs < 0x38800000u) {  // subnormal or zero in half: value = m * 2^-24
+  if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);          // NaN
+  if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);         // overflow (incl. rounding up) -> inf
+  if (abs < 0x38800000u) {                                         // subnormal or zero in half: value = m * 2^-24
     const float scaled = std::bit_cast<float>(abs) * 16777216.0f;  // exact multiply by 2^24
     // nearbyint with ties-to-even under the default rounding mode
     const float r = scaled + 12582912.0f - 12582912.0f;

@@ -45,23 +45,64 @@ struct f16 {
 // Round a float through a storage type and back: how mixed precision is emulated on the CPU.
 inline float round_to_bf16(float f) { return float(bf16(f)); }
 
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<bf16>() { return DType::bf16; }
-template <> constexpr DType dtype_of<f16>() { return DType::f16; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<uint16_t>() { return DType::u16; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::bf16;
+}
+template <>
+constexpr DType dtype_of<f16>() {
+  return DType::f16;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<uint16_t>() {
+  return DType::u16;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::u8;
+}
 
 // Arithmetic type used for a storage type: float for the 16-bit formats, itself otherwise.
-template <class T> struct compute_type { using type = T; };
-template <> struct compute_type<bf16> { using type = float; };
-template <> struct compute_type<f16> { using type = float; };
-template <class T> using compute_t = typename compute_type<T>::type;
+template <class T>
+struct compute_type {
+  using type = T;
+};
+template <>
+struct compute_type<bf16> {
+  using type = float;
+};
+template <>
+struct compute_type<f16> {
+  using type = float;
+};
+template <class T>
+using compute_t = typename compute_type<T>::type;
 
-template <class T> inline compute_t<T> load(const T& x) { return compute_t<T>(x); }
-template <class T> inline T store(compute_t<T> x) { return T(x); }
+template <class T>
+inline compute_t<T> load(const T& x) {
+  return compute_t<T>(x);
+}
+template <class T>
+inline T store(compute_t<T> x) {
+  return T(x);
+}
 
 }  // namespace megatron

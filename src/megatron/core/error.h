@@ -16,13 +16,13 @@ class Error : public std::runtime_error {
 }  // namespace megatron
 
 // MEGATRON_CHECK(cond, "value " << v << " must be ...; fix: ...");
-#define MEGATRON_CHECK(cond, msg_stream)                                 \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      std::ostringstream megatron_check_os_;                             \
-      megatron_check_os_ << msg_stream;                                  \
+#define MEGATRON_CHECK(cond, msg_stream)                                     \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::ostringstream megatron_check_os_;                                 \
+      megatron_check_os_ << msg_stream;                                      \
       ::megatron::throw_error(__FILE__, __LINE__, megatron_check_os_.str()); \
-    }                                                                    \
+    }                                                                        \
   } while (0)
 
 #define MEGATRON_FAIL(msg_stream) MEGATRON_CHECK(false, msg_stream)

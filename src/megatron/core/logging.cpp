@@ -30,8 +30,7 @@ void log_line(LogLevel level, const std::string& line) {
 std::string timestamp_now() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  const auto micros =
-      std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
   std::tm tm{};
   localtime_r(&t, &tm);
   char buf[64];

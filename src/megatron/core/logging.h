@@ -22,11 +22,11 @@ std::string timestamp_now();
 
 }  // namespace megatron
 
-#define MEGATRON_LOG(level, msg_stream)                    \
-  do {                                                     \
-    std::ostringstream megatron_log_os_;                   \
-    megatron_log_os_ << msg_stream;                        \
-    ::megatron::log_line(level, megatron_log_os_.str());   \
+#define MEGATRON_LOG(level, msg_stream)                  \
+  do {                                                   \
+    std::ostringstream megatron_log_os_;                 \
+    megatron_log_os_ << msg_stream;                      \
+    ::megatron::log_line(level, megatron_log_os_.str()); \
   } while (0)
 #define LOG_INFO(msg) MEGATRON_LOG(::megatron::LogLevel::info, msg)
 #define LOG_WARN(msg) MEGATRON_LOG(::megatron::LogLevel::warning, msg)

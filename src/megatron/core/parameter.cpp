@@ -96,8 +96,12 @@ void ParameterRegistry::initialize(uint64_t seed) {
   for (const auto& p : params_) {
     const int64_t n = p->data.numel();
     switch (p->spec.init) {
-      case InitMethod::zeros: p->data.fill(0.0); break;
-      case InitMethod::ones: p->data.fill(1.0); break;
+      case InitMethod::zeros:
+        p->data.fill(0.0);
+        break;
+      case InitMethod::ones:
+        p->data.fill(1.0);
+        break;
       case InitMethod::normal: {
         const CounterRng rng{seed, stream_id(p->spec.name)};
         for (int64_t i = 0; i < n; ++i)

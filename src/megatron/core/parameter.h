@@ -18,16 +18,16 @@ namespace megatron {
 enum class InitMethod { normal, zeros, ones };
 
 struct ParamSpec {
-  std::string name;          // global Megatron name, e.g. decoder.layers.3.mlp.linear_fc1.weight
+  std::string name;  // global Megatron name, e.g. decoder.layers.3.mlp.linear_fc1.weight
   Shape global_shape;
-  int partition_dim = -1;    // dimension split across TP ranks; -1 = replicated
+  int partition_dim = -1;  // dimension split across TP ranks; -1 = replicated
   // Independent blocks along partition_dim that are split separately (fused SwiGLU fc1 is
   // [gate; up]: 2 blocks, and rank t holds [gate_t; up_t]). 1 for ordinary layers.
   int64_t partition_blocks = 1;
   InitMethod init = InitMethod::normal;
   float init_std = 0.02f;
-  bool weight_decay = true;       // false for biases and norm weights
-  bool sequence_parallel = false; // replicated under TP but sees only a sequence shard under SP
+  bool weight_decay = true;        // false for biases and norm weights
+  bool sequence_parallel = false;  // replicated under TP but sees only a sequence shard under SP
 };
 
 struct Parameter {
@@ -35,8 +35,8 @@ struct Parameter {
   Shape local_shape;
   int tp_rank = 0;
   int tp_size = 1;
-  Tensor data;       // compute copy (params dtype), view into the parameter buffer
-  Tensor main_grad;  // accumulation buffer (f32, or f64), view into the gradient buffer
+  Tensor data;                // compute copy (params dtype), view into the parameter buffer
+  Tensor main_grad;           // accumulation buffer (f32, or f64), view into the gradient buffer
   int64_t buffer_offset = 0;  // element offset of this parameter in the flat buffers
 
   // The part of a flat buffer (same layout as the parameter buffer) that belongs to this parameter.

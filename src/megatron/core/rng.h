@@ -53,9 +53,7 @@ struct CounterRng {
   uint64_t seed = 0;
   uint64_t stream = 0;  // separates independent uses (one parameter, one dropout site, ...)
 
-  MEGATRON_HD float uniform(uint64_t index) const {
-    return uniform_from_bits(philox4x32_10(seed, stream, index).x[0]);
-  }
+  MEGATRON_HD float uniform(uint64_t index) const { return uniform_from_bits(philox4x32_10(seed, stream, index).x[0]); }
   // Standard normal by Box-Muller on the first two words of block `index`.
   MEGATRON_HD float normal(uint64_t index) const {
     const Philox4x32 r = philox4x32_10(seed, stream, index);
@@ -84,7 +82,8 @@ class HostRng {
   uint64_t uniform_int(uint64_t n);
   // Uniform double in [0, 1) with 53 random bits.
   double uniform() { return double(engine_() >> 11) * (1.0 / 9007199254740992.0); }
-  template <class It> void shuffle(It first, It last) {
+  template <class It>
+  void shuffle(It first, It last) {
     for (auto n = last - first; n > 1; --n) std::swap(first[n - 1], first[uniform_int(uint64_t(n))]);
   }
   // The engine state as text and back, for checkpoints.

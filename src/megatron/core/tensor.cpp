@@ -65,8 +65,8 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device dev
 }
 
 Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, DType dtype) {
-  MEGATRON_CHECK(int64_t(values.size()) == shape_numel(shape),
-                 values.size() << " values do not fill shape " << shape_str(shape));
+  MEGATRON_CHECK(int64_t(values.size()) == shape_numel(shape), values.size()
+                                                                   << " values do not fill shape " << shape_str(shape));
   Tensor t = empty(shape, dtype);
   for (size_t i = 0; i < values.size(); ++i) t.set_item(int64_t(i), values[i]);
   return t;
@@ -91,8 +91,8 @@ const void* Tensor::raw() const {
 }
 
 void Tensor::check_type(DType requested) const {
-  MEGATRON_CHECK(requested == dtype_, "tensor holds " << dtype_name(dtype_) << " but was read as "
-                                                      << dtype_name(requested));
+  MEGATRON_CHECK(requested == dtype_,
+                 "tensor holds " << dtype_name(dtype_) << " but was read as " << dtype_name(requested));
 }
 
 Tensor Tensor::view(const Shape& shape) const {
@@ -108,12 +108,11 @@ Tensor Tensor::view(const Shape& shape) const {
     }
   }
   if (infer >= 0) {
-    MEGATRON_CHECK(known > 0 && numel_ % known == 0,
-                   "cannot view " << shape_str(shape_) << " as " << shape_str(shape));
+    MEGATRON_CHECK(known > 0 && numel_ % known == 0, "cannot view " << shape_str(shape_) << " as " << shape_str(shape));
     s[size_t(infer)] = numel_ / known;
   }
-  MEGATRON_CHECK(shape_numel(s) == numel_, "cannot view " << shape_str(shape_) << " (" << numel_
-                                                          << " elements) as " << shape_str(s));
+  MEGATRON_CHECK(shape_numel(s) == numel_,
+                 "cannot view " << shape_str(shape_) << " (" << numel_ << " elements) as " << shape_str(s));
   Tensor t = *this;
   t.shape_ = s;
   return t;
@@ -138,38 +137,59 @@ Tensor Tensor::select(int64_t index) const {
 }
 
 namespace {
-template <class T> double read_as_double(const void* p, int64_t i) {
+template <class T>
+double read_as_double(const void* p, int64_t i) {
   return double(load(static_cast<const T*>(p)[i]));
 }
-template <class T> void write_from_double(void* p, int64_t i, double v) {
+template <class T>
+void write_from_double(void* p, int64_t i, double v) {
   static_cast<T*>(p)[i] = store<T>(compute_t<T>(v));
 }
 
 double read_element(DType dtype, const void* p, int64_t i) {
   switch (dtype) {
-    case DType::f32: return read_as_double<float>(p, i);
-    case DType::f64: return read_as_double<double>(p, i);
-    case DType::bf16: return read_as_double<bf16>(p, i);
-    case DType::f16: return read_as_double<f16>(p, i);
-    case DType::i32: return read_as_double<int32_t>(p, i);
-    case DType::i64: return double(static_cast<const int64_t*>(p)[i]);
-    case DType::u16: return read_as_double<uint16_t>(p, i);
-    case DType::u8: return read_as_double<uint8_t>(p, i);
-    default: MEGATRON_FAIL("element access is not supported for dtype " << dtype_name(dtype));
+    case DType::f32:
+      return read_as_double<float>(p, i);
+    case DType::f64:
+      return read_as_double<double>(p, i);
+    case DType::bf16:
+      return read_as_double<bf16>(p, i);
+    case DType::f16:
+      return read_as_double<f16>(p, i);
+    case DType::i32:
+      return read_as_double<int32_t>(p, i);
+    case DType::i64:
+      return double(static_cast<const int64_t*>(p)[i]);
+    case DType::u16:
+      return read_as_double<uint16_t>(p, i);
+    case DType::u8:
+      return read_as_double<uint8_t>(p, i);
+    default:
+      MEGATRON_FAIL("element access is not supported for dtype " << dtype_name(dtype));
   }
 }
 
 void write_element(DType dtype, void* p, int64_t i, double v) {
   switch (dtype) {
-    case DType::f32: return write_from_double<float>(p, i, v);
-    case DType::f64: return write_from_double<double>(p, i, v);
-    case DType::bf16: return write_from_double<bf16>(p, i, v);
-    case DType::f16: return write_from_double<f16>(p, i, v);
-    case DType::i32: return write_from_double<int32_t>(p, i, v);
-    case DType::i64: static_cast<int64_t*>(p)[i] = int64_t(v); return;
-    case DType::u16: return write_from_double<uint16_t>(p, i, v);
-    case DType::u8: return write_from_double<uint8_t>(p, i, v);
-    default: MEGATRON_FAIL("element access is not supported for dtype " << dtype_name(dtype));
+    case DType::f32:
+      return write_from_double<float>(p, i, v);
+    case DType::f64:
+      return write_from_double<double>(p, i, v);
+    case DType::bf16:
+      return write_from_double<bf16>(p, i, v);
+    case DType::f16:
+      return write_from_double<f16>(p, i, v);
+    case DType::i32:
+      return write_from_double<int32_t>(p, i, v);
+    case DType::i64:
+      static_cast<int64_t*>(p)[i] = int64_t(v);
+      return;
+    case DType::u16:
+      return write_from_double<uint16_t>(p, i, v);
+    case DType::u8:
+      return write_from_double<uint8_t>(p, i, v);
+    default:
+      MEGATRON_FAIL("element access is not supported for dtype " << dtype_name(dtype));
   }
 }
 
@@ -211,8 +231,8 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 void Tensor::copy_from(const Tensor& src) {
-  MEGATRON_CHECK(src.numel() == numel_, "copy of " << shape_str(src.shape()) << " into "
-                                                   << shape_str(shape_) << ": element counts differ");
+  MEGATRON_CHECK(src.numel() == numel_,
+                 "copy of " << shape_str(src.shape()) << " into " << shape_str(shape_) << ": element counts differ");
   require_cpu(*this, "Tensor::copy_from");
   require_cpu(src, "Tensor::copy_from");
   if (src.dtype() == dtype_) {

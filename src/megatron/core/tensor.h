@@ -65,11 +65,13 @@ class Tensor {
 
   void* raw();
   const void* raw() const;
-  template <class T> T* data() {
+  template <class T>
+  T* data() {
     check_type(dtype_of<T>());
     return static_cast<T*>(raw());
   }
-  template <class T> const T* data() const {
+  template <class T>
+  const T* data() const {
     check_type(dtype_of<T>());
     return static_cast<const T*>(raw());
   }
@@ -82,7 +84,7 @@ class Tensor {
 
   // Copies.
   Tensor clone() const;
-  Tensor to(DType dtype) const;  // converting copy (CPU)
+  Tensor to(DType dtype) const;       // converting copy (CPU)
   void copy_from(const Tensor& src);  // same numel; converts dtype (CPU)
   void fill(double value);            // CPU
   void zero();                        // any device

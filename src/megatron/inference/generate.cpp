@@ -7,8 +7,8 @@
 namespace megatron {
 
 int32_t sample_token(const std::vector<float>& logits, const SamplingParams& params, HostRng& rng) {
-  const int64_t V = params.vocab_size > 0 ? std::min<int64_t>(params.vocab_size, int64_t(logits.size()))
-                                          : int64_t(logits.size());
+  const int64_t V =
+      params.vocab_size > 0 ? std::min<int64_t>(params.vocab_size, int64_t(logits.size())) : int64_t(logits.size());
   MEGATRON_CHECK(V > 0, "no logits to sample from");
   std::vector<int32_t> order(static_cast<size_t>(V));
   std::iota(order.begin(), order.end(), 0);
@@ -21,7 +21,8 @@ int32_t sample_token(const std::vector<float>& logits, const SamplingParams& par
   const double top = logits[size_t(order[0])];
   std::vector<double> p(static_cast<size_t>(k));
   double total = 0;
-  for (int64_t i = 0; i < k; ++i) total += p[size_t(i)] = std::exp((logits[size_t(order[size_t(i)])] - top) / params.temperature);
+  for (int64_t i = 0; i < k; ++i)
+    total += p[size_t(i)] = std::exp((logits[size_t(order[size_t(i)])] - top) / params.temperature);
   double u = rng.uniform() * total;
   for (int64_t i = 0; i < k; ++i) {
     u -= p[size_t(i)];

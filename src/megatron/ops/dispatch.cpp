@@ -22,10 +22,10 @@ void require_cpu_backend(const Tensor& t, const char* op) {
 }
 }  // namespace
 
-#define MEGATRON_DISPATCH(first, fn, ...)   \
-  do {                                      \
-    require_cpu_backend(first, #fn);        \
-    return cpu::fn(__VA_ARGS__);            \
+#define MEGATRON_DISPATCH(first, fn, ...) \
+  do {                                    \
+    require_cpu_backend(first, #fn);      \
+    return cpu::fn(__VA_ARGS__);          \
   } while (0)
 
 void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& p) {
@@ -104,8 +104,7 @@ void sum_squares(Tensor& acc, const Tensor& x) { MEGATRON_DISPATCH(acc, sum_squa
 void dot(Tensor& acc, const Tensor& a, const Tensor& b) { MEGATRON_DISPATCH(acc, dot, acc, a, b); }
 void count_nonfinite(Tensor& acc, const Tensor& x) { MEGATRON_DISPATCH(acc, count_nonfinite, acc, x); }
 
-void adamw_step(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad, Tensor& model_param,
-                const AdamWParams& p) {
+void adamw_step(Tensor& master, Tensor& m, Tensor& v, const Tensor& grad, Tensor& model_param, const AdamWParams& p) {
   MEGATRON_DISPATCH(master, adamw_step, master, m, v, grad, model_param, p);
 }
 

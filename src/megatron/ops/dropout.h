@@ -5,9 +5,13 @@
 // y may alias x; dx may alias dy.
 #include <cstdint>
 
+#include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
 
 namespace megatron::ops {
+
+// The keep rule of every dropout site (here and inside attention), on every backend.
+MEGATRON_HD bool dropout_keep(const CounterRng& rng, uint64_t index, float p) { return rng.uniform(index) > p; }
 
 struct DropoutParams {
   float p = 0.0f;

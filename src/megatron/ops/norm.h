@@ -16,16 +16,16 @@ struct NormParams {
   float eps = 1e-5f;
 };
 
-void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
-                  const Tensor& bias, const NormParams& params);
-void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                   const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
+void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const NormParams& params);
+void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                   const Tensor& mean, const Tensor& rstd, const NormParams& params);
 
 namespace cpu {
-void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
-                  const Tensor& bias, const NormParams& params);
-void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                   const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
+void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const NormParams& params);
+void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                   const Tensor& mean, const Tensor& rstd, const NormParams& params);
 }  // namespace cpu
 
 }  // namespace megatron::ops

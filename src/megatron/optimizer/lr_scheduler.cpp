@@ -37,8 +37,12 @@ double OptimizerParamScheduler::lr_at(int64_t num_steps) const {
   const double ratio = (steps - double(warmup_steps_)) / double(decay_steps_ - warmup_steps_);
   double coeff = 0.0;
   switch (style_) {
-    case LrDecayStyle::linear: coeff = 1.0 - ratio; break;
-    case LrDecayStyle::cosine: coeff = 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0); break;
+    case LrDecayStyle::linear:
+      coeff = 1.0 - ratio;
+      break;
+    case LrDecayStyle::cosine:
+      coeff = 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0);
+      break;
     case LrDecayStyle::WSD: {
       const double anneal_start = double(decay_steps_ - wsd_decay_steps_);
       if (steps <= anneal_start) {
@@ -47,14 +51,23 @@ double OptimizerParamScheduler::lr_at(int64_t num_steps) const {
       }
       const double q = (steps - anneal_start) / double(wsd_decay_steps_);
       switch (wsd_style_) {
-        case WsdDecayStyle::exponential: coeff = 2.0 * std::pow(0.5, q) - 1.0; break;
-        case WsdDecayStyle::linear: coeff = 1.0 - q; break;
-        case WsdDecayStyle::cosine: coeff = 0.5 * (std::cos(std::numbers::pi * q) + 1.0); break;
-        case WsdDecayStyle::minus_sqrt: coeff = 1.0 - std::sqrt(q); break;
+        case WsdDecayStyle::exponential:
+          coeff = 2.0 * std::pow(0.5, q) - 1.0;
+          break;
+        case WsdDecayStyle::linear:
+          coeff = 1.0 - q;
+          break;
+        case WsdDecayStyle::cosine:
+          coeff = 0.5 * (std::cos(std::numbers::pi * q) + 1.0);
+          break;
+        case WsdDecayStyle::minus_sqrt:
+          coeff = 1.0 - std::sqrt(q);
+          break;
       }
       break;
     }
-    default: MEGATRON_FAIL("unhandled LR decay style");
+    default:
+      MEGATRON_FAIL("unhandled LR decay style");
   }
   return min_lr_ + coeff * (max_lr_ - min_lr_);
 }

@@ -57,7 +57,8 @@ std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state() const 
   for (const auto& p : registry_->params()) {
     auto add = [&](const std::string& what, const Tensor& flat) {
       for (const auto& slice : p->global_slices_of(p->view_of(flat)))
-        out.push_back({"optimizer." + p->spec.name + "." + what, p->spec.global_shape, slice.global_offset, slice.local});
+        out.push_back(
+            {"optimizer." + p->spec.name + "." + what, p->spec.global_shape, slice.global_offset, slice.local});
     };
     add("exp_avg", exp_avg_);
     add("exp_avg_sq", exp_avg_sq_);

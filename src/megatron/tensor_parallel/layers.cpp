@@ -65,23 +65,22 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved
   return dx;
 }
 
-RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx,
-                                     const std::string& prefix, int64_t input_size, int64_t output_size,
-                                     const Options& options)
+RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
+                                     int64_t input_size, int64_t output_size, const Options& options)
     : ctx_(&ctx) {
-  weight_ = registry.add(
-      {.name = prefix + ".weight", .global_shape = {output_size, input_size}, .partition_dim = 1, .init_std = options.init_std},
-      ctx.tp_rank(), ctx.tp_size());
+  weight_ = registry.add({.name = prefix + ".weight",
+                          .global_shape = {output_size, input_size},
+                          .partition_dim = 1,
+                          .init_std = options.init_std},
+                         ctx.tp_rank(), ctx.tp_size());
   // The bias is replicated and must be added once, after the all-reduce; the TP issue adds that
   // path. At TP=1 it fuses into the GEMM.
   MEGATRON_CHECK(!options.bias || ctx.tp_size() == 1,
                  prefix << ": a RowParallelLinear bias with TP>1 is not supported yet; use --disable-bias-linear");
   if (options.bias)
-    bias_ = registry.add({.name = prefix + ".bias",
-                          .global_shape = {output_size},
-                          .init = InitMethod::zeros,
-                          .weight_decay = false},
-                         ctx.tp_rank(), ctx.tp_size());
+    bias_ = registry.add(
+        {.name = prefix + ".bias", .global_shape = {output_size}, .init = InitMethod::zeros, .weight_decay = false},
+        ctx.tp_rank(), ctx.tp_size());
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x, LinearSaved& saved) const {
@@ -103,8 +102,8 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved) c
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParameterRegistry& registry, const ParallelContext& ctx,
-                                               const std::string& name, int64_t padded_vocab_size,
-                                               int64_t hidden_size, float init_std)
+                                               const std::string& name, int64_t padded_vocab_size, int64_t hidden_size,
+                                               float init_std)
     : ctx_(&ctx) {
   weight_ = registry.add(
       {.name = name, .global_shape = {padded_vocab_size, hidden_size}, .partition_dim = 0, .init_std = init_std},

@@ -21,12 +21,12 @@ class ColumnParallelLinear {
   struct Options {
     bool bias = true;
     float init_std = 0.02f;
-    int64_t partition_blocks = 1;      // 2 for fused [gate; up]
-    Parameter* shared_weight = nullptr; // use this weight instead of registering one (tied output layer)
+    int64_t partition_blocks = 1;        // 2 for fused [gate; up]
+    Parameter* shared_weight = nullptr;  // use this weight instead of registering one (tied output layer)
   };
   ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                        int64_t input_size, int64_t output_size, const Options& options);
-  Tensor forward(const Tensor& x, LinearSaved& saved) const;       // (S,B,in) -> (S,B,out/TP)
+  Tensor forward(const Tensor& x, LinearSaved& saved) const;          // (S,B,in) -> (S,B,out/TP)
   Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx (S,B,in)
   int64_t output_size_per_partition() const { return output_per_partition_; }
 
@@ -45,7 +45,7 @@ class RowParallelLinear {
   };
   RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                     int64_t input_size, int64_t output_size, const Options& options);
-  Tensor forward(const Tensor& x, LinearSaved& saved) const;       // (S,B,in/TP) -> (S,B,out)
+  Tensor forward(const Tensor& x, LinearSaved& saved) const;          // (S,B,in/TP) -> (S,B,out)
   Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx (S,B,in/TP)
 
  private:

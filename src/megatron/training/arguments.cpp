@@ -528,8 +528,7 @@ std::vector<Assignment> assignments_from_pairs(const std::vector<std::pair<std::
 
 [[noreturn]] void throw_problems(const std::vector<std::string>& problems, std::string_view note) {
   std::ostringstream os;
-  os << problems.size() << (problems.size() == 1 ? " problem" : " problems")
-     << " with the arguments:";
+  os << problems.size() << (problems.size() == 1 ? " problem" : " problems") << " with the arguments:";
   for (const std::string& problem : problems) os << "\n  - " << problem;
   if (!note.empty()) os << "\n" << note;
   throw Error(os.str());

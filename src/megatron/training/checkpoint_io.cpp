@@ -9,11 +9,20 @@ using checkpointing::CheckpointReader;
 using checkpointing::ShardedTensor;
 
 // Flags that fix the model's shape: a checkpoint only loads into a model that agrees on them.
-const char* const kArchitectureFlags[] = {
-    "--num-layers",   "--hidden-size",     "--ffn-hidden-size",         "--num-attention-heads",
-    "--num-query-groups", "--kv-channels", "--normalization",           "--swiglu",
-    "--position-embedding-type", "--disable-bias-linear", "--add-qkv-bias",
-    "--untie-embeddings-and-output-weights", "--max-position-embeddings", "--make-vocab-size-divisible-by"};
+const char* const kArchitectureFlags[] = {"--num-layers",
+                                          "--hidden-size",
+                                          "--ffn-hidden-size",
+                                          "--num-attention-heads",
+                                          "--num-query-groups",
+                                          "--kv-channels",
+                                          "--normalization",
+                                          "--swiglu",
+                                          "--position-embedding-type",
+                                          "--disable-bias-linear",
+                                          "--add-qkv-bias",
+                                          "--untie-embeddings-and-output-weights",
+                                          "--max-position-embeddings",
+                                          "--make-vocab-size-divisible-by"};
 
 nlohmann::json args_json(const TrainingArgs& args) {
   nlohmann::json j = nlohmann::json::object();
@@ -24,7 +33,8 @@ nlohmann::json args_json(const TrainingArgs& args) {
 std::vector<ShardedTensor> model_state(GPTModel& model) {
   std::vector<ShardedTensor> out;
   for (const auto& p : model.parameters().params())
-    for (const auto& slice : p->global_slices()) out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
+    for (const auto& slice : p->global_slices())
+      out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
   return out;
 }
 

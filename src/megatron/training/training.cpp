@@ -38,17 +38,18 @@ DataSources build_data(const TrainingArgs& args) {
     d.train = std::make_unique<datasets::MockGPTDataset>(d.tokenizer->vocab_size(), S, args.seed, train_samples);
     if (valid_samples > 0)
       d.valid = std::make_unique<datasets::MockGPTDataset>(d.tokenizer->vocab_size(), S, args.seed, valid_samples,
-                                                         datasets::Split::valid);
+                                                           datasets::Split::valid);
     return d;
   }
   d.train = datasets::build_split_dataset(args.data.data_path, args.data.split, 0, S, args.seed, train_samples);
   MEGATRON_CHECK(d.train != nullptr, "--split \"" << args.data.split << "\" gives the training split no data; "
-                                                   << "give it a non-zero weight, e.g. --split 98,2,0");
+                                                  << "give it a non-zero weight, e.g. --split 98,2,0");
   if (valid_samples > 0) {
     d.valid = datasets::build_split_dataset(args.data.data_path, args.data.split, 1, S, args.seed, valid_samples);
-    MEGATRON_CHECK(d.valid != nullptr, "--eval-interval " << args.eval_interval << " needs a validation split but --split \""
-                                                          << args.data.split << "\" gives it no data; "
-                                                          << "give it a weight (e.g. --split 98,2,0) or drop --eval-interval");
+    MEGATRON_CHECK(d.valid != nullptr, "--eval-interval "
+                                           << args.eval_interval << " needs a validation split but --split \""
+                                           << args.data.split << "\" gives it no data; "
+                                           << "give it a weight (e.g. --split 98,2,0) or drop --eval-interval");
   }
   return d;
 }
@@ -85,8 +86,9 @@ bool should_save(const TrainingArgs& args, int64_t iteration) {
 }  // namespace
 
 TrainingSummary pretrain(const TrainingArgs& args) {
-  MEGATRON_CHECK(args.device != "cuda", "--device cuda: this build's ops run on the CPU only (the CUDA backend "
-                                        "arrives with its own issue); use --device cpu");
+  MEGATRON_CHECK(args.device != "cuda",
+                 "--device cuda: this build's ops run on the CPU only (the CUDA backend "
+                 "arrives with its own issue); use --device cpu");
   ParallelContext ctx = ParallelContext::single_process();
   DataSources data = build_data(args);
 
@@ -94,13 +96,13 @@ TrainingSummary pretrain(const TrainingArgs& args) {
   GPTModel model(config, ctx);
   model.parameters().initialize(uint64_t(args.seed));
   const int64_t n_params = num_parameters(config);
-  LOG_INFO("> building GPT model: " << config.num_layers << " layers, hidden " << config.hidden_size << ", "
-                                    << n_params << " parameters, padded vocab " << config.padded_vocab_size
-                                    << ", params dtype " << dtype_name(config.params_dtype));
+  LOG_INFO("> building GPT model: " << config.num_layers << " layers, hidden " << config.hidden_size << ", " << n_params
+                                    << " parameters, padded vocab " << config.padded_vocab_size << ", params dtype "
+                                    << dtype_name(config.params_dtype));
 
-  AdamWOptimizer optimizer(model.parameters(), ctx,
-                           {args.optimizer.adam_beta1, args.optimizer.adam_beta2, args.optimizer.adam_eps,
-                            args.optimizer.clip_grad});
+  AdamWOptimizer optimizer(
+      model.parameters(), ctx,
+      {args.optimizer.adam_beta1, args.optimizer.adam_beta2, args.optimizer.adam_eps, args.optimizer.clip_grad});
   OptimizerParamScheduler scheduler(args.optimizer, args.train_iters, args.global_batch_size);
   TrainingProgress progress;
   load_training_checkpoint(args, model, &optimizer, &scheduler, &progress);
@@ -119,15 +121,17 @@ TrainingSummary pretrain(const TrainingArgs& args) {
     model.parameters().zero_grads();
     LossSums iteration_sums;
     for (int64_t m = 0; m < micro; ++m) {
-      const auto batch = datasets::make_batch(
-          *data.train, micro_batch_indices(progress.consumed_train_samples, m, args.micro_batch_size,
-                                           args.data_parallel_size, ctx.dp->rank()),
-          data.tokenizer->eod(), args.data.eod_mask_loss);
+      const auto batch =
+          datasets::make_batch(*data.train,
+                               micro_batch_indices(progress.consumed_train_samples, m, args.micro_batch_size,
+                                                   args.data_parallel_size, ctx.dp->rank()),
+                               data.tokenizer->eod(), args.data.eod_mask_loss);
       double tokens = 0;
       for (float v : batch.loss_mask.to_vector()) tokens += v;
       // Megatron's default loss: the mean over each micro-batch's tokens, averaged over micro-batches.
       const float grad_scale = tokens > 0 ? float(1.0 / (tokens * double(micro))) : 0.0f;
-      const ForwardContext fwd{.training = true, .seed = uint64_t(args.seed), .step = uint64_t(progress.iteration * micro + m)};
+      const ForwardContext fwd{
+          .training = true, .seed = uint64_t(args.seed), .step = uint64_t(progress.iteration * micro + m)};
       const LossSums s = model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd);
       iteration_sums.loss_sum += s.loss_sum;
       iteration_sums.num_tokens += s.num_tokens;

@@ -9,8 +9,8 @@ namespace megatron {
 
 struct TrainingSummary {
   int64_t iterations_run = 0;
-  std::vector<double> train_losses;   // lm loss of every iteration run, in order
-  std::vector<double> valid_losses;   // each evaluation's loss, in order
+  std::vector<double> train_losses;  // lm loss of every iteration run, in order
+  std::vector<double> valid_losses;  // each evaluation's loss, in order
 };
 
 TrainingSummary pretrain(const TrainingArgs& args);

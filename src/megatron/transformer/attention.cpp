@@ -63,8 +63,8 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved) const {
     ops::rope_backward(dk, dk, rope_params_);
   }
   const int64_t S = dy.dim(0), B = dy.dim(1);
-  Tensor dqkv = Tensor::empty({S, B, groups_local_, (heads_local_ / groups_local_ + 2) * head_dim_}, dy.dtype(),
-                              dy.device());
+  Tensor dqkv =
+      Tensor::empty({S, B, groups_local_, (heads_local_ / groups_local_ + 2) * head_dim_}, dy.dtype(), dy.device());
   ops::qkv_merge(dqkv, dq, dk, dv);
   return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);
 }

@@ -42,8 +42,8 @@ Tensor Norm::backward(const Tensor& dy, const Saved& saved) const {
   Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
   Tensor dx2 = rows(dx);
   Tensor dbias = bias_ ? bias_->main_grad : Tensor();
-  ops::norm_backward(dx2, weight_->main_grad, dbias, rows(dy), rows(saved.input), weight_->data, saved.mean,
-                     saved.rstd, params_);
+  ops::norm_backward(dx2, weight_->main_grad, dbias, rows(dy), rows(saved.input), weight_->data, saved.mean, saved.rstd,
+                     params_);
   return dx;
 }
 

@@ -17,7 +17,7 @@ class Norm {
   // linear, e.g. "...self_attention.linear_qkv.layer_norm_weight").
   Norm(ParameterRegistry& registry, const TransformerConfig& config, int tp_rank, const std::string& weight_name,
        const std::string& bias_name);
-  Tensor forward(const Tensor& x, Saved& saved) const;         // (S,B,C) -> (S,B,C)
+  Tensor forward(const Tensor& x, Saved& saved) const;          // (S,B,C) -> (S,B,C)
   Tensor backward(const Tensor& dy, const Saved& saved) const;  // returns dx
 
  private:

@@ -45,9 +45,9 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx) 
 }
 
 Tensor GPTModel::forward_to_logits(const Tensor& tokens, const ForwardContext& fwd, Saved& saved) {
-  MEGATRON_CHECK(tokens.dim(1) <= config_.max_position_embeddings,
-                 "sequence of " << tokens.dim(1) << " tokens exceeds max_position_embeddings "
-                                << config_.max_position_embeddings);
+  MEGATRON_CHECK(
+      tokens.dim(1) <= config_.max_position_embeddings,
+      "sequence of " << tokens.dim(1) << " tokens exceeds max_position_embeddings " << config_.max_position_embeddings);
   saved.tokens = tokens;
   Tensor h = word_embeddings_->forward(tokens);
   if (position_embeddings_) {
@@ -88,8 +88,7 @@ LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, 
   ops::cross_entropy_backward(logits_rows, logits_rows, labels_sb, lse, mask_sb, loss_grad_scale);
   Tensor d = decoder_->backward(output_layer_->backward(logits, saved.output), saved.block);
   ops::dropout_backward(d, d, saved.embedding_dropout);
-  if (position_embeddings_)
-    ops::embedding_backward(position_embeddings_->main_grad, d, saved.positions, {});
+  if (position_embeddings_) ops::embedding_backward(position_embeddings_->main_grad, d, saved.positions, {});
   word_embeddings_->backward(d, saved.tokens);
   return sums;
 }

@@ -30,8 +30,8 @@ class GPTModel {
 
   // Forward and backward of one micro-batch. tokens, labels (B,S) i32; loss_mask (B,S) f32.
   // Gradients of (loss_grad_scale * sum(loss * mask)) accumulate into the main grads.
-  LossSums forward_backward(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
-                            float loss_grad_scale, const ForwardContext& fwd);
+  LossSums forward_backward(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask, float loss_grad_scale,
+                            const ForwardContext& fwd);
   // Loss only (no dropout, no gradients): validation.
   LossSums evaluate(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask);
   // Logits (S,B,V_local) for inference.

@@ -11,6 +11,7 @@
 
 #include "megatron/core/rng.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
+#include "megatron/ops/dropout.h"
 
 namespace megatron::ops::cpu {
 namespace {
@@ -28,7 +29,7 @@ template <class A>
 A dropout_factor(const CounterRng& rng, const Dims& d, int64_t b, int64_t h, int64_t i, int64_t j, float p) {
   if (p == 0.0f) return A(1);
   const auto index = uint64_t(((b * d.NH + h) * d.S + i) * d.S + j);
-  return rng.uniform(index) > p ? A(1) / (A(1) - A(p)) : A(0);
+  return dropout_keep(rng, index, p) ? A(1) / (A(1) - A(p)) : A(0);
 }
 
 template <class T>

@@ -5,12 +5,12 @@
 
 #include "megatron/core/error.h"
 
-#define CUDA_CHECK(call)                                                                         \
-  do {                                                                                           \
-    const cudaError_t megatron_cuda_status_ = (call);                                            \
-    MEGATRON_CHECK(megatron_cuda_status_ == cudaSuccess,                                         \
-                   #call << " failed: " << cudaGetErrorName(megatron_cuda_status_) << " ("       \
-                         << cudaGetErrorString(megatron_cuda_status_) << ")");                   \
+#define CUDA_CHECK(call)                                                                   \
+  do {                                                                                     \
+    const cudaError_t megatron_cuda_status_ = (call);                                      \
+    MEGATRON_CHECK(megatron_cuda_status_ == cudaSuccess,                                   \
+                   #call << " failed: " << cudaGetErrorName(megatron_cuda_status_) << " (" \
+                         << cudaGetErrorString(megatron_cuda_status_) << ")");             \
   } while (0)
 
 // After a kernel launch: catches bad launch configurations at the launch site.

@@ -37,8 +37,9 @@ bool cuda_available() { return device_count() > 0; }
 
 DeviceInfo init_device(int index) {
   const int n = device_count();
-  MEGATRON_CHECK(n > 0, "this is a CUDA build but no GPU is visible (cudaGetDeviceCount found none); "
-                        "check the driver and CUDA_VISIBLE_DEVICES, or run with --device cpu");
+  MEGATRON_CHECK(n > 0,
+                 "this is a CUDA build but no GPU is visible (cudaGetDeviceCount found none); "
+                 "check the driver and CUDA_VISIBLE_DEVICES, or run with --device cpu");
   MEGATRON_CHECK(index >= 0 && index < n, "GPU index " << index << " requested but only " << n
                                                        << " GPU(s) are visible; launch one rank per GPU");
   cudaDeviceProp prop{};
