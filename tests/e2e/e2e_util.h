@@ -8,17 +8,11 @@
 #include <filesystem>
 #include <string>
 
+#include "test_util.h"
+
 namespace megatron::testing {
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/megatron-test-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using megatron::testing::TempDir;
 
 struct RunResult {
   int exit_code = -1;

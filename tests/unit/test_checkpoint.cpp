@@ -11,6 +11,7 @@
 
 #include "megatron/checkpointing/checkpoint.h"
 #include "megatron/checkpointing/safetensors.h"
+#include "test_util.h"
 
 using namespace megatron;
 using namespace megatron::checkpointing;
@@ -18,19 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = ::testing::TempDir() + "checkpoint_XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using megatron::testing::TempDir;
 
 std::string read_all(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
@@ -118,14 +107,7 @@ std::vector<std::string> staging_leftovers(const std::string& dir) {
   return names;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using megatron::testing::error_of;
 
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "'" << (needle) << "' not in: " << (haystack)

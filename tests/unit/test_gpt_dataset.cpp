@@ -11,6 +11,7 @@
 #include "megatron/core/error.h"
 #include "megatron/datasets/gpt_dataset.h"
 #include "megatron/datasets/indexed_dataset.h"
+#include "test_util.h"
 
 using namespace megatron;
 using namespace megatron::datasets;
@@ -18,14 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using megatron::testing::error_of;
 
 class GPTDatasetTest : public ::testing::Test {
  protected:

@@ -12,6 +12,7 @@
 #include "megatron/core/error.h"
 #include "megatron/datasets/indexed_dataset.h"
 #include "megatron/datasets/preprocess.h"
+#include "test_util.h"
 
 using namespace megatron;
 using namespace megatron::datasets;
@@ -19,14 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using megatron::testing::error_of;
 
 std::vector<char> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -8,6 +8,7 @@
 #include "megatron/datasets/tokenizers/byte_tokenizer.h"
 #include "megatron/datasets/tokenizers/null_tokenizer.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
+#include "test_util.h"
 
 using namespace megatron;
 using namespace megatron::datasets;
@@ -15,14 +16,7 @@ using namespace std::string_literals;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using megatron::testing::error_of;
 
 }  // namespace
 

@@ -12,18 +12,12 @@
 #include <variant>
 
 #include "megatron/core/error.h"
+#include "megatron/core/strings.h"
 #include "megatron/datasets/tokenizers/byte_tokenizer.h"
 #include "megatron/models/gpt/presets.h"
 
 namespace megatron {
 namespace {
-
-template <class... Parts>
-std::string concat(const Parts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  return os.str();
-}
 
 std::string join(const std::vector<std::string>& items, std::string_view separator) {
   std::string out;

@@ -3,16 +3,10 @@
 #include <sstream>
 
 #include "megatron/core/error.h"
+#include "megatron/core/strings.h"
 
 namespace megatron {
 namespace {
-
-template <class... Parts>
-std::string concat(const Parts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  return os.str();
-}
 
 // The divisors of n nearest to `near` from below and from above, as "a or b" (for fixes).
 std::string nearby_divisors(int64_t n, int64_t near) {
