@@ -25,8 +25,9 @@ void cpu_release(void* p, size_t bytes, Device) {
   std::free(p);
 }
 void cpu_memset_zero(void* p, size_t bytes, Device) { std::memset(p, 0, bytes); }
+void cpu_copy(void* dst, Device, const void* src, Device, size_t bytes) { std::memmove(dst, src, bytes); }
 
-const DeviceAllocator kCpuAllocator{cpu_allocate, cpu_release, cpu_memset_zero};
+const DeviceAllocator kCpuAllocator{cpu_allocate, cpu_release, cpu_memset_zero, cpu_copy};
 DeviceAllocator g_cuda_allocator;  // set by the CUDA backend when it is built and a GPU is used
 }  // namespace
 
@@ -40,8 +41,14 @@ const DeviceAllocator& allocator_for(Device device) {
   return g_cuda_allocator;
 }
 
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  const Device owner = dst_device.is_cuda() ? dst_device : src_device;
+  allocator_for(owner).copy(dst, dst_device, src, src_device, bytes);
+}
+
 MemoryStats memory_stats(DeviceType type) {
-  MEGATRON_CHECK(type == DeviceType::cpu, "memory_stats for CUDA is reported by the CUDA backend");
+  MEGATRON_CHECK(type == DeviceType::cpu, "memory_stats for CUDA is reported by the CUDA backend (cuda::memory_stats)");
   return {g_cpu_current.load(), g_cpu_peak.load()};
 }
 

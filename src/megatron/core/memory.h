@@ -11,6 +11,8 @@ struct DeviceAllocator {
   void* (*allocate)(size_t bytes, Device device) = nullptr;
   void (*release)(void* data, size_t bytes, Device device) = nullptr;
   void (*memset_zero)(void* data, size_t bytes, Device device) = nullptr;
+  // Copies bytes between this device and the host or itself; returns when dst holds the data.
+  void (*copy)(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = nullptr;
 };
 
 void register_cuda_allocator(const DeviceAllocator& allocator);
@@ -21,6 +23,9 @@ struct MemoryStats {
   size_t current_bytes = 0;
   size_t peak_bytes = 0;
 };
+// Bytes between any two devices (same-dtype copies; conversions happen on the host).
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+
 MemoryStats memory_stats(DeviceType type);
 void reset_peak_memory(DeviceType type);
 

@@ -199,9 +199,9 @@ void require_cpu(const Tensor& t, const char* what) {
 }  // namespace
 
 double Tensor::item(int64_t flat_index) const {
-  require_cpu(*this, "Tensor::item");
   MEGATRON_CHECK(flat_index >= 0 && flat_index < numel_,
                  "index " << flat_index << " out of range for " << numel_ << " elements");
+  if (device().is_cuda()) return flatten().slice(flat_index, flat_index + 1).to(Device::cpu()).item(0);
   return read_element(dtype_, raw(), flat_index);
 }
 
@@ -213,8 +213,9 @@ void Tensor::set_item(int64_t flat_index, double value) {
 }
 
 std::vector<float> Tensor::to_vector() const {
+  if (device().is_cuda()) return to(Device::cpu()).to_vector();
   std::vector<float> out(static_cast<size_t>(numel_));
-  for (int64_t i = 0; i < numel_; ++i) out[size_t(i)] = float(item(i));
+  for (int64_t i = 0; i < numel_; ++i) out[size_t(i)] = float(read_element(dtype_, raw(), i));
   return out;
 }
 
@@ -230,13 +231,24 @@ Tensor Tensor::to(DType dtype) const {
   return t;
 }
 
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
+}
+
 void Tensor::copy_from(const Tensor& src) {
-  MEGATRON_CHECK(src.numel() == numel_,
-                 "copy of " << shape_str(src.shape()) << " into " << shape_str(shape_) << ": element counts differ");
-  require_cpu(*this, "Tensor::copy_from");
-  require_cpu(src, "Tensor::copy_from");
+  MEGATRON_CHECK(src.numel() == numel_, "copy of " << shape_str(src.shape()) << " into "
+                                                   << shape_str(shape_) << ": element counts differ");
   if (src.dtype() == dtype_) {
-    std::memmove(raw(), src.raw(), nbytes());
+    copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+    return;
+  }
+  // Dtype conversion happens on the host; device tensors are staged there.
+  if (!device().is_cpu() || !src.device().is_cpu()) {
+    Tensor host = src.to(Device::cpu()).to(dtype_);
+    copy_bytes(raw(), device(), host.raw(), host.device(), nbytes());
     return;
   }
   for (int64_t i = 0; i < numel_; ++i) write_element(dtype_, raw(), i, read_element(src.dtype(), src.raw(), i));

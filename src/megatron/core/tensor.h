@@ -84,12 +84,14 @@ class Tensor {
 
   // Copies.
   Tensor clone() const;
-  Tensor to(DType dtype) const;       // converting copy (CPU)
-  void copy_from(const Tensor& src);  // same numel; converts dtype (CPU)
+  Tensor to(DType dtype) const;       // converting copy on the same device
+  Tensor to(Device device) const;     // copy to another device (this tensor if already there)
+  void copy_from(const Tensor& src);  // same numel, any devices; dtype conversion through the host
   void fill(double value);            // CPU
   void zero();                        // any device
 
-  // Element access for tests and host-side code (CPU only, converts through double).
+  // Element access for tests and host-side code (converts through double; CUDA tensors are
+  // copied to the host first, so keep these out of hot loops).
   double item(int64_t flat_index = 0) const;
   void set_item(int64_t flat_index, double value);
   std::vector<float> to_vector() const;

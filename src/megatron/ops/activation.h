@@ -20,4 +20,11 @@ void swiglu_forward(Tensor& y, const Tensor& x);
 void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void gelu_forward(Tensor& y, const Tensor& x);
+void gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x);
+void swiglu_forward(Tensor& y, const Tensor& x);
+void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x);
+}  // namespace cuda
+
 }  // namespace megatron::ops

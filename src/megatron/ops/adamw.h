@@ -30,4 +30,9 @@ void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tenso
                 const AdamWParams& params);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
+                const AdamWParams& params);
+}  // namespace cuda
+
 }  // namespace megatron::ops

@@ -41,4 +41,13 @@ void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
 void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionParams& params);
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
+void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
+void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+}  // namespace cuda
+
 }  // namespace megatron::ops

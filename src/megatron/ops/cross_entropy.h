@@ -20,4 +20,10 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
                             const Tensor& loss_mask, float grad_scale);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void cross_entropy_forward(Tensor& losses, Tensor& lse, const Tensor& logits, const Tensor& targets);
+void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& loss_mask, float grad_scale);
+}  // namespace cuda
+
 }  // namespace megatron::ops

@@ -27,4 +27,9 @@ void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& params);
 void dropout_backward(Tensor& dx, const Tensor& dy, const DropoutParams& params);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& params);
+void dropout_backward(Tensor& dx, const Tensor& dy, const DropoutParams& params);
+}  // namespace cuda
+
 }  // namespace megatron::ops

@@ -23,4 +23,12 @@ void cast(Tensor& out, const Tensor& x);
 void transpose01(Tensor& out, const Tensor& in);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void add(Tensor& out, const Tensor& a, const Tensor& b);
+void add_scaled(Tensor& out, const Tensor& x, float alpha);
+void scale(Tensor& out, const Tensor& x, float alpha);
+void cast(Tensor& out, const Tensor& x);
+void transpose01(Tensor& out, const Tensor& in);
+}  // namespace cuda
+
 }  // namespace megatron::ops

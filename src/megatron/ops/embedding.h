@@ -23,4 +23,9 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& weight, 
 void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& tokens, const EmbeddingParams& params);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& weight, const EmbeddingParams& params);
+void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& tokens, const EmbeddingParams& params);
+}  // namespace cuda
+
 }  // namespace megatron::ops

@@ -30,4 +30,11 @@ void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& d
                      const Tensor& weight);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params);
+void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
+void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                     const Tensor& weight);
+}  // namespace cuda
+
 }  // namespace megatron::ops

@@ -28,4 +28,11 @@ void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy,
                    const Tensor& mean, const Tensor& rstd, const NormParams& params);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const NormParams& params);
+void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                   const Tensor& mean, const Tensor& rstd, const NormParams& params);
+}  // namespace cuda
+
 }  // namespace megatron::ops

@@ -18,4 +18,10 @@ void dot(Tensor& acc, const Tensor& a, const Tensor& b);
 void count_nonfinite(Tensor& acc, const Tensor& x);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void sum_squares(Tensor& acc, const Tensor& x);
+void dot(Tensor& acc, const Tensor& a, const Tensor& b);
+void count_nonfinite(Tensor& acc, const Tensor& x);
+}  // namespace cuda
+
 }  // namespace megatron::ops

@@ -26,4 +26,9 @@ void rope_forward(Tensor& y, const Tensor& x, const RopeParams& params);
 void rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params);
 }  // namespace cpu
 
+namespace cuda {  // ops/cuda/, built with the CUDA backend
+void rope_forward(Tensor& y, const Tensor& x, const RopeParams& params);
+void rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params);
+}  // namespace cuda
+
 }  // namespace megatron::ops

@@ -22,6 +22,9 @@ void device_memset_zero(void* p, size_t bytes, Device device) {
   CUDA_CHECK(cudaSetDevice(device.index));
   CUDA_CHECK(cudaMemset(p, 0, bytes));
 }
+void device_copy(void* dst, Device, const void* src, Device, size_t bytes) {
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));  // unified addressing knows the direction
+}
 }  // namespace
 
 int device_count() {
@@ -47,7 +50,7 @@ DeviceInfo init_device(int index) {
   MEGATRON_CHECK(prop.major >= 8, "GPU " << index << " (" << prop.name << ") is sm_" << prop.major << prop.minor
                                          << "; megatron-cpp needs sm_80 (A100) or newer, or --device cpu");
   CUDA_CHECK(cudaSetDevice(index));
-  register_cuda_allocator({device_allocate, device_release, device_memset_zero});
+  register_cuda_allocator({device_allocate, device_release, device_memset_zero, device_copy});
   DeviceInfo info;
   info.index = index;
   info.name = prop.name;
