@@ -4,7 +4,12 @@
 set -euo pipefail
 
 packages=(g++ cmake ninja-build ccache pkg-config libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev
-          libgtest-dev fortunes-min fortunes)
+          libgtest-dev fortunes-min fortunes libpcre2-dev libsentencepiece-dev openmpi-bin libopenmpi-dev)
+
+# node and npm run the tokenizer oracles (scripts/fetch-fixtures.sh). The machines ship them
+# (NodeSource); only where they are absent take Debian's.
+command -v node >/dev/null || packages+=(nodejs)
+command -v npm >/dev/null || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do

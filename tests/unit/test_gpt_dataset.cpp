@@ -1,62 +1,63 @@
+// GPTDataset against megatron-compat.md section 2 (known answers produced by Megatron-LM) and
+// against the closed form of its sample index, plus mock data (section 3) and batching.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <functional>
-#include <set>
+#include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "megatron/core/error.h"
+#include "megatron/datasets/blended_dataset.h"
 #include "megatron/datasets/gpt_dataset.h"
 #include "megatron/datasets/indexed_dataset.h"
 #include "test_util.h"
 
 using namespace megatron;
 using namespace megatron::datasets;
-namespace fs = std::filesystem;
+using megatron::testing::error_of;
+using megatron::testing::TempDir;
 
 namespace {
 
-using megatron::testing::error_of;
+constexpr int kLengths[10] = {5, 3, 8, 2, 7, 4, 6, 9, 1, 5};
 
-class GPTDatasetTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / ("megatron_gpt_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    prefix_ = (dir_ / "data").string();
-    // megatron-compat.md's GPTDataset setup: document i token k = i*100 + k.
-    IndexedDatasetBuilder builder(prefix_, IndexDType::u16);
-    for (int i = 0; i < 10; ++i) {
-      std::vector<int32_t> ids;
-      for (int k = 0; k < kLengths[size_t(i)]; ++k) ids.push_back(i * 100 + k);
-      builder.add_document(ids);
-    }
-    builder.finalize();
+// megatron-compat.md's corpus: 10 one-sequence documents, document i token k = i*100 + k.
+std::string write_corpus(const TempDir& dir) {
+  const std::string prefix = dir / "corpus";
+  IndexedDatasetBuilder builder(prefix, IndexDType::u16);
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> ids;
+    for (int k = 0; k < kLengths[i]; ++k) ids.push_back(i * 100 + k);
+    builder.add_document(ids);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  builder.finalize();
+  return prefix;
+}
 
-  // The stream the samples of sequences [begin, end) are cut from, built independently.
-  static std::vector<int32_t> stream(int begin, int end) {
-    std::vector<int32_t> out;
-    for (int i = begin; i < end; ++i) {
-      for (int k = 0; k < kLengths[size_t(i)]; ++k) out.push_back(i * 100 + k);
-    }
-    return out;
+GPTDataConfig corpus_config(const std::string& prefix, const TempDir& dir) {
+  GPTDataConfig config;
+  config.data_path = {prefix};
+  config.split = "60,20,20";
+  config.seq_length = 4;
+  config.seed = 1234;
+  config.data_cache_path = dir / "cache";
+  return config;
+}
+
+const GPTDataset& as_gpt(const std::unique_ptr<SampleSource>& source) {
+  const auto* gpt = dynamic_cast<const GPTDataset*>(source.get());
+  EXPECT_NE(gpt, nullptr);
+  return *gpt;
+}
+
+std::vector<int64_t> pairs(std::initializer_list<std::pair<int64_t, int64_t>> rows) {
+  std::vector<int64_t> out;
+  for (const auto& [a, b] : rows) {
+    out.push_back(a);
+    out.push_back(b);
   }
-
-  static constexpr int kLengths[10] = {5, 3, 8, 2, 7, 4, 6, 9, 1, 5};
-  fs::path dir_;
-  std::string prefix_;
-};
-
-std::vector<std::vector<int32_t>> all_samples(const SampleSource& source) {
-  std::vector<std::vector<int32_t>> out;
-  for (int64_t i = 0; i < source.size(); ++i) out.push_back(source.get(i).tokens);
   return out;
 }
 
@@ -102,155 +103,271 @@ TEST(SplitParsing, BadStringsAreRejected) {
   EXPECT_NE(error_of([] { parse_split("1.2.3,1"); }).find("'1.2.3' is not a number"), std::string::npos);
 }
 
-TEST_F(GPTDatasetTest, SamplesAreOverlappingWindowsOfTheStream) {
-  const IndexedDataset data = IndexedDataset::open(prefix_);
-  const int64_t S = 4;
-  const GPTDataset ds(data, {0, 6}, S, 1234, 0);
-  const std::vector<int32_t> flat = stream(0, 6);  // 29 tokens
-  ASSERT_EQ(ds.tokens_per_epoch(), 29);
-  ASSERT_EQ(ds.samples_per_epoch(), (29 - 1) / S);  // the last full window ends at 28 + 1
-  ASSERT_EQ(ds.size(), ds.samples_per_epoch());
-  std::set<int64_t> starts;
-  for (const auto& tokens : all_samples(ds)) {
-    ASSERT_EQ(int64_t(tokens.size()), S + 1);
-    // Find which window this is: it must be flat[k*S, k*S + S + 1) for exactly one k.
-    int64_t found = -1;
-    for (int64_t k = 0; (k + 1) * S < int64_t(flat.size()); ++k) {
-      if (std::equal(tokens.begin(), tokens.end(), flat.begin() + k * S)) found = k;
-    }
-    ASSERT_GE(found, 0);
-    starts.insert(found);
-  }
-  EXPECT_EQ(int64_t(starts.size()), ds.samples_per_epoch());  // each window once per epoch
+TEST(SplitParsing, MatrixJsonStartsWithPythonsIntegerZero) {
+  EXPECT_EQ(split_matrix_json(parse_split("60,20,20")).dump(), "[[0,0.6],[0.6,0.8],[0.8,1.0]]");
+  EXPECT_EQ(split_matrix_json(parse_split("0,1,0")).dump(), "[null,[0.0,1.0],null]");
 }
 
-TEST_F(GPTDatasetTest, EpochsRepeatTheShuffledOrder) {
-  const GPTDataset ds(IndexedDataset::open(prefix_), {0, 6}, 4, 7, 20);
-  const int64_t per_epoch = ds.samples_per_epoch();
-  EXPECT_EQ(ds.num_epochs(), (20 + per_epoch - 1) / per_epoch);
-  EXPECT_GE(ds.size(), 20);
-  for (int64_t i = per_epoch; i < ds.size(); ++i) EXPECT_EQ(ds.get(i).tokens, ds.get(i % per_epoch).tokens);
-  EXPECT_NE(error_of([&] { ds.get(ds.size()); }).find("out of range"), std::string::npos);
-}
-
-TEST_F(GPTDatasetTest, SamplesCrossSequencesAndSkipEmptyOnes) {
-  {
-    IndexedDatasetBuilder builder(prefix_ + "_gaps", IndexDType::i32);
-    builder.add_document({1, 2, 3});
-    builder.add_document({});
-    builder.add_document({4}, {1});
-    builder.add_document({5, 6, 7}, {0, 3});  // a zero-length sequence inside the stream
-    builder.finalize();
-  }
-  const GPTDataset ds(IndexedDataset::open(prefix_ + "_gaps"), {0, 4}, 3, 1, 0);
-  ASSERT_EQ(ds.samples_per_epoch(), 2);  // stream 1..7: windows [1,2,3,4] and [4,5,6,7]
-  std::vector<std::vector<int32_t>> samples = all_samples(ds);
-  std::sort(samples.begin(), samples.end());
-  EXPECT_EQ(samples, (std::vector<std::vector<int32_t>>{{1, 2, 3, 4}, {4, 5, 6, 7}}));
-}
-
-TEST_F(GPTDatasetTest, SameSeedSameOrderOtherSeedOtherOrder) {
-  const IndexedDataset data = IndexedDataset::open(prefix_);
-  // S = 1 gives 43 windows over sequences 0..7: 43! orders, so two seeds agreeing is negligible.
-  const GPTDataset a(data, {0, 8}, 1, 1234, 0), b(data, {0, 8}, 1, 1234, 0), c(data, {0, 8}, 1, 4321, 0);
-  EXPECT_EQ(all_samples(a), all_samples(b));
-  EXPECT_NE(all_samples(a), all_samples(c));
-}
-
-TEST_F(GPTDatasetTest, BuildSplitDatasetUsesMegatronSplits) {
-  const auto valid = build_split_dataset({prefix_}, "60,20,20", 1, 4, 1234, 0);
-  ASSERT_NE(valid, nullptr);
-  const std::vector<int32_t> flat = stream(6, 8);  // valid = sequences 6 and 7: 15 tokens
-  ASSERT_EQ(valid->size(), (15 - 1) / 4);
-  for (const auto& tokens : all_samples(*valid)) {
-    EXPECT_NE(std::search(flat.begin(), flat.end(), tokens.begin(), tokens.end()), flat.end());
-  }
-  EXPECT_EQ(build_split_dataset({prefix_}, "98,2,0", 2, 4, 1234, 0), nullptr);
-}
-
-TEST_F(GPTDatasetTest, BuildSplitDatasetErrors) {
-  const std::string missing = error_of([&] { build_split_dataset({prefix_ + "_nope"}, "1", 0, 4, 1, 0); });
-  EXPECT_NE(missing.find(prefix_ + "_nope.idx"), std::string::npos) << missing;
-  const std::string blend = error_of([&] { build_split_dataset({"0.3", prefix_, "0.7", prefix_}, "1", 0, 4, 1, 0); });
-  EXPECT_NE(blend.find("blending arrives with the data pipeline issue"), std::string::npos) << blend;
-  const std::string tiny = error_of([&] { build_split_dataset({prefix_}, "98,2", 1, 4, 1, 0); });
-  EXPECT_NE(tiny.find("gets no sequences"), std::string::npos) << tiny;  // round(0.2) = 0 sequences
-  const std::string short_split = error_of([&] { build_split_dataset({prefix_}, "60,20,20", 2, 8, 1, 0); });
-  EXPECT_NE(short_split.find("holds 6 tokens"), std::string::npos) << short_split;
-  EXPECT_NE(short_split.find("--seq-length + 1 = 9"), std::string::npos) << short_split;
-  EXPECT_NE(error_of([&] { build_split_dataset({prefix_}, "1", 3, 4, 1, 0); }).find("split index 3"),
+TEST(EpochPlan, SeparateFinalEpochRule) {
+  // The train split of the known-answer corpus: T = 29, S = 4, 30 samples wanted.
+  const EpochPlan train = plan_epochs(29, 30, 4, "train");
+  EXPECT_EQ(train.num_epochs, 5);  // 5 * 29 >= 30 * 4 + 1
+  EXPECT_EQ(train.samples_before_final_epoch, 28);
+  EXPECT_TRUE(train.separate_final_epoch);  // 30 - 28 = 2 < int(0.8 * 7) = 5
+  EXPECT_EQ(train.total_samples, 36);       // the whole of 5 epochs, not the 30 asked for
+  const EpochPlan valid = plan_epochs(15, 5, 4, "valid");
+  EXPECT_EQ(valid.num_epochs, 2);
+  EXPECT_FALSE(valid.separate_final_epoch);  // 5 - 3 = 2 < int(0.8 * 3) = 2 is false
+  EXPECT_EQ(valid.total_samples, 7);
+  const EpochPlan one = plan_epochs(29, std::nullopt, 4, "x");
+  EXPECT_EQ(one.num_epochs, 1);
+  EXPECT_EQ(one.total_samples, 7);
+  EXPECT_NE(error_of([] { plan_epochs(1, 5, 4, "split test of d"); }).find("split test of d holds 1 tokens"),
             std::string::npos);
 }
 
-TEST(MockGPTDataset, DocumentsCountUpAndEndInEod) {
-  const int64_t vocab = 50304, S = 64;  // vocab above the longest document: no wrap-around
-  const MockGPTDataset ds(vocab, S, 1234, 1000);
-  EXPECT_GE(ds.size(), 1000);
-  int64_t eods = 0;
-  for (int64_t i = 0; i < 1000; ++i) {
-    const std::vector<int32_t> t = ds.get(i).tokens;
-    ASSERT_EQ(int64_t(t.size()), S + 1);
-    for (size_t k = 0; k + 1 < t.size(); ++k) {
-      // Inside a document ids count up by one; after EOD the next document starts at 1 (or,
-      // for a one-token document, is EOD again).
-      if (t[k] == vocab - 1) {
-        ++eods;
-        EXPECT_TRUE(t[k + 1] == 1 || t[k + 1] == vocab - 1) << "sample " << i << " position " << k;
-      } else {
-        EXPECT_TRUE(t[k + 1] == t[k] + 1 || t[k + 1] == vocab - 1) << "sample " << i << " position " << k;
+TEST(GPTDataset, KnownAnswersOfMegatron) {
+  TempDir dir;
+  const std::string prefix = write_corpus(dir);
+  const GPTDataConfig config = corpus_config(prefix, dir);
+
+  const auto train_source = build_gpt_dataset(config, Split::train, 30);
+  const GPTDataset& train = as_gpt(train_source);
+  EXPECT_EQ(train.size(), 36);
+  EXPECT_EQ(train.document_index().to_vector(), (std::vector<int64_t>{1, 4, 2, 3, 1, 0, 5, 4, 0, 2, 1, 3, 4, 4, 2,
+                                                                      2, 5, 3, 5, 5, 0, 0, 1, 3, 5, 1, 4, 3, 0, 2}));
+  EXPECT_EQ(train.sample_index().to_vector(),
+            pairs({{0, 0},  {1, 1},  {1, 5},  {2, 2},  {2, 6},  {4, 0},  {5, 1},  {6, 0},  {7, 0},  {7, 4},
+                   {8, 1},  {9, 0},  {9, 4},  {10, 0}, {11, 1}, {12, 3}, {13, 0}, {13, 4}, {14, 1}, {14, 5},
+                   {15, 1}, {15, 5}, {16, 1}, {17, 1}, {18, 3}, {19, 3}, {20, 3}, {21, 2}, {22, 1}, {24, 0},
+                   {25, 0}, {26, 1}, {26, 5}, {28, 0}, {28, 4}, {29, 3}, {29, 7}}));
+  EXPECT_EQ(train.shuffle_index().to_vector(),
+            (std::vector<int64_t>{26, 22, 5,  19, 8, 21, 17, 4, 24, 13, 15, 10, 14, 18, 20, 1,  12, 27,
+                                  25, 16, 23, 9,  0, 11, 7,  3, 6,  2,  35, 30, 34, 31, 29, 33, 32, 28}));
+  EXPECT_EQ(train.document_index().type(), IndexType::i32);
+  EXPECT_EQ(train.sample_index().type(), IndexType::i32);
+  EXPECT_EQ(train.shuffle_index().type(), IndexType::u32);
+  // Sample 0 is sample 26: rows (20, 3) to (21, 2), documents 0 and 0 again.
+  EXPECT_EQ(train.get(0), (std::vector<int32_t>{3, 4, 0, 1, 2}));
+
+  const auto valid_source = build_gpt_dataset(config, Split::valid, 5);
+  const GPTDataset& valid = as_gpt(valid_source);
+  EXPECT_EQ(valid.document_index().to_vector(), (std::vector<int64_t>{6, 7, 6, 7}));
+  EXPECT_EQ(valid.sample_index().to_vector(), pairs({{0, 0}, {0, 4}, {1, 2}, {1, 6}, {2, 1}, {2, 5}, {3, 3}, {3, 7}}));
+  EXPECT_EQ(valid.shuffle_index().to_vector(), (std::vector<int64_t>{5, 2, 3, 1, 0, 6, 4}));
+
+  const auto test_source = build_gpt_dataset(config, Split::test, 5);
+  const GPTDataset& test = as_gpt(test_source);
+  EXPECT_EQ(test.document_index().to_vector(), (std::vector<int64_t>{8, 9, 8, 8, 8, 9, 9, 9}));
+  EXPECT_EQ(test.sample_index().to_vector(), pairs({{0, 0}, {1, 3}, {4, 0}, {5, 3}, {6, 2}, {7, 1}}));
+  EXPECT_EQ(test.shuffle_index().to_vector(), (std::vector<int64_t>{2, 0, 4, 3, 1}));
+}
+
+TEST(GPTDataset, SamplesAreWindowsOfTheShuffledDocumentStream) {
+  // A corpus with empty sequences; every configuration must satisfy the closed form: with F the
+  // documents concatenated in document-index order, sample index row k >= 1 is the (position,
+  // offset) of F[k*S] (offset inside a non-empty document; row 0 is always (0, 0), even on an
+  // empty document) and shuffled sample i is F[k*S, k*S + S] with k = shuffle_index[i].
+  TempDir dir;
+  const std::string prefix = dir / "gaps";
+  std::vector<int32_t> lengths;
+  {
+    IndexedDatasetBuilder builder(prefix, IndexDType::i32);
+    for (int i = 0; i < 14; ++i) {
+      const int length = (i * 7) % 5 == 0 ? 0 : 1 + (i * 5) % 9;
+      std::vector<int32_t> ids;
+      for (int k = 0; k < length; ++k) ids.push_back(1000 * i + k);
+      builder.add_document(ids, {int64_t(length)});
+      lengths.push_back(length);
+    }
+    builder.finalize();
+  }
+  const auto data = open_indexed_sequences(prefix);
+  for (int64_t seed : {1, 7, 1234}) {
+    for (int64_t S : {1, 3, 4, 16}) {
+      for (std::optional<int64_t> wanted : {std::optional<int64_t>(), std::optional<int64_t>(9),
+                                            std::optional<int64_t>(40), std::optional<int64_t>(200)}) {
+        GPTDatasetConfig config;
+        config.seq_length = S;
+        config.seed = seed;
+        config.cache_path = dir / "cache";
+        const GPTDataset ds(data, {2, 14}, Split::train, wanted, config);
+        SCOPED_TRACE("seed " + std::to_string(seed) + " S " + std::to_string(S));
+        const IndexArray& doc = ds.document_index();
+        std::vector<int32_t> flat;
+        std::vector<std::pair<int64_t, int64_t>> where;  // (position, offset) of each flat token
+        std::map<int64_t, int64_t> uses;
+        for (int64_t p = 0; p < doc.size(); ++p) {
+          ++uses[doc[p]];
+          for (int64_t k = 0; k < lengths[size_t(doc[p])]; ++k) {
+            flat.push_back(int32_t(1000 * doc[p] + k));
+            where.emplace_back(p, k);
+          }
+        }
+        for (const auto& [document, count] : uses) EXPECT_EQ(count, ds.plan().num_epochs) << "document " << document;
+        EXPECT_EQ(int64_t(uses.size()), 12);
+        ASSERT_EQ(ds.size(), (int64_t(flat.size()) - 1) / S);
+        if (wanted) {
+          EXPECT_GE(ds.size(), *wanted);
+        }
+        EXPECT_EQ(ds.sample_index().at(0, 0), 0);
+        EXPECT_EQ(ds.sample_index().at(0, 1), 0);
+        for (int64_t k = 1; k <= ds.size(); ++k) {
+          ASSERT_EQ(ds.sample_index().at(k, 0), where[size_t(k * S)].first) << "row " << k;
+          ASSERT_EQ(ds.sample_index().at(k, 1), where[size_t(k * S)].second) << "row " << k;
+        }
+        std::vector<int64_t> order = ds.shuffle_index().to_vector();
+        for (int64_t i = 0; i < ds.size(); ++i) {
+          const int64_t k = order[size_t(i)];
+          const std::vector<int32_t> expected(flat.begin() + k * S, flat.begin() + k * S + S + 1);
+          ASSERT_EQ(ds.get(i), expected) << "sample " << i;
+        }
+        std::sort(order.begin(), order.end());
+        for (int64_t i = 0; i < ds.size(); ++i) ASSERT_EQ(order[size_t(i)], i);
+        // Valid indices pass the checks a cached copy must pass.
+        EXPECT_TRUE(GPTDataset(data, {2, 14}, Split::train, wanted, config).loaded_from_cache());
       }
     }
   }
-  // Documents average ~2048 tokens, so 1000 windows of 64 inputs meet about 1000 * 64 / 2048 =
-  // 31 EODs: some (zero would mean documents never end), far fewer than 200.
-  EXPECT_GT(eods, 0);
-  EXPECT_LT(eods, 200);
 }
 
-TEST(MockGPTDataset, DeterministicPerSeedAndSplit) {
-  const MockGPTDataset a(1000, 32, 1, 0), b(1000, 32, 1, 0), c(1000, 32, 2, 0);
-  const MockGPTDataset valid(1000, 32, 1, 0, Split::valid);
-  for (int64_t i : {0, 1, 17, 12345}) EXPECT_EQ(a.get(i).tokens, b.get(i).tokens);
-  bool seed_differs = false, split_differs = false;
-  for (int64_t i = 0; i < 8; ++i) {
-    seed_differs |= a.get(i).tokens != c.get(i).tokens;
-    split_differs |= a.get(i).tokens != valid.get(i).tokens;
-  }
-  EXPECT_TRUE(seed_differs);
-  EXPECT_TRUE(split_differs);
-  EXPECT_NE(a.tokens_per_epoch(), valid.tokens_per_epoch());
+TEST(GPTDataset, ErrorsNameTheFix) {
+  TempDir dir;
+  const std::string prefix = write_corpus(dir);
+  GPTDataConfig config = corpus_config(prefix, dir);
+  config.data_path = {prefix + "_nope"};
+  const std::string missing = error_of([&] { build_gpt_dataset(config, Split::train, 1); });
+  EXPECT_NE(missing.find(prefix + "_nope.idx"), std::string::npos) << missing;
+  config.data_path = {prefix};
+  config.split = "98,2";
+  const std::string tiny = error_of([&] { build_gpt_dataset(config, Split::valid, 1); });
+  EXPECT_NE(tiny.find("gets no sequences"), std::string::npos) << tiny;  // round(0.2) = 0 sequences
+  EXPECT_EQ(build_gpt_dataset(config, Split::test, 1), nullptr);         // zero weight: not built
+  config.split = "80,10,10";                                             // test split = document 9 alone
+  const auto test = build_gpt_dataset(config, Split::test, 1);
+  EXPECT_NE(error_of([&] { test->get(test->size()); }).find("out of range"), std::string::npos);
 }
 
-TEST_F(GPTDatasetTest, BatchShiftsLabelsAndMasksAfterEod) {
-  const GPTDataset ds(IndexedDataset::open(prefix_), {0, 6}, 4, 1234, 0);
-  const std::vector<int64_t> indices = {3, 0, 5};
-  const int32_t eod = 102;  // treat token 102 (sequence 1, position 2) as EOD for the mask
-  const Batch batch = make_batch(ds, indices, eod, /*eod_mask_loss=*/true);
-  ASSERT_EQ(batch.tokens.shape(), (Shape{3, 4}));
-  ASSERT_EQ(batch.labels.shape(), (Shape{3, 4}));
-  ASSERT_EQ(batch.loss_mask.shape(), (Shape{3, 4}));
-  EXPECT_EQ(batch.tokens.dtype(), DType::i32);
-  EXPECT_EQ(batch.loss_mask.dtype(), DType::f32);
-  int masked = 0;
-  for (int64_t r = 0; r < 3; ++r) {
-    const std::vector<int32_t> sample = ds.get(indices[size_t(r)]).tokens;
-    for (int64_t t = 0; t < 4; ++t) {
-      EXPECT_EQ(batch.tokens.data<int32_t>()[r * 4 + t], sample[size_t(t)]);
-      EXPECT_EQ(batch.labels.data<int32_t>()[r * 4 + t], sample[size_t(t) + 1]);
-      const float expected = sample[size_t(t)] == eod ? 0.0f : 1.0f;  // masked where the *input* is EOD
-      EXPECT_EQ(batch.loss_mask.data<float>()[r * 4 + t], expected);
-      masked += expected == 0.0f;
-    }
-  }
-  // Every window of sequences 0..5 is used once per epoch; 102 is an input of exactly one of
-  // them. Check the whole epoch so the masking branch is exercised whatever the order.
-  std::vector<int64_t> every(size_t(ds.size()));
-  for (size_t i = 0; i < every.size(); ++i) every[i] = int64_t(i);
-  const Batch all = make_batch(ds, every, eod, true);
-  int zeros = 0;
-  for (float v : all.loss_mask.to_vector()) zeros += v == 0.0f;
-  EXPECT_EQ(zeros, 1);
-  const Batch unmasked = make_batch(ds, every, eod, false);
-  for (float v : unmasked.loss_mask.to_vector()) EXPECT_EQ(v, 1.0f);
-  EXPECT_LE(masked, 1);
+TEST(MockGPTDataset, MatchesMegatronsMockData) {
+  GPTDataConfig config;
+  config.mock_data = true;
+  config.seq_length = 8;
+  config.seed = 1234;
+  // Megatron's sample-0 vector was taken with a 1000-id vocabulary: the sample starts at offset
+  // 1102 of its document, whose ids count up modulo the vocabulary size.
+  config.vocab_size = 1000;
+  config.eod = 999;
+  const auto train_source = build_gpt_dataset(config, Split::train, 1);
+  const GPTDataset& train = as_gpt(train_source);
+  EXPECT_EQ(train.identifiers()["class"], "MockGPTDataset");
+  EXPECT_EQ(train.plan().num_epochs, 1);
+  const std::vector<int64_t> documents = train.document_index().to_vector();
+  EXPECT_EQ(documents.size(), 33333u);
+  EXPECT_EQ(std::vector<int64_t>(documents.begin(), documents.begin() + 5),
+            (std::vector<int64_t>{30903, 11571, 3134, 32473, 27454}));
+  const std::vector<int32_t> sample = train.get(0);
+  EXPECT_EQ(std::vector<int32_t>(sample.begin(), sample.end() - 1),
+            (std::vector<int32_t>{103, 104, 105, 106, 107, 108, 109, 110}));
+  EXPECT_FALSE(train.loaded_from_cache());
+}
+
+TEST(MockGPTDataset, DocumentsCountUpModuloVocabAndEndInEod) {
+  const auto mock = mock_sequences(100, 99);
+  ASSERT_EQ(mock->num_sequences(), kMockNumDocuments);
+  ASSERT_EQ(mock->sequence_length(0), 3484);  // default_rng(0)'s first length
+  std::vector<int32_t> document(3484);
+  mock->read(0, 0, 3484, document.data());
+  for (int64_t k = 0; k + 1 < 3484; ++k) ASSERT_EQ(document[size_t(k)], (k + 1) % 100) << k;
+  EXPECT_EQ(document.back(), 99);
+  std::vector<int32_t> tail(2);
+  mock->read(0, 3482, 2, tail.data());
+  EXPECT_EQ(tail, (std::vector<int32_t>{3483 % 100, 99}));
+}
+
+namespace {
+
+// One fixed sample at every index.
+class FixedSample final : public SampleSource {
+ public:
+  explicit FixedSample(std::vector<int32_t> tokens) : tokens_(std::move(tokens)) {}
+  int64_t size() const override { return 4; }
+  int64_t sample_length() const override { return int64_t(tokens_.size()); }
+  void read(int64_t, int32_t* out) const override { std::copy(tokens_.begin(), tokens_.end(), out); }
+
+ private:
+  std::vector<int32_t> tokens_;
+};
+
+std::vector<int32_t> ints(const Tensor& t) {
+  std::vector<int32_t> out(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+  return out;
+}
+
+}  // namespace
+
+TEST(MakeBatch, MasksPositionsAndSegmentsAsMegatron) {
+  // EODs (id 2) at input positions 1, 4 and 5; worked by hand from Megatron's loop.
+  const FixedSample source({5, 2, 7, 8, 2, 2, 9, 4});
+  BatchOptions options;
+  options.eod = 2;
+  const std::vector<int64_t> rows = {0, 3};
+  Batch plain = make_batch(source, rows, options);
+  EXPECT_EQ(plain.tokens.shape(), (Shape{2, 7}));
+  EXPECT_EQ(ints(plain.tokens), (std::vector<int32_t>{5, 2, 7, 8, 2, 2, 9, 5, 2, 7, 8, 2, 2, 9}));
+  EXPECT_EQ(ints(plain.labels), (std::vector<int32_t>{2, 7, 8, 2, 2, 9, 4, 2, 7, 8, 2, 2, 9, 4}));
+  EXPECT_EQ(plain.loss_mask.to_vector(), std::vector<float>(14, 1.0f));
+  EXPECT_EQ(ints(plain.position_ids), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_FALSE(plain.segment_ids.defined());
+
+  options.eod_mask_loss = true;
+  options.reset_position_ids = true;
+  options.reset_attention_mask = true;
+  Batch reset = make_batch(source, std::vector<int64_t>{1}, options);
+  EXPECT_EQ(reset.loss_mask.to_vector(), (std::vector<float>{1, 0, 1, 1, 0, 0, 1}));
+  EXPECT_EQ(ints(reset.position_ids), (std::vector<int32_t>{0, 1, 0, 1, 2, 0, 0}));
+  EXPECT_EQ(ints(reset.segment_ids), (std::vector<int32_t>{0, 0, 1, 1, 1, 2, 3}));
+
+  // A tokenizer pad id (here 9): its labels are untrained, and pads read as id 0.
+  options.pad = 9;
+  Batch padded = make_batch(source, std::vector<int64_t>{1}, options);
+  EXPECT_EQ(padded.loss_mask.to_vector(), (std::vector<float>{1, 0, 1, 1, 0, 0, 1}));  // label 9 at t=5 (EOD input)
+  options.eod_mask_loss = false;
+  padded = make_batch(source, std::vector<int64_t>{1}, options);
+  EXPECT_EQ(padded.loss_mask.to_vector(), (std::vector<float>{1, 1, 1, 1, 1, 0, 1}));
+  EXPECT_EQ(ints(padded.tokens), (std::vector<int32_t>{5, 2, 7, 8, 2, 2, 0}));
+  EXPECT_EQ(ints(padded.labels), (std::vector<int32_t>{2, 7, 8, 2, 2, 0, 4}));
+}
+
+TEST(MakeBatch, HostAllocatorBacksTheTensors) {
+  const FixedSample source({1, 2, 3, 4, 5});
+  size_t asked = 0;
+  std::shared_ptr<void> given;
+  const HostAllocator allocator = [&](size_t bytes) {
+    asked = bytes;
+    given = std::shared_ptr<void>(::operator new(bytes), [](void* p) { ::operator delete(p); });
+    return given;
+  };
+  BatchOptions options;
+  options.reset_attention_mask = true;
+  const Batch batch = make_batch(source, std::vector<int64_t>{0, 1, 2}, options, allocator);
+  EXPECT_EQ(asked, 5u * 64u);  // five arrays of 3 x 4 4-byte values, each on a 64-byte boundary
+  EXPECT_EQ(batch.host_memory, given);
+  const char* base = static_cast<const char*>(given.get());
+  EXPECT_EQ(static_cast<const char*>(batch.tokens.raw()), base);
+  EXPECT_EQ(static_cast<const char*>(batch.segment_ids.raw()), base + 4 * 64);
+  EXPECT_EQ(ints(batch.labels), (std::vector<int32_t>{2, 3, 4, 5, 2, 3, 4, 5, 2, 3, 4, 5}));
+}
+
+TEST(TransitionalEntryPoints, AgreeWithTheBuilder) {
+  TempDir dir;
+  const std::string prefix = write_corpus(dir);
+  const auto old_train = build_split_dataset({prefix}, "60,20,20", 0, 4, 1234, 30);
+  const auto train = build_gpt_dataset(corpus_config(prefix, dir), Split::train, 30);
+  ASSERT_EQ(old_train->size(), train->size());
+  for (int64_t i = 0; i < train->size(); ++i) EXPECT_EQ(old_train->get(i), train->get(i));
+  EXPECT_NE(error_of([&] { build_split_dataset({prefix}, "1", 3, 4, 1, 0); }).find("split index 3"), std::string::npos);
+  const MockGPTDataset mock(1000, 8, 1234, 1);
+  EXPECT_EQ(mock.get(0)[0], 103);
+  const Batch batch = make_batch(*train, std::vector<int64_t>{0}, 4, true);
+  EXPECT_EQ(batch.loss_mask.to_vector(), (std::vector<float>{1, 0, 1, 1}));  // sample 0 = 3, 4, 0, 1, 2
 }

@@ -68,7 +68,9 @@ TEST(NullTokenizer, RejectsWordsThatAreNotIdsInTheVocabulary) {
 }
 
 TEST(TokenizerFactory, BuildsTheNamedTokenizer) {
-  EXPECT_EQ(supported_tokenizer_types(), (std::vector<std::string>{"ByteTokenizer", "NullTokenizer"}));
+  EXPECT_EQ(supported_tokenizer_types(),
+            (std::vector<std::string>{"ByteTokenizer", "NullTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer",
+                                      "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"}));
   const auto byte = make_tokenizer("ByteTokenizer", 0, "");
   EXPECT_EQ(byte->name(), "ByteTokenizer");
   EXPECT_EQ(make_tokenizer("ByteTokenizer", 257, "")->vocab_size(), 257);
@@ -78,12 +80,24 @@ TEST(TokenizerFactory, BuildsTheNamedTokenizer) {
 }
 
 TEST(TokenizerFactory, ErrorsNameTheProblem) {
-  const std::string unknown = error_of([] { make_tokenizer("GPT2BPETokenizer", 0, ""); });
-  EXPECT_NE(unknown.find("'GPT2BPETokenizer'"), std::string::npos) << unknown;
-  EXPECT_NE(unknown.find("supported: ByteTokenizer, NullTokenizer"), std::string::npos) << unknown;
+  const std::string unknown = error_of([] { make_tokenizer("TikTokenizer", 0, ""); });
+  EXPECT_NE(unknown.find("'TikTokenizer'"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("supported: ByteTokenizer (no files), NullTokenizer (--vocab-size), GPT2BPETokenizer "
+                         "(--vocab-file vocab.json --merge-file merges.txt), HuggingFaceTokenizer"),
+            std::string::npos)
+      << unknown;
   EXPECT_NE(error_of([] { make_tokenizer("NullTokenizer", 0, ""); }).find("--vocab-size"), std::string::npos);
   EXPECT_NE(error_of([] { make_tokenizer("ByteTokenizer", 300, ""); }).find("fixed vocabulary of 257"),
             std::string::npos);
   EXPECT_NE(error_of([] { make_tokenizer("ByteTokenizer", 0, "tok.model"); }).find("--tokenizer-model tok.model"),
+            std::string::npos);
+  TokenizerOptions options;
+  options.type = "NullTokenizer";
+  options.vocab_size = 10;
+  options.merge_file = "merges.txt";
+  EXPECT_NE(error_of([&] { make_tokenizer(options); }).find("NullTokenizer takes no --merge-file"), std::string::npos);
+  options.type = "HuggingFaceTokenizer";
+  options.merge_file.clear();
+  EXPECT_NE(error_of([&] { make_tokenizer(options); }).find("HuggingFaceTokenizer needs --tokenizer-model"),
             std::string::npos);
 }

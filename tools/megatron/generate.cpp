@@ -9,6 +9,7 @@
 #include "megatron/core/error.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/training/checkpoint_io.h"
+#include "megatron/training/device.h"
 
 namespace megatron::tools {
 
@@ -21,11 +22,13 @@ struct GenerateArgs {
   float temperature = 0.8f;
   int64_t top_k = 40;
   int64_t seed = 1234;
+  std::string device = "auto";
 };
 
 const char* const kHelp =
     "usage: megatron generate --load DIR [--prompt TEXT] [--max-new-tokens 64] [--num-samples 1]\n"
-    "                         [--temperature 0.8 (0 = greedy)] [--top-k 40 (0 = all)] [--seed 1234]\n";
+    "                         [--temperature 0.8 (0 = greedy)] [--top-k 40 (0 = all)] [--seed 1234]\n"
+    "                         [--device auto|cpu|cuda]\n";
 
 GenerateArgs parse(const Args& args) {
   GenerateArgs g;
@@ -78,7 +81,7 @@ int generate(const Args& args) {
   const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,
                                                   train_args.data.tokenizer_model);
   ParallelContext ctx = ParallelContext::single_process();
-  GPTModel model(train_args.model, ctx);
+  GPTModel model(train_args.model, ctx, select_device(g.device, 0));
   load_model_weights(g.load, model);
 
   std::vector<int32_t> prompt = tokenizer->encode(g.prompt);

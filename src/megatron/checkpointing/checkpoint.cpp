@@ -190,7 +190,7 @@ void write_shard_file(const std::string& dir, const std::string& file, const std
       key += "@";
       for (size_t d = 0; d < s.global_offset.size(); ++d) key += (d ? "," : "") + std::to_string(s.global_offset[d]);
     }
-    named.push_back({key, s.local});
+    named.push_back({key, s.local.to(Device::cpu())});  // device tensors are written from a host copy
     report.shards.push_back(
         {s.name, {s.local.dtype(), s.global_shape, {{file, key, s.global_offset, s.local.shape()}}}});
   }
@@ -497,8 +497,13 @@ void CheckpointReader::load(const std::string& name, const Shape& global_offset,
   const TensorInfo tensor = info(name);
   const TensorMeta& meta = state_->tensors.at(name);
   const size_t rank = tensor.global_shape.size();
-  MEGATRON_CHECK(dest.defined() && dest.device().is_cpu(),
-                 "loading tensor '" << name << "' needs a defined CPU destination tensor");
+  MEGATRON_CHECK(dest.defined(), "loading tensor '" << name << "' needs a defined destination tensor");
+  if (!dest.device().is_cpu()) {  // assemble on the host, then one copy to the device
+    Tensor host = Tensor::empty(dest.shape(), dest.dtype());
+    load(name, global_offset, host);
+    dest.copy_from(host);
+    return;
+  }
   MEGATRON_CHECK(dest.shape().size() == rank && global_offset.size() == rank,
                  "loading tensor '" << name << "' of global shape " << shape_str(tensor.global_shape) << " into "
                                     << shape_str(dest.shape()) << " at offset " << shape_str(global_offset)

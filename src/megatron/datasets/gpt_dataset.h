@@ -1,29 +1,33 @@
 #pragma once
-// GPT training samples: fixed-length windows over a token stream, and the batches built from
-// them.
+// Megatron's GPTDataset (megatron-compat.md section 2): the same samples in the same order as
+// Megatron-LM for the same files, split, seed, sequence length and sample count.
 //
-// This is the simple pipeline of the Foundation issue, not yet Megatron's GPTDataset
-// algorithm: the split's sequences are concatenated in file order into one stream of T tokens,
-// sample k is stream[k*S, k*S + S + 1) (consecutive samples overlap by one token, as in
-// Megatron), the floor((T - 1) / S) samples of an epoch are shuffled once with HostRng(seed),
-// and that order repeats for as many epochs as num_samples needs. Megatron's document-level
-// shuffle across epochs (megatron-compat.md section 2) arrives with the data pipeline issue as
-// another SampleSource; split parsing below already follows Megatron exactly.
+// A GPTDataset reads one split (a range of .idx *sequences*, which it treats as documents; the
+// .idx document boundaries are ignored as in Megatron) and builds three indices
+// (gpt_dataset_indices.h): the documents over E epochs shuffled once across epochs, the sample
+// boundaries in that stream, and a shuffle of the samples. Its length is every sample of the E
+// epochs, usually more than the number asked for. The indices are cached on disk in Megatron's
+// format (dataset_cache.h). MockGPTDataset is the same algorithm over Megatron's synthetic
+// documents (section 3).
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "megatron/core/tensor.h"
+#include "megatron/datasets/gpt_dataset_indices.h"
 #include "megatron/datasets/indexed_dataset.h"
 
 namespace megatron::datasets {
 
 enum class Split : int { train = 0, valid = 1, test = 2 };
-const char* split_name(Split split);  // "train", "valid", "test" (Megatron's cache-file names)
+const char* split_name(Split split);  // "train", "valid", "test" (Megatron's Split names)
 
 // Megatron's split matrix: for each split the fraction range [lo, hi) of the sequences, or
 // nullopt where its weight is zero (that split is not built). `--split "969,30,1"`: numbers are
@@ -31,9 +35,12 @@ const char* split_name(Split split);  // "train", "valid", "test" (Megatron's ca
 // sum in float64 and accumulated left to right.
 using SplitMatrix = std::array<std::optional<std::pair<double, double>>, 3>;
 SplitMatrix parse_split(const std::string& split);
+// The matrix as Megatron writes it in a dataset description: [[0, 0.969], [0.969, 0.999], ...],
+// null for unbuilt splits; the very first bound is the integer 0, as Python's running sum
+// starts from int 0.
+nlohmann::ordered_json split_matrix_json(const SplitMatrix& matrix);
 
-// Sequences [begin, end) of a dataset. Like Megatron's GPTDataset, samples are drawn from
-// .idx *sequences*; document boundaries are ignored.
+// Sequences [begin, end) of a dataset.
 struct SequenceRange {
   int64_t begin = 0;
   int64_t end = 0;
@@ -42,91 +49,148 @@ struct SequenceRange {
 // Megatron's rule: begin = round(lo * N), end = round(hi * N), rounding half to even.
 std::optional<SequenceRange> split_range(const SplitMatrix& matrix, Split split, int64_t num_sequences);
 
-struct Sample {
-  std::vector<int32_t> tokens;  // seq_length + 1 ids: inputs are tokens[:-1], labels tokens[1:]
-};
-
-// Anything training can draw samples from by index (GPT datasets now; blends later).
+// Fixed-length token samples by index: GPT datasets and blends of them.
 class SampleSource {
  public:
   virtual ~SampleSource() = default;
   virtual int64_t size() const = 0;
-  virtual Sample get(int64_t index) const = 0;  // index in [0, size()); thread-safe
+  virtual int64_t sample_length() const = 0;  // ids per sample: seq_length + 1 (inputs, then one more label)
+  // Writes sample `index` (in [0, size())) as sample_length() ids. Thread-safe.
+  virtual void read(int64_t index, int32_t* out) const = 0;
+  std::vector<int32_t> get(int64_t index) const;  // read() into a new vector
 };
 
-// Samples cut from the concatenation of a list of documents (the scheme described at the top).
-// Subclasses supply the documents' lengths and contents.
-class ConcatenatedSamples : public SampleSource {
+// The token sequences a GPT dataset draws its documents from (Megatron's low-level dataset).
+class SequenceSource {
  public:
-  int64_t size() const override { return num_epochs_ * samples_per_epoch(); }
-  Sample get(int64_t index) const override;
-
-  int64_t seq_length() const { return seq_length_; }
-  int64_t tokens_per_epoch() const { return starts_.back(); }
-  int64_t samples_per_epoch() const { return int64_t(order_.size()); }
-  int64_t num_epochs() const { return num_epochs_; }
-
- protected:
-  // num_samples: the least number of samples wanted (0: one epoch). `what` names the data in
-  // errors, e.g. "split train of data/foo_text_document".
-  ConcatenatedSamples(const std::vector<int64_t>& document_lengths, int64_t seq_length, uint64_t seed,
-                      int64_t num_samples, const std::string& what);
-  // Writes tokens [offset, offset + length) of document `document` to out.
-  virtual void read_document(int64_t document, int64_t offset, int64_t length, int32_t* out) const = 0;
-  int64_t document_length(int64_t document) const { return starts_[size_t(document) + 1] - starts_[size_t(document)]; }
-
- private:
-  std::vector<int64_t> starts_;  // stream position of each document's first token; back() = T
-  std::vector<int64_t> order_;   // the shuffled sample order of one epoch
-  int64_t seq_length_ = 0;
-  int64_t num_epochs_ = 1;
+  virtual ~SequenceSource() = default;
+  virtual int64_t num_sequences() const = 0;
+  virtual int32_t sequence_length(int64_t i) const = 0;
+  // Tokens [offset, offset + length) of sequence i. Thread-safe.
+  virtual void read(int64_t i, int64_t offset, int64_t length, int32_t* out) const = 0;
+  virtual std::optional<std::string> path() const = 0;  // the data prefix; nullopt for mock data
+  virtual std::string dataset_class() const = 0;        // "GPTDataset" or "MockGPTDataset"
 };
 
-// Samples from sequences `range` of an indexed dataset.
-class GPTDataset final : public ConcatenatedSamples {
+// The sequences of `<prefix>.bin/.idx`.
+std::shared_ptr<const SequenceSource> open_indexed_sequences(const std::string& prefix);
+
+// Megatron's mock documents: 100,000 of them, lengths numpy.random.default_rng(0).integers(1,
+// 4096) (so in [1, 4095]); document i of length L holds (1, 2, ..., L-1) mod vocab_size, then
+// eod.
+inline constexpr int64_t kMockNumDocuments = 100000;
+std::shared_ptr<const SequenceSource> mock_sequences(int64_t vocab_size, int32_t eod);
+
+// What, besides the data and the split's range, decides a GPTDataset's indices, and what its
+// cached description records.
+struct GPTDatasetConfig {
+  int64_t seq_length = 0;
+  int64_t seed = 1234;  // --seed: the dataset's RandomState seed (not offset per rank)
+  // The --split string the range came from; nullopt when each split has its own paths (the
+  // description then records null for the split and its matrix).
+  std::optional<std::string> split;
+  // --data-cache-path. Empty: Megatron's default <prefix>/cache/GPTDataset_indices for files,
+  // no cache for mock data.
+  std::string cache_path;
+  // The tokenizer's identifiers (Megatron's tokenizer.unique_identifiers), recorded in the
+  // description, so the cache is keyed on the tokenizer too; null if unknown.
+  nlohmann::ordered_json tokenizer;
+};
+
+class GPTDataset final : public SampleSource {
  public:
-  GPTDataset(IndexedDataset data, SequenceRange range, int64_t seq_length, uint64_t seed, int64_t num_samples);
+  // Builds the indices over sequences `range` of `data` for `split`, or maps them from the
+  // cache. num_samples is the least number of samples wanted (nullopt: one epoch).
+  GPTDataset(std::shared_ptr<const SequenceSource> data, SequenceRange range, Split split,
+             std::optional<int64_t> num_samples, const GPTDatasetConfig& config);
+
+  int64_t size() const override { return plan_.total_samples; }
+  int64_t sample_length() const override { return seq_length_ + 1; }
+  void read(int64_t index, int32_t* out) const override;
+
+  // Megatron's unique_identifiers: class, dataset_path, num_samples, index_split, random_seed,
+  // sequence_length, split, split_matrix, tokenizer (in that order).
+  const nlohmann::ordered_json& identifiers() const { return identifiers_; }
+  const EpochPlan& plan() const { return plan_; }
+  const IndexArray& document_index() const { return document_index_; }
+  const IndexArray& sample_index() const { return sample_index_; }
+  const IndexArray& shuffle_index() const { return shuffle_index_; }
+  bool loaded_from_cache() const { return loaded_from_cache_; }
 
  private:
-  void read_document(int64_t document, int64_t offset, int64_t length, int32_t* out) const override;
-  IndexedDataset data_;
+  void build(const std::string& what);
+  // Empty when the arrays fit this dataset; else what is wrong (a damaged cache).
+  std::string check_indices() const;
+
+  std::shared_ptr<const SequenceSource> data_;
   SequenceRange range_;
+  int64_t seq_length_ = 0;
+  int64_t seed_ = 0;
+  std::vector<int32_t> lengths_;  // of sequences [range.begin, range.end)
+  DocumentRange documents_;
+  EpochPlan plan_;
+  nlohmann::ordered_json identifiers_;
+  IndexArray document_index_, sample_index_, shuffle_index_;
+  bool loaded_from_cache_ = false;
 };
 
-// Synthetic data shaped like Megatron's --mock-data: 100,000 documents, split "1,1,1"; document
-// i of length L is [1, 2, ..., L-1] (mod vocab_size) followed by EOD = vocab_size - 1 (the
-// NullTokenizer's EOD). Lengths in [1, 4095] come from HostRng(0) where Megatron draws them from
-// numpy's PCG64 (default_rng(0)); exact mock parity is left to the data pipeline issue.
-class MockGPTDataset final : public ConcatenatedSamples {
- public:
-  static constexpr int64_t kNumDocuments = 100000;
-  static constexpr int64_t kMaxDocumentLength = 4095;
+// ---- batches --------------------------------------------------------------------------------
 
-  MockGPTDataset(int64_t vocab_size, int64_t seq_length, uint64_t seed, int64_t num_samples,
-                 Split split = Split::train);
+// Host memory for batches: a block of at least `bytes` bytes, valid while the returned pointer
+// lives (its deleter gives it back). The CUDA backend passes one that hands out pinned
+// (page-locked) buffers from a pool so host-to-device copies can run asynchronously; empty
+// means ordinary tensors from the CPU allocator.
+using HostAllocator = std::function<std::shared_ptr<void>(size_t bytes)>;
 
- private:
-  void read_document(int64_t document, int64_t offset, int64_t length, int32_t* out) const override;
-  int64_t vocab_size_;
+// Megatron's per-sample masks and positions (megatron-compat.md section 2.4, step 4-5).
+struct BatchOptions {
+  int32_t eod = -1;                   // the tokenizer's end-of-document id
+  bool eod_mask_loss = false;         // --eod-mask-loss
+  bool reset_position_ids = false;    // --reset-position-ids
+  bool reset_attention_mask = false;  // --reset-attention-mask
+  // Megatron's tokenizer.pad (-1 when the tokenizer has none): labels equal to it are not
+  // trained and both tokens and labels equal to it are replaced by 0.
+  int32_t pad = -1;
 };
-
-// The dataset of split `split_index` (0 train, 1 valid, 2 test) of `data_path` (Megatron's
-// --data-path list; one prefix without a weight for now). Returns nullptr when that split has
-// zero weight in `split`, as Megatron then builds no dataset. Throws on blends, missing files
-// and splits too small for one sample.
-std::unique_ptr<SampleSource> build_split_dataset(const std::vector<std::string>& data_path, const std::string& split,
-                                                  int split_index, int64_t seq_length, uint64_t seed,
-                                                  int64_t num_samples);
 
 struct Batch {
   Tensor tokens;     // (B,S) i32: sample[:-1]
   Tensor labels;     // (B,S) i32: sample[1:]
-  Tensor loss_mask;  // (B,S) f32: 1, or 0 where the input token is EOD with eod_mask_loss
+  Tensor loss_mask;  // (B,S) f32: 1; 0 where the input is EOD (eod_mask_loss) or the label is pad
+  // (B,S) i32: 0..S-1, or with reset_position_ids restarting at 0 after each EOD input.
+  Tensor position_ids;
+  // (B,S) i32, only with reset_attention_mask (else undefined): the document each position
+  // belongs to, counting the EOD inputs before it. Megatron's block-diagonal causal mask lets
+  // position t attend to s exactly when s <= t and segment_ids[s] == segment_ids[t]. The model
+  // does not consume position_ids or segment_ids yet (attention is plain causal).
+  Tensor segment_ids;
+  std::shared_ptr<void> host_memory;  // the HostAllocator block the tensors view, when one was given
 };
 
-// Stacks the samples at `sample_indices` (one row each). As in Megatron, --eod-mask-loss zeroes
-// the loss of positions whose *input* token is EOD: predicting EOD is trained, predicting the
-// next document's first token from it is not.
+// Stacks the samples at `sample_indices` (one row each) and derives masks and positions as
+// Megatron's GPTDataset.__getitem__ does.
+Batch make_batch(const SampleSource& source, std::span<const int64_t> sample_indices, const BatchOptions& options,
+                 const HostAllocator& allocator = {});
+
+// ---- transitional entry points ----------------------------------------------------------------
+// The calls training.cpp makes today, kept until it moves to build_gpt_dataset
+// (blended_dataset.h) and DataLoader (data_loader.h); delete them then.
+
+// Mock data with EOD = vocab_size - 1, as a SampleSource.
+class MockGPTDataset final : public SampleSource {
+ public:
+  MockGPTDataset(int64_t vocab_size, int64_t seq_length, int64_t seed, int64_t num_samples, Split split = Split::train);
+  int64_t size() const override { return dataset_->size(); }
+  int64_t sample_length() const override { return dataset_->sample_length(); }
+  void read(int64_t index, int32_t* out) const override { dataset_->read(index, out); }
+
+ private:
+  std::unique_ptr<GPTDataset> dataset_;
+};
+// build_gpt_dataset for --data-path/--split (defined in blended_dataset.cpp).
+std::unique_ptr<SampleSource> build_split_dataset(const std::vector<std::string>& data_path, const std::string& split,
+                                                  int split_index, int64_t seq_length, int64_t seed,
+                                                  int64_t num_samples);
 Batch make_batch(const SampleSource& source, const std::vector<int64_t>& sample_indices, int32_t eod,
                  bool eod_mask_loss);
 

@@ -14,19 +14,25 @@
 
 namespace megatron::ops {
 
+#ifdef MEGATRON_WITH_CUDA
+#define MEGATRON_DISPATCH(first, fn, ...)                         \
+  do {                                                            \
+    if ((first).device().is_cuda()) return cuda::fn(__VA_ARGS__); \
+    return cpu::fn(__VA_ARGS__);                                  \
+  } while (0)
+#else
 namespace {
-// The CUDA backend (issue: CUDA backend) adds its branch here; until an op has one, a CUDA
-// tensor reaching it is a clear error rather than a silent host round-trip.
 void require_cpu_backend(const Tensor& t, const char* op) {
-  MEGATRON_CHECK(t.device().is_cpu(), op << " has no CUDA implementation in this build; run with --device cpu");
+  MEGATRON_CHECK(t.device().is_cpu(), op << " got a CUDA tensor but this build has no CUDA backend; "
+                                         << "rebuild with the CUDA toolkit or run with --device cpu");
 }
 }  // namespace
-
 #define MEGATRON_DISPATCH(first, fn, ...) \
   do {                                    \
     require_cpu_backend(first, #fn);      \
     return cpu::fn(__VA_ARGS__);          \
   } while (0)
+#endif
 
 void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& p) {
   MEGATRON_DISPATCH(c, matmul, c, a, b, p);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "megatron/checkpointing/checkpoint.h"
-#include "megatron/core/parameter.h"
+#include "megatron/distributed/parameter.h"
 #include "megatron/parallel/comm.h"
 
 namespace megatron {

@@ -7,7 +7,7 @@
 // forward() fills a Saved struct with exactly what backward() needs.
 #include <string>
 
-#include "megatron/core/parameter.h"
+#include "megatron/distributed/parameter.h"
 #include "megatron/parallel/comm.h"
 
 namespace megatron::tensor_parallel {

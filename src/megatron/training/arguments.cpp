@@ -167,11 +167,27 @@ std::vector<Flag> build_flag_table() {
       {"--data-path", FIELD(data.data_path), data,
        "Dataset prefixes (PREFIX.bin/.idx), optionally weighted: [w1] p1 [w2] p2 ..."},
       {"--split", FIELD(data.split), data, "Train/valid/test weights of --data-path, e.g. 969,30,1"},
+      {"--train-data-path", FIELD(data.train_data_path), data, "Training blend, instead of --data-path + --split"},
+      {"--valid-data-path", FIELD(data.valid_data_path), data, "Validation blend, with --train-data-path"},
+      {"--test-data-path", FIELD(data.test_data_path), data, "Test blend, with --train-data-path"},
+      {"--data-cache-path", FIELD(data.data_cache_path), data,
+       "Where the dataset index cache lives; default: <first prefix's dir>/cache/GPTDataset_indices"},
+      {"--num-workers", FIELD(data.num_workers), data, "Loader prefetch: 2 x this many batches ahead; 0: none"},
+      {"--mid-level-dataset-surplus", FIELD(data.mid_level_dataset_surplus), data,
+       "Extra samples each blended dataset builds, as a fraction"},
       {"--mock-data", Switch{FIELD(data.mock_data), true}, data, "Megatron's synthetic dataset instead of files"},
-      {"--tokenizer-type", FIELD(data.tokenizer_type), data, "NullTokenizer or ByteTokenizer; required"},
+      {"--tokenizer-type", FIELD(data.tokenizer_type), data,
+       "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, "
+       "Llama2Tokenizer, ByteTokenizer or NullTokenizer; required"},
+      {"--vocab-file", FIELD(data.vocab_file), data, "GPT-2 vocab.json (GPT2BPETokenizer)"},
+      {"--merge-file", FIELD(data.merge_file), data, "GPT-2 merges.txt (GPT2BPETokenizer)"},
       {"--tokenizer-model", FIELD(data.tokenizer_model), data, "Model file of tokenizers that need one"},
       {"--vocab-size", FIELD(data.vocab_size), data, "Vocabulary size of NullTokenizer"},
       {"--eod-mask-loss", Switch{FIELD(data.eod_mask_loss), true}, data, "No loss on end-of-document tokens"},
+      {"--reset-position-ids", Switch{FIELD(data.reset_position_ids), true}, data,
+       "Restart position ids after each end-of-document token"},
+      {"--reset-attention-mask", Switch{FIELD(data.reset_attention_mask), true}, data,
+       "No attention across documents inside a sample"},
       {"--save", FIELD(save), checkpoint, "Directory to write checkpoints to"},
       {"--load", FIELD(load), checkpoint, "Directory to resume from"},
       {"--save-interval", FIELD(save_interval), checkpoint, "Iterations between checkpoints; required with --save"},
@@ -558,30 +574,20 @@ TrainingArgs resolve(const std::vector<std::vector<Assignment>>& layers, int64_t
 
 // ---- derivation and validation ----------------------------------------------------------------
 
-// The tokenizer's vocabulary size, or nullopt with the reason in *why.
+// The tokenizer's vocabulary size, or nullopt with the reason in *why. The tokenizer itself
+// knows which flags it needs and rejects those it does not take, so it is built here.
 std::optional<int64_t> known_vocab_size(const DataArgs& data, std::string* why) {
-  const std::string& type = data.tokenizer_type;
-  if ((type == "NullTokenizer" || type == "ByteTokenizer") && !data.tokenizer_model.empty()) {
-    *why = concat("--tokenizer-model ", data.tokenizer_model, " does not apply to ", type,
-                  ", which needs no model file: drop --tokenizer-model");
-  } else if (type == "NullTokenizer" && data.vocab_size <= 0) {
-    *why = concat("--tokenizer-type NullTokenizer needs --vocab-size N (got ", data.vocab_size,
-                  "): its ids are the numbers 0..N-1; e.g. --vocab-size 50257");
-  } else if (type == "NullTokenizer") {
-    return data.vocab_size;
-  } else if (type == "ByteTokenizer" && data.vocab_size != 0) {
-    *why = concat("--vocab-size ", data.vocab_size, " does not apply to ByteTokenizer (256 bytes + end of document = ",
-                  datasets::ByteTokenizer::kVocabSize, " ids): drop --vocab-size");
-  } else if (type == "ByteTokenizer") {
-    return datasets::ByteTokenizer::kVocabSize;
-  } else if (type.empty()) {
-    *why =
-        "--tokenizer-type is required: use NullTokenizer with --vocab-size N (e.g. with --mock-data) or ByteTokenizer";
-  } else {
-    *why =
-        concat("--tokenizer-type ", type, " is not wired into megatron train yet: use NullTokenizer or ByteTokenizer");
+  if (data.tokenizer_type.empty()) {
+    *why = concat("--tokenizer-type is required: e.g. GPT2BPETokenizer with --vocab-file/--merge-file, ",
+                  "HuggingFaceTokenizer with --tokenizer-model, or NullTokenizer with --vocab-size N for --mock-data");
+    return std::nullopt;
   }
-  return std::nullopt;
+  try {
+    return datasets::make_tokenizer(tokenizer_options(data))->vocab_size();
+  } catch (const Error& e) {
+    *why = e.what();
+    return std::nullopt;
+  }
 }
 
 // --split weights (Megatron reads every run of [.0-9] as a number), or nullopt if malformed.
@@ -684,13 +690,29 @@ void check_optimizer(const OptimizerArgs& o, std::vector<std::string>& errors) {
 void check_data(const TrainingArgs& a, std::vector<std::string>& errors) {
   const DataArgs& d = a.data;
   const bool has_path = !d.data_path.empty();
-  if (d.mock_data && has_path) {
+  const bool per_split = d.has_per_split_paths();
+  if (d.mock_data && (has_path || per_split)) {
     errors.push_back(
-        "--mock-data and --data-path are mutually exclusive: train on files or on synthetic data; "
+        "--mock-data and data paths are mutually exclusive: train on files or on synthetic data; "
         "drop one");
-  } else if (!d.mock_data && !has_path) {
-    errors.push_back("no training data: give --data-path PREFIX (PREFIX.bin/.idx) or --mock-data");
+  } else if (has_path && per_split) {
+    errors.push_back(
+        "--data-path and --train/valid/test-data-path are mutually exclusive: give one blend with --split, "
+        "or one blend per split");
+  } else if (!d.mock_data && !has_path && d.train_data_path.empty()) {
+    errors.push_back(
+        "no training data: give --data-path PREFIX (PREFIX.bin/.idx), --train-data-path PREFIX or --mock-data");
   }
+  if (per_split && a.eval_interval > 0 && d.valid_data_path.empty())
+    errors.push_back(concat("--eval-interval ", a.eval_interval,
+                            " with per-split paths needs --valid-data-path, or set --eval-interval 0"));
+  if (d.num_workers < 0) errors.push_back(concat("--num-workers ", d.num_workers, " must be >= 0"));
+  if (a.seed < 0 || a.seed > 4294967295LL)
+    errors.push_back(concat("--seed ", a.seed, " must lie in [0, 2^32-1] (numpy's RandomState range)"));
+  if (d.reset_attention_mask)
+    errors.push_back(
+        "--reset-attention-mask needs document-aware attention, which the attention kernels do not have yet; "
+        "drop the flag (samples then attend across document boundaries, as without it)");
   std::string why;
   if (!known_vocab_size(d, &why)) errors.push_back(why);
 
@@ -766,6 +788,10 @@ std::string metavar(const Flag& flag) {
 
 }  // namespace
 
+datasets::TokenizerOptions tokenizer_options(const DataArgs& data) {
+  return {data.tokenizer_type, data.vocab_size, data.tokenizer_model, data.vocab_file, data.merge_file};
+}
+
 int64_t tokenizer_vocab_size(const DataArgs& data) {
   std::string why;
   const std::optional<int64_t> size = known_vocab_size(data, &why);
@@ -789,6 +815,10 @@ void derive_training_args(TrainingArgs& a) {
 
 std::vector<std::string> validate(const TrainingArgs& args) {
   std::vector<std::string> errors = validate(args.model);
+  // The vocabulary comes from the tokenizer: when that fails, check_data says why, and the
+  // model's "vocab size 0" would only repeat it.
+  if (args.model.vocab_size <= 0)
+    std::erase_if(errors, [](const std::string& e) { return e.rfind("vocab size ", 0) == 0; });
   check_batch(args, errors);
   check_schedule(args.optimizer, args.train_iters, errors);
   check_optimizer(args.optimizer, errors);

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/transformer/transformer_config.h"
 
 namespace megatron {
@@ -33,12 +34,23 @@ struct OptimizerArgs {
 
 struct DataArgs {
   std::vector<std::string> data_path;  // Megatron's "[w1] p1 [w2] p2 ..." list, as given
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;  // per-split blends
   std::string split = "969, 30, 1";
   bool mock_data = false;
-  std::string tokenizer_type;   // NullTokenizer, ByteTokenizer, ...
-  std::string tokenizer_model;  // path for tokenizers that need one
-  int64_t vocab_size = 0;       // NullTokenizer size
+  std::string data_cache_path;         // index cache; derived by the dataset: <prefix>/cache/...
+  std::string tokenizer_type;          // NullTokenizer, ByteTokenizer, GPT2BPETokenizer, ...
+  std::string tokenizer_model;         // path for tokenizers that need one
+  std::string vocab_file, merge_file;  // GPT2BPETokenizer
+  int64_t vocab_size = 0;              // NullTokenizer size
   bool eod_mask_loss = false;
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  int64_t num_workers = 2;  // loader: batches prefetched = 2 * num_workers (0: none)
+  double mid_level_dataset_surplus = 0.005;
+
+  bool has_per_split_paths() const {
+    return !train_data_path.empty() || !valid_data_path.empty() || !test_data_path.empty();
+  }
 };
 
 struct TrainingArgs {
@@ -94,6 +106,8 @@ std::vector<std::string> validate(const TrainingArgs& args);
 // Vocabulary size (unpadded) of the tokenizer the data arguments name: --vocab-size for
 // NullTokenizer, 257 for ByteTokenizer. Throws for other tokenizers or missing sizes.
 int64_t tokenizer_vocab_size(const DataArgs& data);
+// The tokenizer flags as the tokenizer factory takes them.
+datasets::TokenizerOptions tokenizer_options(const DataArgs& data);
 
 // Help text generated from the flag table.
 std::string training_args_help();

@@ -6,12 +6,15 @@
 
 #include "megatron/core/logging.h"
 #include "megatron/core/memory.h"
+#include "megatron/datasets/blended_dataset.h"
+#include "megatron/datasets/data_loader.h"
 #include "megatron/datasets/gpt_dataset.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
 #include "megatron/training/checkpoint_io.h"
+#include "megatron/training/device.h"
 #include "megatron/training/metrics.h"
 
 namespace megatron {
@@ -24,54 +27,72 @@ struct DataSources {
   std::unique_ptr<datasets::SampleSource> train, valid;
 };
 
-int64_t num_evaluations(const TrainingArgs& args) {
-  return args.eval_interval > 0 ? args.train_iters / args.eval_interval + 1 : 0;
+// Megatron's training.py: how many samples each split must provide for this run.
+int64_t num_valid_samples(const TrainingArgs& args) {
+  const int64_t evaluations = args.eval_interval > 0 ? args.train_iters / args.eval_interval + 1 : 0;
+  return evaluations * args.eval_iters * args.global_batch_size;
 }
 
 DataSources build_data(const TrainingArgs& args) {
   DataSources d;
-  d.tokenizer = datasets::make_tokenizer(args.data.tokenizer_type, args.data.vocab_size, args.data.tokenizer_model);
-  const int64_t S = args.model.seq_length;
-  const int64_t train_samples = args.train_iters * args.global_batch_size;
-  const int64_t valid_samples = num_evaluations(args) * args.eval_iters * args.global_batch_size;
-  if (args.data.mock_data) {
-    d.train = std::make_unique<datasets::MockGPTDataset>(d.tokenizer->vocab_size(), S, args.seed, train_samples);
-    if (valid_samples > 0)
-      d.valid = std::make_unique<datasets::MockGPTDataset>(d.tokenizer->vocab_size(), S, args.seed, valid_samples,
-                                                           datasets::Split::valid);
-    return d;
-  }
-  d.train = datasets::build_split_dataset(args.data.data_path, args.data.split, 0, S, args.seed, train_samples);
-  MEGATRON_CHECK(d.train != nullptr, "--split \"" << args.data.split << "\" gives the training split no data; "
-                                                  << "give it a non-zero weight, e.g. --split 98,2,0");
-  if (valid_samples > 0) {
-    d.valid = datasets::build_split_dataset(args.data.data_path, args.data.split, 1, S, args.seed, valid_samples);
+  d.tokenizer = datasets::make_tokenizer(tokenizer_options(args.data));
+  datasets::GPTDataConfig config;
+  config.data_path = args.data.data_path;
+  config.train_data_path = args.data.train_data_path;
+  config.valid_data_path = args.data.valid_data_path;
+  config.test_data_path = args.data.test_data_path;
+  config.mock_data = args.data.mock_data;
+  config.split = args.data.split;
+  config.data_cache_path = args.data.data_cache_path;
+  config.mid_level_dataset_surplus = args.data.mid_level_dataset_surplus;
+  config.seq_length = args.model.seq_length;
+  config.seed = args.seed;
+  config.tokenizer = {{"class", d.tokenizer->name()}, {"vocab_size", d.tokenizer->vocab_size()}};
+  config.vocab_size = d.tokenizer->vocab_size();
+  config.eod = d.tokenizer->eod();
+  d.train = datasets::build_gpt_dataset(config, datasets::Split::train, args.train_iters * args.global_batch_size);
+  MEGATRON_CHECK(d.train != nullptr, "the data flags give the training split no data (--split \""
+                                         << args.data.split << "\"); give it a non-zero weight, e.g. --split 98,2,0");
+  if (const int64_t n = num_valid_samples(args); n > 0) {
+    d.valid = datasets::build_gpt_dataset(config, datasets::Split::valid, n);
     MEGATRON_CHECK(d.valid != nullptr, "--eval-interval "
-                                           << args.eval_interval << " needs a validation split but --split \""
-                                           << args.data.split << "\" gives it no data; "
+                                           << args.eval_interval << " needs validation data but --split \""
+                                           << args.data.split << "\" gives it none; "
                                            << "give it a weight (e.g. --split 98,2,0) or drop --eval-interval");
   }
   return d;
 }
 
-// Megatron's pretraining sampler: the global batch at `consumed` is split into micro-batches of
-// micro_batch_size * DP samples, and DP rank r takes its contiguous part of each.
-std::vector<int64_t> micro_batch_indices(int64_t consumed, int64_t micro, int64_t mbs, int64_t dp, int64_t dp_rank) {
-  std::vector<int64_t> idx(static_cast<size_t>(mbs));
-  const int64_t start = consumed + micro * mbs * dp + dp_rank * mbs;
-  for (int64_t i = 0; i < mbs; ++i) idx[size_t(i)] = start + i;
-  return idx;
+std::unique_ptr<datasets::DataLoader> make_loader(const datasets::SampleSource& source, const TrainingArgs& args,
+                                                  const datasets::Tokenizer& tok, int64_t dp_size, int64_t dp_rank,
+                                                  int64_t consumed) {
+  datasets::DataLoaderOptions o;
+  o.micro_batch_size = args.micro_batch_size;
+  o.data_parallel_size = dp_size;
+  o.data_parallel_rank = dp_rank;
+  o.consumed_samples = consumed;
+  o.prefetch = 2 * args.data.num_workers;
+  o.batch = {.eod = tok.eod(),
+             .eod_mask_loss = args.data.eod_mask_loss,
+             .reset_position_ids = args.data.reset_position_ids,
+             .reset_attention_mask = args.data.reset_attention_mask};
+  return std::make_unique<datasets::DataLoader>(source, o);
 }
 
-double evaluate(GPTModel& model, const datasets::SampleSource& valid, const datasets::Tokenizer& tok,
-                const TrainingArgs& args, TrainingProgress& progress) {
+datasets::Batch next_batch(datasets::DataLoader& loader, const char* split) {
+  std::optional<datasets::Batch> batch = loader.next();
+  MEGATRON_CHECK(batch.has_value(), "the " << split << " data ran out at " << loader.consumed_samples()
+                                           << " samples; the dataset was built for fewer samples than this run uses");
+  return std::move(*batch);
+}
+
+// Validation: eval_iters global batches, continuing where the previous evaluation stopped.
+double evaluate(GPTModel& model, datasets::DataLoader& valid, const TrainingArgs& args, TrainingProgress& progress) {
   LossSums total;
   for (int64_t it = 0; it < args.eval_iters; ++it) {
     for (int64_t m = 0; m < args.num_micro_batches(); ++m) {
-      const auto batch = datasets::make_batch(
-          valid, micro_batch_indices(progress.consumed_valid_samples, m, args.micro_batch_size, 1, 0), tok.eod(),
-          args.data.eod_mask_loss);
-      const LossSums s = model.evaluate(batch.tokens, batch.labels, batch.loss_mask);
+      const datasets::Batch batch = next_batch(valid, "validation");
+      const LossSums s = model.evaluate(batch.tokens, batch.labels, batch.loss_mask, batch.position_ids);
       total.loss_sum += s.loss_sum;
       total.num_tokens += s.num_tokens;
     }
@@ -86,14 +107,12 @@ bool should_save(const TrainingArgs& args, int64_t iteration) {
 }  // namespace
 
 TrainingSummary pretrain(const TrainingArgs& args) {
-  MEGATRON_CHECK(args.device != "cuda",
-                 "--device cuda: this build's ops run on the CPU only (the CUDA backend "
-                 "arrives with its own issue); use --device cpu");
   ParallelContext ctx = ParallelContext::single_process();
+  const Device device = select_device(args.device, 0);
   DataSources data = build_data(args);
 
   TransformerConfig config = args.model;
-  GPTModel model(config, ctx);
+  GPTModel model(config, ctx, device);
   model.parameters().initialize(uint64_t(args.seed));
   const int64_t n_params = num_parameters(config);
   LOG_INFO("> building GPT model: " << config.num_layers << " layers, hidden " << config.hidden_size << ", " << n_params
@@ -107,6 +126,10 @@ TrainingSummary pretrain(const TrainingArgs& args) {
   TrainingProgress progress;
   load_training_checkpoint(args, model, &optimizer, &scheduler, &progress);
 
+  const auto train_loader = make_loader(*data.train, args, *data.tokenizer, args.data_parallel_size, ctx.dp->rank(),
+                                        progress.consumed_train_samples);
+  const auto valid_loader =
+      data.valid ? make_loader(*data.valid, args, *data.tokenizer, 1, 0, progress.consumed_valid_samples) : nullptr;
   MetricsFile metrics(args.metrics_file);
   TrainingSummary summary;
   const int64_t micro = args.num_micro_batches();
@@ -121,18 +144,15 @@ TrainingSummary pretrain(const TrainingArgs& args) {
     model.parameters().zero_grads();
     LossSums iteration_sums;
     for (int64_t m = 0; m < micro; ++m) {
-      const auto batch =
-          datasets::make_batch(*data.train,
-                               micro_batch_indices(progress.consumed_train_samples, m, args.micro_batch_size,
-                                                   args.data_parallel_size, ctx.dp->rank()),
-                               data.tokenizer->eod(), args.data.eod_mask_loss);
+      const datasets::Batch batch = next_batch(*train_loader, "training");
       double tokens = 0;
       for (float v : batch.loss_mask.to_vector()) tokens += v;
       // Megatron's default loss: the mean over each micro-batch's tokens, averaged over micro-batches.
       const float grad_scale = tokens > 0 ? float(1.0 / (tokens * double(micro))) : 0.0f;
       const ForwardContext fwd{
           .training = true, .seed = uint64_t(args.seed), .step = uint64_t(progress.iteration * micro + m)};
-      const LossSums s = model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd);
+      const LossSums s =
+          model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd, batch.position_ids);
       iteration_sums.loss_sum += s.loss_sum;
       iteration_sums.num_tokens += s.num_tokens;
     }
@@ -169,14 +189,14 @@ TrainingSummary pretrain(const TrainingArgs& args) {
       st.grad_norm = step.grad_norm;
       st.skipped_iterations = progress.skipped_iterations;
       st.nan_iterations = progress.nan_iterations;
-      st.peak_memory_mib = double(memory_stats(DeviceType::cpu).peak_bytes) / (1024.0 * 1024.0);
+      st.peak_memory_mib = peak_memory_mib(device);
       LOG_INFO(format_training_log_line(st));
       metrics.write_training(st);
       interval_loss_sum = interval_tokens = interval_seconds = 0;
       interval_iters = 0;
     }
     if (data.valid && progress.iteration % args.eval_interval == 0) {
-      const double vloss = evaluate(model, *data.valid, *data.tokenizer, args, progress);
+      const double vloss = evaluate(model, *valid_loader, args, progress);
       summary.valid_losses.push_back(vloss);
       LOG_INFO(format_validation_line(progress.iteration, vloss));
       metrics.write_validation(progress.iteration, vloss);

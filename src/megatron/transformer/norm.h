@@ -2,7 +2,7 @@
 // LayerNorm / RMSNorm module over the hidden dimension, replicated across TP.
 #include <string>
 
-#include "megatron/core/parameter.h"
+#include "megatron/distributed/parameter.h"
 #include "megatron/ops/norm.h"
 #include "megatron/transformer/transformer_config.h"
 

@@ -10,23 +10,25 @@ namespace megatron {
 namespace {
 DType loss_dtype(DType activations) { return activations == DType::f64 ? DType::f64 : DType::f32; }
 
-Tensor position_ids(int64_t B, int64_t S) {
+Tensor default_position_ids(int64_t B, int64_t S, Device device) {
   Tensor p = Tensor::empty({B, S}, DType::i32);
   int32_t* d = p.data<int32_t>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t s = 0; s < S; ++s) d[b * S + s] = int32_t(s);
-  return p;
+  return p.to(device);
 }
 
-// (B,S) -> (S,B) flattened to N = S*B, the row order of the logits.
-Tensor to_sequence_major(const Tensor& bs) {
-  Tensor out = Tensor::empty({bs.dim(1), bs.dim(0)}, bs.dtype(), bs.device());
-  ops::transpose01(out, bs);
+// (B,S) -> (S,B) on `device`, flattened to N = S*B: the row order of the logits.
+Tensor to_sequence_major(const Tensor& bs, Device device) {
+  const Tensor in = bs.to(device);
+  Tensor out = Tensor::empty({bs.dim(1), bs.dim(0)}, bs.dtype(), device);
+  ops::transpose01(out, in);
   return out.view({-1});
 }
 }  // namespace
 
-GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx) : config_(config), ctx_(&ctx) {
+GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device)
+    : config_(config), ctx_(&ctx), device_(device) {
   MEGATRON_CHECK(config.padded_vocab_size > 0, "padded_vocab_size is not set; derive the config before building");
   word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
       registry_, ctx, "embedding.word_embeddings.weight", config.padded_vocab_size, config.hidden_size,
@@ -41,17 +43,19 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx) 
   if (!config.untie_embeddings_and_output_weights) out.shared_weight = word_embeddings_->weight();
   output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
       registry_, ctx, "output_layer", config.hidden_size, config.padded_vocab_size, out);
-  registry_.allocate(config.params_dtype);
+  registry_.allocate(config.params_dtype, device);
 }
 
-Tensor GPTModel::forward_to_logits(const Tensor& tokens, const ForwardContext& fwd, Saved& saved) {
+Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_ids, const ForwardContext& fwd,
+                                   Saved& saved) {
   MEGATRON_CHECK(
       tokens.dim(1) <= config_.max_position_embeddings,
       "sequence of " << tokens.dim(1) << " tokens exceeds max_position_embeddings " << config_.max_position_embeddings);
-  saved.tokens = tokens;
-  Tensor h = word_embeddings_->forward(tokens);
+  saved.tokens = tokens.to(device_);
+  Tensor h = word_embeddings_->forward(saved.tokens);
   if (position_embeddings_) {
-    saved.positions = position_ids(tokens.dim(0), tokens.dim(1));
+    saved.positions =
+        position_ids.defined() ? position_ids.to(device_) : default_position_ids(tokens.dim(0), tokens.dim(1), device_);
     ops::embedding_forward(h, saved.positions, position_embeddings_->data, {.accumulate = true});
   }
   saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding")};
@@ -75,11 +79,11 @@ LossSums GPTModel::loss_sums(const Tensor& logits, const Tensor& labels_sb, cons
 }
 
 LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
-                                    float loss_grad_scale, const ForwardContext& fwd) {
+                                    float loss_grad_scale, const ForwardContext& fwd, const Tensor& position_ids) {
   Saved saved;
-  Tensor logits = forward_to_logits(tokens, fwd, saved);
-  const Tensor labels_sb = to_sequence_major(labels);
-  const Tensor mask_sb = to_sequence_major(loss_mask);
+  Tensor logits = forward_to_logits(tokens, position_ids, fwd, saved);
+  const Tensor labels_sb = to_sequence_major(labels, device_);
+  const Tensor mask_sb = to_sequence_major(loss_mask, device_);
   Tensor lse;
   const LossSums sums = loss_sums(logits, labels_sb, mask_sb, lse);
 
@@ -93,16 +97,17 @@ LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, 
   return sums;
 }
 
-LossSums GPTModel::evaluate(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask) {
+LossSums GPTModel::evaluate(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
+                            const Tensor& position_ids) {
   Saved saved;
-  const Tensor logits = forward_to_logits(tokens, {.training = false}, saved);
+  const Tensor logits = forward_to_logits(tokens, position_ids, {.training = false}, saved);
   Tensor lse;
-  return loss_sums(logits, to_sequence_major(labels), to_sequence_major(loss_mask), lse);
+  return loss_sums(logits, to_sequence_major(labels, device_), to_sequence_major(loss_mask, device_), lse);
 }
 
 Tensor GPTModel::logits(const Tensor& tokens) {
   Saved saved;
-  return forward_to_logits(tokens, {.training = false}, saved);
+  return forward_to_logits(tokens, Tensor(), {.training = false}, saved);
 }
 
 }  // namespace megatron

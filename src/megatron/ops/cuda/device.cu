@@ -1,31 +1,12 @@
 #include <cuda_runtime.h>
 
 #include "megatron/core/memory.h"
+#include "megatron/ops/cuda/allocator.h"
+#include "megatron/ops/cuda/context.h"
 #include "megatron/ops/cuda/cuda_check.h"
 #include "megatron/ops/cuda/device.h"
 
 namespace megatron::cuda {
-
-namespace {
-void* device_allocate(size_t bytes, Device device) {
-  CUDA_CHECK(cudaSetDevice(device.index));
-  void* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 256 : bytes));
-  return p;
-}
-void device_release(void* p, size_t, Device device) {
-  // Never throw from a destructor path: a failed free is reported by the next checked call.
-  cudaSetDevice(device.index);
-  cudaFree(p);
-}
-void device_memset_zero(void* p, size_t bytes, Device device) {
-  CUDA_CHECK(cudaSetDevice(device.index));
-  CUDA_CHECK(cudaMemset(p, 0, bytes));
-}
-void device_copy(void* dst, Device, const void* src, Device, size_t bytes) {
-  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));  // unified addressing knows the direction
-}
-}  // namespace
 
 int device_count() {
   int n = 0;
@@ -50,7 +31,8 @@ DeviceInfo init_device(int index) {
   MEGATRON_CHECK(prop.major >= 8, "GPU " << index << " (" << prop.name << ") is sm_" << prop.major << prop.minor
                                          << "; megatron-cpp needs sm_80 (A100) or newer, or --device cpu");
   CUDA_CHECK(cudaSetDevice(index));
-  register_cuda_allocator({device_allocate, device_release, device_memset_zero, device_copy});
+  current_context();  // stream, cuBLASLt handle and workspace now, so a broken setup fails here
+  register_cuda_allocator(caching_allocator());
   DeviceInfo info;
   info.index = index;
   info.name = prop.name;

@@ -16,7 +16,8 @@ struct DeviceInfo {
 // True when this build has the CUDA backend and at least one GPU is visible.
 bool cuda_available();
 int device_count();
-// Selects GPU `index`, checks it is sm_80 or newer and registers the device allocator.
+// Selects GPU `index`, checks it is sm_80 or newer, creates its context (context.h) and registers
+// the caching allocator (allocator.h).
 // Throws with a clear message when there is no GPU or it is too old.
 DeviceInfo init_device(int index);
 

@@ -63,8 +63,8 @@ class ParameterRegistry {
   // Registers a parameter for this TP rank; returns a stable pointer (valid for the registry's
   // lifetime). Views are created by allocate().
   Parameter* add(ParamSpec spec, int tp_rank, int tp_size);
-  // Makes the flat buffers and points every parameter into them.
-  void allocate(DType params_dtype);
+  // Makes the flat buffers on `device` and points every parameter into them.
+  void allocate(DType params_dtype, Device device = Device::cpu());
   // Initialises every parameter from (seed, name, global element index): independent of TP
   // layout and of registration order.
   void initialize(uint64_t seed);

@@ -1,8 +1,9 @@
-#include "megatron/core/parameter.h"
+#include "megatron/distributed/parameter.h"
 
 #include <cmath>
 
 #include "megatron/core/rng.h"
+#include "megatron/ops/elementwise.h"
 
 namespace megatron {
 
@@ -76,12 +77,12 @@ Parameter* ParameterRegistry::add(ParamSpec spec, int tp_rank, int tp_size) {
   return params_.back().get();
 }
 
-void ParameterRegistry::allocate(DType params_dtype) {
+void ParameterRegistry::allocate(DType params_dtype, Device device) {
   int64_t total = 0;
   for (const auto& p : params_) total += round_up(shape_numel(p->local_shape), kAlignElements);
   const DType grad_dtype = params_dtype == DType::f64 ? DType::f64 : DType::f32;
-  param_buffer_ = Tensor::zeros({total}, params_dtype);
-  grad_buffer_ = Tensor::zeros({total}, grad_dtype);
+  param_buffer_ = Tensor::zeros({total}, params_dtype, device);
+  grad_buffer_ = Tensor::zeros({total}, grad_dtype, device);
   int64_t offset = 0;
   for (const auto& p : params_) {
     const int64_t n = shape_numel(p->local_shape);
@@ -93,23 +94,26 @@ void ParameterRegistry::allocate(DType params_dtype) {
 }
 
 void ParameterRegistry::initialize(uint64_t seed) {
+  // Values are drawn on the host in parallel (each element is independent), then stored in
+  // the parameter dtype and copied to the buffer's device in one go.
+  Tensor host = param_buffer_.device().is_cpu() ? param_buffer_ : Tensor::zeros(param_buffer_.shape(), params_dtype());
   for (const auto& p : params_) {
     const int64_t n = p->data.numel();
-    switch (p->spec.init) {
-      case InitMethod::zeros:
-        p->data.fill(0.0);
-        break;
-      case InitMethod::ones:
-        p->data.fill(1.0);
-        break;
-      case InitMethod::normal: {
-        const CounterRng rng{seed, stream_id(p->spec.name)};
-        for (int64_t i = 0; i < n; ++i)
-          p->data.set_item(i, double(p->spec.init_std) * double(rng.normal(uint64_t(p->global_index(i)))));
-        break;
-      }
+    std::vector<float> values(static_cast<size_t>(n));
+    const CounterRng rng{seed, stream_id(p->spec.name)};
+    const float std_dev = p->spec.init_std;
+    const InitMethod init = p->spec.init;
+    const Parameter& param = *p;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      values[size_t(i)] = init == InitMethod::zeros  ? 0.0f
+                          : init == InitMethod::ones ? 1.0f
+                                                     : std_dev * rng.normal(uint64_t(param.global_index(i)));
     }
+    Tensor dst = p->view_of(host);
+    ops::cast(dst, Tensor::from_blob(values.data(), p->local_shape, DType::f32));
   }
+  if (!host.same_storage(param_buffer_)) param_buffer_.copy_from(host);
 }
 
 void ParameterRegistry::zero_grads() {

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Training throughput of megatron-cpp beside the PyTorch reference (bench/pytorch_reference.py),
+# same model, batch and GPU, in one command. Prints a markdown table; full logs go to $OUT
+# (or /tmp/bench). Usage: bench/bench_training.sh [build_dir] [preset:micro_batch ...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build/gpu}"
+shift || true
+runs=("$@")
+[ ${#runs[@]} -gt 0 ] || runs=(gpt2-124m:32 llama-1b:8)
+out="${OUT:-/tmp/bench}"
+mkdir -p "$out"
+iters=30        # ours: iterations 1-10 warm up, the log's last interval (11-30) is the measurement
+log_interval=10
+
+field() { sed -nE "s/.*\"$1\": ?\"?([^,\"}]+).*/\1/p" | tail -1; }
+
+rows=()
+for run in "${runs[@]}"; do
+  preset="${run%%:*}"; mbs="${run##*:}"
+  case "$preset" in gpt2-*) vocab=50304 ;; llama-8b) vocab=128256 ;; *) vocab=32000 ;; esac
+  metrics="$out/ours-$preset.jsonl"
+  rm -f "$metrics"
+  "$build/megatron" train --model-preset "$preset" --micro-batch-size "$mbs" --train-iters $iters --lr 1e-4 \
+    --bf16 --attention-dropout 0 --hidden-dropout 0 --mock-data --tokenizer-type NullTokenizer --vocab-size $vocab \
+    --log-interval $log_interval --metrics-file "$metrics" --device cuda > "$out/ours-$preset.log" 2>&1
+  ours_rc=$?
+  last=$(grep '"kind":"train"' "$metrics" 2>/dev/null | tail -1)
+  o_ms=$(echo "$last" | field elapsed_ms_per_iteration); o_tok=$(echo "$last" | field tokens_per_second)
+  o_tf=$(echo "$last" | field tflops_per_gpu); o_mem=$(echo "$last" | field peak_memory_mib)
+  [ $ours_rc -eq 0 ] || { o_ms="FAIL($ours_rc)"; tail -5 "$out/ours-$preset.log"; }
+
+  ref=$(python3 bench/pytorch_reference.py --preset "$preset" --micro-batch-size "$mbs" 2> "$out/ref-$preset.err" | tail -1)
+  r_ms=$(echo "$ref" | field ms_per_iteration); r_tok=$(echo "$ref" | field tokens_per_second)
+  r_tf=$(echo "$ref" | field tflops_per_gpu); r_mem=$(echo "$ref" | field peak_memory_gib)
+  [ -n "$r_ms" ] || { r_ms="FAIL"; tail -5 "$out/ref-$preset.err"; }
+  ratio=$(awk -v a="$o_tok" -v b="$r_tok" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')
+  mfu=$(awk -v t="$o_tf" 'BEGIN { if (t > 0) printf "%.1f%%", 100 * t / 989; else print "-" }')
+  rmfu=$(awk -v t="$r_tf" 'BEGIN { if (t > 0) printf "%.1f%%", 100 * t / 989; else print "-" }')
+  omem=$(awk -v m="$o_mem" 'BEGIN { if (m > 0) printf "%.2f", m / 1024; else print "-" }')
+  fmt() { awk -v v="$1" -v f="$2" 'BEGIN { if (v + 0 == v && v != "") printf f, v; else print v }'; }
+  rows+=("| $preset | $mbs | $(fmt "$o_ms" %.1f) | $(fmt "$o_tok" %.0f) | $(fmt "$o_tf" %.1f) | $mfu | $omem | $(fmt "$r_ms" %.1f) | $(fmt "$r_tok" %.0f) | $(fmt "$r_tf" %.1f) | $rmfu | $r_mem | $ratio |")
+done
+
+echo
+echo "$(date -u +%F) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+echo "| preset | mbs | ours ms/it | ours tok/s | ours TFLOP/s | ours MFU | ours peak GiB | torch ms/it | torch tok/s | torch TFLOP/s | torch MFU | torch peak GiB | ours/torch |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"

@@ -1,0 +1,174 @@
+"""PyTorch reference for `bench/bench_training.sh`: the same GPT models and batch as megatron-cpp,
+trained the way a strong PyTorch user would: torch.compile, SDPA flash attention, fused AdamW,
+bf16 autocast over fp32 master parameters. Prints one JSON line with tokens/s, TFLOP/s/GPU
+(Megatron's formula, causal attention halved), MFU and peak memory.
+
+Usage: python3 bench/pytorch_reference.py --preset gpt2-124m --micro-batch-size 32 --iters 20
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# Shapes from ../shared/DESIGN.md (the benchmark presets everyone measures with).
+PRESETS = {
+    "gpt2-124m": dict(layers=12, hidden=768, heads=12, groups=12, ffn=3072, vocab=50304, seq=1024, llama=False),
+    "llama-1b": dict(layers=16, hidden=2048, heads=32, groups=8, ffn=5632, vocab=32000, seq=2048, llama=True),
+    "llama-3b": dict(layers=26, hidden=3072, heads=24, groups=8, ffn=8192, vocab=32000, seq=2048, llama=True),
+    "llama-8b": dict(layers=32, hidden=4096, heads=32, groups=8, ffn=14336, vocab=128256, seq=2048, llama=True),
+}
+
+
+def megatron_flops(p, global_batch):
+    """FLOPs per iteration, megatron-compat.md section 5.2 (dense path)."""
+    h, L, V, n, g, F_ = p["hidden"], p["layers"], p["vocab"], p["heads"], p["groups"], p["ffn"]
+    d = h // n
+    s = p["seq"]
+    e = 3 if p["llama"] else 2
+    attn_proj = 6 * (h * (n * d + 2 * g * d) + n * d * h)
+    mlp = 6 * h * F_ * e
+    logits = 6 * h * V
+    per_token = L * mlp + L * attn_proj + logits
+    return global_batch * s * per_token + global_batch * s * s * L * 6 * n * d
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_tables(seq, dim, base, device):
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+    freqs = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos()[None, None], emb.sin()[None, None]
+
+
+def apply_rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).type_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        h, self.n, self.g = p["hidden"], p["heads"], p["groups"]
+        self.d = h // self.n
+        self.llama = p["llama"]
+        bias = not self.llama
+        norm = (lambda: RMSNorm(h)) if self.llama else (lambda: nn.LayerNorm(h))
+        self.norm1, self.norm2 = norm(), norm()
+        self.qkv = nn.Linear(h, (self.n + 2 * self.g) * self.d, bias=bias)
+        self.proj = nn.Linear(self.n * self.d, h, bias=bias)
+        self.fc1 = nn.Linear(h, p["ffn"] * (2 if self.llama else 1), bias=bias)
+        self.fc2 = nn.Linear(p["ffn"], h, bias=bias)
+
+    def forward(self, x, cos, sin):
+        B, S, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split([self.n * self.d, self.g * self.d, self.g * self.d], dim=-1)
+        q = q.view(B, S, self.n, self.d).transpose(1, 2)
+        k = k.view(B, S, self.g, self.d).transpose(1, 2)
+        v = v.view(B, S, self.g, self.d).transpose(1, 2)
+        if self.llama:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.g != self.n)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, S, -1))
+        m = self.fc1(self.norm2(x))
+        if self.llama:
+            gate, up = m.chunk(2, dim=-1)
+            m = F.silu(gate) * up
+        else:
+            m = F.gelu(m, approximate="tanh")
+        return x + self.fc2(m)
+
+
+class GPT(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+        self.wte = nn.Embedding(p["vocab"], p["hidden"])
+        self.wpe = None if p["llama"] else nn.Embedding(p["seq"], p["hidden"])
+        self.blocks = nn.ModuleList(Block(p) for _ in range(p["layers"]))
+        self.norm = RMSNorm(p["hidden"]) if p["llama"] else nn.LayerNorm(p["hidden"])
+        self.head = nn.Linear(p["hidden"], p["vocab"], bias=False)
+        if not p["llama"]:
+            self.head.weight = self.wte.weight  # tied, as GPT-2
+        for name, w in self.named_parameters():
+            if w.dim() == 2:
+                std = 0.02 / math.sqrt(2 * p["layers"]) if name.endswith(("proj.weight", "fc2.weight")) else 0.02
+                nn.init.normal_(w, std=std)
+        self.register_buffer("cos", None, persistent=False)
+
+    def forward(self, tokens, labels):
+        B, S = tokens.shape
+        x = self.wte(tokens)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(S, device=tokens.device))
+        cos, sin = rope_tables(S, self.p["hidden"] // self.p["heads"], 10000.0, tokens.device) if self.p["llama"] else (None, None)
+        for b in self.blocks:
+            x = b(x, cos, sin)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    ap.add_argument("--micro-batch-size", type=int, required=True)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--no-compile", action="store_true")
+    a = ap.parse_args()
+    p = PRESETS[a.preset]
+    torch.manual_seed(1234)
+    dev = torch.device("cuda")
+    model = GPT(p).to(dev)  # fp32 master parameters
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    step_model = model if a.no_compile else torch.compile(model)
+    B, S, V = a.micro_batch_size, p["seq"], p["vocab"]
+    gen = torch.Generator(device=dev).manual_seed(0)
+    data = [torch.randint(0, V, (B, S + 1), device=dev, generator=gen) for _ in range(4)]
+
+    def step(i):
+        batch = data[i % len(data)]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for i in range(a.warmup):
+        step(i)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(a.iters):
+        loss = step(i)
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end) / a.iters
+    tflops = megatron_flops(p, B) / (ms * 1e-3) / 1e12
+    print(json.dumps({
+        "engine": "pytorch" + ("" if a.no_compile else "+compile"), "preset": a.preset, "micro_batch_size": B,
+        "ms_per_iteration": round(ms, 2), "tokens_per_second": round(B * S / (ms * 1e-3)),
+        "tflops_per_gpu": round(tflops, 1), "mfu_percent": round(100 * tflops / 989.0, 1),
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "loss": round(loss.item(), 4),
+        "torch": torch.__version__,
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+// GELU (tanh approximation) and SwiGLU on CUDA: elementwise grid-stride kernels over 16-byte
+// packs when every pointer allows it, scalars otherwise. Arithmetic in float with the accurate
+// tanhf/expf (not the fast intrinsics), so results track the CPU reference to float rounding.
+#include "megatron/ops/activation.h"
+#include "megatron/ops/cuda/kernel_util.cuh"
+
+namespace megatron::ops::cuda {
+namespace {
+
+constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+constexpr float kGeluCubic = 0.044715f;
+
+template <int V, class T>
+__device__ __forceinline__ void load_pack(const T* p, float (&v)[V]) {
+  if constexpr (V == 1) {
+    v[0] = to_float(*p);
+  } else {
+    load_floats<V>(p, v);
+  }
+}
+template <int V, class T>
+__device__ __forceinline__ void store_pack(T* p, const float (&v)[V]) {
+  if constexpr (V == 1) {
+    *p = from_float<T>(v[0]);
+  } else {
+    store_floats<V>(p, v);
+  }
+}
+
+// y = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+__device__ __forceinline__ float gelu(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+// dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  const float t = tanhf(u);
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// n / V packs of V elements (n % V == 0).
+template <class T, int V>
+__global__ void gelu_forward_kernel(T* y, const T* x, int64_t n) {
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * V) {
+    float v[V];
+    load_pack<V>(x + i, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = gelu(v[k]);
+    store_pack<V>(y + i, v);
+  }
+}
+
+template <class T, int V>
+__global__ void gelu_backward_kernel(T* dx, const T* dy, const T* x, int64_t n) {
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * V) {
+    float v[V], d[V];
+    load_pack<V>(x + i, v);
+    load_pack<V>(dy + i, d);
+#pragma unroll
+    for (int k = 0; k < V; ++k) d[k] *= gelu_grad(v[k]);
+    store_pack<V>(dx + i, d);
+  }
+}
+
+// x (N, 2F) rows [gate | up] -> y (N, F) = silu(gate) * up; V divides F.
+template <class T, int V>
+__global__ void swiglu_forward_kernel(T* y, const T* x, int64_t N, int64_t F) {
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < N * F;
+       i += int64_t(gridDim.x) * blockDim.x * V) {
+    const int64_t n = i / F, f = i % F;
+    float g[V], u[V];
+    load_pack<V>(x + n * 2 * F + f, g);
+    load_pack<V>(x + n * 2 * F + F + f, u);
+#pragma unroll
+    for (int k = 0; k < V; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];
+    store_pack<V>(y + i, g);
+  }
+}
+
+// silu'(g) = sig(g) (1 + g (1 - sig(g)));  dgate = dy up silu'(g);  dup = dy silu(g)
+template <class T, int V>
+__global__ void swiglu_backward_kernel(T* dx, const T* dy, const T* x, int64_t N, int64_t F) {
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < N * F;
+       i += int64_t(gridDim.x) * blockDim.x * V) {
+    const int64_t n = i / F, f = i % F;
+    float g[V], u[V], d[V];
+    load_pack<V>(x + n * 2 * F + f, g);
+    load_pack<V>(x + n * 2 * F + F + f, u);
+    load_pack<V>(dy + i, d);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float sg = sigmoid(g[k]);
+      const float dgate = d[k] * u[k] * sg * (1.0f + g[k] * (1.0f - sg));
+      u[k] = d[k] * g[k] * sg;
+      g[k] = dgate;
+    }
+    store_pack<V>(dx + n * 2 * F + f, g);
+    store_pack<V>(dx + n * 2 * F + F + f, u);
+  }
+}
+
+// 16-byte packs when `count` (the innermost run of contiguous elements) is whole packs and every
+// pointer is 16-byte aligned.
+template <class T>
+bool packable(int64_t count, std::initializer_list<const void*> ptrs) {
+  if (count % kPack<T> != 0) return false;
+  for (const void* p : ptrs)
+    if (!is_aligned16(p)) return false;
+  return true;
+}
+
+void check_like(const Tensor& t, const Tensor& x, const Shape& shape, const char* name) {
+  check_cuda(t, name);
+  check_shape(t, shape, name);
+  check_dtype(t, x.dtype(), name);
+}
+
+int64_t swiglu_features(const Tensor& x) {
+  check_defined(x, "swiglu x");
+  MEGATRON_CHECK(x.ndim() >= 1 && x.dim(-1) % 2 == 0,
+                 "swiglu x must end in 2F = [gate | up] channels, got shape " << shape_str(x.shape()));
+  return x.dim(-1) / 2;
+}
+
+Shape half_last(const Shape& shape) {
+  Shape s = shape;
+  s.back() /= 2;
+  return s;
+}
+
+}  // namespace
+
+void gelu_forward(Tensor& y, const Tensor& x) {
+  check_cuda(x, "gelu x");
+  check_like(y, x, x.shape(), "gelu y");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_floating(x.dtype(), "gelu_forward", [&]<class T>(std::type_identity<T>) {
+    T* yp = static_cast<T*>(y.raw());
+    const T* xp = static_cast<const T*>(x.raw());
+    if (packable<T>(n, {yp, xp})) {
+      gelu_forward_kernel<T, kPack<T>><<<grid_for(n / kPack<T>), kThreads, 0, stream()>>>(yp, xp, n);
+    } else {
+      gelu_forward_kernel<T, 1><<<grid_for(n), kThreads, 0, stream()>>>(yp, xp, n);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
+  check_cuda(x, "gelu x");
+  check_like(dy, x, x.shape(), "gelu dy");
+  check_like(dx, x, x.shape(), "gelu dx");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_floating(x.dtype(), "gelu_backward", [&]<class T>(std::type_identity<T>) {
+    T* dxp = static_cast<T*>(dx.raw());
+    const T* dyp = static_cast<const T*>(dy.raw());
+    const T* xp = static_cast<const T*>(x.raw());
+    if (packable<T>(n, {dxp, dyp, xp})) {
+      gelu_backward_kernel<T, kPack<T>><<<grid_for(n / kPack<T>), kThreads, 0, stream()>>>(dxp, dyp, xp, n);
+    } else {
+      gelu_backward_kernel<T, 1><<<grid_for(n), kThreads, 0, stream()>>>(dxp, dyp, xp, n);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void swiglu_forward(Tensor& y, const Tensor& x) {
+  const int64_t F = swiglu_features(x), N = rows_of(x, "swiglu x");
+  check_cuda(x, "swiglu x");
+  check_like(y, x, half_last(x.shape()), "swiglu y");
+  if (N * F == 0) return;
+  dispatch_floating(x.dtype(), "swiglu_forward", [&]<class T>(std::type_identity<T>) {
+    T* yp = static_cast<T*>(y.raw());
+    const T* xp = static_cast<const T*>(x.raw());
+    if (packable<T>(F, {yp, xp})) {
+      swiglu_forward_kernel<T, kPack<T>><<<grid_for(N * F / kPack<T>), kThreads, 0, stream()>>>(yp, xp, N, F);
+    } else {
+      swiglu_forward_kernel<T, 1><<<grid_for(N * F), kThreads, 0, stream()>>>(yp, xp, N, F);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
+  const int64_t F = swiglu_features(x), N = rows_of(x, "swiglu x");
+  check_cuda(x, "swiglu x");
+  check_like(dy, x, half_last(x.shape()), "swiglu dy");
+  check_like(dx, x, x.shape(), "swiglu dx");
+  if (N * F == 0) return;
+  dispatch_floating(x.dtype(), "swiglu_backward", [&]<class T>(std::type_identity<T>) {
+    T* dxp = static_cast<T*>(dx.raw());
+    const T* dyp = static_cast<const T*>(dy.raw());
+    const T* xp = static_cast<const T*>(x.raw());
+    if (packable<T>(F, {dxp, dyp, xp})) {
+      swiglu_backward_kernel<T, kPack<T>><<<grid_for(N * F / kPack<T>), kThreads, 0, stream()>>>(dxp, dyp, xp, N, F);
+    } else {
+      swiglu_backward_kernel<T, 1><<<grid_for(N * F), kThreads, 0, stream()>>>(dxp, dyp, xp, N, F);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace megatron::ops::cuda

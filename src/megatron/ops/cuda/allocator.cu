@@ -1,0 +1,182 @@
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <bit>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "megatron/ops/cuda/allocator.h"
+#include "megatron/ops/cuda/context.h"
+#include "megatron/ops/cuda/cuda_check.h"
+
+namespace megatron::cuda {
+
+namespace {
+
+constexpr size_t kMinBlock = 512;
+constexpr size_t kStepsPerPowerOfTwo = 8;
+
+struct Block {
+  size_t size = 0;  // its size class
+  StreamHandle stream = nullptr;
+};
+
+struct DeviceCache {
+  std::unordered_map<void*, Block> in_use;
+  std::map<std::pair<StreamHandle, size_t>, std::vector<void*>> free_blocks;  // (stream, size class)
+  CudaMemoryStats stats;
+};
+
+// One cache per device, for the whole process. Deliberately never destroyed: tensors with static
+// storage duration may be released after every other static object, and the driver reclaims
+// device memory at exit anyway.
+struct Caches {
+  std::mutex mutex;
+  std::vector<DeviceCache> devices;
+  DeviceCache& at(int device) {
+    if (devices.size() <= size_t(device)) devices.resize(size_t(device) + 1);
+    return devices[size_t(device)];
+  }
+};
+Caches& caches() {
+  static Caches* c = new Caches;
+  return *c;
+}
+
+int current_device() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+void require_current(Device device, const char* what) {
+  const int current = current_device();
+  MEGATRON_CHECK(device.index == current, what << " on " << device.str() << " but the current device is cuda:"
+                                               << current << "; one process drives one GPU (init_device)");
+}
+
+// Gives every cached block of `cache` back to the driver. The caller holds the mutex.
+void release_cached(DeviceCache& cache) {
+  if (cache.free_blocks.empty()) return;
+  CUDA_CHECK(cudaDeviceSynchronize());  // stream-ordered frees: their last users must be done
+  for (auto& [key, blocks] : cache.free_blocks) {
+    for (void* p : blocks) {
+      CUDA_CHECK(cudaFree(p));
+      cache.stats.reserved_bytes -= key.second;
+      ++cache.stats.device_frees;
+    }
+  }
+  cache.free_blocks.clear();
+}
+
+double mib(size_t bytes) { return double(bytes) / double(1 << 20); }
+
+[[noreturn]] void out_of_memory(size_t bytes, size_t cls, int device, const CudaMemoryStats& s) {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) cudaGetLastError();
+  MEGATRON_FAIL("CUDA out of memory: a request for "
+                << bytes << " bytes (" << mib(cls) << " MiB block) on cuda:" << device << " failed. Tensors hold "
+                << mib(s.current_bytes) << " MiB (peak " << mib(s.peak_bytes) << " MiB), the allocator "
+                << "reserves " << mib(s.reserved_bytes) << " MiB, the device has " << mib(free_bytes) << " of "
+                << mib(total_bytes)
+                << " MiB free. Use a smaller --micro-batch-size (or shorter "
+                   "sequences / a smaller model per GPU)");
+}
+
+void* cache_allocate(size_t bytes, Device device) {
+  require_current(device, "allocation");
+  const size_t cls = size_class(bytes);
+  const StreamHandle stream = current_stream();
+  Caches& c = caches();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  DeviceCache& cache = c.at(device.index);
+  void* p = nullptr;
+  auto it = cache.free_blocks.find({stream, cls});
+  if (it != cache.free_blocks.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+  } else {
+    cudaError_t status = cudaMalloc(&p, cls);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // the failure is not sticky; clear it before retrying
+      release_cached(cache);
+      status = cudaMalloc(&p, cls);
+    }
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      out_of_memory(bytes, cls, device.index, cache.stats);
+    }
+    CUDA_CHECK(status);
+    cache.stats.reserved_bytes += cls;
+    ++cache.stats.device_allocations;
+  }
+  cache.in_use.emplace(p, Block{cls, stream});
+  cache.stats.current_bytes += cls;
+  cache.stats.peak_bytes = std::max(cache.stats.peak_bytes, cache.stats.current_bytes);
+  return p;
+}
+
+// Called from Storage's destructor: throwing here terminates, which is what a free of memory
+// this allocator never handed out deserves.
+void cache_release(void* p, size_t, Device device) {
+  Caches& c = caches();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  DeviceCache& cache = c.at(device.index);
+  auto it = cache.in_use.find(p);
+  MEGATRON_CHECK(it != cache.in_use.end(),
+                 "release of " << p << " on " << device.str() << ", which the CUDA caching allocator did not hand out");
+  const Block block = it->second;
+  cache.in_use.erase(it);
+  cache.free_blocks[{block.stream, block.size}].push_back(p);
+  cache.stats.current_bytes -= block.size;
+}
+
+void cache_memset_zero(void* p, size_t bytes, Device device) {
+  require_current(device, "memset");
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, current_stream()));
+}
+
+// Host memory here is pageable (core's CPU allocator): an asynchronous copy from it returns once
+// the source is staged, so the caller may reuse it; a copy to it must wait for the stream.
+void cache_copy(void* dst, Device dst_device, const void* src, Device, size_t bytes) {
+  const StreamHandle stream = current_stream();
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));  // unified addressing knows the direction
+  if (dst_device.is_cpu()) CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace
+
+size_t size_class(size_t bytes) {
+  if (bytes <= kMinBlock) return kMinBlock;
+  const size_t step = std::max(kMinBlock, std::bit_floor(bytes) / kStepsPerPowerOfTwo);
+  return (bytes + step - 1) / step * step;
+}
+
+CudaMemoryStats memory_stats() {
+  const int device = current_device();
+  Caches& c = caches();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.at(device).stats;
+}
+
+void reset_peak_memory() {
+  const int device = current_device();
+  Caches& c = caches();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  CudaMemoryStats& s = c.at(device).stats;
+  s.peak_bytes = s.current_bytes;
+}
+
+void empty_cache() {
+  const int device = current_device();
+  Caches& c = caches();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  release_cached(c.at(device));
+}
+
+DeviceAllocator caching_allocator() { return {cache_allocate, cache_release, cache_memset_zero, cache_copy}; }
+
+}  // namespace megatron::cuda

@@ -1,0 +1,124 @@
+// Attention on CUDA, shared part: argument checks used by the forward and backward kernels
+// (attention_forward.cu, attention_backward.cu) and the fused-QKV split/merge copies.
+#include "megatron/ops/cuda/attention_common.cuh"
+#include "megatron/ops/cuda/kernel_util.cuh"
+
+namespace megatron::ops::cuda {
+namespace attention_detail {
+
+void check_4d(const Tensor& t, const Shape& shape, DType dtype, const char* name) {
+  check_cuda(t, name);
+  check_shape(t, shape, name);
+  check_dtype(t, dtype, name);
+}
+
+Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_cuda(q, "attention q");
+  check_cuda(k, "attention k");
+  MEGATRON_CHECK(q.ndim() == 4, "attention q must be (S,B,NH,HS), got " << shape_str(q.shape()));
+  MEGATRON_CHECK(k.ndim() == 4, "attention k must be (S,B,G,HS), got " << shape_str(k.shape()));
+  const int64_t S = q.dim(0), B = q.dim(1), NH = q.dim(2), G = k.dim(2), HS = q.dim(3);
+  MEGATRON_CHECK(G > 0 && NH % G == 0,
+                 "attention: " << NH << " query heads cannot be grouped over " << G << " kv heads; NH % G must be 0");
+  // Kernels index positions and heads in int and elements in int64.
+  MEGATRON_CHECK(S < (int64_t(1) << 31) && B * NH < 65536 && HS < 65536,
+                 "attention: shape " << shape_str(q.shape()) << " exceeds the CUDA kernels' limits (S < 2^31, B*NH < "
+                                     << "65536, HS < 65536); split the batch");
+  check_4d(k, {S, B, G, HS}, q.dtype(), "attention k");
+  check_4d(v, {S, B, G, HS}, q.dtype(), "attention v");
+  return Dims{int(S), int(B), int(NH), int(G), int(HS)};
+}
+
+void check_params(const AttentionParams& p) {
+  MEGATRON_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f,
+                 "attention dropout " << p.dropout_p << " must be in [0, 1)");
+}
+
+void check_lse(const Tensor& lse, const Dims& d) {
+  check_cuda(lse, "attention lse");
+  check_shape(lse, {d.B, d.NH, d.S}, "attention lse");
+  check_dtype(lse, DType::f32, "attention lse");
+}
+
+}  // namespace attention_detail
+
+namespace {
+
+using attention_detail::Dims;
+
+// Per-query-group layout: qkv (S,B,G,(r+2)*HS), each group [q_0 .. q_{r-1} | k | v]. One thread
+// per unit U of the fused tensor (16 bytes when every head is whole 16-byte words, else one
+// element); to_qkv picks the direction (merge) or its reverse (split).
+template <class U>
+__global__ void qkv_copy_kernel(U* qkv, U* q, U* k, U* v, int64_t SB, int G, int r, int64_t head_units, bool to_qkv) {
+  const int64_t group_units = (r + 2) * head_units;
+  const int64_t total = SB * G * group_units;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t sbg = idx / group_units, rem = idx % group_units;
+    const int64_t slot = rem / head_units, u = rem % head_units;
+    const int64_t sb = sbg / G, g = sbg % G;
+    U* head;
+    if (slot < r) {
+      head = q + (sb * G * r + g * r + slot) * head_units;  // q (S,B,NH,HS), NH = G r
+    } else {
+      head = (slot == r ? k : v) + (sb * G + g) * head_units;
+    }
+    if (to_qkv) {
+      qkv[idx] = head[u];
+    } else {
+      head[u] = qkv[idx];
+    }
+  }
+}
+
+template <class U>
+void launch_qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, const Dims& d, bool to_qkv) {
+  const int64_t head_units = int64_t(d.HS) * int64_t(q.element_size()) / int64_t(sizeof(U));
+  const int64_t SB = int64_t(d.S) * d.B;
+  const int64_t total = SB * d.G * (d.group_size() + 2) * head_units;
+  qkv_copy_kernel<U><<<grid_for(total), kThreads, 0, stream()>>>(static_cast<U*>(qkv.raw()), static_cast<U*>(q.raw()),
+                                                                 static_cast<U*>(k.raw()), static_cast<U*>(v.raw()), SB,
+                                                                 d.G, d.group_size(), head_units, to_qkv);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Byte copies between qkv and q, k, v, so any dtype works (as on the CPU).
+void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
+  const Dims d = attention_detail::attention_dims(q, k, v);
+  attention_detail::check_4d(qkv, {d.S, d.B, d.G, (d.group_size() + 2) * d.HS}, q.dtype(), "qkv");
+  if (qkv.numel() == 0) return;
+  const size_t head_bytes = size_t(d.HS) * q.element_size();
+  const bool whole_words = head_bytes % 16 == 0 && is_aligned16(qkv.raw()) && is_aligned16(q.raw()) &&
+                           is_aligned16(k.raw()) && is_aligned16(v.raw());
+  if (whole_words) return launch_qkv_copy<uint4>(qkv, q, k, v, d, to_qkv);
+  switch (q.element_size()) {
+    case 1:
+      return launch_qkv_copy<uint8_t>(qkv, q, k, v, d, to_qkv);
+    case 2:
+      return launch_qkv_copy<uint16_t>(qkv, q, k, v, d, to_qkv);
+    case 4:
+      return launch_qkv_copy<uint32_t>(qkv, q, k, v, d, to_qkv);
+    case 8:
+      return launch_qkv_copy<uint64_t>(qkv, q, k, v, d, to_qkv);
+    default:
+      break;
+  }
+  MEGATRON_FAIL("qkv split/merge: dtype " << dtype_name(q.dtype()) << " has an element size of " << q.element_size()
+                                          << " bytes, which the copy kernel does not handle");
+}
+
+}  // namespace
+
+void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
+  // qkv is only read on this path; qkv_copy takes it mutable to share the index arithmetic with merge.
+  Tensor fused = qkv;
+  qkv_copy(fused, q, k, v, false);
+}
+
+void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  Tensor q = dq, k = dk, v = dv;  // read only on this path (shallow handles, no copies)
+  qkv_copy(dqkv, q, k, v, true);
+}
+
+}  // namespace megatron::ops::cuda

@@ -1,0 +1,162 @@
+#pragma once
+// Shared by the CUDA attention kernels (attention.cu, attention_forward.cu, attention_backward.cu):
+// the problem shape and argument checks, the dropout rule, and the tensor-core building blocks
+// of the bf16 flash kernels (mma.sync m16n8k16, ldmatrix, cp.async, swizzled shared tiles).
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16): lane = 4 g + t (g = lane / 4, t = lane % 4).
+//   A (16x16, row-major): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B (16x8, k x n):      b0 (k = 2t..2t+1, n = g), b1 (k = 2t+8.., n = g)
+//   C (16x8, f32):        c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1)
+// The low half of each 32-bit register holds the lower column (A) or lower k (B). Two adjacent
+// C tiles (columns 0-7 and 8-15) are therefore exactly one A fragment of a k=16 step, which is
+// how the probabilities P feed P V without leaving registers.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "megatron/core/rng.h"
+#include "megatron/core/tensor.h"
+#include "megatron/ops/attention.h"
+#include "megatron/ops/dropout.h"
+
+namespace megatron::ops::cuda::attention_detail {
+
+// q, out (S,B,NH,HS); k, v (S,B,G,HS); lse (B,NH,S).
+struct Dims {
+  int S, B, NH, G, HS;
+  __host__ __device__ int group_size() const { return NH / G; }
+  // Elements between positions s and s+1 of one head.
+  __host__ __device__ int64_t q_row_stride() const { return int64_t(B) * NH * HS; }
+  __host__ __device__ int64_t kv_row_stride() const { return int64_t(B) * G * HS; }
+};
+
+// Checks q, k, v (CUDA, same dtype, GQA-compatible shapes) and returns their dims.
+Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v);
+// dropout in [0, 1).
+void check_params(const AttentionParams& p);
+// t is on CUDA with the given shape and dtype.
+void check_4d(const Tensor& t, const Shape& shape, DType dtype, const char* name);
+// lse is (B,NH,S) f32 on CUDA.
+void check_lse(const Tensor& lse, const Dims& d);
+
+// The tensor-core kernels cover these head dims; others (and f32) take the generic kernels.
+inline bool mma_head_dim(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
+
+// Dropout multiplier of probability (b, h, i, j): 1/(1-p) when kept, else 0; element index
+// ((b*NH + h)*S + i)*S + j (attention.h), so the mask is the CPU's bit for bit.
+__device__ __forceinline__ float dropout_factor(const CounterRng& rng, uint64_t row_base, int j, float p,
+                                                float keep_scale) {
+  return dropout_keep(rng, row_base + uint64_t(j), p) ? keep_scale : 0.0f;
+}
+// row_base of query row i of head (b, h): ((b*NH + h)*S + i)*S.
+__device__ __forceinline__ uint64_t dropout_row_base(const Dims& d, int b, int h, int i) {
+  return ((uint64_t(b) * d.NH + h) * d.S + i) * d.S;
+}
+
+// ---- tensor-core building blocks (sm_80+) ---------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m, register m receives
+// it: lane holds row lane/4, columns 2(lane%4)..+1 (with .trans, of the transposed matrix).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a b, bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x with the hardware approximation (relative error ~2^-22, results below 2^-126 flushed to 0):
+// the softmax exponent, where exp2f's extra scaling for subnormal results buys nothing.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two floats as a bf16 pair, lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// 16 bytes global -> shared without passing through registers; zero-fills when !valid (rows
+// past the sequence end, so masked products never meet uninitialised NaN).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// A ROWS x COLS bf16 tile in shared memory, row-major in 16-byte chunks of 8 elements, chunk c of
+// row r stored at chunk position c ^ (r % 8) (mod the chunks per row): the 8 rows an ldmatrix
+// reads at one column land in different banks.
+template <int COLS>
+struct Swizzled {
+  static constexpr int kChunks = COLS / 8;
+  static constexpr int kMask = kChunks < 8 ? kChunks - 1 : 7;
+  static_assert(COLS % 8 == 0 && (kChunks & (kChunks - 1)) == 0, "tile rows are a power-of-two number of chunks");
+  // Element offset of (row, col); col may point anywhere inside its chunk.
+  __device__ static __forceinline__ int offset(int row, int col) {
+    return row * COLS + ((((col >> 3) ^ row) & kMask) | ((col >> 3) & ~kMask)) * 8 + (col & 7);
+  }
+};
+
+// Copies rows [row0, row0 + ROWS) of a (S rows, HS) strided global matrix into a swizzled tile
+// with cp.async; rows >= S are zero-filled. All NTHREADS threads of the block take part.
+template <int ROWS, int HS, int NTHREADS>
+__device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t row_stride,
+                                                int row0, int S) {
+  constexpr int kChunks = HS / 8;
+#pragma unroll
+  for (int idx = int(threadIdx.x); idx < ROWS * kChunks; idx += NTHREADS) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const bool valid = row0 + r < S;
+    const __nv_bfloat16* src = valid ? base + int64_t(row0 + r) * row_stride + c * 8 : base;
+    cp_async_16(tile + Swizzled<HS>::offset(r, c * 8), src, valid);
+  }
+}
+
+// Writes rows [row0, row0 + ROWS) of a swizzled tile back to a strided global matrix, 16 bytes
+// per access, skipping rows >= S. The calling threads (a warp, or the block) share the work.
+template <int ROWS, int HS>
+__device__ __forceinline__ void store_tile(__nv_bfloat16* base, int64_t row_stride, const __nv_bfloat16* tile, int row0,
+                                           int S, int thread, int nthreads) {
+  constexpr int kChunks = HS / 8;
+  for (int idx = thread; idx < ROWS * kChunks; idx += nthreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    if (row0 + r < S)
+      *reinterpret_cast<uint4*>(base + int64_t(row0 + r) * row_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(tile + Swizzled<HS>::offset(r, c * 8));
+  }
+}
+
+// Lane addresses (row, col within the tile) for the two x4 patterns the kernels use:
+//   pattern 16: lanes 0-15 address rows 0-15 at column 0, lanes 16-31 rows 0-15 at column 8.
+//     ldmatrix of a [m][k] tile -> the A fragment of a 16x16 block;
+//     ldmatrix.trans of a [k][n] tile -> B fragments {b0, b1} of n-tile n0, then of n-tile n0+8.
+//   pattern 8x2: lanes 8m..8m+7 address rows 8(m/2)..+7 at column 8(m%2).
+//     ldmatrix of a [n][k] tile -> B fragments {b0, b1} of n-tile n0, then of n-tile n0+8;
+//     ldmatrix.trans of a [k][m] tile -> the A fragment of a 16x16 block.
+__device__ __forceinline__ int ldm16_row(int lane) { return lane & 15; }
+__device__ __forceinline__ int ldm16_col(int lane) { return (lane >> 4) * 8; }
+__device__ __forceinline__ int ldm8x2_row(int lane) { return (lane & 7) + ((lane >> 4) << 3); }
+__device__ __forceinline__ int ldm8x2_col(int lane) { return ((lane >> 3) & 1) * 8; }
+
+}  // namespace megatron::ops::cuda::attention_detail

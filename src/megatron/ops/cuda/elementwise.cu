@@ -1,0 +1,182 @@
+// Elementwise and layout ops on CUDA. Each thread handles 8 consecutive elements through 16-byte
+// accesses when every pointer is 16-byte aligned (one bf16 access or two float ones), else single
+// elements; arithmetic in float, rounded once into the output. Products and sums are written
+// with explicit rounding (__fmul_rn, __fadd_rn) so no multiply-add is fused: the results then
+// round exactly as the CPU reference's do.
+#include "megatron/ops/cuda/kernel_util.cuh"
+#include "megatron/ops/elementwise.h"
+
+namespace megatron::ops::cuda {
+namespace {
+
+constexpr int kVec = 8;  // elements per thread step on the vector path
+
+// out[i] = op(x[i])
+template <bool kVector, class Op, class O, class I>
+__global__ void map1_kernel(O* out, const I* x, int64_t n, Op op) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if constexpr (kVector) {
+    const int64_t chunks = n / kVec;
+    for (int64_t c = tid; c < chunks; c += stride) {
+      float v[kVec];
+      load_floats<kVec>(x + c * kVec, v);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[j] = op(v[j]);
+      store_floats<kVec>(out + c * kVec, v);
+    }
+    done = chunks * kVec;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) out[i] = from_float<O>(op(to_float(x[i])));
+}
+
+// out[i] = op(a[i], b[i]); out may be a or b (each element is read before it is written, by the
+// same thread).
+template <bool kVector, class Op, class O, class A, class B>
+__global__ void map2_kernel(O* out, const A* a, const B* b, int64_t n, Op op) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if constexpr (kVector) {
+    const int64_t chunks = n / kVec;
+    for (int64_t c = tid; c < chunks; c += stride) {
+      float va[kVec], vb[kVec];
+      load_floats<kVec>(a + c * kVec, va);
+      load_floats<kVec>(b + c * kVec, vb);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) va[j] = op(va[j], vb[j]);
+      store_floats<kVec>(out + c * kVec, va);
+    }
+    done = chunks * kVec;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) out[i] = from_float<O>(op(to_float(a[i]), to_float(b[i])));
+}
+
+struct Identity {
+  __device__ float operator()(float x) const { return x; }
+};
+struct Scale {
+  float alpha;
+  __device__ float operator()(float x) const { return __fmul_rn(alpha, x); }
+};
+struct Add {
+  __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+};
+struct AddScaled {  // (out, x) -> out + alpha x
+  float alpha;
+  __device__ float operator()(float o, float x) const { return __fadd_rn(o, __fmul_rn(alpha, x)); }
+};
+
+template <class Op, class O, class I>
+void launch_map1(O* out, const I* x, int64_t n, Op op) {
+  if (n == 0) return;
+  if (is_aligned16(out) && is_aligned16(x)) {
+    map1_kernel<true><<<grid_for(ceil_div(n, kVec)), kThreads, 0, stream()>>>(out, x, n, op);
+  } else {
+    map1_kernel<false><<<grid_for(n), kThreads, 0, stream()>>>(out, x, n, op);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class Op, class O, class A, class B>
+void launch_map2(O* out, const A* a, const B* b, int64_t n, Op op) {
+  if (n == 0) return;
+  if (is_aligned16(out) && is_aligned16(a) && is_aligned16(b)) {
+    map2_kernel<true><<<grid_for(ceil_div(n, kVec)), kThreads, 0, stream()>>>(out, a, b, n, op);
+  } else {
+    map2_kernel<false><<<grid_for(n), kThreads, 0, stream()>>>(out, a, b, n, op);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void check_same_numel(const Tensor& out, const Tensor& in, const char* out_name, const char* in_name) {
+  check_cuda(in, in_name);
+  check_cuda(out, out_name);
+  check_numel(out, in.numel(), out_name);
+}
+
+// out (D1,D0,rest) = in (D0,D1,rest), moving each row's `rest` block as words of W.
+template <class W>
+__global__ void transpose01_kernel(W* out, const W* in, int64_t d0, int64_t d1, int64_t words_per_row) {
+  const int64_t total = d0 * d1 * words_per_row;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < total; w += stride) {
+    const int64_t out_row = w / words_per_row, k = w % words_per_row;
+    const int64_t j = out_row / d0, i = out_row % d0;  // out row (j, i) is in row (i, j)
+    out[w] = in[(i * d1 + j) * words_per_row + k];
+  }
+}
+
+template <class W>
+void launch_transpose01(void* out, const void* in, int64_t d0, int64_t d1, size_t row_bytes) {
+  const int64_t words = int64_t(row_bytes / sizeof(W));
+  transpose01_kernel<W><<<grid_for(d0 * d1 * words), kThreads, 0, stream()>>>(static_cast<W*>(out),
+                                                                              static_cast<const W*>(in), d0, d1, words);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void add(Tensor& out, const Tensor& a, const Tensor& b) {
+  check_same_numel(out, a, "add out", "add a");
+  check_same_numel(b, a, "add b", "add a");
+  check_dtype(b, a.dtype(), "add b");
+  check_dtype(out, a.dtype(), "add out");
+  dispatch_floating(a.dtype(), "add", [&]<class T>(std::type_identity<T>) {
+    launch_map2(device_data<T>(out), device_data<T>(a), device_data<T>(b), out.numel(), Add{});
+  });
+}
+
+void add_scaled(Tensor& out, const Tensor& x, float alpha) {
+  check_same_numel(out, x, "add_scaled out", "add_scaled x");
+  dispatch_floating(out.dtype(), "add_scaled", [&]<class O>(std::type_identity<O>) {
+    dispatch_floating(x.dtype(), "add_scaled", [&]<class I>(std::type_identity<I>) {
+      O* o = device_data<O>(out);
+      launch_map2(o, o, device_data<I>(x), out.numel(), AddScaled{alpha});
+    });
+  });
+}
+
+void scale(Tensor& out, const Tensor& x, float alpha) {
+  check_same_numel(out, x, "scale out", "scale x");
+  dispatch_floating(out.dtype(), "scale", [&]<class O>(std::type_identity<O>) {
+    dispatch_floating(x.dtype(), "scale", [&]<class I>(std::type_identity<I>) {
+      launch_map1(device_data<O>(out), device_data<I>(x), out.numel(), Scale{alpha});
+    });
+  });
+}
+
+void cast(Tensor& out, const Tensor& x) {
+  check_same_numel(out, x, "cast out", "cast x");
+  dispatch_storage(out.dtype(), "cast", [&]<class O>(std::type_identity<O>) {
+    dispatch_storage(x.dtype(), "cast", [&]<class I>(std::type_identity<I>) {
+      launch_map1(device_data<O>(out), device_data<I>(x), out.numel(), Identity{});
+    });
+  });
+}
+
+void transpose01(Tensor& out, const Tensor& in) {
+  check_same_numel(out, in, "transpose01 out", "transpose01 in");
+  MEGATRON_CHECK(in.ndim() >= 2, "transpose01 needs at least 2 dimensions, got " << shape_str(in.shape()));
+  Shape swapped = in.shape();
+  std::swap(swapped[0], swapped[1]);
+  check_shape(out, swapped, "transpose01 out");
+  check_dtype(out, in.dtype(), "transpose01 out");
+  const auto* src = static_cast<const char*>(in.raw());
+  auto* dst = static_cast<char*>(out.raw());
+  MEGATRON_CHECK(dst + out.nbytes() <= src || src + in.nbytes() <= dst,
+                 "transpose01 cannot run in place; give out memory that does not overlap in");
+  const int64_t d0 = in.dim(0), d1 = in.dim(1);
+  if (in.numel() == 0) return;
+  const size_t row_bytes = size_t(in.numel() / (d0 * d1)) * in.element_size();
+  // The widest word that divides the row and both base addresses.
+  const uintptr_t common = uintptr_t(row_bytes) | reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
+  if (common % 16 == 0) return launch_transpose01<uint4>(dst, src, d0, d1, row_bytes);
+  if (common % 8 == 0) return launch_transpose01<uint2>(dst, src, d0, d1, row_bytes);
+  if (common % 4 == 0) return launch_transpose01<uint32_t>(dst, src, d0, d1, row_bytes);
+  if (common % 2 == 0) return launch_transpose01<uint16_t>(dst, src, d0, d1, row_bytes);
+  launch_transpose01<uint8_t>(dst, src, d0, d1, row_bytes);
+}
+
+}  // namespace megatron::ops::cuda

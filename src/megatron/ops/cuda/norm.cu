@@ -1,0 +1,290 @@
+// LayerNorm and RMSNorm on CUDA. Forward and the dx part of backward run one warp per row with
+// 16-byte loads and float accumulation; the row is read again from L1 for each pass rather than
+// held in registers, so any C works. dweight/dbias are reduced deterministically without float
+// atomics: per-(row chunk, channel) partial sums, then a second kernel sums the chunks in order.
+#include "megatron/ops/cuda/kernel_util.cuh"
+#include "megatron/ops/norm.h"
+
+namespace megatron::ops::cuda {
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // warps per block in the row kernels
+
+// V elements at p as floats: one scalar for V = 1, else whole 16-byte packs.
+template <int V, class T>
+__device__ __forceinline__ void load_pack(const T* p, float (&v)[V]) {
+  if constexpr (V == 1) {
+    v[0] = to_float(*p);
+  } else {
+    load_floats<V>(p, v);
+  }
+}
+template <int V, class T>
+__device__ __forceinline__ void store_pack(T* p, const float (&v)[V]) {
+  if constexpr (V == 1) {
+    *p = from_float<T>(v[0]);
+  } else {
+    store_floats<V>(p, v);
+  }
+}
+
+// y (N,C) = (x - mean) * rstd * w + b; mean (N) only for LayerNorm (nullptr for RMSNorm), rstd (N).
+// Two passes over the row as on the CPU: the mean, then the variance about it.
+template <class T, int V>
+__global__ void norm_forward_kernel(T* y, float* mean, float* rstd, const T* x, const T* w, const T* b, int64_t N,
+                                    int C, bool rms, float eps) {
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= N) return;
+  const int lane = int(threadIdx.x) % 32;
+  const T* xr = x + row * C;
+  float m = 0.0f;
+  if (!rms) {
+    float sum = 0.0f;
+    for (int c = lane * V; c < C; c += 32 * V) {
+      float v[V];
+      load_pack<V>(xr + c, v);
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum += v[k];
+    }
+    m = warp_reduce(sum, SumOp{}) / float(C);
+  }
+  float var = 0.0f;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    float v[V];
+    load_pack<V>(xr + c, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) var += (v[k] - m) * (v[k] - m);
+  }
+  var = warp_reduce(var, SumOp{}) / float(C);
+  const float s = 1.0f / sqrtf(var + eps);
+  T* yr = y + row * C;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    float v[V], wv[V], bv[V] = {};
+    load_pack<V>(xr + c, v);
+    load_pack<V>(w + c, wv);
+    if (b != nullptr) load_pack<V>(b + c, bv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = (v[k] - m) * s * wv[k] + bv[k];
+    store_pack<V>(yr + c, v);
+  }
+  if (lane == 0) {
+    if (mean != nullptr) mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+// dx, one warp per row. With xhat = (x - m) rstd and g = dy * w:
+//   LayerNorm: dx = rstd (g - mean(g) - xhat mean(g xhat));  RMSNorm: dx = rstd (g - xhat mean(g xhat))
+template <class T, int V>
+__global__ void norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* w, const float* mean,
+                                        const float* rstd, int64_t N, int C) {
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= N) return;
+  const int lane = int(threadIdx.x) % 32;
+  const bool rms = mean == nullptr;
+  const float m = rms ? 0.0f : mean[row], s = rstd[row];
+  const T* xr = x + row * C;
+  const T* dyr = dy + row * C;
+  float g_sum = 0.0f, gx_sum = 0.0f;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    float xv[V], dv[V], wv[V];
+    load_pack<V>(xr + c, xv);
+    load_pack<V>(dyr + c, dv);
+    load_pack<V>(w + c, wv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float g = dv[k] * wv[k];
+      g_sum += g;
+      gx_sum += g * (xv[k] - m) * s;
+    }
+  }
+  const float g_mean = rms ? 0.0f : warp_reduce(g_sum, SumOp{}) / float(C);
+  const float gx_mean = warp_reduce(gx_sum, SumOp{}) / float(C);
+  T* dxr = dx + row * C;
+  for (int c = lane * V; c < C; c += 32 * V) {
+    float xv[V], dv[V], wv[V];
+    load_pack<V>(xr + c, xv);
+    load_pack<V>(dyr + c, dv);
+    load_pack<V>(w + c, wv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) dv[k] = s * (dv[k] * wv[k] - g_mean - (xv[k] - m) * s * gx_mean);
+    store_pack<V>(dxr + c, dv);
+  }
+}
+
+// Parameter-gradient partials: block (kColsPerBlock channels) x (kRowLanes row lanes) sums the
+// rows of one chunk of kRowsPerChunk rows for its channels, in a fixed order:
+//   part_w[chunk][c] = sum_n dy xhat,  part_b[chunk][c] = sum_n dy   (n in the chunk)
+constexpr int kColsPerBlock = 32;
+constexpr int kRowLanes = 8;
+constexpr int64_t kRowsPerChunk = 128;
+
+template <class T>
+__global__ void norm_param_partials_kernel(float* part_w, float* part_b, const T* dy, const T* x, const float* mean,
+                                           const float* rstd, int64_t N, int C) {
+  __shared__ float sw[kRowLanes][kColsPerBlock], sb[kRowLanes][kColsPerBlock];
+  const int tx = int(threadIdx.x) % kColsPerBlock, ty = int(threadIdx.x) / kColsPerBlock;
+  const int c = int(blockIdx.x) * kColsPerBlock + tx;
+  const int64_t chunk = blockIdx.y;
+  const int64_t end = min(N, (chunk + 1) * kRowsPerChunk);
+  float dw = 0.0f, db = 0.0f;
+  if (c < C) {
+    for (int64_t n = chunk * kRowsPerChunk + ty; n < end; n += kRowLanes) {
+      const float g = to_float(dy[n * C + c]);
+      const float m = mean != nullptr ? mean[n] : 0.0f;
+      dw += g * (to_float(x[n * C + c]) - m) * rstd[n];
+      db += g;
+    }
+  }
+  sw[ty][tx] = dw;
+  sb[ty][tx] = db;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    for (int k = 1; k < kRowLanes; ++k) {
+      dw += sw[k][tx];
+      db += sb[k][tx];
+    }
+    part_w[chunk * C + c] = dw;
+    part_b[chunk * C + c] = db;
+  }
+}
+
+// dweight[c] += sum over chunks of part_w[chunk][c] (and dbias likewise when given), chunks in order.
+__global__ void norm_param_reduce_kernel(float* dweight, float* dbias, const float* part_w, const float* part_b,
+                                         int64_t chunks, int C) {
+  const int c = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
+  if (c >= C) return;
+  float dw = 0.0f, db = 0.0f;
+  for (int64_t k = 0; k < chunks; ++k) {
+    dw += part_w[k * C + c];
+    db += part_b[k * C + c];
+  }
+  dweight[c] += dw;
+  if (dbias != nullptr) dbias[c] += db;
+}
+
+// 16-byte packs when every row of every tensor starts on a 16-byte boundary, else scalars.
+template <class T>
+bool rows_vectorizable(int64_t C, std::initializer_list<const void*> ptrs) {
+  if (C % kPack<T> != 0) return false;
+  for (const void* p : ptrs)
+    if (p != nullptr && !is_aligned16(p)) return false;
+  return true;
+}
+
+template <class T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.raw()) : nullptr;
+}
+template <class T>
+T* data_or_null(Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.raw()) : nullptr;
+}
+
+void check_param(const Tensor& t, int64_t C, DType dtype, const char* name) {
+  check_cuda(t, name);
+  check_shape(t, {C}, name);
+  check_dtype(t, dtype, name);
+}
+
+// The mean is saved for LayerNorm only; RMSNorm takes no mean and no bias.
+void check_kind_tensors(const NormParams& p, const Tensor& mean, const Tensor& bias, const char* bias_name) {
+  if (p.kind == NormKind::rmsnorm) {
+    MEGATRON_CHECK(!mean.defined(), "RMSNorm saves no mean; pass an undefined mean tensor");
+    MEGATRON_CHECK(!bias.defined(), "RMSNorm has no bias; pass an undefined " << bias_name);
+  } else {
+    check_defined(mean, "LayerNorm mean");
+  }
+}
+
+// Rows are indexed in int64 but channels in int (one row's offset fits easily).
+int channels_of(const Tensor& x) {
+  const int64_t C = x.dim(-1);
+  MEGATRON_CHECK(C > 0 && C < (int64_t(1) << 30), "norm: " << C << " channels is outside (0, 2^30)");
+  return int(C);
+}
+
+}  // namespace
+
+void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const NormParams& params) {
+  const int64_t N = rows_of(x, "norm x");
+  check_cuda(x, "norm x");
+  const int C = channels_of(x);
+  check_kind_tensors(params, mean, bias, "bias");
+  MEGATRON_CHECK(params.eps > 0.0f, "norm eps must be positive, got " << params.eps);
+  dispatch_floating(x.dtype(), "norm_forward", [&]<class T>(std::type_identity<T>) {
+    check_cuda(y, "norm y");
+    check_shape(y, x.shape(), "norm y");
+    check_dtype(y, x.dtype(), "norm y");
+    check_param(weight, C, x.dtype(), "norm weight");
+    if (bias.defined()) check_param(bias, C, x.dtype(), "norm bias");
+    if (mean.defined()) check_param(mean, N, DType::f32, "norm mean");
+    check_param(rstd, N, DType::f32, "norm rstd");
+    if (N == 0) return;
+    T* yp = static_cast<T*>(y.raw());
+    const T* xp = static_cast<const T*>(x.raw());
+    const T* wp = static_cast<const T*>(weight.raw());
+    const T* bp = data_or_null<T>(bias);
+    const bool rms = params.kind == NormKind::rmsnorm;
+    const auto blocks = unsigned(ceil_div(N, kRowsPerBlock));
+    if (rows_vectorizable<T>(C, {yp, xp, wp, bp})) {
+      norm_forward_kernel<T, kPack<T>><<<blocks, kRowsPerBlock * 32, 0, stream()>>>(
+          yp, data_or_null<float>(mean), rstd.data<float>(), xp, wp, bp, N, C, rms, params.eps);
+    } else {
+      norm_forward_kernel<T, 1><<<blocks, kRowsPerBlock * 32, 0, stream()>>>(
+          yp, data_or_null<float>(mean), rstd.data<float>(), xp, wp, bp, N, C, rms, params.eps);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                   const Tensor& mean, const Tensor& rstd, const NormParams& params) {
+  const int64_t N = rows_of(x, "norm x");
+  check_cuda(x, "norm x");
+  const int C = channels_of(x);
+  check_kind_tensors(params, mean, dbias, "dbias");
+  dispatch_floating(x.dtype(), "norm_backward", [&]<class T>(std::type_identity<T>) {
+    for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&dx, "norm dx"}, {&dy, "norm dy"}}) {
+      check_cuda(*t, name);
+      check_shape(*t, x.shape(), name);
+      check_dtype(*t, x.dtype(), name);
+    }
+    check_param(weight, C, x.dtype(), "norm weight");
+    check_param(dweight, C, DType::f32, "norm dweight");
+    if (dbias.defined()) check_param(dbias, C, DType::f32, "norm dbias");
+    if (mean.defined()) check_param(mean, N, DType::f32, "norm mean");
+    check_param(rstd, N, DType::f32, "norm rstd");
+    if (N == 0) return;
+    T* dxp = static_cast<T*>(dx.raw());
+    const T* dyp = static_cast<const T*>(dy.raw());
+    const T* xp = static_cast<const T*>(x.raw());
+    const T* wp = static_cast<const T*>(weight.raw());
+    const float* mp = data_or_null<float>(mean);
+    const float* sp = rstd.data<float>();
+    const auto blocks = unsigned(ceil_div(N, kRowsPerBlock));
+    if (rows_vectorizable<T>(C, {dxp, dyp, xp, wp})) {
+      norm_backward_dx_kernel<T, kPack<T>><<<blocks, kRowsPerBlock * 32, 0, stream()>>>(dxp, dyp, xp, wp, mp, sp, N, C);
+    } else {
+      norm_backward_dx_kernel<T, 1><<<blocks, kRowsPerBlock * 32, 0, stream()>>>(dxp, dyp, xp, wp, mp, sp, N, C);
+    }
+    CUDA_CHECK_LAUNCH();
+
+    const int64_t chunks = ceil_div(N, kRowsPerChunk);
+    MEGATRON_CHECK(chunks < 65536, "norm_backward: " << N << " rows exceed the " << 65535 * kRowsPerChunk
+                                                     << " the parameter-gradient grid covers; split the batch");
+    Tensor partials = Tensor::empty({2, chunks, C}, DType::f32, x.device());
+    float* part_w = partials.data<float>();
+    float* part_b = part_w + chunks * C;
+    const dim3 grid(unsigned(ceil_div(C, kColsPerBlock)), unsigned(chunks));
+    norm_param_partials_kernel<T>
+        <<<grid, kColsPerBlock * kRowLanes, 0, stream()>>>(part_w, part_b, dyp, xp, mp, sp, N, C);
+    CUDA_CHECK_LAUNCH();
+    norm_param_reduce_kernel<<<unsigned(ceil_div(C, kThreads)), kThreads, 0, stream()>>>(
+        dweight.data<float>(), data_or_null<float>(dbias), part_w, part_b, chunks, C);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace megatron::ops::cuda

@@ -1,0 +1,37 @@
+#pragma once
+// The Communicator of GPU ranks, over NCCL (implemented in nccl_communicator.cu, built with the
+// CUDA backend only). Kept free of CUDA and NCCL headers.
+//
+// Each communicator owns a non-blocking CUDA stream. An operation records an event on the
+// caller's current stream, makes its stream wait for it (the inputs are ready), enqueues the
+// NCCL call(s) in one NCCL group, and records a completion event. wait() makes the caller's
+// current stream wait for that event; the host never blocks. The watchdog polls the completion
+// event against the deadline, and the communicator keeps the tensors alive until it fires, so
+// the caching allocator never hands their memory to another user while NCCL still uses it.
+//
+// Bootstrap: group rank 0 creates the ncclUniqueId and broadcasts it over the group's MPI
+// communicator. NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE is set to 0 before the
+// first communicator, and a different value in the environment is an error.
+//
+// dtypes: reductions of f32, f64, bf16, f16, i32, i64 (NCCL reduces 16-bit floats in their own
+// precision at each step; DDP reduces fp32 gradients); moves carry any dtype as bytes.
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megatron/parallel/comm.h"
+
+namespace megatron {
+
+class Watchdog;
+
+// The NCCL communicator of one group on `device` (which must be the current CUDA device).
+// `group` is the group's MPI communicator used to broadcast the id (not kept); MPI_COMM_NULL for
+// a group of one process without MPI.
+std::shared_ptr<Communicator> make_nccl_communicator(const std::string& name, MPI_Comm group,
+                                                     std::vector<int> world_ranks, Device device,
+                                                     std::shared_ptr<Watchdog> watchdog);
+
+}  // namespace megatron

@@ -1,0 +1,125 @@
+// Cross-entropy on CUDA against the CPU op run in f64 on the same (bf16-exact) logits.
+//   forward, factor 64 (of u32, relative to |ref| + max|ref|): each exp term carries its
+//     argument's rounding (|x - max| u, |x - max| < 20 for these 2 N(0,1) logits) and expf's
+//     2 ulp; the sum adds up to V/256 terms per thread, 8 tree levels and one rescale per thread,
+//     so the sum is within ~50 u relative and lse (and loss = lse - x_t) within ~50 u + 2 u |lse|.
+//   backward, f32: softmax terms within ~20 u relative (argument rounding + expf), the target
+//     term subtracts 1 and the mask scales: within ~22 u |scale|; factor 64 of u32 relative to the
+//     row-wise scale (max|ref| ~ |scale|). bf16: one final rounding dominates: factor 2 of u16.
+#include <cmath>
+
+#include "gpu/cuda_test_util.h"
+#include "megatron/ops/cross_entropy.h"
+
+using namespace megatron;
+using namespace megatron::test;
+
+namespace {
+
+class CudaCrossEntropy : public CudaTest {};
+
+constexpr double kForwardFactor = 64.0;
+
+Tensor random_targets(int64_t N, int64_t V, uint64_t seed) {
+  Tensor t = Tensor::empty({N}, DType::i32);
+  HostRng rng(seed);
+  for (int64_t i = 0; i < N; ++i) t.set_item(i, double(rng.uniform_int(uint64_t(V))));
+  return t;
+}
+
+// Mask values 1, 0 and 0.5 (a weighted token), cycling.
+Tensor mask_of(int64_t N) {
+  Tensor m = Tensor::empty({N}, DType::f32);
+  for (int64_t i = 0; i < N; ++i) m.set_item(i, i % 3 == 0 ? 1.0 : (i % 3 == 1 ? 0.0 : 0.5));
+  return m;
+}
+
+const int64_t kRows[] = {1, 7, 33};
+const int64_t kVocab[] = {1, 5, 127, 1000, 4099};
+
+}  // namespace
+
+TEST_F(CudaCrossEntropy, ForwardLossAndLse) {
+  uint64_t seed = 1;
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const int64_t N : kRows) {
+      for (const int64_t V : kVocab) {
+        for (const int64_t misalign : {0, 1}) {
+          Pair logits = random_pair({N, V}, dtype, seed++, 2.0, misalign);
+          Pair targets = pair_of(random_targets(N, V, seed++));
+          Pair losses = poisoned_pair({N}, DType::f32), lse = poisoned_pair({N}, DType::f32);
+          Tensor losses_ref = Tensor::empty({N}, DType::f64), lse_ref = Tensor::empty({N}, DType::f64);
+          ops::cpu::cross_entropy_forward(losses_ref, lse_ref, f64(logits.cpu), targets.cpu);
+          ops::cuda::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, targets.gpu);
+          const std::string what = std::string(dtype_name(dtype)) + " N=" + std::to_string(N) +
+                                   " V=" + std::to_string(V) + " misalign=" + std::to_string(misalign);
+          EXPECT_TRUE(matches(lse, lse_ref, kUnitRoundoffF32, kForwardFactor)) << "lse " << what;
+          EXPECT_TRUE(matches(losses, losses_ref, kUnitRoundoffF32, kForwardFactor)) << "losses " << what;
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+::testing::AssertionResult run_backward(DType dtype, int64_t N, int64_t V, bool in_place, bool with_mask,
+                                        int64_t misalign, uint64_t seed) {
+  Pair logits = random_pair({N, V}, dtype, seed, 2.0, misalign);
+  Pair targets = pair_of(random_targets(N, V, seed + 1));
+  // Both backends read the same saved lse (the CPU forward's).
+  Tensor losses_cpu = Tensor::empty({N}, DType::f32), lse_cpu = Tensor::empty({N}, DType::f32);
+  ops::cpu::cross_entropy_forward(losses_cpu, lse_cpu, logits.cpu, targets.cpu);
+  Pair lse = pair_of(lse_cpu);
+  Pair mask = with_mask ? pair_of(mask_of(N)) : Pair{};
+  const float grad_scale = 0.37f;
+
+  Tensor ref = Tensor::empty({N, V}, DType::f64);
+  ops::cpu::cross_entropy_backward(ref, f64(logits.cpu), targets.cpu, f64(lse.cpu),
+                                   with_mask ? f64(mask.cpu) : Tensor(), grad_scale);
+  Pair dlogits = in_place ? logits : poisoned_pair({N, V}, dtype, misalign);
+  ops::cuda::cross_entropy_backward(dlogits.gpu, logits.gpu, targets.gpu, lse.gpu, mask.gpu, grad_scale);
+  const double u = dtype == DType::bf16 ? kUnitRoundoffBf16 : kUnitRoundoffF32;
+  const double factor = dtype == DType::bf16 ? 2.0 : 64.0;
+  return matches(dlogits, ref, u, factor)
+         << " (" << dtype_name(dtype) << " N=" << N << " V=" << V << (in_place ? " in place" : "")
+         << (with_mask ? " masked" : "") << " misalign=" << misalign << ")";
+}
+
+}  // namespace
+
+TEST_F(CudaCrossEntropy, BackwardSeparateOutput) {
+  uint64_t seed = 100;
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const int64_t N : kRows) {
+      for (const int64_t V : kVocab) {
+        for (const int64_t misalign : {0, 1}) EXPECT_TRUE(run_backward(dtype, N, V, false, true, misalign, seed += 3));
+      }
+    }
+  }
+}
+
+TEST_F(CudaCrossEntropy, BackwardInPlaceOverLogits) {
+  uint64_t seed = 200;
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const int64_t V : {5, 1000, 4099}) {
+      EXPECT_TRUE(run_backward(dtype, 9, V, true, true, 0, seed += 3));
+      EXPECT_TRUE(run_backward(dtype, 9, V, true, false, 1, seed += 3));
+    }
+  }
+}
+
+TEST_F(CudaCrossEntropy, OutOfRangeTargetGivesNaNLoss) {
+  // A kernel cannot raise an error without a host synchronisation: the row's loss is NaN instead.
+  const int64_t N = 3, V = 10;
+  Pair logits = random_pair({N, V}, DType::f32, 5);
+  Tensor bad = random_targets(N, V, 6);
+  bad.set_item(1, double(V));
+  Pair targets = pair_of(bad);
+  Pair losses = poisoned_pair({N}, DType::f32), lse = poisoned_pair({N}, DType::f32);
+  ops::cuda::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, targets.gpu);
+  EXPECT_TRUE(std::isfinite(losses.gpu.item(0)));
+  EXPECT_TRUE(std::isnan(losses.gpu.item(1)));
+  EXPECT_TRUE(std::isfinite(losses.gpu.item(2)));
+  EXPECT_TRUE(std::isfinite(lse.gpu.item(1)));
+}

@@ -1,0 +1,113 @@
+// CUDA LayerNorm/RMSNorm against the CPU op run in f64 on the same (bf16-exact) inputs: vector and
+// scalar paths, every output poisoned, parameter gradients accumulated and deterministic.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "gpu/cuda_test_util.h"
+#include "megatron/ops/norm.h"
+
+using namespace megatron;
+using namespace megatron::test;
+using megatron::ops::NormKind;
+using megatron::ops::NormParams;
+
+namespace {
+
+class CudaNorm : public CudaTest {};
+
+struct Shape2 {
+  int64_t N, C, misalign;  // misalign shifts every GPU tensor off 16 bytes: the scalar path
+};
+
+// C = 96 and 1024 take 16-byte packs; C = 99 and the shifted case take scalars.
+const Shape2 kShapes[] = {{37, 96, 0}, {64, 1024, 0}, {5, 99, 0}, {16, 256, 1}};
+
+Tensor optional_f64(const Pair& p, bool use) { return use ? f64(p.cpu) : Tensor(); }
+
+}  // namespace
+
+TEST_F(CudaNorm, ForwardAndBackwardMatchCpuF64) {
+  uint64_t seed = 100;
+  for (NormKind kind : {NormKind::layernorm, NormKind::rmsnorm}) {
+    const NormParams p{kind, 1e-5f};
+    const bool ln = kind == NormKind::layernorm;
+    for (DType dt : {DType::f32, DType::bf16}) {
+      for (const Shape2& s : kShapes) {
+        const std::string what = std::string(ln ? "layernorm " : "rmsnorm ") + dtype_name(dt) +
+                                 " N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
+                                 " misalign=" + std::to_string(s.misalign);
+        const Pair x = random_pair({s.N, s.C}, dt, ++seed, 2.0, s.misalign);
+        const Pair w = random_pair({s.C}, dt, ++seed, 1.0, s.misalign);
+        const Pair b = random_pair({s.C}, dt, ++seed, 1.0, s.misalign);
+        const Pair dy = random_pair({s.N, s.C}, dt, ++seed, 1.0, s.misalign);
+        Pair y = poisoned_pair({s.N, s.C}, dt, s.misalign), dx = poisoned_pair({s.N, s.C}, dt, s.misalign);
+        Pair mean = poisoned_pair({s.N}, DType::f32), rstd = poisoned_pair({s.N}, DType::f32);
+        Pair dw = random_pair({s.C}, DType::f32, ++seed), db = random_pair({s.C}, DType::f32, ++seed);
+
+        Tensor gpu_mean = ln ? mean.gpu : Tensor(), gpu_db = ln ? db.gpu : Tensor();
+        ops::cuda::norm_forward(y.gpu, gpu_mean, rstd.gpu, x.gpu, w.gpu, ln ? b.gpu : Tensor(), p);
+        ops::cuda::norm_backward(dx.gpu, dw.gpu, gpu_db, dy.gpu, x.gpu, w.gpu, gpu_mean, rstd.gpu, p);
+
+        Tensor ry = poisoned({s.N, s.C}, DType::f64), rdx = poisoned({s.N, s.C}, DType::f64);
+        Tensor rmean = ln ? poisoned({s.N}, DType::f64) : Tensor(), rrstd = poisoned({s.N}, DType::f64);
+        Tensor rdw = f64(dw.cpu), rdb = ln ? f64(db.cpu) : Tensor();
+        const Tensor xr = f64(x.cpu), wr = f64(w.cpu);
+        ops::cpu::norm_forward(ry, rmean, rrstd, xr, wr, optional_f64(b, ln), p);
+        ops::cpu::norm_backward(rdx, rdw, rdb, f64(dy.cpu), xr, wr, rmean, rrstd, p);
+
+        // Statistics are f32 for both dtypes: sums of C terms, a division and a square root, about
+        // C + 4 roundings in f32 (the CPU f32 op's bound, tests/unit/test_ops_norm.cpp).
+        if (ln) {
+          EXPECT_TRUE(matches(mean, rmean, kUnitRoundoffF32, double(s.C) + 4)) << what << " mean";
+        }
+        EXPECT_TRUE(matches(rstd, rrstd, kUnitRoundoffF32, double(s.C) + 4)) << what << " rstd";
+        // y and dx: the f32 statistics' error times a few more operations (2C + 8 roundings); for
+        // bf16 one rounding of the result, with factor 2 leaving room for the f32 part (2^-16 smaller).
+        const double u = unit_roundoff(dt), factor = dt == DType::f32 ? 2.0 * double(s.C) + 8 : 2.0;
+        EXPECT_TRUE(matches(y, ry, u, factor)) << what << " y";
+        EXPECT_TRUE(matches(dx, rdx, u, factor)) << what << " dx";
+        // Parameter gradients stay f32 and accumulate onto random starting values: N row terms on
+        // top of the per-row error above.
+        EXPECT_TRUE(matches(dw, rdw, kUnitRoundoffF32, 2.0 * double(s.C) + 8 + double(s.N))) << what << " dw";
+        if (ln) {
+          EXPECT_TRUE(matches(db, rdb, kUnitRoundoffF32, double(s.N))) << what << " db";
+        }
+      }
+    }
+  }
+}
+
+// No float atomics: the same inputs give the same parameter gradients bit for bit, with N large
+// enough for many row chunks.
+TEST_F(CudaNorm, ParameterGradientsAreDeterministic) {
+  const NormParams p{NormKind::layernorm, 1e-5f};
+  const int64_t N = 4096, C = 384;
+  const Pair x = random_pair({N, C}, DType::bf16, 1), w = random_pair({C}, DType::bf16, 2);
+  const Pair b = random_pair({C}, DType::bf16, 3), dy = random_pair({N, C}, DType::bf16, 4);
+  Tensor y = Tensor::empty({N, C}, DType::bf16, gpu()), dx = Tensor::empty({N, C}, DType::bf16, gpu());
+  Tensor mean = Tensor::empty({N}, DType::f32, gpu()), rstd = Tensor::empty({N}, DType::f32, gpu());
+  ops::cuda::norm_forward(y, mean, rstd, x.gpu, w.gpu, b.gpu, p);
+  std::vector<float> first_w, first_b;
+  for (int run = 0; run < 3; ++run) {
+    Tensor dw = Tensor::zeros({C}, DType::f32, gpu()), db = Tensor::zeros({C}, DType::f32, gpu());
+    ops::cuda::norm_backward(dx, dw, db, dy.gpu, x.gpu, w.gpu, mean, rstd, p);
+    if (run == 0) {
+      first_w = dw.to_vector();
+      first_b = db.to_vector();
+    } else {
+      EXPECT_EQ(dw.to_vector(), first_w) << "run " << run;
+      EXPECT_EQ(db.to_vector(), first_b) << "run " << run;
+    }
+  }
+}
+
+TEST_F(CudaNorm, RejectsF64AndCpuTensors) {
+  const NormParams p{NormKind::rmsnorm, 1e-5f};
+  Tensor x = Tensor::zeros({4, 8}, DType::f64, gpu()), w = Tensor::zeros({8}, DType::f64, gpu());
+  Tensor y = Tensor::zeros({4, 8}, DType::f64, gpu()), rstd = Tensor::zeros({4}, DType::f32, gpu()), none;
+  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::norm_forward(y, none, rstd, x, w, none, p); }, "f64"));
+  Tensor xc = Tensor::zeros({4, 8}, DType::f32), wc = Tensor::zeros({8}, DType::f32, gpu());
+  Tensor yc = Tensor::zeros({4, 8}, DType::f32, gpu());
+  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::norm_forward(yc, none, rstd, xc, wc, none, p); }, "norm x"));
+}

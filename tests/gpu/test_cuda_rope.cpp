@@ -1,0 +1,68 @@
+// CUDA RoPE against the CPU op run in f64 on the same (bf16-exact) inputs: rotary percent,
+// interleaved pairs, position offset, in place, every output poisoned.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "gpu/cuda_test_util.h"
+#include "megatron/ops/rope.h"
+
+using namespace megatron;
+using namespace megatron::test;
+using megatron::ops::RopeParams;
+
+namespace {
+
+class CudaRope : public CudaTest {};
+
+// The angles are the same float on both sides (inv_freq from the same host expression). f32:
+// cosf/sinf are within 2 ulp on CUDA, then two products and a sum: |error| <= ~5 u (|x1| + |x2|),
+// and |x1| + |x2| <= 2 max|x| ~ 2 max|y| (a rotation keeps the pair's norm), so factor 16 with the
+// max|ref| term of `matches` covers it. bf16: one rounding of the result, factor 2.
+double factor_for(DType dt) { return dt == DType::f32 ? 16.0 : 2.0; }
+
+struct Case {
+  int64_t S, B, H, D;
+  RopeParams p;
+};
+
+}  // namespace
+
+TEST_F(CudaRope, ForwardAndBackwardMatchCpuF64) {
+  const Case cases[] = {
+      {37, 2, 3, 64, {10000.0f, 1.0f, false, 0}},       // full rotation, GPT-NeoX pairs
+      {37, 2, 3, 64, {10000.0f, 1.0f, true, 0}},        // interleaved pairs
+      {20, 1, 4, 128, {500000.0f, 0.5f, false, 4000}},  // partial rotation, long positions
+      {9, 2, 2, 12, {10000.0f, 0.5f, true, 3}},         // rot_dim 6 of 12, interleaved
+  };
+  uint64_t seed = 500;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const Case& c : cases) {
+      const std::string what = std::string(dtype_name(dt)) + " D=" + std::to_string(c.D) +
+                               " percent=" + std::to_string(c.p.percent) + (c.p.interleaved ? " interleaved" : "");
+      const Shape shape{c.S, c.B, c.H, c.D};
+      const Pair x = random_pair(shape, dt, ++seed);
+      Pair y = poisoned_pair(shape, dt), dx = poisoned_pair(shape, dt);
+      ops::cuda::rope_forward(y.gpu, x.gpu, c.p);
+      ops::cuda::rope_backward(dx.gpu, x.gpu, c.p);
+      Tensor ry = poisoned(shape, DType::f64), rdx = poisoned(shape, DType::f64);
+      ops::cpu::rope_forward(ry, f64(x.cpu), c.p);
+      ops::cpu::rope_backward(rdx, f64(x.cpu), c.p);
+      EXPECT_TRUE(matches(y, ry, unit_roundoff(dt), factor_for(dt))) << what << " forward";
+      EXPECT_TRUE(matches(dx, rdx, unit_roundoff(dt), factor_for(dt))) << what << " backward";
+
+      // In place (y aliases x) gives the out-of-place result exactly: each thread reads its pair
+      // before writing it.
+      Tensor inplace = x.cpu.to(gpu());
+      ops::cuda::rope_forward(inplace, inplace, c.p);
+      EXPECT_EQ(inplace.to_vector(), y.gpu.to_vector()) << what << " in place";
+    }
+  }
+}
+
+TEST_F(CudaRope, RejectsOddRotaryDimAndF64) {
+  Tensor x = Tensor::zeros({2, 1, 1, 10}, DType::f32, gpu()), y = Tensor::zeros({2, 1, 1, 10}, DType::f32, gpu());
+  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::rope_forward(y, x, {10000.0f, 0.5f, false, 0}); }, "even"));
+  Tensor x64 = Tensor::zeros({2, 1, 1, 8}, DType::f64, gpu()), y64 = Tensor::zeros({2, 1, 1, 8}, DType::f64, gpu());
+  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::rope_forward(y64, x64, {}); }, "f64"));
+}
