@@ -23,7 +23,8 @@ for run in "${runs[@]}"; do
   rm -f "$metrics"
   "$build/megatron" train --model-preset "$preset" --micro-batch-size "$mbs" --train-iters $iters --lr 1e-4 \
     --bf16 --attention-dropout 0 --hidden-dropout 0 --mock-data --tokenizer-type NullTokenizer --vocab-size $vocab \
-    --log-interval $log_interval --metrics-file "$metrics" --device cuda > "$out/ours-$preset.log" 2>&1
+    --log-interval $log_interval --metrics-file "$metrics" --profile-ops-iteration 5 --device cuda \
+    > "$out/ours-$preset.log" 2>&1
   ours_rc=$?
   last=$(grep '"kind":"train"' "$metrics" 2>/dev/null | tail -1)
   o_ms=$(echo "$last" | field elapsed_ms_per_iteration); o_tok=$(echo "$last" | field tokens_per_second)
@@ -47,3 +48,9 @@ echo "$(date -u +%F) $(nvidia-smi --query-gpu=name --format=csv,noheader | head 
 echo "| preset | mbs | ours ms/it | ours tok/s | ours TFLOP/s | ours MFU | ours peak GiB | torch ms/it | torch tok/s | torch TFLOP/s | torch MFU | torch peak GiB | ours/torch |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
+for run in "${runs[@]}"; do
+  preset="${run%%:*}"
+  echo
+  echo "ours, $preset: device time per op family in iteration 5 (a warm-up step, outside the timed interval)"
+  sed -n '/per-op time of iteration/,/step (wall)/p' "$out/ours-$preset.log" | tail -n +2
+done

@@ -5,10 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh release --target megatron >/dev/null
-bin=build/release/megatron
+# The demo trains on the CPU: without a GPU it builds the CPU backend only (the CUDA kernels
+# take minutes to compile on a small machine and would not be used).
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  scripts/build.sh release --target megatron >/dev/null
+  bin=build/release/megatron
+else
+  [ -f build/demo-cpu/build.ninja ] || cmake --preset release -B build/demo-cpu -DMEGATRON_CUDA=OFF >/dev/null
+  cmake --build build/demo-cpu -j "$(nproc)" --target megatron >/dev/null
+  bin=build/demo-cpu/megatron
+fi
 work="${MEGATRON_DEMO_DIR:-/tmp/megatron-demo}"
-iters="${MEGATRON_DEMO_ITERS:-600}"
+iters="${MEGATRON_DEMO_ITERS:-900}"
 rm -rf "$work" && mkdir -p "$work"
 
 # One JSON document per fortune (entries are separated by lines holding a single '%').
@@ -31,8 +39,11 @@ done | LC_ALL=C awk '
   END { flush() }' > "$work/fortunes.jsonl"
 echo "corpus: $(wc -l < "$work/fortunes.jsonl") fortunes, $(du -h "$work/fortunes.jsonl" | cut -f1)"
 
-"$bin" preprocess-data --input "$work/fortunes.jsonl" --output-prefix "$work/fortunes" \
-  --tokenizer-type ByteTokenizer --append-eod --workers 2
+# A byte-level BPE vocabulary learned from the corpus itself, saved as a Hugging Face tokenizer.json.
+"$bin" train-tokenizer --input "$work/fortunes.jsonl" --vocab-size 1024 --output "$work/tokenizer.json"
+tokenizer=(--tokenizer-type HuggingFaceTokenizer --tokenizer-model "$work/tokenizer.json")
+"$bin" preprocess-data --input "$work/fortunes.jsonl" --output-prefix "$work/fortunes" "${tokenizer[@]}" \
+  --append-eod --workers 2
 
 "$bin" train \
   --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128 \
@@ -40,7 +51,7 @@ echo "corpus: $(wc -l < "$work/fortunes.jsonl") fortunes, $(du -h "$work/fortune
   --attention-dropout 0 --hidden-dropout 0 \
   --micro-batch-size 16 --global-batch-size 16 --train-iters "$iters" \
   --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 30 --weight-decay 0.1 --clip-grad 1.0 \
-  --data-path "$work/fortunes_text_document" --split 95,5,0 --tokenizer-type ByteTokenizer \
+  --data-path "$work/fortunes_text_document" --split 95,5,0 "${tokenizer[@]}" \
   --log-interval 50 --eval-interval 100 --eval-iters 4 \
   --save "$work/checkpoints" --save-interval "$iters" --metrics-file "$work/metrics.jsonl" \
   --device cpu
@@ -53,5 +64,5 @@ echo "loss of the fresh model (iteration 1, before any update): $initial"
 echo "validation loss by iteration:"
 loss_of validation | awk -v init="$initial" '{ printf "  %5d  %.3f  (%.0f%% of initial)\n", $1, $2, 100 * $2 / init }'
 echo
-"$bin" generate --load "$work/checkpoints" --prompt "The " --max-new-tokens 200 --num-samples 3 \
+"$bin" generate --load "$work/checkpoints" --prompt "The" --max-new-tokens 100 --num-samples 3 \
   --temperature 0.8 --top-k 20 --seed 7

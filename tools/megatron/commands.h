@@ -11,5 +11,6 @@ using Args = std::vector<std::string>;
 int train(const Args& args);
 int preprocess_data(const Args& args);
 int generate(const Args& args);
+int train_tokenizer(const Args& args);
 
 }  // namespace megatron::tools

@@ -20,6 +20,7 @@ constexpr Subcommand kSubcommands[] = {
     {"train", megatron::tools::train, "train a GPT model (Megatron-LM's pretrain_gpt.py flags)"},
     {"preprocess-data", megatron::tools::preprocess_data, "tokenize JSONL into Megatron .bin/.idx files"},
     {"generate", megatron::tools::generate, "sample text from a checkpoint"},
+    {"train-tokenizer", megatron::tools::train_tokenizer, "train a byte-level BPE tokenizer.json on a corpus"},
 };
 
 void print_usage(FILE* out) {

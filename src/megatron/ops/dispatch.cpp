@@ -9,14 +9,18 @@
 #include "megatron/ops/embedding.h"
 #include "megatron/ops/gemm.h"
 #include "megatron/ops/norm.h"
+#include "megatron/ops/profiler.h"
 #include "megatron/ops/reduce.h"
 #include "megatron/ops/rope.h"
 
 namespace megatron::ops {
 
+// Every op call is timed while the op profiler records (ops/profiler.h); otherwise the scope
+// costs one branch.
 #ifdef MEGATRON_WITH_CUDA
 #define MEGATRON_DISPATCH(first, fn, ...)                         \
   do {                                                            \
+    const OpProfiler::Scope profile_scope(#fn, (first).device()); \
     if ((first).device().is_cuda()) return cuda::fn(__VA_ARGS__); \
     return cpu::fn(__VA_ARGS__);                                  \
   } while (0)
@@ -27,10 +31,11 @@ void require_cpu_backend(const Tensor& t, const char* op) {
                                          << "rebuild with the CUDA toolkit or run with --device cpu");
 }
 }  // namespace
-#define MEGATRON_DISPATCH(first, fn, ...) \
-  do {                                    \
-    require_cpu_backend(first, #fn);      \
-    return cpu::fn(__VA_ARGS__);          \
+#define MEGATRON_DISPATCH(first, fn, ...)                         \
+  do {                                                            \
+    require_cpu_backend(first, #fn);                              \
+    const OpProfiler::Scope profile_scope(#fn, (first).device()); \
+    return cpu::fn(__VA_ARGS__);                                  \
   } while (0)
 #endif
 

@@ -18,21 +18,33 @@ MLP::MLP(ParameterRegistry& registry, const ParallelContext& ctx, const Transfor
                   {.bias = config.add_bias_linear,
                    .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers))}) {}
 
-Tensor MLP::forward(const Tensor& x, Saved& saved) const {
-  saved.fc1_out = linear_fc1_.forward(x, saved.fc1);
-  const int64_t F = saved.fc1_out.dim(-1) / (swiglu_ ? 2 : 1);
-  Tensor act = Tensor::empty({x.dim(0), x.dim(1), F}, x.dtype(), x.device());
+// act = activation(fc1_out), (S,B,F).
+Tensor MLP::activation(const Tensor& fc1_out) const {
+  const int64_t F = fc1_out.dim(-1) / (swiglu_ ? 2 : 1);
+  Tensor act = Tensor::empty({fc1_out.dim(0), fc1_out.dim(1), F}, fc1_out.dtype(), fc1_out.device());
   Tensor act_rows = act.view({-1, F});
-  const Tensor fc1_rows = saved.fc1_out.view({act_rows.dim(0), -1});
+  const Tensor fc1_rows = fc1_out.view({act_rows.dim(0), -1});
   if (swiglu_)
     ops::swiglu_forward(act_rows, fc1_rows);
   else
     ops::gelu_forward(act_rows, fc1_rows);
-  return linear_fc2_.forward(act, saved.fc2);
+  return act;
+}
+
+Tensor MLP::forward(const Tensor& x, Saved& saved) const {
+  saved.fc1_out = linear_fc1_.forward(x, saved.fc1);
+  Tensor y = linear_fc2_.forward(activation(saved.fc1_out), saved.fc2);
+  // fc2's input (the activation) is recomputed in backward from fc1_out: one elementwise pass
+  // instead of keeping an (S,B,F) tensor per layer alive until backward.
+  saved.fc2.input = Tensor();
+  return y;
 }
 
 Tensor MLP::backward(const Tensor& dy, const Saved& saved) const {
-  const Tensor dact = linear_fc2_.backward(dy, saved.fc2);
+  tensor_parallel::LinearSaved fc2 = saved.fc2;
+  fc2.input = activation(saved.fc1_out);
+  const Tensor dact = linear_fc2_.backward(dy, fc2);
+  fc2.input = Tensor();
   Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), saved.fc1_out.dtype(), saved.fc1_out.device());
   Tensor dfc1_rows = dfc1.view({-1, dfc1.dim(-1)});
   const Tensor dact_rows = dact.view({dfc1_rows.dim(0), -1});

@@ -1,6 +1,7 @@
 #pragma once
 // The dense MLP: fc1 column-parallel (fused [gate; up] with SwiGLU), activation, fc2
-// row-parallel.
+// row-parallel. The activation output is not kept for backward: it is recomputed from the
+// saved fc1 output (selective recomputation of the cheapest tensor to rebuild).
 #include <string>
 
 #include "megatron/tensor_parallel/layers.h"
@@ -11,8 +12,8 @@ namespace megatron {
 class MLP {
  public:
   struct Saved {
-    tensor_parallel::LinearSaved fc1, fc2;
-    Tensor fc1_out;  // activation input
+    tensor_parallel::LinearSaved fc1, fc2;  // fc2.input is left empty: recomputed in backward
+    Tensor fc1_out;                          // activation input
   };
   MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
       const std::string& prefix);
@@ -20,6 +21,7 @@ class MLP {
   Tensor backward(const Tensor& dy, const Saved& saved) const;
 
  private:
+  Tensor activation(const Tensor& fc1_out) const;
   bool swiglu_;
   tensor_parallel::ColumnParallelLinear linear_fc1_;
   tensor_parallel::RowParallelLinear linear_fc2_;
