@@ -21,14 +21,14 @@ const Case kCases[] = {{37, 40, 0}, {8, 512, 0}, {9, 13, 0}, {16, 64, 1}};
 
 // f32: each output is at most ~10 float operations plus one tanhf or expf (CUDA: 2 ulp at most),
 // so 16 u covers it; the max|ref| term of `matches` absorbs the cancellation in 1 + tanh(u) for
-// negative x. bf16: one rounding of the result; factor 2 leaves room for the f32 part.
+// negative x. bf16/f16: one rounding of the result; factor 2 leaves room for the f32 part.
 double factor_for(DType dt) { return dt == DType::f32 ? 16.0 : 2.0; }
 
 }  // namespace
 
 TEST_F(CudaActivation, GeluMatchesCpuF64) {
   uint64_t seed = 200;
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     for (const Case& c : kCases) {
       const std::string what = std::string(dtype_name(dt)) + " n=" + std::to_string(c.N * c.F);
       const Pair x = random_pair({c.N, c.F}, dt, ++seed, 3.0, c.misalign);
@@ -47,7 +47,7 @@ TEST_F(CudaActivation, GeluMatchesCpuF64) {
 
 TEST_F(CudaActivation, SwigluMatchesCpuF64) {
   uint64_t seed = 300;
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     for (const Case& c : kCases) {
       const std::string what = std::string(dtype_name(dt)) + " N=" + std::to_string(c.N) + " F=" + std::to_string(c.F);
       const Pair x = random_pair({c.N, 2 * c.F}, dt, ++seed, 3.0, c.misalign);

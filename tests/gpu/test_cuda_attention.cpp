@@ -161,13 +161,15 @@ void check_all_variants(const Case& c, uint64_t seed) {
 
 }  // namespace
 
-// S = 37: one partial tile; S = 130 and 200: several key tiles (online-softmax rescaling, the
-// double-buffered pipeline) with a partial last one.
+// S = 37: one partial tile; S = 130, 200 and 300: several key tiles (online-softmax rescaling, the
+// double-buffered pipeline) with a partial last one, and in the backward several key blocks, whose
+// causal diagonal steps skip the warps of keys after the query tile.
 TEST_F(CudaAttention, TensorCorePathMatchesCpuF64) {
   const Case cases[] = {
       {{37, 2, 4, 2, 16}, DType::bf16, 0, "mma"},   {{37, 2, 4, 2, 64}, DType::bf16, 0, "mma"},
       {{37, 2, 4, 2, 128}, DType::bf16, 0, "mma"},  {{200, 1, 4, 1, 64}, DType::bf16, 0, "mma"},
       {{130, 2, 2, 2, 128}, DType::bf16, 0, "mma"}, {{70, 1, 4, 4, 32}, DType::bf16, 0, "mma"},
+      {{300, 1, 4, 2, 64}, DType::bf16, 0, "mma"},
   };
   uint64_t seed = 1000;
   for (const Case& c : cases) check_all_variants(c, seed += 100);

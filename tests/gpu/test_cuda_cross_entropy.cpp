@@ -5,7 +5,7 @@
 //     so the sum is within ~50 u relative and lse (and loss = lse - x_t) within ~50 u + 2 u |lse|.
 //   backward, f32: softmax terms within ~20 u relative (argument rounding + expf), the target
 //     term subtracts 1 and the mask scales: within ~22 u |scale|; factor 64 of u32 relative to the
-//     row-wise scale (max|ref| ~ |scale|). bf16: one final rounding dominates: factor 2 of u16.
+//     row-wise scale (max|ref| ~ |scale|). bf16/f16: one final rounding dominates: factor 2 of u.
 #include <cmath>
 
 #include "gpu/cuda_test_util.h"
@@ -41,7 +41,7 @@ const int64_t kVocab[] = {1, 5, 127, 1000, 4099};
 
 TEST_F(CudaCrossEntropy, ForwardLossAndLse) {
   uint64_t seed = 1;
-  for (const DType dtype : {DType::f32, DType::bf16}) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     for (const int64_t N : kRows) {
       for (const int64_t V : kVocab) {
         for (const int64_t misalign : {0, 1}) {
@@ -79,8 +79,8 @@ namespace {
                                    with_mask ? f64(mask.cpu) : Tensor(), grad_scale);
   Pair dlogits = in_place ? logits : poisoned_pair({N, V}, dtype, misalign);
   ops::cuda::cross_entropy_backward(dlogits.gpu, logits.gpu, targets.gpu, lse.gpu, mask.gpu, grad_scale);
-  const double u = dtype == DType::bf16 ? kUnitRoundoffBf16 : kUnitRoundoffF32;
-  const double factor = dtype == DType::bf16 ? 2.0 : 64.0;
+  const double u = unit_roundoff(dtype);
+  const double factor = dtype == DType::f32 ? 64.0 : 2.0;
   return matches(dlogits, ref, u, factor)
          << " (" << dtype_name(dtype) << " N=" << N << " V=" << V << (in_place ? " in place" : "")
          << (with_mask ? " masked" : "") << " misalign=" << misalign << ")";
@@ -90,7 +90,7 @@ namespace {
 
 TEST_F(CudaCrossEntropy, BackwardSeparateOutput) {
   uint64_t seed = 100;
-  for (const DType dtype : {DType::f32, DType::bf16}) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     for (const int64_t N : kRows) {
       for (const int64_t V : kVocab) {
         for (const int64_t misalign : {0, 1}) EXPECT_TRUE(run_backward(dtype, N, V, false, true, misalign, seed += 3));
@@ -101,7 +101,7 @@ TEST_F(CudaCrossEntropy, BackwardSeparateOutput) {
 
 TEST_F(CudaCrossEntropy, BackwardInPlaceOverLogits) {
   uint64_t seed = 200;
-  for (const DType dtype : {DType::f32, DType::bf16}) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     for (const int64_t V : {5, 1000, 4099}) {
       EXPECT_TRUE(run_backward(dtype, 9, V, true, true, 0, seed += 3));
       EXPECT_TRUE(run_backward(dtype, 9, V, true, false, 1, seed += 3));

@@ -21,7 +21,7 @@ class CudaDropout : public CudaTest {};
 
 TEST_F(CudaDropout, MaskAndScaleEqualCpuBitwise) {
   uint64_t seed = 400;
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     // 4096 aligned elements take 16-byte packs; 4099 elements in a shifted view take scalars.
     for (int64_t misalign : {0, 1}) {
       for (float prob : {0.0f, 0.2f, 0.9f}) {

@@ -14,7 +14,7 @@ class CudaElementwise : public CudaTest {};
 
 // Sizes around the 8-element vector step, odd ones included; misalign 1 takes the scalar path.
 const int64_t kSizes[] = {1, 7, 8, 1000, 4099, (1 << 16) + 3};
-const DType kFloating[] = {DType::f32, DType::bf16};
+const DType kFloating[] = {DType::f32, DType::bf16, DType::f16};
 
 std::string label(DType out, DType in, int64_t n, int64_t misalign) {
   return std::string(dtype_name(out)) + "<-" + dtype_name(in) + " n=" + std::to_string(n) +

@@ -29,14 +29,14 @@ struct Case {
   int64_t B, S, C, V;
   int64_t vocab_start;
 };
-// C = 8 / 64: whole 16-byte packs for bf16; C = 13: the scalar path; small V: repeated ids.
+// C = 8 / 64: whole 16-byte packs for bf16/f16; C = 13: the scalar path; small V: repeated ids.
 const Case kCases[] = {{1, 1, 8, 4, 0}, {3, 5, 13, 11, 4}, {2, 17, 64, 37, 0}, {4, 9, 8, 5, 2}, {8, 64, 96, 50, 10}};
 
 }  // namespace
 
 TEST_F(CudaEmbedding, ForwardWritesAndAccumulatesWithVocabMasking) {
   uint64_t seed = 1;
-  for (const DType dtype : {DType::f32, DType::bf16}) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     for (const Case& c : kCases) {
       for (const bool accumulate : {false, true}) {
         for (const int64_t misalign : {0, 1}) {
@@ -57,7 +57,7 @@ TEST_F(CudaEmbedding, ForwardWritesAndAccumulatesWithVocabMasking) {
 
 TEST_F(CudaEmbedding, BackwardAccumulatesIntoFp32Rows) {
   uint64_t seed = 100;
-  for (const DType dtype : {DType::f32, DType::bf16}) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     for (const Case& c : kCases) {
       const Tensor ids = random_tokens(c.B, c.S, c.vocab_start + c.V + 3, seed++);
       std::map<int32_t, int64_t> uses;

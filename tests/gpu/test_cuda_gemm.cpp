@@ -5,7 +5,7 @@
 //   computed by the CPU op on |inputs|): the textbook gamma_K bound of a K-term dot product plus
 //   the alpha/beta scalings, doubled because tensor cores may truncate rather than round while
 //   accumulating (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021).
-//   A bf16 output is that result rounded once more: E (1 + u16) + u16 |ref|.
+//   A 16-bit (bf16/f16) output is that result rounded once more: E (1 + u) + u |ref|, u its unit roundoff.
 // For f32 operands this bound is ~1000x tighter than TF32's 2^-11 rounding, so it also checks
 // that f32 GEMMs run in full FP32.
 #include <cmath>
@@ -24,11 +24,10 @@ class CudaGemm : public CudaTest {};
 
 Tensor dot_bound(const Tensor& abs_result, const Tensor& ref, int64_t k, DType out_dtype) {
   Tensor bound = Tensor::empty(ref.shape(), DType::f64);
+  const double u = out_dtype == DType::f32 ? 0.0 : unit_roundoff(out_dtype);  // the final 16-bit rounding
   for (int64_t i = 0; i < ref.numel(); ++i) {
     const double e = 2.0 * double(k + 2) * kUnitRoundoffF32 * abs_result.item(i);
-    const double b =
-        out_dtype == DType::bf16 ? e * (1.0 + kUnitRoundoffBf16) + kUnitRoundoffBf16 * std::fabs(ref.item(i)) : e;
-    bound.set_item(i, b);
+    bound.set_item(i, e * (1.0 + u) + u * std::fabs(ref.item(i)));
   }
   return bound;
 }
@@ -68,7 +67,11 @@ struct MatmulCase {
 TEST_F(CudaGemm, MatmulAllTransposesDtypesAndScalings) {
   const struct {
     DType in, out;
-  } dtypes[] = {{DType::f32, DType::f32}, {DType::bf16, DType::bf16}, {DType::bf16, DType::f32}};
+  } dtypes[] = {{DType::f32, DType::f32},
+                {DType::bf16, DType::bf16},
+                {DType::bf16, DType::f32},
+                {DType::f16, DType::f16},
+                {DType::f16, DType::f32}};
   const int64_t shapes[][3] = {{1, 1, 1}, {13, 7, 5}, {64, 48, 32}, {127, 65, 33}};
   uint64_t seed = 100;
   for (const auto& d : dtypes) {
@@ -87,10 +90,11 @@ TEST_F(CudaGemm, MatmulLargerShapes) {
   EXPECT_TRUE(run_matmul({DType::bf16, DType::bf16, false, true, 256, 512, 384, 1.0f, 0.0f, 0}, 7));
   EXPECT_TRUE(run_matmul({DType::bf16, DType::f32, true, false, 384, 256, 512, 1.0f, 1.0f, 0}, 8));
   EXPECT_TRUE(run_matmul({DType::f32, DType::f32, false, false, 200, 300, 400, 1.0f, 0.0f, 0}, 9));
+  EXPECT_TRUE(run_matmul({DType::f16, DType::f32, true, false, 384, 256, 512, 1.0f, 1.0f, 0}, 10));
 }
 
 TEST_F(CudaGemm, MatmulOperandsOffSixteenByteAlignment) {
-  for (const DType dtype : {DType::f32, DType::bf16}) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     EXPECT_TRUE(run_matmul({dtype, dtype, false, true, 24, 40, 16, 1.0f, 0.0f, 1}, 21));
     EXPECT_TRUE(run_matmul({dtype, dtype, true, false, 17, 9, 31, 1.0f, 0.0f, 3}, 22));
   }
@@ -137,7 +141,7 @@ TEST_F(CudaGemm, LinearForwardWithAndWithoutBias) {
     int64_t out;
   } cases[] = {{{1, 1, 8}, 8}, {{5, 3, 24}, 40}, {{7, 2, 33}, 17}, {{16, 8, 128}, 96}, {{9, 31}, 13}};
   uint64_t seed = 300;
-  for (const DType dtype : {DType::f32, DType::bf16}) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     for (const auto& c : cases) {
       for (const bool bias : {false, true}) EXPECT_TRUE(run_linear_forward(dtype, c.x, c.out, bias, 0, seed += 3));
     }
@@ -146,7 +150,7 @@ TEST_F(CudaGemm, LinearForwardWithAndWithoutBias) {
 
 TEST_F(CudaGemm, LinearForwardBiasOffAlignment) {
   // A bias the BIAS epilogue may not accept takes the broadcast-then-accumulate path.
-  for (const DType dtype : {DType::f32, DType::bf16}) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     EXPECT_TRUE(run_linear_forward(dtype, {6, 4, 32}, 48, true, 1, 400));
   }
 }
@@ -199,7 +203,7 @@ TEST_F(CudaGemm, LinearBackwardAccumulatesIntoFp32MainGrads) {
     int64_t out;
   } cases[] = {{{1, 1, 8}, 8}, {{5, 3, 24}, 40}, {{7, 2, 33}, 17}, {{16, 8, 128}, 96}, {{130, 31}, 13}};
   uint64_t seed = 500;
-  for (const DType dtype : {DType::f32, DType::bf16}) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     for (const auto& c : cases) EXPECT_TRUE(run_linear_backward(dtype, c.x, c.out, true, true, seed += 5));
   }
 }

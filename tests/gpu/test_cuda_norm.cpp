@@ -32,7 +32,7 @@ TEST_F(CudaNorm, ForwardAndBackwardMatchCpuF64) {
   for (NormKind kind : {NormKind::layernorm, NormKind::rmsnorm}) {
     const NormParams p{kind, 1e-5f};
     const bool ln = kind == NormKind::layernorm;
-    for (DType dt : {DType::f32, DType::bf16}) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       for (const Shape2& s : kShapes) {
         const std::string what = std::string(ln ? "layernorm " : "rmsnorm ") + dtype_name(dt) +
                                  " N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
@@ -63,7 +63,7 @@ TEST_F(CudaNorm, ForwardAndBackwardMatchCpuF64) {
         }
         EXPECT_TRUE(matches(rstd, rrstd, kUnitRoundoffF32, double(s.C) + 4)) << what << " rstd";
         // y and dx: the f32 statistics' error times a few more operations (2C + 8 roundings); for
-        // bf16 one rounding of the result, with factor 2 leaving room for the f32 part (2^-16 smaller).
+        // bf16/f16 one rounding of the result, with factor 2 leaving room for the f32 part.
         const double u = unit_roundoff(dt), factor = dt == DType::f32 ? 2.0 * double(s.C) + 8 : 2.0;
         EXPECT_TRUE(matches(y, ry, u, factor)) << what << " y";
         EXPECT_TRUE(matches(dx, rdx, u, factor)) << what << " dx";

@@ -6,6 +6,8 @@
 #include <limits>
 
 #include "gpu/cuda_test_util.h"
+#include "megatron/ops/elementwise.h"
+#include "megatron/ops/gemm.h"
 #include "megatron/ops/reduce.h"
 
 using namespace megatron;
@@ -72,6 +74,40 @@ TEST_F(CudaReduce, CountNonfiniteIsExact) {
       }
     }
   }
+}
+
+// The fp16 overflow chain of tests/unit/test_ops_reduce.cpp on the GPU: an f16 store beyond 65504
+// (a cast, a cuBLASLt output) is Inf, the Inf reaches the fp32 main grad through the
+// weight-gradient GEMM, and count_nonfinite counts it.
+TEST_F(CudaReduce, CountsTheInfOfAnOverflowingF16Store) {
+  Pair x = pair_of(Tensor::from_vector({1.0f, 65504.0f, 65519.99f, 65520.0f, -7e4f, 1e5f}, {6}));
+  Pair h = poisoned_pair({6}, DType::f16);
+  ops::cuda::cast(h.gpu, x.gpu);
+  Pair acc = accumulator(0.0);
+  ops::cuda::count_nonfinite(acc.gpu, h.gpu);
+  EXPECT_EQ(acc.gpu.item(0), 3.0);
+
+  // Row 0 of y = 256 * 256 + 256 * 256 = 131072 in every column, beyond f16's range; row 1 is 0.
+  const int64_t in = 2, out = 3;
+  Pair xs = pair_of(Tensor::from_vector({256, 256, 1, -1}, {2, in}, DType::f16));
+  Pair w = pair_of(filled({out, in}, DType::f16, 256.0));
+  Pair y = poisoned_pair({2, out}, DType::f16);
+  ops::cuda::linear_forward(y.gpu, xs.gpu, w.gpu, Tensor());
+  Pair y_count = accumulator(0.0);
+  ops::cuda::count_nonfinite(y_count.gpu, y.gpu);
+  EXPECT_EQ(y_count.gpu.item(0), double(out));
+
+  Tensor dy_host = Tensor::zeros({2, out}, DType::f16);
+  dy_host.set_item(1, std::numeric_limits<double>::infinity());
+  Pair dy = pair_of(dy_host);
+  Pair dx = poisoned_pair({2, in}, DType::f16);
+  Pair dw = pair_of(Tensor::zeros({out, in}, DType::f32)), db = pair_of(Tensor::zeros({out}, DType::f32));
+  ops::cuda::linear_backward(dx.gpu, dw.gpu, db.gpu, dy.gpu, xs.gpu, w.gpu);
+  Pair dw_count = accumulator(0.0), db_count = accumulator(0.0);
+  ops::cuda::count_nonfinite(dw_count.gpu, dw.gpu);
+  ops::cuda::count_nonfinite(db_count.gpu, db.gpu);
+  EXPECT_EQ(dw_count.gpu.item(0), double(in));  // the main-grad row dy's Inf touches: Inf * x
+  EXPECT_EQ(db_count.gpu.item(0), 1.0);
 }
 
 TEST_F(CudaReduce, RepeatedRunsAreBitwiseEqual) {

@@ -18,7 +18,7 @@ class CudaRope : public CudaTest {};
 // The angles are the same float on both sides (inv_freq from the same host expression). f32:
 // cosf/sinf are within 2 ulp on CUDA, then two products and a sum: |error| <= ~5 u (|x1| + |x2|),
 // and |x1| + |x2| <= 2 max|x| ~ 2 max|y| (a rotation keeps the pair's norm), so factor 16 with the
-// max|ref| term of `matches` covers it. bf16: one rounding of the result, factor 2.
+// max|ref| term of `matches` covers it. bf16/f16: one rounding of the result, factor 2.
 double factor_for(DType dt) { return dt == DType::f32 ? 16.0 : 2.0; }
 
 struct Case {
@@ -36,7 +36,7 @@ TEST_F(CudaRope, ForwardAndBackwardMatchCpuF64) {
       {9, 2, 2, 12, {10000.0f, 0.5f, true, 3}},         // rot_dim 6 of 12, interleaved
   };
   uint64_t seed = 500;
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     for (const Case& c : cases) {
       const std::string what = std::string(dtype_name(dt)) + " D=" + std::to_string(c.D) +
                                " percent=" + std::to_string(c.p.percent) + (c.p.interleaved ? " interleaved" : "");

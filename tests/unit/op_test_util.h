@@ -22,6 +22,7 @@ namespace megatron::test {
 // Unit roundoff u = 2^-p for a p-bit significand: the largest relative error of one rounding.
 constexpr double kUnitRoundoffF32 = 0x1p-24;
 constexpr double kUnitRoundoffBf16 = 0x1p-8;
+constexpr double kUnitRoundoffF16 = 0x1p-11;
 
 inline double unit_roundoff(DType dtype) {
   switch (dtype) {
@@ -29,6 +30,8 @@ inline double unit_roundoff(DType dtype) {
       return kUnitRoundoffF32;
     case DType::bf16:
       return kUnitRoundoffBf16;
+    case DType::f16:
+      return kUnitRoundoffF16;
     case DType::f64:
       return 0x1p-53;
     default:
@@ -38,7 +41,9 @@ inline double unit_roundoff(DType dtype) {
 }
 
 // N(0,1) * scale from CounterRng{seed}, rounded through bf16 so the same values are exact in bf16,
-// f32 and f64: precision comparisons then measure the op's arithmetic, not input rounding.
+// f32 and f64, and in f16 too unless below 2^-17 or above 65504 in magnitude (8 significant bits
+// fit f16's 11 down to its subnormal spacing 2^-24): precision comparisons then measure the op's
+// arithmetic, not input rounding.
 inline Tensor randn(const Shape& shape, DType dtype, uint64_t seed, double scale = 1.0) {
   Tensor t = Tensor::empty(shape, dtype);
   const CounterRng rng{seed, stream_id("op_test")};

@@ -78,10 +78,10 @@ TEST(Activation, LowerPrecisionMatchesF64) {
   };
   const std::vector<Tensor> ref = run(DType::f64);
   const char* names[] = {"gelu y", "gelu dx", "swiglu y", "swiglu dx"};
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     const std::vector<Tensor> got = run(dt);
     // About ten float operations per element, tanh/exp accurate to a few ulp: factor 16 in f32.
-    // bf16: one rounding of the result dominates (the f32 part is 2^-16 smaller): factor 2.
+    // bf16/f16: one rounding of the result dominates (the f32 part is 2^-16 / 2^-13 smaller): factor 2.
     const double factor = dt == DType::f32 ? 16.0 : 2.0;
     for (size_t i = 0; i < ref.size(); ++i) {
       EXPECT_TRUE(matches_reference(got[i], ref[i], unit_roundoff(dt), factor)) << dtype_name(dt) << " " << names[i];
@@ -111,5 +111,6 @@ TEST(Activation, RejectsBadArguments) {
   EXPECT_TRUE(throws_error_naming([&] { ops::swiglu_forward(wrong, x); }, "swiglu y"));
   Tensor half = Tensor::empty({4, 8}, DType::f16);
   EXPECT_TRUE(throws_error_naming([&] { ops::gelu_forward(half, x); }, "gelu y"));
-  EXPECT_TRUE(throws_error_naming([&] { ops::gelu_forward(half, x.to(DType::f16)); }, "not supported"));
+  Tensor ints = Tensor::zeros({4, 8}, DType::i32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::gelu_forward(ints, ints); }, "not supported"));
 }

@@ -93,11 +93,16 @@ TEST(AdamW, GradScaleEqualsScaledGradient) {
   EXPECT_TRUE(all_close(a.master, b.master, 0.0, 0.0));
 }
 
-TEST(AdamW, WritesTheBf16ModelCopyFromTheMaster) {
-  State s = make_state(kParams, DType::f32);
+TEST(AdamW, WritesTheHalfModelCopyFromTheMaster) {
+  State s = make_state(kParams, DType::f32), t = make_state(kParams, DType::f32);
   Tensor grad = Tensor::from_vector(kGrads[0], {4}), model = poisoned({2, 2}, DType::bf16);
+  Tensor model16 = poisoned({2, 2}, DType::f16);
   ops::adamw_step(s.master, s.m, s.v, grad, model, {1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f, 1});
-  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(model.data<bf16>()[i].bits, bf16(s.master.data<float>()[i]).bits) << i;
+  ops::adamw_step(t.master, t.m, t.v, grad, model16, {1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f, 1});
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(model.data<bf16>()[i].bits, bf16(s.master.data<float>()[i]).bits) << i;
+    EXPECT_EQ(model16.data<f16>()[i].bits, f16(t.master.data<float>()[i]).bits) << i;
+  }
 }
 
 TEST(AdamW, RejectsBadArguments) {

@@ -111,16 +111,16 @@ TEST(Attention, LowerPrecisionMatchesF64) {
   for (const auto& [causal, dropout] : kVariants) {
     const AttentionParams p = params(causal, dropout);
     const AttentionRun ref = run_attention(q, k, v, dout, p);
-    for (DType dt : {DType::f32, DType::bf16}) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       const AttentionRun run = run_attention(q.to(dt), k.to(dt), v.to(dt), dout.to(dt), p);
       const std::string what =
           std::string(dtype_name(dt)) + " causal " + (causal ? "1" : "0") + " dropout " + std::to_string(dropout);
       // f32: scores are HS-term dot products, the softmax sums S terms, outputs and gradients
       // sum S (and r = NH/G heads for dk, dv) more: under 64 roundings of the operand scale.
-      // bf16: inputs exact and arithmetic f32, so the error is the rounding of the outputs (u),
+      // bf16/f16: inputs exact and arithmetic f32, so the error is the rounding of the outputs (u),
       // plus, in backward, of `out` which enters D_i = dout_i . out_i (a few u): factor 8.
       const double u = unit_roundoff(dt), factor = dt == DType::f32 ? 64.0 : 8.0;
-      EXPECT_TRUE(matches_reference(run.lse, ref.lse, kUnitRoundoffF32, 16.0)) << what << " lse (f32 for both)";
+      EXPECT_TRUE(matches_reference(run.lse, ref.lse, kUnitRoundoffF32, 16.0)) << what << " lse (f32 for all)";
       EXPECT_TRUE(matches_reference(run.out, ref.out, u, factor)) << what << " out";
       EXPECT_TRUE(matches_reference(run.dq, ref.dq, u, factor)) << what << " dq";
       EXPECT_TRUE(matches_reference(run.dk, ref.dk, u, factor)) << what << " dk";

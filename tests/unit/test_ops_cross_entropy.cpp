@@ -62,7 +62,7 @@ TEST(CrossEntropy, GradientMatchesFiniteDifferencesWithMaskAndScale) {
 }
 
 TEST(CrossEntropy, InPlaceGradientEqualsSeparateBuffer) {
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     const Tensor logits = randn({kN, kV}, dt, 2, 3.0), targets = make_targets(kN, kV);
     Tensor losses = Tensor::empty({kN}, DType::f32), lse = Tensor::empty({kN}, DType::f32);
     ops::cross_entropy_forward(losses, lse, logits, targets);
@@ -83,13 +83,13 @@ TEST(CrossEntropy, LowerPrecisionMatchesF64) {
     return outs;
   };
   const std::vector<Tensor> ref = run(DType::f64);
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     const std::vector<Tensor> got = run(dt);
-    // Losses and lse are f32 for both: V = 7 exp terms summed, a log and a subtraction (V + 4).
+    // Losses and lse are f32 for every dtype: V = 7 exp terms summed, a log and a subtraction (V + 4).
     EXPECT_TRUE(matches_reference(got[0], ref[0], kUnitRoundoffF32, kV + 4)) << dtype_name(dt) << " losses";
     EXPECT_TRUE(matches_reference(got[1], ref[1], kUnitRoundoffF32, kV + 4)) << dtype_name(dt) << " lse";
     // dlogits: exp of (logit - lse) carries lse's error with |logit| <= ~10 amplification (about
-    // 4 * 11 roundings); bf16: one rounding of the result dominates: factor 2.
+    // 4 * 11 roundings); bf16/f16: one rounding of the result dominates: factor 2.
     const double factor = dt == DType::f32 ? 4.0 * (kV + 4) : 2.0;
     EXPECT_TRUE(matches_reference(got[2], ref[2], unit_roundoff(dt), factor)) << dtype_name(dt) << " dlogits";
   }

@@ -85,7 +85,7 @@ TEST(Dropout, LowerPrecisionMatchesF64) {
   const Tensor x = randn({256}, DType::f64, 6);
   Tensor ref = Tensor::empty({256}, DType::f64);
   ops::dropout_forward(ref, x, kP);
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     Tensor y = poisoned({256}, dt);
     ops::dropout_forward(y, x.to(dt), kP);
     // One product by 1/(1-p) (itself rounded in f32) and the rounding of the result: factor 2.

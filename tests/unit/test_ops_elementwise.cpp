@@ -11,20 +11,25 @@ TEST(Elementwise, AddInPlaceAndRoundsOnce) {
   Tensor ref = poisoned({6, 5}, DType::f64);
   ops::add(ref, a, b);
   for (int64_t i = 0; i < ref.numel(); ++i) ASSERT_EQ(ref.item(i), a.item(i) + b.item(i));
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     Tensor residual = a.to(dt);
     ops::add(residual, residual, b.to(dt));  // out aliases a: the residual add
-    // Exact inputs, one rounding of the sum (at most u |sum|): factor 1.
-    EXPECT_TRUE(all_close(residual, ref, unit_roundoff(dt), 0.0)) << dtype_name(dt);
+    // Exact inputs, one rounding of the sum: at most u |sum|, or half the subnormal spacing for a
+    // sum below the normal range (f16: 2^-25; negligible for f32 and bf16).
+    const double atol = dt == DType::f16 ? 0x1p-25 : 0.0;
+    EXPECT_TRUE(all_close(residual, ref, unit_roundoff(dt), atol)) << dtype_name(dt);
   }
 }
 
 TEST(Elementwise, AddScaledAccumulatesAcrossDtypes) {
-  const Tensor x = randn({40}, DType::bf16, 3);
-  const Tensor out0 = randn({40}, DType::f32, 4);
-  Tensor out = out0.clone();
-  ops::add_scaled(out, x, 0.5f);  // an fp32 accumulator += 0.5 * a bf16 tensor
-  for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.item(i), double(float(out0.item(i) + 0.5 * x.item(i))));
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Tensor x = randn({40}, dt, 3);
+    const Tensor out0 = randn({40}, DType::f32, 4);
+    Tensor out = out0.clone();
+    ops::add_scaled(out, x, 0.5f);  // an fp32 accumulator += 0.5 * a 16-bit tensor
+    for (int64_t i = 0; i < out.numel(); ++i)
+      ASSERT_EQ(out.item(i), double(float(out0.item(i) + 0.5 * x.item(i)))) << dtype_name(dt) << " " << i;
+  }
 }
 
 TEST(Elementwise, ScaleInPlace) {

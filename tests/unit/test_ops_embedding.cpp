@@ -105,13 +105,13 @@ TEST(Embedding, LowerPrecisionMatchesF64) {
   Tensor out64 = Tensor::empty({kS, kB, kC}, DType::f64), dw64 = Tensor::zeros({kV, kC}, DType::f64);
   ops::embedding_forward(out64, tokens, w, {});
   ops::embedding_backward(dw64, dout, tokens, {});
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     Tensor out = poisoned({kS, kB, kC}, dt), dw = Tensor::zeros({kV, kC}, DType::f32);
     ops::embedding_forward(out, tokens, w.to(dt), {});
     ops::embedding_backward(dw, dout.to(dt), tokens, {});
     // The lookup copies bf16-exact values: exact in every dtype.
     EXPECT_TRUE(all_close(out, out64, 0.0, 0.0)) << dtype_name(dt);
-    // dweight is f32 for both: each row sums at most 3 repeats of an id, so <= 3 f32 roundings.
+    // dweight is f32 for every dtype: each row sums at most 3 repeats of an id, so <= 3 f32 roundings.
     EXPECT_TRUE(matches_reference(dw, dw64, kUnitRoundoffF32, 3.0)) << dtype_name(dt);
   }
 }

@@ -57,9 +57,9 @@ TEST(Matmul, AllTransposeCombinationsMatchNaiveLoops) {
       // dgemm vs loops in double: both O(k) roundings of O(1) terms, k = 3.
       EXPECT_TRUE(matches_reference(c, expected, 0x1p-53, 16.0)) << "f64 ta=" << ta << " tb=" << tb;
 
-      // The same product in f32 and with bf16 operands into an f32 C (inputs are bf16-exact).
+      // The same product in f32 and with bf16/f16 operands into an f32 C (inputs are bf16-exact).
       // Each element is a k-term dot product plus the beta term: at most (k + 2) roundings in f32.
-      for (DType in : {DType::f32, DType::bf16}) {
+      for (DType in : {DType::f32, DType::bf16, DType::f16}) {
         Tensor c32 = c0.to(DType::f32);
         ops::matmul(c32, a.to(in), b.to(in), p);
         EXPECT_TRUE(matches_reference(c32, expected, kUnitRoundoffF32, double(k + 2)))
@@ -69,15 +69,17 @@ TEST(Matmul, AllTransposeCombinationsMatchNaiveLoops) {
   }
 }
 
-TEST(Matmul, Bf16OutputRoundsOnceAndBetaZeroIgnoresOldC) {
-  const Tensor a = randn({4, 8}, DType::bf16, 4), b = randn({8, 3}, DType::bf16, 5);
-  Tensor c = poisoned({4, 3}, DType::bf16);  // beta = 0: C is written, never read
-  ops::matmul(c, a, b, {});
-  ASSERT_TRUE(all_finite(c));
-  const Tensor expected =
-      naive_matmul(a.to(DType::f64), b.to(DType::f64), Tensor::zeros({4, 3}, DType::f64), false, false, 1.0, 0.0);
-  // f32 accumulation (8 terms, ~2^-21 relative) then one rounding to bf16 (<= u |c|): factor 2.
-  EXPECT_TRUE(matches_reference(c, expected, kUnitRoundoffBf16, 2.0));
+TEST(Matmul, HalfOutputRoundsOnceAndBetaZeroIgnoresOldC) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Tensor a = randn({4, 8}, dt, 4), b = randn({8, 3}, dt, 5);
+    Tensor c = poisoned({4, 3}, dt);  // beta = 0: C is written, never read
+    ops::matmul(c, a, b, {});
+    ASSERT_TRUE(all_finite(c)) << dtype_name(dt);
+    const Tensor expected =
+        naive_matmul(a.to(DType::f64), b.to(DType::f64), Tensor::zeros({4, 3}, DType::f64), false, false, 1.0, 0.0);
+    // f32 accumulation (8 terms, ~2^-21 relative) then one rounding to the 16-bit C (<= u |c|): factor 2.
+    EXPECT_TRUE(matches_reference(c, expected, unit_roundoff(dt), 2.0)) << dtype_name(dt);
+  }
 }
 
 TEST(Matmul, RejectsMismatchedShapesAndDtypes) {
@@ -117,17 +119,17 @@ TEST(Linear, LowerPrecisionMatchesF64) {
   Tensor y64 = Tensor::empty({kS, kB, kOut}, DType::f64);
   ops::linear_forward(y64, x, w, b);
   const LinearGrads g64 = run_linear_backward(dy, x, w);
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     Tensor y = poisoned({kS, kB, kOut}, dt);
     ops::linear_forward(y, x.to(dt), w.to(dt), b.to(dt));
     const LinearGrads g = run_linear_backward(dy.to(dt), x.to(dt), w.to(dt));
     const double u = unit_roundoff(dt);
     // Activations (y, dx): dot products of K <= 8 terms accumulate in f32, error <= K u32 of the
-    // operand magnitudes; bf16 adds one rounding of the result (<= u16). Factors: 8 for f32, 2 for bf16.
+    // operand magnitudes; bf16/f16 add one rounding of the result (<= u). Factors: 8 for f32, 2 for 16-bit.
     const double factor = dt == DType::f32 ? 8.0 : 2.0;
     EXPECT_TRUE(matches_reference(y, y64, u, factor)) << dtype_name(dt) << " y";
     EXPECT_TRUE(matches_reference(g.dx, g64.dx, u, factor)) << dtype_name(dt) << " dx";
-    // Parameter gradients are f32 for both: sums of N = 10 products, no bf16 rounding at all.
+    // Parameter gradients are f32 for every dtype: sums of N = 10 products, no 16-bit rounding at all.
     EXPECT_TRUE(matches_reference(g.dw, g64.dw, kUnitRoundoffF32, 10.0)) << dtype_name(dt) << " dw";
     EXPECT_TRUE(matches_reference(g.db, g64.db, kUnitRoundoffF32, 10.0)) << dtype_name(dt) << " db";
   }
@@ -149,18 +151,20 @@ TEST(Linear, ParameterGradientsAccumulateActivationGradientsOverwrite) {
   for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_EQ(dx.item(i), once.dx.item(i)) << "dx " << i;
 }
 
-TEST(Linear, Bf16WeightGradientAccumulatesIntoF32MainGrad) {
-  const Tensor x = randn({kS * kB, kIn}, DType::bf16, 40), w = randn({kOut, kIn}, DType::bf16, 41);
-  const Tensor dy = randn({kS * kB, kOut}, DType::bf16, 42);
-  const Tensor main_grad0 = randn({kOut, kIn}, DType::f32, 43, 1000.0);
-  Tensor main_grad = main_grad0.clone();
-  Tensor no_dx, no_db;  // undefined: skipped
-  ops::linear_backward(no_dx, main_grad, no_db, dy, x, w);
-  const Tensor fresh = run_linear_backward(dy, x, w).dw;
-  // main_grad = old + dy^T x: one f32 addition on top of the fresh gradient (terms ~1000).
-  Tensor expected = Tensor::empty(main_grad.shape(), DType::f64);
-  for (int64_t i = 0; i < expected.numel(); ++i) expected.set_item(i, main_grad0.item(i) + fresh.item(i));
-  EXPECT_TRUE(matches_reference(main_grad, expected, kUnitRoundoffF32, 4.0));
+TEST(Linear, HalfWeightGradientAccumulatesIntoF32MainGrad) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Tensor x = randn({kS * kB, kIn}, dt, 40), w = randn({kOut, kIn}, dt, 41);
+    const Tensor dy = randn({kS * kB, kOut}, dt, 42);
+    const Tensor main_grad0 = randn({kOut, kIn}, DType::f32, 43, 1000.0);
+    Tensor main_grad = main_grad0.clone();
+    Tensor no_dx, no_db;  // undefined: skipped
+    ops::linear_backward(no_dx, main_grad, no_db, dy, x, w);
+    const Tensor fresh = run_linear_backward(dy, x, w).dw;
+    // main_grad = old + dy^T x: one f32 addition on top of the fresh gradient (terms ~1000).
+    Tensor expected = Tensor::empty(main_grad.shape(), DType::f64);
+    for (int64_t i = 0; i < expected.numel(); ++i) expected.set_item(i, main_grad0.item(i) + fresh.item(i));
+    EXPECT_TRUE(matches_reference(main_grad, expected, kUnitRoundoffF32, 4.0)) << dtype_name(dt);
+  }
 }
 
 TEST(Linear, RejectsBadShapesAndDtypes) {

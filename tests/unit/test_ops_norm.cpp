@@ -86,7 +86,7 @@ TEST(Norm, LowerPrecisionMatchesF64) {
     const Tensor x = randn({kS, kB, kC}, DType::f64, 10, 2.0), w = randn({kC}, DType::f64, 11);
     const Tensor b = ln ? randn({kC}, DType::f64, 12) : Tensor(), dy = randn({kS, kB, kC}, DType::f64, 13);
     const NormRun ref = run_norm(x, w, b, dy, p);
-    for (DType dt : {DType::f32, DType::bf16}) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       const NormRun run = run_norm(x.to(dt), w.to(dt), ln ? b.to(dt) : Tensor(), dy.to(dt), p);
       const std::string what = std::string(ln ? "layernorm " : "rmsnorm ") + dtype_name(dt);
       // Statistics are f32 for both dtypes: sums of C = 8 terms, a division and a square root,
@@ -96,7 +96,8 @@ TEST(Norm, LowerPrecisionMatchesF64) {
       }
       EXPECT_TRUE(matches_reference(run.rstd, ref.rstd, kUnitRoundoffF32, kC + 4)) << what << " rstd";
       // y and dx: the f32 statistics' error times a few more operations (2C + 8 roundings), then
-      // for bf16 one rounding of the result (factor 2 leaves room for the f32 part, 2^-16 smaller).
+      // for bf16/f16 one rounding of the result (factor 2 leaves room for the f32 part, 2^-16 /
+      // 2^-13 smaller).
       const double u = unit_roundoff(dt), factor = dt == DType::f32 ? 2 * kC + 8 : 2.0;
       EXPECT_TRUE(matches_reference(run.y, ref.y, u, factor)) << what << " y";
       EXPECT_TRUE(matches_reference(run.dx, ref.dx, u, factor)) << what << " dx";

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "megatron/ops/elementwise.h"
+#include "megatron/ops/gemm.h"
 #include "megatron/ops/reduce.h"
 #include "op_test_util.h"
 
@@ -33,6 +35,44 @@ TEST(Reduce, CountsNonFiniteInEveryFloatingDtype) {
     ops::count_nonfinite(acc, x);
     EXPECT_EQ(acc.item(0), 6.0) << dtype_name(dt);
   }
+}
+
+// fp16 loss scaling relies on this chain: a result beyond f16's range is stored as Inf, the Inf
+// reaches the fp32 main grads through the weight-gradient GEMM, and count_nonfinite finds it.
+TEST(Reduce, CountsTheInfOfAnOverflowingF16Store) {
+  // f16's largest finite value is 65504; a float rounds to Inf from 65520 (the midpoint to 2^16) up.
+  const Tensor x = Tensor::from_vector({1.0f, 65504.0f, 65519.99f, 65520.0f, -7e4f, 1e5f}, {6});
+  Tensor h = poisoned({6}, DType::f16);
+  ops::cast(h, x);
+  EXPECT_EQ(h.item(2), 65504.0);
+  Tensor acc = Tensor::zeros({1}, DType::f32);
+  ops::count_nonfinite(acc, h);
+  EXPECT_EQ(acc.item(0), 3.0);
+
+  // A linear layer in f16: row 0 of y is 256 * 256 + 256 * 256 = 131072, beyond 65504; row 1 is 0.
+  const int64_t in = 2, out = 3;
+  const Tensor xs = Tensor::from_vector({256, 256, 1, -1}, {2, in}, DType::f16);
+  const Tensor w = filled({out, in}, DType::f16, 256.0);
+  Tensor y = poisoned({2, out}, DType::f16);
+  ops::linear_forward(y, xs, w, Tensor());
+  acc.zero();
+  ops::count_nonfinite(acc, y);
+  EXPECT_EQ(acc.item(0), double(out));
+  EXPECT_EQ(y.item(out), 0.0);
+
+  // Backward with that Inf in dy: every element of the main-grad row it touches becomes Inf or NaN
+  // (Inf * x, x != 0), and so does the bias gradient; nothing else does.
+  Tensor dy = Tensor::zeros({2, out}, DType::f16);
+  dy.set_item(1, std::numeric_limits<double>::infinity());
+  Tensor dx = poisoned({2, in}, DType::f16), dw = Tensor::zeros({out, in}, DType::f32);
+  Tensor db = Tensor::zeros({out}, DType::f32);
+  ops::linear_backward(dx, dw, db, dy, xs, w);
+  acc.zero();
+  ops::count_nonfinite(acc, dw);
+  EXPECT_EQ(acc.item(0), double(in));
+  acc.zero();
+  ops::count_nonfinite(acc, db);
+  EXPECT_EQ(acc.item(0), 1.0);
 }
 
 TEST(Reduce, LargeSumsAreDoubleAccurateAndIndependentOfThreadCount) {

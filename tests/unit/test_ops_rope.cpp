@@ -126,12 +126,12 @@ TEST(Rope, LowerPrecisionMatchesF64) {
     Tensor y64 = Tensor::empty(x.shape(), DType::f64), dx64 = Tensor::empty(x.shape(), DType::f64);
     ops::rope_forward(y64, x, p);
     ops::rope_backward(dx64, dy, p);
-    for (DType dt : {DType::f32, DType::bf16}) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       Tensor y = poisoned(x.shape(), dt), dx = poisoned(x.shape(), dt);
       ops::rope_forward(y, x.to(dt), p);
       ops::rope_backward(dx, dy.to(dt), p);
       // Same float32 angles; cosf/sinf within 1 ulp of cos/sin of that angle, then two products and
-      // a sum: factor 4 in f32. bf16: one rounding of the result dominates: factor 2.
+      // a sum: factor 4 in f32. bf16/f16: one rounding of the result dominates: factor 2.
       const double factor = dt == DType::f32 ? 4.0 : 2.0;
       EXPECT_TRUE(matches_reference(y, y64, unit_roundoff(dt), factor)) << dtype_name(dt) << " y";
       EXPECT_TRUE(matches_reference(dx, dx64, unit_roundoff(dt), factor)) << dtype_name(dt) << " dx";

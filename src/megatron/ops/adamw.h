@@ -4,7 +4,7 @@
 //   m  = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
 //   p  = p - lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + weight_decay * p)
 // master, grad, exp_avg, exp_avg_sq: same numel, f32 (or all f64). step t >= 1.
-// model_param: the compute copy (bf16/f32/f64) written from the updated master; may be undefined
+// model_param: the compute copy (bf16/f16/f32/f64) written from the updated master; may be undefined
 // when the master *is* the model parameter.
 #include <cstdint>
 

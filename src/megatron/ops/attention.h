@@ -6,7 +6,7 @@
 //   kept when uniform > p, kept values scaled by 1/(1-p)).
 //   lse (B,NH,S) f32 (f64 for f64 q): log-sum-exp of each row of the scaled scores, returned so
 //   backward recomputes the probabilities instead of storing them.
-// Backward overwrites dq, dk, dv.
+// Backward overwrites dq, dk, dv. dtypes: f32, bf16, f16 and f64 on the CPU; f32 and bf16 on CUDA.
 //
 // Fused QKV (Megatron's per-query-group layout): qkv (S,B,G,(r+2)*HS), r = NH/G; each group
 // holds its r query heads, then one key head, then one value head. split copies them out to

@@ -1,7 +1,7 @@
 #pragma once
 // Softmax cross-entropy over the vocabulary.
 //   forward:  losses (N) f32 = lse_i - logits[i, target_i]   (per token, no mask applied)
-//             lse (N) f32 saved for backward. logits (N,V) f32/bf16/f64 (f64 -> f64 losses, lse).
+//             lse (N) f32 saved for backward. logits (N,V) f32/bf16/f16/f64 (f64 -> f64 losses, lse).
 //   backward: dlogits (N,V) = (softmax(logits) - onehot(target)) * loss_mask[i] * grad_scale
 //             loss_mask (N) f32 may be undefined (all ones). dlogits may alias logits, so no
 //             second full-vocabulary copy is needed.

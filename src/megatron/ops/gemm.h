@@ -1,6 +1,6 @@
 #pragma once
 // GEMM and the linear layer built on it.
-//   matmul:  C = alpha * op(A) @ op(B) + beta * C      (2-D views; C may be f32 while A, B are bf16)
+//   matmul:  C = alpha * op(A) @ op(B) + beta * C      (2-D views; C may be f32 while A, B are bf16/f16)
 //   linear_forward:  Y (N,out) = X (N,in) @ W(out,in)^T (+ b)
 //   linear_backward: dX  = dY @ W           (overwrites; skipped when dX undefined)
 //                    dW += dY^T @ X         (accumulates into the fp32 main grad)

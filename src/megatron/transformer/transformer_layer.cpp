@@ -6,6 +6,18 @@ namespace megatron {
 
 namespace {
 std::string layer_prefix(int64_t n) { return "decoder.layers." + std::to_string(n); }
+
+// Dropout with p = 0 is the identity: no pass over the tensor at all (evaluation, and the
+// dropout-free recipes of LLaMA-style training).
+void dropout_in_place(Tensor& x, const ops::DropoutParams& p) {
+  if (p.p > 0.0f) ops::dropout_forward(x, x, p);
+}
+Tensor dropout_grad(const Tensor& dy, const ops::DropoutParams& p) {
+  if (p.p == 0.0f) return dy;
+  Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+  ops::dropout_backward(dx, dy, p);
+  return dx;
+}
 }  // namespace
 
 TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelContext& ctx,
@@ -25,12 +37,12 @@ Tensor TransformerLayer::forward(const Tensor& x, const ForwardContext& fwd, Sav
   saved.mlp_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".mlp_bda")};
 
   Tensor a = self_attention_.forward(input_norm_.forward(x, saved.norm1), fwd, saved.attention);
-  ops::dropout_forward(a, a, saved.attention_dropout);
+  dropout_in_place(a, saved.attention_dropout);
   Tensor h = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::add(h, x, a);
 
   Tensor m = mlp_.forward(pre_mlp_norm_.forward(h, saved.norm2), saved.mlp);
-  ops::dropout_forward(m, m, saved.mlp_dropout);
+  dropout_in_place(m, saved.mlp_dropout);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::add(out, h, m);
   return out;
@@ -38,14 +50,12 @@ Tensor TransformerLayer::forward(const Tensor& x, const ForwardContext& fwd, Sav
 
 Tensor TransformerLayer::backward(const Tensor& dy, const Saved& saved) const {
   // Residual stream: the gradient reaching h is dy (skip path) plus what flows back through the MLP.
-  Tensor dm = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-  ops::dropout_backward(dm, dy, saved.mlp_dropout);
-  Tensor dh = pre_mlp_norm_.backward(mlp_.backward(dm, saved.mlp), saved.norm2);
+  Tensor dh = pre_mlp_norm_.backward(mlp_.backward(dropout_grad(dy, saved.mlp_dropout), saved.mlp), saved.norm2);
   ops::add(dh, dh, dy);
 
-  Tensor da = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-  ops::dropout_backward(da, dh, saved.attention_dropout);
-  Tensor dx = input_norm_.backward(self_attention_.backward(da, saved.attention), saved.norm1);
+  Tensor dx =
+      input_norm_.backward(self_attention_.backward(dropout_grad(dh, saved.attention_dropout), saved.attention),
+                           saved.norm1);
   ops::add(dx, dx, dh);
   return dx;
 }

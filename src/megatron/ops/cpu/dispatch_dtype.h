@@ -9,7 +9,8 @@
 
 namespace megatron::ops::cpu {
 
-// The dtypes activations and weights may have on the CPU: f32, bf16 and f64.
+// The dtypes activations and weights may have on the CPU: f32, the 16-bit storage formats bf16
+// and f16 (arithmetic in float, rounded once per stored result), and f64 (gradient checks).
 template <class Fn>
 void dispatch_floating(DType dtype, const char* op, Fn&& fn) {
   switch (dtype) {
@@ -19,17 +20,12 @@ void dispatch_floating(DType dtype, const char* op, Fn&& fn) {
       return fn(std::type_identity<double>{});
     case DType::bf16:
       return fn(std::type_identity<bf16>{});
+    case DType::f16:
+      return fn(std::type_identity<f16>{});
     default:
       break;
   }
-  MEGATRON_FAIL(op << ": dtype " << dtype_name(dtype) << " is not supported on the CPU; use f32, bf16 or f64");
-}
-
-// Storage-only formats too (f16): for casts and reductions, which never compute in the type.
-template <class Fn>
-void dispatch_storage(DType dtype, const char* op, Fn&& fn) {
-  if (dtype == DType::f16) return fn(std::type_identity<f16>{});
-  dispatch_floating(dtype, op, fn);
+  MEGATRON_FAIL(op << ": dtype " << dtype_name(dtype) << " is not supported on the CPU; use f32, bf16, f16 or f64");
 }
 
 // Parameter gradients and saved statistics (mean, rstd, lse): f64 for f64 activations, f32 otherwise.

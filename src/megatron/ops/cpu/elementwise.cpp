@@ -68,8 +68,8 @@ void scale(Tensor& out, const Tensor& x, float alpha) {
 
 void cast(Tensor& out, const Tensor& x) {
   check_same_numel(out, x, "cast out", "cast x");
-  dispatch_storage(out.dtype(), "cast", [&]<class O>(std::type_identity<O>) {
-    dispatch_storage(x.dtype(), "cast", [&]<class I>(std::type_identity<I>) {
+  dispatch_floating(out.dtype(), "cast", [&]<class O>(std::type_identity<O>) {
+    dispatch_floating(x.dtype(), "cast", [&]<class I>(std::type_identity<I>) {
       O* o = out.data<O>();
       const I* px = x.data<I>();
       const int64_t n = out.numel();

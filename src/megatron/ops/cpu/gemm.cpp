@@ -1,6 +1,7 @@
-// GEMM and the linear layer on the CPU: OpenBLAS sgemm/dgemm. bf16 operands are widened to float
-// copies first (the reference favours clarity over memory), the product is accumulated in float and
-// rounded to bf16 once at the end. f64 runs through dgemm for the gradient checks.
+// GEMM and the linear layer on the CPU: OpenBLAS sgemm/dgemm. bf16 and f16 operands are widened to
+// float copies first (the reference favours clarity over memory), the product is accumulated in
+// float and rounded to the 16-bit output once at the end. f64 runs through dgemm for the gradient
+// checks.
 #include "megatron/ops/gemm.h"
 
 #include <cblas.h>
@@ -103,16 +104,18 @@ void check_gemm_input(const Tensor& t, const char* name) {
   check_defined(t, name);
   check_cpu(t, name);
   MEGATRON_CHECK(t.ndim() >= 1, name << " must have at least one dimension, got a 0-d tensor");
-  MEGATRON_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f64,
-                 name << " has dtype " << dtype_name(t.dtype()) << "; GEMM takes f32, bf16 or f64");
+  MEGATRON_CHECK(
+      t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16 || t.dtype() == DType::f64,
+      name << " has dtype " << dtype_name(t.dtype()) << "; GEMM takes f32, bf16, f16 or f64");
 }
 
-// C may have the inputs' dtype, or f32 for bf16 inputs (accumulation into the fp32 main grad).
+// C may have the inputs' dtype, or f32 for 16-bit inputs (accumulation into the fp32 main grad).
 void check_gemm_output(const Tensor& c, DType input, const char* name) {
   check_cpu(c, name);
-  MEGATRON_CHECK(c.dtype() == input || (input == DType::bf16 && c.dtype() == DType::f32),
+  const bool half = input == DType::bf16 || input == DType::f16;
+  MEGATRON_CHECK(c.dtype() == input || (half && c.dtype() == DType::f32),
                  name << " has dtype " << dtype_name(c.dtype()) << " for " << dtype_name(input) << " inputs; expected "
-                      << dtype_name(input) << (input == DType::bf16 ? " or f32" : ""));
+                      << dtype_name(input) << (half ? " or f32" : ""));
 }
 
 // C (M,N) = alpha op(A) op(B) + beta C in C = float or double.
@@ -125,7 +128,7 @@ void matmul_impl(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, 
   out.finish();
 }
 
-// y (N,out) = x (N,in) W^T + bias: the accumulator starts as the bias rows, so bf16 rounds once.
+// y (N,out) = x (N,in) W^T + bias: the accumulator starts as the bias rows, so a 16-bit y rounds once.
 template <class C>
 void linear_forward_impl(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias, int64_t n,
                          int64_t out_features, int64_t in_features) {

@@ -55,7 +55,7 @@ void sum_squares(Tensor& acc, const Tensor& x) {
   check_input(x, "sum_squares x");
   check_acc(acc, x.dtype(), "sum_squares acc");
   double total = 0.0;
-  dispatch_storage(x.dtype(), "sum_squares", [&]<class T>(std::type_identity<T>) {
+  dispatch_floating(x.dtype(), "sum_squares", [&]<class T>(std::type_identity<T>) {
     const T* p = x.data<T>();
     total = blocked_sum(x.numel(), [p](int64_t i) {
       const double v = double(load(p[i]));
@@ -72,7 +72,7 @@ void dot(Tensor& acc, const Tensor& a, const Tensor& b) {
   check_dtype(b, a.dtype(), "dot b");
   check_acc(acc, a.dtype(), "dot acc");
   double total = 0.0;
-  dispatch_storage(a.dtype(), "dot", [&]<class T>(std::type_identity<T>) {
+  dispatch_floating(a.dtype(), "dot", [&]<class T>(std::type_identity<T>) {
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();
     total = blocked_sum(a.numel(), [pa, pb](int64_t i) { return double(load(pa[i])) * double(load(pb[i])); });
@@ -84,7 +84,7 @@ void count_nonfinite(Tensor& acc, const Tensor& x) {
   check_input(x, "count_nonfinite x");
   check_acc(acc, x.dtype(), "count_nonfinite acc");
   double total = 0.0;
-  dispatch_storage(x.dtype(), "count_nonfinite", [&]<class T>(std::type_identity<T>) {
+  dispatch_floating(x.dtype(), "count_nonfinite", [&]<class T>(std::type_identity<T>) {
     const T* p = x.data<T>();
     total = blocked_sum(x.numel(), [p](int64_t i) { return std::isfinite(double(load(p[i]))) ? 0.0 : 1.0; });
   });

@@ -140,7 +140,7 @@ void gelu_forward(Tensor& y, const Tensor& x) {
   check_like(y, x, x.shape(), "gelu y");
   const int64_t n = x.numel();
   if (n == 0) return;
-  dispatch_floating(x.dtype(), "gelu_forward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(x.dtype(), "gelu_forward", [&]<class T>(std::type_identity<T>) {
     T* yp = static_cast<T*>(y.raw());
     const T* xp = static_cast<const T*>(x.raw());
     if (packable<T>(n, {yp, xp})) {
@@ -158,7 +158,7 @@ void gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
   check_like(dx, x, x.shape(), "gelu dx");
   const int64_t n = x.numel();
   if (n == 0) return;
-  dispatch_floating(x.dtype(), "gelu_backward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(x.dtype(), "gelu_backward", [&]<class T>(std::type_identity<T>) {
     T* dxp = static_cast<T*>(dx.raw());
     const T* dyp = static_cast<const T*>(dy.raw());
     const T* xp = static_cast<const T*>(x.raw());
@@ -176,7 +176,7 @@ void swiglu_forward(Tensor& y, const Tensor& x) {
   check_cuda(x, "swiglu x");
   check_like(y, x, half_last(x.shape()), "swiglu y");
   if (N * F == 0) return;
-  dispatch_floating(x.dtype(), "swiglu_forward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(x.dtype(), "swiglu_forward", [&]<class T>(std::type_identity<T>) {
     T* yp = static_cast<T*>(y.raw());
     const T* xp = static_cast<const T*>(x.raw());
     if (packable<T>(F, {yp, xp})) {
@@ -194,7 +194,7 @@ void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
   check_like(dy, x, half_last(x.shape()), "swiglu dy");
   check_like(dx, x, x.shape(), "swiglu dx");
   if (N * F == 0) return;
-  dispatch_floating(x.dtype(), "swiglu_backward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(x.dtype(), "swiglu_backward", [&]<class T>(std::type_identity<T>) {
     T* dxp = static_cast<T*>(dx.raw());
     const T* dyp = static_cast<const T*>(dy.raw());
     const T* xp = static_cast<const T*>(x.raw());

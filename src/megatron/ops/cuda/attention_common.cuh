@@ -1,5 +1,5 @@
 #pragma once
-// Shared by the CUDA attention kernels (attention.cu, attention_forward.cu, attention_backward.cu):
+// Shared by the CUDA attention code (attention.cu, attention_{forward,backward}_kernels.cuh):
 // the problem shape and argument checks, the dropout rule, and the tensor-core building blocks
 // of the bf16 flash kernels (mma.sync m16n8k16, ldmatrix, cp.async, swizzled shared tiles).
 //
@@ -17,6 +17,7 @@
 #include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
 #include "megatron/ops/attention.h"
+#include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/dropout.h"
 
 namespace megatron::ops::cuda::attention_detail {
@@ -53,23 +54,38 @@ __device__ __forceinline__ uint64_t dropout_row_base(const Dims& d, int b, int h
   return ((uint64_t(b) * d.NH + h) * d.S + i) * d.S;
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// The generic (scalar) kernels: warps per block, head dims each lane covers (HS <= 32 * 8).
+constexpr int kGenericWarps = 4;
+constexpr int kMaxLaneDims = 8;
+
+template <class T>
+__device__ __forceinline__ float dot_row(const float* x, const T* y, int n) {
+  float sum = 0.0f;
+  for (int e = 0; e < n; ++e) sum += x[e] * to_float(y[e]);
+  return sum;
+}
+
 // ---- tensor-core building blocks (sm_80+) ---------------------------------------------------
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m, register m receives
-// it: lane holds row lane/4, columns 2(lane%4)..+1 (with .trans, of the transposed matrix).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+// Four 8x8 b16 matrices from the shared-memory byte address addr; lanes 8m..8m+7 give the row
+// addresses of matrix m, register m receives it: lane holds row lane/4, columns 2(lane%4)..+1
+// (with .trans, of the transposed matrix).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
 
 // d += a b, bf16 inputs, f32 accumulators.
@@ -101,8 +117,28 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
                "r"(valid ? 16 : 0));
 }
+// 4 bytes global -> shared (per-row statistics), zero-filled when !valid.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 4 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// p[0] += x, p[1] += y in global memory (p 8-byte aligned): one vector reduction on sm_90, which
+// halves the atomic traffic of the backward pass's dQ accumulation; two scalar ones before.
+__device__ __forceinline__ void atomic_add_f32x2(float* p, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));
+#else
+  atomicAdd(p, x);
+  atomicAdd(p + 1, y);
+#endif
+}
 
 // A ROWS x COLS bf16 tile in shared memory, row-major in 16-byte chunks of 8 elements, chunk c of
 // row r stored at chunk position c ^ (r % 8) (mod the chunks per row): the 8 rows an ldmatrix
@@ -158,5 +194,26 @@ __device__ __forceinline__ int ldm16_row(int lane) { return lane & 15; }
 __device__ __forceinline__ int ldm16_col(int lane) { return (lane >> 4) * 8; }
 __device__ __forceinline__ int ldm8x2_row(int lane) { return (lane & 7) + ((lane >> 4) << 3); }
 __device__ __forceinline__ int ldm8x2_col(int lane) { return ((lane >> 3) & 1) * 8; }
+
+// The lane-dependent part of the ldmatrix addresses a warp sends into a Swizzled<COLS> tile, for
+// rows R + lr and columns C + lc, (lr, lc) the lane's place in one of the patterns above, R a
+// multiple of 8 and C of 16. R leaves the swizzle alone and C only flips known chunk bits, so a
+// lane needs (kMask + 1) / 2 byte offsets and each (R, C) of an unrolled loop adds an immediate:
+// a few registers instead of one address per (R, C).
+template <int COLS>
+struct SwizzledLane {
+  static constexpr int kMask = Swizzled<COLS>::kMask, kOffsets = (kMask + 1) / 2;
+  uint32_t off[kOffsets];
+  __device__ __forceinline__ SwizzledLane(int lr, int lc) {
+    const int x = ((lc >> 3) ^ lr) & kMask;
+#pragma unroll
+    for (int i = 0; i < kOffsets; ++i) off[i] = uint32_t(lr * COLS + ((2 * i) ^ x) * 8) * 2u;
+  }
+  // Byte offset of element (R + lr, C + lc) from the tile's start.
+  __device__ __forceinline__ uint32_t operator()(int R, int C) const {
+    const int c8 = C / 8;
+    return off[(c8 & kMask) / 2] + uint32_t(R * COLS + (c8 & ~kMask) * 8) * 2u;
+  }
+};
 
 }  // namespace megatron::ops::cuda::attention_detail

@@ -1,370 +1,21 @@
-// Attention forward on CUDA.
-//
-// bf16 with head dim 16/32/64/128: a FlashAttention-2 style kernel. A block of 4 warps owns 64
-// query rows of one head (16 per warp); it streams 64-key tiles of K and V through shared memory
-// (cp.async, two stages, so the next tile loads while this one computes), computes S = Q K^T and
-// O += P V on the tensor cores (mma.sync m16n8k16, fp32 accumulators) and keeps the softmax online
-// (running row max and sum, in log2 units so exp is one ex2). The S x S scores never exist in
-// memory; lse = log sum exp of each row is written for the backward pass.
-//
-// f32, other head dims and misaligned tensors: a generic kernel, one warp per query row, scalar
-// float arithmetic (the on-GPU reference for the fast path, and the f32 path).
-#include "megatron/ops/cuda/attention_common.cuh"
-#include "megatron/ops/cuda/kernel_util.cuh"
+// Attention forward on CUDA: argument checks and the choice of kernel and tile shape
+// (attention_forward_kernels.cuh holds the kernels).
+#include "megatron/ops/cuda/attention_forward_kernels.cuh"
 
 namespace megatron::ops::cuda {
 namespace {
 
 using namespace attention_detail;
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-template <class T>
-struct ForwardArgs {
-  T* out;
-  float* lse;
-  const T* q;
-  const T* k;
-  const T* v;
-  Dims d;
-  bool causal;
-  float scale;
-  float dropout_p;
-  CounterRng rng;
-};
-
-// ---- tensor-core kernel ---------------------------------------------------------------------
-
-constexpr int kFwdWarpTiles = 2;                  // 16-row m-tiles per warp: each K/V fragment feeds 2 mma
-constexpr int kFwdRows = 4 * 16 * kFwdWarpTiles;  // query rows per block (4 warps)
-constexpr int kFwdThreads = 128;
-// Keys per tile: 64, or 32 at head dim 128 where the output accumulators take 128 registers.
-template <int HS>
-constexpr int kFwdKeys = HS == 128 ? 32 : 64;
-
-template <int HS>
-constexpr int forward_smem_bytes() {
-  return (kFwdRows + 4 * kFwdKeys<HS>)*HS * int(sizeof(__nv_bfloat16));  // Q, then K and V in two stages each
-}
-
-// kDropout is a template parameter so the common no-dropout kernel carries none of the mask's
-// registers.
-template <int HS, bool kDropout>
-__global__ void __launch_bounds__(kFwdThreads) attention_forward_mma_kernel(const ForwardArgs<__nv_bfloat16> a) {
-  using Tile = Swizzled<HS>;
-  constexpr int kM = kFwdRows, kN = kFwdKeys<HS>, MT = kFwdWarpTiles;
-  extern __shared__ uint4 smem_words[];
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_words);  // (kM, HS)
-  __nv_bfloat16* sK = sQ + kM * HS;                                  // 2 x (kN, HS)
-  __nv_bfloat16* sV = sK + 2 * kN * HS;                              // 2 x (kN, HS)
-
-  const Dims& d = a.d;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-  // Causal blocks near the end of the sequence see the most keys: start those first.
-  const int q_tile = a.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int q0 = q_tile * kM;
-  const int b = int(blockIdx.y) / d.NH, h = int(blockIdx.y) % d.NH, grp = h / d.group_size();
-  const int64_t qs = d.q_row_stride(), kvs = d.kv_row_stride();
-  const __nv_bfloat16* qb = a.q + (int64_t(b) * d.NH + h) * HS;
-  const __nv_bfloat16* kb = a.k + (int64_t(b) * d.G + grp) * HS;
-  const __nv_bfloat16* vb = a.v + (int64_t(b) * d.G + grp) * HS;
-  const int kv_end = a.causal ? min(d.S, q0 + kM) : d.S;  // causal: keys <= the block's last query
-  const int n_tiles = (kv_end + kN - 1) / kN;
-
-  load_tile_async<kM, HS, kFwdThreads>(sQ, qb, qs, q0, d.S);
-  load_tile_async<kN, HS, kFwdThreads>(sK, kb, kvs, 0, d.S);
-  load_tile_async<kN, HS, kFwdThreads>(sV, vb, kvs, 0, d.S);
-  cp_async_commit();
-
-  const float scale_log2 = a.scale * kLog2e;
-  // This warp's rows: warp_row0 + 16 mt + g (c0, c1) and + 8 (c2, c3), for m-tile mt.
-  const int warp_row0 = q0 + warp * 16 * MT;
-  const float keep_scale = 1.0f / (1.0f - a.dropout_p);
-  float o[MT][HS / 8][4] = {};
-  float m[MT][2], l[MT][2];  // running row max (log2 units) and sum of 2^(s - m) over this thread's columns
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    m[mt][0] = m[mt][1] = -INFINITY;
-    l[mt][0] = l[mt][1] = 0.0f;
-  }
-
-  for (int jt = 0; jt < n_tiles; ++jt) {
-    cp_async_wait_all();
-    __syncthreads();  // tile jt is in place, and every warp is done with tile jt - 1's stage
-    if (jt + 1 < n_tiles) {
-      const int stage = (jt + 1) & 1;
-      load_tile_async<kN, HS, kFwdThreads>(sK + stage * kN * HS, kb, kvs, (jt + 1) * kN, d.S);
-      load_tile_async<kN, HS, kFwdThreads>(sV + stage * kN * HS, vb, kvs, (jt + 1) * kN, d.S);
-    }
-    cp_async_commit();
-    const __nv_bfloat16* k_s = sK + (jt & 1) * kN * HS;
-    const __nv_bfloat16* v_s = sV + (jt & 1) * kN * HS;
-    const int k0 = jt * kN;
-
-    // s = Q K^T for this warp's MT x 16 rows x kN keys.
-    float s[MT][kN / 8][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < HS / 16; ++ks) {
-      uint32_t qa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        ldmatrix_x4(qa[mt], sQ + Tile::offset(warp * 16 * MT + mt * 16 + ldm16_row(lane), ks * 16 + ldm16_col(lane)));
-#pragma unroll
-      for (int np = 0; np < kN / 16; ++np) {
-        uint32_t kf[4];
-        ldmatrix_x4(kf, k_s + Tile::offset(np * 16 + ldm8x2_row(lane), ks * 16 + ldm8x2_col(lane)));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(s[mt][2 * np], qa[mt], kf[0], kf[1]);
-          mma_bf16(s[mt][2 * np + 1], qa[mt], kf[2], kf[3]);
-        }
-      }
-    }
-
-    // Scale into log2 units; mask keys past the end and, causally, keys after the query.
-    const bool edge = k0 + kN > d.S || (a.causal && k0 + kN - 1 > warp_row0);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < kN / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[mt][nt][e] * scale_log2;
-          if (edge) {
-            const int col = k0 + nt * 8 + 2 * t + (e & 1), row = warp_row0 + mt * 16 + g + (e >> 1) * 8;
-            if (col >= d.S || (a.causal && col > row)) x = -INFINITY;
-          }
-          s[mt][nt][e] = x;
-        }
-      }
-    }
-
-    // Online softmax: new row max over the quad (the 4 lanes sharing a row), rescale the old
-    // sum and output by 2^(m_old - m_new). A row with nothing unmasked yet keeps max -inf and
-    // uses 0 as its reference so no inf - inf appears.
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      float mx[2] = {m[mt][0], m[mt][1]};
-#pragma unroll
-      for (int nt = 0; nt < kN / 8; ++nt) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[mt][nt][0], s[mt][nt][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[mt][nt][2], s[mt][nt][3]));
-      }
-      float ref[2], alpha[2], row_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        ref[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
-        alpha[r] = fast_exp2(m[mt][r] - ref[r]);
-        m[mt][r] = mx[r];
-      }
-#pragma unroll
-      for (int nt = 0; nt < kN / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[mt][nt][e] = fast_exp2(s[mt][nt][e] - ref[e >> 1]);
-          row_sum[e >> 1] += s[mt][nt][e];
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) l[mt][r] = l[mt][r] * alpha[r] + row_sum[r];
-#pragma unroll
-      for (int nt = 0; nt < HS / 8; ++nt) {
-        o[mt][nt][0] *= alpha[0];
-        o[mt][nt][1] *= alpha[0];
-        o[mt][nt][2] *= alpha[1];
-        o[mt][nt][3] *= alpha[1];
-      }
-      // Dropout acts on the probabilities after the normaliser is taken (the CPU's order).
-      if constexpr (kDropout) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = warp_row0 + mt * 16 + g + 8 * r;
-          if (row >= d.S) continue;
-          const uint64_t base = dropout_row_base(d, b, h, row);
-#pragma unroll
-          for (int nt = 0; nt < kN / 8; ++nt) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int col = k0 + nt * 8 + 2 * t + c;
-              if (col < d.S) s[mt][nt][2 * r + c] *= dropout_factor(a.rng, base, col, a.dropout_p, keep_scale);
-            }
-          }
-        }
-      }
-    }
-
-    // O += P V: two C tiles of P are one A fragment (see attention_common.cuh).
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      uint32_t pa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        pa[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int np = 0; np < HS / 16; ++np) {
-        uint32_t vf[4];
-        ldmatrix_x4_trans(vf, v_s + Tile::offset(kk * 16 + ldm16_row(lane), np * 16 + ldm16_col(lane)));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(o[mt][2 * np], pa[mt], vf[0], vf[1]);
-          mma_bf16(o[mt][2 * np + 1], pa[mt], vf[2], vf[3]);
-        }
-      }
-    }
-  }
-  cp_async_wait_all();
-
-  // out = O / l, staged through this warp's own rows of sQ (no other warp reads them) so the
-  // global stores are whole 16-byte pieces of rows.
-  __syncwarp();
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
-      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
-      inv[r] = l[mt][r] > 0.0f ? 1.0f / l[mt][r] : 0.0f;
-    }
-#pragma unroll
-    for (int nt = 0; nt < HS / 8; ++nt) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<uint32_t*>(sQ + Tile::offset(warp * 16 * MT + mt * 16 + g + 8 * r, nt * 8 + 2 * t)) =
-            pack_bf16(o[mt][nt][2 * r] * inv[r], o[mt][nt][2 * r + 1] * inv[r]);
-    }
-    if (t == 0) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = warp_row0 + mt * 16 + g + 8 * r;
-        if (row < d.S) a.lse[(int64_t(b) * d.NH + h) * d.S + row] = (m[mt][r] + log2f(l[mt][r])) * kLn2;
-      }
-    }
-  }
-  __syncwarp();
-  store_tile<16 * MT, HS>(a.out + (int64_t(b) * d.NH + h) * HS, qs, sQ + warp * 16 * MT * HS, warp_row0, d.S, lane, 32);
-}
-
-template <int HS, bool kDropout>
-void launch_forward_mma(const ForwardArgs<__nv_bfloat16>& a) {
-  constexpr int smem = forward_smem_bytes<HS>();
-  static const bool configured = [] {  // above 48 KB a kernel must opt in to its shared memory
-    CUDA_CHECK(cudaFuncSetAttribute(attention_forward_mma_kernel<HS, kDropout>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)configured;
-  const dim3 grid(unsigned(ceil_div(a.d.S, kFwdRows)), unsigned(a.d.B * a.d.NH));
-  attention_forward_mma_kernel<HS, kDropout><<<grid, kFwdThreads, smem, stream()>>>(a);
-  CUDA_CHECK_LAUNCH();
-}
-
-template <int HS>
-void launch_forward_mma(const ForwardArgs<__nv_bfloat16>& a) {
-  if (a.dropout_p > 0.0f) return launch_forward_mma<HS, true>(a);
-  launch_forward_mma<HS, false>(a);
-}
-
-// ---- generic kernel -------------------------------------------------------------------------
-
-constexpr int kGenericWarps = 4;
-constexpr int kMaxLaneDims = 8;  // head dims up to 32 * 8 = 256
-
-template <class T>
-__device__ __forceinline__ float dot_row(const float* a, const T* b, int n) {
-  float sum = 0.0f;
-  for (int e = 0; e < n; ++e) sum += a[e] * to_float(b[e]);
-  return sum;
-}
-
-// One warp per query row (b, h, i). Pass 1: the lanes take keys j = lane, lane + 32, ... and
-// combine their running (max, sum) into lse. Pass 2: 32 keys at a time, the lanes compute the
-// probabilities, then each lane accumulates the head dims e = lane + 32 u of sum_j p_ij v_j.
-template <class T>
-__global__ void attention_forward_generic_kernel(const ForwardArgs<T> a) {
-  extern __shared__ float generic_smem[];
-  const Dims& d = a.d;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int64_t row_id = int64_t(blockIdx.x) * kGenericWarps + warp;  // (b, h, i)
-  if (row_id >= int64_t(d.B) * d.NH * d.S) return;
-  const int i = int(row_id % d.S), bh = int(row_id / d.S), b = bh / d.NH, h = bh % d.NH, grp = h / d.group_size();
-  float* q_row = generic_smem + warp * (d.HS + 32);
-  float* p_buf = q_row + d.HS;
-  const int64_t q_off = (int64_t(i) * d.B + b) * d.NH * d.HS + int64_t(h) * d.HS;
-  for (int e = lane; e < d.HS; e += 32) q_row[e] = to_float(a.q[q_off + e]);
-  __syncwarp();
-  const T* kb = a.k + (int64_t(b) * d.G + grp) * d.HS;
-  const T* vb = a.v + (int64_t(b) * d.G + grp) * d.HS;
-  const int64_t kvs = d.kv_row_stride();
-  const int len = a.causal ? i + 1 : d.S;
-
-  float m = -INFINITY, l = 0.0f;
-  for (int j = lane; j < len; j += 32) {
-    const float s = a.scale * dot_row(q_row, kb + j * kvs, d.HS);
-    if (s > m) {
-      l = l * expf(m - s) + 1.0f;
-      m = s;
-    } else {
-      l += expf(s - m);
-    }
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset), l2 = __shfl_xor_sync(0xffffffffu, l, offset);
-    const float mn = fmaxf(m, m2);
-    l = (m == -INFINITY ? 0.0f : l * expf(m - mn)) + (m2 == -INFINITY ? 0.0f : l2 * expf(m2 - mn));
-    m = mn;
-  }
-  const float lse = m + logf(l);
-
-  const float keep_scale = 1.0f / (1.0f - a.dropout_p);
-  const uint64_t drop_base = dropout_row_base(d, b, h, i);
-  float acc[kMaxLaneDims] = {};
-  for (int j0 = 0; j0 < len; j0 += 32) {
-    const int j = j0 + lane;
-    float p = 0.0f;
-    if (j < len) {
-      p = expf(a.scale * dot_row(q_row, kb + j * kvs, d.HS) - lse);
-      if (a.dropout_p > 0.0f) p *= dropout_factor(a.rng, drop_base, j, a.dropout_p, keep_scale);
-    }
-    p_buf[lane] = p;
-    __syncwarp();
-    const int count = min(32, len - j0);
-    for (int jj = 0; jj < count; ++jj) {
-      const float pj = p_buf[jj];
-      const T* v_row = vb + (j0 + jj) * kvs;
-#pragma unroll
-      for (int u = 0; u < kMaxLaneDims; ++u) {
-        const int e = lane + 32 * u;
-        if (e < d.HS) acc[u] += pj * to_float(v_row[e]);
-      }
-    }
-    __syncwarp();
-  }
-#pragma unroll
-  for (int u = 0; u < kMaxLaneDims; ++u) {
-    const int e = lane + 32 * u;
-    if (e < d.HS) a.out[q_off + e] = from_float<T>(acc[u]);
-  }
-  if (lane == 0) a.lse[int64_t(bh) * d.S + i] = lse;
-}
-
-template <class T>
-void launch_forward_generic(const ForwardArgs<T>& a) {
-  MEGATRON_CHECK(a.d.HS <= 32 * kMaxLaneDims,
-                 "attention_forward: head dim " << a.d.HS << " exceeds the CUDA limit of " << 32 * kMaxLaneDims);
-  const int64_t rows = int64_t(a.d.B) * a.d.NH * a.d.S;
-  const size_t smem = size_t(kGenericWarps) * size_t(a.d.HS + 32) * sizeof(float);
-  attention_forward_generic_kernel<T>
-      <<<unsigned(ceil_div(rows, kGenericWarps)), kGenericWarps * 32, smem, stream()>>>(a);
-  CUDA_CHECK_LAUNCH();
-}
+// Tile shapes per head dim, the fastest measured (bench/kernels/attention.cu times the
+// alternatives; docs/PERFORMANCE.md, "Attention kernels", has the numbers). Head dim 64 keeps Q in
+// registers; with dropout, whose Philox registers crowd out the rest, one m-tile per warp and four
+// blocks per SM win. Head dim 128 keeps 32-key tiles: 64 would spill the 128 output accumulators.
+using Forward16 = ForwardTiles<16, 2, 64, 1, false>;
+using Forward32 = ForwardTiles<32, 2, 64, 1, false>;
+using Forward64 = ForwardTiles<64, 2, 64, 2, true>;
+using Forward64Dropout = ForwardTiles<64, 1, 64, 4, false>;
+using Forward128 = ForwardTiles<128, 2, 32, 1, false>;
 
 }  // namespace
 
@@ -376,28 +27,19 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
   check_lse(lse, d);
   if (q.numel() == 0) return;
   dispatch_floating(q.dtype(), "attention_forward", [&]<class T>(std::type_identity<T>) {
-    const ForwardArgs<T> a{static_cast<T*>(out.raw()),
-                           lse.data<float>(),
-                           static_cast<const T*>(q.raw()),
-                           static_cast<const T*>(k.raw()),
-                           static_cast<const T*>(v.raw()),
-                           d,
-                           params.causal,
-                           params.softmax_scale,
-                           params.dropout_p,
-                           CounterRng{params.seed, params.stream}};
+    const ForwardArgs<T> a = forward_args<T>(out, lse, q, k, v, params, d);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       const bool aligned = is_aligned16(a.out) && is_aligned16(a.q) && is_aligned16(a.k) && is_aligned16(a.v);
       if (aligned && mma_head_dim(d.HS)) {
         switch (d.HS) {
           case 16:
-            return launch_forward_mma<16>(a);
+            return launch_forward_mma<Forward16>(a);
           case 32:
-            return launch_forward_mma<32>(a);
+            return launch_forward_mma<Forward32>(a);
           case 64:
-            return launch_forward_mma<64>(a);
+            return launch_forward_mma<Forward64, Forward64Dropout>(a);
           default:
-            return launch_forward_mma<128>(a);
+            return launch_forward_mma<Forward128>(a);
         }
       }
     }

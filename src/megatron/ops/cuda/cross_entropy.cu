@@ -125,7 +125,7 @@ void cross_entropy_forward(Tensor& losses, Tensor& lse, const Tensor& logits, co
   check_logits(logits, "cross_entropy logits");
   const int64_t N = logits.dim(0), V = logits.dim(1);
   check_targets(targets, N);
-  dispatch_floating(logits.dtype(), "cross_entropy_forward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(logits.dtype(), "cross_entropy_forward", [&]<class T>(std::type_identity<T>) {
     check_stat(losses, N, "cross_entropy losses");
     check_stat(lse, N, "cross_entropy lse");
     check_rows(N);
@@ -150,7 +150,7 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
     check_shape(loss_mask, {N}, "cross_entropy loss_mask");
     check_dtype(loss_mask, DType::f32, "cross_entropy loss_mask");
   }
-  dispatch_floating(logits.dtype(), "cross_entropy_backward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(logits.dtype(), "cross_entropy_backward", [&]<class T>(std::type_identity<T>) {
     check_stat(lse, N, "cross_entropy lse");
     check_rows(N);
     if (N == 0 || V == 0) return;

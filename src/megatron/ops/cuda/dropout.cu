@@ -42,7 +42,7 @@ void dropout_apply(Tensor& out, const Tensor& in, const DropoutParams& p, const 
   MEGATRON_CHECK(p.p >= 0.0f && p.p < 1.0f, "dropout probability " << p.p << " must be in [0, 1)");
   const int64_t n = in.numel();
   if (n == 0) return;
-  dispatch_floating(in.dtype(), "dropout", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(in.dtype(), "dropout", [&]<class T>(std::type_identity<T>) {
     T* op = static_cast<T*>(out.raw());
     const T* ip = static_cast<const T*>(in.raw());
     const CounterRng rng{p.seed, p.stream};

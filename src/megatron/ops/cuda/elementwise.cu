@@ -1,5 +1,5 @@
 // Elementwise and layout ops on CUDA. Each thread handles 8 consecutive elements through 16-byte
-// accesses when every pointer is 16-byte aligned (one bf16 access or two float ones), else single
+// accesses when every pointer is 16-byte aligned (one 16-bit access or two float ones), else single
 // elements; arithmetic in float, rounded once into the output. Products and sums are written
 // with explicit rounding (__fmul_rn, __fadd_rn) so no multiply-add is fused: the results then
 // round exactly as the CPU reference's do.
@@ -123,15 +123,15 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
   check_same_numel(b, a, "add b", "add a");
   check_dtype(b, a.dtype(), "add b");
   check_dtype(out, a.dtype(), "add out");
-  dispatch_floating(a.dtype(), "add", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(a.dtype(), "add", [&]<class T>(std::type_identity<T>) {
     launch_map2(device_data<T>(out), device_data<T>(a), device_data<T>(b), out.numel(), Add{});
   });
 }
 
 void add_scaled(Tensor& out, const Tensor& x, float alpha) {
   check_same_numel(out, x, "add_scaled out", "add_scaled x");
-  dispatch_floating(out.dtype(), "add_scaled", [&]<class O>(std::type_identity<O>) {
-    dispatch_floating(x.dtype(), "add_scaled", [&]<class I>(std::type_identity<I>) {
+  dispatch_storage(out.dtype(), "add_scaled", [&]<class O>(std::type_identity<O>) {
+    dispatch_storage(x.dtype(), "add_scaled", [&]<class I>(std::type_identity<I>) {
       O* o = device_data<O>(out);
       launch_map2(o, o, device_data<I>(x), out.numel(), AddScaled{alpha});
     });
@@ -140,8 +140,8 @@ void add_scaled(Tensor& out, const Tensor& x, float alpha) {
 
 void scale(Tensor& out, const Tensor& x, float alpha) {
   check_same_numel(out, x, "scale out", "scale x");
-  dispatch_floating(out.dtype(), "scale", [&]<class O>(std::type_identity<O>) {
-    dispatch_floating(x.dtype(), "scale", [&]<class I>(std::type_identity<I>) {
+  dispatch_storage(out.dtype(), "scale", [&]<class O>(std::type_identity<O>) {
+    dispatch_storage(x.dtype(), "scale", [&]<class I>(std::type_identity<I>) {
       launch_map1(device_data<O>(out), device_data<I>(x), out.numel(), Scale{alpha});
     });
   });

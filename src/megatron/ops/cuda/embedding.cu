@@ -91,7 +91,7 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& weight, 
   check_shape(out, {S, B, C}, "embedding out");
   check_dtype(out, weight.dtype(), "embedding out");
   if (S * B == 0 || C == 0) return;
-  dispatch_floating(weight.dtype(), "embedding_forward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(weight.dtype(), "embedding_forward", [&]<class T>(std::type_identity<T>) {
     T* o = device_data<T>(out);
     const T* w = device_data<T>(weight);
     const int32_t* t = device_data<int32_t>(tokens);
@@ -122,7 +122,7 @@ void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& token
   check_shape(dout, {S, B, C}, "embedding dout");
   check_dtype(dweight, DType::f32, "embedding dweight");
   if (S * B == 0 || C == 0) return;
-  dispatch_floating(dout.dtype(), "embedding_backward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(dout.dtype(), "embedding_backward", [&]<class T>(std::type_identity<T>) {
     const unsigned blocks = unsigned(std::min<int64_t>(S * B, kMaxGridBlocks));
     embedding_backward_kernel<T>
         <<<blocks, threads_for_row(C, 1), 0, stream()>>>(device_data<float>(dweight), device_data<T>(dout),

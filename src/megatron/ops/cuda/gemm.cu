@@ -1,7 +1,7 @@
-// GEMM and the linear layer on CUDA through cuBLASLt: bf16 or f32 operands, FP32 accumulation
+// GEMM and the linear layer on CUDA through cuBLASLt: f32, bf16 or f16 operands, FP32 accumulation
 // (CUBLAS_COMPUTE_32F: full FP32 for f32 operands, never TF32, so results track the CPU), output
-// bf16 or f32. The weight gradient accumulates straight into the fp32 main grad (beta = 1, bf16
-// operands, f32 C/D): Megatron's gradient-accumulation fusion. The forward bias is fused through
+// in the operands' dtype or f32. The weight gradient accumulates straight into the fp32 main grad
+// (beta = 1, 16-bit operands, f32 C/D): Megatron's gradient-accumulation fusion. The forward bias is fused through
 // the BIAS epilogue; the bias gradient is a deterministic column-sum kernel.
 //
 // Row-major vs column-major: a row-major (r, c) matrix is a column-major (c, r) one, so row-major
@@ -160,10 +160,12 @@ cudaDataType lt_type(DType dtype) {
       return CUDA_R_32F;
     case DType::bf16:
       return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
     case DType::f64:
-      MEGATRON_FAIL("GEMM on CUDA: f64 tensors are CPU-only (gradient checks); use f32 or bf16, or --device cpu");
+      MEGATRON_FAIL("GEMM on CUDA: f64 tensors are CPU-only (gradient checks); use f32, bf16 or f16, or --device cpu");
     default:
-      MEGATRON_FAIL("GEMM on CUDA takes f32 or bf16, got " << dtype_name(dtype));
+      MEGATRON_FAIL("GEMM on CUDA takes f32, bf16 or f16, got " << dtype_name(dtype));
   }
 }
 
@@ -289,12 +291,13 @@ void check_gemm_input(const Tensor& t, const char* name) {
   lt_type(t.dtype());  // rejects f64 and non-float dtypes with a clear message
 }
 
-// C may have the inputs' dtype, or f32 for bf16 inputs (accumulation into the fp32 main grad).
+// C may have the inputs' dtype, or f32 for 16-bit inputs (accumulation into the fp32 main grad).
 void check_gemm_output(const Tensor& c, DType input, const char* name) {
   check_cuda(c, name);
-  MEGATRON_CHECK(c.dtype() == input || (input == DType::bf16 && c.dtype() == DType::f32),
+  const bool half = input == DType::bf16 || input == DType::f16;
+  MEGATRON_CHECK(c.dtype() == input || (half && c.dtype() == DType::f32),
                  name << " has dtype " << dtype_name(c.dtype()) << " for " << dtype_name(input) << " inputs; expected "
-                      << dtype_name(input) << (input == DType::bf16 ? " or f32" : ""));
+                      << dtype_name(input) << (half ? " or f32" : ""));
 }
 
 Shape with_last_dim(const Shape& shape, int64_t last) {
@@ -357,7 +360,7 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tens
     return;
   }
   if (row_major_gemm(false, true, n, out_features, in_features, x, weight, y, 1.0f, 0.0f, bias.raw())) return;
-  dispatch_floating(y.dtype(), "linear_forward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(y.dtype(), "linear_forward", [&]<class T>(std::type_identity<T>) {
     broadcast_rows_kernel<T><<<grid_for(n * out_features), kThreads, 0, stream()>>>(
         device_data<T>(y), device_data<T>(bias), n, out_features);
     CUDA_CHECK_LAUNCH();
@@ -402,7 +405,7 @@ void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& d
   // dW (out,in) += dy^T (out,N) @ x (N,in), straight into the fp32 main grad
   if (in_features > 0) row_major_gemm(true, false, out_features, in_features, n, dy, x, dweight, 1.0f, 1.0f, nullptr);
   if (dbias.defined()) {
-    dispatch_floating(dy.dtype(), "linear_backward", [&]<class T>(std::type_identity<T>) {
+    dispatch_storage(dy.dtype(), "linear_backward", [&]<class T>(std::type_identity<T>) {
       bias_grad<T>(device_data<float>(dbias), device_data<T>(dy), n, out_features, dy.device());
     });
   }

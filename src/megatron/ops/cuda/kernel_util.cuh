@@ -3,7 +3,7 @@
 // block reductions, launch helpers, and the host-side dtype dispatch and tensor checks.
 //
 // Kernels compute in float (the reduce family in double); storage types are float, __nv_bfloat16
-// and (casts and reductions only) __half. f64 tensors are CPU-only and rejected by the dispatch.
+// and __half. f64 tensors are CPU-only and rejected by the dispatch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -192,8 +192,8 @@ const T* device_data(const Tensor& t) {
   return static_cast<const T*>(t.raw());
 }
 
-// Activation and weight dtypes on CUDA: f32 and bf16. Usage:
-//   dispatch_floating(x.dtype(), "gelu_forward", [&]<class T>(std::type_identity<T>) { launch<T>(...); });
+// f32 and bf16 only: the dtypes of the attention kernels, whose f16 path is not written yet.
+// Every other op takes f16 too (dispatch_storage); attention moves to it once it does.
 template <class Fn>
 void dispatch_floating(DType dtype, const char* op, Fn&& fn) {
   switch (dtype) {
@@ -209,11 +209,25 @@ void dispatch_floating(DType dtype, const char* op, Fn&& fn) {
   MEGATRON_FAIL(op << ": dtype " << dtype_name(dtype) << " is not supported on CUDA; use f32 or bf16");
 }
 
-// Storage-only formats too (f16): casts and reductions, which never compute in the type.
+// Activation and weight dtypes of every op but attention: f32, bf16 and f16. Kernels load each
+// element into float and round once when storing, whatever the type. Usage:
+//   dispatch_storage(x.dtype(), "gelu_forward", [&]<class T>(std::type_identity<T>) { launch<T>(...); });
 template <class Fn>
 void dispatch_storage(DType dtype, const char* op, Fn&& fn) {
-  if (dtype == DType::f16) return fn(std::type_identity<__half>{});
-  dispatch_floating(dtype, op, fn);
+  switch (dtype) {
+    case DType::f32:
+      return fn(std::type_identity<float>{});
+    case DType::bf16:
+      return fn(std::type_identity<__nv_bfloat16>{});
+    case DType::f16:
+      return fn(std::type_identity<__half>{});
+    case DType::f64:
+      MEGATRON_FAIL(
+          op << ": f64 tensors are CPU-only (gradient checks); use f32, bf16 or f16 on CUDA, or --device cpu");
+    default:
+      break;
+  }
+  MEGATRON_FAIL(op << ": dtype " << dtype_name(dtype) << " is not supported on CUDA; use f32, bf16 or f16");
 }
 
 // t is defined and lives on the current CUDA device (the one whose stream the op launches on).

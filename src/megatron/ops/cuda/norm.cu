@@ -213,7 +213,7 @@ void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const 
   const int C = channels_of(x);
   check_kind_tensors(params, mean, bias, "bias");
   MEGATRON_CHECK(params.eps > 0.0f, "norm eps must be positive, got " << params.eps);
-  dispatch_floating(x.dtype(), "norm_forward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(x.dtype(), "norm_forward", [&]<class T>(std::type_identity<T>) {
     check_cuda(y, "norm y");
     check_shape(y, x.shape(), "norm y");
     check_dtype(y, x.dtype(), "norm y");
@@ -245,7 +245,7 @@ void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy,
   check_cuda(x, "norm x");
   const int C = channels_of(x);
   check_kind_tensors(params, mean, dbias, "dbias");
-  dispatch_floating(x.dtype(), "norm_backward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(x.dtype(), "norm_backward", [&]<class T>(std::type_identity<T>) {
     for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&dx, "norm dx"}, {&dy, "norm dy"}}) {
       check_cuda(*t, name);
       check_shape(*t, x.shape(), name);

@@ -66,7 +66,7 @@ void rope_apply(Tensor& y, const Tensor& x, const RopeParams& p, bool inverse, c
   // inv_freq[j] = 1 / base^(2j / rot_dim) in float32: the CPU op's expression, evaluated on the host.
   InvFreq inv_freq{};
   for (int64_t j = 0; j < rot_dim / 2; ++j) inv_freq.v[j] = 1.0f / std::pow(p.base, float(2 * j) / float(rot_dim));
-  dispatch_floating(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
     const int half = int(rot_dim / 2);
     const int64_t items = S * B * H * (D - half);
     rope_kernel<T><<<grid_for(items), kThreads, 0, stream()>>>(static_cast<T*>(y.raw()), static_cast<const T*>(x.raw()),
