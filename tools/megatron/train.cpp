@@ -1,7 +1,10 @@
 // megatron train: parse Megatron's flags (and --config YAML), then run the training loop.
+// Under mpirun or srun, MPI starts before parsing, so the arguments see the launched world size.
 #include <cstdio>
+#include <exception>
 
 #include "commands.h"
+#include "megatron/parallel/launch.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/training.h"
 
@@ -13,7 +16,19 @@ int train(const Args& args) {
       std::fputs(training_args_help().c_str(), stdout);
       return 0;
     }
-  pretrain(parse_training_args(args));
+  const ProcessInfo process = process_info_from_env();
+  if (!process.launched()) {
+    pretrain(parse_training_args(args));
+    return 0;
+  }
+  const auto mpi = std::make_shared<MpiRuntime>(process);
+  try {
+    pretrain(parse_training_args(args, mpi->process().world_size), mpi);
+  } catch (const std::exception& e) {
+    // Other ranks may wait for this one in a collective: report, then end the whole job.
+    std::fprintf(stderr, "megatron train: error on rank %d: %s\n", mpi->process().rank, e.what());
+    mpi->abort(1);
+  }
   return 0;
 }
 

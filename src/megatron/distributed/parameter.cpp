@@ -1,5 +1,6 @@
 #include "megatron/distributed/parameter.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "megatron/core/rng.h"
@@ -8,10 +9,6 @@
 namespace megatron {
 
 namespace {
-// Elements between parameter starts in the flat buffers are rounded up to this, so every
-// parameter starts 64-byte aligned in fp32 (vector loads on both backends).
-constexpr int64_t kAlignElements = 16;
-
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 Shape local_shape_of(const ParamSpec& spec, int tp_size) {
@@ -25,6 +22,43 @@ Shape local_shape_of(const ParamSpec& spec, int tp_size) {
                                                   << " block(s) x TP " << tp_size);
   local[size_t(spec.partition_dim)] = global / tp_size;
   return local;
+}
+
+struct Box {
+  Shape offset, shape;
+};
+
+// Appends boxes that cover the flat range [begin, end) of the row-major dimensions shape[dim:],
+// in flat order; `prefix` holds the coordinates of the dimensions before dim. Each box has
+// extent 1 in the leading dimensions, then one partial dimension, then full dimensions, so it is
+// contiguous in memory: at most a partial first row, whole rows, and a partial last row.
+void append_boxes(const Shape& shape, size_t dim, int64_t begin, int64_t end, Shape& prefix, std::vector<Box>& out) {
+  if (begin >= end) return;
+  int64_t inner = 1;
+  for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
+  int64_t row = begin / inner;
+  const auto partial_row = [&](int64_t lo, int64_t hi) {
+    prefix.push_back(row);
+    append_boxes(shape, dim + 1, lo - row * inner, hi - row * inner, prefix, out);
+    prefix.pop_back();
+  };
+  if (begin % inner != 0) {
+    const int64_t stop = std::min(end, (row + 1) * inner);
+    partial_row(begin, stop);
+    begin = stop;
+    ++row;
+  }
+  if (const int64_t rows = (end - begin) / inner; rows > 0) {
+    Box box{prefix, Shape(dim, 1)};
+    box.offset.push_back(row);
+    box.offset.resize(shape.size(), 0);
+    box.shape.push_back(rows);
+    box.shape.insert(box.shape.end(), shape.begin() + int64_t(dim) + 1, shape.end());
+    out.push_back(std::move(box));
+    begin += rows * inner;
+    row += rows;
+  }
+  if (begin < end) partial_row(begin, end);
 }
 }  // namespace
 
@@ -65,6 +99,38 @@ std::vector<Parameter::Slice> Parameter::global_slices_of(const Tensor& local) c
   return slices;
 }
 
+std::vector<Parameter::FlatBox> Parameter::global_boxes(int64_t begin, int64_t end) const {
+  const int64_t n = shape_numel(local_shape);
+  MEGATRON_CHECK(0 <= begin && begin <= end && end <= n,
+                 spec.name << ": flat range [" << begin << ", " << end << ") lies outside its " << n << " elements");
+  MEGATRON_CHECK(!local_shape.empty(), spec.name << ": a scalar parameter has no boxes; register it with shape [1]");
+  const bool split = spec.partition_dim >= 0 && tp_size > 1;
+  const size_t d = size_t(std::max(spec.partition_dim, 0));
+  const int64_t local_block = local_shape[d] / spec.partition_blocks;
+  const int64_t global_block = spec.global_shape[d] / spec.partition_blocks;
+  // Blocks split along dim 0 land in separate places of the global tensor: cut at block edges.
+  const int64_t pieces = split ? spec.partition_blocks : 1;
+  MEGATRON_CHECK(pieces == 1 || d == 0, spec.name << ": blocked partitions are only supported along dim 0");
+  std::vector<FlatBox> out;
+  for (int64_t k = 0; k < pieces; ++k) {
+    const int64_t lo = std::max(begin, k * n / pieces), hi = std::min(end, (k + 1) * n / pieces);
+    std::vector<Box> boxes;
+    Shape prefix;
+    append_boxes(local_shape, 0, lo, hi, prefix, boxes);
+    int64_t flat = lo;
+    for (Box& box : boxes) {
+      if (split) {
+        const int64_t c = box.offset[d];
+        box.offset[d] = (c / local_block) * global_block + tp_rank * local_block + c % local_block;
+      }
+      const int64_t size = shape_numel(box.shape);
+      out.push_back({flat, std::move(box.offset), std::move(box.shape)});
+      flat += size;
+    }
+  }
+  return out;
+}
+
 Parameter* ParameterRegistry::add(ParamSpec spec, int tp_rank, int tp_size) {
   MEGATRON_CHECK(find(spec.name) == nullptr, "parameter " << spec.name << " registered twice");
   MEGATRON_CHECK(!param_buffer_.defined(), "parameter " << spec.name << " registered after allocate()");
@@ -73,13 +139,14 @@ Parameter* ParameterRegistry::add(ParamSpec spec, int tp_rank, int tp_size) {
   p->spec = std::move(spec);
   p->tp_rank = tp_rank;
   p->tp_size = tp_size;
+  p->index = params_.size();
   params_.push_back(std::move(p));
   return params_.back().get();
 }
 
 void ParameterRegistry::allocate(DType params_dtype, Device device) {
   int64_t total = 0;
-  for (const auto& p : params_) total += round_up(shape_numel(p->local_shape), kAlignElements);
+  for (const auto& p : params_) total += round_up(shape_numel(p->local_shape), kParamAlignment);
   const DType grad_dtype = params_dtype == DType::f64 ? DType::f64 : DType::f32;
   param_buffer_ = Tensor::zeros({total}, params_dtype, device);
   grad_buffer_ = Tensor::zeros({total}, grad_dtype, device);
@@ -89,8 +156,42 @@ void ParameterRegistry::allocate(DType params_dtype, Device device) {
     p->buffer_offset = offset;
     p->data = p->view_of(param_buffer_);
     p->main_grad = p->view_of(grad_buffer_);
-    offset += round_up(n, kAlignElements);
+    offset += round_up(n, kParamAlignment);
   }
+}
+
+void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t numel) {
+  MEGATRON_CHECK(param_buffer_.defined(), "set_layout() needs allocated buffers; call allocate() first");
+  MEGATRON_CHECK(offsets.size() == params_.size(),
+                 "set_layout(): " << offsets.size() << " offsets for " << params_.size() << " parameters");
+  std::vector<std::pair<int64_t, size_t>> starts;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t n = shape_numel(params_[i]->local_shape);
+    MEGATRON_CHECK(offsets[i] >= 0 && offsets[i] % kParamAlignment == 0 && offsets[i] + n <= numel,
+                   params_[i]->spec.name << ": offset " << offsets[i] << " (+" << n
+                                         << " elements) must be a multiple of " << kParamAlignment
+                                         << " inside a buffer of " << numel << " elements");
+    starts.emplace_back(offsets[i], i);
+  }
+  std::sort(starts.begin(), starts.end());
+  for (size_t k = 0; k + 1 < starts.size(); ++k) {
+    const Parameter& a = *params_[starts[k].second];
+    MEGATRON_CHECK(starts[k].first + shape_numel(a.local_shape) <= starts[k + 1].first,
+                   a.spec.name << " and " << params_[starts[k + 1].second]->spec.name << " overlap in the new layout");
+  }
+  Tensor params = Tensor::zeros({numel}, param_buffer_.dtype(), param_buffer_.device());
+  Tensor grads = Tensor::zeros({numel}, grad_buffer_.dtype(), grad_buffer_.device());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    p.buffer_offset = offsets[i];
+    Tensor data = p.view_of(params), main_grad = p.view_of(grads);
+    data.copy_from(p.data);
+    main_grad.copy_from(p.main_grad);
+    p.data = data;
+    p.main_grad = main_grad;
+  }
+  param_buffer_ = params;
+  grad_buffer_ = grads;
 }
 
 void ParameterRegistry::initialize(uint64_t seed) {

@@ -5,8 +5,14 @@
 //
 // Storage: all parameters of a model live in one flat buffer of the compute dtype, and all
 // main gradients in one flat fp32 buffer (f64 when the parameters are f64, for gradient
-// checks); each Parameter holds views into both.
+// checks); each Parameter holds views into both. allocate() lays them out in registration
+// order; DDP may move them into its bucket layout with set_layout().
+//
+// Backward progress: a model calls grad_ready(p) once p's main gradient is final for the
+// current backward pass, so a listener (DDP with --overlap-grad-reduce) can start reducing it
+// while backward continues (what Megatron does with autograd post-accumulate hooks).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +20,10 @@
 #include "megatron/core/tensor.h"
 
 namespace megatron {
+
+// Every parameter starts at a multiple of this many elements in the flat buffers, so it is
+// 64-byte aligned in fp32 (vector loads on both backends).
+inline constexpr int64_t kParamAlignment = 16;
 
 enum class InitMethod { normal, zeros, ones };
 
@@ -32,6 +42,7 @@ struct ParamSpec {
 
 struct Parameter {
   ParamSpec spec;
+  size_t index = 0;  // registration order
   Shape local_shape;
   int tp_rank = 0;
   int tp_size = 1;
@@ -56,6 +67,16 @@ struct Parameter {
   std::vector<Slice> global_slices() const { return global_slices_of(data); }
   // The same slicing applied to another tensor of the local shape (main grad, optimizer state).
   std::vector<Slice> global_slices_of(const Tensor& local) const;
+
+  // Elements [begin, end) of the flattened local tensor as boxes of the global tensor, in flat
+  // order: how a distributed-optimizer shard, which cuts parameters anywhere, is stored and
+  // loaded by global offsets. Each box is contiguous in the flat local tensor from flat_begin.
+  struct FlatBox {
+    int64_t flat_begin = 0;
+    Shape global_offset;
+    Shape shape;
+  };
+  std::vector<FlatBox> global_boxes(int64_t begin, int64_t end) const;
 };
 
 class ParameterRegistry {
@@ -69,6 +90,17 @@ class ParameterRegistry {
   // layout and of registration order.
   void initialize(uint64_t seed);
   void zero_grads();
+  // Moves parameter i (registration order) to element offsets[i] of new flat buffers of `numel`
+  // elements, keeping its value and main gradient; gaps hold zeros. Offsets are multiples of the
+  // 16-element alignment and the parameters may not overlap.
+  void set_layout(const std::vector<int64_t>& offsets, int64_t numel);
+
+  using GradReadyHook = std::function<void(const Parameter&)>;
+  // At most one listener; an empty hook removes it.
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
+  void grad_ready(const Parameter& p) const {
+    if (grad_ready_hook_) grad_ready_hook_(p);
+  }
 
   const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }
   Parameter* find(const std::string& name) const;
@@ -82,6 +114,7 @@ class ParameterRegistry {
   std::vector<std::unique_ptr<Parameter>> params_;
   Tensor param_buffer_;
   Tensor grad_buffer_;
+  GradReadyHook grad_ready_hook_;
 };
 
 }  // namespace megatron

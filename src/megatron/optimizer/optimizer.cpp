@@ -7,6 +7,10 @@
 
 namespace megatron {
 
+std::string optimizer_state_name(const std::string& param_name, const std::string& what) {
+  return "optimizer." + param_name + "." + what;
+}
+
 AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper)
     : registry_(&registry), ctx_(&ctx), hyper_(hyper) {
   const Tensor& params = registry.param_buffer();
@@ -54,11 +58,12 @@ OptimizerStepResult AdamWOptimizer::step(double lr, double weight_decay) {
 
 std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state() const {
   std::vector<checkpointing::ShardedTensor> out;
+  if (ctx_->dp_cp->rank() != 0) return out;  // the other replicas hold the same state
   for (const auto& p : registry_->params()) {
     auto add = [&](const std::string& what, const Tensor& flat) {
       for (const auto& slice : p->global_slices_of(p->view_of(flat)))
         out.push_back(
-            {"optimizer." + p->spec.name + "." + what, p->spec.global_shape, slice.global_offset, slice.local});
+            {optimizer_state_name(p->spec.name, what), p->spec.global_shape, slice.global_offset, slice.local});
     };
     add("exp_avg", exp_avg_);
     add("exp_avg_sq", exp_avg_sq_);
@@ -71,7 +76,7 @@ void AdamWOptimizer::load_state(const checkpointing::CheckpointReader& reader) {
   for (const auto& p : registry_->params()) {
     auto load = [&](const std::string& what, const Tensor& flat) {
       for (auto& slice : p->global_slices_of(p->view_of(flat)))
-        reader.load("optimizer." + p->spec.name + "." + what, slice.global_offset, slice.local);
+        reader.load(optimizer_state_name(p->spec.name, what), slice.global_offset, slice.local);
     };
     load("exp_avg", exp_avg_);
     load("exp_avg_sq", exp_avg_sq_);

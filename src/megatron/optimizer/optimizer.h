@@ -4,6 +4,11 @@
 // model computes in bf16; the parameters themselves when they are fp32/f64), fp32 moments,
 // global-norm clipping. Weight decay is skipped for parameters whose spec says so (biases,
 // norms), as Megatron's wd_mult = 0 for 1-D parameters and biases.
+//
+// Optimizer is what the training loop and checkpoints see; the distributed optimizer
+// (distributed/distributed_optimizer.h) is the other implementation. Both store their state
+// under the same names, per parameter with its global shape, so a checkpoint of either loads
+// into either at any data-parallel size.
 #include <string>
 #include <vector>
 
@@ -18,23 +23,44 @@ struct OptimizerStepResult {
   bool skipped = false;    // non-finite gradients: no update (counted in the log)
 };
 
-class AdamWOptimizer {
- public:
-  struct Hyper {
-    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, clip_grad = 1.0;
-  };
-  AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper);
+struct AdamWHyper {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, clip_grad = 1.0;
+};
 
-  // One update with this lr and weight decay from the gradients in the main-grad buffer.
-  OptimizerStepResult step(double lr, double weight_decay);
+// Checkpoint name of one piece of a parameter's optimizer state: "optimizer.<param>.<what>",
+// what = exp_avg, exp_avg_sq or fp32_param (the master copy, saved only when it differs from
+// the model's parameters).
+std::string optimizer_state_name(const std::string& param_name, const std::string& what);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update with this lr and weight decay from the (reduced) gradients in the main-grad buffer.
+  virtual OptimizerStepResult step(double lr, double weight_decay) = 0;
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
 
-  // Optimizer state as sharded tensors (names "optimizer.<param>.{exp_avg,exp_avg_sq,fp32_param}").
-  std::vector<checkpointing::ShardedTensor> sharded_state() const;
-  void load_state(const checkpointing::CheckpointReader& reader);
+  // This rank's share of the state as sharded tensors with global offsets (every element of
+  // the global state is returned by exactly one rank of the data-parallel group).
+  virtual std::vector<checkpointing::ShardedTensor> sharded_state() const = 0;
+  virtual void load_state(const checkpointing::CheckpointReader& reader) = 0;
   // After loading model weights into the compute copy: refresh the master weights from them.
-  void reload_master_from_model();
+  virtual void reload_master_from_model() = 0;
+
+ protected:
+  int64_t step_count_ = 0;
+};
+
+class AdamWOptimizer final : public Optimizer {
+ public:
+  using Hyper = AdamWHyper;
+  // Every rank of the data-parallel group holds the whole state; only DP rank 0 saves it.
+  AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper);
+
+  OptimizerStepResult step(double lr, double weight_decay) override;
+  std::vector<checkpointing::ShardedTensor> sharded_state() const override;
+  void load_state(const checkpointing::CheckpointReader& reader) override;
+  void reload_master_from_model() override;
 
  private:
   double global_grad_norm() const;
@@ -43,7 +69,6 @@ class AdamWOptimizer {
   Hyper hyper_;
   bool separate_master_;
   Tensor master_, exp_avg_, exp_avg_sq_;
-  int64_t step_count_ = 0;
 };
 
 }  // namespace megatron

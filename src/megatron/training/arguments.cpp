@@ -134,6 +134,16 @@ std::vector<Flag> build_flag_table() {
       {"--pipeline-model-parallel-size", FIELD(model.pipeline_model_parallel_size), parallel, "PP (1 in this build)"},
       {"--sequence-parallel", Switch{FIELD(model.sequence_parallel), true}, parallel,
        "Sequence parallelism (needs TP > 1)"},
+      {"--use-distributed-optimizer", Switch{FIELD(use_distributed_optimizer), true}, parallel,
+       "Shard fp32 master weights and Adam moments over the data-parallel ranks (ZeRO-1)"},
+      {"--overlap-grad-reduce", Switch{FIELD(overlap_grad_reduce), true}, parallel,
+       "Reduce gradients in buckets while backward runs (otherwise one bucket after backward)"},
+      {"--overlap-param-gather", Switch{FIELD(overlap_param_gather), true}, parallel,
+       "Distributed optimizer: all-gather updated parameters while the next step begins"},
+      {"--ddp-bucket-size", FIELD(ddp_bucket_size), parallel,
+       "Gradient bucket size in elements with --overlap-grad-reduce; derived: max(40000000, 1000000 * DP)"},
+      {"--distributed-timeout-minutes", FIELD(distributed_timeout_minutes), parallel,
+       "A collective waiting longer than this ends the job, naming the rank that never arrived"},
       {"--micro-batch-size", FIELD(micro_batch_size), training, "Sequences per micro-batch per rank; required"},
       {"--global-batch-size", FIELD(global_batch_size), training,
        "Sequences per step; a multiple of micro-batch-size * DP; derived: micro-batch-size * DP"},
@@ -199,6 +209,8 @@ std::vector<Flag> build_flag_table() {
       {"--eval-interval", FIELD(eval_interval), logging, "Iterations between evaluations; 0: none"},
       {"--eval-iters", FIELD(eval_iters), logging, "Batches per evaluation"},
       {"--metrics-file", FIELD(metrics_file), logging, "JSONL file, one object per logged iteration"},
+      {"--profile-ops-iteration", FIELD(profile_ops_iteration), logging,
+       "Print how long each op family took in this iteration (GPU: device time); 0: never"},
   };
 }
 
@@ -732,6 +744,22 @@ void check_data(const TrainingArgs& a, std::vector<std::string>& errors) {
   }
 }
 
+void check_data_parallel(const TrainingArgs& a, std::vector<std::string>& errors) {
+  if (a.overlap_param_gather && !(a.use_distributed_optimizer && a.overlap_grad_reduce)) {
+    errors.push_back(
+        "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce (as in Megatron): "
+        "only sharded parameters are gathered; add both or drop --overlap-param-gather");
+  }
+  if (a.ddp_bucket_size < 0) {
+    errors.push_back(concat("--ddp-bucket-size ", a.ddp_bucket_size,
+                            " must be >= 0 elements: leave it unset for max(40000000, 1000000 * DP)"));
+  }
+  if (!(a.distributed_timeout_minutes > 0.0)) {
+    errors.push_back(concat("--distributed-timeout-minutes ", a.distributed_timeout_minutes,
+                            " must be positive: e.g. 10 (Megatron's default)"));
+  }
+}
+
 void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
   if (a.fp16) {
     errors.push_back("--fp16: fp16 with dynamic loss scaling arrives with the CUDA backend; use --bf16");
@@ -823,6 +851,7 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   check_schedule(args.optimizer, args.train_iters, errors);
   check_optimizer(args.optimizer, errors);
   check_data(args, errors);
+  check_data_parallel(args, errors);
   check_run(args, errors);
   return errors;
 }

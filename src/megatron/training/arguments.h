@@ -69,10 +69,18 @@ struct TrainingArgs {
   int64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
 
+  // Data parallelism (reference/megatron-compat.md §9).
+  bool use_distributed_optimizer = false;   // shard master weights and Adam state over DP
+  bool overlap_grad_reduce = false;         // bucketed gradient reduction during backward
+  bool overlap_param_gather = false;        // distributed optimizer: all-gather overlaps the next step
+  int64_t ddp_bucket_size = 0;              // elements; 0: max(4e7, 1e6 * DP)
+  double distributed_timeout_minutes = 10;  // bound on every collective wait (fractions allowed)
+
   int64_t log_interval = 100;
   int64_t eval_interval = 0;  // 0: no evaluation
   int64_t eval_iters = 100;
-  std::string metrics_file;  // JSONL, one object per logged iteration (ours)
+  std::string metrics_file;           // JSONL, one object per logged iteration (ours)
+  int64_t profile_ops_iteration = 0;  // print the per-op time of this iteration (0: never)
 
   std::string save;
   std::string load;

@@ -1,6 +1,9 @@
 #include "megatron/training/checkpoint_io.h"
 
+#include <exception>
+
 #include "megatron/core/logging.h"
+#include "megatron/training/shard_gather.h"
 
 namespace megatron {
 
@@ -61,8 +64,9 @@ CheckpointReader open_latest(const std::string& load_dir) {
 }
 }  // namespace
 
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const AdamWOptimizer* optimizer,
-                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress) {
+void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
+                              const ParallelContext& ctx) {
   nlohmann::json common;
   common["iteration"] = progress.iteration;
   common["consumed_train_samples"] = progress.consumed_train_samples;
@@ -79,11 +83,30 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const A
   common["args"] = a;
   std::vector<ShardedTensor> optim;
   if (optimizer && !args.no_save_optim) optim = optimizer->sharded_state();
-  checkpointing::save_checkpoint(args.save, progress.iteration, model_state(model), optim, common);
+  const std::vector<ShardedTensor> replica = ctx.dp_cp->rank() == 0 ? model_state(model) : std::vector<ShardedTensor>{};
+  Communicator& world = *ctx.world;
+  constexpr int kWriter = 0;
+  const std::vector<ShardedTensor> all_model = gather_shards(world, replica, kWriter, model.device());
+  const std::vector<ShardedTensor> all_optim = gather_shards(world, optim, kWriter, model.device());
+
+  std::exception_ptr failure;
+  if (world.rank() == kWriter) {
+    try {
+      checkpointing::save_checkpoint(args.save, progress.iteration, all_model, all_optim, common);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  // The outcome, so that no rank runs ahead of an unpublished checkpoint or on after a failed one.
+  Tensor saved = Tensor::from_vector({failure ? 0.0f : 1.0f}, {1}).to(model.device());
+  if (world.size() > 1) world.broadcast(saved, kWriter);
+  if (failure) std::rethrow_exception(failure);
+  MEGATRON_CHECK(saved.item(0) == 1.0, "rank " << world.world_ranks()[kWriter] << " could not save the checkpoint of "
+                                               << "iteration " << progress.iteration << "; its error says why");
   LOG_INFO("  successfully saved checkpoint from iteration " << progress.iteration << " to " << args.save);
 }
 
-bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, AdamWOptimizer* optimizer,
+bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   if (args.load.empty()) return false;
   if (!checkpointing::read_tracker(args.load).has_value()) {
@@ -98,7 +121,7 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, AdamWOp
 
   const bool restore_state = !args.finetune && !args.no_load_optim;
   if (optimizer) {
-    const bool has_optim = reader.has("optimizer." + model.parameters().params().front()->spec.name + ".exp_avg");
+    const bool has_optim = reader.has(optimizer_state_name(model.parameters().params().front()->spec.name, "exp_avg"));
     if (restore_state && has_optim) {
       optimizer->load_state(reader);
       optimizer->set_step_count(common.at("optimizer_step").get<int64_t>());

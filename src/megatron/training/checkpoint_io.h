@@ -1,6 +1,18 @@
 #pragma once
 // What a training checkpoint holds and how it maps onto the model, optimizer and loop state.
 // The storage format itself lives in checkpointing/.
+//
+// Under data parallelism (every rank of ctx.world calls save and load):
+//   save: 1. each rank lists the shards it is responsible for: model weights from DP rank 0 (the
+//            others hold replicas), optimizer state from Optimizer::sharded_state() (DP rank 0's
+//            whole state, or every rank's distributed-optimizer shard);
+//         2. the shards are gathered on world rank 0 (shard_gather.h), which writes the checkpoint
+//            with save_checkpoint (staging directory, files, metadata, atomic rename, tracker);
+//         3. rank 0 broadcasts the outcome: every rank returns only once the checkpoint is
+//            published, and all ranks throw if it could not be.
+//   load: every rank reads the slices it holds now from whichever shards overlap them, so a
+//         checkpoint saved at one DP size (with or without the distributed optimizer) resumes at
+//         any other.
 #include <cstdint>
 #include <string>
 
@@ -19,13 +31,14 @@ struct TrainingProgress {
   int64_t nan_iterations = 0;
 };
 
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const AdamWOptimizer* optimizer,
-                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress);
+void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
+                              const ParallelContext& ctx);
 
 // Loads the latest checkpoint under args.load (or nothing when it holds none). Restores the
 // model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress.
 // Returns whether a checkpoint was loaded.
-bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, AdamWOptimizer* optimizer,
+bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress);
 
 // Model weights only, and the arguments the checkpoint was trained with (for generate).

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 
 #include "megatron/core/logging.h"
@@ -10,12 +11,20 @@
 #include "megatron/datasets/data_loader.h"
 #include "megatron/datasets/gpt_dataset.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
+#include "megatron/distributed/ddp.h"
+#include "megatron/distributed/distributed_optimizer.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "megatron/ops/profiler.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
+#include "megatron/parallel/parallel_state.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/device.h"
 #include "megatron/training/metrics.h"
+
+#ifdef MEGATRON_WITH_CUDA
+#include "megatron/ops/cuda/pinned_memory.h"
+#endif
 
 namespace megatron {
 
@@ -63,9 +72,19 @@ DataSources build_data(const TrainingArgs& args) {
   return d;
 }
 
+// Batches for a GPU are assembled in pinned host memory, so their copies to the device run at
+// full speed.
+datasets::HostAllocator host_allocator_for(Device device) {
+#ifdef MEGATRON_WITH_CUDA
+  if (device.is_cuda()) return cuda::allocate_pinned_host;
+#endif
+  (void)device;
+  return {};
+}
+
 std::unique_ptr<datasets::DataLoader> make_loader(const datasets::SampleSource& source, const TrainingArgs& args,
                                                   const datasets::Tokenizer& tok, int64_t dp_size, int64_t dp_rank,
-                                                  int64_t consumed) {
+                                                  int64_t consumed, Device device) {
   datasets::DataLoaderOptions o;
   o.micro_batch_size = args.micro_batch_size;
   o.data_parallel_size = dp_size;
@@ -76,6 +95,7 @@ std::unique_ptr<datasets::DataLoader> make_loader(const datasets::SampleSource& 
              .eod_mask_loss = args.data.eod_mask_loss,
              .reset_position_ids = args.data.reset_position_ids,
              .reset_attention_mask = args.data.reset_attention_mask};
+  o.host_allocator = host_allocator_for(device);
   return std::make_unique<datasets::DataLoader>(source, o);
 }
 
@@ -86,8 +106,22 @@ datasets::Batch next_batch(datasets::DataLoader& loader, const char* split) {
   return std::move(*batch);
 }
 
-// Validation: eval_iters global batches, continuing where the previous evaluation stopped.
-double evaluate(GPTModel& model, datasets::DataLoader& valid, const TrainingArgs& args, TrainingProgress& progress) {
+// Sums of every rank of the data-parallel group: the global batch's loss (Megatron averages the
+// reported loss over DP x CP).
+LossSums sum_over(Communicator& group, const LossSums& local, Device device) {
+  if (group.size() == 1) return local;
+  Tensor host = Tensor::empty({2}, DType::f64);
+  host.data<double>()[0] = local.loss_sum;
+  host.data<double>()[1] = local.num_tokens;
+  Tensor sums = host.to(device);
+  group.all_reduce(sums, ReduceOp::sum);
+  return {sums.item(0), sums.item(1)};
+}
+
+// Validation: eval_iters global batches, continuing where the previous evaluation stopped; each
+// data-parallel rank evaluates its slice and the sums are combined.
+double evaluate(GPTModel& model, datasets::DataLoader& valid, const TrainingArgs& args, TrainingProgress& progress,
+                const ParallelContext& ctx) {
   LossSums total;
   for (int64_t it = 0; it < args.eval_iters; ++it) {
     for (int64_t m = 0; m < args.num_micro_batches(); ++m) {
@@ -98,18 +132,91 @@ double evaluate(GPTModel& model, datasets::DataLoader& valid, const TrainingArgs
     }
     progress.consumed_valid_samples += args.global_batch_size;
   }
+  total = sum_over(*ctx.dp_cp, total, model.device());
   return total.loss_sum / std::max(1.0, total.num_tokens);
 }
 
 bool should_save(const TrainingArgs& args, int64_t iteration) {
   return !args.save.empty() && args.save_interval > 0 && iteration % args.save_interval == 0;
 }
+
+// Megatron prints the training and validation lines from the last rank (print_rank_last), which
+// holds the loss under pipeline parallelism; the logger prints info from rank 0 only.
+void print_from_last_rank(bool last_rank, const std::string& line) {
+  if (!last_rank) return;
+  const std::string text = line + "\n";
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+// Info lines come from rank 0 of this run's world, for the run's duration.
+class ScopedLogRank {
+ public:
+  explicit ScopedLogRank(int rank) : saved_(log_settings()) {
+    LogSettings settings = saved_;
+    settings.rank = rank;
+    set_log_settings(settings);
+  }
+  ~ScopedLogRank() { set_log_settings(saved_); }
+  ScopedLogRank(const ScopedLogRank&) = delete;
+  ScopedLogRank& operator=(const ScopedLogRank&) = delete;
+
+ private:
+  LogSettings saved_;
+};
+
+void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
+  MEGATRON_CHECK(ctx.world->size() == args.world_size, "the arguments were derived for a world of "
+                                                           << args.world_size << " ranks but this run has "
+                                                           << ctx.world->size()
+                                                           << "; parse them with the launched world size");
+  MEGATRON_CHECK(ctx.dp->size() == args.data_parallel_size && ctx.tp_size() == args.model.tensor_model_parallel_size,
+                 "the parallel groups (DP " << ctx.dp->size() << ", TP " << ctx.tp_size()
+                                            << ") disagree with the arguments (DP " << args.data_parallel_size
+                                            << ", TP " << args.model.tensor_model_parallel_size
+                                            << "); build the groups from the same sizes");
+}
+
+DdpConfig ddp_config(const TrainingArgs& args) {
+  return {.overlap_grad_reduce = args.overlap_grad_reduce,
+          .use_distributed_optimizer = args.use_distributed_optimizer,
+          .overlap_param_gather = args.overlap_param_gather,
+          .bucket_size = args.ddp_bucket_size};
+}
+
+// The dataset index is built (and cached) by rank 0 first, then read by the others, as Megatron
+// does, so the ranks neither race to write the cache nor each build it.
+DataSources build_data_in_turn(const TrainingArgs& args, Communicator& world) {
+  DataSources data;
+  if (world.rank() == 0) data = build_data(args);
+  world.barrier();
+  if (world.rank() != 0) data = build_data(args);
+  return data;
+}
 }  // namespace
 
-TrainingSummary pretrain(const TrainingArgs& args) {
-  ParallelContext ctx = ParallelContext::single_process();
-  const Device device = select_device(args.device, 0);
-  DataSources data = build_data(args);
+TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRuntime>& mpi) {
+  const ScopedLogRank log_rank(mpi ? mpi->process().rank : 0);
+  const Device device = select_device(args.device, mpi ? mpi->process().local_rank : 0);
+  ParallelSizes sizes;
+  sizes.tp = args.model.tensor_model_parallel_size;
+  sizes.pp = args.model.pipeline_model_parallel_size;
+  const ParallelState state =
+      initialize_parallel(sizes, {.device = device,
+                                  .timeout_seconds = 60.0 * args.distributed_timeout_minutes,
+                                  .tied_embeddings = !args.model.untie_embeddings_and_output_weights,
+                                  .mpi = mpi});
+  return pretrain(args, state.ctx, device);
+}
+
+TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, Device device) {
+  check_context(args, ctx);
+  const ScopedLogRank log_rank(ctx.world->rank());
+  const bool last_rank = ctx.world->rank() == ctx.world->size() - 1;
+  // The data are split over DP ranks (context-parallel ranks share a batch); gradients and the
+  // reported loss are reduced over DP x CP.
+  const int64_t dp_size = ctx.dp->size(), dp_rank = ctx.dp->rank();
+  DataSources data = build_data_in_turn(args, *ctx.world);
 
   TransformerConfig config = args.model;
   GPTModel model(config, ctx, device);
@@ -119,18 +226,27 @@ TrainingSummary pretrain(const TrainingArgs& args) {
                                     << " parameters, padded vocab " << config.padded_vocab_size << ", params dtype "
                                     << dtype_name(config.params_dtype));
 
-  AdamWOptimizer optimizer(
-      model.parameters(), ctx,
-      {args.optimizer.adam_beta1, args.optimizer.adam_beta2, args.optimizer.adam_eps, args.optimizer.clip_grad});
+  DistributedDataParallel ddp(model.parameters(), ctx, ddp_config(args));
+  const AdamWHyper hyper{args.optimizer.adam_beta1, args.optimizer.adam_beta2, args.optimizer.adam_eps,
+                         args.optimizer.clip_grad};
+  std::unique_ptr<Optimizer> optimizer;
+  if (args.use_distributed_optimizer)
+    optimizer = std::make_unique<DistributedOptimizer>(ddp, hyper);
+  else
+    optimizer = std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper);
+  if (dp_size > 1)
+    LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
+                                 << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
   OptimizerParamScheduler scheduler(args.optimizer, args.train_iters, args.global_batch_size);
   TrainingProgress progress;
-  load_training_checkpoint(args, model, &optimizer, &scheduler, &progress);
+  load_training_checkpoint(args, model, optimizer.get(), &scheduler, &progress);
 
-  const auto train_loader = make_loader(*data.train, args, *data.tokenizer, args.data_parallel_size, ctx.dp->rank(),
-                                        progress.consumed_train_samples);
-  const auto valid_loader =
-      data.valid ? make_loader(*data.valid, args, *data.tokenizer, 1, 0, progress.consumed_valid_samples) : nullptr;
-  MetricsFile metrics(args.metrics_file);
+  const auto train_loader =
+      make_loader(*data.train, args, *data.tokenizer, dp_size, dp_rank, progress.consumed_train_samples, device);
+  const auto valid_loader = data.valid ? make_loader(*data.valid, args, *data.tokenizer, dp_size, dp_rank,
+                                                     progress.consumed_valid_samples, device)
+                                       : nullptr;
+  MetricsFile metrics = last_rank ? MetricsFile(args.metrics_file) : MetricsFile();
   TrainingSummary summary;
   const int64_t micro = args.num_micro_batches();
   const double flops_per_iteration = num_floating_point_operations(config, args.global_batch_size);
@@ -140,8 +256,10 @@ TrainingSummary pretrain(const TrainingArgs& args) {
   int64_t interval_iters = 0;
   const int64_t first_iteration = progress.iteration;
   while (progress.iteration < args.train_iters) {
+    const bool profile = progress.iteration + 1 == args.profile_ops_iteration;
+    if (profile) ops::OpProfiler::instance().start();
     const auto t0 = Clock::now();
-    model.parameters().zero_grads();
+    ddp.zero_grad();
     LossSums iteration_sums;
     for (int64_t m = 0; m < micro; ++m) {
       const datasets::Batch batch = next_batch(*train_loader, "training");
@@ -149,14 +267,26 @@ TrainingSummary pretrain(const TrainingArgs& args) {
       for (float v : batch.loss_mask.to_vector()) tokens += v;
       // Megatron's default loss: the mean over each micro-batch's tokens, averaged over micro-batches.
       const float grad_scale = tokens > 0 ? float(1.0 / (tokens * double(micro))) : 0.0f;
-      const ForwardContext fwd{
-          .training = true, .seed = uint64_t(args.seed), .step = uint64_t(progress.iteration * micro + m)};
+      // The micro-batch's index in the global batch, so dropout masks do not depend on the DP size.
+      const ForwardContext fwd{.training = true,
+                               .seed = uint64_t(args.seed),
+                               .step = uint64_t((progress.iteration * micro + m) * dp_size + dp_rank)};
+      ddp.set_last_micro_batch(m + 1 == micro);
+      if (m == 0) ddp.finish_param_gather();  // the previous step's parameters (--overlap-param-gather)
       const LossSums s =
           model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd, batch.position_ids);
       iteration_sums.loss_sum += s.loss_sum;
       iteration_sums.num_tokens += s.num_tokens;
     }
-    const OptimizerStepResult step = optimizer.step(scheduler.lr(), scheduler.weight_decay());
+    ddp.finish_grad_sync();
+    const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
+    if (profile) {
+      const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop();
+      const double step_ms = 1e3 * std::chrono::duration<double>(Clock::now() - t0).count();
+      LOG_INFO("per-op time of iteration " << progress.iteration + 1 << ":\n"
+                                           << ops::format_op_timings(timings, step_ms));
+    }
+    iteration_sums = sum_over(*ctx.dp_cp, iteration_sums, device);
     const double loss = iteration_sums.loss_sum / std::max(1.0, iteration_sums.num_tokens);
     ++progress.iteration;
     progress.consumed_train_samples += args.global_batch_size;
@@ -169,6 +299,7 @@ TrainingSummary pretrain(const TrainingArgs& args) {
       ++interval_iters;
     }
     summary.train_losses.push_back(loss);
+    summary.grad_norms.push_back(step.grad_norm);
     ++summary.iterations_run;
     interval_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     interval_tokens += double(tokens_per_iteration);
@@ -181,7 +312,7 @@ TrainingSummary pretrain(const TrainingArgs& args) {
       st.train_iters = args.train_iters;
       st.consumed_samples = progress.consumed_train_samples;
       st.elapsed_ms_per_iteration = 1e3 * interval_seconds / double(iters_in_interval);
-      st.tflops_per_gpu = flops_per_iteration / (st.elapsed_ms_per_iteration * 1e-3 * 1e12);
+      st.tflops_per_gpu = flops_per_iteration / (st.elapsed_ms_per_iteration * 1e-3 * 1e12) / double(ctx.world->size());
       st.tokens_per_second = interval_tokens / interval_seconds;
       st.learning_rate = scheduler.lr();
       st.global_batch_size = args.global_batch_size;
@@ -190,20 +321,24 @@ TrainingSummary pretrain(const TrainingArgs& args) {
       st.skipped_iterations = progress.skipped_iterations;
       st.nan_iterations = progress.nan_iterations;
       st.peak_memory_mib = peak_memory_mib(device);
-      LOG_INFO(format_training_log_line(st));
+      print_from_last_rank(last_rank, format_training_log_line(st));
       metrics.write_training(st);
       interval_loss_sum = interval_tokens = interval_seconds = 0;
       interval_iters = 0;
     }
-    if (data.valid && progress.iteration % args.eval_interval == 0) {
-      const double vloss = evaluate(model, *valid_loader, args, progress);
+    const bool evaluate_now = data.valid && progress.iteration % args.eval_interval == 0;
+    const bool save_now =
+        should_save(args, progress.iteration) || (!args.save.empty() && progress.iteration == args.train_iters);
+    if (evaluate_now || save_now) ddp.finish_param_gather();
+    if (evaluate_now) {
+      const double vloss = evaluate(model, *valid_loader, args, progress, ctx);
       summary.valid_losses.push_back(vloss);
-      LOG_INFO(format_validation_line(progress.iteration, vloss));
+      print_from_last_rank(last_rank, format_validation_line(progress.iteration, vloss));
       metrics.write_validation(progress.iteration, vloss);
     }
-    if (should_save(args, progress.iteration) || (!args.save.empty() && progress.iteration == args.train_iters))
-      save_training_checkpoint(args, model, &optimizer, scheduler, progress);
+    if (save_now) save_training_checkpoint(args, model, optimizer.get(), scheduler, progress, ctx);
   }
+  ddp.finish_param_gather();
   return summary;
 }
 

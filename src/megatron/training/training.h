@@ -1,8 +1,13 @@
 #pragma once
-// pretrain(): Megatron's training loop for GPT on one process (the parallel runtime plugs in
-// through ParallelContext): data, model, optimizer, schedule, logging, evaluation, checkpoints.
+// pretrain(): Megatron's training loop for GPT: data, model, DDP and optimizer, schedule,
+// logging, evaluation, checkpoints. Data parallelism comes from the parallel context: each
+// data-parallel rank trains on its slice of every global batch, gradients are reduced by DDP
+// (distributed/ddp.h), and the reported loss is the global batch's.
+#include <memory>
 #include <vector>
 
+#include "megatron/parallel/comm.h"
+#include "megatron/parallel/launch.h"
 #include "megatron/training/arguments.h"
 
 namespace megatron {
@@ -10,9 +15,17 @@ namespace megatron {
 struct TrainingSummary {
   int64_t iterations_run = 0;
   std::vector<double> train_losses;  // lm loss of every iteration run, in order
+  std::vector<double> grad_norms;    // pre-clip gradient norm of every iteration run
   std::vector<double> valid_losses;  // each evaluation's loss, in order
 };
 
-TrainingSummary pretrain(const TrainingArgs& args);
+// The whole launched world: `mpi` is the process's runtime under mpirun/srun (args parsed with
+// its world size), null for a single process. Builds the parallel groups (GPU = local rank,
+// timeouts from --distributed-timeout-minutes) and trains.
+TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRuntime>& mpi = nullptr);
+
+// With groups the caller built (tests run several layouts in one job): ctx.world is this run's
+// world, ctx.dp_cp its data-parallel group; their sizes must match the arguments'.
+TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, Device device);
 
 }  // namespace megatron

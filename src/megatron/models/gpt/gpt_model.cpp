@@ -30,6 +30,7 @@ Tensor to_sequence_major(const Tensor& bs, Device device) {
 GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device)
     : config_(config), ctx_(&ctx), device_(device) {
   MEGATRON_CHECK(config.padded_vocab_size > 0, "padded_vocab_size is not set; derive the config before building");
+  const auto registered = [this] { return registry_.params().size(); };
   word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
       registry_, ctx, "embedding.word_embeddings.weight", config.padded_vocab_size, config.hidden_size,
       config.init_method_std);
@@ -38,11 +39,19 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
                                           .global_shape = {config.max_position_embeddings, config.hidden_size},
                                           .init_std = config.init_method_std},
                                          ctx.tp_rank(), ctx.tp_size());
-  decoder_ = std::make_unique<TransformerBlock>(registry_, ctx, config, 0, config.num_layers, true);
+  embedding_params_ = {0, registered()};
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    const size_t begin = registered();
+    decoder_.push_back(
+        std::make_unique<TransformerBlock>(registry_, ctx, config, i, i + 1, i + 1 == config.num_layers));
+    layer_params_.push_back({begin, registered()});
+  }
   tensor_parallel::ColumnParallelLinear::Options out{.bias = false, .init_std = config.init_method_std};
   if (!config.untie_embeddings_and_output_weights) out.shared_weight = word_embeddings_->weight();
+  output_params_.begin = registered();
   output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
       registry_, ctx, "output_layer", config.hidden_size, config.padded_vocab_size, out);
+  output_params_.end = registered();
   registry_.allocate(config.params_dtype, device);
 }
 
@@ -59,9 +68,14 @@ Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_
     ops::embedding_forward(h, saved.positions, position_embeddings_->data, {.accumulate = true});
   }
   saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding")};
-  ops::dropout_forward(h, h, saved.embedding_dropout);
-  const Tensor hidden = decoder_->forward(h, fwd, saved.block);
-  return output_layer_->forward(hidden, saved.output);
+  if (saved.embedding_dropout.p > 0.0f) ops::dropout_forward(h, h, saved.embedding_dropout);
+  saved.layers.resize(decoder_.size());
+  for (size_t i = 0; i < decoder_.size(); ++i) h = decoder_[i]->forward(h, fwd, saved.layers[i]);
+  return output_layer_->forward(h, saved.output);
+}
+
+void GPTModel::report_grads_ready(const ParamSpan& span) const {
+  for (size_t i = span.begin; i < span.end; ++i) registry_.grad_ready(*registry_.params()[i]);
 }
 
 LossSums GPTModel::loss_sums(const Tensor& logits, const Tensor& labels_sb, const Tensor& mask_sb, Tensor& lse) {
@@ -90,10 +104,16 @@ LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, 
   // dlogits overwrite the logits in place: no second vocabulary-sized buffer.
   Tensor logits_rows = logits.view({labels_sb.numel(), -1});
   ops::cross_entropy_backward(logits_rows, logits_rows, labels_sb, lse, mask_sb, loss_grad_scale);
-  Tensor d = decoder_->backward(output_layer_->backward(logits, saved.output), saved.block);
-  ops::dropout_backward(d, d, saved.embedding_dropout);
+  Tensor d = output_layer_->backward(logits, saved.output);
+  report_grads_ready(output_params_);
+  for (size_t i = decoder_.size(); i-- > 0;) {
+    d = decoder_[i]->backward(d, saved.layers[i]);
+    report_grads_ready(layer_params_[i]);
+  }
+  if (saved.embedding_dropout.p > 0.0f) ops::dropout_backward(d, d, saved.embedding_dropout);
   if (position_embeddings_) ops::embedding_backward(position_embeddings_->main_grad, d, saved.positions, {});
   word_embeddings_->backward(d, saved.tokens);
+  report_grads_ready(embedding_params_);
   return sums;
 }
 

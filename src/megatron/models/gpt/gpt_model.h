@@ -3,7 +3,13 @@
 // output layer (tied to the word embedding unless untied) -> vocab cross-entropy.
 //
 // Tokens arrive batch-major (B,S) from the data loader; activations are sequence-major (S,B,H).
+//
+// Backward reports each module's parameters to the registry (ParameterRegistry::grad_ready) as
+// soon as their gradients are final: the output layer, then each decoder layer from the last,
+// then the embeddings (a tied output weight is the word embedding, final only at the end). This
+// is what lets DDP overlap gradient reduction with the rest of backward.
 #include <memory>
+#include <vector>
 
 #include "megatron/distributed/parameter.h"
 #include "megatron/parallel/comm.h"
@@ -46,9 +52,14 @@ class GPTModel {
   struct Saved {
     Tensor tokens, positions;
     ops::DropoutParams embedding_dropout;
-    TransformerBlock::Saved block;
+    std::vector<TransformerBlock::Saved> layers;
     tensor_parallel::LinearSaved output;
   };
+  // Registration indices [begin, end) of the parameters one module registered.
+  struct ParamSpan {
+    size_t begin = 0, end = 0;
+  };
+  void report_grads_ready(const ParamSpan& span) const;
   Tensor forward_to_logits(const Tensor& tokens, const Tensor& position_ids, const ForwardContext& fwd, Saved& saved);
   LossSums loss_sums(const Tensor& logits, const Tensor& labels_sb, const Tensor& mask_sb, Tensor& lse);
 
@@ -58,8 +69,12 @@ class GPTModel {
   ParameterRegistry registry_;
   std::unique_ptr<tensor_parallel::VocabParallelEmbedding> word_embeddings_;
   Parameter* position_embeddings_ = nullptr;
-  std::unique_ptr<TransformerBlock> decoder_;
+  // The decoder as one block per layer (the last holds the final norm), so backward can report
+  // each layer's gradients as final as soon as that layer is done.
+  std::vector<std::unique_ptr<TransformerBlock>> decoder_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
+  ParamSpan embedding_params_, output_params_;
+  std::vector<ParamSpan> layer_params_;
 };
 
 }  // namespace megatron

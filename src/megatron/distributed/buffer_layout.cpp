@@ -1,0 +1,94 @@
+#include "megatron/distributed/buffer_layout.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "megatron/core/error.h"
+#include "megatron/distributed/parameter.h"
+
+namespace megatron {
+
+namespace {
+constexpr int64_t kDistOptParamAlignment = 64;  // Megatron's, with the distributed optimizer
+constexpr int64_t kDistOptBucketMultiple = 128;
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+}  // namespace
+
+std::vector<int64_t> BufferLayout::param_offsets() const {
+  std::vector<int64_t> offsets;
+  for (const Range& r : params) offsets.push_back(r.begin);
+  return offsets;
+}
+
+BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const BufferLayoutOptions& options) {
+  MEGATRON_CHECK(options.shard_group_size >= 1,
+                 "data-parallel group size " << options.shard_group_size << " must be at least 1");
+  MEGATRON_CHECK(options.bucket_size >= 0,
+                 "--ddp-bucket-size " << options.bucket_size << " must be >= 0 (0: Megatron's default)");
+  const int64_t align = options.distributed_optimizer ? kDistOptParamAlignment : kParamAlignment;
+  const int64_t bucket_multiple =
+      options.distributed_optimizer ? std::lcm(options.shard_group_size, kDistOptBucketMultiple) : 1;
+  BufferLayout layout;
+  layout.shard_group_size = options.shard_group_size;
+  layout.params.resize(param_numels.size());
+  layout.param_bucket.resize(param_numels.size());
+
+  BucketLayout bucket;
+  int64_t bucket_start = 0, param_start = 0, param_end = 0;
+  // Closes the open bucket at param_end, padding its end; returns where the next one starts.
+  const auto close_bucket = [&] {
+    bucket.range = {bucket_start, round_up(param_end, bucket_multiple)};
+    bucket.numel_unpadded = param_end - bucket_start;
+    bucket_start = bucket.range.end;
+    layout.buckets.push_back(std::move(bucket));
+    bucket = {};
+    return bucket_start;
+  };
+  for (size_t i = param_numels.size(); i-- > 0;) {
+    MEGATRON_CHECK(param_numels[i] > 0, "parameter " << i << " has " << param_numels[i] << " elements");
+    param_start = round_up(param_start, align);
+    param_end = param_start + param_numels[i];
+    layout.params[i] = {param_start, param_end};
+    layout.param_bucket[i] = layout.buckets.size();
+    bucket.params.push_back(i);
+    const bool full = options.bucket_size > 0 && param_end - bucket_start >= options.bucket_size;
+    param_start = full ? close_bucket() : param_end;
+  }
+  if (!bucket.params.empty()) close_bucket();
+  layout.numel = bucket_start;
+  return layout;
+}
+
+RankShards rank_shards(const BufferLayout& layout, int64_t rank) {
+  const int64_t R = layout.shard_group_size;
+  MEGATRON_CHECK(0 <= rank && rank < R, "rank " << rank << " is outside the data-parallel group of " << R);
+  RankShards out;
+  for (size_t b = 0; b < layout.buckets.size(); ++b) {
+    const BucketLayout& bucket = layout.buckets[b];
+    MEGATRON_CHECK(bucket.range.size() % R == 0, "bucket " << b << " of " << bucket.range.size()
+                                                           << " elements does not split into " << R
+                                                           << " equal shards; build the layout with "
+                                                           << "distributed_optimizer, which pads buckets");
+    const int64_t shard = bucket.range.size() / R;
+    const Range world{bucket.range.begin + rank * shard, bucket.range.begin + (rank + 1) * shard};
+    const Range local{out.numel, out.numel + shard};
+    out.in_buffer.push_back(world);
+    out.in_shards.push_back(local);
+    for (size_t i : bucket.params) {
+      const Range& p = layout.params[i];
+      const int64_t lo = std::max(p.begin, world.begin), hi = std::min(p.end, world.end);
+      if (lo >= hi) continue;
+      out.params.push_back({.param = i,
+                            .bucket = b,
+                            .in_param = {lo - p.begin, hi - p.begin},
+                            .in_buffer = {lo, hi},
+                            .in_bucket = {lo - bucket.range.begin, hi - bucket.range.begin},
+                            .in_shards = {local.begin + lo - world.begin, local.begin + hi - world.begin}});
+    }
+    out.numel += shard;
+  }
+  return out;
+}
+
+}  // namespace megatron

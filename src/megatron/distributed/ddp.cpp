@@ -1,0 +1,117 @@
+#include "megatron/distributed/ddp.h"
+
+#include <algorithm>
+
+#include "megatron/ops/elementwise.h"
+
+namespace megatron {
+
+int64_t default_ddp_bucket_size(int64_t group_size) { return std::max<int64_t>(40000000, 1000000 * group_size); }
+
+DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, const ParallelContext& ctx,
+                                                 const DdpConfig& config)
+    : registry_(&registry), group_(ctx.dp_cp), config_(config) {
+  MEGATRON_CHECK(group_ != nullptr, "DDP needs the context's dp_cp group; build the context with initialize_parallel");
+  MEGATRON_CHECK(!config.overlap_param_gather || config.use_distributed_optimizer,
+                 "--overlap-param-gather needs --use-distributed-optimizer: only sharded parameters are gathered");
+  std::vector<int64_t> numels;
+  for (const auto& p : registry.params()) numels.push_back(shape_numel(p->local_shape));
+  const int64_t bucket_size = !config.overlap_grad_reduce ? 0
+                              : config.bucket_size > 0    ? config.bucket_size
+                                                          : default_ddp_bucket_size(group_->size());
+  layout_ = make_buffer_layout(numels, {.shard_group_size = group_->size(),
+                                        .bucket_size = bucket_size,
+                                        .distributed_optimizer = config.use_distributed_optimizer});
+  registry.set_layout(layout_.param_offsets(), layout_.numel);
+  if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank());
+
+  const size_t buckets = layout_.buckets.size();
+  param_ready_.assign(registry.params().size(), false);
+  bucket_ready_.assign(buckets, 0);
+  bucket_started_.assign(buckets, false);
+  grad_work_.resize(buckets);
+  param_work_.resize(buckets);
+  registry.set_grad_ready_hook([this](const Parameter& p) { on_grad_ready(p); });
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  registry_->set_grad_ready_hook({});
+  // Handles still in flight wait as they are destroyed (comm.h).
+}
+
+const RankShards& DistributedDataParallel::shards() const {
+  MEGATRON_CHECK(config_.use_distributed_optimizer, "bucket shards exist only with the distributed optimizer");
+  return shards_;
+}
+
+void DistributedDataParallel::zero_grad() {
+  for (size_t b = 0; b < grad_work_.size(); ++b)
+    MEGATRON_CHECK(grad_work_[b] == nullptr,
+                   "zero_grad() while the reduction of bucket " << b << " is in flight; call finish_grad_sync() first");
+  registry_->zero_grads();
+  std::fill(param_ready_.begin(), param_ready_.end(), false);
+  std::fill(bucket_ready_.begin(), bucket_ready_.end(), 0);
+  std::fill(bucket_started_.begin(), bucket_started_.end(), false);
+}
+
+void DistributedDataParallel::on_grad_ready(const Parameter& p) {
+  if (!config_.overlap_grad_reduce || !last_micro_batch_) return;
+  MEGATRON_CHECK(!param_ready_[p.index], p.spec.name << " was reported ready twice in one backward pass; "
+                                                     << "each parameter's gradient is final once");
+  param_ready_[p.index] = true;
+  const size_t b = layout_.param_bucket[p.index];
+  if (++bucket_ready_[b] == layout_.buckets[b].params.size()) start_bucket(b);
+}
+
+void DistributedDataParallel::start_bucket(size_t b) {
+  MEGATRON_CHECK(!bucket_started_[b], "bucket " << b << " was started twice in one step");
+  const Range range = layout_.buckets[b].range;
+  Tensor grads = registry_->grad_buffer().slice(range.begin, range.end);
+  const int64_t R = group_->size();
+  if (R > 1) ops::scale(grads, grads, float(1.0 / double(R)));
+  if (config_.use_distributed_optimizer) {
+    const Range shard = shards_.in_buffer[b];
+    Tensor out = registry_->grad_buffer().slice(shard.begin, shard.end);
+    grad_work_[b] = group_->reduce_scatter_async(out, grads, ReduceOp::sum);
+  } else {
+    grad_work_[b] = group_->all_reduce_async(grads, ReduceOp::sum);
+  }
+  bucket_started_[b] = true;
+  // MPI advances non-blocking collectives only inside MPI calls: poll the earlier ones.
+  for (const CommHandlePtr& work : grad_work_)
+    if (work) work->test();
+}
+
+void DistributedDataParallel::finish_grad_sync() {
+  for (size_t b = 0; b < layout_.buckets.size(); ++b)
+    if (!bucket_started_[b]) start_bucket(b);
+  for (CommHandlePtr& work : grad_work_) {
+    work->wait();
+    work.reset();
+  }
+}
+
+int64_t DistributedDataParallel::buckets_started() const {
+  return std::count(bucket_started_.begin(), bucket_started_.end(), true);
+}
+
+void DistributedDataParallel::start_param_gather() {
+  MEGATRON_CHECK(config_.use_distributed_optimizer, "parameter all-gather without the distributed optimizer");
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    MEGATRON_CHECK(param_work_[b] == nullptr, "parameter all-gather of bucket " << b << " started twice");
+    const Range range = layout_.buckets[b].range, shard = shards_.in_buffer[b];
+    Tensor full = registry_->param_buffer().slice(range.begin, range.end);
+    const Tensor mine = registry_->param_buffer().slice(shard.begin, shard.end);
+    param_work_[b] = group_->all_gather_async(full, mine);
+  }
+}
+
+void DistributedDataParallel::finish_param_gather() {
+  for (CommHandlePtr& work : param_work_) {
+    if (!work) continue;
+    work->wait();
+    work.reset();
+  }
+}
+
+}  // namespace megatron

@@ -1,0 +1,93 @@
+#pragma once
+// DistributedDataParallel: gradient reduction over the data-parallel (DP x CP) group in buckets
+// of the flat main-grad buffer (Megatron-Core's DistributedDataParallel and
+// param_and_grad_buffer, reference/megatron-compat.md §9).
+//
+//   DistributedDataParallel ddp(model.parameters(), ctx, config);  // re-lays out the buffers
+//   ddp.zero_grad();
+//   for (m = 0; m < M; ++m) { ddp.set_last_micro_batch(m == M - 1); model.forward_backward(...); }
+//   ddp.finish_grad_sync();     // main grads now hold the average over DP (or this rank's shard)
+//   optimizer.step(...);        // the distributed optimizer then calls start_param_gather()
+//   ddp.finish_param_gather();  // before anything reads the parameters again
+//
+// Reduction: a bucket's fp32 gradients are scaled by 1/R (R = group size), then summed over the
+// group (Megatron's default, not an averaging collective): all-reduce without the distributed
+// optimizer; reduce-scatter with it, after which shard r of each bucket on rank r holds the
+// reduced gradient (the rest of the buffer is stale). Gradient accumulation: micro-batches before
+// the last only accumulate; nothing is communicated until the last one.
+//
+// Overlap (--overlap-grad-reduce): the buffers are cut into buckets of about bucket_size elements
+// in backward order, and the registry's grad_ready() notifications during the last micro-batch's
+// backward start each bucket's collective (asynchronously) as soon as all its parameters are
+// final. finish_grad_sync() starts any bucket still waiting and waits for every one. Without
+// overlap there is one bucket, reduced by finish_grad_sync().
+//
+// Every rank must notify the same parameters in the same order (the model's backward does), so
+// the buckets' collectives are issued in the same order everywhere.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "megatron/distributed/buffer_layout.h"
+#include "megatron/distributed/parameter.h"
+#include "megatron/parallel/comm.h"
+
+namespace megatron {
+
+struct DdpConfig {
+  bool overlap_grad_reduce = false;
+  bool use_distributed_optimizer = false;
+  bool overlap_param_gather = false;  // with the distributed optimizer: the optimizer does not wait
+  int64_t bucket_size = 0;            // elements, with overlap; 0: Megatron's max(4e7, 1e6 * DP)
+};
+
+class DistributedDataParallel {
+ public:
+  // Lays the registry's buffers out in buckets (values kept) and listens to its grad_ready().
+  DistributedDataParallel(ParameterRegistry& registry, const ParallelContext& ctx, const DdpConfig& config);
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  const DdpConfig& config() const { return config_; }
+  const BufferLayout& layout() const { return layout_; }
+  // This rank's shard of every bucket (distributed optimizer only).
+  const RankShards& shards() const;
+  Communicator& group() const { return *group_; }
+  ParameterRegistry& registry() const { return *registry_; }
+
+  // Zeros the main grads for a new step; no gradient reduction may be in flight.
+  void zero_grad();
+  // Whether the next backward is the step's last micro-batch (the one that communicates).
+  void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
+  // Starts the reduction of every bucket not started yet and waits for all of them.
+  void finish_grad_sync();
+  // Buckets whose reduction has been started in this step (for tests and timers).
+  int64_t buckets_started() const;
+
+  // Distributed optimizer: all-gathers each bucket's updated parameter shards into the full
+  // parameter buffer, asynchronously; finish_param_gather() waits (nothing when none in flight).
+  void start_param_gather();
+  void finish_param_gather();
+
+ private:
+  void on_grad_ready(const Parameter& p);
+  void start_bucket(size_t b);
+
+  ParameterRegistry* registry_;
+  std::shared_ptr<Communicator> group_;
+  DdpConfig config_;
+  BufferLayout layout_;
+  RankShards shards_;
+  bool last_micro_batch_ = true;
+  std::vector<bool> param_ready_;         // per parameter, in this step's last backward
+  std::vector<size_t> bucket_ready_;      // parameters ready per bucket
+  std::vector<CommHandlePtr> grad_work_;  // per bucket; null until started
+  std::vector<bool> bucket_started_;
+  std::vector<CommHandlePtr> param_work_;  // per bucket, while a parameter all-gather is in flight
+};
+
+// Megatron's default bucket size for a group of R ranks: max(4e7, 1e6 * R) elements.
+int64_t default_ddp_bucket_size(int64_t group_size);
+
+}  // namespace megatron

@@ -1,0 +1,114 @@
+#include "megatron/distributed/distributed_optimizer.h"
+
+#include <cmath>
+
+#include "megatron/ops/adamw.h"
+#include "megatron/ops/reduce.h"
+
+namespace megatron {
+
+namespace {
+Tensor slice_of(const Tensor& flat, const Range& r) { return flat.slice(r.begin, r.end); }
+}  // namespace
+
+DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const AdamWHyper& hyper)
+    : ddp_(&ddp), registry_(&ddp.registry()), hyper_(hyper) {
+  MEGATRON_CHECK(ddp.config().use_distributed_optimizer,
+                 "the distributed optimizer needs DDP built with use_distributed_optimizer (its padded buckets)");
+  const RankShards& shards = ddp.shards();
+  const Tensor& params = registry_->param_buffer();
+  const DType state_dtype = registry_->grad_dtype();  // f32, or f64 for f64 models
+  separate_master_ = params.dtype() != state_dtype;
+  exp_avg_ = Tensor::zeros({shards.numel}, state_dtype, params.device());
+  exp_avg_sq_ = Tensor::zeros({shards.numel}, state_dtype, params.device());
+  if (separate_master_) {
+    master_ = Tensor::zeros({shards.numel}, state_dtype, params.device());
+    reload_master_from_model();
+  }
+}
+
+Tensor DistributedOptimizer::master_of(const ShardParamRange& r) const {
+  return separate_master_ ? slice_of(master_, r.in_shards) : slice_of(registry_->param_buffer(), r.in_buffer);
+}
+
+double DistributedOptimizer::global_grad_norm() const {
+  // The shards of all ranks tile every bucket once, and padding holds zeros.
+  const Tensor& grads = registry_->grad_buffer();
+  Tensor acc = Tensor::zeros({1}, grads.dtype(), grads.device());
+  for (const Range& shard : ddp_->shards().in_buffer) ops::sum_squares(acc, slice_of(grads, shard));
+  ddp_->group().all_reduce(acc, ReduceOp::sum);
+  return std::sqrt(acc.item(0));
+}
+
+OptimizerStepResult DistributedOptimizer::step(double lr, double weight_decay) {
+  OptimizerStepResult result;
+  result.grad_norm = global_grad_norm();
+  if (!std::isfinite(result.grad_norm)) {
+    result.skipped = true;
+    return result;
+  }
+  double clip_coeff = 1.0;
+  if (hyper_.clip_grad > 0.0) clip_coeff = std::min(1.0, hyper_.clip_grad / (result.grad_norm + 1e-6));
+  ++step_count_;
+  for (const ShardParamRange& r : ddp_->shards().params) {
+    const Parameter& p = *registry_->params()[r.param];
+    Tensor master = master_of(r);
+    Tensor m = slice_of(exp_avg_, r.in_shards), v = slice_of(exp_avg_sq_, r.in_shards);
+    Tensor model_copy = separate_master_ ? slice_of(registry_->param_buffer(), r.in_buffer) : Tensor();
+    ops::adamw_step(master, m, v, slice_of(registry_->grad_buffer(), r.in_buffer), model_copy,
+                    {.lr = float(lr),
+                     .beta1 = float(hyper_.beta1),
+                     .beta2 = float(hyper_.beta2),
+                     .eps = float(hyper_.eps),
+                     .weight_decay = p.spec.weight_decay ? float(weight_decay) : 0.0f,
+                     .grad_scale = float(clip_coeff),
+                     .step = step_count_});
+  }
+  ddp_->start_param_gather();
+  if (!ddp_->config().overlap_param_gather) ddp_->finish_param_gather();
+  return result;
+}
+
+std::vector<checkpointing::ShardedTensor> DistributedOptimizer::sharded_state() const {
+  std::vector<checkpointing::ShardedTensor> out;
+  for (const ShardParamRange& r : ddp_->shards().params) {
+    const Parameter& p = *registry_->params()[r.param];
+    const auto add = [&](const char* what, const Tensor& range) {
+      for (const Parameter::FlatBox& box : p.global_boxes(r.in_param.begin, r.in_param.end)) {
+        const int64_t at = box.flat_begin - r.in_param.begin;
+        out.push_back({optimizer_state_name(p.spec.name, what), p.spec.global_shape, box.global_offset,
+                       range.slice(at, at + shape_numel(box.shape)).view(box.shape)});
+      }
+    };
+    add("exp_avg", slice_of(exp_avg_, r.in_shards));
+    add("exp_avg_sq", slice_of(exp_avg_sq_, r.in_shards));
+    if (separate_master_) add("fp32_param", master_of(r));
+  }
+  return out;
+}
+
+void DistributedOptimizer::load_state(const checkpointing::CheckpointReader& reader) {
+  for (const ShardParamRange& r : ddp_->shards().params) {
+    const Parameter& p = *registry_->params()[r.param];
+    const auto load = [&](const char* what, const Tensor& range) {
+      for (const Parameter::FlatBox& box : p.global_boxes(r.in_param.begin, r.in_param.end)) {
+        const int64_t at = box.flat_begin - r.in_param.begin;
+        Tensor dest = range.slice(at, at + shape_numel(box.shape)).view(box.shape);
+        reader.load(optimizer_state_name(p.spec.name, what), box.global_offset, dest);
+      }
+    };
+    load("exp_avg", slice_of(exp_avg_, r.in_shards));
+    load("exp_avg_sq", slice_of(exp_avg_sq_, r.in_shards));
+    if (separate_master_) load("fp32_param", master_of(r));
+  }
+}
+
+void DistributedOptimizer::reload_master_from_model() {
+  if (!separate_master_) return;
+  for (const ShardParamRange& r : ddp_->shards().params) {
+    Tensor master = master_of(r);
+    master.copy_from(slice_of(registry_->param_buffer(), r.in_buffer));
+  }
+}
+
+}  // namespace megatron

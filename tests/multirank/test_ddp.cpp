@@ -1,0 +1,187 @@
+// multirank-np: 2 4
+// DDP and the distributed optimizer on verifiable inputs: main grads are small integers from
+// (seed, rank, parameter, element), so the 1/R pre-scaled sums (R a power of two) are exact and
+// compare with ==. Buckets start exactly when their last parameter is reported, accumulation
+// communicates only on the last micro-batch, reduce-scatter leaves each rank its shards, the
+// parameter all-gather restores the full buffer, and the distributed optimizer updates parameters
+// exactly as the replicated AdamW.
+#include <numeric>
+#include <vector>
+
+#include "megatron/distributed/ddp.h"
+#include "megatron/distributed/distributed_optimizer.h"
+#include "multirank/multirank_util.h"
+#include "test_util.h"
+
+namespace megatron::testing {
+namespace {
+
+// Registration order: a (40), b (7x9 = 63), c (100), d (5). With a 64-element bucket size and no
+// distributed optimizer the layout is d [0,5) c [16,116) | b [128,191) | a [192,232): three
+// buckets, completed by the notifications d, c / b / a.
+void add_params(ParameterRegistry& reg, DType dtype) {
+  reg.add({.name = "a", .global_shape = {40}}, 0, 1);
+  reg.add({.name = "b", .global_shape = {7, 9}}, 0, 1);
+  reg.add({.name = "c", .global_shape = {100}}, 0, 1);
+  reg.add({.name = "d", .global_shape = {5}, .weight_decay = false}, 0, 1);
+  reg.allocate(dtype);
+  reg.initialize(11);
+}
+
+// The rank's gradient of element i of parameter p in micro-batch `micro`.
+float grad_value(int rank, const Parameter& p, int64_t i, int micro = 0) {
+  return value(100 + p.index * 10 + uint64_t(micro), rank, i);
+}
+
+void fill_grads(ParameterRegistry& reg, int rank, int micro = 0) {
+  for (const auto& p : reg.params()) {
+    Tensor g = p->main_grad;
+    for (int64_t i = 0; i < g.numel(); ++i) g.set_item(i, g.item(i) + grad_value(rank, *p, i, micro));
+  }
+}
+
+// The DP average of the gradients of `micros` micro-batches, element i of p.
+double expected_grad(int ranks, const Parameter& p, int64_t i, int micros = 1) {
+  double s = 0;
+  for (int r = 0; r < ranks; ++r)
+    for (int m = 0; m < micros; ++m) s += grad_value(r, p, i, m);
+  return s / ranks;
+}
+
+// Backward reports parameters from the last registered to the first.
+void report_backward(ParameterRegistry& reg) {
+  for (size_t i = reg.params().size(); i-- > 0;) reg.grad_ready(*reg.params()[i]);
+}
+
+class Ddp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    st_ = make_state({});
+    n_ = st_.ctx.dp_cp->size();
+    r_ = st_.ctx.dp_cp->rank();
+  }
+  ParallelState st_;
+  int n_ = 1, r_ = 0;
+};
+
+TEST_F(Ddp, BucketsStartWhenTheirLastParameterIsReady) {
+  ParameterRegistry reg;
+  add_params(reg, DType::f32);
+  DistributedDataParallel ddp(reg, st_.ctx, {.overlap_grad_reduce = true, .bucket_size = 64});
+  ASSERT_EQ(ddp.layout().buckets.size(), 3u);
+  EXPECT_EQ(ddp.layout().params[1], (Range{128, 191}));
+  ddp.zero_grad();
+  fill_grads(reg, r_);
+  const std::vector<int64_t> started_after = {0, 1, 2, 3};  // after d, c, b, a
+  for (size_t k = 0; k < 4; ++k) {
+    reg.grad_ready(*reg.params()[3 - k]);
+    EXPECT_EQ(ddp.buckets_started(), started_after[k]) << "after reporting " << reg.params()[3 - k]->spec.name;
+  }
+  ddp.finish_grad_sync();
+  for (const auto& p : reg.params())
+    for (int64_t i = 0; i < p->main_grad.numel(); ++i)
+      ASSERT_EQ(p->main_grad.item(i), expected_grad(n_, *p, i)) << p->spec.name << "[" << i << "]";
+}
+
+TEST_F(Ddp, AccumulationCommunicatesOnlyAfterTheLastMicroBatch) {
+  for (const bool overlap : {false, true}) {
+    ParameterRegistry reg;
+    add_params(reg, DType::f32);
+    DistributedDataParallel ddp(reg, st_.ctx, {.overlap_grad_reduce = overlap, .bucket_size = 64});
+    for (int step = 0; step < 2; ++step) {
+      ddp.zero_grad();
+      for (int m = 0; m < 3; ++m) {
+        ddp.set_last_micro_batch(m == 2);
+        fill_grads(reg, r_, m);
+        report_backward(reg);
+        EXPECT_EQ(ddp.buckets_started(), overlap && m == 2 ? 3 : 0) << "micro-batch " << m;
+      }
+      ddp.finish_grad_sync();
+      EXPECT_EQ(ddp.buckets_started(), int64_t(ddp.layout().buckets.size()));
+      for (const auto& p : reg.params())
+        for (int64_t i = 0; i < p->main_grad.numel(); ++i)
+          ASSERT_EQ(p->main_grad.item(i), expected_grad(n_, *p, i, 3))
+              << p->spec.name << "[" << i << "] overlap " << overlap << " step " << step;
+    }
+  }
+}
+
+TEST_F(Ddp, ReportingAParameterTwiceIsAnError) {
+  ParameterRegistry reg;
+  add_params(reg, DType::f32);
+  DistributedDataParallel ddp(reg, st_.ctx, {.overlap_grad_reduce = true, .bucket_size = 1000});
+  ddp.zero_grad();
+  reg.grad_ready(*reg.params()[3]);
+  EXPECT_NE(error_of([&] { reg.grad_ready(*reg.params()[3]); }).find("d was reported ready twice"), std::string::npos);
+  ddp.finish_grad_sync();
+}
+
+TEST_F(Ddp, ReduceScatterLeavesEachRankItsShardsAndGatherRestoresParameters) {
+  ParameterRegistry reg;
+  add_params(reg, DType::bf16);
+  DistributedDataParallel ddp(reg, st_.ctx,
+                              {.overlap_grad_reduce = true, .use_distributed_optimizer = true, .bucket_size = 64});
+  for (const BucketLayout& b : ddp.layout().buckets) EXPECT_EQ(b.range.size() % (128 * n_ / std::gcd(128, n_)), 0);
+  ddp.zero_grad();
+  fill_grads(reg, r_);
+  report_backward(reg);
+  ddp.finish_grad_sync();
+  int64_t owned = 0;
+  for (const ShardParamRange& s : ddp.shards().params) {
+    const Parameter& p = *reg.params()[s.param];
+    for (int64_t i = s.in_param.begin; i < s.in_param.end; ++i)
+      ASSERT_EQ(p.main_grad.item(i), expected_grad(n_, p, i)) << p.spec.name << "[" << i << "]";
+    owned += s.in_param.size();
+  }
+  // Every element is owned by exactly one rank.
+  Tensor total = Tensor::from_vector({float(owned)}, {1});
+  st_.ctx.dp_cp->all_reduce(total, ReduceOp::sum);
+  EXPECT_EQ(total.item(0), 40 + 63 + 100 + 5);
+
+  // Each rank writes the values of its shards only (small integers, exact in bf16); the
+  // all-gather must assemble them everywhere.
+  reg.param_buffer().fill(-100);
+  for (const ShardParamRange& s : ddp.shards().params)
+    for (int64_t i = s.in_param.begin; i < s.in_param.end; ++i)
+      reg.params()[s.param]->data.set_item(i, value(7, int(s.param), i));
+  ddp.start_param_gather();
+  ddp.finish_param_gather();
+  for (const auto& p : reg.params())
+    for (int64_t i = 0; i < p->data.numel(); ++i)
+      ASSERT_EQ(p->data.item(i), value(7, int(p->index), i)) << p->spec.name << "[" << i << "]";
+}
+
+// Same gradients, same hyper-parameters: the distributed optimizer's shards reproduce the
+// replicated AdamW bit for bit (both apply the same elementwise update). The gradients are
+// multiples of 1/R, so even the norm, summed per shard then over ranks, is exact, and clipping
+// matches too.
+TEST_F(Ddp, DistributedOptimizerUpdatesLikeReplicatedAdamW) {
+  for (const DType dtype : {DType::f32, DType::bf16})
+    for (const double clip : {0.0, 1.0}) {
+      ParameterRegistry ref_reg, dist_reg;
+      add_params(ref_reg, dtype);
+      add_params(dist_reg, dtype);
+      DistributedDataParallel ref_ddp(ref_reg, st_.ctx, {});
+      DistributedDataParallel dist_ddp(dist_reg, st_.ctx, {.use_distributed_optimizer = true});
+      AdamWOptimizer ref(ref_reg, st_.ctx, {.clip_grad = clip});
+      DistributedOptimizer dist(dist_ddp, {.clip_grad = clip});
+      for (int step = 0; step < 3; ++step) {
+        for (DistributedDataParallel* ddp : {&ref_ddp, &dist_ddp}) {
+          ddp->zero_grad();
+          fill_grads(ddp->registry(), r_, step);
+          ddp->finish_grad_sync();
+        }
+        const OptimizerStepResult a = ref.step(1e-2, 0.1), b = dist.step(1e-2, 0.1);
+        // The norm of integers over R ranks: sums of squares in fp32 are exact up to 2^24.
+        EXPECT_EQ(a.grad_norm, b.grad_norm) << dtype_name(dtype) << " step " << step;
+        for (size_t k = 0; k < ref_reg.params().size(); ++k)
+          ASSERT_EQ(ref_reg.params()[k]->data.to_vector(), dist_reg.params()[k]->data.to_vector())
+              << dtype_name(dtype) << " clip " << clip << " step " << step << " " << ref_reg.params()[k]->spec.name;
+      }
+    }
+}
+
+}  // namespace
+}  // namespace megatron::testing
+
+int main(int argc, char** argv) { return megatron::testing::multirank_main(argc, argv); }

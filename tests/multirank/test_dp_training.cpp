@@ -1,0 +1,196 @@
+// multirank-np: 2 4
+// Data-parallel training equals single-rank training: every DP layout (plain, overlapped
+// buckets, distributed optimizer, overlapped parameter gather; fp32 and bf16) gives the DP=1
+// loss curve of the same global batches, and a checkpoint saved at DP=2 with the distributed
+// optimizer resumes at the full world's DP size and at DP=1 on the same curve.
+//
+// Tolerances, relative to the single-rank value. fp32 runs compare the loss and the gradient norm
+// (the norm catches what Adam hides: clipping and Adam's normalisation make gradients scaled by a
+// constant, e.g. a missing 1/DP, invisible in the loss); bf16 runs compare the loss.
+//   fp32: 1e-6. The layouts differ from the single rank only in the order of the fp32 gradient
+//     sums (each element sums M x DP micro-batch terms, pre-scaled by 1/DP; another order changes
+//     it by a few units of u = 2^-24 ~ 6e-8), and AdamW carries that relative perturbation into
+//     the weights and the loss at the same order: measured below 1e-7 over these 20 iterations,
+//     so 1e-6 keeps a 10x margin while a defect (an unreduced bucket, a misplaced shard, a wrong
+//     scale) moves the loss or the norm by far more.
+//   bf16: 1e-3, a quarter of bf16's unit roundoff 2^-8. The compute copy is the fp32 master
+//     rounded to 8 significant bits; masters a few fp32 ulp apart round to neighbouring bf16
+//     values when they straddle a rounding boundary, and training carries on from those weights,
+//     so the loss may move by a fraction of bf16's resolution but not by a whole unit (measured:
+//     6e-5). The DP code is the same for both dtypes; fp32 runs check it tightly and
+//     test_ddp.cpp checks the bf16 distributed optimizer bit for bit.
+#include <mpi.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "megatron/parallel/mpi_communicator.h"
+#include "megatron/training/arguments.h"
+#include "megatron/training/training.h"
+#include "multirank/multirank_util.h"
+#include "test_util.h"
+
+namespace megatron::testing {
+namespace {
+
+double tolerance(bool bf16) { return bf16 ? 1e-3 : 1e-6; }  // derivation in the header comment
+
+std::vector<std::string> tiny_run(int64_t iters) {
+  return {"--num-layers",
+          "2",
+          "--hidden-size",
+          "32",
+          "--num-attention-heads",
+          "4",
+          "--seq-length",
+          "16",
+          "--micro-batch-size",
+          "1",
+          "--global-batch-size",
+          "8",
+          "--train-iters",
+          std::to_string(iters),
+          "--lr-decay-iters",
+          "20",
+          "--lr",
+          "3e-3",
+          "--lr-warmup-iters",
+          "2",
+          "--mock-data",
+          "--tokenizer-type",
+          "NullTokenizer",
+          "--vocab-size",
+          "100",
+          "--log-interval",
+          "100",
+          "--device",
+          "cpu",
+          "--hidden-dropout",
+          "0.1",
+          "--attention-dropout",
+          "0.1",
+          "--eval-interval",
+          "10",
+          "--eval-iters",
+          "2"};
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+TrainingSummary train_single_rank(const std::vector<std::string>& argv) {
+  return pretrain(parse_training_args(argv, 1), ParallelContext::single_process(), Device::cpu());
+}
+
+TrainingSummary train_on(const ParallelContext& ctx, const std::vector<std::string>& argv) {
+  return pretrain(parse_training_args(argv, ctx.world->size()), ctx, Device::cpu());
+}
+
+void expect_close(const std::vector<double>& expected, const std::vector<double>& actual, size_t first_expected,
+                  double tolerance, const std::string& what) {
+  ASSERT_EQ(actual.size() + first_expected, expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double e = expected[first_expected + i];
+    EXPECT_LE(std::abs(actual[i] - e), tolerance * std::abs(e))
+        << what << ": value " << first_expected + i << " is " << actual[i] << ", single rank " << e;
+  }
+}
+
+// Iterations [first, ...) of `single` against all of `s`.
+void expect_same_curve(const TrainingSummary& single, const TrainingSummary& s, size_t first, bool bf16,
+                       const std::string& what) {
+  expect_close(single.train_losses, s.train_losses, first, tolerance(bf16), what + " loss");
+  if (!bf16) expect_close(single.grad_norms, s.grad_norms, first, tolerance(bf16), what + " grad norm");
+}
+
+// A world of the ranks sharing `color`: world, dp and dp_cp are one MPI communicator over them,
+// every other group is this rank alone.
+ParallelContext data_parallel_context(const ParallelState& st, int color) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  EXPECT_EQ(MPI_Comm_split(MPI_COMM_WORLD, color, st.process.rank, &comm), MPI_SUCCESS);
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  std::vector<int> members(static_cast<size_t>(size));
+  MPI_Allgather(&st.process.rank, 1, MPI_INT, members.data(), 1, MPI_INT, comm);
+  ParallelContext ctx = ParallelContext::single_process();
+  ctx.world = ctx.dp = ctx.dp_cp = ctx.expert_dp = std::make_shared<MpiCommunicator>("dp", comm, members, st.watchdog);
+  ctx.set_timeout(st.ctx.world->timeout());
+  return ctx;
+}
+
+// A directory every rank sees: rank 0 creates it and broadcasts its path.
+std::string shared_directory(Communicator& world, const TempDir* dir) {
+  Tensor path = Tensor::zeros({512}, DType::u8);
+  if (dir) std::memcpy(path.raw(), dir->path().c_str(), dir->path().size());
+  world.broadcast(path, 0);
+  return static_cast<const char*>(path.raw());
+}
+
+class DpTraining : public ::testing::Test {
+ protected:
+  void SetUp() override { st_ = make_state({}, 30); }
+  ParallelState st_;
+};
+
+TEST_F(DpTraining, EveryLayoutMatchesTheSingleRankCurve) {
+  const int dp = st_.ctx.world->size();
+  const TrainingSummary fp32 = train_single_rank(tiny_run(20));
+  const TrainingSummary bf16 = train_single_rank(with(tiny_run(20), {"--bf16"}));
+  ASSERT_EQ(fp32.train_losses.size(), 20u);
+  ASSERT_EQ(fp32.valid_losses.size(), 2u);
+  const std::vector<std::vector<std::string>> layouts = {
+      {},
+      {"--overlap-grad-reduce", "--ddp-bucket-size", "1000"},
+      {"--use-distributed-optimizer"},
+      {"--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000",
+       "--overlap-param-gather"},
+  };
+  for (const auto& flags : layouts) {
+    std::string name = "DP " + std::to_string(dp);
+    for (const std::string& f : flags) name += " " + f;
+    const bool is_bf16 = !flags.empty() && flags.front() == "--bf16";
+    const TrainingSummary s = train_on(st_.ctx, with(tiny_run(20), flags));
+    const TrainingSummary& single = is_bf16 ? bf16 : fp32;
+    expect_same_curve(single, s, 0, is_bf16, name);
+    expect_close(single.valid_losses, s.valid_losses, 0, tolerance(is_bf16), name + " validation loss");
+  }
+}
+
+// fp32 and bf16 (whose master weights are saved separately as fp32_param).
+TEST_F(DpTraining, DistributedOptimizerCheckpointResumesAtAnotherDpSize) {
+  Communicator& world = *st_.ctx.world;
+  const int rank = world.rank();
+  const std::unique_ptr<TempDir> owner = rank == 0 ? std::make_unique<TempDir>() : nullptr;
+  const std::string dir = shared_directory(world, owner.get());
+  for (const bool bf16 : {false, true}) {
+    const std::vector<std::string> precision = bf16 ? std::vector<std::string>{"--bf16"} : std::vector<std::string>{};
+    const std::string ckpt = dir + (bf16 ? "/bf16" : "/fp32");
+    const TrainingSummary straight = train_single_rank(with(tiny_run(20), precision));
+    {
+      // Ranks 0 and 1 train 10 iterations at DP=2 and save; any others wait.
+      const ParallelContext pair = data_parallel_context(st_, rank < 2 ? 0 : 1);
+      if (rank < 2)
+        train_on(pair, with(tiny_run(10),
+                            with(precision, {"--use-distributed-optimizer", "--save", ckpt, "--save-interval", "10"})));
+    }
+    world.barrier();
+    ASSERT_TRUE(std::filesystem::exists(ckpt + "/iter_0000010/metadata.json"));
+
+    const std::string kind = bf16 ? " (bf16)" : " (fp32)";
+    const TrainingSummary wide =
+        train_on(st_.ctx, with(tiny_run(20), with(precision, {"--use-distributed-optimizer", "--load", ckpt})));
+    expect_same_curve(straight, wide, 10, bf16, "DP 2 -> DP " + std::to_string(world.size()) + kind);
+    const TrainingSummary single = train_single_rank(with(tiny_run(20), with(precision, {"--load", ckpt})));
+    expect_same_curve(straight, single, 10, bf16, "DP 2 -> DP 1" + kind);
+  }
+  world.barrier();  // rank 0 removes the directory once everyone is done with it
+}
+
+}  // namespace
+}  // namespace megatron::testing
+
+int main(int argc, char** argv) { return megatron::testing::multirank_main(argc, argv); }

@@ -1,0 +1,139 @@
+// Bucket and shard range arithmetic (distributed/buffer_layout.h) against hand-computed tables.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "megatron/distributed/buffer_layout.h"
+#include "megatron/distributed/ddp.h"
+#include "test_util.h"
+
+using namespace megatron;
+using megatron::testing::error_of;
+
+namespace {
+std::vector<size_t> indices(std::initializer_list<size_t> v) { return v; }
+}  // namespace
+
+// Registration order p0 (10), p1 (20), p2 (5); laid out backwards with 16-element starts:
+//   p2 [0,5)  p1 [16,36)  p0 [48,58), one unpadded bucket.
+TEST(DdpLayout, OneBucketReverseOrderWithoutDistributedOptimizer) {
+  const BufferLayout l = make_buffer_layout({10, 20, 5}, {.shard_group_size = 4});
+  EXPECT_EQ(l.params, (std::vector<Range>{{48, 58}, {16, 36}, {0, 5}}));
+  ASSERT_EQ(l.buckets.size(), 1u);
+  EXPECT_EQ(l.buckets[0].range, (Range{0, 58}));
+  EXPECT_EQ(l.buckets[0].numel_unpadded, 58);
+  EXPECT_EQ(l.buckets[0].params, indices({2, 1, 0}));
+  EXPECT_EQ(l.numel, 58);
+  EXPECT_EQ(l.param_offsets(), (std::vector<int64_t>{48, 16, 0}));
+}
+
+// bucket_size 20: p1 ends at 36 >= 20, closing bucket 0 = [0,36); p0 starts the next one at 36
+// and sits at 48 after alignment: bucket 1 = [36,58).
+TEST(DdpLayout, BucketClosesOnceItReachesTheSize) {
+  const BufferLayout l = make_buffer_layout({10, 20, 5}, {.shard_group_size = 2, .bucket_size = 20});
+  ASSERT_EQ(l.buckets.size(), 2u);
+  EXPECT_EQ(l.buckets[0].range, (Range{0, 36}));
+  EXPECT_EQ(l.buckets[0].params, indices({2, 1}));
+  EXPECT_EQ(l.buckets[1].range, (Range{36, 58}));
+  EXPECT_EQ(l.buckets[1].numel_unpadded, 22);
+  EXPECT_EQ(l.buckets[1].params, indices({0}));
+  EXPECT_EQ(l.param_bucket, (std::vector<size_t>{1, 0, 0}));
+  EXPECT_EQ(l.params[0], (Range{48, 58}));
+}
+
+// Distributed optimizer, R = 2: 64-element starts and the bucket end padded to lcm(2,128) = 128.
+//   p2 (30) [0,30)  p1 (150) [64,214)  p0 (100) [256,356); bucket [0,384), shards of 192.
+// Rank 0 owns [0,192): p2 whole, p1's first 128 elements. Rank 1 owns [192,384): p1's last 22,
+// p0 whole, then padding.
+TEST(DdpLayout, DistributedOptimizerShardsCutParameters) {
+  const BufferLayout l = make_buffer_layout({100, 150, 30}, {.shard_group_size = 2, .distributed_optimizer = true});
+  EXPECT_EQ(l.params, (std::vector<Range>{{256, 356}, {64, 214}, {0, 30}}));
+  ASSERT_EQ(l.buckets.size(), 1u);
+  EXPECT_EQ(l.buckets[0].range, (Range{0, 384}));
+  EXPECT_EQ(l.buckets[0].numel_unpadded, 356);
+
+  const RankShards r0 = rank_shards(l, 0);
+  EXPECT_EQ(r0.in_buffer, (std::vector<Range>{{0, 192}}));
+  EXPECT_EQ(r0.numel, 192);
+  ASSERT_EQ(r0.params.size(), 2u);
+  EXPECT_EQ(r0.params[0].param, 2u);
+  EXPECT_EQ(r0.params[0].in_param, (Range{0, 30}));
+  EXPECT_EQ(r0.params[0].in_shards, (Range{0, 30}));
+  EXPECT_EQ(r0.params[1].param, 1u);
+  EXPECT_EQ(r0.params[1].in_param, (Range{0, 128}));
+  EXPECT_EQ(r0.params[1].in_buffer, (Range{64, 192}));
+  EXPECT_EQ(r0.params[1].in_shards, (Range{64, 192}));
+
+  const RankShards r1 = rank_shards(l, 1);
+  EXPECT_EQ(r1.in_buffer, (std::vector<Range>{{192, 384}}));
+  ASSERT_EQ(r1.params.size(), 2u);
+  EXPECT_EQ(r1.params[0].param, 1u);
+  EXPECT_EQ(r1.params[0].in_param, (Range{128, 150}));
+  EXPECT_EQ(r1.params[0].in_buffer, (Range{192, 214}));
+  EXPECT_EQ(r1.params[0].in_bucket, (Range{192, 214}));
+  EXPECT_EQ(r1.params[0].in_shards, (Range{0, 22}));
+  EXPECT_EQ(r1.params[1].param, 0u);
+  EXPECT_EQ(r1.params[1].in_param, (Range{0, 100}));
+  EXPECT_EQ(r1.params[1].in_shards, (Range{64, 164}));
+}
+
+// R = 3 (lcm(3,128) = 384), bucket_size 100: p2 (40) [0,40) and p1 (200) [64,264) fill bucket 0
+// = [0,384); p0 (50) [384,434) opens bucket 1 = [384,768). Shards: 128 elements per bucket.
+//   rank 0: bucket 0 [0,128) -> p2 [0,40), p1 [0,64);  bucket 1 [384,512) -> p0 whole.
+//   rank 2: bucket 0 [256,384) -> p1 [192,200);         bucket 1 [640,768) -> padding only.
+TEST(DdpLayout, DistributedOptimizerShardsEveryBucket) {
+  const BufferLayout l =
+      make_buffer_layout({50, 200, 40}, {.shard_group_size = 3, .bucket_size = 100, .distributed_optimizer = true});
+  ASSERT_EQ(l.buckets.size(), 2u);
+  EXPECT_EQ(l.buckets[0].range, (Range{0, 384}));
+  EXPECT_EQ(l.buckets[0].numel_unpadded, 264);
+  EXPECT_EQ(l.buckets[1].range, (Range{384, 768}));
+  EXPECT_EQ(l.buckets[1].numel_unpadded, 50);
+  EXPECT_EQ(l.numel, 768);
+
+  const RankShards r0 = rank_shards(l, 0);
+  EXPECT_EQ(r0.in_buffer, (std::vector<Range>{{0, 128}, {384, 512}}));
+  EXPECT_EQ(r0.in_shards, (std::vector<Range>{{0, 128}, {128, 256}}));
+  ASSERT_EQ(r0.params.size(), 3u);
+  EXPECT_EQ(r0.params[1].param, 1u);
+  EXPECT_EQ(r0.params[1].in_param, (Range{0, 64}));
+  EXPECT_EQ(r0.params[2].param, 0u);
+  EXPECT_EQ(r0.params[2].bucket, 1u);
+  EXPECT_EQ(r0.params[2].in_bucket, (Range{0, 50}));
+  EXPECT_EQ(r0.params[2].in_shards, (Range{128, 178}));
+
+  const RankShards r2 = rank_shards(l, 2);
+  EXPECT_EQ(r2.in_buffer, (std::vector<Range>{{256, 384}, {640, 768}}));
+  ASSERT_EQ(r2.params.size(), 1u);
+  EXPECT_EQ(r2.params[0].in_param, (Range{192, 200}));
+  EXPECT_EQ(r2.params[0].in_bucket, (Range{256, 264}));
+  EXPECT_EQ(r2.params[0].in_shards, (Range{0, 8}));
+  EXPECT_EQ(r2.numel, 256);
+}
+
+// Every element of every parameter is owned by exactly one rank, for several sizes.
+TEST(DdpLayout, ShardsTileEveryParameterOnce) {
+  const std::vector<int64_t> numels = {3, 1000, 17, 64, 129, 4096, 1};
+  for (int64_t R : {1, 2, 3, 4, 8})
+    for (int64_t bucket : {0, 100, 2000}) {
+      const BufferLayout l =
+          make_buffer_layout(numels, {.shard_group_size = R, .bucket_size = bucket, .distributed_optimizer = true});
+      std::vector<int64_t> covered(numels.size(), 0);
+      for (int64_t r = 0; r < R; ++r)
+        for (const ShardParamRange& p : rank_shards(l, r).params) covered[p.param] += p.in_param.size();
+      EXPECT_EQ(covered, numels) << "R " << R << " bucket " << bucket;
+      for (const BucketLayout& b : l.buckets) EXPECT_EQ(b.range.size() % std::lcm(R, int64_t(128)), 0);
+    }
+}
+
+TEST(DdpLayout, MegatronDefaultBucketSize) {
+  EXPECT_EQ(default_ddp_bucket_size(1), 40000000);
+  EXPECT_EQ(default_ddp_bucket_size(40), 40000000);
+  EXPECT_EQ(default_ddp_bucket_size(64), 64000000);
+}
+
+TEST(DdpLayout, UnpaddedBucketsCannotBeSharded) {
+  const BufferLayout l = make_buffer_layout({11, 5}, {.shard_group_size = 2});  // p1 [0,5), p0 [16,27)
+  EXPECT_NE(error_of([&] { rank_shards(l, 0); }).find("does not split into 2 equal shards"), std::string::npos);
+  EXPECT_NE(error_of([&] { rank_shards(l, 2); }).find("outside the data-parallel group of 2"), std::string::npos);
+}

@@ -1,0 +1,167 @@
+// What DDP needs from the parameters: flat ranges as boxes of the global tensor (how
+// distributed-optimizer shards are checkpointed), moving the flat buffers into the bucket
+// layout, and the model reporting each gradient as final exactly when it is.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "megatron/core/rng.h"
+#include "megatron/distributed/parameter.h"
+#include "megatron/models/gpt/gpt_model.h"
+#include "test_util.h"
+
+using namespace megatron;
+using megatron::testing::error_of;
+
+namespace {
+using Boxes = std::vector<Parameter::FlatBox>;
+
+bool same(const Boxes& a, const Boxes& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].flat_begin != b[i].flat_begin || a[i].global_offset != b[i].global_offset || a[i].shape != b[i].shape)
+      return false;
+  return true;
+}
+
+std::string str(const Boxes& boxes) {
+  std::string s;
+  for (const auto& b : boxes)
+    s += "{" + std::to_string(b.flat_begin) + " " + shape_str(b.global_offset) + " " + shape_str(b.shape) + "} ";
+  return s;
+}
+
+// Every element of every box: the local flat index of its position must be the one whose
+// global_index() is that global position.
+void expect_consistent(const Parameter& p, int64_t begin, int64_t end) {
+  const Boxes boxes = p.global_boxes(begin, end);
+  int64_t next = begin;
+  for (const auto& box : boxes) {
+    ASSERT_EQ(box.flat_begin, next) << "boxes are not consecutive: " << str(boxes);
+    const int64_t n = shape_numel(box.shape);
+    for (int64_t k = 0; k < n; ++k) {
+      int64_t global = 0, rest = k;
+      Shape coord(box.shape.size());
+      for (size_t d = box.shape.size(); d-- > 0;) {
+        coord[d] = rest % box.shape[d];
+        rest /= box.shape[d];
+      }
+      for (size_t d = 0; d < coord.size(); ++d)
+        global = global * p.spec.global_shape[d] + box.global_offset[d] + coord[d];
+      ASSERT_EQ(p.global_index(box.flat_begin + k), global) << p.spec.name << " box " << str({box});
+    }
+    next += n;
+  }
+  EXPECT_EQ(next, end);
+}
+}  // namespace
+
+// [4,6] elements [3,17): the rest of row 0, row 1, the start of row 2.
+TEST(DdpParams, FlatRangeAsBoxes) {
+  ParameterRegistry r;
+  const Parameter* p = r.add({.name = "w", .global_shape = {4, 6}}, 0, 1);
+  const Boxes expected = {{3, {0, 3}, {1, 3}}, {6, {1, 0}, {1, 6}}, {12, {2, 0}, {1, 5}}};
+  EXPECT_TRUE(same(p->global_boxes(3, 17), expected)) << str(p->global_boxes(3, 17));
+  EXPECT_TRUE(same(p->global_boxes(0, 24), {{0, {0, 0}, {4, 6}}}));
+  EXPECT_TRUE(same(p->global_boxes(6, 18), {{6, {1, 0}, {2, 6}}}));
+  EXPECT_TRUE(p->global_boxes(5, 5).empty());
+}
+
+// [2,3,4] elements [5,23): boxes nest through the dimensions.
+TEST(DdpParams, FlatRangeAsBoxesIn3D) {
+  ParameterRegistry r;
+  const Parameter* p = r.add({.name = "t", .global_shape = {2, 3, 4}}, 0, 1);
+  const Boxes expected = {
+      {5, {0, 1, 1}, {1, 1, 3}}, {8, {0, 2, 0}, {1, 1, 4}}, {12, {1, 0, 0}, {1, 2, 4}}, {20, {1, 2, 0}, {1, 1, 3}}};
+  EXPECT_TRUE(same(p->global_boxes(5, 23), expected)) << str(p->global_boxes(5, 23));
+  expect_consistent(*p, 5, 23);
+}
+
+// TP rank 1 of 2. Column-parallel [8,4] keeps rows 4..7; row-parallel [4,8] keeps columns 4..7;
+// fused [gate; up] [8,2] in 2 blocks keeps gate rows 2..3 and up rows 6..7.
+TEST(DdpParams, BoxesOfATensorParallelShard) {
+  ParameterRegistry r;
+  const Parameter* column = r.add({.name = "c", .global_shape = {8, 4}, .partition_dim = 0}, 1, 2);
+  EXPECT_TRUE(same(column->global_boxes(2, 10), {{2, {4, 2}, {1, 2}}, {4, {5, 0}, {1, 4}}, {8, {6, 0}, {1, 2}}}))
+      << str(column->global_boxes(2, 10));
+  const Parameter* row = r.add({.name = "r", .global_shape = {4, 8}, .partition_dim = 1}, 1, 2);
+  EXPECT_TRUE(same(row->global_boxes(0, 16), {{0, {0, 4}, {4, 4}}}));
+  const Parameter* fused =
+      r.add({.name = "f", .global_shape = {8, 2}, .partition_dim = 0, .partition_blocks = 2}, 1, 2);
+  EXPECT_TRUE(same(fused->global_boxes(1, 7),
+                   {{1, {2, 1}, {1, 1}}, {2, {3, 0}, {1, 2}}, {4, {6, 0}, {1, 2}}, {6, {7, 0}, {1, 1}}}))
+      << str(fused->global_boxes(1, 7));
+  for (const Parameter* p : {column, row, fused}) {
+    const int64_t n = shape_numel(p->local_shape);
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t e = b; e <= n; ++e) expect_consistent(*p, b, e);
+  }
+}
+
+TEST(DdpParams, SetLayoutKeepsValuesAndChecksOffsets) {
+  ParameterRegistry r;
+  r.add({.name = "a", .global_shape = {3, 5}}, 0, 1);
+  r.add({.name = "b", .global_shape = {7}}, 0, 1);
+  r.allocate(DType::f32);
+  r.initialize(3);
+  const std::vector<float> a = r.params()[0]->data.to_vector(), b = r.params()[1]->data.to_vector();
+  r.params()[1]->main_grad.fill(2.5);
+  r.set_layout({64, 0}, 80);
+  EXPECT_EQ(r.param_buffer().numel(), 80);
+  EXPECT_EQ(r.params()[0]->buffer_offset, 64);
+  EXPECT_EQ(r.params()[0]->data.to_vector(), a);
+  EXPECT_EQ(r.params()[1]->data.to_vector(), b);
+  EXPECT_EQ(r.grad_buffer().item(6), 2.5);
+  EXPECT_EQ(r.param_buffer().item(64), double(a[0]));
+  EXPECT_NE(error_of([&] { r.set_layout({8, 0}, 80); }).find("must be a multiple of 16"), std::string::npos);
+  EXPECT_NE(error_of([&] { r.set_layout({0, 0}, 80); }).find("overlap"), std::string::npos);
+  EXPECT_NE(error_of([&] { r.set_layout({64, 0}, 70); }).find("inside a buffer of 70"), std::string::npos);
+}
+
+// Each parameter is reported once per backward, in backward order, and its gradient does not
+// change after it is reported: what lets DDP start reducing it.
+TEST(DdpParams, ModelReportsEachGradientOnceWhenFinal) {
+  for (const bool untied : {false, true}) {
+    TransformerConfig c;
+    c.num_layers = 3;
+    c.hidden_size = 16;
+    c.num_attention_heads = c.num_query_groups = 4;
+    c.kv_channels = 4;
+    c.ffn_hidden_size = 32;
+    c.vocab_size = c.padded_vocab_size = 24;
+    c.max_position_embeddings = c.seq_length = 6;
+    c.untie_embeddings_and_output_weights = untied;
+    const ParallelContext ctx = ParallelContext::single_process();
+    GPTModel model(c, ctx);
+    ParameterRegistry& reg = model.parameters();
+    reg.initialize(5);
+    std::vector<std::string> order;
+    std::map<std::string, Tensor> at_report;
+    reg.set_grad_ready_hook([&](const Parameter& p) {
+      order.push_back(p.spec.name);
+      at_report[p.spec.name] = p.main_grad.clone();
+    });
+    Tensor tokens = Tensor::empty({2, 6}, DType::i32), mask = Tensor::empty({2, 6}, DType::f32);
+    for (int64_t i = 0; i < 12; ++i) {
+      tokens.data<int32_t>()[i] = int32_t((7 * i + 3) % 24);
+      mask.data<float>()[i] = 1.0f;
+    }
+    reg.zero_grads();
+    model.forward_backward(tokens, tokens, mask, 0.1f, {.training = true, .seed = 1, .step = 0});
+    ASSERT_EQ(order.size(), reg.params().size());
+    for (const auto& p : reg.params()) {
+      ASSERT_EQ(at_report.count(p->spec.name), 1u) << p->spec.name << " was not reported";
+      EXPECT_EQ(at_report[p->spec.name].to_vector(), p->main_grad.to_vector()) << p->spec.name << " changed after";
+    }
+    // A tied output layer is the word embedding: reported with the embeddings, last.
+    EXPECT_EQ(order.front().substr(0, 17), untied ? "output_layer.weig" : "decoder.layers.2.");
+    EXPECT_EQ(order.back(), "embedding.position_embeddings.weight");
+    // Layers from the last to the first.
+    const auto first_of = [&](const std::string& prefix) {
+      return std::find_if(order.begin(), order.end(), [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
+    };
+    EXPECT_LT(first_of("decoder.layers.2."), first_of("decoder.layers.1."));
+    EXPECT_LT(first_of("decoder.layers.1."), first_of("decoder.layers.0."));
+  }
+}
