@@ -62,6 +62,8 @@ GenerateArgs parse(const Args& args) {
       number(g.top_k);
     else if (flag == "--seed")
       number(g.seed);
+    else if (flag == "--device")
+      g.device = value();
     else
       MEGATRON_FAIL("unknown flag " << flag << "\n" << kHelp);
   }
