@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "megatron/ops/checks/activation.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 
 namespace megatron::ops::cpu {
@@ -79,60 +80,32 @@ void swiglu_backward_kernel(T* dx, const T* dy, const T* x, int64_t N, int64_t F
   }
 }
 
-void check_like(const Tensor& t, const Tensor& x, const Shape& shape, const char* name) {
-  check_cpu(t, name);
-  check_shape(t, shape, name);
-  check_dtype(t, x.dtype(), name);
-}
-
-// SwiGLU shapes: x (..., 2F) and y (..., F).
-int64_t swiglu_features(const Tensor& x) {
-  check_defined(x, "swiglu x");
-  MEGATRON_CHECK(x.ndim() >= 1 && x.dim(-1) % 2 == 0,
-                 "swiglu x must end in 2F = [gate | up] channels, got shape " << shape_str(x.shape()));
-  return x.dim(-1) / 2;
-}
-
-Shape half_last(const Shape& shape) {
-  Shape s = shape;
-  s.back() /= 2;
-  return s;
-}
-
 }  // namespace
 
 void gelu_forward(Tensor& y, const Tensor& x) {
-  check_defined(x, "gelu x");
-  check_cpu(x, "gelu x");
-  check_like(y, x, x.shape(), "gelu y");
+  checks::check_gelu_forward(y, x, check_cpu);
   dispatch_floating(x.dtype(), "gelu_forward", [&]<class T>(std::type_identity<T>) {
     gelu_forward_kernel<T>(y.data<T>(), x.data<T>(), x.numel());
   });
 }
 
 void gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
-  check_defined(x, "gelu x");
-  check_cpu(x, "gelu x");
-  check_like(dy, x, x.shape(), "gelu dy");
-  check_like(dx, x, x.shape(), "gelu dx");
+  checks::check_gelu_backward(dx, dy, x, check_cpu);
   dispatch_floating(x.dtype(), "gelu_backward", [&]<class T>(std::type_identity<T>) {
     gelu_backward_kernel<T>(dx.data<T>(), dy.data<T>(), x.data<T>(), x.numel());
   });
 }
 
 void swiglu_forward(Tensor& y, const Tensor& x) {
-  const int64_t F = swiglu_features(x), N = rows_of(x, "swiglu x");
-  check_cpu(x, "swiglu x");
-  check_like(y, x, half_last(x.shape()), "swiglu y");
+  const checks::SwigluDims dims = checks::check_swiglu_forward(y, x, check_cpu);
+  const int64_t N = dims.rows, F = dims.features;
   dispatch_floating(x.dtype(), "swiglu_forward",
                     [&]<class T>(std::type_identity<T>) { swiglu_forward_kernel<T>(y.data<T>(), x.data<T>(), N, F); });
 }
 
 void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
-  const int64_t F = swiglu_features(x), N = rows_of(x, "swiglu x");
-  check_cpu(x, "swiglu x");
-  check_like(dy, x, half_last(x.shape()), "swiglu dy");
-  check_like(dx, x, x.shape(), "swiglu dx");
+  const checks::SwigluDims dims = checks::check_swiglu_backward(dx, dy, x, check_cpu);
+  const int64_t N = dims.rows, F = dims.features;
   dispatch_floating(x.dtype(), "swiglu_backward", [&]<class T>(std::type_identity<T>) {
     swiglu_backward_kernel<T>(dx.data<T>(), dy.data<T>(), x.data<T>(), N, F);
   });

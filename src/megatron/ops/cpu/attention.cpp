@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "megatron/core/rng.h"
+#include "megatron/ops/checks/attention.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 #include "megatron/ops/dropout.h"
 
@@ -128,42 +129,20 @@ void attention_backward_kernel(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   }
 }
 
-void check_4d(const Tensor& t, const Shape& shape, DType dtype, const char* name) {
-  check_cpu(t, name);
-  check_shape(t, shape, name);
-  check_dtype(t, dtype, name);
+// CPU kernels exist for the dtypes dispatch_floating takes.
+void check_cpu_attention_dtype(const Tensor& q, const char* op) {
+  dispatch_floating(q.dtype(), op, []<class T>(std::type_identity<T>) {});
 }
 
-// Dims from q (S,B,NH,HS) and k (S,B,G,HS); checks q, k, v agree.
-Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
-  check_defined(q, "attention q");
-  check_defined(k, "attention k");
-  MEGATRON_CHECK(q.ndim() == 4, "attention q must be (S,B,NH,HS), got " << shape_str(q.shape()));
-  MEGATRON_CHECK(k.ndim() == 4, "attention k must be (S,B,G,HS), got " << shape_str(k.shape()));
-  const Dims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
-  MEGATRON_CHECK(d.G > 0 && d.NH % d.G == 0, "attention: " << d.NH << " query heads cannot be grouped over " << d.G
-                                                           << " kv heads; NH % G must be 0");
-  check_4d(q, q.shape(), q.dtype(), "attention q");
-  check_4d(k, {d.S, d.B, d.G, d.HS}, q.dtype(), "attention k");
-  check_4d(v, {d.S, d.B, d.G, d.HS}, q.dtype(), "attention v");
-  return d;
-}
+constexpr checks::AttentionBackend kCpuAttention{check_cpu, check_cpu_attention_dtype};
 
-void check_params(const AttentionParams& p) {
-  MEGATRON_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f,
-                 "attention dropout " << p.dropout_p << " must be in [0, 1)");
-}
+Dims dims_of(const checks::AttentionDims& d) { return Dims{d.S, d.B, d.NH, d.G, d.HS}; }
 
 }  // namespace
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionParams& params) {
-  const Dims d = attention_dims(q, k, v);
-  check_params(params);
-  check_4d(out, q.shape(), q.dtype(), "attention out");
-  check_cpu(lse, "attention lse");
-  check_shape(lse, {d.B, d.NH, d.S}, "attention lse");
-  check_dtype(lse, accum_dtype(q.dtype()), "attention lse");
+  const Dims d = dims_of(checks::check_attention_forward(out, lse, q, k, v, params, kCpuAttention));
   dispatch_floating(q.dtype(), "attention_forward", [&]<class T>(std::type_identity<T>) {
     attention_forward_kernel<T>(out.data<T>(), lse.data<compute_t<T>>(), q.data<T>(), k.data<T>(), v.data<T>(), d,
                                 params);
@@ -172,16 +151,7 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
-  const Dims d = attention_dims(q, k, v);
-  check_params(params);
-  check_4d(out, q.shape(), q.dtype(), "attention out");
-  check_4d(dout, q.shape(), q.dtype(), "attention dout");
-  check_4d(dq, q.shape(), q.dtype(), "attention dq");
-  check_4d(dk, k.shape(), q.dtype(), "attention dk");
-  check_4d(dv, k.shape(), q.dtype(), "attention dv");
-  check_cpu(lse, "attention lse");
-  check_shape(lse, {d.B, d.NH, d.S}, "attention lse");
-  check_dtype(lse, accum_dtype(q.dtype()), "attention lse");
+  const Dims d = dims_of(checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, kCpuAttention));
   dispatch_floating(q.dtype(), "attention_backward", [&]<class T>(std::type_identity<T>) {
     attention_backward_kernel<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(), q.data<T>(), k.data<T>(),
                                  v.data<T>(), out.data<T>(), lse.data<compute_t<T>>(), d, params);
@@ -194,9 +164,8 @@ namespace {
 // Copies heads between qkv and q, k, v (split: to_qkv false; merge: to_qkv true), byte for byte,
 // so any dtype works.
 void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
-  const Dims d = attention_dims(q, k, v);
+  const Dims d = dims_of(checks::check_qkv_fused(qkv, q, k, v, check_cpu));
   const int64_t r = d.NH / d.G;
-  check_4d(qkv, {d.S, d.B, d.G, (r + 2) * d.HS}, q.dtype(), "qkv");
   const size_t head_bytes = size_t(d.HS) * q.element_size();
   auto* fused = static_cast<char*>(qkv.raw());
   auto* qp = static_cast<char*>(q.raw());

@@ -6,8 +6,15 @@
 #include <type_traits>
 
 #include "megatron/core/tensor.h"
+#include "megatron/ops/checks/common.h"
 
 namespace megatron::ops::cpu {
+
+// Backend-neutral argument helpers (ops/checks/common.h), named here for the kernels' brevity.
+using checks::accum_dtype;
+using checks::check_defined;
+using checks::check_numel;
+using checks::rows_of;
 
 // The dtypes activations and weights may have on the CPU: f32, the 16-bit storage formats bf16
 // and f16 (arithmetic in float, rounded once per stored result), and f64 (gradient checks).
@@ -28,10 +35,6 @@ void dispatch_floating(DType dtype, const char* op, Fn&& fn) {
   MEGATRON_FAIL(op << ": dtype " << dtype_name(dtype) << " is not supported on the CPU; use f32, bf16, f16 or f64");
 }
 
-// Parameter gradients and saved statistics (mean, rstd, lse): f64 for f64 activations, f32 otherwise.
-// For the storage types that is compute_t<T>; this is the same rule for a runtime dtype.
-inline DType accum_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
-
 // Loops doing less work than this (element operations) stay on one thread: waking the OpenMP
 // team costs microseconds, and milliseconds on a loaded machine, which would dominate small ops.
 inline bool worth_parallel(int64_t work) { return work >= (int64_t(1) << 15); }
@@ -40,25 +43,6 @@ inline bool worth_parallel(int64_t work) { return work >= (int64_t(1) << 15); }
 inline void check_cpu(const Tensor& t, const char* name) {
   MEGATRON_CHECK(!t.defined() || t.device().is_cpu(),
                  name << " is on " << t.device().str() << " but the op runs on the CPU; pass CPU tensors only");
-}
-
-inline void check_defined(const Tensor& t, const char* name) {
-  MEGATRON_CHECK(t.defined(), name << " is undefined; the op needs it");
-}
-
-inline void check_numel(const Tensor& t, int64_t expected, const char* name) {
-  check_defined(t, name);
-  MEGATRON_CHECK(t.numel() == expected, name << " has " << t.numel() << " elements (shape " << shape_str(t.shape())
-                                             << "), expected " << expected);
-}
-
-// x viewed as rows of its last dimension: the number of rows N (product of the leading dims).
-inline int64_t rows_of(const Tensor& x, const char* name) {
-  check_defined(x, name);
-  MEGATRON_CHECK(x.ndim() >= 1, name << " must have at least one dimension, got a 0-d tensor");
-  int64_t rows = 1;
-  for (int i = 0; i + 1 < x.ndim(); ++i) rows *= x.dim(i);
-  return rows;
 }
 
 }  // namespace megatron::ops::cpu

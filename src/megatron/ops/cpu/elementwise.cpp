@@ -4,8 +4,8 @@
 
 #include <cstring>
 #include <type_traits>
-#include <utility>
 
+#include "megatron/ops/checks/elementwise.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 
 namespace megatron::ops::cpu {
@@ -14,20 +14,10 @@ namespace {
 template <class O, class I>
 using wide_t = std::common_type_t<compute_t<O>, compute_t<I>>;
 
-void check_same_numel(const Tensor& out, const Tensor& in, const char* out_name, const char* in_name) {
-  check_defined(in, in_name);
-  check_cpu(in, in_name);
-  check_cpu(out, out_name);
-  check_numel(out, in.numel(), out_name);
-}
-
 }  // namespace
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
-  check_same_numel(out, a, "add out", "add a");
-  check_same_numel(b, a, "add b", "add a");
-  check_dtype(b, a.dtype(), "add b");
-  check_dtype(out, a.dtype(), "add out");
+  checks::check_add(out, a, b, check_cpu);
   dispatch_floating(a.dtype(), "add", [&]<class T>(std::type_identity<T>) {
     T* o = out.data<T>();
     const T* pa = a.data<T>();
@@ -39,7 +29,7 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 void add_scaled(Tensor& out, const Tensor& x, float alpha) {
-  check_same_numel(out, x, "add_scaled out", "add_scaled x");
+  checks::check_same_numel(out, x, "add_scaled out", "add_scaled x", check_cpu);
   dispatch_floating(out.dtype(), "add_scaled", [&]<class O>(std::type_identity<O>) {
     dispatch_floating(x.dtype(), "add_scaled", [&]<class I>(std::type_identity<I>) {
       using A = wide_t<O, I>;
@@ -53,7 +43,7 @@ void add_scaled(Tensor& out, const Tensor& x, float alpha) {
 }
 
 void scale(Tensor& out, const Tensor& x, float alpha) {
-  check_same_numel(out, x, "scale out", "scale x");
+  checks::check_same_numel(out, x, "scale out", "scale x", check_cpu);
   dispatch_floating(out.dtype(), "scale", [&]<class O>(std::type_identity<O>) {
     dispatch_floating(x.dtype(), "scale", [&]<class I>(std::type_identity<I>) {
       using A = wide_t<O, I>;
@@ -67,7 +57,7 @@ void scale(Tensor& out, const Tensor& x, float alpha) {
 }
 
 void cast(Tensor& out, const Tensor& x) {
-  check_same_numel(out, x, "cast out", "cast x");
+  checks::check_same_numel(out, x, "cast out", "cast x", check_cpu);
   dispatch_floating(out.dtype(), "cast", [&]<class O>(std::type_identity<O>) {
     dispatch_floating(x.dtype(), "cast", [&]<class I>(std::type_identity<I>) {
       O* o = out.data<O>();
@@ -80,16 +70,9 @@ void cast(Tensor& out, const Tensor& x) {
 }
 
 void transpose01(Tensor& out, const Tensor& in) {
-  check_same_numel(out, in, "transpose01 out", "transpose01 in");
-  MEGATRON_CHECK(in.ndim() >= 2, "transpose01 needs at least 2 dimensions, got " << shape_str(in.shape()));
-  Shape swapped = in.shape();
-  std::swap(swapped[0], swapped[1]);
-  check_shape(out, swapped, "transpose01 out");
-  check_dtype(out, in.dtype(), "transpose01 out");
+  checks::check_transpose01(out, in, check_cpu);
   const auto* src = static_cast<const char*>(in.raw());
   auto* dst = static_cast<char*>(out.raw());
-  MEGATRON_CHECK(dst + out.nbytes() <= src || src + in.nbytes() <= dst,
-                 "transpose01 cannot run in place; give out memory that does not overlap in");
   // out[j, i, :] = in[i, j, :]; the trailing block is copied as bytes, so any dtype works.
   const int64_t d0 = in.dim(0), d1 = in.dim(1);
   const size_t block = d0 * d1 == 0 ? 0 : size_t(in.numel() / (d0 * d1)) * in.element_size();

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "megatron/ops/checks/gemm.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 
 namespace megatron::ops::cpu {
@@ -100,23 +101,14 @@ class Output {
   C* ptr_ = nullptr;
 };
 
-void check_gemm_input(const Tensor& t, const char* name) {
-  check_defined(t, name);
-  check_cpu(t, name);
-  MEGATRON_CHECK(t.ndim() >= 1, name << " must have at least one dimension, got a 0-d tensor");
+// The operand dtypes the CPU computes in; the shared checks (ops/checks/gemm.h) own every other rule.
+void check_cpu_gemm_dtype(const Tensor& t, const char* name) {
   MEGATRON_CHECK(
       t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16 || t.dtype() == DType::f64,
       name << " has dtype " << dtype_name(t.dtype()) << "; GEMM takes f32, bf16, f16 or f64");
 }
 
-// C may have the inputs' dtype, or f32 for 16-bit inputs (accumulation into the fp32 main grad).
-void check_gemm_output(const Tensor& c, DType input, const char* name) {
-  check_cpu(c, name);
-  const bool half = input == DType::bf16 || input == DType::f16;
-  MEGATRON_CHECK(c.dtype() == input || (half && c.dtype() == DType::f32),
-                 name << " has dtype " << dtype_name(c.dtype()) << " for " << dtype_name(input) << " inputs; expected "
-                      << dtype_name(input) << (half ? " or f32" : ""));
-}
+constexpr checks::GemmBackend kCpuGemm{check_cpu, check_cpu_gemm_dtype};
 
 // C (M,N) = alpha op(A) op(B) + beta C in C = float or double.
 template <class C>
@@ -172,30 +164,11 @@ void linear_backward_impl(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
   }
 }
 
-// Leading dims of the linear layer's activations: (..., features) -> the shape with features replaced.
-Shape with_last_dim(const Shape& shape, int64_t last) {
-  Shape s = shape;
-  s.back() = last;
-  return s;
-}
-
 }  // namespace
 
 void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params) {
-  check_gemm_input(a, "matmul A");
-  check_gemm_input(b, "matmul B");
-  check_dtype(b, a.dtype(), "matmul B");
-  check_defined(c, "matmul C");
-  check_gemm_output(c, a.dtype(), "matmul C");
-  MEGATRON_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
-                 "matmul takes 2-D views; got A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << ", C "
-                                                  << shape_str(c.shape()) << " (use view() to flatten)");
+  const auto [m, n, k] = checks::check_matmul(c, a, b, params, kCpuGemm);
   const bool ta = params.trans_a == Transpose::yes, tb = params.trans_b == Transpose::yes;
-  const int64_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);
-  const int64_t kb = tb ? b.dim(1) : b.dim(0), n = tb ? b.dim(0) : b.dim(1);
-  MEGATRON_CHECK(k == kb,
-                 "matmul inner dimensions differ: op(A) is " << m << "x" << k << ", op(B) is " << kb << "x" << n);
-  check_shape(c, {m, n}, "matmul C");
   if (a.dtype() == DType::f64) {
     matmul_impl<double>(c, a, b, ta, tb, m, n, k, params);
   } else {
@@ -204,22 +177,7 @@ void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& par
 }
 
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check_gemm_input(x, "linear x");
-  check_gemm_input(weight, "linear weight");
-  check_dtype(weight, x.dtype(), "linear weight");
-  MEGATRON_CHECK(weight.ndim() == 2, "linear weight must be 2-D (out,in), got " << shape_str(weight.shape()));
-  const int64_t out_features = weight.dim(0), in_features = weight.dim(1);
-  MEGATRON_CHECK(x.dim(-1) == in_features, "linear x has " << x.dim(-1) << " features (shape " << shape_str(x.shape())
-                                                           << "), the weight expects " << in_features);
-  check_shape(y, with_last_dim(x.shape(), out_features), "linear y");
-  check_cpu(y, "linear y");
-  check_dtype(y, x.dtype(), "linear y");
-  if (bias.defined()) {
-    check_cpu(bias, "linear bias");
-    check_shape(bias, {out_features}, "linear bias");
-    check_dtype(bias, x.dtype(), "linear bias");
-  }
-  const int64_t n = rows_of(x, "linear x");
+  const auto [n, out_features, in_features] = checks::check_linear_forward(y, x, weight, bias, kCpuGemm);
   if (x.dtype() == DType::f64) {
     linear_forward_impl<double>(y, x, weight, bias, n, out_features, in_features);
   } else {
@@ -229,30 +187,8 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tens
 
 void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& weight) {
-  check_gemm_input(x, "linear x");
-  check_gemm_input(weight, "linear weight");
-  check_gemm_input(dy, "linear dy");
-  check_dtype(weight, x.dtype(), "linear weight");
-  check_dtype(dy, x.dtype(), "linear dy");
-  MEGATRON_CHECK(weight.ndim() == 2, "linear weight must be 2-D (out,in), got " << shape_str(weight.shape()));
-  const int64_t out_features = weight.dim(0), in_features = weight.dim(1);
-  check_shape(x, with_last_dim(dy.shape(), in_features), "linear x");
-  check_shape(dy, with_last_dim(x.shape(), out_features), "linear dy");
-  const DType grad_dtype = accum_dtype(x.dtype());
-  if (dx.defined()) {
-    check_cpu(dx, "linear dx");
-    check_shape(dx, x.shape(), "linear dx");
-    check_dtype(dx, x.dtype(), "linear dx");
-  }
-  check_cpu(dweight, "linear dweight");
-  check_shape(dweight, weight.shape(), "linear dweight");
-  check_dtype(dweight, grad_dtype, "linear dweight");
-  if (dbias.defined()) {
-    check_cpu(dbias, "linear dbias");
-    check_shape(dbias, {out_features}, "linear dbias");
-    check_dtype(dbias, grad_dtype, "linear dbias");
-  }
-  const int64_t n = rows_of(x, "linear x");
+  const auto [n, out_features, in_features] =
+      checks::check_linear_backward(dx, dweight, dbias, dy, x, weight, kCpuGemm);
   if (x.dtype() == DType::f64) {
     linear_backward_impl<double>(dx, dweight, dbias, dy, x, weight, n, out_features, in_features);
   } else {

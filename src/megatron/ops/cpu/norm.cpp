@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "megatron/ops/checks/norm.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 
 namespace megatron::ops::cpu {
@@ -92,39 +93,20 @@ const T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
 
-void check_param(const Tensor& t, int64_t C, DType dtype, const char* name) {
-  check_cpu(t, name);
-  check_shape(t, {C}, name);
-  check_dtype(t, dtype, name);
+// CPU kernels exist for the dtypes dispatch_floating takes.
+void check_cpu_norm_dtype(const Tensor& x, const char* op) {
+  dispatch_floating(x.dtype(), op, []<class T>(std::type_identity<T>) {});
 }
 
-// The mean is saved for LayerNorm only; RMSNorm takes no mean and no bias.
-void check_kind_tensors(const NormParams& p, const Tensor& mean, const Tensor& bias, const char* bias_name) {
-  if (p.kind == NormKind::rmsnorm) {
-    MEGATRON_CHECK(!mean.defined(), "RMSNorm saves no mean; pass an undefined mean tensor");
-    MEGATRON_CHECK(!bias.defined(), "RMSNorm has no bias; pass an undefined " << bias_name);
-  } else {
-    check_defined(mean, "LayerNorm mean");
-  }
-}
+constexpr checks::NormBackend kCpuNorm{check_cpu, check_cpu_norm_dtype};
 
 }  // namespace
 
 void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const NormParams& params) {
-  const int64_t N = rows_of(x, "norm x"), C = x.dim(-1);
-  check_cpu(x, "norm x");
-  check_kind_tensors(params, mean, bias, "bias");
-  MEGATRON_CHECK(params.eps > 0.0f, "norm eps must be positive, got " << params.eps);
+  const checks::NormDims dims = checks::check_norm_forward(y, mean, rstd, x, weight, bias, params, kCpuNorm);
+  const int64_t N = dims.rows, C = dims.channels;
   dispatch_floating(x.dtype(), "norm_forward", [&]<class T>(std::type_identity<T>) {
-    const DType stat = dtype_of<compute_t<T>>();
-    check_cpu(y, "norm y");
-    check_shape(y, x.shape(), "norm y");
-    check_dtype(y, x.dtype(), "norm y");
-    check_param(weight, C, x.dtype(), "norm weight");
-    if (bias.defined()) check_param(bias, C, x.dtype(), "norm bias");
-    if (mean.defined()) check_param(mean, N, stat, "norm mean");
-    check_param(rstd, N, stat, "norm rstd");
     norm_forward_kernel<T>(y.data<T>(), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(), x.data<T>(),
                            weight.data<T>(), data_or_null<T>(bias), N, C, params.kind == NormKind::rmsnorm, params.eps);
   });
@@ -132,21 +114,10 @@ void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const 
 
 void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
                    const Tensor& mean, const Tensor& rstd, const NormParams& params) {
-  const int64_t N = rows_of(x, "norm x"), C = x.dim(-1);
-  check_cpu(x, "norm x");
-  check_kind_tensors(params, mean, dbias, "dbias");
+  const checks::NormDims dims =
+      checks::check_norm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, params, kCpuNorm);
+  const int64_t N = dims.rows, C = dims.channels;
   dispatch_floating(x.dtype(), "norm_backward", [&]<class T>(std::type_identity<T>) {
-    const DType acc = dtype_of<compute_t<T>>();
-    for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&dx, "norm dx"}, {&dy, "norm dy"}}) {
-      check_cpu(*t, name);
-      check_shape(*t, x.shape(), name);
-      check_dtype(*t, x.dtype(), name);
-    }
-    check_param(weight, C, x.dtype(), "norm weight");
-    check_param(dweight, C, acc, "norm dweight");
-    if (dbias.defined()) check_param(dbias, C, acc, "norm dbias");
-    if (mean.defined()) check_param(mean, N, acc, "norm mean");
-    check_param(rstd, N, acc, "norm rstd");
     norm_backward_kernel<T>(dx.data<T>(), dweight.data<compute_t<T>>(), data_or_null<compute_t<T>>(dbias), dy.data<T>(),
                             x.data<T>(), weight.data<T>(), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(),
                             N, C);

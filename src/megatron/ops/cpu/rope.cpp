@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "megatron/ops/checks/rope.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 
 namespace megatron::ops::cpu {
@@ -59,17 +60,8 @@ void rope_kernel(T* y, const T* x, int64_t S, int64_t B, int64_t H, int64_t D, i
 
 void rope_apply(Tensor& y, const Tensor& x, const RopeParams& p, bool inverse, const char* op, const char* y_name,
                 const char* x_name) {
-  check_defined(x, x_name);
-  check_cpu(x, x_name);
-  check_cpu(y, y_name);
-  MEGATRON_CHECK(x.ndim() == 4, x_name << " must be (S,B,H,D), got " << shape_str(x.shape()));
-  check_shape(y, x.shape(), y_name);
-  check_dtype(y, x.dtype(), y_name);
-  MEGATRON_CHECK(p.percent > 0.0f && p.percent <= 1.0f, op << ": rotary percent " << p.percent << " must be in (0, 1]");
-  const int64_t S = x.dim(0), B = x.dim(1), H = x.dim(2), D = x.dim(3);
-  const auto rot_dim = int64_t(double(D) * double(p.percent));  // Python's int(D * percent)
-  MEGATRON_CHECK(rot_dim % 2 == 0, op << ": rotary dim int(" << D << " * " << p.percent << ") = " << rot_dim
-                                      << " must be even; choose a rotary percent that gives an even dim");
+  const checks::RopeDims dims = checks::check_rope(y, x, p, op, y_name, x_name, check_cpu);
+  const int64_t S = dims.S, B = dims.B, H = dims.H, D = dims.D, rot_dim = dims.rot_dim;
   dispatch_floating(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
     rope_kernel<T>(y.data<T>(), x.data<T>(), S, B, H, D, rot_dim, p, inverse);
   });

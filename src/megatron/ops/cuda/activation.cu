@@ -2,6 +2,7 @@
 // packs when every pointer allows it, scalars otherwise. Arithmetic in float with the accurate
 // tanhf/expf (not the fast intrinsics), so results track the CPU reference to float rounding.
 #include "megatron/ops/activation.h"
+#include "megatron/ops/checks/activation.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 
 namespace megatron::ops::cuda {
@@ -114,30 +115,10 @@ bool packable(int64_t count, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-void check_like(const Tensor& t, const Tensor& x, const Shape& shape, const char* name) {
-  check_cuda(t, name);
-  check_shape(t, shape, name);
-  check_dtype(t, x.dtype(), name);
-}
-
-int64_t swiglu_features(const Tensor& x) {
-  check_defined(x, "swiglu x");
-  MEGATRON_CHECK(x.ndim() >= 1 && x.dim(-1) % 2 == 0,
-                 "swiglu x must end in 2F = [gate | up] channels, got shape " << shape_str(x.shape()));
-  return x.dim(-1) / 2;
-}
-
-Shape half_last(const Shape& shape) {
-  Shape s = shape;
-  s.back() /= 2;
-  return s;
-}
-
 }  // namespace
 
 void gelu_forward(Tensor& y, const Tensor& x) {
-  check_cuda(x, "gelu x");
-  check_like(y, x, x.shape(), "gelu y");
+  checks::check_gelu_forward(y, x, check_cuda);
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_storage(x.dtype(), "gelu_forward", [&]<class T>(std::type_identity<T>) {
@@ -153,9 +134,7 @@ void gelu_forward(Tensor& y, const Tensor& x) {
 }
 
 void gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
-  check_cuda(x, "gelu x");
-  check_like(dy, x, x.shape(), "gelu dy");
-  check_like(dx, x, x.shape(), "gelu dx");
+  checks::check_gelu_backward(dx, dy, x, check_cuda);
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_storage(x.dtype(), "gelu_backward", [&]<class T>(std::type_identity<T>) {
@@ -172,9 +151,8 @@ void gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
 }
 
 void swiglu_forward(Tensor& y, const Tensor& x) {
-  const int64_t F = swiglu_features(x), N = rows_of(x, "swiglu x");
-  check_cuda(x, "swiglu x");
-  check_like(y, x, half_last(x.shape()), "swiglu y");
+  const checks::SwigluDims dims = checks::check_swiglu_forward(y, x, check_cuda);
+  const int64_t N = dims.rows, F = dims.features;
   if (N * F == 0) return;
   dispatch_storage(x.dtype(), "swiglu_forward", [&]<class T>(std::type_identity<T>) {
     T* yp = static_cast<T*>(y.raw());
@@ -189,10 +167,8 @@ void swiglu_forward(Tensor& y, const Tensor& x) {
 }
 
 void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
-  const int64_t F = swiglu_features(x), N = rows_of(x, "swiglu x");
-  check_cuda(x, "swiglu x");
-  check_like(dy, x, half_last(x.shape()), "swiglu dy");
-  check_like(dx, x, x.shape(), "swiglu dx");
+  const checks::SwigluDims dims = checks::check_swiglu_backward(dx, dy, x, check_cuda);
+  const int64_t N = dims.rows, F = dims.features;
   if (N * F == 0) return;
   dispatch_storage(x.dtype(), "swiglu_backward", [&]<class T>(std::type_identity<T>) {
     T* dxp = static_cast<T*>(dx.raw());

@@ -1,44 +1,28 @@
-// Attention on CUDA, shared part: argument checks used by the forward and backward kernels
-// (attention_forward.cu, attention_backward.cu) and the fused-QKV split/merge copies.
+// Attention on CUDA, shared part: the CUDA side of the argument checks (limits, dtypes; the rules
+// both backends share are in ops/checks/attention.h) and the fused-QKV split/merge copies.
+#include "megatron/ops/checks/attention.h"
 #include "megatron/ops/cuda/attention_common.cuh"
 #include "megatron/ops/cuda/kernel_util.cuh"
 
 namespace megatron::ops::cuda {
 namespace attention_detail {
 
-void check_4d(const Tensor& t, const Shape& shape, DType dtype, const char* name) {
-  check_cuda(t, name);
-  check_shape(t, shape, name);
-  check_dtype(t, dtype, name);
-}
-
-Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v) {
-  check_cuda(q, "attention q");
-  check_cuda(k, "attention k");
-  MEGATRON_CHECK(q.ndim() == 4, "attention q must be (S,B,NH,HS), got " << shape_str(q.shape()));
-  MEGATRON_CHECK(k.ndim() == 4, "attention k must be (S,B,G,HS), got " << shape_str(k.shape()));
-  const int64_t S = q.dim(0), B = q.dim(1), NH = q.dim(2), G = k.dim(2), HS = q.dim(3);
-  MEGATRON_CHECK(G > 0 && NH % G == 0,
-                 "attention: " << NH << " query heads cannot be grouped over " << G << " kv heads; NH % G must be 0");
+Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q) {
   // Kernels index positions and heads in int and elements in int64.
-  MEGATRON_CHECK(S < (int64_t(1) << 31) && B * NH < 65536 && HS < 65536,
+  MEGATRON_CHECK(d.S < (int64_t(1) << 31) && d.B * d.NH < 65536 && d.HS < 65536,
                  "attention: shape " << shape_str(q.shape()) << " exceeds the CUDA kernels' limits (S < 2^31, B*NH < "
                                      << "65536, HS < 65536); split the batch");
-  check_4d(k, {S, B, G, HS}, q.dtype(), "attention k");
-  check_4d(v, {S, B, G, HS}, q.dtype(), "attention v");
-  return Dims{int(S), int(B), int(NH), int(G), int(HS)};
+  return Dims{int(d.S), int(d.B), int(d.NH), int(d.G), int(d.HS)};
 }
 
-void check_params(const AttentionParams& p) {
-  MEGATRON_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f,
-                 "attention dropout " << p.dropout_p << " must be in [0, 1)");
+namespace {
+// CUDA attention kernels exist for the dtypes dispatch_floating takes (f32, bf16).
+void check_cuda_attention_dtype(const Tensor& q, const char* op) {
+  dispatch_floating(q.dtype(), op, []<class T>(std::type_identity<T>) {});
 }
+}  // namespace
 
-void check_lse(const Tensor& lse, const Dims& d) {
-  check_cuda(lse, "attention lse");
-  check_shape(lse, {d.B, d.NH, d.S}, "attention lse");
-  check_dtype(lse, DType::f32, "attention lse");
-}
+const checks::AttentionBackend kCudaAttention{check_cuda, check_cuda_attention_dtype};
 
 }  // namespace attention_detail
 
@@ -85,8 +69,7 @@ void launch_qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, const Dims& d
 
 // Byte copies between qkv and q, k, v, so any dtype works (as on the CPU).
 void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
-  const Dims d = attention_detail::attention_dims(q, k, v);
-  attention_detail::check_4d(qkv, {d.S, d.B, d.G, (d.group_size() + 2) * d.HS}, q.dtype(), "qkv");
+  const Dims d = attention_detail::cuda_dims(checks::check_qkv_fused(qkv, q, k, v, check_cuda), q);
   if (qkv.numel() == 0) return;
   const size_t head_bytes = size_t(d.HS) * q.element_size();
   const bool whole_words = head_bytes % 16 == 0 && is_aligned16(qkv.raw()) && is_aligned16(q.raw()) &&

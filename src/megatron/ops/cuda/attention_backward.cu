@@ -21,14 +21,8 @@ using Backward128 = BackwardTiles<128, 8, 64, 1>;
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
-  const Dims d = attention_dims(q, k, v);
-  check_params(params);
-  check_4d(out, q.shape(), q.dtype(), "attention out");
-  check_4d(dout, q.shape(), q.dtype(), "attention dout");
-  check_4d(dq, q.shape(), q.dtype(), "attention dq");
-  check_4d(dk, k.shape(), q.dtype(), "attention dk");
-  check_4d(dv, k.shape(), q.dtype(), "attention dv");
-  check_lse(lse, d);
+  const Dims d =
+      cuda_dims(checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, kCudaAttention), q);
   if (q.numel() == 0) return;
   dispatch_floating(q.dtype(), "attention_backward", [&]<class T>(std::type_identity<T>) {
     const BackwardArgs<T> a = backward_args<T>(dq, dk, dv, dout, q, k, v, out, lse, params, d);

@@ -17,6 +17,7 @@
 #include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
 #include "megatron/ops/attention.h"
+#include "megatron/ops/checks/attention.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/dropout.h"
 
@@ -31,14 +32,10 @@ struct Dims {
   __host__ __device__ int64_t kv_row_stride() const { return int64_t(B) * G * HS; }
 };
 
-// Checks q, k, v (CUDA, same dtype, GQA-compatible shapes) and returns their dims.
-Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v);
-// dropout in [0, 1).
-void check_params(const AttentionParams& p);
-// t is on CUDA with the given shape and dtype.
-void check_4d(const Tensor& t, const Shape& shape, DType dtype, const char* name);
-// lse is (B,NH,S) f32 on CUDA.
-void check_lse(const Tensor& lse, const Dims& d);
+// The shared checks' dims as the kernels' ints, after checking they fit the kernels' limits.
+Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q);
+// The shared attention checks (ops/checks/attention.h) with CUDA's device rule and dtypes.
+extern const checks::AttentionBackend kCudaAttention;
 
 // The tensor-core kernels cover these head dims; others (and f32) take the generic kernels.
 inline bool mma_head_dim(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }

@@ -21,10 +21,7 @@ using Forward128 = ForwardTiles<128, 2, 32, 1, false>;
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionParams& params) {
-  const Dims d = attention_dims(q, k, v);
-  check_params(params);
-  check_4d(out, q.shape(), q.dtype(), "attention out");
-  check_lse(lse, d);
+  const Dims d = cuda_dims(checks::check_attention_forward(out, lse, q, k, v, params, kCudaAttention), q);
   if (q.numel() == 0) return;
   dispatch_floating(q.dtype(), "attention_forward", [&]<class T>(std::type_identity<T>) {
     const ForwardArgs<T> a = forward_args<T>(out, lse, q, k, v, params, d);

@@ -3,6 +3,7 @@
 // elements; arithmetic in float, rounded once into the output. Products and sums are written
 // with explicit rounding (__fmul_rn, __fadd_rn) so no multiply-add is fused: the results then
 // round exactly as the CPU reference's do.
+#include "megatron/ops/checks/elementwise.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/elementwise.h"
 
@@ -90,12 +91,6 @@ void launch_map2(O* out, const A* a, const B* b, int64_t n, Op op) {
   CUDA_CHECK_LAUNCH();
 }
 
-void check_same_numel(const Tensor& out, const Tensor& in, const char* out_name, const char* in_name) {
-  check_cuda(in, in_name);
-  check_cuda(out, out_name);
-  check_numel(out, in.numel(), out_name);
-}
-
 // out (D1,D0,rest) = in (D0,D1,rest), moving each row's `rest` block as words of W.
 template <class W>
 __global__ void transpose01_kernel(W* out, const W* in, int64_t d0, int64_t d1, int64_t words_per_row) {
@@ -119,17 +114,14 @@ void launch_transpose01(void* out, const void* in, int64_t d0, int64_t d1, size_
 }  // namespace
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
-  check_same_numel(out, a, "add out", "add a");
-  check_same_numel(b, a, "add b", "add a");
-  check_dtype(b, a.dtype(), "add b");
-  check_dtype(out, a.dtype(), "add out");
+  checks::check_add(out, a, b, check_cuda);
   dispatch_storage(a.dtype(), "add", [&]<class T>(std::type_identity<T>) {
     launch_map2(device_data<T>(out), device_data<T>(a), device_data<T>(b), out.numel(), Add{});
   });
 }
 
 void add_scaled(Tensor& out, const Tensor& x, float alpha) {
-  check_same_numel(out, x, "add_scaled out", "add_scaled x");
+  checks::check_same_numel(out, x, "add_scaled out", "add_scaled x", check_cuda);
   dispatch_storage(out.dtype(), "add_scaled", [&]<class O>(std::type_identity<O>) {
     dispatch_storage(x.dtype(), "add_scaled", [&]<class I>(std::type_identity<I>) {
       O* o = device_data<O>(out);
@@ -139,7 +131,7 @@ void add_scaled(Tensor& out, const Tensor& x, float alpha) {
 }
 
 void scale(Tensor& out, const Tensor& x, float alpha) {
-  check_same_numel(out, x, "scale out", "scale x");
+  checks::check_same_numel(out, x, "scale out", "scale x", check_cuda);
   dispatch_storage(out.dtype(), "scale", [&]<class O>(std::type_identity<O>) {
     dispatch_storage(x.dtype(), "scale", [&]<class I>(std::type_identity<I>) {
       launch_map1(device_data<O>(out), device_data<I>(x), out.numel(), Scale{alpha});
@@ -148,7 +140,7 @@ void scale(Tensor& out, const Tensor& x, float alpha) {
 }
 
 void cast(Tensor& out, const Tensor& x) {
-  check_same_numel(out, x, "cast out", "cast x");
+  checks::check_same_numel(out, x, "cast out", "cast x", check_cuda);
   dispatch_storage(out.dtype(), "cast", [&]<class O>(std::type_identity<O>) {
     dispatch_storage(x.dtype(), "cast", [&]<class I>(std::type_identity<I>) {
       launch_map1(device_data<O>(out), device_data<I>(x), out.numel(), Identity{});
@@ -157,16 +149,9 @@ void cast(Tensor& out, const Tensor& x) {
 }
 
 void transpose01(Tensor& out, const Tensor& in) {
-  check_same_numel(out, in, "transpose01 out", "transpose01 in");
-  MEGATRON_CHECK(in.ndim() >= 2, "transpose01 needs at least 2 dimensions, got " << shape_str(in.shape()));
-  Shape swapped = in.shape();
-  std::swap(swapped[0], swapped[1]);
-  check_shape(out, swapped, "transpose01 out");
-  check_dtype(out, in.dtype(), "transpose01 out");
+  checks::check_transpose01(out, in, check_cuda);
   const auto* src = static_cast<const char*>(in.raw());
   auto* dst = static_cast<char*>(out.raw());
-  MEGATRON_CHECK(dst + out.nbytes() <= src || src + in.nbytes() <= dst,
-                 "transpose01 cannot run in place; give out memory that does not overlap in");
   const int64_t d0 = in.dim(0), d1 = in.dim(1);
   if (in.numel() == 0) return;
   const size_t row_bytes = size_t(in.numel() / (d0 * d1)) * in.element_size();

@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "megatron/ops/checks/gemm.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/elementwise.h"
 #include "megatron/ops/gemm.h"
@@ -283,46 +284,19 @@ void bias_grad(float* db, const T* dy, int64_t rows, int64_t cols, Device device
   CUDA_CHECK_LAUNCH();
 }
 
-// ---- argument checks (the CPU reference's rules) -------------------------------------------
+// ---- argument checks: the shared rules (ops/checks/gemm.h) with CUDA's device and dtypes -----
 
-void check_gemm_input(const Tensor& t, const char* name) {
-  check_cuda(t, name);
-  MEGATRON_CHECK(t.ndim() >= 1, name << " must have at least one dimension, got a 0-d tensor");
+void check_cuda_gemm_dtype(const Tensor& t, const char*) {
   lt_type(t.dtype());  // rejects f64 and non-float dtypes with a clear message
 }
 
-// C may have the inputs' dtype, or f32 for 16-bit inputs (accumulation into the fp32 main grad).
-void check_gemm_output(const Tensor& c, DType input, const char* name) {
-  check_cuda(c, name);
-  const bool half = input == DType::bf16 || input == DType::f16;
-  MEGATRON_CHECK(c.dtype() == input || (half && c.dtype() == DType::f32),
-                 name << " has dtype " << dtype_name(c.dtype()) << " for " << dtype_name(input) << " inputs; expected "
-                      << dtype_name(input) << (half ? " or f32" : ""));
-}
-
-Shape with_last_dim(const Shape& shape, int64_t last) {
-  Shape s = shape;
-  s.back() = last;
-  return s;
-}
+constexpr checks::GemmBackend kCudaGemm{check_cuda, check_cuda_gemm_dtype};
 
 }  // namespace
 
 void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params) {
-  check_gemm_input(a, "matmul A");
-  check_gemm_input(b, "matmul B");
-  check_dtype(b, a.dtype(), "matmul B");
-  check_defined(c, "matmul C");
-  check_gemm_output(c, a.dtype(), "matmul C");
-  MEGATRON_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
-                 "matmul takes 2-D views; got A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << ", C "
-                                                  << shape_str(c.shape()) << " (use view() to flatten)");
+  const auto [m, n, k] = checks::check_matmul(c, a, b, params, kCudaGemm);
   const bool ta = params.trans_a == Transpose::yes, tb = params.trans_b == Transpose::yes;
-  const int64_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);
-  const int64_t kb = tb ? b.dim(1) : b.dim(0), n = tb ? b.dim(0) : b.dim(1);
-  MEGATRON_CHECK(k == kb,
-                 "matmul inner dimensions differ: op(A) is " << m << "x" << k << ", op(B) is " << kb << "x" << n);
-  check_shape(c, {m, n}, "matmul C");
   if (m == 0 || n == 0) return;
   if (k == 0) {  // an empty product: C = beta C (and beta = 0 ignores C, NaN included, as BLAS does)
     if (params.beta == 0.0f) {
@@ -336,23 +310,10 @@ void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& par
 }
 
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check_gemm_input(x, "linear x");
-  check_gemm_input(weight, "linear weight");
-  check_dtype(weight, x.dtype(), "linear weight");
-  MEGATRON_CHECK(weight.ndim() == 2, "linear weight must be 2-D (out,in), got " << shape_str(weight.shape()));
-  const int64_t out_features = weight.dim(0), in_features = weight.dim(1);
-  MEGATRON_CHECK(x.dim(-1) == in_features, "linear x has " << x.dim(-1) << " features (shape " << shape_str(x.shape())
-                                                           << "), the weight expects " << in_features);
+  // Plain variables, not structured bindings: the lambdas below capture them.
+  const checks::LinearDims dims = checks::check_linear_forward(y, x, weight, bias, kCudaGemm);
+  const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
   MEGATRON_CHECK(in_features > 0, "linear weight " << shape_str(weight.shape()) << " has no input features");
-  check_shape(y, with_last_dim(x.shape(), out_features), "linear y");
-  check_cuda(y, "linear y");
-  check_dtype(y, x.dtype(), "linear y");
-  if (bias.defined()) {
-    check_cuda(bias, "linear bias");
-    check_shape(bias, {out_features}, "linear bias");
-    check_dtype(bias, x.dtype(), "linear bias");
-  }
-  const int64_t n = rows_of(x, "linear x");
   if (n == 0 || out_features == 0) return;
   // y (N,out) = x (N,in) W^T (+ bias)
   if (!bias.defined()) {
@@ -370,29 +331,8 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tens
 
 void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& weight) {
-  check_gemm_input(x, "linear x");
-  check_gemm_input(weight, "linear weight");
-  check_gemm_input(dy, "linear dy");
-  check_dtype(weight, x.dtype(), "linear weight");
-  check_dtype(dy, x.dtype(), "linear dy");
-  MEGATRON_CHECK(weight.ndim() == 2, "linear weight must be 2-D (out,in), got " << shape_str(weight.shape()));
-  const int64_t out_features = weight.dim(0), in_features = weight.dim(1);
-  check_shape(x, with_last_dim(dy.shape(), in_features), "linear x");
-  check_shape(dy, with_last_dim(x.shape(), out_features), "linear dy");
-  if (dx.defined()) {
-    check_cuda(dx, "linear dx");
-    check_shape(dx, x.shape(), "linear dx");
-    check_dtype(dx, x.dtype(), "linear dx");
-  }
-  check_cuda(dweight, "linear dweight");
-  check_shape(dweight, weight.shape(), "linear dweight");
-  check_dtype(dweight, DType::f32, "linear dweight");
-  if (dbias.defined()) {
-    check_cuda(dbias, "linear dbias");
-    check_shape(dbias, {out_features}, "linear dbias");
-    check_dtype(dbias, DType::f32, "linear dbias");
-  }
-  const int64_t n = rows_of(x, "linear x");
+  const checks::LinearDims dims = checks::check_linear_backward(dx, dweight, dbias, dy, x, weight, kCudaGemm);
+  const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
   if (dx.defined() && n > 0 && in_features > 0) {
     // dx (N,in) = dy (N,out) @ W (out,in); no output features: dx = 0
     if (out_features == 0) {

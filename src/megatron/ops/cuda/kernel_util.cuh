@@ -13,17 +13,17 @@
 #include <type_traits>
 
 #include "megatron/core/tensor.h"
-#include "megatron/ops/cpu/dispatch_dtype.h"
+#include "megatron/ops/checks/common.h"
 #include "megatron/ops/cuda/context.h"
 #include "megatron/ops/cuda/cuda_check.h"
 
 namespace megatron::ops::cuda {
 
-// Shape helpers are backend-neutral; the CPU header owns them.
-using cpu::accum_dtype;
-using cpu::check_defined;
-using cpu::check_numel;
-using cpu::rows_of;
+// Backend-neutral argument helpers (ops/checks/common.h).
+using checks::accum_dtype;
+using checks::check_defined;
+using checks::check_numel;
+using checks::rows_of;
 
 // ---- element conversion -------------------------------------------------------------------
 

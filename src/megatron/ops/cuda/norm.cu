@@ -2,6 +2,7 @@
 // 16-byte loads and float accumulation; the row is read again from L1 for each pass rather than
 // held in registers, so any C works. dweight/dbias are reduced deterministically without float
 // atomics: per-(row chunk, channel) partial sums, then a second kernel sums the chunks in order.
+#include "megatron/ops/checks/norm.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/norm.h"
 
@@ -181,21 +182,12 @@ T* data_or_null(Tensor& t) {
   return t.defined() ? static_cast<T*>(t.raw()) : nullptr;
 }
 
-void check_param(const Tensor& t, int64_t C, DType dtype, const char* name) {
-  check_cuda(t, name);
-  check_shape(t, {C}, name);
-  check_dtype(t, dtype, name);
+// CUDA kernels exist for the dtypes dispatch_storage takes.
+void check_cuda_norm_dtype(const Tensor& x, const char* op) {
+  dispatch_storage(x.dtype(), op, []<class T>(std::type_identity<T>) {});
 }
 
-// The mean is saved for LayerNorm only; RMSNorm takes no mean and no bias.
-void check_kind_tensors(const NormParams& p, const Tensor& mean, const Tensor& bias, const char* bias_name) {
-  if (p.kind == NormKind::rmsnorm) {
-    MEGATRON_CHECK(!mean.defined(), "RMSNorm saves no mean; pass an undefined mean tensor");
-    MEGATRON_CHECK(!bias.defined(), "RMSNorm has no bias; pass an undefined " << bias_name);
-  } else {
-    check_defined(mean, "LayerNorm mean");
-  }
-}
+constexpr checks::NormBackend kCudaNorm{check_cuda, check_cuda_norm_dtype};
 
 // Rows are indexed in int64 but channels in int (one row's offset fits easily).
 int channels_of(const Tensor& x) {
@@ -208,19 +200,9 @@ int channels_of(const Tensor& x) {
 
 void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const NormParams& params) {
-  const int64_t N = rows_of(x, "norm x");
-  check_cuda(x, "norm x");
+  const int64_t N = checks::check_norm_forward(y, mean, rstd, x, weight, bias, params, kCudaNorm).rows;
   const int C = channels_of(x);
-  check_kind_tensors(params, mean, bias, "bias");
-  MEGATRON_CHECK(params.eps > 0.0f, "norm eps must be positive, got " << params.eps);
   dispatch_storage(x.dtype(), "norm_forward", [&]<class T>(std::type_identity<T>) {
-    check_cuda(y, "norm y");
-    check_shape(y, x.shape(), "norm y");
-    check_dtype(y, x.dtype(), "norm y");
-    check_param(weight, C, x.dtype(), "norm weight");
-    if (bias.defined()) check_param(bias, C, x.dtype(), "norm bias");
-    if (mean.defined()) check_param(mean, N, DType::f32, "norm mean");
-    check_param(rstd, N, DType::f32, "norm rstd");
     if (N == 0) return;
     T* yp = static_cast<T*>(y.raw());
     const T* xp = static_cast<const T*>(x.raw());
@@ -241,21 +223,9 @@ void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const 
 
 void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
                    const Tensor& mean, const Tensor& rstd, const NormParams& params) {
-  const int64_t N = rows_of(x, "norm x");
-  check_cuda(x, "norm x");
+  const int64_t N = checks::check_norm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, params, kCudaNorm).rows;
   const int C = channels_of(x);
-  check_kind_tensors(params, mean, dbias, "dbias");
   dispatch_storage(x.dtype(), "norm_backward", [&]<class T>(std::type_identity<T>) {
-    for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&dx, "norm dx"}, {&dy, "norm dy"}}) {
-      check_cuda(*t, name);
-      check_shape(*t, x.shape(), name);
-      check_dtype(*t, x.dtype(), name);
-    }
-    check_param(weight, C, x.dtype(), "norm weight");
-    check_param(dweight, C, DType::f32, "norm dweight");
-    if (dbias.defined()) check_param(dbias, C, DType::f32, "norm dbias");
-    if (mean.defined()) check_param(mean, N, DType::f32, "norm mean");
-    check_param(rstd, N, DType::f32, "norm rstd");
     if (N == 0) return;
     T* dxp = static_cast<T*>(dx.raw());
     const T* dyp = static_cast<const T*>(dy.raw());

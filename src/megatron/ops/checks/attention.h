@@ -1,0 +1,31 @@
+#pragma once
+// Argument checks of core attention and the fused-QKV layout (ops/attention.h), shared by
+// ops/cpu/attention.cpp and ops/cuda/attention*.cu.
+#include "megatron/ops/attention.h"
+#include "megatron/ops/checks/common.h"
+
+namespace megatron::ops::checks {
+
+struct AttentionBackend {
+  TensorCheck device;
+  // Rejects a q dtype the backend has no kernel for; called with the op's name before the lse
+  // check, whose expected dtype derives from q's, so an unsupported q is reported as such.
+  TensorCheck q_dtype;
+};
+
+// q, out (S,B,NH,HS); k, v (S,B,G,HS); lse (B,NH,S).
+struct AttentionDims {
+  int64_t S, B, NH, G, HS;
+};
+// q, k, v: defined, on the backend's device, one dtype, GQA-compatible shapes.
+AttentionDims check_attention_qkv(const Tensor& q, const Tensor& k, const Tensor& v, TensorCheck device);
+AttentionDims check_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const AttentionParams& params, const AttentionBackend& backend);
+AttentionDims check_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                                       const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                       const Tensor& lse, const AttentionParams& params,
+                                       const AttentionBackend& backend);
+// qkv (S,B,G,(NH/G + 2)*HS) against q, k, v (qkv_split, qkv_merge).
+AttentionDims check_qkv_fused(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, TensorCheck device);
+
+}  // namespace megatron::ops::checks

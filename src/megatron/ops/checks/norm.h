@@ -1,0 +1,26 @@
+#pragma once
+// Argument checks of LayerNorm / RMSNorm (ops/norm.h), shared by ops/cpu/norm.cpp and ops/cuda/norm.cu.
+#include "megatron/ops/checks/common.h"
+#include "megatron/ops/norm.h"
+
+namespace megatron::ops::checks {
+
+struct NormBackend {
+  TensorCheck device;
+  // Rejects an x dtype the backend has no kernel for; called with the op's name, before the checks
+  // that compare other tensors' dtypes with x's, so an unsupported x is reported as such.
+  TensorCheck x_dtype;
+};
+
+// x viewed as (rows, channels).
+struct NormDims {
+  int64_t rows, channels;
+};
+NormDims check_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                            const Tensor& weight, const Tensor& bias, const NormParams& params,
+                            const NormBackend& backend);
+NormDims check_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
+                             const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                             const NormParams& params, const NormBackend& backend);
+
+}  // namespace megatron::ops::checks
