@@ -16,7 +16,7 @@ else
   bin=build/demo-cpu/megatron
 fi
 work="${MEGATRON_DEMO_DIR:-/tmp/megatron-demo}"
-iters="${MEGATRON_DEMO_ITERS:-900}"
+iters="${MEGATRON_DEMO_ITERS:-800}"
 rm -rf "$work" && mkdir -p "$work"
 
 # One JSON document per fortune (entries are separated by lines holding a single '%').
