@@ -60,12 +60,18 @@ const Flag kFlags[] = {
      [](PreprocessOptions& o, const std::vector<std::string>& v) { o.output_prefix = v[0]; }},
     {"--json-keys", Arity::list, "keys to tokenize, one dataset each (default: text)",
      [](PreprocessOptions& o, const std::vector<std::string>& v) { o.json_keys = v; }},
-    {"--tokenizer-type", Arity::one, "ByteTokenizer or NullTokenizer (required)",
+    {"--tokenizer-type", Arity::one,
+     "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
+     "ByteTokenizer or NullTokenizer (required)",
      [](PreprocessOptions& o, const std::vector<std::string>& v) { o.tokenizer_type = v[0]; }},
     {"--vocab-size", Arity::one, "vocabulary size (NullTokenizer)",
      [](PreprocessOptions& o, const std::vector<std::string>& v) { o.vocab_size = parse_int("--vocab-size", v[0]); }},
-    {"--tokenizer-model", Arity::one, "tokenizer model file (tokenizers that read one)",
+    {"--tokenizer-model", Arity::one, "tokenizer.json or SentencePiece .model (tokenizers that read one)",
      [](PreprocessOptions& o, const std::vector<std::string>& v) { o.tokenizer_model = v[0]; }},
+    {"--vocab-file", Arity::one, "GPT-2 vocab.json (GPT2BPETokenizer)",
+     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.vocab_file = v[0]; }},
+    {"--merge-file", Arity::one, "GPT-2 merges.txt (GPT2BPETokenizer)",
+     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.merge_file = v[0]; }},
     {"--append-eod", Arity::none, "append the end-of-document id to every non-empty document",
      [](PreprocessOptions& o, const std::vector<std::string>&) { o.append_eod = true; }},
     {"--workers", Arity::one, "tokenizer threads (default 1)",
@@ -392,8 +398,8 @@ void write_chunk(const TokenizedChunk& chunk, const std::string& input,
 
 PreprocessReport preprocess_data(const PreprocessOptions& options, std::ostream& log) {
   validate(options);
-  std::unique_ptr<Tokenizer> tokenizer =
-      make_tokenizer(options.tokenizer_type, options.vocab_size, options.tokenizer_model);
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(TokenizerOptions{
+      options.tokenizer_type, options.vocab_size, options.tokenizer_model, options.vocab_file, options.merge_file});
   std::error_code ec;
   MEGATRON_CHECK(!std::filesystem::is_directory(options.input, ec),
                  "--input " << options.input << " is a directory; give a .jsonl file");

@@ -21,6 +21,7 @@ struct PreprocessOptions {
   std::string tokenizer_type;                  // --tokenizer-type
   int64_t vocab_size = 0;                      // --vocab-size (0: not given)
   std::string tokenizer_model;                 // --tokenizer-model
+  std::string vocab_file, merge_file;          // --vocab-file, --merge-file (GPT2BPETokenizer)
   bool append_eod = false;                     // --append-eod
   int64_t workers = 1;                         // --workers: tokenizer threads
   double max_bad_lines_fraction = 0.001;       // --max-bad-lines-fraction
