@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "megatron/core/error.h"
 
@@ -36,5 +37,30 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The smallest valid `megatron train` command line (mock data): tests add or override flags.
+inline std::vector<std::string> minimal_train_argv(const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> a = {"--num-layers",
+                                "2",
+                                "--hidden-size",
+                                "64",
+                                "--num-attention-heads",
+                                "4",
+                                "--seq-length",
+                                "128",
+                                "--micro-batch-size",
+                                "2",
+                                "--train-iters",
+                                "10",
+                                "--lr",
+                                "1e-3",
+                                "--mock-data",
+                                "--tokenizer-type",
+                                "NullTokenizer",
+                                "--vocab-size",
+                                "100"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
 
 }  // namespace megatron::testing

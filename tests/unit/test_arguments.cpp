@@ -8,6 +8,7 @@
 
 #include "megatron/core/error.h"
 #include "megatron/training/arguments.h"
+#include "test_util.h"
 
 using namespace megatron;
 
@@ -16,27 +17,7 @@ namespace {
 using Argv = std::vector<std::string>;
 
 // The smallest valid command line: the rest is defaults and derivations.
-Argv minimal_argv() {
-  return {"--num-layers",
-          "2",
-          "--hidden-size",
-          "64",
-          "--num-attention-heads",
-          "4",
-          "--seq-length",
-          "128",
-          "--micro-batch-size",
-          "2",
-          "--train-iters",
-          "10",
-          "--lr",
-          "1e-3",
-          "--mock-data",
-          "--tokenizer-type",
-          "NullTokenizer",
-          "--vocab-size",
-          "100"};
-}
+Argv minimal_argv() { return megatron::testing::minimal_train_argv(); }
 
 Argv with(Argv argv, const Argv& extra) {
   argv.insert(argv.end(), extra.begin(), extra.end());
@@ -62,9 +43,9 @@ std::string parse_error(const Argv& argv, int64_t world_size = 1) {
   return "";
 }
 
-testing::AssertionResult contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return testing::AssertionSuccess();
-  return testing::AssertionFailure() << "'" << part << "' not in:\n" << text;
+::testing::AssertionResult contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << part << "' not in:\n" << text;
 }
 
 // A YAML file that lives as long as the object.
@@ -72,7 +53,7 @@ class YamlFile {
  public:
   explicit YamlFile(const std::string& text)
       : path_(std::filesystem::temp_directory_path() /
-              (std::string("megatron_test_arguments_") + testing::UnitTest::GetInstance()->current_test_info()->name() +
+              (std::string("megatron_test_arguments_") + ::testing::UnitTest::GetInstance()->current_test_info()->name() +
                ".yaml")) {
     std::ofstream(path_) << text;
   }

@@ -12,27 +12,7 @@ using megatron::testing::error_of;
 
 namespace {
 std::vector<std::string> argv(const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> a = {"--num-layers",
-                                "2",
-                                "--hidden-size",
-                                "64",
-                                "--num-attention-heads",
-                                "4",
-                                "--seq-length",
-                                "128",
-                                "--micro-batch-size",
-                                "2",
-                                "--train-iters",
-                                "10",
-                                "--lr",
-                                "1e-3",
-                                "--mock-data",
-                                "--tokenizer-type",
-                                "NullTokenizer",
-                                "--vocab-size",
-                                "100"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
+  return megatron::testing::minimal_train_argv(extra);
 }
 }  // namespace
 

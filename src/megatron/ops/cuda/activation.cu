@@ -11,23 +11,6 @@ namespace {
 constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
 constexpr float kGeluCubic = 0.044715f;
 
-template <int V, class T>
-__device__ __forceinline__ void load_pack(const T* p, float (&v)[V]) {
-  if constexpr (V == 1) {
-    v[0] = to_float(*p);
-  } else {
-    load_floats<V>(p, v);
-  }
-}
-template <int V, class T>
-__device__ __forceinline__ void store_pack(T* p, const float (&v)[V]) {
-  if constexpr (V == 1) {
-    *p = from_float<T>(v[0]);
-  } else {
-    store_floats<V>(p, v);
-  }
-}
-
 // y = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
 __device__ __forceinline__ float gelu(float x) {
   const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);

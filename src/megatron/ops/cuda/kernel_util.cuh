@@ -84,6 +84,25 @@ __device__ __forceinline__ void store_floats(T* p, const float (&in)[N]) {
   for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = raw[w];
 }
 
+// V elements at p as floats: one scalar for V = 1, else whole 16-byte packs (the tail and
+// misaligned paths of vectorised kernels use V = 1).
+template <int V, class T>
+__device__ __forceinline__ void load_pack(const T* p, float (&v)[V]) {
+  if constexpr (V == 1) {
+    v[0] = to_float(*p);
+  } else {
+    load_floats<V>(p, v);
+  }
+}
+template <int V, class T>
+__device__ __forceinline__ void store_pack(T* p, const float (&v)[V]) {
+  if constexpr (V == 1) {
+    *p = from_float<T>(v[0]);
+  } else {
+    store_floats<V>(p, v);
+  }
+}
+
 // A range [p, p + n) cut at 16-byte boundaries: `head` scalar elements up to the first boundary,
 // then `packs` whole kPack<T> packs, then scalar elements from head + packs * kPack<T> to n.
 // Lets a row at any offset (odd vocabulary sizes) use vector access for its body.

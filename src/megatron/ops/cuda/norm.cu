@@ -11,24 +11,6 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // warps per block in the row kernels
 
-// V elements at p as floats: one scalar for V = 1, else whole 16-byte packs.
-template <int V, class T>
-__device__ __forceinline__ void load_pack(const T* p, float (&v)[V]) {
-  if constexpr (V == 1) {
-    v[0] = to_float(*p);
-  } else {
-    load_floats<V>(p, v);
-  }
-}
-template <int V, class T>
-__device__ __forceinline__ void store_pack(T* p, const float (&v)[V]) {
-  if constexpr (V == 1) {
-    *p = from_float<T>(v[0]);
-  } else {
-    store_floats<V>(p, v);
-  }
-}
-
 // y (N,C) = (x - mean) * rstd * w + b; mean (N) only for LayerNorm (nullptr for RMSNorm), rstd (N).
 // Two passes over the row as on the CPU: the mean, then the variance about it.
 template <class T, int V>
