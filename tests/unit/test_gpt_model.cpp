@@ -163,3 +163,79 @@ TEST(GPTModel, OverfitsOneBatch) {
     EXPECT_LT(loss, 0.1) << (c.swiglu ? "llama" : "gpt2") << " style";
   }
 }
+
+namespace {
+
+// Document masking (--reset-attention-mask, with --reset-position-ids): a row holding documents of
+// lengths 2 and 4 gives each token the loss it has when its document is run alone. RoPE rotates
+// by the position in the row, but scores depend only on relative positions inside a document.
+void check_documents_attend_only_to_themselves(TransformerConfig config) {
+  config.attention_dropout = config.hidden_dropout = 0.0f;
+  ParallelContext ctx = ParallelContext::single_process();
+  GPTModel model(config, ctx);
+  model.parameters().initialize(21);
+  const int64_t S = config.seq_length, first = 2;  // documents [0, 2) and [2, 6)
+  const Batch row = random_batch(1, S, config.vocab_size, 17);
+  Tensor positions = Tensor::empty({1, S}, DType::i32), segments = Tensor::empty({1, S}, DType::i32);
+  for (int64_t t = 0; t < S; ++t) {
+    positions.data<int32_t>()[t] = int32_t(t < first ? t : t - first);
+    segments.data<int32_t>()[t] = t < first ? 0 : 1;
+  }
+  const auto slice = [](const Tensor& t, int64_t begin, int64_t end) {
+    return t.view({-1}).slice(begin, end).clone().view({1, -1});
+  };
+  const LossSums joint = model.evaluate(row.tokens, row.labels, row.mask, positions, segments);
+  double separate = 0.0;
+  for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, first}, {first, S}})
+    separate +=
+        model.evaluate(slice(row.tokens, begin, end), slice(row.labels, begin, end), slice(row.mask, begin, end))
+            .loss_sum;
+  // f64 arithmetic, so only summation order differs (1e-12 relative) — except RoPE, whose angles
+  // are f32 as in Megatron: position p's angle is off by up to p * 2^-24 rad, and the second
+  // document's tokens sit at other positions jointly than alone (1e-7 relative covers p <= 6).
+  const bool rope = config.position_embedding_type == PositionEmbeddingType::rope;
+  EXPECT_NEAR(joint.loss_sum, separate, (rope ? 1e-7 : 1e-12) * std::abs(separate));
+  // Without the mask the second document sees the first, so the check can fail.
+  const LossSums unmasked = model.evaluate(row.tokens, row.labels, row.mask, positions);
+  EXPECT_GT(std::abs(unmasked.loss_sum - separate), 1e-6);
+}
+
+}  // namespace
+
+TEST(GPTModel, Gpt2StyleDocumentMaskingEqualsSeparateDocuments) {
+  check_documents_attend_only_to_themselves(gpt2_style(DType::f64));
+}
+
+TEST(GPTModel, LlamaStyleDocumentMaskingEqualsSeparateDocuments) {
+  check_documents_attend_only_to_themselves(llama_style(DType::f64));
+}
+
+TEST(GPTModel, DocumentMaskingGradientsMatchFiniteDifferences) {
+  TransformerConfig config = llama_style(DType::f64);
+  ParallelContext ctx = ParallelContext::single_process();
+  GPTModel model(config, ctx);
+  model.parameters().initialize(42);
+  const Batch batch = random_batch(2, config.seq_length, config.vocab_size, 7);
+  const Tensor segments = Tensor::from_vector({0, 0, 0, 1, 1, 2, 0, 1, 1, 1, 1, 1}, {2, config.seq_length}, DType::i32);
+  const ForwardContext fwd{.training = true, .seed = 99, .step = 3};
+  model.parameters().zero_grads();
+  model.forward_backward(batch.tokens, batch.labels, batch.mask, 1.0f, fwd, Tensor(), segments);
+  const Tensor analytic = model.parameters().grad_buffer().clone();
+  const auto loss = [&] {
+    return model.forward_backward(batch.tokens, batch.labels, batch.mask, 1.0f, fwd, Tensor(), segments).loss_sum;
+  };
+  // As in check_gradients_by_finite_differences: central differences in f64.
+  const double h = 1e-5;
+  HostRng pick(6);
+  for (const auto& p : model.parameters().params()) {
+    const int64_t i = int64_t(pick.uniform_int(uint64_t(p->data.numel())));
+    const double original = p->data.item(i);
+    p->data.set_item(i, original + h);
+    const double up = loss();
+    p->data.set_item(i, original - h);
+    const double down = loss();
+    p->data.set_item(i, original);
+    const double numeric = (up - down) / (2 * h);
+    EXPECT_NEAR(p->view_of(analytic).item(i), numeric, 1e-9 + 1e-6 * std::abs(numeric)) << p->spec.name;
+  }
+}

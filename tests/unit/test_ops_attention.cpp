@@ -17,6 +17,39 @@ constexpr int64_t kS = 5, kB = 2, kNH = 4, kG = 2, kHS = 4;
 
 AttentionParams params(bool causal, float dropout) { return {causal, 0.5f, dropout, 1234, stream_id("attn")}; }
 
+// Beside causal/full and dropout: document masking (segment ids) and, as under tensor
+// parallelism, query heads that are a slice [head_offset, head_offset + NH) of total_heads.
+struct Variant {
+  bool causal;
+  float dropout;
+  bool segmented = false;
+  int64_t head_offset = 0, total_heads = 0;
+};
+
+const Variant kVariants[] = {{true, 0.0f},
+                             {false, 0.0f},
+                             {true, 0.3f},
+                             {false, 0.3f},
+                             {true, 0.3f, true},
+                             {false, 0.0f, true},
+                             {true, 0.3f, false, 4, 12}};
+
+// Documents of lengths 2, 3 (row 0) and 1, 3, 1 (row 1); ids need only compare equal.
+Tensor segment_ids() { return Tensor::from_vector({0, 0, 1, 1, 1, 3, 4, 4, 4, 7}, {kB, kS}, DType::i32); }
+
+AttentionParams params(const Variant& v) {
+  AttentionParams p = params(v.causal, v.dropout);
+  p.head_offset = v.head_offset;
+  p.total_heads = v.total_heads;
+  if (v.segmented) p.segment_ids = segment_ids();
+  return p;
+}
+
+std::string describe(const Variant& v) {
+  return std::string("causal ") + (v.causal ? "1" : "0") + " dropout " + std::to_string(v.dropout) + " segmented " +
+         (v.segmented ? "1" : "0") + " heads from " + std::to_string(v.head_offset);
+}
+
 struct AttentionRun {
   Tensor out, lse, dq, dk, dv;
 };
@@ -32,11 +65,16 @@ AttentionRun run_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
 }
 
 // The textbook definition in double, written apart from the kernel: for each (b, h) the full
-// score matrix, p = exp(s) / sum exp(s) over allowed keys, dropout mask from the documented
-// element index, out = p' v, with query head h reading kv group h / (NH/G).
+// score matrix, p = exp(s) / sum exp(s) over allowed keys (causal, same document), dropout mask
+// from the documented element index (global head), out = p' v, with query head h reading kv
+// group h / (NH/G).
 void reference_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionParams& p) {
   const CounterRng rng{p.seed, p.stream};
+  const int64_t total_heads = p.total_heads == 0 ? kNH : p.total_heads;
+  const auto same_document = [&](int64_t b, int64_t i, int64_t j) {
+    return !p.segment_ids.defined() || p.segment_ids.item(b * kS + i) == p.segment_ids.item(b * kS + j);
+  };
   for (int64_t b = 0; b < kB; ++b) {
     for (int64_t h = 0; h < kNH; ++h) {
       const int64_t g = h / (kNH / kG);
@@ -44,7 +82,7 @@ void reference_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor
         std::vector<double> e(kS, 0.0);
         double total = 0.0;
         for (int64_t j = 0; j < kS; ++j) {
-          if (p.causal && j > i) continue;
+          if ((p.causal && j > i) || !same_document(b, i, j)) continue;
           double s = 0.0;
           for (int64_t d = 0; d < kHS; ++d)
             s += q.item(((i * kB + b) * kNH + h) * kHS + d) * k.item(((j * kB + b) * kG + g) * kHS + d);
@@ -55,7 +93,8 @@ void reference_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor
         for (int64_t d = 0; d < kHS; ++d) {
           double o = 0.0;
           for (int64_t j = 0; j < kS; ++j) {
-            const bool kept = rng.uniform(uint64_t(((b * kNH + h) * kS + i) * kS + j)) > p.dropout_p;
+            const auto index = uint64_t(((b * total_heads + p.head_offset + h) * kS + i) * kS + j);
+            const bool kept = rng.uniform(index) > p.dropout_p;
             const double mask = kept ? 1.0 / (1.0 - double(p.dropout_p)) : 0.0;
             o += e[size_t(j)] / total * mask * v.item(((j * kB + b) * kG + g) * kHS + d);
           }
@@ -66,28 +105,26 @@ void reference_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor
   }
 }
 
-const std::pair<bool, float> kVariants[] = {{true, 0.0f}, {false, 0.0f}, {true, 0.3f}, {false, 0.3f}};
-
 }  // namespace
 
 TEST(Attention, ForwardMatchesTextbookDefinition) {
   const Tensor q = randn({kS, kB, kNH, kHS}, DType::f64, 1), k = randn({kS, kB, kG, kHS}, DType::f64, 2);
   const Tensor v = randn({kS, kB, kG, kHS}, DType::f64, 3);
-  for (const auto& [causal, dropout] : kVariants) {
-    const AttentionParams p = params(causal, dropout);
+  for (const Variant& variant : kVariants) {
+    const AttentionParams p = params(variant);
     Tensor out = poisoned(q.shape(), DType::f64), lse = poisoned({kB, kNH, kS}, DType::f64);
     ops::attention_forward(out, lse, q, k, v, p);
     Tensor ref_out = Tensor::zeros(q.shape(), DType::f64), ref_lse = Tensor::zeros({kB, kNH, kS}, DType::f64);
     reference_attention(ref_out, ref_lse, q, k, v, p);
     // Both in double over S = 5 keys and HS = 4 channels: a few tens of roundings at most.
-    EXPECT_TRUE(matches_reference(out, ref_out, 0x1p-53, 64.0)) << "causal " << causal << " dropout " << dropout;
-    EXPECT_TRUE(matches_reference(lse, ref_lse, 0x1p-53, 64.0)) << "causal " << causal << " dropout " << dropout;
+    EXPECT_TRUE(matches_reference(out, ref_out, 0x1p-53, 64.0)) << describe(variant);
+    EXPECT_TRUE(matches_reference(lse, ref_lse, 0x1p-53, 64.0)) << describe(variant);
   }
 }
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
-  for (const auto& [causal, dropout] : kVariants) {
-    const AttentionParams p = params(causal, dropout);
+  for (const Variant& variant : kVariants) {
+    const AttentionParams p = params(variant);
     Tensor q = randn({kS, kB, kNH, kHS}, DType::f64, 10), k = randn({kS, kB, kG, kHS}, DType::f64, 11);
     Tensor v = randn({kS, kB, kG, kHS}, DType::f64, 12);
     const Tensor r = randn(q.shape(), DType::f64, 13);
@@ -98,7 +135,7 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
       return sum_product(out, r);
     };
     const AttentionRun run = run_attention(q, k, v, r, p);
-    const std::string what = std::string("causal ") + (causal ? "1" : "0") + " dropout " + std::to_string(dropout);
+    const std::string what = describe(variant);
     EXPECT_TRUE(grad_close(run.dq, numeric_grad(q, loss))) << what << " dq";
     EXPECT_TRUE(grad_close(run.dk, numeric_grad(k, loss))) << what << " dk";
     EXPECT_TRUE(grad_close(run.dv, numeric_grad(v, loss))) << what << " dv";
@@ -108,13 +145,12 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
 TEST(Attention, LowerPrecisionMatchesF64) {
   const Tensor q = randn({kS, kB, kNH, kHS}, DType::f64, 20), k = randn({kS, kB, kG, kHS}, DType::f64, 21);
   const Tensor v = randn({kS, kB, kG, kHS}, DType::f64, 22), dout = randn(q.shape(), DType::f64, 23);
-  for (const auto& [causal, dropout] : kVariants) {
-    const AttentionParams p = params(causal, dropout);
+  for (const Variant& variant : kVariants) {
+    const AttentionParams p = params(variant);
     const AttentionRun ref = run_attention(q, k, v, dout, p);
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       const AttentionRun run = run_attention(q.to(dt), k.to(dt), v.to(dt), dout.to(dt), p);
-      const std::string what =
-          std::string(dtype_name(dt)) + " causal " + (causal ? "1" : "0") + " dropout " + std::to_string(dropout);
+      const std::string what = std::string(dtype_name(dt)) + " " + describe(variant);
       // f32: scores are HS-term dot products, the softmax sums S terms, outputs and gradients
       // sum S (and r = NH/G heads for dk, dv) more: under 64 roundings of the operand scale.
       // bf16/f16: inputs exact and arithmetic f32, so the error is the rounding of the outputs (u),
@@ -126,6 +162,35 @@ TEST(Attention, LowerPrecisionMatchesF64) {
       EXPECT_TRUE(matches_reference(run.dk, ref.dk, u, factor)) << what << " dk";
       EXPECT_TRUE(matches_reference(run.dv, ref.dv, u, factor)) << what << " dv";
     }
+  }
+}
+
+TEST(Attention, HeadSlicesReproduceTheFullRunWithDropout) {
+  // Tensor parallelism: TP ranks holding heads [0, 2) and [2, 4) (kv groups [0, 1) and [1, 2)) of
+  // the 4-head problem, told their head offset, compute exactly the full run's heads.
+  const Tensor q = randn({kS, kB, kNH, kHS}, DType::f32, 60), k = randn({kS, kB, kG, kHS}, DType::f32, 61);
+  const Tensor v = randn({kS, kB, kG, kHS}, DType::f32, 62);
+  const AttentionParams full = params(true, 0.3f);
+  Tensor out = poisoned(q.shape(), DType::f32), lse = poisoned({kB, kNH, kS}, DType::f32);
+  ops::attention_forward(out, lse, q, k, v, full);
+  const int64_t half = kNH / 2;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    const auto slice_heads = [&](const Tensor& t, int64_t heads, int64_t first) {
+      Tensor part = Tensor::empty({kS, kB, heads, kHS}, DType::f32);
+      for (int64_t sb = 0; sb < kS * kB; ++sb)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t d = 0; d < kHS; ++d)
+            part.set_item((sb * heads + h) * kHS + d, t.item((sb * t.dim(2) + first + h) * kHS + d));
+      return part;
+    };
+    AttentionParams p = full;
+    p.head_offset = rank * half;
+    p.total_heads = kNH;
+    const Tensor q_part = slice_heads(q, half, rank * half);
+    Tensor out_part = poisoned(q_part.shape(), DType::f32), lse_part = poisoned({kB, half, kS}, DType::f32);
+    ops::attention_forward(out_part, lse_part, q_part, slice_heads(k, kG / 2, rank * kG / 2),
+                           slice_heads(v, kG / 2, rank * kG / 2), p);
+    EXPECT_TRUE(all_close(out_part, slice_heads(out, half, rank * half), 0.0, 0.0)) << "rank " << rank;
   }
 }
 
@@ -216,6 +281,12 @@ TEST(Attention, RejectsBadArguments) {
   EXPECT_TRUE(
       throws_error_naming([&] { ops::attention_forward(out, lse64, q, v, v, params(true, 0.0f)); }, "attention lse"));
   EXPECT_TRUE(throws_error_naming([&] { ops::attention_forward(out, lse, q, v, v, params(true, 1.0f)); }, "dropout"));
+  AttentionParams bad_segments = params(true, 0.0f);
+  bad_segments.segment_ids = Tensor::zeros({kB, kS}, DType::i64);
+  EXPECT_TRUE(throws_error_naming([&] { ops::attention_forward(out, lse, q, v, v, bad_segments); }, "segment_ids"));
+  AttentionParams bad_heads = params(true, 0.0f);
+  bad_heads.head_offset = 2;  // heads [2, 6) of 4
+  EXPECT_TRUE(throws_error_naming([&] { ops::attention_forward(out, lse, q, v, v, bad_heads); }, "total_heads"));
   Tensor bad_qkv = Tensor::empty({kS, kB, kG, 3 * kHS}, DType::f32);  // needs (r+2)*HS = 4*HS
   Tensor q2 = q.clone(), k2 = v.clone(), v2 = v.clone();
   EXPECT_TRUE(throws_error_naming([&] { ops::qkv_split(q2, k2, v2, bad_qkv); }, "qkv"));

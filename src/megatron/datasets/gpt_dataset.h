@@ -161,8 +161,8 @@ struct Batch {
   Tensor position_ids;
   // (B,S) i32, only with reset_attention_mask (else undefined): the document each position
   // belongs to, counting the EOD inputs before it. Megatron's block-diagonal causal mask lets
-  // position t attend to s exactly when s <= t and segment_ids[s] == segment_ids[t]. The model
-  // does not consume position_ids or segment_ids yet (attention is plain causal).
+  // position t attend to s exactly when s <= t and segment_ids[s] == segment_ids[t]; attention
+  // takes them as AttentionParams::segment_ids.
   Tensor segment_ids;
   std::shared_ptr<void> host_memory;  // the HostAllocator block the tensors view, when one was given
 };

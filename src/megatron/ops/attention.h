@@ -3,10 +3,15 @@
 //   q (S,B,NH,HS); k, v (S,B,G,HS) with NH % G == 0; query head h reads kv group h / (NH/G).
 //   out (S,B,NH,HS) = softmax(scale * q k^T [+ causal mask]) v, with dropout on the
 //   probabilities (mask from CounterRng{seed, stream}, element index ((b*NH + h)*S + i)*S + j,
-//   kept when uniform > p, kept values scaled by 1/(1-p)).
+//   kept when uniform > p, kept values scaled by 1/(1-p)). Under tensor parallelism a rank holds
+//   query heads [head_offset, head_offset + NH) of total_heads: h and NH in that index are the
+//   global ones, so the masks, like the model, do not depend on TP.
+//   segment_ids (B,S) i32, optional (document masking, Megatron's --reset-attention-mask): query i
+//   sees key j only when both carry the same segment id (and, causally, j <= i). A query row that
+//   sees no key gets out = 0, lse = -inf.
 //   lse (B,NH,S) f32 (f64 for f64 q): log-sum-exp of each row of the scaled scores, returned so
 //   backward recomputes the probabilities instead of storing them.
-// Backward overwrites dq, dk, dv. dtypes: f32, bf16, f16 and f64 on the CPU; f32 and bf16 on CUDA.
+// Backward overwrites dq, dk, dv. dtypes: f32, bf16, f16 and f64 on the CPU; f32, bf16 and f16 on CUDA.
 //
 // Fused QKV (Megatron's per-query-group layout): qkv (S,B,G,(r+2)*HS), r = NH/G; each group
 // holds its r query heads, then one key head, then one value head. split copies them out to
@@ -23,6 +28,9 @@ struct AttentionParams {
   float dropout_p = 0.0f;
   uint64_t seed = 0;
   uint64_t stream = 0;
+  int64_t head_offset = 0;  // global index of this rank's first query head (dropout index)
+  int64_t total_heads = 0;  // global number of query heads; 0 = NH (no tensor parallelism)
+  Tensor segment_ids{};     // undefined = one document per sequence
 };
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -721,10 +721,6 @@ void check_data(const TrainingArgs& a, std::vector<std::string>& errors) {
   if (d.num_workers < 0) errors.push_back(concat("--num-workers ", d.num_workers, " must be >= 0"));
   if (a.seed < 0 || a.seed > 4294967295LL)
     errors.push_back(concat("--seed ", a.seed, " must lie in [0, 2^32-1] (numpy's RandomState range)"));
-  if (d.reset_attention_mask)
-    errors.push_back(
-        "--reset-attention-mask needs document-aware attention, which the attention kernels do not have yet; "
-        "drop the flag (samples then attend across document boundaries, as without it)");
   std::string why;
   if (!known_vocab_size(d, &why)) errors.push_back(why);
 

@@ -126,7 +126,8 @@ double evaluate(GPTModel& model, datasets::DataLoader& valid, const TrainingArgs
   for (int64_t it = 0; it < args.eval_iters; ++it) {
     for (int64_t m = 0; m < args.num_micro_batches(); ++m) {
       const datasets::Batch batch = next_batch(valid, "validation");
-      const LossSums s = model.evaluate(batch.tokens, batch.labels, batch.loss_mask, batch.position_ids);
+      const LossSums s =
+          model.evaluate(batch.tokens, batch.labels, batch.loss_mask, batch.position_ids, batch.segment_ids);
       total.loss_sum += s.loss_sum;
       total.num_tokens += s.num_tokens;
     }
@@ -273,8 +274,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
                                .step = uint64_t((progress.iteration * micro + m) * dp_size + dp_rank)};
       ddp.set_last_micro_batch(m + 1 == micro);
       if (m == 0) ddp.finish_param_gather();  // the previous step's parameters (--overlap-param-gather)
-      const LossSums s =
-          model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd, batch.position_ids);
+      const LossSums s = model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd,
+                                                batch.position_ids, batch.segment_ids);
       iteration_sums.loss_sum += s.loss_sum;
       iteration_sums.num_tokens += s.num_tokens;
     }

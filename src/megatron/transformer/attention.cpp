@@ -17,6 +17,8 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
                              const std::string& prefix)
     : prefix_(prefix),
       heads_local_(config.num_attention_heads / ctx.tp_size()),
+      total_heads_(config.num_attention_heads),
+      head_offset_(heads_local_ * ctx.tp_rank()),
       groups_local_(config.num_query_groups / ctx.tp_size()),
       head_dim_(config.kv_channels),
       attention_dropout_(config.attention_dropout),
@@ -45,7 +47,10 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
                      .softmax_scale = 1.0f / std::sqrt(float(head_dim_)),
                      .dropout_p = fwd.dropout_p(attention_dropout_),
                      .seed = fwd.seed,
-                     .stream = fwd.dropout_stream(prefix_ + ".core_attention")};
+                     .stream = fwd.dropout_stream(prefix_ + ".core_attention"),
+                     .head_offset = head_offset_,
+                     .total_heads = total_heads_,
+                     .segment_ids = fwd.segment_ids};
   saved.out = Tensor::empty(saved.q.shape(), x.dtype(), x.device());
   saved.lse = Tensor::empty({B, heads_local_, S}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
   ops::attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention);

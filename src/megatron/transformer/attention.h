@@ -27,7 +27,8 @@ class SelfAttention {
 
  private:
   std::string prefix_;
-  int64_t heads_local_, groups_local_, head_dim_;
+  int64_t heads_local_, total_heads_, head_offset_;  // this rank's query heads: [offset, offset + local) of total
+  int64_t groups_local_, head_dim_;
   float attention_dropout_;
   bool rope_;
   ops::RopeParams rope_params_;

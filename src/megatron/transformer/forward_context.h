@@ -6,6 +6,7 @@
 #include <string>
 
 #include "megatron/core/rng.h"
+#include "megatron/core/tensor.h"
 
 namespace megatron {
 
@@ -13,6 +14,9 @@ struct ForwardContext {
   bool training = true;
   uint64_t seed = 0;
   uint64_t step = 0;  // global micro-batch counter: iteration * micro-batches + micro-batch
+  // Document masking (--reset-attention-mask): (B,S) i32 segment ids on the model's device, a
+  // token attending only to earlier tokens of its own document; undefined = plain causal.
+  Tensor segment_ids{};
 
   // Stream id of one dropout site for this step.
   uint64_t dropout_stream(const std::string& site) const {

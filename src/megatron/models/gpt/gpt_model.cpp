@@ -55,8 +55,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
   registry_.allocate(config.params_dtype, device);
 }
 
-Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_ids, const ForwardContext& fwd,
-                                   Saved& saved) {
+Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_ids, const Tensor& segment_ids,
+                                   const ForwardContext& fwd, Saved& saved) {
   MEGATRON_CHECK(
       tokens.dim(1) <= config_.max_position_embeddings,
       "sequence of " << tokens.dim(1) << " tokens exceeds max_position_embeddings " << config_.max_position_embeddings);
@@ -69,8 +69,10 @@ Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_
   }
   saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding")};
   if (saved.embedding_dropout.p > 0.0f) ops::dropout_forward(h, h, saved.embedding_dropout);
+  ForwardContext layer_fwd = fwd;
+  layer_fwd.segment_ids = segment_ids.defined() ? segment_ids.to(device_) : Tensor();
   saved.layers.resize(decoder_.size());
-  for (size_t i = 0; i < decoder_.size(); ++i) h = decoder_[i]->forward(h, fwd, saved.layers[i]);
+  for (size_t i = 0; i < decoder_.size(); ++i) h = decoder_[i]->forward(h, layer_fwd, saved.layers[i]);
   return output_layer_->forward(h, saved.output);
 }
 
@@ -93,9 +95,10 @@ LossSums GPTModel::loss_sums(const Tensor& logits, const Tensor& labels_sb, cons
 }
 
 LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
-                                    float loss_grad_scale, const ForwardContext& fwd, const Tensor& position_ids) {
+                                    float loss_grad_scale, const ForwardContext& fwd, const Tensor& position_ids,
+                                    const Tensor& segment_ids) {
   Saved saved;
-  Tensor logits = forward_to_logits(tokens, position_ids, fwd, saved);
+  Tensor logits = forward_to_logits(tokens, position_ids, segment_ids, fwd, saved);
   const Tensor labels_sb = to_sequence_major(labels, device_);
   const Tensor mask_sb = to_sequence_major(loss_mask, device_);
   Tensor lse;
@@ -118,16 +121,16 @@ LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, 
 }
 
 LossSums GPTModel::evaluate(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
-                            const Tensor& position_ids) {
+                            const Tensor& position_ids, const Tensor& segment_ids) {
   Saved saved;
-  const Tensor logits = forward_to_logits(tokens, position_ids, {.training = false}, saved);
+  const Tensor logits = forward_to_logits(tokens, position_ids, segment_ids, {.training = false}, saved);
   Tensor lse;
   return loss_sums(logits, to_sequence_major(labels, device_), to_sequence_major(loss_mask, device_), lse);
 }
 
 Tensor GPTModel::logits(const Tensor& tokens) {
   Saved saved;
-  return forward_to_logits(tokens, Tensor(), {.training = false}, saved);
+  return forward_to_logits(tokens, Tensor(), Tensor(), {.training = false}, saved);
 }
 
 }  // namespace megatron

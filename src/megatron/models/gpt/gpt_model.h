@@ -39,12 +39,15 @@ class GPTModel {
   // Forward and backward of one micro-batch. tokens, labels (B,S) i32; loss_mask (B,S) f32;
   // position_ids (B,S) i32 or undefined (0..S-1). As in Megatron-Core, position ids feed the
   // learned absolute position embedding; RoPE rotates by the position in the sequence.
+  // segment_ids (B,S) i32 or undefined: document masking (ForwardContext::segment_ids); `fwd`'s
+  // own segment_ids are ignored.
   // Gradients of (loss_grad_scale * sum(loss * mask)) accumulate into the main grads.
   LossSums forward_backward(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask, float loss_grad_scale,
-                            const ForwardContext& fwd, const Tensor& position_ids = Tensor());
+                            const ForwardContext& fwd, const Tensor& position_ids = Tensor(),
+                            const Tensor& segment_ids = Tensor());
   // Loss only (no dropout, no gradients): validation.
   LossSums evaluate(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
-                    const Tensor& position_ids = Tensor());
+                    const Tensor& position_ids = Tensor(), const Tensor& segment_ids = Tensor());
   // Logits (S,B,V_local) for inference.
   Tensor logits(const Tensor& tokens);
 
@@ -60,7 +63,8 @@ class GPTModel {
     size_t begin = 0, end = 0;
   };
   void report_grads_ready(const ParamSpan& span) const;
-  Tensor forward_to_logits(const Tensor& tokens, const Tensor& position_ids, const ForwardContext& fwd, Saved& saved);
+  Tensor forward_to_logits(const Tensor& tokens, const Tensor& position_ids, const Tensor& segment_ids,
+                           const ForwardContext& fwd, Saved& saved);
   LossSums loss_sums(const Tensor& logits, const Tensor& labels_sb, const Tensor& mask_sb, Tensor& lse);
 
   TransformerConfig config_;

@@ -9,9 +9,18 @@ void check_4d(const Tensor& t, const Shape& shape, DType dtype, const char* name
   check_dtype(t, dtype, name);
 }
 
-void check_params(const AttentionParams& p) {
+void check_params(const AttentionParams& p, const AttentionDims& d, TensorCheck device) {
   MEGATRON_CHECK(p.dropout_p >= 0.0f && p.dropout_p < 1.0f,
                  "attention dropout " << p.dropout_p << " must be in [0, 1)");
+  const int64_t total = p.total_heads == 0 ? d.NH : p.total_heads;
+  MEGATRON_CHECK(p.head_offset >= 0 && p.head_offset + d.NH <= total,
+                 "attention: query heads [" << p.head_offset << ", " << p.head_offset + d.NH << ") of this rank lie "
+                                            << "outside the " << total << " heads of the model (total_heads)");
+  if (p.segment_ids.defined()) {
+    device(p.segment_ids, "attention segment_ids");
+    check_shape(p.segment_ids, {d.B, d.S}, "attention segment_ids");
+    check_dtype(p.segment_ids, DType::i32, "attention segment_ids");
+  }
 }
 
 void check_lse(const Tensor& lse, const AttentionDims& d, DType q_dtype, TensorCheck device) {
@@ -40,7 +49,7 @@ AttentionDims check_attention_qkv(const Tensor& q, const Tensor& k, const Tensor
 AttentionDims check_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                                       const Tensor& v, const AttentionParams& params, const AttentionBackend& backend) {
   const AttentionDims d = check_attention_qkv(q, k, v, backend.device);
-  check_params(params);
+  check_params(params, d, backend.device);
   check_4d(out, q.shape(), q.dtype(), "attention out", backend.device);
   backend.q_dtype(q, "attention_forward");
   check_lse(lse, d, q.dtype(), backend.device);
@@ -52,7 +61,7 @@ AttentionDims check_attention_backward(const Tensor& dq, const Tensor& dk, const
                                        const Tensor& lse, const AttentionParams& params,
                                        const AttentionBackend& backend) {
   const AttentionDims d = check_attention_qkv(q, k, v, backend.device);
-  check_params(params);
+  check_params(params, d, backend.device);
   check_4d(out, q.shape(), q.dtype(), "attention out", backend.device);
   check_4d(dout, q.shape(), q.dtype(), "attention dout", backend.device);
   check_4d(dq, q.shape(), q.dtype(), "attention dq", backend.device);

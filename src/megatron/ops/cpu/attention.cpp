@@ -19,18 +19,33 @@ namespace {
 
 struct Dims {
   int64_t S, B, NH, G, HS;
+  int64_t head_offset, total_heads;  // global query heads, for the dropout index
   int64_t q_offset(int64_t s, int64_t b, int64_t h) const { return ((s * B + b) * NH + h) * HS; }  // (S,B,NH,HS)
   int64_t kv_offset(int64_t s, int64_t b, int64_t g) const { return ((s * B + b) * G + g) * HS; }  // (S,B,G,HS)
   int64_t lse_offset(int64_t b, int64_t h, int64_t i) const { return (b * NH + h) * S + i; }       // (B,NH,S)
 };
 
 // Dropout multiplier of probability (b, h, i, j): 1/(1-p) when CounterRng's draw at element index
-// ((b*NH + h)*S + i)*S + j exceeds p, else 0 (attention.h).
+// ((b*total_heads + head_offset + h)*S + i)*S + j exceeds p, else 0 (attention.h).
 template <class A>
 A dropout_factor(const CounterRng& rng, const Dims& d, int64_t b, int64_t h, int64_t i, int64_t j, float p) {
   if (p == 0.0f) return A(1);
-  const auto index = uint64_t(((b * d.NH + h) * d.S + i) * d.S + j);
+  const auto index = uint64_t(((b * d.total_heads + d.head_offset + h) * d.S + i) * d.S + j);
   return dropout_keep(rng, index, p) ? A(1) / (A(1) - A(p)) : A(0);
+}
+
+// Which keys query i of batch row b sees: j <= i when causal, and j in i's segment when segment
+// ids are given.
+struct KeyMask {
+  bool causal;
+  const int32_t* segments;  // (B,S) or null
+  int64_t S;
+  int64_t end(int64_t i) const { return causal ? i + 1 : S; }  // keys at or past end are hidden
+  bool hidden(int64_t b, int64_t i, int64_t j) const { return segments && segments[b * S + j] != segments[b * S + i]; }
+};
+
+KeyMask key_mask(const AttentionParams& p, int64_t S) {
+  return {p.causal, p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr, S};
 }
 
 template <class T>
@@ -46,6 +61,7 @@ void attention_forward_kernel(T* out, compute_t<T>* lse, const T* q, const T* k,
   using A = compute_t<T>;
   const CounterRng rng{p.seed, p.stream};
   const A scale = A(p.softmax_scale);
+  const KeyMask mask = key_mask(p, d.S);
   const int64_t r = d.NH / d.G;
 #pragma omp parallel for collapse(2) if (worth_parallel(d.B * d.NH * d.S * d.S * d.HS))
   for (int64_t b = 0; b < d.B; ++b) {
@@ -54,19 +70,21 @@ void attention_forward_kernel(T* out, compute_t<T>* lse, const T* q, const T* k,
       std::vector<A> score(size_t(d.S)), acc(size_t(d.HS));
       for (int64_t i = 0; i < d.S; ++i) {
         const T* qi = q + d.q_offset(i, b, h);
-        const int64_t len = p.causal ? i + 1 : d.S;  // causal: key j <= query i
+        const int64_t len = mask.end(i);
         // s_ij = scale * q_i . k_j;  lse_i = log sum_j exp(s_ij), with the row max m subtracted
         A m = -std::numeric_limits<A>::infinity();
         for (int64_t j = 0; j < len; ++j) {
-          score[size_t(j)] = scale * dot_row(qi, k + d.kv_offset(j, b, g), d.HS);
+          score[size_t(j)] = mask.hidden(b, i, j) ? -std::numeric_limits<A>::infinity()
+                                                  : scale * dot_row(qi, k + d.kv_offset(j, b, g), d.HS);
           m = std::max(m, score[size_t(j)]);
         }
         A sum = 0;
-        for (int64_t j = 0; j < len; ++j) sum += std::exp(score[size_t(j)] - m);
-        const A l = m + std::log(sum);
+        for (int64_t j = 0; j < len; ++j) sum += mask.hidden(b, i, j) ? A(0) : std::exp(score[size_t(j)] - m);
+        const A l = m + std::log(sum);  // -inf for a row that sees no key
         // out_i = sum_j dropout(p_ij) v_j,  p_ij = exp(s_ij - lse_i)
         std::fill(acc.begin(), acc.end(), A(0));
         for (int64_t j = 0; j < len; ++j) {
+          if (mask.hidden(b, i, j)) continue;
           const A pij = std::exp(score[size_t(j)] - l) * dropout_factor<A>(rng, d, b, h, i, j, p.dropout_p);
           const T* vj = v + d.kv_offset(j, b, g);
           for (int64_t e = 0; e < d.HS; ++e) acc[size_t(e)] += pij * load(vj[e]);
@@ -86,6 +104,7 @@ void attention_backward_kernel(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   using A = compute_t<T>;
   const CounterRng rng{p.seed, p.stream};
   const A scale = A(p.softmax_scale);
+  const KeyMask key_mask_of = key_mask(p, d.S);
   const int64_t r = d.NH / d.G;
 #pragma omp parallel for collapse(2) if (worth_parallel(d.B * d.NH * d.S * d.S * d.HS))
   for (int64_t b = 0; b < d.B; ++b) {
@@ -95,12 +114,13 @@ void attention_backward_kernel(T* dq, T* dk, T* dv, const T* dout, const T* q, c
         for (int64_t i = 0; i < d.S; ++i) {
           const T* qi = q + d.q_offset(i, b, h);
           const T* doi = dout + d.q_offset(i, b, h);
-          const int64_t len = p.causal ? i + 1 : d.S;
+          const int64_t len = key_mask_of.end(i);
           const A l = lse[d.lse_offset(b, h, i)];
           // D_i = dout_i . out_i = sum_j p_ij dP_ij: the row term of the softmax backward
           const A D = dot_row(doi, out + d.q_offset(i, b, h), d.HS);
           std::fill(dq_acc.begin(), dq_acc.end(), A(0));
           for (int64_t j = 0; j < len; ++j) {
+            if (key_mask_of.hidden(b, i, j)) continue;
             const T* kj = k + d.kv_offset(j, b, g);
             const T* vj = v + d.kv_offset(j, b, g);
             const A pij = std::exp(scale * dot_row(qi, kj, d.HS) - l);
@@ -136,13 +156,15 @@ void check_cpu_attention_dtype(const Tensor& q, const char* op) {
 
 constexpr checks::AttentionBackend kCpuAttention{check_cpu, check_cpu_attention_dtype};
 
-Dims dims_of(const checks::AttentionDims& d) { return Dims{d.S, d.B, d.NH, d.G, d.HS}; }
+Dims dims_of(const checks::AttentionDims& d, const AttentionParams& p = {}) {
+  return Dims{d.S, d.B, d.NH, d.G, d.HS, p.head_offset, p.total_heads == 0 ? d.NH : p.total_heads};
+}
 
 }  // namespace
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionParams& params) {
-  const Dims d = dims_of(checks::check_attention_forward(out, lse, q, k, v, params, kCpuAttention));
+  const Dims d = dims_of(checks::check_attention_forward(out, lse, q, k, v, params, kCpuAttention), params);
   dispatch_floating(q.dtype(), "attention_forward", [&]<class T>(std::type_identity<T>) {
     attention_forward_kernel<T>(out.data<T>(), lse.data<compute_t<T>>(), q.data<T>(), k.data<T>(), v.data<T>(), d,
                                 params);
@@ -151,7 +173,8 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
-  const Dims d = dims_of(checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, kCpuAttention));
+  const Dims d =
+      dims_of(checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, kCpuAttention), params);
   dispatch_floating(q.dtype(), "attention_backward", [&]<class T>(std::type_identity<T>) {
     attention_backward_kernel<T>(dq.data<T>(), dk.data<T>(), dv.data<T>(), dout.data<T>(), q.data<T>(), k.data<T>(),
                                  v.data<T>(), out.data<T>(), lse.data<compute_t<T>>(), d, params);

@@ -7,18 +7,22 @@
 namespace megatron::ops::cuda {
 namespace attention_detail {
 
-Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q) {
+Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q, const AttentionParams& p) {
   // Kernels index positions and heads in int and elements in int64.
   MEGATRON_CHECK(d.S < (int64_t(1) << 31) && d.B * d.NH < 65536 && d.HS < 65536,
                  "attention: shape " << shape_str(q.shape()) << " exceeds the CUDA kernels' limits (S < 2^31, B*NH < "
                                      << "65536, HS < 65536); split the batch");
-  return Dims{int(d.S), int(d.B), int(d.NH), int(d.G), int(d.HS)};
+  const int64_t total_heads = p.total_heads == 0 ? d.NH : p.total_heads;
+  MEGATRON_CHECK(d.B * total_heads < 65536, "attention: batch "
+                                                << d.B << " x " << total_heads
+                                                << " heads exceeds the CUDA dropout index limit; split the batch");
+  return Dims{int(d.S), int(d.B), int(d.NH), int(d.G), int(d.HS), int(p.head_offset), int(total_heads)};
 }
 
 namespace {
-// CUDA attention kernels exist for the dtypes dispatch_floating takes (f32, bf16).
+// CUDA attention kernels exist for the dtypes dispatch_storage takes (f32, bf16, f16).
 void check_cuda_attention_dtype(const Tensor& q, const char* op) {
-  dispatch_floating(q.dtype(), op, []<class T>(std::type_identity<T>) {});
+  dispatch_storage(q.dtype(), op, []<class T>(std::type_identity<T>) {});
 }
 }  // namespace
 

@@ -21,12 +21,12 @@ using Backward128 = BackwardTiles<128, 8, 64, 1>;
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
-  const Dims d =
-      cuda_dims(checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, kCudaAttention), q);
+  const Dims d = cuda_dims(
+      checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, kCudaAttention), q, params);
   if (q.numel() == 0) return;
-  dispatch_floating(q.dtype(), "attention_backward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(q.dtype(), "attention_backward", [&]<class T>(std::type_identity<T>) {
     const BackwardArgs<T> a = backward_args<T>(dq, dk, dv, dout, q, k, v, out, lse, params, d);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (kMmaType<T>) {
       const bool aligned = is_aligned16(a.dq) && is_aligned16(a.dk) && is_aligned16(a.dv) && is_aligned16(a.dout) &&
                            is_aligned16(a.q) && is_aligned16(a.k) && is_aligned16(a.v);
       if (aligned && mma_head_dim(d.HS)) {

@@ -7,7 +7,7 @@
 //   dQ_i = scale sum_j dS_ij k_j,   dK_j = scale sum_i dS_ij q_i.
 // A pre-kernel computes D; P is recomputed from the saved lse, never stored.
 //
-// bf16 with head dim 16/32/64/128: a block of W warps owns 16 W keys of one kv group (16 per
+// bf16 or f16 with head dim 16/32/64/128: a block of W warps owns 16 W keys of one kv group (16 per
 // warp) and walks every query tile of the group's r query heads (so GQA's sum over heads happens
 // in registers), keeping dK and dV in fp32 registers and writing them once. Each step runs five
 // tensor-core products: S^T = K Q^T, dV += (P M)^T dO, dP^T = V dO^T, dK += dS^T Q, and
@@ -37,6 +37,7 @@ struct BackwardArgs {
   float* dq_acc;     // (S,B,NH,HS) fp32, tensor-core path only
   Dims d;
   bool causal;
+  const int32_t* segments;  // (B,S) or null
   float scale;
   float dropout_p;
   CounterRng rng;
@@ -59,6 +60,7 @@ BackwardArgs<T> backward_args(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
           nullptr,
           d,
           p.causal,
+          segments_of(p),
           p.softmax_scale,
           p.dropout_p,
           CounterRng{p.seed, p.stream}};
@@ -104,15 +106,15 @@ struct BackwardTiles {
   static constexpr int kThreads = 32 * W, kKeys = 16 * W;
   // K, V; Q and dO in two stages; dS^T (keys x queries); lse and D in two stages.
   static constexpr int smem_bytes() {
-    return (2 * kKeys * HS + 4 * BM * HS + kKeys * BM) * int(sizeof(__nv_bfloat16)) + 4 * BM * int(sizeof(float));
+    return (2 * kKeys * HS + 4 * BM * HS + kKeys * BM) * int(sizeof(uint16_t)) + 4 * BM * int(sizeof(float));
   }
 };
 
 // Grid (B*G, key blocks): the first row of blocks, scheduled first, holds the causal pass's
 // longest ones (the first keys, seen by every query).
-template <class Cfg, bool kDropout>
+template <class T, class Cfg, bool kDropout>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    attention_backward_mma_kernel(const BackwardArgs<__nv_bfloat16> a) {
+    attention_backward_mma_kernel(const BackwardArgs<T> a) {
   constexpr int HS = Cfg::HS, kN = Cfg::kKeys, BM = Cfg::kQueries, kThreads = Cfg::kThreads, kWarps = Cfg::kWarps;
   using Tile = Swizzled<HS>;
   using DsTile = Swizzled<BM>;
@@ -123,11 +125,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   static_assert(kWarps % kMTiles == 0 && kPartCols % 16 == 0, "each warp's dQ columns are whole n-tile pairs");
 
   extern __shared__ uint4 smem_words[];
-  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_words);  // (kN, HS)
-  __nv_bfloat16* sV = sK + kN * HS;                                  // (kN, HS)
-  __nv_bfloat16* sQ = sV + kN * HS;                                  // 2 x (BM, HS)
-  __nv_bfloat16* sdO = sQ + 2 * BM * HS;                             // 2 x (BM, HS)
-  __nv_bfloat16* sdS = sdO + 2 * BM * HS;                            // (kN, BM): dS^T
+  T* sK = reinterpret_cast<T*>(smem_words);  // (kN, HS)
+  T* sV = sK + kN * HS;                                  // (kN, HS)
+  T* sQ = sV + kN * HS;                                  // 2 x (BM, HS)
+  T* sdO = sQ + 2 * BM * HS;                             // 2 x (BM, HS)
+  T* sdS = sdO + 2 * BM * HS;                            // (kN, BM): dS^T
   float* sLse = reinterpret_cast<float*>(sdS + kN * BM);             // 2 x BM
   float* sD = sLse + 2 * BM;                                         // 2 x BM
 
@@ -204,16 +206,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           uint32_t qf[4], df[4];
           ldmatrix_x4(qf, q_addr + l8x2(np * 16, ks * 16));
           ldmatrix_x4(df, do_addr + l8x2(np * 16, ks * 16));
-          mma_bf16(p[2 * np], ka, qf[0], qf[1]);
-          mma_bf16(p[2 * np + 1], ka, qf[2], qf[3]);
-          mma_bf16(dp[2 * np], va, df[0], df[1]);
-          mma_bf16(dp[2 * np + 1], va, df[2], df[3]);
+          mma_16816<T>(p[2 * np], ka, qf[0], qf[1]);
+          mma_16816<T>(p[2 * np + 1], ka, qf[2], qf[3]);
+          mma_16816<T>(dp[2 * np], va, df[0], df[1]);
+          mma_16816<T>(dp[2 * np + 1], va, df[2], df[3]);
         }
       }
 
       // P^T = 2^(s scale log2e - lse log2e), 0 where masked; dropout keep bits; then
       // dS^T = P (M dP - D), and P becomes P M for the dV product.
-      const bool edge = j0 + warp * 16 + 16 > d.S || (a.causal && j0 + warp * 16 + 15 > i0);
+      const bool edge = j0 + warp * 16 + 16 > d.S || (a.causal && j0 + warp * 16 + 15 > i0) || a.segments;
       uint32_t keep_bits = 0xffffffffu;
       if constexpr (kDropout) {
 #pragma unroll
@@ -237,7 +239,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           float pr = fast_exp2(fmaf(p[nt][e], scale_log2, neg_lse[e & 1]));
           if (edge) {
             const int key = key0 + (e >> 1) * 8, query = i0 + nt * 8 + 2 * t + (e & 1);
-            if (key >= d.S || (a.causal && key > query)) pr = 0.0f;
+            if (key >= d.S || (a.causal && key > query) || (query < d.S && other_segment(a.segments, d, b, query, key)))
+              pr = 0.0f;
           }
           float mult = 1.0f;
           if constexpr (kDropout) mult = (keep_bits >> (nt * 4 + e)) & 1u ? keep_scale : 0.0f;
@@ -249,21 +252,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       // dV += (P M)^T dO and dK += dS^T Q: the C tiles are A fragments over the query dimension.
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
-        const uint32_t pa[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
-                                pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                                pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-        const uint32_t sa[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                                pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                                pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+        const uint32_t pa[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
+                                pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                                pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        const uint32_t sa[4] = {pack2<T>(dp[2 * kk][0], dp[2 * kk][1]), pack2<T>(dp[2 * kk][2], dp[2 * kk][3]),
+                                pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                                pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
 #pragma unroll
         for (int np = 0; np < HS / 16; ++np) {
           uint32_t df[4], qf[4];
           ldmatrix_x4_trans(df, do_addr + l16(kk * 16, np * 16));
           ldmatrix_x4_trans(qf, q_addr + l16(kk * 16, np * 16));
-          mma_bf16(dv[2 * np], pa, df[0], df[1]);
-          mma_bf16(dv[2 * np + 1], pa, df[2], df[3]);
-          mma_bf16(dk[2 * np], sa, qf[0], qf[1]);
-          mma_bf16(dk[2 * np + 1], sa, qf[2], qf[3]);
+          mma_16816<T>(dv[2 * np], pa, df[0], df[1]);
+          mma_16816<T>(dv[2 * np + 1], pa, df[2], df[3]);
+          mma_16816<T>(dk[2 * np], sa, qf[0], qf[1]);
+          mma_16816<T>(dk[2 * np + 1], sa, qf[2], qf[3]);
         }
         // dS^T to shared memory for the dQ product, which needs it with queries as rows.
 #pragma unroll
@@ -290,8 +293,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         for (int np = 0; np < kPartCols / 16; ++np) {
           uint32_t kf[4];
           ldmatrix_x4_trans(kf, kq_addr[np] + uint32_t(kk * 16 * HS * 2));
-          mma_bf16(dq[2 * np], da, kf[0], kf[1]);
-          mma_bf16(dq[2 * np + 1], da, kf[2], kf[3]);
+          mma_16816<T>(dq[2 * np], da, kf[0], kf[1]);
+          mma_16816<T>(dq[2 * np + 1], da, kf[2], kf[3]);
         }
       }
       float* acc = a.dq_acc + (int64_t(b) * d.NH + h) * HS + dq_c0 + 2 * t;
@@ -316,8 +319,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     for (int half = 0; half < 2; ++half) {
       const int row = warp * 16 + g + 8 * half, col = nt * 8 + 2 * t;
       *reinterpret_cast<uint32_t*>(sK + Tile::offset(row, col)) =
-          pack_bf16(dk[nt][2 * half] * a.scale, dk[nt][2 * half + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(sV + Tile::offset(row, col)) = pack_bf16(dv[nt][2 * half], dv[nt][2 * half + 1]);
+          pack2<T>(dk[nt][2 * half] * a.scale, dk[nt][2 * half + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(sV + Tile::offset(row, col)) = pack2<T>(dv[nt][2 * half], dv[nt][2 * half + 1]);
     }
   }
   __syncwarp();
@@ -325,11 +328,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   store_tile<16, HS>(a.dv + kv_off, kvs, sV + warp * 16 * HS, j0 + warp * 16, d.S, lane, 32);
 }
 
-template <class Cfg, bool kDropout>
-void launch_backward_mma_kernel(const BackwardArgs<__nv_bfloat16>& a) {
+template <class Cfg, bool kDropout, class T>
+void launch_backward_mma_kernel(const BackwardArgs<T>& a) {
   constexpr int smem = Cfg::smem_bytes();
   static const bool configured = [] {  // above 48 KB a kernel must opt in to its shared memory
-    CUDA_CHECK(cudaFuncSetAttribute(attention_backward_mma_kernel<Cfg, kDropout>,
+    CUDA_CHECK(cudaFuncSetAttribute(attention_backward_mma_kernel<T, Cfg, kDropout>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
@@ -339,14 +342,14 @@ void launch_backward_mma_kernel(const BackwardArgs<__nv_bfloat16>& a) {
                                                                              << " key blocks of " << Cfg::kKeys
                                                                              << " keys, above the grid limit 65535");
   const dim3 grid(unsigned(a.d.B * a.d.G), unsigned(key_blocks));
-  attention_backward_mma_kernel<Cfg, kDropout><<<grid, Cfg::kThreads, smem, stream()>>>(a);
+  attention_backward_mma_kernel<T, Cfg, kDropout><<<grid, Cfg::kThreads, smem, stream()>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
 // The whole tensor-core backward: D, the zeroed dQ workspace, the kernel, dQ's conversion.
 // Dropout may take another tile shape: the mask's registers change which shape is fastest.
-template <class Cfg, class DropoutCfg = Cfg>
-void run_backward_mma(BackwardArgs<__nv_bfloat16> a, Device device) {
+template <class Cfg, class DropoutCfg = Cfg, class T>
+void run_backward_mma(BackwardArgs<T> a, Device device) {
   Tensor D = Tensor::empty(Shape{a.d.B, a.d.NH, a.d.S}, DType::f32, device);
   const int64_t n = int64_t(a.d.S) * a.d.B * a.d.NH * a.d.HS;
   Tensor dq_acc = Tensor::empty({n}, DType::f32, device);
@@ -359,7 +362,7 @@ void run_backward_mma(BackwardArgs<__nv_bfloat16> a, Device device) {
   } else {
     launch_backward_mma_kernel<Cfg, false>(a);
   }
-  attention_dq_convert_kernel<__nv_bfloat16><<<grid_for(n), kThreads, 0, stream()>>>(a.dq, a.dq_acc, n, a.scale);
+  attention_dq_convert_kernel<T><<<grid_for(n), kThreads, 0, stream()>>>(a.dq, a.dq_acc, n, a.scale);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -395,7 +398,7 @@ __global__ void attention_backward_dq_generic_kernel(const BackwardArgs<T> a) {
   for (int j0 = 0; j0 < len; j0 += 32) {
     const int j = j0 + lane;
     float ds = 0.0f;
-    if (j < len) {
+    if (j < len && !other_segment(a.segments, d, b, i, j)) {
       const float p = expf(a.scale * dot_row(q_row, kb + j * kvs, d.HS) - lse);
       const float mult = a.dropout_p > 0.0f ? dropout_factor(a.rng, drop_base, j, a.dropout_p, keep_scale) : 1.0f;
       ds = p * (mult * dot_row(do_row, vb + j * kvs, d.HS) - Di);
@@ -452,7 +455,7 @@ __global__ void attention_backward_dkv_generic_kernel(const BackwardArgs<T> a) {
     for (int i0 = a.causal ? j : 0; i0 < d.S; i0 += 32) {
       const int i = i0 + lane;
       float pd = 0.0f, ds = 0.0f;
-      if (i < d.S) {
+      if (i < d.S && !other_segment(a.segments, d, b, i, j)) {
         const float p = expf(a.scale * dot_row(k_row, qb + i * qs, d.HS) - a.lse[stat_off + i]);
         const float mult =
             a.dropout_p > 0.0f ? dropout_factor(a.rng, dropout_row_base(d, b, h, i), j, a.dropout_p, keep_scale) : 1.0f;

@@ -1,7 +1,7 @@
 #pragma once
 // Shared by the CUDA attention code (attention.cu, attention_{forward,backward}_kernels.cuh):
 // the problem shape and argument checks, the dropout rule, and the tensor-core building blocks
-// of the bf16 flash kernels (mma.sync m16n8k16, ldmatrix, cp.async, swizzled shared tiles).
+// of the bf16/f16 flash kernels (mma.sync m16n8k16, ldmatrix, cp.async, swizzled shared tiles).
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16): lane = 4 g + t (g = lane / 4, t = lane % 4).
 //   A (16x16, row-major): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
@@ -11,6 +11,7 @@
 // C tiles (columns 0-7 and 8-15) are therefore exactly one A fragment of a k=16 step, which is
 // how the probabilities P feed P V without leaving registers.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -23,9 +24,11 @@
 
 namespace megatron::ops::cuda::attention_detail {
 
-// q, out (S,B,NH,HS); k, v (S,B,G,HS); lse (B,NH,S).
+// q, out (S,B,NH,HS); k, v (S,B,G,HS); lse (B,NH,S). Dropout indexes query heads globally:
+// this rank's head h is head_offset + h of total_heads (attention.h).
 struct Dims {
   int S, B, NH, G, HS;
+  int head_offset = 0, total_heads = 0;
   __host__ __device__ int group_size() const { return NH / G; }
   // Elements between positions s and s+1 of one head.
   __host__ __device__ int64_t q_row_stride() const { return int64_t(B) * NH * HS; }
@@ -33,7 +36,15 @@ struct Dims {
 };
 
 // The shared checks' dims as the kernels' ints, after checking they fit the kernels' limits.
-Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q);
+Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q, const AttentionParams& p = {});
+// params.segment_ids as the kernels read it: (B,S) int32, or null for one document per sequence.
+inline const int32_t* segments_of(const AttentionParams& p) {
+  return p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr;
+}
+// Document masking: query `row` of batch row b does not see key `col` of another segment.
+__device__ __forceinline__ bool other_segment(const int32_t* segments, const Dims& d, int b, int row, int col) {
+  return segments && segments[int64_t(b) * d.S + row] != segments[int64_t(b) * d.S + col];
+}
 // The shared attention checks (ops/checks/attention.h) with CUDA's device rule and dtypes.
 extern const checks::AttentionBackend kCudaAttention;
 
@@ -46,9 +57,9 @@ __device__ __forceinline__ float dropout_factor(const CounterRng& rng, uint64_t 
                                                 float keep_scale) {
   return dropout_keep(rng, row_base + uint64_t(j), p) ? keep_scale : 0.0f;
 }
-// row_base of query row i of head (b, h): ((b*NH + h)*S + i)*S.
+// row_base of query row i of head (b, h): ((b*total_heads + head_offset + h)*S + i)*S.
 __device__ __forceinline__ uint64_t dropout_row_base(const Dims& d, int b, int h, int i) {
-  return ((uint64_t(b) * d.NH + h) * d.S + i) * d.S;
+  return ((uint64_t(b) * d.total_heads + d.head_offset + h) * d.S + i) * d.S;
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -85,13 +96,27 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-// d += a b, bf16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// The 16-bit storage types the tensor-core kernels take: bf16 and f16 (same fragment layouts).
+template <class T>
+constexpr bool kMmaType = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+
+// d += a b, T (bf16 or f16) inputs, f32 accumulators.
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  static_assert(kMmaType<T>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
 
 // 2^x with the hardware approximation (relative error ~2^-22, results below 2^-126 flushed to 0):
@@ -102,10 +127,17 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Two floats as a bf16 pair, lo in the low half.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
+// Two floats as a T pair (bf16 or f16), lo in the low half.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  static_assert(kMmaType<T>);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
 }
 
 // 16 bytes global -> shared without passing through registers; zero-fills when !valid (rows
@@ -137,7 +169,7 @@ __device__ __forceinline__ void atomic_add_f32x2(float* p, float x, float y) {
 #endif
 }
 
-// A ROWS x COLS bf16 tile in shared memory, row-major in 16-byte chunks of 8 elements, chunk c of
+// A ROWS x COLS 16-bit tile in shared memory, row-major in 16-byte chunks of 8 elements, chunk c of
 // row r stored at chunk position c ^ (r % 8) (mod the chunks per row): the 8 rows an ldmatrix
 // reads at one column land in different banks.
 template <int COLS>
@@ -153,23 +185,23 @@ struct Swizzled {
 
 // Copies rows [row0, row0 + ROWS) of a (S rows, HS) strided global matrix into a swizzled tile
 // with cp.async; rows >= S are zero-filled. All NTHREADS threads of the block take part.
-template <int ROWS, int HS, int NTHREADS>
-__device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* base, int64_t row_stride,
+template <int ROWS, int HS, int NTHREADS, class T>
+__device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t row_stride,
                                                 int row0, int S) {
   constexpr int kChunks = HS / 8;
 #pragma unroll
   for (int idx = int(threadIdx.x); idx < ROWS * kChunks; idx += NTHREADS) {
     const int r = idx / kChunks, c = idx % kChunks;
     const bool valid = row0 + r < S;
-    const __nv_bfloat16* src = valid ? base + int64_t(row0 + r) * row_stride + c * 8 : base;
+    const T* src = valid ? base + int64_t(row0 + r) * row_stride + c * 8 : base;
     cp_async_16(tile + Swizzled<HS>::offset(r, c * 8), src, valid);
   }
 }
 
 // Writes rows [row0, row0 + ROWS) of a swizzled tile back to a strided global matrix, 16 bytes
 // per access, skipping rows >= S. The calling threads (a warp, or the block) share the work.
-template <int ROWS, int HS>
-__device__ __forceinline__ void store_tile(__nv_bfloat16* base, int64_t row_stride, const __nv_bfloat16* tile, int row0,
+template <int ROWS, int HS, class T>
+__device__ __forceinline__ void store_tile(T* base, int64_t row_stride, const T* tile, int row0,
                                            int S, int thread, int nthreads) {
   constexpr int kChunks = HS / 8;
   for (int idx = thread; idx < ROWS * kChunks; idx += nthreads) {

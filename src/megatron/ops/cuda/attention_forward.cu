@@ -21,11 +21,11 @@ using Forward128 = ForwardTiles<128, 2, 32, 1, false>;
 
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const AttentionParams& params) {
-  const Dims d = cuda_dims(checks::check_attention_forward(out, lse, q, k, v, params, kCudaAttention), q);
+  const Dims d = cuda_dims(checks::check_attention_forward(out, lse, q, k, v, params, kCudaAttention), q, params);
   if (q.numel() == 0) return;
-  dispatch_floating(q.dtype(), "attention_forward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(q.dtype(), "attention_forward", [&]<class T>(std::type_identity<T>) {
     const ForwardArgs<T> a = forward_args<T>(out, lse, q, k, v, params, d);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (kMmaType<T>) {
       const bool aligned = is_aligned16(a.out) && is_aligned16(a.q) && is_aligned16(a.k) && is_aligned16(a.v);
       if (aligned && mma_head_dim(d.HS)) {
         switch (d.HS) {

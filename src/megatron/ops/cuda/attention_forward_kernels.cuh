@@ -2,7 +2,7 @@
 // Attention forward kernels, as templates over their tile shape: attention_forward.cu instantiates
 // the shapes it ships, the kernel lab (bench/kernels/attention.cu) times others beside them.
 //
-// bf16 with head dim 16/32/64/128: a FlashAttention-2 style kernel. A block of 4 warps owns
+// bf16 or f16 with head dim 16/32/64/128: a FlashAttention-2 style kernel. A block of 4 warps owns
 // 64 MT query rows of one head (MT 16-row m-tiles per warp); it streams KN-key tiles of K and V
 // through shared memory (cp.async, two stages, so the next tile loads while this one computes),
 // computes S = Q K^T and O += P V on the tensor cores (mma.sync m16n8k16, fp32 accumulators) and
@@ -24,6 +24,7 @@ struct ForwardArgs {
   const T* v;
   Dims d;
   bool causal;
+  const int32_t* segments;  // (B,S) or null
   float scale;
   float dropout_p;
   CounterRng rng;
@@ -39,6 +40,7 @@ ForwardArgs<T> forward_args(Tensor& out, Tensor& lse, const Tensor& q, const Ten
           static_cast<const T*>(v.raw()),
           d,
           p.causal,
+          segments_of(p),
           p.softmax_scale,
           p.dropout_p,
           CounterRng{p.seed, p.stream}};
@@ -55,21 +57,21 @@ struct ForwardTiles {
   static constexpr bool kQInRegs = Q_IN_REGS;
   static constexpr int kThreads = 128, kRows = 4 * 16 * MT;
   // Q, then K and V in two stages each.
-  static constexpr int smem_bytes() { return (kRows + 4 * kKeys) * HS * int(sizeof(__nv_bfloat16)); }
+  static constexpr int smem_bytes() { return (kRows + 4 * kKeys) * HS * int(sizeof(uint16_t)); }
 };
 
 // Grid (B*NH, query tiles); kDropout is a template parameter so the common no-dropout kernel
 // carries none of the mask's registers.
-template <class Cfg, bool kDropout>
+template <class T, class Cfg, bool kDropout>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    attention_forward_mma_kernel(const ForwardArgs<__nv_bfloat16> a) {
+    attention_forward_mma_kernel(const ForwardArgs<T> a) {
   constexpr int HS = Cfg::HS, kM = Cfg::kRows, kN = Cfg::kKeys, MT = Cfg::kMTiles, kThreads = Cfg::kThreads;
   constexpr bool kQInRegs = Cfg::kQInRegs;
   using Tile = Swizzled<HS>;
   extern __shared__ uint4 smem_words[];
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_words);  // (kM, HS)
-  __nv_bfloat16* sK = sQ + kM * HS;                                  // 2 x (kN, HS)
-  __nv_bfloat16* sV = sK + 2 * kN * HS;                              // 2 x (kN, HS)
+  T* sQ = reinterpret_cast<T*>(smem_words);  // (kM, HS)
+  T* sK = sQ + kM * HS;                                  // 2 x (kN, HS)
+  T* sV = sK + 2 * kN * HS;                              // 2 x (kN, HS)
 
   const Dims& d = a.d;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
@@ -79,9 +81,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int q0 = q_tile * kM;
   const int b = int(blockIdx.x) / d.NH, h = int(blockIdx.x) % d.NH, grp = h / d.group_size();
   const int64_t qs = d.q_row_stride(), kvs = d.kv_row_stride();
-  const __nv_bfloat16* qb = a.q + (int64_t(b) * d.NH + h) * HS;
-  const __nv_bfloat16* kb = a.k + (int64_t(b) * d.G + grp) * HS;
-  const __nv_bfloat16* vb = a.v + (int64_t(b) * d.G + grp) * HS;
+  const T* qb = a.q + (int64_t(b) * d.NH + h) * HS;
+  const T* kb = a.k + (int64_t(b) * d.G + grp) * HS;
+  const T* vb = a.v + (int64_t(b) * d.G + grp) * HS;
   const int kv_end = a.causal ? min(d.S, q0 + kM) : d.S;  // causal: keys <= the block's last query
   const int n_tiles = (kv_end + kN - 1) / kN;
 
@@ -147,14 +149,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         ldmatrix_x4(kf, k_addr + l8x2(np * 16, ks * 16));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(s[mt][2 * np], qf[mt][qk], kf[0], kf[1]);
-          mma_bf16(s[mt][2 * np + 1], qf[mt][qk], kf[2], kf[3]);
+          mma_16816<T>(s[mt][2 * np], qf[mt][qk], kf[0], kf[1]);
+          mma_16816<T>(s[mt][2 * np + 1], qf[mt][qk], kf[2], kf[3]);
         }
       }
     }
 
-    // Scale into log2 units; mask keys past the end and, causally, keys after the query.
-    const bool edge = k0 + kN > d.S || (a.causal && k0 + kN - 1 > warp_row0);
+    // Scale into log2 units; mask keys past the end, causally keys after the query, and keys of
+    // other documents.
+    const bool edge = k0 + kN > d.S || (a.causal && k0 + kN - 1 > warp_row0) || a.segments;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -164,7 +167,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           float x = s[mt][nt][e] * scale_log2;
           if (edge) {
             const int col = k0 + nt * 8 + 2 * t + (e & 1), row = warp_row0 + mt * 16 + g + (e >> 1) * 8;
-            if (col >= d.S || (a.causal && col > row)) x = -INFINITY;
+            if (col >= d.S || (a.causal && col > row) || (row < d.S && other_segment(a.segments, d, b, row, col)))
+              x = -INFINITY;
           }
           s[mt][nt][e] = x;
         }
@@ -233,10 +237,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       uint32_t pa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        pa[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
       }
 #pragma unroll
       for (int np = 0; np < HS / 16; ++np) {
@@ -244,8 +248,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         ldmatrix_x4_trans(vf, v_addr + l16(kk * 16, np * 16));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(o[mt][2 * np], pa[mt], vf[0], vf[1]);
-          mma_bf16(o[mt][2 * np + 1], pa[mt], vf[2], vf[3]);
+          mma_16816<T>(o[mt][2 * np], pa[mt], vf[0], vf[1]);
+          mma_16816<T>(o[mt][2 * np + 1], pa[mt], vf[2], vf[3]);
         }
       }
     }
@@ -269,7 +273,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         *reinterpret_cast<uint32_t*>(sQ + Tile::offset(warp * 16 * MT + mt * 16 + g + 8 * r, nt * 8 + 2 * t)) =
-            pack_bf16(o[mt][nt][2 * r] * inv[r], o[mt][nt][2 * r + 1] * inv[r]);
+            pack2<T>(o[mt][nt][2 * r] * inv[r], o[mt][nt][2 * r + 1] * inv[r]);
     }
     if (t == 0) {
 #pragma unroll
@@ -283,11 +287,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   store_tile<16 * MT, HS>(a.out + (int64_t(b) * d.NH + h) * HS, qs, sQ + warp * 16 * MT * HS, warp_row0, d.S, lane, 32);
 }
 
-template <class Cfg, bool kDropout>
-void launch_forward_mma_kernel(const ForwardArgs<__nv_bfloat16>& a) {
+template <class Cfg, bool kDropout, class T>
+void launch_forward_mma_kernel(const ForwardArgs<T>& a) {
   constexpr int smem = Cfg::smem_bytes();
   static const bool configured = [] {  // above 48 KB a kernel must opt in to its shared memory
-    CUDA_CHECK(cudaFuncSetAttribute(attention_forward_mma_kernel<Cfg, kDropout>,
+    CUDA_CHECK(cudaFuncSetAttribute(attention_forward_mma_kernel<T, Cfg, kDropout>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
@@ -297,13 +301,13 @@ void launch_forward_mma_kernel(const ForwardArgs<__nv_bfloat16>& a) {
                                                                          << " query tiles of " << Cfg::kRows
                                                                          << " rows, above the grid limit 65535");
   const dim3 grid(unsigned(a.d.B * a.d.NH), unsigned(q_tiles));
-  attention_forward_mma_kernel<Cfg, kDropout><<<grid, Cfg::kThreads, smem, stream()>>>(a);
+  attention_forward_mma_kernel<T, Cfg, kDropout><<<grid, Cfg::kThreads, smem, stream()>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
 // Dropout may take another tile shape: the mask's registers change which shape is fastest.
-template <class Cfg, class DropoutCfg = Cfg>
-void launch_forward_mma(const ForwardArgs<__nv_bfloat16>& a) {
+template <class Cfg, class DropoutCfg = Cfg, class T>
+void launch_forward_mma(const ForwardArgs<T>& a) {
   if (a.dropout_p > 0.0f) return launch_forward_mma_kernel<DropoutCfg, true>(a);
   launch_forward_mma_kernel<Cfg, false>(a);
 }
@@ -333,6 +337,7 @@ __global__ void attention_forward_generic_kernel(const ForwardArgs<T> a) {
 
   float m = -INFINITY, l = 0.0f;
   for (int j = lane; j < len; j += 32) {
+    if (other_segment(a.segments, d, b, i, j)) continue;
     const float s = a.scale * dot_row(q_row, kb + j * kvs, d.HS);
     if (s > m) {
       l = l * expf(m - s) + 1.0f;
@@ -355,7 +360,7 @@ __global__ void attention_forward_generic_kernel(const ForwardArgs<T> a) {
   for (int j0 = 0; j0 < len; j0 += 32) {
     const int j = j0 + lane;
     float p = 0.0f;
-    if (j < len) {
+    if (j < len && !other_segment(a.segments, d, b, i, j)) {
       p = expf(a.scale * dot_row(q_row, kb + j * kvs, d.HS) - lse);
       if (a.dropout_p > 0.0f) p *= dropout_factor(a.rng, drop_base, j, a.dropout_p, keep_scale);
     }

@@ -211,24 +211,7 @@ const T* device_data(const Tensor& t) {
   return static_cast<const T*>(t.raw());
 }
 
-// f32 and bf16 only: the dtypes of the attention kernels, whose f16 path is not written yet.
-// Every other op takes f16 too (dispatch_storage); attention moves to it once it does.
-template <class Fn>
-void dispatch_floating(DType dtype, const char* op, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32:
-      return fn(std::type_identity<float>{});
-    case DType::bf16:
-      return fn(std::type_identity<__nv_bfloat16>{});
-    case DType::f64:
-      MEGATRON_FAIL(op << ": f64 tensors are CPU-only (gradient checks); use f32 or bf16 on CUDA, or --device cpu");
-    default:
-      break;
-  }
-  MEGATRON_FAIL(op << ": dtype " << dtype_name(dtype) << " is not supported on CUDA; use f32 or bf16");
-}
-
-// Activation and weight dtypes of every op but attention: f32, bf16 and f16. Kernels load each
+// Activation and weight dtypes of every op: f32, bf16 and f16. Kernels load each
 // element into float and round once when storing, whatever the type. Usage:
 //   dispatch_storage(x.dtype(), "gelu_forward", [&]<class T>(std::type_identity<T>) { launch<T>(...); });
 template <class Fn>
