@@ -70,8 +70,10 @@ Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_
   saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding")};
   if (saved.embedding_dropout.p > 0.0f) ops::dropout_forward(h, h, saved.embedding_dropout);
   saved.layers.resize(decoder_.size());
-  for (size_t i = 0; i < decoder_.size(); ++i) h = decoder_[i]->forward(h, fwd, saved.layers[i]);
-  return output_layer_->forward(h, saved.output);
+  ResidualStream stream{h, Tensor()};
+  for (size_t i = 0; i < decoder_.size(); ++i) stream = decoder_[i]->forward(stream, fwd, saved.layers[i]);
+  // The last block ends with the final norm, which leaves nothing deferred.
+  return output_layer_->forward(stream.residual, saved.output);
 }
 
 void GPTModel::report_grads_ready(const ParamSpan& span) const {
