@@ -266,9 +266,8 @@ struct GeluCase {
   ops::cpu::linear_gelu_forward(y_ref, pre_ref, f64(x.cpu), f64(w.cpu), with_bias ? f64(bias.cpu) : Tensor());
   ops::cpu::linear_forward(abs_pre, abs_f64(x.cpu), abs_f64(w.cpu), with_bias ? abs_f64(bias.cpu) : Tensor());
   ops::cuda::linear_gelu_forward(y.gpu, pre.gpu, x.gpu, w.gpu, bias.gpu);
-  const std::string what = std::string(" (linear_gelu_forward ") + dtype_name(c.dtype) + " " +
-                           std::to_string(c.rows) + "x" + std::to_string(c.in) + " -> " + std::to_string(c.out) +
-                           (with_bias ? " bias)" : ")");
+  const std::string what = std::string(" (linear_gelu_forward ") + dtype_name(c.dtype) + " " + std::to_string(c.rows) +
+                           "x" + std::to_string(c.in) + " -> " + std::to_string(c.out) + (with_bias ? " bias)" : ")");
   ::testing::AssertionResult r = within_bound(pre, pre_ref, dot_bound(abs_pre, pre_ref, c.in, c.dtype));
   if (!r) return r << " pre" << what;
   const bool half = c.dtype != DType::f32;
@@ -300,9 +299,8 @@ struct GeluCase {
   ops::cpu::linear_backward(dact_abs, dw_abs, db_abs, abs_f64(dy.cpu), abs_f64(x.cpu), abs_f64(w.cpu));
 
   ops::cuda::gelu_linear_backward(dpre.gpu, dw.gpu, db.gpu, dy.gpu, x.gpu, w.gpu, pre.gpu);
-  const std::string what = std::string(" (gelu_linear_backward ") + dtype_name(c.dtype) + " " +
-                           std::to_string(c.rows) + "x" + std::to_string(c.in) + " <- " + std::to_string(c.out) +
-                           (with_bias ? " bias)" : ")");
+  const std::string what = std::string(" (gelu_linear_backward ") + dtype_name(c.dtype) + " " + std::to_string(c.rows) +
+                           "x" + std::to_string(c.in) + " <- " + std::to_string(c.out) + (with_bias ? " bias)" : ")");
   const bool half = c.dtype != DType::f32;
   const Tensor e_gemm = dot_bound(dact_abs, dact, c.out, DType::f32);
   ::testing::AssertionResult r =
@@ -319,9 +317,9 @@ struct GeluCase {
 
 // Row lengths (out for the forward, in for the backward) of 64 and 256 take the epilogues for
 // 16-bit dtypes; 20 and 13 the unfused kernels.
-const GeluCase kGeluShapes[] = {{DType::f32, 37, 24, 64},   {DType::f32, 16, 13, 20},  {DType::bf16, 37, 24, 64},
-                                {DType::bf16, 16, 13, 20},  {DType::bf16, 512, 128, 256}, {DType::f16, 37, 24, 64},
-                                {DType::f16, 16, 13, 20},   {DType::f16, 512, 128, 256}};
+const GeluCase kGeluShapes[] = {{DType::f32, 37, 24, 64},  {DType::f32, 16, 13, 20},     {DType::bf16, 37, 24, 64},
+                                {DType::bf16, 16, 13, 20}, {DType::bf16, 512, 128, 256}, {DType::f16, 37, 24, 64},
+                                {DType::f16, 16, 13, 20},  {DType::f16, 512, 128, 256}};
 
 }  // namespace
 

@@ -277,8 +277,8 @@ TEST(LinearGelu, RejectsBadPreActivations) {
   Tensor pre_bf16 = Tensor::empty({4, kIn}, DType::bf16), dpre = Tensor::empty({4, kIn}, DType::f32);
   Tensor dw = Tensor::zeros(w.shape(), DType::f32), no_db;
   const Tensor dy = randn({4, kOut}, DType::f32, 3);
-  EXPECT_TRUE(throws_error_naming([&] { ops::gelu_linear_backward(dpre, dw, no_db, dy, x, w, pre_bf16); },
-                                  "linear pre"));
+  EXPECT_TRUE(
+      throws_error_naming([&] { ops::gelu_linear_backward(dpre, dw, no_db, dy, x, w, pre_bf16); }, "linear pre"));
   Tensor no_dpre;
   EXPECT_TRUE(throws_error_naming([&] { ops::gelu_linear_backward(no_dpre, dw, no_db, dy, x, w, x); }, "linear dpre"));
 }

@@ -247,8 +247,8 @@ TEST(AddNorm, LowerPrecisionMatchesF64AndTheUnfusedParameterGradients) {
     const Tensor w = randn({kC}, DType::f64, 62), b = ln ? randn({kC}, DType::f64, 63) : Tensor();
     const Tensor dy = randn({kS, kB, kC}, DType::f64, 64), dh = randn({kS, kB, kC}, DType::f64, 65);
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
-      const AddNormRun run = run_add_norm(x.to(dt), r.to(dt), w.to(dt), ln ? b.to(dt) : Tensor(), dy.to(dt),
-                                          dh.to(dt), p);
+      const AddNormRun run =
+          run_add_norm(x.to(dt), r.to(dt), w.to(dt), ln ? b.to(dt) : Tensor(), dy.to(dt), dh.to(dt), p);
       // The f64 reference normalises the same rounded h, so only the norm's own arithmetic differs.
       const NormRun ref = run_norm(run.h.to(DType::f64), w, b, dy, p);
       const std::string what = std::string(ln ? "layernorm " : "rmsnorm ") + dtype_name(dt);
@@ -279,11 +279,13 @@ TEST(AddNorm, RejectsBadArguments) {
   Tensor h = Tensor::empty({kN, kC}, DType::f32), y = Tensor::empty({kN, kC}, DType::f32), no_mean;
   Tensor rstd = Tensor::empty({kN}, DType::f32);
   EXPECT_TRUE(throws_error_naming(
-      [&] { ops::add_norm_forward(h, y, no_mean, rstd, x, randn({kN, kC + 1}, DType::f32, 3), w, Tensor(), kRmsNorm); },
+      [&] {
+        ops::add_norm_forward(h, y, no_mean, rstd, x, randn({kN, kC + 1}, DType::f32, 3), w, Tensor(), kRmsNorm);
+      },
       "norm residual"));
   Tensor h16 = Tensor::empty({kN, kC}, DType::bf16);
-  EXPECT_TRUE(throws_error_naming(
-      [&] { ops::add_norm_forward(h16, y, no_mean, rstd, x, x, w, Tensor(), kRmsNorm); }, "norm h"));
+  EXPECT_TRUE(throws_error_naming([&] { ops::add_norm_forward(h16, y, no_mean, rstd, x, x, w, Tensor(), kRmsNorm); },
+                                  "norm h"));
   Tensor dx = Tensor::empty({kN, kC}, DType::f32), dw = Tensor::zeros({kC}, DType::f32), no_db;
   EXPECT_TRUE(throws_error_naming(
       [&] {

@@ -31,9 +31,8 @@ void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy,
                    const Tensor& mean, const Tensor& rstd, const NormParams& params);
 void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
                       const Tensor& weight, const Tensor& bias, const NormParams& params);
-void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh,
-                       const Tensor& h, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                       const NormParams& params);
+void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
 
 namespace cpu {
 void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -42,9 +41,8 @@ void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy,
                    const Tensor& mean, const Tensor& rstd, const NormParams& params);
 void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
                       const Tensor& weight, const Tensor& bias, const NormParams& params);
-void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh,
-                       const Tensor& h, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                       const NormParams& params);
+void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
 }  // namespace cpu
 
 namespace cuda {  // ops/cuda/, built with the CUDA backend
@@ -54,9 +52,8 @@ void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy,
                    const Tensor& mean, const Tensor& rstd, const NormParams& params);
 void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
                       const Tensor& weight, const Tensor& bias, const NormParams& params);
-void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh,
-                       const Tensor& h, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                       const NormParams& params);
+void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
 }  // namespace cuda
 
 }  // namespace megatron::ops

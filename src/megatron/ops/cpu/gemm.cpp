@@ -190,9 +190,8 @@ void linear_backward_impl(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
 
 // dpre = (dy W) * gelu'(pre) with dy W kept in C, then dW and db as linear_backward.
 template <class C>
-void gelu_linear_backward_impl(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x,
-                               const Tensor& w, const Tensor& pre, int64_t n, int64_t out_features,
-                               int64_t in_features) {
+void gelu_linear_backward_impl(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                               const Tensor& pre, int64_t n, int64_t out_features, int64_t in_features) {
   {
     const Operand<C> DY(dy), W(w);
     std::vector<C> dact(size_t(n * in_features), C(0));

@@ -148,9 +148,8 @@ void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Te
   });
 }
 
-void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh,
-                       const Tensor& h, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                       const NormParams& params) {
+void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params) {
   const checks::NormDims dims =
       checks::check_add_norm_backward(dx, dweight, dbias, dy, dh, h, weight, mean, rstd, params, kCpuNorm);
   const int64_t N = dims.rows, C = dims.channels;

@@ -195,7 +195,6 @@ int channels_of(const Tensor& x) {
   return int(C);
 }
 
-
 // Launchers shared by the plain and the fused (add_norm_*) ops; the checks are done.
 void launch_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
                          const Tensor& bias, const NormParams& params, int64_t N, const Tensor& residual, Tensor& h,
@@ -277,14 +276,12 @@ void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy,
 
 void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
                       const Tensor& weight, const Tensor& bias, const NormParams& params) {
-  const int64_t N =
-      checks::check_add_norm_forward(h, y, mean, rstd, x, residual, weight, bias, params, kCudaNorm).rows;
+  const int64_t N = checks::check_add_norm_forward(h, y, mean, rstd, x, residual, weight, bias, params, kCudaNorm).rows;
   launch_norm_forward(y, mean, rstd, x, weight, bias, params, N, residual, h, "add_norm_forward");
 }
 
-void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh,
-                       const Tensor& h, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                       const NormParams& params) {
+void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params) {
   const int64_t N =
       checks::check_add_norm_backward(dx, dweight, dbias, dy, dh, h, weight, mean, rstd, params, kCudaNorm).rows;
   launch_norm_backward(dx, dweight, dbias, dy, h, weight, mean, rstd, N, dh, "add_norm_backward");
