@@ -9,8 +9,11 @@
 // For f32 operands this bound is ~1000x tighter than TF32's 2^-11 rounding, so it also checks
 // that f32 GEMMs run in full FP32.
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "gpu/cuda_test_util.h"
+#include "megatron/ops/activation.h"
 #include "megatron/ops/gemm.h"
 
 using namespace megatron;
@@ -223,4 +226,133 @@ TEST_F(CudaGemm, RejectsF64AndMixedDtypes) {
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::matmul(c32, a16, b32, {}); }, "matmul B"));
   Tensor host = Tensor::empty({2, 3}, DType::f32);
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::matmul(c32, host, b32, {}); }, "matmul A is on cpu"));
+}
+
+// ---- the GELU fused into the MLP's GEMMs -----------------------------------------------------
+//
+// References are the CPU ops in f64 on the same values. On top of the dot-product bound E above
+// (for the GEMM part, computed without the 16-bit rounding):
+//   y = gelu(p):         1.13 E + c u (|y| + |p|): GELU's slope is at most 1.13; c u covers the
+//                        output rounding, the unfused path's rounding of p before the GELU and,
+//                        for the epilogue, a faster tanh (c = 2 for 16-bit outputs; f32 runs the
+//                        GELU kernel in float: c = 8 for its few roundings).
+//   dpre = dact gelu'(p): 1.13 E + c u (|dpre| + |dact|), c = 3 for 16-bit, 16 for f32: the
+//                        derivative's own evaluation error is amplified up to ~6.5x for |p| <= 3.3
+//                        (through 0.5 p (1 - tanh^2) du/dp), plus the same roundings.
+// u is the output dtype's unit roundoff. Row lengths that are multiples of 8 take cuBLASLt's GELU
+// epilogues for 16-bit outputs, the others the unfused kernels; both must meet the bound.
+
+namespace {
+
+Tensor gelu_bound(const Tensor& e_gemm, const Tensor& out_ref, const Tensor& second, double u, double c) {
+  Tensor bound = Tensor::empty(out_ref.shape(), DType::f64);
+  for (int64_t i = 0; i < out_ref.numel(); ++i) {
+    bound.set_item(i, 1.13 * e_gemm.item(i) + c * u * (std::fabs(out_ref.item(i)) + std::fabs(second.item(i))));
+  }
+  return bound;
+}
+
+struct GeluCase {
+  DType dtype;
+  int64_t rows, in, out;
+};
+
+::testing::AssertionResult run_linear_gelu_forward(const GeluCase& c, bool with_bias, uint64_t seed) {
+  Pair x = random_pair({c.rows, c.in}, c.dtype, seed);
+  Pair w = random_pair({c.out, c.in}, c.dtype, seed + 1, 0.25);
+  Pair bias = with_bias ? random_pair({c.out}, c.dtype, seed + 2) : Pair{};
+  Pair y = poisoned_pair({c.rows, c.out}, c.dtype), pre = poisoned_pair({c.rows, c.out}, c.dtype);
+  Tensor y_ref = zeros64({c.rows, c.out}), pre_ref = zeros64({c.rows, c.out}), abs_pre = zeros64({c.rows, c.out});
+  ops::cpu::linear_gelu_forward(y_ref, pre_ref, f64(x.cpu), f64(w.cpu), with_bias ? f64(bias.cpu) : Tensor());
+  ops::cpu::linear_forward(abs_pre, abs_f64(x.cpu), abs_f64(w.cpu), with_bias ? abs_f64(bias.cpu) : Tensor());
+  ops::cuda::linear_gelu_forward(y.gpu, pre.gpu, x.gpu, w.gpu, bias.gpu);
+  const std::string what = std::string(" (linear_gelu_forward ") + dtype_name(c.dtype) + " " + std::to_string(c.rows) +
+                           "x" + std::to_string(c.in) + " -> " + std::to_string(c.out) + (with_bias ? " bias)" : ")");
+  ::testing::AssertionResult r = within_bound(pre, pre_ref, dot_bound(abs_pre, pre_ref, c.in, c.dtype));
+  if (!r) return r << " pre" << what;
+  const bool half = c.dtype != DType::f32;
+  const Tensor e_gemm = dot_bound(abs_pre, pre_ref, c.in, DType::f32);
+  r = within_bound(y, y_ref, gelu_bound(e_gemm, y_ref, pre_ref, unit_roundoff(c.dtype), half ? 2.0 : 8.0));
+  if (!r) return r << " y" << what;
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult run_gelu_linear_backward(const GeluCase& c, bool with_bias, uint64_t seed) {
+  // fc2 of a GELU MLP: input x = gelu(pre) (in features), output gradient dy (out features).
+  Pair pre = random_pair({c.rows, c.in}, c.dtype, seed);
+  Tensor x_host = Tensor::empty({c.rows, c.in}, c.dtype);
+  ops::cpu::gelu_forward(x_host, pre.cpu);
+  Pair x = pair_of(x_host);
+  Pair w = random_pair({c.out, c.in}, c.dtype, seed + 1, 0.25);
+  Pair dy = random_pair({c.rows, c.out}, c.dtype, seed + 2);
+  Pair dpre = poisoned_pair({c.rows, c.in}, c.dtype);
+  Pair dw = random_pair({c.out, c.in}, DType::f32, seed + 3);
+  Pair db = with_bias ? random_pair({c.out}, DType::f32, seed + 4) : Pair{};
+
+  Tensor dpre_ref = zeros64({c.rows, c.in}), dw_ref = f64(dw.cpu), db_ref = with_bias ? f64(db.cpu) : Tensor();
+  ops::cpu::gelu_linear_backward(dpre_ref, dw_ref, db_ref, f64(dy.cpu), f64(x.cpu), f64(w.cpu), f64(pre.cpu));
+  // dact = dy W and its absolute-value bound S, from linear_backward on the CPU.
+  Tensor dact = zeros64({c.rows, c.in}), dact_abs = zeros64({c.rows, c.in});
+  Tensor dw_abs = abs_f64(dw.cpu), db_abs = with_bias ? abs_f64(db.cpu) : Tensor();
+  Tensor scratch_w = zeros64({c.out, c.in}), no_db;
+  ops::cpu::linear_backward(dact, scratch_w, no_db, f64(dy.cpu), f64(x.cpu), f64(w.cpu));
+  ops::cpu::linear_backward(dact_abs, dw_abs, db_abs, abs_f64(dy.cpu), abs_f64(x.cpu), abs_f64(w.cpu));
+
+  ops::cuda::gelu_linear_backward(dpre.gpu, dw.gpu, db.gpu, dy.gpu, x.gpu, w.gpu, pre.gpu);
+  const std::string what = std::string(" (gelu_linear_backward ") + dtype_name(c.dtype) + " " + std::to_string(c.rows) +
+                           "x" + std::to_string(c.in) + " <- " + std::to_string(c.out) + (with_bias ? " bias)" : ")");
+  const bool half = c.dtype != DType::f32;
+  const Tensor e_gemm = dot_bound(dact_abs, dact, c.out, DType::f32);
+  ::testing::AssertionResult r =
+      within_bound(dpre, dpre_ref, gelu_bound(e_gemm, dpre_ref, dact, unit_roundoff(c.dtype), half ? 3.0 : 16.0));
+  if (!r) return r << " dpre" << what;
+  r = within_bound(dw, dw_ref, dot_bound(dw_abs, dw_ref, c.rows, DType::f32));
+  if (!r) return r << " dweight" << what;
+  if (with_bias) {
+    r = within_bound(db, db_ref, dot_bound(db_abs, db_ref, c.rows, DType::f32));
+    if (!r) return r << " dbias" << what;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Row lengths (out for the forward, in for the backward) of 64 and 256 take the epilogues for
+// 16-bit dtypes; 20 and 13 the unfused kernels.
+const GeluCase kGeluShapes[] = {{DType::f32, 37, 24, 64},  {DType::f32, 16, 13, 20},     {DType::bf16, 37, 24, 64},
+                                {DType::bf16, 16, 13, 20}, {DType::bf16, 512, 128, 256}, {DType::f16, 37, 24, 64},
+                                {DType::f16, 16, 13, 20},  {DType::f16, 512, 128, 256}};
+
+}  // namespace
+
+TEST_F(CudaGemm, LinearGeluForwardMatchesCpu) {
+  uint64_t seed = 800;
+  for (const GeluCase& c : kGeluShapes) {
+    for (const bool bias : {true, false}) EXPECT_TRUE(run_linear_gelu_forward(c, bias, seed += 3));
+  }
+}
+
+TEST_F(CudaGemm, GeluLinearBackwardMatchesCpu) {
+  uint64_t seed = 900;
+  for (const GeluCase& c : kGeluShapes) {
+    // The backward's GELU row is `in` long: swap so the same shapes cover both paths.
+    const GeluCase back{c.dtype, c.rows, c.out, c.in};
+    for (const bool bias : {true, false}) EXPECT_TRUE(run_gelu_linear_backward(back, bias, seed += 5));
+  }
+}
+
+// The bias gradient out of the weight-gradient GEMM (BGRADB) on training-like sizes, and twice
+// the same: the main grad accumulates and the result does not depend on the run.
+TEST_F(CudaGemm, LinearBackwardBiasGradientLargeRowsDeterministic) {
+  EXPECT_TRUE(run_linear_backward(DType::bf16, {256, 16, 64}, 192, true, true, 1000));
+  const Pair x = random_pair({4096, 64}, DType::bf16, 1010), w = random_pair({192, 64}, DType::bf16, 1011);
+  const Pair dy = random_pair({4096, 192}, DType::bf16, 1012);
+  std::vector<float> first;
+  for (int run = 0; run < 2; ++run) {
+    Tensor dw = Tensor::zeros({192, 64}, DType::f32, gpu()), db = Tensor::zeros({192}, DType::f32, gpu()), no_dx;
+    ops::cuda::linear_backward(no_dx, dw, db, dy.gpu, x.gpu, w.gpu);
+    if (run == 0) {
+      first = db.to_vector();
+    } else {
+      EXPECT_EQ(db.to_vector(), first);
+    }
+  }
 }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gpu/cuda_test_util.h"
+#include "megatron/ops/elementwise.h"
 #include "megatron/ops/norm.h"
 
 using namespace megatron;
@@ -110,4 +111,57 @@ TEST_F(CudaNorm, RejectsF64AndCpuTensors) {
   Tensor xc = Tensor::zeros({4, 8}, DType::f32), wc = Tensor::zeros({8}, DType::f32, gpu());
   Tensor yc = Tensor::zeros({4, 8}, DType::f32, gpu());
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::norm_forward(yc, none, rstd, xc, wc, none, p); }, "norm x"));
+}
+
+// The fused residual add + norm against the CPU: h bitwise (one float addition, one rounding, as
+// the CPU), the rest against the CPU op in f64 on the same rounded h, with the bounds above.
+TEST_F(CudaNorm, AddNormMatchesCpu) {
+  uint64_t seed = 700;
+  for (NormKind kind : {NormKind::layernorm, NormKind::rmsnorm}) {
+    const NormParams p{kind, 1e-5f};
+    const bool ln = kind == NormKind::layernorm;
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      for (const Shape2& s : kShapes) {
+        const std::string what = std::string(ln ? "add+layernorm " : "add+rmsnorm ") + dtype_name(dt) +
+                                 " N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
+                                 " misalign=" + std::to_string(s.misalign);
+        const Pair x = random_pair({s.N, s.C}, dt, ++seed, 2.0, s.misalign);
+        const Pair r = random_pair({s.N, s.C}, dt, ++seed, 2.0, s.misalign);
+        const Pair w = random_pair({s.C}, dt, ++seed, 1.0, s.misalign);
+        const Pair b = random_pair({s.C}, dt, ++seed, 1.0, s.misalign);
+        const Pair dy = random_pair({s.N, s.C}, dt, ++seed, 1.0, s.misalign);
+        const Pair dh = random_pair({s.N, s.C}, dt, ++seed, 1.0, s.misalign);
+        Pair h = poisoned_pair({s.N, s.C}, dt, s.misalign), y = poisoned_pair({s.N, s.C}, dt, s.misalign);
+        Pair dx = poisoned_pair({s.N, s.C}, dt, s.misalign);
+        Pair mean = poisoned_pair({s.N}, DType::f32), rstd = poisoned_pair({s.N}, DType::f32);
+        Pair dw = random_pair({s.C}, DType::f32, ++seed), db = random_pair({s.C}, DType::f32, ++seed);
+
+        Tensor gpu_mean = ln ? mean.gpu : Tensor(), gpu_db = ln ? db.gpu : Tensor();
+        ops::cuda::add_norm_forward(h.gpu, y.gpu, gpu_mean, rstd.gpu, x.gpu, r.gpu, w.gpu, ln ? b.gpu : Tensor(), p);
+        ops::cuda::add_norm_backward(dx.gpu, dw.gpu, gpu_db, dy.gpu, dh.gpu, h.gpu, w.gpu, gpu_mean, rstd.gpu, p);
+
+        ops::cpu::add(h.cpu, x.cpu, r.cpu);
+        EXPECT_TRUE(equals_cpu(h)) << what << " h";
+        Tensor ry = poisoned({s.N, s.C}, DType::f64), rdx = poisoned({s.N, s.C}, DType::f64);
+        Tensor rmean = ln ? poisoned({s.N}, DType::f64) : Tensor(), rrstd = poisoned({s.N}, DType::f64);
+        Tensor rdw = f64(dw.cpu), rdb = ln ? f64(db.cpu) : Tensor();
+        const Tensor hr = f64(h.cpu), wr = f64(w.cpu);
+        ops::cpu::norm_forward(ry, rmean, rrstd, hr, wr, optional_f64(b, ln), p);
+        ops::cpu::add_norm_backward(rdx, rdw, rdb, f64(dy.cpu), f64(dh.cpu), hr, wr, rmean, rrstd, p);
+
+        if (ln) {
+          EXPECT_TRUE(matches(mean, rmean, kUnitRoundoffF32, double(s.C) + 4)) << what << " mean";
+        }
+        EXPECT_TRUE(matches(rstd, rrstd, kUnitRoundoffF32, double(s.C) + 4)) << what << " rstd";
+        // dx adds dh in float before its one rounding, so the plain norm's bounds hold.
+        const double u = unit_roundoff(dt), factor = dt == DType::f32 ? 2.0 * double(s.C) + 8 : 2.0;
+        EXPECT_TRUE(matches(y, ry, u, factor)) << what << " y";
+        EXPECT_TRUE(matches(dx, rdx, u, factor)) << what << " dx";
+        EXPECT_TRUE(matches(dw, rdw, kUnitRoundoffF32, 2.0 * double(s.C) + 8 + double(s.N))) << what << " dw";
+        if (ln) {
+          EXPECT_TRUE(matches(db, rdb, kUnitRoundoffF32, double(s.N))) << what << " db";
+        }
+      }
+    }
+  }
 }

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "megatron/ops/activation.h"
 #include "megatron/ops/gemm.h"
 #include "op_test_util.h"
 
@@ -181,4 +182,103 @@ TEST(Linear, RejectsBadShapesAndDtypes) {
         ops::linear_backward(dx, dw_bf16, db, randn({4, kOut}, DType::f32, 5), x, w);
       },
       "linear dweight"));
+}
+
+// ---- the GELU fused into the MLP's GEMMs -----------------------------------------------------
+
+TEST(LinearGelu, ForwardIsLinearThenGeluBitwiseInF32AndF64) {
+  // With a 32- or 64-bit pre-activation, the accumulator is pre exactly, so gelu of the
+  // accumulator is gelu_forward(pre).
+  for (DType dt : {DType::f64, DType::f32}) {
+    for (bool with_bias : {true, false}) {
+      const Tensor x = randn({kS, kB, kIn}, dt, 70), w = randn({kOut, kIn}, dt, 71);
+      const Tensor b = with_bias ? randn({kOut}, dt, 72) : Tensor();
+      Tensor y = poisoned({kS, kB, kOut}, dt), pre = poisoned({kS, kB, kOut}, dt);
+      ops::linear_gelu_forward(y, pre, x, w, b);
+      Tensor pre_ref = poisoned({kS, kB, kOut}, dt), y_ref = poisoned({kS, kB, kOut}, dt);
+      ops::linear_forward(pre_ref, x, w, b);
+      ops::gelu_forward(y_ref, pre_ref);
+      EXPECT_TRUE(all_close(pre, pre_ref, 0.0, 0.0)) << dtype_name(dt) << " pre, bias " << with_bias;
+      EXPECT_TRUE(all_close(y, y_ref, 0.0, 0.0)) << dtype_name(dt) << " y, bias " << with_bias;
+    }
+  }
+}
+
+TEST(LinearGelu, HalfPrecisionMatchesF64) {
+  const Tensor x = randn({kS, kB, kIn}, DType::f64, 80), w = randn({kOut, kIn}, DType::f64, 81);
+  const Tensor b = randn({kOut}, DType::f64, 82);
+  Tensor y64 = Tensor::empty({kS, kB, kOut}, DType::f64), pre64 = Tensor::empty({kS, kB, kOut}, DType::f64);
+  ops::linear_gelu_forward(y64, pre64, x, w, b);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Tensor y = poisoned({kS, kB, kOut}, dt), pre = poisoned({kS, kB, kOut}, dt);
+    ops::linear_gelu_forward(y, pre, x.to(dt), w.to(dt), b.to(dt));
+    // f32 accumulation of K = 8 terms (~2^-21 relative, times GELU's slope <= 1.13 for y), then one
+    // rounding to the 16-bit output (<= u): factor 2, as Linear.LowerPrecisionMatchesF64.
+    EXPECT_TRUE(matches_reference(pre, pre64, unit_roundoff(dt), 2.0)) << dtype_name(dt) << " pre";
+    EXPECT_TRUE(matches_reference(y, y64, unit_roundoff(dt), 2.0)) << dtype_name(dt) << " y";
+  }
+}
+
+TEST(GeluLinear, GradientsMatchFiniteDifferences) {
+  // L = sum(R (gelu(pre) W^T + b)): the backward of fc2 with the GELU before it.
+  for (bool with_bias : {true, false}) {
+    Tensor pre = randn({kS, kB, kIn}, DType::f64, 90, 2.0), w = randn({kOut, kIn}, DType::f64, 91);
+    Tensor b = with_bias ? randn({kOut}, DType::f64, 92) : Tensor();
+    const Tensor r = randn({kS, kB, kOut}, DType::f64, 93);
+    const auto gelu_of_pre = [&] {
+      Tensor x = Tensor::empty(pre.shape(), DType::f64);
+      ops::gelu_forward(x, pre);
+      return x;
+    };
+    const auto loss = [&] {
+      Tensor y = Tensor::empty({kS, kB, kOut}, DType::f64);
+      ops::linear_forward(y, gelu_of_pre(), w, b);
+      return sum_product(y, r);
+    };
+    Tensor dpre = poisoned(pre.shape(), DType::f64), dw = Tensor::zeros(w.shape(), DType::f64);
+    Tensor db = with_bias ? Tensor::zeros({kOut}, DType::f64) : Tensor();
+    ops::gelu_linear_backward(dpre, dw, db, r, gelu_of_pre(), w, pre);
+    EXPECT_TRUE(grad_close(dpre, numeric_grad(pre, loss))) << "dpre, bias " << with_bias;
+    EXPECT_TRUE(grad_close(dw, numeric_grad(w, loss))) << "dw, bias " << with_bias;
+    if (with_bias) {
+      EXPECT_TRUE(grad_close(db, numeric_grad(b, loss))) << "db";
+    }
+  }
+}
+
+TEST(GeluLinear, LowerPrecisionMatchesF64) {
+  const Tensor pre64 = randn({kS, kB, kIn}, DType::f64, 100, 2.0), w = randn({kOut, kIn}, DType::f64, 101);
+  const Tensor dy = randn({kS, kB, kOut}, DType::f64, 102);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    const Tensor pre = pre64.to(dt);
+    Tensor x = Tensor::empty(pre.shape(), dt);
+    ops::gelu_forward(x, pre);
+    // The reference takes the same (rounded) x, so dw and db compare the arithmetic alone.
+    Tensor dpre64 = poisoned(pre.shape(), DType::f64), dw64 = Tensor::zeros(w.shape(), DType::f64);
+    Tensor db64 = Tensor::zeros({kOut}, DType::f64);
+    ops::gelu_linear_backward(dpre64, dw64, db64, dy, x.to(DType::f64), w, pre64);
+    Tensor dpre = poisoned(pre.shape(), dt), dw = Tensor::zeros(w.shape(), DType::f32);
+    Tensor db = Tensor::zeros({kOut}, DType::f32);
+    ops::gelu_linear_backward(dpre, dw, db, dy.to(dt), x, w.to(dt), pre);
+    // dpre: a K = 6 term dot product in f32, times gelu'(pre) (<= 1.13, itself a few f32 roundings
+    // from tanh and the polynomial), then for 16-bit one rounding: factor 16 for f32, 2 for 16-bit.
+    const double factor = dt == DType::f32 ? 16.0 : 2.0;
+    EXPECT_TRUE(matches_reference(dpre, dpre64, unit_roundoff(dt), factor)) << dtype_name(dt) << " dpre";
+    // Parameter gradients are f32 sums of N = 10 products, as Linear.LowerPrecisionMatchesF64.
+    EXPECT_TRUE(matches_reference(dw, dw64, kUnitRoundoffF32, 10.0)) << dtype_name(dt) << " dw";
+    EXPECT_TRUE(matches_reference(db, db64, kUnitRoundoffF32, 10.0)) << dtype_name(dt) << " db";
+  }
+}
+
+TEST(LinearGelu, RejectsBadPreActivations) {
+  const Tensor x = randn({4, kIn}, DType::f32, 1), w = randn({kOut, kIn}, DType::f32, 2);
+  Tensor y = Tensor::empty({4, kOut}, DType::f32), bad_pre = Tensor::empty({4, kOut + 1}, DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::linear_gelu_forward(y, bad_pre, x, w, Tensor()); }, "linear pre"));
+  Tensor pre_bf16 = Tensor::empty({4, kIn}, DType::bf16), dpre = Tensor::empty({4, kIn}, DType::f32);
+  Tensor dw = Tensor::zeros(w.shape(), DType::f32), no_db;
+  const Tensor dy = randn({4, kOut}, DType::f32, 3);
+  EXPECT_TRUE(
+      throws_error_naming([&] { ops::gelu_linear_backward(dpre, dw, no_db, dy, x, w, pre_bf16); }, "linear pre"));
+  Tensor no_dpre;
+  EXPECT_TRUE(throws_error_naming([&] { ops::gelu_linear_backward(no_dpre, dw, no_db, dy, x, w, x); }, "linear dpre"));
 }

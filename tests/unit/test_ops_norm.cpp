@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "megatron/ops/elementwise.h"
 #include "megatron/ops/norm.h"
 #include "op_test_util.h"
 
@@ -161,4 +162,134 @@ TEST(Norm, RejectsBadArguments) {
       throws_error_naming([&] { ops::norm_forward(y, mean, rstd64, x, w, Tensor(), kLayerNorm); }, "norm rstd"));
   EXPECT_TRUE(throws_error_naming(
       [&] { ops::norm_forward(y, no_mean, rstd, x, w, randn({kC}, DType::f32, 4), kRmsNorm); }, "RMSNorm has no bias"));
+}
+
+// ---- fused residual add + norm ---------------------------------------------------------------
+
+namespace {
+
+struct AddNormRun {
+  Tensor h, y, mean, rstd, dx, dw, db;
+};
+
+// add_norm_forward then add_norm_backward in x's dtype, outputs NaN-poisoned, parameter gradients
+// from zero.
+AddNormRun run_add_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, const Tensor& dy,
+                        const Tensor& dh, const NormParams& p) {
+  const DType dt = x.dtype(), st = stat_dtype(dt);
+  const bool ln = p.kind == NormKind::layernorm;
+  AddNormRun run{poisoned(x.shape(), dt),
+                 poisoned(x.shape(), dt),
+                 ln ? poisoned({kN}, st) : Tensor(),
+                 poisoned({kN}, st),
+                 poisoned(x.shape(), dt),
+                 Tensor::zeros({kC}, st),
+                 b.defined() ? Tensor::zeros({kC}, st) : Tensor()};
+  ops::add_norm_forward(run.h, run.y, run.mean, run.rstd, x, r, w, b, p);
+  ops::add_norm_backward(run.dx, run.dw, run.db, dy, dh, run.h, w, run.mean, run.rstd, p);
+  return run;
+}
+
+}  // namespace
+
+TEST(AddNorm, ForwardIsTheAddThenTheNormBitwise) {
+  // h is rounded to the storage dtype before the norm reads it, exactly as add then norm_forward.
+  for (const NormParams& p : {kLayerNorm, kRmsNorm}) {
+    const bool ln = p.kind == NormKind::layernorm;
+    for (DType dt : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+      const Tensor x = randn({kS, kB, kC}, dt, 40, 2.0), r = randn({kS, kB, kC}, dt, 41, 2.0);
+      const Tensor w = randn({kC}, dt, 42), b = ln ? randn({kC}, dt, 43) : Tensor();
+      const AddNormRun fused = run_add_norm(x, r, w, b, randn(x.shape(), dt, 44), randn(x.shape(), dt, 45), p);
+      Tensor h = poisoned(x.shape(), dt), y = poisoned(x.shape(), dt);
+      Tensor mean = ln ? poisoned({kN}, stat_dtype(dt)) : Tensor(), rstd = poisoned({kN}, stat_dtype(dt));
+      ops::add(h, x, r);
+      ops::norm_forward(y, mean, rstd, h, w, b, p);
+      const std::string what = std::string(ln ? "layernorm " : "rmsnorm ") + dtype_name(dt);
+      EXPECT_TRUE(all_close(fused.h, h, 0.0, 0.0)) << what << " h";
+      EXPECT_TRUE(all_close(fused.y, y, 0.0, 0.0)) << what << " y";
+      EXPECT_TRUE(all_close(fused.rstd, rstd, 0.0, 0.0)) << what << " rstd";
+      if (ln) {
+        EXPECT_TRUE(all_close(fused.mean, mean, 0.0, 0.0)) << what << " mean";
+      }
+    }
+  }
+}
+
+TEST(AddNorm, GradientsMatchFiniteDifferences) {
+  // L = sum(y R) + sum(h Q): y reaches the loss through the norm, h along the residual stream. The
+  // gradient of h = x + residual is the same for both inputs: add_norm_backward's dx.
+  for (const NormParams& p : {kLayerNorm, kRmsNorm}) {
+    const bool ln = p.kind == NormKind::layernorm;
+    Tensor x = randn({kS, kB, kC}, DType::f64, 50, 2.0), res = randn({kS, kB, kC}, DType::f64, 51);
+    Tensor w = randn({kC}, DType::f64, 52), b = ln ? randn({kC}, DType::f64, 53) : Tensor();
+    const Tensor r = randn({kS, kB, kC}, DType::f64, 54), q = randn({kS, kB, kC}, DType::f64, 55);
+    const auto loss = [&] {
+      Tensor h = Tensor::empty(x.shape(), DType::f64), y = Tensor::empty(x.shape(), DType::f64);
+      Tensor mean = ln ? Tensor::empty({kN}, DType::f64) : Tensor(), rstd = Tensor::empty({kN}, DType::f64);
+      ops::add_norm_forward(h, y, mean, rstd, x, res, w, b, p);
+      return sum_product(y, r) + sum_product(h, q);
+    };
+    const AddNormRun run = run_add_norm(x, res, w, b, r, q, p);
+    const char* kind = ln ? "layernorm" : "rmsnorm";
+    EXPECT_TRUE(grad_close(run.dx, numeric_grad(x, loss))) << kind << " dx";
+    EXPECT_TRUE(grad_close(run.dx, numeric_grad(res, loss))) << kind << " dresidual";
+    EXPECT_TRUE(grad_close(run.dw, numeric_grad(w, loss))) << kind << " dw";
+    if (ln) {
+      EXPECT_TRUE(grad_close(run.db, numeric_grad(b, loss))) << kind << " db";
+    }
+  }
+}
+
+TEST(AddNorm, LowerPrecisionMatchesF64AndTheUnfusedParameterGradients) {
+  for (const NormParams& p : {kLayerNorm, kRmsNorm}) {
+    const bool ln = p.kind == NormKind::layernorm;
+    const Tensor x = randn({kS, kB, kC}, DType::f64, 60, 2.0), r = randn({kS, kB, kC}, DType::f64, 61);
+    const Tensor w = randn({kC}, DType::f64, 62), b = ln ? randn({kC}, DType::f64, 63) : Tensor();
+    const Tensor dy = randn({kS, kB, kC}, DType::f64, 64), dh = randn({kS, kB, kC}, DType::f64, 65);
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      const AddNormRun run =
+          run_add_norm(x.to(dt), r.to(dt), w.to(dt), ln ? b.to(dt) : Tensor(), dy.to(dt), dh.to(dt), p);
+      // The f64 reference normalises the same rounded h, so only the norm's own arithmetic differs.
+      const NormRun ref = run_norm(run.h.to(DType::f64), w, b, dy, p);
+      const std::string what = std::string(ln ? "layernorm " : "rmsnorm ") + dtype_name(dt);
+      // h = x + r: one rounding.
+      Tensor h64 = Tensor::empty(x.shape(), DType::f64);
+      ops::add(h64, x, r);
+      EXPECT_TRUE(matches_reference(run.h, h64, unit_roundoff(dt), 1.0)) << what << " h";
+      // y as for the plain norm (Norm.LowerPrecisionMatchesF64: 2C + 8 roundings in f32, one
+      // 16-bit rounding); dx adds dh in float before its single rounding, so the same bound holds
+      // against ref.dx + dh.
+      const double u = unit_roundoff(dt), factor = dt == DType::f32 ? 2 * kC + 8 : 2.0;
+      EXPECT_TRUE(matches_reference(run.y, ref.y, u, factor)) << what << " y";
+      Tensor dx64 = Tensor::empty(x.shape(), DType::f64);
+      ops::add(dx64, ref.dx, dh);
+      EXPECT_TRUE(matches_reference(run.dx, dx64, u, factor)) << what << " dx";
+      // The parameter gradients come from the norm's own code path: bitwise the unfused result.
+      const NormRun unfused = run_norm(run.h, w.to(dt), ln ? b.to(dt) : Tensor(), dy.to(dt), p);
+      EXPECT_TRUE(all_close(run.dw, unfused.dw, 0.0, 0.0)) << what << " dw";
+      if (ln) {
+        EXPECT_TRUE(all_close(run.db, unfused.db, 0.0, 0.0)) << what << " db";
+      }
+    }
+  }
+}
+
+TEST(AddNorm, RejectsBadArguments) {
+  const Tensor x = randn({kN, kC}, DType::f32, 1), w = randn({kC}, DType::f32, 2);
+  Tensor h = Tensor::empty({kN, kC}, DType::f32), y = Tensor::empty({kN, kC}, DType::f32), no_mean;
+  Tensor rstd = Tensor::empty({kN}, DType::f32);
+  EXPECT_TRUE(throws_error_naming(
+      [&] {
+        ops::add_norm_forward(h, y, no_mean, rstd, x, randn({kN, kC + 1}, DType::f32, 3), w, Tensor(), kRmsNorm);
+      },
+      "norm residual"));
+  Tensor h16 = Tensor::empty({kN, kC}, DType::bf16);
+  EXPECT_TRUE(throws_error_naming([&] { ops::add_norm_forward(h16, y, no_mean, rstd, x, x, w, Tensor(), kRmsNorm); },
+                                  "norm h"));
+  Tensor dx = Tensor::empty({kN, kC}, DType::f32), dw = Tensor::zeros({kC}, DType::f32), no_db;
+  EXPECT_TRUE(throws_error_naming(
+      [&] {
+        ops::add_norm_backward(dx, dw, no_db, x, randn({kN + 1, kC}, DType::f32, 4), x, w, no_mean, rstd, kRmsNorm);
+      },
+      "norm dh"));
 }

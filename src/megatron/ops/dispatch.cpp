@@ -48,6 +48,13 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b
 void linear_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w) {
   MEGATRON_DISPATCH(dy, linear_backward, dx, dw, db, dy, x, w);
 }
+void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  MEGATRON_DISPATCH(y, linear_gelu_forward, y, pre, x, w, bias);
+}
+void gelu_linear_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                          const Tensor& pre) {
+  MEGATRON_DISPATCH(dy, gelu_linear_backward, dpre, dw, db, dy, x, w, pre);
+}
 
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& w, const EmbeddingParams& p) {
   MEGATRON_DISPATCH(out, embedding_forward, out, tokens, w, p);
@@ -63,6 +70,14 @@ void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const 
 void norm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                    const Tensor& mean, const Tensor& rstd, const NormParams& p) {
   MEGATRON_DISPATCH(dy, norm_backward, dx, dw, db, dy, x, w, mean, rstd, p);
+}
+void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
+                      const Tensor& w, const Tensor& b, const NormParams& p) {
+  MEGATRON_DISPATCH(y, add_norm_forward, h, y, mean, rstd, x, residual, w, b, p);
+}
+void add_norm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& w, const Tensor& mean, const Tensor& rstd, const NormParams& p) {
+  MEGATRON_DISPATCH(dy, add_norm_backward, dx, dw, db, dy, dh, h, w, mean, rstd, p);
 }
 
 void gelu_forward(Tensor& y, const Tensor& x) { MEGATRON_DISPATCH(y, gelu_forward, y, x); }

@@ -5,6 +5,14 @@
 //   linear_backward: dX  = dY @ W           (overwrites; skipped when dX undefined)
 //                    dW += dY^T @ X         (accumulates into the fp32 main grad)
 //                    db += sum_rows(dY)     (accumulates; skipped when db undefined)
+// The MLP's GELU fused into its GEMMs (GELU as in activation.h; cuBLASLt epilogues on CUDA):
+//   linear_gelu_forward:  pre (N,out) = X W^T (+ b),  Y = gelu(pre)      (fc1 of a GELU MLP)
+//                         Y is the GELU of the unrounded accumulator, rounded once; pre is written
+//                         for the backward (the GELU input).
+//   gelu_linear_backward: the backward of a linear layer whose input X (N,in) is gelu(pre), with
+//                         dY @ W passed through the GELU's derivative           (fc2 of a GELU MLP)
+//                         dpre = (dY @ W) * gelu'(pre)   (overwrites; dY @ W is not rounded first)
+//                         dW += dY^T @ X, db += sum_rows(dY)   (as linear_backward)
 #include "megatron/core/tensor.h"
 
 namespace megatron::ops {
@@ -22,12 +30,18 @@ void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& par
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
 void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& weight);
+void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias);
+void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                          const Tensor& weight, const Tensor& pre);
 
 namespace cpu {
 void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params);
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
 void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& weight);
+void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias);
+void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                          const Tensor& weight, const Tensor& pre);
 }  // namespace cpu
 
 namespace cuda {  // ops/cuda/, built with the CUDA backend
@@ -35,6 +49,9 @@ void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& par
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
 void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& weight);
+void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias);
+void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                          const Tensor& weight, const Tensor& pre);
 }  // namespace cuda
 
 }  // namespace megatron::ops

@@ -5,6 +5,15 @@
 // Saved for backward: mean (N) (LayerNorm only; undefined for RMSNorm) and rstd (N), in f32
 // (f64 for f64 x). bias is undefined for RMSNorm or LayerNorm without bias.
 // Backward overwrites dx and accumulates dw, db.
+//
+// Fused residual add + norm (Megatron/TE's fused add + LayerNorm/RMSNorm), for pre-norm layers:
+//   add_norm_forward:  h = x + residual (rounded to x's dtype and written: the stream's next
+//                      residual), y = norm(h); one pass instead of an add and a norm.
+//   add_norm_backward: dx = dnorm/dh (dy) + dh, the gradient of h = x + residual (the same for x
+//                      and residual): the norm's input gradient plus dh, the gradient that reached
+//                      h along the residual stream, summed in float and rounded once. It is also
+//                      the backward of a plain norm_forward whose input continues along the stream.
+// x (the norm's input) in add_norm_backward is h. Outputs may not alias inputs.
 #include "megatron/core/tensor.h"
 
 namespace megatron::ops {
@@ -20,12 +29,20 @@ void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const 
                   const NormParams& params);
 void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
                    const Tensor& mean, const Tensor& rstd, const NormParams& params);
+void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
+                      const Tensor& weight, const Tensor& bias, const NormParams& params);
+void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
 
 namespace cpu {
 void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
                   const NormParams& params);
 void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
                    const Tensor& mean, const Tensor& rstd, const NormParams& params);
+void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
+                      const Tensor& weight, const Tensor& bias, const NormParams& params);
+void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
 }  // namespace cpu
 
 namespace cuda {  // ops/cuda/, built with the CUDA backend
@@ -33,6 +50,10 @@ void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const 
                   const NormParams& params);
 void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
                    const Tensor& mean, const Tensor& rstd, const NormParams& params);
+void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
+                      const Tensor& weight, const Tensor& bias, const NormParams& params);
+void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
 }  // namespace cuda
 
 }  // namespace megatron::ops

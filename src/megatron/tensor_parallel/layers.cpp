@@ -47,11 +47,17 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
                          ctx.tp_rank(), tp);
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& x, LinearSaved& saved) const {
+Tensor ColumnParallelLinear::forward(const Tensor& x, LinearSaved& saved, Tensor* gelu_pre) const {
   copy_to_tp_forward(x, *ctx_);
   Tensor y = new_activation(x, output_per_partition_, x.dtype());
   Tensor y2 = rows_view(y);
-  ops::linear_forward(y2, rows_view(x), weight_->data, undefined_if_null(bias_, &Parameter::data));
+  if (gelu_pre != nullptr) {
+    *gelu_pre = new_activation(x, output_per_partition_, x.dtype());
+    Tensor pre2 = rows_view(*gelu_pre);
+    ops::linear_gelu_forward(y2, pre2, rows_view(x), weight_->data, undefined_if_null(bias_, &Parameter::data));
+  } else {
+    ops::linear_forward(y2, rows_view(x), weight_->data, undefined_if_null(bias_, &Parameter::data));
+  }
   saved.input = x;
   return y;
 }
@@ -92,12 +98,17 @@ Tensor RowParallelLinear::forward(const Tensor& x, LinearSaved& saved) const {
   return y;
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved) const {
+Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, const Tensor& gelu_pre) const {
   reduce_from_tp_backward(dy, *ctx_);
   Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
   Tensor dx2 = rows_view(dx);
   Tensor dbias = undefined_if_null(bias_, &Parameter::main_grad);
-  ops::linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(saved.input), weight_->data);
+  if (gelu_pre.defined()) {
+    ops::gelu_linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(saved.input), weight_->data,
+                              rows_view(gelu_pre));
+  } else {
+    ops::linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(saved.input), weight_->data);
+  }
   return dx;
 }
 

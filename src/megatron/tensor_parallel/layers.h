@@ -26,7 +26,9 @@ class ColumnParallelLinear {
   };
   ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                        int64_t input_size, int64_t output_size, const Options& options);
-  Tensor forward(const Tensor& x, LinearSaved& saved) const;          // (S,B,in) -> (S,B,out/TP)
+  // (S,B,in) -> (S,B,out/TP). With gelu_pre (fc1 of a GELU MLP) the GELU is fused into the GEMM:
+  // returns gelu(x W^T + b) and sets *gelu_pre to x W^T + b (ops::linear_gelu_forward).
+  Tensor forward(const Tensor& x, LinearSaved& saved, Tensor* gelu_pre = nullptr) const;
   Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx (S,B,in)
   int64_t output_size_per_partition() const { return output_per_partition_; }
 
@@ -45,8 +47,11 @@ class RowParallelLinear {
   };
   RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                     int64_t input_size, int64_t output_size, const Options& options);
-  Tensor forward(const Tensor& x, LinearSaved& saved) const;          // (S,B,in/TP) -> (S,B,out)
-  Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx (S,B,in/TP)
+  Tensor forward(const Tensor& x, LinearSaved& saved) const;  // (S,B,in/TP) -> (S,B,out)
+  // Returns dx (S,B,in/TP). With gelu_pre given (fc2 of a GELU MLP, whose input was gelu(gelu_pre))
+  // the GELU's backward is fused into the GEMM: returns the gradient of gelu_pre instead
+  // (ops::gelu_linear_backward).
+  Tensor backward(const Tensor& dy, const LinearSaved& saved, const Tensor& gelu_pre = Tensor()) const;
 
  private:
   const ParallelContext* ctx_;

@@ -32,8 +32,14 @@ Tensor MLP::activation(const Tensor& fc1_out) const {
 }
 
 Tensor MLP::forward(const Tensor& x, Saved& saved) const {
-  saved.fc1_out = linear_fc1_.forward(x, saved.fc1);
-  Tensor y = linear_fc2_.forward(activation(saved.fc1_out), saved.fc2);
+  Tensor act;
+  if (swiglu_) {
+    saved.fc1_out = linear_fc1_.forward(x, saved.fc1);
+    act = activation(saved.fc1_out);
+  } else {
+    act = linear_fc1_.forward(x, saved.fc1, &saved.fc1_out);
+  }
+  Tensor y = linear_fc2_.forward(act, saved.fc2);
   // fc2's input (the activation) is recomputed in backward from fc1_out: one elementwise pass
   // instead of keeping an (S,B,F) tensor per layer alive until backward.
   saved.fc2.input = Tensor();
@@ -43,16 +49,16 @@ Tensor MLP::forward(const Tensor& x, Saved& saved) const {
 Tensor MLP::backward(const Tensor& dy, const Saved& saved) const {
   tensor_parallel::LinearSaved fc2 = saved.fc2;
   fc2.input = activation(saved.fc1_out);
+  if (!swiglu_) {
+    const Tensor dfc1 = linear_fc2_.backward(dy, fc2, saved.fc1_out);  // the GELU's backward fused in
+    fc2.input = Tensor();
+    return linear_fc1_.backward(dfc1, saved.fc1);
+  }
   const Tensor dact = linear_fc2_.backward(dy, fc2);
   fc2.input = Tensor();
   Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), saved.fc1_out.dtype(), saved.fc1_out.device());
   Tensor dfc1_rows = dfc1.view({-1, dfc1.dim(-1)});
-  const Tensor dact_rows = dact.view({dfc1_rows.dim(0), -1});
-  const Tensor fc1_rows = saved.fc1_out.view(dfc1_rows.shape());
-  if (swiglu_)
-    ops::swiglu_backward(dfc1_rows, dact_rows, fc1_rows);
-  else
-    ops::gelu_backward(dfc1_rows, dact_rows, fc1_rows);
+  ops::swiglu_backward(dfc1_rows, dact.view({dfc1_rows.dim(0), -1}), saved.fc1_out.view(dfc1_rows.shape()));
   return linear_fc1_.backward(dfc1, saved.fc1);
 }
 

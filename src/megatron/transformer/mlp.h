@@ -1,7 +1,9 @@
 #pragma once
 // The dense MLP: fc1 column-parallel (fused [gate; up] with SwiGLU), activation, fc2
 // row-parallel. The activation output is not kept for backward: it is recomputed from the
-// saved fc1 output (selective recomputation of the cheapest tensor to rebuild).
+// saved fc1 output (selective recomputation of the cheapest tensor to rebuild). GELU is fused
+// into the GEMMs (ops/gemm.h): fc1's epilogue applies it, fc2's input-gradient GEMM applies its
+// derivative; SwiGLU runs as its own kernels.
 #include <string>
 
 #include "megatron/tensor_parallel/layers.h"
@@ -13,7 +15,7 @@ class MLP {
  public:
   struct Saved {
     tensor_parallel::LinearSaved fc1, fc2;  // fc2.input is left empty: recomputed in backward
-    Tensor fc1_out;                          // activation input
+    Tensor fc1_out;                         // activation input (GELU: the pre-activation)
   };
   MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
       const std::string& prefix);

@@ -27,23 +27,36 @@ Norm::Norm(ParameterRegistry& registry, const TransformerConfig& config, int tp_
                          tp_rank, tp);
 }
 
-Tensor Norm::forward(const Tensor& x, Saved& saved) const {
-  const int64_t n = x.numel() / x.dim(-1);
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  saved.input = x;
-  saved.rstd = Tensor::empty({n}, stats_dtype(x.dtype()), x.device());
-  saved.mean = bias_ ? Tensor::empty({n}, stats_dtype(x.dtype()), x.device()) : Tensor();
+Tensor Norm::forward(const ResidualStream& x, Saved& saved) const {
+  const Tensor& r = x.residual;
+  const int64_t n = r.numel() / r.dim(-1);
+  Tensor y = Tensor::empty(r.shape(), r.dtype(), r.device());
+  saved.rstd = Tensor::empty({n}, stats_dtype(r.dtype()), r.device());
+  saved.mean = bias_ ? Tensor::empty({n}, stats_dtype(r.dtype()), r.device()) : Tensor();
+  const Tensor bias = bias_ ? bias_->data : Tensor();
   Tensor y2 = rows(y);
-  ops::norm_forward(y2, saved.mean, saved.rstd, rows(x), weight_->data, bias_ ? bias_->data : Tensor(), params_);
+  if (x.delta.defined()) {
+    saved.input = Tensor::empty(r.shape(), r.dtype(), r.device());
+    Tensor h2 = rows(saved.input);
+    ops::add_norm_forward(h2, y2, saved.mean, saved.rstd, rows(r), rows(x.delta), weight_->data, bias, params_);
+  } else {
+    saved.input = r;
+    ops::norm_forward(y2, saved.mean, saved.rstd, rows(r), weight_->data, bias, params_);
+  }
   return y;
 }
 
-Tensor Norm::backward(const Tensor& dy, const Saved& saved) const {
+Tensor Norm::backward(const Tensor& dy, const Saved& saved, const Tensor& dresidual) const {
   Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
   Tensor dx2 = rows(dx);
   Tensor dbias = bias_ ? bias_->main_grad : Tensor();
-  ops::norm_backward(dx2, weight_->main_grad, dbias, rows(dy), rows(saved.input), weight_->data, saved.mean, saved.rstd,
-                     params_);
+  if (dresidual.defined()) {
+    ops::add_norm_backward(dx2, weight_->main_grad, dbias, rows(dy), rows(dresidual), rows(saved.input), weight_->data,
+                           saved.mean, saved.rstd, params_);
+  } else {
+    ops::norm_backward(dx2, weight_->main_grad, dbias, rows(dy), rows(saved.input), weight_->data, saved.mean,
+                       saved.rstd, params_);
+  }
   return dx;
 }
 

@@ -4,6 +4,7 @@
 
 #include "megatron/distributed/parameter.h"
 #include "megatron/ops/norm.h"
+#include "megatron/transformer/residual_stream.h"
 #include "megatron/transformer/transformer_config.h"
 
 namespace megatron {
@@ -11,14 +12,19 @@ namespace megatron {
 class Norm {
  public:
   struct Saved {
-    Tensor input, mean, rstd;
+    Tensor input, mean, rstd;  // input: the tensor normalised, i.e. the stream's value (S,B,C)
   };
   // weight_name / bias_name: full Megatron names (TE spec fuses the pre-norms into the next
   // linear, e.g. "...self_attention.linear_qkv.layer_norm_weight").
   Norm(ParameterRegistry& registry, const TransformerConfig& config, int tp_rank, const std::string& weight_name,
        const std::string& bias_name);
-  Tensor forward(const Tensor& x, Saved& saved) const;          // (S,B,C) -> (S,B,C)
-  Tensor backward(const Tensor& dy, const Saved& saved) const;  // returns dx
+  // y = norm(x.residual + x.delta), the addition fused into the norm when x defers one; the sum
+  // (the stream's next residual) is saved.input. (S,B,C) -> (S,B,C)
+  Tensor forward(const ResidualStream& x, Saved& saved) const;
+  // Returns the gradient of the norm's input: the norm's backward plus dresidual, the gradient
+  // that reached the same tensor along the residual stream (undefined: none, as for the final norm),
+  // summed in the same pass.
+  Tensor backward(const Tensor& dy, const Saved& saved, const Tensor& dresidual = Tensor()) const;
 
  private:
   Parameter* weight_;

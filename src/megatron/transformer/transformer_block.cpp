@@ -14,11 +14,12 @@ TransformerBlock::TransformerBlock(ParameterRegistry& registry, const ParallelCo
                                          "decoder.final_layernorm.bias");
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
+ResidualStream TransformerBlock::forward(const ResidualStream& x, const ForwardContext& fwd, Saved& saved) const {
   saved.layers.resize(layers_.size());
-  Tensor h = x;
+  ResidualStream h = x;
   for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward(h, fwd, saved.layers[i]);
-  return final_norm_ ? final_norm_->forward(h, saved.final_norm) : h;
+  if (!final_norm_) return h;
+  return {final_norm_->forward(h, saved.final_norm), Tensor()};
 }
 
 Tensor TransformerBlock::backward(const Tensor& dy, const Saved& saved) const {

@@ -1,6 +1,7 @@
 #pragma once
 // The decoder: the layers [first, last) owned by this pipeline stage, and the final norm when
-// the stage is the last one.
+// the stage is the last one. Blocks pass the residual stream with its last addition deferred
+// (residual_stream.h); after the final norm nothing is deferred.
 #include <memory>
 #include <vector>
 
@@ -16,7 +17,7 @@ class TransformerBlock {
   };
   TransformerBlock(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                    int64_t first_layer, int64_t last_layer, bool has_final_norm);
-  Tensor forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;
+  ResidualStream forward(const ResidualStream& x, const ForwardContext& fwd, Saved& saved) const;
   Tensor backward(const Tensor& dy, const Saved& saved) const;
 
  private:

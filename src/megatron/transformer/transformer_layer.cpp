@@ -1,7 +1,5 @@
 #include "megatron/transformer/transformer_layer.h"
 
-#include "megatron/ops/elementwise.h"
-
 namespace megatron {
 
 namespace {
@@ -31,33 +29,25 @@ TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelCo
                     prefix_ + ".mlp.linear_fc1.layer_norm_bias"),
       mlp_(registry, ctx, config, prefix_ + ".mlp") {}
 
-Tensor TransformerLayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
+ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardContext& fwd, Saved& saved) const {
   const float p = fwd.dropout_p(hidden_dropout_);
   saved.attention_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".self_attn_bda")};
   saved.mlp_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".mlp_bda")};
 
+  // norm1 materialises x (saved.norm1.input) if x arrived as a pair; norm2 computes h = x + a.
   Tensor a = self_attention_.forward(input_norm_.forward(x, saved.norm1), fwd, saved.attention);
   dropout_in_place(a, saved.attention_dropout);
-  Tensor h = Tensor::empty(x.shape(), x.dtype(), x.device());
-  ops::add(h, x, a);
-
-  Tensor m = mlp_.forward(pre_mlp_norm_.forward(h, saved.norm2), saved.mlp);
+  Tensor m = mlp_.forward(pre_mlp_norm_.forward({saved.norm1.input, a}, saved.norm2), saved.mlp);
   dropout_in_place(m, saved.mlp_dropout);
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  ops::add(out, h, m);
-  return out;
+  return {saved.norm2.input, m};  // out = h + m, added by the next norm
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy, const Saved& saved) const {
-  // Residual stream: the gradient reaching h is dy (skip path) plus what flows back through the MLP.
-  Tensor dh = pre_mlp_norm_.backward(mlp_.backward(dropout_grad(dy, saved.mlp_dropout), saved.mlp), saved.norm2);
-  ops::add(dh, dh, dy);
-
-  Tensor dx =
-      input_norm_.backward(self_attention_.backward(dropout_grad(dh, saved.attention_dropout), saved.attention),
-                           saved.norm1);
-  ops::add(dx, dx, dh);
-  return dx;
+  // Residual stream: the gradient reaching h is dy (skip path) plus what flows back through the
+  // MLP and norm2; the norm's backward adds the two in one pass. Likewise for x.
+  Tensor dh = pre_mlp_norm_.backward(mlp_.backward(dropout_grad(dy, saved.mlp_dropout), saved.mlp), saved.norm2, dy);
+  return input_norm_.backward(self_attention_.backward(dropout_grad(dh, saved.attention_dropout), saved.attention),
+                              saved.norm1, dh);
 }
 
 }  // namespace megatron

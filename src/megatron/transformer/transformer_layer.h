@@ -2,12 +2,16 @@
 // One pre-norm transformer layer (Megatron-Core TransformerLayer, TE spec names):
 //   h   = x + dropout(attention(norm1(x)))
 //   out = h + dropout(mlp(norm2(h)))
+// Every residual addition is fused into the norm after it (residual_stream.h): norm2 adds h, and
+// the layer returns out as {h, dropout(mlp(...))} for the next layer's norm1 (or the final norm)
+// to add. x may likewise arrive as such a pair.
 #include <string>
 
 #include "megatron/ops/dropout.h"
 #include "megatron/transformer/attention.h"
 #include "megatron/transformer/mlp.h"
 #include "megatron/transformer/norm.h"
+#include "megatron/transformer/residual_stream.h"
 
 namespace megatron {
 
@@ -22,7 +26,8 @@ class TransformerLayer {
   // layer_number: global, 0-based (checkpoint names use global indices, as Megatron HEAD).
   TransformerLayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                    int64_t layer_number);
-  Tensor forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;
+  ResidualStream forward(const ResidualStream& x, const ForwardContext& fwd, Saved& saved) const;
+  // dy: the gradient of out; returns the gradient of x.
   Tensor backward(const Tensor& dy, const Saved& saved) const;
 
  private:

@@ -72,8 +72,10 @@ Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_
   ForwardContext layer_fwd = fwd;
   layer_fwd.segment_ids = segment_ids.defined() ? segment_ids.to(device_) : Tensor();
   saved.layers.resize(decoder_.size());
-  for (size_t i = 0; i < decoder_.size(); ++i) h = decoder_[i]->forward(h, layer_fwd, saved.layers[i]);
-  return output_layer_->forward(h, saved.output);
+  ResidualStream stream{h, Tensor()};
+  for (size_t i = 0; i < decoder_.size(); ++i) stream = decoder_[i]->forward(stream, layer_fwd, saved.layers[i]);
+  // The last block ends with the final norm, which leaves nothing deferred.
+  return output_layer_->forward(stream.residual, saved.output);
 }
 
 void GPTModel::report_grads_ready(const ParamSpan& span) const {

@@ -1,5 +1,7 @@
 #include "megatron/ops/checks/gemm.h"
 
+#include <utility>
+
 namespace megatron::ops::checks {
 namespace {
 
@@ -86,6 +88,29 @@ LinearDims check_linear_backward(const Tensor& dx, const Tensor& dweight, const 
     check_dtype(dbias, grad_dtype, "linear dbias");
   }
   return {rows_of(x, "linear x"), out_features, in_features};
+}
+
+LinearDims check_linear_gelu_forward(const Tensor& y, const Tensor& pre, const Tensor& x, const Tensor& weight,
+                                     const Tensor& bias, const GemmBackend& backend) {
+  const LinearDims dims = check_linear_forward(y, x, weight, bias, backend);
+  check_defined(pre, "linear pre");
+  backend.device(pre, "linear pre");
+  check_shape(pre, y.shape(), "linear pre");
+  check_dtype(pre, y.dtype(), "linear pre");
+  return dims;
+}
+
+LinearDims check_gelu_linear_backward(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
+                                      const Tensor& x, const Tensor& weight, const Tensor& pre,
+                                      const GemmBackend& backend) {
+  const LinearDims dims = check_linear_backward(Tensor(), dweight, dbias, dy, x, weight, backend);
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&pre, "linear pre"}, {&dpre, "linear dpre"}}) {
+    check_defined(*t, name);
+    backend.device(*t, name);
+    check_shape(*t, x.shape(), name);
+    check_dtype(*t, x.dtype(), name);
+  }
+  return dims;
 }
 
 }  // namespace megatron::ops::checks

@@ -26,5 +26,12 @@ LinearDims check_linear_forward(const Tensor& y, const Tensor& x, const Tensor& 
                                 const GemmBackend& backend);
 LinearDims check_linear_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
                                  const Tensor& x, const Tensor& weight, const GemmBackend& backend);
+// linear_forward's checks, plus pre like y.
+LinearDims check_linear_gelu_forward(const Tensor& y, const Tensor& pre, const Tensor& x, const Tensor& weight,
+                                     const Tensor& bias, const GemmBackend& backend);
+// linear_backward's checks (without dx), plus dpre and pre like x.
+LinearDims check_gelu_linear_backward(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
+                                      const Tensor& x, const Tensor& weight, const Tensor& pre,
+                                      const GemmBackend& backend);
 
 }  // namespace megatron::ops::checks

@@ -12,6 +12,13 @@ void check_param(const Tensor& t, int64_t C, DType dtype, const char* name, Tens
 }
 
 // The mean is saved for LayerNorm only; RMSNorm takes no mean and no bias.
+// t has x's device, shape and dtype.
+void check_like_x(const Tensor& t, const Tensor& x, const char* name, TensorCheck device) {
+  device(t, name);
+  check_shape(t, x.shape(), name);
+  check_dtype(t, x.dtype(), name);
+}
+
 void check_kind_tensors(const NormParams& p, const Tensor& mean, const Tensor& bias, const char* bias_name) {
   if (p.kind == NormKind::rmsnorm) {
     MEGATRON_CHECK(!mean.defined(), "RMSNorm saves no mean; pass an undefined mean tensor");
@@ -61,6 +68,23 @@ NormDims check_norm_backward(const Tensor& dx, const Tensor& dweight, const Tens
   if (mean.defined()) check_param(mean, N, acc, "norm mean", backend.device);
   check_param(rstd, N, acc, "norm rstd", backend.device);
   return {N, C};
+}
+
+NormDims check_add_norm_forward(const Tensor& h, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                                const NormParams& params, const NormBackend& backend) {
+  const NormDims dims = check_norm_forward(y, mean, rstd, x, weight, bias, params, backend);
+  check_like_x(residual, x, "norm residual", backend.device);
+  check_like_x(h, x, "norm h", backend.device);
+  return dims;
+}
+
+NormDims check_add_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
+                                 const Tensor& dh, const Tensor& h, const Tensor& weight, const Tensor& mean,
+                                 const Tensor& rstd, const NormParams& params, const NormBackend& backend) {
+  const NormDims dims = check_norm_backward(dx, dweight, dbias, dy, h, weight, mean, rstd, params, backend);
+  check_like_x(dh, h, "norm dh", backend.device);
+  return dims;
 }
 
 }  // namespace megatron::ops::checks

@@ -22,5 +22,13 @@ NormDims check_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& r
 NormDims check_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
                              const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                              const NormParams& params, const NormBackend& backend);
+// The norm's checks, plus residual and h like x.
+NormDims check_add_norm_forward(const Tensor& h, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                                const NormParams& params, const NormBackend& backend);
+// The norm's backward checks with h as its input x, plus dh like h.
+NormDims check_add_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
+                                 const Tensor& dh, const Tensor& h, const Tensor& weight, const Tensor& mean,
+                                 const Tensor& rstd, const NormParams& params, const NormBackend& backend);
 
 }  // namespace megatron::ops::checks

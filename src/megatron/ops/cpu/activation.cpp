@@ -5,40 +5,21 @@
 
 #include "megatron/ops/checks/activation.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
+#include "megatron/ops/cpu/gelu.h"
 
 namespace megatron::ops::cpu {
 namespace {
 
-template <class A>
-constexpr A kSqrt2OverPi = A(0.79788456080286535587989211986876);
-template <class A>
-constexpr A kGeluCubic = A(0.044715);
-
 template <class T>
 void gelu_forward_kernel(T* y, const T* x, int64_t n) {
-  using A = compute_t<T>;
 #pragma omp parallel for if (worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) {
-    // y = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
-    const A v = load(x[i]);
-    const A u = kSqrt2OverPi<A> * (v + kGeluCubic<A> * v * v * v);
-    y[i] = store<T>(A(0.5) * v * (A(1) + std::tanh(u)));
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] = store<T>(gelu(load(x[i])));
 }
 
 template <class T>
 void gelu_backward_kernel(T* dx, const T* dy, const T* x, int64_t n) {
-  using A = compute_t<T>;
 #pragma omp parallel for if (worth_parallel(n))
-  for (int64_t i = 0; i < n; ++i) {
-    // dy/dx = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-    const A v = load(x[i]);
-    const A u = kSqrt2OverPi<A> * (v + kGeluCubic<A> * v * v * v);
-    const A t = std::tanh(u);
-    const A du = kSqrt2OverPi<A> * (A(1) + A(3) * kGeluCubic<A> * v * v);
-    const A grad = A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * du;
-    dx[i] = store<T>(grad * load(dy[i]));
-  }
+  for (int64_t i = 0; i < n; ++i) dx[i] = store<T>(gelu_grad(load(x[i])) * load(dy[i]));
 }
 
 template <class A>

@@ -1,7 +1,8 @@
 // GEMM and the linear layer on the CPU: OpenBLAS sgemm/dgemm. bf16 and f16 operands are widened to
 // float copies first (the reference favours clarity over memory), the product is accumulated in
 // float and rounded to the 16-bit output once at the end. f64 runs through dgemm for the gradient
-// checks.
+// checks. The GELU-fused variants apply the activation (or its derivative) to that float/double
+// accumulator before rounding, as the CUDA epilogues do.
 #include "megatron/ops/gemm.h"
 
 #include <cblas.h>
@@ -11,6 +12,7 @@
 
 #include "megatron/ops/checks/gemm.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
+#include "megatron/ops/cpu/gelu.h"
 
 namespace megatron::ops::cpu {
 namespace {
@@ -120,13 +122,12 @@ void matmul_impl(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, 
   out.finish();
 }
 
-// y (N,out) = x (N,in) W^T + bias: the accumulator starts as the bias rows, so a 16-bit y rounds once.
+// y (N,out) = x (N,in) W^T + bias in C: the accumulator starts as the bias rows, so a 16-bit
+// result rounds once.
 template <class C>
-void linear_forward_impl(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias, int64_t n,
-                         int64_t out_features, int64_t in_features) {
+void linear_accumulate(C* yp, const Tensor& x, const Tensor& w, const Tensor& bias, int64_t n, int64_t out_features,
+                       int64_t in_features) {
   const Operand<C> X(x), W(w);
-  Output<C> Y(y, false);
-  C* yp = Y.data();
   if (bias.defined()) {
     const Operand<C> bias_c(bias);
     const C* bp = bias_c.data();
@@ -135,7 +136,30 @@ void linear_forward_impl(Tensor& y, const Tensor& x, const Tensor& w, const Tens
       for (int64_t o = 0; o < out_features; ++o) yp[row * out_features + o] = bp[o];
   }
   blas_gemm(false, true, n, out_features, in_features, C(1), X.data(), W.data(), C(bias.defined() ? 1 : 0), yp);
+}
+
+template <class C>
+void linear_forward_impl(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias, int64_t n,
+                         int64_t out_features, int64_t in_features) {
+  Output<C> Y(y, false);
+  linear_accumulate(Y.data(), x, w, bias, n, out_features, in_features);
   Y.finish();
+}
+
+// pre = x W^T + bias and y = gelu(pre), both from the C accumulator, each rounded once.
+template <class C>
+void linear_gelu_forward_impl(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& bias, int64_t n,
+                              int64_t out_features, int64_t in_features) {
+  Output<C> P(pre, false);
+  linear_accumulate(P.data(), x, w, bias, n, out_features, in_features);
+  const C* pp = P.data();
+  dispatch_floating(y.dtype(), "linear_gelu_forward", [&]<class T>(std::type_identity<T>) {
+    T* yp = y.data<T>();
+    const int64_t count = n * out_features;
+#pragma omp parallel for if (worth_parallel(count))
+    for (int64_t i = 0; i < count; ++i) yp[i] = store<T>(compute_t<T>(gelu(pp[i])));
+  });
+  P.finish();
 }
 
 template <class C>
@@ -162,6 +186,29 @@ void linear_backward_impl(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
       dbp[o] += sum;
     }
   }
+}
+
+// dpre = (dy W) * gelu'(pre) with dy W kept in C, then dW and db as linear_backward.
+template <class C>
+void gelu_linear_backward_impl(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                               const Tensor& pre, int64_t n, int64_t out_features, int64_t in_features) {
+  {
+    const Operand<C> DY(dy), W(w);
+    std::vector<C> dact(size_t(n * in_features), C(0));
+    blas_gemm(false, false, n, in_features, out_features, C(1), DY.data(), W.data(), C(0), dact.data());
+    dispatch_floating(dpre.dtype(), "gelu_linear_backward", [&]<class T>(std::type_identity<T>) {
+      T* dp = dpre.data<T>();
+      const T* pp = pre.data<T>();
+      const int64_t count = n * in_features;
+#pragma omp parallel for if (worth_parallel(count))
+      for (int64_t i = 0; i < count; ++i) {
+        const C g = C(gelu_grad(load(pp[i])));
+        dp[i] = store<T>(compute_t<T>(dact[size_t(i)] * g));
+      }
+    });
+  }
+  Tensor no_dx;
+  linear_backward_impl<C>(no_dx, dw, db, dy, x, w, n, out_features, in_features);
 }
 
 }  // namespace
@@ -193,6 +240,26 @@ void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& d
     linear_backward_impl<double>(dx, dweight, dbias, dy, x, weight, n, out_features, in_features);
   } else {
     linear_backward_impl<float>(dx, dweight, dbias, dy, x, weight, n, out_features, in_features);
+  }
+}
+
+void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const auto [n, out_features, in_features] = checks::check_linear_gelu_forward(y, pre, x, weight, bias, kCpuGemm);
+  if (x.dtype() == DType::f64) {
+    linear_gelu_forward_impl<double>(y, pre, x, weight, bias, n, out_features, in_features);
+  } else {
+    linear_gelu_forward_impl<float>(y, pre, x, weight, bias, n, out_features, in_features);
+  }
+}
+
+void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                          const Tensor& weight, const Tensor& pre) {
+  const auto [n, out_features, in_features] =
+      checks::check_gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre, kCpuGemm);
+  if (x.dtype() == DType::f64) {
+    gelu_linear_backward_impl<double>(dpre, dweight, dbias, dy, x, weight, pre, n, out_features, in_features);
+  } else {
+    gelu_linear_backward_impl<float>(dpre, dweight, dbias, dy, x, weight, pre, n, out_features, in_features);
   }
 }
 

@@ -1,6 +1,7 @@
 // LayerNorm and RMSNorm on the CPU, one row of C channels at a time (llm.c layernorm_forward /
 // layernorm_backward). RMSNorm is LayerNorm with the mean fixed at 0 and no bias, so one kernel
-// serves both.
+// serves both, and the fused residual add (add_norm_*) is the same kernel with its optional
+// residual inputs given.
 #include "megatron/ops/norm.h"
 
 #include <cmath>
@@ -11,14 +12,21 @@
 namespace megatron::ops::cpu {
 namespace {
 
+// With residual (and h) given, the row normalised is h = x + residual, rounded to T and stored
+// first (add_norm_forward); otherwise x.
 template <class T>
 void norm_forward_kernel(T* y, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* w, const T* b, int64_t N,
-                         int64_t C, bool rms, float eps) {
+                         int64_t C, bool rms, float eps, const T* residual, T* h) {
   using A = compute_t<T>;
 #pragma omp parallel for if (worth_parallel(N * C))
   for (int64_t n = 0; n < N; ++n) {
     const T* xr = x + n * C;
     T* yr = y + n * C;
+    if (residual != nullptr) {
+      T* hr = h + n * C;
+      for (int64_t c = 0; c < C; ++c) hr[c] = store<T>(load(xr[c]) + load(residual[n * C + c]));
+      xr = hr;
+    }
     // m = mean(x) (0 for RMSNorm); var = mean((x - m)^2), which is mean(x^2) for RMSNorm
     A m = 0;
     if (!rms) {
@@ -42,14 +50,16 @@ void norm_forward_kernel(T* y, compute_t<T>* mean, compute_t<T>* rstd, const T* 
   }
 }
 
+// dh, when given, is added to dx before rounding (add_norm_backward).
 template <class T>
 void norm_backward_kernel(T* dx, compute_t<T>* dw, compute_t<T>* db, const T* dy, const T* x, const T* w,
-                          const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C) {
+                          const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C, const T* dh) {
   using A = compute_t<T>;
   const bool rms = mean == nullptr;
   // dx, row by row. With xhat = (x - m) rstd and g = dy * w:
   //   LayerNorm: dx = rstd (g - mean(g) - xhat mean(g xhat))
   //   RMSNorm:   dx = rstd (g - xhat mean(g xhat))          (no mean was subtracted in forward)
+  // plus dh, the gradient arriving along the residual stream, when given.
 #pragma omp parallel for if (worth_parallel(N * C))
   for (int64_t n = 0; n < N; ++n) {
     const A m = rms ? A(0) : mean[n], s = rstd[n];
@@ -66,7 +76,8 @@ void norm_backward_kernel(T* dx, compute_t<T>* dw, compute_t<T>* db, const T* dy
     for (int64_t c = 0; c < C; ++c) {
       const A g = load(dyr[c]) * load(w[c]);
       const A xhat = (load(xr[c]) - m) * s;
-      dx[n * C + c] = store<T>(s * (g - g_mean - xhat * gx_mean));
+      const A skip = dh != nullptr ? load(dh[n * C + c]) : A(0);
+      dx[n * C + c] = store<T>(s * (g - g_mean - xhat * gx_mean) + skip);
     }
   }
   // dw += sum_n dy xhat, db += sum_n dy: channel by channel, so threads never share an output.
@@ -108,7 +119,8 @@ void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const 
   const int64_t N = dims.rows, C = dims.channels;
   dispatch_floating(x.dtype(), "norm_forward", [&]<class T>(std::type_identity<T>) {
     norm_forward_kernel<T>(y.data<T>(), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(), x.data<T>(),
-                           weight.data<T>(), data_or_null<T>(bias), N, C, params.kind == NormKind::rmsnorm, params.eps);
+                           weight.data<T>(), data_or_null<T>(bias), N, C, params.kind == NormKind::rmsnorm, params.eps,
+                           nullptr, nullptr);
   });
 }
 
@@ -120,7 +132,31 @@ void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy,
   dispatch_floating(x.dtype(), "norm_backward", [&]<class T>(std::type_identity<T>) {
     norm_backward_kernel<T>(dx.data<T>(), dweight.data<compute_t<T>>(), data_or_null<compute_t<T>>(dbias), dy.data<T>(),
                             x.data<T>(), weight.data<T>(), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(),
-                            N, C);
+                            N, C, nullptr);
+  });
+}
+
+void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
+                      const Tensor& weight, const Tensor& bias, const NormParams& params) {
+  const checks::NormDims dims =
+      checks::check_add_norm_forward(h, y, mean, rstd, x, residual, weight, bias, params, kCpuNorm);
+  const int64_t N = dims.rows, C = dims.channels;
+  dispatch_floating(x.dtype(), "add_norm_forward", [&]<class T>(std::type_identity<T>) {
+    norm_forward_kernel<T>(y.data<T>(), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(), x.data<T>(),
+                           weight.data<T>(), data_or_null<T>(bias), N, C, params.kind == NormKind::rmsnorm, params.eps,
+                           residual.data<T>(), h.data<T>());
+  });
+}
+
+void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params) {
+  const checks::NormDims dims =
+      checks::check_add_norm_backward(dx, dweight, dbias, dy, dh, h, weight, mean, rstd, params, kCpuNorm);
+  const int64_t N = dims.rows, C = dims.channels;
+  dispatch_floating(h.dtype(), "add_norm_backward", [&]<class T>(std::type_identity<T>) {
+    norm_backward_kernel<T>(dx.data<T>(), dweight.data<compute_t<T>>(), data_or_null<compute_t<T>>(dbias), dy.data<T>(),
+                            h.data<T>(), weight.data<T>(), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(),
+                            N, C, dh.data<T>());
   });
 }
 

@@ -1,8 +1,12 @@
 // GEMM and the linear layer on CUDA through cuBLASLt: f32, bf16 or f16 operands, FP32 accumulation
 // (CUBLAS_COMPUTE_32F: full FP32 for f32 operands, never TF32, so results track the CPU), output
 // in the operands' dtype or f32. The weight gradient accumulates straight into the fp32 main grad
-// (beta = 1, 16-bit operands, f32 C/D): Megatron's gradient-accumulation fusion. The forward bias is fused through
-// the BIAS epilogue; the bias gradient is a deterministic column-sum kernel.
+// (beta = 1, 16-bit operands, f32 C/D): Megatron's gradient-accumulation fusion. Epilogues fuse the
+// rest: the forward bias (BIAS), the bias gradient out of the weight-gradient GEMM (BGRADB, which
+// can only write, so into a scratch vector then added to the main grad), and the MLP's GELU
+// (GELU_AUX(_BIAS) forward, DGELU on fc2's input-gradient GEMM) for 16-bit outputs. Where cuBLASLt
+// has no algorithm for an epilogue (odd sizes or alignments), the op runs unfused: a broadcast
+// bias, a deterministic column-sum kernel, the GELU kernels of activation.h; a warning names it.
 //
 // Row-major vs column-major: a row-major (r, c) matrix is a column-major (c, r) one, so row-major
 // C (M,N) = op(A) op(B) is computed as column-major C^T (N,M) = op(B)^T op(A)^T, i.e. cuBLASLt's
@@ -19,6 +23,8 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "megatron/core/logging.h"
+#include "megatron/ops/activation.h"
 #include "megatron/ops/checks/gemm.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/elementwise.h"
@@ -58,14 +64,41 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
 
 // ---- one cuBLASLt call ---------------------------------------------------------------------
 
-// Column-major D (m,n) = alpha op(A) op(B) + beta C, C = D, with optional bias over D's rows.
+// What the epilogue does besides storing D, in cuBLASLt's column-major terms. Vectors have D's type.
+struct LtEpilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  // BIAS, GELU_AUX_BIAS: added to every column of D (length m). BGRADB: receives the sums of op(B)
+  // over k (length n), written, not accumulated.
+  const void* bias = nullptr;
+  // GELU_AUX*: receives the GELU input (m,n), leading dimension m. DGELU: supplies it.
+  const void* aux = nullptr;
+};
+
+const char* epilogue_name(cublasLtEpilogue_t kind) {
+  switch (kind) {
+    case CUBLASLT_EPILOGUE_BIAS:
+      return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX:
+      return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+      return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU:
+      return "DGELU";
+    case CUBLASLT_EPILOGUE_BGRADB:
+      return "BGRADB";
+    default:
+      return "DEFAULT";
+  }
+}
+
+// Column-major D (m,n) = alpha op(A) op(B) + beta C, C = D, then the epilogue.
 struct LtProblem {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;
   const void* b = nullptr;
   void* d = nullptr;
-  const void* bias = nullptr;  // length m, D's type; null: no epilogue
+  LtEpilogue epilogue;
   cudaDataType ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
   float alpha = 1.0f, beta = 0.0f;
 };
@@ -79,7 +112,7 @@ uint32_t alignment_of(const void* p) {
 }
 
 struct PlanKey {
-  std::array<int64_t, 13> fields{};
+  std::array<int64_t, 14> fields{};
   bool operator==(const PlanKey&) const = default;
 };
 struct PlanKeyHash {
@@ -100,7 +133,9 @@ AlgoCache& algo_cache() {
   return cache;
 }
 
-// Runs the problem; returns false (doing nothing) when cuBLASLt has no algorithm for it.
+// Runs the problem; returns false (doing nothing) when cuBLASLt has no algorithm for it. For a
+// problem with an epilogue, any refusal of the heuristic counts as "no algorithm" (the caller has
+// an unfused path) and is reported once per problem class.
 bool try_lt_matmul(const LtProblem& p) {
   megatron::cuda::DeviceContext& ctx = megatron::cuda::current_context();
   cublasLtMatmulDesc_t raw_desc = nullptr;
@@ -108,9 +143,13 @@ bool try_lt_matmul(const LtProblem& p) {
   const MatmulDesc desc(raw_desc);
   set_desc(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_desc(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
-  const cublasLtEpilogue_t epilogue = p.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  const cublasLtEpilogue_t epilogue = p.epilogue.kind;
   set_desc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
-  if (p.bias != nullptr) set_desc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+  if (p.epilogue.bias != nullptr) set_desc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.epilogue.bias);
+  if (p.epilogue.aux != nullptr) {
+    set_desc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.epilogue.aux);
+    set_desc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(p.m));
+  }
 
   const MatrixLayout a = make_layout(p.ab_type, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k);
   const MatrixLayout b = make_layout(p.ab_type, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n);
@@ -118,7 +157,8 @@ bool try_lt_matmul(const LtProblem& p) {
 
   const uint32_t align_a = alignment_of(p.a), align_b = alignment_of(p.b), align_d = alignment_of(p.d);
   const PlanKey key{{p.m, p.n, p.k, p.trans_a, p.trans_b, p.ab_type, p.d_type, epilogue, align_a, align_b, align_d,
-                     p.bias != nullptr ? alignment_of(p.bias) : 0, ctx.device()}};
+                     p.epilogue.bias != nullptr ? alignment_of(p.epilogue.bias) : 0,
+                     p.epilogue.aux != nullptr ? alignment_of(p.epilogue.aux) : 0, ctx.device()}};
   AlgoCache& cache = algo_cache();
   std::optional<cublasLtMatmulAlgo_t> algo;
   {
@@ -142,8 +182,14 @@ bool try_lt_matmul(const LtProblem& p) {
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(ctx.blas_lt(), raw_desc, a.get(), b.get(), d.get(),
                                                                  d.get(), raw_pref, 1, &result, &found);
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(status);
+    const bool fused = epilogue != CUBLASLT_EPILOGUE_DEFAULT;
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED && !fused) CUBLAS_CHECK(status);
     if (status == CUBLAS_STATUS_SUCCESS && found > 0) algo = result.algo;
+    if (!algo && fused) {
+      LOG_WARN("cuBLASLt has no algorithm for the " << epilogue_name(epilogue) << " epilogue on D (" << p.m << ","
+                                                    << p.n << "), k " << p.k << " (" << cublasLtGetStatusName(status)
+                                                    << "); running it unfused, which is slower");
+    }
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.algos[key] = algo;
   }
@@ -177,12 +223,14 @@ Tensor aligned_copy(const Tensor& t) {
   return copy;
 }
 
-// Row-major C (M,N) = alpha op(A) op(B) + beta C with op(A) (M,K), op(B) (K,N), bias over C's
-// columns (length N). Returns false when the bias epilogue has no algorithm (the caller adds the
-// bias another way). Operands at addresses cuBLASLt has no algorithm for (views at odd element
-// offsets) are copied to aligned blocks first.
+// Row-major C (M,N) = alpha op(A) op(B) + beta C with op(A) (M,K), op(B) (K,N), and the epilogue,
+// which in row-major terms reads: BIAS adds a vector over C's columns (length N) to every row;
+// GELU_AUX* and DGELU take an (M,N) matrix like C; BGRADB writes the sums of op(A) over K
+// (length M, e.g. the column sums of dy for dy^T x). Returns false when the epilogue has no
+// algorithm (the caller runs it unfused). Operands at addresses cuBLASLt has no algorithm for
+// (views at odd element offsets) are copied to aligned blocks first.
 bool row_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b, Tensor& c,
-                    float alpha, float beta, const void* bias) {
+                    float alpha, float beta, const LtEpilogue& epilogue = {}) {
   LtProblem p;
   p.trans_a = tb;
   p.trans_b = ta;
@@ -192,13 +240,13 @@ bool row_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Ten
   p.a = b.raw();
   p.b = a.raw();
   p.d = c.raw();
-  p.bias = bias;
+  p.epilogue = epilogue;
   p.ab_type = lt_type(a.dtype());
   p.d_type = lt_type(c.dtype());
   p.alpha = alpha;
   p.beta = beta;
   if (try_lt_matmul(p)) return true;
-  if (bias != nullptr) return false;
+  if (epilogue.kind != CUBLASLT_EPILOGUE_DEFAULT) return false;
   const std::string problem = "C (" + std::to_string(m) + "," + std::to_string(n) +
                               ") = op(A) op(B) with K = " + std::to_string(k) + ", " + dtype_name(a.dtype()) + " -> " +
                               dtype_name(c.dtype());
@@ -292,6 +340,39 @@ void check_cuda_gemm_dtype(const Tensor& t, const char*) {
 
 constexpr checks::GemmBackend kCudaGemm{check_cuda, check_cuda_gemm_dtype};
 
+// ---- shared pieces of the linear ops -------------------------------------------------------
+
+// The GELU epilogues run for 16-bit outputs only, whose rounding (2^-9 or 2^-12) dwarfs any
+// shortcut cuBLASLt's GELU may take; f32 runs the GELU kernels, which track the CPU to float
+// rounding. cuBLASLt also needs the GELU matrix's leading dimension (its row length) a multiple of 8.
+bool gelu_epilogue_applies(const Tensor& out, const Tensor& aux, int64_t row_length) {
+  const bool half = out.dtype() == DType::bf16 || out.dtype() == DType::f16;
+  return half && row_length % 8 == 0 && is_aligned16(out.raw()) && is_aligned16(aux.raw());
+}
+
+// dW (out,in) += dy^T (out,N) @ x (N,in) straight into the fp32 main grad, and db += the column
+// sums of dy: from the same GEMM through the BGRADB epilogue (into a scratch vector, added to
+// db), else from the column-sum kernel.
+void weight_and_bias_grads(Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                           const checks::LinearDims& dims) {
+  const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
+  if (n == 0 || out_features == 0) return;  // nothing to accumulate
+  if (in_features > 0 && dbias.defined()) {
+    Tensor db_step = Tensor::empty({out_features}, DType::f32, dy.device());
+    if (row_major_gemm(true, false, out_features, in_features, n, dy, x, dweight, 1.0f, 1.0f,
+                       {CUBLASLT_EPILOGUE_BGRADB, db_step.raw(), nullptr})) {
+      add_scaled(dbias, db_step, 1.0f);
+      return;
+    }
+  }
+  if (in_features > 0) row_major_gemm(true, false, out_features, in_features, n, dy, x, dweight, 1.0f, 1.0f);
+  if (dbias.defined()) {
+    dispatch_storage(dy.dtype(), "linear_backward", [&]<class T>(std::type_identity<T>) {
+      bias_grad<T>(device_data<float>(dbias), device_data<T>(dy), n, out_features, dy.device());
+    });
+  }
+}
+
 }  // namespace
 
 void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params) {
@@ -306,7 +387,7 @@ void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& par
     }
     return;
   }
-  row_major_gemm(ta, tb, m, n, k, a, b, c, params.alpha, params.beta, nullptr);
+  row_major_gemm(ta, tb, m, n, k, a, b, c, params.alpha, params.beta);
 }
 
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -317,16 +398,18 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tens
   if (n == 0 || out_features == 0) return;
   // y (N,out) = x (N,in) W^T (+ bias)
   if (!bias.defined()) {
-    row_major_gemm(false, true, n, out_features, in_features, x, weight, y, 1.0f, 0.0f, nullptr);
+    row_major_gemm(false, true, n, out_features, in_features, x, weight, y, 1.0f, 0.0f);
     return;
   }
-  if (row_major_gemm(false, true, n, out_features, in_features, x, weight, y, 1.0f, 0.0f, bias.raw())) return;
+  if (row_major_gemm(false, true, n, out_features, in_features, x, weight, y, 1.0f, 0.0f,
+                     {CUBLASLT_EPILOGUE_BIAS, bias.raw(), nullptr}))
+    return;
   dispatch_storage(y.dtype(), "linear_forward", [&]<class T>(std::type_identity<T>) {
     broadcast_rows_kernel<T><<<grid_for(n * out_features), kThreads, 0, stream()>>>(
         device_data<T>(y), device_data<T>(bias), n, out_features);
     CUDA_CHECK_LAUNCH();
   });
-  row_major_gemm(false, true, n, out_features, in_features, x, weight, y, 1.0f, 1.0f, nullptr);
+  row_major_gemm(false, true, n, out_features, in_features, x, weight, y, 1.0f, 1.0f);
 }
 
 void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
@@ -338,17 +421,45 @@ void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& d
     if (out_features == 0) {
       dx.zero();
     } else {
-      row_major_gemm(false, false, n, in_features, out_features, dy, weight, dx, 1.0f, 0.0f, nullptr);
+      row_major_gemm(false, false, n, in_features, out_features, dy, weight, dx, 1.0f, 0.0f);
     }
   }
-  if (n == 0 || out_features == 0) return;  // nothing to accumulate
-  // dW (out,in) += dy^T (out,N) @ x (N,in), straight into the fp32 main grad
-  if (in_features > 0) row_major_gemm(true, false, out_features, in_features, n, dy, x, dweight, 1.0f, 1.0f, nullptr);
-  if (dbias.defined()) {
-    dispatch_storage(dy.dtype(), "linear_backward", [&]<class T>(std::type_identity<T>) {
-      bias_grad<T>(device_data<float>(dbias), device_data<T>(dy), n, out_features, dy.device());
-    });
+  weight_and_bias_grads(dweight, dbias, dy, x, dims);
+}
+
+void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const checks::LinearDims dims = checks::check_linear_gelu_forward(y, pre, x, weight, bias, kCudaGemm);
+  const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
+  MEGATRON_CHECK(in_features > 0, "linear weight " << shape_str(weight.shape()) << " has no input features");
+  if (n == 0 || out_features == 0) return;
+  // pre (N,out) = x W^T (+ bias) as the epilogue's aux output, y = gelu(pre) as D.
+  if (gelu_epilogue_applies(y, pre, out_features)) {
+    const LtEpilogue epilogue{bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
+                              bias.defined() ? bias.raw() : nullptr, pre.raw()};
+    if (row_major_gemm(false, true, n, out_features, in_features, x, weight, y, 1.0f, 0.0f, epilogue)) return;
   }
+  linear_forward(pre, x, weight, bias);
+  gelu_forward(y, pre);
+}
+
+void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                          const Tensor& weight, const Tensor& pre) {
+  const checks::LinearDims dims =
+      checks::check_gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre, kCudaGemm);
+  const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
+  if (n > 0 && in_features > 0) {
+    // dpre (N,in) = (dy (N,out) @ W (out,in)) * gelu'(pre); no output features: dpre = 0
+    if (out_features == 0) {
+      dpre.zero();
+    } else if (!gelu_epilogue_applies(dpre, pre, in_features) ||
+               !row_major_gemm(false, false, n, in_features, out_features, dy, weight, dpre, 1.0f, 0.0f,
+                               {CUBLASLT_EPILOGUE_DGELU, nullptr, pre.raw()})) {
+      Tensor dact = Tensor::empty(dpre.shape(), dpre.dtype(), dpre.device());
+      row_major_gemm(false, false, n, in_features, out_features, dy, weight, dact, 1.0f, 0.0f);
+      gelu_backward(dpre, dact, pre);
+    }
+  }
+  weight_and_bias_grads(dweight, dbias, dy, x, dims);
 }
 
 }  // namespace megatron::ops::cuda

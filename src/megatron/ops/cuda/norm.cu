@@ -2,6 +2,7 @@
 // 16-byte loads and float accumulation; the row is read again from L1 for each pass rather than
 // held in registers, so any C works. dweight/dbias are reduced deterministically without float
 // atomics: per-(row chunk, channel) partial sums, then a second kernel sums the chunks in order.
+// The fused residual add (add_norm_*) runs the same kernels with their residual pointers given.
 #include "megatron/ops/checks/norm.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/norm.h"
@@ -12,14 +13,28 @@ namespace {
 constexpr int kRowsPerBlock = 8;  // warps per block in the row kernels
 
 // y (N,C) = (x - mean) * rstd * w + b; mean (N) only for LayerNorm (nullptr for RMSNorm), rstd (N).
-// Two passes over the row as on the CPU: the mean, then the variance about it.
+// Two passes over the row as on the CPU: the mean, then the variance about it. With residual (and
+// h) given, the row normalised is h = x + residual, rounded to T and stored by a first pass; the
+// later passes read it back (each lane its own packs, so no synchronisation), from L1/L2.
 template <class T, int V>
 __global__ void norm_forward_kernel(T* y, float* mean, float* rstd, const T* x, const T* w, const T* b, int64_t N,
-                                    int C, bool rms, float eps) {
+                                    int C, bool rms, float eps, const T* residual, T* h) {
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= N) return;
   const int lane = int(threadIdx.x) % 32;
   const T* xr = x + row * C;
+  if (residual != nullptr) {
+    T* hr = h + row * C;
+    for (int c = lane * V; c < C; c += 32 * V) {
+      float v[V], r[V];
+      load_pack<V>(xr + c, v);
+      load_pack<V>(residual + row * C + c, r);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] += r[k];
+      store_pack<V>(hr + c, v);
+    }
+    xr = hr;
+  }
   float m = 0.0f;
   if (!rms) {
     float sum = 0.0f;
@@ -58,9 +73,10 @@ __global__ void norm_forward_kernel(T* y, float* mean, float* rstd, const T* x, 
 
 // dx, one warp per row. With xhat = (x - m) rstd and g = dy * w:
 //   LayerNorm: dx = rstd (g - mean(g) - xhat mean(g xhat));  RMSNorm: dx = rstd (g - xhat mean(g xhat))
+// plus dh (the residual stream's gradient) when given, added before rounding.
 template <class T, int V>
 __global__ void norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* w, const float* mean,
-                                        const float* rstd, int64_t N, int C) {
+                                        const float* rstd, int64_t N, int C, const T* dh) {
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= N) return;
   const int lane = int(threadIdx.x) % 32;
@@ -85,12 +101,13 @@ __global__ void norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T*
   const float gx_mean = warp_reduce(gx_sum, SumOp{}) / float(C);
   T* dxr = dx + row * C;
   for (int c = lane * V; c < C; c += 32 * V) {
-    float xv[V], dv[V], wv[V];
+    float xv[V], dv[V], wv[V], skip[V] = {};
     load_pack<V>(xr + c, xv);
     load_pack<V>(dyr + c, dv);
     load_pack<V>(w + c, wv);
+    if (dh != nullptr) load_pack<V>(dh + row * C + c, skip);
 #pragma unroll
-    for (int k = 0; k < V; ++k) dv[k] = s * (dv[k] * wv[k] - g_mean - (xv[k] - m) * s * gx_mean);
+    for (int k = 0; k < V; ++k) dv[k] = s * (dv[k] * wv[k] - g_mean - (xv[k] - m) * s * gx_mean) + skip[k];
     store_pack<V>(dxr + c, dv);
   }
 }
@@ -178,54 +195,57 @@ int channels_of(const Tensor& x) {
   return int(C);
 }
 
-}  // namespace
-
-void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                  const NormParams& params) {
-  const int64_t N = checks::check_norm_forward(y, mean, rstd, x, weight, bias, params, kCudaNorm).rows;
+// Launchers shared by the plain and the fused (add_norm_*) ops; the checks are done.
+void launch_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                         const Tensor& bias, const NormParams& params, int64_t N, const Tensor& residual, Tensor& h,
+                         const char* op) {
   const int C = channels_of(x);
-  dispatch_storage(x.dtype(), "norm_forward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
     if (N == 0) return;
     T* yp = static_cast<T*>(y.raw());
     const T* xp = static_cast<const T*>(x.raw());
     const T* wp = static_cast<const T*>(weight.raw());
     const T* bp = data_or_null<T>(bias);
+    const T* rp = data_or_null<T>(residual);
+    T* hp = data_or_null<T>(h);
     const bool rms = params.kind == NormKind::rmsnorm;
     const auto blocks = unsigned(ceil_div(N, kRowsPerBlock));
-    if (rows_vectorizable<T>(C, {yp, xp, wp, bp})) {
+    if (rows_vectorizable<T>(C, {yp, xp, wp, bp, rp, hp})) {
       norm_forward_kernel<T, kPack<T>><<<blocks, kRowsPerBlock * 32, 0, stream()>>>(
-          yp, data_or_null<float>(mean), rstd.data<float>(), xp, wp, bp, N, C, rms, params.eps);
+          yp, data_or_null<float>(mean), rstd.data<float>(), xp, wp, bp, N, C, rms, params.eps, rp, hp);
     } else {
       norm_forward_kernel<T, 1><<<blocks, kRowsPerBlock * 32, 0, stream()>>>(
-          yp, data_or_null<float>(mean), rstd.data<float>(), xp, wp, bp, N, C, rms, params.eps);
+          yp, data_or_null<float>(mean), rstd.data<float>(), xp, wp, bp, N, C, rms, params.eps, rp, hp);
     }
     CUDA_CHECK_LAUNCH();
   });
 }
 
-void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                   const Tensor& mean, const Tensor& rstd, const NormParams& params) {
-  const int64_t N = checks::check_norm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, params, kCudaNorm).rows;
+void launch_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                          const Tensor& weight, const Tensor& mean, const Tensor& rstd, int64_t N, const Tensor& dh,
+                          const char* op) {
   const int C = channels_of(x);
-  dispatch_storage(x.dtype(), "norm_backward", [&]<class T>(std::type_identity<T>) {
+  dispatch_storage(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
     if (N == 0) return;
     T* dxp = static_cast<T*>(dx.raw());
     const T* dyp = static_cast<const T*>(dy.raw());
     const T* xp = static_cast<const T*>(x.raw());
     const T* wp = static_cast<const T*>(weight.raw());
+    const T* dhp = data_or_null<T>(dh);
     const float* mp = data_or_null<float>(mean);
     const float* sp = rstd.data<float>();
     const auto blocks = unsigned(ceil_div(N, kRowsPerBlock));
-    if (rows_vectorizable<T>(C, {dxp, dyp, xp, wp})) {
-      norm_backward_dx_kernel<T, kPack<T>><<<blocks, kRowsPerBlock * 32, 0, stream()>>>(dxp, dyp, xp, wp, mp, sp, N, C);
+    if (rows_vectorizable<T>(C, {dxp, dyp, xp, wp, dhp})) {
+      norm_backward_dx_kernel<T, kPack<T>>
+          <<<blocks, kRowsPerBlock * 32, 0, stream()>>>(dxp, dyp, xp, wp, mp, sp, N, C, dhp);
     } else {
-      norm_backward_dx_kernel<T, 1><<<blocks, kRowsPerBlock * 32, 0, stream()>>>(dxp, dyp, xp, wp, mp, sp, N, C);
+      norm_backward_dx_kernel<T, 1><<<blocks, kRowsPerBlock * 32, 0, stream()>>>(dxp, dyp, xp, wp, mp, sp, N, C, dhp);
     }
     CUDA_CHECK_LAUNCH();
 
     const int64_t chunks = ceil_div(N, kRowsPerChunk);
-    MEGATRON_CHECK(chunks < 65536, "norm_backward: " << N << " rows exceed the " << 65535 * kRowsPerChunk
-                                                     << " the parameter-gradient grid covers; split the batch");
+    MEGATRON_CHECK(chunks < 65536, op << ": " << N << " rows exceed the " << 65535 * kRowsPerChunk
+                                      << " the parameter-gradient grid covers; split the batch");
     Tensor partials = Tensor::empty({2, chunks, C}, DType::f32, x.device());
     float* part_w = partials.data<float>();
     float* part_b = part_w + chunks * C;
@@ -237,6 +257,34 @@ void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy,
         dweight.data<float>(), data_or_null<float>(dbias), part_w, part_b, chunks, C);
     CUDA_CHECK_LAUNCH();
   });
+}
+
+}  // namespace
+
+void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const NormParams& params) {
+  const int64_t N = checks::check_norm_forward(y, mean, rstd, x, weight, bias, params, kCudaNorm).rows;
+  Tensor no_h;
+  launch_norm_forward(y, mean, rstd, x, weight, bias, params, N, Tensor(), no_h, "norm_forward");
+}
+
+void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                   const Tensor& mean, const Tensor& rstd, const NormParams& params) {
+  const int64_t N = checks::check_norm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, params, kCudaNorm).rows;
+  launch_norm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, N, Tensor(), "norm_backward");
+}
+
+void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
+                      const Tensor& weight, const Tensor& bias, const NormParams& params) {
+  const int64_t N = checks::check_add_norm_forward(h, y, mean, rstd, x, residual, weight, bias, params, kCudaNorm).rows;
+  launch_norm_forward(y, mean, rstd, x, weight, bias, params, N, residual, h, "add_norm_forward");
+}
+
+void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params) {
+  const int64_t N =
+      checks::check_add_norm_backward(dx, dweight, dbias, dy, dh, h, weight, mean, rstd, params, kCudaNorm).rows;
+  launch_norm_backward(dx, dweight, dbias, dy, h, weight, mean, rstd, N, dh, "add_norm_backward");
 }
 
 }  // namespace megatron::ops::cuda
