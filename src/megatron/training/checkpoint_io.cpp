@@ -82,7 +82,11 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
   a["padded_vocab_size"] = std::to_string(args.model.padded_vocab_size);
   common["args"] = a;
   std::vector<ShardedTensor> optim;
-  if (optimizer && !args.no_save_optim) optim = optimizer->sharded_state();
+  if (optimizer && !args.no_save_optim) {
+    optim = optimizer->sharded_state();
+    // Megatron keeps the scaler in the optimizer's state dict; every rank holds the same state.
+    if (const GradScaler* scaler = optimizer->grad_scaler()) common["grad_scaler"] = scaler->state();
+  }
   const std::vector<ShardedTensor> replica = ctx.dp_cp->rank() == 0 ? model_state(model) : std::vector<ShardedTensor>{};
   Communicator& world = *ctx.world;
   constexpr int kWriter = 0;
@@ -125,6 +129,13 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
     if (restore_state && has_optim) {
       optimizer->load_state(reader);
       optimizer->set_step_count(common.at("optimizer_step").get<int64_t>());
+      if (GradScaler* scaler = optimizer->grad_scaler()) {
+        if (common.contains("grad_scaler"))
+          scaler->load_state(common.at("grad_scaler").get<GradScalerState>());
+        else
+          LOG_WARN("checkpoint " << args.load << " holds no loss scaler state (saved without loss scaling); the "
+                                 << "loss scale starts at " << scaler->scale());
+      }
     } else {
       optimizer->reload_master_from_model();
     }
