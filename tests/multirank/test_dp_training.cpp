@@ -28,7 +28,6 @@
 //     rank's shard skips the step on every rank.
 #include <mpi.h>
 
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -142,14 +141,6 @@ ParallelContext data_parallel_context(const ParallelState& st, int color) {
   ctx.world = ctx.dp = ctx.dp_cp = ctx.expert_dp = std::make_shared<MpiCommunicator>("dp", comm, members, st.watchdog);
   ctx.set_timeout(st.ctx.world->timeout());
   return ctx;
-}
-
-// A directory every rank sees: rank 0 creates it and broadcasts its path.
-std::string shared_directory(Communicator& world, const TempDir* dir) {
-  Tensor path = Tensor::zeros({512}, DType::u8);
-  if (dir) std::memcpy(path.raw(), dir->path().c_str(), dir->path().size());
-  world.broadcast(path, 0);
-  return static_cast<const char*>(path.raw());
 }
 
 class DpTraining : public ::testing::Test {
