@@ -7,10 +7,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
+#include <string>
 
 #include "megatron/parallel/launch.h"
 #include "megatron/parallel/parallel_state.h"
+#include "test_util.h"
 
 namespace megatron::testing {
 
@@ -35,6 +38,15 @@ inline ParallelState make_state(ParallelSizes sizes, double timeout_seconds = 20
   options.timeout_seconds = timeout_seconds;
   options.mpi = mpi_runtime();
   return initialize_parallel(sizes, options);
+}
+
+// A directory every rank sees: rank 0 creates it (dir, null on the other ranks) and broadcasts its
+// path.
+inline std::string shared_directory(Communicator& world, const TempDir* dir) {
+  Tensor path = Tensor::zeros({512}, DType::u8);
+  if (dir) std::memcpy(path.raw(), dir->path().c_str(), dir->path().size());
+  world.broadcast(path, 0);
+  return static_cast<const char*>(path.raw());
 }
 
 // Prints failed assertions of ranks other than 0, prefixed with the rank.

@@ -1,10 +1,13 @@
 // multirank-np: 2 4
 // Every collective of the MPI communicator on verifiable inputs: in place and out of place,
-// f32 and bf16 (and the other dtypes where they matter), coalesced and asynchronous forms.
+// f32 and bf16 (and the other dtypes where they matter), coalesced and asynchronous forms; and
+// the text collectives built on them.
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "megatron/parallel/collective_log.h"
+#include "megatron/parallel/text_collectives.h"
 #include "megatron/parallel/watchdog.h"
 #include "multirank/multirank_util.h"
 #include "test_util.h"
@@ -166,6 +169,18 @@ TEST_F(Collectives, AllToAllVMovesUnevenRows) {
     for (int j = 0; j < r_; ++j) offset += rows(s, j);
     for (int64_t k = 0; k < rows(s, r_) * row; ++k) ASSERT_EQ(out.item(at + k), value(12, s, offset * row + k));
     at += rows(s, r_) * row;
+  }
+}
+
+// Text of rank r: r copies of a letter (rank 0's is empty), so the lengths differ and one is 0.
+TEST_F(Collectives, TextTravelsToAndFromEveryRoot) {
+  const auto text_of = [](int rank) { return std::string(size_t(rank), char('a' + rank)); };
+  for (int root = 0; root < n_; ++root) {
+    EXPECT_EQ(broadcast_text(*comm_, text_of(r_) + (r_ == root ? "!" : ""), root, Device::cpu()), text_of(root) + "!");
+    EXPECT_EQ(broadcast_text(*comm_, "", root, Device::cpu()), "");
+    const std::vector<std::string> all = gather_text(*comm_, text_of(r_), root, Device::cpu());
+    ASSERT_EQ(all.size(), r_ == root ? size_t(n_) : 0u);
+    for (int q = 0; q < int(all.size()); ++q) EXPECT_EQ(all[size_t(q)], text_of(q)) << "root " << root;
   }
 }
 

@@ -4,7 +4,9 @@
 // compare with ==. Buckets start exactly when their last parameter is reported, accumulation
 // communicates only on the last micro-batch, reduce-scatter leaves each rank its shards, the
 // parameter all-gather restores the full buffer, and the distributed optimizer updates parameters
-// exactly as the replicated AdamW.
+// exactly as the replicated AdamW, and an fp16 overflow in one rank's shard skips the step on
+// every rank.
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -164,7 +166,7 @@ TEST_F(Ddp, DistributedOptimizerUpdatesLikeReplicatedAdamW) {
       DistributedDataParallel ref_ddp(ref_reg, st_.ctx, {});
       DistributedDataParallel dist_ddp(dist_reg, st_.ctx, {.use_distributed_optimizer = true});
       AdamWOptimizer ref(ref_reg, st_.ctx, {.clip_grad = clip});
-      DistributedOptimizer dist(dist_ddp, {.clip_grad = clip});
+      DistributedOptimizer dist(dist_ddp, st_.ctx, {.clip_grad = clip});
       for (int step = 0; step < 3; ++step) {
         for (DistributedDataParallel* ddp : {&ref_ddp, &dist_ddp}) {
           ddp->zero_grad();
@@ -179,6 +181,33 @@ TEST_F(Ddp, DistributedOptimizerUpdatesLikeReplicatedAdamW) {
               << dtype_name(dtype) << " clip " << clip << " step " << step << " " << ref_reg.params()[k]->spec.name;
       }
     }
+}
+
+// Megatron reduces the overflow flag of the distributed optimizer over the whole world: only the
+// last rank's shard holds an inf, yet every rank skips, keeps its parameters and backs its scaler
+// off identically; the next clean step updates everywhere again.
+TEST_F(Ddp, OverflowInOneRanksShardSkipsTheStepOnEveryRank) {
+  ParameterRegistry reg;
+  add_params(reg, DType::f16);
+  DistributedDataParallel ddp(reg, st_.ctx, {.use_distributed_optimizer = true});
+  DistributedOptimizer opt(
+      ddp, st_.ctx, {},
+      std::make_unique<DynamicGradScaler>(DynamicGradScalerParams{.initial_scale = 1024.0f, .hysteresis = 1}));
+  const std::vector<float> initial = reg.param_buffer().to_vector();
+  for (const bool overflow : {true, false}) {
+    ddp.zero_grad();
+    fill_grads(reg, r_);
+    ddp.finish_grad_sync();
+    if (overflow && r_ == n_ - 1) {
+      const Range& shard = ddp.shards().in_buffer.back();
+      reg.grad_buffer().slice(shard.begin, shard.end).set_item(0, std::numeric_limits<float>::infinity());
+    }
+    const OptimizerStepResult result = opt.step(1e-2, 0.0);
+    EXPECT_EQ(result.skipped, overflow);
+    EXPECT_EQ(opt.step_count(), overflow ? 0 : 1);
+    EXPECT_EQ(opt.loss_scale(), 512.0f);  // halved by the overflow (hysteresis 1), kept by the clean step
+    EXPECT_EQ(reg.param_buffer().to_vector() == initial, overflow) << "overflow " << overflow;
+  }
 }
 
 }  // namespace

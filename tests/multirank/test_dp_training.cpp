@@ -1,8 +1,9 @@
 // multirank-np: 2 4
 // Data-parallel training equals single-rank training: every DP layout (plain, overlapped
-// buckets, distributed optimizer, overlapped parameter gather; fp32 and bf16) gives the DP=1
-// loss curve of the same global batches, and a checkpoint saved at DP=2 with the distributed
-// optimizer resumes at the full world's DP size and at DP=1 on the same curve.
+// buckets, distributed optimizer, overlapped parameter gather; fp32, bf16 and fp16 with dynamic
+// loss scaling) gives the DP=1 loss curve of the same global batches, and a checkpoint saved at
+// DP=2 with the distributed optimizer resumes at the full world's DP size and at DP=1 on the same
+// curve.
 //
 // Tolerances, relative to the single-rank value. fp32 runs compare the loss and the gradient norm
 // (the norm catches what Adam hides: clipping and Adam's normalisation make gradients scaled by a
@@ -19,9 +20,14 @@
 //     so the loss may move by a fraction of bf16's resolution but not by a whole unit (measured:
 //     6e-5). The DP code is the same for both dtypes; fp32 runs check it tightly and
 //     test_ddp.cpp checks the bf16 distributed optimizer bit for bit.
+//   fp16: 1.2e-4, a quarter of fp16's unit roundoff 2^-11, by the same argument as bf16. The loss
+//     scale (2^12) is chosen not to overflow: where fp16 overflows depends on the DP size, in
+//     Megatron as here, since each micro-batch's loss is divided by the number of micro-batches
+//     per rank, so the fp16 activation gradients at DP=2 are twice those at DP=1 (the 1/DP comes
+//     later, on the fp32 main grads). Measured: 7e-6. test_ddp.cpp checks that an overflow in one
+//     rank's shard skips the step on every rank.
 #include <mpi.h>
 
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -35,7 +41,18 @@
 namespace megatron::testing {
 namespace {
 
-double tolerance(bool bf16) { return bf16 ? 1e-3 : 1e-6; }  // derivation in the header comment
+enum class Precision { fp32, bf16, fp16 };
+
+// Derivations in the header comment.
+double tolerance(Precision p) { return p == Precision::bf16 ? 1e-3 : p == Precision::fp16 ? 1.2e-4 : 1e-6; }
+
+Precision precision_of(const std::vector<std::string>& flags) {
+  if (flags.empty()) return Precision::fp32;
+  return flags.front() == "--bf16" ? Precision::bf16 : flags.front() == "--fp16" ? Precision::fp16 : Precision::fp32;
+}
+
+// fp16 with dynamic loss scaling that neither grows nor overflows within these 20 iterations.
+const std::vector<std::string> kFp16 = {"--fp16", "--initial-loss-scale", "4096"};
 
 std::vector<std::string> tiny_run(int64_t iters) {
   return {"--num-layers",
@@ -101,10 +118,14 @@ void expect_close(const std::vector<double>& expected, const std::vector<double>
 }
 
 // Iterations [first, ...) of `single` against all of `s`.
-void expect_same_curve(const TrainingSummary& single, const TrainingSummary& s, size_t first, bool bf16,
+void expect_same_curve(const TrainingSummary& single, const TrainingSummary& s, size_t first, Precision precision,
                        const std::string& what) {
-  expect_close(single.train_losses, s.train_losses, first, tolerance(bf16), what + " loss");
-  if (!bf16) expect_close(single.grad_norms, s.grad_norms, first, tolerance(bf16), what + " grad norm");
+  expect_close(single.train_losses, s.train_losses, first, tolerance(precision), what + " loss");
+  if (precision == Precision::fp32)
+    expect_close(single.grad_norms, s.grad_norms, first, tolerance(precision), what + " grad norm");
+  EXPECT_EQ(std::vector<bool>(single.skipped.begin() + long(first), single.skipped.end()), s.skipped) << what;
+  EXPECT_EQ(std::vector<double>(single.loss_scales.begin() + long(first), single.loss_scales.end()), s.loss_scales)
+      << what;
 }
 
 // A world of the ranks sharing `color`: world, dp and dp_cp are one MPI communicator over them,
@@ -122,14 +143,6 @@ ParallelContext data_parallel_context(const ParallelState& st, int color) {
   return ctx;
 }
 
-// A directory every rank sees: rank 0 creates it and broadcasts its path.
-std::string shared_directory(Communicator& world, const TempDir* dir) {
-  Tensor path = Tensor::zeros({512}, DType::u8);
-  if (dir) std::memcpy(path.raw(), dir->path().c_str(), dir->path().size());
-  world.broadcast(path, 0);
-  return static_cast<const char*>(path.raw());
-}
-
 class DpTraining : public ::testing::Test {
  protected:
   void SetUp() override { st_ = make_state({}, 30); }
@@ -140,6 +153,7 @@ TEST_F(DpTraining, EveryLayoutMatchesTheSingleRankCurve) {
   const int dp = st_.ctx.world->size();
   const TrainingSummary fp32 = train_single_rank(tiny_run(20));
   const TrainingSummary bf16 = train_single_rank(with(tiny_run(20), {"--bf16"}));
+  const TrainingSummary fp16 = train_single_rank(with(tiny_run(20), kFp16));
   ASSERT_EQ(fp32.train_losses.size(), 20u);
   ASSERT_EQ(fp32.valid_losses.size(), 2u);
   const std::vector<std::vector<std::string>> layouts = {
@@ -148,15 +162,16 @@ TEST_F(DpTraining, EveryLayoutMatchesTheSingleRankCurve) {
       {"--use-distributed-optimizer"},
       {"--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000",
        "--overlap-param-gather"},
+      with(kFp16, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000"}),
   };
   for (const auto& flags : layouts) {
     std::string name = "DP " + std::to_string(dp);
     for (const std::string& f : flags) name += " " + f;
-    const bool is_bf16 = !flags.empty() && flags.front() == "--bf16";
+    const Precision precision = precision_of(flags);
     const TrainingSummary s = train_on(st_.ctx, with(tiny_run(20), flags));
-    const TrainingSummary& single = is_bf16 ? bf16 : fp32;
-    expect_same_curve(single, s, 0, is_bf16, name);
-    expect_close(single.valid_losses, s.valid_losses, 0, tolerance(is_bf16), name + " validation loss");
+    const TrainingSummary& single = precision == Precision::bf16 ? bf16 : precision == Precision::fp16 ? fp16 : fp32;
+    expect_same_curve(single, s, 0, precision, name);
+    expect_close(single.valid_losses, s.valid_losses, 0, tolerance(precision), name + " validation loss");
   }
 }
 
@@ -168,6 +183,7 @@ TEST_F(DpTraining, DistributedOptimizerCheckpointResumesAtAnotherDpSize) {
   const std::string dir = shared_directory(world, owner.get());
   for (const bool bf16 : {false, true}) {
     const std::vector<std::string> precision = bf16 ? std::vector<std::string>{"--bf16"} : std::vector<std::string>{};
+    const Precision p = bf16 ? Precision::bf16 : Precision::fp32;
     const std::string ckpt = dir + (bf16 ? "/bf16" : "/fp32");
     const TrainingSummary straight = train_single_rank(with(tiny_run(20), precision));
     {
@@ -183,9 +199,9 @@ TEST_F(DpTraining, DistributedOptimizerCheckpointResumesAtAnotherDpSize) {
     const std::string kind = bf16 ? " (bf16)" : " (fp32)";
     const TrainingSummary wide =
         train_on(st_.ctx, with(tiny_run(20), with(precision, {"--use-distributed-optimizer", "--load", ckpt})));
-    expect_same_curve(straight, wide, 10, bf16, "DP 2 -> DP " + std::to_string(world.size()) + kind);
+    expect_same_curve(straight, wide, 10, p, "DP 2 -> DP " + std::to_string(world.size()) + kind);
     const TrainingSummary single = train_single_rank(with(tiny_run(20), with(precision, {"--load", ckpt})));
-    expect_same_curve(straight, single, 10, bf16, "DP 2 -> DP 1" + kind);
+    expect_same_curve(straight, single, 10, p, "DP 2 -> DP 1" + kind);
   }
   world.barrier();  // rank 0 removes the directory once everyone is done with it
 }

@@ -53,8 +53,8 @@ class YamlFile {
  public:
   explicit YamlFile(const std::string& text)
       : path_(std::filesystem::temp_directory_path() /
-              (std::string("megatron_test_arguments_") + ::testing::UnitTest::GetInstance()->current_test_info()->name() +
-               ".yaml")) {
+              (std::string("megatron_test_arguments_") +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".yaml")) {
     std::ofstream(path_) << text;
   }
   ~YamlFile() { std::filesystem::remove(path_); }
@@ -87,6 +87,16 @@ TEST(ParseArgs, DefaultsAndDerivedFields) {
   const TrainingArgs swiglu = parse_training_args(with(minimal_argv(), {"--swiglu", "--bf16"}));
   EXPECT_EQ(swiglu.model.ffn_hidden_size, 128);  // int((4*64*2/3)/64)*64
   EXPECT_EQ(swiglu.model.params_dtype, DType::bf16);
+
+  // Megatron's loss-scaling defaults: dynamic, from 2^32, floor 1, window 1000, hysteresis 2.
+  const TrainingArgs fp16 = parse_training_args(with(minimal_argv(), {"--fp16"}));
+  EXPECT_EQ(fp16.model.params_dtype, DType::f16);
+  EXPECT_FALSE(fp16.optimizer.loss_scale.has_value());
+  EXPECT_EQ(fp16.optimizer.initial_loss_scale, 4294967296.0);
+  EXPECT_EQ(fp16.optimizer.min_loss_scale, 1.0);
+  EXPECT_EQ(fp16.optimizer.loss_scale_window, 1000.0);
+  EXPECT_EQ(fp16.optimizer.hysteresis, 2);
+  EXPECT_EQ(parse_training_args(with(minimal_argv(), {"--fp16", "--loss-scale", "128"})).optimizer.loss_scale, 128.0);
 }
 
 TEST(ParseArgs, DataParallelDerivations) {
@@ -242,7 +252,14 @@ TEST(ValidateArgs, EachRule) {
       {with(minimal_argv(), {"--position-embedding-type", "rope", "--rotary-percent", "2"}),
        "--rotary-percent 2 must lie in (0, 1]"},
       {with(minimal_argv(), {"--hidden-dropout", "1"}), "--hidden-dropout 1 must lie in [0, 1)"},
-      {with(minimal_argv(), {"--fp16"}), "fp16 with dynamic loss scaling arrives with the CUDA backend; use --bf16"},
+      {with(minimal_argv(), {"--fp16", "--bf16"}), "--fp16 and --bf16 are both given: choose one precision"},
+      {with(minimal_argv(), {"--fp16", "--loss-scale", "0"}), "--loss-scale 0 must be positive and at most 3.4e38"},
+      {with(minimal_argv(), {"--initial-loss-scale", "1e39"}), "--initial-loss-scale 1e+39 must be positive"},
+      {with(minimal_argv(), {"--min-loss-scale", "-1"}), "--min-loss-scale -1 must be positive"},
+      {with(minimal_argv(), {"--min-loss-scale", "8", "--initial-loss-scale", "4"}),
+       "--min-loss-scale 8 exceeds --initial-loss-scale 4"},
+      {with(minimal_argv(), {"--loss-scale-window", "0.5"}), "--loss-scale-window 0.5 must be a whole number"},
+      {with(minimal_argv(), {"--hysteresis", "0"}), "--hysteresis 0 must be >= 1"},
       {with(minimal_argv(), {"--tensor-model-parallel-size", "2"}), "TP>1 arrives with the tensor-parallel issue"},
       {with(minimal_argv(), {"--pipeline-model-parallel-size", "2"}), "PP>1 arrives with the pipeline-parallel issue"},
       {with(minimal_argv(), {"--sequence-parallel"}), "--sequence-parallel needs"},
@@ -276,8 +293,8 @@ TEST(ValidateArgs, WorldSizeMustHoldTheModelLayout) {
 
 TEST(ValidateArgs, AllProblemsListedAtOnce) {
   const std::string error =
-      parse_error(with(without("--num-attention-heads"),
-                       {"--num-attention-heads", "5", "--attention-dropout", "1.5", "--save", "ckpt", "--fp16"}));
+      parse_error(with(without("--num-attention-heads"), {"--num-attention-heads", "5", "--attention-dropout", "1.5",
+                                                          "--save", "ckpt", "--fp16", "--bf16"}));
   EXPECT_TRUE(contains(error, "4 problems with the arguments"));
   EXPECT_TRUE(contains(error, "--num-attention-heads 5 does not divide"));
   EXPECT_TRUE(contains(error, "--attention-dropout 1.5"));

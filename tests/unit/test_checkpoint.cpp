@@ -85,6 +85,17 @@ void save_example(const std::string& dir, int64_t iteration, float base, const S
   save_checkpoint(dir, iteration, s.model, s.optimizer, s.common, options);
 }
 
+// example_state(base) saved by two writers, as two ranks would: writer 0 holds the first rows of
+// "w", "b" and "step", writer 1 the other rows of "w" and "w.exp_avg". `writer1` carries writer
+// 1's stage hook.
+void save_example_two_writers(const std::string& dir, int64_t iteration, float base, const SaveOptions& writer1 = {}) {
+  const Saved s = example_state(base);
+  CheckpointStaging staging(dir, iteration);
+  const nlohmann::json r0 = write_checkpoint_shards(staging.path(), 0, {s.model[0], s.model[2]}, {s.optimizer[1]});
+  const nlohmann::json r1 = write_checkpoint_shards(staging.path(), 1, {s.model[1]}, {s.optimizer[0]}, writer1);
+  staging.finish({r0, r1}, s.common);
+}
+
 // Loads the whole of every tensor of example_state(base) and compares it exactly.
 void expect_example(const std::string& dir, int64_t iteration, float base) {
   const CheckpointReader reader = CheckpointReader::open(dir, iteration);
@@ -294,6 +305,22 @@ TEST(Checkpoint, ExceptionAtAnyStageKeepsThePreviousCheckpoint) {
   }
 }
 
+TEST(Checkpoint, ExceptionInASecondWriterKeepsThePreviousCheckpoint) {
+  for (const std::string stage : kWriterSaveStages) {
+    SCOPED_TRACE(stage);
+    TempDir dir;
+    save_example(dir.path(), 1, 0);
+    SaveOptions options;
+    options.on_stage = [&](const std::string& s) {
+      if (s == stage) throw std::runtime_error("injected failure");
+    };
+    EXPECT_THROW(save_example_two_writers(dir.path(), 2, 10, options), std::runtime_error);
+    EXPECT_EQ(read_tracker(dir.path()), 1);
+    expect_example(dir.path(), 1, 0);
+    EXPECT_TRUE(staging_leftovers(dir.path()).empty());
+  }
+}
+
 TEST(CheckpointCrashDeathTest, CrashAtAnyStageKeepsThePreviousCheckpoint) {
   // The save runs in a forked child that dies with _exit at the stage: no destructors run, so the
   // staging directory is left behind exactly as after a real crash.
@@ -316,6 +343,66 @@ TEST(CheckpointCrashDeathTest, CrashAtAnyStageKeepsThePreviousCheckpoint) {
   save_example(dir.path(), 3, 20);
   EXPECT_TRUE(staging_leftovers(dir.path()).empty());  // the next successful save removes them
   expect_example(dir.path(), 3, 20);
+}
+
+// The same for a writer other than the staging one, dying while writing its files after writer 0
+// has written its own: nothing is published, and the next save clears the leftovers.
+TEST(CheckpointCrashDeathTest, CrashOfASecondWriterKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  save_example_two_writers(dir.path(), 1, 0);
+  for (const std::string stage : kWriterSaveStages) {
+    SCOPED_TRACE(stage);
+    SaveOptions options;
+    options.on_stage = [&](const std::string& s) {
+      if (s == stage) ::_exit(3);
+    };
+    EXPECT_EXIT(save_example_two_writers(dir.path(), 2, 10, options), ::testing::ExitedWithCode(3), "");
+    ASSERT_EQ(read_tracker(dir.path()), 1);
+    expect_example(dir.path(), 1, 0);
+    EXPECT_EQ(list_checkpoints(dir.path()), std::vector<int64_t>{1});
+  }
+  EXPECT_FALSE(staging_leftovers(dir.path()).empty());
+  save_example_two_writers(dir.path(), 2, 10);
+  EXPECT_TRUE(staging_leftovers(dir.path()).empty());
+  expect_example(dir.path(), 2, 10);
+}
+
+TEST(Checkpoint, TwoWritersShareOneCheckpoint) {
+  TempDir dir;
+  save_example_two_writers(dir.path(), 1, 0);
+  expect_example(dir.path(), 1, 0);
+  const std::string iter = dir.path() + "/iter_0000001/";
+  for (const char* file : {"model_rank_00000", "model_rank_00001", "optim_rank_00000", "optim_rank_00001"})
+    EXPECT_TRUE(fs::exists(iter + file + ".safetensors")) << file;
+  const nlohmann::json metadata = nlohmann::json::parse(read_all(iter + "metadata.json"));
+  EXPECT_EQ(metadata.at("world_size"), 2);
+  EXPECT_TRUE(staging_leftovers(dir.path()).empty());
+}
+
+// The staging process publishes only files it can see with the size their writer reported.
+TEST(Checkpoint, FinishRefusesAWriterFileItCannotSee) {
+  for (const bool remove : {true, false}) {
+    SCOPED_TRACE(remove ? "missing" : "truncated");
+    TempDir dir;
+    save_example(dir.path(), 1, 0);
+    const Saved s = example_state(10);
+    {
+      CheckpointStaging staging(dir.path(), 2);
+      const nlohmann::json r0 = write_checkpoint_shards(staging.path(), 0, {s.model[0], s.model[2]}, s.optimizer);
+      const nlohmann::json r1 = write_checkpoint_shards(staging.path(), 1, {s.model[1]}, {});
+      const std::string file = staging.path() + "/model_rank_00001.safetensors";
+      if (remove)
+        fs::remove(file);
+      else
+        fs::resize_file(file, fs::file_size(file) - 1);
+      const std::string message = error_of([&] { staging.finish({r0, r1}, s.common); });
+      EXPECT_CONTAINS(message, "model_rank_00001.safetensors");
+      EXPECT_CONTAINS(message, remove ? "reported by writer 1 is not in the staging directory" : "of writer 1 has");
+    }
+    EXPECT_EQ(read_tracker(dir.path()), 1);
+    expect_example(dir.path(), 1, 0);
+    EXPECT_TRUE(staging_leftovers(dir.path()).empty());  // the unpublished staging directory is gone
+  }
 }
 
 TEST(Checkpoint, SavingAnIterationAgainReplacesIt) {

@@ -43,7 +43,8 @@ struct TensorMeta {
 
 using TensorTable = std::map<std::string, TensorMeta>;
 
-// What one rank wrote: its files' digests and its shards. Ranks send this to rank 0.
+// What one writer wrote: its files' digests and its shards (the report, as JSON, that travels to
+// the finishing process).
 struct RankReport {
   std::map<std::string, FileDigest> files;
   std::vector<std::pair<std::string, TensorMeta>> shards;  // one shard each
@@ -169,8 +170,6 @@ void copy_box(const uint8_t* src, const Shape& src_shape, const Shape& src_start
 void check_sharded_tensor(const ShardedTensor& s) {
   MEGATRON_CHECK(!s.name.empty(), "a sharded tensor has an empty name; give every tensor its global name");
   MEGATRON_CHECK(s.local.defined(), "sharded tensor '" << s.name << "' has no local data");
-  MEGATRON_CHECK(s.local.device().is_cpu(), "sharded tensor '" << s.name << "' is on " << s.local.device().str()
-                                                               << "; copy it to host memory before saving");
   MEGATRON_CHECK(s.global_shape.size() == s.global_offset.size() && s.global_shape.size() == s.local.shape().size(),
                  "sharded tensor '" << s.name << "': global shape " << shape_str(s.global_shape) << ", offset "
                                     << shape_str(s.global_offset) << " and local shape " << shape_str(s.local.shape())
@@ -195,6 +194,69 @@ void write_shard_file(const std::string& dir, const std::string& file, const std
         {s.name, {s.local.dtype(), s.global_shape, {{file, key, s.global_offset, s.local.shape()}}}});
   }
   report.files[file] = write_safetensors(join(dir, file), named, {{"format", kFormatName}});
+}
+
+void reach(const SaveOptions& options, const char* stage) {
+  if (options.on_stage) options.on_stage(stage);
+}
+
+// A writer's report as it travels to the finishing process:
+//   {"files": {"<file>": {"bytes": 123, "crc32c": "e3069283"}},
+//    "shards": [{"name": .., "dtype": "BF16", "global_shape": [..], "file": .., "key": ..,
+//                "global_offset": [..], "local_shape": [..]}, ...]}
+json report_to_json(const RankReport& report) {
+  json files = json::object();
+  for (const auto& [name, digest] : report.files)
+    files[name] = {{"bytes", digest.bytes}, {"crc32c", hex32(digest.crc32c)}};
+  json shards = json::array();
+  for (const auto& [name, t] : report.shards) {
+    const ShardLocation& s = t.shards.front();
+    shards.push_back({{"name", name},
+                      {"dtype", safetensors_dtype_name(t.dtype)},
+                      {"global_shape", t.global_shape},
+                      {"file", s.file},
+                      {"key", s.key},
+                      {"global_offset", s.global_offset},
+                      {"local_shape", s.local_shape}});
+  }
+  return {{"files", files}, {"shards", shards}};
+}
+
+RankReport report_from_json(const json& j, int writer) {
+  RankReport report;
+  try {
+    for (const auto& item : j.at("files").items()) {
+      const std::string crc = item.value().at("crc32c").get<std::string>();
+      report.files[item.key()] = {item.value().at("bytes").get<uint64_t>(), uint32_t(std::stoul(crc, nullptr, 16))};
+    }
+    for (const json& s : j.at("shards")) {
+      const std::string dtype = s.at("dtype").get<std::string>();
+      const std::optional<DType> parsed = dtype_from_safetensors_name(dtype);
+      MEGATRON_CHECK(parsed.has_value(), "unknown dtype '" << dtype << "'");
+      report.shards.push_back({s.at("name").get<std::string>(),
+                               {*parsed,
+                                s.at("global_shape").get<Shape>(),
+                                {{s.at("file").get<std::string>(), s.at("key").get<std::string>(),
+                                  s.at("global_offset").get<Shape>(), s.at("local_shape").get<Shape>()}}}});
+    }
+  } catch (const std::exception& e) {
+    MEGATRON_FAIL("the checkpoint report of writer " << writer << " is malformed (" << e.what()
+                                                     << "); it must come from write_checkpoint_shards");
+  }
+  return report;
+}
+
+// A writer's file must be in the staging directory with the size it reported: a writer that saw
+// another directory (--save not shared by every rank) or a torn write is caught before publishing.
+void check_written_file(const std::string& dir, const std::string& file, const FileDigest& digest, int writer) {
+  const std::string path = join(dir, file);
+  std::error_code ec;
+  const uintmax_t bytes = fs::file_size(path, ec);
+  MEGATRON_CHECK(!ec, "checkpoint file '" << path << "' reported by writer " << writer << " is not in the staging "
+                                          << "directory (" << ec.message() << "): --save must be a directory every "
+                                          << "rank shares");
+  MEGATRON_CHECK(bytes == digest.bytes, "checkpoint file '" << path << "' of writer " << writer << " has " << bytes
+                                                            << " bytes, but the writer reported " << digest.bytes);
 }
 
 FileDigest write_common(const std::string& dir, int64_t iteration, const json& common) {
@@ -381,11 +443,8 @@ std::vector<int64_t> list_checkpoints(const std::string& load_dir) {
   return iterations;
 }
 
-void save_checkpoint(const std::string& save_dir, int64_t iteration, const std::vector<ShardedTensor>& model,
-                     const std::vector<ShardedTensor>& optimizer, const json& common, const SaveOptions& options) {
-  const auto stage = [&](const char* name) {
-    if (options.on_stage) options.on_stage(name);
-  };
+json write_checkpoint_shards(const std::string& staging, int writer, const std::vector<ShardedTensor>& model,
+                             const std::vector<ShardedTensor>& optimizer, const SaveOptions& options) {
   std::set<std::string> model_names;
   for (const ShardedTensor& s : model) {
     check_sharded_tensor(s);
@@ -396,31 +455,57 @@ void save_checkpoint(const std::string& save_dir, int64_t iteration, const std::
     MEGATRON_CHECK(model_names.count(s.name) == 0, "tensor name '" << s.name << "' is used by both the model and the "
                                                                    << "optimizer state; names must be unique");
   }
+  MEGATRON_CHECK(writer >= 0, "checkpoint writer " << writer << " must be >= 0 (its rank)");
+  RankReport report;
+  write_shard_file(staging, rank_file("model", writer), model, report);
+  reach(options, "after_model_file");
+  write_shard_file(staging, rank_file("optim", writer), optimizer, report);
+  reach(options, "after_optim_file");
+  return report_to_json(report);
+}
+
+CheckpointStaging::CheckpointStaging(const std::string& save_dir, int64_t iteration)
+    : save_dir_(save_dir), iteration_(iteration) {
   const std::string final_dir = checkpoint_directory(save_dir, iteration);
   std::error_code ec;
   fs::create_directories(save_dir, ec);
   MEGATRON_CHECK(!ec, "cannot create checkpoint directory '" << save_dir << "': " << ec.message()
                                                              << "; check the path and its permissions");
+  directory_ = std::make_unique<StagedDirectory>(final_dir);
+}
 
-  const int rank = 0, world_size = 1;  // the single-process case of the protocol in checkpoint.h
-  StagedDirectory staged(final_dir);
-  RankReport report;
-  write_shard_file(staged.path(), rank_file("model", rank), model, report);
-  stage("after_model_file");
-  write_shard_file(staged.path(), rank_file("optim", rank), optimizer, report);
-  stage("after_optim_file");
+CheckpointStaging::~CheckpointStaging() = default;
 
-  const TensorTable tensors = merge_reports({report});
-  std::map<std::string, FileDigest> files = report.files;
-  files[kCommonFile] = write_common(staged.path(), iteration, common);
-  stage("after_common_file");
-  write_metadata(staged.path(), iteration, world_size, files, tensors);
-  stage("before_publish");
-  staged.publish();
-  stage("before_tracker");
-  write_tracker(save_dir, iteration);
-  stage("after_tracker");
-  remove_stale_staging(save_dir);
+const std::string& CheckpointStaging::path() const { return directory_->path(); }
+
+void CheckpointStaging::finish(const std::vector<json>& reports, const json& common, const SaveOptions& options) {
+  std::vector<RankReport> parsed;
+  std::map<std::string, FileDigest> files;
+  for (size_t w = 0; w < reports.size(); ++w) {
+    parsed.push_back(report_from_json(reports[w], int(w)));
+    for (const auto& [file, digest] : parsed.back().files) {
+      MEGATRON_CHECK(files.emplace(file, digest).second,
+                     "checkpoint file '" << file << "' is reported by two writers; each writer names its files "
+                                         << "by its own rank");
+      check_written_file(path(), file, digest, int(w));
+    }
+  }
+  const TensorTable tensors = merge_reports(parsed);
+  files[kCommonFile] = write_common(path(), iteration_, common);
+  reach(options, "after_common_file");
+  write_metadata(path(), iteration_, int(reports.size()), files, tensors);
+  reach(options, "before_publish");
+  directory_->publish();
+  reach(options, "before_tracker");
+  write_tracker(save_dir_, iteration_);
+  reach(options, "after_tracker");
+  remove_stale_staging(save_dir_);
+}
+
+void save_checkpoint(const std::string& save_dir, int64_t iteration, const std::vector<ShardedTensor>& model,
+                     const std::vector<ShardedTensor>& optimizer, const json& common, const SaveOptions& options) {
+  CheckpointStaging staging(save_dir, iteration);
+  staging.finish({write_checkpoint_shards(staging.path(), 0, model, optimizer, options)}, common, options);
 }
 
 struct CheckpointReader::State {

@@ -28,15 +28,20 @@
 // on save and on load). A shard's key in its file is the global name, or "<name>@<o0>,<o1>,..."
 // (its global offset) when one rank holds several shards of the tensor.
 //
-// Save protocol, laid out for many ranks (today one process plays every part):
-//   1. rank 0 creates the staging directory <save>/iter_XXXXXXX.tmp.<pid>/ (its pid, broadcast);
-//   2. each rank writes its model and optimizer files there and reports their digests and shards;
-//   3. rank 0 writes common.json, then metadata.json from the gathered reports;
-//   4. rank 0 fsyncs and renames the directory to iter_XXXXXXX (an existing directory of that
+// Save protocol (many writers; save_checkpoint is the single-process case):
+//   1. one process (rank 0) creates the staging directory <save>/iter_XXXXXXX.tmp.<pid>/
+//      (CheckpointStaging) and tells the writers its path;
+//   2. each writer writes its model and optimizer files there (write_checkpoint_shards, files
+//      named by its rank) and sends back the report it returns: file names, sizes, CRC-32C, and
+//      the global slice every shard holds;
+//   3. once every report is in, the staging process checks them (each file present with its
+//      reported size, the shards of every tensor tiling it), writes common.json, then
+//      metadata.json (CheckpointStaging::finish);
+//   4. it fsyncs and renames the directory to iter_XXXXXXX (an existing directory of that
 //      iteration is swapped out atomically), then rewrites the tracker.
-// A crash anywhere before the tracker is rewritten leaves the tracker and the checkpoint it names
-// untouched. On load, CheckpointReader::open verifies metadata.json's own checksum and the size
-// and CRC-32C of every file it lists before any tensor is read.
+// A crash of any writer anywhere before the tracker is rewritten leaves the tracker and the
+// checkpoint it names untouched. On load, CheckpointReader::open verifies metadata.json's own
+// checksum and the size and CRC-32C of every file it lists before any tensor is read.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -71,11 +76,13 @@ struct ShardedTensor {
   std::string name;  // global name, e.g. "decoder.layers.3.mlp.linear_fc1.weight"
   Shape global_shape;
   Shape global_offset;
-  Tensor local;  // CPU
+  Tensor local;  // any device: written from a host copy
 };
 
-// Stages of save_checkpoint, in the order they are reached (after_optim_file also when there is
-// no optimizer state).
+// Stages of a save, in the order they are reached: the first two by every writer
+// (write_checkpoint_shards; after_optim_file also when it has no optimizer state), the others by
+// the staging process (CheckpointStaging::finish).
+inline constexpr const char* kWriterSaveStages[] = {"after_model_file", "after_optim_file"};
 inline constexpr const char* kSaveStages[] = {"after_model_file", "after_optim_file", "after_common_file",
                                               "before_publish",   "before_tracker",   "after_tracker"};
 
@@ -87,10 +94,41 @@ struct SaveOptions {
 
 // Saves `model` and `optimizer` shards and the caller's JSON `common` state as iteration
 // `iteration` (or kReleaseIteration) under save_dir, creating save_dir if needed, then points the
-// tracker at it. Replaces an existing checkpoint of the same iteration atomically.
+// tracker at it. Replaces an existing checkpoint of the same iteration atomically. One process
+// plays every part of the protocol above.
 void save_checkpoint(const std::string& save_dir, int64_t iteration, const std::vector<ShardedTensor>& model,
                      const std::vector<ShardedTensor>& optimizer, const nlohmann::json& common,
                      const SaveOptions& options = {});
+
+// Protocol step 2, on any writer: writes its shards into the staging directory as
+// model_rank_<writer>.safetensors and optim_rank_<writer>.safetensors (each only when it has
+// shards; writer = its rank, unique among the writers) and returns its report for finish().
+nlohmann::json write_checkpoint_shards(const std::string& staging, int writer, const std::vector<ShardedTensor>& model,
+                                       const std::vector<ShardedTensor>& optimizer, const SaveOptions& options = {});
+
+class StagedDirectory;
+
+// Protocol steps 1, 3 and 4, on the staging process. Destroyed unpublished (a writer or finish()
+// failed), it removes the staging directory.
+class CheckpointStaging {
+ public:
+  // Creates save_dir if needed and the staging directory of `iteration` in it.
+  CheckpointStaging(const std::string& save_dir, int64_t iteration);
+  ~CheckpointStaging();
+  CheckpointStaging(const CheckpointStaging&) = delete;
+  CheckpointStaging& operator=(const CheckpointStaging&) = delete;
+
+  const std::string& path() const;  // where the writers write
+  // reports: every writer's write_checkpoint_shards() result, in writer order. Checks them,
+  // writes common.json and metadata.json, publishes the directory and rewrites the tracker.
+  void finish(const std::vector<nlohmann::json>& reports, const nlohmann::json& common,
+              const SaveOptions& options = {});
+
+ private:
+  std::string save_dir_;
+  int64_t iteration_;
+  std::unique_ptr<StagedDirectory> directory_;
+};
 
 struct TensorInfo {
   Shape global_shape;

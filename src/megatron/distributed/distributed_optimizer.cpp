@@ -11,8 +11,9 @@ namespace {
 Tensor slice_of(const Tensor& flat, const Range& r) { return flat.slice(r.begin, r.end); }
 }  // namespace
 
-DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const AdamWHyper& hyper)
-    : ddp_(&ddp), registry_(&ddp.registry()), hyper_(hyper) {
+DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const ParallelContext& ctx,
+                                           const AdamWHyper& hyper, std::unique_ptr<GradScaler> grad_scaler)
+    : Optimizer(ddp.registry(), hyper, ctx.world, std::move(grad_scaler)), ddp_(&ddp) {
   MEGATRON_CHECK(ddp.config().use_distributed_optimizer,
                  "the distributed optimizer needs DDP built with use_distributed_optimizer (its padded buckets)");
   const RankShards& shards = ddp.shards();
@@ -40,16 +41,12 @@ double DistributedOptimizer::global_grad_norm() const {
   return std::sqrt(acc.item(0));
 }
 
-OptimizerStepResult DistributedOptimizer::step(double lr, double weight_decay) {
-  OptimizerStepResult result;
-  result.grad_norm = global_grad_norm();
-  if (!std::isfinite(result.grad_norm)) {
-    result.skipped = true;
-    return result;
-  }
-  double clip_coeff = 1.0;
-  if (hyper_.clip_grad > 0.0) clip_coeff = std::min(1.0, hyper_.clip_grad / (result.grad_norm + 1e-6));
-  ++step_count_;
+void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {
+  for (const Range& shard : ddp_->shards().in_buffer)
+    ops::count_nonfinite(acc, slice_of(registry_->grad_buffer(), shard));
+}
+
+void DistributedOptimizer::update(double lr, double weight_decay, float grad_scale) {
   for (const ShardParamRange& r : ddp_->shards().params) {
     const Parameter& p = *registry_->params()[r.param];
     Tensor master = master_of(r);
@@ -61,12 +58,11 @@ OptimizerStepResult DistributedOptimizer::step(double lr, double weight_decay) {
                      .beta2 = float(hyper_.beta2),
                      .eps = float(hyper_.eps),
                      .weight_decay = p.spec.weight_decay ? float(weight_decay) : 0.0f,
-                     .grad_scale = float(clip_coeff),
-                     .step = step_count_});
+                     .grad_scale = grad_scale,
+                     .step = step_count()});
   }
   ddp_->start_param_gather();
   if (!ddp_->config().overlap_param_gather) ddp_->finish_param_gather();
-  return result;
 }
 
 std::vector<checkpointing::ShardedTensor> DistributedOptimizer::sharded_state() const {

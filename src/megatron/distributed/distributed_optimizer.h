@@ -5,12 +5,16 @@
 //
 // Step (after DistributedDataParallel::finish_grad_sync(), whose reduce-scatter left the reduced
 // gradients of this rank's shards in the grad buffer):
+//   0. with loss scaling, each rank counts the non-finite grads of its shards and the flag is
+//      max-reduced over the whole world (Megatron's grad-stats group for this optimizer), so an
+//      overflow in any shard skips the step on every rank;
 //   1. global grad norm: sum of squares over this rank's shards, all-reduced over the group;
 //   2. clip coefficient, then AdamW on every owned parameter range (weight decay per parameter);
 //   3. the updated master values are written into this rank's shards of the compute-dtype
 //      parameter buffer, and DDP all-gathers every bucket (waited on here unless
 //      --overlap-param-gather, when the training loop waits before the next forward).
-// A non-finite norm skips the update on every rank alike (the norm is global).
+// A non-finite norm skips the update on every rank alike (the norm is global); a skipped step
+// gathers nothing, since no parameter changed.
 //
 // Checkpoints: each owned range is stored as boxes of the parameter's global tensor
 // (Parameter::global_boxes) under the same names as AdamWOptimizer's state, so a checkpoint
@@ -23,23 +27,24 @@ namespace megatron {
 
 class DistributedOptimizer final : public Optimizer {
  public:
-  // ddp must use the distributed optimizer layout and outlive this object.
-  DistributedOptimizer(DistributedDataParallel& ddp, const AdamWHyper& hyper);
+  // ddp must use the distributed optimizer layout and outlive this object; ctx.world carries the
+  // overflow flag.
+  DistributedOptimizer(DistributedDataParallel& ddp, const ParallelContext& ctx, const AdamWHyper& hyper,
+                       std::unique_ptr<GradScaler> grad_scaler = nullptr);
 
-  OptimizerStepResult step(double lr, double weight_decay) override;
   std::vector<checkpointing::ShardedTensor> sharded_state() const override;
   void load_state(const checkpointing::CheckpointReader& reader) override;
   void reload_master_from_model() override;
 
  private:
-  double global_grad_norm() const;
+  void count_nonfinite_grads(Tensor& acc) const override;
+  double global_grad_norm() const override;
+  void update(double lr, double weight_decay, float grad_scale) override;
   // The master weights of one owned range: a view of the fp32 shard, or of the parameter
   // buffer itself when the model's parameters are fp32/f64 already.
   Tensor master_of(const ShardParamRange& r) const;
 
   DistributedDataParallel* ddp_;
-  ParameterRegistry* registry_;
-  AdamWHyper hyper_;
   bool separate_master_;
   Tensor master_, exp_avg_, exp_avg_sq_;  // this rank's shards, concatenated (RankShards::numel)
 };

@@ -1,5 +1,6 @@
 #include "megatron/optimizer/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "megatron/ops/adamw.h"
@@ -11,8 +12,45 @@ std::string optimizer_state_name(const std::string& param_name, const std::strin
   return "optimizer." + param_name + "." + what;
 }
 
-AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper)
-    : registry_(&registry), ctx_(&ctx), hyper_(hyper) {
+Optimizer::Optimizer(ParameterRegistry& registry, const AdamWHyper& hyper,
+                     std::shared_ptr<Communicator> found_inf_group, std::unique_ptr<GradScaler> grad_scaler)
+    : registry_(&registry),
+      hyper_(hyper),
+      found_inf_group_(std::move(found_inf_group)),
+      grad_scaler_(std::move(grad_scaler)) {}
+
+OptimizerStepResult Optimizer::step(double lr, double weight_decay) {
+  OptimizerStepResult result;
+  // The scale the loss was multiplied by in this step's backward; update() may change it.
+  const double inv_scale = grad_scaler_ ? double(grad_scaler_->inv_scale()) : 1.0;
+  if (grad_scaler_) {
+    const Tensor& grads = registry_->grad_buffer();
+    Tensor count = Tensor::zeros({1}, grads.dtype(), grads.device());
+    count_nonfinite_grads(count);
+    found_inf_group_->all_reduce(count, ReduceOp::max);
+    const bool found_inf = count.item(0) > 0.0;
+    grad_scaler_->update(found_inf);
+    if (found_inf) {
+      result.skipped = true;
+      return result;
+    }
+  }
+  const double grad_norm = global_grad_norm() * inv_scale;
+  result.grad_norm = grad_norm;
+  if (!std::isfinite(grad_norm)) {
+    result.skipped = true;
+    return result;
+  }
+  double clip_coeff = 1.0;
+  if (hyper_.clip_grad > 0.0) clip_coeff = std::min(1.0, hyper_.clip_grad / (grad_norm + 1e-6));
+  ++step_count_;
+  update(lr, weight_decay, float(clip_coeff * inv_scale));
+  return result;
+}
+
+AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper,
+                               std::unique_ptr<GradScaler> grad_scaler)
+    : Optimizer(registry, hyper, ctx.mp, std::move(grad_scaler)), ctx_(&ctx) {
   const Tensor& params = registry.param_buffer();
   const DType state_dtype = registry.grad_dtype();  // f32, or f64 for f64 models
   separate_master_ = params.dtype() != state_dtype;
@@ -30,16 +68,9 @@ double AdamWOptimizer::global_grad_norm() const {
   return std::sqrt(acc.item(0));
 }
 
-OptimizerStepResult AdamWOptimizer::step(double lr, double weight_decay) {
-  OptimizerStepResult result;
-  result.grad_norm = global_grad_norm();
-  if (!std::isfinite(result.grad_norm)) {
-    result.skipped = true;
-    return result;
-  }
-  double clip_coeff = 1.0;
-  if (hyper_.clip_grad > 0.0) clip_coeff = std::min(1.0, hyper_.clip_grad / (result.grad_norm + 1e-6));
-  ++step_count_;
+void AdamWOptimizer::count_nonfinite_grads(Tensor& acc) const { ops::count_nonfinite(acc, registry_->grad_buffer()); }
+
+void AdamWOptimizer::update(double lr, double weight_decay, float grad_scale) {
   for (const auto& p : registry_->params()) {
     Tensor master = separate_master_ ? p->view_of(master_) : p->data;
     Tensor m = p->view_of(exp_avg_), v = p->view_of(exp_avg_sq_);
@@ -50,10 +81,9 @@ OptimizerStepResult AdamWOptimizer::step(double lr, double weight_decay) {
                      .beta2 = float(hyper_.beta2),
                      .eps = float(hyper_.eps),
                      .weight_decay = p->spec.weight_decay ? float(weight_decay) : 0.0f,
-                     .grad_scale = float(clip_coeff),
-                     .step = step_count_});
+                     .grad_scale = grad_scale,
+                     .step = step_count()});
   }
-  return result;
 }
 
 std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state() const {

@@ -9,18 +9,30 @@
 // (distributed/distributed_optimizer.h) is the other implementation. Both store their state
 // under the same names, per parameter with its global shape, so a checkpoint of either loads
 // into either at any data-parallel size.
+//
+// Loss scaling (Megatron's MixedPrecisionOptimizer.step, with a GradScaler): the main grads hold
+// loss_scale x the true gradients. step() counts their non-finite elements (each rank its own
+// grads or shards), takes the max over the grad-stats group, and calls scaler.update(found_inf).
+// An overflow skips the step: parameters, moments and the step count stay as they were. Otherwise
+// the grads are unscaled inside AdamW (1/loss_scale folded into its gradient scale with the clip
+// coefficient, no extra pass) and the reported norm is the unscaled one, which clipping uses.
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "megatron/checkpointing/checkpoint.h"
 #include "megatron/distributed/parameter.h"
+#include "megatron/optimizer/grad_scaler.h"
 #include "megatron/parallel/comm.h"
 
 namespace megatron {
 
 struct OptimizerStepResult {
-  double grad_norm = 0.0;  // pre-clip global L2 norm of the main grads
-  bool skipped = false;    // non-finite gradients: no update (counted in the log)
+  // Pre-clip global L2 norm of the unscaled main grads; absent when an fp16 overflow skipped the
+  // step before the norm was taken (Megatron's None, which the log leaves out).
+  std::optional<double> grad_norm;
+  bool skipped = false;  // non-finite gradients: no update (counted in the log)
 };
 
 struct AdamWHyper {
@@ -36,9 +48,14 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // One update with this lr and weight decay from the (reduced) gradients in the main-grad buffer.
-  virtual OptimizerStepResult step(double lr, double weight_decay) = 0;
+  OptimizerStepResult step(double lr, double weight_decay);
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
+
+  // The factor the loss is multiplied by before backward: the scaler's, 1 without one.
+  float loss_scale() const { return grad_scaler_ ? grad_scaler_->scale() : 1.0f; }
+  // Null without loss scaling; checkpoints save and restore its state.
+  GradScaler* grad_scaler() const { return grad_scaler_.get(); }
 
   // This rank's share of the state as sharded tensors with global offsets (every element of
   // the global state is returned by exactly one rank of the data-parallel group).
@@ -48,6 +65,24 @@ class Optimizer {
   virtual void reload_master_from_model() = 0;
 
  protected:
+  // found_inf_group: where the overflow flag is max-reduced (Megatron's grad-stats group: the
+  // model-parallel group, or the whole world with the distributed optimizer).
+  Optimizer(ParameterRegistry& registry, const AdamWHyper& hyper, std::shared_ptr<Communicator> found_inf_group,
+            std::unique_ptr<GradScaler> grad_scaler);
+
+  ParameterRegistry* registry_;
+  AdamWHyper hyper_;
+
+ private:
+  // acc += non-finite elements among the main grads this rank updates.
+  virtual void count_nonfinite_grads(Tensor& acc) const = 0;
+  // Global L2 norm of the main grads as stored (scaled).
+  virtual double global_grad_norm() const = 0;
+  // AdamW over this rank's parameters with step step_count_; grad_scale multiplies the main grads.
+  virtual void update(double lr, double weight_decay, float grad_scale) = 0;
+
+  std::shared_ptr<Communicator> found_inf_group_;
+  std::unique_ptr<GradScaler> grad_scaler_;
   int64_t step_count_ = 0;
 };
 
@@ -55,18 +90,19 @@ class AdamWOptimizer final : public Optimizer {
  public:
   using Hyper = AdamWHyper;
   // Every rank of the data-parallel group holds the whole state; only DP rank 0 saves it.
-  AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper);
+  AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper,
+                 std::unique_ptr<GradScaler> grad_scaler = nullptr);
 
-  OptimizerStepResult step(double lr, double weight_decay) override;
   std::vector<checkpointing::ShardedTensor> sharded_state() const override;
   void load_state(const checkpointing::CheckpointReader& reader) override;
   void reload_master_from_model() override;
 
  private:
-  double global_grad_norm() const;
-  ParameterRegistry* registry_;
+  void count_nonfinite_grads(Tensor& acc) const override;
+  double global_grad_norm() const override;
+  void update(double lr, double weight_decay, float grad_scale) override;
+
   const ParallelContext* ctx_;
-  Hyper hyper_;
   bool separate_master_;
   Tensor master_, exp_avg_, exp_avg_sq_;
 };

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <string_view>
@@ -129,7 +130,16 @@ std::vector<Flag> build_flag_table() {
       {"--attention-dropout", FIELD(model.attention_dropout), model, "Dropout on attention probabilities"},
       {"--hidden-dropout", FIELD(model.hidden_dropout), model, "Dropout on the residual branches"},
       {"--bf16", Switch{FIELD(bf16), true}, parallel, "bf16 parameters and compute, fp32 master weights"},
-      {"--fp16", Switch{FIELD(fp16), true}, parallel, "fp16 with loss scaling (not available yet)"},
+      {"--fp16", Switch{FIELD(fp16), true}, parallel,
+       "fp16 parameters and compute with loss scaling, fp32 master weights and gradients"},
+      {"--loss-scale", FIELD(optimizer.loss_scale), parallel,
+       "Static loss scale (fp16, or bf16); unset: dynamic loss scaling with --fp16"},
+      {"--initial-loss-scale", FIELD(optimizer.initial_loss_scale), parallel, "Starting dynamic loss scale"},
+      {"--min-loss-scale", FIELD(optimizer.min_loss_scale), parallel, "Floor of the dynamic loss scale"},
+      {"--loss-scale-window", FIELD(optimizer.loss_scale_window), parallel,
+       "Iterations without overflow before the dynamic loss scale doubles"},
+      {"--hysteresis", FIELD(optimizer.hysteresis), parallel,
+       "Overflows the dynamic loss scale absorbs before it halves (refilled when it grows)"},
       {"--tensor-model-parallel-size", FIELD(model.tensor_model_parallel_size), parallel, "TP (1 in this build)"},
       {"--pipeline-model-parallel-size", FIELD(model.pipeline_model_parallel_size), parallel, "PP (1 in this build)"},
       {"--sequence-parallel", Switch{FIELD(model.sequence_parallel), true}, parallel,
@@ -756,11 +766,32 @@ void check_data_parallel(const TrainingArgs& a, std::vector<std::string>& errors
   }
 }
 
+// The scale is a float (as Megatron's float32 tensor): every scale must be positive and fit it.
+void check_mixed_precision(const TrainingArgs& a, std::vector<std::string>& errors) {
+  const OptimizerArgs& o = a.optimizer;
+  if (a.fp16 && a.bf16) errors.push_back("--fp16 and --bf16 are both given: choose one precision");
+  const auto check_scale = [&](const char* flag, double value, const char* example) {
+    if (!(value > 0.0 && value <= double(std::numeric_limits<float>::max())))
+      errors.push_back(
+          concat(flag, " ", value, " must be positive and at most 3.4e38 (float's range): e.g. ", example));
+  };
+  if (o.loss_scale) check_scale("--loss-scale", *o.loss_scale, "65536");
+  check_scale("--initial-loss-scale", o.initial_loss_scale, "4294967296 (2^32, the default)");
+  check_scale("--min-loss-scale", o.min_loss_scale, "1 (the default)");
+  if (o.min_loss_scale > o.initial_loss_scale)
+    errors.push_back(concat("--min-loss-scale ", o.min_loss_scale, " exceeds --initial-loss-scale ",
+                            o.initial_loss_scale,
+                            ": the scale starts at the initial value and never falls below the "
+                            "minimum; lower --min-loss-scale"));
+  if (!(o.loss_scale_window >= 1.0 && o.loss_scale_window == std::floor(o.loss_scale_window) &&
+        o.loss_scale_window <= 1e15))
+    errors.push_back(concat("--loss-scale-window ", o.loss_scale_window,
+                            " must be a whole number of iterations >= 1: e.g. 1000 (the default)"));
+  if (o.hysteresis < 1)
+    errors.push_back(concat("--hysteresis ", o.hysteresis, " must be >= 1 overflow: e.g. 2 (the default)"));
+}
+
 void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
-  if (a.fp16) {
-    errors.push_back("--fp16: fp16 with dynamic loss scaling arrives with the CUDA backend; use --bf16");
-    if (a.bf16) errors.push_back("--bf16 and --fp16 are both given: choose one");
-  }
   if (!a.save.empty() && a.save_interval <= 0) {
     errors.push_back(concat("--save ", a.save, " needs --save-interval N (got ", a.save_interval,
                             "): how many iterations between checkpoints, e.g. --save-interval 1000"));
@@ -848,6 +879,7 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   check_optimizer(args.optimizer, errors);
   check_data(args, errors);
   check_data_parallel(args, errors);
+  check_mixed_precision(args, errors);
   check_run(args, errors);
   return errors;
 }

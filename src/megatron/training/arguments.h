@@ -30,6 +30,14 @@ struct OptimizerArgs {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double clip_grad = 1.0;  // 0 disables clipping
+
+  // Loss scaling (Megatron's mixed-precision group; optimizer/grad_scaler.h). --fp16 uses a
+  // dynamic scaler unless --loss-scale gives a static one; --bf16 uses one only with --loss-scale.
+  std::optional<double> loss_scale;          // static scale; unset: dynamic (fp16) or none (bf16)
+  double initial_loss_scale = 4294967296.0;  // 2^32
+  double min_loss_scale = 1.0;
+  double loss_scale_window = 1000;  // clean iterations before the scale doubles (a float in Megatron)
+  int64_t hysteresis = 2;           // overflows absorbed before the scale first halves
 };
 
 struct DataArgs {
@@ -60,7 +68,7 @@ struct TrainingArgs {
 
   std::string model_preset;        // --model-preset NAME: starting values for model fields
   bool bf16 = false;               // --bf16: params_dtype bf16 (derived into model.params_dtype)
-  bool fp16 = false;               // --fp16: parsed, rejected by validate() until the CUDA backend
+  bool fp16 = false;               // --fp16: params_dtype f16 with loss scaling
   int64_t world_size = 1;          // from the launcher, not a flag
   int64_t micro_batch_size = 0;    // required
   int64_t global_batch_size = 0;   // derived: micro_batch_size * data_parallel_size

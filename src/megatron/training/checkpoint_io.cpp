@@ -1,15 +1,20 @@
 #include "megatron/training/checkpoint_io.h"
 
 #include <exception>
+#include <functional>
+#include <optional>
 
 #include "megatron/core/logging.h"
-#include "megatron/training/shard_gather.h"
+#include "megatron/parallel/text_collectives.h"
 
 namespace megatron {
 
 namespace {
 using checkpointing::CheckpointReader;
 using checkpointing::ShardedTensor;
+
+// The rank that stages, checks and publishes a save.
+constexpr int kRoot = 0;
 
 // Flags that fix the model's shape: a checkpoint only loads into a model that agrees on them.
 const char* const kArchitectureFlags[] = {"--num-layers",
@@ -66,7 +71,7 @@ CheckpointReader open_latest(const std::string& load_dir) {
 
 void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
-                              const ParallelContext& ctx) {
+                              const ParallelContext& ctx, const checkpointing::SaveOptions& options) {
   nlohmann::json common;
   common["iteration"] = progress.iteration;
   common["consumed_train_samples"] = progress.consumed_train_samples;
@@ -82,27 +87,54 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
   a["padded_vocab_size"] = std::to_string(args.model.padded_vocab_size);
   common["args"] = a;
   std::vector<ShardedTensor> optim;
-  if (optimizer && !args.no_save_optim) optim = optimizer->sharded_state();
-  const std::vector<ShardedTensor> replica = ctx.dp_cp->rank() == 0 ? model_state(model) : std::vector<ShardedTensor>{};
-  Communicator& world = *ctx.world;
-  constexpr int kWriter = 0;
-  const std::vector<ShardedTensor> all_model = gather_shards(world, replica, kWriter, model.device());
-  const std::vector<ShardedTensor> all_optim = gather_shards(world, optim, kWriter, model.device());
-
-  std::exception_ptr failure;
-  if (world.rank() == kWriter) {
-    try {
-      checkpointing::save_checkpoint(args.save, progress.iteration, all_model, all_optim, common);
-    } catch (...) {
-      failure = std::current_exception();
-    }
+  if (optimizer && !args.no_save_optim) {
+    optim = optimizer->sharded_state();
+    // Megatron keeps the scaler in the optimizer's state dict; every rank holds the same state.
+    if (const GradScaler* scaler = optimizer->grad_scaler()) common["grad_scaler"] = scaler->state();
   }
-  // The outcome, so that no rank runs ahead of an unpublished checkpoint or on after a failed one.
-  Tensor saved = Tensor::from_vector({failure ? 0.0f : 1.0f}, {1}).to(model.device());
-  if (world.size() > 1) world.broadcast(saved, kWriter);
-  if (failure) std::rethrow_exception(failure);
-  MEGATRON_CHECK(saved.item(0) == 1.0, "rank " << world.world_ranks()[kWriter] << " could not save the checkpoint of "
-                                               << "iteration " << progress.iteration << "; its error says why");
+  // One replica of the weights: DP rank 0 of each model-parallel slice.
+  const std::vector<ShardedTensor> weights = ctx.dp_cp->rank() == 0 ? model_state(model) : std::vector<ShardedTensor>{};
+
+  Communicator& world = *ctx.world;
+  const int rank = world.rank();
+  const Device device = model.device();
+  std::string failure;  // this rank's error; once set, the rank only takes part in the collectives
+  const auto attempt = [&](const std::function<void()>& step) {
+    if (!failure.empty()) return;
+    try {
+      step();
+    } catch (const std::exception& e) {
+      failure = "rank " + std::to_string(rank) + ": " + e.what();
+    }
+  };
+  // 1. The root creates the staging directory and tells every rank where it is ("" if it failed).
+  std::optional<checkpointing::CheckpointStaging> staging;
+  if (rank == kRoot) attempt([&] { staging.emplace(args.save, progress.iteration); });
+  const std::string staging_dir = broadcast_text(world, staging ? staging->path() : "", kRoot, device);
+  // 2. Every rank writes its own files and reports them (or its error) to the root.
+  nlohmann::json reply;
+  attempt([&] {
+    if (!staging_dir.empty())
+      reply["report"] = checkpointing::write_checkpoint_shards(staging_dir, rank, weights, optim, options);
+  });
+  if (!failure.empty()) reply = {{"error", failure}};
+  const std::vector<std::string> replies = gather_text(world, reply.dump(), kRoot, device);
+  // 3. The root checks the reports and publishes: metadata last, rename, tracker.
+  if (rank == kRoot) {
+    std::vector<nlohmann::json> reports;
+    for (const std::string& text : replies) {
+      const nlohmann::json r = nlohmann::json::parse(text);
+      if (r.contains("error") && failure.empty()) failure = r["error"].get<std::string>();
+      if (r.contains("report")) reports.push_back(r["report"]);
+    }
+    attempt([&] { staging->finish(reports, common, options); });
+  }
+  // 4. The outcome, so that every rank returns only once the checkpoint is published, or fails
+  // with the first failing rank's error. An unpublished staging directory is removed by the root.
+  const std::string outcome = broadcast_text(world, rank == kRoot ? failure : "", kRoot, device);
+  MEGATRON_CHECK(outcome.empty(), "could not save the checkpoint of iteration "
+                                      << progress.iteration << " to " << args.save << " (" << outcome
+                                      << "); the latest checkpoint is still the previous one");
   LOG_INFO("  successfully saved checkpoint from iteration " << progress.iteration << " to " << args.save);
 }
 
@@ -125,6 +157,13 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
     if (restore_state && has_optim) {
       optimizer->load_state(reader);
       optimizer->set_step_count(common.at("optimizer_step").get<int64_t>());
+      if (GradScaler* scaler = optimizer->grad_scaler()) {
+        if (common.contains("grad_scaler"))
+          scaler->load_state(common.at("grad_scaler").get<GradScalerState>());
+        else
+          LOG_WARN("checkpoint " << args.load << " holds no loss scaler state (saved without loss scaling); the "
+                                 << "loss scale starts at " << scaler->scale());
+      }
     } else {
       optimizer->reload_master_from_model();
     }

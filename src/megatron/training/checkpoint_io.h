@@ -2,14 +2,17 @@
 // What a training checkpoint holds and how it maps onto the model, optimizer and loop state.
 // The storage format itself lives in checkpointing/.
 //
-// Under data parallelism (every rank of ctx.world calls save and load):
-//   save: 1. each rank lists the shards it is responsible for: model weights from DP rank 0 (the
-//            others hold replicas), optimizer state from Optimizer::sharded_state() (DP rank 0's
-//            whole state, or every rank's distributed-optimizer shard);
-//         2. the shards are gathered on world rank 0 (shard_gather.h), which writes the checkpoint
-//            with save_checkpoint (staging directory, files, metadata, atomic rename, tracker);
-//         3. rank 0 broadcasts the outcome: every rank returns only once the checkpoint is
-//            published, and all ranks throw if it could not be.
+// Under data and model parallelism (every rank of ctx.world calls save and load):
+//   save: every rank writes its own files into one staging directory (checkpointing/checkpoint.h
+//         protocol): model weights from DP rank 0 of each model-parallel slice (the others hold
+//         replicas), optimizer state from Optimizer::sharded_state() (DP rank 0's whole state, or
+//         every rank's distributed-optimizer shard). World rank 0 creates the directory and
+//         broadcasts its path; the ranks write and send their reports (files, sizes, CRC-32C,
+//         tensor slices), or their error, to rank 0 (collectives, so a rank that never arrives is
+//         named by the watchdog); rank 0 checks them, writes metadata.json last, renames the
+//         directory into place and rewrites the tracker; then it broadcasts the outcome, so every
+//         rank returns only once the checkpoint is published, or throws the first failing rank's
+//         error. No rank holds another rank's data.
 //   load: every rank reads the slices it holds now from whichever shards overlap them, so a
 //         checkpoint saved at one DP size (with or without the distributed optimizer) resumes at
 //         any other.
@@ -31,9 +34,10 @@ struct TrainingProgress {
   int64_t nan_iterations = 0;
 };
 
+// options.on_stage is called on every rank at the stages it reaches (fault injection for tests).
 void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
-                              const ParallelContext& ctx);
+                              const ParallelContext& ctx, const checkpointing::SaveOptions& options = {});
 
 // Loads the latest checkpoint under args.load (or nothing when it holds none). Restores the
 // model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress.

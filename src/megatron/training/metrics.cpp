@@ -11,18 +11,21 @@
 namespace megatron {
 
 std::string format_training_log_line(const IterationStats& s) {
-  char buf[1024];
-  std::snprintf(buf, sizeof buf,
+  char head[768], norm[64] = "", tail[256];
+  std::snprintf(head, sizeof head,
                 " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
                 "throughput per GPU (TFLOP/s/GPU): %.1f | tokens per second: %.0f | learning rate: %.6E | "
-                "global batch size: %5lld | lm loss: %.6E | loss scale: %.1f | grad norm: %.3f | "
-                "number of skipped iterations: %3lld | number of nan iterations: %3lld | peak memory (MiB): %.0f |",
+                "global batch size: %5lld | lm loss: %.6E | loss scale: %.1f |",
                 timestamp_now().c_str(), static_cast<long long>(s.iteration), static_cast<long long>(s.train_iters),
                 static_cast<long long>(s.consumed_samples), s.elapsed_ms_per_iteration, s.tflops_per_gpu,
                 s.tokens_per_second, s.learning_rate, static_cast<long long>(s.global_batch_size), s.lm_loss,
-                s.loss_scale, s.grad_norm, static_cast<long long>(s.skipped_iterations),
-                static_cast<long long>(s.nan_iterations), s.peak_memory_mib);
-  return buf;
+                s.loss_scale);
+  if (s.grad_norm) std::snprintf(norm, sizeof norm, " grad norm: %.3f |", *s.grad_norm);
+  std::snprintf(tail, sizeof tail,
+                " number of skipped iterations: %3lld | number of nan iterations: %3lld | peak memory (MiB): %.0f |",
+                static_cast<long long>(s.skipped_iterations), static_cast<long long>(s.nan_iterations),
+                s.peak_memory_mib);
+  return std::string(head) + norm + tail;
 }
 
 std::string format_validation_line(int64_t iteration, double loss) {
@@ -53,7 +56,7 @@ void MetricsFile::write_training(const IterationStats& s) {
                             {"global_batch_size", s.global_batch_size},
                             {"lm_loss", s.lm_loss},
                             {"loss_scale", s.loss_scale},
-                            {"grad_norm", s.grad_norm},
+                            {"grad_norm", s.grad_norm ? nlohmann::json(*s.grad_norm) : nlohmann::json()},
                             {"skipped_iterations", s.skipped_iterations},
                             {"nan_iterations", s.nan_iterations},
                             {"peak_memory_mib", s.peak_memory_mib}};

@@ -3,6 +3,7 @@
 // numbers as one JSON object per line in --metrics-file.
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
 namespace megatron {
@@ -18,9 +19,9 @@ struct IterationStats {
   int64_t global_batch_size = 0;
   double lm_loss = 0.0;
   double loss_scale = 1.0;
-  double grad_norm = 0.0;
-  int64_t skipped_iterations = 0;
-  int64_t nan_iterations = 0;
+  std::optional<double> grad_norm;  // absent for a step skipped on overflow: not printed (Megatron)
+  int64_t skipped_iterations = 0;   // in the interval since the previous log line
+  int64_t nan_iterations = 0;       // skipped iterations with a non-finite loss, in the interval
   double peak_memory_mib = 0.0;
 };
 

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 
 #include "megatron/core/logging.h"
@@ -178,6 +179,16 @@ void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
                                             << "); build the groups from the same sizes");
 }
 
+// Megatron's choice of scaler (optimizer/grad_scaler.h): dynamic for fp16, static with --loss-scale.
+std::unique_ptr<GradScaler> grad_scaler_for(const TrainingArgs& args) {
+  const OptimizerArgs& o = args.optimizer;
+  return make_grad_scaler(args.model.params_dtype, float(o.loss_scale.value_or(0.0)),
+                          {.initial_scale = float(o.initial_loss_scale),
+                           .min_scale = float(o.min_loss_scale),
+                           .growth_interval = int64_t(o.loss_scale_window),
+                           .hysteresis = o.hysteresis});
+}
+
 DdpConfig ddp_config(const TrainingArgs& args) {
   return {.overlap_grad_reduce = args.overlap_grad_reduce,
           .use_distributed_optimizer = args.use_distributed_optimizer,
@@ -232,9 +243,9 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
                          args.optimizer.clip_grad};
   std::unique_ptr<Optimizer> optimizer;
   if (args.use_distributed_optimizer)
-    optimizer = std::make_unique<DistributedOptimizer>(ddp, hyper);
+    optimizer = std::make_unique<DistributedOptimizer>(ddp, ctx, hyper, grad_scaler_for(args));
   else
-    optimizer = std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper);
+    optimizer = std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args));
   if (dp_size > 1)
     LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
                                  << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
@@ -253,8 +264,10 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
   const double flops_per_iteration = num_floating_point_operations(config, args.global_batch_size);
   const int64_t tokens_per_iteration = args.global_batch_size * config.seq_length;
 
+  // Megatron's training_log: the loss is averaged over the interval's advanced iterations, the
+  // time over all of them, and skipped and nan iterations are counted per interval.
   double interval_loss_sum = 0, interval_tokens = 0, interval_seconds = 0;
-  int64_t interval_iters = 0;
+  int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
   const int64_t first_iteration = progress.iteration;
   while (progress.iteration < args.train_iters) {
     const bool profile = progress.iteration + 1 == args.profile_ops_iteration;
@@ -266,8 +279,9 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
       const datasets::Batch batch = next_batch(*train_loader, "training");
       double tokens = 0;
       for (float v : batch.loss_mask.to_vector()) tokens += v;
-      // Megatron's default loss: the mean over each micro-batch's tokens, averaged over micro-batches.
-      const float grad_scale = tokens > 0 ? float(1.0 / (tokens * double(micro))) : 0.0f;
+      // Megatron's default loss: the mean over each micro-batch's tokens, averaged over
+      // micro-batches, times the loss scale (1 without loss scaling).
+      const float grad_scale = tokens > 0 ? float(double(optimizer->loss_scale()) / (tokens * double(micro))) : 0.0f;
       // The micro-batch's index in the global batch, so dropout masks do not depend on the DP size.
       const ForwardContext fwd{.training = true,
                                .seed = uint64_t(args.seed),
@@ -291,23 +305,32 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     const double loss = iteration_sums.loss_sum / std::max(1.0, iteration_sums.num_tokens);
     ++progress.iteration;
     progress.consumed_train_samples += args.global_batch_size;
+    // Megatron advances the iteration and the consumed samples on a skipped step, but neither the
+    // scheduler nor the optimizer's step count (the LR of the next step is the skipped one's).
     if (step.skipped) {
+      const bool nan = !std::isfinite(loss);
       ++progress.skipped_iterations;
-      if (!std::isfinite(loss)) ++progress.nan_iterations;
+      ++interval_skipped;
+      if (nan) {
+        ++progress.nan_iterations;
+        ++interval_nan;
+      }
     } else {
       scheduler.step(args.global_batch_size);
       interval_loss_sum += loss;
       ++interval_iters;
     }
     summary.train_losses.push_back(loss);
-    summary.grad_norms.push_back(step.grad_norm);
+    summary.grad_norms.push_back(step.grad_norm.value_or(std::numeric_limits<double>::quiet_NaN()));
+    summary.loss_scales.push_back(optimizer->loss_scale());
+    summary.skipped.push_back(step.skipped);
     ++summary.iterations_run;
     interval_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     interval_tokens += double(tokens_per_iteration);
 
     const bool first = progress.iteration == first_iteration + 1;
     if (first || progress.iteration % args.log_interval == 0 || progress.iteration == args.train_iters) {
-      const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + (step.skipped ? 1 : 0));
+      const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + interval_skipped);
       IterationStats st;
       st.iteration = progress.iteration;
       st.train_iters = args.train_iters;
@@ -318,14 +341,15 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
       st.learning_rate = scheduler.lr();
       st.global_batch_size = args.global_batch_size;
       st.lm_loss = interval_iters > 0 ? interval_loss_sum / double(interval_iters) : loss;
+      st.loss_scale = optimizer->loss_scale();  // after this step's update, as Megatron logs it
       st.grad_norm = step.grad_norm;
-      st.skipped_iterations = progress.skipped_iterations;
-      st.nan_iterations = progress.nan_iterations;
+      st.skipped_iterations = interval_skipped;
+      st.nan_iterations = interval_nan;
       st.peak_memory_mib = peak_memory_mib(device);
       print_from_last_rank(last_rank, format_training_log_line(st));
       metrics.write_training(st);
       interval_loss_sum = interval_tokens = interval_seconds = 0;
-      interval_iters = 0;
+      interval_iters = interval_skipped = interval_nan = 0;
     }
     const bool evaluate_now = data.valid && progress.iteration % args.eval_interval == 0;
     const bool save_now =

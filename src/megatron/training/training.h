@@ -15,7 +15,9 @@ namespace megatron {
 struct TrainingSummary {
   int64_t iterations_run = 0;
   std::vector<double> train_losses;  // lm loss of every iteration run, in order
-  std::vector<double> grad_norms;    // pre-clip gradient norm of every iteration run
+  std::vector<double> grad_norms;    // pre-clip gradient norm of every iteration run (NaN: skipped on overflow)
+  std::vector<double> loss_scales;   // loss scale after each iteration's update (1 without scaling)
+  std::vector<bool> skipped;         // whether each iteration's update was skipped
   std::vector<double> valid_losses;  // each evaluation's loss, in order
 };
 
