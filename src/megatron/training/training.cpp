@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iomanip>
 #include <memory>
 
 #include "megatron/core/logging.h"
@@ -76,7 +77,7 @@ DataSources build_data(const TrainingArgs& args) {
 // full speed.
 datasets::HostAllocator host_allocator_for(Device device) {
 #ifdef MEGATRON_WITH_CUDA
-  if (device.is_cuda()) return cuda::allocate_pinned_host;
+  if (device.is_cuda()) return [gpu = device.index](size_t bytes) { return cuda::allocate_pinned_host(bytes, gpu); };
 #endif
   (void)device;
   return {};
@@ -238,6 +239,10 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
   if (dp_size > 1)
     LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
                                  << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
+  const double optimizer_state_mib = double(optimizer->state_bytes()) / (1024.0 * 1024.0);
+  LOG_INFO("> optimizer state: " << std::fixed << std::setprecision(1) << optimizer_state_mib << " MiB per rank ("
+                                 << (args.use_distributed_optimizer ? "this rank's shard of the " : "")
+                                 << "master weights and Adam moments)");
   OptimizerParamScheduler scheduler(args.optimizer, args.train_iters, args.global_batch_size);
   TrainingProgress progress;
   load_training_checkpoint(args, model, optimizer.get(), &scheduler, &progress);
@@ -322,6 +327,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
       st.skipped_iterations = progress.skipped_iterations;
       st.nan_iterations = progress.nan_iterations;
       st.peak_memory_mib = peak_memory_mib(device);
+      st.optimizer_state_mib = optimizer_state_mib;
       print_from_last_rank(last_rank, format_training_log_line(st));
       metrics.write_training(st);
       interval_loss_sum = interval_tokens = interval_seconds = 0;
