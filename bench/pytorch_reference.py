@@ -1,13 +1,21 @@
-"""PyTorch reference for `bench/bench_training.sh`: the same GPT models and batch as megatron-cpp,
-trained the way a strong PyTorch user would: torch.compile, SDPA flash attention, fused AdamW,
-bf16 autocast over fp32 master parameters. Prints one JSON line with tokens/s, TFLOP/s/GPU
-(Megatron's formula, causal attention halved), MFU and peak memory.
+"""PyTorch reference for `bench/bench_training.sh` and `bench/bench_dp.sh`: the same GPT models and
+batch as megatron-cpp, trained the way a strong PyTorch user would: torch.compile, SDPA flash
+attention, fused AdamW, bf16 autocast over fp32 master parameters. Prints one JSON line with
+tokens/s, TFLOP/s/GPU (Megatron's formula, causal attention halved), MFU, peak memory and the
+optimizer state (fp32 parameters + Adam moments).
+
+Under torchrun (WORLD_SIZE > 1) it trains data-parallel: one process per GPU (LOCAL_RANK),
+DistributedDataParallel with its default buckets and gradient_as_bucket_view, then torch.compile,
+each rank on its own random batches of --micro-batch-size. Only rank 0 prints; its tokens/s,
+TFLOP/s and memory are per GPU.
 
 Usage: python3 bench/pytorch_reference.py --preset gpt2-124m --micro-batch-size 32 --iters 20
+       torchrun --nproc_per_node 4 bench/pytorch_reference.py --preset llama-1b --micro-batch-size 8
 """
 import argparse
 import json
 import math
+import os
 import time
 
 import torch
@@ -130,13 +138,21 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     a = ap.parse_args()
     p = PRESETS[a.preset]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = 0
+    if world > 1:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.distributed.init_process_group("nccl")
+        rank = torch.distributed.get_rank()
     torch.manual_seed(1234)
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device()) if world > 1 else torch.device("cuda")
     model = GPT(p).to(dev)  # fp32 master parameters
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index], gradient_as_bucket_view=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
     step_model = model if a.no_compile else torch.compile(model)
     B, S, V = a.micro_batch_size, p["seq"], p["vocab"]
-    gen = torch.Generator(device=dev).manual_seed(0)
+    gen = torch.Generator(device=dev).manual_seed(rank)
     data = [torch.randint(0, V, (B, S + 1), device=dev, generator=gen) for _ in range(4)]
 
     def step(i):
@@ -152,6 +168,8 @@ def main():
     for i in range(a.warmup):
         step(i)
     torch.cuda.synchronize()
+    if world > 1:
+        torch.distributed.barrier(device_ids=[dev.index])  # every rank compiled and warmed up: time them together
     torch.cuda.reset_peak_memory_stats()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -161,13 +179,22 @@ def main():
     torch.cuda.synchronize()
     ms = start.elapsed_time(end) / a.iters
     tflops = megatron_flops(p, B) / (ms * 1e-3) / 1e12
-    print(json.dumps({
-        "engine": "pytorch" + ("" if a.no_compile else "+compile"), "preset": a.preset, "micro_batch_size": B,
-        "ms_per_iteration": round(ms, 2), "tokens_per_second": round(B * S / (ms * 1e-3)),
-        "tflops_per_gpu": round(tflops, 1), "mfu_percent": round(100 * tflops / 989.0, 1),
-        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "loss": round(loss.item(), 4),
-        "torch": torch.__version__,
-    }), flush=True)
+    # This rank's optimizer state: the fp32 parameters (the master copy under autocast) and the
+    # Adam moments.
+    state_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
+    for s in opt.state.values():
+        state_bytes += sum(s[k].numel() * s[k].element_size() for k in ("exp_avg", "exp_avg_sq"))
+    if rank == 0:
+        print(json.dumps({
+            "engine": "pytorch" + ("" if a.no_compile else "+compile") + ("+ddp" if world > 1 else ""),
+            "preset": a.preset, "micro_batch_size": B, "gpus": world,
+            "ms_per_iteration": round(ms, 2), "tokens_per_second": round(B * S / (ms * 1e-3)),
+            "tflops_per_gpu": round(tflops, 1), "mfu_percent": round(100 * tflops / 989.0, 1),
+            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "loss": round(loss.item(), 4),
+            "optimizer_state_mib": round(state_bytes / 2**20, 1), "torch": torch.__version__,
+        }), flush=True)
+    if world > 1:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,15 +1,35 @@
 #!/usr/bin/env bash
 # On a GPU machine: configure and build the `gpu` preset (CUDA required, sm_90), run the tests
-# labelled gpu, optionally the training benchmark against PyTorch (--bench [preset:mbs ...]),
-# and print a summary table last. Logs go to $OUT (the device tool brings them back) or
-# /tmp/gpu-check.
+# labelled gpu, and print a summary table last. Options (any order):
+#   --bench [preset:mbs ...]     the single-GPU training benchmark against PyTorch (bench_training.sh)
+#   --multigpu                   also the tests labelled multigpu (several GPUs, one rank per GPU)
+#   --bench-dp [preset:mbs ...]  the data-parallel benchmark on 4 GPUs (bench/bench_dp.sh)
+#   --skip-gpu-tests             not the single-GPU tests (when a run before this one did them)
+# Logs go to $OUT (the device tool brings them back) or /tmp/gpu-check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"  # never NVLink multicast on shared machines
 out="${OUT:-/tmp/gpu-check}"
 mkdir -p "$out"
-bench=0
-[ "${1:-}" = "--bench" ] && { bench=1; shift; }
+bench=0 multigpu=0 bench_dp=0 gpu_tests=1
+bench_runs=() bench_dp_runs=()
+list=""
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 list=bench ;;
+    --bench-dp) bench_dp=1 list=bench_dp ;;
+    --multigpu) multigpu=1 list="" ;;
+    --skip-gpu-tests) gpu_tests=0 list="" ;;
+    -*) echo "gpu-check.sh: unknown option $arg (see the header of $0)" >&2; exit 2 ;;
+    *)
+      case "$list" in
+        bench) bench_runs+=("$arg") ;;
+        bench_dp) bench_dp_runs+=("$arg") ;;
+        *) echo "gpu-check.sh: $arg follows no --bench or --bench-dp" >&2; exit 2 ;;
+      esac
+      ;;
+  esac
+done
 status() { [ "$1" -eq 0 ] && echo pass || echo "FAIL ($1)"; }
 
 # Debian -dev packages the GPU image lacks (PCRE2, SentencePiece) may travel as .deb files in
@@ -31,24 +51,63 @@ build_rc=$?
 build_s=$(( $(date +%s) - start ))
 [ $build_rc -eq 0 ] || { tail -30 "$out/configure.log"; grep -E "error|Error" -A3 "$out/build.log" | head -40; }
 
-(cd build/gpu && ctest -L gpu --output-on-failure --timeout 600) > "$out/gpu-tests.log" 2>&1
-gpu_rc=$?
-[ $gpu_rc -eq 0 ] || grep -E "Failure|FAILED|Expected|Which is|error" "$out/gpu-tests.log" | head -60
+gpu_rc=0
+if [ $gpu_tests -eq 1 ]; then
+  # ^gpu$: the label multigpu contains "gpu", and -L takes a regular expression.
+  (cd build/gpu && ctest -L '^gpu$' --output-on-failure --timeout 600) > "$out/gpu-tests.log" 2>&1
+  gpu_rc=$?
+  [ $gpu_rc -eq 0 ] || grep -E "Failure|FAILED|Expected|Which is|error" "$out/gpu-tests.log" | head -60
+fi
+
+multigpu_rc=0
+if [ $multigpu -eq 1 ]; then
+  # -V: the passing tests' output too (the DP tests print how much of their tolerance they used).
+  (cd build/gpu && ctest -L multigpu -V) > "$out/multigpu-tests.log" 2>&1
+  multigpu_rc=$?
+  [ $multigpu_rc -eq 0 ] || grep -E "Failure|FAILED|Expected|Which is|error|\\[rank" "$out/multigpu-tests.log" | head -60
+fi
 
 bench_rc=0
 if [ $bench -eq 1 ] && [ $build_rc -eq 0 ]; then
-  OUT="$out" bench/bench_training.sh build/gpu "$@" > "$out/bench.txt" 2>&1
+  OUT="$out" bench/bench_training.sh build/gpu "${bench_runs[@]}" > "$out/bench.txt" 2>&1
   bench_rc=$?
+fi
+
+bench_dp_rc=0
+if [ $bench_dp -eq 1 ] && [ $build_rc -eq 0 ]; then
+  OUT="$out" bench/bench_dp.sh build/gpu "${bench_dp_runs[@]}" > "$out/bench-dp.txt" 2>&1
+  bench_dp_rc=$?
 fi
 
 echo
 echo "| step | result | detail |"
 echo "|---|---|---|"
 echo "| build (gpu preset) | $(status $build_rc) | ${build_s}s |"
-echo "| ctest -L gpu | $(status $gpu_rc) | $(grep -Eo '[0-9]+% tests passed.*' "$out/gpu-tests.log" | head -1) |"
+if [ $gpu_tests -eq 1 ]; then
+  echo "| ctest -L gpu | $(status $gpu_rc) | $(grep -Eo '[0-9]+% tests passed.*' "$out/gpu-tests.log" | head -1) |"
+else
+  echo "| ctest -L gpu | skipped | --skip-gpu-tests |"
+fi
+if [ $multigpu -eq 1 ]; then
+  echo "| ctest -L multigpu ($(nvidia-smi -L | wc -l) GPUs) | $(status $multigpu_rc) | $(grep -Eo '[0-9]+% tests passed.*' "$out/multigpu-tests.log" | head -1); $(grep -c '(Skipped)' "$out/multigpu-tests.log") skipped |"
+fi
 if [ $bench -eq 1 ]; then
   echo "| bench | $(status $bench_rc) | $out/bench.txt |"
+fi
+if [ $bench_dp -eq 1 ]; then
+  echo "| bench-dp | $(status $bench_dp_rc) | $out/bench-dp.txt |"
+fi
+if [ $multigpu -eq 1 ]; then
+  echo
+  echo "multigpu: largest deviations of DP training on GPUs from the single-GPU curve"
+  grep "largest relative deviation" "$out/multigpu-tests.log"
+fi
+if [ $bench -eq 1 ]; then
   echo
   cat "$out/bench.txt"
 fi
-[ $build_rc -eq 0 ] && [ $gpu_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+if [ $bench_dp -eq 1 ]; then
+  echo
+  cat "$out/bench-dp.txt"
+fi
+[ $build_rc -eq 0 ] && [ $gpu_rc -eq 0 ] && [ $multigpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_dp_rc -eq 0 ]

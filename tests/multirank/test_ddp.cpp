@@ -210,6 +210,25 @@ TEST_F(Ddp, OverflowInOneRanksShardSkipsTheStepOnEveryRank) {
   }
 }
 
+// The optimizer state the training log reports: fp32 Adam moments, plus fp32 master weights when
+// the parameters are bf16; the whole (padded) buffer when replicated, one of R equal shards of it
+// with the distributed optimizer.
+TEST_F(Ddp, OptimizerStateIsShardedOverTheGroup) {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    ParameterRegistry ref_reg, dist_reg;
+    add_params(ref_reg, dtype);
+    add_params(dist_reg, dtype);
+    DistributedDataParallel ref_ddp(ref_reg, st_.ctx, {});
+    DistributedDataParallel dist_ddp(dist_reg, st_.ctx, {.use_distributed_optimizer = true});
+    const AdamWOptimizer ref(ref_reg, st_.ctx, {});
+    const DistributedOptimizer dist(dist_ddp, st_.ctx, {});
+    const size_t bytes_per_element = dtype == DType::bf16 ? 12 : 8;
+    EXPECT_EQ(ref.state_bytes(), bytes_per_element * size_t(ref_reg.param_buffer().numel())) << dtype_name(dtype);
+    EXPECT_EQ(dist.state_bytes() * size_t(n_), bytes_per_element * size_t(dist_reg.param_buffer().numel()))
+        << dtype_name(dtype);
+  }
+}
+
 }  // namespace
 }  // namespace megatron::testing
 

@@ -32,6 +32,8 @@ class DistributedOptimizer final : public Optimizer {
   DistributedOptimizer(DistributedDataParallel& ddp, const ParallelContext& ctx, const AdamWHyper& hyper,
                        std::unique_ptr<GradScaler> grad_scaler = nullptr);
 
+  // This rank's shards only: about 1/DP of the replicated optimizer's state.
+  size_t state_bytes() const override { return master_.nbytes() + exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
   std::vector<checkpointing::ShardedTensor> sharded_state() const override;
   void load_state(const checkpointing::CheckpointReader& reader) override;
   void reload_master_from_model() override;

@@ -49,6 +49,9 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update with this lr and weight decay from the (reduced) gradients in the main-grad buffer.
   OptimizerStepResult step(double lr, double weight_decay);
+  // Bytes of the state buffers this rank allocated (master weights when separate from the
+  // parameters, Adam moments): what the training log reports as optimizer state.
+  virtual size_t state_bytes() const = 0;
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
 
@@ -93,6 +96,7 @@ class AdamWOptimizer final : public Optimizer {
   AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper,
                  std::unique_ptr<GradScaler> grad_scaler = nullptr);
 
+  size_t state_bytes() const override { return master_.nbytes() + exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
   std::vector<checkpointing::ShardedTensor> sharded_state() const override;
   void load_state(const checkpointing::CheckpointReader& reader) override;
   void reload_master_from_model() override;

@@ -20,10 +20,12 @@
 //
 // In place: all_reduce and broadcast always are. all_gather is in place when `in` is rank r's
 // slice r of `out`; reduce_scatter when `out` is slice r of `in` (NCCL's convention).
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "megatron/core/tensor.h"
@@ -105,7 +107,14 @@ class Communicator {
     all_to_all_v_async(out, recv_rows, in, send_rows)->wait();
   }
   void batch_p2p(std::span<const P2POp> ops) { batch_p2p_async(ops)->wait(); }
-  void barrier() { barrier_async()->wait(); }
+  // Returns once every rank has arrived, on the host too (a CUDA wait() alone only orders the
+  // stream): rank 0 building the dataset cache before the others read it relies on this. A rank
+  // that never arrives is reported by the watchdog, which tracks the operation while the host polls.
+  void barrier() {
+    const CommHandlePtr handle = barrier_async();
+    handle->wait();
+    while (!handle->test()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 };
 
 // The group of one process: every collective is an identity or a copy, checked like the real ones.

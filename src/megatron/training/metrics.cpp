@@ -59,7 +59,8 @@ void MetricsFile::write_training(const IterationStats& s) {
                             {"grad_norm", s.grad_norm ? nlohmann::json(*s.grad_norm) : nlohmann::json()},
                             {"skipped_iterations", s.skipped_iterations},
                             {"nan_iterations", s.nan_iterations},
-                            {"peak_memory_mib", s.peak_memory_mib}};
+                            {"peak_memory_mib", s.peak_memory_mib},
+                            {"optimizer_state_mib", s.optimizer_state_mib}};
   out_ << j.dump() << '\n';
   out_.flush();
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <iomanip>
 #include <memory>
 
 #include "megatron/core/logging.h"
@@ -77,7 +78,7 @@ DataSources build_data(const TrainingArgs& args) {
 // full speed.
 datasets::HostAllocator host_allocator_for(Device device) {
 #ifdef MEGATRON_WITH_CUDA
-  if (device.is_cuda()) return cuda::allocate_pinned_host;
+  if (device.is_cuda()) return [gpu = device.index](size_t bytes) { return cuda::allocate_pinned_host(bytes, gpu); };
 #endif
   (void)device;
   return {};
@@ -249,6 +250,10 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
   if (dp_size > 1)
     LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
                                  << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
+  const double optimizer_state_mib = double(optimizer->state_bytes()) / (1024.0 * 1024.0);
+  LOG_INFO("> optimizer state: " << std::fixed << std::setprecision(1) << optimizer_state_mib << " MiB per rank ("
+                                 << (args.use_distributed_optimizer ? "this rank's shard of the " : "")
+                                 << "master weights and Adam moments)");
   OptimizerParamScheduler scheduler(args.optimizer, args.train_iters, args.global_batch_size);
   TrainingProgress progress;
   load_training_checkpoint(args, model, optimizer.get(), &scheduler, &progress);
@@ -346,6 +351,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
       st.skipped_iterations = interval_skipped;
       st.nan_iterations = interval_nan;
       st.peak_memory_mib = peak_memory_mib(device);
+      st.optimizer_state_mib = optimizer_state_mib;
       print_from_last_rank(last_rank, format_training_log_line(st));
       metrics.write_training(st);
       interval_loss_sum = interval_tokens = interval_seconds = 0;

@@ -5,7 +5,8 @@
 
 namespace megatron::cuda {
 
-std::shared_ptr<void> allocate_pinned_host(size_t bytes) {
+std::shared_ptr<void> allocate_pinned_host(size_t bytes, int device) {
+  CUDA_CHECK(cudaSetDevice(device));
   void* p = nullptr;
   CUDA_CHECK(cudaMallocHost(&p, bytes == 0 ? 1 : bytes));
   // Freeing cannot report an error from a deleter; a failure shows at the next checked call.

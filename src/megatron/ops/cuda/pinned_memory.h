@@ -6,7 +6,10 @@
 
 namespace megatron::cuda {
 
-// `bytes` of pinned host memory, released when the last shared_ptr goes.
-std::shared_ptr<void> allocate_pinned_host(size_t bytes);
+// `bytes` of pinned host memory, released when the last shared_ptr goes. Makes GPU `device`
+// current on the calling thread first: the loader's worker thread would otherwise allocate
+// through GPU 0 (a new thread's default device), and on a multi-GPU node every rank would create
+// a context there.
+std::shared_ptr<void> allocate_pinned_host(size_t bytes, int device);
 
 }  // namespace megatron::cuda

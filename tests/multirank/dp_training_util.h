@@ -1,0 +1,104 @@
+#pragma once
+// Shared by the data-parallel training tests on CPU ranks (multirank/test_dp_training.cpp) and on
+// GPUs (multigpu/test_multigpu_dp_training.cpp): a tiny model run, and the comparison of a run's
+// curve with the single-rank curve of the same global batches.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "megatron/training/training.h"
+#include "test_util.h"
+
+namespace megatron::testing {
+
+// 2 layers, hidden 32, 8 sequences of 16 tokens per global batch (micro-batches of 1, so every
+// DP size up to 8 sees the same micro-batch shapes), dropout on, an evaluation every 10 steps.
+inline std::vector<std::string> tiny_run(int64_t iters, const std::string& device = "cpu") {
+  return {"--num-layers",
+          "2",
+          "--hidden-size",
+          "32",
+          "--num-attention-heads",
+          "4",
+          "--seq-length",
+          "16",
+          "--micro-batch-size",
+          "1",
+          "--global-batch-size",
+          "8",
+          "--train-iters",
+          std::to_string(iters),
+          "--lr-decay-iters",
+          "20",
+          "--lr",
+          "3e-3",
+          "--lr-warmup-iters",
+          "2",
+          "--mock-data",
+          "--tokenizer-type",
+          "NullTokenizer",
+          "--vocab-size",
+          "100",
+          "--log-interval",
+          "100",
+          "--device",
+          device,
+          "--hidden-dropout",
+          "0.1",
+          "--attention-dropout",
+          "0.1",
+          "--eval-interval",
+          "10",
+          "--eval-iters",
+          "2"};
+}
+
+inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+// Expects actual[i] within `tolerance` (relative) of expected[first_expected + i]; returns the
+// largest relative deviation seen, so tests can print how much of the tolerance was used.
+inline double expect_close(const std::vector<double>& expected, const std::vector<double>& actual,
+                           size_t first_expected, double tolerance, const std::string& what) {
+  EXPECT_EQ(actual.size() + first_expected, expected.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < actual.size() && first_expected + i < expected.size(); ++i) {
+    const double e = expected[first_expected + i];
+    EXPECT_LE(std::abs(actual[i] - e), tolerance * std::abs(e))
+        << what << ": value " << first_expected + i << " is " << actual[i] << ", single rank " << e;
+    worst = std::max(worst, std::abs(actual[i] - e) / std::abs(e));
+  }
+  return worst;
+}
+
+// Iterations [first, ...) of `single` against all of `s`: the loss and, where asked, the gradient
+// norm. Returns the largest relative deviation.
+inline double expect_same_curve(const TrainingSummary& single, const TrainingSummary& s, size_t first, double tolerance,
+                                bool compare_grad_norm, const std::string& what) {
+  double worst = expect_close(single.train_losses, s.train_losses, first, tolerance, what + " loss");
+  if (compare_grad_norm)
+    worst = std::max(worst, expect_close(single.grad_norms, s.grad_norms, first, tolerance, what + " grad norm"));
+  // fp16: the same steps skipped and the same loss scales (always equal for other precisions).
+  EXPECT_EQ(std::vector<bool>(single.skipped.begin() + long(first), single.skipped.end()), s.skipped) << what;
+  EXPECT_EQ(std::vector<double>(single.loss_scales.begin() + long(first), single.loss_scales.end()), s.loss_scales)
+      << what;
+  return worst;
+}
+
+// A directory every rank of MPI_COMM_WORLD sees: rank 0 passes the one it created (the others
+// null) and broadcasts its path. Host-side MPI, so it works whatever the communicators' device.
+inline std::string shared_directory(const TempDir* dir) {
+  char path[512] = {};
+  if (dir) std::strncpy(path, dir->path().c_str(), sizeof path - 1);
+  MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return path;
+}
+
+}  // namespace megatron::testing
