@@ -1,7 +1,10 @@
-// Attention on CUDA, shared part: the CUDA side of the argument checks (limits, dtypes; the rules
-// both backends share are in ops/checks/attention.h) and the fused-QKV split/merge copies.
+// Attention on CUDA, shared part: the routing of each call to cuDNN's fused kernels or ours
+// (cudnn_attention_applies decides), the CUDA side of the argument checks (limits, dtypes; the
+// rules both backends share are in ops/checks/attention.h) and the fused-QKV split/merge copies.
 #include "megatron/ops/checks/attention.h"
 #include "megatron/ops/cuda/attention_common.cuh"
+#include "megatron/ops/cuda/attention_cudnn.h"
+#include "megatron/ops/cuda/attention_flash.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 
 namespace megatron::ops::cuda {
@@ -16,13 +19,21 @@ Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q) {
 }
 
 namespace {
-// CUDA attention kernels exist for the dtypes dispatch_floating takes (f32, bf16).
+// Our kernels exist for the dtypes dispatch_floating takes (f32, bf16); cuDNN's for bf16 and f16.
 void check_cuda_attention_dtype(const Tensor& q, const char* op) {
+  if (q.dtype() == DType::f16) return;
   dispatch_floating(q.dtype(), op, []<class T>(std::type_identity<T>) {});
 }
 }  // namespace
 
 const checks::AttentionBackend kCudaAttention{check_cuda, check_cuda_attention_dtype};
+
+void check_not_f16(const Tensor& q, const AttentionParams& params) {
+  MEGATRON_CHECK(q.dtype() != DType::f16,
+                 "attention: f16 runs only on cuDNN's fused kernels (head dim 64 or 128, attention dropout 0, "
+                 "16-byte aligned tensors, and a cuDNN plan for the shape); this call has head dim "
+                     << q.dim(3) << " and dropout " << params.dropout_p << "; use bf16");
+}
 
 }  // namespace attention_detail
 
@@ -92,6 +103,29 @@ void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
 }
 
 }  // namespace
+
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionParams& params) {
+  const checks::AttentionDims d =
+      checks::check_attention_forward(out, lse, q, k, v, params, attention_detail::kCudaAttention);
+  const CudnnAttention a = cudnn_attention_separate(d, q.dtype(), params);
+  if (q.numel() > 0 && cudnn_attention_applies(a, params, {out.raw(), q.raw(), k.raw(), v.raw()}))
+    return cudnn_attention_forward(a, out.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw());
+  flash_attention_forward(out, lse, q, k, v, params);
+}
+
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
+  const checks::AttentionDims d =
+      checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, attention_detail::kCudaAttention);
+  const CudnnAttention a = cudnn_attention_separate(d, q.dtype(), params);
+  const std::initializer_list<const void*> operands = {dq.raw(), dk.raw(), dv.raw(), dout.raw(),
+                                                       q.raw(),  k.raw(),  v.raw(),  out.raw()};
+  if (q.numel() > 0 && cudnn_attention_applies(a, params, operands))
+    return cudnn_attention_backward(a, dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(),
+                                    lse.data<float>());
+  flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+}
 
 void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
   // qkv is only read on this path; qkv_copy takes it mutable to share the index arithmetic with merge.

@@ -34,8 +34,11 @@ struct Dims {
 
 // The shared checks' dims as the kernels' ints, after checking they fit the kernels' limits.
 Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q);
-// The shared attention checks (ops/checks/attention.h) with CUDA's device rule and dtypes.
+// The shared attention checks (ops/checks/attention.h) with CUDA's device rule and dtypes (f32,
+// bf16, and f16, which only cuDNN's kernels take).
 extern const checks::AttentionBackend kCudaAttention;
+// Our kernels' dtype rule: f16 attention runs on cuDNN only (attention_cudnn.h).
+void check_not_f16(const Tensor& q, const AttentionParams& params);
 
 // The tensor-core kernels cover these head dims; others (and f32) take the generic kernels.
 inline bool mma_head_dim(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
