@@ -6,11 +6,17 @@
 //   kept when uniform > p, kept values scaled by 1/(1-p)).
 //   lse (B,NH,S) f32 (f64 for f64 q): log-sum-exp of each row of the scaled scores, returned so
 //   backward recomputes the probabilities instead of storing them.
-// Backward overwrites dq, dk, dv. dtypes: f32, bf16, f16 and f64 on the CPU; f32 and bf16 on CUDA.
+// Backward overwrites dq, dk, dv. dtypes: f32, bf16, f16 and f64 on the CPU; f32 and bf16 on CUDA,
+// and f16 where CUDA runs attention on cuDNN (ops/cuda/attention_cudnn.h: head dim 64 or 128, no
+// dropout).
 //
 // Fused QKV (Megatron's per-query-group layout): qkv (S,B,G,(r+2)*HS), r = NH/G; each group
 // holds its r query heads, then one key head, then one value head. split copies them out to
 // q (S,B,NH,HS), k, v (S,B,G,HS); merge is its backward (overwrites dqkv).
+// attention_forward_qkv / attention_backward_qkv are attention on the q, k, v that split would
+// cut from qkv (NH = num_heads), the backward overwriting dqkv with the merge of dq, dk, dv: by
+// definition (and on the CPU) split + attention (+ merge); CUDA reads q, k, v in place and writes
+// dqkv in place where cuDNN runs the MHA layout (G == NH), sparing the copies.
 #include <cstdint>
 
 #include "megatron/core/tensor.h"
@@ -31,6 +37,10 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
                         const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
 void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
 void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                           const AttentionParams& params);
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t num_heads, const AttentionParams& params);
 
 namespace cpu {
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -39,6 +49,10 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
                         const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
 void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
 void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                           const AttentionParams& params);
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t num_heads, const AttentionParams& params);
 }  // namespace cpu
 
 namespace cuda {  // ops/cuda/, built with the CUDA backend
@@ -48,6 +62,10 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
                         const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
 void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
 void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                           const AttentionParams& params);
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t num_heads, const AttentionParams& params);
 }  // namespace cuda
 
 }  // namespace megatron::ops
