@@ -1,14 +1,14 @@
 // Attention through cuDNN's graph API: the forward and backward graphs (attention_cudnn.h has
-// their maths), the plan cache and the routing rules. The graphs follow the patterns cuDNN's fused
-// flash-attention engines recognise (cuDNN developer guide, "Scaled Dot Product Attention"):
-// the causal mask as GEN_INDEX rows and columns, CMP_GE and BINARY_SELECT with -inf; softmax as
-// max / sub / exp / sum / div with the stats max + log(sum); the backward's dQ through an f32
-// accumulator tensor and D = rowsum(dO * O) through an f32 tensor, both in our workspace.
+// their maths), the plan cache and the routing rules. The graphs have the shapes cuDNN's fused
+// flash-attention engines recognise (those cudnn-frontend's composite SDPA nodes lower to): the
+// causal mask as GEN_INDEX rows and columns, CMP_GE and BINARY_SELECT with -inf; softmax as
+// max / sub / exp / sum / div with the stats max + log(sum); the transposed operands as strides
+// (k^T, v^T) or reshapes (p^T, ds^T); the backward's dq through an f32 accumulator tensor and
+// D = rowsum(dout * out) through an f32 tensor, both in our workspace.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <bit>
-#include <cmath>
 #include <limits>
 #include <memory>
 #include <mutex>
