@@ -9,7 +9,10 @@
 //
 // Build from the repository root, after building the library into build/<dir>:
 //   nvcc -O3 -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -Isrc bench/kernels/attention.cu \
-//        build/<dir>/libmegatron.a -lcublasLt -Xcompiler -fopenmp -o build/attention_bench
+//        build/<dir>/libmegatron.a -L<cudnn lib dir> -l:libcudnn.so.9 -lcublasLt -Xcompiler -fopenmp \
+//        -o build/attention_bench
+// (cuDNN's directory as CMake found it: grep CUDNN_LIBRARY build/<dir>/CMakeCache.txt; the cuDNN
+// path itself is timed by attention_cudnn.cu.)
 // Run: build/attention_bench
 //
 // Measured: docs/PERFORMANCE.md, "Attention kernels" (variants, their resources, the choice per
@@ -27,6 +30,7 @@
 #include "megatron/core/tensor.h"
 #include "megatron/ops/attention.h"
 #include "megatron/ops/cuda/attention_backward_kernels.cuh"
+#include "megatron/ops/cuda/attention_flash.h"
 #include "megatron/ops/cuda/attention_forward_kernels.cuh"
 #include "megatron/ops/cuda/device.h"
 
@@ -185,9 +189,10 @@ void run_problem(const Problem& pr) {
     std::printf("| %-44s | bwd | %-18s | %7.3f | %6.1f | dq %.1e dk %.1e dv %.1e | %s |\n", shape, bv.name, ms,
                 2.5 * flops / ms * 1e-9, e_dq, e_dk, e_dv, verdict({e_dq, e_dk, e_dv}));
   }
-  // The ops as shipped (attention_forward.cu / attention_backward.cu pick one variant per head dim).
-  const double fwd_ms = median_ms([&] { ops::cuda::attention_forward(out, lse, q, k, v, p); });
-  const double bwd_ms = median_ms([&] { ops::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, p); });
+  // Our kernels as shipped (attention_forward.cu / attention_backward.cu pick one variant per head
+  // dim; the ops route to cuDNN where it applies, timed by attention_cudnn.cu).
+  const double fwd_ms = median_ms([&] { ops::cuda::flash_attention_forward(out, lse, q, k, v, p); });
+  const double bwd_ms = median_ms([&] { ops::cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, p); });
   std::printf("| %-44s | fwd | %-18s | %7.3f | %6.1f | | |\n", shape, "(library)", fwd_ms, flops / fwd_ms * 1e-9);
   std::printf("| %-44s | bwd | %-18s | %7.3f | %6.1f | | |\n", shape, "(library)", bwd_ms, 2.5 * flops / bwd_ms * 1e-9);
   std::fflush(stdout);

@@ -1,30 +1,41 @@
-// CUDA attention (flash forward and backward, fused-QKV split/merge) against the CPU op run in
-// f64 on the same (bf16-exact) inputs, with the dropout mask shared bit for bit.
+// CUDA attention against the CPU op run in f64 on the same (bf16-exact) inputs, with the dropout
+// mask shared bit for bit: our flash kernels, cuDNN's fused kernels (ops/cuda/attention_cudnn.h),
+// the routing between them, the fused-QKV ops and split/merge. Every output starts as NaN.
 //
 // Error bounds. Every output is a sum of products whose terms the kernels round at most once in
-// bf16 (P before P V, P M before (P M)^T dO, dS before dS K and dS^T Q) and otherwise compute in
-// fp32. So, elementwise,
-//   |gpu - ref| <= (2 u_bf16 [bf16 only] + F u_f32) (|ref| + mag)
+// the 16-bit dtype (P before P V, P M before (P M)^T dO, dS before dS K and dS^T Q; cuDNN's graphs
+// round at the same places) and otherwise compute in fp32. So, elementwise,
+//   |gpu - ref| <= (2 u_16 [bf16, f16 only] + F u_f32) (|ref| + mag)
 // where mag is the same sum taken over absolute values (computed below in f64, free of
-// cancellation), 2 u_bf16 = one rounding inside plus the output's own rounding, and F u_f32 the
+// cancellation), 2 u_16 = one rounding inside plus the output's own rounding, and F u_f32 the
 // fp32 part: a score error of HS u_f32 sigma (sigma = max scale sum_d |q_d k_d|) becomes a relative
 // error of each probability through exp, twice (forward lse and backward recompute); sums of up
 // to r S terms add r S u_f32 each; exp/log/divide add a few ulps. F = 2 HS sigma + 2 r S + HS + 16.
-// On top, bf16 outputs must meet the normwise goal ||gpu - ref|| / ||ref|| <= 1e-2.
+// f16 adds an absolute term: a probability (or dS) below f16's normal range (2^-14) is rounded to
+// its subnormal spacing 2^-24, an error of up to 2^-25 whatever its size, and so is an output that
+// small. So f16 outputs may be off by 2^-25 (exposure + 1) more, exposure being the sum of the other
+// factor's magnitudes over the output's terms whose probability (dS) is below 2^-13 (twice the
+// normal limit: the GPU's value may fall below it when the exact one does not): sum_j |v_j| for
+// out, sum_i |dout_i| for dv, sum_j |k_j| for dq, sum_i |q_i| for dk (computed below).
+// On top, 16-bit outputs must meet the normwise goal ||gpu - ref|| / ||ref|| <= 1e-2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "gpu/cuda_test_util.h"
 #include "megatron/core/rng.h"
 #include "megatron/ops/attention.h"
+#include "megatron/ops/cuda/attention_cudnn.h"
+#include "megatron/ops/cuda/attention_flash.h"
 
 using namespace megatron;
 using namespace megatron::test;
 using megatron::ops::AttentionParams;
+using megatron::ops::cuda::CudnnAttention;
 
 namespace {
 
@@ -36,17 +47,26 @@ struct Dims {
   int64_t kv_index(int64_t s, int64_t b, int64_t g, int64_t e) const { return ((s * B + b) * G + g) * HS + e; }
   Shape q_shape() const { return {S, B, NH, HS}; }
   Shape kv_shape() const { return {S, B, G, HS}; }
+  Shape qkv_shape() const { return {S, B, G, (NH / G + 2) * HS}; }
+  ops::checks::AttentionDims checks() const { return {S, B, NH, G, HS}; }
+  std::string str() const {
+    return "S=" + std::to_string(S) + " B=" + std::to_string(B) + " NH=" + std::to_string(NH) +
+           " G=" + std::to_string(G) + " HS=" + std::to_string(HS);
+  }
 };
 
 // Absolute-value sums matching each output (see the file comment), for given f64 inputs and lse.
 struct Magnitudes {
   Tensor out, dq, dk, dv;
-  double sigma = 0.0;  // max over (b, h, i, j) of scale sum_d |q_id k_jd|
+  Tensor out_exposure, dq_exposure, dk_exposure, dv_exposure;  // f16's subnormal term (file comment)
+  double sigma = 0.0;                                          // max over (b, h, i, j) of scale sum_d |q_id k_jd|
 };
 
 Magnitudes magnitudes(const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                       const Tensor& out, const Tensor& lse, const AttentionParams& p) {
-  Magnitudes m{Tensor::zeros(d.q_shape(), DType::f64), Tensor::zeros(d.q_shape(), DType::f64),
+  Magnitudes m{Tensor::zeros(d.q_shape(), DType::f64),  Tensor::zeros(d.q_shape(), DType::f64),
+               Tensor::zeros(d.kv_shape(), DType::f64), Tensor::zeros(d.kv_shape(), DType::f64),
+               Tensor::zeros(d.q_shape(), DType::f64),  Tensor::zeros(d.q_shape(), DType::f64),
                Tensor::zeros(d.kv_shape(), DType::f64), Tensor::zeros(d.kv_shape(), DType::f64)};
   const CounterRng rng{p.seed, p.stream};
   const double scale = p.softmax_scale;
@@ -60,20 +80,26 @@ Magnitudes magnitudes(const Dims& d, const Tensor& q, const Tensor& k, const Ten
   const double* DO = dout.data<double>();
   const double* O = out.data<double>();
   double *MO = m.out.data<double>(), *MQ = m.dq.data<double>(), *MK = m.dk.data<double>(), *MV = m.dv.data<double>();
+  double *XO = m.out_exposure.data<double>(), *XQ = m.dq_exposure.data<double>();
+  double *XK = m.dk_exposure.data<double>(), *XV = m.dv_exposure.data<double>();
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t h = 0; h < d.NH; ++h) {
       const int64_t g = h / (d.NH / d.G);
       for (int64_t i = 0; i < d.S; ++i) {
         const double l = lse.item((b * d.NH + h) * d.S + i);
-        double abs_D = 0.0;  // sum_e |dout_ie out_ie|
-        for (int64_t e = 0; e < d.HS; ++e) abs_D += std::fabs(DO[d.q_index(i, b, h, e)] * O[d.q_index(i, b, h, e)]);
+        double D = 0.0, abs_D = 0.0;  // sum_e dout_ie out_ie, and over absolute values
+        for (int64_t e = 0; e < d.HS; ++e) {
+          D += DO[d.q_index(i, b, h, e)] * O[d.q_index(i, b, h, e)];
+          abs_D += std::fabs(DO[d.q_index(i, b, h, e)] * O[d.q_index(i, b, h, e)]);
+        }
         for (int64_t j = 0; j < (p.causal ? i + 1 : d.S); ++j) {
           if (hidden(b, i, j)) continue;
-          double s = 0.0, abs_s = 0.0, abs_dp = 0.0;
+          double s = 0.0, abs_s = 0.0, dp = 0.0, abs_dp = 0.0;
           for (int64_t e = 0; e < d.HS; ++e) {
             const double qk = Q[d.q_index(i, b, h, e)] * K[d.kv_index(j, b, g, e)];
             s += qk;
             abs_s += std::fabs(qk);
+            dp += DO[d.q_index(i, b, h, e)] * V[d.kv_index(j, b, g, e)];
             abs_dp += std::fabs(DO[d.q_index(i, b, h, e)] * V[d.kv_index(j, b, g, e)]);
           }
           m.sigma = std::max(m.sigma, scale * abs_s);
@@ -82,11 +108,21 @@ Magnitudes magnitudes(const Dims& d, const Tensor& q, const Tensor& k, const Ten
           const bool kept = p.dropout_p == 0.0f || rng.uniform(index) > p.dropout_p;
           const double mult = kept ? 1.0 / (1.0 - double(p.dropout_p)) : 0.0;
           const double abs_ds = prob * (mult * abs_dp + abs_D);
+          const bool p_subnormal = prob * mult < 0x1p-13;
+          const bool ds_subnormal = std::fabs(prob * (mult * dp - D) * scale) < 0x1p-13;
           for (int64_t e = 0; e < d.HS; ++e) {
             MO[d.q_index(i, b, h, e)] += prob * mult * std::fabs(V[d.kv_index(j, b, g, e)]);
             MV[d.kv_index(j, b, g, e)] += prob * mult * std::fabs(DO[d.q_index(i, b, h, e)]);
             MQ[d.q_index(i, b, h, e)] += scale * abs_ds * std::fabs(K[d.kv_index(j, b, g, e)]);
             MK[d.kv_index(j, b, g, e)] += scale * abs_ds * std::fabs(Q[d.q_index(i, b, h, e)]);
+            if (p_subnormal) {
+              XO[d.q_index(i, b, h, e)] += std::fabs(V[d.kv_index(j, b, g, e)]);
+              XV[d.kv_index(j, b, g, e)] += std::fabs(DO[d.q_index(i, b, h, e)]);
+            }
+            if (ds_subnormal) {
+              XQ[d.q_index(i, b, h, e)] += std::fabs(K[d.kv_index(j, b, g, e)]);
+              XK[d.kv_index(j, b, g, e)] += std::fabs(Q[d.q_index(i, b, h, e)]);
+            }
           }
         }
       }
@@ -95,27 +131,46 @@ Magnitudes magnitudes(const Dims& d, const Tensor& q, const Tensor& k, const Ten
   return m;
 }
 
-// |gpu - ref| <= tol (|ref| + mag) elementwise (guards checked too), and for bf16 the normwise goal.
-// The normwise error is recorded as a test property (--gtest_output=xml lists them).
-// abs_floor: an absolute allowance for f16's subnormal range (see check_case).
-::testing::AssertionResult close_to(const Pair& out, const Tensor& ref, const Tensor& mag, double tol, DType dt,
-                                    const std::string& name, double abs_floor = 0.0) {
+// |gpu - ref| <= tol (|ref| + mag) [+ 2^-25 (exposure + 1) for f16] elementwise (guards checked
+// too), and for 16-bit the normwise goal. The normwise error is recorded as a test property
+// (--gtest_output=xml lists them).
+::testing::AssertionResult close_to(const Pair& out, const Tensor& ref, const Tensor& mag, const Tensor& exposure,
+                                    double tol, DType dt, const std::string& name) {
+  const double subnormal = dt == DType::f16 ? 0x1p-25 : 0.0;
   Tensor bound = Tensor::empty(ref.shape(), DType::f64);
-  for (int64_t i = 0; i < ref.numel(); ++i) bound.set_item(i, tol * (std::fabs(ref.item(i)) + mag.item(i)) + abs_floor);
+  for (int64_t i = 0; i < ref.numel(); ++i)
+    bound.set_item(i, tol * (std::fabs(ref.item(i)) + mag.item(i)) + subnormal * (exposure.item(i) + 1.0));
   ::testing::AssertionResult ok = within_bound(out, ref, bound);
   if (!ok) return ok;
   const double err = normwise_error(out.gpu.to(Device::cpu()), ref);
   ::testing::Test::RecordProperty(name, std::to_string(err));
-  if (dt != DType::f32 && !(err <= 1e-2))
+  if ((dt == DType::bf16 || dt == DType::f16) && !(err <= 1e-2))
     return ::testing::AssertionFailure() << "normwise error " << err << " above the 16-bit goal 1e-2";
   return ::testing::AssertionSuccess() << "normwise error " << err;
+}
+
+// Which GPU code a case runs: our kernels (mma, generic: flash_attention_*, the kernel the inputs
+// select), cuDNN's graphs directly, or the op as the model calls it (routed).
+enum class Path { mma, generic, cudnn, routed };
+const char* path_name(Path path) {
+  switch (path) {
+    case Path::mma:
+      return "mma";
+    case Path::generic:
+      return "generic";
+    case Path::cudnn:
+      return "cudnn";
+    case Path::routed:
+      return "routed";
+  }
+  return "?";
 }
 
 struct Case {
   Dims d;
   DType dt;
   int64_t misalign;  // shifts the 16-bit tensors off 16 bytes: the generic kernels
-  std::string path;
+  Path path;
   bool segmented = false;   // random documents of 1-40 tokens (document masking)
   int64_t head_offset = 0;  // as a tensor-parallel rank: heads [offset, offset + NH) of 3 NH
 };
@@ -138,6 +193,41 @@ Tensor random_segments(const Dims& d, uint64_t seed) {
   return ids;
 }
 
+void gpu_forward(Path path, Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const Dims& d,
+                 const AttentionParams& p) {
+  if (path == Path::routed) return ops::cuda::attention_forward(out, lse, q, k, v, p);
+  if (path != Path::cudnn) return ops::cuda::flash_attention_forward(out, lse, q, k, v, p);
+  const CudnnAttention a = ops::cuda::cudnn_attention_separate(d.checks(), q.dtype(), p);
+  ASSERT_TRUE(ops::cuda::cudnn_attention_applies(a, p, {out.raw(), q.raw(), k.raw(), v.raw()}));
+  ops::cuda::cudnn_attention_forward(a, out.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw());
+}
+
+void gpu_backward(Path path, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                  const Tensor& v, const Tensor& out, const Tensor& lse, const Dims& d, const AttentionParams& p) {
+  if (path == Path::routed) return ops::cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, p);
+  if (path != Path::cudnn) return ops::cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, p);
+  const CudnnAttention a = ops::cuda::cudnn_attention_separate(d.checks(), q.dtype(), p);
+  ASSERT_TRUE(ops::cuda::cudnn_attention_applies(
+      a, p, {dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw()}));
+  ops::cuda::cudnn_attention_backward(a, dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(),
+                                      lse.data<float>());
+}
+
+// The error-bound factor of one problem (file comment) and the output tolerance for dtype dt.
+struct Tolerance {
+  double F, out;
+};
+Tolerance tolerance(const Dims& d, const Magnitudes& mag, DType dt) {
+  const double F = 2.0 * double(d.HS) * mag.sigma + 2.0 * double(d.NH / d.G) * double(d.S) + double(d.HS) + 16.0;
+  const bool is16 = dt == DType::bf16 || dt == DType::f16;
+  return {F, (is16 ? 2.0 * unit_roundoff(dt) : 0.0) + F * kUnitRoundoffF32};
+}
+
+std::string case_name(const std::string& path, DType dt, const Dims& d, bool causal, float dropout) {
+  return path + " " + dtype_name(dt) + " " + d.str() + (causal ? " causal" : " full") +
+         " dropout=" + std::to_string(dropout);
+}
+
 void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
   const Dims& d = c.d;
   AttentionParams p{causal, float(1.0 / std::sqrt(double(d.HS))), dropout, 77, stream_id("attention-test")};
@@ -148,17 +238,15 @@ void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
   if (c.segmented) p.segment_ids = random_segments(d, seed + 5);
   AttentionParams p_gpu = p;  // the same parameters with the segment ids on the GPU
   if (c.segmented) p_gpu.segment_ids = p.segment_ids.to(gpu());
-  const std::string what = c.path + " " + dtype_name(c.dt) + " S=" + std::to_string(d.S) +
-                           " NH=" + std::to_string(d.NH) + " G=" + std::to_string(d.G) + " HS=" + std::to_string(d.HS) +
-                           (causal ? " causal" : " full") + " dropout=" + std::to_string(dropout) +
-                           (c.segmented ? " segmented" : "") + " heads from " + std::to_string(c.head_offset);
+  const std::string what = case_name(path_name(c.path), c.dt, d, causal, dropout) + (c.segmented ? " segmented" : "") +
+                           " heads from " + std::to_string(c.head_offset);
   SCOPED_TRACE(what);
   const Pair q = random_pair(d.q_shape(), c.dt, seed, 1.0, c.misalign);
   const Pair k = random_pair(d.kv_shape(), c.dt, seed + 1, 1.0, c.misalign);
   const Pair v = random_pair(d.kv_shape(), c.dt, seed + 2, 1.0, c.misalign);
   const Pair dout = random_pair(d.q_shape(), c.dt, seed + 3, 1.0, c.misalign);
   Pair out = poisoned_pair(d.q_shape(), c.dt, c.misalign), lse = poisoned_pair({d.B, d.NH, d.S}, DType::f32);
-  ops::cuda::attention_forward(out.gpu, lse.gpu, q.gpu, k.gpu, v.gpu, p_gpu);
+  gpu_forward(c.path, out.gpu, lse.gpu, q.gpu, k.gpu, v.gpu, d, p_gpu);
 
   const Tensor q64 = f64(q.cpu), k64 = f64(k.cpu), v64 = f64(v.cpu), dout64 = f64(dout.cpu);
   Tensor ref_out = poisoned(d.q_shape(), DType::f64), ref_lse = poisoned({d.B, d.NH, d.S}, DType::f64);
@@ -169,39 +257,73 @@ void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
   const Pair out_in = pair_of(gpu_out, c.misalign), lse_in = pair_of(gpu_lse);
   Pair dq = poisoned_pair(d.q_shape(), c.dt, c.misalign), dk = poisoned_pair(d.kv_shape(), c.dt, c.misalign);
   Pair dv = poisoned_pair(d.kv_shape(), c.dt, c.misalign);
-  ops::cuda::attention_backward(dq.gpu, dk.gpu, dv.gpu, dout.gpu, q.gpu, k.gpu, v.gpu, out_in.gpu, lse_in.gpu, p_gpu);
+  gpu_backward(c.path, dq.gpu, dk.gpu, dv.gpu, dout.gpu, q.gpu, k.gpu, v.gpu, out_in.gpu, lse_in.gpu, d, p_gpu);
   Tensor ref_dq = poisoned(d.q_shape(), DType::f64), ref_dk = poisoned(d.kv_shape(), DType::f64);
   Tensor ref_dv = poisoned(d.kv_shape(), DType::f64);
   const Tensor out64 = f64(gpu_out), lse64 = f64(gpu_lse);
   ops::cpu::attention_backward(ref_dq, ref_dk, ref_dv, dout64, q64, k64, v64, out64, lse64, p);
 
   const Magnitudes mag = magnitudes(d, q64, k64, v64, dout64, out64, lse64, p);
-  const double F = 2.0 * double(d.HS) * mag.sigma + 2.0 * double(d.NH / d.G) * double(d.S) + double(d.HS) + 16.0;
-  // 16-bit storage: the rounding of the inputs to the P V and dS products and of the outputs.
-  const double tol = (c.dt == DType::f32 ? 0.0 : 2.0 * unit_roundoff(c.dt)) + F * kUnitRoundoffF32;
-  // f16 holds values below 2^-14 as subnormals, with an absolute error up to 2^-25 instead of a
-  // relative one: the outputs, and each term of the P V, P^T dO and dS K / dS^T Q sums whose P or
-  // dS is that small. Those sums have at most r S terms, each factor bounded by the keep scale,
-  // the softmax scale (at most 1 here) and the largest input.
-  double max_input = 0.0;
-  for (const Tensor* t : {&q64, &k64, &v64, &dout64})
-    for (int64_t i = 0; i < t->numel(); ++i) max_input = std::max(max_input, std::fabs(t->item(i)));
-  const double keep_scale = 1.0 / (1.0 - double(dropout));
-  const double floor =
-      c.dt == DType::f16 ? 0x1p-25 * (1.0 + double(d.NH / d.G) * double(d.S) * keep_scale * max_input) : 0.0;
+  const Tolerance tol = tolerance(d, mag, c.dt);
   // lse (f32 on both dtypes): the score error HS u sigma, the sum's S u, a few ulps of log.
   const Tensor ones = filled(ref_lse.shape(), DType::f64, 1.0);
-  EXPECT_TRUE(close_to(lse, ref_lse, ones, F * kUnitRoundoffF32, DType::f32, what + " lse"));
-  EXPECT_TRUE(close_to(out, ref_out, mag.out, tol, c.dt, what + " out", floor));
-  EXPECT_TRUE(close_to(dq, ref_dq, mag.dq, tol, c.dt, what + " dq", floor));
-  EXPECT_TRUE(close_to(dk, ref_dk, mag.dk, tol, c.dt, what + " dk", floor));
-  EXPECT_TRUE(close_to(dv, ref_dv, mag.dv, tol, c.dt, what + " dv", floor));
+  EXPECT_TRUE(close_to(lse, ref_lse, ones, ones, tol.F * kUnitRoundoffF32, DType::f32, what + " lse"));
+  EXPECT_TRUE(close_to(out, ref_out, mag.out, mag.out_exposure, tol.out, c.dt, what + " out"));
+  EXPECT_TRUE(close_to(dq, ref_dq, mag.dq, mag.dq_exposure, tol.out, c.dt, what + " dq"));
+  EXPECT_TRUE(close_to(dk, ref_dk, mag.dk, mag.dk_exposure, tol.out, c.dt, what + " dk"));
+  EXPECT_TRUE(close_to(dv, ref_dv, mag.dv, mag.dv_exposure, tol.out, c.dt, what + " dv"));
 }
 
 void check_all_variants(const Case& c, uint64_t seed) {
   for (bool causal : {true, false}) {
     for (float dropout : {0.0f, 0.2f}) check_case(c, causal, dropout, seed += 10);
   }
+}
+
+// attention_forward_qkv / attention_backward_qkv: q, k, v read in place from qkv (MHA on cuDNN) or
+// split out around the separate op; against split + the CPU op (+ merge) in f64.
+void check_fused_case(const Dims& d, DType dt, bool causal, float dropout, uint64_t seed) {
+  const AttentionParams p{causal, float(1.0 / std::sqrt(double(d.HS))), dropout, 77, stream_id("attention-test")};
+  const std::string what = case_name("fused", dt, d, causal, dropout);
+  SCOPED_TRACE(what);
+  const Pair qkv = random_pair(d.qkv_shape(), dt, seed), dout = random_pair(d.q_shape(), dt, seed + 3);
+  Pair out = poisoned_pair(d.q_shape(), dt), lse = poisoned_pair({d.B, d.NH, d.S}, DType::f32);
+  ops::cuda::attention_forward_qkv(out.gpu, lse.gpu, qkv.gpu, d.NH, p);
+
+  const Tensor qkv64 = f64(qkv.cpu), dout64 = f64(dout.cpu);
+  Tensor q64 = Tensor::empty(d.q_shape(), DType::f64), k64 = Tensor::empty(d.kv_shape(), DType::f64);
+  Tensor v64 = Tensor::empty(d.kv_shape(), DType::f64);
+  ops::cpu::qkv_split(q64, k64, v64, qkv64);
+  Tensor ref_out = poisoned(d.q_shape(), DType::f64), ref_lse = poisoned({d.B, d.NH, d.S}, DType::f64);
+  ops::cpu::attention_forward(ref_out, ref_lse, q64, k64, v64, p);
+
+  const Tensor gpu_out = out.gpu.to(Device::cpu()), gpu_lse = lse.gpu.to(Device::cpu());
+  const Pair out_in = pair_of(gpu_out), lse_in = pair_of(gpu_lse);
+  Pair dqkv = poisoned_pair(d.qkv_shape(), dt);
+  ops::cuda::attention_backward_qkv(dqkv.gpu, dout.gpu, qkv.gpu, out_in.gpu, lse_in.gpu, d.NH, p);
+  Tensor ref_dq = poisoned(d.q_shape(), DType::f64), ref_dk = poisoned(d.kv_shape(), DType::f64);
+  Tensor ref_dv = poisoned(d.kv_shape(), DType::f64), ref_dqkv = poisoned(d.qkv_shape(), DType::f64);
+  const Tensor out64 = f64(gpu_out), lse64 = f64(gpu_lse);
+  ops::cpu::attention_backward(ref_dq, ref_dk, ref_dv, dout64, q64, k64, v64, out64, lse64, p);
+  ops::cpu::qkv_merge(ref_dqkv, ref_dq, ref_dk, ref_dv);
+
+  const Magnitudes mag = magnitudes(d, q64, k64, v64, dout64, out64, lse64, p);
+  Tensor mag_dqkv = poisoned(d.qkv_shape(), DType::f64), exposure_dqkv = poisoned(d.qkv_shape(), DType::f64);
+  ops::cpu::qkv_merge(mag_dqkv, mag.dq, mag.dk, mag.dv);
+  ops::cpu::qkv_merge(exposure_dqkv, mag.dq_exposure, mag.dk_exposure, mag.dv_exposure);
+  const Tolerance tol = tolerance(d, mag, dt);
+  const Tensor ones = filled(ref_lse.shape(), DType::f64, 1.0);
+  EXPECT_TRUE(close_to(lse, ref_lse, ones, ones, tol.F * kUnitRoundoffF32, DType::f32, what + " lse"));
+  EXPECT_TRUE(close_to(out, ref_out, mag.out, mag.out_exposure, tol.out, dt, what + " out"));
+  EXPECT_TRUE(close_to(dqkv, ref_dqkv, mag_dqkv, exposure_dqkv, tol.out, dt, what + " dqkv"));
+}
+
+// The same bytes in two GPU tensors.
+::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  if (ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "the tensors differ; normwise " << normwise_error(ha, hb);
 }
 
 }  // namespace
@@ -211,10 +333,10 @@ void check_all_variants(const Case& c, uint64_t seed) {
 // causal diagonal steps skip the warps of keys after the query tile.
 TEST_F(CudaAttention, TensorCorePathMatchesCpuF64) {
   const Case cases[] = {
-      {{37, 2, 4, 2, 16}, DType::bf16, 0, "mma"},   {{37, 2, 4, 2, 64}, DType::bf16, 0, "mma"},
-      {{37, 2, 4, 2, 128}, DType::bf16, 0, "mma"},  {{200, 1, 4, 1, 64}, DType::bf16, 0, "mma"},
-      {{130, 2, 2, 2, 128}, DType::bf16, 0, "mma"}, {{70, 1, 4, 4, 32}, DType::bf16, 0, "mma"},
-      {{300, 1, 4, 2, 64}, DType::bf16, 0, "mma"},
+      {{37, 2, 4, 2, 16}, DType::bf16, 0, Path::mma},   {{37, 2, 4, 2, 64}, DType::bf16, 0, Path::mma},
+      {{37, 2, 4, 2, 128}, DType::bf16, 0, Path::mma},  {{200, 1, 4, 1, 64}, DType::bf16, 0, Path::mma},
+      {{130, 2, 2, 2, 128}, DType::bf16, 0, Path::mma}, {{70, 1, 4, 4, 32}, DType::bf16, 0, Path::mma},
+      {{300, 1, 4, 2, 64}, DType::bf16, 0, Path::mma},
   };
   uint64_t seed = 1000;
   for (const Case& c : cases) check_all_variants(c, seed += 100);
@@ -224,10 +346,14 @@ TEST_F(CudaAttention, TensorCorePathMatchesCpuF64) {
 // offsets (dropout's global head index) on both paths.
 TEST_F(CudaAttention, F16SegmentsAndHeadOffsetsMatchCpuF64) {
   const Case cases[] = {
-      {{130, 2, 4, 2, 64}, DType::f16, 0, "mma"},          {{130, 2, 2, 2, 128}, DType::f16, 0, "mma"},
-      {{200, 2, 4, 2, 64}, DType::bf16, 0, "mma", true},   {{130, 1, 2, 2, 128}, DType::bf16, 0, "mma", true, 2},
-      {{70, 2, 4, 2, 64}, DType::f16, 0, "mma", true, 4},  {{70, 2, 4, 2, 24}, DType::f16, 0, "generic", true, 4},
-      {{70, 1, 2, 1, 64}, DType::f32, 0, "generic", true},
+      {{130, 2, 4, 2, 64}, DType::f16, 0, Path::mma},
+      {{130, 2, 2, 2, 128}, DType::f16, 0, Path::mma},
+      {{200, 2, 4, 2, 64}, DType::bf16, 0, Path::mma, true},
+      {{130, 1, 2, 2, 128}, DType::bf16, 0, Path::mma, true, 2},
+      {{70, 2, 4, 2, 64}, DType::f16, 0, Path::mma, true, 4},
+      {{70, 2, 4, 2, 24}, DType::f16, 0, Path::generic, true, 4},
+      {{70, 1, 2, 1, 64}, DType::f32, 0, Path::generic, true},
+      {{130, 2, 4, 2, 64}, DType::bf16, 0, Path::routed, true},  // segment ids keep the op off cuDNN
   };
   uint64_t seed = 4000;
   for (const Case& c : cases) check_all_variants(c, seed += 100);
@@ -235,10 +361,10 @@ TEST_F(CudaAttention, F16SegmentsAndHeadOffsetsMatchCpuF64) {
 
 TEST_F(CudaAttention, GenericPathMatchesCpuF64) {
   const Case cases[] = {
-      {{37, 2, 4, 2, 16}, DType::f32, 0, "generic"},
-      {{70, 1, 2, 1, 64}, DType::f32, 0, "generic"},
-      {{37, 2, 4, 2, 24}, DType::bf16, 0, "generic"},  // head dim without a tensor-core kernel
-      {{37, 2, 4, 2, 64}, DType::bf16, 1, "generic"},  // misaligned tensors
+      {{37, 2, 4, 2, 16}, DType::f32, 0, Path::generic},
+      {{70, 1, 2, 1, 64}, DType::f32, 0, Path::generic},
+      {{37, 2, 4, 2, 24}, DType::bf16, 0, Path::generic},  // head dim without a tensor-core kernel
+      {{37, 2, 4, 2, 64}, DType::bf16, 1, Path::generic},  // misaligned tensors
   };
   uint64_t seed = 2000;
   for (const Case& c : cases) check_all_variants(c, seed += 100);
@@ -273,4 +399,91 @@ TEST_F(CudaAttention, RejectsF64AndBadGrouping) {
   Tensor q3 = Tensor::zeros({4, 1, 3, 16}, DType::f32, gpu()), kv2 = Tensor::zeros({4, 1, 2, 16}, DType::f32, gpu());
   Tensor out3 = Tensor::zeros({4, 1, 3, 16}, DType::f32, gpu()), lse3 = Tensor::zeros({1, 3, 4}, DType::f32, gpu());
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::attention_forward(out3, lse3, q3, kv2, kv2, p); }, "NH % G"));
+}
+
+// cuDNN's graphs: bf16 and f16, head dims 64 and 128, MHA, GQA and MQA, partial and several tiles.
+TEST_F(CudaAttention, CudnnPathMatchesCpuF64) {
+  const Case cases[] = {
+      {{37, 2, 4, 2, 64}, DType::bf16, 0, Path::cudnn},   {{37, 2, 4, 2, 128}, DType::bf16, 0, Path::cudnn},
+      {{200, 1, 4, 1, 64}, DType::bf16, 0, Path::cudnn},  {{130, 2, 2, 2, 128}, DType::bf16, 0, Path::cudnn},
+      {{300, 1, 4, 4, 64}, DType::f16, 0, Path::cudnn},   {{70, 2, 4, 2, 128}, DType::f16, 0, Path::cudnn},
+      {{130, 1, 4, 2, 64}, DType::bf16, 0, Path::routed},  // the op, routed to cuDNN
+  };
+  uint64_t seed = 4000;
+  for (const Case& c : cases) {
+    for (bool causal : {true, false}) check_case(c, causal, 0.0f, seed += 10);
+  }
+}
+
+// MHA on cuDNN reads qkv and writes dqkv in place; GQA, dropout and head dim 32 split and merge.
+TEST_F(CudaAttention, FusedQkvMatchesCpuF64) {
+  struct FusedCase {
+    Dims d;
+    DType dt;
+    float dropout;
+  };
+  const FusedCase cases[] = {
+      {{70, 2, 4, 4, 64}, DType::bf16, 0.0f}, {{37, 2, 2, 2, 128}, DType::f16, 0.0f},
+      {{37, 2, 4, 2, 64}, DType::bf16, 0.0f}, {{37, 2, 4, 4, 64}, DType::bf16, 0.2f},
+      {{37, 2, 4, 4, 32}, DType::bf16, 0.0f},
+  };
+  uint64_t seed = 5000;
+  for (const FusedCase& c : cases) {
+    for (bool causal : {true, false}) check_fused_case(c.d, c.dt, causal, c.dropout, seed += 10);
+  }
+}
+
+// The ops run cuDNN exactly where cudnn_attention_applies says so, and it says so for bf16/f16 at
+// head dims 64 and 128 without dropout on 16-byte aligned tensors: there the op's forward equals
+// cuDNN's bit for bit (both deterministic), elsewhere our kernels'.
+TEST_F(CudaAttention, RoutesToCudnnWhereItApplies) {
+  struct Route {
+    DType dt;
+    int64_t HS;
+    float dropout;
+    int64_t misalign;
+    bool cudnn;
+  };
+  const Route routes[] = {
+      {DType::bf16, 64, 0.0f, 0, true},  {DType::bf16, 128, 0.0f, 0, true}, {DType::f16, 64, 0.0f, 0, true},
+      {DType::bf16, 64, 0.1f, 0, false}, {DType::bf16, 32, 0.0f, 0, false}, {DType::f32, 64, 0.0f, 0, false},
+      {DType::bf16, 64, 0.0f, 1, false},
+  };
+  for (const Route& r : routes) {
+    const Dims d{64, 2, 4, 2, r.HS};
+    const AttentionParams p{true, 0.125f, r.dropout, 5, 6};
+    SCOPED_TRACE(case_name("routing", r.dt, d, true, r.dropout) + " misalign=" + std::to_string(r.misalign));
+    const Pair q = random_pair(d.q_shape(), r.dt, 1, 1.0, r.misalign),
+               k = random_pair(d.kv_shape(), r.dt, 2, 1.0, r.misalign);
+    const Pair v = random_pair(d.kv_shape(), r.dt, 3, 1.0, r.misalign);
+    Pair out = poisoned_pair(d.q_shape(), r.dt, r.misalign), lse = poisoned_pair({d.B, d.NH, d.S}, DType::f32);
+    Pair want = poisoned_pair(d.q_shape(), r.dt, r.misalign), want_lse = poisoned_pair({d.B, d.NH, d.S}, DType::f32);
+    const CudnnAttention a = ops::cuda::cudnn_attention_separate(d.checks(), r.dt, p);
+    EXPECT_EQ(ops::cuda::cudnn_attention_applies(a, p, {out.gpu.raw(), q.gpu.raw(), k.gpu.raw(), v.gpu.raw()}),
+              r.cudnn);
+    ops::cuda::attention_forward(out.gpu, lse.gpu, q.gpu, k.gpu, v.gpu, p);
+    if (r.cudnn) {
+      ops::cuda::cudnn_attention_forward(a, want.gpu.raw(), want_lse.gpu.data<float>(), q.gpu.raw(), k.gpu.raw(),
+                                         v.gpu.raw());
+    } else {
+      ops::cuda::flash_attention_forward(want.gpu, want_lse.gpu, q.gpu, k.gpu, v.gpu, p);
+    }
+    EXPECT_TRUE(same_bits(out.gpu, want.gpu));
+    EXPECT_TRUE(same_bits(lse.gpu, want_lse.gpu));
+  }
+  // The fused MHA layout runs in place on cuDNN.
+  const Dims m{64, 2, 4, 4, 64};
+  const AttentionParams p{true, 0.125f, 0.0f, 5, 6};
+  const Tensor qkv = Tensor::zeros(m.qkv_shape(), DType::bf16, gpu()),
+               out = Tensor::zeros(m.q_shape(), DType::bf16, gpu());
+  const char* base = static_cast<const char*>(qkv.raw());
+  EXPECT_TRUE(
+      ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_fused_mha(m.S, m.B, m.NH, m.HS, DType::bf16, p), p,
+                                         {out.raw(), base, base + 128, base + 256}));
+  // f16 where cuDNN does not apply has no kernel: a clear error.
+  const Dims d{16, 1, 2, 2, 64};
+  const AttentionParams dropout{true, 0.125f, 0.1f, 5, 6};
+  Tensor q16 = Tensor::zeros(d.q_shape(), DType::f16, gpu()), o16 = Tensor::zeros(d.q_shape(), DType::f16, gpu());
+  Tensor l16 = Tensor::zeros({d.B, d.NH, d.S}, DType::f32, gpu());
+  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::attention_forward(o16, l16, q16, q16, q16, dropout); }, "f16"));
 }

@@ -291,3 +291,43 @@ TEST(Attention, RejectsBadArguments) {
   Tensor q2 = q.clone(), k2 = v.clone(), v2 = v.clone();
   EXPECT_TRUE(throws_error_naming([&] { ops::qkv_split(q2, k2, v2, bad_qkv); }, "qkv"));
 }
+
+// attention_forward_qkv / attention_backward_qkv are defined as split + attention (+ merge): the
+// same arithmetic, so the results are equal bit for bit, for GQA and MHA, with dropout.
+TEST(Attention, FusedQkvEqualsSplitAttentionMerge) {
+  for (const int64_t G : {kG, kNH}) {
+    const int64_t r = kNH / G;
+    const Tensor qkv = randn({kS, kB, G, (r + 2) * kHS}, DType::f32, 60),
+                 dout = randn({kS, kB, kNH, kHS}, DType::f32, 61);
+    const AttentionParams p = params(true, 0.3f);
+    Tensor q = Tensor::empty({kS, kB, kNH, kHS}, DType::f32), k = Tensor::empty({kS, kB, G, kHS}, DType::f32);
+    Tensor v = Tensor::empty(k.shape(), DType::f32);
+    ops::qkv_split(q, k, v, qkv);
+    const AttentionRun ref = run_attention(q, k, v, dout, p);
+    Tensor ref_dqkv = poisoned(qkv.shape(), DType::f32);
+    ops::qkv_merge(ref_dqkv, ref.dq, ref.dk, ref.dv);
+
+    Tensor out = poisoned(q.shape(), DType::f32), lse = poisoned({kB, kNH, kS}, DType::f32);
+    Tensor dqkv = poisoned(qkv.shape(), DType::f32);
+    ops::attention_forward_qkv(out, lse, qkv, kNH, p);
+    ops::attention_backward_qkv(dqkv, dout, qkv, out, lse, kNH, p);
+    EXPECT_TRUE(all_close(out, ref.out, 0.0, 0.0)) << "G=" << G;
+    EXPECT_TRUE(all_close(lse, ref.lse, 0.0, 0.0)) << "G=" << G;
+    EXPECT_TRUE(all_close(dqkv, ref_dqkv, 0.0, 0.0)) << "G=" << G;
+  }
+}
+
+TEST(Attention, FusedQkvRejectsBadArguments) {
+  const AttentionParams p = params(true, 0.0f);
+  Tensor out = Tensor::empty({kS, kB, kNH, kHS}, DType::f32), lse = Tensor::empty({kB, kNH, kS}, DType::f32);
+  const Tensor qkv3 = Tensor::empty({kS, kB, 3, 3 * kHS}, DType::f32);  // 4 heads do not group over 3
+  EXPECT_TRUE(throws_error_naming([&] { ops::attention_forward_qkv(out, lse, qkv3, kNH, p); }, "NH % G"));
+  const Tensor qkv_odd = Tensor::empty({kS, kB, kG, 4 * kHS + 1}, DType::f32);  // not (r+2)*HS
+  EXPECT_TRUE(throws_error_naming([&] { ops::attention_forward_qkv(out, lse, qkv_odd, kNH, p); }, "(NH/G + 2)*HS"));
+  const Tensor qkv = Tensor::empty({kS, kB, kG, 4 * kHS}, DType::f32);
+  Tensor out_wide = Tensor::empty({kS, kB, kNH, 2 * kHS}, DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::attention_forward_qkv(out_wide, lse, qkv, kNH, p); }, "attention out"));
+  Tensor dqkv = Tensor::empty({kS, kB, kG, 2 * kHS}, DType::f32);
+  const Tensor dout = Tensor::empty(out.shape(), DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::attention_backward_qkv(dqkv, dout, qkv, out, lse, kNH, p); }, "dqkv"));
+}

@@ -16,6 +16,10 @@
 // Fused QKV (Megatron's per-query-group layout): qkv (S,B,G,(r+2)*HS), r = NH/G; each group
 // holds its r query heads, then one key head, then one value head. split copies them out to
 // q (S,B,NH,HS), k, v (S,B,G,HS); merge is its backward (overwrites dqkv).
+// attention_forward_qkv / attention_backward_qkv are attention on the q, k, v that split would
+// cut from qkv (NH = num_heads), the backward overwriting dqkv with the merge of dq, dk, dv: by
+// definition (and on the CPU) split + attention (+ merge); CUDA reads q, k, v in place and writes
+// dqkv in place where cuDNN runs the MHA layout (G == NH), sparing the copies.
 #include <cstdint>
 
 #include "megatron/core/tensor.h"
@@ -39,6 +43,10 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
                         const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
 void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
 void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                           const AttentionParams& params);
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t num_heads, const AttentionParams& params);
 
 namespace cpu {
 void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -47,6 +55,10 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
                         const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
 void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
 void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                           const AttentionParams& params);
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t num_heads, const AttentionParams& params);
 }  // namespace cpu
 
 namespace cuda {  // ops/cuda/, built with the CUDA backend
@@ -56,6 +68,10 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
                         const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
 void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
 void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                           const AttentionParams& params);
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t num_heads, const AttentionParams& params);
 }  // namespace cuda
 
 }  // namespace megatron::ops

@@ -104,6 +104,13 @@ void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) { MEGATRON_DI
 void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   MEGATRON_DISPATCH(dqkv, qkv_merge, dqkv, dq, dk, dv);
 }
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads, const AttentionParams& p) {
+  MEGATRON_DISPATCH(out, attention_forward_qkv, out, lse, qkv, num_heads, p);
+}
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t num_heads, const AttentionParams& p) {
+  MEGATRON_DISPATCH(dqkv, attention_backward_qkv, dqkv, dout, qkv, out, lse, num_heads, p);
+}
 
 void cross_entropy_forward(Tensor& losses, Tensor& lse, const Tensor& logits, const Tensor& targets) {
   MEGATRON_DISPATCH(losses, cross_entropy_forward, losses, lse, logits, targets);

@@ -35,14 +35,6 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
 Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
   const int64_t S = x.dim(0), B = x.dim(1);
   const Tensor qkv = linear_qkv_.forward(x, saved.qkv).view({S, B, groups_local_, -1});
-  saved.q = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
-  saved.k = Tensor::empty({S, B, groups_local_, head_dim_}, x.dtype(), x.device());
-  saved.v = Tensor::empty({S, B, groups_local_, head_dim_}, x.dtype(), x.device());
-  ops::qkv_split(saved.q, saved.k, saved.v, qkv);
-  if (rope_) {
-    ops::rope_forward(saved.q, saved.q, rope_params_);
-    ops::rope_forward(saved.k, saved.k, rope_params_);
-  }
   saved.attention = {.causal = true,
                      .softmax_scale = 1.0f / std::sqrt(float(head_dim_)),
                      .dropout_p = fwd.dropout_p(attention_dropout_),
@@ -51,25 +43,38 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
                      .head_offset = head_offset_,
                      .total_heads = total_heads_,
                      .segment_ids = fwd.segment_ids};
-  saved.out = Tensor::empty(saved.q.shape(), x.dtype(), x.device());
+  saved.out = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
   saved.lse = Tensor::empty({B, heads_local_, S}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
+  if (!rope_) {  // q, k, v read in place from the projection where the backend can
+    saved.fused = qkv;
+    ops::attention_forward_qkv(saved.out, saved.lse, qkv, heads_local_, saved.attention);
+    return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
+  }
+  saved.q = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
+  saved.k = Tensor::empty({S, B, groups_local_, head_dim_}, x.dtype(), x.device());
+  saved.v = Tensor::empty({S, B, groups_local_, head_dim_}, x.dtype(), x.device());
+  ops::qkv_split(saved.q, saved.k, saved.v, qkv);
+  ops::rope_forward(saved.q, saved.q, rope_params_);
+  ops::rope_forward(saved.k, saved.k, rope_params_);
   ops::attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention);
   return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved) const {
   const Tensor dout = linear_proj_.backward(dy, saved.proj).view(saved.out.shape());
+  const int64_t S = dy.dim(0), B = dy.dim(1);
+  Tensor dqkv =
+      Tensor::empty({S, B, groups_local_, (heads_local_ / groups_local_ + 2) * head_dim_}, dy.dtype(), dy.device());
+  if (!rope_) {
+    ops::attention_backward_qkv(dqkv, dout, saved.fused, saved.out, saved.lse, heads_local_, saved.attention);
+    return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);
+  }
   Tensor dq = Tensor::empty(saved.q.shape(), saved.q.dtype(), saved.q.device());
   Tensor dk = Tensor::empty(saved.k.shape(), saved.k.dtype(), saved.k.device());
   Tensor dv = Tensor::empty(saved.v.shape(), saved.v.dtype(), saved.v.device());
   ops::attention_backward(dq, dk, dv, dout, saved.q, saved.k, saved.v, saved.out, saved.lse, saved.attention);
-  if (rope_) {
-    ops::rope_backward(dq, dq, rope_params_);
-    ops::rope_backward(dk, dk, rope_params_);
-  }
-  const int64_t S = dy.dim(0), B = dy.dim(1);
-  Tensor dqkv =
-      Tensor::empty({S, B, groups_local_, (heads_local_ / groups_local_ + 2) * head_dim_}, dy.dtype(), dy.device());
+  ops::rope_backward(dq, dq, rope_params_);
+  ops::rope_backward(dk, dk, rope_params_);
   ops::qkv_merge(dqkv, dq, dk, dv);
   return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);
 }

@@ -16,7 +16,8 @@ class SelfAttention {
  public:
   struct Saved {
     tensor_parallel::LinearSaved qkv, proj;
-    Tensor q, k, v;  // after RoPE: (S,B,NH_local,d), (S,B,G_local,d)
+    Tensor q, k, v;  // with RoPE, after it: (S,B,NH_local,d), (S,B,G_local,d)
+    Tensor fused;    // without RoPE, instead of q, k, v: the projection (S,B,G_local,(NH/G+2)*d)
     Tensor out, lse;
     ops::AttentionParams attention;
   };

@@ -29,6 +29,22 @@ void check_lse(const Tensor& lse, const AttentionDims& d, DType q_dtype, TensorC
   check_dtype(lse, accum_dtype(q_dtype), "attention lse");
 }
 
+// qkv's dims: (S,B,G,(NH/G + 2)*HS) for NH = num_heads query heads.
+AttentionDims fused_qkv_dims(const Tensor& qkv, int64_t num_heads, TensorCheck device) {
+  check_defined(qkv, "attention qkv");
+  device(qkv, "attention qkv");
+  MEGATRON_CHECK(qkv.ndim() == 4, "attention qkv must be (S,B,G,(NH/G+2)*HS), got " << shape_str(qkv.shape()));
+  const int64_t G = qkv.dim(2);
+  MEGATRON_CHECK(num_heads > 0 && G > 0 && num_heads % G == 0,
+                 "attention: " << num_heads << " query heads cannot be grouped over the " << G << " kv heads of qkv "
+                               << shape_str(qkv.shape()) << "; NH % G must be 0");
+  const int64_t slots = num_heads / G + 2;  // r query heads, one key head, one value head per group
+  MEGATRON_CHECK(qkv.dim(3) % slots == 0, "attention qkv " << shape_str(qkv.shape())
+                                                           << ": the last dim must be (NH/G + 2)*HS = " << slots
+                                                           << "*HS for NH = " << num_heads);
+  return AttentionDims{qkv.dim(0), qkv.dim(1), num_heads, G, qkv.dim(3) / slots};
+}
+
 }  // namespace
 
 AttentionDims check_attention_qkv(const Tensor& q, const Tensor& k, const Tensor& v, TensorCheck device) {
@@ -77,6 +93,29 @@ AttentionDims check_qkv_fused(const Tensor& qkv, const Tensor& q, const Tensor& 
   const AttentionDims d = check_attention_qkv(q, k, v, device);
   const int64_t r = d.NH / d.G;
   check_4d(qkv, {d.S, d.B, d.G, (r + 2) * d.HS}, q.dtype(), "qkv", device);
+  return d;
+}
+
+AttentionDims check_attention_forward_qkv(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                                          const AttentionParams& params, const AttentionBackend& backend) {
+  const AttentionDims d = fused_qkv_dims(qkv, num_heads, backend.device);
+  check_params(params);
+  check_4d(out, {d.S, d.B, d.NH, d.HS}, qkv.dtype(), "attention out", backend.device);
+  backend.q_dtype(qkv, "attention_forward_qkv");
+  check_lse(lse, d, qkv.dtype(), backend.device);
+  return d;
+}
+
+AttentionDims check_attention_backward_qkv(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                           const Tensor& lse, int64_t num_heads, const AttentionParams& params,
+                                           const AttentionBackend& backend) {
+  const AttentionDims d = fused_qkv_dims(qkv, num_heads, backend.device);
+  check_params(params);
+  check_4d(out, {d.S, d.B, d.NH, d.HS}, qkv.dtype(), "attention out", backend.device);
+  check_4d(dout, {d.S, d.B, d.NH, d.HS}, qkv.dtype(), "attention dout", backend.device);
+  check_4d(dqkv, qkv.shape(), qkv.dtype(), "attention dqkv", backend.device);
+  backend.q_dtype(qkv, "attention_backward_qkv");
+  check_lse(lse, d, qkv.dtype(), backend.device);
   return d;
 }
 

@@ -27,5 +27,12 @@ AttentionDims check_attention_backward(const Tensor& dq, const Tensor& dk, const
                                        const AttentionBackend& backend);
 // qkv (S,B,G,(NH/G + 2)*HS) against q, k, v (qkv_split, qkv_merge).
 AttentionDims check_qkv_fused(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, TensorCheck device);
+// Fused-QKV attention: qkv (S,B,G,(NH/G + 2)*HS) with NH = num_heads, out and dout (S,B,NH,HS),
+// dqkv like qkv, lse (B,NH,S).
+AttentionDims check_attention_forward_qkv(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                                          const AttentionParams& params, const AttentionBackend& backend);
+AttentionDims check_attention_backward_qkv(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                           const Tensor& lse, int64_t num_heads, const AttentionParams& params,
+                                           const AttentionBackend& backend);
 
 }  // namespace megatron::ops::checks

@@ -226,4 +226,27 @@ void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& d
   qkv_copy(dqkv, q, k, v, true);
 }
 
+// Fused-QKV attention by its definition: split, attention (, merge).
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                           const AttentionParams& params) {
+  const checks::AttentionDims d = checks::check_attention_forward_qkv(out, lse, qkv, num_heads, params, kCpuAttention);
+  Tensor q = Tensor::empty({d.S, d.B, d.NH, d.HS}, qkv.dtype()), k = Tensor::empty({d.S, d.B, d.G, d.HS}, qkv.dtype());
+  Tensor v = Tensor::empty(k.shape(), qkv.dtype());
+  cpu::qkv_split(q, k, v, qkv);
+  cpu::attention_forward(out, lse, q, k, v, params);
+}
+
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t num_heads, const AttentionParams& params) {
+  const checks::AttentionDims d =
+      checks::check_attention_backward_qkv(dqkv, dout, qkv, out, lse, num_heads, params, kCpuAttention);
+  Tensor q = Tensor::empty({d.S, d.B, d.NH, d.HS}, qkv.dtype()), k = Tensor::empty({d.S, d.B, d.G, d.HS}, qkv.dtype());
+  Tensor v = Tensor::empty(k.shape(), qkv.dtype());
+  cpu::qkv_split(q, k, v, qkv);
+  Tensor dq = Tensor::empty(q.shape(), qkv.dtype()), dk = Tensor::empty(k.shape(), qkv.dtype());
+  Tensor dv = Tensor::empty(k.shape(), qkv.dtype());
+  cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+  cpu::qkv_merge(dqkv, dq, dk, dv);
+}
+
 }  // namespace megatron::ops::cpu

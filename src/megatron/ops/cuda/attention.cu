@@ -1,7 +1,12 @@
-// Attention on CUDA, shared part: the CUDA side of the argument checks (limits, dtypes; the rules
-// both backends share are in ops/checks/attention.h) and the fused-QKV split/merge copies.
+// Attention on CUDA, shared part: the routing of each call to cuDNN's fused kernels or ours
+// (cudnn_attention_applies decides), the CUDA side of the argument checks (limits, dtypes; the
+// rules both backends share are in ops/checks/attention.h) and the fused-QKV split/merge copies.
+#include <array>
+
 #include "megatron/ops/checks/attention.h"
 #include "megatron/ops/cuda/attention_common.cuh"
+#include "megatron/ops/cuda/attention_cudnn.h"
+#include "megatron/ops/cuda/attention_flash.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 
 namespace megatron::ops::cuda {
@@ -97,6 +102,29 @@ void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
 
 }  // namespace
 
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionParams& params) {
+  const checks::AttentionDims d =
+      checks::check_attention_forward(out, lse, q, k, v, params, attention_detail::kCudaAttention);
+  const CudnnAttention a = cudnn_attention_separate(d, q.dtype(), params);
+  if (q.numel() > 0 && cudnn_attention_applies(a, params, {out.raw(), lse.raw(), q.raw(), k.raw(), v.raw()}))
+    return cudnn_attention_forward(a, out.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw());
+  flash_attention_forward(out, lse, q, k, v, params);
+}
+
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
+  const checks::AttentionDims d =
+      checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, attention_detail::kCudaAttention);
+  const CudnnAttention a = cudnn_attention_separate(d, q.dtype(), params);
+  const std::initializer_list<const void*> operands = {dq.raw(), dk.raw(), dv.raw(),  dout.raw(), q.raw(),
+                                                       k.raw(),  v.raw(),  out.raw(), lse.raw()};
+  if (q.numel() > 0 && cudnn_attention_applies(a, params, operands))
+    return cudnn_attention_backward(a, dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(),
+                                    lse.data<float>());
+  flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+}
+
 void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
   // qkv is only read on this path; qkv_copy takes it mutable to share the index arithmetic with merge.
   Tensor fused = qkv;
@@ -106,6 +134,54 @@ void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
 void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   Tensor q = dq, k = dk, v = dv;  // read only on this path (shallow handles, no copies)
   qkv_copy(dqkv, q, k, v, true);
+}
+
+namespace {
+// Addresses of q, k, v inside the fused MHA qkv (S,B,NH,3*HS): each head is [q | k | v].
+std::array<char*, 3> fused_heads(const Tensor& qkv, int64_t HS) {
+  char* base = static_cast<char*>(const_cast<void*>(qkv.raw()));
+  const int64_t head = HS * int64_t(qkv.element_size());
+  return {base, base + head, base + 2 * head};
+}
+}  // namespace
+
+void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                           const AttentionParams& params) {
+  const checks::AttentionDims d =
+      checks::check_attention_forward_qkv(out, lse, qkv, num_heads, params, attention_detail::kCudaAttention);
+  if (d.G == d.NH && qkv.numel() > 0) {
+    const CudnnAttention a = cudnn_attention_fused_mha(d.S, d.B, d.NH, d.HS, qkv.dtype(), params);
+    const auto [q, k, v] = fused_heads(qkv, d.HS);
+    if (cudnn_attention_applies(a, params, {out.raw(), lse.raw(), q, k, v}))
+      return cudnn_attention_forward(a, out.raw(), lse.data<float>(), q, k, v);
+  }
+  Tensor q = Tensor::empty({d.S, d.B, d.NH, d.HS}, qkv.dtype(), qkv.device());
+  Tensor k = Tensor::empty({d.S, d.B, d.G, d.HS}, qkv.dtype(), qkv.device());
+  Tensor v = Tensor::empty(k.shape(), qkv.dtype(), qkv.device());
+  cuda::qkv_split(q, k, v, qkv);
+  cuda::attention_forward(out, lse, q, k, v, params);
+}
+
+void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t num_heads, const AttentionParams& params) {
+  const checks::AttentionDims d = checks::check_attention_backward_qkv(dqkv, dout, qkv, out, lse, num_heads, params,
+                                                                       attention_detail::kCudaAttention);
+  if (d.G == d.NH && qkv.numel() > 0) {
+    const CudnnAttention a = cudnn_attention_fused_mha(d.S, d.B, d.NH, d.HS, qkv.dtype(), params);
+    const auto [q, k, v] = fused_heads(qkv, d.HS);
+    const auto [dq, dk, dv] = fused_heads(dqkv, d.HS);
+    if (cudnn_attention_applies(a, params, {dq, dk, dv, dout.raw(), q, k, v, out.raw(), lse.raw()}))
+      return cudnn_attention_backward(a, dq, dk, dv, dout.raw(), q, k, v, out.raw(), lse.data<float>());
+  }
+  Tensor q = Tensor::empty({d.S, d.B, d.NH, d.HS}, qkv.dtype(), qkv.device());
+  Tensor k = Tensor::empty({d.S, d.B, d.G, d.HS}, qkv.dtype(), qkv.device());
+  Tensor v = Tensor::empty(k.shape(), qkv.dtype(), qkv.device());
+  cuda::qkv_split(q, k, v, qkv);
+  Tensor dq = Tensor::empty(q.shape(), qkv.dtype(), qkv.device());
+  Tensor dk = Tensor::empty(k.shape(), qkv.dtype(), qkv.device());
+  Tensor dv = Tensor::empty(k.shape(), qkv.dtype(), qkv.device());
+  cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+  cuda::qkv_merge(dqkv, dq, dk, dv);
 }
 
 }  // namespace megatron::ops::cuda

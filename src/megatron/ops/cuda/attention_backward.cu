@@ -1,6 +1,8 @@
-// Attention backward on CUDA: argument checks and the choice of kernel and tile shape
-// (attention_backward_kernels.cuh holds the kernels and the algorithm).
+// Attention backward with our kernels: argument checks and the choice of kernel and tile shape
+// (attention_backward_kernels.cuh holds the kernels and the algorithm; attention.cu routes to
+// cuDNN or here).
 #include "megatron/ops/cuda/attention_backward_kernels.cuh"
+#include "megatron/ops/cuda/attention_flash.h"
 
 namespace megatron::ops::cuda {
 namespace {
@@ -19,8 +21,8 @@ using Backward128 = BackwardTiles<128, 8, 64, 1>;
 
 }  // namespace
 
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
+void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
   const Dims d = cuda_dims(
       checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, kCudaAttention), q, params);
   if (q.numel() == 0) return;

@@ -125,13 +125,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   static_assert(kWarps % kMTiles == 0 && kPartCols % 16 == 0, "each warp's dQ columns are whole n-tile pairs");
 
   extern __shared__ uint4 smem_words[];
-  T* sK = reinterpret_cast<T*>(smem_words);  // (kN, HS)
-  T* sV = sK + kN * HS;                                  // (kN, HS)
-  T* sQ = sV + kN * HS;                                  // 2 x (BM, HS)
-  T* sdO = sQ + 2 * BM * HS;                             // 2 x (BM, HS)
-  T* sdS = sdO + 2 * BM * HS;                            // (kN, BM): dS^T
-  float* sLse = reinterpret_cast<float*>(sdS + kN * BM);             // 2 x BM
-  float* sD = sLse + 2 * BM;                                         // 2 x BM
+  T* sK = reinterpret_cast<T*>(smem_words);               // (kN, HS)
+  T* sV = sK + kN * HS;                                   // (kN, HS)
+  T* sQ = sV + kN * HS;                                   // 2 x (BM, HS)
+  T* sdO = sQ + 2 * BM * HS;                              // 2 x (BM, HS)
+  T* sdS = sdO + 2 * BM * HS;                             // (kN, BM): dS^T
+  float* sLse = reinterpret_cast<float*>(sdS + kN * BM);  // 2 x BM
+  float* sD = sLse + 2 * BM;                              // 2 x BM
 
   const Dims& d = a.d;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;

@@ -52,7 +52,7 @@ extern const checks::AttentionBackend kCudaAttention;
 inline bool mma_head_dim(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
 
 // Dropout multiplier of probability (b, h, i, j): 1/(1-p) when kept, else 0; element index
-// ((b*NH + h)*S + i)*S + j (attention.h), so the mask is the CPU's bit for bit.
+// ((b*total_heads + head_offset + h)*S + i)*S + j (attention.h), so the mask is the CPU's bit for bit.
 __device__ __forceinline__ float dropout_factor(const CounterRng& rng, uint64_t row_base, int j, float p,
                                                 float keep_scale) {
   return dropout_keep(rng, row_base + uint64_t(j), p) ? keep_scale : 0.0f;
@@ -186,8 +186,7 @@ struct Swizzled {
 // Copies rows [row0, row0 + ROWS) of a (S rows, HS) strided global matrix into a swizzled tile
 // with cp.async; rows >= S are zero-filled. All NTHREADS threads of the block take part.
 template <int ROWS, int HS, int NTHREADS, class T>
-__device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t row_stride,
-                                                int row0, int S) {
+__device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t row_stride, int row0, int S) {
   constexpr int kChunks = HS / 8;
 #pragma unroll
   for (int idx = int(threadIdx.x); idx < ROWS * kChunks; idx += NTHREADS) {
@@ -201,8 +200,8 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* base, int64_t 
 // Writes rows [row0, row0 + ROWS) of a swizzled tile back to a strided global matrix, 16 bytes
 // per access, skipping rows >= S. The calling threads (a warp, or the block) share the work.
 template <int ROWS, int HS, class T>
-__device__ __forceinline__ void store_tile(T* base, int64_t row_stride, const T* tile, int row0,
-                                           int S, int thread, int nthreads) {
+__device__ __forceinline__ void store_tile(T* base, int64_t row_stride, const T* tile, int row0, int S, int thread,
+                                           int nthreads) {
   constexpr int kChunks = HS / 8;
   for (int idx = thread; idx < ROWS * kChunks; idx += nthreads) {
     const int r = idx / kChunks, c = idx % kChunks;

@@ -1,5 +1,6 @@
-// Attention forward on CUDA: argument checks and the choice of kernel and tile shape
-// (attention_forward_kernels.cuh holds the kernels).
+// Attention forward with our kernels: argument checks and the choice of kernel and tile shape
+// (attention_forward_kernels.cuh holds the kernels; attention.cu routes to cuDNN or here).
+#include "megatron/ops/cuda/attention_flash.h"
 #include "megatron/ops/cuda/attention_forward_kernels.cuh"
 
 namespace megatron::ops::cuda {
@@ -19,8 +20,8 @@ using Forward128 = ForwardTiles<128, 2, 32, 1, false>;
 
 }  // namespace
 
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttentionParams& params) {
+void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionParams& params) {
   const Dims d = cuda_dims(checks::check_attention_forward(out, lse, q, k, v, params, kCudaAttention), q, params);
   if (q.numel() == 0) return;
   dispatch_storage(q.dtype(), "attention_forward", [&]<class T>(std::type_identity<T>) {

@@ -63,15 +63,14 @@ struct ForwardTiles {
 // Grid (B*NH, query tiles); kDropout is a template parameter so the common no-dropout kernel
 // carries none of the mask's registers.
 template <class T, class Cfg, bool kDropout>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    attention_forward_mma_kernel(const ForwardArgs<T> a) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_forward_mma_kernel(const ForwardArgs<T> a) {
   constexpr int HS = Cfg::HS, kM = Cfg::kRows, kN = Cfg::kKeys, MT = Cfg::kMTiles, kThreads = Cfg::kThreads;
   constexpr bool kQInRegs = Cfg::kQInRegs;
   using Tile = Swizzled<HS>;
   extern __shared__ uint4 smem_words[];
   T* sQ = reinterpret_cast<T*>(smem_words);  // (kM, HS)
-  T* sK = sQ + kM * HS;                                  // 2 x (kN, HS)
-  T* sV = sK + 2 * kN * HS;                              // 2 x (kN, HS)
+  T* sK = sQ + kM * HS;                      // 2 x (kN, HS)
+  T* sV = sK + 2 * kN * HS;                  // 2 x (kN, HS)
 
   const Dims& d = a.d;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;

@@ -7,6 +7,7 @@
 
 #include "megatron/ops/cuda/context.h"
 #include "megatron/ops/cuda/cuda_check.h"
+#include "megatron/ops/cuda/cudnn_plan.h"
 
 namespace megatron::cuda {
 
@@ -39,6 +40,11 @@ BlasLt::~BlasLt() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
+Cudnn::Cudnn() { CUDNN_CHECK(cudnnCreate(&handle_)); }
+Cudnn::~Cudnn() {
+  if (handle_ != nullptr) cudnnDestroy(handle_);
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) { CUDA_CHECK(cudaMalloc(&data_, bytes)); }
 DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) cudaFree(data_);
@@ -53,6 +59,11 @@ int make_current(int device) {
 }  // namespace
 
 DeviceContext::DeviceContext(int device) : device_(make_current(device)), workspace_(kBlasWorkspaceBytes) {}
+
+CudnnHandle DeviceContext::cudnn() {
+  std::call_once(cudnn_once_, [this] { cudnn_ = std::make_unique<Cudnn>(); });
+  return cudnn_->get();
+}
 
 DeviceContext& current_context() {
   int device = 0;

@@ -1,6 +1,8 @@
 #pragma once
 // The CUDA runtime context the kernels run in: per device, one compute stream, one cuBLASLt
-// handle and its workspace, created on first use and kept for the life of the process.
+// handle and its workspace, created on first use and kept for the life of the process, and a
+// cuDNN handle, created on the first cuDNN call (loading cuDNN takes a while and most programs
+// that use the context never call it).
 //
 // Current stream (a departure from STYLE's explicit-context rule, accepted because the op
 // signatures are shared with the CPU backend): every op launches on current_stream(), which is
@@ -11,14 +13,18 @@
 // Kept free of CUDA headers (the handle types are forward-declared exactly as the CUDA headers
 // declare them) so host code can call synchronize() and the guards.
 #include <cstddef>
+#include <memory>
+#include <mutex>
 
 struct CUstream_st;      // cudaStream_t is CUstream_st*
 struct cublasLtContext;  // cublasLtHandle_t is cublasLtContext*
+struct cudnnContext;     // cudnnHandle_t is cudnnContext*
 
 namespace megatron::cuda {
 
 using StreamHandle = CUstream_st*;
 using BlasLtHandle = cublasLtContext*;
+using CudnnHandle = cudnnContext*;
 
 // Owns a blocking CUDA stream on the device current at construction.
 class Stream {
@@ -46,6 +52,19 @@ class BlasLt {
   BlasLtHandle handle_ = nullptr;
 };
 
+// Owns a cuDNN handle.
+class Cudnn {
+ public:
+  Cudnn();
+  ~Cudnn();
+  Cudnn(const Cudnn&) = delete;
+  Cudnn& operator=(const Cudnn&) = delete;
+  CudnnHandle get() const { return handle_; }
+
+ private:
+  CudnnHandle handle_ = nullptr;
+};
+
 // Owns a plain cudaMalloc buffer outside the caching allocator (cuBLASLt workspace).
 class DeviceBuffer {
  public:
@@ -70,12 +89,16 @@ class DeviceContext {
   BlasLtHandle blas_lt() const { return blas_lt_.get(); }
   void* blas_workspace() const { return workspace_.data(); }
   size_t blas_workspace_bytes() const { return workspace_.bytes(); }
+  // Created on the first call (thread-safe); the device must be current.
+  CudnnHandle cudnn();
 
  private:
   int device_;
   Stream stream_;
   BlasLt blas_lt_;
   DeviceBuffer workspace_;
+  std::once_flag cudnn_once_;
+  std::unique_ptr<Cudnn> cudnn_;
 };
 
 // The context of the calling thread's current CUDA device (cudaGetDevice), created on first use.

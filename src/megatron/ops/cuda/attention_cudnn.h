@@ -1,0 +1,68 @@
+#pragma once
+// Core attention through cuDNN's fused flash-attention graphs (graph API, ops/cuda/cudnn_plan.h):
+// on Hopper, cuDNN's wgmma/TMA kernels are 1.4-2.4x faster than our mma.sync kernels
+// (docs/PERFORMANCE.md, "Attention kernels"). The CUDA attention ops route here when
+// cudnn_attention_applies() says so, else run our kernels; both follow ops/attention.h's contract.
+//
+// Graphs, in cuDNN's [B, H, S, D] order (q, out: H = NH; k, v: H = G, broadcast over the query
+// heads of each group):
+//   forward   s = scale q k^T (causal: s_ij = -inf for j > i); lse = max_j s + log sum_j exp(s - max)
+//             (cuDNN's softmax "stats"), p = exp(s - max) / sum; out = p v
+//   backward  D_i = sum_e dout_ie out_ie; p = exp(s - lse); dv = p^T dout; ds = p (dout v^T - D) scale;
+//             dk = ds^T q; dq = ds k (accumulated in f32 in the workspace, then rounded)
+// The backward reads the forward's lse and out, so it is exact w.r.t. our contract whichever
+// kernels produced them. GQA: dk, dv are summed over each group's query heads inside the graph.
+//
+// Operands are addressed through strides, never copied: separate tensors (q, out (S,B,NH,HS);
+// k, v (S,B,G,HS)) or q, k, v read in place from the fused MHA projection (S,B,NH,3*HS), each
+// head [q | k | v], with dq, dk, dv written in place into dqkv. lse (B,NH,S) f32.
+//
+// Plans are built once per graph (the key: every field of CudnnAttention, and the device) and
+// cached for the life of the process; each call takes its workspace from the caching allocator and
+// runs on the current stream. Free of CUDA headers, so tests and host code can include it.
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+
+#include "megatron/core/dtype.h"
+#include "megatron/ops/attention.h"
+#include "megatron/ops/checks/attention.h"
+
+namespace megatron::ops::cuda {
+
+// One attention problem as cuDNN sees it: everything that shapes its graphs.
+struct CudnnAttention {
+  int64_t B = 0, NH = 0, G = 0, S = 0, HS = 0;
+  DType dtype = DType::bf16;
+  bool causal = true;
+  float softmax_scale = 1.0f;
+  // Element strides (batch, head, position) of q and dq, k and dk, v and dv, out and dout; the
+  // head-dim stride is 1.
+  std::array<int64_t, 3> q_strides{}, k_strides{}, v_strides{}, out_strides{};
+  bool operator==(const CudnnAttention&) const = default;
+};
+
+// q, out (S,B,NH,HS); k, v (S,B,G,HS): separate tensors.
+CudnnAttention cudnn_attention_separate(const checks::AttentionDims& d, DType dtype, const AttentionParams& params);
+// q, k, v inside the fused MHA projection qkv (S,B,NH,3*HS) at element offsets 0, HS, 2*HS; out
+// (S,B,NH,HS).
+CudnnAttention cudnn_attention_fused_mha(int64_t S, int64_t B, int64_t NH, int64_t HS, DType dtype,
+                                         const AttentionParams& params);
+
+// The routing decision of the CUDA attention ops: true when `a` runs on cuDNN. Rules: bf16 or f16;
+// head dim 64 or 128 (the ones measured; others keep our kernels); no attention dropout (our mask
+// is counter-based and must match the CPU's, which cuDNN's RNG cannot); no document masking
+// (segment ids: our kernels); every operand address
+// 16-byte aligned; and cuDNN has forward and backward plans for the graphs on this GPU (built here
+// on first use; a graph cuDNN rejects is logged once and keeps our kernels).
+bool cudnn_attention_applies(const CudnnAttention& a, const AttentionParams& params,
+                             std::initializer_list<const void*> operands);
+
+// The graphs above; require cudnn_attention_applies(a, ...). Addresses are those of the operands'
+// first elements (for the fused layout: qkv, qkv + HS, qkv + 2*HS, and the same in dqkv).
+void cudnn_attention_forward(const CudnnAttention& a, void* out, float* lse, const void* q, const void* k,
+                             const void* v);
+void cudnn_attention_backward(const CudnnAttention& a, void* dq, void* dk, void* dv, const void* dout, const void* q,
+                              const void* k, const void* v, const void* out, const float* lse);
+
+}  // namespace megatron::ops::cuda
