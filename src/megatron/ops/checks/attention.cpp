@@ -99,7 +99,7 @@ AttentionDims check_qkv_fused(const Tensor& qkv, const Tensor& q, const Tensor& 
 AttentionDims check_attention_forward_qkv(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t num_heads,
                                           const AttentionParams& params, const AttentionBackend& backend) {
   const AttentionDims d = fused_qkv_dims(qkv, num_heads, backend.device);
-  check_params(params);
+  check_params(params, d, backend.device);
   check_4d(out, {d.S, d.B, d.NH, d.HS}, qkv.dtype(), "attention out", backend.device);
   backend.q_dtype(qkv, "attention_forward_qkv");
   check_lse(lse, d, qkv.dtype(), backend.device);
@@ -110,7 +110,7 @@ AttentionDims check_attention_backward_qkv(const Tensor& dqkv, const Tensor& dou
                                            const Tensor& lse, int64_t num_heads, const AttentionParams& params,
                                            const AttentionBackend& backend) {
   const AttentionDims d = fused_qkv_dims(qkv, num_heads, backend.device);
-  check_params(params);
+  check_params(params, d, backend.device);
   check_4d(out, {d.S, d.B, d.NH, d.HS}, qkv.dtype(), "attention out", backend.device);
   check_4d(dout, {d.S, d.B, d.NH, d.HS}, qkv.dtype(), "attention dout", backend.device);
   check_4d(dqkv, qkv.shape(), qkv.dtype(), "attention dqkv", backend.device);
