@@ -480,10 +480,12 @@ TEST_F(CudaAttention, RoutesToCudnnWhereItApplies) {
   EXPECT_TRUE(
       ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_fused_mha(m.S, m.B, m.NH, m.HS, DType::bf16, p), p,
                                          {out.raw(), base, base + 128, base + 256}));
-  // f16 where cuDNN does not apply has no kernel: a clear error.
+  // Document masking (segment ids) keeps our kernels even where everything else suits cuDNN.
   const Dims d{16, 1, 2, 2, 64};
-  const AttentionParams dropout{true, 0.125f, 0.1f, 5, 6};
-  Tensor q16 = Tensor::zeros(d.q_shape(), DType::f16, gpu()), o16 = Tensor::zeros(d.q_shape(), DType::f16, gpu());
-  Tensor l16 = Tensor::zeros({d.B, d.NH, d.S}, DType::f32, gpu());
-  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::attention_forward(o16, l16, q16, q16, q16, dropout); }, "f16"));
+  AttentionParams segmented{true, 0.125f, 0.0f, 5, 6};
+  segmented.segment_ids = Tensor::zeros({d.B, d.S}, DType::i32, gpu());
+  const Tensor q = Tensor::zeros(d.q_shape(), DType::bf16, gpu()), o = Tensor::zeros(d.q_shape(), DType::bf16, gpu());
+  EXPECT_FALSE(
+      ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_separate(d.checks(), DType::bf16, segmented),
+                                         segmented, {o.raw(), q.raw(), q.raw(), q.raw()}));
 }
