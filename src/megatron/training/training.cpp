@@ -13,6 +13,7 @@
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/distributed/ddp.h"
 #include "megatron/distributed/distributed_optimizer.h"
+#include "megatron/distributed/finalize_model_grads.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/ops/profiler.h"
 #include "megatron/optimizer/lr_scheduler.h"
@@ -235,6 +236,9 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     optimizer = std::make_unique<DistributedOptimizer>(ddp, hyper);
   else
     optimizer = std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper);
+  if (ctx.tp_size() > 1)
+    LOG_INFO("> tensor parallel: " << ctx.tp_size() << " ranks"
+                                   << (config.sequence_parallel ? ", sequence parallel" : ""));
   if (dp_size > 1)
     LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
                                  << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
@@ -279,7 +283,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
       iteration_sums.loss_sum += s.loss_sum;
       iteration_sums.num_tokens += s.num_tokens;
     }
-    ddp.finish_grad_sync();
+    finalize_model_grads(ddp);
     const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
     if (profile) {
       const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop();
@@ -306,6 +310,9 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     interval_tokens += double(tokens_per_iteration);
 
     const bool first = progress.iteration == first_iteration + 1;
+    if (first)
+      LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): "
+               << double(model.activation_bytes()) / (1024.0 * 1024.0) << " MiB");
     if (first || progress.iteration % args.log_interval == 0 || progress.iteration == args.train_iters) {
       const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + (step.skipped ? 1 : 0));
       IterationStats st;

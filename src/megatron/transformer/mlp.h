@@ -2,6 +2,8 @@
 // The dense MLP: fc1 column-parallel (fused [gate; up] with SwiGLU), activation, fc2
 // row-parallel. The activation output is not kept for backward: it is recomputed from the
 // saved fc1 output (selective recomputation of the cheapest tensor to rebuild).
+// Under TP each rank holds ffn_hidden_size / TP columns of fc1 (for SwiGLU the matching halves
+// [gate_t; up_t] of the fused weight, ParamSpec::partition_blocks = 2) and the same rows of fc2.
 #include <string>
 
 #include "megatron/tensor_parallel/layers.h"
@@ -14,6 +16,7 @@ class MLP {
   struct Saved {
     tensor_parallel::LinearSaved fc1, fc2;  // fc2.input is left empty: recomputed in backward
     Tensor fc1_out;                          // activation input
+    void count(ActivationMemory& m) const;
   };
   MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
       const std::string& prefix);

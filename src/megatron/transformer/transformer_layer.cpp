@@ -1,6 +1,7 @@
 #include "megatron/transformer/transformer_layer.h"
 
 #include "megatron/ops/elementwise.h"
+#include "megatron/tensor_parallel/mappings.h"
 
 namespace megatron {
 
@@ -23,7 +24,9 @@ Tensor dropout_grad(const Tensor& dy, const ops::DropoutParams& p) {
 TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelContext& ctx,
                                    const TransformerConfig& config, int64_t layer_number)
     : prefix_(layer_prefix(layer_number)),
+      ctx_(&ctx),
       hidden_dropout_(config.hidden_dropout),
+      sequence_parallel_(config.sequence_parallel),
       input_norm_(registry, config, ctx.tp_rank(), prefix_ + ".self_attention.linear_qkv.layer_norm_weight",
                   prefix_ + ".self_attention.linear_qkv.layer_norm_bias"),
       self_attention_(registry, ctx, config, prefix_ + ".self_attention"),
@@ -33,8 +36,10 @@ TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelCo
 
 Tensor TransformerLayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
   const float p = fwd.dropout_p(hidden_dropout_);
-  saved.attention_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".self_attn_bda")};
-  saved.mlp_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".mlp_bda")};
+  // Under SP x is this rank's sequence shard: its elements are drawn at their global indices.
+  const uint64_t offset = sequence_parallel_ ? tensor_parallel::sequence_shard_offset(x, *ctx_) : 0;
+  saved.attention_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".self_attn_bda"), offset};
+  saved.mlp_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".mlp_bda"), offset};
 
   Tensor a = self_attention_.forward(input_norm_.forward(x, saved.norm1), fwd, saved.attention);
   dropout_in_place(a, saved.attention_dropout);
@@ -46,6 +51,13 @@ Tensor TransformerLayer::forward(const Tensor& x, const ForwardContext& fwd, Sav
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   ops::add(out, h, m);
   return out;
+}
+
+void TransformerLayer::Saved::count(ActivationMemory& m) const {
+  norm1.count(m);
+  attention.count(m);
+  norm2.count(m);
+  mlp.count(m);
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy, const Saved& saved) const {

@@ -2,6 +2,8 @@
 // One pre-norm transformer layer (Megatron-Core TransformerLayer, TE spec names):
 //   h   = x + dropout(attention(norm1(x)))
 //   out = h + dropout(mlp(norm2(h)))
+// Under sequence parallelism x, h and out are this rank's sequence shard (S/TP,B,H): the norms,
+// dropouts and residual adds work on the shard; dropout masks are indexed by global element.
 #include <string>
 
 #include "megatron/ops/dropout.h"
@@ -17,7 +19,8 @@ class TransformerLayer {
     Norm::Saved norm1, norm2;
     SelfAttention::Saved attention;
     MLP::Saved mlp;
-    ops::DropoutParams attention_dropout, mlp_dropout;
+    ops::DropoutParams attention_dropout, mlp_dropout;  // masks are regenerated, not stored
+    void count(ActivationMemory& m) const;
   };
   // layer_number: global, 0-based (checkpoint names use global indices, as Megatron HEAD).
   TransformerLayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
@@ -27,7 +30,9 @@ class TransformerLayer {
 
  private:
   std::string prefix_;
+  const ParallelContext* ctx_;
   float hidden_dropout_;
+  bool sequence_parallel_;
   Norm input_norm_;
   SelfAttention self_attention_;
   Norm pre_mlp_norm_;
