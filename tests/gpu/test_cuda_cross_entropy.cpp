@@ -53,7 +53,7 @@ TEST_F(CudaCrossEntropy, ForwardLossAndLse) {
           Pair losses = poisoned_pair({N}, DType::f32), lse = poisoned_pair({N}, DType::f32);
           Tensor losses_ref = Tensor::empty({N}, DType::f64), lse_ref = Tensor::empty({N}, DType::f64);
           ops::cross_entropy_forward(losses_ref, lse_ref, f64(logits.cpu), targets.cpu);  // on the CPU
-          ops::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, targets.gpu);  // partial + combine on CUDA
+          ops::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, targets.gpu);       // partial + combine on CUDA
           const std::string what = std::string(dtype_name(dtype)) + " N=" + std::to_string(N) +
                                    " V=" + std::to_string(V) + " misalign=" + std::to_string(misalign);
           EXPECT_TRUE(matches(lse, lse_ref, kUnitRoundoffF32, kForwardFactor)) << "lse " << what;

@@ -30,6 +30,7 @@
 #include "megatron/training/arguments.h"
 #include "megatron/training/training.h"
 #include "multirank/multirank_util.h"
+#include "multirank/training_runs.h"
 #include "test_util.h"
 
 namespace megatron::testing {
@@ -77,29 +78,6 @@ std::vector<std::string> tiny_run(int64_t iters) {
           "2"};
 }
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
-  a.insert(a.end(), more.begin(), more.end());
-  return a;
-}
-
-TrainingSummary train_single_rank(const std::vector<std::string>& argv) {
-  return pretrain(parse_training_args(argv, 1), ParallelContext::single_process(), Device::cpu());
-}
-
-TrainingSummary train_on(const ParallelContext& ctx, const std::vector<std::string>& argv) {
-  return pretrain(parse_training_args(argv, ctx.world->size()), ctx, Device::cpu());
-}
-
-void expect_close(const std::vector<double>& expected, const std::vector<double>& actual, size_t first_expected,
-                  double tolerance, const std::string& what) {
-  ASSERT_EQ(actual.size() + first_expected, expected.size()) << what;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    const double e = expected[first_expected + i];
-    EXPECT_LE(std::abs(actual[i] - e), tolerance * std::abs(e))
-        << what << ": value " << first_expected + i << " is " << actual[i] << ", single rank " << e;
-  }
-}
-
 // Iterations [first, ...) of `single` against all of `s`.
 void expect_same_curve(const TrainingSummary& single, const TrainingSummary& s, size_t first, bool bf16,
                        const std::string& what) {
@@ -120,14 +98,6 @@ ParallelContext data_parallel_context(const ParallelState& st, int color) {
   ctx.world = ctx.dp = ctx.dp_cp = ctx.expert_dp = std::make_shared<MpiCommunicator>("dp", comm, members, st.watchdog);
   ctx.set_timeout(st.ctx.world->timeout());
   return ctx;
-}
-
-// A directory every rank sees: rank 0 creates it and broadcasts its path.
-std::string shared_directory(Communicator& world, const TempDir* dir) {
-  Tensor path = Tensor::zeros({512}, DType::u8);
-  if (dir) std::memcpy(path.raw(), dir->path().c_str(), dir->path().size());
-  world.broadcast(path, 0);
-  return static_cast<const char*>(path.raw());
 }
 
 class DpTraining : public ::testing::Test {

@@ -53,8 +53,8 @@ class YamlFile {
  public:
   explicit YamlFile(const std::string& text)
       : path_(std::filesystem::temp_directory_path() /
-              (std::string("megatron_test_arguments_") + ::testing::UnitTest::GetInstance()->current_test_info()->name() +
-               ".yaml")) {
+              (std::string("megatron_test_arguments_") +
+               ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".yaml")) {
     std::ofstream(path_) << text;
   }
   ~YamlFile() { std::filesystem::remove(path_); }

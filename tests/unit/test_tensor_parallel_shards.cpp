@@ -52,22 +52,43 @@ class RankStandIn final : public Communicator {
 };
 
 TransformerConfig config_of(const std::vector<std::string>& model_flags, int tp) {
-  std::vector<std::string> argv = {"--num-layers", "2",           "--micro-batch-size", "2",         "--train-iters",
-                                   "10",           "--lr",        "1e-3",               "--mock-data", "--tokenizer-type",
-                                   "NullTokenizer", "--vocab-size", "100"};
+  std::vector<std::string> argv = {"--num-layers",
+                                   "2",
+                                   "--micro-batch-size",
+                                   "2",
+                                   "--train-iters",
+                                   "10",
+                                   "--lr",
+                                   "1e-3",
+                                   "--mock-data",
+                                   "--tokenizer-type",
+                                   "NullTokenizer",
+                                   "--vocab-size",
+                                   "100"};
   argv.insert(argv.end(), model_flags.begin(), model_flags.end());
   argv.insert(argv.end(), {"--tensor-model-parallel-size", std::to_string(tp), "--make-vocab-size-divisible-by", "32"});
   return parse_training_args(argv, tp).model;
 }
 
 const std::vector<std::string> kGpt = {"--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16"};
-const std::vector<std::string> kLlama = {"--hidden-size",           "32",       "--num-attention-heads",
-                                         "8",                       "--seq-length",
-                                         "16",                      "--group-query-attention",
-                                         "--num-query-groups",      "4",        "--swiglu",
-                                         "--normalization",         "RMSNorm",  "--position-embedding-type",
-                                         "rope",                    "--untie-embeddings-and-output-weights",
-                                         "--ffn-hidden-size",       "64",       "--disable-bias-linear"};
+const std::vector<std::string> kLlama = {"--hidden-size",
+                                         "32",
+                                         "--num-attention-heads",
+                                         "8",
+                                         "--seq-length",
+                                         "16",
+                                         "--group-query-attention",
+                                         "--num-query-groups",
+                                         "4",
+                                         "--swiglu",
+                                         "--normalization",
+                                         "RMSNorm",
+                                         "--position-embedding-type",
+                                         "rope",
+                                         "--untie-embeddings-and-output-weights",
+                                         "--ffn-hidden-size",
+                                         "64",
+                                         "--disable-bias-linear"};
 
 // Rows [begin, end) of a 2-D (or 1-D) tensor, as a copy.
 Tensor rows(const Tensor& t, int64_t begin, int64_t end) { return t.slice(begin, end).clone(); }

@@ -38,7 +38,8 @@ double DistributedOptimizer::global_grad_norm() const {
   const Tensor& grads = registry_->grad_buffer();
   Tensor acc = Tensor::zeros({1}, grads.dtype(), grads.device());
   for (const ShardParamRange& r : ddp_->shards().params)
-    if (!registry_->params()[r.param]->is_tensor_parallel_duplicate()) ops::sum_squares(acc, slice_of(grads, r.in_buffer));
+    if (!registry_->params()[r.param]->is_tensor_parallel_duplicate())
+      ops::sum_squares(acc, slice_of(grads, r.in_buffer));
   ddp_->group().all_reduce(acc, ReduceOp::sum);
   ddp_->context().mp->all_reduce(acc, ReduceOp::sum);
   return std::sqrt(acc.item(0));

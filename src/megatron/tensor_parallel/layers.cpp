@@ -108,7 +108,8 @@ Tensor RowParallelLinear::forward(const Tensor& x, LinearSaved& saved) const {
   const bool fused_bias = ctx_->tp_size() == 1;
   Tensor y = new_activation(x, weight_->local_shape[0], x.dtype());
   Tensor y2 = rows_view(y);
-  ops::linear_forward(y2, rows_view(x), weight_->data, fused_bias ? undefined_if_null(bias_, &Parameter::data) : Tensor());
+  ops::linear_forward(y2, rows_view(x), weight_->data,
+                      fused_bias ? undefined_if_null(bias_, &Parameter::data) : Tensor());
   if (sequence_parallel_)
     y = reduce_scatter_to_sequence_parallel_forward(y, *ctx_);
   else

@@ -42,7 +42,7 @@ std::vector<ShardedTensor> model_state(GPTModel& model) {
   for (const auto& p : model.parameters().params())
     if (!p->is_tensor_parallel_duplicate())
       for (const auto& slice : p->global_slices())
-      out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
+        out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
   return out;
 }
 

@@ -52,8 +52,9 @@ void SelfAttention::Saved::count(ActivationMemory& m) const {
 }
 
 Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
-  const int64_t S = x.dim(0), B = x.dim(1);
-  const Tensor qkv = linear_qkv_.forward(x, saved.qkv).view({S, B, groups_local_, -1});
+  const Tensor projected = linear_qkv_.forward(x, saved.qkv);  // (S,B,...): the whole sequence under SP too
+  const int64_t S = projected.dim(0), B = projected.dim(1);
+  const Tensor qkv = projected.view({S, B, groups_local_, -1});
   saved.q = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
   saved.k = Tensor::empty({S, B, groups_local_, head_dim_}, x.dtype(), x.device());
   saved.v = Tensor::empty({S, B, groups_local_, head_dim_}, x.dtype(), x.device());
@@ -86,7 +87,7 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved) const {
     ops::rope_backward(dq, dq, rope_params_);
     ops::rope_backward(dk, dk, rope_params_);
   }
-  const int64_t S = dy.dim(0), B = dy.dim(1);
+  const int64_t S = saved.q.dim(0), B = saved.q.dim(1);  // the whole sequence, also when dy is an SP shard
   Tensor dqkv =
       Tensor::empty({S, B, groups_local_, (heads_local_ / groups_local_ + 2) * head_dim_}, dy.dtype(), dy.device());
   ops::qkv_merge(dqkv, dq, dk, dv);

@@ -15,7 +15,7 @@ class MLP {
  public:
   struct Saved {
     tensor_parallel::LinearSaved fc1, fc2;  // fc2.input is left empty: recomputed in backward
-    Tensor fc1_out;                          // activation input
+    Tensor fc1_out;                         // activation input
     void count(ActivationMemory& m) const;
   };
   MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,

@@ -138,10 +138,9 @@ void check_tensor_parallel(const TransformerConfig& c, std::vector<std::string>&
     return;
   }
   if (c.num_attention_heads > 0 && c.num_attention_heads % tp != 0) {
-    errors.push_back(concat("--num-attention-heads ", c.num_attention_heads,
-                            " is not divisible by --tensor-model-parallel-size ", tp,
-                            ": each TP rank computes whole attention heads; use TP ",
-                            nearby_divisors(c.num_attention_heads, tp)));
+    errors.push_back(concat(
+        "--num-attention-heads ", c.num_attention_heads, " is not divisible by --tensor-model-parallel-size ", tp,
+        ": each TP rank computes whole attention heads; use TP ", nearby_divisors(c.num_attention_heads, tp)));
   }
   if (c.num_query_groups > 0 && c.num_query_groups % tp != 0) {
     errors.push_back(concat("--num-query-groups ", c.num_query_groups,
@@ -150,9 +149,9 @@ void check_tensor_parallel(const TransformerConfig& c, std::vector<std::string>&
                             "them; use TP ", nearby_divisors(c.num_query_groups, tp), ", or more query groups"));
   }
   if (c.ffn_hidden_size > 0 && c.ffn_hidden_size % tp != 0) {
-    errors.push_back(concat("--ffn-hidden-size ", c.ffn_hidden_size, " is not divisible by --tensor-model-parallel-size ",
-                            tp, ": each TP rank holds ffn_hidden_size / TP columns of the MLP; use a multiple of ",
-                            tp));
+    errors.push_back(concat("--ffn-hidden-size ", c.ffn_hidden_size,
+                            " is not divisible by --tensor-model-parallel-size ", tp,
+                            ": each TP rank holds ffn_hidden_size / TP columns of the MLP; use a multiple of ", tp));
   }
   if (c.padded_vocab_size > 0 && c.padded_vocab_size % tp != 0) {
     errors.push_back(concat("padded vocab size ", c.padded_vocab_size, " is not divisible by TP ", tp,

@@ -65,9 +65,8 @@ Tensor TransformerLayer::backward(const Tensor& dy, const Saved& saved) const {
   Tensor dh = pre_mlp_norm_.backward(mlp_.backward(dropout_grad(dy, saved.mlp_dropout), saved.mlp), saved.norm2);
   ops::add(dh, dh, dy);
 
-  Tensor dx =
-      input_norm_.backward(self_attention_.backward(dropout_grad(dh, saved.attention_dropout), saved.attention),
-                           saved.norm1);
+  Tensor dx = input_norm_.backward(self_attention_.backward(dropout_grad(dh, saved.attention_dropout), saved.attention),
+                                   saved.norm1);
   ops::add(dx, dx, dh);
   return dx;
 }

@@ -32,9 +32,8 @@ void check_stat(const Tensor& t, int64_t N, DType dtype, const char* name, Tenso
 
 }  // namespace
 
-CrossEntropyDims check_cross_entropy_partial_forward(const Tensor& partial, const Tensor& logits,
-                                                     const Tensor& targets, const VocabShard& shard,
-                                                     const CrossEntropyBackend& backend) {
+CrossEntropyDims check_cross_entropy_partial_forward(const Tensor& partial, const Tensor& logits, const Tensor& targets,
+                                                     const VocabShard& shard, const CrossEntropyBackend& backend) {
   const CrossEntropyDims dims =
       check_logits_and_targets(logits, targets, shard, "cross_entropy_partial_forward", backend);
   check_defined(partial, "cross_entropy partial");
@@ -48,9 +47,9 @@ CombineDims check_cross_entropy_combine(const Tensor& losses, const Tensor& lse,
                                         TensorCheck device) {
   check_defined(partials, "cross_entropy partials");
   device(partials, "cross_entropy partials");
-  MEGATRON_CHECK(partials.ndim() == 3 && partials.dim(1) == 3 && partials.dim(0) >= 1,
-                 "cross_entropy partials must be (R,3,N), one (3,N) partial per rank, got "
-                     << shape_str(partials.shape()));
+  MEGATRON_CHECK(
+      partials.ndim() == 3 && partials.dim(1) == 3 && partials.dim(0) >= 1,
+      "cross_entropy partials must be (R,3,N), one (3,N) partial per rank, got " << shape_str(partials.shape()));
   MEGATRON_CHECK(partials.dtype() == DType::f32 || partials.dtype() == DType::f64,
                  "cross_entropy partials have dtype " << dtype_name(partials.dtype()) << ", expected f32 (or f64)");
   const int64_t N = partials.dim(2);

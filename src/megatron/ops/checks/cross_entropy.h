@@ -18,9 +18,8 @@ struct CrossEntropyBackend {
 struct CrossEntropyDims {
   int64_t N, V_local, vocab;
 };
-CrossEntropyDims check_cross_entropy_partial_forward(const Tensor& partial, const Tensor& logits,
-                                                     const Tensor& targets, const VocabShard& shard,
-                                                     const CrossEntropyBackend& backend);
+CrossEntropyDims check_cross_entropy_partial_forward(const Tensor& partial, const Tensor& logits, const Tensor& targets,
+                                                     const VocabShard& shard, const CrossEntropyBackend& backend);
 // partials (R,3,N) -> losses, lse (N). Returns {N, R}.
 struct CombineDims {
   int64_t N, R;

@@ -73,8 +73,8 @@ void check_target_values(const Tensor& targets, int64_t vocab) {
   const int32_t* t = targets.data<int32_t>();
   for (int64_t n = 0; n < targets.numel(); ++n) {
     MEGATRON_CHECK(t[n] >= 0 && t[n] < vocab, "cross_entropy target " << t[n] << " at row " << n
-                                                                       << " is outside the vocabulary [0, " << vocab
-                                                                       << "); check the data and the vocab size");
+                                                                      << " is outside the vocabulary [0, " << vocab
+                                                                      << "); check the data and the vocab size");
   }
 }
 

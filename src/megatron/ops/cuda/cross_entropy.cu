@@ -44,8 +44,8 @@ struct OnlineSoftmax {
 // partial[0][n] = m, partial[1][n] = sum exp(x - m), partial[2][n] = x_target or 0 (NaN for a
 // target outside the vocabulary).
 template <class T>
-__global__ void cross_entropy_partial_forward_kernel(float* partial, const T* logits, const int32_t* targets,
-                                                     int64_t N, int64_t V, int64_t start, int64_t vocab) {
+__global__ void cross_entropy_partial_forward_kernel(float* partial, const T* logits, const int32_t* targets, int64_t N,
+                                                     int64_t V, int64_t start, int64_t vocab) {
   constexpr int kVec = kPack<T>;
   const int64_t n = blockIdx.x;
   const T* row = logits + n * V;
@@ -76,8 +76,7 @@ __global__ void cross_entropy_partial_forward_kernel(float* partial, const T* lo
 }
 
 // lse = M + log sum_r s_r exp(m_r - M), M = max_r m_r;  loss = lse - sum_r t_r.
-__global__ void cross_entropy_combine_kernel(float* losses, float* lse, const float* partials, int64_t N,
-                                             int64_t R) {
+__global__ void cross_entropy_combine_kernel(float* losses, float* lse, const float* partials, int64_t N, int64_t R) {
   const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (n >= N) return;
   float M = -INFINITY;
