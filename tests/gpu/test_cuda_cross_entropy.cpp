@@ -1,4 +1,5 @@
-// Cross-entropy on CUDA against the CPU op run in f64 on the same (bf16-exact) logits.
+// Cross-entropy on CUDA against the CPU op run in f64 on the same (bf16-exact) logits. The whole-
+// vocabulary forward is the vocab-parallel partial forward and combine with one rank.
 //   forward, factor 64 (of u32, relative to |ref| + max|ref|): each exp term carries its
 //     argument's rounding (|x - max| u, |x - max| < 20 for these 2 N(0,1) logits) and expf's
 //     2 ulp; the sum adds up to V/256 terms per thread, 8 tree levels and one rescale per thread,
@@ -7,6 +8,8 @@
 //     term subtracts 1 and the mask scales: within ~22 u |scale|; factor 64 of u32 relative to the
 //     row-wise scale (max|ref| ~ |scale|). bf16/f16: one final rounding dominates: factor 2 of u.
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "gpu/cuda_test_util.h"
 #include "megatron/ops/cross_entropy.h"
@@ -49,8 +52,8 @@ TEST_F(CudaCrossEntropy, ForwardLossAndLse) {
           Pair targets = pair_of(random_targets(N, V, seed++));
           Pair losses = poisoned_pair({N}, DType::f32), lse = poisoned_pair({N}, DType::f32);
           Tensor losses_ref = Tensor::empty({N}, DType::f64), lse_ref = Tensor::empty({N}, DType::f64);
-          ops::cpu::cross_entropy_forward(losses_ref, lse_ref, f64(logits.cpu), targets.cpu);
-          ops::cuda::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, targets.gpu);
+          ops::cross_entropy_forward(losses_ref, lse_ref, f64(logits.cpu), targets.cpu);  // on the CPU
+          ops::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, targets.gpu);       // partial + combine on CUDA
           const std::string what = std::string(dtype_name(dtype)) + " N=" + std::to_string(N) +
                                    " V=" + std::to_string(V) + " misalign=" + std::to_string(misalign);
           EXPECT_TRUE(matches(lse, lse_ref, kUnitRoundoffF32, kForwardFactor)) << "lse " << what;
@@ -69,7 +72,7 @@ namespace {
   Pair targets = pair_of(random_targets(N, V, seed + 1));
   // Both backends read the same saved lse (the CPU forward's).
   Tensor losses_cpu = Tensor::empty({N}, DType::f32), lse_cpu = Tensor::empty({N}, DType::f32);
-  ops::cpu::cross_entropy_forward(losses_cpu, lse_cpu, logits.cpu, targets.cpu);
+  ops::cross_entropy_forward(losses_cpu, lse_cpu, logits.cpu, targets.cpu);
   Pair lse = pair_of(lse_cpu);
   Pair mask = with_mask ? pair_of(mask_of(N)) : Pair{};
   const float grad_scale = 0.37f;
@@ -117,9 +120,73 @@ TEST_F(CudaCrossEntropy, OutOfRangeTargetGivesNaNLoss) {
   bad.set_item(1, double(V));
   Pair targets = pair_of(bad);
   Pair losses = poisoned_pair({N}, DType::f32), lse = poisoned_pair({N}, DType::f32);
-  ops::cuda::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, targets.gpu);
+  ops::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, targets.gpu);
   EXPECT_TRUE(std::isfinite(losses.gpu.item(0)));
   EXPECT_TRUE(std::isnan(losses.gpu.item(1)));
   EXPECT_TRUE(std::isfinite(losses.gpu.item(2)));
   EXPECT_TRUE(std::isfinite(lse.gpu.item(1)));
+}
+
+namespace {
+
+// Columns [begin, begin + width) of (N,V) host logits.
+Tensor columns(const Tensor& logits, int64_t begin, int64_t width) {
+  const int64_t N = logits.dim(0), V = logits.dim(1);
+  Tensor out = Tensor::empty({N, width}, logits.dtype());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < width; ++j) out.set_item(n * width + j, logits.item(n * V + begin + j));
+  return out;
+}
+
+}  // namespace
+
+// The vocab-parallel pieces on CUDA, R ranks' column shards: each shard's partial forward, the
+// combine of the stacked partials and each shard's backward, against the CPU ops in f64 on the
+// same shards. Tolerances as above: a shard's partial is a shorter version of the whole-row
+// reduction, and the combine adds R rescaled partial sums (a few u more than the 64 allow for).
+TEST_F(CudaCrossEntropy, VocabParallelShards) {
+  uint64_t seed = 300;
+  struct Case {
+    int64_t N, V, R;
+  };
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const Case c : {Case{7, 1000, 2}, Case{33, 4100, 4}, Case{5, 12, 3}}) {
+      const std::string what = std::string(dtype_name(dtype)) + " N=" + std::to_string(c.N) +
+                               " V=" + std::to_string(c.V) + " R=" + std::to_string(c.R);
+      const int64_t width = c.V / c.R;
+      const Tensor logits = randn({c.N, c.V}, dtype, seed++, 2.0);
+      Pair targets = pair_of(random_targets(c.N, c.V, seed++));
+      Pair partials = poisoned_pair({c.R, 3, c.N}, DType::f32);
+      Tensor partials_ref = Tensor::empty({c.R, 3, c.N}, DType::f64);
+      std::vector<Pair> shards;
+      for (int64_t r = 0; r < c.R; ++r) {
+        const ops::VocabShard shard{.start = r * width, .size = c.V};
+        shards.push_back(pair_of(columns(logits, r * width, width), r % 2));
+        Tensor partial = partials.gpu.select(r), partial_ref = partials_ref.select(r);
+        ops::cuda::cross_entropy_partial_forward(partial, shards.back().gpu, targets.gpu, shard);
+        ops::cpu::cross_entropy_partial_forward(partial_ref, f64(shards.back().cpu), targets.cpu, shard);
+      }
+      Pair losses = poisoned_pair({c.N}, DType::f32), lse = poisoned_pair({c.N}, DType::f32);
+      Tensor losses_ref = Tensor::empty({c.N}, DType::f64), lse_ref = Tensor::empty({c.N}, DType::f64);
+      ops::cuda::cross_entropy_combine(losses.gpu, lse.gpu, partials.gpu);
+      ops::cpu::cross_entropy_combine(losses_ref, lse_ref, partials_ref);
+      EXPECT_TRUE(matches(lse, lse_ref, kUnitRoundoffF32, kForwardFactor)) << "lse " << what;
+      EXPECT_TRUE(matches(losses, losses_ref, kUnitRoundoffF32, kForwardFactor)) << "losses " << what;
+
+      // Both backends' backward read the same lse (the GPU's).
+      Pair saved_lse = pair_of(lse.gpu.to(Device::cpu()));
+      Pair mask = pair_of(mask_of(c.N));
+      for (int64_t r = 0; r < c.R; ++r) {
+        const ops::VocabShard shard{.start = r * width, .size = c.V};
+        Tensor ref = Tensor::empty({c.N, width}, DType::f64);
+        ops::cpu::cross_entropy_backward(ref, f64(shards[size_t(r)].cpu), targets.cpu, f64(saved_lse.cpu),
+                                         f64(mask.cpu), 0.37f, shard);
+        Pair dlogits = poisoned_pair({c.N, width}, dtype, r % 2);
+        ops::cuda::cross_entropy_backward(dlogits.gpu, shards[size_t(r)].gpu, targets.gpu, saved_lse.gpu, mask.gpu,
+                                          0.37f, shard);
+        EXPECT_TRUE(matches(dlogits, ref, unit_roundoff(dtype), dtype == DType::f32 ? 64.0 : 2.0))
+            << "dlogits " << what << " rank " << r;
+      }
+    }
+  }
 }

@@ -42,6 +42,25 @@ TEST_F(CudaDropout, MaskAndScaleEqualCpuBitwise) {
   }
 }
 
+// A shard's mask starts at its offset (sequence parallelism): packed and scalar paths alike.
+TEST_F(CudaDropout, OffsetEqualsCpuBitwise) {
+  uint64_t seed = 500;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (int64_t misalign : {0, 1}) {
+      for (uint64_t offset : {uint64_t(1), uint64_t(4096), uint64_t(1) << 33}) {
+        DropoutParams p{0.3f, 99, stream_id("dropout-offset-test")};
+        p.offset = offset;
+        const int64_t n = misalign == 0 ? 4096 : 4099;
+        const Pair x = random_pair({n}, dt, ++seed, 1.0, misalign);
+        Pair y = poisoned_pair({n}, dt, misalign);
+        ops::cuda::dropout_forward(y.gpu, x.gpu, p);
+        ops::cpu::dropout_forward(y.cpu, x.cpu, p);
+        EXPECT_TRUE(equals_cpu(y)) << dtype_name(dt) << " offset " << offset << " misalign " << misalign;
+      }
+    }
+  }
+}
+
 TEST_F(CudaDropout, InPlaceAndNanPropagation) {
   const DropoutParams p{0.5f, 7, stream_id("dropout-test")};
   Pair x = random_pair({1000}, DType::f32, 9);

@@ -1,7 +1,7 @@
 #pragma once
-// Shared by the data-parallel training tests on CPU ranks (multirank/test_dp_training.cpp) and on
-// GPUs (multigpu/test_multigpu_dp_training.cpp): a tiny model run, and the comparison of a run's
-// curve with the single-rank curve of the same global batches.
+// Shared by the training tests on CPU ranks (multirank/test_dp_training.cpp, test_tp_*.cpp) and on
+// GPUs (multigpu/test_multigpu_dp_training.cpp): a tiny model run, runs on a context or on one
+// process, and the comparison of a run's curve with the single-rank curve of the same batches.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "megatron/training/arguments.h"
 #include "megatron/training/training.h"
+#include "multirank/multirank_util.h"
 #include "test_util.h"
 
 namespace megatron::testing {
@@ -63,6 +65,14 @@ inline std::vector<std::string> with(std::vector<std::string> a, const std::vect
   return a;
 }
 
+inline TrainingSummary train_single_rank(const std::vector<std::string>& argv) {
+  return pretrain(parse_training_args(argv, 1), ParallelContext::single_process(), Device::cpu());
+}
+
+inline TrainingSummary train_on(const ParallelContext& ctx, const std::vector<std::string>& argv) {
+  return pretrain(parse_training_args(argv, ctx.world->size()), ctx, Device::cpu());
+}
+
 // Expects actual[i] within `tolerance` (relative) of expected[first_expected + i]; returns the
 // largest relative deviation seen, so tests can print how much of the tolerance was used.
 inline double expect_close(const std::vector<double>& expected, const std::vector<double>& actual,
@@ -90,15 +100,6 @@ inline double expect_same_curve(const TrainingSummary& single, const TrainingSum
   EXPECT_EQ(std::vector<double>(single.loss_scales.begin() + long(first), single.loss_scales.end()), s.loss_scales)
       << what;
   return worst;
-}
-
-// A directory every rank of MPI_COMM_WORLD sees: rank 0 passes the one it created (the others
-// null) and broadcasts its path. Host-side MPI, so it works whatever the communicators' device.
-inline std::string shared_directory(const TempDir* dir) {
-  char path[512] = {};
-  if (dir) std::strncpy(path, dir->path().c_str(), sizeof path - 1);
-  MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return path;
 }
 
 }  // namespace megatron::testing

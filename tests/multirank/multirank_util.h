@@ -4,6 +4,7 @@
 // Inputs follow nccl-tests: values are a function of (seed, rank, index) and small integers, so
 // sums are exact in every dtype used here and results compare with ==.
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -40,13 +41,13 @@ inline ParallelState make_state(ParallelSizes sizes, double timeout_seconds = 20
   return initialize_parallel(sizes, options);
 }
 
-// A directory every rank sees: rank 0 creates it (dir, null on the other ranks) and broadcasts its
-// path.
-inline std::string shared_directory(Communicator& world, const TempDir* dir) {
-  Tensor path = Tensor::zeros({512}, DType::u8);
-  if (dir) std::memcpy(path.raw(), dir->path().c_str(), dir->path().size());
-  world.broadcast(path, 0);
-  return static_cast<const char*>(path.raw());
+// A directory every rank of MPI_COMM_WORLD sees: rank 0 passes the one it created (the others
+// null) and broadcasts its path. Host-side MPI, so it works whatever the communicators' device.
+inline std::string shared_directory(const TempDir* dir) {
+  char path[512] = {};
+  if (dir) std::strncpy(path, dir->path().c_str(), sizeof path - 1);
+  MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return path;
 }
 
 // Prints failed assertions of ranks other than 0, prefixed with the rank.

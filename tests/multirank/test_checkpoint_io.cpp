@@ -56,7 +56,7 @@ class CheckpointIo : public ::testing::Test {
   void SetUp() override {
     st_ = make_state({}, 30);
     owner_ = st_.ctx.world->rank() == 0 ? std::make_unique<TempDir>() : nullptr;
-    dir_ = shared_directory(*st_.ctx.world, owner_.get());
+    dir_ = shared_directory(owner_.get());
   }
   void TearDown() override { st_.ctx.world->barrier(); }  // rank 0 removes the directory last
 

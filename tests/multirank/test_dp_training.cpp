@@ -52,13 +52,6 @@ Precision precision_of(const std::vector<std::string>& flags) {
 
 // fp16 with dynamic loss scaling that neither grows nor overflows within these 20 iterations.
 const std::vector<std::string> kFp16 = {"--fp16", "--initial-loss-scale", "4096"};
-
-TrainingSummary train_single_rank(const std::vector<std::string>& argv) {
-  return pretrain(parse_training_args(argv, 1), ParallelContext::single_process(), Device::cpu());
-}
-
-TrainingSummary train_on(const ParallelContext& ctx, const std::vector<std::string>& argv) {
-  return pretrain(parse_training_args(argv, ctx.world->size()), ctx, Device::cpu());
 }
 
 // A world of the ranks sharing `color`: world, dp and dp_cp are one MPI communicator over them,

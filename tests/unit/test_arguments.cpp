@@ -260,9 +260,7 @@ TEST(ValidateArgs, EachRule) {
        "--min-loss-scale 8 exceeds --initial-loss-scale 4"},
       {with(minimal_argv(), {"--loss-scale-window", "0.5"}), "--loss-scale-window 0.5 must be a whole number"},
       {with(minimal_argv(), {"--hysteresis", "0"}), "--hysteresis 0 must be >= 1"},
-      {with(minimal_argv(), {"--tensor-model-parallel-size", "2"}), "TP>1 arrives with the tensor-parallel issue"},
       {with(minimal_argv(), {"--pipeline-model-parallel-size", "2"}), "PP>1 arrives with the pipeline-parallel issue"},
-      {with(minimal_argv(), {"--sequence-parallel"}), "--sequence-parallel needs"},
       {with(minimal_argv(), {"--global-batch-size", "5"}),
        "--global-batch-size 5 is not a multiple of --micro-batch-size 2 x data-parallel size 1 = 2: each step runs "
        "whole micro-batches on every replica; use e.g. 6"},
@@ -284,6 +282,46 @@ TEST(ValidateArgs, EachRule) {
   for (const Case& c : cases) {
     EXPECT_TRUE(contains(parse_error(c.argv), c.message));
   }
+}
+
+// Megatron's tensor-parallel rules, each naming the values and the fix (world of 4 ranks).
+TEST(ValidateArgs, TensorParallelRules) {
+  const auto tp = [](const std::string& size, const Argv& base, const Argv& extra) {
+    return parse_error(with(with(base, {"--tensor-model-parallel-size", size}), extra), 4);
+  };
+  const Argv minimal = minimal_argv();
+  EXPECT_EQ(tp("2", minimal, {}), "");
+  EXPECT_EQ(tp("4", minimal, {"--sequence-parallel"}), "");
+  EXPECT_TRUE(contains(tp("0", minimal, {}), "--tensor-model-parallel-size 0 must be positive"));
+  EXPECT_TRUE(contains(tp("4", without("--num-attention-heads"), {"--num-attention-heads", "2"}),
+                       "--num-attention-heads 2 is not divisible by --tensor-model-parallel-size 4: each TP rank "
+                       "computes whole attention heads; use TP 2"));
+  EXPECT_TRUE(contains(tp("4", minimal, {"--group-query-attention", "--num-query-groups", "2"}),
+                       "--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4: each TP rank holds "
+                       "whole query groups (key/value heads), so TP may not exceed them; use TP 2, or more query "
+                       "groups"));
+  EXPECT_TRUE(contains(tp("4", minimal, {"--ffn-hidden-size", "90"}),
+                       "--ffn-hidden-size 90 is not divisible by --tensor-model-parallel-size 4"));
+  const Argv seq_126 = with(without("--seq-length"), {"--seq-length", "126", "--max-position-embeddings", "128"});
+  EXPECT_TRUE(contains(tp("4", seq_126, {"--sequence-parallel"}),
+                       "--seq-length 126 is not divisible by --tensor-model-parallel-size 4 under "
+                       "--sequence-parallel"));
+  EXPECT_EQ(tp("4", seq_126, {}), "");  // without SP any length works
+}
+
+// The vocabulary pads to a multiple of --make-vocab-size-divisible-by x TP (reference §10.4).
+TEST(ParseArgs, VocabPaddingScalesWithTp) {
+  EXPECT_EQ(parse_training_args(minimal_argv(), 4).model.padded_vocab_size, 128);
+  const Argv tp4 = with(minimal_argv(), {"--tensor-model-parallel-size", "4"});
+  EXPECT_EQ(parse_training_args(tp4, 4).model.padded_vocab_size, 512);
+  EXPECT_EQ(parse_training_args(with(tp4, {"--make-vocab-size-divisible-by", "32"}), 4).model.padded_vocab_size, 128);
+}
+
+// Megatron turns sequence parallelism off without TP (with a warning) instead of failing.
+TEST(ParseArgs, SequenceParallelIsOffWithoutTp) {
+  EXPECT_FALSE(parse_training_args(with(minimal_argv(), {"--sequence-parallel"})).model.sequence_parallel);
+  const Argv tp2 = with(minimal_argv(), {"--tensor-model-parallel-size", "2", "--sequence-parallel"});
+  EXPECT_TRUE(parse_training_args(tp2, 2).model.sequence_parallel);
 }
 
 TEST(ValidateArgs, WorldSizeMustHoldTheModelLayout) {

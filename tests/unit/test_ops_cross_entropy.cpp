@@ -113,6 +113,61 @@ TEST(CrossEntropy, ParallelRunMatchesSerialRunBitwise) {
   }
 }
 
+// The vocab-parallel loss: R ranks each holding V/R columns give the whole-vocabulary losses, lse
+// and, column for column, the whole-vocabulary gradient. Targets fall in every shard.
+// Tolerances: f64 logits, the combine regroups the sum of exps (R partial sums, each rescaled by
+// exp(m_r - M)): a few units of 2^-53 relative; 1e-14 is ~50 u. The gradient of a shard is the
+// same formula on the same lse: bitwise equal.
+TEST(CrossEntropy, VocabParallelShardsMatchTheWholeVocabulary) {
+  const int64_t N = 9, V = 12;
+  const Tensor logits = randn({N, V}, DType::f64, 6, 3.0), targets = make_targets(N, V);
+  Tensor losses = poisoned({N}, DType::f64), lse = poisoned({N}, DType::f64);
+  ops::cross_entropy_forward(losses, lse, logits, targets);
+  Tensor dwhole = poisoned({N, V}, DType::f64);
+  ops::cross_entropy_backward(dwhole, logits, targets, lse, Tensor(), 0.5f);
+  for (const int64_t R : {2, 3, 4}) {
+    const int64_t part = V / R;
+    std::vector<Tensor> shards;
+    Tensor partials = poisoned({R, 3, N}, DType::f64);
+    for (int64_t r = 0; r < R; ++r) {
+      Tensor shard = Tensor::empty({N, part}, DType::f64);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < part; ++j) shard.set_item(n * part + j, logits.item(n * V + r * part + j));
+      Tensor partial = partials.select(r);
+      ops::cross_entropy_partial_forward(partial, shard, targets, {.start = r * part, .size = V});
+      shards.push_back(shard);
+    }
+    Tensor split_losses = poisoned({N}, DType::f64), split_lse = poisoned({N}, DType::f64);
+    ops::cross_entropy_combine(split_losses, split_lse, partials);
+    EXPECT_TRUE(all_close(split_losses, losses, 1e-14, 0.0)) << R << " ranks";
+    EXPECT_TRUE(all_close(split_lse, lse, 1e-14, 0.0)) << R << " ranks";
+    for (int64_t r = 0; r < R; ++r) {
+      Tensor dshard = poisoned({N, part}, DType::f64);
+      ops::cross_entropy_backward(dshard, shards[size_t(r)], targets, lse, Tensor(), 0.5f,
+                                  {.start = r * part, .size = V});
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < part; ++j)
+          ASSERT_EQ(dshard.item(n * part + j), dwhole.item(n * V + r * part + j)) << R << " ranks, rank " << r;
+    }
+  }
+}
+
+TEST(CrossEntropy, RejectsBadVocabShards) {
+  const Tensor logits = randn({kN, 4}, DType::f32, 7);
+  Tensor partial = Tensor::empty({3, kN}, DType::f32);
+  Tensor targets = make_targets(kN, 8);
+  ops::cross_entropy_partial_forward(partial, logits, targets, {.start = 4, .size = 8});  // the upper half
+  EXPECT_TRUE(throws_error_naming(
+      [&] { ops::cross_entropy_partial_forward(partial, logits, targets, {.start = 6, .size = 8}); },
+      "columns [6, 10) do not lie in a vocabulary of 8 ids"));
+  targets.data<int32_t>()[2] = 8;  // in no rank's shard
+  EXPECT_TRUE(throws_error_naming(
+      [&] { ops::cross_entropy_partial_forward(partial, logits, targets, {.start = 4, .size = 8}); },
+      "cross_entropy target 8 at row 2 is outside the vocabulary [0, 8)"));
+  Tensor partials = Tensor::empty({2, 2, kN}, DType::f32), losses = Tensor::empty({kN}, DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::cross_entropy_combine(losses, losses, partials); }, "(R,3,N)"));
+}
+
 TEST(CrossEntropy, RejectsOutOfRangeTargetsAndBadShapes) {
   const Tensor logits = randn({kN, kV}, DType::f32, 4);
   Tensor losses = Tensor::empty({kN}, DType::f32), lse = Tensor::empty({kN}, DType::f32);

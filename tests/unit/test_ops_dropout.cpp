@@ -55,6 +55,24 @@ TEST(Dropout, MaskIsTheCounterRngRuleAndBackwardRegeneratesIt) {
   EXPECT_FALSE(all_close(other, y, 0.0, 0.0));
 }
 
+// A shard with offset k draws elements [k, k + n) of the whole tensor's mask: how a sequence-
+// parallel rank's rows get the same mask as in the unsplit layout.
+TEST(Dropout, OffsetShardsDrawTheWholeTensorsMask) {
+  const int64_t n = 1200, shards = 3, part = n / shards;
+  const Tensor x = randn({n}, DType::f32, 11);
+  Tensor whole = poisoned({n}, DType::f32);
+  ops::dropout_forward(whole, x, kP);
+  for (int64_t r = 0; r < shards; ++r) {
+    DropoutParams p = kP;
+    p.offset = uint64_t(r * part);
+    Tensor y = poisoned({part}, DType::f32), dx = poisoned({part}, DType::f32);
+    ops::dropout_forward(y, x.slice(r * part, (r + 1) * part), p);
+    EXPECT_TRUE(all_close(y, whole.slice(r * part, (r + 1) * part), 0.0, 0.0)) << "shard " << r;
+    ops::dropout_backward(dx, x.slice(r * part, (r + 1) * part), p);
+    EXPECT_TRUE(all_close(dx, y, 0.0, 0.0)) << "shard " << r << " backward";
+  }
+}
+
 TEST(Dropout, GradientMatchesFiniteDifferences) {
   Tensor x = randn({5, 2, 8}, DType::f64, 3);
   const Tensor r = randn(x.shape(), DType::f64, 4);

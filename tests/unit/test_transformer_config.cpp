@@ -41,7 +41,10 @@ TEST(PaddedVocab, MegatronExamples) {
   EXPECT_EQ(padded_vocab_size(50257, 128, 2), 50432);  // the reference's TP=2 example
   EXPECT_EQ(padded_vocab_size(32000, 128, 1), 32000);  // already a multiple
   EXPECT_EQ(padded_vocab_size(257, 128, 1), 384);
+  EXPECT_EQ(padded_vocab_size(32000, 128, 8), 32768);  // a multiple of 128 but not of 128 x 8
+  EXPECT_EQ(padded_vocab_size(100, 32, 4), 128);
   EXPECT_THROW(padded_vocab_size(100, 0, 1), Error);
+  EXPECT_THROW(padded_vocab_size(100, 128, 0), Error);
 }
 
 TEST(DeriveModelFields, MegatronDefaults) {
@@ -162,15 +165,26 @@ TEST(Validate, Regularization) {
   EXPECT_EQ(errors.size(), 3u);
 }
 
-TEST(Validate, ParallelismNotYetSupported) {
+TEST(Validate, PipelineParallelismNotYetSupported) {
   TransformerConfig config = tiny_config();
-  config.tensor_model_parallel_size = 2;
   config.pipeline_model_parallel_size = 2;
+  EXPECT_TRUE(has_error(validate(config), "PP>1 arrives with the pipeline-parallel issue"));
+}
+
+TEST(Validate, TensorParallelSplits) {
+  TransformerConfig config = preset_config("llama-tiny", 100);  // 4 heads, 2 query groups, ffn 176
+  config.tensor_model_parallel_size = 2;
   config.sequence_parallel = true;
+  config.padded_vocab_size = padded_vocab_size(100, 128, 2);
+  EXPECT_TRUE(validate(config).empty()) << validate(config).front();
+  config.tensor_model_parallel_size = 4;  // more ranks than query groups
+  config.seq_length = 126;
+  config.padded_vocab_size = 130;  // set by hand: derivation always gives a multiple of TP
   const std::vector<std::string> errors = validate(config);
-  EXPECT_TRUE(has_error(errors, "TP>1 arrives with the tensor-parallel issue"));
-  EXPECT_TRUE(has_error(errors, "PP>1 arrives with the pipeline-parallel issue"));
-  EXPECT_TRUE(has_error(errors, "--sequence-parallel needs --tensor-model-parallel-size > 1"));
+  EXPECT_TRUE(has_error(errors, "--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"));
+  EXPECT_TRUE(has_error(errors, "--seq-length 126 is not divisible by --tensor-model-parallel-size 4"));
+  EXPECT_TRUE(has_error(errors, "padded vocab size 130 is not divisible by TP 4"));
+  EXPECT_EQ(errors.size(), 3u);
 }
 
 TEST(NumParameters, Gpt2Small) {

@@ -10,7 +10,7 @@ int64_t default_ddp_bucket_size(int64_t group_size) { return std::max<int64_t>(4
 
 DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, const ParallelContext& ctx,
                                                  const DdpConfig& config)
-    : registry_(&registry), group_(ctx.dp_cp), config_(config) {
+    : registry_(&registry), ctx_(ctx), group_(ctx.dp_cp), config_(config) {
   MEGATRON_CHECK(group_ != nullptr, "DDP needs the context's dp_cp group; build the context with initialize_parallel");
   MEGATRON_CHECK(!config.overlap_param_gather || config.use_distributed_optimizer,
                  "--overlap-param-gather needs --use-distributed-optimizer: only sharded parameters are gathered");

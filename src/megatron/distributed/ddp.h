@@ -54,6 +54,7 @@ class DistributedDataParallel {
   // This rank's shard of every bucket (distributed optimizer only).
   const RankShards& shards() const;
   Communicator& group() const { return *group_; }
+  const ParallelContext& context() const { return ctx_; }
   ParameterRegistry& registry() const { return *registry_; }
 
   // Zeros the main grads for a new step; no gradient reduction may be in flight.
@@ -75,6 +76,7 @@ class DistributedDataParallel {
   void start_bucket(size_t b);
 
   ParameterRegistry* registry_;
+  ParallelContext ctx_;  // a copy: the groups are shared pointers
   std::shared_ptr<Communicator> group_;
   DdpConfig config_;
   BufferLayout layout_;

@@ -55,6 +55,11 @@ struct Parameter {
     return flat_buffer.slice(buffer_offset, buffer_offset + shape_numel(local_shape)).view(local_shape);
   }
 
+  // A replicated parameter on a TP rank other than 0: a copy of TP rank 0's. Such copies are not
+  // counted again in the gradient norm and not saved again (Megatron's
+  // param_is_not_tensor_parallel_duplicate, negated).
+  bool is_tensor_parallel_duplicate() const { return spec.partition_dim < 0 && tp_rank != 0; }
+
   // Index into the global tensor of local element `local_index` (row-major): how a shard
   // initialises exactly the values the full tensor would hold there.
   int64_t global_index(int64_t local_index) const;

@@ -3,6 +3,7 @@
 #include "megatron/ops/activation.h"
 #include "megatron/ops/adamw.h"
 #include "megatron/ops/attention.h"
+#include "megatron/ops/checks/common.h"
 #include "megatron/ops/cross_entropy.h"
 #include "megatron/ops/dropout.h"
 #include "megatron/ops/elementwise.h"
@@ -112,12 +113,24 @@ void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
   MEGATRON_DISPATCH(dqkv, attention_backward_qkv, dqkv, dout, qkv, out, lse, num_heads, p);
 }
 
+void cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const Tensor& targets,
+                                   const VocabShard& shard) {
+  MEGATRON_DISPATCH(partial, cross_entropy_partial_forward, partial, logits, targets, shard);
+}
+void cross_entropy_combine(Tensor& losses, Tensor& lse, const Tensor& partials) {
+  MEGATRON_DISPATCH(losses, cross_entropy_combine, losses, lse, partials);
+}
+// The whole vocabulary on one rank: the vocab-parallel forward with a single partial.
 void cross_entropy_forward(Tensor& losses, Tensor& lse, const Tensor& logits, const Tensor& targets) {
-  MEGATRON_DISPATCH(losses, cross_entropy_forward, losses, lse, logits, targets);
+  checks::check_defined(logits, "cross_entropy logits");
+  const int64_t N = logits.ndim() >= 1 ? logits.dim(0) : 0;
+  Tensor partial = Tensor::empty({3, N}, checks::accum_dtype(logits.dtype()), logits.device());
+  cross_entropy_partial_forward(partial, logits, targets, {});
+  cross_entropy_combine(losses, lse, partial.view({1, 3, N}));
 }
 void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& loss_mask, float grad_scale) {
-  MEGATRON_DISPATCH(dlogits, cross_entropy_backward, dlogits, logits, targets, lse, loss_mask, grad_scale);
+                            const Tensor& loss_mask, float grad_scale, const VocabShard& shard) {
+  MEGATRON_DISPATCH(dlogits, cross_entropy_backward, dlogits, logits, targets, lse, loss_mask, grad_scale, shard);
 }
 
 void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& p) {

@@ -1,6 +1,8 @@
 #pragma once
 // Inverted dropout with a regenerated mask: element i is kept when
-// CounterRng{seed, stream}.uniform(i) > p, and kept elements are scaled by 1/(1-p).
+// CounterRng{seed, stream}.uniform(offset + i) > p, and kept elements are scaled by 1/(1-p).
+// `offset` is the global index of the tensor's first element when it is a shard of a larger
+// tensor (a sequence-parallel rank's rows), so every layout draws the same mask for an element.
 // Backward regenerates the same mask from (seed, stream); nothing is stored. p = 0 copies.
 // y may alias x; dx may alias dy.
 #include <cstdint>
@@ -17,6 +19,7 @@ struct DropoutParams {
   float p = 0.0f;
   uint64_t seed = 0;
   uint64_t stream = 0;
+  uint64_t offset = 0;  // counter of element 0 (see above)
 };
 
 void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& params);

@@ -60,11 +60,13 @@ AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContex
 }
 
 double AdamWOptimizer::global_grad_norm() const {
-  // Every parameter is counted once (a tied weight is one parameter); the padding between
-  // parameters in the buffer holds zeros. The DP group holds identical reduced grads, and the
-  // TP/PP reduction of the squared norm arrives with those parallelisms.
+  // Megatron's get_grad_norm_fp32: every parameter once (a tied weight is one parameter; a
+  // parameter replicated across TP counts on TP rank 0 only), the squares summed over the
+  // model-parallel group. The DP replicas hold identical reduced grads and are not summed.
   Tensor acc = Tensor::zeros({1}, registry_->grad_dtype(), registry_->grad_buffer().device());
-  ops::sum_squares(acc, registry_->grad_buffer());
+  for (const auto& p : registry_->params())
+    if (!p->is_tensor_parallel_duplicate()) ops::sum_squares(acc, p->main_grad);
+  ctx_->mp->all_reduce(acc, ReduceOp::sum);
   return std::sqrt(acc.item(0));
 }
 
@@ -90,6 +92,7 @@ std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state() const 
   std::vector<checkpointing::ShardedTensor> out;
   if (ctx_->dp_cp->rank() != 0) return out;  // the other replicas hold the same state
   for (const auto& p : registry_->params()) {
+    if (p->is_tensor_parallel_duplicate()) continue;  // TP rank 0 saves it
     auto add = [&](const std::string& what, const Tensor& flat) {
       for (const auto& slice : p->global_slices_of(p->view_of(flat)))
         out.push_back(

@@ -14,12 +14,25 @@ Tensor new_activation(const Tensor& like, int64_t last_dim, DType dtype) {
 }
 
 Tensor undefined_if_null(const Parameter* p, Tensor Parameter::*member) { return p ? p->*member : Tensor(); }
+
+// The replicated bias of a row-parallel layer, added once after the reduction:
+//   forward  y (N,out) += 1 b^T     backward  db (out) += dy^T 1
+// Rank-1 GEMMs, so every backend and dtype has them, and db accumulates in the main grad's
+// dtype (f32 for 16-bit activations) like the fused bias of the TP=1 GEMM. `ones` is (N,1).
+void add_bias_forward(Tensor& y, const Tensor& bias, const Tensor& ones) {
+  Tensor y2 = rows_view(y);
+  ops::matmul(y2, ones, bias.view({1, -1}), {.beta = 1.0f});
+}
+void add_bias_backward(Tensor& dbias, const Tensor& dy, const Tensor& ones) {
+  Tensor db = dbias.view({-1, 1});
+  ops::matmul(db, rows_view(dy), ones, {.trans_a = ops::Transpose::yes, .beta = 1.0f});
+}
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx,
                                            const std::string& prefix, int64_t input_size, int64_t output_size,
                                            const Options& options)
-    : ctx_(&ctx) {
+    : ctx_(&ctx), sequence_parallel_(options.sequence_parallel) {
   const int tp = ctx.tp_size();
   MEGATRON_CHECK(output_size % tp == 0, prefix << ": output size " << output_size << " is not divisible by TP " << tp);
   output_per_partition_ = output_size / tp;
@@ -48,91 +61,129 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, LinearSaved& saved, Tensor* gelu_pre) const {
-  copy_to_tp_forward(x, *ctx_);
-  Tensor y = new_activation(x, output_per_partition_, x.dtype());
+  Tensor input = x;
+  if (sequence_parallel_)
+    input = gather_from_sequence_parallel_forward(x, *ctx_);
+  else
+    copy_to_tp_forward(x, *ctx_);
+  Tensor y = new_activation(input, output_per_partition_, x.dtype());
   Tensor y2 = rows_view(y);
   if (gelu_pre != nullptr) {
-    *gelu_pre = new_activation(x, output_per_partition_, x.dtype());
+    *gelu_pre = new_activation(input, output_per_partition_, x.dtype());
     Tensor pre2 = rows_view(*gelu_pre);
-    ops::linear_gelu_forward(y2, pre2, rows_view(x), weight_->data, undefined_if_null(bias_, &Parameter::data));
+    ops::linear_gelu_forward(y2, pre2, rows_view(input), weight_->data, undefined_if_null(bias_, &Parameter::data));
   } else {
-    ops::linear_forward(y2, rows_view(x), weight_->data, undefined_if_null(bias_, &Parameter::data));
+    ops::linear_forward(y2, rows_view(input), weight_->data, undefined_if_null(bias_, &Parameter::data));
   }
   saved.input = x;
   return y;
 }
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved) const {
-  Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
+  const Tensor input = sequence_parallel_ ? gather_from_sequence_parallel_forward(saved.input, *ctx_) : saved.input;
+  Tensor dx = Tensor::empty(input.shape(), input.dtype(), input.device());
   Tensor dx2 = rows_view(dx);
   Tensor dbias = undefined_if_null(bias_, &Parameter::main_grad);
-  ops::linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(saved.input), weight_->data);
+  ops::linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(input), weight_->data);
+  if (sequence_parallel_) return gather_from_sequence_parallel_backward(dx, *ctx_);
   copy_to_tp_backward(dx, *ctx_);
   return dx;
 }
 
 RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                                      int64_t input_size, int64_t output_size, const Options& options)
-    : ctx_(&ctx) {
+    : ctx_(&ctx), sequence_parallel_(options.sequence_parallel) {
   weight_ = registry.add({.name = prefix + ".weight",
                           .global_shape = {output_size, input_size},
                           .partition_dim = 1,
                           .init_std = options.init_std},
                          ctx.tp_rank(), ctx.tp_size());
-  // The bias is replicated and must be added once, after the all-reduce; the TP issue adds that
-  // path. At TP=1 it fuses into the GEMM.
-  MEGATRON_CHECK(!options.bias || ctx.tp_size() == 1,
-                 prefix << ": a RowParallelLinear bias with TP>1 is not supported yet; use --disable-bias-linear");
+  // Replicated; under SP each rank's gradient covers its sequence shard only, so it is summed
+  // over TP before the optimizer (finalize_model_grads).
   if (options.bias)
-    bias_ = registry.add(
-        {.name = prefix + ".bias", .global_shape = {output_size}, .init = InitMethod::zeros, .weight_decay = false},
-        ctx.tp_rank(), ctx.tp_size());
+    bias_ = registry.add({.name = prefix + ".bias",
+                          .global_shape = {output_size},
+                          .init = InitMethod::zeros,
+                          .weight_decay = false,
+                          .sequence_parallel = options.sequence_parallel},
+                         ctx.tp_rank(), ctx.tp_size());
 }
 
+// At TP=1 the bias fuses into the GEMM; with TP>1 it is added after the reduction, once.
 Tensor RowParallelLinear::forward(const Tensor& x, LinearSaved& saved) const {
+  const bool fused_bias = ctx_->tp_size() == 1;
   Tensor y = new_activation(x, weight_->local_shape[0], x.dtype());
   Tensor y2 = rows_view(y);
-  ops::linear_forward(y2, rows_view(x), weight_->data, undefined_if_null(bias_, &Parameter::data));
-  reduce_from_tp_forward(y, *ctx_);
+  ops::linear_forward(y2, rows_view(x), weight_->data,
+                      fused_bias ? undefined_if_null(bias_, &Parameter::data) : Tensor());
+  if (sequence_parallel_)
+    y = reduce_scatter_to_sequence_parallel_forward(y, *ctx_);
+  else
+    reduce_from_tp_forward(y, *ctx_);
+  if (bias_ && !fused_bias) add_bias_forward(y, bias_->data, ones_column(y));
   saved.input = x;
   return y;
 }
 
+// Built on the host once and kept: rebuilding it on a GPU would cost a synchronous copy per call.
+const Tensor& RowParallelLinear::ones_column(const Tensor& like) const {
+  const int64_t n = like.numel() / like.dim(-1);
+  if (!ones_.defined() || ones_.dim(0) != n || ones_.dtype() != like.dtype() || ones_.device() != like.device()) {
+    Tensor host = Tensor::empty({n, 1}, like.dtype());
+    host.fill(1.0);
+    ones_ = host.to(like.device());
+  }
+  return ones_;
+}
+
 Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, const Tensor& gelu_pre) const {
-  reduce_from_tp_backward(dy, *ctx_);
+  const bool fused_bias = ctx_->tp_size() == 1;
+  if (bias_ && !fused_bias) add_bias_backward(bias_->main_grad, dy, ones_column(dy));
+  Tensor dy_full = dy;
+  if (sequence_parallel_)
+    dy_full = reduce_scatter_to_sequence_parallel_backward(dy, *ctx_);
+  else
+    reduce_from_tp_backward(dy, *ctx_);
   Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
   Tensor dx2 = rows_view(dx);
-  Tensor dbias = undefined_if_null(bias_, &Parameter::main_grad);
+  Tensor dbias = fused_bias ? undefined_if_null(bias_, &Parameter::main_grad) : Tensor();
   if (gelu_pre.defined()) {
-    ops::gelu_linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(saved.input), weight_->data,
+    ops::gelu_linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy_full), rows_view(saved.input), weight_->data,
                               rows_view(gelu_pre));
   } else {
-    ops::linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(saved.input), weight_->data);
+    ops::linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy_full), rows_view(saved.input), weight_->data);
   }
   return dx;
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParameterRegistry& registry, const ParallelContext& ctx,
                                                const std::string& name, int64_t padded_vocab_size, int64_t hidden_size,
-                                               float init_std)
-    : ctx_(&ctx) {
+                                               float init_std, bool sequence_parallel)
+    : ctx_(&ctx), sequence_parallel_(sequence_parallel) {
   weight_ = registry.add(
       {.name = name, .global_shape = {padded_vocab_size, hidden_size}, .partition_dim = 0, .init_std = init_std},
       ctx.tp_rank(), ctx.tp_size());
   vocab_start_ = ctx.tp_rank() * weight_->local_shape[0];
 }
 
+// Ids outside this rank's rows look up zeros (ops::embedding_forward), so the sum over TP is the
+// full lookup.
 Tensor VocabParallelEmbedding::forward(const Tensor& tokens) const {
   Tensor out = Tensor::empty({tokens.dim(1), tokens.dim(0), weight_->local_shape[1]}, weight_->data.dtype(),
                              weight_->data.device());
   ops::embedding_forward(out, tokens, weight_->data, {.vocab_start = vocab_start_});
+  if (sequence_parallel_) return reduce_scatter_to_sequence_parallel_forward(out, *ctx_);
   reduce_from_tp_forward(out, *ctx_);
   return out;
 }
 
 void VocabParallelEmbedding::backward(const Tensor& dout, const Tensor& tokens) const {
-  reduce_from_tp_backward(dout, *ctx_);
-  ops::embedding_backward(weight_->main_grad, dout, tokens, {.vocab_start = vocab_start_});
+  Tensor d = dout;
+  if (sequence_parallel_)
+    d = reduce_scatter_to_sequence_parallel_backward(dout, *ctx_);
+  else
+    reduce_from_tp_backward(dout, *ctx_);
+  ops::embedding_backward(weight_->main_grad, d, tokens, {.vocab_start = vocab_start_});
 }
 
 }  // namespace megatron::tensor_parallel

@@ -2,18 +2,28 @@
 // Megatron-Core's parallel layers. Activations are sequence-major (S,B,C). Each layer
 // registers its parameters with their TP split; at TP=1 the communication is an identity.
 //   ColumnParallelLinear: W (out, in) split along out (dim 0); Y_local = X W_local^T + b_local.
-//   RowParallelLinear:    W (out, in) split along in (dim 1); Y = all-reduce(X_local W_local^T) + b.
-//   VocabParallelEmbedding: rows of the padded vocabulary split across TP.
+//   RowParallelLinear:    W (out, in) split along in (dim 1); Y = all-reduce(X_local W_local^T) + b,
+//                         the bias replicated and added once, after the reduction.
+//   VocabParallelEmbedding: rows of the padded vocabulary split across TP; a masked lookup of this
+//                         rank's rows, summed over TP.
+// With sequence parallelism (Options::sequence_parallel) the activations entering a
+// column-parallel layer and leaving a row-parallel layer or the embedding are this rank's
+// sequence shard (S/TP,B,C): the column-parallel input is all-gathered along s, and the
+// row-parallel / embedding output reduce-scattered along s instead of all-reduced (mappings.h).
+// A column-parallel layer then saves its input shard, not the gathered input, and gathers it
+// again in backward (as Megatron), so its saved activation is divided by TP too.
 // forward() fills a Saved struct with exactly what backward() needs.
 #include <string>
 
+#include "megatron/core/activation_memory.h"
 #include "megatron/distributed/parameter.h"
 #include "megatron/parallel/comm.h"
 
 namespace megatron::tensor_parallel {
 
 struct LinearSaved {
-  Tensor input;  // (S,B,in_local)
+  Tensor input;  // (S,B,in_local), or the (S/TP,B,in) shard of a column-parallel layer under SP
+  void count(ActivationMemory& m) const { m.add(input); }
 };
 
 class ColumnParallelLinear {
@@ -23,13 +33,14 @@ class ColumnParallelLinear {
     float init_std = 0.02f;
     int64_t partition_blocks = 1;        // 2 for fused [gate; up]
     Parameter* shared_weight = nullptr;  // use this weight instead of registering one (tied output layer)
+    bool sequence_parallel = false;      // input is the (S/TP,B,in) sequence shard
   };
   ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                        int64_t input_size, int64_t output_size, const Options& options);
   // (S,B,in) -> (S,B,out/TP). With gelu_pre (fc1 of a GELU MLP) the GELU is fused into the GEMM:
   // returns gelu(x W^T + b) and sets *gelu_pre to x W^T + b (ops::linear_gelu_forward).
   Tensor forward(const Tensor& x, LinearSaved& saved, Tensor* gelu_pre = nullptr) const;
-  Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx (S,B,in)
+  Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx, x's shape
   int64_t output_size_per_partition() const { return output_per_partition_; }
 
  private:
@@ -37,6 +48,7 @@ class ColumnParallelLinear {
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   int64_t output_per_partition_;
+  bool sequence_parallel_;
 };
 
 class RowParallelLinear {
@@ -44,6 +56,7 @@ class RowParallelLinear {
   struct Options {
     bool bias = true;
     float init_std = 0.02f;
+    bool sequence_parallel = false;  // output is the (S/TP,B,out) sequence shard
   };
   RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                     int64_t input_size, int64_t output_size, const Options& options);
@@ -54,24 +67,30 @@ class RowParallelLinear {
   Tensor backward(const Tensor& dy, const LinearSaved& saved, const Tensor& gelu_pre = Tensor()) const;
 
  private:
+  // (N,1) ones in like's dtype and device, N = like's rows: the bias add after the reduction.
+  const Tensor& ones_column(const Tensor& like) const;
   const ParallelContext* ctx_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
+  bool sequence_parallel_;
+  mutable Tensor ones_;  // cache of ones_column()
 };
 
 class VocabParallelEmbedding {
  public:
   VocabParallelEmbedding(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& name,
-                         int64_t padded_vocab_size, int64_t hidden_size, float init_std);
-  // tokens (B,S) i32 -> (S,B,C) in the weight's dtype.
+                         int64_t padded_vocab_size, int64_t hidden_size, float init_std, bool sequence_parallel);
+  // tokens (B,S) i32 -> (S,B,C) in the weight's dtype; (S/TP,B,C) under sequence parallelism.
   Tensor forward(const Tensor& tokens) const;
   void backward(const Tensor& dout, const Tensor& tokens) const;
   Parameter* weight() const { return weight_; }
+  int64_t vocab_start() const { return vocab_start_; }  // global id of this rank's first row
 
  private:
   const ParallelContext* ctx_;
   Parameter* weight_;
   int64_t vocab_start_;
+  bool sequence_parallel_;
 };
 
 }  // namespace megatron::tensor_parallel

@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "megatron/core/error.h"
+#include "megatron/core/logging.h"
 #include "megatron/core/strings.h"
 #include "megatron/datasets/tokenizers/byte_tokenizer.h"
 #include "megatron/models/gpt/presets.h"
@@ -140,10 +141,11 @@ std::vector<Flag> build_flag_table() {
        "Iterations without overflow before the dynamic loss scale doubles"},
       {"--hysteresis", FIELD(optimizer.hysteresis), parallel,
        "Overflows the dynamic loss scale absorbs before it halves (refilled when it grows)"},
-      {"--tensor-model-parallel-size", FIELD(model.tensor_model_parallel_size), parallel, "TP (1 in this build)"},
+      {"--tensor-model-parallel-size", FIELD(model.tensor_model_parallel_size), parallel,
+       "Tensor-parallel size TP: attention heads, MLP columns and the vocabulary are split across TP ranks"},
       {"--pipeline-model-parallel-size", FIELD(model.pipeline_model_parallel_size), parallel, "PP (1 in this build)"},
       {"--sequence-parallel", Switch{FIELD(model.sequence_parallel), true}, parallel,
-       "Sequence parallelism (needs TP > 1)"},
+       "Sequence parallelism: norms, dropout and residuals on S/TP positions per TP rank (needs TP > 1)"},
       {"--use-distributed-optimizer", Switch{FIELD(use_distributed_optimizer), true}, parallel,
        "Shard fp32 master weights and Adam moments over the data-parallel ranks (ZeRO-1)"},
       {"--overlap-grad-reduce", Switch{FIELD(overlap_grad_reduce), true}, parallel,
@@ -856,6 +858,11 @@ int64_t tokenizer_vocab_size(const DataArgs& data) {
 
 void derive_training_args(TrainingArgs& a) {
   a.model.params_dtype = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
+  // Megatron turns sequence parallelism off without tensor parallelism, with a warning.
+  if (a.model.sequence_parallel && a.model.tensor_model_parallel_size == 1) {
+    LOG_WARN("--sequence-parallel has no effect with --tensor-model-parallel-size 1; disabling it");
+    a.model.sequence_parallel = false;
+  }
   std::string unused;
   if (const auto vocab = known_vocab_size(a.data, &unused)) a.model.vocab_size = *vocab;
   derive_model_fields(a.model);

@@ -3,6 +3,7 @@
 #include <exception>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include "megatron/core/logging.h"
 #include "megatron/parallel/text_collectives.h"
@@ -16,7 +17,9 @@ using checkpointing::ShardedTensor;
 // The rank that stages, checks and publishes a save.
 constexpr int kRoot = 0;
 
-// Flags that fix the model's shape: a checkpoint only loads into a model that agrees on them.
+// Flags that fix the model's shape: a checkpoint only loads into a model that agrees on them. The
+// vocabulary's padding depends on TP too (--make-vocab-size-divisible-by x TP), so the padded size
+// itself is compared instead of the divisor.
 const char* const kArchitectureFlags[] = {"--num-layers",
                                           "--hidden-size",
                                           "--ffn-hidden-size",
@@ -29,8 +32,7 @@ const char* const kArchitectureFlags[] = {"--num-layers",
                                           "--disable-bias-linear",
                                           "--add-qkv-bias",
                                           "--untie-embeddings-and-output-weights",
-                                          "--max-position-embeddings",
-                                          "--make-vocab-size-divisible-by"};
+                                          "--max-position-embeddings"};
 
 nlohmann::json args_json(const TrainingArgs& args) {
   nlohmann::json j = nlohmann::json::object();
@@ -38,11 +40,14 @@ nlohmann::json args_json(const TrainingArgs& args) {
   return j;
 }
 
+// This rank's parameter shards with their global offsets; a parameter replicated across TP is
+// saved by TP rank 0 only.
 std::vector<ShardedTensor> model_state(GPTModel& model) {
   std::vector<ShardedTensor> out;
   for (const auto& p : model.parameters().params())
-    for (const auto& slice : p->global_slices())
-      out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
+    if (!p->is_tensor_parallel_duplicate())
+      for (const auto& slice : p->global_slices())
+        out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
   return out;
 }
 
@@ -57,8 +62,12 @@ void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& ar
   }
   const std::string padded = std::to_string(args.model.padded_vocab_size);
   MEGATRON_CHECK(!saved.contains("padded_vocab_size") || saved["padded_vocab_size"] == padded,
-                 "checkpoint " << dir << " has a padded vocabulary of " << saved["padded_vocab_size"]
-                               << " but this run's tokenizer gives " << padded << "; use the same tokenizer");
+                 "checkpoint " << dir << " has a padded vocabulary of " << saved["padded_vocab_size"].get<std::string>()
+                               << " rows but this run pads its " << args.model.vocab_size << " tokens to " << padded
+                               << " (--make-vocab-size-divisible-by " << args.model.make_vocab_size_divisible_by
+                               << " x TP " << args.model.tensor_model_parallel_size
+                               << "); use the same tokenizer, and a --make-vocab-size-divisible-by that gives "
+                               << saved["padded_vocab_size"].get<std::string>() << " rows at this TP");
 }
 
 CheckpointReader open_latest(const std::string& load_dir) {
@@ -181,12 +190,21 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
   return true;
 }
 
+// The checkpoint's parallel layout is left out (one process reads every global tensor whole), but
+// its padded vocabulary is kept: it depends on the TP it was trained with.
 TrainingArgs read_checkpoint_args(const std::string& load_dir) {
   const CheckpointReader reader = open_latest(load_dir);
+  const nlohmann::json& saved = reader.common().at("args");
   std::vector<std::pair<std::string, std::string>> flags;
-  for (const auto& [flag, value] : reader.common().at("args").items())
-    if (flag.rfind("--", 0) == 0) flags.emplace_back(flag, value.get<std::string>());
-  return parse_training_args_from_flags(flags);
+  for (const auto& [flag, value] : saved.items()) {
+    const bool layout = flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
+                        flag == "--sequence-parallel";
+    if (flag.rfind("--", 0) == 0 && !layout) flags.emplace_back(flag, value.get<std::string>());
+  }
+  TrainingArgs args = parse_training_args_from_flags(flags);
+  if (saved.contains("padded_vocab_size"))
+    args.model.padded_vocab_size = std::stoll(saved["padded_vocab_size"].get<std::string>());
+  return args;
 }
 
 void load_model_weights(const std::string& load_dir, GPTModel& model) {

@@ -16,6 +16,9 @@
 //   load: every rank reads the slices it holds now from whichever shards overlap them, so a
 //         checkpoint saved at one DP size (with or without the distributed optimizer) resumes at
 //         any other.
+// Under tensor parallelism every TP rank saves its shards with their global offsets; a parameter
+// replicated across TP (and its optimizer state) is saved by TP rank 0 only. A checkpoint loads
+// at any TP whose padded vocabulary is the same (--make-vocab-size-divisible-by x TP).
 #include <cstdint>
 #include <string>
 
@@ -45,7 +48,8 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
 bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress);
 
-// Model weights only, and the arguments the checkpoint was trained with (for generate).
+// Model weights only, and the arguments the checkpoint was trained with (for generate), as one
+// process builds the model: without the parallel layout, with the checkpoint's padded vocabulary.
 TrainingArgs read_checkpoint_args(const std::string& load_dir);
 void load_model_weights(const std::string& load_dir, GPTModel& model);
 

@@ -3,8 +3,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <iomanip>
+#include <limits>
 #include <memory>
 
 #include "megatron/core/logging.h"
@@ -15,6 +15,7 @@
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/distributed/ddp.h"
 #include "megatron/distributed/distributed_optimizer.h"
+#include "megatron/distributed/finalize_model_grads.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/ops/profiler.h"
 #include "megatron/optimizer/lr_scheduler.h"
@@ -247,6 +248,9 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     optimizer = std::make_unique<DistributedOptimizer>(ddp, ctx, hyper, grad_scaler_for(args));
   else
     optimizer = std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args));
+  if (ctx.tp_size() > 1)
+    LOG_INFO("> tensor parallel: " << ctx.tp_size() << " ranks"
+                                   << (config.sequence_parallel ? ", sequence parallel" : ""));
   if (dp_size > 1)
     LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
                                  << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
@@ -298,7 +302,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
       iteration_sums.loss_sum += s.loss_sum;
       iteration_sums.num_tokens += s.num_tokens;
     }
-    ddp.finish_grad_sync();
+    finalize_model_grads(ddp);
     const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
     if (profile) {
       const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop();
@@ -334,6 +338,9 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     interval_tokens += double(tokens_per_iteration);
 
     const bool first = progress.iteration == first_iteration + 1;
+    if (first)
+      LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): "
+               << double(model.activation_bytes()) / (1024.0 * 1024.0) << " MiB");
     if (first || progress.iteration % args.log_interval == 0 || progress.iteration == args.train_iters) {
       const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + interval_skipped);
       IterationStats st;

@@ -13,28 +13,48 @@ float output_init_std(const TransformerConfig& c) {
 }
 }  // namespace
 
+// The fused QKV rows are group-major ([q heads of group 0; k; v], [group 1] ...), so a contiguous
+// split of the rows gives each rank whole query groups: the groups must divide across TP. Checked
+// before any parameter is registered, with the fix.
+int64_t SelfAttention::query_groups_per_rank(const TransformerConfig& c, int tp) {
+  MEGATRON_CHECK(c.num_query_groups % tp == 0,
+                 "--num-query-groups " << c.num_query_groups << " is not divisible by --tensor-model-parallel-size "
+                                       << tp << ": each TP rank holds whole query groups (key/value heads); use a TP "
+                                       << "that divides " << c.num_query_groups << ", or more query groups");
+  return c.num_query_groups / tp;
+}
+
 SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                              const std::string& prefix)
     : prefix_(prefix),
       heads_local_(config.num_attention_heads / ctx.tp_size()),
       total_heads_(config.num_attention_heads),
       head_offset_(heads_local_ * ctx.tp_rank()),
-      groups_local_(config.num_query_groups / ctx.tp_size()),
+      groups_local_(query_groups_per_rank(config, ctx.tp_size())),
       head_dim_(config.kv_channels),
       attention_dropout_(config.attention_dropout),
       rope_(config.position_embedding_type == PositionEmbeddingType::rope),
       rope_params_{config.rotary_base, config.rotary_percent, config.rotary_interleaved, 0},
       linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
-                  {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std}),
+                  {.bias = config.add_bias_linear || config.add_qkv_bias,
+                   .init_std = config.init_method_std,
+                   .sequence_parallel = config.sequence_parallel}),
       linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
-                   config.hidden_size, {.bias = config.add_bias_linear, .init_std = output_init_std(config)}) {
-  MEGATRON_CHECK(config.num_query_groups % ctx.tp_size() == 0,
-                 "num_query_groups " << config.num_query_groups << " is not divisible by TP " << ctx.tp_size());
+                   config.hidden_size,
+                   {.bias = config.add_bias_linear,
+                    .init_std = output_init_std(config),
+                    .sequence_parallel = config.sequence_parallel}) {}
+
+void SelfAttention::Saved::count(ActivationMemory& m) const {
+  qkv.count(m);
+  for (const Tensor* t : {&q, &k, &v, &fused, &out, &lse}) m.add(*t);
+  proj.count(m);  // its input is `out`, counted once
 }
 
 Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
-  const int64_t S = x.dim(0), B = x.dim(1);
-  const Tensor qkv = linear_qkv_.forward(x, saved.qkv).view({S, B, groups_local_, -1});
+  const Tensor projected = linear_qkv_.forward(x, saved.qkv);  // (S,B,...): the whole sequence under SP too
+  const int64_t S = projected.dim(0), B = projected.dim(1);
+  const Tensor qkv = projected.view({S, B, groups_local_, -1});
   saved.attention = {.causal = true,
                      .softmax_scale = 1.0f / std::sqrt(float(head_dim_)),
                      .dropout_p = fwd.dropout_p(attention_dropout_),
@@ -62,7 +82,7 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
 
 Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved) const {
   const Tensor dout = linear_proj_.backward(dy, saved.proj).view(saved.out.shape());
-  const int64_t S = dy.dim(0), B = dy.dim(1);
+  const int64_t S = saved.out.dim(0), B = saved.out.dim(1);  // the whole sequence, also when dy is an SP shard
   Tensor dqkv =
       Tensor::empty({S, B, groups_local_, (heads_local_ / groups_local_ + 2) * head_dim_}, dy.dtype(), dy.device());
   if (!rope_) {

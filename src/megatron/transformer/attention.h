@@ -1,9 +1,14 @@
 #pragma once
 // Self-attention (Megatron-Core SelfAttention): fused QKV column-parallel projection in the
 // per-query-group layout, RoPE, core (flash-style) attention, row-parallel output projection.
-// Under TP each rank owns whole query groups: num_query_groups / TP of them.
+// Under TP each rank owns whole query groups: num_query_groups / TP of them, and its heads'
+// global indices [head_offset, head_offset + heads_local) of total_heads feed the attention
+// dropout's counters, so every TP layout draws the TP=1 masks. With sequence parallelism the
+// input and output are sequence shards; attention itself sees the whole sequence (the QKV
+// projection gathers it).
 #include <string>
 
+#include "megatron/core/activation_memory.h"
 #include "megatron/ops/attention.h"
 #include "megatron/ops/rope.h"
 #include "megatron/tensor_parallel/layers.h"
@@ -20,6 +25,7 @@ class SelfAttention {
     Tensor fused;    // without RoPE, instead of q, k, v: the projection (S,B,G_local,(NH/G+2)*d)
     Tensor out, lse;
     ops::AttentionParams attention;
+    void count(ActivationMemory& m) const;
   };
   SelfAttention(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                 const std::string& prefix);
@@ -27,6 +33,7 @@ class SelfAttention {
   Tensor backward(const Tensor& dy, const Saved& saved) const;
 
  private:
+  static int64_t query_groups_per_rank(const TransformerConfig& c, int tp);
   std::string prefix_;
   int64_t heads_local_, total_heads_, head_offset_;  // this rank's query heads: [offset, offset + local) of total
   int64_t groups_local_, head_dim_;

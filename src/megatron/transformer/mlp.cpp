@@ -13,10 +13,18 @@ MLP::MLP(ParameterRegistry& registry, const ParallelContext& ctx, const Transfor
                   config.ffn_hidden_size * (config.swiglu ? 2 : 1),
                   {.bias = config.add_bias_linear,
                    .init_std = config.init_method_std,
-                   .partition_blocks = config.swiglu ? 2 : 1}),
+                   .partition_blocks = config.swiglu ? 2 : 1,
+                   .sequence_parallel = config.sequence_parallel}),
       linear_fc2_(registry, ctx, prefix + ".linear_fc2", config.ffn_hidden_size, config.hidden_size,
                   {.bias = config.add_bias_linear,
-                   .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers))}) {}
+                   .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers)),
+                   .sequence_parallel = config.sequence_parallel}) {}
+
+void MLP::Saved::count(ActivationMemory& m) const {
+  fc1.count(m);
+  fc2.count(m);
+  m.add(fc1_out);
+}
 
 // act = activation(fc1_out), (S,B,F).
 Tensor MLP::activation(const Tensor& fc1_out) const {

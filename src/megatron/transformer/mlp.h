@@ -16,6 +16,7 @@ class MLP {
   struct Saved {
     tensor_parallel::LinearSaved fc1, fc2;  // fc2.input is left empty: recomputed in backward
     Tensor fc1_out;                         // activation input (GELU: the pre-activation)
+    void count(ActivationMemory& m) const;
   };
   MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
       const std::string& prefix);

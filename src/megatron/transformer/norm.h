@@ -1,7 +1,11 @@
 #pragma once
-// LayerNorm / RMSNorm module over the hidden dimension, replicated across TP.
+// LayerNorm / RMSNorm module over the hidden dimension, replicated across TP. Under sequence
+// parallelism it normalises this rank's sequence shard; its weight and bias gradients then cover
+// that shard only and are summed over TP before the optimizer (ParamSpec::sequence_parallel,
+// finalize_model_grads).
 #include <string>
 
+#include "megatron/core/activation_memory.h"
 #include "megatron/distributed/parameter.h"
 #include "megatron/ops/norm.h"
 #include "megatron/transformer/residual_stream.h"
@@ -13,6 +17,9 @@ class Norm {
  public:
   struct Saved {
     Tensor input, mean, rstd;  // input: the tensor normalised, i.e. the stream's value (S,B,C)
+    void count(ActivationMemory& m) const {
+      for (const Tensor* t : {&input, &mean, &rstd}) m.add(*t);
+    }
   };
   // weight_name / bias_name: full Megatron names (TE spec fuses the pre-norms into the next
   // linear, e.g. "...self_attention.linear_qkv.layer_norm_weight").

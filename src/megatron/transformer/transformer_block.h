@@ -14,6 +14,10 @@ class TransformerBlock {
   struct Saved {
     std::vector<TransformerLayer::Saved> layers;
     Norm::Saved final_norm;
+    void count(ActivationMemory& m) const {
+      for (const TransformerLayer::Saved& layer : layers) layer.count(m);
+      final_norm.count(m);
+    }
   };
   TransformerBlock(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                    int64_t first_layer, int64_t last_layer, bool has_final_norm);

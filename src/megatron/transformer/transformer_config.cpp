@@ -130,21 +130,47 @@ void check_vocab(const TransformerConfig& c, std::vector<std::string>& errors) {
   }
 }
 
-void check_parallel(const TransformerConfig& c, std::vector<std::string>& errors) {
-  if (c.tensor_model_parallel_size != 1) {
-    errors.push_back(concat("--tensor-model-parallel-size ", c.tensor_model_parallel_size,
-                            ": only 1 is supported in this build; TP>1 arrives with the tensor-parallel issue; ",
-                            "drop the flag"));
+// Megatron's tensor-parallel rules: every split dimension divides across the TP ranks.
+void check_tensor_parallel(const TransformerConfig& c, std::vector<std::string>& errors) {
+  const int64_t tp = c.tensor_model_parallel_size;
+  if (tp <= 0) {
+    errors.push_back(concat("--tensor-model-parallel-size ", tp, " must be positive: 1 disables tensor parallelism"));
+    return;
   }
+  if (c.num_attention_heads > 0 && c.num_attention_heads % tp != 0) {
+    errors.push_back(concat(
+        "--num-attention-heads ", c.num_attention_heads, " is not divisible by --tensor-model-parallel-size ", tp,
+        ": each TP rank computes whole attention heads; use TP ", nearby_divisors(c.num_attention_heads, tp)));
+  }
+  if (c.num_query_groups > 0 && c.num_query_groups % tp != 0) {
+    errors.push_back(concat("--num-query-groups ", c.num_query_groups,
+                            " is not divisible by --tensor-model-parallel-size ", tp,
+                            ": each TP rank holds whole query groups (key/value heads), so TP may not exceed ",
+                            "them; use TP ", nearby_divisors(c.num_query_groups, tp), ", or more query groups"));
+  }
+  if (c.ffn_hidden_size > 0 && c.ffn_hidden_size % tp != 0) {
+    errors.push_back(concat("--ffn-hidden-size ", c.ffn_hidden_size,
+                            " is not divisible by --tensor-model-parallel-size ", tp,
+                            ": each TP rank holds ffn_hidden_size / TP columns of the MLP; use a multiple of ", tp));
+  }
+  if (c.padded_vocab_size > 0 && c.padded_vocab_size % tp != 0) {
+    errors.push_back(concat("padded vocab size ", c.padded_vocab_size, " is not divisible by TP ", tp,
+                            ": each TP rank holds padded_vocab_size / TP rows of the embedding; leave it to ",
+                            "derivation (a multiple of --make-vocab-size-divisible-by x TP)"));
+  }
+  if (c.sequence_parallel && tp > 1 && c.seq_length > 0 && c.seq_length % tp != 0) {
+    errors.push_back(concat("--seq-length ", c.seq_length, " is not divisible by --tensor-model-parallel-size ", tp,
+                            " under --sequence-parallel: each TP rank holds seq_length / TP positions of the ",
+                            "sequence; use a multiple of ", tp, " or drop --sequence-parallel"));
+  }
+}
+
+void check_parallel(const TransformerConfig& c, std::vector<std::string>& errors) {
+  check_tensor_parallel(c, errors);
   if (c.pipeline_model_parallel_size != 1) {
     errors.push_back(concat("--pipeline-model-parallel-size ", c.pipeline_model_parallel_size,
                             ": only 1 is supported in this build; PP>1 arrives with the pipeline-parallel issue; ",
                             "drop the flag"));
-  }
-  if (c.sequence_parallel) {
-    errors.push_back(
-        "--sequence-parallel needs --tensor-model-parallel-size > 1: TP>1 arrives with the tensor-parallel issue; "
-        "drop the flag");
   }
 }
 

@@ -1,5 +1,7 @@
 #include "megatron/transformer/transformer_layer.h"
 
+#include "megatron/tensor_parallel/mappings.h"
+
 namespace megatron {
 
 namespace {
@@ -21,7 +23,9 @@ Tensor dropout_grad(const Tensor& dy, const ops::DropoutParams& p) {
 TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelContext& ctx,
                                    const TransformerConfig& config, int64_t layer_number)
     : prefix_(layer_prefix(layer_number)),
+      ctx_(&ctx),
       hidden_dropout_(config.hidden_dropout),
+      sequence_parallel_(config.sequence_parallel),
       input_norm_(registry, config, ctx.tp_rank(), prefix_ + ".self_attention.linear_qkv.layer_norm_weight",
                   prefix_ + ".self_attention.linear_qkv.layer_norm_bias"),
       self_attention_(registry, ctx, config, prefix_ + ".self_attention"),
@@ -31,8 +35,10 @@ TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelCo
 
 ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardContext& fwd, Saved& saved) const {
   const float p = fwd.dropout_p(hidden_dropout_);
-  saved.attention_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".self_attn_bda")};
-  saved.mlp_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".mlp_bda")};
+  // Under SP x is this rank's sequence shard: its elements are drawn at their global indices.
+  const uint64_t offset = sequence_parallel_ ? tensor_parallel::sequence_shard_offset(x.residual, *ctx_) : 0;
+  saved.attention_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".self_attn_bda"), offset};
+  saved.mlp_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".mlp_bda"), offset};
 
   // norm1 materialises x (saved.norm1.input) if x arrived as a pair; norm2 computes h = x + a.
   Tensor a = self_attention_.forward(input_norm_.forward(x, saved.norm1), fwd, saved.attention);
@@ -40,6 +46,13 @@ ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardC
   Tensor m = mlp_.forward(pre_mlp_norm_.forward({saved.norm1.input, a}, saved.norm2), saved.mlp);
   dropout_in_place(m, saved.mlp_dropout);
   return {saved.norm2.input, m};  // out = h + m, added by the next norm
+}
+
+void TransformerLayer::Saved::count(ActivationMemory& m) const {
+  norm1.count(m);
+  attention.count(m);
+  norm2.count(m);
+  mlp.count(m);
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy, const Saved& saved) const {

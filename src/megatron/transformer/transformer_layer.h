@@ -5,6 +5,8 @@
 // Every residual addition is fused into the norm after it (residual_stream.h): norm2 adds h, and
 // the layer returns out as {h, dropout(mlp(...))} for the next layer's norm1 (or the final norm)
 // to add. x may likewise arrive as such a pair.
+// Under sequence parallelism x, h and out are this rank's sequence shard (S/TP,B,H): the norms,
+// dropouts and residual adds work on the shard; dropout masks are indexed by global element.
 #include <string>
 
 #include "megatron/ops/dropout.h"
@@ -21,7 +23,8 @@ class TransformerLayer {
     Norm::Saved norm1, norm2;
     SelfAttention::Saved attention;
     MLP::Saved mlp;
-    ops::DropoutParams attention_dropout, mlp_dropout;
+    ops::DropoutParams attention_dropout, mlp_dropout;  // masks are regenerated, not stored
+    void count(ActivationMemory& m) const;
   };
   // layer_number: global, 0-based (checkpoint names use global indices, as Megatron HEAD).
   TransformerLayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
@@ -32,7 +35,9 @@ class TransformerLayer {
 
  private:
   std::string prefix_;
+  const ParallelContext* ctx_;
   float hidden_dropout_;
+  bool sequence_parallel_;
   Norm input_norm_;
   SelfAttention self_attention_;
   Norm pre_mlp_norm_;

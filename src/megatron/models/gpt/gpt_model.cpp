@@ -4,6 +4,7 @@
 #include "megatron/ops/elementwise.h"
 #include "megatron/ops/embedding.h"
 #include "megatron/ops/reduce.h"
+#include "megatron/tensor_parallel/mappings.h"
 
 namespace megatron {
 
@@ -25,19 +26,35 @@ Tensor to_sequence_major(const Tensor& bs, Device device) {
   ops::transpose01(out, in);
   return out.view({-1});
 }
+
+// Columns [s0, s1) of (B,S) ids, as a (B, s1-s0) tensor: the positions of a sequence shard.
+Tensor sequence_columns(const Tensor& ids_bs, int64_t s0, int64_t s1) {
+  const int64_t B = ids_bs.dim(0), S = ids_bs.dim(1);
+  Tensor sb = Tensor::empty({S, B}, ids_bs.dtype(), ids_bs.device());
+  ops::transpose01(sb, ids_bs);
+  Tensor out = Tensor::empty({B, s1 - s0}, ids_bs.dtype(), ids_bs.device());
+  ops::transpose01(out, sb.slice(s0, s1));
+  return out;
+}
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device)
     : config_(config), ctx_(&ctx), device_(device) {
   MEGATRON_CHECK(config.padded_vocab_size > 0, "padded_vocab_size is not set; derive the config before building");
+  MEGATRON_CHECK(config.tensor_model_parallel_size == ctx.tp_size(),
+                 "the config says TP " << config.tensor_model_parallel_size << " but the context's TP group has "
+                                       << ctx.tp_size() << " ranks; build the config and the groups from one size");
   const auto registered = [this] { return registry_.params().size(); };
   word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
       registry_, ctx, "embedding.word_embeddings.weight", config.padded_vocab_size, config.hidden_size,
-      config.init_method_std);
+      config.init_method_std, config.sequence_parallel);
+  // Replicated; under SP added to this rank's sequence shard only, so its gradient is summed over
+  // TP before the optimizer.
   if (config.position_embedding_type == PositionEmbeddingType::learned_absolute)
     position_embeddings_ = registry_.add({.name = "embedding.position_embeddings.weight",
                                           .global_shape = {config.max_position_embeddings, config.hidden_size},
-                                          .init_std = config.init_method_std},
+                                          .init_std = config.init_method_std,
+                                          .sequence_parallel = config.sequence_parallel},
                                          ctx.tp_rank(), ctx.tp_size());
   embedding_params_ = {0, registered()};
   for (int64_t i = 0; i < config.num_layers; ++i) {
@@ -46,7 +63,8 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
         std::make_unique<TransformerBlock>(registry_, ctx, config, i, i + 1, i + 1 == config.num_layers));
     layer_params_.push_back({begin, registered()});
   }
-  tensor_parallel::ColumnParallelLinear::Options out{.bias = false, .init_std = config.init_method_std};
+  tensor_parallel::ColumnParallelLinear::Options out{
+      .bias = false, .init_std = config.init_method_std, .sequence_parallel = config.sequence_parallel};
   if (!config.untie_embeddings_and_output_weights) out.shared_weight = word_embeddings_->weight();
   output_params_.begin = registered();
   output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
@@ -61,13 +79,18 @@ Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_
       tokens.dim(1) <= config_.max_position_embeddings,
       "sequence of " << tokens.dim(1) << " tokens exceeds max_position_embeddings " << config_.max_position_embeddings);
   saved.tokens = tokens.to(device_);
-  Tensor h = word_embeddings_->forward(saved.tokens);
+  Tensor h = word_embeddings_->forward(saved.tokens);  // (S,B,H), or this rank's (S/TP,B,H) under SP
   if (position_embeddings_) {
     saved.positions =
         position_ids.defined() ? position_ids.to(device_) : default_position_ids(tokens.dim(0), tokens.dim(1), device_);
+    if (config_.sequence_parallel) {
+      const int64_t s0 = ctx_->tp_rank() * h.dim(0);
+      saved.positions = sequence_columns(saved.positions, s0, s0 + h.dim(0));
+    }
     ops::embedding_forward(h, saved.positions, position_embeddings_->data, {.accumulate = true});
   }
-  saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding")};
+  saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding"),
+                             config_.sequence_parallel ? tensor_parallel::sequence_shard_offset(h, *ctx_) : 0};
   if (saved.embedding_dropout.p > 0.0f) ops::dropout_forward(h, h, saved.embedding_dropout);
   ForwardContext layer_fwd = fwd;
   layer_fwd.segment_ids = segment_ids.defined() ? segment_ids.to(device_) : Tensor();
@@ -82,12 +105,23 @@ void GPTModel::report_grads_ready(const ParamSpan& span) const {
   for (size_t i = span.begin; i < span.end; ++i) registry_.grad_ready(*registry_.params()[i]);
 }
 
+ops::VocabShard GPTModel::vocab_shard() const {
+  return {.start = word_embeddings_->vocab_start(), .size = config_.padded_vocab_size};
+}
+
+// Vocab-parallel cross-entropy: each rank reduces its vocabulary columns to (max, sum of exp,
+// target logit) per token, one all-gather over TP exchanges them, and every rank combines them
+// into the same per-token loss and lse. The full logits never exist on any rank.
 LossSums GPTModel::loss_sums(const Tensor& logits, const Tensor& labels_sb, const Tensor& mask_sb, Tensor& lse) {
   const int64_t N = labels_sb.numel();
   const DType dt = loss_dtype(logits.dtype());
+  Tensor partial = Tensor::empty({3, N}, dt, logits.device());
+  ops::cross_entropy_partial_forward(partial, logits.view({N, -1}), labels_sb, vocab_shard());
+  Tensor partials = Tensor::empty({ctx_->tp_size(), 3, N}, dt, logits.device());
+  ctx_->tp->all_gather(partials, partial);
   Tensor losses = Tensor::empty({N}, dt, logits.device());
   lse = Tensor::empty({N}, dt, logits.device());
-  ops::cross_entropy_forward(losses, lse, logits.view({N, -1}), labels_sb);
+  ops::cross_entropy_combine(losses, lse, partials);
   Tensor acc = Tensor::zeros({2}, dt, logits.device());
   Tensor loss_acc = acc.slice(0, 1), count_acc = acc.slice(1, 2);
   const Tensor mask = mask_sb.dtype() == dt ? mask_sb : mask_sb.to(dt);
@@ -105,10 +139,15 @@ LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, 
   const Tensor mask_sb = to_sequence_major(loss_mask, device_);
   Tensor lse;
   const LossSums sums = loss_sums(logits, labels_sb, mask_sb, lse);
+  ActivationMemory memory;
+  saved.count(memory);
+  memory.add(logits);
+  memory.add(lse);
+  activation_bytes_ = int64_t(memory.bytes());
 
   // dlogits overwrite the logits in place: no second vocabulary-sized buffer.
   Tensor logits_rows = logits.view({labels_sb.numel(), -1});
-  ops::cross_entropy_backward(logits_rows, logits_rows, labels_sb, lse, mask_sb, loss_grad_scale);
+  ops::cross_entropy_backward(logits_rows, logits_rows, labels_sb, lse, mask_sb, loss_grad_scale, vocab_shard());
   Tensor d = output_layer_->backward(logits, saved.output);
   report_grads_ready(output_params_);
   for (size_t i = decoder_.size(); i-- > 0;) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "megatron/distributed/parameter.h"
+#include "megatron/ops/cross_entropy.h"
 #include "megatron/parallel/comm.h"
 #include "megatron/tensor_parallel/layers.h"
 #include "megatron/transformer/transformer_block.h"
@@ -50,6 +51,10 @@ class GPTModel {
                     const Tensor& position_ids = Tensor(), const Tensor& segment_ids = Tensor());
   // Logits (S,B,V_local) for inference.
   Tensor logits(const Tensor& tokens);
+  // Activation memory of the last forward_backward on this rank: the bytes its forward kept for
+  // the backward (every module's saved tensors, the logits and the loss's lse; dropout masks are
+  // regenerated, not kept). Under sequence parallelism every per-layer term is divided by TP.
+  int64_t activation_bytes() const { return activation_bytes_; }
 
  private:
   struct Saved {
@@ -57,6 +62,12 @@ class GPTModel {
     ops::DropoutParams embedding_dropout;
     std::vector<TransformerBlock::Saved> layers;
     tensor_parallel::LinearSaved output;
+    // The tensors kept for backward (the token ids are the caller's input, not counted).
+    void count(ActivationMemory& m) const {
+      m.add(positions);
+      for (const TransformerBlock::Saved& layer : layers) layer.count(m);
+      output.count(m);
+    }
   };
   // Registration indices [begin, end) of the parameters one module registered.
   struct ParamSpan {
@@ -66,6 +77,8 @@ class GPTModel {
   Tensor forward_to_logits(const Tensor& tokens, const Tensor& position_ids, const Tensor& segment_ids,
                            const ForwardContext& fwd, Saved& saved);
   LossSums loss_sums(const Tensor& logits, const Tensor& labels_sb, const Tensor& mask_sb, Tensor& lse);
+  // This rank's columns of the logits: the vocabulary rows of the (tied or not) output layer.
+  ops::VocabShard vocab_shard() const;
 
   TransformerConfig config_;
   const ParallelContext* ctx_;
@@ -79,6 +92,7 @@ class GPTModel {
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
   ParamSpan embedding_params_, output_params_;
   std::vector<ParamSpan> layer_params_;
+  int64_t activation_bytes_ = 0;
 };
 
 }  // namespace megatron

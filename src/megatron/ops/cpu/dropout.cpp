@@ -1,4 +1,4 @@
-// Inverted dropout on the CPU. The mask is a pure function of (seed, stream, element index), so
+// Inverted dropout on the CPU. The mask is a pure function of (seed, stream, global element index), so
 // backward regenerates it and the CUDA kernel can reproduce it exactly.
 #include "megatron/ops/dropout.h"
 
@@ -18,7 +18,7 @@ void dropout_kernel(T* out, const T* in, int64_t n, const DropoutParams& p) {
   const A keep_scale = A(1) / (A(1) - A(p.p));
 #pragma omp parallel for if (worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
-    const bool keep = p.p == 0.0f || dropout_keep(rng, uint64_t(i), p.p);
+    const bool keep = p.p == 0.0f || dropout_keep(rng, p.offset + uint64_t(i), p.p);
     out[i] = store<T>(load(in[i]) * (keep ? keep_scale : A(0)));
   }
 }

@@ -1,11 +1,14 @@
-// Softmax cross-entropy on CUDA, one block per row of V logits, in float.
-//   forward:  each thread keeps an online (max, sum of exp) over its share of the row, read once
-//             through 16-byte packs (a row at any offset: scalar head and tail, packed body);
-//             the block then merges the pairs. No copy of the logits is made.
+// Softmax cross-entropy on CUDA (whole or vocab-parallel), in float.
+//   partial forward: one block per row of V_local logits; each thread keeps an online (max, sum
+//             of exp) over its share of the row, read once through 16-byte packs (a row at any
+//             offset: scalar head and tail, packed body); the block then merges the pairs. No
+//             copy of the logits is made.
+//   combine:  one thread per row merges the R ranks' (max, sum of exp, target logit).
 //   backward: reads each logit and writes its gradient in the same place, by the same thread,
 //             so dlogits may alias logits.
-// Targets outside [0, V) cannot raise an error from a kernel without a host synchronisation; they
-// give a NaN loss (and a NaN gradient row), which the loss and grad-norm checks report.
+// Targets outside [0, vocab) cannot raise an error from a kernel without a host synchronisation;
+// they give a NaN loss (and a NaN gradient row), which the loss and grad-norm checks report.
+#include "megatron/ops/checks/cross_entropy.h"
 #include "megatron/ops/cross_entropy.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 
@@ -38,9 +41,11 @@ struct OnlineSoftmax {
   }
 };
 
+// partial[0][n] = m, partial[1][n] = sum exp(x - m), partial[2][n] = x_target or 0 (NaN for a
+// target outside the vocabulary).
 template <class T>
-__global__ void cross_entropy_forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets,
-                                             int64_t V) {
+__global__ void cross_entropy_partial_forward_kernel(float* partial, const T* logits, const int32_t* targets, int64_t N,
+                                                     int64_t V, int64_t start, int64_t vocab) {
   constexpr int kVec = kPack<T>;
   const int64_t n = blockIdx.x;
   const T* row = logits + n * V;
@@ -53,15 +58,37 @@ __global__ void cross_entropy_forward_kernel(float* losses, float* lse, const T*
     acc.add_pack(v);
   }
   for (int64_t j = span.head + span.packs * kVec + threadIdx.x; j < V; j += blockDim.x) acc.add(to_float(row[j]));
-  // lse = M + log sum_threads s_t exp(m_t - M), M = max_t m_t  (threads without values add 0)
+  // m = max_t m_t;  s = sum_t s_t exp(m_t - m)  (threads without values add 0)
   const float m = block_max(acc.m);
   const float s = block_sum(acc.s == 0.0f ? 0.0f : acc.s * expf(acc.m - m));
   if (threadIdx.x == 0) {
-    const float l = m + logf(s);
-    const int32_t t = targets[n];
-    lse[n] = l;
-    losses[n] = (t >= 0 && t < V) ? l - to_float(row[t]) : NAN;
+    const int64_t t = targets[n];
+    float target_logit = 0.0f;
+    if (t < 0 || t >= vocab) {
+      target_logit = NAN;
+    } else if (t >= start && t < start + V) {
+      target_logit = to_float(row[t - start]);
+    }
+    partial[n] = m;
+    partial[N + n] = s;
+    partial[2 * N + n] = target_logit;
   }
+}
+
+// lse = M + log sum_r s_r exp(m_r - M), M = max_r m_r;  loss = lse - sum_r t_r.
+__global__ void cross_entropy_combine_kernel(float* losses, float* lse, const float* partials, int64_t N, int64_t R) {
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  float M = -INFINITY;
+  for (int64_t r = 0; r < R; ++r) M = fmaxf(M, partials[(r * 3) * N + n]);
+  float s = 0.0f, t = 0.0f;
+  for (int64_t r = 0; r < R; ++r) {
+    s += partials[(r * 3 + 1) * N + n] * expf(partials[(r * 3) * N + n] - M);
+    t += partials[(r * 3 + 2) * N + n];
+  }
+  const float l = M + logf(s);
+  lse[n] = l;
+  losses[n] = l - t;
 }
 
 // dx_v = (exp(x_v - lse) - [v == target]) * mask * grad_scale; dl may be l.
@@ -71,15 +98,17 @@ __device__ __forceinline__ float ce_grad(float x, int64_t v, float l, int64_t ta
 
 template <bool kVector, class T>
 __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const int32_t* targets, const float* lse,
-                                              const float* loss_mask, float grad_scale, int64_t V) {
+                                              const float* loss_mask, float grad_scale, int64_t V, int64_t start,
+                                              int64_t vocab) {
   constexpr int kVec = kPack<T>;
   const int64_t n = blockIdx.x;
   const T* x = logits + n * V;
   T* dx = dlogits + n * V;
-  const int64_t t = targets[n];
+  const int64_t target = targets[n];
+  const int64_t t = target - start;  // outside [0, V): another rank's column
   const float l = lse[n];
   float factor = (loss_mask != nullptr ? loss_mask[n] : 1.0f) * grad_scale;
-  if (t < 0 || t >= V) factor = NAN;
+  if (target < 0 || target >= vocab) factor = NAN;
   AlignedSpan span{V, 0};  // all scalar unless dx and x share their 16-byte phase
   if constexpr (kVector) span = aligned_span(x, V);
   for (int64_t j = threadIdx.x; j < span.head; j += blockDim.x)
@@ -97,22 +126,11 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
   }
 }
 
-void check_logits(const Tensor& logits, const char* name) {
-  check_cuda(logits, name);
-  MEGATRON_CHECK(logits.ndim() == 2, name << " must be (N,V), got " << shape_str(logits.shape()));
+void check_cuda_logits_dtype(const Tensor& logits, const char* op) {
+  dispatch_storage(logits.dtype(), op, [](auto) {});
 }
 
-void check_targets(const Tensor& targets, int64_t N) {
-  check_cuda(targets, "cross_entropy targets");
-  check_shape(targets, {N}, "cross_entropy targets");
-  check_dtype(targets, DType::i32, "cross_entropy targets");
-}
-
-void check_stat(const Tensor& t, int64_t N, const char* name) {
-  check_cuda(t, name);
-  check_shape(t, {N}, name);
-  check_dtype(t, DType::f32, name);
-}
+constexpr checks::CrossEntropyBackend kCudaCrossEntropy{check_cuda, check_cuda_logits_dtype};
 
 // One block per row: rows beyond the grid's x limit would need a second dimension.
 void check_rows(int64_t N) {
@@ -121,46 +139,43 @@ void check_rows(int64_t N) {
 
 }  // namespace
 
-void cross_entropy_forward(Tensor& losses, Tensor& lse, const Tensor& logits, const Tensor& targets) {
-  check_logits(logits, "cross_entropy logits");
-  const int64_t N = logits.dim(0), V = logits.dim(1);
-  check_targets(targets, N);
-  dispatch_storage(logits.dtype(), "cross_entropy_forward", [&]<class T>(std::type_identity<T>) {
-    check_stat(losses, N, "cross_entropy losses");
-    check_stat(lse, N, "cross_entropy lse");
-    check_rows(N);
-    MEGATRON_CHECK(V > 0, "cross_entropy logits " << shape_str(logits.shape()) << " have an empty vocabulary");
-    if (N == 0) return;
-    cross_entropy_forward_kernel<T><<<unsigned(N), kThreads, 0, stream()>>>(
-        device_data<float>(losses), device_data<float>(lse), device_data<T>(logits), device_data<int32_t>(targets), V);
+void cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const Tensor& targets,
+                                   const VocabShard& shard) {
+  const auto [N, V, vocab] =
+      checks::check_cross_entropy_partial_forward(partial, logits, targets, shard, kCudaCrossEntropy);
+  check_rows(N);
+  if (N == 0) return;
+  dispatch_storage(logits.dtype(), "cross_entropy_partial_forward", [&]<class T>(std::type_identity<T>) {
+    cross_entropy_partial_forward_kernel<T><<<unsigned(N), kThreads, 0, stream()>>>(
+        device_data<float>(partial), device_data<T>(logits), device_data<int32_t>(targets), N, V, shard.start, vocab);
     CUDA_CHECK_LAUNCH();
   });
 }
 
+void cross_entropy_combine(Tensor& losses, Tensor& lse, const Tensor& partials) {
+  const auto [N, R] = checks::check_cross_entropy_combine(losses, lse, partials, check_cuda);
+  MEGATRON_CHECK(partials.dtype() == DType::f32,
+                 "cross_entropy partials have dtype " << dtype_name(partials.dtype()) << "; CUDA takes f32");
+  if (N == 0) return;
+  cross_entropy_combine_kernel<<<grid_for(N), kThreads, 0, stream()>>>(
+      device_data<float>(losses), device_data<float>(lse), device_data<float>(partials), N, R);
+  CUDA_CHECK_LAUNCH();
+}
+
 void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& loss_mask, float grad_scale) {
-  check_logits(logits, "cross_entropy logits");
-  const int64_t N = logits.dim(0), V = logits.dim(1);
-  check_targets(targets, N);
-  check_cuda(dlogits, "cross_entropy dlogits");
-  check_shape(dlogits, logits.shape(), "cross_entropy dlogits");
-  check_dtype(dlogits, logits.dtype(), "cross_entropy dlogits");
-  if (loss_mask.defined()) {
-    check_cuda(loss_mask, "cross_entropy loss_mask");
-    check_shape(loss_mask, {N}, "cross_entropy loss_mask");
-    check_dtype(loss_mask, DType::f32, "cross_entropy loss_mask");
-  }
+                            const Tensor& loss_mask, float grad_scale, const VocabShard& shard) {
+  const auto [N, V, vocab] =
+      checks::check_cross_entropy_backward(dlogits, logits, targets, lse, loss_mask, shard, kCudaCrossEntropy);
+  check_rows(N);
+  if (N == 0) return;
   dispatch_storage(logits.dtype(), "cross_entropy_backward", [&]<class T>(std::type_identity<T>) {
-    check_stat(lse, N, "cross_entropy lse");
-    check_rows(N);
-    if (N == 0 || V == 0) return;
     T* dl = device_data<T>(dlogits);
     const T* l = device_data<T>(logits);  // may be dl itself
     const float* mask = loss_mask.defined() ? device_data<float>(loss_mask) : nullptr;
     const bool same_phase = (reinterpret_cast<uintptr_t>(dl) - reinterpret_cast<uintptr_t>(l)) % kVecBytes == 0;
     auto launch = [&](auto kernel) {
       kernel<<<unsigned(N), kThreads, 0, stream()>>>(dl, l, device_data<int32_t>(targets), device_data<float>(lse),
-                                                     mask, grad_scale, V);
+                                                     mask, grad_scale, V, shard.start, vocab);
       CUDA_CHECK_LAUNCH();
     };
     same_phase ? launch(cross_entropy_backward_kernel<true, T>) : launch(cross_entropy_backward_kernel<false, T>);

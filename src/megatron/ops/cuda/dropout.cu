@@ -11,7 +11,7 @@ namespace {
 // out_i = in_i * (keep_i ? 1/(1-p) : 0): a multiply, not a select, so NaN and Inf in dropped
 // elements still propagate, as on the CPU. In place is fine: element i reads only in_i.
 template <class T, int V>
-__global__ void dropout_kernel(T* out, const T* in, int64_t n, CounterRng rng, float p) {
+__global__ void dropout_kernel(T* out, const T* in, int64_t n, CounterRng rng, float p, uint64_t offset) {
   const float keep_scale = 1.0f / (1.0f - p);
   for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n;
        i += int64_t(gridDim.x) * blockDim.x * V) {
@@ -23,7 +23,7 @@ __global__ void dropout_kernel(T* out, const T* in, int64_t n, CounterRng rng, f
     }
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const bool keep = p == 0.0f || dropout_keep(rng, uint64_t(i + k), p);
+      const bool keep = p == 0.0f || dropout_keep(rng, offset + uint64_t(i + k), p);
       v[k] *= keep ? keep_scale : 0.0f;
     }
     if constexpr (V == 1) {
@@ -47,9 +47,9 @@ void dropout_apply(Tensor& out, const Tensor& in, const DropoutParams& p, const 
     const T* ip = static_cast<const T*>(in.raw());
     const CounterRng rng{p.seed, p.stream};
     if (n % kPack<T> == 0 && is_aligned16(op) && is_aligned16(ip)) {
-      dropout_kernel<T, kPack<T>><<<grid_for(n / kPack<T>), kThreads, 0, stream()>>>(op, ip, n, rng, p.p);
+      dropout_kernel<T, kPack<T>><<<grid_for(n / kPack<T>), kThreads, 0, stream()>>>(op, ip, n, rng, p.p, p.offset);
     } else {
-      dropout_kernel<T, 1><<<grid_for(n), kThreads, 0, stream()>>>(op, ip, n, rng, p.p);
+      dropout_kernel<T, 1><<<grid_for(n), kThreads, 0, stream()>>>(op, ip, n, rng, p.p, p.offset);
     }
     CUDA_CHECK_LAUNCH();
   });
