@@ -52,7 +52,6 @@ Precision precision_of(const std::vector<std::string>& flags) {
 
 // fp16 with dynamic loss scaling that neither grows nor overflows within these 20 iterations.
 const std::vector<std::string> kFp16 = {"--fp16", "--initial-loss-scale", "4096"};
-}
 
 // A world of the ranks sharing `color`: world, dp and dp_cp are one MPI communicator over them,
 // every other group is this rank alone.
