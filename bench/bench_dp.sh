@@ -25,29 +25,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast (shared machines); mpirun pa
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 iters=30 log_interval=10  # as bench_training.sh: iterations 1-10 warm up, the last interval (11-30) is measured
 
-field() { sed -nE "s/.*\"$1\": ?\"?([^,\"}]+).*/\1/p" | tail -1; }
-num() { awk -v v="$1" -v f="$2" 'BEGIN { if (v != "" && v + 0 == v) printf f, v; else print "-" }'; }
-
-# Appends run NAME's log to $logs; on failure, shows its tail.
-finish_run() {
-  { echo "===== $1 (exit $2)"; cat "$work/$1.log"; } >> "$logs"
-  [ "$2" -eq 0 ] || { echo "$1 failed ($2):" >&2; tail -5 "$work/$1.log" >&2; }
-}
-
-# ours NAME NPROC PRESET MBS [flags...]: one `megatron train` run; its metrics go to $work/NAME.jsonl.
-ours() {
-  local name=$1 np=$2 preset=$3 mbs=$4
-  shift 4
-  local vocab=32000
-  case "$preset" in gpt2-*) vocab=50304 ;; llama-8b) vocab=128256 ;; esac
-  local launch=()
-  [ "$np" -gt 1 ] && launch=(mpirun --allow-run-as-root --bind-to none -np "$np" -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
-  "${launch[@]}" "$build/megatron" train --model-preset "$preset" --micro-batch-size "$mbs" \
-    --global-batch-size $((np * mbs)) --train-iters $iters --lr 1e-4 --bf16 --attention-dropout 0 \
-    --hidden-dropout 0 --mock-data --tokenizer-type NullTokenizer --vocab-size $vocab \
-    --log-interval $log_interval --metrics-file "$work/$name.jsonl" --device cuda "$@" > "$work/$name.log" 2>&1
-  finish_run "$name" $?
-}
+source bench/train_runs.sh  # field, num, finish_run, ours, read_ours
 
 # theirs NAME NPROC PRESET MBS: the PyTorch reference, under torchrun when NPROC > 1.
 theirs() {
@@ -58,16 +36,7 @@ theirs() {
   finish_run "$name" $?
 }
 
-# Sets ms tok tf peak opt (per GPU; memory in GiB) from run NAME of NPROC GPUs, "" where it failed.
-read_ours() {
-  local last
-  last=$(grep '"kind":"train"' "$work/$1.jsonl" 2>/dev/null | tail -1)
-  ms=$(echo "$last" | field elapsed_ms_per_iteration)
-  tok=$(echo "$last" | field tokens_per_second | awk -v n="$2" '{ if ($1 != "") print $1 / n }')
-  tf=$(echo "$last" | field tflops_per_gpu)
-  peak=$(echo "$last" | field peak_memory_mib | awk '{ if ($1 != "") print $1 / 1024 }')
-  opt=$(echo "$last" | field optimizer_state_mib | awk '{ if ($1 != "") print $1 / 1024 }')
-}
+# Sets ms tok tf peak opt as read_ours does, from the PyTorch reference's result line of run NAME.
 read_theirs() {
   local last
   last=$(grep '^{"engine"' "$work/$1.log" 2>/dev/null | tail -1)

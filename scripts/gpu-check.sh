@@ -4,6 +4,7 @@
 #   --bench [preset:mbs ...]     the single-GPU training benchmark against PyTorch (bench_training.sh)
 #   --multigpu                   also the tests labelled multigpu (several GPUs, one rank per GPU)
 #   --bench-dp [preset:mbs ...]  the data-parallel benchmark on 4 GPUs (bench/bench_dp.sh)
+#   --bench-tp [preset:mbs ...]  tensor (+ sequence) parallelism beside DP on every GPU (bench/bench_tp.sh)
 #   --skip-gpu-tests             not the single-GPU tests (when a run before this one did them)
 # Logs go to $OUT (the device tool brings them back) or /tmp/gpu-check.
 set -uo pipefail
@@ -11,13 +12,14 @@ cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"  # never NVLink multicast on shared machines
 out="${OUT:-/tmp/gpu-check}"
 mkdir -p "$out"
-bench=0 multigpu=0 bench_dp=0 gpu_tests=1
-bench_runs=() bench_dp_runs=()
+bench=0 multigpu=0 bench_dp=0 bench_tp=0 gpu_tests=1
+bench_runs=() bench_dp_runs=() bench_tp_runs=()
 list=""
 for arg in "$@"; do
   case "$arg" in
     --bench) bench=1 list=bench ;;
     --bench-dp) bench_dp=1 list=bench_dp ;;
+    --bench-tp) bench_tp=1 list=bench_tp ;;
     --multigpu) multigpu=1 list="" ;;
     --skip-gpu-tests) gpu_tests=0 list="" ;;
     -*) echo "gpu-check.sh: unknown option $arg (see the header of $0)" >&2; exit 2 ;;
@@ -25,7 +27,8 @@ for arg in "$@"; do
       case "$list" in
         bench) bench_runs+=("$arg") ;;
         bench_dp) bench_dp_runs+=("$arg") ;;
-        *) echo "gpu-check.sh: $arg follows no --bench or --bench-dp" >&2; exit 2 ;;
+        bench_tp) bench_tp_runs+=("$arg") ;;
+        *) echo "gpu-check.sh: $arg follows no --bench, --bench-dp or --bench-tp" >&2; exit 2 ;;
       esac
       ;;
   esac
@@ -61,7 +64,7 @@ fi
 
 multigpu_rc=0
 if [ $multigpu -eq 1 ]; then
-  # -V: the passing tests' output too (the DP tests print how much of their tolerance they used).
+  # -V: the passing tests' output too (the DP and TP tests print how much of their tolerance they used).
   (cd build/gpu && ctest -L multigpu -V) > "$out/multigpu-tests.log" 2>&1
   multigpu_rc=$?
   [ $multigpu_rc -eq 0 ] || grep -E "Failure|FAILED|Expected|Which is|error|\\[rank" "$out/multigpu-tests.log" | head -60
@@ -77,6 +80,12 @@ bench_dp_rc=0
 if [ $bench_dp -eq 1 ] && [ $build_rc -eq 0 ]; then
   OUT="$out" bench/bench_dp.sh build/gpu "${bench_dp_runs[@]}" > "$out/bench-dp.txt" 2>&1
   bench_dp_rc=$?
+fi
+
+bench_tp_rc=0
+if [ $bench_tp -eq 1 ] && [ $build_rc -eq 0 ]; then
+  OUT="$out" bench/bench_tp.sh build/gpu "${bench_tp_runs[@]}" > "$out/bench-tp.txt" 2>&1
+  bench_tp_rc=$?
 fi
 
 echo
@@ -97,9 +106,12 @@ fi
 if [ $bench_dp -eq 1 ]; then
   echo "| bench-dp | $(status $bench_dp_rc) | $out/bench-dp.txt |"
 fi
+if [ $bench_tp -eq 1 ]; then
+  echo "| bench-tp | $(status $bench_tp_rc) | $out/bench-tp.txt |"
+fi
 if [ $multigpu -eq 1 ]; then
   echo
-  echo "multigpu: largest deviations of DP training on GPUs from the single-GPU curve"
+  echo "multigpu: largest deviations of DP and TP training on GPUs from the single-GPU curve"
   grep "largest relative deviation" "$out/multigpu-tests.log"
 fi
 if [ $bench -eq 1 ]; then
@@ -110,4 +122,9 @@ if [ $bench_dp -eq 1 ]; then
   echo
   cat "$out/bench-dp.txt"
 fi
-[ $build_rc -eq 0 ] && [ $gpu_rc -eq 0 ] && [ $multigpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_dp_rc -eq 0 ]
+if [ $bench_tp -eq 1 ]; then
+  echo
+  cat "$out/bench-tp.txt"
+fi
+[ $build_rc -eq 0 ] && [ $gpu_rc -eq 0 ] && [ $multigpu_rc -eq 0 ] && [ $bench_rc -eq 0 ] && [ $bench_dp_rc -eq 0 ] &&
+  [ $bench_tp_rc -eq 0 ]

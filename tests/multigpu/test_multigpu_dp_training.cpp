@@ -19,38 +19,18 @@
 // largest deviation seen is printed, so the margin can be read off each run.
 #include <mpi.h>
 
-#include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "megatron/training/arguments.h"
-#include "multigpu/multigpu_util.h"
-#include "multirank/dp_training_util.h"
+#include "multigpu/gpu_training_util.h"
 
 namespace megatron::testing {
 namespace {
 
 constexpr double kTolerance = 1e-5;  // derivation in the header comment
-
-TrainingSummary train_single_gpu(const std::vector<std::string>& argv) {
-  return pretrain(parse_training_args(argv, 1), ParallelContext::single_process(), local_gpu());
-}
-
-TrainingSummary train_on(const ParallelContext& ctx, const std::vector<std::string>& argv) {
-  return pretrain(parse_training_args(argv, ctx.world->size()), ctx, local_gpu());
-}
-
-// The largest deviation over all ranks, printed by rank 0.
-void report_deviation(double worst, const std::string& what) {
-  MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0)
-    std::printf("%s: largest relative deviation from the single-GPU curve %.2e (tolerance %.0e)\n", what.c_str(), worst,
-                kTolerance);
-}
 
 class GpuDpTraining : public ::testing::Test {
  protected:
@@ -75,11 +55,11 @@ TEST_F(GpuDpTraining, EveryLayoutMatchesTheSingleGpuCurve) {
   for (const auto& flags : layouts) {
     std::string name = "DP " + std::to_string(dp) + " on GPUs";
     for (const std::string& f : flags) name += " " + f;
-    const TrainingSummary s = train_on(st_.ctx, with(tiny_run(20, "cuda"), flags));
+    const TrainingSummary s = train_on_gpus(st_.ctx, with(tiny_run(20, "cuda"), flags));
     double worst = expect_same_curve(single, s, 0, kTolerance, true, name);
     worst =
         std::max(worst, expect_close(single.valid_losses, s.valid_losses, 0, kTolerance, name + " validation loss"));
-    report_deviation(worst, name);
+    report_deviation(worst, name, kTolerance);
   }
 }
 
@@ -88,13 +68,13 @@ TEST_F(GpuDpTraining, DistributedOptimizerCheckpointLoadsOnOneGpu) {
   const std::unique_ptr<TempDir> owner = st_.ctx.world->rank() == 0 ? std::make_unique<TempDir>() : nullptr;
   const std::string ckpt = shared_directory(owner.get()) + "/ckpt";
   const TrainingSummary straight = train_single_gpu(tiny_run(20, "cuda"));
-  train_on(st_.ctx,
+  train_on_gpus(st_.ctx,
            with(tiny_run(10, "cuda"), {"--use-distributed-optimizer", "--save", ckpt, "--save-interval", "10"}));
   MPI_Barrier(MPI_COMM_WORLD);  // the save returns once published; the barrier makes that explicit
   ASSERT_TRUE(std::filesystem::exists(ckpt + "/iter_0000010/metadata.json"));
   const TrainingSummary resumed = train_single_gpu(with(tiny_run(20, "cuda"), {"--load", ckpt}));
   const std::string name = "DP " + std::to_string(dp) + " distributed optimizer -> one GPU";
-  report_deviation(expect_same_curve(straight, resumed, 10, kTolerance, true, name), name);
+  report_deviation(expect_same_curve(straight, resumed, 10, kTolerance, true, name), name, kTolerance);
   MPI_Barrier(MPI_COMM_WORLD);  // rank 0 removes the directory once every rank has loaded it
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // Shared by the training tests on CPU ranks (multirank/test_dp_training.cpp, test_tp_*.cpp) and on
-// GPUs (multigpu/test_multigpu_dp_training.cpp): a tiny model run, runs on a context or on one
+// GPUs (multigpu/test_multigpu_*_training.cpp): tiny model runs, runs on a context or on one
 // process, and the comparison of a run's curve with the single-rank curve of the same batches.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -63,6 +63,67 @@ inline std::vector<std::string> tiny_run(int64_t iters, const std::string& devic
 inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
   a.insert(a.end(), more.begin(), more.end());
   return a;
+}
+
+// The models of the TP tests (multirank/test_tp_*.cpp, multigpu/test_multigpu_tp_training.cpp):
+// GPT-2-style (learned positions, LayerNorm, GELU, biases, tied embeddings) and LLaMA-style (GQA,
+// SwiGLU, RoPE, RMSNorm, untied, no biases), both dividing by TP = 1, 2 and 4.
+enum class ModelStyle { gpt, llama };
+
+inline const char* style_name(ModelStyle s) { return s == ModelStyle::gpt ? "GPT" : "LLaMA"; }
+
+// 2 layers, hidden 32, 4 sequences of 16 tokens per global batch in micro-batches of 1, dropout
+// on, an evaluation every 10 steps; the padded vocabulary is 128 rows at TP 1, 2 and 4, so
+// checkpoints move between TP sizes.
+inline std::vector<std::string> tiny_tp_run(ModelStyle style, int64_t iters, const std::string& device = "cpu") {
+  const std::vector<std::string> common = {"--num-layers",
+                                           "2",
+                                           "--hidden-size",
+                                           "32",
+                                           "--seq-length",
+                                           "16",
+                                           "--micro-batch-size",
+                                           "1",
+                                           "--global-batch-size",
+                                           "4",
+                                           "--train-iters",
+                                           std::to_string(iters),
+                                           "--lr-decay-iters",
+                                           "20",
+                                           "--lr",
+                                           "3e-3",
+                                           "--lr-warmup-iters",
+                                           "2",
+                                           "--mock-data",
+                                           "--tokenizer-type",
+                                           "NullTokenizer",
+                                           "--vocab-size",
+                                           "100",
+                                           "--make-vocab-size-divisible-by",
+                                           "32",
+                                           "--log-interval",
+                                           "100",
+                                           "--device",
+                                           device,
+                                           "--hidden-dropout",
+                                           "0.1",
+                                           "--attention-dropout",
+                                           "0.1",
+                                           "--eval-interval",
+                                           "10",
+                                           "--eval-iters",
+                                           "2"};
+  if (style == ModelStyle::gpt) return with(common, {"--num-attention-heads", "4"});
+  return with(common, {"--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4", "--swiglu",
+                       "--ffn-hidden-size", "64", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                       "--untie-embeddings-and-output-weights", "--disable-bias-linear"});
+}
+
+inline std::vector<std::string> tp_flags(int tp, bool sequence_parallel, bool distributed_optimizer) {
+  std::vector<std::string> f = {"--tensor-model-parallel-size", std::to_string(tp)};
+  if (sequence_parallel) f.push_back("--sequence-parallel");
+  if (distributed_optimizer) f.push_back("--use-distributed-optimizer");
+  return f;
 }
 
 inline TrainingSummary train_single_rank(const std::vector<std::string>& argv) {

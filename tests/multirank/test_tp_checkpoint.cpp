@@ -27,59 +27,6 @@ namespace {
 
 constexpr double kTolerance = 200 * 0x1p-24;
 
-enum class Style { gpt, llama };
-
-std::vector<std::string> run(Style style, int64_t iters) {
-  std::vector<std::string> a = {"--num-layers",
-                                "2",
-                                "--hidden-size",
-                                "32",
-                                "--seq-length",
-                                "16",
-                                "--micro-batch-size",
-                                "1",
-                                "--global-batch-size",
-                                "4",
-                                "--train-iters",
-                                std::to_string(iters),
-                                "--lr-decay-iters",
-                                "20",
-                                "--lr",
-                                "3e-3",
-                                "--lr-warmup-iters",
-                                "2",
-                                "--mock-data",
-                                "--tokenizer-type",
-                                "NullTokenizer",
-                                "--vocab-size",
-                                "100",
-                                "--make-vocab-size-divisible-by",
-                                "32",
-                                "--log-interval",
-                                "100",
-                                "--device",
-                                "cpu",
-                                "--hidden-dropout",
-                                "0.1",
-                                "--attention-dropout",
-                                "0.1",
-                                "--eval-interval",
-                                "10",
-                                "--eval-iters",
-                                "2"};
-  if (style == Style::gpt) return with(a, {"--num-attention-heads", "4"});
-  return with(a, {"--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4", "--swiglu",
-                  "--ffn-hidden-size", "64", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
-                  "--untie-embeddings-and-output-weights", "--disable-bias-linear"});
-}
-
-std::vector<std::string> tp_flags(int tp, bool sequence_parallel, bool distributed_optimizer) {
-  std::vector<std::string> f = {"--tensor-model-parallel-size", std::to_string(tp)};
-  if (sequence_parallel) f.push_back("--sequence-parallel");
-  if (distributed_optimizer) f.push_back("--use-distributed-optimizer");
-  return f;
-}
-
 // The first n iterations of a run (validation every 10 iterations).
 TrainingSummary first_iterations(const TrainingSummary& s, size_t n) {
   TrainingSummary out = s;
@@ -94,10 +41,10 @@ void expect_same_curve(const TrainingSummary& single, const TrainingSummary& s, 
   expect_close(single.grad_norms, s.grad_norms, first, kTolerance, what + " grad norm");
 }
 
-void save_at_one_tp_size_resume_at_another(Style style) {
+void save_at_one_tp_size_resume_at_another(ModelStyle style) {
   const int world = int(make_state({}).ctx.world->size());
-  const std::string kind = style == Style::gpt ? "GPT " : "LLaMA ";
-  const TrainingSummary straight = train_single_rank(run(style, 20));
+  const std::string kind = std::string(style_name(style)) + " ";
+  const TrainingSummary straight = train_single_rank(tiny_tp_run(style, 20));
   ASSERT_EQ(straight.valid_losses.size(), 2u);
 
   std::unique_ptr<TempDir> owner;
@@ -110,14 +57,14 @@ void save_at_one_tp_size_resume_at_another(Style style) {
     const std::vector<std::string> layout = tp_flags(2, true, world == 4);
     const std::string name = kind + "TP=2 DP=" + std::to_string(world / 2) + " SP";
     const TrainingSummary first =
-        train_on(st.ctx, with(run(style, 10), with(layout, {"--save", dir + "/tp2", "--save-interval", "10"})));
+        train_on(st.ctx, with(tiny_tp_run(style, 10), with(layout, {"--save", dir + "/tp2", "--save-interval", "10"})));
     const TrainingSummary straight_10 = first_iterations(straight, 10);
     expect_same_curve(straight_10, first, 0, name);
     // Validation at iteration 10 of the sharded model.
     expect_close(straight_10.valid_losses, first.valid_losses, 0, kTolerance, name + " validation loss");
     st.ctx.world->barrier();
   }
-  const TrainingSummary resumed = train_single_rank(with(run(style, 20), {"--load", dir + "/tp2"}));
+  const TrainingSummary resumed = train_single_rank(with(tiny_tp_run(style, 20), {"--load", dir + "/tp2"}));
   expect_same_curve(straight, resumed, 10, kind + "TP=2 -> TP=1");
 
   {
@@ -125,18 +72,18 @@ void save_at_one_tp_size_resume_at_another(Style style) {
     const int tp = world;
     const ParallelState st = make_state({.tp = tp}, 60);
     if (st.ctx.world->rank() == 0)
-      train_single_rank(with(run(style, 10), {"--save", dir + "/tp1", "--save-interval", "10"}));
+      train_single_rank(with(tiny_tp_run(style, 10), {"--save", dir + "/tp1", "--save-interval", "10"}));
     st.ctx.world->barrier();
     const TrainingSummary wide =
-        train_on(st.ctx, with(run(style, 20), with(tp_flags(tp, tp == 4, tp == 2), {"--load", dir + "/tp1"})));
+        train_on(st.ctx, with(tiny_tp_run(style, 20), with(tp_flags(tp, tp == 4, tp == 2), {"--load", dir + "/tp1"})));
     expect_same_curve(straight, wide, 10, kind + "TP=1 -> TP=" + std::to_string(tp));
     st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
   }
 }
 
-TEST(TpCheckpoint, GptStyleResumesAtAnotherTpSize) { save_at_one_tp_size_resume_at_another(Style::gpt); }
+TEST(TpCheckpoint, GptStyleResumesAtAnotherTpSize) { save_at_one_tp_size_resume_at_another(ModelStyle::gpt); }
 
-TEST(TpCheckpoint, LlamaStyleResumesAtAnotherTpSize) { save_at_one_tp_size_resume_at_another(Style::llama); }
+TEST(TpCheckpoint, LlamaStyleResumesAtAnotherTpSize) { save_at_one_tp_size_resume_at_another(ModelStyle::llama); }
 
 }  // namespace
 }  // namespace megatron::testing

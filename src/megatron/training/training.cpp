@@ -338,9 +338,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     interval_tokens += double(tokens_per_iteration);
 
     const bool first = progress.iteration == first_iteration + 1;
-    if (first)
-      LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): "
-               << double(model.activation_bytes()) / (1024.0 * 1024.0) << " MiB");
+    const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);
+    if (first) LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
     if (first || progress.iteration % args.log_interval == 0 || progress.iteration == args.train_iters) {
       const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + interval_skipped);
       IterationStats st;
@@ -359,6 +358,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
       st.nan_iterations = interval_nan;
       st.peak_memory_mib = peak_memory_mib(device);
       st.optimizer_state_mib = optimizer_state_mib;
+      st.activation_memory_mib = activation_mib;
       print_from_last_rank(last_rank, format_training_log_line(st));
       metrics.write_training(st);
       interval_loss_sum = interval_tokens = interval_seconds = 0;

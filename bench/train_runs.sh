@@ -1,0 +1,43 @@
+# Sourced by the multi-GPU benchmarks (bench_dp.sh, bench_tp.sh): one `megatron train` run of a
+# preset, on one GPU or under mpirun, and the figures of its metrics file. The sourcing script
+# sets build (the build directory), work (a scratch directory), logs (the file every run's log is
+# appended to), iters and log_interval.
+
+field() { sed -nE "s/.*\"$1\": ?\"?([^,\"}]+).*/\1/p" | tail -1; }
+num() { awk -v v="$1" -v f="$2" 'BEGIN { if (v != "" && v + 0 == v) printf f, v; else print "-" }'; }
+
+# Appends run NAME's log to $logs; on failure, shows its tail.
+finish_run() {
+  { echo "===== $1 (exit $2)"; cat "$work/$1.log"; } >> "$logs"
+  [ "$2" -eq 0 ] || { echo "$1 failed ($2):" >&2; tail -5 "$work/$1.log" >&2; }
+}
+
+# ours NAME NPROC PRESET MBS [flags...]: one `megatron train` run (bf16, no dropout, mock data) with
+# global batch NPROC x MBS; its metrics go to $work/NAME.jsonl.
+ours() {
+  local name=$1 np=$2 preset=$3 mbs=$4
+  shift 4
+  local vocab=32000
+  case "$preset" in gpt2-*) vocab=50304 ;; llama-8b) vocab=128256 ;; esac
+  local launch=()
+  [ "$np" -gt 1 ] && launch=(mpirun --allow-run-as-root --bind-to none -np "$np" -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
+  "${launch[@]}" "$build/megatron" train --model-preset "$preset" --micro-batch-size "$mbs" \
+    --global-batch-size $((np * mbs)) --train-iters $iters --lr 1e-4 --bf16 --attention-dropout 0 \
+    --hidden-dropout 0 --mock-data --tokenizer-type NullTokenizer --vocab-size $vocab \
+    --log-interval $log_interval --metrics-file "$work/$name.jsonl" --device cuda "$@" > "$work/$name.log" 2>&1
+  finish_run "$name" $?
+}
+
+# Sets, from the last interval of run NAME on NPROC GPUs, "" where it failed: ms (per iteration),
+# tok (tokens/s per GPU), tf (TFLOP/s/GPU), and in GiB per GPU: peak (memory), opt (optimizer
+# state), act (activations one micro-batch keeps for backward).
+read_ours() {
+  local last
+  last=$(grep '"kind":"train"' "$work/$1.jsonl" 2>/dev/null | tail -1)
+  ms=$(echo "$last" | field elapsed_ms_per_iteration)
+  tok=$(echo "$last" | field tokens_per_second | awk -v n="$2" '{ if ($1 != "") print $1 / n }')
+  tf=$(echo "$last" | field tflops_per_gpu)
+  peak=$(echo "$last" | field peak_memory_mib | awk '{ if ($1 != "") print $1 / 1024 }')
+  opt=$(echo "$last" | field optimizer_state_mib | awk '{ if ($1 != "") print $1 / 1024 }')
+  act=$(echo "$last" | field activation_memory_mib | awk '{ if ($1 != "") print $1 / 1024 }')
+}
