@@ -69,7 +69,7 @@ TEST_F(GpuDpTraining, DistributedOptimizerCheckpointLoadsOnOneGpu) {
   const std::string ckpt = shared_directory(owner.get()) + "/ckpt";
   const TrainingSummary straight = train_single_gpu(tiny_run(20, "cuda"));
   train_on_gpus(st_.ctx,
-           with(tiny_run(10, "cuda"), {"--use-distributed-optimizer", "--save", ckpt, "--save-interval", "10"}));
+                with(tiny_run(10, "cuda"), {"--use-distributed-optimizer", "--save", ckpt, "--save-interval", "10"}));
   MPI_Barrier(MPI_COMM_WORLD);  // the save returns once published; the barrier makes that explicit
   ASSERT_TRUE(std::filesystem::exists(ckpt + "/iter_0000010/metadata.json"));
   const TrainingSummary resumed = train_single_gpu(with(tiny_run(20, "cuda"), {"--load", ckpt}));

@@ -44,18 +44,21 @@ struct Layout {
   int tp = 1;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
-  std::vector<std::string> more;  // further flags
+  bool overlap = false;  // overlapped gradient reduction (small buckets) and parameter gather
 };
+
+// The layout's flags beyond tp_flags.
+std::vector<std::string> overlap_flags(const Layout& l) {
+  if (!l.overlap) return {};
+  return {"--overlap-grad-reduce", "--ddp-bucket-size", "1000", "--overlap-param-gather"};
+}
 
 std::vector<Layout> layouts_of_world(int world) {
   if (world == 2) return {{.tp = 2}, {.tp = 2, .sequence_parallel = true}};
   return {{.tp = 4},
           {.tp = 4, .sequence_parallel = true},
           {.tp = 2, .sequence_parallel = true, .distributed_optimizer = true},
-          {.tp = 2,
-           .sequence_parallel = true,
-           .distributed_optimizer = true,
-           .more = {"--overlap-grad-reduce", "--ddp-bucket-size", "1000", "--overlap-param-gather"}}};
+          {.tp = 2, .sequence_parallel = true, .distributed_optimizer = true, .overlap = true}};
 }
 
 std::string layout_name(ModelStyle style, const Layout& l, int world) {
@@ -63,7 +66,7 @@ std::string layout_name(ModelStyle style, const Layout& l, int world) {
                      " DP=" + std::to_string(world / l.tp) + " on GPUs";
   if (l.sequence_parallel) name += " SP";
   if (l.distributed_optimizer) name += " dist-opt";
-  for (const std::string& f : l.more) name += " " + f;
+  for (const std::string& f : overlap_flags(l)) name += " " + f;
   return name;
 }
 
@@ -98,10 +101,10 @@ class GpuTpTraining : public ::testing::Test {
       const std::string name = layout_name(style, l, world);
       const std::string metrics = dir / ("layout" + std::to_string(i) + ".jsonl");  // the last rank writes it
       const ParallelState st = make_gpu_state({.tp = l.tp}, 120);
-      const TrainingSummary s = train_on_gpus(
-          st.ctx, with(with(tiny_tp_run(style, kIterations, "cuda"),
-                            tp_flags(l.tp, l.sequence_parallel, l.distributed_optimizer)),
-                       with(l.more, {"--metrics-file", metrics})));
+      const TrainingSummary s =
+          train_on_gpus(st.ctx, with(with(tiny_tp_run(style, kIterations, "cuda"),
+                                          tp_flags(l.tp, l.sequence_parallel, l.distributed_optimizer)),
+                                     with(overlap_flags(l), {"--metrics-file", metrics})));
       double worst = expect_same_curve(single, s, 0, kTolerance, true, name);
       worst =
           std::max(worst, expect_close(single.valid_losses, s.valid_losses, 0, kTolerance, name + " validation loss"));

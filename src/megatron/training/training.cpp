@@ -339,7 +339,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
 
     const bool first = progress.iteration == first_iteration + 1;
     const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);
-    if (first) LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
+    if (first)
+      LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
     if (first || progress.iteration % args.log_interval == 0 || progress.iteration == args.train_iters) {
       const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + interval_skipped);
       IterationStats st;
