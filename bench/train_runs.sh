@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154  # build, work, logs, iters, log_interval: the sourcing script's
 # Sourced by the multi-GPU benchmarks (bench_dp.sh, bench_tp.sh): one `megatron train` run of a
 # preset, on one GPU or under mpirun, and the figures of its metrics file. The sourcing script
 # sets build (the build directory), work (a scratch directory), logs (the file every run's log is
