@@ -57,13 +57,33 @@ TEST(WatchdogReport, StatusSurvivesTheTrip) {
             std::string::npos);
 }
 
+// A rank that is behind with nothing in flight never arrived; one waiting inside an earlier
+// operation is held up, and named only when no rank is silent (a silent rank is the likelier cause:
+// the root of an all-to-all still waiting for a stopped rank is behind all the others).
+PeerStatus idle_at_dp(int rank, uint64_t issued) {
+  CollectiveLog log(8);
+  for (uint64_t i = 0; i < issued; ++i) log.end(log.begin("dp", false, "all_reduce", 10, DType::f32));
+  return decode_status(encode_status(rank, log));
+}
+
+TEST(WatchdogReport, HeldUpRanksAreNotBlamedForASilentOne) {
+  const Diagnosis d = diagnose(stuck_dp(5), {at_dp(0, 4), at_dp(1, 5), PeerStatus{2, false, {}, {}}});
+  EXPECT_EQ(d.missing, (std::vector<int>{2}));
+  EXPECT_EQ(
+      d.lines.back(),
+      "timeout in dp all_reduce #5 (10 f32); rank(s) 0 wait in an earlier operation, held up; missing rank(s): 2");
+  // With every rank answering, the held-up rank is the one to look at.
+  EXPECT_EQ(diagnose(stuck_dp(5), {at_dp(0, 4), at_dp(1, 5)}).missing, (std::vector<int>{0}));
+}
+
 TEST(WatchdogReport, NamesRanksThatNeverAnsweredOrArrived) {
-  const Diagnosis d = diagnose(stuck_dp(5), {at_dp(1, 5), PeerStatus{2, false, {}, {}}, at_dp(3, 4)});
+  const Diagnosis d = diagnose(stuck_dp(5), {at_dp(1, 5), PeerStatus{2, false, {}, {}}, idle_at_dp(3, 4)});
   EXPECT_EQ(d.missing, (std::vector<int>{2, 3}));
   const std::string text = all_lines(d);
   EXPECT_NE(text.find("rank 1 arrived at dp #5"), std::string::npos) << text;
   EXPECT_NE(text.find("rank 2 did not answer"), std::string::npos) << text;
-  EXPECT_NE(text.find("rank 3 never arrived: it has issued 4 operation(s) on dp, not #5 yet"), std::string::npos)
+  EXPECT_NE(text.find("rank 3 never arrived: it has issued 4 operation(s) on dp, not #5 yet; nothing in flight"),
+            std::string::npos)
       << text;
   EXPECT_EQ(d.lines.back(), "timeout in dp all_reduce #5 (10 f32); missing rank(s): 2, 3");
 }

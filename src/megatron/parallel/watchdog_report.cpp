@@ -1,5 +1,6 @@
 #include "megatron/parallel/watchdog_report.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "megatron/core/error.h"
@@ -72,18 +73,22 @@ PeerStatus decode_status(const std::string& text) {
 
 Diagnosis diagnose(const CollectiveRecord& stuck, const std::vector<PeerStatus>& peers) {
   Diagnosis d;
+  // silent: never answered. held_up: behind, but waiting inside an earlier operation, which a
+  // silent rank may be what holds (an all-to-all whose root still waits for the stopped rank);
+  // they are named as the cause only when every rank answered.
+  std::vector<int> silent, held_up, causes;
   bool all_answered_p2p_busy = true;
   for (const PeerStatus& p : peers) {
     const std::string who = concat("rank ", p.world_rank);
     if (!p.answered) {
-      d.missing.push_back(p.world_rank);
+      silent.push_back(p.world_rank);
       d.lines.push_back(who + " did not answer: it is stopped, dead, or busy outside communication");
       all_answered_p2p_busy = false;
       continue;
     }
     if (stuck.p2p) {
       if (in_flight_on(p, stuck.group, true, 0) == nullptr) {
-        d.missing.push_back(p.world_rank);
+        (p.in_flight.empty() ? causes : held_up).push_back(p.world_rank);
         all_answered_p2p_busy = false;
         d.lines.push_back(concat(who, " posts no send or receive on ", stuck.group, "; ", in_flight_text(p)));
       } else {
@@ -94,24 +99,34 @@ Diagnosis diagnose(const CollectiveRecord& stuck, const std::vector<PeerStatus>&
     const GroupProgress* g = progress_on(p, stuck.group, false);
     const uint64_t issued = g ? g->issued : 0;
     if (issued < stuck.seq) {
-      d.missing.push_back(p.world_rank);
+      (p.in_flight.empty() ? causes : held_up).push_back(p.world_rank);
       d.lines.push_back(concat(who, " never arrived: it has issued ", issued, " operation(s) on ", stuck.group,
                                ", not #", stuck.seq, " yet; ", in_flight_text(p)));
       continue;
     }
     const CollectiveRecord* same = in_flight_on(p, stuck.group, false, stuck.seq);
     if (same != nullptr && (same->op != stuck.op || same->count != stuck.count || same->dtype != stuck.dtype)) {
-      d.missing.push_back(p.world_rank);
+      causes.push_back(p.world_rank);
       d.lines.push_back(concat(who, " issued ", stuck.group, " #", stuck.seq, " as ", record_name(*same),
                                " but this rank as ", record_name(stuck), ": the ranks call different collectives"));
       continue;
     }
     d.lines.push_back(concat(who, " arrived at ", stuck.group, " #", stuck.seq, "; ", in_flight_text(p)));
   }
+  d.missing = silent;
+  d.missing.insert(d.missing.end(), causes.begin(), causes.end());
+  if (silent.empty()) d.missing.insert(d.missing.end(), held_up.begin(), held_up.end());
+  std::sort(d.missing.begin(), d.missing.end());
+  const auto list = [](const std::vector<int>& ranks) {
+    std::string text;
+    for (size_t i = 0; i < ranks.size(); ++i) text += concat(i ? ", " : " ", ranks[i]);
+    return text;
+  };
   std::string summary = concat("timeout in ", record_name(stuck), "; ");
+  if (!silent.empty() && !held_up.empty())
+    summary += concat("rank(s)", list(held_up), " wait in an earlier operation, held up; ");
   if (!d.missing.empty()) {
-    summary += "missing rank(s):";
-    for (size_t i = 0; i < d.missing.size(); ++i) summary += concat(i ? ", " : " ", d.missing[i]);
+    summary += "missing rank(s):" + list(d.missing);
   } else if (peers.empty()) {
     summary += "no other rank takes part, so this rank's own queued work holds it";
   } else if (stuck.p2p && all_answered_p2p_busy) {
