@@ -18,21 +18,20 @@
 
 namespace megatron::testing {
 
-// 2 layers, hidden 32, 8 sequences of 16 tokens per global batch (micro-batches of 1, so every
-// DP size up to 8 sees the same micro-batch shapes), dropout on, an evaluation every 10 steps.
-inline std::vector<std::string> tiny_run(int64_t iters, const std::string& device = "cpu") {
+// 2 layers, hidden 32, sequences of 16 tokens in micro-batches of 1 (so every DP size up to the
+// global batch sees the same micro-batch shapes), vocabulary 100, dropout on, an evaluation every
+// 10 steps; the attention heads and model style are the callers'.
+inline std::vector<std::string> tiny_model_run(int64_t iters, const std::string& device, int64_t global_batch) {
   return {"--num-layers",
           "2",
           "--hidden-size",
           "32",
-          "--num-attention-heads",
-          "4",
           "--seq-length",
           "16",
           "--micro-batch-size",
           "1",
           "--global-batch-size",
-          "8",
+          std::to_string(global_batch),
           "--train-iters",
           std::to_string(iters),
           "--lr-decay-iters",
@@ -65,6 +64,11 @@ inline std::vector<std::string> with(std::vector<std::string> a, const std::vect
   return a;
 }
 
+// The DP tests' model: 4 heads, 8 sequences per global batch.
+inline std::vector<std::string> tiny_run(int64_t iters, const std::string& device = "cpu") {
+  return with(tiny_model_run(iters, device, 8), {"--num-attention-heads", "4"});
+}
+
 // The models of the TP tests (multirank/test_tp_*.cpp, multigpu/test_multigpu_tp_training.cpp):
 // GPT-2-style (learned positions, LayerNorm, GELU, biases, tied embeddings) and LLaMA-style (GQA,
 // SwiGLU, RoPE, RMSNorm, untied, no biases), both dividing by TP = 1, 2 and 4.
@@ -72,47 +76,11 @@ enum class ModelStyle { gpt, llama };
 
 inline const char* style_name(ModelStyle s) { return s == ModelStyle::gpt ? "GPT" : "LLaMA"; }
 
-// 2 layers, hidden 32, 4 sequences of 16 tokens per global batch in micro-batches of 1, dropout
-// on, an evaluation every 10 steps; the padded vocabulary is 128 rows at TP 1, 2 and 4, so
-// checkpoints move between TP sizes.
+// tiny_model_run with 4 sequences per global batch; the padded vocabulary is 128 rows at TP 1, 2
+// and 4, so checkpoints move between TP sizes.
 inline std::vector<std::string> tiny_tp_run(ModelStyle style, int64_t iters, const std::string& device = "cpu") {
-  const std::vector<std::string> common = {"--num-layers",
-                                           "2",
-                                           "--hidden-size",
-                                           "32",
-                                           "--seq-length",
-                                           "16",
-                                           "--micro-batch-size",
-                                           "1",
-                                           "--global-batch-size",
-                                           "4",
-                                           "--train-iters",
-                                           std::to_string(iters),
-                                           "--lr-decay-iters",
-                                           "20",
-                                           "--lr",
-                                           "3e-3",
-                                           "--lr-warmup-iters",
-                                           "2",
-                                           "--mock-data",
-                                           "--tokenizer-type",
-                                           "NullTokenizer",
-                                           "--vocab-size",
-                                           "100",
-                                           "--make-vocab-size-divisible-by",
-                                           "32",
-                                           "--log-interval",
-                                           "100",
-                                           "--device",
-                                           device,
-                                           "--hidden-dropout",
-                                           "0.1",
-                                           "--attention-dropout",
-                                           "0.1",
-                                           "--eval-interval",
-                                           "10",
-                                           "--eval-iters",
-                                           "2"};
+  const std::vector<std::string> common =
+      with(tiny_model_run(iters, device, 4), {"--make-vocab-size-divisible-by", "32"});
   if (style == ModelStyle::gpt) return with(common, {"--num-attention-heads", "4"});
   return with(common, {"--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4", "--swiglu",
                        "--ffn-hidden-size", "64", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
