@@ -38,9 +38,13 @@ double DistributedOptimizer::global_grad_norm() const {
   // instance: DP x CP, then the model-parallel ranks).
   const Tensor& grads = registry_->grad_buffer();
   Tensor acc = Tensor::zeros({1}, grads.dtype(), grads.device());
-  for (const ShardParamRange& r : ddp_->shards().params)
-    if (!registry_->params()[r.param]->is_tensor_parallel_duplicate())
-      ops::sum_squares(acc, slice_of(grads, r.in_buffer));
+  if (!holds_tp_duplicates_) {
+    for (const Range& shard : ddp_->shards().in_buffer) ops::sum_squares(acc, slice_of(grads, shard));
+  } else {
+    for (const ShardParamRange& r : ddp_->shards().params)
+      if (!registry_->params()[r.param]->is_tensor_parallel_duplicate())
+        ops::sum_squares(acc, slice_of(grads, r.in_buffer));
+  }
   ddp_->group().all_reduce(acc, ReduceOp::sum);
   ddp_->context().mp->all_reduce(acc, ReduceOp::sum);
   return std::sqrt(acc.item(0));
