@@ -84,6 +84,7 @@ class GpuTpTraining : public ::testing::Test {
  protected:
   void SetUp() override {
     if (const std::string why = multigpu_unavailable(); !why.empty()) GTEST_SKIP() << why;
+    cuda::init_device(local_gpu().index);  // the single-GPU run comes before any make_gpu_state
   }
 
   void every_layout_matches_the_single_gpu(ModelStyle style) {
