@@ -21,7 +21,8 @@ ours() {
   local vocab=32000
   case "$preset" in gpt2-*) vocab=50304 ;; llama-8b) vocab=128256 ;; esac
   local launch=()
-  [ "$np" -gt 1 ] && launch=(mpirun --allow-run-as-root --bind-to none -np "$np" -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH)
+  [ "$np" -gt 1 ] && launch=(mpirun --allow-run-as-root --bind-to none -np "$np" -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH
+    ${CUDA_DEVICE_MAX_CONNECTIONS:+-x CUDA_DEVICE_MAX_CONNECTIONS})  # passed on when set (an experiment's knob)
   "${launch[@]}" "$build/megatron" train --model-preset "$preset" --micro-batch-size "$mbs" \
     --global-batch-size $((np * mbs)) --train-iters $iters --lr 1e-4 --bf16 --attention-dropout 0 \
     --hidden-dropout 0 --mock-data --tokenizer-type NullTokenizer --vocab-size $vocab \

@@ -217,6 +217,18 @@ TEST_F(CudaGemm, LinearBackwardOptionalOutputsSkipped) {
   EXPECT_TRUE(run_linear_backward(DType::f32, {6, 2, 16}, 24, false, true, 620));
 }
 
+// dX alone (a TP layer's first half of backward) is the same GEMM as in the full call: equal bits.
+TEST_F(CudaGemm, LinearBackwardDgradAloneEqualsTheFullCall) {
+  Pair x = random_pair({6, 2, 16}, DType::bf16, 630), w = random_pair({24, 16}, DType::bf16, 631);
+  Pair dy = random_pair({6, 2, 24}, DType::bf16, 632);
+  Pair dx_full = poisoned_pair({6, 2, 16}, DType::bf16), dx_alone = poisoned_pair({6, 2, 16}, DType::bf16);
+  Tensor dw = Tensor::zeros({24, 16}, DType::f32, gpu()), none;
+  ops::cuda::linear_backward(dx_full.gpu, dw, none, dy.gpu, x.gpu, w.gpu);
+  ops::cuda::linear_backward(dx_alone.gpu, none, none, dy.gpu, x.gpu, w.gpu);
+  const Tensor a = dx_full.gpu.to(Device::cpu()), b = dx_alone.gpu.to(Device::cpu());
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.item(i), b.item(i)) << i;
+}
+
 TEST_F(CudaGemm, RejectsF64AndMixedDtypes) {
   Tensor a = Tensor::empty({2, 3}, DType::f64, gpu()), b = Tensor::empty({3, 4}, DType::f64, gpu());
   Tensor c = Tensor::empty({2, 4}, DType::f64, gpu());

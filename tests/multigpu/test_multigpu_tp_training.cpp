@@ -1,9 +1,10 @@
 // multirank-np: 2 4
 // Tensor and sequence parallelism on GPUs (NCCL) train the single-GPU model: for the GPT-2-style
 // and the LLaMA-style model of the TP tests on CPU ranks (multirank/dp_training_util.h: dropout
-// on, fp32 parameters), `pretrain` in every layout of the world (2 ranks: TP=2, TP=2 with SP;
-// 4 ranks: TP=4, TP=4 with SP, TP=2 x DP=2 with SP and the distributed optimizer, and that again
-// with overlapped gradient reduction and parameter gather, as bench/bench_tp.sh runs it) gives the
+// on, fp32 parameters), `pretrain` in every layout of the world (2 ranks: TP=2, TP=2 with SP, and
+// with SP and --tp-comm-overlap; 4 ranks: TP=4, TP=4 with SP, and with SP and --tp-comm-overlap,
+// TP=2 x DP=2 with SP and the distributed optimizer, that again with overlapped gradient
+// reduction and parameter gather, as bench/bench_tp.sh runs it, and with --tp-comm-overlap) gives the
 // loss and gradient-norm curve of 20 iterations, and the validation losses, of a single-GPU run
 // of the same global batches computed by every rank on its own GPU. Under SP, the activation
 // memory per GPU of the metrics file is the single GPU's divided by TP (all but the loss's
@@ -46,20 +47,28 @@ struct Layout {
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   bool overlap = false;  // overlapped gradient reduction (small buckets) and parameter gather
+  bool tp_comm_overlap = false;
 };
 
 // The layout's flags beyond tp_flags.
 std::vector<std::string> overlap_flags(const Layout& l) {
-  if (!l.overlap) return {};
-  return {"--overlap-grad-reduce", "--ddp-bucket-size", "1000", "--overlap-param-gather"};
+  std::vector<std::string> f;
+  if (l.overlap) f = {"--overlap-grad-reduce", "--ddp-bucket-size", "1000", "--overlap-param-gather"};
+  if (l.tp_comm_overlap) f.push_back("--tp-comm-overlap");
+  return f;
 }
 
 std::vector<Layout> layouts_of_world(int world) {
-  if (world == 2) return {{.tp = 2}, {.tp = 2, .sequence_parallel = true}};
-  return {{.tp = 4},
-          {.tp = 4, .sequence_parallel = true},
-          {.tp = 2, .sequence_parallel = true, .distributed_optimizer = true},
-          {.tp = 2, .sequence_parallel = true, .distributed_optimizer = true, .overlap = true}};
+  if (world == 2)
+    return {
+        {.tp = 2}, {.tp = 2, .sequence_parallel = true}, {.tp = 2, .sequence_parallel = true, .tp_comm_overlap = true}};
+  return {
+      {.tp = 4},
+      {.tp = 4, .sequence_parallel = true},
+      {.tp = 4, .sequence_parallel = true, .tp_comm_overlap = true},
+      {.tp = 2, .sequence_parallel = true, .distributed_optimizer = true},
+      {.tp = 2, .sequence_parallel = true, .distributed_optimizer = true, .overlap = true},
+      {.tp = 2, .sequence_parallel = true, .distributed_optimizer = true, .overlap = true, .tp_comm_overlap = true}};
 }
 
 std::string layout_name(ModelStyle style, const Layout& l, int world) {

@@ -1,9 +1,10 @@
 // multirank-np: 2 4
 // Tensor and sequence parallelism train the TP=1 model. For a GPT-2-style model (learned
 // positions, LayerNorm, GELU, biases, tied embeddings) and a LLaMA-style one (GQA, SwiGLU, RoPE,
-// RMSNorm, untied, no biases), with dropout on, every layout of the world (2 ranks: TP=2 with and
-// without SP; 4 ranks: TP=4 with and without SP, TP=2 x DP=2, and TP=2 x DP=2 with SP and the
-// distributed optimizer) runs 20 iterations next to a single-rank model fed the same global
+// RMSNorm, untied, no biases), with dropout on, every layout of the world (2 ranks: TP=2 without
+// SP, with SP, and with SP and --tp-comm-overlap; 4 ranks: TP=4 without SP, with SP and with SP and
+// --tp-comm-overlap, TP=2 x DP=2, and TP=2 x DP=2 with SP and the distributed optimizer, with and
+// without --tp-comm-overlap) runs 20 iterations next to a single-rank model fed the same global
 // batches, in fp32 and in f64, and after every backward:
 //   - the loss of the global batch matches the single rank's;
 //   - the gradients, gathered to full tensors on rank 0 from every rank's shards with their
@@ -78,12 +79,14 @@ struct Layout {
   int tp = 1;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
+  bool tp_comm_overlap = false;  // the SP collectives as rings beside the GEMMs (another order of sums)
 };
 
 std::string layout_name(Style s, const Layout& l, int world) {
   std::string name = std::string(style_name(s)) + " TP=" + std::to_string(l.tp) + " DP=" + std::to_string(world / l.tp);
   if (l.sequence_parallel) name += " SP";
   if (l.distributed_optimizer) name += " dist-opt";
+  if (l.tp_comm_overlap) name += " tp-comm-overlap";
   return name;
 }
 
@@ -120,6 +123,7 @@ TrainingArgs args_for(Style s, const Layout& l, int world, DType dtype) {
   argv.insert(argv.end(), model.begin(), model.end());
   if (l.sequence_parallel) argv.push_back("--sequence-parallel");
   if (l.distributed_optimizer) argv.push_back("--use-distributed-optimizer");
+  if (l.tp_comm_overlap) argv.push_back("--tp-comm-overlap");
   TrainingArgs args = parse_training_args(argv, world);
   args.model.params_dtype = dtype;  // f64 has no flag: it exists for checks like this one
   return args;
@@ -342,11 +346,15 @@ void run_layout(Style style, const Layout& layout, DType dtype) {
 }
 
 std::vector<Layout> layouts_of_world(int world) {
-  if (world == 2) return {{.tp = 2}, {.tp = 2, .sequence_parallel = true}};
+  if (world == 2)
+    return {
+        {.tp = 2}, {.tp = 2, .sequence_parallel = true}, {.tp = 2, .sequence_parallel = true, .tp_comm_overlap = true}};
   return {{.tp = 4},
           {.tp = 4, .sequence_parallel = true},
+          {.tp = 4, .sequence_parallel = true, .tp_comm_overlap = true},
           {.tp = 2},
-          {.tp = 2, .sequence_parallel = true, .distributed_optimizer = true}};
+          {.tp = 2, .sequence_parallel = true, .distributed_optimizer = true},
+          {.tp = 2, .sequence_parallel = true, .distributed_optimizer = true, .tp_comm_overlap = true}};
 }
 
 int world_size() { return int(make_state({}).ctx.world->size()); }

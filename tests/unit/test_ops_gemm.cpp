@@ -152,6 +152,24 @@ TEST(Linear, ParameterGradientsAccumulateActivationGradientsOverwrite) {
   for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_EQ(dx.item(i), once.dx.item(i)) << "dx " << i;
 }
 
+// A TP layer splits its backward: dX first (its collective starts), then dW and db. The two halves
+// run the same GEMMs as one call, so they must match it exactly.
+TEST(Linear, DgradAndWgradInSeparateCallsEqualOneCall) {
+  const Tensor x = randn({kS * kB, kIn}, DType::f32, 33), w = randn({kOut, kIn}, DType::f32, 34);
+  const Tensor dy = randn({kS * kB, kOut}, DType::f32, 35);
+  const LinearGrads once = run_linear_backward(dy, x, w);
+  Tensor dx = filled(x.shape(), DType::f32, 123.0);
+  Tensor dw = Tensor::zeros(w.shape(), DType::f32), db = Tensor::zeros({kOut}, DType::f32);
+  Tensor none;
+  ops::linear_backward(dx, none, none, dy, x, w);
+  for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_EQ(dw.item(i), 0.0) << "dw untouched " << i;
+  ops::linear_backward(none, dw, db, dy, x, w);
+  for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_EQ(dx.item(i), once.dx.item(i)) << "dx " << i;
+  for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_EQ(dw.item(i), once.dw.item(i)) << "dw " << i;
+  for (int64_t i = 0; i < db.numel(); ++i) ASSERT_EQ(db.item(i), once.db.item(i)) << "db " << i;
+  EXPECT_TRUE(throws_error_naming([&] { ops::linear_backward(dx, none, db, dy, x, w); }, "linear dbias"));
+}
+
 TEST(Linear, HalfWeightGradientAccumulatesIntoF32MainGrad) {
   for (DType dt : {DType::bf16, DType::f16}) {
     const Tensor x = randn({kS * kB, kIn}, dt, 40), w = randn({kOut, kIn}, dt, 41);

@@ -196,7 +196,12 @@ NcclCommunicator::NcclCommunicator(const std::string& name, MPI_Comm group, std:
     NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), name_, nullptr);
   }
   watchdog_->log().end(rec);
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // The highest priority: when a collective and a GEMM become ready together (the overlapped TP
+  // and DP schedules issue the collective first), the block scheduler gives the collective its
+  // few SMs first instead of queueing it behind a GEMM that fills the device.
+  int least_priority = 0, greatest_priority = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest_priority));
   barrier_word_ = Tensor::zeros({1}, DType::f32, device_);
 }
 

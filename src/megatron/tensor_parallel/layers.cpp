@@ -3,6 +3,7 @@
 #include "megatron/ops/embedding.h"
 #include "megatron/ops/gemm.h"
 #include "megatron/tensor_parallel/mappings.h"
+#include "megatron/tensor_parallel/ring_overlap.h"
 
 namespace megatron::tensor_parallel {
 
@@ -12,6 +13,9 @@ Tensor rows_view(const Tensor& t) { return t.view({-1, t.dim(-1)}); }  // (S,B,C
 Tensor new_activation(const Tensor& like, int64_t last_dim, DType dtype) {
   return Tensor::empty({like.dim(0), like.dim(1), last_dim}, dtype, like.device());
 }
+
+// Rows [c*rows, (c+1)*rows) of dim 0: sequence chunk c of an (S,B,C) tensor.
+Tensor sequence_chunk(const Tensor& t, int c, int64_t rows) { return t.slice(c * rows, (c + 1) * rows); }
 
 Tensor undefined_if_null(const Parameter* p, Tensor Parameter::*member) { return p ? p->*member : Tensor(); }
 
@@ -32,7 +36,9 @@ void add_bias_backward(Tensor& dbias, const Tensor& dy, const Tensor& ones) {
 ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx,
                                            const std::string& prefix, int64_t input_size, int64_t output_size,
                                            const Options& options)
-    : ctx_(&ctx), sequence_parallel_(options.sequence_parallel) {
+    : ctx_(&ctx),
+      sequence_parallel_(options.sequence_parallel),
+      tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap) {
   const int tp = ctx.tp_size();
   MEGATRON_CHECK(output_size % tp == 0, prefix << ": output size " << output_size << " is not divisible by TP " << tp);
   output_per_partition_ = output_size / tp;
@@ -60,39 +66,68 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
                          ctx.tp_rank(), tp);
 }
 
+void ColumnParallelLinear::gemm_forward(const Tensor& input, Tensor& y, Tensor* gelu_pre) const {
+  Tensor y2 = rows_view(y);
+  const Tensor bias = undefined_if_null(bias_, &Parameter::data);
+  if (gelu_pre != nullptr) {
+    Tensor pre2 = rows_view(*gelu_pre);
+    ops::linear_gelu_forward(y2, pre2, rows_view(input), weight_->data, bias);
+  } else {
+    ops::linear_forward(y2, rows_view(input), weight_->data, bias);
+  }
+}
+
 Tensor ColumnParallelLinear::forward(const Tensor& x, LinearSaved& saved, Tensor* gelu_pre) const {
+  saved.input = x;
+  const int64_t rows = sequence_parallel_ ? x.dim(0) * ctx_->tp_size() : x.dim(0);
+  Tensor y = Tensor::empty({rows, x.dim(1), output_per_partition_}, x.dtype(), x.device());
+  if (gelu_pre != nullptr) *gelu_pre = Tensor::empty(y.shape(), x.dtype(), x.device());
+  if (tp_comm_overlap_) {
+    all_gather_sequence_overlapped(x, *ctx_, [&](int c, const Tensor& input) {
+      Tensor y_c = sequence_chunk(y, c, x.dim(0));
+      Tensor pre_c = gelu_pre != nullptr ? sequence_chunk(*gelu_pre, c, x.dim(0)) : Tensor();
+      gemm_forward(input, y_c, gelu_pre != nullptr ? &pre_c : nullptr);
+    });
+    return y;
+  }
   Tensor input = x;
   if (sequence_parallel_)
     input = gather_from_sequence_parallel_forward(x, *ctx_);
   else
     copy_to_tp_forward(x, *ctx_);
-  Tensor y = new_activation(input, output_per_partition_, x.dtype());
-  Tensor y2 = rows_view(y);
-  if (gelu_pre != nullptr) {
-    *gelu_pre = new_activation(input, output_per_partition_, x.dtype());
-    Tensor pre2 = rows_view(*gelu_pre);
-    ops::linear_gelu_forward(y2, pre2, rows_view(input), weight_->data, undefined_if_null(bias_, &Parameter::data));
-  } else {
-    ops::linear_forward(y2, rows_view(input), weight_->data, undefined_if_null(bias_, &Parameter::data));
-  }
-  saved.input = x;
+  gemm_forward(input, y, gelu_pre);
   return y;
 }
 
+// With TP: dX first, then dW (and db) while dX's reduction runs; under SP, dX also hides the
+// input's re-gather, which only dW needs.
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved) const {
-  const Tensor input = sequence_parallel_ ? gather_from_sequence_parallel_forward(saved.input, *ctx_) : saved.input;
-  Tensor dx = Tensor::empty(input.shape(), input.dtype(), input.device());
-  Tensor dx2 = rows_view(dx);
   Tensor dbias = undefined_if_null(bias_, &Parameter::main_grad);
-  ops::linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(input), weight_->data);
-  if (sequence_parallel_) return gather_from_sequence_parallel_backward(dx, *ctx_);
-  copy_to_tp_backward(dx, *ctx_);
-  return dx;
+  if (ctx_->tp_size() == 1) {
+    Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
+    Tensor dx2 = rows_view(dx);
+    ops::linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(saved.input), weight_->data);
+    return dx;
+  }
+  Pending gathered{saved.input, nullptr};
+  if (sequence_parallel_) gathered = gather_from_sequence_parallel_forward_async(saved.input, *ctx_);
+  Tensor dx = Tensor::empty({dy.dim(0), dy.dim(1), saved.input.dim(-1)}, dy.dtype(), dy.device());
+  Tensor dx2 = rows_view(dx), no_weight_grad, no_bias_grad;
+  // x is only read for dW: the gathered input passes its shape while it is still arriving.
+  ops::linear_backward(dx2, no_weight_grad, no_bias_grad, rows_view(dy), rows_view(gathered.result), weight_->data);
+  const Tensor input = gathered.handle ? gathered.wait() : gathered.result;
+  Pending reduced = sequence_parallel_ ? gather_from_sequence_parallel_backward_async(dx, *ctx_)
+                                       : copy_to_tp_backward_async(dx, *ctx_);
+  Tensor no_input_grad;
+  ops::linear_backward(no_input_grad, weight_->main_grad, dbias, rows_view(dy), rows_view(input), weight_->data);
+  return reduced.wait();
 }
 
 RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                                      int64_t input_size, int64_t output_size, const Options& options)
-    : ctx_(&ctx), sequence_parallel_(options.sequence_parallel) {
+    : ctx_(&ctx),
+      sequence_parallel_(options.sequence_parallel),
+      tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap) {
   weight_ = registry.add({.name = prefix + ".weight",
                           .global_shape = {output_size, input_size},
                           .partition_dim = 1,
@@ -112,14 +147,29 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const Parallel
 // At TP=1 the bias fuses into the GEMM; with TP>1 it is added after the reduction, once.
 Tensor RowParallelLinear::forward(const Tensor& x, LinearSaved& saved) const {
   const bool fused_bias = ctx_->tp_size() == 1;
-  Tensor y = new_activation(x, weight_->local_shape[0], x.dtype());
-  Tensor y2 = rows_view(y);
-  ops::linear_forward(y2, rows_view(x), weight_->data,
-                      fused_bias ? undefined_if_null(bias_, &Parameter::data) : Tensor());
-  if (sequence_parallel_)
-    y = reduce_scatter_to_sequence_parallel_forward(y, *ctx_);
-  else
-    reduce_from_tp_forward(y, *ctx_);
+  const int64_t out_features = weight_->local_shape[0];
+  Tensor y;
+  if (tp_comm_overlap_) {
+    const int tp = ctx_->tp_size();
+    MEGATRON_CHECK(x.dim(0) % tp == 0, "sequence parallelism: sequence length " << x.dim(0)
+                                                                                << " is not divisible by TP " << tp
+                                                                                << "; use a --seq-length that is");
+    const int64_t rows = x.dim(0) / tp;
+    y = reduce_scatter_sequence_overlapped(
+        {rows, x.dim(1), out_features}, x.dtype(), x.device(), *ctx_, [&](int c, Tensor& partial) {
+          Tensor partial2 = rows_view(partial);
+          ops::linear_forward(partial2, rows_view(sequence_chunk(x, c, rows)), weight_->data, Tensor());
+        });
+  } else {
+    y = new_activation(x, out_features, x.dtype());
+    Tensor y2 = rows_view(y);
+    ops::linear_forward(y2, rows_view(x), weight_->data,
+                        fused_bias ? undefined_if_null(bias_, &Parameter::data) : Tensor());
+    if (sequence_parallel_)
+      y = reduce_scatter_to_sequence_parallel_forward(y, *ctx_);
+    else
+      reduce_from_tp_forward(y, *ctx_);
+  }
   if (bias_ && !fused_bias) add_bias_forward(y, bias_->data, ones_column(y));
   saved.input = x;
   return y;
@@ -139,6 +189,24 @@ const Tensor& RowParallelLinear::ones_column(const Tensor& like) const {
 Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, const Tensor& gelu_pre) const {
   const bool fused_bias = ctx_->tp_size() == 1;
   if (bias_ && !fused_bias) add_bias_backward(bias_->main_grad, dy, ones_column(dy));
+  if (tp_comm_overlap_) {
+    // dX chunk by chunk as dY's chunks arrive, then dW from the whole gathered dY.
+    Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
+    const int64_t rows = dy.dim(0);
+    const Tensor dy_full = all_gather_sequence_overlapped(dy, *ctx_, [&](int c, const Tensor& dy_c) {
+      Tensor dx_c = rows_view(sequence_chunk(dx, c, rows)), no_weight_grad, no_bias_grad;
+      const Tensor x_c = rows_view(sequence_chunk(saved.input, c, rows));
+      if (gelu_pre.defined())
+        ops::gelu_linear_backward(dx_c, no_weight_grad, no_bias_grad, rows_view(dy_c), x_c, weight_->data,
+                                  rows_view(sequence_chunk(gelu_pre, c, rows)));
+      else
+        ops::linear_backward(dx_c, no_weight_grad, no_bias_grad, rows_view(dy_c), x_c, weight_->data);
+    });
+    Tensor no_input_grad, no_bias_grad;
+    ops::linear_backward(no_input_grad, weight_->main_grad, no_bias_grad, rows_view(dy_full), rows_view(saved.input),
+                         weight_->data);
+    return dx;
+  }
   Tensor dy_full = dy;
   if (sequence_parallel_)
     dy_full = reduce_scatter_to_sequence_parallel_backward(dy, *ctx_);

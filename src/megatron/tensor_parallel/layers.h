@@ -12,6 +12,14 @@
 // row-parallel / embedding output reduce-scattered along s instead of all-reduced (mappings.h).
 // A column-parallel layer then saves its input shard, not the gathered input, and gathers it
 // again in backward (as Megatron), so its saved activation is divided by TP too.
+// Overlap of TP communication with the GEMMs:
+//   - always (TP > 1, as Megatron's asynchronous dgrad communication): a column-parallel backward
+//     computes dX while the SP re-gather of its input runs, then dW while dX's all-reduce (or SP
+//     reduce-scatter) runs;
+//   - with Options::tp_comm_overlap (--tp-comm-overlap, needs SP): the SP all-gather before a
+//     column-parallel GEMM, the reduce-scatter after a row-parallel GEMM and the all-gather of a
+//     row-parallel layer's output gradient run as rings with one GEMM per sequence chunk between
+//     the steps (ring_overlap.h).
 // forward() fills a Saved struct with exactly what backward() needs.
 #include <string>
 
@@ -34,6 +42,7 @@ class ColumnParallelLinear {
     int64_t partition_blocks = 1;        // 2 for fused [gate; up]
     Parameter* shared_weight = nullptr;  // use this weight instead of registering one (tied output layer)
     bool sequence_parallel = false;      // input is the (S/TP,B,in) sequence shard
+    bool tp_comm_overlap = false;        // with sequence_parallel: the input all-gather as a ring beside the GEMM
   };
   ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                        int64_t input_size, int64_t output_size, const Options& options);
@@ -44,11 +53,14 @@ class ColumnParallelLinear {
   int64_t output_size_per_partition() const { return output_per_partition_; }
 
  private:
+  // y (and *gelu_pre) rows = the GEMM of input rows.
+  void gemm_forward(const Tensor& input, Tensor& y, Tensor* gelu_pre) const;
   const ParallelContext* ctx_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   int64_t output_per_partition_;
   bool sequence_parallel_;
+  bool tp_comm_overlap_;
 };
 
 class RowParallelLinear {
@@ -57,6 +69,7 @@ class RowParallelLinear {
     bool bias = true;
     float init_std = 0.02f;
     bool sequence_parallel = false;  // output is the (S/TP,B,out) sequence shard
+    bool tp_comm_overlap = false;    // with sequence_parallel: reduce-scatter (and dY's all-gather) as rings
   };
   RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                     int64_t input_size, int64_t output_size, const Options& options);
@@ -73,6 +86,7 @@ class RowParallelLinear {
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   bool sequence_parallel_;
+  bool tp_comm_overlap_;
   mutable Tensor ones_;  // cache of ones_column()
 };
 

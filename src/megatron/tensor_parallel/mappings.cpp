@@ -11,36 +11,43 @@ Shape with_dim0(const Tensor& t, int64_t rows) {
 
 // Rank r's rows land at [r*S_local, (r+1)*S_local): (S,B,H) is row-major, so the sequence
 // shards are contiguous and the all-gather of the flat shards is the concatenation along s.
-Tensor all_gather_sequence(const Tensor& shard, const ParallelContext& ctx) {
+Pending all_gather_sequence(const Tensor& shard, const ParallelContext& ctx) {
   Tensor full = Tensor::empty(with_dim0(shard, shard.dim(0) * ctx.tp_size()), shard.dtype(), shard.device());
-  ctx.tp->all_gather(full, shard);
-  return full;
+  CommHandlePtr handle = ctx.tp->all_gather_async(full, shard);
+  return {full, std::move(handle)};
 }
 
-Tensor reduce_scatter_sequence(const Tensor& full, const ParallelContext& ctx) {
+Pending reduce_scatter_sequence(const Tensor& full, const ParallelContext& ctx) {
   const int tp = ctx.tp_size();
   MEGATRON_CHECK(full.dim(0) % tp == 0, "sequence parallelism: sequence length " << full.dim(0)
                                                                                  << " is not divisible by TP " << tp
                                                                                  << "; use a --seq-length that is");
   Tensor shard = Tensor::empty(with_dim0(full, full.dim(0) / tp), full.dtype(), full.device());
-  ctx.tp->reduce_scatter(shard, full, ReduceOp::sum);
-  return shard;
+  CommHandlePtr handle = ctx.tp->reduce_scatter_async(shard, full, ReduceOp::sum);
+  return {shard, std::move(handle)};
 }
 
 }  // namespace
 
-Tensor gather_from_sequence_parallel_forward(const Tensor& shard, const ParallelContext& ctx) {
+Pending gather_from_sequence_parallel_forward_async(const Tensor& shard, const ParallelContext& ctx) {
   return all_gather_sequence(shard, ctx);
 }
-Tensor gather_from_sequence_parallel_backward(const Tensor& grad, const ParallelContext& ctx) {
+Pending gather_from_sequence_parallel_backward_async(const Tensor& grad, const ParallelContext& ctx) {
   return reduce_scatter_sequence(grad, ctx);
 }
 
+Tensor gather_from_sequence_parallel_forward(const Tensor& shard, const ParallelContext& ctx) {
+  return all_gather_sequence(shard, ctx).wait();
+}
+Tensor gather_from_sequence_parallel_backward(const Tensor& grad, const ParallelContext& ctx) {
+  return reduce_scatter_sequence(grad, ctx).wait();
+}
+
 Tensor reduce_scatter_to_sequence_parallel_forward(const Tensor& x, const ParallelContext& ctx) {
-  return reduce_scatter_sequence(x, ctx);
+  return reduce_scatter_sequence(x, ctx).wait();
 }
 Tensor reduce_scatter_to_sequence_parallel_backward(const Tensor& grad, const ParallelContext& ctx) {
-  return all_gather_sequence(grad, ctx);
+  return all_gather_sequence(grad, ctx).wait();
 }
 
 }  // namespace megatron::tensor_parallel

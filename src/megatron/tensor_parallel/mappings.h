@@ -9,6 +9,9 @@
 //   reduce_scatter_to_sequence_parallel:
 //                                  forward reduce-scatter along s  | backward all-gather along s
 // At TP=1 every one of them is an identity (or a copy).
+// The backward of a column-parallel layer overlaps its collectives with its GEMMs (Megatron's
+// asynchronous dgrad communication): the *_async forms start the operation and return a
+// Pending; its result is usable after wait().
 #include <cstdint>
 
 #include "megatron/core/tensor.h"
@@ -19,12 +22,27 @@ namespace megatron::tensor_parallel {
 inline void copy_to_tp_forward(const Tensor&, const ParallelContext&) {}
 inline void copy_to_tp_backward(Tensor& grad, const ParallelContext& ctx) { ctx.tp->all_reduce(grad, ReduceOp::sum); }
 
+struct Pending {
+  Tensor result;
+  CommHandlePtr handle;
+  Tensor wait() {
+    handle->wait();
+    return result;
+  }
+};
+// grad summed over TP in place, after wait().
+inline Pending copy_to_tp_backward_async(Tensor& grad, const ParallelContext& ctx) {
+  return {grad, ctx.tp->all_reduce_async(grad, ReduceOp::sum)};
+}
+
 inline void reduce_from_tp_forward(Tensor& x, const ParallelContext& ctx) { ctx.tp->all_reduce(x, ReduceOp::sum); }
 inline void reduce_from_tp_backward(const Tensor&, const ParallelContext&) {}
 
 // (S/TP, ...) -> (S, ...), and its backward (S, ...) -> (S/TP, ...).
 Tensor gather_from_sequence_parallel_forward(const Tensor& shard, const ParallelContext& ctx);
 Tensor gather_from_sequence_parallel_backward(const Tensor& grad, const ParallelContext& ctx);
+Pending gather_from_sequence_parallel_forward_async(const Tensor& shard, const ParallelContext& ctx);
+Pending gather_from_sequence_parallel_backward_async(const Tensor& grad, const ParallelContext& ctx);
 
 // (S, ...) partial sums -> (S/TP, ...) of the sum, and its backward (S/TP, ...) -> (S, ...).
 Tensor reduce_scatter_to_sequence_parallel_forward(const Tensor& x, const ParallelContext& ctx);

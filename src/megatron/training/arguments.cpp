@@ -146,6 +146,9 @@ std::vector<Flag> build_flag_table() {
       {"--pipeline-model-parallel-size", FIELD(model.pipeline_model_parallel_size), parallel, "PP (1 in this build)"},
       {"--sequence-parallel", Switch{FIELD(model.sequence_parallel), true}, parallel,
        "Sequence parallelism: norms, dropout and residuals on S/TP positions per TP rank (needs TP > 1)"},
+      {"--tp-comm-overlap", Switch{FIELD(model.tp_comm_overlap), true}, parallel,
+       "Overlap the sequence-parallel all-gathers and reduce-scatters with the neighbouring GEMMs, a chunk of "
+       "the sequence at a time (needs --sequence-parallel)"},
       {"--use-distributed-optimizer", Switch{FIELD(use_distributed_optimizer), true}, parallel,
        "Shard fp32 master weights and Adam moments over the data-parallel ranks (ZeRO-1)"},
       {"--overlap-grad-reduce", Switch{FIELD(overlap_grad_reduce), true}, parallel,
@@ -862,6 +865,10 @@ void derive_training_args(TrainingArgs& a) {
   if (a.model.sequence_parallel && a.model.tensor_model_parallel_size == 1) {
     LOG_WARN("--sequence-parallel has no effect with --tensor-model-parallel-size 1; disabling it");
     a.model.sequence_parallel = false;
+  }
+  if (a.model.tp_comm_overlap && a.model.tensor_model_parallel_size == 1) {
+    LOG_WARN("--tp-comm-overlap has no effect with --tensor-model-parallel-size 1; disabling it");
+    a.model.tp_comm_overlap = false;
   }
   std::string unused;
   if (const auto vocab = known_vocab_size(a.data, &unused)) a.model.vocab_size = *vocab;

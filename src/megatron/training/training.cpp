@@ -250,7 +250,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     optimizer = std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args));
   if (ctx.tp_size() > 1)
     LOG_INFO("> tensor parallel: " << ctx.tp_size() << " ranks"
-                                   << (config.sequence_parallel ? ", sequence parallel" : ""));
+                                   << (config.sequence_parallel ? ", sequence parallel" : "")
+                                   << (config.tp_comm_overlap ? ", communication overlapped with GEMMs" : ""));
   if (dp_size > 1)
     LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
                                  << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));

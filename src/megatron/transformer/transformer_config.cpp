@@ -163,6 +163,12 @@ void check_tensor_parallel(const TransformerConfig& c, std::vector<std::string>&
                             " under --sequence-parallel: each TP rank holds seq_length / TP positions of the ",
                             "sequence; use a multiple of ", tp, " or drop --sequence-parallel"));
   }
+  // Megatron's rule too: the overlapped collectives are the SP all-gathers and reduce-scatters.
+  if (c.tp_comm_overlap && tp > 1 && !c.sequence_parallel) {
+    errors.push_back(concat("--tp-comm-overlap needs --sequence-parallel: it overlaps the sequence-parallel ",
+                            "all-gathers and reduce-scatters with the GEMMs; add --sequence-parallel or drop ",
+                            "--tp-comm-overlap"));
+  }
 }
 
 void check_parallel(const TransformerConfig& c, std::vector<std::string>& errors) {

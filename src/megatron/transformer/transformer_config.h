@@ -46,6 +46,7 @@ struct TransformerConfig {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
   bool sequence_parallel = false;
+  bool tp_comm_overlap = false;  // SP collectives as rings beside the GEMMs (tensor_parallel/ring_overlap.h)
 };
 
 // Fills the fields Megatron derives, where they are still 0: ffn_hidden_size (4h, or

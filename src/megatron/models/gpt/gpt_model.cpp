@@ -63,8 +63,10 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
         std::make_unique<TransformerBlock>(registry_, ctx, config, i, i + 1, i + 1 == config.num_layers));
     layer_params_.push_back({begin, registered()});
   }
-  tensor_parallel::ColumnParallelLinear::Options out{
-      .bias = false, .init_std = config.init_method_std, .sequence_parallel = config.sequence_parallel};
+  tensor_parallel::ColumnParallelLinear::Options out{.bias = false,
+                                                     .init_std = config.init_method_std,
+                                                     .sequence_parallel = config.sequence_parallel,
+                                                     .tp_comm_overlap = config.tp_comm_overlap};
   if (!config.untie_embeddings_and_output_weights) out.shared_weight = word_embeddings_->weight();
   output_params_.begin = registered();
   output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(

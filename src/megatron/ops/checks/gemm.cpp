@@ -79,10 +79,15 @@ LinearDims check_linear_backward(const Tensor& dx, const Tensor& dweight, const 
     check_shape(dx, x.shape(), "linear dx");
     check_dtype(dx, x.dtype(), "linear dx");
   }
-  backend.device(dweight, "linear dweight");
-  check_shape(dweight, weight.shape(), "linear dweight");
-  check_dtype(dweight, grad_dtype, "linear dweight");
+  if (dweight.defined()) {
+    backend.device(dweight, "linear dweight");
+    check_shape(dweight, weight.shape(), "linear dweight");
+    check_dtype(dweight, grad_dtype, "linear dweight");
+  }
   if (dbias.defined()) {
+    MEGATRON_CHECK(dweight.defined(),
+                   "linear dbias is accumulated with dweight (the same GEMM on CUDA); "
+                   "pass dweight too, or leave dbias undefined");
     backend.device(dbias, "linear dbias");
     check_shape(dbias, {out_features}, "linear dbias");
     check_dtype(dbias, grad_dtype, "linear dbias");

@@ -165,7 +165,8 @@ void linear_gelu_forward_impl(Tensor& y, Tensor& pre, const Tensor& x, const Ten
 template <class C>
 void linear_backward_impl(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, const Tensor& x, const Tensor& w,
                           int64_t n, int64_t out_features, int64_t in_features) {
-  const Operand<C> DY(dy), X(x);
+  if (!dx.defined() && !dw.defined()) return;
+  const Operand<C> DY(dy);
   if (dx.defined()) {
     // dx (N,in) = dy (N,out) @ W (out,in)
     const Operand<C> W(w);
@@ -173,7 +174,9 @@ void linear_backward_impl(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dy, 
     blas_gemm(false, false, n, in_features, out_features, C(1), DY.data(), W.data(), C(0), DX.data());
     DX.finish();
   }
+  if (!dw.defined()) return;  // dx only (db needs dw: checked); x is not read
   // dW (out,in) += dy^T (out,N) @ x (N,in)
+  const Operand<C> X(x);
   blas_gemm(true, false, out_features, in_features, n, C(1), DY.data(), X.data(), C(1), dw.data<C>());
   if (db.defined()) {
     // db[o] += sum over rows of dy[row, o]

@@ -356,7 +356,7 @@ bool gelu_epilogue_applies(const Tensor& out, const Tensor& aux, int64_t row_len
 void weight_and_bias_grads(Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
                            const checks::LinearDims& dims) {
   const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
-  if (n == 0 || out_features == 0) return;  // nothing to accumulate
+  if (!dweight.defined() || n == 0 || out_features == 0) return;  // dx only, or nothing to accumulate
   if (in_features > 0 && dbias.defined()) {
     Tensor db_step = Tensor::empty({out_features}, DType::f32, dy.device());
     if (row_major_gemm(true, false, out_features, in_features, n, dy, x, dweight, 1.0f, 1.0f,
