@@ -80,6 +80,16 @@ TEST(BadInput, CheckpointWithFlippedByte) {
   expect_failure("generate --load " + dir / "ckpt", "model_rank_00000.safetensors");
 }
 
+TEST(BadInput, GenerateTensorParallelWithoutLaunchedRanks) {
+  TempDir dir;
+  const auto ok = run_megatron("train" + kTiny + kMock + " --save " + dir / "ckpt" + " --save-interval 2");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  expect_failure("generate --load " + dir / "ckpt" + " --tensor-model-parallel-size 2",
+                 "--tensor-model-parallel-size 2 differs from the 1 launched rank(s)");
+  expect_failure("generate --load " + dir / "ckpt" + " --tensor-model-parallel-size 0",
+                 "--tensor-model-parallel-size 0 must be positive");
+}
+
 TEST(BadInput, LoadWithoutCheckpointForGenerate) {
   expect_failure("generate --load /nonexistent/ckpt", "/nonexistent/ckpt");
 }

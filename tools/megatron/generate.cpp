@@ -1,13 +1,21 @@
 // megatron generate: load a checkpoint written by `megatron train --save` and sample text.
+// Under mpirun or srun the ranks split the model by tensor parallelism (TP = the world size),
+// whatever TP the checkpoint was trained with; rank 0 prints.
 #include "megatron/inference/generate.h"
 
 #include <cstdio>
+#include <exception>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "commands.h"
 #include "megatron/core/error.h"
+#include "megatron/core/logging.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
+#include "megatron/parallel/launch.h"
+#include "megatron/parallel/parallel_state.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/device.h"
 
@@ -23,12 +31,16 @@ struct GenerateArgs {
   int64_t top_k = 40;
   int64_t seed = 1234;
   std::string device = "auto";
+  std::optional<int64_t> tensor_model_parallel_size;  // unset: the launched world size
 };
 
 const char* const kHelp =
     "usage: megatron generate --load DIR [--prompt TEXT] [--max-new-tokens 64] [--num-samples 1]\n"
     "                         [--temperature 0.8 (0 = greedy)] [--top-k 40 (0 = all)] [--seed 1234]\n"
-    "                         [--device auto|cpu|cuda]\n";
+    "                         [--device auto|cpu|cuda] [--tensor-model-parallel-size N (default: the number\n"
+    "                         of ranks)]\n"
+    "Under `mpirun -np N` (or srun) the N ranks split the model by tensor parallelism, TP = N; the\n"
+    "checkpoint may have been trained at any TP.\n";
 
 GenerateArgs parse(const Args& args) {
   GenerateArgs g;
@@ -64,11 +76,59 @@ GenerateArgs parse(const Args& args) {
       number(g.seed);
     else if (flag == "--device")
       g.device = value();
+    else if (flag == "--tensor-model-parallel-size")
+      number(g.tensor_model_parallel_size.emplace());
     else
       MEGATRON_FAIL("unknown flag " << flag << "\n" << kHelp);
   }
   MEGATRON_CHECK(!g.load.empty(), "--load DIR is required: the --save directory of a training run\n" << kHelp);
+  MEGATRON_CHECK(g.tensor_model_parallel_size.value_or(1) > 0,
+                 "--tensor-model-parallel-size " << *g.tensor_model_parallel_size << " must be positive");
   return g;
+}
+
+void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
+  const int64_t world = mpi ? mpi->process().world_size : 1;
+  const int rank = mpi ? mpi->process().rank : 0;
+  const int64_t tp = g.tensor_model_parallel_size.value_or(world);
+  // One prompt has nothing to share out between data-parallel replicas: every rank is a TP rank.
+  MEGATRON_CHECK(tp == world, "--tensor-model-parallel-size "
+                                  << tp << " differs from the " << world
+                                  << " launched rank(s): generation splits one model over every rank (TP = world "
+                                     "size, no data parallelism); launch "
+                                  << (tp == 1 ? std::string("one process") : "mpirun -np " + std::to_string(tp))
+                                  << " or leave the flag out");
+  LogSettings log = log_settings();
+  log.rank = rank;  // info lines from rank 0 only
+  set_log_settings(log);
+
+  const TrainingArgs train_args = read_checkpoint_args(g.load, tp);
+  const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,
+                                                  train_args.data.tokenizer_model);
+  const Device device = select_device(g.device, mpi ? mpi->process().local_rank : 0);
+  ParallelSizes sizes;
+  sizes.tp = tp;
+  const ParallelState state =
+      initialize_parallel(sizes, {.device = device,
+                                  .timeout_seconds = 60.0 * train_args.distributed_timeout_minutes,
+                                  .tied_embeddings = !train_args.model.untie_embeddings_and_output_weights,
+                                  .mpi = mpi});
+  GPTModel model(train_args.model, state.ctx, device);
+  load_model_weights(g.load, model);
+
+  std::vector<int32_t> prompt = tokenizer->encode(g.prompt);
+  if (prompt.empty()) prompt.push_back(tokenizer->eod());  // start a fresh document
+  const size_t prompt_tokens = prompt.size();
+  // The same seed on every rank: the ranks draw the same numbers (generate.h).
+  HostRng rng(uint64_t(g.seed));
+  const SamplingParams params{g.temperature, g.top_k, tokenizer->vocab_size()};
+  for (int64_t n = 0; n < g.num_samples; ++n) {
+    std::vector<int32_t> out = generate_tokens(model, prompt, g.max_new_tokens, params, tokenizer->eod(), rng);
+    if (rank != 0) continue;
+    if (!out.empty() && out.back() == tokenizer->eod()) out.pop_back();
+    const std::vector<int32_t> generated(out.begin() + std::ptrdiff_t(prompt_tokens), out.end());
+    std::cout << "----- sample " << n + 1 << " -----\n" << g.prompt << tokenizer->decode(generated) << "\n";
+  }
 }
 }  // namespace
 
@@ -78,24 +138,18 @@ int generate(const Args& args) {
       std::fputs(kHelp, stdout);
       return 0;
     }
-  const GenerateArgs g = parse(args);
-  const TrainingArgs train_args = read_checkpoint_args(g.load);
-  const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,
-                                                  train_args.data.tokenizer_model);
-  ParallelContext ctx = ParallelContext::single_process();
-  GPTModel model(train_args.model, ctx, select_device(g.device, 0));
-  load_model_weights(g.load, model);
-
-  std::vector<int32_t> prompt = tokenizer->encode(g.prompt);
-  if (prompt.empty()) prompt.push_back(tokenizer->eod());  // start a fresh document
-  const size_t prompt_tokens = prompt.size();
-  HostRng rng(uint64_t(g.seed));
-  const SamplingParams params{g.temperature, g.top_k, tokenizer->vocab_size()};
-  for (int64_t n = 0; n < g.num_samples; ++n) {
-    std::vector<int32_t> out = generate_tokens(model, prompt, g.max_new_tokens, params, tokenizer->eod(), rng);
-    if (!out.empty() && out.back() == tokenizer->eod()) out.pop_back();
-    const std::vector<int32_t> generated(out.begin() + std::ptrdiff_t(prompt_tokens), out.end());
-    std::cout << "----- sample " << n + 1 << " -----\n" << g.prompt << tokenizer->decode(generated) << "\n";
+  const ProcessInfo process = process_info_from_env();
+  if (!process.launched()) {
+    run(parse(args), nullptr);
+    return 0;
+  }
+  const auto mpi = std::make_shared<MpiRuntime>(process);
+  try {
+    run(parse(args), mpi);
+  } catch (const std::exception& e) {
+    // Other ranks may wait for this one in a collective: report, then end the whole job.
+    std::fprintf(stderr, "megatron generate: error on rank %d: %s\n", mpi->process().rank, e.what());
+    mpi->abort(1);
   }
   return 0;
 }

@@ -6,7 +6,7 @@
 
 namespace megatron {
 
-int32_t sample_token(const std::vector<float>& logits, const SamplingParams& params, HostRng& rng) {
+int32_t sample_token(const std::vector<double>& logits, const SamplingParams& params, HostRng& rng) {
   const int64_t V =
       params.vocab_size > 0 ? std::min<int64_t>(params.vocab_size, int64_t(logits.size())) : int64_t(logits.size());
   MEGATRON_CHECK(V > 0, "no logits to sample from");
@@ -31,17 +31,29 @@ int32_t sample_token(const std::vector<float>& logits, const SamplingParams& par
   return order[size_t(k - 1)];
 }
 
+std::vector<double> next_token_logits(GPTModel& model, const std::vector<int32_t>& tokens) {
+  MEGATRON_CHECK(!tokens.empty(), "generation needs at least one prompt token");
+  // The model sees at most seq_length tokens: the last ones.
+  const int64_t S = std::min<int64_t>(int64_t(tokens.size()), model.config().seq_length);
+  Tensor input = Tensor::empty({1, S}, DType::i32);
+  std::copy(tokens.end() - S, tokens.end(), input.data<int32_t>());
+  const Tensor row = model.last_position_logits(input).to(Device::cpu()).to(DType::f64);  // (1,V)
+  const double* d = row.data<double>();
+  return std::vector<double>(d, d + row.numel());
+}
+
 std::vector<int32_t> generate_tokens(GPTModel& model, std::vector<int32_t> tokens, int64_t max_new_tokens,
                                      const SamplingParams& params, int32_t stop_token, HostRng& rng) {
-  MEGATRON_CHECK(!tokens.empty(), "generation needs at least one prompt token");
-  const int64_t window = model.config().seq_length;
+  Communicator& tp = *model.context().tp;
   for (int64_t n = 0; n < max_new_tokens; ++n) {
-    const int64_t S = std::min<int64_t>(int64_t(tokens.size()), window);
-    Tensor input = Tensor::empty({1, S}, DType::i32);
-    std::copy(tokens.end() - S, tokens.end(), input.data<int32_t>());
-    const Tensor logits = model.logits(input);  // (S,1,V)
-    const std::vector<float> last = logits.select(S - 1).to_vector();
-    const int32_t next = sample_token(last, params, rng);
+    int32_t next = sample_token(next_token_logits(model, tokens), params, rng);
+    if (tp.size() > 1) {
+      Tensor chosen = Tensor::empty({1}, DType::i32);
+      chosen.data<int32_t>()[0] = next;
+      chosen = chosen.to(model.device());
+      tp.broadcast(chosen, 0);
+      next = int32_t(chosen.item(0));
+    }
     tokens.push_back(next);
     if (next == stop_token) break;
   }

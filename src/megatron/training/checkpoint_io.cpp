@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "megatron/core/error.h"
 #include "megatron/core/logging.h"
 #include "megatron/parallel/text_collectives.h"
 
@@ -190,9 +191,10 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
   return true;
 }
 
-// The checkpoint's parallel layout is left out (one process reads every global tensor whole), but
-// its padded vocabulary is kept: it depends on the TP it was trained with.
-TrainingArgs read_checkpoint_args(const std::string& load_dir) {
+// The checkpoint's own layout is left out (loading reads global slices, so any layout can), and
+// the model is rebuilt at the requested TP without sequence parallelism; its padded vocabulary is
+// kept: it depends on the TP it was trained with.
+TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t tensor_model_parallel_size) {
   const CheckpointReader reader = open_latest(load_dir);
   const nlohmann::json& saved = reader.common().at("args");
   std::vector<std::pair<std::string, std::string>> flags;
@@ -201,9 +203,26 @@ TrainingArgs read_checkpoint_args(const std::string& load_dir) {
                         flag == "--sequence-parallel";
     if (flag.rfind("--", 0) == 0 && !layout) flags.emplace_back(flag, value.get<std::string>());
   }
-  TrainingArgs args = parse_training_args_from_flags(flags);
-  if (saved.contains("padded_vocab_size"))
-    args.model.padded_vocab_size = std::stoll(saved["padded_vocab_size"].get<std::string>());
+  const int64_t tp = tensor_model_parallel_size;
+  flags.emplace_back("--tensor-model-parallel-size", std::to_string(tp));
+  TrainingArgs args;
+  try {
+    // The world is the TP group (DP = 1), so the training rules of the layout apply unchanged.
+    args = parse_training_args_from_flags(flags, tp);
+  } catch (const Error& e) {
+    MEGATRON_FAIL("the model of checkpoint " << load_dir << " cannot be built at --tensor-model-parallel-size " << tp
+                                             << ": " << e.what());
+  }
+  if (saved.contains("padded_vocab_size")) {
+    const int64_t padded = std::stoll(saved["padded_vocab_size"].get<std::string>());
+    MEGATRON_CHECK(padded % tp == 0, "the padded vocabulary of checkpoint "
+                                         << load_dir << " (" << padded
+                                         << " rows) is not divisible by --tensor-model-parallel-size " << tp
+                                         << ": each TP rank holds padded_vocab_size / TP rows of the embedding and "
+                                            "output layer; use a TP that divides "
+                                         << padded << " (the TP it was trained with does)");
+    args.model.padded_vocab_size = padded;
+  }
   return args;
 }
 

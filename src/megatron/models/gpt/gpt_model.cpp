@@ -176,4 +176,16 @@ Tensor GPTModel::logits(const Tensor& tokens) {
   return forward_to_logits(tokens, Tensor(), Tensor(), {.training = false}, saved);
 }
 
+Tensor GPTModel::last_position_logits(const Tensor& tokens) {
+  const Tensor all = logits(tokens);
+  const Tensor last = all.select(all.dim(0) - 1);  // (B,V/TP)
+  const int64_t B = last.dim(0), tp = ctx_->tp_size();
+  Tensor shards = Tensor::empty({tp, B, last.dim(1)}, last.dtype(), device_);
+  ctx_->tp->all_gather(shards, last);
+  // Rank r holds vocabulary columns [r*V/TP, (r+1)*V/TP): (TP,B,V/TP) -> (B,TP,V/TP) = (B,V).
+  Tensor out = Tensor::empty({B, tp, last.dim(1)}, last.dtype(), device_);
+  ops::transpose01(out, shards);
+  return out.view({B, -1});
+}
+
 }  // namespace megatron

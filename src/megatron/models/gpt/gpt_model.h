@@ -34,6 +34,7 @@ class GPTModel {
   GPTModel& operator=(const GPTModel&) = delete;
 
   const TransformerConfig& config() const { return config_; }
+  const ParallelContext& context() const { return *ctx_; }
   ParameterRegistry& parameters() { return registry_; }
   Device device() const { return device_; }
 
@@ -49,8 +50,13 @@ class GPTModel {
   // Loss only (no dropout, no gradients): validation.
   LossSums evaluate(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
                     const Tensor& position_ids = Tensor(), const Tensor& segment_ids = Tensor());
-  // Logits (S,B,V_local) for inference.
+  // Logits (S,B,V_local) for inference: this TP rank's columns [tp_rank*V/TP, (tp_rank+1)*V/TP) of
+  // the padded vocabulary (the output layer is vocab-parallel).
   Tensor logits(const Tensor& tokens);
+  // The last position's logits over the whole padded vocabulary, (B,V), the same on every TP rank:
+  // what a sampler reads. Megatron gathers all (S,B,V) logits over TP for inference
+  // (gather_from_tensor_model_parallel_region); one all-gather of the last row is all we need.
+  Tensor last_position_logits(const Tensor& tokens);
   // Activation memory of the last forward_backward on this rank: the bytes its forward kept for
   // the backward (every module's saved tensors, the logits and the loss's lse; dropout masks are
   // regenerated, not kept). Under sequence parallelism every per-layer term is divided by TP.
