@@ -4,8 +4,10 @@
 # print exactly what one process prints, greedy and sampled (the same seed on every rank; the
 # library test, test_tp_generate.cpp, proves the token-by-token agreement in f64, this run checks
 # the command's wiring in f32). Then layouts the model cannot take must fail, naming the rule.
-# usage: generate_tp_test.sh MEGATRON MPIRUN [MPIRUN FLAGS...]
+# usage: [DEVICE=cuda] generate_tp_test.sh MEGATRON MPIRUN [MPIRUN FLAGS...]   (DEVICE: cpu by default;
+# the multigpu label runs it with cuda, one GPU per rank)
 set -u
+device=${DEVICE:-cpu}
 megatron=$1
 shift
 dir=$(mktemp -d)
@@ -16,7 +18,7 @@ fail() {
 }
 model=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1
   --global-batch-size 4 --lr 3e-3 --train-iters 200 --log-interval 200 --mock-data
-  --tokenizer-type NullTokenizer --device cpu)
+  --tokenizer-type NullTokenizer --device "$device")
 train() { # train DIR [FLAGS...]
   local out=$1
   shift
@@ -30,8 +32,8 @@ train "$ckpt" --vocab-size 100
 
 # 200 iterations teach the model the mock data's counting sequences: it counts on from 59, across
 # the boundary between the two ranks' vocabulary shards at 64.
-greedy=(--prompt "57 58 59" --max-new-tokens 20 --temperature 0 --device cpu)
-sampled=(--prompt "57 58 59" --max-new-tokens 20 --temperature 0.8 --top-k 20 --num-samples 2 --seed 3 --device cpu)
+greedy=(--prompt "57 58 59" --max-new-tokens 20 --temperature 0 --device "$device")
+sampled=(--prompt "57 58 59" --max-new-tokens 20 --temperature 0.8 --top-k 20 --num-samples 2 --seed 3 --device "$device")
 # generate NAME [LAUNCHER...] -- [FLAGS...]: $ckpt's samples; stdout to $dir/NAME.out, everything to $dir/NAME.log.
 generate() {
   local name=$1 launcher=()
