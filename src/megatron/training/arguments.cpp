@@ -870,6 +870,11 @@ void derive_training_args(TrainingArgs& a) {
     LOG_WARN("--tp-comm-overlap has no effect with --tensor-model-parallel-size 1; disabling it");
     a.model.tp_comm_overlap = false;
   }
+  if (a.model.tp_comm_overlap && a.model.tensor_model_parallel_size > 2)
+    LOG_WARN(
+        "--tp-comm-overlap at TP " << a.model.tensor_model_parallel_size
+                                   << ": its rings take TP-1 point-to-point steps per collective and measured "
+                                      "slower than plain collectives at TP 4 (docs/PERFORMANCE.md); it pays at TP 2");
   std::string unused;
   if (const auto vocab = known_vocab_size(a.data, &unused)) a.model.vocab_size = *vocab;
   derive_model_fields(a.model);
