@@ -258,7 +258,11 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
   if (ctx.tp_size() > 1)
     LOG_INFO("> tensor parallel: " << ctx.tp_size() << " ranks"
                                    << (config.sequence_parallel ? ", sequence parallel" : "")
-                                   << (config.tp_comm_overlap ? ", communication overlapped with GEMMs" : ""));
+                                   << (config.tp_comm_overlap ? ", communication overlapped with GEMMs" : "")
+                                   << (device.is_cuda() && std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") != nullptr
+                                           ? concat(", CUDA_DEVICE_MAX_CONNECTIONS=",
+                                                    std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
+                                           : std::string()));
   if (dp_size > 1)
     LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
                                  << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
