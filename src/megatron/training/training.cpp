@@ -10,6 +10,7 @@
 
 #include "megatron/core/logging.h"
 #include "megatron/core/memory.h"
+#include "megatron/core/strings.h"
 #include "megatron/datasets/blended_dataset.h"
 #include "megatron/datasets/data_loader.h"
 #include "megatron/datasets/gpt_dataset.h"
