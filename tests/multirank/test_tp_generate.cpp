@@ -2,7 +2,7 @@
 // Generation under tensor parallelism (inference/generate.h): a checkpoint loaded at TP = 2 and
 // TP = 4 (as many as the ranks allow) generates the same tokens as at TP = 1, for a GPT-2-style
 // and a LLaMA-style (GQA) model, from checkpoints saved at TP = 1 and at TP = 2 with sequence
-// parallelism (generation itself runs without SP: checkpoint_io.h).
+// parallelism and --tp-comm-overlap (generation itself runs without either: checkpoint_io.h).
 //
 // Why the tokens must agree, not just probably: the models run in f64 (the f32 checkpoint
 // converts on load), and the layouts differ only in the order of f64 sums (the row-parallel
@@ -161,11 +161,11 @@ void generate_across_tp_sizes(ModelStyle style) {
   }
   expect_same_generation_at_every_tp(dir + "/tp1", kind + " TP=1 checkpoint");
   {
-    // Saved at TP = 2 with sequence parallelism (x DP = 2 on 4 ranks).
+    // Saved at TP = 2 with sequence parallelism and its overlap (x DP = 2 on 4 ranks).
     const ParallelState st = make_state({.tp = 2}, 60);
     train_on(st.ctx, with(long_run(style, kTrainIters),
-                          with(tp_flags(2, true, false),
-                               {"--save", dir + "/tp2", "--save-interval", std::to_string(kTrainIters)})));
+                          with(tp_flags(2, true, false), {"--tp-comm-overlap", "--save", dir + "/tp2",
+                                                          "--save-interval", std::to_string(kTrainIters)})));
     st.ctx.world->barrier();
   }
   expect_same_generation_at_every_tp(dir + "/tp2", kind + " TP=2 SP checkpoint");

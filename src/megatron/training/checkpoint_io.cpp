@@ -192,7 +192,7 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
 }
 
 // The checkpoint's own layout is left out (loading reads global slices, so any layout can), and
-// the model is rebuilt at the requested TP without sequence parallelism; its padded vocabulary is
+// the model is rebuilt at the requested TP without sequence parallelism (nor its overlap); its padded vocabulary is
 // kept: it depends on the TP it was trained with.
 TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t tensor_model_parallel_size) {
   const CheckpointReader reader = open_latest(load_dir);
@@ -200,7 +200,7 @@ TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t tensor_mo
   std::vector<std::pair<std::string, std::string>> flags;
   for (const auto& [flag, value] : saved.items()) {
     const bool layout = flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
-                        flag == "--sequence-parallel";
+                        flag == "--sequence-parallel" || flag == "--tp-comm-overlap";
     if (flag.rfind("--", 0) == 0 && !layout) flags.emplace_back(flag, value.get<std::string>());
   }
   const int64_t tp = tensor_model_parallel_size;
