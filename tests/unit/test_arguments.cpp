@@ -324,6 +324,15 @@ TEST(ParseArgs, SequenceParallelIsOffWithoutTp) {
   EXPECT_TRUE(parse_training_args(tp2, 2).model.sequence_parallel);
 }
 
+// Megatron's rules for --tp-comm-overlap: nothing to overlap at TP = 1 (turned off), and the
+// overlapped collectives are SP's, so without --sequence-parallel it is an error naming the fix.
+TEST(ParseArgs, TpCommOverlapNeedsTpAndSequenceParallel) {
+  EXPECT_FALSE(parse_training_args(with(minimal_argv(), {"--tp-comm-overlap"})).model.tp_comm_overlap);
+  const Argv tp2 = with(minimal_argv(), {"--tensor-model-parallel-size", "2", "--tp-comm-overlap"});
+  EXPECT_TRUE(contains(parse_error(tp2, 2), "--tp-comm-overlap needs --sequence-parallel"));
+  EXPECT_TRUE(parse_training_args(with(tp2, {"--sequence-parallel"}), 2).model.tp_comm_overlap);
+}
+
 TEST(ValidateArgs, WorldSizeMustHoldTheModelLayout) {
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--tensor-model-parallel-size", "2"}), 3),
                        "world size 3 is not a multiple of TP*PP = 2"));
