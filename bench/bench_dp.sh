@@ -47,9 +47,11 @@ read_theirs() {
   opt=$(echo "$last" | field optimizer_state_mib | awk '{ if ($1 != "") print $1 / 1024 }')
 }
 
-# row PRESET LABEL NPROC BASE_MS BASE_TOK: prints one table line from ms tok tf peak opt.
+# row PRESET LABEL NPROC BASE_MS BASE_TOK: prints one table line from ms tok tf peak opt; a run
+# that left no figures (it failed: its row shows "-") makes the script exit 1.
 row() {
   local eff exposed
+  [ -n "$ms" ] || rc=1
   eff=$(awk -v a="$tok" -v b="$5" 'BEGIN { if (a > 0 && b > 0) printf "%.1f%%", 100 * a / b; else print "-" }')
   exposed=$(awk -v a="$ms" -v b="$4" 'BEGIN { if (a > 0 && b > 0) printf "%.1f", a - b; else print "-" }')
   [ "$3" -eq 1 ] && eff="(base)" exposed="(base)"
@@ -60,6 +62,7 @@ echo
 echo "$(date -u +%F) ${gpus}x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); bf16, global batch = GPUs x micro-batch"
 echo "| preset | engine / config | GPUs | ms/it | tokens/s per GPU | scaling efficiency | exposed comm ms/it | TFLOP/s/GPU | peak memory GiB | optimizer state GiB/GPU |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
+rc=0
 for run in "${runs[@]}"; do
   preset="${run%%:*}" mbs="${run##*:}"
   ours "ours-$preset-1gpu" 1 "$preset" "$mbs"
@@ -83,3 +86,4 @@ for run in "${runs[@]}"; do
   read_theirs "torch-$preset-ddp$gpus"
   row "$preset (mbs $mbs)" "PyTorch+compile DDP, $gpus GPUs" "$gpus" "$base_ms" "$base_tok"
 done
+exit $rc

@@ -150,11 +150,7 @@ Tensor RowParallelLinear::forward(const Tensor& x, LinearSaved& saved) const {
   const int64_t out_features = weight_->local_shape[0];
   Tensor y;
   if (tp_comm_overlap_) {
-    const int tp = ctx_->tp_size();
-    MEGATRON_CHECK(x.dim(0) % tp == 0, "sequence parallelism: sequence length " << x.dim(0)
-                                                                                << " is not divisible by TP " << tp
-                                                                                << "; use a --seq-length that is");
-    const int64_t rows = x.dim(0) / tp;
+    const int64_t rows = sequence_shard_rows(x, *ctx_);
     y = reduce_scatter_sequence_overlapped(
         {rows, x.dim(1), out_features}, x.dtype(), x.device(), *ctx_, [&](int c, Tensor& partial) {
           Tensor partial2 = rows_view(partial);

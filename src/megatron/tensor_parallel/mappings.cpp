@@ -18,16 +18,20 @@ Pending all_gather_sequence(const Tensor& shard, const ParallelContext& ctx) {
 }
 
 Pending reduce_scatter_sequence(const Tensor& full, const ParallelContext& ctx) {
-  const int tp = ctx.tp_size();
-  MEGATRON_CHECK(full.dim(0) % tp == 0, "sequence parallelism: sequence length " << full.dim(0)
-                                                                                 << " is not divisible by TP " << tp
-                                                                                 << "; use a --seq-length that is");
-  Tensor shard = Tensor::empty(with_dim0(full, full.dim(0) / tp), full.dtype(), full.device());
+  Tensor shard = Tensor::empty(with_dim0(full, sequence_shard_rows(full, ctx)), full.dtype(), full.device());
   CommHandlePtr handle = ctx.tp->reduce_scatter_async(shard, full, ReduceOp::sum);
   return {shard, std::move(handle)};
 }
 
 }  // namespace
+
+int64_t sequence_shard_rows(const Tensor& full, const ParallelContext& ctx) {
+  const int tp = ctx.tp_size();
+  MEGATRON_CHECK(full.dim(0) % tp == 0, "sequence parallelism: sequence length " << full.dim(0)
+                                                                                 << " is not divisible by TP " << tp
+                                                                                 << "; use a --seq-length that is");
+  return full.dim(0) / tp;
+}
 
 Pending gather_from_sequence_parallel_forward_async(const Tensor& shard, const ParallelContext& ctx) {
   return all_gather_sequence(shard, ctx);

@@ -48,6 +48,10 @@ Pending gather_from_sequence_parallel_backward_async(const Tensor& grad, const P
 Tensor reduce_scatter_to_sequence_parallel_forward(const Tensor& x, const ParallelContext& ctx);
 Tensor reduce_scatter_to_sequence_parallel_backward(const Tensor& grad, const ParallelContext& ctx);
 
+// S / TP, the rows of a rank's sequence shard of the (S, ...) tensor full; an error naming the fix
+// when TP does not divide S.
+int64_t sequence_shard_rows(const Tensor& full, const ParallelContext& ctx);
+
 // Global index of the first element of this rank's sequence shard `shard` of an (S, ...) tensor:
 // where counter-based dropout masks start, so a shard draws the full tensor's mask for its rows.
 inline uint64_t sequence_shard_offset(const Tensor& shard, const ParallelContext& ctx) {
