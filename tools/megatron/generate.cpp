@@ -98,9 +98,7 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
                                      "size, no data parallelism); launch "
                                   << (tp == 1 ? std::string("one process") : "mpirun -np " + std::to_string(tp))
                                   << " or leave the flag out");
-  LogSettings log = log_settings();
-  log.rank = rank;  // info lines from rank 0 only
-  set_log_settings(log);
+  const ScopedLogRank log_rank(rank);
 
   const TrainingArgs train_args = read_checkpoint_args(g.load, tp);
   const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,

@@ -16,6 +16,22 @@ struct LogSettings {
 
 void set_log_settings(const LogSettings& settings);
 const LogSettings& log_settings();
+
+// This process logs as `rank` (info lines from rank 0 only) until the scope ends.
+class ScopedLogRank {
+ public:
+  explicit ScopedLogRank(int rank) : saved_(log_settings()) {
+    LogSettings settings = saved_;
+    settings.rank = rank;
+    set_log_settings(settings);
+  }
+  ~ScopedLogRank() { set_log_settings(saved_); }
+  ScopedLogRank(const ScopedLogRank&) = delete;
+  ScopedLogRank& operator=(const ScopedLogRank&) = delete;
+
+ private:
+  LogSettings saved_;
+};
 void log_line(LogLevel level, const std::string& line);
 // Current local time as "YYYY-MM-DD HH:MM:SS.ffffff" (Megatron's log-line timestamp).
 std::string timestamp_now();

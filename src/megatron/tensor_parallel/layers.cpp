@@ -38,7 +38,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
                                            const Options& options)
     : ctx_(&ctx),
       sequence_parallel_(options.sequence_parallel),
-      tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap) {
+      tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap && ctx.tp_size() > 1) {
   const int tp = ctx.tp_size();
   MEGATRON_CHECK(output_size % tp == 0, prefix << ": output size " << output_size << " is not divisible by TP " << tp);
   output_per_partition_ = output_size / tp;
@@ -127,7 +127,7 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const Parallel
                                      int64_t input_size, int64_t output_size, const Options& options)
     : ctx_(&ctx),
       sequence_parallel_(options.sequence_parallel),
-      tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap) {
+      tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap && ctx.tp_size() > 1) {
   weight_ = registry.add({.name = prefix + ".weight",
                           .global_shape = {output_size, input_size},
                           .partition_dim = 1,

@@ -42,7 +42,7 @@ class ColumnParallelLinear {
     int64_t partition_blocks = 1;        // 2 for fused [gate; up]
     Parameter* shared_weight = nullptr;  // use this weight instead of registering one (tied output layer)
     bool sequence_parallel = false;      // input is the (S/TP,B,in) sequence shard
-    bool tp_comm_overlap = false;        // with sequence_parallel: the input all-gather as a ring beside the GEMM
+    bool tp_comm_overlap = false;  // with sequence_parallel and TP > 1: the input all-gather as a ring beside the GEMM
   };
   ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                        int64_t input_size, int64_t output_size, const Options& options);
@@ -69,7 +69,7 @@ class RowParallelLinear {
     bool bias = true;
     float init_std = 0.02f;
     bool sequence_parallel = false;  // output is the (S/TP,B,out) sequence shard
-    bool tp_comm_overlap = false;    // with sequence_parallel: reduce-scatter (and dY's all-gather) as rings
+    bool tp_comm_overlap = false;    // with sequence_parallel and TP > 1: reduce-scatter (and dY's all-gather) as rings
   };
   RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                     int64_t input_size, int64_t output_size, const Options& options);

@@ -155,22 +155,6 @@ void print_from_last_rank(bool last_rank, const std::string& line) {
   std::fflush(stdout);
 }
 
-// Info lines come from rank 0 of this run's world, for the run's duration.
-class ScopedLogRank {
- public:
-  explicit ScopedLogRank(int rank) : saved_(log_settings()) {
-    LogSettings settings = saved_;
-    settings.rank = rank;
-    set_log_settings(settings);
-  }
-  ~ScopedLogRank() { set_log_settings(saved_); }
-  ScopedLogRank(const ScopedLogRank&) = delete;
-  ScopedLogRank& operator=(const ScopedLogRank&) = delete;
-
- private:
-  LogSettings saved_;
-};
-
 void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
   MEGATRON_CHECK(ctx.world->size() == args.world_size, "the arguments were derived for a world of "
                                                            << args.world_size << " ranks but this run has "
