@@ -7,10 +7,9 @@
 
 namespace megatron::testing {
 
-// The repository root, from this header's own path (CMake compiles with absolute paths).
-inline std::filesystem::path repo_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-}
+// The repository root, given by CMake (MEGATRON_SOURCE_DIR): __FILE__ would do only while the
+// compiler sees absolute paths, which a compiler cache with a base directory rewrites.
+inline std::filesystem::path repo_root() { return MEGATRON_SOURCE_DIR; }
 
 // build/fixtures/<relative>, which must exist.
 inline std::string tokenizer_fixture(const std::string& relative) {
