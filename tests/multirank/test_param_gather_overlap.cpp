@@ -15,6 +15,7 @@
 #include "megatron/distributed/ddp.h"
 #include "megatron/distributed/distributed_optimizer.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "multirank/dp_training_util.h"
 #include "multirank/multirank_util.h"
 #include "test_util.h"
 
@@ -192,6 +193,21 @@ TEST_F(ParamGatherOverlap, GptForwardWaitsForEachBucketInTurn) {
     final_params.push_back(model.parameters().param_buffer().to_vector());
   }
   EXPECT_EQ(final_params[0], final_params[1]);
+}
+
+// Through `megatron train`'s loop (pretrain): with the waits moved into the forward, the run
+// equals the one that waits for every bucket right after the optimizer, bit for bit, including
+// the validation at iteration 10 (which waits for everything first) and the steps after it.
+TEST_F(ParamGatherOverlap, TrainingLoopMatchesWaitingAtOnceBitForBit) {
+  const std::vector<std::string> flags =
+      with(tiny_run(12), {"--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000"});
+  const TrainingSummary at_once = train_on(st_.ctx, flags);
+  const TrainingSummary overlapped = train_on(st_.ctx, with(flags, {"--overlap-param-gather"}));
+  ASSERT_EQ(at_once.train_losses.size(), 12u);
+  ASSERT_EQ(at_once.valid_losses.size(), 1u);
+  EXPECT_EQ(overlapped.train_losses, at_once.train_losses);
+  EXPECT_EQ(overlapped.grad_norms, at_once.grad_norms);
+  EXPECT_EQ(overlapped.valid_losses, at_once.valid_losses);
 }
 
 }  // namespace
