@@ -1,6 +1,7 @@
 // What DDP needs from the parameters: flat ranges as boxes of the global tensor (how
 // distributed-optimizer shards are checkpointed), moving the flat buffers into the bucket
-// layout, and the model reporting each gradient as final exactly when it is.
+// layout, the model reporting each gradient as final exactly when it is, and each parameter just
+// before the forward reads it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
