@@ -22,10 +22,10 @@ namespace {
 // distributed optimizer the layout is d [0,5) c [16,116) | b [128,191) | a [192,232): three
 // buckets, completed by the notifications d, c / b / a.
 void add_params(ParameterRegistry& reg, DType dtype) {
-  reg.add({.name = "a", .global_shape = {40}}, 0, 1);
-  reg.add({.name = "b", .global_shape = {7, 9}}, 0, 1);
-  reg.add({.name = "c", .global_shape = {100}}, 0, 1);
-  reg.add({.name = "d", .global_shape = {5}, .weight_decay = false}, 0, 1);
+  reg.add({.name = "a", .global_shape = {40}});
+  reg.add({.name = "b", .global_shape = {7, 9}});
+  reg.add({.name = "c", .global_shape = {100}});
+  reg.add({.name = "d", .global_shape = {5}, .weight_decay = false});
   reg.allocate(dtype);
   reg.initialize(11);
 }

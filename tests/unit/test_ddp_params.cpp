@@ -1,14 +1,19 @@
 // What DDP needs from the parameters: flat ranges as boxes of the global tensor (how
 // distributed-optimizer shards are checkpointed), moving the flat buffers into the bucket
-// layout, and the model reporting each gradient as final exactly when it is.
+// layout, the model reporting each gradient as final exactly when it is, and each parameter just
+// before the forward reads it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "megatron/core/rng.h"
-#include "megatron/distributed/parameter.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "megatron/ops/profiler.h"
+#include "megatron/parameters/parameter_registry.h"
 #include "test_util.h"
 
 using namespace megatron;
@@ -55,12 +60,36 @@ void expect_consistent(const Parameter& p, int64_t begin, int64_t end) {
   }
   EXPECT_EQ(next, end);
 }
+
+// A 3-layer model (learned positions, tied or untied output layer) and one batch for it.
+TransformerConfig tiny_config(bool untied) {
+  TransformerConfig c;
+  c.num_layers = 3;
+  c.hidden_size = 16;
+  c.num_attention_heads = c.num_query_groups = 4;
+  c.kv_channels = 4;
+  c.ffn_hidden_size = 32;
+  c.vocab_size = c.padded_vocab_size = 24;
+  c.max_position_embeddings = c.seq_length = 6;
+  c.untie_embeddings_and_output_weights = untied;
+  return c;
+}
+
+struct TinyBatch {
+  Tensor tokens = Tensor::empty({2, 6}, DType::i32), mask = Tensor::empty({2, 6}, DType::f32);
+  TinyBatch() {
+    for (int64_t i = 0; i < 12; ++i) {
+      tokens.data<int32_t>()[i] = int32_t((7 * i + 3) % 24);
+      mask.data<float>()[i] = 1.0f;
+    }
+  }
+};
 }  // namespace
 
 // [4,6] elements [3,17): the rest of row 0, row 1, the start of row 2.
 TEST(DdpParams, FlatRangeAsBoxes) {
   ParameterRegistry r;
-  const Parameter* p = r.add({.name = "w", .global_shape = {4, 6}}, 0, 1);
+  const Parameter* p = r.add({.name = "w", .global_shape = {4, 6}});
   const Boxes expected = {{3, {0, 3}, {1, 3}}, {6, {1, 0}, {1, 6}}, {12, {2, 0}, {1, 5}}};
   EXPECT_TRUE(same(p->global_boxes(3, 17), expected)) << str(p->global_boxes(3, 17));
   EXPECT_TRUE(same(p->global_boxes(0, 24), {{0, {0, 0}, {4, 6}}}));
@@ -71,7 +100,7 @@ TEST(DdpParams, FlatRangeAsBoxes) {
 // [2,3,4] elements [5,23): boxes nest through the dimensions.
 TEST(DdpParams, FlatRangeAsBoxesIn3D) {
   ParameterRegistry r;
-  const Parameter* p = r.add({.name = "t", .global_shape = {2, 3, 4}}, 0, 1);
+  const Parameter* p = r.add({.name = "t", .global_shape = {2, 3, 4}});
   const Boxes expected = {
       {5, {0, 1, 1}, {1, 1, 3}}, {8, {0, 2, 0}, {1, 1, 4}}, {12, {1, 0, 0}, {1, 2, 4}}, {20, {1, 2, 0}, {1, 1, 3}}};
   EXPECT_TRUE(same(p->global_boxes(5, 23), expected)) << str(p->global_boxes(5, 23));
@@ -81,14 +110,13 @@ TEST(DdpParams, FlatRangeAsBoxesIn3D) {
 // TP rank 1 of 2. Column-parallel [8,4] keeps rows 4..7; row-parallel [4,8] keeps columns 4..7;
 // fused [gate; up] [8,2] in 2 blocks keeps gate rows 2..3 and up rows 6..7.
 TEST(DdpParams, BoxesOfATensorParallelShard) {
-  ParameterRegistry r;
-  const Parameter* column = r.add({.name = "c", .global_shape = {8, 4}, .partition_dim = 0}, 1, 2);
+  ParameterRegistry r(1, 2);
+  const Parameter* column = r.add({.name = "c", .global_shape = {8, 4}, .partition_dim = 0});
   EXPECT_TRUE(same(column->global_boxes(2, 10), {{2, {4, 2}, {1, 2}}, {4, {5, 0}, {1, 4}}, {8, {6, 0}, {1, 2}}}))
       << str(column->global_boxes(2, 10));
-  const Parameter* row = r.add({.name = "r", .global_shape = {4, 8}, .partition_dim = 1}, 1, 2);
+  const Parameter* row = r.add({.name = "r", .global_shape = {4, 8}, .partition_dim = 1});
   EXPECT_TRUE(same(row->global_boxes(0, 16), {{0, {0, 4}, {4, 4}}}));
-  const Parameter* fused =
-      r.add({.name = "f", .global_shape = {8, 2}, .partition_dim = 0, .partition_blocks = 2}, 1, 2);
+  const Parameter* fused = r.add({.name = "f", .global_shape = {8, 2}, .partition_dim = 0, .partition_blocks = 2});
   EXPECT_TRUE(same(fused->global_boxes(1, 7),
                    {{1, {2, 1}, {1, 1}}, {2, {3, 0}, {1, 2}}, {4, {6, 0}, {1, 2}}, {6, {7, 0}, {1, 1}}}))
       << str(fused->global_boxes(1, 7));
@@ -101,8 +129,8 @@ TEST(DdpParams, BoxesOfATensorParallelShard) {
 
 TEST(DdpParams, SetLayoutKeepsValuesAndChecksOffsets) {
   ParameterRegistry r;
-  r.add({.name = "a", .global_shape = {3, 5}}, 0, 1);
-  r.add({.name = "b", .global_shape = {7}}, 0, 1);
+  r.add({.name = "a", .global_shape = {3, 5}});
+  r.add({.name = "b", .global_shape = {7}});
   r.allocate(DType::f32);
   r.initialize(3);
   const std::vector<float> a = r.params()[0]->data.to_vector(), b = r.params()[1]->data.to_vector();
@@ -123,17 +151,8 @@ TEST(DdpParams, SetLayoutKeepsValuesAndChecksOffsets) {
 // change after it is reported: what lets DDP start reducing it.
 TEST(DdpParams, ModelReportsEachGradientOnceWhenFinal) {
   for (const bool untied : {false, true}) {
-    TransformerConfig c;
-    c.num_layers = 3;
-    c.hidden_size = 16;
-    c.num_attention_heads = c.num_query_groups = 4;
-    c.kv_channels = 4;
-    c.ffn_hidden_size = 32;
-    c.vocab_size = c.padded_vocab_size = 24;
-    c.max_position_embeddings = c.seq_length = 6;
-    c.untie_embeddings_and_output_weights = untied;
     const ParallelContext ctx = ParallelContext::single_process();
-    GPTModel model(c, ctx);
+    GPTModel model(tiny_config(untied), ctx);
     ParameterRegistry& reg = model.parameters();
     reg.initialize(5);
     std::vector<std::string> order;
@@ -142,13 +161,9 @@ TEST(DdpParams, ModelReportsEachGradientOnceWhenFinal) {
       order.push_back(p.spec.name);
       at_report[p.spec.name] = p.main_grad.clone();
     });
-    Tensor tokens = Tensor::empty({2, 6}, DType::i32), mask = Tensor::empty({2, 6}, DType::f32);
-    for (int64_t i = 0; i < 12; ++i) {
-      tokens.data<int32_t>()[i] = int32_t((7 * i + 3) % 24);
-      mask.data<float>()[i] = 1.0f;
-    }
+    const TinyBatch batch;
     reg.zero_grads();
-    model.forward_backward(tokens, tokens, mask, 0.1f, {.training = true, .seed = 1, .step = 0});
+    model.forward_backward(batch.tokens, batch.tokens, batch.mask, 0.1f, {.training = true, .seed = 1, .step = 0});
     ASSERT_EQ(order.size(), reg.params().size());
     for (const auto& p : reg.params()) {
       ASSERT_EQ(at_report.count(p->spec.name), 1u) << p->spec.name << " was not reported";
@@ -163,5 +178,56 @@ TEST(DdpParams, ModelReportsEachGradientOnceWhenFinal) {
     };
     EXPECT_LT(first_of("decoder.layers.2."), first_of("decoder.layers.1."));
     EXPECT_LT(first_of("decoder.layers.1."), first_of("decoder.layers.0."));
+  }
+}
+
+// The module (embeddings, one decoder layer with the final norm after the last, output layer)
+// that reads a parameter in the forward.
+std::string module_of(const std::string& name, int64_t num_layers) {
+  if (name.rfind("decoder.final_layernorm.", 0) == 0) return "decoder.layers." + std::to_string(num_layers - 1);
+  const size_t dot = name.find('.', name.rfind("decoder.layers.", 0) == 0 ? 15 : 0);
+  return name.substr(0, dot);
+}
+
+// Each parameter is reported once per forward, in forward order (the order of registration),
+// after the previous module's ops and before any op reads it: the parameters start as NaN and
+// get their values only when reported, as a parameter all-gather would give them, yet the loss
+// equals, bit for bit, the loss of the model holding its values from the start.
+TEST(DdpParams, ModelReportsEachParameterJustBeforeTheForwardReadsIt) {
+  for (const bool untied : {false, true}) {
+    const ParallelContext ctx = ParallelContext::single_process();
+    const TransformerConfig config = tiny_config(untied);
+    GPTModel model(config, ctx);
+    ParameterRegistry& reg = model.parameters();
+    reg.initialize(5);
+    const TinyBatch batch;
+    const LossSums expected = model.evaluate(batch.tokens, batch.tokens, batch.mask);
+    const Tensor values = reg.param_buffer().clone();
+    reg.param_buffer().fill(std::numeric_limits<double>::quiet_NaN());
+
+    ops::OpProfiler& profiler = ops::OpProfiler::instance();
+    std::vector<std::string> order;
+    std::vector<int64_t> ops_before;  // ops run since the previous report
+    reg.set_before_forward_hook([&](const Parameter& p) {
+      int64_t calls = 0;
+      for (const ops::OpTiming& t : profiler.stop()) calls += t.calls;
+      order.push_back(p.spec.name);
+      ops_before.push_back(calls);
+      reg.params()[p.index]->data.copy_from(p.view_of(values));
+      profiler.start();
+    });
+    profiler.start();
+    const LossSums got = model.evaluate(batch.tokens, batch.tokens, batch.mask);
+    profiler.stop();
+    EXPECT_EQ(got.loss_sum, expected.loss_sum) << "untied " << untied;
+
+    std::vector<std::string> registered;
+    for (const auto& p : reg.params()) registered.push_back(p->spec.name);
+    ASSERT_EQ(order, registered) << "untied " << untied;
+    // A module's parameters are reported together, and its predecessor's ops ran before.
+    for (size_t i = 1; i < order.size(); ++i) {
+      const bool new_module = module_of(order[i], config.num_layers) != module_of(order[i - 1], config.num_layers);
+      EXPECT_EQ(ops_before[i] > 0, new_module) << order[i] << ": " << ops_before[i] << " ops since " << order[i - 1];
+    }
   }
 }

@@ -13,8 +13,8 @@ using namespace megatron;
 namespace {
 
 void add_params(ParameterRegistry& reg) {
-  reg.add({.name = "w", .global_shape = {6, 5}}, 0, 1);
-  reg.add({.name = "b", .global_shape = {5}, .weight_decay = false}, 0, 1);
+  reg.add({.name = "w", .global_shape = {6, 5}});
+  reg.add({.name = "b", .global_shape = {5}, .weight_decay = false});
   reg.allocate(DType::f16);
   reg.initialize(7);
 }

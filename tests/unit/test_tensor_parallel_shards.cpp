@@ -186,3 +186,25 @@ TEST(TensorParallelShards, FewerQueryGroupsThanRanksIsRejected) {
       << error;
   EXPECT_NE(error.find("use a TP that divides 4, or more query groups"), std::string::npos) << error;
 }
+
+// The registry cuts every shard from the TP rank and size it was built with; a layer given a
+// registry of another TP layout than its context's TP group fails while it is built.
+TEST(TensorParallelShards, LayersRejectARegistryOfAnotherTpLayout) {
+  ParallelContext ctx = ParallelContext::single_process();
+  ctx.tp = std::make_shared<RankStandIn>(1, 2);
+  ParameterRegistry whole;  // TP rank 0 of 1
+  const std::string rule = "the parameter registry holds TP rank 0 of 1 but the context's TP group is rank 1 of 2";
+  using megatron::testing::error_of;
+  EXPECT_NE(error_of([&] { tensor_parallel::ColumnParallelLinear(whole, ctx, "fc1", 8, 8, {}); }).find(rule),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { tensor_parallel::RowParallelLinear(whole, ctx, "fc2", 8, 8, {}); }).find(rule),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { tensor_parallel::VocabParallelEmbedding(whole, ctx, "emb", 8, 4, 0.02f, false); }).find(rule),
+      std::string::npos);
+  ParameterRegistry shard(1, 2);
+  const tensor_parallel::ColumnParallelLinear fc1(shard, ctx, "fc1", 6, 8, {});
+  EXPECT_EQ(shard.find("fc1.weight")->local_shape, (Shape{4, 6}));
+  EXPECT_EQ(shard.find("fc1.weight")->tp_rank, 1);
+  EXPECT_NE(error_of([] { ParameterRegistry bad(2, 2); }).find("TP rank 2 of 2 ranks"), std::string::npos);
+}

@@ -4,7 +4,7 @@
 #include <numeric>
 
 #include "megatron/core/error.h"
-#include "megatron/distributed/parameter.h"
+#include "megatron/parameters/parameter_registry.h"
 
 namespace megatron {
 

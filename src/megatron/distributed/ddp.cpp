@@ -14,6 +14,7 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
   MEGATRON_CHECK(group_ != nullptr, "DDP needs the context's dp_cp group; build the context with initialize_parallel");
   MEGATRON_CHECK(!config.overlap_param_gather || config.use_distributed_optimizer,
                  "--overlap-param-gather needs --use-distributed-optimizer: only sharded parameters are gathered");
+  MEGATRON_CHECK(!registry.params().empty(), "DDP over a parameter registry without parameters; build the model first");
   std::vector<int64_t> numels;
   for (const auto& p : registry.params()) numels.push_back(shape_numel(p->local_shape));
   const int64_t bucket_size = !config.overlap_grad_reduce ? 0
@@ -30,12 +31,16 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
   bucket_ready_.assign(buckets, 0);
   bucket_started_.assign(buckets, false);
   grad_work_.resize(buckets);
+  param_gather_pending_.assign(buckets, false);
   param_work_.resize(buckets);
   registry.set_grad_ready_hook([this](const Parameter& p) { on_grad_ready(p); });
+  if (config.overlap_param_gather)
+    registry.set_before_forward_hook([this](const Parameter& p) { on_before_forward(p); });
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
   registry_->set_grad_ready_hook({});
+  registry_->set_before_forward_hook({});
   // Handles still in flight wait as they are destroyed (comm.h).
 }
 
@@ -97,21 +102,51 @@ int64_t DistributedDataParallel::buckets_started() const {
 
 void DistributedDataParallel::start_param_gather() {
   MEGATRON_CHECK(config_.use_distributed_optimizer, "parameter all-gather without the distributed optimizer");
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    MEGATRON_CHECK(param_work_[b] == nullptr, "parameter all-gather of bucket " << b << " started twice");
-    const Range range = layout_.buckets[b].range, shard = shards_.in_buffer[b];
-    Tensor full = registry_->param_buffer().slice(range.begin, range.end);
-    const Tensor mine = registry_->param_buffer().slice(shard.begin, shard.end);
-    param_work_[b] = group_->all_gather_async(full, mine);
+  const size_t buckets = layout_.buckets.size();
+  for (size_t b = 0; b < buckets; ++b)
+    MEGATRON_CHECK(!param_gather_pending_[b], "parameter all-gather of bucket "
+                                                  << b << " started again before it was waited for; call "
+                                                  << "finish_param_gather() before the next optimizer step");
+  param_gather_events_.clear();
+  std::fill(param_gather_pending_.begin(), param_gather_pending_.end(), true);
+  // In forward order: the last bucket holds the first parameters registered.
+  if (config_.overlap_param_gather) {
+    start_param_gather_of(buckets - 1, std::nullopt);
+  } else {
+    for (size_t b = buckets; b-- > 0;) start_param_gather_of(b, std::nullopt);
   }
 }
 
 void DistributedDataParallel::finish_param_gather() {
-  for (CommHandlePtr& work : param_work_) {
-    if (!work) continue;
-    work->wait();
-    work.reset();
-  }
+  for (size_t b = layout_.buckets.size(); b-- > 0;)
+    if (param_gather_pending_[b] && !param_work_[b]) start_param_gather_of(b, std::nullopt);
+  for (size_t b = layout_.buckets.size(); b-- > 0;)
+    if (param_gather_pending_[b]) wait_param_gather_of(b, std::nullopt);
+}
+
+// Megatron's forward pre-hook: wait for the bucket holding p (starting it first if the forward
+// reached it out of order), then start the next bucket the forward will read.
+void DistributedDataParallel::on_before_forward(const Parameter& p) {
+  const size_t b = layout_.param_bucket[p.index];
+  if (!param_gather_pending_[b]) return;
+  if (!param_work_[b]) start_param_gather_of(b, p.index);
+  wait_param_gather_of(b, p.index);
+  if (b > 0 && param_gather_pending_[b - 1] && !param_work_[b - 1]) start_param_gather_of(b - 1, p.index);
+}
+
+void DistributedDataParallel::start_param_gather_of(size_t b, std::optional<size_t> param) {
+  const Range range = layout_.buckets[b].range, shard = shards_.in_buffer[b];
+  Tensor full = registry_->param_buffer().slice(range.begin, range.end);
+  const Tensor mine = registry_->param_buffer().slice(shard.begin, shard.end);
+  param_work_[b] = group_->all_gather_async(full, mine);
+  param_gather_events_.push_back({ParamGatherEvent::Kind::start, b, param});
+}
+
+void DistributedDataParallel::wait_param_gather_of(size_t b, std::optional<size_t> param) {
+  param_work_[b]->wait();
+  param_work_[b].reset();
+  param_gather_pending_[b] = false;
+  param_gather_events_.push_back({ParamGatherEvent::Kind::wait, b, param});
 }
 
 }  // namespace megatron

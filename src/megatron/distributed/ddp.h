@@ -8,7 +8,7 @@
 //   for (m = 0; m < M; ++m) { ddp.set_last_micro_batch(m == M - 1); model.forward_backward(...); }
 //   ddp.finish_grad_sync();     // main grads now hold the average over DP (or this rank's shard)
 //   optimizer.step(...);        // the distributed optimizer then calls start_param_gather()
-//   ddp.finish_param_gather();  // before anything reads the parameters again
+//   ddp.finish_param_gather();  // before evaluation or saving (the next forward waits by itself)
 //
 // Reduction: a bucket's fp32 gradients are scaled by 1/R (R = group size), then summed over the
 // group (Megatron's default, not an averaging collective): all-reduce without the distributed
@@ -22,15 +22,25 @@
 // final. finish_grad_sync() starts any bucket still waiting and waits for every one. Without
 // overlap there is one bucket, reduced by finish_grad_sync().
 //
-// Every rank must notify the same parameters in the same order (the model's backward does), so
-// the buckets' collectives are issued in the same order everywhere.
+// Parameter all-gather (distributed optimizer): after the update each bucket's parameter shards
+// are all-gathered into the full parameter buffer. Without --overlap-param-gather the optimizer
+// waits for them at once. With it (Megatron's forward pre-hooks), start_param_gather() starts the
+// gather of the bucket the forward reads first, the last one (buckets are laid out in reverse
+// registration order); the registry's before_forward() notifications then wait for exactly the
+// bucket of the parameter about to be read, and each such wait starts the gather of the next
+// bucket in forward order, so one gather runs while the modules of the previous bucket compute.
+// finish_param_gather() starts and waits for whatever is left (before evaluation and saving).
+//
+// Every rank must notify the same parameters in the same order (the model's forward and backward
+// do), so the buckets' collectives are issued in the same order everywhere.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "megatron/distributed/buffer_layout.h"
-#include "megatron/distributed/parameter.h"
 #include "megatron/parallel/comm.h"
+#include "megatron/parameters/parameter_registry.h"
 
 namespace megatron {
 
@@ -67,13 +77,30 @@ class DistributedDataParallel {
   int64_t buckets_started() const;
 
   // Distributed optimizer: all-gathers each bucket's updated parameter shards into the full
-  // parameter buffer, asynchronously; finish_param_gather() waits (nothing when none in flight).
+  // parameter buffer, asynchronously (with overlap: the first bucket the forward reads; the
+  // forward's notifications start the others). finish_param_gather() starts every gather not
+  // started yet and waits for all (nothing when none is pending).
   void start_param_gather();
   void finish_param_gather();
+
+  // What the parameter all-gather of the latest step did, in order: which bucket's gather was
+  // started or waited for, and the parameter (registration index) whose forward use did it; none
+  // when start_param_gather() or finish_param_gather() did. Tests read the order of the waits.
+  struct ParamGatherEvent {
+    enum class Kind { start, wait };
+    Kind kind = Kind::start;
+    size_t bucket = 0;
+    std::optional<size_t> param;
+    bool operator==(const ParamGatherEvent&) const = default;
+  };
+  const std::vector<ParamGatherEvent>& param_gather_events() const { return param_gather_events_; }
 
  private:
   void on_grad_ready(const Parameter& p);
   void start_bucket(size_t b);
+  void on_before_forward(const Parameter& p);
+  void start_param_gather_of(size_t b, std::optional<size_t> param);
+  void wait_param_gather_of(size_t b, std::optional<size_t> param);
 
   ParameterRegistry* registry_;
   ParallelContext ctx_;  // a copy: the groups are shared pointers
@@ -86,7 +113,9 @@ class DistributedDataParallel {
   std::vector<size_t> bucket_ready_;      // parameters ready per bucket
   std::vector<CommHandlePtr> grad_work_;  // per bucket; null until started
   std::vector<bool> bucket_started_;
-  std::vector<CommHandlePtr> param_work_;  // per bucket, while a parameter all-gather is in flight
+  std::vector<bool> param_gather_pending_;  // per bucket: gathered this step but not waited for yet
+  std::vector<CommHandlePtr> param_work_;   // per bucket, while a parameter all-gather is in flight
+  std::vector<ParamGatherEvent> param_gather_events_;
 };
 
 // Megatron's default bucket size for a group of R ranks: max(4e7, 1e6 * R) elements.

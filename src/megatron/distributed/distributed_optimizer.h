@@ -12,7 +12,8 @@
 //   2. clip coefficient, then AdamW on every owned parameter range (weight decay per parameter);
 //   3. the updated master values are written into this rank's shards of the compute-dtype
 //      parameter buffer, and DDP all-gathers every bucket (waited on here unless
-//      --overlap-param-gather, when the training loop waits before the next forward).
+//      --overlap-param-gather, when the next forward waits for each bucket just before it reads
+//      it; ddp.h).
 // A non-finite norm skips the update on every rank alike (the norm is global); a skipped step
 // gathers nothing, since no parameter changed.
 //

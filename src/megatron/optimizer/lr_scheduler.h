@@ -4,7 +4,7 @@
 // every successful iteration, and lr(num_steps) follows warmup then the decay style.
 #include <cstdint>
 
-#include "megatron/training/arguments.h"
+#include "megatron/optimizer/optimizer_config.h"
 
 namespace megatron {
 

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "megatron/checkpointing/checkpoint.h"
-#include "megatron/distributed/parameter.h"
 #include "megatron/optimizer/grad_scaler.h"
 #include "megatron/parallel/comm.h"
+#include "megatron/parameters/parameter_registry.h"
 
 namespace megatron {
 

@@ -31,6 +31,14 @@ void add_bias_backward(Tensor& dbias, const Tensor& dy, const Tensor& ones) {
   Tensor db = dbias.view({-1, 1});
   ops::matmul(db, rows_view(dy), ones, {.trans_a = ops::Transpose::yes, .beta = 1.0f});
 }
+
+// The registry cuts the shards and the context's TP group communicates: one TP layout for both.
+void check_same_tp(const ParameterRegistry& registry, const ParallelContext& ctx, const std::string& name) {
+  MEGATRON_CHECK(registry.tp_rank() == ctx.tp_rank() && registry.tp_size() == ctx.tp_size(),
+                 name << ": the parameter registry holds TP rank " << registry.tp_rank() << " of " << registry.tp_size()
+                      << " but the context's TP group is rank " << ctx.tp_rank() << " of " << ctx.tp_size()
+                      << "; build the registry from the context's TP rank and size");
+}
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx,
@@ -39,6 +47,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
     : ctx_(&ctx),
       sequence_parallel_(options.sequence_parallel),
       tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap && ctx.tp_size() > 1) {
+  check_same_tp(registry, ctx, prefix);
   const int tp = ctx.tp_size();
   MEGATRON_CHECK(output_size % tp == 0, prefix << ": output size " << output_size << " is not divisible by TP " << tp);
   output_per_partition_ = output_size / tp;
@@ -53,8 +62,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
                             .global_shape = {output_size, input_size},
                             .partition_dim = 0,
                             .partition_blocks = options.partition_blocks,
-                            .init_std = options.init_std},
-                           ctx.tp_rank(), tp);
+                            .init_std = options.init_std});
   }
   if (options.bias)
     bias_ = registry.add({.name = prefix + ".bias",
@@ -62,8 +70,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
                           .partition_dim = 0,
                           .partition_blocks = options.partition_blocks,
                           .init = InitMethod::zeros,
-                          .weight_decay = false},
-                         ctx.tp_rank(), tp);
+                          .weight_decay = false});
 }
 
 void ColumnParallelLinear::gemm_forward(const Tensor& input, Tensor& y, Tensor* gelu_pre) const {
@@ -128,11 +135,11 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const Parallel
     : ctx_(&ctx),
       sequence_parallel_(options.sequence_parallel),
       tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap && ctx.tp_size() > 1) {
+  check_same_tp(registry, ctx, prefix);
   weight_ = registry.add({.name = prefix + ".weight",
                           .global_shape = {output_size, input_size},
                           .partition_dim = 1,
-                          .init_std = options.init_std},
-                         ctx.tp_rank(), ctx.tp_size());
+                          .init_std = options.init_std});
   // Replicated; under SP each rank's gradient covers its sequence shard only, so it is summed
   // over TP before the optimizer (finalize_model_grads).
   if (options.bias)
@@ -140,8 +147,7 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const Parallel
                           .global_shape = {output_size},
                           .init = InitMethod::zeros,
                           .weight_decay = false,
-                          .sequence_parallel = options.sequence_parallel},
-                         ctx.tp_rank(), ctx.tp_size());
+                          .sequence_parallel = options.sequence_parallel});
 }
 
 // At TP=1 the bias fuses into the GEMM; with TP>1 it is added after the reduction, once.
@@ -224,9 +230,9 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParameterRegistry& registry, cons
                                                const std::string& name, int64_t padded_vocab_size, int64_t hidden_size,
                                                float init_std, bool sequence_parallel)
     : ctx_(&ctx), sequence_parallel_(sequence_parallel) {
+  check_same_tp(registry, ctx, name);
   weight_ = registry.add(
-      {.name = name, .global_shape = {padded_vocab_size, hidden_size}, .partition_dim = 0, .init_std = init_std},
-      ctx.tp_rank(), ctx.tp_size());
+      {.name = name, .global_shape = {padded_vocab_size, hidden_size}, .partition_dim = 0, .init_std = init_std});
   vocab_start_ = ctx.tp_rank() * weight_->local_shape[0];
 }
 

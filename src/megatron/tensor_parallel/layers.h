@@ -24,8 +24,8 @@
 #include <string>
 
 #include "megatron/core/activation_memory.h"
-#include "megatron/distributed/parameter.h"
 #include "megatron/parallel/comm.h"
+#include "megatron/parameters/parameter_registry.h"
 
 namespace megatron::tensor_parallel {
 

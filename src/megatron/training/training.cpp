@@ -292,8 +292,9 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
       const ForwardContext fwd{.training = true,
                                .seed = uint64_t(args.seed),
                                .step = uint64_t((progress.iteration * micro + m) * dp_size + dp_rank)};
+      // With --overlap-param-gather the forward waits for each bucket of the previous step's
+      // parameter all-gather just before it reads it (DDP listens to the model's notifications).
       ddp.set_last_micro_batch(m + 1 == micro);
-      if (m == 0) ddp.finish_param_gather();  // the previous step's parameters (--overlap-param-gather)
       const LossSums s = model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd,
                                                 batch.position_ids, batch.segment_ids);
       iteration_sums.loss_sum += s.loss_sum;

@@ -39,7 +39,7 @@ Tensor sequence_columns(const Tensor& ids_bs, int64_t s0, int64_t s1) {
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device)
-    : config_(config), ctx_(&ctx), device_(device) {
+    : config_(config), ctx_(&ctx), device_(device), registry_(ctx.tp_rank(), ctx.tp_size()) {
   MEGATRON_CHECK(config.padded_vocab_size > 0, "padded_vocab_size is not set; derive the config before building");
   MEGATRON_CHECK(config.tensor_model_parallel_size == ctx.tp_size(),
                  "the config says TP " << config.tensor_model_parallel_size << " but the context's TP group has "
@@ -54,8 +54,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
     position_embeddings_ = registry_.add({.name = "embedding.position_embeddings.weight",
                                           .global_shape = {config.max_position_embeddings, config.hidden_size},
                                           .init_std = config.init_method_std,
-                                          .sequence_parallel = config.sequence_parallel},
-                                         ctx.tp_rank(), ctx.tp_size());
+                                          .sequence_parallel = config.sequence_parallel});
   embedding_params_ = {0, registered()};
   for (int64_t i = 0; i < config.num_layers; ++i) {
     const size_t begin = registered();
@@ -81,6 +80,7 @@ Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_
       tokens.dim(1) <= config_.max_position_embeddings,
       "sequence of " << tokens.dim(1) << " tokens exceeds max_position_embeddings " << config_.max_position_embeddings);
   saved.tokens = tokens.to(device_);
+  report_before_forward(embedding_params_);
   Tensor h = word_embeddings_->forward(saved.tokens);  // (S,B,H), or this rank's (S/TP,B,H) under SP
   if (position_embeddings_) {
     saved.positions =
@@ -98,9 +98,17 @@ Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_
   layer_fwd.segment_ids = segment_ids.defined() ? segment_ids.to(device_) : Tensor();
   saved.layers.resize(decoder_.size());
   ResidualStream stream{h, Tensor()};
-  for (size_t i = 0; i < decoder_.size(); ++i) stream = decoder_[i]->forward(stream, layer_fwd, saved.layers[i]);
+  for (size_t i = 0; i < decoder_.size(); ++i) {
+    report_before_forward(layer_params_[i]);
+    stream = decoder_[i]->forward(stream, layer_fwd, saved.layers[i]);
+  }
   // The last block ends with the final norm, which leaves nothing deferred.
+  report_before_forward(output_params_);
   return output_layer_->forward(stream.residual, saved.output);
+}
+
+void GPTModel::report_before_forward(const ParamSpan& span) const {
+  for (size_t i = span.begin; i < span.end; ++i) registry_.before_forward(*registry_.params()[i]);
 }
 
 void GPTModel::report_grads_ready(const ParamSpan& span) const {

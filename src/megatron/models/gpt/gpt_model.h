@@ -4,16 +4,20 @@
 //
 // Tokens arrive batch-major (B,S) from the data loader; activations are sequence-major (S,B,H).
 //
-// Backward reports each module's parameters to the registry (ParameterRegistry::grad_ready) as
-// soon as their gradients are final: the output layer, then each decoder layer from the last,
-// then the embeddings (a tied output weight is the word embedding, final only at the end). This
-// is what lets DDP overlap gradient reduction with the rest of backward.
+// Forward reports each module's parameters to the registry (ParameterRegistry::before_forward)
+// just before that module reads them: the embeddings, each decoder layer from the first, then the
+// output layer (a tied output weight is the word embedding, reported with the embeddings). This is
+// what lets DDP wait for each bucket's parameter all-gather only when the forward reaches it.
+// Backward reports each module's parameters (ParameterRegistry::grad_ready) as soon as their
+// gradients are final: the output layer, then each decoder layer from the last, then the
+// embeddings (a tied output weight is final only at the end). This is what lets DDP overlap
+// gradient reduction with the rest of backward.
 #include <memory>
 #include <vector>
 
-#include "megatron/distributed/parameter.h"
 #include "megatron/ops/cross_entropy.h"
 #include "megatron/parallel/comm.h"
+#include "megatron/parameters/parameter_registry.h"
 #include "megatron/tensor_parallel/layers.h"
 #include "megatron/transformer/transformer_block.h"
 
@@ -79,6 +83,7 @@ class GPTModel {
   struct ParamSpan {
     size_t begin = 0, end = 0;
   };
+  void report_before_forward(const ParamSpan& span) const;
   void report_grads_ready(const ParamSpan& span) const;
   Tensor forward_to_logits(const Tensor& tokens, const Tensor& position_ids, const Tensor& segment_ids,
                            const ForwardContext& fwd, Saved& saved);

@@ -1,29 +1,15 @@
 #pragma once
-// Parameters and their metadata: the one source of truth (DESIGN principle 5). Each parameter
-// is registered once with its Megatron name, global shape and TP split; DDP buffers, the
-// optimizer, checkpoint sharding and initialisation all read this.
-//
-// Storage: all parameters of a model live in one flat buffer of the compute dtype, and all
-// main gradients in one flat fp32 buffer (f64 when the parameters are f64, for gradient
-// checks); each Parameter holds views into both. allocate() lays them out in registration
-// order; DDP may move them into its bucket layout with set_layout().
-//
-// Backward progress: a model calls grad_ready(p) once p's main gradient is final for the
-// current backward pass, so a listener (DDP with --overlap-grad-reduce) can start reducing it
-// while backward continues (what Megatron does with autograd post-accumulate hooks).
+// A parameter and its metadata: the one source of truth (DESIGN principle 5). Each parameter is
+// described once by its ParamSpec (Megatron name, global shape, TP split, init, weight decay);
+// DDP buffers, the optimizer, checkpoint sharding and initialisation all read it. The registry
+// that owns the parameters and their flat buffers is parameter_registry.h.
 #include <cstdint>
-#include <functional>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "megatron/core/tensor.h"
 
 namespace megatron {
-
-// Every parameter starts at a multiple of this many elements in the flat buffers, so it is
-// 64-byte aligned in fp32 (vector loads on both backends).
-inline constexpr int64_t kParamAlignment = 16;
 
 enum class InitMethod { normal, zeros, ones };
 
@@ -39,6 +25,10 @@ struct ParamSpec {
   bool weight_decay = true;        // false for biases and norm weights
   bool sequence_parallel = false;  // replicated under TP but sees only a sequence shard under SP
 };
+
+// This TP rank's shape of the parameter `spec` describes: the global shape with partition_dim
+// divided by tp_size (an error when it does not divide into partition_blocks x tp_size).
+Shape tp_local_shape(const ParamSpec& spec, int tp_size);
 
 struct Parameter {
   ParamSpec spec;
@@ -82,44 +72,6 @@ struct Parameter {
     Shape shape;
   };
   std::vector<FlatBox> global_boxes(int64_t begin, int64_t end) const;
-};
-
-class ParameterRegistry {
- public:
-  // Registers a parameter for this TP rank; returns a stable pointer (valid for the registry's
-  // lifetime). Views are created by allocate().
-  Parameter* add(ParamSpec spec, int tp_rank, int tp_size);
-  // Makes the flat buffers on `device` and points every parameter into them.
-  void allocate(DType params_dtype, Device device = Device::cpu());
-  // Initialises every parameter from (seed, name, global element index): independent of TP
-  // layout and of registration order.
-  void initialize(uint64_t seed);
-  void zero_grads();
-  // Moves parameter i (registration order) to element offsets[i] of new flat buffers of `numel`
-  // elements, keeping its value and main gradient; gaps hold zeros. Offsets are multiples of the
-  // 16-element alignment and the parameters may not overlap.
-  void set_layout(const std::vector<int64_t>& offsets, int64_t numel);
-
-  using GradReadyHook = std::function<void(const Parameter&)>;
-  // At most one listener; an empty hook removes it.
-  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
-  void grad_ready(const Parameter& p) const {
-    if (grad_ready_hook_) grad_ready_hook_(p);
-  }
-
-  const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }
-  Parameter* find(const std::string& name) const;
-  DType params_dtype() const { return param_buffer_.dtype(); }
-  DType grad_dtype() const { return grad_buffer_.dtype(); }
-  Tensor& param_buffer() { return param_buffer_; }
-  Tensor& grad_buffer() { return grad_buffer_; }
-  int64_t num_local_elements() const { return param_buffer_.numel(); }
-
- private:
-  std::vector<std::unique_ptr<Parameter>> params_;
-  Tensor param_buffer_;
-  Tensor grad_buffer_;
-  GradReadyHook grad_ready_hook_;
 };
 
 }  // namespace megatron

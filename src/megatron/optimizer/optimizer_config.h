@@ -1,0 +1,38 @@
+#pragma once
+// What the optimizer and its learning-rate schedule are told (Megatron's optimizer, learning-rate
+// and mixed-precision argument groups; megatron/core/optimizer/optimizer_config.py). The flags
+// that fill these fields live in training/arguments.cpp; the optimizer never reads flags.
+#include <cstdint>
+#include <optional>
+
+namespace megatron {
+
+enum class LrDecayStyle { constant, linear, cosine, inverse_square_root, WSD };
+enum class WsdDecayStyle { exponential, linear, cosine, minus_sqrt };
+
+struct OptimizerArgs {
+  double lr = 0.0;  // required
+  double min_lr = 0.0;
+  LrDecayStyle lr_decay_style = LrDecayStyle::linear;
+  int64_t lr_decay_iters = 0;  // derived: train_iters
+  int64_t lr_warmup_iters = 0;
+  std::optional<double> lr_warmup_fraction;
+  double lr_warmup_init = 0.0;
+  WsdDecayStyle lr_wsd_decay_style = WsdDecayStyle::exponential;
+  int64_t lr_wsd_decay_iters = 0;
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;  // 0 disables clipping
+
+  // Loss scaling (Megatron's mixed-precision group; optimizer/grad_scaler.h). --fp16 uses a
+  // dynamic scaler unless --loss-scale gives a static one; --bf16 uses one only with --loss-scale.
+  std::optional<double> loss_scale;          // static scale; unset: dynamic (fp16) or none (bf16)
+  double initial_loss_scale = 4294967296.0;  // 2^32
+  double min_loss_scale = 1.0;
+  double loss_scale_window = 1000;  // clean iterations before the scale doubles (a float in Megatron)
+  int64_t hysteresis = 2;           // overflows absorbed before the scale first halves
+};
+
+}  // namespace megatron

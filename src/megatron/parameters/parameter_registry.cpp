@@ -1,0 +1,117 @@
+#include "megatron/parameters/parameter_registry.h"
+
+#include <algorithm>
+
+#include "megatron/core/rng.h"
+#include "megatron/ops/elementwise.h"
+
+namespace megatron {
+
+namespace {
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+}  // namespace
+
+ParameterRegistry::ParameterRegistry(int tp_rank, int tp_size) : tp_rank_(tp_rank), tp_size_(tp_size) {
+  MEGATRON_CHECK(tp_size >= 1 && 0 <= tp_rank && tp_rank < tp_size,
+                 "a parameter registry for TP rank "
+                     << tp_rank << " of " << tp_size
+                     << " ranks: the rank must lie in [0, TP size) and the size be >= 1");
+}
+
+Parameter* ParameterRegistry::add(ParamSpec spec) {
+  MEGATRON_CHECK(find(spec.name) == nullptr, "parameter " << spec.name << " registered twice");
+  MEGATRON_CHECK(!param_buffer_.defined(), "parameter " << spec.name << " registered after allocate()");
+  auto p = std::make_unique<Parameter>();
+  p->local_shape = tp_local_shape(spec, tp_size_);
+  p->spec = std::move(spec);
+  p->tp_rank = tp_rank_;
+  p->tp_size = tp_size_;
+  p->index = params_.size();
+  params_.push_back(std::move(p));
+  return params_.back().get();
+}
+
+void ParameterRegistry::allocate(DType params_dtype, Device device) {
+  int64_t total = 0;
+  for (const auto& p : params_) total += round_up(shape_numel(p->local_shape), kParamAlignment);
+  const DType grad_dtype = params_dtype == DType::f64 ? DType::f64 : DType::f32;
+  param_buffer_ = Tensor::zeros({total}, params_dtype, device);
+  grad_buffer_ = Tensor::zeros({total}, grad_dtype, device);
+  int64_t offset = 0;
+  for (const auto& p : params_) {
+    const int64_t n = shape_numel(p->local_shape);
+    p->buffer_offset = offset;
+    p->data = p->view_of(param_buffer_);
+    p->main_grad = p->view_of(grad_buffer_);
+    offset += round_up(n, kParamAlignment);
+  }
+}
+
+void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t numel) {
+  MEGATRON_CHECK(param_buffer_.defined(), "set_layout() needs allocated buffers; call allocate() first");
+  MEGATRON_CHECK(offsets.size() == params_.size(),
+                 "set_layout(): " << offsets.size() << " offsets for " << params_.size() << " parameters");
+  std::vector<std::pair<int64_t, size_t>> starts;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t n = shape_numel(params_[i]->local_shape);
+    MEGATRON_CHECK(offsets[i] >= 0 && offsets[i] % kParamAlignment == 0 && offsets[i] + n <= numel,
+                   params_[i]->spec.name << ": offset " << offsets[i] << " (+" << n
+                                         << " elements) must be a multiple of " << kParamAlignment
+                                         << " inside a buffer of " << numel << " elements");
+    starts.emplace_back(offsets[i], i);
+  }
+  std::sort(starts.begin(), starts.end());
+  for (size_t k = 0; k + 1 < starts.size(); ++k) {
+    const Parameter& a = *params_[starts[k].second];
+    MEGATRON_CHECK(starts[k].first + shape_numel(a.local_shape) <= starts[k + 1].first,
+                   a.spec.name << " and " << params_[starts[k + 1].second]->spec.name << " overlap in the new layout");
+  }
+  Tensor params = Tensor::zeros({numel}, param_buffer_.dtype(), param_buffer_.device());
+  Tensor grads = Tensor::zeros({numel}, grad_buffer_.dtype(), grad_buffer_.device());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    p.buffer_offset = offsets[i];
+    Tensor data = p.view_of(params), main_grad = p.view_of(grads);
+    data.copy_from(p.data);
+    main_grad.copy_from(p.main_grad);
+    p.data = data;
+    p.main_grad = main_grad;
+  }
+  param_buffer_ = params;
+  grad_buffer_ = grads;
+}
+
+void ParameterRegistry::initialize(uint64_t seed) {
+  // Values are drawn on the host in parallel (each element is independent), then stored in
+  // the parameter dtype and copied to the buffer's device in one go.
+  Tensor host = param_buffer_.device().is_cpu() ? param_buffer_ : Tensor::zeros(param_buffer_.shape(), params_dtype());
+  for (const auto& p : params_) {
+    const int64_t n = p->data.numel();
+    std::vector<float> values(static_cast<size_t>(n));
+    const CounterRng rng{seed, stream_id(p->spec.name)};
+    const float std_dev = p->spec.init_std;
+    const InitMethod init = p->spec.init;
+    const Parameter& param = *p;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      values[size_t(i)] = init == InitMethod::zeros  ? 0.0f
+                          : init == InitMethod::ones ? 1.0f
+                                                     : std_dev * rng.normal(uint64_t(param.global_index(i)));
+    }
+    Tensor dst = p->view_of(host);
+    ops::cast(dst, Tensor::from_blob(values.data(), p->local_shape, DType::f32));
+  }
+  if (!host.same_storage(param_buffer_)) param_buffer_.copy_from(host);
+}
+
+void ParameterRegistry::zero_grads() {
+  if (grad_buffer_.defined()) grad_buffer_.zero();
+}
+
+Parameter* ParameterRegistry::find(const std::string& name) const {
+  for (const auto& p : params_)
+    if (p->spec.name == name) return p.get();
+  return nullptr;
+}
+
+}  // namespace megatron

@@ -1,0 +1,89 @@
+#pragma once
+// ParameterRegistry: every parameter of a model (one TP rank's shard of it), registered once.
+//
+// TP: a registry belongs to one TP rank of one TP group; its rank and size are given once, at
+// construction, and every parameter registered is that rank's shard (parameter.h).
+//
+// Storage: all parameters of a model live in one flat buffer of the compute dtype, and all
+// main gradients in one flat fp32 buffer (f64 when the parameters are f64, for gradient
+// checks); each Parameter holds views into both. allocate() lays them out in registration
+// order; DDP may move them into its bucket layout with set_layout().
+//
+// Progress notifications, one listener each (DDP), so communication can overlap compute:
+//   - forward: a model calls before_forward(p) for each parameter of a module before that
+//     module's forward reads it, so the listener (DDP with --overlap-param-gather) waits for p's
+//     all-gather just in time (what Megatron does with forward pre-hooks on every module);
+//   - backward: a model calls grad_ready(p) once p's main gradient is final for the current
+//     backward pass, so the listener (DDP with --overlap-grad-reduce) can start reducing it while
+//     backward continues (Megatron's autograd post-accumulate hooks).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megatron/core/tensor.h"
+#include "megatron/parameters/parameter.h"
+
+namespace megatron {
+
+// Every parameter starts at a multiple of this many elements in the flat buffers, so it is
+// 64-byte aligned in fp32 (vector loads on both backends).
+inline constexpr int64_t kParamAlignment = 16;
+
+class ParameterRegistry {
+ public:
+  // The registry of a model that is not split over TP.
+  ParameterRegistry() : ParameterRegistry(0, 1) {}
+  // The registry of TP rank `tp_rank` of a group of `tp_size` ranks.
+  ParameterRegistry(int tp_rank, int tp_size);
+  ParameterRegistry(const ParameterRegistry&) = delete;
+  ParameterRegistry& operator=(const ParameterRegistry&) = delete;
+
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
+
+  // Registers this TP rank's shard of a parameter; returns a stable pointer (valid for the
+  // registry's lifetime). Views are created by allocate().
+  Parameter* add(ParamSpec spec);
+  // Makes the flat buffers on `device` and points every parameter into them.
+  void allocate(DType params_dtype, Device device = Device::cpu());
+  // Initialises every parameter from (seed, name, global element index): independent of TP
+  // layout and of registration order.
+  void initialize(uint64_t seed);
+  void zero_grads();
+  // Moves parameter i (registration order) to element offsets[i] of new flat buffers of `numel`
+  // elements, keeping its value and main gradient; gaps hold zeros. Offsets are multiples of the
+  // 16-element alignment and the parameters may not overlap.
+  void set_layout(const std::vector<int64_t>& offsets, int64_t numel);
+
+  // At most one listener of each kind; an empty hook removes it.
+  using ParamHook = std::function<void(const Parameter&)>;
+  void set_before_forward_hook(ParamHook hook) { before_forward_hook_ = std::move(hook); }
+  void set_grad_ready_hook(ParamHook hook) { grad_ready_hook_ = std::move(hook); }
+  void before_forward(const Parameter& p) const {
+    if (before_forward_hook_) before_forward_hook_(p);
+  }
+  void grad_ready(const Parameter& p) const {
+    if (grad_ready_hook_) grad_ready_hook_(p);
+  }
+
+  const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }
+  Parameter* find(const std::string& name) const;
+  DType params_dtype() const { return param_buffer_.dtype(); }
+  DType grad_dtype() const { return grad_buffer_.dtype(); }
+  Tensor& param_buffer() { return param_buffer_; }
+  Tensor& grad_buffer() { return grad_buffer_; }
+  int64_t num_local_elements() const { return param_buffer_.numel(); }
+
+ private:
+  int tp_rank_;
+  int tp_size_;
+  std::vector<std::unique_ptr<Parameter>> params_;
+  Tensor param_buffer_;
+  Tensor grad_buffer_;
+  ParamHook before_forward_hook_;
+  ParamHook grad_ready_hook_;
+};
+
+}  // namespace megatron
