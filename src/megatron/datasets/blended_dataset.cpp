@@ -277,15 +277,14 @@ std::unique_ptr<SampleSource> build_gpt_dataset(const GPTDataConfig& config, Spl
     const SplitMatrix matrix = parse_split(config.split);
     if (!matrix[size_t(split)]) return nullptr;
     dataset_config.split = config.split;
-    return build_from_blend(parse_blend(config.data_path), config, dataset_config, split, num_samples,
-                            [&](int64_t n) { return split_range(matrix, split, n); }, false);
+    const auto range_of = [&](int64_t n) { return split_range(matrix, split, n); };
+    return build_from_blend(parse_blend(config.data_path), config, dataset_config, split, num_samples, range_of, false);
   }
   const std::vector<std::string>& paths = *per_split[size_t(split)];
   if (paths.empty()) return nullptr;
   // Each split's own datasets are used whole; the description records no split.
-  return build_from_blend(parse_blend(paths), config, dataset_config, split, num_samples, [](int64_t n) {
-    return std::optional<SequenceRange>(SequenceRange{0, n});
-  }, true);
+  const auto whole = [](int64_t n) { return std::optional<SequenceRange>(SequenceRange{0, n}); };
+  return build_from_blend(parse_blend(paths), config, dataset_config, split, num_samples, whole, true);
 }
 
 // ---- transitional entry point (declared in gpt_dataset.h) -----------------------------------
