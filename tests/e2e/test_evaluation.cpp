@@ -20,6 +20,7 @@
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpoint_io.h"
+#include "megatron/training/metrics.h"
 #include "megatron/training/training.h"
 #include "test_util.h"
 
@@ -184,4 +185,14 @@ TEST(Evaluation, EvaluationPathsNeedEvalInterval) {
               parse_training_args(argv);
             }).find("--valid-data-path and --test-data-path are evaluated only with --eval-interval N"),
             std::string::npos);
+}
+
+// Megatron's evaluate_and_print_results: the line, with its trailing space, between dashes one
+// longer than it (len(string) + 1); PPL = exp(min(20, loss)), e^2 = 7.389056.
+TEST(Evaluation, PrintsMegatronsLine) {
+  const std::string line =
+      " validation loss at iteration 4 on test set | lm loss value: 2.000000E+00 | lm loss PPL: "
+      "7.389056E+00 | ";
+  const std::string dashes(line.size() + 1, '-');
+  EXPECT_EQ(format_validation_line("iteration 4 on test set", 2.0), dashes + "\n" + line + "\n" + dashes);
 }
