@@ -684,7 +684,8 @@ void check_batch(const TrainingArgs& a, std::vector<std::string>& errors) {
 
 // Megatron's scheduler lengths come in iterations (with --train-iters) or in samples (with
 // --train-samples), never mixed; warmup must end before the decay does.
-void check_schedule(const OptimizerArgs& o, const TrainingArgs& a, std::vector<std::string>& errors) {
+void check_schedule(const TrainingArgs& a, std::vector<std::string>& errors) {
+  const OptimizerArgs& o = a.optimizer;
   if (!(o.lr > 0.0)) {
     errors.push_back(o.lr == 0.0 ? std::string("--lr is required (got 0): set the peak learning rate, e.g. --lr 3e-4")
                                  : concat("--lr ", o.lr, " must be positive: e.g. --lr 3e-4"));
@@ -941,7 +942,7 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   if (args.model.vocab_size <= 0)
     std::erase_if(errors, [](const std::string& e) { return e.rfind("vocab size ", 0) == 0; });
   check_batch(args, errors);
-  check_schedule(args.optimizer, args, errors);
+  check_schedule(args, errors);
   check_optimizer(args.optimizer, errors);
   check_data(args, errors);
   check_data_parallel(args, errors);
