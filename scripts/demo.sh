@@ -56,8 +56,9 @@ tokenizer=(--tokenizer-type HuggingFaceTokenizer --tokenizer-model "$work/tokeni
   --save "$work/checkpoints" --save-interval "$iters" --metrics-file "$work/metrics.jsonl" \
   --device cpu
 
-# Iteration 1's loss is measured before the first update: the fresh model's loss.
-loss_of() { sed -nE "/\"kind\":\"$1\"/s/.*\"iteration\":([0-9]+),.*\"lm_loss\":([0-9.eE+-]+).*/\1 \2/p" "$work/metrics.jsonl"; }
+# Iteration 1's loss is measured before the first update: the fresh model's loss. The evaluation
+# after training (end_of_training) is a second point at the last iteration; it is left out.
+loss_of() { sed -nE "/end_of_training/d; /\"kind\":\"$1\"/s/.*\"iteration\":([0-9]+),.*\"lm_loss\":([0-9.eE+-]+).*/\1 \2/p" "$work/metrics.jsonl"; }
 initial=$(loss_of train | awk '$1 == 1 { print $2 }')
 echo
 echo "loss of the fresh model (iteration 1, before any update): $initial"

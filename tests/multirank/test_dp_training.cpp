@@ -97,6 +97,10 @@ TEST_F(DpTraining, EveryLayoutMatchesTheSingleRankCurve) {
     const TrainingSummary& single = precision == Precision::bf16 ? bf16 : precision == Precision::fp16 ? fp16 : fp32;
     expect_same_curve(single, s, 0, tolerance(precision), precision == Precision::fp32, name);
     expect_close(single.valid_losses, s.valid_losses, 0, tolerance(precision), name + " validation loss");
+    // After training: the validation split once more and the test split, each DP rank its slice.
+    expect_close({single.end_valid_loss.value(), single.test_loss.value()},
+                 {s.end_valid_loss.value(), s.test_loss.value()}, 0, tolerance(precision),
+                 name + " validation and test loss after training");
   }
 }
 

@@ -121,11 +121,11 @@ BlendingIndices build_blending_indices(const std::vector<double>& weights, int64
 
 // ---- BlendedDataset -------------------------------------------------------------------------
 
-BlendedDataset::BlendedDataset(std::vector<std::unique_ptr<GPTDataset>> datasets, std::vector<double> weights,
-                               bool weights_are_lengths, int64_t size, const std::string& cache_path)
-    : datasets_(std::move(datasets)) {
-  MEGATRON_CHECK(!datasets_.empty() && datasets_.size() == weights.size(),
-                 "BlendedDataset: " << datasets_.size() << " datasets but " << weights.size() << " weights");
+BlendedDataset::BlendedDataset(std::vector<std::unique_ptr<GPTDataset>> datasets, const std::vector<double>& weights,
+                               int64_t size, const std::string& cache_path)
+    : datasets_(std::move(datasets)), weights_(normalize_weights(weights)) {
+  MEGATRON_CHECK(!datasets_.empty() && datasets_.size() == weights_.size(),
+                 "BlendedDataset: " << datasets_.size() << " datasets but " << weights_.size() << " weights");
   for (const auto& dataset : datasets_) {
     MEGATRON_CHECK(dataset->sample_length() == datasets_[0]->sample_length(),
                    "BlendedDataset: the blended datasets have different sequence lengths");
@@ -135,11 +135,7 @@ BlendedDataset::BlendedDataset(std::vector<std::unique_ptr<GPTDataset>> datasets
   identifiers_["datasets"] = nlohmann::ordered_json::array();
   for (const auto& dataset : datasets_) identifiers_["datasets"].push_back(dataset->identifiers());
   identifiers_["split"] = split;
-  identifiers_["weights"] = nlohmann::ordered_json::array();
-  for (double w : weights) {
-    identifiers_["weights"].push_back(weights_are_lengths ? nlohmann::ordered_json(int64_t(w))
-                                                          : nlohmann::ordered_json(w));
-  }
+  identifiers_["weights"] = weights_;
   identifiers_["size"] = size;
 
   std::optional<IndexCache> cache;
@@ -154,7 +150,7 @@ BlendedDataset::BlendedDataset(std::vector<std::unique_ptr<GPTDataset>> datasets
     }
   }
   if (!loaded_from_cache_) {
-    BlendingIndices indices = build_blending_indices(weights, size);
+    BlendingIndices indices = build_blending_indices(weights_, size);
     dataset_index_ = std::move(indices.dataset_index);
     dataset_sample_index_ = std::move(indices.dataset_sample_index);
     // Megatron's IndexError: a dataset asked for more samples than it holds.
@@ -204,11 +200,12 @@ void BlendedDataset::read(int64_t index, int32_t* out) const {
 
 namespace {
 
-// Builds one split from a blend; `range_of` gives the split's sequences of a prefix's data, or
-// nullopt when that split is not built.
+// Builds one split from a blend; `range_of` gives the split's sequences of a prefix's data;
+// `whole_datasets`: a per-split path list (--train-data-path etc.).
 std::unique_ptr<SampleSource> build_from_blend(const Blend& blend, const GPTDataConfig& config,
                                                const GPTDatasetConfig& dataset_config, Split split, int64_t num_samples,
-                                               const std::function<std::optional<SequenceRange>(int64_t)>& range_of) {
+                                               const std::function<std::optional<SequenceRange>(int64_t)>& range_of,
+                                               bool whole_datasets) {
   MEGATRON_CHECK(!blend.prefixes.empty(), "the data path list for split " << split_name(split) << " is empty");
   auto open = [&](const std::string& prefix, std::optional<int64_t> samples) {
     std::shared_ptr<const SequenceSource> data = open_indexed_sequences(prefix);
@@ -218,7 +215,9 @@ std::unique_ptr<SampleSource> build_from_blend(const Blend& blend, const GPTData
                                                      << data->num_sequences() << "; use more data or change --split");
     return std::make_unique<GPTDataset>(std::move(data), range, split, samples, dataset_config);
   };
-  if (blend.prefixes.size() == 1 && !blend.weights) return open(blend.prefixes[0], num_samples);
+  // Megatron builds one prefix without a weight as a plain GPTDataset; under a per-split path
+  // (`whole_datasets`) one prefix is plain even with a weight.
+  if (blend.prefixes.size() == 1 && (!blend.weights || whole_datasets)) return open(blend.prefixes[0], num_samples);
 
   std::vector<std::unique_ptr<GPTDataset>> datasets;
   if (blend.weights) {
@@ -231,9 +230,10 @@ std::unique_ptr<SampleSource> build_from_blend(const Blend& blend, const GPTData
       datasets.push_back(open(blend.prefixes[d], buffered));
       size += target;
     }
-    return std::make_unique<BlendedDataset>(std::move(datasets), weights, false, size, config.data_cache_path);
+    return std::make_unique<BlendedDataset>(std::move(datasets), weights, size, config.data_cache_path);
   }
-  // Prefixes without weights: one epoch each, blended in proportion to their lengths.
+  // Prefixes without weights: one epoch each, blended in proportion to their lengths (which the
+  // BlendedDataset normalises into weights).
   std::vector<double> lengths;
   int64_t total = 0;
   for (const std::string& prefix : blend.prefixes) {
@@ -241,7 +241,7 @@ std::unique_ptr<SampleSource> build_from_blend(const Blend& blend, const GPTData
     lengths.push_back(double(datasets.back()->size()));
     total += datasets.back()->size();
   }
-  return std::make_unique<BlendedDataset>(std::move(datasets), lengths, true, std::min(num_samples, total),
+  return std::make_unique<BlendedDataset>(std::move(datasets), lengths, std::min(num_samples, total),
                                           config.data_cache_path);
 }
 
@@ -277,15 +277,14 @@ std::unique_ptr<SampleSource> build_gpt_dataset(const GPTDataConfig& config, Spl
     const SplitMatrix matrix = parse_split(config.split);
     if (!matrix[size_t(split)]) return nullptr;
     dataset_config.split = config.split;
-    return build_from_blend(parse_blend(config.data_path), config, dataset_config, split, num_samples,
-                            [&](int64_t n) { return split_range(matrix, split, n); });
+    const auto range_of = [&](int64_t n) { return split_range(matrix, split, n); };
+    return build_from_blend(parse_blend(config.data_path), config, dataset_config, split, num_samples, range_of, false);
   }
   const std::vector<std::string>& paths = *per_split[size_t(split)];
   if (paths.empty()) return nullptr;
   // Each split's own datasets are used whole; the description records no split.
-  return build_from_blend(parse_blend(paths), config, dataset_config, split, num_samples, [](int64_t n) {
-    return std::optional<SequenceRange>(SequenceRange{0, n});
-  });
+  const auto whole = [](int64_t n) { return std::optional<SequenceRange>(SequenceRange{0, n}); };
+  return build_from_blend(parse_blend(paths), config, dataset_config, split, num_samples, whole, true);
 }
 
 // ---- transitional entry point (declared in gpt_dataset.h) -----------------------------------

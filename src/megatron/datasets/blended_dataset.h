@@ -5,6 +5,7 @@
 // `--data-path 0.7 a 0.3 b`: the weights are normalised; each prefix's split is a GPTDataset
 // asked for ceil(ceil(n*w) * (1 + surplus)) samples, and the BlendedDataset of size
 // sum(ceil(n*w)) interleaves them greedily so every prefix stays closest to its share.
+// `--data-path a b` (no weights): one epoch of each, blended by their lengths, min(n, total) long.
 // `--train-data-path` etc. give each split its own blend of whole datasets.
 #include <cstdint>
 #include <memory>
@@ -41,12 +42,13 @@ BlendingIndices build_blending_indices(const std::vector<double>& weights, int64
 
 class BlendedDataset final : public SampleSource {
  public:
-  // `weights` are normalised weights, or each dataset's length when the blend gave none
-  // (`weights_are_lengths`; they are then written as integers in the description). Throws
-  // if a dataset would be asked for more samples than it has. The indices are cached only in
-  // an explicit cache_path (--data-cache-path), as in Megatron.
-  BlendedDataset(std::vector<std::unique_ptr<GPTDataset>> datasets, std::vector<double> weights,
-                 bool weights_are_lengths, int64_t size, const std::string& cache_path);
+  // `weights`: the builder's normalised weights, or each dataset's length when the blend gave
+  // none. Like Megatron's BlendedDataset, it normalises them (again) itself and blends by, and
+  // records, the result: a second normalisation can change the last bit, and the blend order
+  // with it. Throws if a dataset would be asked for more samples than it has. The indices are
+  // cached only in an explicit cache_path (--data-cache-path), as in Megatron.
+  BlendedDataset(std::vector<std::unique_ptr<GPTDataset>> datasets, const std::vector<double>& weights, int64_t size,
+                 const std::string& cache_path);
 
   int64_t size() const override { return dataset_index_.size(); }
   int64_t sample_length() const override { return datasets_[0]->sample_length(); }
@@ -56,12 +58,14 @@ class BlendedDataset final : public SampleSource {
   const std::vector<std::unique_ptr<GPTDataset>>& datasets() const { return datasets_; }
   const IndexArray& dataset_index() const { return dataset_index_; }
   const IndexArray& dataset_sample_index() const { return dataset_sample_index_; }
+  const std::vector<double>& weights() const { return weights_; }  // as normalised here
   bool loaded_from_cache() const { return loaded_from_cache_; }
 
  private:
   std::string check_indices(int64_t size) const;
 
   std::vector<std::unique_ptr<GPTDataset>> datasets_;
+  std::vector<double> weights_;
   nlohmann::ordered_json identifiers_;
   IndexArray dataset_index_, dataset_sample_index_;
   bool loaded_from_cache_ = false;

@@ -16,25 +16,27 @@ OptimizerParamScheduler::OptimizerParamScheduler(const OptimizerArgs& args, int6
       style_(args.lr_decay_style),
       wsd_style_(args.lr_wsd_decay_style),
       weight_decay_(args.weight_decay) {
+  const bool by_samples = args.lr_decay_samples > 0;
   const int64_t decay_iters = args.lr_decay_iters > 0 ? args.lr_decay_iters : train_iters;
-  decay_steps_ = decay_iters * global_batch_size;
-  warmup_steps_ = args.lr_warmup_fraction ? int64_t(*args.lr_warmup_fraction * double(decay_steps_))
-                                          : args.lr_warmup_iters * global_batch_size;
-  wsd_decay_steps_ = args.lr_wsd_decay_iters * global_batch_size;
-  MEGATRON_CHECK(decay_steps_ > 0, "the LR decay length is 0 samples; set --train-iters or --lr-decay-iters");
+  decay_steps_ = by_samples ? args.lr_decay_samples : decay_iters * global_batch_size;
+  warmup_steps_ = args.lr_warmup_fraction ? *args.lr_warmup_fraction * double(decay_steps_)
+                  : by_samples            ? double(args.lr_warmup_samples)
+                                          : double(args.lr_warmup_iters * global_batch_size);
+  wsd_decay_steps_ = by_samples ? args.lr_wsd_decay_samples : args.lr_wsd_decay_iters * global_batch_size;
+  MEGATRON_CHECK(decay_steps_ > 0, "the LR decay length is 0 samples; set --train-iters or --train-samples");
 }
 
 double OptimizerParamScheduler::lr_at(int64_t num_steps) const {
   const double steps = double(num_steps);
-  if (warmup_steps_ > 0 && num_steps <= warmup_steps_)
-    return init_lr_ + (max_lr_ - init_lr_) * steps / double(warmup_steps_);
+  if (warmup_steps_ > 0 && steps <= warmup_steps_) return init_lr_ + (max_lr_ - init_lr_) * steps / warmup_steps_;
   if (style_ == LrDecayStyle::constant) return max_lr_;
   if (num_steps > decay_steps_) return min_lr_;
   if (style_ == LrDecayStyle::inverse_square_root) {
-    const double warm = double(std::max<int64_t>(warmup_steps_, 1));
-    return std::max(min_lr_, max_lr_ * std::sqrt(warm) / std::sqrt(std::max(steps, 1.0)));
+    // Python's x**0.5 is C's pow(x, 0.5), which may differ from sqrt in the last bit.
+    const double warm = std::max(warmup_steps_, 1.0);
+    return std::max(min_lr_, max_lr_ * std::pow(warm, 0.5) / std::pow(std::max(steps, 1.0), 0.5));
   }
-  const double ratio = (steps - double(warmup_steps_)) / double(decay_steps_ - warmup_steps_);
+  const double ratio = (steps - warmup_steps_) / (double(decay_steps_) - warmup_steps_);
   double coeff = 0.0;
   switch (style_) {
     case LrDecayStyle::linear:

@@ -10,6 +10,10 @@ namespace megatron {
 
 class OptimizerParamScheduler {
  public:
+  // The lengths, in samples, as Megatron's get_optimizer_param_scheduler derives them: with
+  // lr_decay_samples set (sample-based training) the *_samples fields, otherwise the *_iters
+  // fields (lr_decay_iters falling back to train_iters) times the global batch size.
+  // --lr-warmup-fraction takes that fraction of the decay length, not rounded.
   OptimizerParamScheduler(const OptimizerArgs& args, int64_t train_iters, int64_t global_batch_size);
   double lr() const { return lr_at(num_steps_); }
   double lr_at(int64_t num_steps) const;
@@ -20,7 +24,8 @@ class OptimizerParamScheduler {
 
  private:
   double max_lr_, min_lr_, init_lr_;
-  int64_t warmup_steps_, decay_steps_, wsd_decay_steps_;
+  double warmup_steps_;  // a fraction of the decay length need not be whole (Megatron keeps the float)
+  int64_t decay_steps_, wsd_decay_steps_;
   LrDecayStyle style_;
   WsdDecayStyle wsd_style_;
   double weight_decay_;

@@ -14,7 +14,7 @@ struct OptimizerArgs {
   double lr = 0.0;  // required
   double min_lr = 0.0;
   LrDecayStyle lr_decay_style = LrDecayStyle::linear;
-  int64_t lr_decay_iters = 0;  // derived: train_iters
+  int64_t lr_decay_iters = 0;  // derived: train_iters (iteration-based training)
   int64_t lr_warmup_iters = 0;
   std::optional<double> lr_warmup_fraction;
   double lr_warmup_init = 0.0;
@@ -25,6 +25,11 @@ struct OptimizerArgs {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double clip_grad = 1.0;  // 0 disables clipping
+  // The schedule's lengths in samples, for sample-based training (--train-samples); each
+  // excludes its *_iters form. 0: unset.
+  int64_t lr_decay_samples = 0;  // derived: train_samples (sample-based training)
+  int64_t lr_warmup_samples = 0;
+  int64_t lr_wsd_decay_samples = 0;
 
   // Loss scaling (Megatron's mixed-precision group; optimizer/grad_scaler.h). --fp16 uses a
   // dynamic scaler unless --loss-scale gives a static one; --bf16 uses one only with --loss-scale.

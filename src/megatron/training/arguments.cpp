@@ -162,7 +162,9 @@ std::vector<Flag> build_flag_table() {
       {"--micro-batch-size", FIELD(micro_batch_size), training, "Sequences per micro-batch per rank; required"},
       {"--global-batch-size", FIELD(global_batch_size), training,
        "Sequences per step; a multiple of micro-batch-size * DP; derived: micro-batch-size * DP"},
-      {"--train-iters", FIELD(train_iters), training, "Training steps; required"},
+      {"--train-iters", FIELD(train_iters), training, "Training steps; this or --train-samples is required"},
+      {"--train-samples", FIELD(train_samples), training,
+       "Training samples, instead of --train-iters: train-samples / global-batch-size steps"},
       {"--seed", FIELD(seed), training, "Seed of initialization, dropout and data order"},
       {"--device", FIELD(device), training, "Where to run", {"auto", "cpu", "cuda"}},
       {"--lr", FIELD(optimizer.lr), lr, "Peak learning rate; required"},
@@ -173,9 +175,12 @@ std::vector<Flag> build_flag_table() {
        "Decay after warmup",
        {"constant", "linear", "cosine", "inverse-square-root", "WSD"}},
       {"--lr-decay-iters", FIELD(optimizer.lr_decay_iters), lr, "Iterations of warmup + decay; derived: train-iters"},
+      {"--lr-decay-samples", FIELD(optimizer.lr_decay_samples), lr,
+       "Samples of warmup + decay, with --train-samples; derived: train-samples"},
       {"--lr-warmup-iters", FIELD(optimizer.lr_warmup_iters), lr, "Linear warmup iterations"},
+      {"--lr-warmup-samples", FIELD(optimizer.lr_warmup_samples), lr, "Linear warmup samples, with --train-samples"},
       {"--lr-warmup-fraction", FIELD(optimizer.lr_warmup_fraction), lr,
-       "Warmup as a fraction of lr-decay-iters (instead of --lr-warmup-iters)"},
+       "Warmup as a fraction of the decay length (instead of --lr-warmup-iters/--lr-warmup-samples)"},
       {"--lr-warmup-init", FIELD(optimizer.lr_warmup_init), lr, "Learning rate at step 0 of the warmup"},
       {"--lr-wsd-decay-style",
        enum_field(FIELD(optimizer.lr_wsd_decay_style)),
@@ -184,6 +189,8 @@ std::vector<Flag> build_flag_table() {
        {"exponential", "linear", "cosine", "minus_sqrt"}},
       {"--lr-wsd-decay-iters", FIELD(optimizer.lr_wsd_decay_iters), lr,
        "Length of the WSD anneal; required with --lr-decay-style WSD"},
+      {"--lr-wsd-decay-samples", FIELD(optimizer.lr_wsd_decay_samples), lr,
+       "Length of the WSD anneal in samples, with --train-samples"},
       {"--weight-decay", FIELD(optimizer.weight_decay), optimizer, "Decoupled weight decay (not on biases, norms)"},
       {"--clip-grad", FIELD(optimizer.clip_grad), optimizer, "Clip the global gradient L2 norm to this; 0 disables"},
       {"--adam-beta1", FIELD(optimizer.adam_beta1), optimizer, "Adam beta1"},
@@ -221,8 +228,10 @@ std::vector<Flag> build_flag_table() {
       {"--no-save-optim", Switch{FIELD(no_save_optim), true}, checkpoint, "Leave optimizer state out of checkpoints"},
       {"--no-load-optim", Switch{FIELD(no_load_optim), true}, checkpoint, "Do not load optimizer state"},
       {"--log-interval", FIELD(log_interval), logging, "Iterations between log lines"},
-      {"--eval-interval", FIELD(eval_interval), logging, "Iterations between evaluations; 0: none"},
-      {"--eval-iters", FIELD(eval_iters), logging, "Batches per evaluation"},
+      {"--eval-interval", FIELD(eval_interval), logging,
+       "Iterations between validations; after training the validation and test splits are evaluated too; 0: "
+       "no evaluation"},
+      {"--eval-iters", FIELD(eval_iters), logging, "Global batches per evaluation (validation and test)"},
       {"--metrics-file", FIELD(metrics_file), logging, "JSONL file, one object per logged iteration"},
       {"--profile-ops-iteration", FIELD(profile_ops_iteration), logging,
        "Print how long each op family took in this iteration (GPU: device time); 0: never"},
@@ -645,7 +654,15 @@ void require_positive(std::vector<std::string>& errors, int64_t value, const cha
 
 void check_batch(const TrainingArgs& a, std::vector<std::string>& errors) {
   require_positive(errors, a.micro_batch_size, "--micro-batch-size", "set e.g. --micro-batch-size 8");
-  require_positive(errors, a.train_iters, "--train-iters", "set e.g. --train-iters 1000");
+  if (a.train_samples == 0) {
+    require_positive(errors, a.train_iters, "--train-iters", "set e.g. --train-iters 1000 (or --train-samples N)");
+  } else if (a.train_iters != 0) {
+    errors.push_back(concat("--train-iters ", a.train_iters, " and --train-samples ", a.train_samples,
+                            " are mutually exclusive: train for a number of steps or of samples; keep one"));
+  } else if (a.global_batch_size > 0 && a.train_samples < a.global_batch_size) {
+    errors.push_back(concat("--train-samples ", a.train_samples, " is less than one global batch (",
+                            a.global_batch_size, " samples): train on at least that many"));
+  }
   const int64_t model_parallel = a.model.tensor_model_parallel_size * a.model.pipeline_model_parallel_size;
   if (a.world_size <= 0 || (model_parallel > 0 && a.world_size % model_parallel != 0)) {
     errors.push_back(concat("world size ", a.world_size, " is not a multiple of TP*PP = ", model_parallel,
@@ -665,7 +682,10 @@ void check_batch(const TrainingArgs& a, std::vector<std::string>& errors) {
   if (a.seed < 0) errors.push_back(concat("--seed ", a.seed, " must be >= 0: use e.g. 1234"));
 }
 
-void check_schedule(const OptimizerArgs& o, int64_t train_iters, std::vector<std::string>& errors) {
+// Megatron's scheduler lengths come in iterations (with --train-iters) or in samples (with
+// --train-samples), never mixed; warmup must end before the decay does.
+void check_schedule(const TrainingArgs& a, std::vector<std::string>& errors) {
+  const OptimizerArgs& o = a.optimizer;
   if (!(o.lr > 0.0)) {
     errors.push_back(o.lr == 0.0 ? std::string("--lr is required (got 0): set the peak learning rate, e.g. --lr 3e-4")
                                  : concat("--lr ", o.lr, " must be positive: e.g. --lr 3e-4"));
@@ -677,29 +697,52 @@ void check_schedule(const OptimizerArgs& o, int64_t train_iters, std::vector<std
                             ": the schedule decays from lr down to min_lr; lower --min-lr"));
   }
   if (o.lr_warmup_init < 0.0) errors.push_back(concat("--lr-warmup-init ", o.lr_warmup_init, " must be >= 0"));
-  if (o.lr_warmup_iters < 0) errors.push_back(concat("--lr-warmup-iters ", o.lr_warmup_iters, " must be >= 0"));
-  if (o.lr_decay_iters < 0 || (o.lr_decay_iters == 0 && train_iters > 0)) {
-    errors.push_back(concat("--lr-decay-iters ", o.lr_decay_iters,
-                            " must be positive: leave it unset to use "
-                            "--train-iters"));
+  if (o.lr > 0.0 && o.lr_warmup_init > o.lr) {
+    errors.push_back(concat("--lr-warmup-init ", o.lr_warmup_init, " exceeds --lr ", o.lr,
+                            ": warmup rises from it to lr; lower --lr-warmup-init"));
   }
-  if (o.lr_warmup_fraction && o.lr_warmup_iters != 0) {
-    errors.push_back(concat("--lr-warmup-fraction ", *o.lr_warmup_fraction, " and --lr-warmup-iters ",
-                            o.lr_warmup_iters, " are mutually exclusive: warmup is a fraction of the decay or a ",
-                            "count of iterations; keep one"));
+  // The lengths of this run's unit, and those of the other unit, which must stay unset.
+  const bool by_samples = a.train_samples > 0;
+  const char* unit = by_samples ? "samples" : "iters";
+  const int64_t decay = by_samples ? o.lr_decay_samples : o.lr_decay_iters;
+  const int64_t warmup = by_samples ? o.lr_warmup_samples : o.lr_warmup_iters;
+  const int64_t wsd = by_samples ? o.lr_wsd_decay_samples : o.lr_wsd_decay_iters;
+  const std::pair<const char*, int64_t> other[3] = {
+      {by_samples ? "--lr-decay-iters" : "--lr-decay-samples", by_samples ? o.lr_decay_iters : o.lr_decay_samples},
+      {by_samples ? "--lr-warmup-iters" : "--lr-warmup-samples", by_samples ? o.lr_warmup_iters : o.lr_warmup_samples},
+      {by_samples ? "--lr-wsd-decay-iters" : "--lr-wsd-decay-samples",
+       by_samples ? o.lr_wsd_decay_iters : o.lr_wsd_decay_samples}};
+  for (const auto& [flag, value] : other) {
+    if (value != 0) {
+      errors.push_back(concat(flag, " ", value, " does not go with ", by_samples ? "--train-samples" : "--train-iters",
+                              ": the schedule is counted in ", by_samples ? "samples" : "iterations",
+                              " (Megatron); use --lr-*-", unit, " flags, or train with ",
+                              by_samples ? "--train-iters" : "--train-samples"));
+    }
+  }
+  if (warmup < 0) errors.push_back(concat("--lr-warmup-", unit, " ", warmup, " must be >= 0"));
+  const bool trains = a.train_iters > 0 || a.train_samples > 0;
+  if (decay < 0 || (decay == 0 && trains)) {
+    errors.push_back(concat("--lr-decay-", unit, " ", decay, " must be positive: leave it unset to use --train-",
+                            by_samples ? "samples" : "iters"));
+  }
+  if (o.lr_warmup_fraction && warmup != 0) {
+    errors.push_back(concat("--lr-warmup-fraction ", *o.lr_warmup_fraction, " and --lr-warmup-", unit, " ", warmup,
+                            " are mutually exclusive: warmup is a fraction of the decay or a ", "count of ",
+                            by_samples ? "samples" : "iterations", "; keep one"));
   } else if (o.lr_warmup_fraction && !(*o.lr_warmup_fraction >= 0.0 && *o.lr_warmup_fraction < 1.0)) {
     errors.push_back(concat("--lr-warmup-fraction ", *o.lr_warmup_fraction,
                             " must lie in [0, 1): warmup must end before the decay does; e.g. 0.01"));
-  } else if (!o.lr_warmup_fraction && o.lr_decay_iters > 0 && o.lr_warmup_iters >= o.lr_decay_iters) {
-    errors.push_back(concat("--lr-warmup-iters ", o.lr_warmup_iters, " is not below --lr-decay-iters ",
-                            o.lr_decay_iters, ": Megatron's scheduler needs warmup < decay; shorten the warmup"));
+  } else if (!o.lr_warmup_fraction && decay > 0 && warmup >= decay) {
+    errors.push_back(concat("--lr-warmup-", unit, " ", warmup, " is not below --lr-decay-", unit, " ", decay,
+                            ": Megatron's scheduler needs warmup < decay; shorten the warmup"));
   }
-  if (o.lr_decay_style == LrDecayStyle::WSD && o.lr_wsd_decay_iters <= 0) {
-    errors.push_back(concat("--lr-decay-style WSD needs --lr-wsd-decay-iters (got ", o.lr_wsd_decay_iters,
-                            "): the length of the final anneal, e.g. a tenth of --lr-decay-iters"));
-  } else if (o.lr_wsd_decay_iters < 0 || o.lr_wsd_decay_iters > o.lr_decay_iters) {
-    errors.push_back(concat("--lr-wsd-decay-iters ", o.lr_wsd_decay_iters, " must lie in [0, --lr-decay-iters ",
-                            o.lr_decay_iters, "]: the anneal is the end of the decay"));
+  if (o.lr_decay_style == LrDecayStyle::WSD && wsd <= 0) {
+    errors.push_back(concat("--lr-decay-style WSD needs --lr-wsd-decay-", unit, " (got ", wsd,
+                            "): the length of the final anneal, e.g. a tenth of --lr-decay-", unit));
+  } else if (wsd < 0 || wsd > decay) {
+    errors.push_back(concat("--lr-wsd-decay-", unit, " ", wsd, " must lie in [0, --lr-decay-", unit, " ", decay,
+                            "]: the anneal is the end of the decay"));
   }
 }
 
@@ -733,6 +776,10 @@ void check_data(const TrainingArgs& a, std::vector<std::string>& errors) {
   if (per_split && a.eval_interval > 0 && d.valid_data_path.empty())
     errors.push_back(concat("--eval-interval ", a.eval_interval,
                             " with per-split paths needs --valid-data-path, or set --eval-interval 0"));
+  if (per_split && a.eval_interval == 0 && (!d.valid_data_path.empty() || !d.test_data_path.empty()))
+    errors.push_back(
+        "--valid-data-path and --test-data-path are evaluated only with --eval-interval N (validation every N "
+        "iterations and after training, the test data after training): add it, or drop the paths");
   if (d.num_workers < 0) errors.push_back(concat("--num-workers ", d.num_workers, " must be >= 0"));
   if (a.seed < 0 || a.seed > 4294967295LL)
     errors.push_back(concat("--seed ", a.seed, " must lie in [0, 2^32-1] (numpy's RandomState range)"));
@@ -885,6 +932,7 @@ void derive_training_args(TrainingArgs& a) {
   }
   if (a.global_batch_size == 0) a.global_batch_size = a.micro_batch_size * a.data_parallel_size;
   if (a.optimizer.lr_decay_iters == 0) a.optimizer.lr_decay_iters = a.train_iters;
+  if (a.optimizer.lr_decay_samples == 0) a.optimizer.lr_decay_samples = a.train_samples;
 }
 
 std::vector<std::string> validate(const TrainingArgs& args) {
@@ -894,7 +942,7 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   if (args.model.vocab_size <= 0)
     std::erase_if(errors, [](const std::string& e) { return e.rfind("vocab size ", 0) == 0; });
   check_batch(args, errors);
-  check_schedule(args.optimizer, args.train_iters, errors);
+  check_schedule(args, errors);
   check_optimizer(args.optimizer, errors);
   check_data(args, errors);
   check_data_parallel(args, errors);

@@ -45,7 +45,8 @@ struct TrainingArgs {
   int64_t world_size = 1;          // from the launcher, not a flag
   int64_t micro_batch_size = 0;    // required
   int64_t global_batch_size = 0;   // derived: micro_batch_size * data_parallel_size
-  int64_t train_iters = 0;         // required
+  int64_t train_iters = 0;         // this or train_samples is required
+  int64_t train_samples = 0;       // sample-based training instead of train_iters (0: unset)
   int64_t data_parallel_size = 1;  // derived: world_size / (TP * PP)
   int64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
@@ -70,6 +71,9 @@ struct TrainingArgs {
   bool no_save_optim = false;
   bool no_load_optim = false;
 
+  // Iterations the run trains for: train_iters, or train_samples / global_batch_size (Megatron's
+  // update_train_iters).
+  int64_t total_iterations() const { return train_samples > 0 ? train_samples / global_batch_size : train_iters; }
   // Number of micro-batches per step on this DP rank.
   int64_t num_micro_batches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
 };
@@ -86,7 +90,8 @@ TrainingArgs parse_training_args_from_flags(const std::vector<std::pair<std::str
 
 // Fills what Megatron derives (done once, after all values are in): model.vocab_size from the
 // tokenizer, model.params_dtype from --bf16/--fp16, derive_model_fields(), data_parallel_size =
-// world_size / (TP*PP), global_batch_size = mbs * DP and lr_decay_iters = train_iters when unset.
+// world_size / (TP*PP), global_batch_size = mbs * DP, lr_decay_iters = train_iters and
+// lr_decay_samples = train_samples when unset.
 void derive_training_args(TrainingArgs& args);
 
 // Every rule the arguments break (model rules included), one message each. Empty when valid.

@@ -28,13 +28,11 @@ std::string format_training_log_line(const IterationStats& s) {
   return std::string(head) + norm + tail;
 }
 
-std::string format_validation_line(int64_t iteration, double loss) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                " validation loss at iteration %lld on validation set | lm loss value: %.6E | lm loss PPL: %.6E |",
-                static_cast<long long>(iteration), loss, std::exp(std::min(20.0, loss)));
-  const std::string line(buf);
-  const std::string dashes(line.size(), '-');
+std::string format_validation_line(const std::string& prefix, double loss) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "lm loss value: %.6E | lm loss PPL: %.6E | ", loss, std::exp(std::min(20.0, loss)));
+  const std::string line = " validation loss at " + prefix + " | " + buf;
+  const std::string dashes(line.size() + 1, '-');  // Megatron's len(string) + 1
   return dashes + "\n" + line + "\n" + dashes;
 }
 
@@ -66,9 +64,12 @@ void MetricsFile::write_training(const IterationStats& s) {
   out_.flush();
 }
 
-void MetricsFile::write_validation(int64_t iteration, double loss) {
+void MetricsFile::write_evaluation(const std::string& kind, int64_t iteration, double loss, int64_t samples,
+                                   bool end_of_training) {
   if (!out_.is_open()) return;
-  out_ << nlohmann::json{{"kind", "validation"}, {"iteration", iteration}, {"lm_loss", loss}}.dump() << '\n';
+  nlohmann::json j = {{"kind", kind}, {"iteration", iteration}, {"lm_loss", loss}, {"samples", samples}};
+  if (end_of_training) j["end_of_training"] = true;
+  out_ << j.dump() << '\n';
   out_.flush();
 }
 

@@ -28,14 +28,19 @@ struct IterationStats {
 };
 
 std::string format_training_log_line(const IterationStats& stats);
-std::string format_validation_line(int64_t iteration, double loss);
+// Megatron's evaluate_and_print_results: " validation loss at <prefix> | lm loss value: ... |
+// lm loss PPL: ... | " between dashed lines. The prefix is "iteration N" for the periodic
+// evaluations, "iteration N on validation set" / "iteration N on test set" after training.
+std::string format_validation_line(const std::string& prefix, double loss);
 
 class MetricsFile {
  public:
   MetricsFile() = default;
   explicit MetricsFile(const std::string& path);  // appends; empty path: disabled
   void write_training(const IterationStats& stats);
-  void write_validation(int64_t iteration, double loss);
+  // kind "validation" or "test"; `samples`: how many the evaluation read; `end_of_training`
+  // marks the evaluations after the last iteration.
+  void write_evaluation(const std::string& kind, int64_t iteration, double loss, int64_t samples, bool end_of_training);
 
  private:
   std::ofstream out_;

@@ -38,13 +38,18 @@ using Clock = std::chrono::steady_clock;
 
 struct DataSources {
   std::unique_ptr<datasets::Tokenizer> tokenizer;
-  std::unique_ptr<datasets::SampleSource> train, valid;
+  std::unique_ptr<datasets::SampleSource> train, valid, test;
 };
 
-// Megatron's training.py: how many samples each split must provide for this run.
+// Megatron's get_train_valid_test_num_samples: eval_iters global batches per evaluation, the
+// validation split evaluated every eval_interval iterations and once more after training, the
+// test split once after training. Evaluation (test included) is off without --eval-interval.
 int64_t num_valid_samples(const TrainingArgs& args) {
-  const int64_t evaluations = args.eval_interval > 0 ? args.train_iters / args.eval_interval + 1 : 0;
+  const int64_t evaluations = args.eval_interval > 0 ? args.total_iterations() / args.eval_interval + 1 : 0;
   return evaluations * args.eval_iters * args.global_batch_size;
+}
+int64_t num_test_samples(const TrainingArgs& args) {
+  return args.eval_interval > 0 ? args.eval_iters * args.global_batch_size : 0;
 }
 
 DataSources build_data(const TrainingArgs& args) {
@@ -64,7 +69,8 @@ DataSources build_data(const TrainingArgs& args) {
   config.tokenizer = {{"class", d.tokenizer->name()}, {"vocab_size", d.tokenizer->vocab_size()}};
   config.vocab_size = d.tokenizer->vocab_size();
   config.eod = d.tokenizer->eod();
-  d.train = datasets::build_gpt_dataset(config, datasets::Split::train, args.train_iters * args.global_batch_size);
+  const int64_t train_samples = args.train_samples > 0 ? args.train_samples : args.train_iters * args.global_batch_size;
+  d.train = datasets::build_gpt_dataset(config, datasets::Split::train, train_samples);
   MEGATRON_CHECK(d.train != nullptr, "the data flags give the training split no data (--split \""
                                          << args.data.split << "\"); give it a non-zero weight, e.g. --split 98,2,0");
   if (const int64_t n = num_valid_samples(args); n > 0) {
@@ -74,6 +80,9 @@ DataSources build_data(const TrainingArgs& args) {
                                            << args.data.split << "\" gives it none; "
                                            << "give it a weight (e.g. --split 98,2,0) or drop --eval-interval");
   }
+  // Null when --split gives the test split no weight or no --test-data-path is given.
+  if (const int64_t n = num_test_samples(args); n > 0)
+    d.test = datasets::build_gpt_dataset(config, datasets::Split::test, n);
   return d;
 }
 
@@ -123,23 +132,29 @@ LossSums sum_over(Communicator& group, const LossSums& local, Device device) {
   return {sums.item(0), sums.item(1)};
 }
 
-// Validation: eval_iters global batches, continuing where the previous evaluation stopped; each
-// data-parallel rank evaluates its slice and the sums are combined.
-double evaluate(GPTModel& model, datasets::DataLoader& valid, const TrainingArgs& args, TrainingProgress& progress,
-                const ParallelContext& ctx) {
+struct Evaluation {
+  double loss = 0.0;
+  int64_t samples = 0;  // global samples read
+};
+
+// Megatron's evaluate: eval_iters global batches from where the loader stands (validation goes
+// on where the previous evaluation stopped); each data-parallel rank evaluates its slice and
+// the sums are combined.
+Evaluation evaluate(GPTModel& model, datasets::DataLoader& loader, const char* split, const TrainingArgs& args,
+                    const ParallelContext& ctx) {
   LossSums total;
+  const int64_t before = loader.consumed_samples();
   for (int64_t it = 0; it < args.eval_iters; ++it) {
     for (int64_t m = 0; m < args.num_micro_batches(); ++m) {
-      const datasets::Batch batch = next_batch(valid, "validation");
+      const datasets::Batch batch = next_batch(loader, split);
       const LossSums s =
           model.evaluate(batch.tokens, batch.labels, batch.loss_mask, batch.position_ids, batch.segment_ids);
       total.loss_sum += s.loss_sum;
       total.num_tokens += s.num_tokens;
     }
-    progress.consumed_valid_samples += args.global_batch_size;
   }
   total = sum_over(*ctx.dp_cp, total, model.device());
-  return total.loss_sum / std::max(1.0, total.num_tokens);
+  return {total.loss_sum / std::max(1.0, total.num_tokens), loader.consumed_samples() - before};
 }
 
 bool should_save(const TrainingArgs& args, int64_t iteration) {
@@ -264,6 +279,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
   const auto valid_loader = data.valid ? make_loader(*data.valid, args, *data.tokenizer, dp_size, dp_rank,
                                                      progress.consumed_valid_samples, device)
                                        : nullptr;
+  const auto test_loader =
+      data.test ? make_loader(*data.test, args, *data.tokenizer, dp_size, dp_rank, 0, device) : nullptr;
   MetricsFile metrics = last_rank ? MetricsFile(args.metrics_file) : MetricsFile();
   TrainingSummary summary;
   const int64_t micro = args.num_micro_batches();
@@ -275,7 +292,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
   double interval_loss_sum = 0, interval_tokens = 0, interval_seconds = 0;
   int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
   const int64_t first_iteration = progress.iteration;
-  while (progress.iteration < args.train_iters) {
+  const int64_t train_iters = args.total_iterations();
+  while (progress.iteration < train_iters) {
     const bool profile = progress.iteration + 1 == args.profile_ops_iteration;
     if (profile) ops::OpProfiler::instance().start();
     const auto t0 = Clock::now();
@@ -339,11 +357,11 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);
     if (first)
       LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
-    if (first || progress.iteration % args.log_interval == 0 || progress.iteration == args.train_iters) {
+    if (first || progress.iteration % args.log_interval == 0 || progress.iteration == train_iters) {
       const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + interval_skipped);
       IterationStats st;
       st.iteration = progress.iteration;
-      st.train_iters = args.train_iters;
+      st.train_iters = train_iters;
       st.consumed_samples = progress.consumed_train_samples;
       st.elapsed_ms_per_iteration = 1e3 * interval_seconds / double(iters_in_interval);
       st.tflops_per_gpu = flops_per_iteration / (st.elapsed_ms_per_iteration * 1e-3 * 1e12) / double(ctx.world->size());
@@ -365,17 +383,35 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     }
     const bool evaluate_now = data.valid && progress.iteration % args.eval_interval == 0;
     const bool save_now =
-        should_save(args, progress.iteration) || (!args.save.empty() && progress.iteration == args.train_iters);
+        should_save(args, progress.iteration) || (!args.save.empty() && progress.iteration == train_iters);
     if (evaluate_now || save_now) ddp.finish_param_gather();
     if (evaluate_now) {
-      const double vloss = evaluate(model, *valid_loader, args, progress, ctx);
-      summary.valid_losses.push_back(vloss);
-      print_from_last_rank(last_rank, format_validation_line(progress.iteration, vloss));
-      metrics.write_validation(progress.iteration, vloss);
+      const Evaluation valid = evaluate(model, *valid_loader, "validation", args, ctx);
+      progress.consumed_valid_samples += valid.samples;
+      summary.valid_losses.push_back(valid.loss);
+      print_from_last_rank(last_rank, format_validation_line(concat("iteration ", progress.iteration), valid.loss));
+      metrics.write_evaluation("validation", progress.iteration, valid.loss, valid.samples, false);
     }
     if (save_now) save_training_checkpoint(args, model, optimizer.get(), scheduler, progress, ctx);
   }
   ddp.finish_param_gather();
+  // Megatron's pretrain after the loop (and after the last save): the validation split once more
+  // (its sample count planned for this "+1" evaluation), then the test split from its start.
+  if (valid_loader) {
+    const Evaluation valid = evaluate(model, *valid_loader, "validation", args, ctx);
+    summary.end_valid_loss = valid.loss;
+    print_from_last_rank(
+        last_rank, format_validation_line(concat("iteration ", progress.iteration, " on validation set"), valid.loss));
+    metrics.write_evaluation("validation", progress.iteration, valid.loss, valid.samples, true);
+  }
+  if (test_loader) {
+    const Evaluation test = evaluate(model, *test_loader, "test", args, ctx);
+    summary.test_loss = test.loss;
+    summary.test_samples = test.samples;
+    print_from_last_rank(last_rank,
+                         format_validation_line(concat("iteration ", progress.iteration, " on test set"), test.loss));
+    metrics.write_evaluation("test", progress.iteration, test.loss, test.samples, true);
+  }
   return summary;
 }
 

@@ -4,6 +4,7 @@
 // data-parallel rank trains on its slice of every global batch, gradients are reduced by DDP
 // (distributed/ddp.h), and the reported loss is the global batch's.
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "megatron/parallel/comm.h"
@@ -18,7 +19,11 @@ struct TrainingSummary {
   std::vector<double> grad_norms;    // pre-clip gradient norm of every iteration run (NaN: skipped on overflow)
   std::vector<double> loss_scales;   // loss scale after each iteration's update (1 without scaling)
   std::vector<bool> skipped;         // whether each iteration's update was skipped
-  std::vector<double> valid_losses;  // each evaluation's loss, in order
+  std::vector<double> valid_losses;  // each periodic evaluation's loss, in order
+  // After the last iteration, as Megatron's pretrain does: the validation split once more, then
+  // the test split, eval_iters global batches each; unset when that split is not built.
+  std::optional<double> end_valid_loss, test_loss;
+  int64_t test_samples = 0;  // samples the test evaluation read
 };
 
 // The whole launched world: `mpi` is the process's runtime under mpirun/srun (args parsed with
