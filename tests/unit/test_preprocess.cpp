@@ -12,6 +12,7 @@
 #include "megatron/core/error.h"
 #include "megatron/datasets/indexed_dataset.h"
 #include "megatron/datasets/preprocess.h"
+#include "megatron/flags/flag_table.h"
 #include "test_util.h"
 
 using namespace megatron;
@@ -64,7 +65,7 @@ class PreprocessTest : public ::testing::Test {
 }  // namespace
 
 TEST(PreprocessArgs, ParsesEveryFlag) {
-  const PreprocessOptions o = parse_preprocess_args(
+  const PreprocessOptions o = preprocess_flags().parse(
       {"--input", "in.jsonl", "--output-prefix=out", "--json-keys", "text", "title", "--tokenizer-type",
        "NullTokenizer", "--vocab-size", "1000", "--append-eod", "--workers", "3", "--max-bad-lines-fraction", "0.25"});
   EXPECT_EQ(o.input, "in.jsonl");
@@ -76,12 +77,12 @@ TEST(PreprocessArgs, ParsesEveryFlag) {
   EXPECT_EQ(o.workers, 3);
   EXPECT_EQ(o.max_bad_lines_fraction, 0.25);
 
-  const PreprocessOptions d = parse_preprocess_args({"--input", "a", "--output-prefix", "b", "--tokenizer-type", "X"});
+  const PreprocessOptions d = preprocess_flags().parse({"--input", "a", "--output-prefix", "b", "--tokenizer-type", "X"});
   EXPECT_EQ(d.json_keys, (std::vector<std::string>{"text"}));
   EXPECT_EQ(d.workers, 1);
   EXPECT_EQ(d.max_bad_lines_fraction, 0.001);
   EXPECT_FALSE(d.append_eod);
-  EXPECT_NE(preprocess_help().find("--max-bad-lines-fraction"), std::string::npos);
+  EXPECT_NE(preprocess_flags().help().find("--max-bad-lines-fraction"), std::string::npos);
 }
 
 TEST(PreprocessArgs, ErrorsNameTheFlag) {
@@ -89,16 +90,16 @@ TEST(PreprocessArgs, ErrorsNameTheFlag) {
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> argv = base;
     argv.insert(argv.end(), extra.begin(), extra.end());
-    return error_of([&] { parse_preprocess_args(argv); });
+    return error_of([&] { preprocess_flags().parse(argv); });
   };
-  EXPECT_NE(with({"--split-sentences"}).find("unknown flag --split-sentences"), std::string::npos);
+  EXPECT_NE(with({"--split-sentences"}).find("--split-sentences: unknown flag"), std::string::npos);
   EXPECT_NE(with({"--workers"}).find("--workers needs a value"), std::string::npos);
-  EXPECT_NE(with({"--workers", "two"}).find("--workers expects an integer, got 'two'"), std::string::npos);
+  EXPECT_NE(with({"--workers", "two"}).find("--workers 'two': expected an integer"), std::string::npos);
   EXPECT_NE(with({"--workers", "0"}).find("--workers must be in [1, 1024]"), std::string::npos);
   EXPECT_NE(with({"--append-eod=yes"}).find("--append-eod takes no value"), std::string::npos);
-  EXPECT_NE(with({"stray"}).find("unexpected argument 'stray'"), std::string::npos);
+  EXPECT_NE(with({"stray"}).find("'stray' follows no flag"), std::string::npos);
   EXPECT_NE(with({"--json-keys", "a", "a"}).find("'a' twice"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_preprocess_args({"--input", "a"}); }).find("--output-prefix"), std::string::npos);
+  EXPECT_NE(error_of([] { preprocess_flags().parse({"--input", "a"}); }).find("--output-prefix"), std::string::npos);
 }
 
 TEST_F(PreprocessTest, WritesMegatronDatasetsPerKey) {
