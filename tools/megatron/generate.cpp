@@ -1,6 +1,6 @@
 // megatron generate: load a checkpoint written by `megatron train --save` and sample text.
-// Under mpirun or srun the ranks split the model by tensor parallelism (TP = the world size),
-// whatever TP the checkpoint was trained with; rank 0 prints.
+// Under mpirun or srun the ranks split the model by tensor parallelism (TP = the world size, no
+// sequence parallelism), whatever layout the checkpoint was trained with; rank 0 prints.
 #include "megatron/inference/generate.h"
 
 #include <cstdio>
@@ -17,6 +17,7 @@
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/flags/flag_table.h"
 #include "megatron/parallel/launch.h"
+#include "megatron/parallel/parallel_args.h"
 #include "megatron/parallel/parallel_state.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/device.h"
@@ -102,18 +103,26 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
                                   << " or leave the flag out");
   const ScopedLogRank log_rank(rank);
 
-  const TrainingArgs train_args = read_checkpoint_args(g.load, tp);
+  const TrainingArgs train_args = read_checkpoint_args(g.load);
+  // Generation's own layout, whatever the checkpoint was trained with: TP = the world, without
+  // sequence parallelism (the weights are the same, and SP would need every step's growing
+  // sequence to divide by TP). Loading reads global slices, so any TP that splits the model works.
+  ParallelArgs layout;
+  layout.tensor_model_parallel_size = tp;
+  const std::vector<std::string> problems = validate_tensor_parallel_split(train_args.model, layout);
+  MEGATRON_CHECK(problems.empty(), "the model of checkpoint " << g.load
+                                                              << " cannot be built at --tensor-model-parallel-size "
+                                                              << tp << ": " << flags::join(problems, "; "));
   const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,
                                                   train_args.data.tokenizer_model);
   const Device device = select_device(g.device, mpi ? mpi->process().local_rank : 0);
-  ParallelSizes sizes;
-  sizes.tp = tp;
   const ParallelState state =
-      initialize_parallel(sizes, {.device = device,
-                                  .timeout_seconds = 60.0 * train_args.distributed_timeout_minutes,
-                                  .tied_embeddings = !train_args.model.untie_embeddings_and_output_weights,
-                                  .mpi = mpi});
-  GPTModel model(train_args.model, state.ctx, device);
+      initialize_parallel(layout.sizes(), {.device = device,
+                                           .timeout_seconds = 60.0 * train_args.distributed_timeout_minutes,
+                                           .tied_embeddings = !train_args.model.untie_embeddings_and_output_weights,
+                                           .mpi = mpi});
+  const ParallelContext ctx = model_context(state.ctx, layout);
+  GPTModel model(train_args.model, ctx, device);
   load_model_weights(g.load, model);
 
   std::vector<int32_t> prompt = tokenizer->encode(g.prompt);

@@ -36,9 +36,7 @@ void add_bias_backward(Tensor& dbias, const Tensor& dy, const Tensor& ones) {
 ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx,
                                            const std::string& prefix, int64_t input_size, int64_t output_size,
                                            const Options& options)
-    : ctx_(&ctx),
-      sequence_parallel_(options.sequence_parallel),
-      tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap && ctx.tp_size() > 1) {
+    : ctx_(&ctx), sequence_parallel_(ctx.sequence_parallel()), tp_comm_overlap_(ctx.tp_comm_overlap()) {
   const int tp = ctx.tp_size();
   MEGATRON_CHECK(output_size % tp == 0, prefix << ": output size " << output_size << " is not divisible by TP " << tp);
   output_per_partition_ = output_size / tp;
@@ -126,8 +124,8 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved
 RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                                      int64_t input_size, int64_t output_size, const Options& options)
     : ctx_(&ctx),
-      sequence_parallel_(options.sequence_parallel),
-      tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap && ctx.tp_size() > 1) {
+      sequence_parallel_(ctx.sequence_parallel()),
+      tp_comm_overlap_(ctx.tp_comm_overlap()) {
   weight_ = registry.add({.name = prefix + ".weight",
                           .global_shape = {output_size, input_size},
                           .partition_dim = 1,
@@ -140,7 +138,7 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const Parallel
                           .global_shape = {output_size},
                           .init = InitMethod::zeros,
                           .weight_decay = false,
-                          .sequence_parallel = options.sequence_parallel},
+                          .sequence_parallel = sequence_parallel_},
                          ctx.tp_rank(), ctx.tp_size());
 }
 
@@ -222,8 +220,8 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, c
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParameterRegistry& registry, const ParallelContext& ctx,
                                                const std::string& name, int64_t padded_vocab_size, int64_t hidden_size,
-                                               float init_std, bool sequence_parallel)
-    : ctx_(&ctx), sequence_parallel_(sequence_parallel) {
+                                               float init_std)
+    : ctx_(&ctx), sequence_parallel_(ctx.sequence_parallel()) {
   weight_ = registry.add(
       {.name = name, .global_shape = {padded_vocab_size, hidden_size}, .partition_dim = 0, .init_std = init_std},
       ctx.tp_rank(), ctx.tp_size());

@@ -7,7 +7,6 @@
 #include <string_view>
 
 #include "megatron/core/error.h"
-#include "megatron/core/logging.h"
 #include "megatron/core/strings.h"
 #include "megatron/datasets/tokenizers/byte_tokenizer.h"
 #include "megatron/flags/flag_table.h"
@@ -92,12 +91,15 @@ std::vector<Flag> build_flag_table() {
        "Iterations without overflow before the dynamic loss scale doubles"},
       {"--hysteresis", FIELD(optimizer.hysteresis), parallel,
        "Overflows the dynamic loss scale absorbs before it halves (refilled when it grows)"},
-      {"--tensor-model-parallel-size", FIELD(model.tensor_model_parallel_size), parallel,
+      {"--tensor-model-parallel-size", FIELD(parallel.tensor_model_parallel_size), parallel,
        "Tensor-parallel size TP: attention heads, MLP columns and the vocabulary are split across TP ranks"},
-      {"--pipeline-model-parallel-size", FIELD(model.pipeline_model_parallel_size), parallel, "PP (1 in this build)"},
-      {"--sequence-parallel", Switch{FIELD(model.sequence_parallel), true}, parallel,
-       "Sequence parallelism: norms, dropout and residuals on S/TP positions per TP rank (needs TP > 1)"},
-      {"--tp-comm-overlap", Switch{FIELD(model.tp_comm_overlap), true}, parallel,
+      {"--pipeline-model-parallel-size", FIELD(parallel.pipeline_model_parallel_size), parallel,
+       "PP (1 in this build)"},
+      {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel, "CP (1 in this build)"},
+      {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel, "EP (1 in this build)"},
+      {"--sequence-parallel", Switch{FIELD(parallel.sequence_parallel), true}, parallel,
+       "Sequence parallelism: norms, dropout and residuals on S/TP positions per TP rank (no effect at TP 1)"},
+      {"--tp-comm-overlap", Switch{FIELD(parallel.tp_comm_overlap), true}, parallel,
        "Overlap the sequence-parallel all-gathers and reduce-scatters with the neighbouring GEMMs, a chunk of "
        "the sequence at a time (needs --sequence-parallel)"},
       {"--use-distributed-optimizer", Switch{FIELD(use_distributed_optimizer), true}, parallel,
@@ -263,12 +265,6 @@ void require_positive(std::vector<std::string>& errors, int64_t value, const cha
 void check_batch(const TrainingArgs& a, std::vector<std::string>& errors) {
   require_positive(errors, a.micro_batch_size, "--micro-batch-size", "set e.g. --micro-batch-size 8");
   require_positive(errors, a.train_iters, "--train-iters", "set e.g. --train-iters 1000");
-  const int64_t model_parallel = a.model.tensor_model_parallel_size * a.model.pipeline_model_parallel_size;
-  if (a.world_size <= 0 || (model_parallel > 0 && a.world_size % model_parallel != 0)) {
-    errors.push_back(concat("world size ", a.world_size, " is not a multiple of TP*PP = ", model_parallel,
-                            ": each data-parallel replica needs all TP*PP ranks; launch a multiple of ", model_parallel,
-                            " ranks"));
-  }
   const int64_t per_step = a.micro_batch_size * a.data_parallel_size;
   if (a.global_batch_size <= 0 && a.micro_batch_size > 0) {
     errors.push_back(concat("--global-batch-size ", a.global_batch_size,
@@ -447,24 +443,11 @@ int64_t tokenizer_vocab_size(const DataArgs& data) {
 
 void derive_training_args(TrainingArgs& a) {
   a.model.params_dtype = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
-  // Megatron turns sequence parallelism off without tensor parallelism, with a warning.
-  if (a.model.sequence_parallel && a.model.tensor_model_parallel_size == 1) {
-    LOG_WARN("--sequence-parallel has no effect with --tensor-model-parallel-size 1; disabling it");
-    a.model.sequence_parallel = false;
-  }
-  if (a.model.tp_comm_overlap && a.model.tensor_model_parallel_size == 1) {
-    LOG_WARN("--tp-comm-overlap has no effect with --tensor-model-parallel-size 1; disabling it");
-    a.model.tp_comm_overlap = false;
-  }
-  if (a.model.tp_comm_overlap && a.model.tensor_model_parallel_size > 2)
-    LOG_WARN(
-        "--tp-comm-overlap at TP " << a.model.tensor_model_parallel_size
-                                   << ": its rings take TP-1 point-to-point steps per collective and measured "
-                                      "slower than plain collectives at TP 4 (docs/PERFORMANCE.md); it pays at TP 2");
   std::string unused;
   if (const auto vocab = known_vocab_size(a.data, &unused)) a.model.vocab_size = *vocab;
-  derive_model_fields(a.model);
-  const int64_t model_parallel = a.model.tensor_model_parallel_size * a.model.pipeline_model_parallel_size;
+  derive_model_fields(a.model, a.parallel.tensor_model_parallel_size);
+  const ParallelSizes sizes = a.parallel.sizes();
+  const int64_t model_parallel = sizes.tp * sizes.cp * sizes.pp;
   // A layout that does not divide the world keeps DP = 1; validate() reports it.
   if (model_parallel > 0 && a.world_size > 0 && a.world_size % model_parallel == 0) {
     a.data_parallel_size = a.world_size / model_parallel;
@@ -479,6 +462,8 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   // model's "vocab size 0" would only repeat it.
   if (args.model.vocab_size <= 0)
     std::erase_if(errors, [](const std::string& e) { return e.rfind("vocab size ", 0) == 0; });
+  for (std::string& e : validate(args.parallel, args.world_size)) errors.push_back(std::move(e));
+  for (std::string& e : validate_tensor_parallel_split(args.model, args.parallel)) errors.push_back(std::move(e));
   check_batch(args, errors);
   check_schedule(args.optimizer, args.train_iters, errors);
   check_optimizer(args.optimizer, errors);
