@@ -224,3 +224,24 @@ TEST_F(PreprocessTest, MissingInputIsNamed) {
   const std::string error = error_of([&] { preprocess_data(byte_options(path("absent.jsonl"), "out"), log); });
   EXPECT_NE(error.find(path("absent.jsonl")), std::string::npos) << error;
 }
+
+// An input that yields no tokens under a key would pass here and fail only in `megatron train`
+// (no sample to draw): it fails here, naming the key, and writes nothing.
+TEST_F(PreprocessTest, InputWithoutTokensFailsAndWritesNothing) {
+  std::ostringstream log;
+  const auto expect_no_tokens = [&](const std::string& contents, const std::vector<std::string>& keys,
+                                    const std::string& key) {
+    PreprocessOptions o = byte_options(write_input(contents), "out");
+    o.append_eod = false;  // an EOD would be a token of every non-empty document only
+    o.json_keys = keys;
+    const std::string error = error_of([&] { preprocess_data(o, log); });
+    EXPECT_NE(error.find("yields no tokens for JSON key '" + key + "'"), std::string::npos) << error;
+    for (const std::string& k : keys) {
+      EXPECT_FALSE(fs::exists(path("out_" + k + "_document.bin"))) << contents;
+      EXPECT_FALSE(fs::exists(path("out_" + k + "_document.idx"))) << contents;
+    }
+  };
+  expect_no_tokens("", {"text"}, "text");
+  expect_no_tokens("\n  \n{\"text\": \"\"}\n{\"text\": \"\"}\n", {"text"}, "text");
+  expect_no_tokens("{\"text\": \"words\", \"title\": \"\"}\n", {"text", "title"}, "title");
+}

@@ -332,6 +332,7 @@ void write_chunk(const TokenizedChunk& chunk, const std::string& input,
     for (size_t key = 0; key < builders.size(); ++key) {
       builders[key]->add_document(line.docs[key]);
       report.tokens += int64_t(line.docs[key].size());
+      report.tokens_per_key[key] += int64_t(line.docs[key].size());
     }
     ++report.documents;
   }
@@ -356,6 +357,7 @@ PreprocessReport preprocess_data(const PreprocessOptions& options, std::ostream&
     report.output_prefixes.push_back(preprocess_output_prefix(options.output_prefix, key));
     builders.push_back(std::make_unique<IndexedDatasetBuilder>(report.output_prefixes.back(), dtype));
   }
+  report.tokens_per_key.assign(options.json_keys.size(), 0);
 
   Pipeline pipe;
   Progress progress(log, regular_file_size(options.input));
@@ -394,6 +396,13 @@ PreprocessReport preprocess_data(const PreprocessOptions& options, std::ostream&
                                   << options.max_bad_lines_fraction
                                   << " allows; fix the input (bad lines are listed above) or raise the fraction; "
                                   << "nothing was written");
+  for (size_t key = 0; key < builders.size(); ++key) {
+    MEGATRON_CHECK(report.tokens_per_key[key] > 0,
+                   "--input " << options.input << " yields no tokens for JSON key '" << options.json_keys[key]
+                              << "' (" << report.documents << " documents, none with a token; " << report.blank_lines
+                              << " blank and " << report.bad_lines << " malformed lines skipped): training could "
+                              << "draw no sample from it; check the file and --json-keys; nothing was written");
+  }
   for (auto& builder : builders) builder->finalize();
   return report;
 }

@@ -47,12 +47,14 @@ struct PreprocessReport {
   int64_t bad_lines = 0;                     // reported and skipped
   int64_t documents = 0;                     // written per key
   int64_t tokens = 0;                        // written, over all keys
+  std::vector<int64_t> tokens_per_key;       // written, in --json-keys order
   std::vector<std::string> output_prefixes;  // one per JSON key, in --json-keys order
 };
 
 // Runs the conversion. Bad lines and a progress line (about once a second: documents, MB/s,
 // ETA) go to `log`. Throws, leaving no output under the final names, when the input cannot be
-// read or the share of bad lines exceeds max_bad_lines_fraction.
+// read, the share of bad lines exceeds max_bad_lines_fraction, or a key yields no tokens (a
+// dataset that `megatron train` could draw no sample from).
 PreprocessReport preprocess_data(const PreprocessOptions& options, std::ostream& log);
 
 }  // namespace megatron::datasets

@@ -1,6 +1,7 @@
 #include "megatron/training/checkpoint_io.h"
 
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -71,8 +72,26 @@ void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& ar
                                << saved["padded_vocab_size"].get<std::string>() << " rows at this TP");
 }
 
+// --load takes the directory of a run's checkpoints (its --save), as in Megatron; given one
+// checkpoint's directory (iter_0000100/ or release/, which hold metadata.json), say to pass the parent.
+void check_not_one_checkpoint(const std::string& load_dir) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(load_dir).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();  // a trailing slash
+  const std::string name = dir.filename().string();
+  const bool iteration_name =
+      name == "release" || (name.size() > 5 && name.rfind("iter_", 0) == 0 &&
+                            name.find_first_not_of("0123456789", 5) == std::string::npos);
+  std::error_code ec;
+  MEGATRON_CHECK(!iteration_name || !fs::exists(dir / "metadata.json", ec),
+                 "--load " << load_dir << " is one checkpoint's directory; pass its parent, --load "
+                           << (dir.has_parent_path() ? dir.parent_path().string() : std::string("."))
+                           << " (the run's --save directory): the latest checkpoint in it is loaded");
+}
+
 CheckpointReader open_latest(const std::string& load_dir) {
   const auto iteration = checkpointing::read_tracker(load_dir);
+  if (!iteration) check_not_one_checkpoint(load_dir);
   MEGATRON_CHECK(iteration.has_value(), "no checkpoint in " << load_dir << " (no latest_checkpointed_iteration.txt); "
                                                             << "train with --save " << load_dir << " first");
   return CheckpointReader::open(load_dir, *iteration);
@@ -152,6 +171,7 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   if (args.load.empty()) return false;
   if (!checkpointing::read_tracker(args.load).has_value()) {
+    check_not_one_checkpoint(args.load);
     LOG_WARN("--load " << args.load << " holds no checkpoint yet; starting from scratch");
     return false;
   }
