@@ -117,7 +117,8 @@ TEST(BadInput, SaveDirectoryIsCheckedBeforeAnyWork) {
   no_work(under_file, "a path under a file");
   if (geteuid() != 0) {  // root writes anywhere
     std::filesystem::create_directory(dir / "read_only");
-    std::filesystem::permissions(dir / "read_only", std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    std::filesystem::permissions(dir / "read_only",
+                                 std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
     const auto read_only = run_megatron(run + dir / "read_only");
     EXPECT_NE(read_only.output.find("--save " + dir / "read_only" + " is not writable"), std::string::npos)
         << read_only.output;

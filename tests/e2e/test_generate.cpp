@@ -32,7 +32,8 @@ std::string first_sample(const std::string& output) {
 // ones, each a whole id of the vocabulary (not "7" and "12" glued into "712").
 TEST(Generate, NullTokenizerSeparatesPromptAndContinuationIds) {
   TempDir dir;
-  const auto train = run_megatron("train" + kTiny + " --tokenizer-type NullTokenizer --vocab-size 64 --save " + dir.path());
+  const auto train =
+      run_megatron("train" + kTiny + " --tokenizer-type NullTokenizer --vocab-size 64 --save " + dir.path());
   ASSERT_EQ(train.exit_code, 0) << train.output;
   const auto r = run_megatron("generate --load " + dir.path() + " --prompt '5 6 7' --max-new-tokens 4 --temperature 0");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -54,7 +55,8 @@ TEST(Generate, ByteTokenizerPrintsThePromptThenTheContinuation) {
   TempDir dir;
   const auto train = run_megatron("train" + kTiny + " --tokenizer-type ByteTokenizer --save " + dir.path());
   ASSERT_EQ(train.exit_code, 0) << train.output;
-  const auto r = run_megatron("generate --load " + dir.path() + " --prompt 'Once upon' --max-new-tokens 4 --temperature 0");
+  const auto r =
+      run_megatron("generate --load " + dir.path() + " --prompt 'Once upon' --max-new-tokens 4 --temperature 0");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("----- sample 1 -----\nOnce upon"), std::string::npos) << r.output;
 }

@@ -175,8 +175,7 @@ void generate_across_tp_sizes(ModelStyle style) {
     EXPECT_EQ(stored.parallel.tensor_model_parallel_size, 2);
     EXPECT_TRUE(stored.parallel.sequence_parallel);
     EXPECT_TRUE(stored.parallel.tp_comm_overlap);
-    const nlohmann::json saved =
-        checkpointing::CheckpointReader::open(dir + "/tp2", kTrainIters).common().at("args");
+    const nlohmann::json saved = checkpointing::CheckpointReader::open(dir + "/tp2", kTrainIters).common().at("args");
     for (const auto& [flag, value] : training_args_to_flags(stored))
       EXPECT_EQ(saved.at(flag).get<std::string>(), value) << flag;
   }

@@ -77,7 +77,8 @@ TEST(PreprocessArgs, ParsesEveryFlag) {
   EXPECT_EQ(o.workers, 3);
   EXPECT_EQ(o.max_bad_lines_fraction, 0.25);
 
-  const PreprocessOptions d = preprocess_flags().parse({"--input", "a", "--output-prefix", "b", "--tokenizer-type", "X"});
+  const PreprocessOptions d =
+      preprocess_flags().parse({"--input", "a", "--output-prefix", "b", "--tokenizer-type", "X"});
   EXPECT_EQ(d.json_keys, (std::vector<std::string>{"text"}));
   EXPECT_EQ(d.workers, 1);
   EXPECT_EQ(d.max_bad_lines_fraction, 0.001);

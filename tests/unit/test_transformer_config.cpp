@@ -180,8 +180,8 @@ TEST(Validate, TensorParallelSplits) {
   EXPECT_TRUE(has_error(errors, "the padded vocabulary (130 rows) is not divisible by --tensor-model-parallel-size 4"));
   EXPECT_EQ(errors.size(), 3u);
   // Sequence parallelism takes no effect at TP 1 (Megatron), so neither does its rule.
-  EXPECT_TRUE(validate_tensor_parallel_split(config, {.tensor_model_parallel_size = 1, .sequence_parallel = true})
-                  .empty());
+  EXPECT_TRUE(
+      validate_tensor_parallel_split(config, {.tensor_model_parallel_size = 1, .sequence_parallel = true}).empty());
 }
 
 TEST(NumParameters, Gpt2Small) {

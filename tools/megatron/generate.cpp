@@ -49,8 +49,8 @@ std::vector<std::string> validate(const GenerateArgs& g) {
                             " must be >= 0: 0 takes the most likely token (greedy), larger values sample more "
                             "freely; e.g. 0.8"));
   if (g.top_k < 0)
-    errors.push_back(concat("--top-k ", g.top_k,
-                            " must be >= 0: k samples among the k most likely tokens, 0 among all; e.g. 40"));
+    errors.push_back(
+        concat("--top-k ", g.top_k, " must be >= 0: k samples among the k most likely tokens, 0 among all; e.g. 40"));
   if (g.seed < 0) errors.push_back(concat("--seed ", g.seed, " must be >= 0: e.g. 1234"));
   if (g.tensor_model_parallel_size && *g.tensor_model_parallel_size <= 0)
     errors.push_back(concat("--tensor-model-parallel-size ", *g.tensor_model_parallel_size,
@@ -110,9 +110,9 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
   ParallelArgs layout;
   layout.tensor_model_parallel_size = tp;
   const std::vector<std::string> problems = validate_tensor_parallel_split(train_args.model, layout);
-  MEGATRON_CHECK(problems.empty(), "the model of checkpoint " << g.load
-                                                              << " cannot be built at --tensor-model-parallel-size "
-                                                              << tp << ": " << flags::join(problems, "; "));
+  MEGATRON_CHECK(problems.empty(), "the model of checkpoint "
+                                       << g.load << " cannot be built at --tensor-model-parallel-size " << tp << ": "
+                                       << flags::join(problems, "; "));
   const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,
                                                   train_args.data.tokenizer_model);
   const Device device = select_device(g.device, mpi ? mpi->process().local_rank : 0);

@@ -24,8 +24,8 @@ void prepare_save_directory(const std::string& save_dir, const std::string& prob
                            << "): give a directory under one this process can write, or create it first");
   const std::string probe = (fs::path(save_dir) / probe_name).string();
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  MEGATRON_CHECK(fd >= 0, "--save " << save_dir << " is not writable (creating a file there failed: "
-                                    << std::strerror(errno)
+  MEGATRON_CHECK(fd >= 0, "--save " << save_dir
+                                    << " is not writable (creating a file there failed: " << std::strerror(errno)
                                     << "): make it writable for this user, or give another directory");
   ::close(fd);
   ::unlink(probe.c_str());

@@ -398,8 +398,8 @@ PreprocessReport preprocess_data(const PreprocessOptions& options, std::ostream&
                                   << "nothing was written");
   for (size_t key = 0; key < builders.size(); ++key) {
     MEGATRON_CHECK(report.tokens_per_key[key] > 0,
-                   "--input " << options.input << " yields no tokens for JSON key '" << options.json_keys[key]
-                              << "' (" << report.documents << " documents, none with a token; " << report.blank_lines
+                   "--input " << options.input << " yields no tokens for JSON key '" << options.json_keys[key] << "' ("
+                              << report.documents << " documents, none with a token; " << report.blank_lines
                               << " blank and " << report.bad_lines << " malformed lines skipped): training could "
                               << "draw no sample from it; check the file and --json-keys; nothing was written");
   }

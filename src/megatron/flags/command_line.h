@@ -67,8 +67,8 @@ std::vector<std::string> split_words(std::string_view text);
 
 struct HelpRow {
   std::string section;
-  std::string flag;     // "--num-layers INT"
-  std::string help;     // with its choices and default appended
+  std::string flag;  // "--num-layers INT"
+  std::string help;  // with its choices and default appended
 };
 
 // `intro`, then the rows under their section headings (a heading whenever the section changes),

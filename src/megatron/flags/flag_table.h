@@ -280,8 +280,7 @@ Options FlagTable<Options>::parse(const std::vector<std::string>& argv) const {
   const auto layers = read_command_line(syntax_, argv, problems);
   Options options;
   apply(layers, options, problems);
-  if (!problems.empty())
-    throw_problems(problems, validate_ ? "(the consistency checks run once these are fixed)" : "");
+  if (!problems.empty()) throw_problems(problems, validate_ ? "(the consistency checks run once these are fixed)" : "");
   if (validate_) {
     problems = validate_(options);
     if (!problems.empty()) throw_problems(problems);
@@ -311,7 +310,8 @@ template <class Options>
 std::vector<std::pair<std::string, std::string>> FlagTable<Options>::to_flags(const Options& options) const {
   std::vector<std::pair<std::string, std::string>> pairs;
   for (size_t i = 0; i < flags_.size(); ++i)
-    if (!std::holds_alternative<ConfigFile>(flags_[i].field)) pairs.emplace_back(flags_[i].name, value_text(i, options));
+    if (!std::holds_alternative<ConfigFile>(flags_[i].field))
+      pairs.emplace_back(flags_[i].name, value_text(i, options));
   return pairs;
 }
 

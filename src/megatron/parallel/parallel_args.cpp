@@ -19,8 +19,8 @@ namespace {
 // An axis this build accepts the flag of but cannot run yet.
 void require_one(std::vector<std::string>& errors, int64_t size, const char* flag, const char* what) {
   if (size == 1) return;
-  errors.push_back(concat(flag, " ", size, ": not yet supported, must be 1 (", what,
-                          " arrives with its own issue); drop the flag"));
+  errors.push_back(
+      concat(flag, " ", size, ": not yet supported, must be 1 (", what, " arrives with its own issue); drop the flag"));
 }
 }  // namespace
 
@@ -61,9 +61,10 @@ ParallelContext model_context(const ParallelContext& groups, const ParallelArgs&
     LOG_WARN("--sequence-parallel has no effect with --tensor-model-parallel-size 1");
   if (args.tp_comm_overlap && tp == 1) LOG_WARN("--tp-comm-overlap has no effect with --tensor-model-parallel-size 1");
   if (args.tp_comm_overlap && tp > 2)
-    LOG_WARN("--tp-comm-overlap at TP " << tp
-                                        << ": its rings take TP-1 point-to-point steps per collective and measured "
-                                           "slower than plain collectives at TP 4 (docs/PERFORMANCE.md); it pays at TP 2");
+    LOG_WARN(
+        "--tp-comm-overlap at TP " << tp
+                                   << ": its rings take TP-1 point-to-point steps per collective and measured "
+                                      "slower than plain collectives at TP 4 (docs/PERFORMANCE.md); it pays at TP 2");
   ParallelContext ctx = groups;
   ctx.sequence_parallel_given = args.sequence_parallel;
   ctx.tp_comm_overlap_given = args.tp_comm_overlap;

@@ -123,9 +123,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved
 
 RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                                      int64_t input_size, int64_t output_size, const Options& options)
-    : ctx_(&ctx),
-      sequence_parallel_(ctx.sequence_parallel()),
-      tp_comm_overlap_(ctx.tp_comm_overlap()) {
+    : ctx_(&ctx), sequence_parallel_(ctx.sequence_parallel()), tp_comm_overlap_(ctx.tp_comm_overlap()) {
   weight_ = registry.add({.name = prefix + ".weight",
                           .global_shape = {output_size, input_size},
                           .partition_dim = 1,

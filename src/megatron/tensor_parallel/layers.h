@@ -83,7 +83,7 @@ class RowParallelLinear {
   Parameter* bias_ = nullptr;
   bool sequence_parallel_;  // output is the (S/TP,B,out) sequence shard
   bool tp_comm_overlap_;    // the reduce-scatter (and dY's all-gather) as rings
-  mutable Tensor ones_;  // cache of ones_column()
+  mutable Tensor ones_;     // cache of ones_column()
 };
 
 class VocabParallelEmbedding {

@@ -202,8 +202,8 @@ TrainingArgs resolve(const std::vector<std::vector<flags::Assignment>>& layers, 
   TrainingArgs args;
   const size_t preset_flag = table.index_of("--model-preset");
   for (auto layer = layers.rbegin(); layer != layers.rend(); ++layer) {
-    const auto it = std::find_if(layer->begin(), layer->end(),
-                                 [&](const flags::Assignment& a) { return a.flag == preset_flag; });
+    const auto it =
+        std::find_if(layer->begin(), layer->end(), [&](const flags::Assignment& a) { return a.flag == preset_flag; });
     if (it == layer->end()) continue;
     // An unknown name is reported when the assignment is written below.
     if (const ModelPreset* preset = find_model_preset(it->values.front())) apply_model_preset(*preset, args.model);

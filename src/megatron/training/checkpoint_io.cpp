@@ -79,9 +79,8 @@ void check_not_one_checkpoint(const std::string& load_dir) {
   fs::path dir = fs::path(load_dir).lexically_normal();
   if (!dir.has_filename()) dir = dir.parent_path();  // a trailing slash
   const std::string name = dir.filename().string();
-  const bool iteration_name =
-      name == "release" || (name.size() > 5 && name.rfind("iter_", 0) == 0 &&
-                            name.find_first_not_of("0123456789", 5) == std::string::npos);
+  const bool iteration_name = name == "release" || (name.size() > 5 && name.rfind("iter_", 0) == 0 &&
+                                                    name.find_first_not_of("0123456789", 5) == std::string::npos);
   std::error_code ec;
   MEGATRON_CHECK(!iteration_name || !fs::exists(dir / "metadata.json", ec),
                  "--load " << load_dir << " is one checkpoint's directory; pass its parent, --load "

@@ -208,9 +208,9 @@ TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRunt
   const Device device = select_device(args.device, mpi ? mpi->process().local_rank : 0);
   const ParallelState state =
       initialize_parallel(args.parallel.sizes(), {.device = device,
-                                  .timeout_seconds = 60.0 * args.distributed_timeout_minutes,
-                                  .tied_embeddings = !args.model.untie_embeddings_and_output_weights,
-                                  .mpi = mpi});
+                                                  .timeout_seconds = 60.0 * args.distributed_timeout_minutes,
+                                                  .tied_embeddings = !args.model.untie_embeddings_and_output_weights,
+                                                  .mpi = mpi});
   return pretrain(args, state.ctx, device);
 }
 
