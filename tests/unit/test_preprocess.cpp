@@ -86,6 +86,29 @@ TEST(PreprocessArgs, ParsesEveryFlag) {
   EXPECT_NE(preprocess_flags().help().find("--max-bad-lines-fraction"), std::string::npos);
 }
 
+// The same machinery as `megatron train`: a --config YAML file under the command line, and the
+// closest known flag or key for a typo.
+TEST(PreprocessArgs, ConfigFileAndSuggestions) {
+  const fs::path yaml = fs::temp_directory_path() / ("megatron_pre_config_" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(yaml) << "input: from_yaml.jsonl\njson_keys: [text, title]\nworkers: 2\nappend_eod: true\n";
+  const PreprocessOptions o = preprocess_flags().parse(
+      {"--config", yaml.string(), "--workers", "4", "--output-prefix", "out", "--tokenizer-type", "ByteTokenizer"});
+  EXPECT_EQ(o.input, "from_yaml.jsonl");
+  EXPECT_EQ(o.json_keys, (std::vector<std::string>{"text", "title"}));
+  EXPECT_EQ(o.workers, 4);  // the command line wins
+  EXPECT_TRUE(o.append_eod);
+  std::ofstream(yaml) << "json_key: text\n";
+  EXPECT_NE(error_of([&] {
+              preprocess_flags().parse({"--config", yaml.string()});
+            }).find(": json_key: unknown key; did you mean json_keys?"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              preprocess_flags().parse({"--output-prefx", "o"});
+            }).find("--output-prefx: unknown flag; did you mean --output-prefix?"),
+            std::string::npos);
+  fs::remove(yaml);
+}
+
 TEST(PreprocessArgs, ErrorsNameTheFlag) {
   const std::vector<std::string> base = {"--input", "a", "--output-prefix", "b", "--tokenizer-type", "X"};
   auto with = [&](std::vector<std::string> extra) {
