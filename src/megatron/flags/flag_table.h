@@ -108,7 +108,6 @@ class FlagTable {
   // `command` names the subcommand in messages ("megatron train"); `intro` opens --help.
   FlagTable(std::string command, std::string intro, std::vector<Flag<Options>> flags, Validate validate = nullptr);
 
-  const std::vector<Flag<Options>>& flags() const { return flags_; }
   const CommandSyntax& syntax() const { return syntax_; }
   // The row of a flag of this table; throws for any other name.
   size_t index_of(std::string_view name) const;
@@ -126,10 +125,9 @@ class FlagTable {
   // help, their choices and their default.
   std::string help() const;
 
-  // A field's value as flag text: "true"/"false" for switches, list values separated by spaces,
-  // "" for unset optionals, empty strings and empty lists.
-  std::string value_text(size_t flag, const Options& options) const;
-  // One pair per row except --config, in table order; read back by parse_flag_pairs.
+  // One pair per row except --config, in table order: each field's value as flag text ("true" or
+  // "false" for switches, list values separated by spaces, "" for unset optionals, empty strings
+  // and empty lists); read back by read_pairs.
   std::vector<std::pair<std::string, std::string>> to_flags(const Options& options) const;
   std::vector<Assignment> read_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
                                      std::vector<std::string>& problems) const {
@@ -141,6 +139,7 @@ class FlagTable {
   void check_choices(const Options& options, std::vector<std::string>& problems) const;
 
  private:
+  std::string value_text(size_t flag, const Options& options) const;
   std::string metavar(const Flag<Options>& flag) const;
 
   std::string intro_;
