@@ -1,6 +1,7 @@
 // Bad input through the real executable: each case must exit non-zero with a message that
 // names the problem.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -92,4 +93,61 @@ TEST(BadInput, GenerateTensorParallelWithoutLaunchedRanks) {
 
 TEST(BadInput, LoadWithoutCheckpointForGenerate) {
   expect_failure("generate --load /nonexistent/ckpt", "/nonexistent/ckpt");
+}
+
+// An unusable --save stops the run before any model or data work, not at the first save.
+TEST(BadInput, SaveDirectoryIsCheckedBeforeAnyWork) {
+  TempDir dir;
+  std::ofstream(dir / "file") << "not a directory";
+  const auto no_work = [](const megatron::testing::RunResult& r, const std::string& what) {
+    EXPECT_EQ(r.output.find("building GPT model"), std::string::npos) << what << ": the model was built first\n"
+                                                                      << r.output;
+    EXPECT_EQ(r.output.find(" iteration "), std::string::npos) << what << ": training ran first\n" << r.output;
+  };
+  const std::string run = "train" + kTiny + kMock + " --save-interval 2 --save ";
+  const auto file = run_megatron(run + dir / "file");
+  EXPECT_NE(file.exit_code, 0);
+  EXPECT_NE(file.output.find("--save " + dir / "file" + " exists and is not a directory"), std::string::npos)
+      << file.output;
+  no_work(file, "a file");
+  const auto under_file = run_megatron(run + dir / "file/ckpt");
+  EXPECT_NE(under_file.exit_code, 0);
+  EXPECT_NE(under_file.output.find("--save " + dir / "file/ckpt" + " cannot be created"), std::string::npos)
+      << under_file.output;
+  no_work(under_file, "a path under a file");
+  if (geteuid() != 0) {  // root writes anywhere
+    std::filesystem::create_directory(dir / "read_only");
+    std::filesystem::permissions(dir / "read_only",
+                                 std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    const auto read_only = run_megatron(run + dir / "read_only");
+    EXPECT_NE(read_only.output.find("--save " + dir / "read_only" + " is not writable"), std::string::npos)
+        << read_only.output;
+    no_work(read_only, "a read-only directory");
+  }
+  // A missing directory is created up front, as Megatron does: before the data, here missing.
+  const auto created = run_megatron("train" + kTiny + " --tokenizer-type ByteTokenizer --data-path " +
+                                    dir / "absent_text_document --save-interval 2 --save " + dir / "new/ckpt");
+  EXPECT_NE(created.exit_code, 0);
+  EXPECT_NE(created.output.find("absent_text_document"), std::string::npos) << created.output;
+  EXPECT_TRUE(std::filesystem::is_directory(dir / "new/ckpt"));
+}
+
+TEST(BadInput, GenerateRejectsNegativeSamplingValues) {
+  // Checked with the flags, before the checkpoint is read.
+  expect_failure("generate --load /nonexistent/ckpt --temperature -0.5", "--temperature -0.5 must be >= 0");
+  expect_failure("generate --load /nonexistent/ckpt --top-k -1", "--top-k -1 must be >= 0");
+  expect_failure("generate --load /nonexistent/ckpt --max-new-tokens -3", "--max-new-tokens -3 must be >= 0");
+  expect_failure("generate --load /nonexistent/ckpt --num-samples 0", "--num-samples 0 must be >= 1");
+}
+
+// --load takes the run's --save directory; given one checkpoint's iter_* directory, the error says
+// to pass the parent (train would otherwise start from scratch).
+TEST(BadInput, LoadOfOneCheckpointDirectoryNamesItsParent) {
+  TempDir dir;
+  const auto ok = run_megatron("train" + kTiny + kMock + " --save " + dir / "ckpt" + " --save-interval 2");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  const std::string advice = "pass its parent, --load " + dir / "ckpt";
+  expect_failure("generate --load " + dir / "ckpt/iter_0000002", advice);
+  expect_failure("generate --load " + dir / "ckpt/iter_0000002/", advice);
+  expect_failure("train" + kShape + kMock + " --train-iters 4 --load " + dir / "ckpt/iter_0000002", advice);
 }

@@ -2,7 +2,8 @@
 // Generation under tensor parallelism (inference/generate.h): a checkpoint loaded at TP = 2 and
 // TP = 4 (as many as the ranks allow) generates the same tokens as at TP = 1, for a GPT-2-style
 // and a LLaMA-style (GQA) model, from checkpoints saved at TP = 1 and at TP = 2 with sequence
-// parallelism and --tp-comm-overlap (generation itself runs without either: checkpoint_io.h).
+// parallelism and --tp-comm-overlap (generation itself runs without either), whose arguments
+// read_checkpoint_args returns as stored.
 //
 // Why the tokens must agree, not just probably: the models run in f64 (the f32 checkpoint
 // converts on load), and the layouts differ only in the order of f64 sums (the row-parallel
@@ -49,7 +50,7 @@ std::vector<std::string> long_run(ModelStyle style, int64_t iters) {
 }
 
 std::unique_ptr<GPTModel> load_in_f64(const std::string& dir, const ParallelContext& ctx) {
-  TrainingArgs args = read_checkpoint_args(dir, ctx.tp_size());
+  TrainingArgs args = read_checkpoint_args(dir);
   args.model.params_dtype = DType::f64;
   auto model = std::make_unique<GPTModel>(args.model, ctx, Device::cpu());
   load_model_weights(dir, *model);
@@ -167,6 +168,16 @@ void generate_across_tp_sizes(ModelStyle style) {
                           with(tp_flags(2, true, false), {"--tp-comm-overlap", "--save", dir + "/tp2",
                                                           "--save-interval", std::to_string(kTrainIters)})));
     st.ctx.world->barrier();
+  }
+  {
+    // The arguments come back as stored, the layout included: generation decides its own.
+    const TrainingArgs stored = read_checkpoint_args(dir + "/tp2");
+    EXPECT_EQ(stored.parallel.tensor_model_parallel_size, 2);
+    EXPECT_TRUE(stored.parallel.sequence_parallel);
+    EXPECT_TRUE(stored.parallel.tp_comm_overlap);
+    const nlohmann::json saved = checkpointing::CheckpointReader::open(dir + "/tp2", kTrainIters).common().at("args");
+    for (const auto& [flag, value] : training_args_to_flags(stored))
+      EXPECT_EQ(saved.at(flag).get<std::string>(), value) << flag;
   }
   expect_same_generation_at_every_tp(dir + "/tp2", kind + " TP=2 SP checkpoint");
   make_state({}).ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it

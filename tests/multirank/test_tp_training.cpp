@@ -160,8 +160,9 @@ MicroBatch micro_batch(int64_t index) {
 // A model with its DDP and optimizer, stepped as the training loop steps them.
 class Replica {
  public:
-  // The model and optimizer keep a pointer to the context: they get the replica's own copy.
-  Replica(const TrainingArgs& args, const ParallelContext& ctx) : ctx_(ctx) {
+  // The model and optimizer keep a pointer to the context: they get the replica's own copy, with
+  // the arguments' sequence parallelism.
+  Replica(const TrainingArgs& args, const ParallelContext& groups) : ctx_(model_context(groups, args.parallel)) {
     model_ = std::make_unique<GPTModel>(args.model, ctx_);
     model_->parameters().initialize(uint64_t(args.seed));
     ddp_ = std::make_unique<DistributedDataParallel>(

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "megatron/core/error.h"
+#include "megatron/parallel/parallel_args.h"
 #include "megatron/training/arguments.h"
 #include "test_util.h"
 
@@ -317,20 +318,43 @@ TEST(ParseArgs, VocabPaddingScalesWithTp) {
   EXPECT_EQ(parse_training_args(with(tp4, {"--make-vocab-size-divisible-by", "32"}), 4).model.padded_vocab_size, 128);
 }
 
-// Megatron turns sequence parallelism off without TP (with a warning) instead of failing.
-TEST(ParseArgs, SequenceParallelIsOffWithoutTp) {
-  EXPECT_FALSE(parse_training_args(with(minimal_argv(), {"--sequence-parallel"})).model.sequence_parallel);
+// Megatron's sequence parallelism has no effect without TP (with a warning) instead of failing.
+// The arguments keep what the user gave (a config never rewrites it); the context the layers read
+// applies the rule.
+TEST(ParseArgs, SequenceParallelTakesNoEffectWithoutTp) {
+  const TrainingArgs tp1 = parse_training_args(with(minimal_argv(), {"--sequence-parallel", "--tp-comm-overlap"}));
+  EXPECT_TRUE(tp1.parallel.sequence_parallel);
+  EXPECT_TRUE(tp1.parallel.tp_comm_overlap);
+  const ParallelContext ctx = model_context(ParallelContext::single_process(), tp1.parallel);
+  EXPECT_TRUE(ctx.sequence_parallel_given);
+  EXPECT_FALSE(ctx.sequence_parallel());
+  EXPECT_FALSE(ctx.tp_comm_overlap());
   const Argv tp2 = with(minimal_argv(), {"--tensor-model-parallel-size", "2", "--sequence-parallel"});
-  EXPECT_TRUE(parse_training_args(tp2, 2).model.sequence_parallel);
+  EXPECT_TRUE(parse_training_args(tp2, 2).parallel.sequence_parallel);
+  // The context is built for the arguments' TP.
+  EXPECT_TRUE(contains(megatron::testing::error_of([&] {
+                         model_context(ParallelContext::single_process(), parse_training_args(tp2, 2).parallel);
+                       }),
+                       "the context's TP group has 1 ranks but the arguments ask for TP 2"));
 }
 
-// Megatron's rules for --tp-comm-overlap: nothing to overlap at TP = 1 (turned off), and the
+// Megatron's rules for --tp-comm-overlap: nothing to overlap at TP = 1 (no effect), and the
 // overlapped collectives are SP's, so without --sequence-parallel it is an error naming the fix.
 TEST(ParseArgs, TpCommOverlapNeedsTpAndSequenceParallel) {
-  EXPECT_FALSE(parse_training_args(with(minimal_argv(), {"--tp-comm-overlap"})).model.tp_comm_overlap);
+  EXPECT_EQ(parse_error(with(minimal_argv(), {"--tp-comm-overlap"})), "");
   const Argv tp2 = with(minimal_argv(), {"--tensor-model-parallel-size", "2", "--tp-comm-overlap"});
   EXPECT_TRUE(contains(parse_error(tp2, 2), "--tp-comm-overlap needs --sequence-parallel"));
-  EXPECT_TRUE(parse_training_args(with(tp2, {"--sequence-parallel"}), 2).model.tp_comm_overlap);
+  EXPECT_TRUE(parse_training_args(with(tp2, {"--sequence-parallel"}), 2).parallel.tp_comm_overlap);
+}
+
+// Megatron's flags for the axes this build cannot split yet: accepted, and refused unless 1.
+TEST(ValidateArgs, ContextAndExpertParallelismMustBeOne) {
+  EXPECT_EQ(parse_error(with(minimal_argv(), {"--context-parallel-size", "1", "--expert-model-parallel-size", "1"})),
+            "");
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--context-parallel-size", "2"}), 2),
+                       "--context-parallel-size 2: not yet supported, must be 1"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--expert-model-parallel-size", "4"}), 4),
+                       "--expert-model-parallel-size 4: not yet supported, must be 1"));
 }
 
 TEST(ValidateArgs, WorldSizeMustHoldTheModelLayout) {

@@ -12,6 +12,7 @@
 #include "megatron/core/error.h"
 #include "megatron/datasets/indexed_dataset.h"
 #include "megatron/datasets/preprocess.h"
+#include "megatron/flags/flag_table.h"
 #include "test_util.h"
 
 using namespace megatron;
@@ -64,7 +65,7 @@ class PreprocessTest : public ::testing::Test {
 }  // namespace
 
 TEST(PreprocessArgs, ParsesEveryFlag) {
-  const PreprocessOptions o = parse_preprocess_args(
+  const PreprocessOptions o = preprocess_flags().parse(
       {"--input", "in.jsonl", "--output-prefix=out", "--json-keys", "text", "title", "--tokenizer-type",
        "NullTokenizer", "--vocab-size", "1000", "--append-eod", "--workers", "3", "--max-bad-lines-fraction", "0.25"});
   EXPECT_EQ(o.input, "in.jsonl");
@@ -76,12 +77,36 @@ TEST(PreprocessArgs, ParsesEveryFlag) {
   EXPECT_EQ(o.workers, 3);
   EXPECT_EQ(o.max_bad_lines_fraction, 0.25);
 
-  const PreprocessOptions d = parse_preprocess_args({"--input", "a", "--output-prefix", "b", "--tokenizer-type", "X"});
+  const PreprocessOptions d =
+      preprocess_flags().parse({"--input", "a", "--output-prefix", "b", "--tokenizer-type", "X"});
   EXPECT_EQ(d.json_keys, (std::vector<std::string>{"text"}));
   EXPECT_EQ(d.workers, 1);
   EXPECT_EQ(d.max_bad_lines_fraction, 0.001);
   EXPECT_FALSE(d.append_eod);
-  EXPECT_NE(preprocess_help().find("--max-bad-lines-fraction"), std::string::npos);
+  EXPECT_NE(preprocess_flags().help().find("--max-bad-lines-fraction"), std::string::npos);
+}
+
+// The same machinery as `megatron train`: a --config YAML file under the command line, and the
+// closest known flag or key for a typo.
+TEST(PreprocessArgs, ConfigFileAndSuggestions) {
+  const fs::path yaml = fs::temp_directory_path() / ("megatron_pre_config_" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(yaml) << "input: from_yaml.jsonl\njson_keys: [text, title]\nworkers: 2\nappend_eod: true\n";
+  const PreprocessOptions o = preprocess_flags().parse(
+      {"--config", yaml.string(), "--workers", "4", "--output-prefix", "out", "--tokenizer-type", "ByteTokenizer"});
+  EXPECT_EQ(o.input, "from_yaml.jsonl");
+  EXPECT_EQ(o.json_keys, (std::vector<std::string>{"text", "title"}));
+  EXPECT_EQ(o.workers, 4);  // the command line wins
+  EXPECT_TRUE(o.append_eod);
+  std::ofstream(yaml) << "json_key: text\n";
+  EXPECT_NE(error_of([&] {
+              preprocess_flags().parse({"--config", yaml.string()});
+            }).find(": json_key: unknown key; did you mean json_keys?"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              preprocess_flags().parse({"--output-prefx", "o"});
+            }).find("--output-prefx: unknown flag; did you mean --output-prefix?"),
+            std::string::npos);
+  fs::remove(yaml);
 }
 
 TEST(PreprocessArgs, ErrorsNameTheFlag) {
@@ -89,16 +114,16 @@ TEST(PreprocessArgs, ErrorsNameTheFlag) {
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> argv = base;
     argv.insert(argv.end(), extra.begin(), extra.end());
-    return error_of([&] { parse_preprocess_args(argv); });
+    return error_of([&] { preprocess_flags().parse(argv); });
   };
-  EXPECT_NE(with({"--split-sentences"}).find("unknown flag --split-sentences"), std::string::npos);
+  EXPECT_NE(with({"--split-sentences"}).find("--split-sentences: unknown flag"), std::string::npos);
   EXPECT_NE(with({"--workers"}).find("--workers needs a value"), std::string::npos);
-  EXPECT_NE(with({"--workers", "two"}).find("--workers expects an integer, got 'two'"), std::string::npos);
+  EXPECT_NE(with({"--workers", "two"}).find("--workers 'two': expected an integer"), std::string::npos);
   EXPECT_NE(with({"--workers", "0"}).find("--workers must be in [1, 1024]"), std::string::npos);
   EXPECT_NE(with({"--append-eod=yes"}).find("--append-eod takes no value"), std::string::npos);
-  EXPECT_NE(with({"stray"}).find("unexpected argument 'stray'"), std::string::npos);
+  EXPECT_NE(with({"stray"}).find("'stray' follows no flag"), std::string::npos);
   EXPECT_NE(with({"--json-keys", "a", "a"}).find("'a' twice"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_preprocess_args({"--input", "a"}); }).find("--output-prefix"), std::string::npos);
+  EXPECT_NE(error_of([] { preprocess_flags().parse({"--input", "a"}); }).find("--output-prefix"), std::string::npos);
 }
 
 TEST_F(PreprocessTest, WritesMegatronDatasetsPerKey) {
@@ -222,4 +247,25 @@ TEST_F(PreprocessTest, MissingInputIsNamed) {
   std::ostringstream log;
   const std::string error = error_of([&] { preprocess_data(byte_options(path("absent.jsonl"), "out"), log); });
   EXPECT_NE(error.find(path("absent.jsonl")), std::string::npos) << error;
+}
+
+// An input that yields no tokens under a key would pass here and fail only in `megatron train`
+// (no sample to draw): it fails here, naming the key, and writes nothing.
+TEST_F(PreprocessTest, InputWithoutTokensFailsAndWritesNothing) {
+  std::ostringstream log;
+  const auto expect_no_tokens = [&](const std::string& contents, const std::vector<std::string>& keys,
+                                    const std::string& key) {
+    PreprocessOptions o = byte_options(write_input(contents), "out");
+    o.append_eod = false;  // an EOD would be a token of every non-empty document only
+    o.json_keys = keys;
+    const std::string error = error_of([&] { preprocess_data(o, log); });
+    EXPECT_NE(error.find("yields no tokens for JSON key '" + key + "'"), std::string::npos) << error;
+    for (const std::string& k : keys) {
+      EXPECT_FALSE(fs::exists(path("out_" + k + "_document.bin"))) << contents;
+      EXPECT_FALSE(fs::exists(path("out_" + k + "_document.idx"))) << contents;
+    }
+  };
+  expect_no_tokens("", {"text"}, "text");
+  expect_no_tokens("\n  \n{\"text\": \"\"}\n{\"text\": \"\"}\n", {"text"}, "text");
+  expect_no_tokens("{\"text\": \"words\", \"title\": \"\"}\n", {"text", "title"}, "title");
 }

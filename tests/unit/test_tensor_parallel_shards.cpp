@@ -177,8 +177,7 @@ TEST(TensorParallelShards, LlamaStyleRanksHoldWholeQueryGroupsAndMatchingGateUpH
 // Megatron-Core requires whole query groups per rank; building one with fewer groups than ranks
 // fails while the model is built, naming the values and the fix.
 TEST(TensorParallelShards, FewerQueryGroupsThanRanksIsRejected) {
-  TransformerConfig config = config_of(kLlama, 2);
-  config.tensor_model_parallel_size = 8;
+  const TransformerConfig config = config_of(kLlama, 2);
   ParallelContext ctx = ParallelContext::single_process();
   ctx.tp = std::make_shared<RankStandIn>(0, 8);
   const std::string error = megatron::testing::error_of([&] { GPTModel model(config, ctx); });
@@ -200,7 +199,7 @@ TEST(TensorParallelShards, LayersRejectARegistryOfAnotherTpLayout) {
   EXPECT_NE(error_of([&] { tensor_parallel::RowParallelLinear(whole, ctx, "fc2", 8, 8, {}); }).find(rule),
             std::string::npos);
   EXPECT_NE(
-      error_of([&] { tensor_parallel::VocabParallelEmbedding(whole, ctx, "emb", 8, 4, 0.02f, false); }).find(rule),
+      error_of([&] { tensor_parallel::VocabParallelEmbedding(whole, ctx, "emb", 8, 4, 0.02f); }).find(rule),
       std::string::npos);
   ParameterRegistry shard(1, 2);
   const tensor_parallel::ColumnParallelLinear fc1(shard, ctx, "fc1", 6, 8, {});

@@ -11,6 +11,7 @@
 #include "megatron/datasets/tokenizers/bpe_trainer.h"
 #include "megatron/datasets/tokenizers/hf_tokenizer.h"
 #include "megatron/datasets/tokenizers/train_tokenizer.h"
+#include "megatron/flags/flag_table.h"
 #include "test_tokenizer_fixtures.h"
 #include "test_util.h"
 
@@ -79,7 +80,7 @@ TEST(BpeTrainer, WrittenTokenizerReadsBack) {
     }
   }
   std::ostringstream log;
-  const TrainTokenizerOptions options = parse_train_tokenizer_args(
+  const TrainTokenizerOptions options = train_tokenizer_flags().parse(
       {"--input", dir / "corpus.jsonl", "--vocab-size=300", "--output", dir / "tokenizer.json", "--workers", "2"});
   const TrainTokenizerReport report = train_tokenizer(options, log);
   EXPECT_EQ(report.documents, 200);
@@ -101,7 +102,7 @@ TEST(BpeTrainer, ErrorsNameTheProblem) {
   const TempDir dir;
   std::ofstream(dir / "bad.jsonl") << "{\"text\": \"ok\"}\n{\"text\": \n";
   TrainTokenizerOptions options =
-      parse_train_tokenizer_args({"--input", dir / "bad.jsonl", "--vocab-size", "300", "--output", dir / "t.json"});
+      train_tokenizer_flags().parse({"--input", dir / "bad.jsonl", "--vocab-size", "300", "--output", dir / "t.json"});
   std::ostringstream log;
   EXPECT_NE(error_of([&] { train_tokenizer(options, log); }).find("bad.jsonl line 2 is not valid JSON"),
             std::string::npos);
@@ -113,16 +114,16 @@ TEST(BpeTrainer, ErrorsNameTheProblem) {
   EXPECT_NE(error_of([&] { train_tokenizer(options, log); }).find("document 0 is not valid UTF-8"), std::string::npos);
   EXPECT_NE(error_of([] { train({"abc"}, 100); }).find("--vocab-size 100 is too small"), std::string::npos);
   EXPECT_NE(error_of([] {
-              parse_train_tokenizer_args({"--input", "x", "--output", "y"});
+              train_tokenizer_flags().parse({"--input", "x", "--output", "y"});
             }).find("--vocab-size"),
             std::string::npos);
   EXPECT_NE(error_of([] {
-              parse_train_tokenizer_args({"--bogus", "1"});
-            }).find("unknown flag '--bogus'"),
+              train_tokenizer_flags().parse({"--bogus", "1"});
+            }).find("--bogus: unknown flag"),
             std::string::npos);
   EXPECT_NE(error_of([] {
-              parse_train_tokenizer_args({"--vocab-size", "ten"});
-            }).find("expects an integer"),
+              train_tokenizer_flags().parse({"--vocab-size", "ten"});
+            }).find("--vocab-size 'ten': expected an integer"),
             std::string::npos);
-  EXPECT_NE(train_tokenizer_help().find("--min-frequency"), std::string::npos);
+  EXPECT_NE(train_tokenizer_flags().help().find("--min-frequency"), std::string::npos);
 }

@@ -18,7 +18,7 @@ TransformerConfig preset_config(const std::string& name, int64_t vocab_size) {
   TransformerConfig config;
   if (preset != nullptr) apply_model_preset(*preset, config);
   config.vocab_size = vocab_size;
-  derive_model_fields(config);
+  derive_model_fields(config, 1);
   return config;
 }
 
@@ -53,7 +53,7 @@ TEST(DeriveModelFields, MegatronDefaults) {
   config.num_attention_heads = 32;
   config.seq_length = 2048;
   config.vocab_size = 50257;
-  derive_model_fields(config);
+  derive_model_fields(config, 1);
   EXPECT_EQ(config.ffn_hidden_size, 4 * 4096);
   EXPECT_EQ(config.kv_channels, 128);
   EXPECT_EQ(config.num_query_groups, 32);
@@ -64,12 +64,12 @@ TEST(DeriveModelFields, MegatronDefaults) {
   TransformerConfig swiglu = TransformerConfig{};
   swiglu.hidden_size = 4096;
   swiglu.swiglu = true;
-  derive_model_fields(swiglu);
+  derive_model_fields(swiglu, 1);
   EXPECT_EQ(swiglu.ffn_hidden_size, 10880);
   swiglu = TransformerConfig{};
   swiglu.hidden_size = 64;
   swiglu.swiglu = true;
-  derive_model_fields(swiglu);
+  derive_model_fields(swiglu, 1);
   EXPECT_EQ(swiglu.ffn_hidden_size, 128);  // int(170.67/64)*64
 
   // --group-query-attention without --num-query-groups is Megatron's default of one group.
@@ -77,7 +77,7 @@ TEST(DeriveModelFields, MegatronDefaults) {
   gqa.hidden_size = 64;
   gqa.num_attention_heads = 4;
   gqa.group_query_attention = true;
-  derive_model_fields(gqa);
+  derive_model_fields(gqa, 1);
   EXPECT_EQ(gqa.num_query_groups, 1);
 }
 
@@ -86,7 +86,7 @@ TEST(DeriveModelFields, KeepsGivenValues) {
   config.ffn_hidden_size = 100;
   config.kv_channels = 32;
   config.max_position_embeddings = 512;
-  derive_model_fields(config);
+  derive_model_fields(config, 1);
   EXPECT_EQ(config.ffn_hidden_size, 100);
   EXPECT_EQ(config.kv_channels, 32);
   EXPECT_EQ(config.max_position_embeddings, 512);
@@ -96,7 +96,7 @@ TEST(DeriveModelFields, LeavesKvChannelsWhenHeadsDoNotDivide) {
   TransformerConfig config;
   config.hidden_size = 64;
   config.num_attention_heads = 5;
-  derive_model_fields(config);
+  derive_model_fields(config, 1);
   EXPECT_EQ(config.kv_channels, 0);  // validate() then explains why
 }
 
@@ -165,26 +165,23 @@ TEST(Validate, Regularization) {
   EXPECT_EQ(errors.size(), 3u);
 }
 
-TEST(Validate, PipelineParallelismNotYetSupported) {
-  TransformerConfig config = tiny_config();
-  config.pipeline_model_parallel_size = 2;
-  EXPECT_TRUE(has_error(validate(config), "PP>1 arrives with the pipeline-parallel issue"));
-}
-
 TEST(Validate, TensorParallelSplits) {
   TransformerConfig config = preset_config("llama-tiny", 100);  // 4 heads, 2 query groups, ffn 176
-  config.tensor_model_parallel_size = 2;
-  config.sequence_parallel = true;
   config.padded_vocab_size = padded_vocab_size(100, 128, 2);
-  EXPECT_TRUE(validate(config).empty()) << validate(config).front();
-  config.tensor_model_parallel_size = 4;  // more ranks than query groups
+  const ParallelArgs tp2{.tensor_model_parallel_size = 2, .sequence_parallel = true};
+  EXPECT_TRUE(validate_tensor_parallel_split(config, tp2).empty())
+      << validate_tensor_parallel_split(config, tp2).front();
+  const ParallelArgs tp4{.tensor_model_parallel_size = 4, .sequence_parallel = true};  // more ranks than groups
   config.seq_length = 126;
-  config.padded_vocab_size = 130;  // set by hand: derivation always gives a multiple of TP
-  const std::vector<std::string> errors = validate(config);
+  config.padded_vocab_size = 130;  // a checkpoint's, padded for another TP: derivation always gives a multiple
+  const std::vector<std::string> errors = validate_tensor_parallel_split(config, tp4);
   EXPECT_TRUE(has_error(errors, "--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4"));
   EXPECT_TRUE(has_error(errors, "--seq-length 126 is not divisible by --tensor-model-parallel-size 4"));
-  EXPECT_TRUE(has_error(errors, "padded vocab size 130 is not divisible by TP 4"));
+  EXPECT_TRUE(has_error(errors, "the padded vocabulary (130 rows) is not divisible by --tensor-model-parallel-size 4"));
   EXPECT_EQ(errors.size(), 3u);
+  // Sequence parallelism takes no effect at TP 1 (Megatron), so neither does its rule.
+  EXPECT_TRUE(
+      validate_tensor_parallel_split(config, {.tensor_model_parallel_size = 1, .sequence_parallel = true}).empty());
 }
 
 TEST(NumParameters, Gpt2Small) {

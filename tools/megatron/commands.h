@@ -1,6 +1,7 @@
 #pragma once
 // Subcommands of the `megatron` executable. Each takes the arguments after its name and
 // returns the process exit code; errors are thrown as megatron::Error and reported by main.
+// Each declares its flags as one table (flags/flag_table.h), which also writes its --help.
 #include <string>
 #include <vector>
 
@@ -12,5 +13,10 @@ int train(const Args& args);
 int preprocess_data(const Args& args);
 int generate(const Args& args);
 int train_tokenizer(const Args& args);
+
+std::string train_help();
+std::string preprocess_data_help();
+std::string generate_help();
+std::string train_tokenizer_help();
 
 }  // namespace megatron::tools

@@ -1,6 +1,6 @@
 // megatron generate: load a checkpoint written by `megatron train --save` and sample text.
-// Under mpirun or srun the ranks split the model by tensor parallelism (TP = the world size),
-// whatever TP the checkpoint was trained with; rank 0 prints.
+// Under mpirun or srun the ranks split the model by tensor parallelism (TP = the world size, no
+// sequence parallelism), whatever layout the checkpoint was trained with; rank 0 prints.
 #include "megatron/inference/generate.h"
 
 #include <cstdio>
@@ -13,8 +13,11 @@
 #include "commands.h"
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
+#include "megatron/core/strings.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
+#include "megatron/flags/flag_table.h"
 #include "megatron/parallel/launch.h"
+#include "megatron/parallel/parallel_args.h"
 #include "megatron/parallel/parallel_state.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/device.h"
@@ -34,58 +37,58 @@ struct GenerateArgs {
   std::optional<int64_t> tensor_model_parallel_size;  // unset: the launched world size
 };
 
-const char* const kHelp =
-    "usage: megatron generate --load DIR [--prompt TEXT] [--max-new-tokens 64] [--num-samples 1]\n"
-    "                         [--temperature 0.8 (0 = greedy)] [--top-k 40 (0 = all)] [--seed 1234]\n"
-    "                         [--device auto|cpu|cuda] [--tensor-model-parallel-size N (default: the number\n"
-    "                         of ranks)]\n"
-    "Under `mpirun -np N` (or srun) the N ranks split the model by tensor parallelism, TP = N; the\n"
-    "checkpoint may have been trained at any TP.\n";
-
-GenerateArgs parse(const Args& args) {
-  GenerateArgs g;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    auto value = [&]() -> const std::string& {
-      MEGATRON_CHECK(i + 1 < args.size(), flag << " needs a value");
-      return args[++i];
-    };
-    auto number = [&](auto& field) {
-      const std::string& v = value();
-      try {
-        size_t used = 0;
-        field = static_cast<std::remove_reference_t<decltype(field)>>(std::stod(v, &used));
-        MEGATRON_CHECK(used == v.size(), "");
-      } catch (const std::exception&) {
-        MEGATRON_FAIL(flag << " " << v << " is not a number");
-      }
-    };
-    if (flag == "--load")
-      g.load = value();
-    else if (flag == "--prompt")
-      g.prompt = value();
-    else if (flag == "--max-new-tokens")
-      number(g.max_new_tokens);
-    else if (flag == "--num-samples")
-      number(g.num_samples);
-    else if (flag == "--temperature")
-      number(g.temperature);
-    else if (flag == "--top-k")
-      number(g.top_k);
-    else if (flag == "--seed")
-      number(g.seed);
-    else if (flag == "--device")
-      g.device = value();
-    else if (flag == "--tensor-model-parallel-size")
-      number(g.tensor_model_parallel_size.emplace());
-    else
-      MEGATRON_FAIL("unknown flag " << flag << "\n" << kHelp);
-  }
-  MEGATRON_CHECK(!g.load.empty(), "--load DIR is required: the --save directory of a training run\n" << kHelp);
-  MEGATRON_CHECK(g.tensor_model_parallel_size.value_or(1) > 0,
-                 "--tensor-model-parallel-size " << *g.tensor_model_parallel_size << " must be positive");
-  return g;
+std::vector<std::string> validate(const GenerateArgs& g) {
+  std::vector<std::string> errors;
+  if (g.load.empty()) errors.push_back("--load DIR is required: the --save directory of a training run");
+  if (g.max_new_tokens < 0)
+    errors.push_back(concat("--max-new-tokens ", g.max_new_tokens, " must be >= 0: how many tokens to add, e.g. 64"));
+  if (g.num_samples < 1)
+    errors.push_back(concat("--num-samples ", g.num_samples, " must be >= 1: how many continuations to print"));
+  if (!(g.temperature >= 0.0f))
+    errors.push_back(concat("--temperature ", g.temperature,
+                            " must be >= 0: 0 takes the most likely token (greedy), larger values sample more "
+                            "freely; e.g. 0.8"));
+  if (g.top_k < 0)
+    errors.push_back(
+        concat("--top-k ", g.top_k, " must be >= 0: k samples among the k most likely tokens, 0 among all; e.g. 40"));
+  if (g.seed < 0) errors.push_back(concat("--seed ", g.seed, " must be >= 0: e.g. 1234"));
+  if (g.tensor_model_parallel_size && *g.tensor_model_parallel_size <= 0)
+    errors.push_back(concat("--tensor-model-parallel-size ", *g.tensor_model_parallel_size,
+                            " must be positive; leave it out to use the number of launched ranks"));
+  return errors;
 }
+
+#define FIELD(member) MEGATRON_FLAG_FIELD(GenerateArgs, member)
+
+const flags::FlagTable<GenerateArgs>& generate_flags() {
+  const char* sampling = "sampling";
+  const char* run = "checkpoint and run";
+  static const flags::FlagTable<GenerateArgs> table(
+      "megatron generate",
+      "usage: megatron generate --load DIR [--prompt TEXT] [flags]\n\n"
+      "Samples continuations of the prompt from the latest checkpoint under DIR. Under `mpirun -np N` (or\n"
+      "srun) the N ranks split the model by tensor parallelism, TP = N; the checkpoint may have been trained\n"
+      "at any TP.\n",
+      {
+          {"--config", flags::ConfigFile{}, "configuration",
+           "YAML file of flag values (keys: flag names without the leading dashes, e.g. top_k: 40); command-line "
+           "flags override it"},
+          {"--load", FIELD(load), run, "The --save directory of a training run; required"},
+          {"--device", FIELD(device), run, "Where to run", {"auto", "cpu", "cuda"}},
+          {"--tensor-model-parallel-size", FIELD(tensor_model_parallel_size), run,
+           "TP; must equal the number of launched ranks (the default)"},
+          {"--prompt", FIELD(prompt), sampling, "Text to continue; empty: start a new document"},
+          {"--max-new-tokens", FIELD(max_new_tokens), sampling, "Tokens to add to the prompt"},
+          {"--num-samples", FIELD(num_samples), sampling, "Continuations to print"},
+          {"--temperature", FIELD(temperature), sampling, "Softmax temperature; 0: greedy"},
+          {"--top-k", FIELD(top_k), sampling, "Sample among the k most likely tokens; 0: all"},
+          {"--seed", FIELD(seed), sampling, "Seed of the sampling"},
+      },
+      validate);
+  return table;
+}
+
+#undef FIELD
 
 void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
   const int64_t world = mpi ? mpi->process().world_size : 1;
@@ -100,22 +103,31 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
                                   << " or leave the flag out");
   const ScopedLogRank log_rank(rank);
 
-  const TrainingArgs train_args = read_checkpoint_args(g.load, tp);
+  const TrainingArgs train_args = read_checkpoint_args(g.load);
+  // Generation's own layout, whatever the checkpoint was trained with: TP = the world, without
+  // sequence parallelism (the weights are the same, and SP would need every step's growing
+  // sequence to divide by TP). Loading reads global slices, so any TP that splits the model works.
+  ParallelArgs layout;
+  layout.tensor_model_parallel_size = tp;
+  const std::vector<std::string> problems = validate_tensor_parallel_split(train_args.model, layout);
+  MEGATRON_CHECK(problems.empty(), "the model of checkpoint "
+                                       << g.load << " cannot be built at --tensor-model-parallel-size " << tp << ": "
+                                       << flags::join(problems, "; "));
   const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,
                                                   train_args.data.tokenizer_model);
   const Device device = select_device(g.device, mpi ? mpi->process().local_rank : 0);
-  ParallelSizes sizes;
-  sizes.tp = tp;
   const ParallelState state =
-      initialize_parallel(sizes, {.device = device,
-                                  .timeout_seconds = 60.0 * train_args.distributed_timeout_minutes,
-                                  .tied_embeddings = !train_args.model.untie_embeddings_and_output_weights,
-                                  .mpi = mpi});
-  GPTModel model(train_args.model, state.ctx, device);
+      initialize_parallel(layout.sizes(), {.device = device,
+                                           .timeout_seconds = 60.0 * train_args.distributed_timeout_minutes,
+                                           .tied_embeddings = !train_args.model.untie_embeddings_and_output_weights,
+                                           .mpi = mpi});
+  const ParallelContext ctx = model_context(state.ctx, layout);
+  GPTModel model(train_args.model, ctx, device);
   load_model_weights(g.load, model);
 
   std::vector<int32_t> prompt = tokenizer->encode(g.prompt);
-  if (prompt.empty()) prompt.push_back(tokenizer->eod());  // start a fresh document
+  const bool new_document = prompt.empty();
+  if (new_document) prompt.push_back(tokenizer->eod());  // start a fresh document
   const size_t prompt_tokens = prompt.size();
   // The same seed on every rank: the ranks draw the same numbers (generate.h).
   HostRng rng(uint64_t(g.seed));
@@ -123,27 +135,28 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
   for (int64_t n = 0; n < g.num_samples; ++n) {
     std::vector<int32_t> out = generate_tokens(model, prompt, g.max_new_tokens, params, tokenizer->eod(), rng);
     if (rank != 0) continue;
-    if (!out.empty() && out.back() == tokenizer->eod()) out.pop_back();
-    const std::vector<int32_t> generated(out.begin() + std::ptrdiff_t(prompt_tokens), out.end());
-    std::cout << "----- sample " << n + 1 << " -----\n" << g.prompt << tokenizer->decode(generated) << "\n";
+    if (out.size() > prompt_tokens && out.back() == tokenizer->eod()) out.pop_back();
+    // Prompt and continuation decoded as one sequence (as Megatron's text generation returns
+    // them), so the tokenizer joins them as it joins any two tokens: the null tokenizer with a
+    // space between ids, byte-level BPE byte for byte.
+    const std::vector<int32_t> text(out.begin() + (new_document ? 1 : 0), out.end());
+    std::cout << "----- sample " << n + 1 << " -----\n" << tokenizer->decode(text) << "\n";
   }
 }
 }  // namespace
 
+std::string generate_help() { return generate_flags().help(); }
+
 int generate(const Args& args) {
-  for (const auto& a : args)
-    if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
-      return 0;
-    }
+  const GenerateArgs g = generate_flags().parse(args);
   const ProcessInfo process = process_info_from_env();
   if (!process.launched()) {
-    run(parse(args), nullptr);
+    run(g, nullptr);
     return 0;
   }
   const auto mpi = std::make_shared<MpiRuntime>(process);
   try {
-    run(parse(args), mpi);
+    run(g, mpi);
   } catch (const std::exception& e) {
     // Other ranks may wait for this one in a collective: report, then end the whole job.
     std::fprintf(stderr, "megatron generate: error on rank %d: %s\n", mpi->process().rank, e.what());

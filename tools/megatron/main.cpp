@@ -1,5 +1,6 @@
 // The `megatron` executable: `megatron <subcommand> [flags]`, one subcommand per file here.
 // Errors surface as one clear message on stderr and a non-zero exit.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -13,19 +14,27 @@ namespace {
 struct Subcommand {
   const char* name;
   int (*run)(const megatron::tools::Args&);
-  const char* help;
+  std::string (*help)();  // generated from the subcommand's flag table
+  const char* summary;
 };
 
 constexpr Subcommand kSubcommands[] = {
-    {"train", megatron::tools::train, "train a GPT model (Megatron-LM's pretrain_gpt.py flags)"},
-    {"preprocess-data", megatron::tools::preprocess_data, "tokenize JSONL into Megatron .bin/.idx files"},
-    {"generate", megatron::tools::generate, "sample text from a checkpoint"},
-    {"train-tokenizer", megatron::tools::train_tokenizer, "train a byte-level BPE tokenizer.json on a corpus"},
+    {"train", megatron::tools::train, megatron::tools::train_help,
+     "train a GPT model (Megatron-LM's pretrain_gpt.py flags)"},
+    {"preprocess-data", megatron::tools::preprocess_data, megatron::tools::preprocess_data_help,
+     "tokenize JSONL into Megatron .bin/.idx files"},
+    {"generate", megatron::tools::generate, megatron::tools::generate_help, "sample text from a checkpoint"},
+    {"train-tokenizer", megatron::tools::train_tokenizer, megatron::tools::train_tokenizer_help,
+     "train a byte-level BPE tokenizer.json on a corpus"},
 };
 
 void print_usage(FILE* out) {
   std::fprintf(out, "usage: megatron <subcommand> [flags]    (megatron <subcommand> --help for its flags)\n\n");
-  for (const auto& s : kSubcommands) std::fprintf(out, "  %-16s %s\n", s.name, s.help);
+  for (const auto& s : kSubcommands) std::fprintf(out, "  %-16s %s\n", s.name, s.summary);
+}
+
+bool asks_for_help(const megatron::tools::Args& args) {
+  return std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; });
 }
 
 }  // namespace
@@ -39,6 +48,10 @@ int main(int argc, char** argv) {
   for (const auto& s : kSubcommands) {
     if (std::strcmp(argv[1], s.name) != 0) continue;
     try {
+      if (asks_for_help(args)) {
+        std::fputs(s.help().c_str(), stdout);
+        return 0;
+      }
       return s.run(args);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "megatron %s: error: %s\n", s.name, e.what());

@@ -3,17 +3,14 @@
 
 #include "commands.h"
 #include "megatron/datasets/preprocess.h"
+#include "megatron/flags/flag_table.h"
 
 namespace megatron::tools {
 
+std::string preprocess_data_help() { return datasets::preprocess_flags().help(); }
+
 int preprocess_data(const Args& args) {
-  for (const std::string& arg : args) {
-    if (arg == "--help" || arg == "-h") {
-      std::cout << datasets::preprocess_help();
-      return 0;
-    }
-  }
-  const datasets::PreprocessOptions options = datasets::parse_preprocess_args(args);
+  const datasets::PreprocessOptions options = datasets::preprocess_flags().parse(args);
   const datasets::PreprocessReport report = datasets::preprocess_data(options, std::cerr);
   std::cerr << "preprocess-data: " << report.documents << " documents, " << report.tokens << " tokens from "
             << report.lines << " lines (" << report.bad_lines << " malformed, " << report.blank_lines

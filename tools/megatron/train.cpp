@@ -10,12 +10,9 @@
 
 namespace megatron::tools {
 
+std::string train_help() { return training_args_help(); }
+
 int train(const Args& args) {
-  for (const auto& a : args)
-    if (a == "--help" || a == "-h") {
-      std::fputs(training_args_help().c_str(), stdout);
-      return 0;
-    }
   const ProcessInfo process = process_info_from_env();
   if (!process.launched()) {
     pretrain(parse_training_args(args));

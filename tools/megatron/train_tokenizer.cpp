@@ -5,17 +5,14 @@
 #include <iostream>
 
 #include "commands.h"
+#include "megatron/flags/flag_table.h"
 
 namespace megatron::tools {
 
+std::string train_tokenizer_help() { return datasets::train_tokenizer_flags().help(); }
+
 int train_tokenizer(const Args& args) {
-  for (const std::string& arg : args) {
-    if (arg == "--help" || arg == "-h") {
-      std::cout << datasets::train_tokenizer_help();
-      return 0;
-    }
-  }
-  datasets::train_tokenizer(datasets::parse_train_tokenizer_args(args), std::cerr);
+  datasets::train_tokenizer(datasets::train_tokenizer_flags().parse(args), std::cerr);
   return 0;
 }
 

@@ -1,9 +1,7 @@
 #include "megatron/datasets/preprocess.h"
 
-#include <charconv>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <filesystem>
@@ -19,8 +17,10 @@
 #include <thread>
 
 #include "megatron/core/error.h"
+#include "megatron/core/strings.h"
 #include "megatron/datasets/indexed_dataset.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
+#include "megatron/flags/flag_table.h"
 
 namespace megatron::datasets {
 
@@ -28,123 +28,66 @@ namespace megatron::datasets {
 
 namespace {
 
-enum class Arity { none, one, list };
+#define FIELD(member) MEGATRON_FLAG_FIELD(PreprocessOptions, member)
 
-struct Flag {
-  const char* name;
-  Arity arity;
-  const char* help;
-  void (*set)(PreprocessOptions& options, const std::vector<std::string>& values);
-};
-
-int64_t parse_int(const std::string& flag, const std::string& text) {
-  int64_t value = 0;
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  MEGATRON_CHECK(ec == std::errc() && ptr == text.data() + text.size() && !text.empty(),
-                 flag << " expects an integer, got '" << text << "'");
-  return value;
+std::vector<flags::Flag<PreprocessOptions>> preprocess_flag_rows() {
+  using Switch = flags::Switch<PreprocessOptions>;
+  const char* io = "input and output";
+  const char* tokenizer = "tokenizer (as megatron train takes it)";
+  const char* processing = "processing";
+  return {
+      {"--config", flags::ConfigFile{}, "configuration",
+       "YAML file of flag values (keys: flag names without the leading dashes, e.g. json_keys: [text, title]); "
+       "command-line flags override it"},
+      {"--input", FIELD(input), io, "JSON-lines file to convert; required"},
+      {"--output-prefix", FIELD(output_prefix), io, "Writes <prefix>_<key>_document.{bin,idx}; required"},
+      {"--json-keys", FIELD(json_keys), io, "Keys to tokenize, one dataset each"},
+      {"--tokenizer-type", FIELD(tokenizer_type), tokenizer,
+       "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
+       "ByteTokenizer or NullTokenizer; required"},
+      {"--vocab-size", FIELD(vocab_size), tokenizer, "Vocabulary size of NullTokenizer"},
+      {"--tokenizer-model", FIELD(tokenizer_model), tokenizer,
+       "tokenizer.json or SentencePiece .model of tokenizers that read one"},
+      {"--vocab-file", FIELD(vocab_file), tokenizer, "GPT-2 vocab.json (GPT2BPETokenizer)"},
+      {"--merge-file", FIELD(merge_file), tokenizer, "GPT-2 merges.txt (GPT2BPETokenizer)"},
+      {"--append-eod", Switch{FIELD(append_eod), true}, processing,
+       "Append the end-of-document id to every non-empty document"},
+      {"--workers", FIELD(workers), processing, "Tokenizer threads"},
+      {"--max-bad-lines-fraction", FIELD(max_bad_lines_fraction), processing,
+       "Fail when more than this share of the lines is malformed"},
+  };
 }
 
-double parse_double(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  MEGATRON_CHECK(!text.empty() && end == text.c_str() + text.size(), flag << " expects a number, got '" << text << "'");
-  return value;
-}
-
-// The one flag table: the parser and the help text both read it.
-const Flag kFlags[] = {
-    {"--input", Arity::one, "JSON-lines file to convert (required)",
-     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.input = v[0]; }},
-    {"--output-prefix", Arity::one, "writes <prefix>_<key>_document.{bin,idx} (required)",
-     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.output_prefix = v[0]; }},
-    {"--json-keys", Arity::list, "keys to tokenize, one dataset each (default: text)",
-     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.json_keys = v; }},
-    {"--tokenizer-type", Arity::one,
-     "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
-     "ByteTokenizer or NullTokenizer (required)",
-     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.tokenizer_type = v[0]; }},
-    {"--vocab-size", Arity::one, "vocabulary size (NullTokenizer)",
-     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.vocab_size = parse_int("--vocab-size", v[0]); }},
-    {"--tokenizer-model", Arity::one, "tokenizer.json or SentencePiece .model (tokenizers that read one)",
-     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.tokenizer_model = v[0]; }},
-    {"--vocab-file", Arity::one, "GPT-2 vocab.json (GPT2BPETokenizer)",
-     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.vocab_file = v[0]; }},
-    {"--merge-file", Arity::one, "GPT-2 merges.txt (GPT2BPETokenizer)",
-     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.merge_file = v[0]; }},
-    {"--append-eod", Arity::none, "append the end-of-document id to every non-empty document",
-     [](PreprocessOptions& o, const std::vector<std::string>&) { o.append_eod = true; }},
-    {"--workers", Arity::one, "tokenizer threads (default 1)",
-     [](PreprocessOptions& o, const std::vector<std::string>& v) { o.workers = parse_int("--workers", v[0]); }},
-    {"--max-bad-lines-fraction", Arity::one, "fail when more than this share of lines is malformed (default 0.001)",
-     [](PreprocessOptions& o, const std::vector<std::string>& v) {
-       o.max_bad_lines_fraction = parse_double("--max-bad-lines-fraction", v[0]);
-     }},
-};
-
-const Flag* find_flag(const std::string& name) {
-  for (const Flag& flag : kFlags) {
-    if (name == flag.name) return &flag;
-  }
-  return nullptr;
-}
-
-bool is_flag(const std::string& arg) { return arg.size() > 2 && arg.compare(0, 2, "--") == 0; }
-
-void validate(const PreprocessOptions& o) {
-  MEGATRON_CHECK(!o.input.empty(), "preprocess-data needs --input FILE.jsonl");
-  MEGATRON_CHECK(!o.output_prefix.empty(), "preprocess-data needs --output-prefix P");
-  MEGATRON_CHECK(!o.tokenizer_type.empty(), "preprocess-data needs --tokenizer-type (ByteTokenizer, NullTokenizer)");
-  MEGATRON_CHECK(!o.json_keys.empty(), "--json-keys needs at least one key");
-  std::set<std::string> seen;
-  for (const std::string& key : o.json_keys) {
-    MEGATRON_CHECK(seen.insert(key).second, "--json-keys lists '" << key << "' twice; give each key once");
-  }
-  MEGATRON_CHECK(o.workers >= 1 && o.workers <= 1024, "--workers must be in [1, 1024], got " << o.workers);
-  MEGATRON_CHECK(o.max_bad_lines_fraction >= 0.0 && o.max_bad_lines_fraction <= 1.0,
-                 "--max-bad-lines-fraction must be in [0, 1], got " << o.max_bad_lines_fraction);
-}
+#undef FIELD
 
 }  // namespace
 
-PreprocessOptions parse_preprocess_args(const std::vector<std::string>& argv) {
-  PreprocessOptions options;
-  size_t k = 0;
-  while (k < argv.size()) {
-    std::string name = argv[k++];
-    MEGATRON_CHECK(is_flag(name), "preprocess-data: unexpected argument '" << name << "'; flags start with --");
-    std::vector<std::string> values;
-    const size_t eq = name.find('=');
-    if (eq != std::string::npos) {
-      values.push_back(name.substr(eq + 1));
-      name.resize(eq);
-    }
-    const Flag* flag = find_flag(name);
-    MEGATRON_CHECK(flag != nullptr,
-                   "preprocess-data: unknown flag " << name << "; see `megatron preprocess-data --help`");
-    if (flag->arity == Arity::none) {
-      MEGATRON_CHECK(values.empty(), name << " takes no value");
-    } else if (values.empty()) {
-      while (k < argv.size() && !is_flag(argv[k])) {
-        values.push_back(argv[k++]);
-        if (flag->arity == Arity::one) break;
-      }
-      MEGATRON_CHECK(!values.empty(), name << " needs a value");
-    }
-    flag->set(options, values);
+std::vector<std::string> validate(const PreprocessOptions& o) {
+  std::vector<std::string> errors;
+  if (o.input.empty()) errors.push_back("preprocess-data needs --input FILE.jsonl: the JSON lines to convert");
+  if (o.output_prefix.empty())
+    errors.push_back("preprocess-data needs --output-prefix P: it writes P_<key>_document.{bin,idx}");
+  if (o.tokenizer_type.empty())
+    errors.push_back("preprocess-data needs --tokenizer-type, e.g. GPT2BPETokenizer or NullTokenizer (see --help)");
+  if (o.json_keys.empty()) errors.push_back("--json-keys needs at least one key, e.g. --json-keys text");
+  std::set<std::string> seen;
+  for (const std::string& key : o.json_keys) {
+    if (!seen.insert(key).second) errors.push_back(concat("--json-keys lists '", key, "' twice; give each key once"));
   }
-  validate(options);
-  return options;
+  if (o.workers < 1 || o.workers > 1024)
+    errors.push_back(concat("--workers must be in [1, 1024], got ", o.workers, ": the number of tokenizer threads"));
+  if (!(o.max_bad_lines_fraction >= 0.0 && o.max_bad_lines_fraction <= 1.0))
+    errors.push_back(concat("--max-bad-lines-fraction must be in [0, 1], got ", o.max_bad_lines_fraction));
+  return errors;
 }
 
-std::string preprocess_help() {
-  std::ostringstream os;
-  os << "usage: megatron preprocess-data --input FILE.jsonl --output-prefix P --tokenizer-type T [flags]\n";
-  for (const Flag& flag : kFlags) {
-    const std::string value = flag.arity == Arity::none ? "" : flag.arity == Arity::one ? " V" : " V [V ...]";
-    os << "  " << std::left << std::setw(34) << (std::string(flag.name) + value) << flag.help << "\n";
-  }
-  return os.str();
+const flags::FlagTable<PreprocessOptions>& preprocess_flags() {
+  static const flags::FlagTable<PreprocessOptions> table(
+      "megatron preprocess-data",
+      "usage: megatron preprocess-data --input FILE.jsonl --output-prefix P --tokenizer-type T [flags]\n\n"
+      "Tokenizes the JSON lines into Megatron's .bin/.idx files, one dataset per --json-keys key.\n",
+      preprocess_flag_rows(), validate);
+  return table;
 }
 
 std::string preprocess_output_prefix(const std::string& output_prefix, const std::string& key) {
@@ -389,6 +332,7 @@ void write_chunk(const TokenizedChunk& chunk, const std::string& input,
     for (size_t key = 0; key < builders.size(); ++key) {
       builders[key]->add_document(line.docs[key]);
       report.tokens += int64_t(line.docs[key].size());
+      report.tokens_per_key[key] += int64_t(line.docs[key].size());
     }
     ++report.documents;
   }
@@ -397,7 +341,7 @@ void write_chunk(const TokenizedChunk& chunk, const std::string& input,
 }  // namespace
 
 PreprocessReport preprocess_data(const PreprocessOptions& options, std::ostream& log) {
-  validate(options);
+  if (const std::vector<std::string> problems = validate(options); !problems.empty()) flags::throw_problems(problems);
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(TokenizerOptions{
       options.tokenizer_type, options.vocab_size, options.tokenizer_model, options.vocab_file, options.merge_file});
   std::error_code ec;
@@ -413,6 +357,7 @@ PreprocessReport preprocess_data(const PreprocessOptions& options, std::ostream&
     report.output_prefixes.push_back(preprocess_output_prefix(options.output_prefix, key));
     builders.push_back(std::make_unique<IndexedDatasetBuilder>(report.output_prefixes.back(), dtype));
   }
+  report.tokens_per_key.assign(options.json_keys.size(), 0);
 
   Pipeline pipe;
   Progress progress(log, regular_file_size(options.input));
@@ -451,6 +396,13 @@ PreprocessReport preprocess_data(const PreprocessOptions& options, std::ostream&
                                   << options.max_bad_lines_fraction
                                   << " allows; fix the input (bad lines are listed above) or raise the fraction; "
                                   << "nothing was written");
+  for (size_t key = 0; key < builders.size(); ++key) {
+    MEGATRON_CHECK(report.tokens_per_key[key] > 0,
+                   "--input " << options.input << " yields no tokens for JSON key '" << options.json_keys[key] << "' ("
+                              << report.documents << " documents, none with a token; " << report.blank_lines
+                              << " blank and " << report.bad_lines << " malformed lines skipped): training could "
+                              << "draw no sample from it; check the file and --json-keys; nothing was written");
+  }
   for (auto& builder : builders) builder->finalize();
   return report;
 }

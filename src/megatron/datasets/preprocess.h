@@ -12,6 +12,11 @@
 #include <string>
 #include <vector>
 
+namespace megatron::flags {
+template <class Options>
+class FlagTable;
+}
+
 namespace megatron::datasets {
 
 struct PreprocessOptions {
@@ -27,10 +32,11 @@ struct PreprocessOptions {
   double max_bad_lines_fraction = 0.001;       // --max-bad-lines-fraction
 };
 
-// Parses the arguments after `preprocess-data`; throws an Error naming an unknown flag, a
-// missing value or a missing required flag. Accepts `--flag value` and `--flag=value`.
-PreprocessOptions parse_preprocess_args(const std::vector<std::string>& argv);
-std::string preprocess_help();  // generated from the same flag table as the parser
+// The flags of `megatron preprocess-data`, one row per field above (flags/flag_table.h parses
+// them, with validate() below, and generates --help).
+const flags::FlagTable<PreprocessOptions>& preprocess_flags();
+// Every rule the options break, one message each (value, rule, fix); preprocess_data() throws them.
+std::vector<std::string> validate(const PreprocessOptions& options);
 
 // `<output_prefix>_<key>_document`: Megatron's name for the dataset of one JSON key.
 std::string preprocess_output_prefix(const std::string& output_prefix, const std::string& key);
@@ -41,12 +47,14 @@ struct PreprocessReport {
   int64_t bad_lines = 0;                     // reported and skipped
   int64_t documents = 0;                     // written per key
   int64_t tokens = 0;                        // written, over all keys
+  std::vector<int64_t> tokens_per_key;       // written, in --json-keys order
   std::vector<std::string> output_prefixes;  // one per JSON key, in --json-keys order
 };
 
 // Runs the conversion. Bad lines and a progress line (about once a second: documents, MB/s,
 // ETA) go to `log`. Throws, leaving no output under the final names, when the input cannot be
-// read or the share of bad lines exceeds max_bad_lines_fraction.
+// read, the share of bad lines exceeds max_bad_lines_fraction, or a key yields no tokens (a
+// dataset that `megatron train` could draw no sample from).
 PreprocessReport preprocess_data(const PreprocessOptions& options, std::ostream& log);
 
 }  // namespace megatron::datasets

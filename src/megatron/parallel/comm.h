@@ -164,8 +164,16 @@ struct ParallelContext {
   std::shared_ptr<Communicator> embedding;           // first and last pipeline stage (tied embeddings)
   std::shared_ptr<Communicator> position_embedding;  // first pipeline stage
 
+  // Sequence parallelism and its collectives as rings beside the GEMMs, as the run gives them
+  // (--sequence-parallel, --tp-comm-overlap; parallel_args.h: model_context). Layers ask
+  // sequence_parallel() and tp_comm_overlap(): as in Megatron, neither takes effect at TP 1.
+  bool sequence_parallel_given = false;
+  bool tp_comm_overlap_given = false;
+
   int tp_rank() const { return tp->rank(); }
   int tp_size() const { return tp->size(); }
+  bool sequence_parallel() const { return sequence_parallel_given && tp_size() > 1; }
+  bool tp_comm_overlap() const { return tp_comm_overlap_given && sequence_parallel(); }
   // Every distinct communicator above, each once.
   std::vector<std::shared_ptr<Communicator>> communicators() const;
   // set_timeout on every communicator; `seconds` = --distributed-timeout-minutes x 60.

@@ -44,9 +44,7 @@ void check_same_tp(const ParameterRegistry& registry, const ParallelContext& ctx
 ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx,
                                            const std::string& prefix, int64_t input_size, int64_t output_size,
                                            const Options& options)
-    : ctx_(&ctx),
-      sequence_parallel_(options.sequence_parallel),
-      tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap && ctx.tp_size() > 1) {
+    : ctx_(&ctx), sequence_parallel_(ctx.sequence_parallel()), tp_comm_overlap_(ctx.tp_comm_overlap()) {
   check_same_tp(registry, ctx, prefix);
   const int tp = ctx.tp_size();
   MEGATRON_CHECK(output_size % tp == 0, prefix << ": output size " << output_size << " is not divisible by TP " << tp);
@@ -132,9 +130,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved
 
 RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                                      int64_t input_size, int64_t output_size, const Options& options)
-    : ctx_(&ctx),
-      sequence_parallel_(options.sequence_parallel),
-      tp_comm_overlap_(options.sequence_parallel && options.tp_comm_overlap && ctx.tp_size() > 1) {
+    : ctx_(&ctx), sequence_parallel_(ctx.sequence_parallel()), tp_comm_overlap_(ctx.tp_comm_overlap()) {
   check_same_tp(registry, ctx, prefix);
   weight_ = registry.add({.name = prefix + ".weight",
                           .global_shape = {output_size, input_size},
@@ -147,7 +143,7 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const Parallel
                           .global_shape = {output_size},
                           .init = InitMethod::zeros,
                           .weight_decay = false,
-                          .sequence_parallel = options.sequence_parallel});
+                          .sequence_parallel = sequence_parallel_});
 }
 
 // At TP=1 the bias fuses into the GEMM; with TP>1 it is added after the reduction, once.
@@ -228,8 +224,8 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, c
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParameterRegistry& registry, const ParallelContext& ctx,
                                                const std::string& name, int64_t padded_vocab_size, int64_t hidden_size,
-                                               float init_std, bool sequence_parallel)
-    : ctx_(&ctx), sequence_parallel_(sequence_parallel) {
+                                               float init_std)
+    : ctx_(&ctx), sequence_parallel_(ctx.sequence_parallel()) {
   check_same_tp(registry, ctx, name);
   weight_ = registry.add(
       {.name = name, .global_shape = {padded_vocab_size, hidden_size}, .partition_dim = 0, .init_std = init_std});

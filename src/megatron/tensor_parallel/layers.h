@@ -6,7 +6,7 @@
 //                         the bias replicated and added once, after the reduction.
 //   VocabParallelEmbedding: rows of the padded vocabulary split across TP; a masked lookup of this
 //                         rank's rows, summed over TP.
-// With sequence parallelism (Options::sequence_parallel) the activations entering a
+// With sequence parallelism (ParallelContext::sequence_parallel()) the activations entering a
 // column-parallel layer and leaving a row-parallel layer or the embedding are this rank's
 // sequence shard (S/TP,B,C): the column-parallel input is all-gathered along s, and the
 // row-parallel / embedding output reduce-scattered along s instead of all-reduced (mappings.h).
@@ -16,7 +16,7 @@
 //   - always (TP > 1, as Megatron's asynchronous dgrad communication): a column-parallel backward
 //     computes dX while the SP re-gather of its input runs, then dW while dX's all-reduce (or SP
 //     reduce-scatter) runs;
-//   - with Options::tp_comm_overlap (--tp-comm-overlap, needs SP): the SP all-gather before a
+//   - with ParallelContext::tp_comm_overlap() (--tp-comm-overlap, needs SP): the SP all-gather before a
 //     column-parallel GEMM, the reduce-scatter after a row-parallel GEMM and the all-gather of a
 //     row-parallel layer's output gradient run as rings with one GEMM per sequence chunk between
 //     the steps (ring_overlap.h).
@@ -41,8 +41,6 @@ class ColumnParallelLinear {
     float init_std = 0.02f;
     int64_t partition_blocks = 1;        // 2 for fused [gate; up]
     Parameter* shared_weight = nullptr;  // use this weight instead of registering one (tied output layer)
-    bool sequence_parallel = false;      // input is the (S/TP,B,in) sequence shard
-    bool tp_comm_overlap = false;  // with sequence_parallel and TP > 1: the input all-gather as a ring beside the GEMM
   };
   ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                        int64_t input_size, int64_t output_size, const Options& options);
@@ -59,8 +57,8 @@ class ColumnParallelLinear {
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   int64_t output_per_partition_;
-  bool sequence_parallel_;
-  bool tp_comm_overlap_;
+  bool sequence_parallel_;  // input is the (S/TP,B,in) sequence shard
+  bool tp_comm_overlap_;    // its all-gather as a ring beside the GEMM
 };
 
 class RowParallelLinear {
@@ -68,8 +66,6 @@ class RowParallelLinear {
   struct Options {
     bool bias = true;
     float init_std = 0.02f;
-    bool sequence_parallel = false;  // output is the (S/TP,B,out) sequence shard
-    bool tp_comm_overlap = false;    // with sequence_parallel and TP > 1: reduce-scatter (and dY's all-gather) as rings
   };
   RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                     int64_t input_size, int64_t output_size, const Options& options);
@@ -85,15 +81,15 @@ class RowParallelLinear {
   const ParallelContext* ctx_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
-  bool sequence_parallel_;
-  bool tp_comm_overlap_;
-  mutable Tensor ones_;  // cache of ones_column()
+  bool sequence_parallel_;  // output is the (S/TP,B,out) sequence shard
+  bool tp_comm_overlap_;    // the reduce-scatter (and dY's all-gather) as rings
+  mutable Tensor ones_;     // cache of ones_column()
 };
 
 class VocabParallelEmbedding {
  public:
   VocabParallelEmbedding(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& name,
-                         int64_t padded_vocab_size, int64_t hidden_size, float init_std, bool sequence_parallel);
+                         int64_t padded_vocab_size, int64_t hidden_size, float init_std);
   // tokens (B,S) i32 -> (S,B,C) in the weight's dtype; (S/TP,B,C) under sequence parallelism.
   Tensor forward(const Tensor& tokens) const;
   void backward(const Tensor& dout, const Tensor& tokens) const;

@@ -1,78 +1,28 @@
 #include "megatron/training/arguments.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <sstream>
 #include <string_view>
-#include <type_traits>
-#include <variant>
 
 #include "megatron/core/error.h"
-#include "megatron/core/logging.h"
 #include "megatron/core/strings.h"
 #include "megatron/datasets/tokenizers/byte_tokenizer.h"
+#include "megatron/flags/flag_table.h"
 #include "megatron/models/gpt/presets.h"
 
 namespace megatron {
 namespace {
 
-std::string join(const std::vector<std::string>& items, std::string_view separator) {
-  std::string out;
-  for (const std::string& item : items) {
-    if (!out.empty()) out += separator;
-    out += item;
-  }
-  return out;
-}
+using flags::ConfigFile;
+using flags::enum_field;
+using Switch = flags::Switch<TrainingArgs>;
+using Flag = flags::Flag<TrainingArgs>;
 
 // ---- the flag table ---------------------------------------------------------------------------
 
-template <class T>
-using FieldRef = T& (*)(TrainingArgs&);
-
-// store_true (the flag sets the field) or store_false (--disable-bias-linear clears add_bias_linear).
-struct Switch {
-  FieldRef<bool> field;
-  bool value_when_given;
-};
-
-// An enum field, read and written as its index into Flag::choices (listed in enum order).
-struct EnumField {
-  int (*get)(TrainingArgs&);
-  void (*set)(TrainingArgs&, int);
-};
-
-// --config FILE: read by the parser itself; it sets no field.
-struct ConfigFile {};
-
-using Field =
-    std::variant<FieldRef<int64_t>, FieldRef<double>, FieldRef<float>, FieldRef<std::string>,
-                 FieldRef<std::vector<std::string>>, FieldRef<std::optional<double>>, Switch, EnumField, ConfigFile>;
-
-struct Flag {
-  std::string name;  // "--num-layers"; its YAML key is num_layers (num-layers is accepted too)
-  Field field;
-  std::string section;
-  std::string help;
-  std::vector<std::string> choices = {};  // allowed values of enum and restricted string fields
-};
-
-template <class Ref>
-EnumField enum_field(Ref) {
-  return {[](TrainingArgs& args) { return int(Ref{}(args)); },
-          [](TrainingArgs& args, int index) {
-            auto& field = Ref{}(args);
-            field = std::remove_reference_t<decltype(field)>(index);
-          }};
-}
-
-#define FIELD(member) \
-  [](TrainingArgs & args) -> auto& { return args.member; }
+#define FIELD(member) MEGATRON_FLAG_FIELD(TrainingArgs, member)
 
 std::vector<Flag> build_flag_table() {
   std::vector<std::string> presets;
@@ -141,12 +91,15 @@ std::vector<Flag> build_flag_table() {
        "Iterations without overflow before the dynamic loss scale doubles"},
       {"--hysteresis", FIELD(optimizer.hysteresis), parallel,
        "Overflows the dynamic loss scale absorbs before it halves (refilled when it grows)"},
-      {"--tensor-model-parallel-size", FIELD(model.tensor_model_parallel_size), parallel,
+      {"--tensor-model-parallel-size", FIELD(parallel.tensor_model_parallel_size), parallel,
        "Tensor-parallel size TP: attention heads, MLP columns and the vocabulary are split across TP ranks"},
-      {"--pipeline-model-parallel-size", FIELD(model.pipeline_model_parallel_size), parallel, "PP (1 in this build)"},
-      {"--sequence-parallel", Switch{FIELD(model.sequence_parallel), true}, parallel,
-       "Sequence parallelism: norms, dropout and residuals on S/TP positions per TP rank (needs TP > 1)"},
-      {"--tp-comm-overlap", Switch{FIELD(model.tp_comm_overlap), true}, parallel,
+      {"--pipeline-model-parallel-size", FIELD(parallel.pipeline_model_parallel_size), parallel,
+       "PP (1 in this build)"},
+      {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel, "CP (1 in this build)"},
+      {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel, "EP (1 in this build)"},
+      {"--sequence-parallel", Switch{FIELD(parallel.sequence_parallel), true}, parallel,
+       "Sequence parallelism: norms, dropout and residuals on S/TP positions per TP rank (no effect at TP 1)"},
+      {"--tp-comm-overlap", Switch{FIELD(parallel.tp_comm_overlap), true}, parallel,
        "Overlap the sequence-parallel all-gathers and reduce-scatters with the neighbouring GEMMs, a chunk of "
        "the sequence at a time (needs --sequence-parallel)"},
       {"--use-distributed-optimizer", Switch{FIELD(use_distributed_optimizer), true}, parallel,
@@ -240,371 +193,37 @@ std::vector<Flag> build_flag_table() {
 
 #undef FIELD
 
-const std::vector<Flag>& flag_table() {
-  static const std::vector<Flag> table = build_flag_table();
+const char* const kTrainIntro =
+    "Usage: megatron train [--flag VALUE | --flag=VALUE]...\n\n"
+    "Flags keep Megatron-LM's names. Values are taken, each overriding the one before, from the defaults,\n"
+    "--model-preset, the --config YAML file and the command line. Unset derived values are computed.\n";
+
+const flags::FlagTable<TrainingArgs>& flag_table() {
+  static const flags::FlagTable<TrainingArgs> table("megatron train", kTrainIntro, build_flag_table());
   return table;
-}
-
-const Flag* find_flag(std::string_view name) {
-  for (const Flag& flag : flag_table()) {
-    if (flag.name == name) return &flag;
-  }
-  return nullptr;
-}
-
-template <class T>
-bool holds(const Flag& flag) {
-  return std::holds_alternative<T>(flag.field);
-}
-
-// ---- reading and writing values as text -------------------------------------------------------
-
-std::optional<int64_t> parse_int(std::string_view text) {
-  int64_t value = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return value;
-}
-
-template <class Real>
-std::optional<Real> parse_real(std::string_view text) {
-  Real value = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(value)) return std::nullopt;
-  return value;
-}
-
-// Shortest text that reads back to the same value.
-template <class Real>
-std::string format_real(Real value) {
-  char buffer[64];
-  const auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
-  return std::string(buffer, end);
-}
-
-std::vector<std::string> split_words(std::string_view text) {
-  std::istringstream is{std::string(text)};
-  std::vector<std::string> words;
-  for (std::string word; is >> word;) words.push_back(word);
-  return words;
-}
-
-// One flag's value from one source, before it is written into the arguments.
-struct Assignment {
-  const Flag* flag;
-  std::vector<std::string> values;  // exactly one for scalar kinds ("true"/"false" for switches)
-  std::string where;                // as the user wrote it: "--hidden-size" or "run.yaml: hidden_size"
-};
-
-// Writes one assignment into the arguments; returns the problem, or "" when it applied.
-struct Writer {
-  const Assignment& a;
-  TrainingArgs& args;
-
-  const std::string& text() const { return a.values.front(); }
-  std::string bad(std::string_view expected) const { return concat(a.where, " '", text(), "': expected ", expected); }
-
-  std::string operator()(FieldRef<int64_t> ref) const {
-    const auto value = parse_int(text());
-    if (!value) return bad("an integer (a whole number such as 8)");
-    ref(args) = *value;
-    return {};
-  }
-  std::string operator()(FieldRef<double> ref) const {
-    const auto value = parse_real<double>(text());
-    if (!value) return bad("a number (such as 0.01 or 3e-4)");
-    ref(args) = *value;
-    return {};
-  }
-  std::string operator()(FieldRef<float> ref) const {
-    const auto value = parse_real<float>(text());
-    if (!value) return bad("a number (such as 0.01 or 1e-5)");
-    ref(args) = *value;
-    return {};
-  }
-  std::string operator()(FieldRef<std::optional<double>> ref) const {
-    if (text().empty()) {  // "" is unset (training_args_to_flags writes it so)
-      ref(args).reset();
-      return {};
-    }
-    const auto value = parse_real<double>(text());
-    if (!value) return bad("a number (such as 0.01)");
-    ref(args) = *value;
-    return {};
-  }
-  std::string operator()(FieldRef<std::string> ref) const {
-    const auto& choices = a.flag->choices;
-    if (!choices.empty() && !text().empty() && std::find(choices.begin(), choices.end(), text()) == choices.end()) {
-      return bad(concat("one of ", join(choices, ", ")));
-    }
-    ref(args) = text();
-    return {};
-  }
-  std::string operator()(FieldRef<std::vector<std::string>> ref) const {
-    ref(args) = a.values;
-    return {};
-  }
-  std::string operator()(Switch s) const {
-    if (text() != "true" && text() != "false") return bad("true or false");
-    s.field(args) = text() == "true" ? s.value_when_given : !s.value_when_given;
-    return {};
-  }
-  std::string operator()(EnumField e) const {
-    const auto& choices = a.flag->choices;
-    const auto it = std::find(choices.begin(), choices.end(), text());
-    if (it == choices.end()) return bad(concat("one of ", join(choices, ", ")));
-    e.set(args, int(it - choices.begin()));
-    return {};
-  }
-  std::string operator()(ConfigFile) const { return {}; }  // already read by the parser
-};
-
-// A field's value as flag text; "" for unset optionals, empty strings and empty lists.
-struct Reader {
-  const Flag& flag;
-  TrainingArgs& args;
-
-  std::string operator()(FieldRef<int64_t> ref) const { return std::to_string(ref(args)); }
-  std::string operator()(FieldRef<double> ref) const { return format_real(ref(args)); }
-  std::string operator()(FieldRef<float> ref) const { return format_real(ref(args)); }
-  std::string operator()(FieldRef<std::optional<double>> ref) const {
-    return ref(args) ? format_real(*ref(args)) : std::string();
-  }
-  std::string operator()(FieldRef<std::string> ref) const { return ref(args); }
-  std::string operator()(FieldRef<std::vector<std::string>> ref) const { return join(ref(args), " "); }
-  std::string operator()(Switch s) const { return s.field(args) == s.value_when_given ? "true" : "false"; }
-  std::string operator()(EnumField e) const { return flag.choices.at(size_t(e.get(args))); }
-  std::string operator()(ConfigFile) const { return {}; }
-};
-
-std::string read_value(const Flag& flag, TrainingArgs& args) { return std::visit(Reader{flag, args}, flag.field); }
-
-// ---- collecting assignments from argv, YAML and flag pairs ------------------------------------
-
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  std::iota(row.begin(), row.end(), size_t(0));
-  for (size_t i = 0; i < a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i + 1;
-    for (size_t j = 0; j < b.size(); ++j) {
-      const size_t above = row[j + 1];
-      row[j + 1] = std::min({above + 1, row[j] + 1, diagonal + (a[i] == b[j] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-// The known flag closest to an unknown one, when it is close enough to be a typo.
-const Flag* closest_flag(std::string_view name) {
-  const Flag* best = nullptr;
-  // Allow about one edit in three characters of the name after "--".
-  size_t best_distance = std::max<size_t>(2, (name.size() - std::min<size_t>(name.size(), 2)) / 3) + 1;
-  for (const Flag& flag : flag_table()) {
-    const size_t distance = edit_distance(name, flag.name);
-    if (distance < best_distance) {
-      best = &flag;
-      best_distance = distance;
-    }
-  }
-  return best;
-}
-
-std::string yaml_key(const std::string& flag_name) {
-  std::string key = flag_name.substr(2);
-  std::replace(key.begin(), key.end(), '-', '_');
-  return key;
-}
-
-std::string flag_name_for_key(const std::string& key) {
-  std::string name = "--" + key;
-  std::replace(name.begin(), name.end(), '_', '-');
-  return name;
-}
-
-std::string unknown_flag(const std::string& where, const std::string& name, bool yaml) {
-  const Flag* close = closest_flag(name);
-  if (close == nullptr) {
-    return concat(where, ": unknown ", yaml ? "key" : "flag", "; megatron train does not support it (see ",
-                  "megatron train --help for the flags it does)");
-  }
-  return concat(where, ": unknown ", yaml ? "key" : "flag", "; did you mean ",
-                yaml ? yaml_key(close->name) : close->name, "?");
-}
-
-void add_once(std::vector<Assignment>& assignments, Assignment assignment, std::vector<std::string>& problems) {
-  for (const Assignment& earlier : assignments) {
-    if (earlier.flag == assignment.flag) {
-      problems.push_back(concat(assignment.where, " is given twice (first as ", earlier.where, "): keep one"));
-      return;
-    }
-  }
-  assignments.push_back(std::move(assignment));
-}
-
-bool is_flag_token(const std::string& token) { return token.rfind("--", 0) == 0; }
-
-std::vector<Assignment> assignments_from_argv(const std::vector<std::string>& argv,
-                                              std::vector<std::string>& problems) {
-  std::vector<Assignment> assignments;
-  size_t i = 0;
-  while (i < argv.size()) {
-    const std::string& token = argv[i++];
-    if (!is_flag_token(token)) {
-      problems.push_back(
-          concat("'", token, "' follows no flag: values come right after their flag, ", "e.g. --seq-length 1024"));
-      continue;
-    }
-    const size_t equals = token.find('=');
-    const std::string name = token.substr(0, equals);
-    const Flag* flag = find_flag(name);
-    if (flag == nullptr) {
-      problems.push_back(unknown_flag(name, name, false));
-      while (i < argv.size() && !is_flag_token(argv[i])) ++i;  // its values, so they do not pile up errors
-      continue;
-    }
-    Assignment assignment{flag, {}, name};
-    if (equals != std::string::npos) assignment.values.push_back(token.substr(equals + 1));
-    if (holds<Switch>(*flag)) {
-      if (!assignment.values.empty()) {
-        problems.push_back(concat(token, ": ", name, " takes no value; write ", name, " alone"));
-        continue;
-      }
-      assignment.values.push_back("true");
-    } else if (holds<FieldRef<std::vector<std::string>>>(*flag)) {
-      while (i < argv.size() && !is_flag_token(argv[i])) assignment.values.push_back(argv[i++]);
-      if (assignment.values.empty()) {
-        problems.push_back(concat(name, " needs at least one value, e.g. ", name, " my-corpus_text_document"));
-        continue;
-      }
-    } else if (assignment.values.empty()) {
-      if (i == argv.size() || is_flag_token(argv[i])) {
-        problems.push_back(concat(name, " needs a value: write ", name, " VALUE or ", name, "=VALUE"));
-        continue;
-      }
-      assignment.values.push_back(argv[i++]);
-    }
-    add_once(assignments, std::move(assignment), problems);
-  }
-  return assignments;
-}
-
-// The text values of one YAML entry, or a problem.
-std::optional<std::vector<std::string>> yaml_values(const Flag& flag, const YAML::Node& node, const std::string& where,
-                                                    std::vector<std::string>& problems) {
-  if (holds<Switch>(flag)) {
-    bool value = false;
-    if (node.IsScalar() && YAML::convert<bool>::decode(node, value))
-      return std::vector<std::string>{value ? "true" : "false"};
-    problems.push_back(concat(where, ": expected true or false"));
-    return std::nullopt;
-  }
-  if (holds<FieldRef<std::vector<std::string>>>(flag)) {
-    if (node.IsScalar()) return split_words(node.Scalar());
-    std::vector<std::string> values;
-    for (size_t i = 0; node.IsSequence() && i < node.size(); ++i) {
-      if (!node[i].IsScalar()) break;
-      values.push_back(node[i].Scalar());
-    }
-    if (node.IsSequence() && values.size() == node.size()) return values;
-    problems.push_back(concat(where, ": expected a list of strings, e.g. [0.3, corpus-a, 0.7, corpus-b]"));
-    return std::nullopt;
-  }
-  if (!node.IsScalar()) {
-    problems.push_back(concat(where, ": expected a single value, not a list or mapping"));
-    return std::nullopt;
-  }
-  return std::vector<std::string>{node.Scalar()};
-}
-
-std::vector<Assignment> assignments_from_yaml(const std::string& path, std::vector<std::string>& problems) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    problems.push_back(
-        concat("--config ", path, ": cannot be read as YAML (", e.what(), "); fix the path or the file"));
-    return {};
-  }
-  if (root.IsNull()) return {};
-  if (!root.IsMap()) {
-    problems.push_back(concat("--config ", path, ": expected a mapping of flag names to values, e.g. num_layers: 12"));
-    return {};
-  }
-  std::vector<Assignment> assignments;
-  for (const auto& entry : root) {
-    const std::string key = entry.first.Scalar();
-    const std::string where = concat(path, ": ", key);
-    const Flag* flag = find_flag(flag_name_for_key(key));
-    if (flag == nullptr) {
-      problems.push_back(unknown_flag(where, flag_name_for_key(key), true));
-      continue;
-    }
-    if (holds<ConfigFile>(*flag)) {
-      problems.push_back(concat(where, ": a config file cannot name another one; merge the two files"));
-      continue;
-    }
-    if (entry.second.IsNull()) continue;  // "key:" or "key: null" means not given
-    auto values = yaml_values(*flag, entry.second, where, problems);
-    if (values) add_once(assignments, Assignment{flag, std::move(*values), where}, problems);
-  }
-  return assignments;
-}
-
-std::vector<Assignment> assignments_from_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
-                                               std::vector<std::string>& problems) {
-  std::vector<Assignment> assignments;
-  for (const auto& [name, text] : pairs) {
-    const Flag* flag = find_flag(name);
-    if (flag == nullptr) {
-      problems.push_back(unknown_flag(name, name, false));
-      continue;
-    }
-    if (holds<ConfigFile>(*flag)) {
-      problems.push_back(concat(name, ": stored flags hold merged values and cannot name a config file; drop it"));
-      continue;
-    }
-    std::vector<std::string> values =
-        holds<FieldRef<std::vector<std::string>>>(*flag) ? split_words(text) : std::vector{text};
-    add_once(assignments, Assignment{flag, std::move(values), name}, problems);
-  }
-  return assignments;
-}
-
-[[noreturn]] void throw_problems(const std::vector<std::string>& problems, std::string_view note) {
-  std::ostringstream os;
-  os << problems.size() << (problems.size() == 1 ? " problem" : " problems") << " with the arguments:";
-  for (const std::string& problem : problems) os << "\n  - " << problem;
-  if (!note.empty()) os << "\n" << note;
-  throw Error(os.str());
 }
 
 // Layers in increasing precedence (YAML, then the command line). The preset is the starting
 // point under all of them, whichever layer names it.
-TrainingArgs resolve(const std::vector<std::vector<Assignment>>& layers, int64_t world_size,
+TrainingArgs resolve(const std::vector<std::vector<flags::Assignment>>& layers, int64_t world_size,
                      std::vector<std::string> problems) {
+  const flags::FlagTable<TrainingArgs>& table = flag_table();
   TrainingArgs args;
-  const Flag* preset_flag = find_flag("--model-preset");
+  const size_t preset_flag = table.index_of("--model-preset");
   for (auto layer = layers.rbegin(); layer != layers.rend(); ++layer) {
     const auto it =
-        std::find_if(layer->begin(), layer->end(), [&](const Assignment& a) { return a.flag == preset_flag; });
+        std::find_if(layer->begin(), layer->end(), [&](const flags::Assignment& a) { return a.flag == preset_flag; });
     if (it == layer->end()) continue;
     // An unknown name is reported when the assignment is written below.
     if (const ModelPreset* preset = find_model_preset(it->values.front())) apply_model_preset(*preset, args.model);
     break;
   }
-  for (const auto& layer : layers) {
-    for (const Assignment& assignment : layer) {
-      std::string problem = std::visit(Writer{assignment, args}, assignment.flag->field);
-      if (!problem.empty()) problems.push_back(std::move(problem));
-    }
-  }
-  if (!problems.empty()) throw_problems(problems, "(the consistency checks run once these are fixed)");
+  table.apply(layers, args, problems);
+  if (!problems.empty()) flags::throw_problems(problems, "(the consistency checks run once these are fixed)");
   args.world_size = world_size;
   derive_training_args(args);
   const std::vector<std::string> invalid = validate(args);
-  if (!invalid.empty()) throw_problems(invalid, "");
+  if (!invalid.empty()) flags::throw_problems(invalid);
   return args;
 }
 
@@ -634,7 +253,7 @@ std::optional<std::vector<double>> split_weights(const std::string& split) {
     const size_t begin = split.find_first_of(".0123456789", i);
     if (begin == std::string::npos) break;
     const size_t end = std::min(split.find_first_not_of(".0123456789", begin), split.size());
-    const auto weight = parse_real<double>(std::string_view(split).substr(begin, end - begin));
+    const auto weight = flags::parse_double(std::string_view(split).substr(begin, end - begin));
     if (!weight) return std::nullopt;
     weights.push_back(*weight);
     i = end;
@@ -662,12 +281,6 @@ void check_batch(const TrainingArgs& a, std::vector<std::string>& errors) {
   } else if (a.global_batch_size > 0 && a.train_samples < a.global_batch_size) {
     errors.push_back(concat("--train-samples ", a.train_samples, " is less than one global batch (",
                             a.global_batch_size, " samples): train on at least that many"));
-  }
-  const int64_t model_parallel = a.model.tensor_model_parallel_size * a.model.pipeline_model_parallel_size;
-  if (a.world_size <= 0 || (model_parallel > 0 && a.world_size % model_parallel != 0)) {
-    errors.push_back(concat("world size ", a.world_size, " is not a multiple of TP*PP = ", model_parallel,
-                            ": each data-parallel replica needs all TP*PP ranks; launch a multiple of ", model_parallel,
-                            " ranks"));
   }
   const int64_t per_step = a.micro_batch_size * a.data_parallel_size;
   if (a.global_batch_size <= 0 && a.micro_batch_size > 0) {
@@ -858,39 +471,8 @@ void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
   if (a.log_interval <= 0) {
     errors.push_back(concat("--log-interval ", a.log_interval, " must be positive: e.g. --log-interval 10"));
   }
-  // Restricted string fields may have been set by code rather than by the parser; "" stands for
-  // unset where the default is unset (--model-preset).
-  TrainingArgs copy = a;
-  TrainingArgs defaults;
-  for (const Flag& flag : flag_table()) {
-    if (!holds<FieldRef<std::string>>(flag) || flag.choices.empty()) continue;
-    const std::string value = read_value(flag, copy);
-    const bool unset_allowed = value.empty() && read_value(flag, defaults).empty();
-    if (!unset_allowed && std::find(flag.choices.begin(), flag.choices.end(), value) == flag.choices.end()) {
-      errors.push_back(concat(flag.name, " ", value, ": expected one of ", join(flag.choices, ", ")));
-    }
-  }
-}
-
-// The metavariable of a flag in help text.
-std::string metavar(const Flag& flag) {
-  struct Namer {
-    const Flag& flag;
-    std::string choices() const {
-      const std::string all = join(flag.choices, ",");
-      return all.size() <= 40 ? "{" + all + "}" : "NAME";
-    }
-    std::string operator()(FieldRef<int64_t>) const { return "INT"; }
-    std::string operator()(FieldRef<double>) const { return "FLOAT"; }
-    std::string operator()(FieldRef<float>) const { return "FLOAT"; }
-    std::string operator()(FieldRef<std::optional<double>>) const { return "FLOAT"; }
-    std::string operator()(FieldRef<std::string>) const { return flag.choices.empty() ? "STR" : choices(); }
-    std::string operator()(FieldRef<std::vector<std::string>>) const { return "STR [STR ...]"; }
-    std::string operator()(Switch) const { return ""; }
-    std::string operator()(EnumField) const { return choices(); }
-    std::string operator()(ConfigFile) const { return "FILE.yaml"; }
-  };
-  return std::visit(Namer{flag}, flag.field);
+  // Restricted string fields may have been set by code rather than by the parser.
+  flag_table().check_choices(a, errors);
 }
 
 }  // namespace
@@ -908,24 +490,11 @@ int64_t tokenizer_vocab_size(const DataArgs& data) {
 
 void derive_training_args(TrainingArgs& a) {
   a.model.params_dtype = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
-  // Megatron turns sequence parallelism off without tensor parallelism, with a warning.
-  if (a.model.sequence_parallel && a.model.tensor_model_parallel_size == 1) {
-    LOG_WARN("--sequence-parallel has no effect with --tensor-model-parallel-size 1; disabling it");
-    a.model.sequence_parallel = false;
-  }
-  if (a.model.tp_comm_overlap && a.model.tensor_model_parallel_size == 1) {
-    LOG_WARN("--tp-comm-overlap has no effect with --tensor-model-parallel-size 1; disabling it");
-    a.model.tp_comm_overlap = false;
-  }
-  if (a.model.tp_comm_overlap && a.model.tensor_model_parallel_size > 2)
-    LOG_WARN(
-        "--tp-comm-overlap at TP " << a.model.tensor_model_parallel_size
-                                   << ": its rings take TP-1 point-to-point steps per collective and measured "
-                                      "slower than plain collectives at TP 4 (docs/PERFORMANCE.md); it pays at TP 2");
   std::string unused;
   if (const auto vocab = known_vocab_size(a.data, &unused)) a.model.vocab_size = *vocab;
-  derive_model_fields(a.model);
-  const int64_t model_parallel = a.model.tensor_model_parallel_size * a.model.pipeline_model_parallel_size;
+  derive_model_fields(a.model, a.parallel.tensor_model_parallel_size);
+  const ParallelSizes sizes = a.parallel.sizes();
+  const int64_t model_parallel = sizes.tp * sizes.cp * sizes.pp;
   // A layout that does not divide the world keeps DP = 1; validate() reports it.
   if (model_parallel > 0 && a.world_size > 0 && a.world_size % model_parallel == 0) {
     a.data_parallel_size = a.world_size / model_parallel;
@@ -941,6 +510,8 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   // model's "vocab size 0" would only repeat it.
   if (args.model.vocab_size <= 0)
     std::erase_if(errors, [](const std::string& e) { return e.rfind("vocab size ", 0) == 0; });
+  for (std::string& e : validate(args.parallel, args.world_size)) errors.push_back(std::move(e));
+  for (std::string& e : validate_tensor_parallel_split(args.model, args.parallel)) errors.push_back(std::move(e));
   check_batch(args, errors);
   check_schedule(args, errors);
   check_optimizer(args.optimizer, errors);
@@ -953,57 +524,21 @@ std::vector<std::string> validate(const TrainingArgs& args) {
 
 TrainingArgs parse_training_args(const std::vector<std::string>& argv, int64_t world_size) {
   std::vector<std::string> problems;
-  std::vector<Assignment> command_line = assignments_from_argv(argv, problems);
-  std::vector<Assignment> config_file;
-  for (const Assignment& assignment : command_line) {
-    if (holds<ConfigFile>(*assignment.flag)) config_file = assignments_from_yaml(assignment.values.front(), problems);
-  }
-  return resolve({config_file, command_line}, world_size, std::move(problems));
+  const auto layers = flags::read_command_line(flag_table().syntax(), argv, problems);
+  return resolve(layers, world_size, std::move(problems));
 }
 
 TrainingArgs parse_training_args_from_flags(const std::vector<std::pair<std::string, std::string>>& flags,
                                             int64_t world_size) {
   std::vector<std::string> problems;
-  std::vector<Assignment> assignments = assignments_from_pairs(flags, problems);
+  std::vector<flags::Assignment> assignments = flag_table().read_pairs(flags, problems);
   return resolve({assignments}, world_size, std::move(problems));
 }
 
-std::string training_args_help() {
-  std::ostringstream os;
-  os << "Usage: megatron train [--flag VALUE | --flag=VALUE]...\n\n"
-        "Flags keep Megatron-LM's names. Values are taken, each overriding the one before, from the defaults,\n"
-        "--model-preset, the --config YAML file and the command line. Unset derived values are computed.\n";
-  TrainingArgs defaults;
-  std::string section;
-  for (const Flag& flag : flag_table()) {
-    if (flag.section != section) {
-      section = flag.section;
-      os << "\n" << section << ":\n";
-    }
-    std::string left = "  " + flag.name;
-    if (const std::string var = metavar(flag); !var.empty()) left += " " + var;
-    os << left;
-    if (left.size() >= 44) {
-      os << "\n" << std::string(44, ' ');
-    } else {
-      os << std::string(44 - left.size(), ' ');
-    }
-    os << flag.help;
-    if (metavar(flag) == "NAME") os << "; one of " << join(flag.choices, ", ");
-    const std::string value = read_value(flag, defaults);
-    if (!holds<Switch>(flag) && !value.empty() && value != "0") os << " [default: " << value << "]";
-    os << "\n";
-  }
-  return os.str();
-}
+std::string training_args_help() { return flag_table().help(); }
 
 std::vector<std::pair<std::string, std::string>> training_args_to_flags(const TrainingArgs& args) {
-  TrainingArgs copy = args;  // the field references need a mutable object; reading changes nothing
-  std::vector<std::pair<std::string, std::string>> flags;
-  for (const Flag& flag : flag_table()) {
-    if (!holds<ConfigFile>(flag)) flags.emplace_back(flag.name, read_value(flag, copy));
-  }
-  return flags;
+  return flag_table().to_flags(args);
 }
 
 }  // namespace megatron

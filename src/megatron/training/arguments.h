@@ -9,6 +9,7 @@
 
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/optimizer/optimizer_config.h"
+#include "megatron/parallel/parallel_args.h"
 #include "megatron/transformer/transformer_config.h"
 
 namespace megatron {
@@ -36,6 +37,7 @@ struct DataArgs {
 
 struct TrainingArgs {
   TransformerConfig model;
+  ParallelArgs parallel;
   OptimizerArgs optimizer;
   DataArgs data;
 
@@ -47,7 +49,7 @@ struct TrainingArgs {
   int64_t global_batch_size = 0;   // derived: micro_batch_size * data_parallel_size
   int64_t train_iters = 0;         // this or train_samples is required
   int64_t train_samples = 0;       // sample-based training instead of train_iters (0: unset)
-  int64_t data_parallel_size = 1;  // derived: world_size / (TP * PP)
+  int64_t data_parallel_size = 1;  // derived: world_size / (TP * CP * PP)
   int64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
 
@@ -89,9 +91,10 @@ TrainingArgs parse_training_args_from_flags(const std::vector<std::pair<std::str
                                             int64_t world_size = 1);
 
 // Fills what Megatron derives (done once, after all values are in): model.vocab_size from the
-// tokenizer, model.params_dtype from --bf16/--fp16, derive_model_fields(), data_parallel_size =
-// world_size / (TP*PP), global_batch_size = mbs * DP, lr_decay_iters = train_iters and
-// lr_decay_samples = train_samples when unset.
+// tokenizer, model.params_dtype from --bf16/--fp16, derive_model_fields() (the vocabulary padded
+// for TP), data_parallel_size = world_size / (TP*CP*PP), global_batch_size = mbs * DP,
+// lr_decay_iters = train_iters and lr_decay_samples = train_samples when unset. What the user
+// gave is never rewritten.
 void derive_training_args(TrainingArgs& args);
 
 // Every rule the arguments break (model rules included), one message each. Empty when valid.

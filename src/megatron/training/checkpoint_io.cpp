@@ -1,6 +1,7 @@
 #include "megatron/training/checkpoint_io.h"
 
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -66,13 +67,30 @@ void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& ar
                  "checkpoint " << dir << " has a padded vocabulary of " << saved["padded_vocab_size"].get<std::string>()
                                << " rows but this run pads its " << args.model.vocab_size << " tokens to " << padded
                                << " (--make-vocab-size-divisible-by " << args.model.make_vocab_size_divisible_by
-                               << " x TP " << args.model.tensor_model_parallel_size
+                               << " x TP " << args.parallel.tensor_model_parallel_size
                                << "); use the same tokenizer, and a --make-vocab-size-divisible-by that gives "
                                << saved["padded_vocab_size"].get<std::string>() << " rows at this TP");
 }
 
+// --load takes the directory of a run's checkpoints (its --save), as in Megatron; given one
+// checkpoint's directory (iter_0000100/ or release/, which hold metadata.json), say to pass the parent.
+void check_not_one_checkpoint(const std::string& load_dir) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(load_dir).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();  // a trailing slash
+  const std::string name = dir.filename().string();
+  const bool iteration_name = name == "release" || (name.size() > 5 && name.rfind("iter_", 0) == 0 &&
+                                                    name.find_first_not_of("0123456789", 5) == std::string::npos);
+  std::error_code ec;
+  MEGATRON_CHECK(!iteration_name || !fs::exists(dir / "metadata.json", ec),
+                 "--load " << load_dir << " is one checkpoint's directory; pass its parent, --load "
+                           << (dir.has_parent_path() ? dir.parent_path().string() : std::string("."))
+                           << " (the run's --save directory): the latest checkpoint in it is loaded");
+}
+
 CheckpointReader open_latest(const std::string& load_dir) {
   const auto iteration = checkpointing::read_tracker(load_dir);
+  if (!iteration) check_not_one_checkpoint(load_dir);
   MEGATRON_CHECK(iteration.has_value(), "no checkpoint in " << load_dir << " (no latest_checkpointed_iteration.txt); "
                                                             << "train with --save " << load_dir << " first");
   return CheckpointReader::open(load_dir, *iteration);
@@ -152,6 +170,7 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   if (args.load.empty()) return false;
   if (!checkpointing::read_tracker(args.load).has_value()) {
+    check_not_one_checkpoint(args.load);
     LOG_WARN("--load " << args.load << " holds no checkpoint yet; starting from scratch");
     return false;
   }
@@ -191,39 +210,17 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
   return true;
 }
 
-// The checkpoint's own layout is left out (loading reads global slices, so any layout can), and
-// the model is rebuilt at the requested TP without sequence parallelism (nor its overlap); its padded vocabulary is
-// kept: it depends on the TP it was trained with.
-TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t tensor_model_parallel_size) {
+TrainingArgs read_checkpoint_args(const std::string& load_dir) {
   const CheckpointReader reader = open_latest(load_dir);
   const nlohmann::json& saved = reader.common().at("args");
   std::vector<std::pair<std::string, std::string>> flags;
-  for (const auto& [flag, value] : saved.items()) {
-    const bool layout = flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
-                        flag == "--sequence-parallel" || flag == "--tp-comm-overlap";
-    if (flag.rfind("--", 0) == 0 && !layout) flags.emplace_back(flag, value.get<std::string>());
-  }
-  const int64_t tp = tensor_model_parallel_size;
-  flags.emplace_back("--tensor-model-parallel-size", std::to_string(tp));
-  TrainingArgs args;
-  try {
-    // The world is the TP group (DP = 1), so the training rules of the layout apply unchanged.
-    args = parse_training_args_from_flags(flags, tp);
-  } catch (const Error& e) {
-    MEGATRON_FAIL("the model of checkpoint " << load_dir << " cannot be built at --tensor-model-parallel-size " << tp
-                                             << ": " << e.what());
-  }
-  if (saved.contains("padded_vocab_size")) {
-    const int64_t padded = std::stoll(saved["padded_vocab_size"].get<std::string>());
-    MEGATRON_CHECK(padded % tp == 0, "the padded vocabulary of checkpoint "
-                                         << load_dir << " (" << padded
-                                         << " rows) is not divisible by --tensor-model-parallel-size " << tp
-                                         << ": each TP rank holds padded_vocab_size / TP rows of the embedding and "
-                                            "output layer; use a TP that divides "
-                                         << padded << " (the TP it was trained with does)");
-    args.model.padded_vocab_size = padded;
-  }
-  return args;
+  for (const auto& [key, value] : saved.items())
+    if (key.rfind("--", 0) == 0) flags.emplace_back(key, value.get<std::string>());  // not padded_vocab_size
+  // World size is no flag: take the smallest world the stored layout runs on, one replica.
+  int64_t world = 1;
+  for (const char* axis : {"--tensor-model-parallel-size", "--context-parallel-size", "--pipeline-model-parallel-size"})
+    if (saved.contains(axis)) world *= std::stoll(saved[axis].get<std::string>());
+  return parse_training_args_from_flags(flags, world);
 }
 
 void load_model_weights(const std::string& load_dir, GPTModel& model) {

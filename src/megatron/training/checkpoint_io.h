@@ -48,14 +48,12 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
 bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress);
 
-// Model weights only, and the arguments the checkpoint was trained with (for generate), to build
-// the model at any TP on a world of TP ranks: the checkpoint's own TP, PP and sequence parallelism
-// are replaced (generation runs without SP: the weights are the same, and SP would need every
-// step's growing sequence to divide by TP), its padded vocabulary is kept. The training rules of
-// the layout (heads, query groups, FFN size and the padded vocabulary divisible by TP) are checked
-// and a broken one throws, naming the value and the fix. Every rank of the model calls
-// load_model_weights, which reads the slices the rank holds.
-TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t tensor_model_parallel_size = 1);
+// The arguments the latest checkpoint under load_dir was trained with, as stored (its layout
+// included; world_size and data_parallel_size, which are no flags, describe one replica of it).
+// A caller that runs the model under another layout (generate) decides it from these: the
+// checkpoint loads at any TP that splits the stored model, its padded vocabulary included
+// (validate_tensor_parallel_split). load_model_weights then reads the slices the model's rank holds.
+TrainingArgs read_checkpoint_args(const std::string& load_dir);
 void load_model_weights(const std::string& load_dir, GPTModel& model);
 
 }  // namespace megatron

@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 
+#include "megatron/checkpointing/save_directory.h"
 #include "megatron/core/logging.h"
 #include "megatron/core/memory.h"
 #include "megatron/core/strings.h"
@@ -22,6 +23,7 @@
 #include "megatron/ops/profiler.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
+#include "megatron/parallel/parallel_args.h"
 #include "megatron/parallel/parallel_state.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/device.h"
@@ -175,10 +177,10 @@ void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
                                                            << args.world_size << " ranks but this run has "
                                                            << ctx.world->size()
                                                            << "; parse them with the launched world size");
-  MEGATRON_CHECK(ctx.dp->size() == args.data_parallel_size && ctx.tp_size() == args.model.tensor_model_parallel_size,
+  MEGATRON_CHECK(ctx.dp->size() == args.data_parallel_size && ctx.tp_size() == args.parallel.tensor_model_parallel_size,
                  "the parallel groups (DP " << ctx.dp->size() << ", TP " << ctx.tp_size()
                                             << ") disagree with the arguments (DP " << args.data_parallel_size
-                                            << ", TP " << args.model.tensor_model_parallel_size
+                                            << ", TP " << args.parallel.tensor_model_parallel_size
                                             << "); build the groups from the same sizes");
 }
 
@@ -216,23 +218,24 @@ TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRunt
   // starts kernels in issue order, so a collective issued before the GEMM it overlaps gets its SMs
   // before the GEMM fills them (llama-3b on 4xH200: 1.5-3% faster at TP 2, 7% at TP 4; PERFORMANCE.md).
   // Set before this process creates its CUDA context; a value the user chose stands.
-  if (args.model.tensor_model_parallel_size > 1 && setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 0) != 0)
+  if (args.parallel.tensor_model_parallel_size > 1 && setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 0) != 0)
     LOG_WARN("could not set CUDA_DEVICE_MAX_CONNECTIONS=1; TP communication may overlap its GEMMs less");
   const Device device = select_device(args.device, mpi ? mpi->process().local_rank : 0);
-  ParallelSizes sizes;
-  sizes.tp = args.model.tensor_model_parallel_size;
-  sizes.pp = args.model.pipeline_model_parallel_size;
   const ParallelState state =
-      initialize_parallel(sizes, {.device = device,
-                                  .timeout_seconds = 60.0 * args.distributed_timeout_minutes,
-                                  .tied_embeddings = !args.model.untie_embeddings_and_output_weights,
-                                  .mpi = mpi});
+      initialize_parallel(args.parallel.sizes(), {.device = device,
+                                                  .timeout_seconds = 60.0 * args.distributed_timeout_minutes,
+                                                  .tied_embeddings = !args.model.untie_embeddings_and_output_weights,
+                                                  .mpi = mpi});
   return pretrain(args, state.ctx, device);
 }
 
-TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, Device device) {
-  check_context(args, ctx);
-  const ScopedLogRank log_rank(ctx.world->rank());
+TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups, Device device) {
+  check_context(args, groups);
+  const ScopedLogRank log_rank(groups.world->rank());
+  // Every rank writes its own files into --save: each checks it can, before any work.
+  if (!args.save.empty())
+    checkpointing::prepare_save_directory(args.save, concat(".write_probe_rank_", groups.world->rank()));
+  const ParallelContext ctx = model_context(groups, args.parallel);
   const bool last_rank = ctx.world->rank() == ctx.world->size() - 1;
   // The data are split over DP ranks (context-parallel ranks share a batch); gradients and the
   // reported loss are reduced over DP x CP.
@@ -257,8 +260,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     optimizer = std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args));
   if (ctx.tp_size() > 1)
     LOG_INFO("> tensor parallel: " << ctx.tp_size() << " ranks"
-                                   << (config.sequence_parallel ? ", sequence parallel" : "")
-                                   << (config.tp_comm_overlap ? ", communication overlapped with GEMMs" : "")
+                                   << (ctx.sequence_parallel() ? ", sequence parallel" : "")
+                                   << (ctx.tp_comm_overlap() ? ", communication overlapped with GEMMs" : "")
                                    << (device.is_cuda() && std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") != nullptr
                                            ? concat(", CUDA_DEVICE_MAX_CONNECTIONS=",
                                                     std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"))

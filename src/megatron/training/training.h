@@ -31,8 +31,9 @@ struct TrainingSummary {
 // timeouts from --distributed-timeout-minutes) and trains.
 TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRuntime>& mpi = nullptr);
 
-// With groups the caller built (tests run several layouts in one job): ctx.world is this run's
-// world, ctx.dp_cp its data-parallel group; their sizes must match the arguments'.
-TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, Device device);
+// With groups the caller built (tests run several layouts in one job): groups.world is this run's
+// world, groups.dp_cp its data-parallel group; their sizes must match the arguments'. The layers
+// take sequence parallelism and its overlap from the arguments (parallel_args.h: model_context).
+TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups, Device device);
 
 }  // namespace megatron

@@ -36,16 +36,9 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
       rope_(config.position_embedding_type == PositionEmbeddingType::rope),
       rope_params_{config.rotary_base, config.rotary_percent, config.rotary_interleaved, 0},
       linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
-                  {.bias = config.add_bias_linear || config.add_qkv_bias,
-                   .init_std = config.init_method_std,
-                   .sequence_parallel = config.sequence_parallel,
-                   .tp_comm_overlap = config.tp_comm_overlap}),
+                  {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std}),
       linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
-                   config.hidden_size,
-                   {.bias = config.add_bias_linear,
-                    .init_std = output_init_std(config),
-                    .sequence_parallel = config.sequence_parallel,
-                    .tp_comm_overlap = config.tp_comm_overlap}) {}
+                   config.hidden_size, {.bias = config.add_bias_linear, .init_std = output_init_std(config)}) {}
 
 void SelfAttention::Saved::count(ActivationMemory& m) const {
   qkv.count(m);

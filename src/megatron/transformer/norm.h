@@ -7,6 +7,7 @@
 
 #include "megatron/core/activation_memory.h"
 #include "megatron/ops/norm.h"
+#include "megatron/parallel/comm.h"
 #include "megatron/parameters/parameter_registry.h"
 #include "megatron/transformer/residual_stream.h"
 #include "megatron/transformer/transformer_config.h"
@@ -23,8 +24,8 @@ class Norm {
   };
   // weight_name / bias_name: full Megatron names (TE spec fuses the pre-norms into the next
   // linear, e.g. "...self_attention.linear_qkv.layer_norm_weight").
-  Norm(ParameterRegistry& registry, const TransformerConfig& config, const std::string& weight_name,
-       const std::string& bias_name);
+  Norm(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+       const std::string& weight_name, const std::string& bias_name);
   // y = norm(x.residual + x.delta), the addition fused into the norm when x defers one; the sum
   // (the stream's next residual) is saved.input. (S,B,C) -> (S,B,C)
   Tensor forward(const ResidualStream& x, Saved& saved) const;

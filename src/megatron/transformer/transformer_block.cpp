@@ -11,7 +11,7 @@ TransformerBlock::TransformerBlock(ParameterRegistry& registry, const ParallelCo
     layers_.push_back(std::make_unique<TransformerLayer>(registry, ctx, config, i));
   if (has_final_norm)
     final_norm_ =
-        std::make_unique<Norm>(registry, config, "decoder.final_layernorm.weight", "decoder.final_layernorm.bias");
+        std::make_unique<Norm>(registry, ctx, config, "decoder.final_layernorm.weight", "decoder.final_layernorm.bias");
 }
 
 ResidualStream TransformerBlock::forward(const ResidualStream& x, const ForwardContext& fwd, Saved& saved) const {

@@ -130,13 +130,38 @@ void check_vocab(const TransformerConfig& c, std::vector<std::string>& errors) {
   }
 }
 
-// Megatron's tensor-parallel rules: every split dimension divides across the TP ranks.
-void check_tensor_parallel(const TransformerConfig& c, std::vector<std::string>& errors) {
-  const int64_t tp = c.tensor_model_parallel_size;
-  if (tp <= 0) {
-    errors.push_back(concat("--tensor-model-parallel-size ", tp, " must be positive: 1 disables tensor parallelism"));
-    return;
+}  // namespace
+
+void derive_model_fields(TransformerConfig& c, int64_t tensor_model_parallel_size) {
+  if (c.ffn_hidden_size == 0) {
+    // Megatron: int((4h * 2/3) / 64) * 64 in floating point, i.e. floor(8h / 192) * 64.
+    c.ffn_hidden_size = c.swiglu ? (8 * c.hidden_size) / 192 * 64 : 4 * c.hidden_size;
   }
+  if (c.kv_channels == 0 && c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0) {
+    c.kv_channels = c.hidden_size / c.num_attention_heads;
+  }
+  if (c.num_query_groups == 0) c.num_query_groups = c.group_query_attention ? 1 : c.num_attention_heads;
+  if (c.max_position_embeddings == 0) c.max_position_embeddings = c.seq_length;
+  if (c.padded_vocab_size == 0 && c.vocab_size > 0 && c.make_vocab_size_divisible_by > 0 &&
+      tensor_model_parallel_size > 0) {
+    c.padded_vocab_size = padded_vocab_size(c.vocab_size, c.make_vocab_size_divisible_by, tensor_model_parallel_size);
+  }
+}
+
+std::vector<std::string> validate(const TransformerConfig& config) {
+  std::vector<std::string> errors;
+  check_shape(config, errors);
+  check_heads(config, errors);
+  check_positions(config, errors);
+  check_numerics(config, errors);
+  check_vocab(config, errors);
+  return errors;
+}
+
+std::vector<std::string> validate_tensor_parallel_split(const TransformerConfig& c, const ParallelArgs& parallel) {
+  std::vector<std::string> errors;
+  const int64_t tp = parallel.tensor_model_parallel_size;
+  if (tp <= 0) return errors;  // validate(ParallelArgs) names it
   if (c.num_attention_heads > 0 && c.num_attention_heads % tp != 0) {
     errors.push_back(concat(
         "--num-attention-heads ", c.num_attention_heads, " is not divisible by --tensor-model-parallel-size ", tp,
@@ -153,59 +178,18 @@ void check_tensor_parallel(const TransformerConfig& c, std::vector<std::string>&
                             " is not divisible by --tensor-model-parallel-size ", tp,
                             ": each TP rank holds ffn_hidden_size / TP columns of the MLP; use a multiple of ", tp));
   }
+  // Derived padding always divides; a vocabulary padded for another TP (a checkpoint's) may not.
   if (c.padded_vocab_size > 0 && c.padded_vocab_size % tp != 0) {
-    errors.push_back(concat("padded vocab size ", c.padded_vocab_size, " is not divisible by TP ", tp,
-                            ": each TP rank holds padded_vocab_size / TP rows of the embedding; leave it to ",
-                            "derivation (a multiple of --make-vocab-size-divisible-by x TP)"));
+    errors.push_back(concat("the padded vocabulary (", c.padded_vocab_size,
+                            " rows) is not divisible by --tensor-model-parallel-size ", tp,
+                            ": each TP rank holds padded_vocab_size / TP rows of the embedding and output layer; ",
+                            "use a TP that divides ", c.padded_vocab_size));
   }
-  if (c.sequence_parallel && tp > 1 && c.seq_length > 0 && c.seq_length % tp != 0) {
+  if (parallel.sequence_parallel && tp > 1 && c.seq_length > 0 && c.seq_length % tp != 0) {
     errors.push_back(concat("--seq-length ", c.seq_length, " is not divisible by --tensor-model-parallel-size ", tp,
                             " under --sequence-parallel: each TP rank holds seq_length / TP positions of the ",
                             "sequence; use a multiple of ", tp, " or drop --sequence-parallel"));
   }
-  // Megatron's rule too: the overlapped collectives are the SP all-gathers and reduce-scatters.
-  if (c.tp_comm_overlap && tp > 1 && !c.sequence_parallel) {
-    errors.push_back(concat("--tp-comm-overlap needs --sequence-parallel: it overlaps the sequence-parallel ",
-                            "all-gathers and reduce-scatters with the GEMMs; add --sequence-parallel or drop ",
-                            "--tp-comm-overlap"));
-  }
-}
-
-void check_parallel(const TransformerConfig& c, std::vector<std::string>& errors) {
-  check_tensor_parallel(c, errors);
-  if (c.pipeline_model_parallel_size != 1) {
-    errors.push_back(concat("--pipeline-model-parallel-size ", c.pipeline_model_parallel_size,
-                            ": only 1 is supported in this build; PP>1 arrives with the pipeline-parallel issue; ",
-                            "drop the flag"));
-  }
-}
-
-}  // namespace
-
-void derive_model_fields(TransformerConfig& c) {
-  if (c.ffn_hidden_size == 0) {
-    // Megatron: int((4h * 2/3) / 64) * 64 in floating point, i.e. floor(8h / 192) * 64.
-    c.ffn_hidden_size = c.swiglu ? (8 * c.hidden_size) / 192 * 64 : 4 * c.hidden_size;
-  }
-  if (c.kv_channels == 0 && c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0) {
-    c.kv_channels = c.hidden_size / c.num_attention_heads;
-  }
-  if (c.num_query_groups == 0) c.num_query_groups = c.group_query_attention ? 1 : c.num_attention_heads;
-  if (c.max_position_embeddings == 0) c.max_position_embeddings = c.seq_length;
-  if (c.padded_vocab_size == 0 && c.vocab_size > 0 && c.make_vocab_size_divisible_by > 0 &&
-      c.tensor_model_parallel_size > 0) {
-    c.padded_vocab_size = padded_vocab_size(c.vocab_size, c.make_vocab_size_divisible_by, c.tensor_model_parallel_size);
-  }
-}
-
-std::vector<std::string> validate(const TransformerConfig& config) {
-  std::vector<std::string> errors;
-  check_shape(config, errors);
-  check_heads(config, errors);
-  check_positions(config, errors);
-  check_numerics(config, errors);
-  check_vocab(config, errors);
-  check_parallel(config, errors);
   return errors;
 }
 

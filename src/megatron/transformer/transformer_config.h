@@ -2,12 +2,14 @@
 // The model's shape and numerics, with Megatron-Core's TransformerConfig names.
 // A config is plain data: arguments.cpp fills it from flags/YAML/presets, derives the fields
 // Megatron derives (ffn_hidden_size, kv_channels, ...) once, and validate() reports every
-// inconsistency without rewriting anything.
+// inconsistency without rewriting anything. The parallel layout is not part of it: layers read
+// it from their ParallelContext (parallel/parallel_args.h).
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "megatron/core/dtype.h"
+#include "megatron/parallel/parallel_args.h"
 
 namespace megatron {
 
@@ -41,23 +43,22 @@ struct TransformerConfig {
   float attention_dropout = 0.1f;
   float hidden_dropout = 0.1f;
   DType params_dtype = DType::f32;  // --bf16 / --fp16; f64 only for CPU gradient checks
-
-  // Parallel layout seen by the model (filled from the parallel arguments).
-  int64_t tensor_model_parallel_size = 1;
-  int64_t pipeline_model_parallel_size = 1;
-  bool sequence_parallel = false;
-  bool tp_comm_overlap = false;  // SP collectives as rings beside the GEMMs (tensor_parallel/ring_overlap.h)
 };
 
 // Fills the fields Megatron derives, where they are still 0: ffn_hidden_size (4h, or
 // int((4h*2/3)/64)*64 with swiglu), kv_channels (h / heads, only when heads divide h),
 // num_query_groups (heads, or Megatron's 1 with group_query_attention), max_position_embeddings
 // (seq_length; Megatron requires the flag, we derive it for convenience) and padded_vocab_size
-// (from vocab_size). Never reports: validate() does that afterwards.
-void derive_model_fields(TransformerConfig& config);
+// (from vocab_size, padded for the run's TP). Never reports: validate() does that afterwards.
+void derive_model_fields(TransformerConfig& config, int64_t tensor_model_parallel_size);
 
 // Every rule the config breaks, one message each (value, rule, fix). Empty when valid.
 std::vector<std::string> validate(const TransformerConfig& config);
+
+// Megatron's rules for splitting the model over the layout's TP ranks: whole attention heads,
+// query groups, MLP columns and vocabulary rows per rank, and under sequence parallelism (TP > 1)
+// whole sequence shards. One message each; empty when the split works.
+std::vector<std::string> validate_tensor_parallel_split(const TransformerConfig& config, const ParallelArgs& parallel);
 
 // Megatron's vocab padding: ceil(vocab / (divisor * TP)) * (divisor * TP).
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tensor_parallel_size);

@@ -25,11 +25,11 @@ TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelCo
     : prefix_(layer_prefix(layer_number)),
       ctx_(&ctx),
       hidden_dropout_(config.hidden_dropout),
-      sequence_parallel_(config.sequence_parallel),
-      input_norm_(registry, config, prefix_ + ".self_attention.linear_qkv.layer_norm_weight",
+      sequence_parallel_(ctx.sequence_parallel()),
+      input_norm_(registry, ctx, config, prefix_ + ".self_attention.linear_qkv.layer_norm_weight",
                   prefix_ + ".self_attention.linear_qkv.layer_norm_bias"),
       self_attention_(registry, ctx, config, prefix_ + ".self_attention"),
-      pre_mlp_norm_(registry, config, prefix_ + ".mlp.linear_fc1.layer_norm_weight",
+      pre_mlp_norm_(registry, ctx, config, prefix_ + ".mlp.linear_fc1.layer_norm_weight",
                     prefix_ + ".mlp.linear_fc1.layer_norm_bias"),
       mlp_(registry, ctx, config, prefix_ + ".mlp") {}
 

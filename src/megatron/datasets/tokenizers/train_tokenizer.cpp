@@ -7,57 +7,38 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <ostream>
-#include <sstream>
 #include <thread>
 
 #include "megatron/core/error.h"
+#include "megatron/core/strings.h"
 #include "megatron/datasets/tokenizers/bpe_trainer.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
+#include "megatron/flags/flag_table.h"
 
 namespace megatron::datasets {
 
 namespace {
 
-struct Flag {
-  const char* name;
-  bool many;  // takes one or more values
-  const char* help;
-  void (*set)(TrainTokenizerOptions&, const std::vector<std::string>&);
-};
+#define FIELD(member) MEGATRON_FLAG_FIELD(TrainTokenizerOptions, member)
 
-int64_t to_int(const std::string& flag, const std::string& value) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  MEGATRON_CHECK(used == value.size() && !value.empty(), flag << " expects an integer, got '" << value << "'");
-  return v;
-}
-
-const std::vector<Flag>& flags() {
-  static const std::vector<Flag> table = {
-      {"--input", false, "corpus: JSON lines (.jsonl/.json) or plain text, one document per line (required)",
-       [](TrainTokenizerOptions& o, const std::vector<std::string>& v) { o.input = v[0]; }},
-      {"--json-keys", true, "JSON keys whose strings are documents (default: text)",
-       [](TrainTokenizerOptions& o, const std::vector<std::string>& v) { o.json_keys = v; }},
-      {"--vocab-size", false, "vocabulary size, 256 bytes and <|endoftext|> included (required, >= 257)",
-       [](TrainTokenizerOptions& o, const std::vector<std::string>& v) {
-         o.vocab_size = to_int("--vocab-size", v[0]);
-       }},
-      {"--output", false, "tokenizer.json to write (required)",
-       [](TrainTokenizerOptions& o, const std::vector<std::string>& v) { o.output = v[0]; }},
-      {"--workers", false, "threads counting words (default: all cores)",
-       [](TrainTokenizerOptions& o, const std::vector<std::string>& v) { o.workers = to_int("--workers", v[0]); }},
-      {"--min-frequency", false, "pairs seen fewer times are not merged (default 2)",
-       [](TrainTokenizerOptions& o, const std::vector<std::string>& v) {
-         o.min_frequency = to_int("--min-frequency", v[0]);
-       }},
+std::vector<flags::Flag<TrainTokenizerOptions>> train_tokenizer_flag_rows() {
+  const char* io = "input and output";
+  const char* training = "training";
+  return {
+      {"--config", flags::ConfigFile{}, "configuration",
+       "YAML file of flag values (keys: flag names without the leading dashes, e.g. vocab_size: 32000); "
+       "command-line flags override it"},
+      {"--input", FIELD(input), io, "Corpus: JSON lines (.jsonl/.json) or plain text, one document per line; required"},
+      {"--json-keys", FIELD(json_keys), io, "JSON keys whose strings are documents"},
+      {"--output", FIELD(output), io, "tokenizer.json to write; required"},
+      {"--vocab-size", FIELD(vocab_size), training,
+       "Vocabulary size, 256 bytes and <|endoftext|> included; required, >= 257"},
+      {"--min-frequency", FIELD(min_frequency), training, "Pairs seen fewer times are not merged"},
+      {"--workers", FIELD(workers), training, "Threads counting words; 0: all cores"},
   };
-  return table;
 }
+
+#undef FIELD
 
 bool is_json_lines(const std::string& path) {
   const std::string ext = std::filesystem::path(path).extension().string();
@@ -97,44 +78,27 @@ std::vector<std::string_view> read_documents(const TrainTokenizerOptions& o, std
 
 }  // namespace
 
-TrainTokenizerOptions parse_train_tokenizer_args(const std::vector<std::string>& argv) {
-  TrainTokenizerOptions o;
-  for (size_t k = 0; k < argv.size();) {
-    std::string name = argv[k++];
-    std::vector<std::string> values;
-    if (const size_t eq = name.find('='); eq != std::string::npos && name.rfind("--", 0) == 0) {
-      values.push_back(name.substr(eq + 1));
-      name = name.substr(0, eq);
-    }
-    const Flag* flag = nullptr;
-    for (const Flag& f : flags()) {
-      if (name == f.name) flag = &f;
-    }
-    MEGATRON_CHECK(flag != nullptr, "train-tokenizer: unknown flag '" << name << "' (see train-tokenizer --help)");
-    while (values.empty() || (flag->many && k < argv.size() && argv[k].rfind("--", 0) != 0)) {
-      if (k >= argv.size() || argv[k].rfind("--", 0) == 0) break;
-      values.push_back(argv[k++]);
-    }
-    MEGATRON_CHECK(!values.empty(), "train-tokenizer: " << name << " needs a value");
-    flag->set(o, values);
-  }
-  MEGATRON_CHECK(!o.input.empty(), "train-tokenizer needs --input FILE");
-  MEGATRON_CHECK(!o.output.empty(), "train-tokenizer needs --output tokenizer.json");
-  MEGATRON_CHECK(o.vocab_size != 0, "train-tokenizer needs --vocab-size N (at least 257)");
-  MEGATRON_CHECK(o.workers >= 0, "--workers " << o.workers << " must be >= 0 (0: all cores)");
-  MEGATRON_CHECK(o.min_frequency >= 1, "--min-frequency " << o.min_frequency << " must be >= 1");
-  return o;
+std::vector<std::string> validate(const TrainTokenizerOptions& o) {
+  std::vector<std::string> errors;
+  if (o.input.empty()) errors.push_back("train-tokenizer needs --input FILE: the corpus to learn from");
+  if (o.output.empty()) errors.push_back("train-tokenizer needs --output tokenizer.json: the file to write");
+  if (o.vocab_size == 0) errors.push_back("train-tokenizer needs --vocab-size N (at least 257)");
+  if (o.workers < 0) errors.push_back(concat("--workers ", o.workers, " must be >= 0 (0: all cores)"));
+  if (o.min_frequency < 1) errors.push_back(concat("--min-frequency ", o.min_frequency, " must be >= 1"));
+  return errors;
 }
 
-std::string train_tokenizer_help() {
-  std::ostringstream os;
-  os << "usage: megatron train-tokenizer --input CORPUS --vocab-size N --output tokenizer.json [flags]\n\n"
-     << "Trains a byte-level BPE (GPT-2 pre-tokenizer) and writes a Hugging Face tokenizer.json.\n\n";
-  for (const Flag& f : flags()) os << "  " << f.name << (f.many ? " V [V ...]" : " V") << "\n      " << f.help << "\n";
-  return os.str();
+const flags::FlagTable<TrainTokenizerOptions>& train_tokenizer_flags() {
+  static const flags::FlagTable<TrainTokenizerOptions> table(
+      "megatron train-tokenizer",
+      "usage: megatron train-tokenizer --input CORPUS --vocab-size N --output tokenizer.json [flags]\n\n"
+      "Trains a byte-level BPE (GPT-2 pre-tokenizer) and writes a Hugging Face tokenizer.json.\n",
+      train_tokenizer_flag_rows(), validate);
+  return table;
 }
 
 TrainTokenizerReport train_tokenizer(const TrainTokenizerOptions& o, std::ostream& log) {
+  if (const std::vector<std::string> problems = validate(o); !problems.empty()) flags::throw_problems(problems);
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };

@@ -8,6 +8,11 @@
 #include <string>
 #include <vector>
 
+namespace megatron::flags {
+template <class Options>
+class FlagTable;
+}
+
 namespace megatron::datasets {
 
 struct TrainTokenizerOptions {
@@ -19,10 +24,11 @@ struct TrainTokenizerOptions {
   int64_t min_frequency = 2;                   // --min-frequency: rarer pairs are not merged
 };
 
-// Parses the arguments after `train-tokenizer`; throws naming an unknown flag, a missing value
-// or a missing required flag. Accepts `--flag value` and `--flag=value`.
-TrainTokenizerOptions parse_train_tokenizer_args(const std::vector<std::string>& argv);
-std::string train_tokenizer_help();  // from the same flag table as the parser
+// The flags of `megatron train-tokenizer`, one row per field above (flags/flag_table.h parses
+// them, with validate() below, and generates --help).
+const flags::FlagTable<TrainTokenizerOptions>& train_tokenizer_flags();
+// Every rule the options break, one message each; train_tokenizer() throws them.
+std::vector<std::string> validate(const TrainTokenizerOptions& options);
 
 struct TrainTokenizerReport {
   int64_t documents = 0;

@@ -41,20 +41,17 @@ Tensor sequence_columns(const Tensor& ids_bs, int64_t s0, int64_t s1) {
 GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device)
     : config_(config), ctx_(&ctx), device_(device), registry_(ctx.tp_rank(), ctx.tp_size()) {
   MEGATRON_CHECK(config.padded_vocab_size > 0, "padded_vocab_size is not set; derive the config before building");
-  MEGATRON_CHECK(config.tensor_model_parallel_size == ctx.tp_size(),
-                 "the config says TP " << config.tensor_model_parallel_size << " but the context's TP group has "
-                                       << ctx.tp_size() << " ranks; build the config and the groups from one size");
   const auto registered = [this] { return registry_.params().size(); };
   word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
       registry_, ctx, "embedding.word_embeddings.weight", config.padded_vocab_size, config.hidden_size,
-      config.init_method_std, config.sequence_parallel);
+      config.init_method_std);
   // Replicated; under SP added to this rank's sequence shard only, so its gradient is summed over
   // TP before the optimizer.
   if (config.position_embedding_type == PositionEmbeddingType::learned_absolute)
     position_embeddings_ = registry_.add({.name = "embedding.position_embeddings.weight",
                                           .global_shape = {config.max_position_embeddings, config.hidden_size},
                                           .init_std = config.init_method_std,
-                                          .sequence_parallel = config.sequence_parallel});
+                                          .sequence_parallel = ctx.sequence_parallel()});
   embedding_params_ = {0, registered()};
   for (int64_t i = 0; i < config.num_layers; ++i) {
     const size_t begin = registered();
@@ -62,10 +59,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
         std::make_unique<TransformerBlock>(registry_, ctx, config, i, i + 1, i + 1 == config.num_layers));
     layer_params_.push_back({begin, registered()});
   }
-  tensor_parallel::ColumnParallelLinear::Options out{.bias = false,
-                                                     .init_std = config.init_method_std,
-                                                     .sequence_parallel = config.sequence_parallel,
-                                                     .tp_comm_overlap = config.tp_comm_overlap};
+  tensor_parallel::ColumnParallelLinear::Options out{.bias = false, .init_std = config.init_method_std};
   if (!config.untie_embeddings_and_output_weights) out.shared_weight = word_embeddings_->weight();
   output_params_.begin = registered();
   output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
@@ -85,14 +79,14 @@ Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_
   if (position_embeddings_) {
     saved.positions =
         position_ids.defined() ? position_ids.to(device_) : default_position_ids(tokens.dim(0), tokens.dim(1), device_);
-    if (config_.sequence_parallel) {
+    if (ctx_->sequence_parallel()) {
       const int64_t s0 = ctx_->tp_rank() * h.dim(0);
       saved.positions = sequence_columns(saved.positions, s0, s0 + h.dim(0));
     }
     ops::embedding_forward(h, saved.positions, position_embeddings_->data, {.accumulate = true});
   }
   saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding"),
-                             config_.sequence_parallel ? tensor_parallel::sequence_shard_offset(h, *ctx_) : 0};
+                             ctx_->sequence_parallel() ? tensor_parallel::sequence_shard_offset(h, *ctx_) : 0};
   if (saved.embedding_dropout.p > 0.0f) ops::dropout_forward(h, h, saved.embedding_dropout);
   ForwardContext layer_fwd = fwd;
   layer_fwd.segment_ids = segment_ids.defined() ? segment_ids.to(device_) : Tensor();

@@ -1,0 +1,74 @@
+#include "megatron/parallel/parallel_args.h"
+
+#include "megatron/core/error.h"
+#include "megatron/core/logging.h"
+#include "megatron/core/strings.h"
+
+namespace megatron {
+
+ParallelSizes ParallelArgs::sizes() const {
+  ParallelSizes s;
+  s.tp = tensor_model_parallel_size;
+  s.pp = pipeline_model_parallel_size;
+  s.cp = context_parallel_size;
+  s.ep = expert_model_parallel_size;
+  return s;
+}
+
+namespace {
+// An axis this build accepts the flag of but cannot run yet.
+void require_one(std::vector<std::string>& errors, int64_t size, const char* flag, const char* what) {
+  if (size == 1) return;
+  errors.push_back(
+      concat(flag, " ", size, ": not yet supported, must be 1 (", what, " arrives with its own issue); drop the flag"));
+}
+}  // namespace
+
+std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
+  std::vector<std::string> errors;
+  const int64_t tp = a.tensor_model_parallel_size;
+  if (tp <= 0)
+    errors.push_back(concat("--tensor-model-parallel-size ", tp, " must be positive: 1 disables tensor parallelism"));
+  if (a.pipeline_model_parallel_size != 1) {
+    errors.push_back(concat("--pipeline-model-parallel-size ", a.pipeline_model_parallel_size,
+                            ": only 1 is supported in this build; PP>1 arrives with the pipeline-parallel issue; ",
+                            "drop the flag"));
+  }
+  require_one(errors, a.context_parallel_size, "--context-parallel-size", "context parallelism");
+  require_one(errors, a.expert_model_parallel_size, "--expert-model-parallel-size", "expert parallelism");
+  // Megatron's rule too: the overlapped collectives are the SP all-gathers and reduce-scatters.
+  if (a.tp_comm_overlap && tp > 1 && !a.sequence_parallel) {
+    errors.push_back(concat("--tp-comm-overlap needs --sequence-parallel: it overlaps the sequence-parallel ",
+                            "all-gathers and reduce-scatters with the GEMMs; add --sequence-parallel or drop ",
+                            "--tp-comm-overlap"));
+  }
+  const int64_t model_parallel = tp * a.pipeline_model_parallel_size;
+  if (world_size <= 0 || (model_parallel > 0 && world_size % model_parallel != 0)) {
+    errors.push_back(concat("world size ", world_size, " is not a multiple of TP*PP = ", model_parallel,
+                            ": each data-parallel replica needs all TP*PP ranks; launch a multiple of ", model_parallel,
+                            " ranks"));
+  }
+  return errors;
+}
+
+ParallelContext model_context(const ParallelContext& groups, const ParallelArgs& args) {
+  const int64_t tp = groups.tp_size();
+  MEGATRON_CHECK(tp == args.tensor_model_parallel_size, "the context's TP group has "
+                                                            << tp << " ranks but the arguments ask for TP "
+                                                            << args.tensor_model_parallel_size
+                                                            << "; build the groups from the arguments' sizes");
+  if (args.sequence_parallel && tp == 1)
+    LOG_WARN("--sequence-parallel has no effect with --tensor-model-parallel-size 1");
+  if (args.tp_comm_overlap && tp == 1) LOG_WARN("--tp-comm-overlap has no effect with --tensor-model-parallel-size 1");
+  if (args.tp_comm_overlap && tp > 2)
+    LOG_WARN(
+        "--tp-comm-overlap at TP " << tp
+                                   << ": its rings take TP-1 point-to-point steps per collective and measured "
+                                      "slower than plain collectives at TP 4 (docs/PERFORMANCE.md); it pays at TP 2");
+  ParallelContext ctx = groups;
+  ctx.sequence_parallel_given = args.sequence_parallel;
+  ctx.tp_comm_overlap_given = args.tp_comm_overlap;
+  return ctx;
+}
+
+}  // namespace megatron
