@@ -14,6 +14,7 @@
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
+#include "megatron/parallel/cpu_threads.h"
 #include "megatron/parallel/launch.h"
 #include "megatron/parallel/parallel_state.h"
 #include "megatron/training/checkpoint_io.h"
@@ -99,6 +100,7 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
                                   << (tp == 1 ? std::string("one process") : "mpirun -np " + std::to_string(tp))
                                   << " or leave the flag out");
   const ScopedLogRank log_rank(rank);
+  configure_cpu_threads(mpi.get());
 
   const TrainingArgs train_args = read_checkpoint_args(g.load, tp);
   const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,
