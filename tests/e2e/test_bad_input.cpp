@@ -99,7 +99,10 @@ TEST(BadInput, LoadWithoutCheckpointForGenerate) {
 TEST(BadInput, LauncherThatMpiCannotJoin) {
   const std::vector<std::vector<std::pair<const char*, const char*>>> launches = {
       {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"TORCHELASTIC_RUN_ID", "none"}},
-      {{"SLURM_JOB_ID", "7"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"},
+      {{"SLURM_JOB_ID", "7"},
+       {"SLURM_STEP_ID", "0"},
+       {"SLURM_PROCID", "1"},
+       {"SLURM_STEP_NUM_TASKS", "2"},
        {"SLURM_LOCALID", "1"}},
       {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"PMI_FD", "9"}}};
   for (const auto& env : launches) {

@@ -1,10 +1,9 @@
 // The OpenMP thread count of a rank: the CPUs of its affinity mask divided among the ranks of its
 // node that share them, or OMP_NUM_THREADS. Masks and counts below are made up; the expected
 // thread counts are worked out by hand.
-#include "megatron/parallel/cpu_threads.h"
-
 #include <gtest/gtest.h>
 
+#include "megatron/parallel/cpu_threads.h"
 #include "test_util.h"
 
 using namespace megatron;

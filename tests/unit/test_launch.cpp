@@ -40,9 +40,11 @@ TEST(Launch, OpenMpi) {
 }
 
 TEST(Launch, SlurmStepButNotBatchScript) {
-  const ProcessInfo p =
-      parse({{"SLURM_PROCID", "3"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "3"}, {"SLURM_NTASKS", "16"},
-             {"PMIX_RANK", "3"}});
+  const ProcessInfo p = parse({{"SLURM_PROCID", "3"},
+                               {"SLURM_STEP_NUM_TASKS", "4"},
+                               {"SLURM_LOCALID", "3"},
+                               {"SLURM_NTASKS", "16"},
+                               {"PMIX_RANK", "3"}});
   EXPECT_EQ(p.launcher, Launcher::slurm);
   EXPECT_EQ(p.rank, 3);
   EXPECT_EQ(p.world_size, 4) << "the step's tasks, not the allocation's";
@@ -99,18 +101,17 @@ std::map<std::string, std::string> torchrun_env(const std::string& rank, const s
 
 // srun -n <size> inside an allocation, without an MPI plugin.
 std::map<std::string, std::string> srun_env(const std::string& rank, const std::string& size) {
-  return {{"SLURM_JOB_ID", "4242"},       {"SLURM_JOBID", "4242"},        {"SLURM_STEP_ID", "0"},
-          {"SLURM_STEPID", "0"},          {"SLURM_PROCID", rank},         {"SLURM_LOCALID", rank},
-          {"SLURM_NODEID", "0"},          {"SLURM_NTASKS", size},         {"SLURM_STEP_NUM_TASKS", size},
-          {"SLURM_STEP_NUM_NODES", "1"},  {"SLURM_STEP_NODELIST", "n1"},  {"SLURM_STEP_TASKS_PER_NODE", size},
-          {"SLURM_TASKS_PER_NODE", size}, {"SLURM_CPUS_ON_NODE", "16"},   {"SLURM_NODELIST", "n1"}};
+  return {{"SLURM_JOB_ID", "4242"},       {"SLURM_JOBID", "4242"},       {"SLURM_STEP_ID", "0"},
+          {"SLURM_STEPID", "0"},          {"SLURM_PROCID", rank},        {"SLURM_LOCALID", rank},
+          {"SLURM_NODEID", "0"},          {"SLURM_NTASKS", size},        {"SLURM_STEP_NUM_TASKS", size},
+          {"SLURM_STEP_NUM_NODES", "1"},  {"SLURM_STEP_NODELIST", "n1"}, {"SLURM_STEP_TASKS_PER_NODE", size},
+          {"SLURM_TASKS_PER_NODE", size}, {"SLURM_CPUS_ON_NODE", "16"},  {"SLURM_NODELIST", "n1"}};
 }
 
 // MPICH's mpiexec.hydra -n <size> (PMI-1 over a file descriptor).
 std::map<std::string, std::string> hydra_env(const std::string& rank, const std::string& size) {
-  return {{"PMI_RANK", rank},        {"PMI_SIZE", size},          {"PMI_FD", "6"},
-          {"MPI_LOCALRANKID", rank}, {"MPI_LOCALNRANKS", size},   {"PMI_SUBVERSION", "1"},
-          {"PMI_VERSION", "1"},      {"HYDI_CONTROL_FD", "7"}};
+  return {{"PMI_RANK", rank},        {"PMI_SIZE", size},      {"PMI_FD", "6"},      {"MPI_LOCALRANKID", rank},
+          {"MPI_LOCALNRANKS", size}, {"PMI_SUBVERSION", "1"}, {"PMI_VERSION", "1"}, {"HYDI_CONTROL_FD", "7"}};
 }
 
 std::map<std::string, std::string> with(std::map<std::string, std::string> env,
@@ -154,8 +155,8 @@ TEST(Launch, OneRankUnderTorchrunIsAWorldOfOne) {
 TEST(Launch, SrunWithoutPmixIsRefused) {
   expect_refused(srun_env("1", "2"), "srun", "2");
   // srun --mpi=pmi2: PMI-2 variables agreeing with Slurm's.
-  expect_refused(with(srun_env("1", "2"), {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"PMI_FD", "5"}}),
-                 "srun --mpi=pmi2", "2");
+  expect_refused(with(srun_env("1", "2"), {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"PMI_FD", "5"}}), "srun --mpi=pmi2",
+                 "2");
   const ProcessInfo one = parse(srun_env("0", "1"));
   EXPECT_FALSE(one.launched()) << "a one-task step without MPI is a world of one";
 }

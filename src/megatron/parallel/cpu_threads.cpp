@@ -47,8 +47,8 @@ int count_cpus(const CpuMask& mask) {
 }
 
 int ranks_sharing_cpus(const std::vector<CpuMask>& node_masks, size_t self) {
-  MEGATRON_CHECK(self < node_masks.size(), "rank " << self << " is not among the " << node_masks.size()
-                                                   << " masks of its node");
+  MEGATRON_CHECK(self < node_masks.size(),
+                 "rank " << self << " is not among the " << node_masks.size() << " masks of its node");
   const CpuMask& mine = node_masks[self];
   int sharing = 0;
   for (const CpuMask& other : node_masks) {
@@ -60,9 +60,8 @@ int ranks_sharing_cpus(const std::vector<CpuMask>& node_masks, size_t self) {
 }
 
 CpuThreads cpu_threads_per_rank(int cpus, int sharing_ranks, const char* omp_num_threads) {
-  MEGATRON_CHECK(cpus >= 1 && sharing_ranks >= 1,
-                 "a rank needs at least one CPU and one rank sharing it (got " << cpus << " CPUs, " << sharing_ranks
-                                                                               << " ranks)");
+  MEGATRON_CHECK(cpus >= 1 && sharing_ranks >= 1, "a rank needs at least one CPU and one rank sharing it (got "
+                                                      << cpus << " CPUs, " << sharing_ranks << " ranks)");
   CpuThreads t{.cpus = cpus, .sharing_ranks = sharing_ranks};
   if (omp_num_threads != nullptr) {
     t.threads = parse_omp_num_threads(omp_num_threads);
@@ -101,9 +100,9 @@ CpuThreads configure_cpu_threads(const MpiRuntime* mpi, const EnvLookup& getenv)
     MPI_CHECK(MPI_Comm_rank(node, &node_rank), "node");
     MPI_CHECK(MPI_Comm_size(node, &node_size), "node");
     std::vector<uint64_t> all(mine.size() * size_t(node_size));
-    MPI_CHECK(MPI_Allgather(mine.data(), int(mine.size()), MPI_UINT64_T, all.data(), int(mine.size()), MPI_UINT64_T,
-                            node),
-              "node");
+    MPI_CHECK(
+        MPI_Allgather(mine.data(), int(mine.size()), MPI_UINT64_T, all.data(), int(mine.size()), MPI_UINT64_T, node),
+        "node");
     MPI_CHECK(MPI_Comm_free(&node), "node");
     node_masks.clear();
     for (int r = 0; r < node_size; ++r)
@@ -111,15 +110,15 @@ CpuThreads configure_cpu_threads(const MpiRuntime* mpi, const EnvLookup& getenv)
                               all.begin() + std::ptrdiff_t(size_t(r + 1) * mine.size()));
     self = size_t(node_rank);
   }
-  const CpuThreads t =
-      cpu_threads_per_rank(std::max(1, count_cpus(mine)), ranks_sharing_cpus(node_masks, self), getenv("OMP_NUM_THREADS"));
+  const CpuThreads t = cpu_threads_per_rank(std::max(1, count_cpus(mine)), ranks_sharing_cpus(node_masks, self),
+                                            getenv("OMP_NUM_THREADS"));
   if (!t.from_environment) omp_set_num_threads(t.threads);
   LOG_INFO("> CPU threads per rank: " << t.threads << " ("
-                                      << (t.from_environment
-                                              ? std::string("OMP_NUM_THREADS")
-                                              : std::to_string(t.cpus) + " CPU(s) in this rank's affinity mask, shared by " +
-                                                    std::to_string(t.sharing_ranks) +
-                                                    " rank(s) on this node; OMP_NUM_THREADS overrides")
+                                      << (t.from_environment ? std::string("OMP_NUM_THREADS")
+                                                             : std::to_string(t.cpus) +
+                                                                   " CPU(s) in this rank's affinity mask, shared by " +
+                                                                   std::to_string(t.sharing_ranks) +
+                                                                   " rank(s) on this node; OMP_NUM_THREADS overrides")
                                       << ")");
   return t;
 }

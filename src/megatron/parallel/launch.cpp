@@ -35,8 +35,9 @@ ProcessInfo checked(ProcessInfo p, const char* rank_var, const char* size_var) {
 // The launches whose processes MPI joins into one job, for the errors of those it cannot join.
 std::string working_launches(int world_size) {
   const std::string n = world_size > 0 ? std::to_string(world_size) : "N";
-  return "Launch with Open MPI's `mpirun -np " + n + " megatron <subcommand> <flags>`, or in a Slurm allocation `srun " +
-         "--mpi=pmix -n " + n + " megatron <subcommand> <flags>`";
+  return "Launch with Open MPI's `mpirun -np " + n +
+         " megatron <subcommand> <flags>`, or in a Slurm allocation `srun " + "--mpi=pmix -n " + n +
+         " megatron <subcommand> <flags>`";
 }
 
 // A launcher MPI cannot join has started `world_size` processes (0: unknown): one process is a
@@ -100,12 +101,12 @@ ProcessInfo process_info_from_env(const EnvLookup& getenv) {
     const int rank = env_int(getenv, "PMI_RANK", 0), size = env_int(getenv, "PMI_SIZE", 0);
     const char* slurm_rank = getenv("SLURM_PROCID");
     const char* slurm_size = getenv("SLURM_STEP_NUM_TASKS");
-    const bool srun = slurm_rank != nullptr && slurm_size != nullptr &&
-                      env_int(getenv, "SLURM_PROCID", 0) == rank && env_int(getenv, "SLURM_STEP_NUM_TASKS", 0) == size;
-    const std::string name = srun                                  ? "srun --mpi=pmi2"
-                             : getenv("I_MPI_ROOT") != nullptr     ? "Intel MPI's mpirun (mpiexec.hydra)"
-                                                                   : "an MPICH-family launcher (MPICH's or MVAPICH's "
-                                                                     "mpiexec/mpirun, Hydra)";
+    const bool srun = slurm_rank != nullptr && slurm_size != nullptr && env_int(getenv, "SLURM_PROCID", 0) == rank &&
+                      env_int(getenv, "SLURM_STEP_NUM_TASKS", 0) == size;
+    const std::string name = srun                              ? "srun --mpi=pmi2"
+                             : getenv("I_MPI_ROOT") != nullptr ? "Intel MPI's mpirun (mpiexec.hydra)"
+                                                               : "an MPICH-family launcher (MPICH's or MVAPICH's "
+                                                                 "mpiexec/mpirun, Hydra)";
     return alone_or_refused(name,
                             "this megatron is built with Open MPI, which joins jobs through PMIx only and "
                             "cannot join a PMI-1/PMI-2 job",
@@ -124,7 +125,8 @@ ProcessInfo process_info_from_env(const EnvLookup& getenv) {
     // Open MPI's MPI_Init aborts with a message about how Open MPI was built, or (with only some
     // of Slurm's variables) gives each task a world of one.
     if (pmix) return p;
-    return alone_or_refused("srun", "no PMIx server runs for its tasks (PMIX_RANK is unset: srun ran without "
+    return alone_or_refused("srun",
+                            "no PMIx server runs for its tasks (PMIX_RANK is unset: srun ran without "
                             "--mpi=pmix and the cluster's MpiDefault is not pmix; `srun --mpi=list` shows the "
                             "plugins), so MPI cannot join them into one job",
                             p.rank, p.world_size, "SLURM_PROCID, SLURM_STEP_NUM_TASKS");
