@@ -25,6 +25,7 @@ namespace megatron::tools {
 namespace {
 struct GenerateArgs {
   std::string load;
+  int64_t ckpt_step = 0;  // Megatron's --ckpt-step: the iteration to load; 0: the tracker's
   std::string prompt;
   int64_t max_new_tokens = 64;
   int64_t num_samples = 1;
@@ -36,7 +37,8 @@ struct GenerateArgs {
 };
 
 const char* const kHelp =
-    "usage: megatron generate --load DIR [--prompt TEXT] [--max-new-tokens 64] [--num-samples 1]\n"
+    "usage: megatron generate --load DIR [--ckpt-step N (default: the latest)] [--prompt TEXT]\n"
+    "                         [--max-new-tokens 64] [--num-samples 1]\n"
     "                         [--temperature 0.8 (0 = greedy)] [--top-k 40 (0 = all)] [--seed 1234]\n"
     "                         [--device auto|cpu|cuda] [--tensor-model-parallel-size N (default: the number\n"
     "                         of ranks)]\n"
@@ -63,6 +65,8 @@ GenerateArgs parse(const Args& args) {
     };
     if (flag == "--load")
       g.load = value();
+    else if (flag == "--ckpt-step")
+      number(g.ckpt_step);
     else if (flag == "--prompt")
       g.prompt = value();
     else if (flag == "--max-new-tokens")
@@ -83,6 +87,8 @@ GenerateArgs parse(const Args& args) {
       MEGATRON_FAIL("unknown flag " << flag << "\n" << kHelp);
   }
   MEGATRON_CHECK(!g.load.empty(), "--load DIR is required: the --save directory of a training run\n" << kHelp);
+  MEGATRON_CHECK(g.ckpt_step >= 0, "--ckpt-step " << g.ckpt_step << " must be a saved iteration (> 0), or 0 for the "
+                                                  << "latest");
   MEGATRON_CHECK(g.tensor_model_parallel_size.value_or(1) > 0,
                  "--tensor-model-parallel-size " << *g.tensor_model_parallel_size << " must be positive");
   return g;
@@ -102,7 +108,7 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
   const ScopedLogRank log_rank(rank);
   configure_cpu_threads(mpi.get());
 
-  const TrainingArgs train_args = read_checkpoint_args(g.load, tp);
+  const TrainingArgs train_args = read_checkpoint_args(g.load, tp, g.ckpt_step);
   const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,
                                                   train_args.data.tokenizer_model);
   const Device device = select_device(g.device, mpi ? mpi->process().local_rank : 0);
@@ -114,7 +120,7 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
                                   .tied_embeddings = !train_args.model.untie_embeddings_and_output_weights,
                                   .mpi = mpi});
   GPTModel model(train_args.model, state.ctx, device);
-  load_model_weights(g.load, model);
+  load_model_weights(g.load, model, g.ckpt_step);
 
   std::vector<int32_t> prompt = tokenizer->encode(g.prompt);
   if (prompt.empty()) prompt.push_back(tokenizer->eod());  // start a fresh document

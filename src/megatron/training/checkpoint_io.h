@@ -20,6 +20,7 @@
 // replicated across TP (and its optimizer state) is saved by TP rank 0 only. A checkpoint loads
 // at any TP whose padded vocabulary is the same (--make-vocab-size-divisible-by x TP).
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "megatron/models/gpt/gpt_model.h"
@@ -37,12 +38,35 @@ struct TrainingProgress {
   int64_t nan_iterations = 0;
 };
 
+// Which checkpoint of load_dir a run loads (Megatron's rules, and ours where Megatron would start
+// from scratch over existing checkpoints):
+//   --ckpt-step N (ckpt_step > 0): iteration N, which must exist;
+//   otherwise the tracker's iteration (latest_checkpointed_iteration.txt);
+//   without a tracker (a crash between publishing a directory and rewriting the tracker, or a
+//   tracker deleted by hand): the newest iter_* directory. Megatron would start from scratch here
+//   and, with the same --save, overwrite them.
+// nullopt when load_dir holds neither. A chosen checkpoint that is not complete
+// (checkpointing::checkpoint_is_complete) throws, listing the earlier complete iterations and
+// --ckpt-step; a run never falls back to an older checkpoint by itself.
+struct CheckpointChoice {
+  enum class By { ckpt_step, tracker, newest_directory };
+  int64_t iteration = 0;
+  By by = By::tracker;
+};
+std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, int64_t ckpt_step);
+
+// Checks, before any work, the checkpoint directories of a training run: the checkpoint --load
+// resumes from (checkpoint_to_load), and that --save does not hold checkpoints of another run:
+// a --save directory holding checkpoints is written only by a run that resumes from it
+// (--load the same directory, as Megatron users resume), so a fresh run never replaces them.
+void check_checkpoint_directories(const TrainingArgs& args);
+
 // options.on_stage is called on every rank at the stages it reaches (fault injection for tests).
 void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                               const ParallelContext& ctx, const checkpointing::SaveOptions& options = {});
 
-// Loads the latest checkpoint under args.load (or nothing when it holds none). Restores the
+// Loads checkpoint_to_load(args.load, args.ckpt_step) (or nothing when it holds none). Restores the
 // model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress.
 // Returns whether a checkpoint was loaded.
 bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
@@ -55,7 +79,9 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
 // the layout (heads, query groups, FFN size and the padded vocabulary divisible by TP) are checked
 // and a broken one throws, naming the value and the fix. Every rank of the model calls
 // load_model_weights, which reads the slices the rank holds.
-TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t tensor_model_parallel_size = 1);
-void load_model_weights(const std::string& load_dir, GPTModel& model);
+// Both read checkpoint_to_load(load_dir, ckpt_step).
+TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t tensor_model_parallel_size = 1,
+                                  int64_t ckpt_step = 0);
+void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step = 0);
 
 }  // namespace megatron

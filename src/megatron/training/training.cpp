@@ -220,6 +220,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRunt
 TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, Device device) {
   check_context(args, ctx);
   const ScopedLogRank log_rank(ctx.world->rank());
+  check_checkpoint_directories(args);
   const bool last_rank = ctx.world->rank() == ctx.world->size() - 1;
   // The data are split over DP ranks (context-parallel ranks share a batch); gradients and the
   // reported loss are reduced over DP x CP.
