@@ -30,10 +30,15 @@ std::string format_training_log_line(const IterationStats& s) {
 
 std::string format_validation_line(int64_t iteration, double loss) {
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                " validation loss at iteration %lld on validation set | lm loss value: %.6E | lm loss PPL: %.6E |",
-                static_cast<long long>(iteration), loss, std::exp(std::min(20.0, loss)));
-  const std::string line(buf);
+  std::snprintf(buf, sizeof buf, " validation loss at iteration %lld on validation set | lm loss value: %.6E |",
+                static_cast<long long>(iteration), loss);
+  std::string line(buf);
+  // Megatron's exp(min(20, loss)) turns a NaN loss into a perplexity of e^20; a loss that is not
+  // finite has none.
+  if (std::isfinite(loss)) {
+    std::snprintf(buf, sizeof buf, " lm loss PPL: %.6E |", std::exp(std::min(20.0, loss)));
+    line += buf;
+  }
   const std::string dashes(line.size(), '-');
   return dashes + "\n" + line + "\n" + dashes;
 }

@@ -27,6 +27,7 @@
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/device.h"
 #include "megatron/training/metrics.h"
+#include "megatron/training/nan_check.h"
 
 #ifdef MEGATRON_WITH_CUDA
 #include "megatron/ops/cuda/pinned_memory.h"
@@ -278,6 +279,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
   double interval_loss_sum = 0, interval_tokens = 0, interval_seconds = 0;
   int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
   const int64_t first_iteration = progress.iteration;
+  const NanCheck nan_check(args);
   while (progress.iteration < args.train_iters) {
     const bool profile = progress.iteration + 1 == args.profile_ops_iteration;
     if (profile) ops::OpProfiler::instance().start();
@@ -299,11 +301,14 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
       if (m == 0) ddp.finish_param_gather();  // the previous step's parameters (--overlap-param-gather)
       const LossSums s = model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd,
                                                 batch.position_ids, batch.segment_ids);
+      nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1, ctx.world->rank());
       iteration_sums.loss_sum += s.loss_sum;
       iteration_sums.num_tokens += s.num_tokens;
     }
     finalize_model_grads(ddp);
+    const float loss_scale = optimizer->loss_scale();  // the step may change it
     const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
+    nan_check.optimizer_step(step, loss_scale, progress.iteration + 1);
     if (profile) {
       const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop();
       const double step_ms = 1e3 * std::chrono::duration<double>(Clock::now() - t0).count();
@@ -371,6 +376,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& ctx, D
     if (evaluate_now || save_now) ddp.finish_param_gather();
     if (evaluate_now) {
       const double vloss = evaluate(model, *valid_loader, args, progress, ctx);
+      nan_check.validation_loss(vloss, progress.iteration);
       summary.valid_losses.push_back(vloss);
       print_from_last_rank(last_rank, format_validation_line(progress.iteration, vloss));
       metrics.write_validation(progress.iteration, vloss);
