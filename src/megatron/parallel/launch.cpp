@@ -35,9 +35,8 @@ ProcessInfo checked(ProcessInfo p, const char* rank_var, const char* size_var) {
 // The launches whose processes MPI joins into one job, for the errors of those it cannot join.
 std::string working_launches(int world_size) {
   const std::string n = world_size > 0 ? std::to_string(world_size) : "N";
-  return "Launch with Open MPI's `mpirun -np " + n +
-         " megatron <subcommand> <flags>`, or in a Slurm allocation `srun " + "--mpi=pmix -n " + n +
-         " megatron <subcommand> <flags>`";
+  return "Launch with Open MPI's `mpirun -np " + n + " megatron <subcommand> <flags>`, or in a Slurm allocation " +
+         "`srun --mpi=pmix -n " + n + " megatron <subcommand> <flags>`";
 }
 
 // A launcher MPI cannot join has started `world_size` processes (0: unknown): one process is a
