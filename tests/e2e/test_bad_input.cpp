@@ -151,3 +151,27 @@ TEST(BadInput, LoadOfOneCheckpointDirectoryNamesItsParent) {
   expect_failure("generate --load " + dir / "ckpt/iter_0000002/", advice);
   expect_failure("train" + kShape + kMock + " --train-iters 4 --load " + dir / "ckpt/iter_0000002", advice);
 }
+
+// Two processes of a launcher MPI cannot join would each train alone into the same --save; the
+// binary must stop before any work, naming the launcher and `mpirun -np 2`.
+TEST(BadInput, LauncherThatMpiCannotJoin) {
+  const std::vector<std::vector<std::pair<const char*, const char*>>> launches = {
+      {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"TORCHELASTIC_RUN_ID", "none"}},
+      {{"SLURM_JOB_ID", "7"},
+       {"SLURM_STEP_ID", "0"},
+       {"SLURM_PROCID", "1"},
+       {"SLURM_STEP_NUM_TASKS", "2"},
+       {"SLURM_LOCALID", "1"}},
+      {{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"PMI_FD", "9"}}};
+  for (const auto& env : launches) {
+    TempDir dir;
+    for (const auto& [name, value] : env) setenv(name, value, 1);
+    const auto r = run_megatron("train" + kTiny + kMock + " --save " + dir / "ckpt" + " --save-interval 1");
+    for (const auto& [name, value] : env) unsetenv(name);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("started this process as rank 1 of 2"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("`mpirun -np 2 megatron"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("iteration"), std::string::npos) << "it trained:\n" << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir / "ckpt")) << r.output;
+  }
+}

@@ -267,6 +267,8 @@ TEST(ValidateArgs, EachRule) {
        "whole micro-batches on every replica; use e.g. 6"},
       {with(minimal_argv(), {"--save", "/tmp/ckpt"}), "--save /tmp/ckpt needs --save-interval"},
       {with(minimal_argv(), {"--finetune"}), "--finetune needs --load"},
+      {with(minimal_argv(), {"--ckpt-step", "5"}), "--ckpt-step 5 chooses the iteration of --load DIR"},
+      {with(minimal_argv(), {"--ckpt-step", "-1", "--load", "ckpt"}), "--ckpt-step -1 chooses the iteration"},
       {with(minimal_argv(), {"--data-path", "corpus"}), "--mock-data and data paths are mutually exclusive"},
       {without("--mock-data"), "no training data"},
       {with(with(without("--mock-data"), {"--data-path", "corpus", "--split", "100,0,0"}), {"--eval-interval", "5"}),

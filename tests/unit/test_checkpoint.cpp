@@ -232,9 +232,30 @@ TEST(Checkpoint, FlippedByteInAShardFileIsCaught) {
   EXPECT_CONTAINS(message, file);
   EXPECT_CONTAINS(message, "CRC32C expected");
   EXPECT_CONTAINS(message, "corrupt");
-  EXPECT_CONTAINS(message, "earlier iteration");
-  EXPECT_CONTAINS(message, ": 1)");  // the loadable iteration is named
+  EXPECT_CONTAINS(message, "earlier complete checkpoints in '" + dir.path() + "': iterations 1");
   expect_example(dir.path(), 1, 0);
+}
+
+// Complete: metadata.json present and passing its checksum, every listed file present with its
+// size. Contents are only checked on open (a flipped data byte leaves the checkpoint complete).
+TEST(Checkpoint, CompleteCheckpoints) {
+  TempDir dir;
+  for (int64_t i = 1; i <= 5; ++i) save_example(dir.path(), i, float(i));
+  const auto path = [&](int64_t i, const char* file) {
+    return dir.path() + "/iter_000000" + std::to_string(i) + "/" + file;
+  };
+  EXPECT_EQ(complete_checkpoints(dir.path()), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  fs::remove(path(2, "metadata.json"));
+  flip_byte(path(3, "metadata.json"), 40);
+  const std::string optim = read_all(path(4, "optim_rank_00000.safetensors"));
+  write_all(path(4, "optim_rank_00000.safetensors"), optim.substr(0, optim.size() - 1));
+  flip_byte(path(5, "model_rank_00000.safetensors"), fs::file_size(path(5, "model_rank_00000.safetensors")) - 3);
+  EXPECT_EQ(complete_checkpoints(dir.path()), (std::vector<int64_t>{1, 5}));
+  EXPECT_FALSE(checkpoint_is_complete(dir.path(), 6));  // no such directory
+  const std::string message = error_of([&] { CheckpointReader::open(dir.path(), 5); });
+  EXPECT_CONTAINS(message, "CRC32C expected");
+  EXPECT_CONTAINS(message, "earlier complete checkpoints in '" + dir.path() + "': iterations 1");
+  EXPECT_CONTAINS(error_of([&] { CheckpointReader::open(dir.path(), 1); }), "(no error)");
 }
 
 TEST(Checkpoint, TruncatedOrMissingFilesAreCaught) {
@@ -431,6 +452,7 @@ TEST(Checkpoint, TrackerFormat) {
     const std::string message = error_of([&] { read_tracker(dir.path()); });
     EXPECT_CONTAINS(message, tracker);
     EXPECT_CONTAINS(message, nlohmann::json(bad).dump());
+    EXPECT_EQ(message.find("delete"), std::string::npos) << "the tracker names the checkpoint to resume from";
   }
 }
 

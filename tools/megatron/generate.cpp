@@ -16,6 +16,7 @@
 #include "megatron/core/strings.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/flags/flag_table.h"
+#include "megatron/parallel/cpu_threads.h"
 #include "megatron/parallel/launch.h"
 #include "megatron/parallel/parallel_args.h"
 #include "megatron/parallel/parallel_state.h"
@@ -27,6 +28,7 @@ namespace megatron::tools {
 namespace {
 struct GenerateArgs {
   std::string load;
+  int64_t ckpt_step = 0;  // Megatron's --ckpt-step: the iteration to load; 0: the tracker's
   std::string prompt;
   int64_t max_new_tokens = 64;
   int64_t num_samples = 1;
@@ -40,6 +42,8 @@ struct GenerateArgs {
 std::vector<std::string> validate(const GenerateArgs& g) {
   std::vector<std::string> errors;
   if (g.load.empty()) errors.push_back("--load DIR is required: the --save directory of a training run");
+  if (g.ckpt_step < 0)
+    errors.push_back(concat("--ckpt-step ", g.ckpt_step, " must be a saved iteration (> 0), or 0 for the latest"));
   if (g.max_new_tokens < 0)
     errors.push_back(concat("--max-new-tokens ", g.max_new_tokens, " must be >= 0: how many tokens to add, e.g. 64"));
   if (g.num_samples < 1)
@@ -74,6 +78,7 @@ const flags::FlagTable<GenerateArgs>& generate_flags() {
            "YAML file of flag values (keys: flag names without the leading dashes, e.g. top_k: 40); command-line "
            "flags override it"},
           {"--load", FIELD(load), run, "The --save directory of a training run; required"},
+          {"--ckpt-step", FIELD(ckpt_step), run, "Iteration to load (Megatron's flag); 0: the latest"},
           {"--device", FIELD(device), run, "Where to run", {"auto", "cpu", "cuda"}},
           {"--tensor-model-parallel-size", FIELD(tensor_model_parallel_size), run,
            "TP; must equal the number of launched ranks (the default)"},
@@ -102,8 +107,9 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
                                   << (tp == 1 ? std::string("one process") : "mpirun -np " + std::to_string(tp))
                                   << " or leave the flag out");
   const ScopedLogRank log_rank(rank);
+  configure_cpu_threads(mpi.get());
 
-  const TrainingArgs train_args = read_checkpoint_args(g.load);
+  const TrainingArgs train_args = read_checkpoint_args(g.load, g.ckpt_step);
   // Generation's own layout, whatever the checkpoint was trained with: TP = the world, without
   // sequence parallelism (the weights are the same, and SP would need every step's growing
   // sequence to divide by TP). Loading reads global slices, so any TP that splits the model works.
@@ -123,7 +129,7 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
                                            .mpi = mpi});
   const ParallelContext ctx = model_context(state.ctx, layout);
   GPTModel model(train_args.model, ctx, device);
-  load_model_weights(g.load, model);
+  load_model_weights(g.load, model, g.ckpt_step);
 
   std::vector<int32_t> prompt = tokenizer->encode(g.prompt);
   const bool new_document = prompt.empty();

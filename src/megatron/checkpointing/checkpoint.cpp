@@ -336,14 +336,21 @@ void remove_stale_staging(const std::string& save_dir) {
 
 // ---- loading --------------------------------------------------------------------------------
 
-std::string earlier_checkpoints_hint(const std::string& load_dir, int64_t iteration) {
-  std::vector<int64_t> earlier;
-  for (int64_t i : list_checkpoints(load_dir))
-    if (iteration == kReleaseIteration || i < iteration) earlier.push_back(i);
-  if (earlier.empty()) return "no earlier checkpoint exists in '" + load_dir + "'";
+// What a reader of a broken checkpoint can load instead, worked out only when an error prints it
+// (it reads the metadata of every checkpoint). Empty load_dir: nothing is printed.
+struct EarlierCheckpoints {
+  std::string load_dir;
+  int64_t iteration = 0;
+};
+
+std::ostream& operator<<(std::ostream& os, const EarlierCheckpoints& hint) {
+  if (hint.load_dir.empty()) return os;
   std::string list;
-  for (int64_t i : earlier) list += (list.empty() ? "" : ", ") + std::to_string(i);
-  return "load an earlier iteration instead (available in '" + load_dir + "': " + list + ")";
+  for (int64_t i : complete_checkpoints(hint.load_dir))
+    if (hint.iteration == kReleaseIteration || i < hint.iteration)
+      list += (list.empty() ? "" : ", ") + std::to_string(i);
+  if (list.empty()) return os << "; no earlier complete checkpoint exists in '" << hint.load_dir << "'";
+  return os << "; earlier complete checkpoints in '" << hint.load_dir << "': iterations " << list;
 }
 
 TensorMeta tensor_from_json(const json& j) {
@@ -360,21 +367,21 @@ TensorMeta tensor_from_json(const json& j) {
 }
 
 // Reads metadata.json and checks its own checksum and format.
-json read_metadata(const std::string& dir, int64_t iteration, const std::string& hint) {
+json read_metadata(const std::string& dir, int64_t iteration, const EarlierCheckpoints& hint) {
   const std::string path = join(dir, kMetadataFile);
   MEGATRON_CHECK(fs::exists(path), "checkpoint '" << dir << "' has no " << kMetadataFile
                                                   << ": its save did not complete, or it is not a megatron-cpp "
-                                                  << "checkpoint; " << hint);
+                                                  << "checkpoint" << hint);
   json metadata = json::parse(read_file(path), nullptr, false);
   MEGATRON_CHECK(metadata.is_object() && metadata.contains("checksum") && metadata["checksum"].is_string(),
                  "checkpoint metadata '" << path << "' is not a JSON object with a checksum: the checkpoint is "
-                                         << "corrupt; " << hint);
+                                         << "corrupt" << hint);
   const std::string expected = metadata["checksum"].get<std::string>();
   metadata.erase("checksum");
   const std::string actual = metadata_checksum(metadata);
   MEGATRON_CHECK(actual == expected, "checkpoint metadata '" << path << "' fails its checksum (CRC32C expected "
                                                              << expected << ", actual " << actual
-                                                             << "): the checkpoint is corrupt; " << hint);
+                                                             << "): the checkpoint is corrupt" << hint);
   MEGATRON_CHECK(metadata.value("format", "") == kFormatName && metadata.value("format_version", 0) == kFormatVersion,
                  "checkpoint '" << dir << "' has format " << quoted(metadata.value("format", "")) << " version "
                                 << metadata.value("format_version", 0) << "; this build reads " << kFormatName
@@ -385,24 +392,30 @@ json read_metadata(const std::string& dir, int64_t iteration, const std::string&
   return metadata;
 }
 
-// Every listed file must have the recorded size and CRC-32C: a flipped bit anywhere is caught
-// before any tensor is used.
-void verify_files(const std::string& dir, const json& files, const std::string& hint) {
+// Every listed file must have the recorded size and (with `contents`) CRC-32C: a flipped bit
+// anywhere is caught before any tensor is used.
+void verify_files(const std::string& dir, const json& files, const EarlierCheckpoints& hint, bool contents = true) {
   for (const auto& item : files.items()) {
     const std::string& name = item.key();
     MEGATRON_CHECK(name.find('/') == std::string::npos && name != "." && name != "..",
                    "checkpoint '" << dir << "' lists file " << quoted(name) << ", which is not a plain file name");
     const std::string path = join(dir, name);
     MEGATRON_CHECK(fs::is_regular_file(path),
-                   "checkpoint file '" << path << "' is missing: the checkpoint is incomplete; " << hint);
-    const FileDigest actual = digest_file(path);
+                   "checkpoint file '" << path << "' is missing: the checkpoint is incomplete" << hint);
     const uint64_t bytes = item.value().at("bytes").get<uint64_t>();
+    if (!contents) {
+      MEGATRON_CHECK(fs::file_size(path) == bytes, "checkpoint file '" << path << "' has " << fs::file_size(path)
+                                                                       << " bytes, expected " << bytes
+                                                                       << ": the checkpoint is corrupt" << hint);
+      continue;
+    }
+    const FileDigest actual = digest_file(path);
     const std::string crc = item.value().at("crc32c").get<std::string>();
     MEGATRON_CHECK(actual.bytes == bytes, "checkpoint file '" << path << "' has " << actual.bytes << " bytes, expected "
-                                                              << bytes << ": the checkpoint is corrupt; " << hint);
+                                                              << bytes << ": the checkpoint is corrupt" << hint);
     MEGATRON_CHECK(hex32(actual.crc32c) == crc, "checkpoint file '" << path << "' fails its checksum (CRC32C expected "
                                                                     << crc << ", actual " << hex32(actual.crc32c)
-                                                                    << "): the checkpoint is corrupt; " << hint);
+                                                                    << "): the checkpoint is corrupt" << hint);
   }
 }
 
@@ -428,7 +441,7 @@ std::optional<int64_t> read_tracker(const std::string& load_dir) {
   const std::optional<int64_t> iteration = parse_iteration(trimmed);
   MEGATRON_CHECK(iteration.has_value(), "checkpoint tracker '" << path << "' holds " << quoted(content)
                                                                << "; expected an iteration number in ASCII decimal "
-                                                               << "or 'release'. Fix or delete the file");
+                                                               << "or 'release': the checkpoint to resume from");
   return iteration;
 }
 
@@ -441,6 +454,24 @@ std::vector<int64_t> list_checkpoints(const std::string& load_dir) {
   }
   std::sort(iterations.begin(), iterations.end());
   return iterations;
+}
+
+bool checkpoint_is_complete(const std::string& load_dir, int64_t iteration) {
+  const std::string dir = checkpoint_directory(load_dir, iteration);
+  try {
+    const json metadata = read_metadata(dir, iteration, {});
+    verify_files(dir, metadata.at("files"), {}, /*contents=*/false);
+    return true;
+  } catch (const std::exception&) {  // Error, or a metadata structure that does not parse
+    return false;
+  }
+}
+
+std::vector<int64_t> complete_checkpoints(const std::string& load_dir) {
+  std::vector<int64_t> complete;
+  for (int64_t i : list_checkpoints(load_dir))
+    if (checkpoint_is_complete(load_dir, i)) complete.push_back(i);
+  return complete;
 }
 
 json write_checkpoint_shards(const std::string& staging, int writer, const std::vector<ShardedTensor>& model,
@@ -520,9 +551,9 @@ CheckpointReader CheckpointReader::open(const std::string& load_dir, int64_t ite
   auto state = std::make_shared<State>();
   state->directory = checkpoint_directory(load_dir, iteration);
   state->iteration = iteration;
-  const std::string hint = earlier_checkpoints_hint(load_dir, iteration);
+  const EarlierCheckpoints hint{load_dir, iteration};
   MEGATRON_CHECK(fs::is_directory(state->directory),
-                 "checkpoint directory '" << state->directory << "' does not exist; " << hint);
+                 "checkpoint directory '" << state->directory << "' does not exist" << hint);
   const std::string where = "checkpoint metadata '" + join(state->directory, kMetadataFile) + "'";
   json metadata;
   // Past the checksums, a structure that does not parse is a writer's bug rather than a flipped
@@ -534,10 +565,10 @@ CheckpointReader CheckpointReader::open(const std::string& load_dir, int64_t ite
     const json common = json::parse(read_file(join(state->directory, kCommonFile)));
     MEGATRON_CHECK(common.at("iteration").get<int64_t>() == iteration,
                    "'" << join(state->directory, kCommonFile) << "' records iteration " << common.at("iteration")
-                       << ", not " << iteration << ": the directory mixes files of different saves; " << hint);
+                       << ", not " << iteration << ": the directory mixes files of different saves" << hint);
     state->common = common.at("state");
   } catch (const json::exception& e) {
-    MEGATRON_FAIL(where << " or " << kCommonFile << " is malformed (" << e.what() << "); " << hint);
+    MEGATRON_FAIL(where << " or " << kCommonFile << " is malformed (" << e.what() << ")" << hint);
   }
   for (const auto& [name, t] : state->tensors) {
     check_tiling(where, name, t);

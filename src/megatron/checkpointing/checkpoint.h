@@ -70,6 +70,13 @@ std::optional<int64_t> read_tracker(const std::string& load_dir);
 // directories are not listed; the directories are not verified.
 std::vector<int64_t> list_checkpoints(const std::string& load_dir);
 
+// Whether the checkpoint of `iteration` is complete: its metadata.json exists and passes its
+// checksum, and every file it lists exists with the recorded size. Cheap (no file is read in
+// full); CheckpointReader::open checks the contents too.
+bool checkpoint_is_complete(const std::string& load_dir, int64_t iteration);
+// The iterations of list_checkpoints whose checkpoints are complete, ascending.
+std::vector<int64_t> complete_checkpoints(const std::string& load_dir);
+
 // One piece of a tensor: `local` holds global[offset[d] : offset[d] + local.dim(d)] in every
 // dimension d. Pass only the shards this rank is responsible for writing (one replica of each).
 struct ShardedTensor {

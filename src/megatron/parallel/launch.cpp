@@ -32,6 +32,25 @@ ProcessInfo checked(ProcessInfo p, const char* rank_var, const char* size_var) {
   return p;
 }
 
+// The launches whose processes MPI joins into one job, for the errors of those it cannot join.
+std::string working_launches(int world_size) {
+  const std::string n = world_size > 0 ? std::to_string(world_size) : "N";
+  return "Launch with Open MPI's `mpirun -np " + n + " megatron <subcommand> <flags>`, or in a Slurm allocation " +
+         "`srun --mpi=pmix -n " + n + " megatron <subcommand> <flags>`";
+}
+
+// A launcher MPI cannot join has started `world_size` processes (0: unknown): one process is a
+// world of one; more would each train alone and overwrite each other's checkpoints.
+ProcessInfo alone_or_refused(const std::string& launcher, const std::string& why, int rank, int world_size,
+                             const char* variables) {
+  if (world_size == 1) return ProcessInfo{};
+  MEGATRON_FAIL(launcher << " started this process as rank " << rank << " of "
+                         << (world_size > 0 ? std::to_string(world_size) : std::string("several")) << " (" << variables
+                         << "), but " << why
+                         << ": each process would train a separate model and overwrite the others' checkpoints. "
+                         << working_launches(world_size));
+}
+
 }  // namespace
 
 const char* launcher_name(Launcher launcher) {
@@ -50,6 +69,22 @@ const char* launcher_name(Launcher launcher) {
 
 ProcessInfo process_info_from_env(const EnvLookup& getenv) {
   ProcessInfo p;
+  if (getenv("RANK") != nullptr && getenv("WORLD_SIZE") != nullptr) {
+    const int rank = env_int(getenv, "RANK", 0), size = env_int(getenv, "WORLD_SIZE", 0);
+    MEGATRON_CHECK(rank < size, "RANK=" << rank << " and WORLD_SIZE=" << size
+                                        << " (a PyTorch launcher's variables) are inconsistent: the rank must be "
+                                           "below the size; unset them, they leaked from another job");
+    // torchrun's elastic agent sets TORCHELASTIC_RUN_ID; torch.distributed.launch, DeepSpeed and
+    // Accelerate set RANK and WORLD_SIZE too.
+    const std::string name = getenv("TORCHELASTIC_RUN_ID") != nullptr
+                                 ? "torchrun"
+                                 : "a PyTorch launcher (RANK and WORLD_SIZE are set, as torchrun, "
+                                   "torch.distributed.launch and DeepSpeed set them)";
+    return alone_or_refused(name,
+                            "its ranks meet through PyTorch's TCP store (MASTER_ADDR:MASTER_PORT), which "
+                            "megatron-cpp's MPI ranks cannot join",
+                            rank, size, "RANK, WORLD_SIZE");
+  }
   if (getenv("OMPI_COMM_WORLD_RANK") != nullptr) {
     p.launcher = Launcher::open_mpi;
     p.rank = env_int(getenv, "OMPI_COMM_WORLD_RANK", 0);
@@ -57,6 +92,24 @@ ProcessInfo process_info_from_env(const EnvLookup& getenv) {
     p.local_rank = env_int(getenv, "OMPI_COMM_WORLD_LOCAL_RANK", -1);
     MEGATRON_CHECK(p.world_size > 0, "Open MPI set OMPI_COMM_WORLD_RANK but not a positive OMPI_COMM_WORLD_SIZE");
     return checked(p, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+  }
+  const bool pmix = getenv("PMIX_RANK") != nullptr;
+  // PMI-1/PMI-2 without PMIx: an MPICH-family mpiexec (Hydra), or srun --mpi=pmi2, whose ranks
+  // and size then equal Slurm's. Open MPI (4 without --with-pmi, 5 at all) speaks PMIx only.
+  if (getenv("PMI_RANK") != nullptr && !pmix) {
+    const int rank = env_int(getenv, "PMI_RANK", 0), size = env_int(getenv, "PMI_SIZE", 0);
+    const char* slurm_rank = getenv("SLURM_PROCID");
+    const char* slurm_size = getenv("SLURM_STEP_NUM_TASKS");
+    const bool srun = slurm_rank != nullptr && slurm_size != nullptr && env_int(getenv, "SLURM_PROCID", 0) == rank &&
+                      env_int(getenv, "SLURM_STEP_NUM_TASKS", 0) == size;
+    const std::string name = srun                              ? "srun --mpi=pmi2"
+                             : getenv("I_MPI_ROOT") != nullptr ? "Intel MPI's mpirun (mpiexec.hydra)"
+                                                               : "an MPICH-family launcher (MPICH's or MVAPICH's "
+                                                                 "mpiexec/mpirun, Hydra)";
+    return alone_or_refused(name,
+                            "this megatron is built with Open MPI, which joins jobs through PMIx only and "
+                            "cannot join a PMI-1/PMI-2 job",
+                            rank, size, "PMI_RANK, PMI_SIZE");
   }
   // srun sets SLURM_STEP_NUM_TASKS for the tasks of a step; a batch script has SLURM_PROCID=0 and
   // SLURM_NTASKS=N without being one of N processes, so SLURM_NTASKS alone is no launch.
@@ -66,9 +119,18 @@ ProcessInfo process_info_from_env(const EnvLookup& getenv) {
     p.world_size = env_int(getenv, "SLURM_STEP_NUM_TASKS", 0);
     p.local_rank = env_int(getenv, "SLURM_LOCALID", -1);
     MEGATRON_CHECK(p.world_size > 0, "Slurm set SLURM_STEP_NUM_TASKS=0; the step has no tasks");
-    return checked(p, "SLURM_PROCID", "SLURM_STEP_NUM_TASKS");
+    checked(p, "SLURM_PROCID", "SLURM_STEP_NUM_TASKS");
+    // srun --mpi=pmix (or MpiDefault=pmix) starts a PMIx server that MPI_Init joins. Without it,
+    // Open MPI's MPI_Init aborts with a message about how Open MPI was built, or (with only some
+    // of Slurm's variables) gives each task a world of one.
+    if (pmix) return p;
+    return alone_or_refused("srun",
+                            "no PMIx server runs for its tasks (PMIX_RANK is unset: srun ran without "
+                            "--mpi=pmix and the cluster's MpiDefault is not pmix; `srun --mpi=list` shows the "
+                            "plugins), so MPI cannot join them into one job",
+                            p.rank, p.world_size, "SLURM_PROCID, SLURM_STEP_NUM_TASKS");
   }
-  if (getenv("PMIX_RANK") != nullptr) {
+  if (pmix) {
     p.launcher = Launcher::pmix;
     p.rank = env_int(getenv, "PMIX_RANK", 0);
     p.world_size = 0;  // PMIx publishes the size through its API only; MPI reports it

@@ -21,10 +21,20 @@ struct ProcessInfo {
   bool launched() const { return launcher != Launcher::none; }
 };
 
-// Reads the launcher's variables through `getenv` (injected for tests). Precedence: Open MPI
-// (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK), Slurm job steps (SLURM_PROCID, SLURM_STEP_NUM_TASKS,
-// SLURM_LOCALID; a batch script without srun is not a launch), then PMIx (PMIX_RANK).
-// Malformed or inconsistent values throw naming the variable.
+// Reads the launcher's variables through `getenv` (injected for tests). Precedence, innermost
+// launcher first:
+//   torchrun and other PyTorch launchers (RANK, WORLD_SIZE): their ranks meet through a TCP store
+//     that MPI cannot join, so more than one rank is refused;
+//   Open MPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK);
+//   Slurm job steps (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID; a batch script without srun
+//     is not a launch): joined through PMIx (srun --mpi=pmix sets PMIX_RANK); a step of several
+//     tasks without it (srun without --mpi=pmix, or with --mpi=pmi2) is refused;
+//   MPICH-family launchers (MPICH's and Intel MPI's mpiexec.hydra, MVAPICH: PMI_RANK, PMI_SIZE):
+//     their PMI cannot be joined by the Open MPI this build links, so more than one rank is refused;
+//   PMIx alone (PMIX_RANK: prterun, Open MPI 5).
+// A refused launcher ends the process at once with an error naming it and the command that works,
+// rather than letting N processes train N separate models into one --save directory; one rank
+// under any launcher is a world of one. Malformed or inconsistent values throw naming the variable.
 using EnvLookup = std::function<const char*(const char*)>;
 ProcessInfo process_info_from_env(const EnvLookup& getenv);
 ProcessInfo process_info_from_env();  // this process's environment

@@ -119,6 +119,8 @@ std::vector<Flag> build_flag_table() {
       {"--train-samples", FIELD(train_samples), training,
        "Training samples, instead of --train-iters: train-samples / global-batch-size steps"},
       {"--seed", FIELD(seed), training, "Seed of initialization, dropout and data order"},
+      {"--no-check-for-nan-in-loss-and-grad", Switch{FIELD(check_for_nan_in_loss_and_grad), false}, training,
+       "Skip steps with a non-finite loss or gradient instead of stopping the run"},
       {"--device", FIELD(device), training, "Where to run", {"auto", "cpu", "cuda"}},
       {"--lr", FIELD(optimizer.lr), lr, "Peak learning rate; required"},
       {"--min-lr", FIELD(optimizer.min_lr), lr, "Learning rate at the end of the decay"},
@@ -176,6 +178,8 @@ std::vector<Flag> build_flag_table() {
       {"--save", FIELD(save), checkpoint, "Directory to write checkpoints to"},
       {"--load", FIELD(load), checkpoint, "Directory to resume from"},
       {"--save-interval", FIELD(save_interval), checkpoint, "Iterations between checkpoints; required with --save"},
+      {"--ckpt-step", FIELD(ckpt_step), checkpoint,
+       "Iteration of --load to resume from; 0: the tracker's (latest_checkpointed_iteration.txt)"},
       {"--finetune", Switch{FIELD(finetune), true}, checkpoint,
        "Load weights only: iteration 0, fresh optimizer and scheduler"},
       {"--no-save-optim", Switch{FIELD(no_save_optim), true}, checkpoint, "Leave optimizer state out of checkpoints"},
@@ -462,6 +466,11 @@ void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
                             "): how many iterations between checkpoints, e.g. --save-interval 1000"));
   } else if (a.save_interval < 0) {
     errors.push_back(concat("--save-interval ", a.save_interval, " must be >= 0"));
+  }
+  if (a.ckpt_step < 0 || (a.ckpt_step > 0 && a.load.empty())) {
+    errors.push_back(concat("--ckpt-step ", a.ckpt_step,
+                            " chooses the iteration of --load DIR to resume from: give a saved iteration (> 0) and "
+                            "--load, or leave it out to resume from the tracker's"));
   }
   if (a.finetune && a.load.empty()) {
     errors.push_back(

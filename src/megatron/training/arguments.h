@@ -60,6 +60,10 @@ struct TrainingArgs {
   int64_t ddp_bucket_size = 0;              // elements; 0: max(4e7, 1e6 * DP)
   double distributed_timeout_minutes = 10;  // bound on every collective wait (fractions allowed)
 
+  // Megatron's --check-for-nan-in-loss-and-grad, on unless --no-check-for-nan-in-loss-and-grad:
+  // a non-finite loss or gradient ends the run (training/nan_check.h).
+  bool check_for_nan_in_loss_and_grad = true;
+
   int64_t log_interval = 100;
   int64_t eval_interval = 0;  // 0: no evaluation
   int64_t eval_iters = 100;
@@ -69,6 +73,7 @@ struct TrainingArgs {
   std::string save;
   std::string load;
   int64_t save_interval = 0;
+  int64_t ckpt_step = 0;  // the iteration --load reads; 0: the tracker's (Megatron treats 0 as unset too)
   bool finetune = false;
   bool no_save_optim = false;
   bool no_load_optim = false;

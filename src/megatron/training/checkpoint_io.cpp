@@ -13,6 +13,7 @@
 namespace megatron {
 
 namespace {
+namespace fs = std::filesystem;
 using checkpointing::CheckpointReader;
 using checkpointing::ShardedTensor;
 
@@ -75,7 +76,6 @@ void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& ar
 // --load takes the directory of a run's checkpoints (its --save), as in Megatron; given one
 // checkpoint's directory (iter_0000100/ or release/, which hold metadata.json), say to pass the parent.
 void check_not_one_checkpoint(const std::string& load_dir) {
-  namespace fs = std::filesystem;
   fs::path dir = fs::path(load_dir).lexically_normal();
   if (!dir.has_filename()) dir = dir.parent_path();  // a trailing slash
   const std::string name = dir.filename().string();
@@ -88,14 +88,100 @@ void check_not_one_checkpoint(const std::string& load_dir) {
                            << " (the run's --save directory): the latest checkpoint in it is loaded");
 }
 
-CheckpointReader open_latest(const std::string& load_dir) {
-  const auto iteration = checkpointing::read_tracker(load_dir);
-  if (!iteration) check_not_one_checkpoint(load_dir);
-  MEGATRON_CHECK(iteration.has_value(), "no checkpoint in " << load_dir << " (no latest_checkpointed_iteration.txt); "
-                                                            << "train with --save " << load_dir << " first");
-  return CheckpointReader::open(load_dir, *iteration);
+std::string iteration_list(const std::vector<int64_t>& iterations) {
+  std::string list;
+  for (int64_t i : iterations) list += (list.empty() ? "" : ", ") + std::to_string(i);
+  return list;
+}
+
+// How to load another checkpoint than `iteration`, for the errors about it.
+std::string other_checkpoints_advice(const std::string& load_dir, int64_t iteration) {
+  std::vector<int64_t> complete = checkpointing::complete_checkpoints(load_dir);
+  std::erase(complete, iteration);
+  if (complete.empty()) return "no other complete checkpoint exists in " + load_dir;
+  return "complete checkpoints in " + load_dir + ": iterations " + iteration_list(complete) +
+         "; load one with --ckpt-step N, e.g. --ckpt-step " + std::to_string(complete.back());
+}
+
+void describe_choice(const std::string& load_dir, const CheckpointChoice& choice) {
+  if (choice.by == CheckpointChoice::By::newest_directory)
+    LOG_WARN(load_dir << " has no " << checkpointing::kTrackerFileName << "; loading its newest checkpoint, iteration "
+                      << choice.iteration << " (--ckpt-step N loads another)");
+}
+
+// The checkpoint of load_dir that a run loads, opened: every file verified.
+CheckpointReader open_chosen(const std::string& load_dir, int64_t ckpt_step, bool describe) {
+  const std::optional<CheckpointChoice> choice = checkpoint_to_load(load_dir, ckpt_step);
+  if (!choice) check_not_one_checkpoint(load_dir);
+  MEGATRON_CHECK(choice.has_value(), "no checkpoint in " << load_dir << " (neither " << checkpointing::kTrackerFileName
+                                                         << " nor iter_* directories); train with --save " << load_dir
+                                                         << " first");
+  if (describe) describe_choice(load_dir, *choice);
+  try {
+    return CheckpointReader::open(load_dir, choice->iteration);
+  } catch (const Error& e) {
+    MEGATRON_FAIL(e.what() << "; to resume from an earlier checkpoint, pass --ckpt-step N");
+  }
+}
+
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
 }
 }  // namespace
+
+std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, int64_t ckpt_step) {
+  CheckpointChoice choice;
+  if (ckpt_step > 0) {
+    choice = {ckpt_step, CheckpointChoice::By::ckpt_step};
+  } else {
+    std::optional<int64_t> tracked;
+    try {
+      tracked = checkpointing::read_tracker(load_dir);
+    } catch (const Error& e) {
+      MEGATRON_FAIL(e.what() << "; " << other_checkpoints_advice(load_dir, 0));
+    }
+    const std::vector<int64_t> saved = checkpointing::list_checkpoints(load_dir);
+    if (tracked)
+      choice = {*tracked, CheckpointChoice::By::tracker};
+    else if (!saved.empty())
+      choice = {saved.back(), CheckpointChoice::By::newest_directory};
+    else
+      return std::nullopt;
+  }
+  const char* why = choice.by == CheckpointChoice::By::ckpt_step ? "chosen by --ckpt-step"
+                    : choice.by == CheckpointChoice::By::tracker ? "named by its tracker"
+                                                                 : "its newest, as it has no tracker";
+  MEGATRON_CHECK(fs::is_directory(checkpointing::checkpoint_directory(load_dir, choice.iteration)),
+                 load_dir << " has no checkpoint of iteration " << choice.iteration << " (" << why << "): no "
+                          << checkpointing::checkpoint_directory(load_dir, choice.iteration) << "; "
+                          << other_checkpoints_advice(load_dir, choice.iteration));
+  MEGATRON_CHECK(checkpointing::checkpoint_is_complete(load_dir, choice.iteration),
+                 "the checkpoint of iteration " << choice.iteration << " in " << load_dir << " (" << why
+                                                << ") is incomplete or corrupt: its metadata.json is missing or fails "
+                                                << "its checksum, or files it lists are missing or of another size; "
+                                                << other_checkpoints_advice(load_dir, choice.iteration));
+  return choice;
+}
+
+void check_checkpoint_directories(const TrainingArgs& args) {
+  if (!args.load.empty())
+    if (const std::optional<CheckpointChoice> choice = checkpoint_to_load(args.load, args.ckpt_step))
+      describe_choice(args.load, *choice);
+  if (args.save.empty() || (!args.load.empty() && same_directory(args.save, args.load))) return;
+  const std::vector<int64_t> saved = checkpointing::list_checkpoints(args.save);
+  const bool tracked = fs::exists(fs::path(args.save) / checkpointing::kTrackerFileName);
+  MEGATRON_CHECK(saved.empty() && !tracked,
+                 "--save " << args.save << " already holds checkpoints ("
+                           << (saved.empty() ? std::string(checkpointing::kTrackerFileName)
+                                             : "iterations " + iteration_list(saved))
+                           << ") and this run does not resume from them ("
+                           << (args.load.empty() ? std::string("no --load") : "--load " + args.load)
+                           << "): its saves would replace them. To continue that run, pass --load " << args.save
+                           << " (resume with --load and --save the same directory); to start a new run, give --save "
+                           << "a new directory");
+}
 
 void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
@@ -169,12 +255,12 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
 bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   if (args.load.empty()) return false;
-  if (!checkpointing::read_tracker(args.load).has_value()) {
+  if (!checkpoint_to_load(args.load, args.ckpt_step).has_value()) {
     check_not_one_checkpoint(args.load);
     LOG_WARN("--load " << args.load << " holds no checkpoint yet; starting from scratch");
     return false;
   }
-  const CheckpointReader reader = open_latest(args.load);
+  const CheckpointReader reader = open_chosen(args.load, args.ckpt_step, /*describe=*/false);
   const nlohmann::json& common = reader.common();
   check_same_architecture(common.at("args"), args, args.load);
   for (const auto& p : model.parameters().params())
@@ -210,8 +296,8 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
   return true;
 }
 
-TrainingArgs read_checkpoint_args(const std::string& load_dir) {
-  const CheckpointReader reader = open_latest(load_dir);
+TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step) {
+  const CheckpointReader reader = open_chosen(load_dir, ckpt_step, /*describe=*/true);
   const nlohmann::json& saved = reader.common().at("args");
   std::vector<std::pair<std::string, std::string>> flags;
   for (const auto& [key, value] : saved.items())
@@ -223,8 +309,8 @@ TrainingArgs read_checkpoint_args(const std::string& load_dir) {
   return parse_training_args_from_flags(flags, world);
 }
 
-void load_model_weights(const std::string& load_dir, GPTModel& model) {
-  const CheckpointReader reader = open_latest(load_dir);
+void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step) {
+  const CheckpointReader reader = open_chosen(load_dir, ckpt_step, /*describe=*/false);
   for (const auto& p : model.parameters().params())
     for (auto& slice : p->global_slices()) reader.load(p->spec.name, slice.global_offset, slice.local);
 }

@@ -20,6 +20,7 @@
 // replicated across TP (and its optimizer state) is saved by TP rank 0 only. A checkpoint loads
 // at any TP whose padded vocabulary is the same (--make-vocab-size-divisible-by x TP).
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "megatron/models/gpt/gpt_model.h"
@@ -37,23 +38,47 @@ struct TrainingProgress {
   int64_t nan_iterations = 0;
 };
 
+// Which checkpoint of load_dir a run loads (Megatron's rules, and ours where Megatron would start
+// from scratch over existing checkpoints):
+//   --ckpt-step N (ckpt_step > 0): iteration N, which must exist;
+//   otherwise the tracker's iteration (latest_checkpointed_iteration.txt);
+//   without a tracker (a crash between publishing a directory and rewriting the tracker, or a
+//   tracker deleted by hand): the newest iter_* directory. Megatron would start from scratch here
+//   and, with the same --save, overwrite them.
+// nullopt when load_dir holds neither. A chosen checkpoint that is not complete
+// (checkpointing::checkpoint_is_complete) throws, listing the earlier complete iterations and
+// --ckpt-step; a run never falls back to an older checkpoint by itself.
+struct CheckpointChoice {
+  enum class By { ckpt_step, tracker, newest_directory };
+  int64_t iteration = 0;
+  By by = By::tracker;
+};
+std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, int64_t ckpt_step);
+
+// Checks, before any work, the checkpoint directories of a training run: the checkpoint --load
+// resumes from (checkpoint_to_load), and that --save does not hold checkpoints of another run:
+// a --save directory holding checkpoints is written only by a run that resumes from it
+// (--load the same directory, as Megatron users resume), so a fresh run never replaces them.
+void check_checkpoint_directories(const TrainingArgs& args);
+
 // options.on_stage is called on every rank at the stages it reaches (fault injection for tests).
 void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                               const ParallelContext& ctx, const checkpointing::SaveOptions& options = {});
 
-// Loads the latest checkpoint under args.load (or nothing when it holds none). Restores the
+// Loads checkpoint_to_load(args.load, args.ckpt_step) (or nothing when it holds none). Restores the
 // model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress.
 // Returns whether a checkpoint was loaded.
 bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress);
 
-// The arguments the latest checkpoint under load_dir was trained with, as stored (its layout
-// included; world_size and data_parallel_size, which are no flags, describe one replica of it).
-// A caller that runs the model under another layout (generate) decides it from these: the
-// checkpoint loads at any TP that splits the stored model, its padded vocabulary included
-// (validate_tensor_parallel_split). load_model_weights then reads the slices the model's rank holds.
-TrainingArgs read_checkpoint_args(const std::string& load_dir);
-void load_model_weights(const std::string& load_dir, GPTModel& model);
+// The arguments the checkpoint checkpoint_to_load(load_dir, ckpt_step) chooses was trained with,
+// as stored (its layout included; world_size and data_parallel_size, which are no flags, describe
+// one replica of it). A caller that runs the model under another layout (generate) decides it from
+// these: the checkpoint loads at any TP that splits the stored model, its padded vocabulary
+// included (validate_tensor_parallel_split). load_model_weights then reads the slices the model's
+// rank holds, from the same checkpoint.
+TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step = 0);
+void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step = 0);
 
 }  // namespace megatron

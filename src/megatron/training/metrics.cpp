@@ -30,8 +30,15 @@ std::string format_training_log_line(const IterationStats& s) {
 
 std::string format_validation_line(const std::string& prefix, double loss) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "lm loss value: %.6E | lm loss PPL: %.6E | ", loss, std::exp(std::min(20.0, loss)));
-  const std::string line = " validation loss at " + prefix + " | " + buf;
+  std::string line = " validation loss at " + prefix + " | ";
+  std::snprintf(buf, sizeof buf, "lm loss value: %.6E | ", loss);
+  line += buf;
+  // Megatron's exp(min(20, loss)) turns a NaN loss into a perplexity of e^20; a loss that is not
+  // finite has none.
+  if (std::isfinite(loss)) {
+    std::snprintf(buf, sizeof buf, "lm loss PPL: %.6E | ", std::exp(std::min(20.0, loss)));
+    line += buf;
+  }
   const std::string dashes(line.size() + 1, '-');  // Megatron's len(string) + 1
   return dashes + "\n" + line + "\n" + dashes;
 }

@@ -23,11 +23,13 @@
 #include "megatron/ops/profiler.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
+#include "megatron/parallel/cpu_threads.h"
 #include "megatron/parallel/parallel_args.h"
 #include "megatron/parallel/parallel_state.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/device.h"
 #include "megatron/training/metrics.h"
+#include "megatron/training/nan_check.h"
 
 #ifdef MEGATRON_WITH_CUDA
 #include "megatron/ops/cuda/pinned_memory.h"
@@ -214,6 +216,7 @@ DataSources build_data_in_turn(const TrainingArgs& args, Communicator& world) {
 
 TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRuntime>& mpi) {
   const ScopedLogRank log_rank(mpi ? mpi->process().rank : 0);
+  configure_cpu_threads(mpi.get());
   // Megatron asks TP users for CUDA_DEVICE_MAX_CONNECTIONS=1: with one hardware queue the device
   // starts kernels in issue order, so a collective issued before the GEMM it overlaps gets its SMs
   // before the GEMM fills them (llama-3b on 4xH200: 1.5-3% faster at TP 2, 7% at TP 4; PERFORMANCE.md).
@@ -232,6 +235,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRunt
 TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups, Device device) {
   check_context(args, groups);
   const ScopedLogRank log_rank(groups.world->rank());
+  check_checkpoint_directories(args);
   // Every rank writes its own files into --save: each checks it can, before any work.
   if (!args.save.empty())
     checkpointing::prepare_save_directory(args.save, concat(".write_probe_rank_", groups.world->rank()));
@@ -295,6 +299,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
   double interval_loss_sum = 0, interval_tokens = 0, interval_seconds = 0;
   int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
   const int64_t first_iteration = progress.iteration;
+  const NanCheck nan_check(args);
   const int64_t train_iters = args.total_iterations();
   while (progress.iteration < train_iters) {
     const bool profile = progress.iteration + 1 == args.profile_ops_iteration;
@@ -318,11 +323,14 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
       ddp.set_last_micro_batch(m + 1 == micro);
       const LossSums s = model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd,
                                                 batch.position_ids, batch.segment_ids);
+      nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1, ctx.world->rank());
       iteration_sums.loss_sum += s.loss_sum;
       iteration_sums.num_tokens += s.num_tokens;
     }
     finalize_model_grads(ddp);
+    const float loss_scale = optimizer->loss_scale();  // the step may change it
     const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
+    nan_check.optimizer_step(step, loss_scale, progress.iteration + 1);
     if (profile) {
       const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop();
       const double step_ms = 1e3 * std::chrono::duration<double>(Clock::now() - t0).count();
@@ -390,6 +398,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
     if (evaluate_now || save_now) ddp.finish_param_gather();
     if (evaluate_now) {
       const Evaluation valid = evaluate(model, *valid_loader, "validation", args, ctx);
+      nan_check.validation_loss(valid.loss, progress.iteration);
       progress.consumed_valid_samples += valid.samples;
       summary.valid_losses.push_back(valid.loss);
       print_from_last_rank(last_rank, format_validation_line(concat("iteration ", progress.iteration), valid.loss));
@@ -402,6 +411,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
   // (its sample count planned for this "+1" evaluation), then the test split from its start.
   if (valid_loader) {
     const Evaluation valid = evaluate(model, *valid_loader, "validation", args, ctx);
+    nan_check.validation_loss(valid.loss, progress.iteration);
     summary.end_valid_loss = valid.loss;
     print_from_last_rank(
         last_rank, format_validation_line(concat("iteration ", progress.iteration, " on validation set"), valid.loss));
@@ -409,6 +419,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
   }
   if (test_loader) {
     const Evaluation test = evaluate(model, *test_loader, "test", args, ctx);
+    nan_check.validation_loss(test.loss, progress.iteration);
     summary.test_loss = test.loss;
     summary.test_samples = test.samples;
     print_from_last_rank(last_rank,
