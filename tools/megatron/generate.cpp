@@ -32,6 +32,7 @@ struct GenerateArgs {
   int64_t seed = 1234;
   std::string device = "auto";
   std::optional<int64_t> tensor_model_parallel_size;  // unset: the launched world size
+  datasets::TokenizerOptions tokenizer;               // flags given: override the checkpoint's tokenizer
 };
 
 const char* const kHelp =
@@ -39,8 +40,15 @@ const char* const kHelp =
     "                         [--temperature 0.8 (0 = greedy)] [--top-k 40 (0 = all)] [--seed 1234]\n"
     "                         [--device auto|cpu|cuda] [--tensor-model-parallel-size N (default: the number\n"
     "                         of ranks)]\n"
+    "                         [--tokenizer-type T] [--vocab-file F] [--merge-file F] [--tokenizer-model F]\n"
+    "                         [--vocab-size N]\n"
     "Under `mpirun -np N` (or srun) the N ranks split the model by tensor parallelism, TP = N; the\n"
-    "checkpoint may have been trained at any TP.\n";
+    "checkpoint may have been trained at any TP.\n"
+    "The tokenizer is the one the checkpoint was trained with: each checkpoint holds its own copy of the\n"
+    "tokenizer's files, so no tokenizer flag is needed. Tokenizer flags given here override it, as\n"
+    "Megatron's command line overrides a checkpoint's arguments: with the checkpoint's --tokenizer-type\n"
+    "(or none) the flags given replace those files, another type replaces the whole tokenizer; its\n"
+    "vocabulary must have the size the model was trained with.\n";
 
 GenerateArgs parse(const Args& args) {
   GenerateArgs g;
@@ -78,6 +86,16 @@ GenerateArgs parse(const Args& args) {
       g.device = value();
     else if (flag == "--tensor-model-parallel-size")
       number(g.tensor_model_parallel_size.emplace());
+    else if (flag == "--tokenizer-type")
+      g.tokenizer.type = value();
+    else if (flag == "--vocab-file")
+      g.tokenizer.vocab_file = value();
+    else if (flag == "--merge-file")
+      g.tokenizer.merge_file = value();
+    else if (flag == "--tokenizer-model")
+      g.tokenizer.model = value();
+    else if (flag == "--vocab-size")
+      number(g.tokenizer.vocab_size);
     else
       MEGATRON_FAIL("unknown flag " << flag << "\n" << kHelp);
   }
@@ -101,8 +119,13 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
   const ScopedLogRank log_rank(rank);
 
   const TrainingArgs train_args = read_checkpoint_args(g.load, tp);
-  const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,
-                                                  train_args.data.tokenizer_model);
+  const auto tokenizer = datasets::make_tokenizer(datasets::complete_tokenizer_options(g.tokenizer, train_args.tokenizer));
+  MEGATRON_CHECK(tokenizer->vocab_size() == train_args.model.vocab_size,
+                 "the tokenizer flags given make a " << tokenizer->name() << " of " << tokenizer->vocab_size()
+                                                     << " tokens, but the model of " << g.load << " was trained with "
+                                                     << train_args.model.vocab_size << " ("
+                                                     << train_args.tokenizer.type
+                                                     << "); drop the tokenizer flags to use the checkpoint's own");
   const Device device = select_device(g.device, mpi ? mpi->process().local_rank : 0);
   ParallelSizes sizes;
   sizes.tp = tp;

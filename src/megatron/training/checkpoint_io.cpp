@@ -2,11 +2,13 @@
 
 #include <exception>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
+#include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/parallel/text_collectives.h"
 
 namespace megatron {
@@ -71,11 +73,55 @@ void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& ar
                                << saved["padded_vocab_size"].get<std::string>() << " rows at this TP");
 }
 
-CheckpointReader open_latest(const std::string& load_dir) {
-  const auto iteration = checkpointing::read_tracker(load_dir);
+// The iteration a run loads from load_dir; nullopt when it holds no checkpoint.
+std::optional<int64_t> iteration_to_load(const std::string& load_dir) { return checkpointing::read_tracker(load_dir); }
+
+int64_t existing_iteration_to_load(const std::string& load_dir) {
+  const auto iteration = iteration_to_load(load_dir);
   MEGATRON_CHECK(iteration.has_value(), "no checkpoint in " << load_dir << " (no latest_checkpointed_iteration.txt); "
                                                             << "train with --save " << load_dir << " first");
-  return CheckpointReader::open(load_dir, *iteration);
+  return *iteration;
+}
+
+CheckpointReader open_latest(const std::string& load_dir) {
+  return CheckpointReader::open(load_dir, existing_iteration_to_load(load_dir));
+}
+
+// common.json's record of the tokenizer: {"type": T, "vocab_size": N, "files": {name: flag}}.
+constexpr const char* kTokenizerKey = "tokenizer";
+
+// Copies the files the tokenizer reads into the staging directory; returns its record.
+nlohmann::json save_tokenizer(checkpointing::CheckpointStaging& staging, const datasets::TokenizerOptions& options) {
+  const std::unique_ptr<datasets::Tokenizer> tokenizer = datasets::make_tokenizer(options);
+  nlohmann::json files = nlohmann::json::object();
+  for (const datasets::TokenizerFile& file : tokenizer->files()) {
+    staging.add_file(file.name, datasets::read_tokenizer_file(file.path, tokenizer->name() + " file"));
+    files[file.name] = file.flag;
+  }
+  return {{"type", options.type}, {"vocab_size", options.vocab_size}, {"files", files}};
+}
+
+// The tokenizer saved with a checkpoint, its files the checkpoint's own copies; nullopt for a
+// checkpoint saved without one.
+std::optional<datasets::TokenizerOptions> saved_tokenizer(const checkpointing::CheckpointHeader& header) {
+  if (!header.common.contains(kTokenizerKey)) return std::nullopt;
+  datasets::TokenizerOptions options;
+  std::vector<datasets::TokenizerFile> files;
+  try {
+    const nlohmann::json& record = header.common.at(kTokenizerKey);
+    options.type = record.at("type").get<std::string>();
+    options.vocab_size = record.at("vocab_size").get<int64_t>();
+    for (const auto& [name, flag] : record.at("files").items()) {
+      const auto held = header.files.find(name);
+      MEGATRON_CHECK(held != header.files.end(), "checkpoint " << header.directory << " records tokenizer file "
+                                                               << name << " but does not hold it");
+      files.push_back({flag.get<std::string>(), held->second, name});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    MEGATRON_FAIL("checkpoint " << header.directory << ": the tokenizer record in common.json is malformed ("
+                                << e.what() << ")");
+  }
+  return datasets::tokenizer_options_in(options, files, header.directory);
 }
 }  // namespace
 
@@ -119,7 +165,10 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
   };
   // 1. The root creates the staging directory and tells every rank where it is ("" if it failed).
   std::optional<checkpointing::CheckpointStaging> staging;
-  if (rank == kRoot) attempt([&] { staging.emplace(args.save, progress.iteration); });
+  if (rank == kRoot) attempt([&] {
+    staging.emplace(args.save, progress.iteration);
+    common[kTokenizerKey] = save_tokenizer(*staging, args.tokenizer);
+  });
   const std::string staging_dir = broadcast_text(world, staging ? staging->path() : "", kRoot, device);
   // 2. Every rank writes its own files and reports them (or its error) to the root.
   nlohmann::json reply;
@@ -151,7 +200,7 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
 bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   if (args.load.empty()) return false;
-  if (!checkpointing::read_tracker(args.load).has_value()) {
+  if (!iteration_to_load(args.load).has_value()) {
     LOG_WARN("--load " << args.load << " holds no checkpoint yet; starting from scratch");
     return false;
   }
@@ -195,13 +244,21 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
 // the model is rebuilt at the requested TP without sequence parallelism (nor its overlap); its padded vocabulary is
 // kept: it depends on the TP it was trained with.
 TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t tensor_model_parallel_size) {
-  const CheckpointReader reader = open_latest(load_dir);
-  const nlohmann::json& saved = reader.common().at("args");
+  // The tensors are read (and verified) by load_model_weights.
+  const checkpointing::CheckpointHeader header =
+      checkpointing::read_checkpoint_header(load_dir, existing_iteration_to_load(load_dir));
+  const nlohmann::json& saved = header.common.at("args");
+  // The stored tokenizer flags name the files where training read them; the copies are here.
+  std::map<std::string, std::string> tokenizer;
+  if (const auto options = saved_tokenizer(header))
+    for (const auto& [flag, value] : tokenizer_flags(*options)) tokenizer[flag] = value;
   std::vector<std::pair<std::string, std::string>> flags;
   for (const auto& [flag, value] : saved.items()) {
     const bool layout = flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
                         flag == "--sequence-parallel" || flag == "--tp-comm-overlap";
-    if (flag.rfind("--", 0) == 0 && !layout) flags.emplace_back(flag, value.get<std::string>());
+    const auto copy = tokenizer.find(flag);
+    if (flag.rfind("--", 0) == 0 && !layout)
+      flags.emplace_back(flag, copy != tokenizer.end() ? copy->second : value.get<std::string>());
   }
   const int64_t tp = tensor_model_parallel_size;
   flags.emplace_back("--tensor-model-parallel-size", std::to_string(tp));
@@ -224,6 +281,15 @@ TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t tensor_mo
     args.model.padded_vocab_size = padded;
   }
   return args;
+}
+
+datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOptions& given, const std::string& load_dir) {
+  if (load_dir.empty() || datasets::tokenizer_options_complete(given)) return given;
+  const std::optional<int64_t> iteration = iteration_to_load(load_dir);
+  if (!iteration) return given;
+  const std::optional<datasets::TokenizerOptions> saved =
+      saved_tokenizer(checkpointing::read_checkpoint_header(load_dir, *iteration));
+  return saved ? datasets::complete_tokenizer_options(given, *saved) : given;
 }
 
 void load_model_weights(const std::string& load_dir, GPTModel& model) {

@@ -16,6 +16,10 @@
 //   load: every rank reads the slices it holds now from whichever shards overlap them, so a
 //         checkpoint saved at one DP size (with or without the distributed optimizer) resumes at
 //         any other.
+// The tokenizer travels with the checkpoint: each save copies the files the run's tokenizer reads
+// (TrainingArgs::tokenizer; vocab.json and merges.txt, tokenizer.json, tokenizer.model) into the
+// iteration directory, checksummed with the rest, and records its type and vocabulary size
+// ("tokenizer" in common.json), so that one iter_ directory is self-contained when moved or copied.
 // Under tensor parallelism every TP rank saves its shards with their global offsets; a parameter
 // replicated across TP (and its optimizer state) is saved by TP rank 0 only. A checkpoint loads
 // at any TP whose padded vocabulary is the same (--make-vocab-size-divisible-by x TP).
@@ -48,13 +52,21 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
 bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress);
 
+// The tokenizer a run uses (TrainingArgs::tokenizer): the tokenizer flags as given when they are
+// complete (tokenizer_options_complete), else completed from the tokenizer saved in the checkpoint
+// that load_dir's run would load, its files that checkpoint's own copies (complete_tokenizer_options:
+// with no --tokenizer-type, or the saved one, flags not given take the saved values).
+datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOptions& given, const std::string& load_dir);
+
 // Model weights only, and the arguments the checkpoint was trained with (for generate), to build
 // the model at any TP on a world of TP ranks: the checkpoint's own TP, PP and sequence parallelism
 // are replaced (generation runs without SP: the weights are the same, and SP would need every
 // step's growing sequence to divide by TP), its padded vocabulary is kept. The training rules of
 // the layout (heads, query groups, FFN size and the padded vocabulary divisible by TP) are checked
-// and a broken one throws, naming the value and the fix. Every rank of the model calls
-// load_model_weights, which reads the slices the rank holds.
+// and a broken one throws, naming the value and the fix. The tokenizer flags name the
+// checkpoint's own copy of its tokenizer (when it holds one), so the arguments are valid wherever
+// the directory now lies. Every rank of the model calls load_model_weights, which reads the slices
+// the rank holds.
 TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t tensor_model_parallel_size = 1);
 void load_model_weights(const std::string& load_dir, GPTModel& model);
 
