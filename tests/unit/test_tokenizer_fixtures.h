@@ -5,12 +5,9 @@
 #include <stdexcept>
 #include <string>
 
-namespace megatron::testing {
+#include "test_paths.h"
 
-// The repository root, from this header's own path (CMake compiles with absolute paths).
-inline std::filesystem::path repo_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-}
+namespace megatron::testing {
 
 // build/fixtures/<relative>, which must exist.
 inline std::string tokenizer_fixture(const std::string& relative) {
