@@ -27,10 +27,29 @@ namespace fs = std::filesystem;
 namespace {
 
 std::vector<std::string> tiny_run(int64_t iters, const std::vector<std::string>& more) {
-  std::vector<std::string> argv = {"--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
-                                   "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "1",
-                                   "--train-iters", std::to_string(iters), "--lr", "1e-3", "--mock-data",
-                                   "--save-interval", "2", "--log-interval", "1", "--device", "cpu"};
+  std::vector<std::string> argv = {"--num-layers",
+                                   "1",
+                                   "--hidden-size",
+                                   "16",
+                                   "--num-attention-heads",
+                                   "2",
+                                   "--seq-length",
+                                   "16",
+                                   "--micro-batch-size",
+                                   "1",
+                                   "--global-batch-size",
+                                   "1",
+                                   "--train-iters",
+                                   std::to_string(iters),
+                                   "--lr",
+                                   "1e-3",
+                                   "--mock-data",
+                                   "--save-interval",
+                                   "2",
+                                   "--log-interval",
+                                   "1",
+                                   "--device",
+                                   "cpu"};
   argv.insert(argv.end(), more.begin(), more.end());
   return argv;
 }
@@ -50,8 +69,9 @@ std::vector<std::string> write_tokenizer(const std::string& type, const std::str
     return dir + "/" + name;
   };
   if (type == "GPT2BPETokenizer")
-    return {"--tokenizer-type", type, "--vocab-file", copy("gpt2/vocab.json", "gpt2-vocab.json"), "--merge-file",
-            copy("gpt2/merges.txt", "gpt2-merges.txt")};
+    return {"--tokenizer-type", type,
+            "--vocab-file",     copy("gpt2/vocab.json", "gpt2-vocab.json"),
+            "--merge-file",     copy("gpt2/merges.txt", "gpt2-merges.txt")};
   if (type == "HuggingFaceTokenizer") {
     // The directory, holding tokenizer_config.json too: LLaMA-3's eos and bos come from it.
     copy("llama3/tokenizer.json", "tokenizer.json");
@@ -103,8 +123,8 @@ TEST_P(CheckpointTokenizer, TravelsWithTheCheckpoint) {
   for (const datasets::TokenizerFile& file : restored->files())
     EXPECT_EQ(fs::path(file.path).parent_path(), fs::path(moved + "/iter_0000002")) << file.path;
 
-  const megatron::testing::RunResult generated = run_megatron(
-      "generate --load " + moved + " --prompt '" + c.text + "' --max-new-tokens 3 --temperature 0 --device cpu");
+  const megatron::testing::RunResult generated = run_megatron("generate --load " + moved + " --prompt '" + c.text +
+                                                              "' --max-new-tokens 3 --temperature 0 --device cpu");
   EXPECT_EQ(generated.exit_code, 0) << generated.output;
   EXPECT_NE(generated.output.find("----- sample 1 -----\n" + c.text), std::string::npos) << generated.output;
 
@@ -136,8 +156,7 @@ TEST(CheckpointTokenizerFlags, OverrideTheSavedTokenizer) {
   pretrain(parse_training_args(tiny_run(2, save)));
 
   // The type alone: the files are the checkpoint's.
-  const TrainingArgs typed =
-      parse_training_args(tiny_run(4, {"--load", ckpt, "--tokenizer-type", "GPT2BPETokenizer"}));
+  const TrainingArgs typed = parse_training_args(tiny_run(4, {"--load", ckpt, "--tokenizer-type", "GPT2BPETokenizer"}));
   EXPECT_EQ(typed.tokenizer.vocab_file, ckpt + "/iter_0000002/vocab.json");
   EXPECT_EQ(typed.tokenizer.merge_file, ckpt + "/iter_0000002/merges.txt");
   // One file given: that one replaces the saved copy.
@@ -157,7 +176,8 @@ TEST(CheckpointTokenizerFlags, OverrideTheSavedTokenizer) {
   EXPECT_NE(error_of([&] { pretrain(other); }).find("has a padded vocabulary of 50304 rows"), std::string::npos);
 
   const std::string generate = "generate --load " + ckpt + " --prompt 'Hello' --max-new-tokens 2 --device cpu ";
-  const megatron::testing::RunResult same = run_megatron(generate + "--tokenizer-type GPT2BPETokenizer --merge-file " + merges);
+  const megatron::testing::RunResult same =
+      run_megatron(generate + "--tokenizer-type GPT2BPETokenizer --merge-file " + merges);
   EXPECT_EQ(same.exit_code, 0) << same.output;
   const megatron::testing::RunResult wrong = run_megatron(generate + "--tokenizer-type NullTokenizer --vocab-size 100");
   EXPECT_NE(wrong.exit_code, 0);

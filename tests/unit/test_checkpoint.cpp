@@ -483,7 +483,7 @@ TEST(Checkpoint, AddedFilesAreChecksummedAndReadBack) {
   EXPECT_EQ(header.directory, iter);
   EXPECT_EQ(header.common, example_state(0).common);
   EXPECT_EQ(header.files, (std::map<std::string, std::string>{{"merges.txt", iter + "/merges.txt"},
-                                                               {"vocab.json", iter + "/vocab.json"}}));
+                                                              {"vocab.json", iter + "/vocab.json"}}));
   EXPECT_EQ(read_all(header.files.at("vocab.json")), R"({"a": 0})");
   // A checkpoint saved without added files has none.
   save_example(dir.path(), 4, 0);

@@ -106,7 +106,9 @@ TEST(TokenizerFactory, ErrorsNameTheProblem) {
 // with --load then leaves the checkpoint's saved tokenizer alone).
 TEST(TokenizerOptions, CompleteWhenEveryFlagTheTypeReadsIsGiven) {
   const auto options = [](std::string type, int64_t vocab_size, std::string model, std::string vocab,
-                          std::string merges) { return TokenizerOptions{type, vocab_size, model, vocab, merges}; };
+                          std::string merges) {
+    return TokenizerOptions{type, vocab_size, model, vocab, merges};
+  };
   EXPECT_FALSE(tokenizer_options_complete(options("", 0, "", "", "")));
   EXPECT_FALSE(tokenizer_options_complete(options("TikTokenizer", 0, "t.model", "", "")));
   EXPECT_TRUE(tokenizer_options_complete(options("ByteTokenizer", 0, "", "", "")));
@@ -115,8 +117,8 @@ TEST(TokenizerOptions, CompleteWhenEveryFlagTheTypeReadsIsGiven) {
   EXPECT_FALSE(tokenizer_options_complete(options("GPT2BPETokenizer", 0, "", "vocab.json", "")));
   EXPECT_FALSE(tokenizer_options_complete(options("GPT2BPETokenizer", 0, "", "", "merges.txt")));
   EXPECT_TRUE(tokenizer_options_complete(options("GPT2BPETokenizer", 0, "", "vocab.json", "merges.txt")));
-  for (const char* type : {"HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-                           "Llama2Tokenizer"}) {
+  for (const char* type :
+       {"HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"}) {
     EXPECT_FALSE(tokenizer_options_complete(options(type, 0, "", "", ""))) << type;
     EXPECT_TRUE(tokenizer_options_complete(options(type, 0, "tok", "", ""))) << type;
   }
@@ -156,6 +158,8 @@ TEST(TokenizerOptions, FilesMoveIntoADirectoryByName) {
       {{"--vocab-file", "a/v.json", "vocab.json"}, {"--merge-file", "b/m.txt", "merges.txt"}}, "/c");
   EXPECT_EQ(gpt2.vocab_file, "/c/vocab.json");
   EXPECT_EQ(gpt2.merge_file, "/c/merges.txt");
-  EXPECT_NE(error_of([] { tokenizer_options_in({}, {{"--bogus", "x", "x"}}, "/c"); }).find("'--bogus'"),
+  EXPECT_NE(error_of([] {
+              tokenizer_options_in({}, {{"--bogus", "x", "x"}}, "/c");
+            }).find("'--bogus'"),
             std::string::npos);
 }

@@ -119,12 +119,12 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
   const ScopedLogRank log_rank(rank);
 
   const TrainingArgs train_args = read_checkpoint_args(g.load, tp);
-  const auto tokenizer = datasets::make_tokenizer(datasets::complete_tokenizer_options(g.tokenizer, train_args.tokenizer));
+  const auto tokenizer =
+      datasets::make_tokenizer(datasets::complete_tokenizer_options(g.tokenizer, train_args.tokenizer));
   MEGATRON_CHECK(tokenizer->vocab_size() == train_args.model.vocab_size,
                  "the tokenizer flags given make a " << tokenizer->name() << " of " << tokenizer->vocab_size()
                                                      << " tokens, but the model of " << g.load << " was trained with "
-                                                     << train_args.model.vocab_size << " ("
-                                                     << train_args.tokenizer.type
+                                                     << train_args.model.vocab_size << " (" << train_args.tokenizer.type
                                                      << "); drop the tokenizer flags to use the checkpoint's own");
   const Device device = select_device(g.device, mpi ? mpi->process().local_rank : 0);
   ParallelSizes sizes;

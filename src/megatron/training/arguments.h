@@ -116,8 +116,9 @@ TrainingArgs parse_training_args_from_flags(const std::vector<std::pair<std::str
                                             int64_t world_size = 1);
 
 // Fills what Megatron derives (done once, after all values are in): the tokenizer (completed from
-// the --load checkpoint's where the flags lack any), model.vocab_size from it, model.params_dtype from --bf16/--fp16, derive_model_fields(), data_parallel_size =
-// world_size / (TP*PP), global_batch_size = mbs * DP and lr_decay_iters = train_iters when unset.
+// the --load checkpoint's where the flags lack any), model.vocab_size from it, model.params_dtype
+// from --bf16/--fp16, derive_model_fields(), data_parallel_size = world_size / (TP*PP),
+// global_batch_size = mbs * DP and lr_decay_iters = train_iters when unset.
 void derive_training_args(TrainingArgs& args);
 
 // Every rule the arguments break (model rules included), one message each. Empty when valid.

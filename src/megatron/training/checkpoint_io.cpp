@@ -113,8 +113,8 @@ std::optional<datasets::TokenizerOptions> saved_tokenizer(const checkpointing::C
     options.vocab_size = record.at("vocab_size").get<int64_t>();
     for (const auto& [name, flag] : record.at("files").items()) {
       const auto held = header.files.find(name);
-      MEGATRON_CHECK(held != header.files.end(), "checkpoint " << header.directory << " records tokenizer file "
-                                                               << name << " but does not hold it");
+      MEGATRON_CHECK(held != header.files.end(), "checkpoint " << header.directory << " records tokenizer file " << name
+                                                               << " but does not hold it");
       files.push_back({flag.get<std::string>(), held->second, name});
     }
   } catch (const nlohmann::json::exception& e) {
@@ -165,10 +165,11 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
   };
   // 1. The root creates the staging directory and tells every rank where it is ("" if it failed).
   std::optional<checkpointing::CheckpointStaging> staging;
-  if (rank == kRoot) attempt([&] {
-    staging.emplace(args.save, progress.iteration);
-    common[kTokenizerKey] = save_tokenizer(*staging, args.tokenizer);
-  });
+  if (rank == kRoot)
+    attempt([&] {
+      staging.emplace(args.save, progress.iteration);
+      common[kTokenizerKey] = save_tokenizer(*staging, args.tokenizer);
+    });
   const std::string staging_dir = broadcast_text(world, staging ? staging->path() : "", kRoot, device);
   // 2. Every rank writes its own files and reports them (or its error) to the root.
   nlohmann::json reply;

@@ -24,9 +24,8 @@ std::string format_training_log_line(const IterationStats& s) {
                 "global batch size: %5lld | lm loss: %.6E | loss scale: %.1f |",
                 timestamp_now().c_str(), static_cast<long long>(s.iteration), static_cast<long long>(s.train_iters),
                 static_cast<long long>(s.consumed_samples), s.elapsed_ms_per_iteration,
-                format_tflops(s.tflops_per_gpu).c_str(),
-                s.tokens_per_second, s.learning_rate, static_cast<long long>(s.global_batch_size), s.lm_loss,
-                s.loss_scale);
+                format_tflops(s.tflops_per_gpu).c_str(), s.tokens_per_second, s.learning_rate,
+                static_cast<long long>(s.global_batch_size), s.lm_loss, s.loss_scale);
   if (s.grad_norm) std::snprintf(norm, sizeof norm, " grad norm: %.3f |", *s.grad_norm);
   std::snprintf(tail, sizeof tail,
                 " number of skipped iterations: %3lld | number of nan iterations: %3lld | peak memory (MiB): %.0f |",

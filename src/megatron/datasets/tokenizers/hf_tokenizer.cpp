@@ -131,7 +131,7 @@ class Parser {
 struct HuggingFaceTokenizer::Impl {
   std::string source;
   std::vector<TokenizerFile> files;  // as read
-  std::deque<AddedToken> added;  // stable addresses for the matchers
+  std::deque<AddedToken> added;      // stable addresses for the matchers
   std::unordered_map<int32_t, const AddedToken*> added_by_id;
   std::unique_ptr<TokenMatcher> raw_matcher;         // normalized = false: matched first
   std::unique_ptr<TokenMatcher> normalized_matcher;  // normalized = true: then in the gaps

@@ -85,14 +85,22 @@ struct Entry {
 constexpr Entry kTokenizers[] = {
     {"ByteTokenizer", "no files", make_byte, {}},
     {"NullTokenizer", "--vocab-size", make_null, {"--vocab-size"}},
-    {"GPT2BPETokenizer", "--vocab-file vocab.json --merge-file merges.txt", make_gpt2_bpe,
+    {"GPT2BPETokenizer",
+     "--vocab-file vocab.json --merge-file merges.txt",
+     make_gpt2_bpe,
      {"--vocab-file", "--merge-file"}},
     {"HuggingFaceTokenizer", "--tokenizer-model tokenizer.json", make_hf, {"--tokenizer-model"}},
-    {"SentencePieceTokenizer", "--tokenizer-model tokenizer.model",
-     make_sentencepiece<SentencePieceTokenizer::Flavor::megatron>, {"--tokenizer-model"}},
-    {"GPTSentencePieceTokenizer", "--tokenizer-model tokenizer.model",
-     make_sentencepiece<SentencePieceTokenizer::Flavor::gpt>, {"--tokenizer-model"}},
-    {"Llama2Tokenizer", "--tokenizer-model tokenizer.model", make_sentencepiece<SentencePieceTokenizer::Flavor::llama2>,
+    {"SentencePieceTokenizer",
+     "--tokenizer-model tokenizer.model",
+     make_sentencepiece<SentencePieceTokenizer::Flavor::megatron>,
+     {"--tokenizer-model"}},
+    {"GPTSentencePieceTokenizer",
+     "--tokenizer-model tokenizer.model",
+     make_sentencepiece<SentencePieceTokenizer::Flavor::gpt>,
+     {"--tokenizer-model"}},
+    {"Llama2Tokenizer",
+     "--tokenizer-model tokenizer.model",
+     make_sentencepiece<SentencePieceTokenizer::Flavor::llama2>,
      {"--tokenizer-model"}},
 };
 
@@ -145,7 +153,8 @@ bool tokenizer_options_complete(const TokenizerOptions& options) {
   if (entry == nullptr) return false;
   for (const char* flag : entry->reads) {
     if (flag == nullptr) continue;
-    const bool given = std::string(flag) == "--vocab-size" ? options.vocab_size != 0 : !(options.*file_field(flag)).empty();
+    const bool given =
+        std::string(flag) == "--vocab-size" ? options.vocab_size != 0 : !(options.*file_field(flag)).empty();
     if (!given) return false;
   }
   return true;
