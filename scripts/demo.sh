@@ -6,13 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 # The demo trains on the CPU: without a GPU it builds the CPU backend only (the CUDA kernels
-# take minutes to compile on a small machine and would not be used).
+# take minutes to compile on a small machine and would not be used). The first build takes
+# minutes; its progress shows as one line (scripts/build-progress.sh), with any compiler message.
+echo "building megatron (minutes the first time; cached after)"
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-  scripts/build.sh release --target megatron >/dev/null
+  scripts/build.sh release --target megatron 2>&1 | scripts/build-progress.sh "building megatron"
   bin=build/release/megatron
 else
   [ -f build/demo-cpu/build.ninja ] || cmake --preset release -B build/demo-cpu -DMEGATRON_CUDA=OFF >/dev/null
-  cmake --build build/demo-cpu -j "$(nproc)" --target megatron >/dev/null
+  cmake --build build/demo-cpu -j "$(nproc)" --target megatron 2>&1 | scripts/build-progress.sh "building megatron"
   bin=build/demo-cpu/megatron
 fi
 work="${MEGATRON_DEMO_DIR:-/tmp/megatron-demo}"

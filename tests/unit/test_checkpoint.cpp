@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -477,4 +478,64 @@ TEST(Checkpoint, StaleStagingFromAnotherProcessIsIgnoredThenRemoved) {
   EXPECT_EQ(read_tracker(dir.path()), 1);
   save_example(dir.path(), 2, 10);
   EXPECT_EQ(staging_leftovers(dir.path()), std::vector<std::string>{"notes.tmp.1"});  // only ours are removed
+}
+
+// The caller's own files (a tokenizer's) travel inside the iteration directory, listed and
+// checksummed in metadata.json like the shards; the header reads them without the shards.
+namespace {
+void save_with_files(const std::string& dir, int64_t iteration, float base) {
+  const Saved s = example_state(base);
+  CheckpointStaging staging(dir, iteration);
+  staging.add_file("vocab.json", R"({"a": 0})");
+  staging.add_file("merges.txt", "#version: 0.2\na b\n");
+  staging.finish({write_checkpoint_shards(staging.path(), 0, s.model, s.optimizer)}, s.common);
+}
+}  // namespace
+
+TEST(Checkpoint, AddedFilesAreChecksummedAndReadBack) {
+  TempDir dir;
+  save_with_files(dir.path(), 3, 0);
+  const std::string iter = dir.path() + "/iter_0000003";
+  const nlohmann::json metadata = nlohmann::json::parse(read_all(iter + "/metadata.json"));
+  EXPECT_EQ(metadata.at("files").at("merges.txt").at("bytes"), 18);
+  EXPECT_TRUE(metadata.at("files").contains("vocab.json"));
+  expect_example(dir.path(), 3, 0);
+
+  const CheckpointHeader header = read_checkpoint_header(dir.path(), 3);
+  EXPECT_EQ(header.directory, iter);
+  EXPECT_EQ(header.common, example_state(0).common);
+  EXPECT_EQ(header.files, (std::map<std::string, std::string>{{"merges.txt", iter + "/merges.txt"},
+                                                              {"vocab.json", iter + "/vocab.json"}}));
+  EXPECT_EQ(read_all(header.files.at("vocab.json")), R"({"a": 0})");
+  // A checkpoint saved without added files has none.
+  save_example(dir.path(), 4, 0);
+  EXPECT_TRUE(read_checkpoint_header(dir.path(), 4).files.empty());
+
+  // The header verifies what it returns and skips the shards; the reader verifies everything.
+  const std::string shard = iter + "/model_rank_00000.safetensors";
+  flip_byte(shard, fs::file_size(shard) - 3);
+  EXPECT_EQ(read_checkpoint_header(dir.path(), 3).files.size(), 2u);
+  EXPECT_CONTAINS(error_of([&] { CheckpointReader::open(dir.path(), 3); }), "model_rank_00000.safetensors");
+  flip_byte(iter + "/merges.txt", 5);
+  for (const std::string& message : {error_of([&] { read_checkpoint_header(dir.path(), 3); }),
+                                     error_of([&] { CheckpointReader::open(dir.path(), 3); })}) {
+    EXPECT_CONTAINS(message, "merges.txt' fails its checksum");
+  }
+  flip_byte(iter + "/common.json", 5);
+  EXPECT_CONTAINS(error_of([&] { read_checkpoint_header(dir.path(), 3); }), "common.json' fails its checksum");
+  save_with_files(dir.path(), 5, 0);
+  fs::remove(dir.path() + "/iter_0000005/vocab.json");
+  EXPECT_CONTAINS(error_of([&] { read_checkpoint_header(dir.path(), 5); }), "vocab.json' is missing");
+  EXPECT_CONTAINS(error_of([&] { read_checkpoint_header(dir.path(), 9); }), "does not exist");
+}
+
+TEST(Checkpoint, AddedFileNamesAreCheckedUpFront) {
+  TempDir dir;
+  CheckpointStaging staging(dir.path(), 1);
+  for (const char* name : {"common.json", "metadata.json", "model_rank_00000.safetensors", "optim_rank_00003.x"})
+    EXPECT_CONTAINS(error_of([&] { staging.add_file(name, "x"); }), "is the format's own");
+  for (const char* name : {"", "a/b", "..", "."})
+    EXPECT_CONTAINS(error_of([&] { staging.add_file(name, "x"); }), "must be a plain file name");
+  staging.add_file("tokenizer.json", "{}");
+  EXPECT_CONTAINS(error_of([&] { staging.add_file("tokenizer.json", "{}"); }), "is added twice");
 }

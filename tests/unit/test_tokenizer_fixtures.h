@@ -5,11 +5,9 @@
 #include <stdexcept>
 #include <string>
 
-namespace megatron::testing {
+#include "test_paths.h"
 
-// The repository root, given by CMake (MEGATRON_SOURCE_DIR): __FILE__ would do only while the
-// compiler sees absolute paths, which a compiler cache with a base directory rewrites.
-inline std::filesystem::path repo_root() { return MEGATRON_SOURCE_DIR; }
+namespace megatron::testing {
 
 // build/fixtures/<relative>, which must exist.
 inline std::string tokenizer_fixture(const std::string& relative) {

@@ -101,3 +101,65 @@ TEST(TokenizerFactory, ErrorsNameTheProblem) {
   EXPECT_NE(error_of([&] { make_tokenizer(options); }).find("HuggingFaceTokenizer needs --tokenizer-model"),
             std::string::npos);
 }
+
+// What a tokenizer type reads decides whether a command line's flags name a whole tokenizer (a run
+// with --load then leaves the checkpoint's saved tokenizer alone).
+TEST(TokenizerOptions, CompleteWhenEveryFlagTheTypeReadsIsGiven) {
+  const auto options = [](std::string type, int64_t vocab_size, std::string model, std::string vocab,
+                          std::string merges) {
+    return TokenizerOptions{type, vocab_size, model, vocab, merges};
+  };
+  EXPECT_FALSE(tokenizer_options_complete(options("", 0, "", "", "")));
+  EXPECT_FALSE(tokenizer_options_complete(options("TikTokenizer", 0, "t.model", "", "")));
+  EXPECT_TRUE(tokenizer_options_complete(options("ByteTokenizer", 0, "", "", "")));
+  EXPECT_FALSE(tokenizer_options_complete(options("NullTokenizer", 0, "", "", "")));
+  EXPECT_TRUE(tokenizer_options_complete(options("NullTokenizer", 100, "", "", "")));
+  EXPECT_FALSE(tokenizer_options_complete(options("GPT2BPETokenizer", 0, "", "vocab.json", "")));
+  EXPECT_FALSE(tokenizer_options_complete(options("GPT2BPETokenizer", 0, "", "", "merges.txt")));
+  EXPECT_TRUE(tokenizer_options_complete(options("GPT2BPETokenizer", 0, "", "vocab.json", "merges.txt")));
+  for (const char* type :
+       {"HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"}) {
+    EXPECT_FALSE(tokenizer_options_complete(options(type, 0, "", "", ""))) << type;
+    EXPECT_TRUE(tokenizer_options_complete(options(type, 0, "tok", "", ""))) << type;
+  }
+}
+
+// Megatron's command line wins over a checkpoint's arguments flag by flag; a different type
+// replaces the whole tokenizer (its files would not fit the saved type's).
+TEST(TokenizerOptions, GivenFlagsOverrideTheSavedOnesOfTheSameType) {
+  const TokenizerOptions saved{"GPT2BPETokenizer", 0, "", "/ckpt/vocab.json", "/ckpt/merges.txt"};
+  EXPECT_EQ(complete_tokenizer_options({}, saved).vocab_file, "/ckpt/vocab.json");
+  EXPECT_EQ(complete_tokenizer_options({}, saved).type, "GPT2BPETokenizer");
+  TokenizerOptions given{"GPT2BPETokenizer", 0, "", "", "/mine/merges.txt"};
+  const TokenizerOptions mixed = complete_tokenizer_options(given, saved);
+  EXPECT_EQ(mixed.vocab_file, "/ckpt/vocab.json");
+  EXPECT_EQ(mixed.merge_file, "/mine/merges.txt");
+  given.type.clear();  // no --tokenizer-type: the saved one
+  EXPECT_EQ(complete_tokenizer_options(given, saved).merge_file, "/mine/merges.txt");
+  EXPECT_EQ(complete_tokenizer_options(given, saved).type, "GPT2BPETokenizer");
+  const TokenizerOptions other{"NullTokenizer", 100, "", "", ""};
+  const TokenizerOptions replaced = complete_tokenizer_options(other, saved);
+  EXPECT_EQ(replaced.type, "NullTokenizer");
+  EXPECT_EQ(replaced.vocab_size, 100);
+  EXPECT_TRUE(replaced.vocab_file.empty() && replaced.merge_file.empty());
+  const TokenizerOptions null_saved{"NullTokenizer", 100, "", "", ""};
+  EXPECT_EQ(complete_tokenizer_options({"", 200, "", "", ""}, null_saved).vocab_size, 200);
+}
+
+TEST(TokenizerOptions, FilesMoveIntoADirectoryByName) {
+  const TokenizerOptions given{"HuggingFaceTokenizer", 0, "/data/llama3", "", ""};
+  const std::vector<TokenizerFile> files = {{"--tokenizer-model", "/data/llama3/tokenizer.json", "tokenizer.json"},
+                                            {"", "/data/llama3/tokenizer_config.json", "tokenizer_config.json"}};
+  const TokenizerOptions moved = tokenizer_options_in(given, files, "/ckpt/iter_0000010");
+  EXPECT_EQ(moved.model, "/ckpt/iter_0000010/tokenizer.json");
+  EXPECT_EQ(moved.type, "HuggingFaceTokenizer");
+  const TokenizerOptions gpt2 = tokenizer_options_in(
+      {"GPT2BPETokenizer", 0, "", "a/v.json", "b/m.txt"},
+      {{"--vocab-file", "a/v.json", "vocab.json"}, {"--merge-file", "b/m.txt", "merges.txt"}}, "/c");
+  EXPECT_EQ(gpt2.vocab_file, "/c/vocab.json");
+  EXPECT_EQ(gpt2.merge_file, "/c/merges.txt");
+  EXPECT_NE(error_of([] {
+              tokenizer_options_in({}, {{"--bogus", "x", "x"}}, "/c");
+            }).find("'--bogus'"),
+            std::string::npos);
+}

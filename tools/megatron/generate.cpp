@@ -37,6 +37,7 @@ struct GenerateArgs {
   int64_t seed = 1234;
   std::string device = "auto";
   std::optional<int64_t> tensor_model_parallel_size;  // unset: the launched world size
+  datasets::TokenizerOptions tokenizer;               // flags given: override the checkpoint's tokenizer
 };
 
 std::vector<std::string> validate(const GenerateArgs& g) {
@@ -67,12 +68,18 @@ std::vector<std::string> validate(const GenerateArgs& g) {
 const flags::FlagTable<GenerateArgs>& generate_flags() {
   const char* sampling = "sampling";
   const char* run = "checkpoint and run";
+  const char* tokenizer_section = "tokenizer (default: the checkpoint's own)";
   static const flags::FlagTable<GenerateArgs> table(
       "megatron generate",
       "usage: megatron generate --load DIR [--prompt TEXT] [flags]\n\n"
       "Samples continuations of the prompt from the latest checkpoint under DIR. Under `mpirun -np N` (or\n"
       "srun) the N ranks split the model by tensor parallelism, TP = N; the checkpoint may have been trained\n"
-      "at any TP.\n",
+      "at any TP.\n\n"
+      "The tokenizer is the one the checkpoint was trained with: each checkpoint holds its own copy of the\n"
+      "tokenizer's files, so no tokenizer flag is needed. Tokenizer flags given here override it, as\n"
+      "Megatron's command line overrides a checkpoint's arguments: with the checkpoint's --tokenizer-type\n"
+      "(or none) the flags given replace those files, another type replaces the whole tokenizer; its\n"
+      "vocabulary must have the size the model was trained with.\n",
       {
           {"--config", flags::ConfigFile{}, "configuration",
            "YAML file of flag values (keys: flag names without the leading dashes, e.g. top_k: 40); command-line "
@@ -88,6 +95,11 @@ const flags::FlagTable<GenerateArgs>& generate_flags() {
           {"--temperature", FIELD(temperature), sampling, "Softmax temperature; 0: greedy"},
           {"--top-k", FIELD(top_k), sampling, "Sample among the k most likely tokens; 0: all"},
           {"--seed", FIELD(seed), sampling, "Seed of the sampling"},
+          {"--tokenizer-type", FIELD(tokenizer.type), tokenizer_section, "Override the checkpoint's tokenizer (see above)"},
+          {"--vocab-file", FIELD(tokenizer.vocab_file), tokenizer_section, "GPT-2 vocab.json (GPT2BPETokenizer)"},
+          {"--merge-file", FIELD(tokenizer.merge_file), tokenizer_section, "GPT-2 merges.txt (GPT2BPETokenizer)"},
+          {"--tokenizer-model", FIELD(tokenizer.model), tokenizer_section, "Model file of tokenizers that need one"},
+          {"--vocab-size", FIELD(tokenizer.vocab_size), tokenizer_section, "Vocabulary size of NullTokenizer"},
       },
       validate);
   return table;
@@ -119,8 +131,13 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
   MEGATRON_CHECK(problems.empty(), "the model of checkpoint "
                                        << g.load << " cannot be built at --tensor-model-parallel-size " << tp << ": "
                                        << flags::join(problems, "; "));
-  const auto tokenizer = datasets::make_tokenizer(train_args.data.tokenizer_type, train_args.data.vocab_size,
-                                                  train_args.data.tokenizer_model);
+  const auto tokenizer =
+      datasets::make_tokenizer(datasets::complete_tokenizer_options(g.tokenizer, train_args.tokenizer));
+  MEGATRON_CHECK(tokenizer->vocab_size() == train_args.model.vocab_size,
+                 "the tokenizer flags given make a " << tokenizer->name() << " of " << tokenizer->vocab_size()
+                                                     << " tokens, but the model of " << g.load << " was trained with "
+                                                     << train_args.model.vocab_size << " (" << train_args.tokenizer.type
+                                                     << "); drop the tokenizer flags to use the checkpoint's own");
   const Device device = select_device(g.device, mpi ? mpi->process().local_rank : 0);
   const ParallelState state =
       initialize_parallel(layout.sizes(), {.device = device,

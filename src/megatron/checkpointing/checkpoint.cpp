@@ -419,6 +419,29 @@ void verify_files(const std::string& dir, const json& files, const EarlierCheckp
   }
 }
 
+// common.json's state, which must record the directory's iteration (its digest is verified first).
+json read_common_state(const std::string& dir, int64_t iteration, const std::string& hint) {
+  const json common = json::parse(read_file(join(dir, kCommonFile)));
+  MEGATRON_CHECK(common.at("iteration").get<int64_t>() == iteration,
+                 "'" << join(dir, kCommonFile) << "' records iteration " << common.at("iteration") << ", not "
+                     << iteration << ": the directory mixes files of different saves; " << hint);
+  return common.at("state");
+}
+
+// The files of a checkpoint that hold no tensor shard: common.json and the caller's added files.
+json files_without_shards(const json& metadata) {
+  json files = metadata.at("files");
+  for (const auto& tensor : metadata.at("tensors").items())
+    for (const json& s : tensor.value().at("shards")) files.erase(s.at("file").get<std::string>());
+  return files;
+}
+
+// The file names the format itself writes; the caller's added files must not take them.
+bool reserved_file_name(const std::string& name) {
+  return name == kCommonFile || name == kMetadataFile || name.rfind("model_rank_", 0) == 0 ||
+         name.rfind("optim_rank_", 0) == 0;
+}
+
 }  // namespace
 
 // ---- public API -----------------------------------------------------------------------------
@@ -509,6 +532,16 @@ CheckpointStaging::~CheckpointStaging() = default;
 
 const std::string& CheckpointStaging::path() const { return directory_->path(); }
 
+void CheckpointStaging::add_file(const std::string& name, std::string_view content) {
+  MEGATRON_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..",
+                 "checkpoint file name " << quoted(name) << " must be a plain file name (no '/')");
+  MEGATRON_CHECK(!reserved_file_name(name), "checkpoint file name '"
+                                                << name << "' is the format's own (common.json, metadata.json, "
+                                                << "model_rank_*, optim_rank_*); give the file another name");
+  MEGATRON_CHECK(added_.count(name) == 0, "checkpoint file '" << name << "' is added twice; add each file once");
+  added_[name] = write_file_atomic(join(path(), name), content);
+}
+
 void CheckpointStaging::finish(const std::vector<json>& reports, const json& common, const SaveOptions& options) {
   std::vector<RankReport> parsed;
   std::map<std::string, FileDigest> files;
@@ -522,6 +555,7 @@ void CheckpointStaging::finish(const std::vector<json>& reports, const json& com
     }
   }
   const TensorTable tensors = merge_reports(parsed);
+  files.insert(added_.begin(), added_.end());  // reserved_file_name keeps them apart from the writers'
   files[kCommonFile] = write_common(path(), iteration_, common);
   reach(options, "after_common_file");
   write_metadata(path(), iteration_, int(reports.size()), files, tensors);
@@ -562,11 +596,7 @@ CheckpointReader CheckpointReader::open(const std::string& load_dir, int64_t ite
     metadata = read_metadata(state->directory, iteration, hint);
     verify_files(state->directory, metadata.at("files"), hint);
     for (const auto& item : metadata.at("tensors").items()) state->tensors[item.key()] = tensor_from_json(item.value());
-    const json common = json::parse(read_file(join(state->directory, kCommonFile)));
-    MEGATRON_CHECK(common.at("iteration").get<int64_t>() == iteration,
-                   "'" << join(state->directory, kCommonFile) << "' records iteration " << common.at("iteration")
-                       << ", not " << iteration << ": the directory mixes files of different saves" << hint);
-    state->common = common.at("state");
+    state->common = read_common_state(state->directory, iteration, hint);
   } catch (const json::exception& e) {
     MEGATRON_FAIL(where << " or " << kCommonFile << " is malformed (" << e.what() << ")" << hint);
   }
@@ -657,6 +687,25 @@ void CheckpointReader::load(const std::string& name, const Shape& global_offset,
     copy_box(static_cast<const uint8_t*>(converted.raw()), extent, origin, dst, dest.shape(), dst_start, extent,
              dest.element_size());
   }
+}
+
+CheckpointHeader read_checkpoint_header(const std::string& load_dir, int64_t iteration) {
+  CheckpointHeader header;
+  header.directory = checkpoint_directory(load_dir, iteration);
+  const std::string hint = earlier_checkpoints_hint(load_dir, iteration);
+  MEGATRON_CHECK(fs::is_directory(header.directory),
+                 "checkpoint directory '" << header.directory << "' does not exist; " << hint);
+  try {
+    const json files = files_without_shards(read_metadata(header.directory, iteration, hint));
+    verify_files(header.directory, files, hint);
+    header.common = read_common_state(header.directory, iteration, hint);
+    for (const auto& item : files.items())
+      if (item.key() != kCommonFile) header.files[item.key()] = join(header.directory, item.key());
+  } catch (const json::exception& e) {
+    MEGATRON_FAIL("checkpoint metadata '" << join(header.directory, kMetadataFile) << "' or " << kCommonFile
+                                          << " is malformed (" << e.what() << "); " << hint);
+  }
+  return header;
 }
 
 }  // namespace megatron::checkpointing

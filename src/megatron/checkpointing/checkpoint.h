@@ -13,6 +13,8 @@
 //     optim_rank_00000.safetensors     its optimizer-state shards; absent when it has none
 //     common.json                      {"iteration": 100, "state": <caller's JSON: config, RNG,
 //                                      scheduler, data position>}
+//     vocab.json, ...                  the caller's own files (CheckpointStaging::add_file), e.g.
+//                                      the tokenizer's, so that the directory is self-contained
 //     metadata.json                    written last, described below
 //   iter_0000100.tmp.<pid>/            a save in progress, or one that crashed: never read, and
 //                                      removed by the next successful save
@@ -34,22 +36,26 @@
 //   2. each writer writes its model and optimizer files there (write_checkpoint_shards, files
 //      named by its rank) and sends back the report it returns: file names, sizes, CRC-32C, and
 //      the global slice every shard holds;
-//   3. once every report is in, the staging process checks them (each file present with its
-//      reported size, the shards of every tensor tiling it), writes common.json, then
-//      metadata.json (CheckpointStaging::finish);
+//   3. the staging process adds the caller's own files (CheckpointStaging::add_file); once every
+//      report is in, it checks them (each file present with its reported size, the shards of every
+//      tensor tiling it), writes common.json, then metadata.json (CheckpointStaging::finish);
 //   4. it fsyncs and renames the directory to iter_XXXXXXX (an existing directory of that
 //      iteration is swapped out atomically), then rewrites the tracker.
 // A crash of any writer anywhere before the tracker is rewritten leaves the tracker and the
 // checkpoint it names untouched. On load, CheckpointReader::open verifies metadata.json's own
-// checksum and the size and CRC-32C of every file it lists before any tensor is read.
+// checksum and the size and CRC-32C of every file it lists before any tensor is read;
+// read_checkpoint_header verifies only what it returns (common state and added files).
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>  // callers build and read the common state
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "megatron/checkpointing/atomic_file.h"
 #include "megatron/core/tensor.h"
 
 namespace megatron::checkpointing {
@@ -126,6 +132,11 @@ class CheckpointStaging {
   CheckpointStaging& operator=(const CheckpointStaging&) = delete;
 
   const std::string& path() const;  // where the writers write
+  // Adds a file of the caller's own (e.g. the tokenizer's vocabulary) to the checkpoint: written
+  // into the staging directory now, listed with its size and CRC-32C in metadata.json by finish().
+  // `name` is a plain file name that the format's own files do not use (common.json,
+  // metadata.json, model_rank_*, optim_rank_*), each name once.
+  void add_file(const std::string& name, std::string_view content);
   // reports: every writer's write_checkpoint_shards() result, in writer order. Checks them,
   // writes common.json and metadata.json, publishes the directory and rewrites the tracker.
   void finish(const std::vector<nlohmann::json>& reports, const nlohmann::json& common,
@@ -135,7 +146,19 @@ class CheckpointStaging {
   std::string save_dir_;
   int64_t iteration_;
   std::unique_ptr<StagedDirectory> directory_;
+  std::map<std::string, FileDigest> added_;
 };
+
+// What a run reads of a checkpoint before it builds its model: the caller's common state and the
+// files added with CheckpointStaging::add_file, verified without reading the tensor shards
+// (metadata.json's checksum, then the size and CRC-32C of common.json and of each added file).
+// A mismatch is an Error naming the file, as CheckpointReader::open's.
+struct CheckpointHeader {
+  std::string directory;                     // <load_dir>/iter_XXXXXXX
+  nlohmann::json common;                     // the `common` state given to save_checkpoint
+  std::map<std::string, std::string> files;  // added file name -> its path in `directory`
+};
+CheckpointHeader read_checkpoint_header(const std::string& load_dir, int64_t iteration);
 
 struct TensorInfo {
   Shape global_shape;

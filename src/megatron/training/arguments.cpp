@@ -11,6 +11,7 @@
 #include "megatron/datasets/tokenizers/byte_tokenizer.h"
 #include "megatron/flags/flag_table.h"
 #include "megatron/models/gpt/presets.h"
+#include "megatron/training/checkpoint_io.h"
 
 namespace megatron {
 namespace {
@@ -165,7 +166,8 @@ std::vector<Flag> build_flag_table() {
       {"--mock-data", Switch{FIELD(data.mock_data), true}, data, "Megatron's synthetic dataset instead of files"},
       {"--tokenizer-type", FIELD(data.tokenizer_type), data,
        "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, "
-       "Llama2Tokenizer, ByteTokenizer or NullTokenizer; required"},
+       "Llama2Tokenizer, ByteTokenizer or NullTokenizer; required unless --load holds a checkpoint, whose saved "
+       "tokenizer then fills the tokenizer flags not given"},
       {"--vocab-file", FIELD(data.vocab_file), data, "GPT-2 vocab.json (GPT2BPETokenizer)"},
       {"--merge-file", FIELD(data.merge_file), data, "GPT-2 merges.txt (GPT2BPETokenizer)"},
       {"--tokenizer-model", FIELD(data.tokenizer_model), data, "Model file of tokenizers that need one"},
@@ -235,14 +237,15 @@ TrainingArgs resolve(const std::vector<std::vector<flags::Assignment>>& layers, 
 
 // The tokenizer's vocabulary size, or nullopt with the reason in *why. The tokenizer itself
 // knows which flags it needs and rejects those it does not take, so it is built here.
-std::optional<int64_t> known_vocab_size(const DataArgs& data, std::string* why) {
-  if (data.tokenizer_type.empty()) {
-    *why = concat("--tokenizer-type is required: e.g. GPT2BPETokenizer with --vocab-file/--merge-file, ",
-                  "HuggingFaceTokenizer with --tokenizer-model, or NullTokenizer with --vocab-size N for --mock-data");
+std::optional<int64_t> known_vocab_size(const datasets::TokenizerOptions& tokenizer, std::string* why) {
+  if (tokenizer.type.empty()) {
+    *why = concat("--tokenizer-type is required (or --load of a checkpoint, which holds its tokenizer): e.g. ",
+                  "GPT2BPETokenizer with --vocab-file/--merge-file, HuggingFaceTokenizer with --tokenizer-model, ",
+                  "or NullTokenizer with --vocab-size N for --mock-data");
     return std::nullopt;
   }
   try {
-    return datasets::make_tokenizer(tokenizer_options(data))->vocab_size();
+    return datasets::make_tokenizer(tokenizer)->vocab_size();
   } catch (const Error& e) {
     *why = e.what();
     return std::nullopt;
@@ -401,7 +404,7 @@ void check_data(const TrainingArgs& a, std::vector<std::string>& errors) {
   if (a.seed < 0 || a.seed > 4294967295LL)
     errors.push_back(concat("--seed ", a.seed, " must lie in [0, 2^32-1] (numpy's RandomState range)"));
   std::string why;
-  if (!known_vocab_size(d, &why)) errors.push_back(why);
+  if (!known_vocab_size(a.tokenizer, &why)) errors.push_back(why);
 
   const auto weights = split_weights(d.split);
   if (has_path && !weights) {
@@ -490,17 +493,26 @@ datasets::TokenizerOptions tokenizer_options(const DataArgs& data) {
   return {data.tokenizer_type, data.vocab_size, data.tokenizer_model, data.vocab_file, data.merge_file};
 }
 
+std::vector<std::pair<std::string, std::string>> tokenizer_flags(const datasets::TokenizerOptions& options) {
+  return {{"--tokenizer-type", options.type},
+          {"--vocab-size", std::to_string(options.vocab_size)},
+          {"--tokenizer-model", options.model},
+          {"--vocab-file", options.vocab_file},
+          {"--merge-file", options.merge_file}};
+}
+
 int64_t tokenizer_vocab_size(const DataArgs& data) {
   std::string why;
-  const std::optional<int64_t> size = known_vocab_size(data, &why);
+  const std::optional<int64_t> size = known_vocab_size(tokenizer_options(data), &why);
   MEGATRON_CHECK(size, why);
   return *size;
 }
 
 void derive_training_args(TrainingArgs& a) {
   a.model.params_dtype = a.bf16 ? DType::bf16 : a.fp16 ? DType::f16 : DType::f32;
+  a.tokenizer = run_tokenizer_options(tokenizer_options(a.data), a.load, a.ckpt_step);
   std::string unused;
-  if (const auto vocab = known_vocab_size(a.data, &unused)) a.model.vocab_size = *vocab;
+  if (const auto vocab = known_vocab_size(a.tokenizer, &unused)) a.model.vocab_size = *vocab;
   derive_model_fields(a.model, a.parallel.tensor_model_parallel_size);
   const ParallelSizes sizes = a.parallel.sizes();
   const int64_t model_parallel = sizes.tp * sizes.cp * sizes.pp;

@@ -72,6 +72,10 @@ struct TrainingArgs {
 
   std::string save;
   std::string load;
+  // Derived: the tokenizer the run uses. The tokenizer flags as given, or, where they do not name
+  // everything their type reads and --load holds a checkpoint with its tokenizer, completed from
+  // that checkpoint's own copy (checkpoint_io.h, run_tokenizer_options).
+  datasets::TokenizerOptions tokenizer;
   int64_t save_interval = 0;
   int64_t ckpt_step = 0;  // the iteration --load reads; 0: the tracker's (Megatron treats 0 as unset too)
   bool finetune = false;
@@ -95,11 +99,11 @@ TrainingArgs parse_training_args(const std::vector<std::string>& argv, int64_t w
 TrainingArgs parse_training_args_from_flags(const std::vector<std::pair<std::string, std::string>>& flags,
                                             int64_t world_size = 1);
 
-// Fills what Megatron derives (done once, after all values are in): model.vocab_size from the
-// tokenizer, model.params_dtype from --bf16/--fp16, derive_model_fields() (the vocabulary padded
-// for TP), data_parallel_size = world_size / (TP*CP*PP), global_batch_size = mbs * DP,
-// lr_decay_iters = train_iters and lr_decay_samples = train_samples when unset. What the user
-// gave is never rewritten.
+// Fills what Megatron derives (done once, after all values are in): the tokenizer (completed from
+// the --load checkpoint's where the flags lack any), model.vocab_size from it, model.params_dtype
+// from --bf16/--fp16, derive_model_fields() (the vocabulary padded for TP), data_parallel_size =
+// world_size / (TP*CP*PP), global_batch_size = mbs * DP, lr_decay_iters = train_iters and
+// lr_decay_samples = train_samples when unset. What the user gave is never rewritten.
 void derive_training_args(TrainingArgs& args);
 
 // Every rule the arguments break (model rules included), one message each. Empty when valid.
@@ -108,8 +112,10 @@ std::vector<std::string> validate(const TrainingArgs& args);
 // Vocabulary size (unpadded) of the tokenizer the data arguments name: --vocab-size for
 // NullTokenizer, 257 for ByteTokenizer. Throws for other tokenizers or missing sizes.
 int64_t tokenizer_vocab_size(const DataArgs& data);
-// The tokenizer flags as the tokenizer factory takes them.
+// The tokenizer flags as given, as the tokenizer factory takes them.
 datasets::TokenizerOptions tokenizer_options(const DataArgs& data);
+// The flags (name, value text) that give `options`: the inverse of tokenizer_options.
+std::vector<std::pair<std::string, std::string>> tokenizer_flags(const datasets::TokenizerOptions& options);
 
 // Help text generated from the flag table.
 std::string training_args_help();

@@ -3,11 +3,13 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
+#include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/parallel/text_collectives.h"
 
 namespace megatron {
@@ -129,6 +131,43 @@ bool same_directory(const std::string& a, const std::string& b) {
   if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
   return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
 }
+
+// common.json's record of the tokenizer: {"type": T, "vocab_size": N, "files": {name: flag}}.
+constexpr const char* kTokenizerKey = "tokenizer";
+
+// Copies the files the tokenizer reads into the staging directory; returns its record.
+nlohmann::json save_tokenizer(checkpointing::CheckpointStaging& staging, const datasets::TokenizerOptions& options) {
+  const std::unique_ptr<datasets::Tokenizer> tokenizer = datasets::make_tokenizer(options);
+  nlohmann::json files = nlohmann::json::object();
+  for (const datasets::TokenizerFile& file : tokenizer->files()) {
+    staging.add_file(file.name, datasets::read_tokenizer_file(file.path, tokenizer->name() + " file"));
+    files[file.name] = file.flag;
+  }
+  return {{"type", options.type}, {"vocab_size", options.vocab_size}, {"files", files}};
+}
+
+// The tokenizer saved with a checkpoint, its files the checkpoint's own copies; nullopt for a
+// checkpoint saved without one.
+std::optional<datasets::TokenizerOptions> saved_tokenizer(const checkpointing::CheckpointHeader& header) {
+  if (!header.common.contains(kTokenizerKey)) return std::nullopt;
+  datasets::TokenizerOptions options;
+  std::vector<datasets::TokenizerFile> files;
+  try {
+    const nlohmann::json& record = header.common.at(kTokenizerKey);
+    options.type = record.at("type").get<std::string>();
+    options.vocab_size = record.at("vocab_size").get<int64_t>();
+    for (const auto& [name, flag] : record.at("files").items()) {
+      const auto held = header.files.find(name);
+      MEGATRON_CHECK(held != header.files.end(), "checkpoint " << header.directory << " records tokenizer file " << name
+                                                               << " but does not hold it");
+      files.push_back({flag.get<std::string>(), held->second, name});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    MEGATRON_FAIL("checkpoint " << header.directory << ": the tokenizer record in common.json is malformed ("
+                                << e.what() << ")");
+  }
+  return datasets::tokenizer_options_in(options, files, header.directory);
+}
 }  // namespace
 
 std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, int64_t ckpt_step) {
@@ -223,7 +262,11 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
   };
   // 1. The root creates the staging directory and tells every rank where it is ("" if it failed).
   std::optional<checkpointing::CheckpointStaging> staging;
-  if (rank == kRoot) attempt([&] { staging.emplace(args.save, progress.iteration); });
+  if (rank == kRoot)
+    attempt([&] {
+      staging.emplace(args.save, progress.iteration);
+      common[kTokenizerKey] = save_tokenizer(*staging, args.tokenizer);
+    });
   const std::string staging_dir = broadcast_text(world, staging ? staging->path() : "", kRoot, device);
   // 2. Every rank writes its own files and reports them (or its error) to the root.
   nlohmann::json reply;
@@ -296,17 +339,42 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
   return true;
 }
 
+// As stored, but for the tokenizer flags, which name the files where training read them: the
+// checkpoint's own copies are read instead.
 TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step) {
-  const CheckpointReader reader = open_chosen(load_dir, ckpt_step, /*describe=*/true);
-  const nlohmann::json& saved = reader.common().at("args");
+  const std::optional<CheckpointChoice> choice = checkpoint_to_load(load_dir, ckpt_step);
+  if (!choice) check_not_one_checkpoint(load_dir);
+  MEGATRON_CHECK(choice.has_value(), "no checkpoint in " << load_dir << " (neither " << checkpointing::kTrackerFileName
+                                                         << " nor iter_* directories); train with --save " << load_dir
+                                                         << " first");
+  describe_choice(load_dir, *choice);
+  // The tensors are read (and verified) by load_model_weights.
+  const checkpointing::CheckpointHeader header = checkpointing::read_checkpoint_header(load_dir, choice->iteration);
+  const nlohmann::json& saved = header.common.at("args");
+  std::map<std::string, std::string> tokenizer;
+  if (const auto options = saved_tokenizer(header))
+    for (const auto& [flag, value] : tokenizer_flags(*options)) tokenizer[flag] = value;
   std::vector<std::pair<std::string, std::string>> flags;
-  for (const auto& [key, value] : saved.items())
-    if (key.rfind("--", 0) == 0) flags.emplace_back(key, value.get<std::string>());  // not padded_vocab_size
+  for (const auto& [key, value] : saved.items()) {
+    if (key.rfind("--", 0) != 0) continue;  // not padded_vocab_size
+    const auto copy = tokenizer.find(key);
+    flags.emplace_back(key, copy != tokenizer.end() ? copy->second : value.get<std::string>());
+  }
   // World size is no flag: take the smallest world the stored layout runs on, one replica.
   int64_t world = 1;
   for (const char* axis : {"--tensor-model-parallel-size", "--context-parallel-size", "--pipeline-model-parallel-size"})
     if (saved.contains(axis)) world *= std::stoll(saved[axis].get<std::string>());
   return parse_training_args_from_flags(flags, world);
+}
+
+datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOptions& given, const std::string& load_dir,
+                                                 int64_t ckpt_step) {
+  if (load_dir.empty() || datasets::tokenizer_options_complete(given)) return given;
+  const std::optional<CheckpointChoice> choice = checkpoint_to_load(load_dir, ckpt_step);
+  if (!choice) return given;
+  const std::optional<datasets::TokenizerOptions> saved =
+      saved_tokenizer(checkpointing::read_checkpoint_header(load_dir, choice->iteration));
+  return saved ? datasets::complete_tokenizer_options(given, *saved) : given;
 }
 
 void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step) {

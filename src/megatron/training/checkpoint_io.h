@@ -16,6 +16,10 @@
 //   load: every rank reads the slices it holds now from whichever shards overlap them, so a
 //         checkpoint saved at one DP size (with or without the distributed optimizer) resumes at
 //         any other.
+// The tokenizer travels with the checkpoint: each save copies the files the run's tokenizer reads
+// (TrainingArgs::tokenizer; vocab.json and merges.txt, tokenizer.json, tokenizer.model) into the
+// iteration directory, checksummed with the rest, and records its type and vocabulary size
+// ("tokenizer" in common.json), so that one iter_ directory is self-contained when moved or copied.
 // Under tensor parallelism every TP rank saves its shards with their global offsets; a parameter
 // replicated across TP (and its optimizer state) is saved by TP rank 0 only. A checkpoint loads
 // at any TP whose padded vocabulary is the same (--make-vocab-size-divisible-by x TP).
@@ -72,12 +76,22 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
 bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress);
 
+// The tokenizer a run uses (TrainingArgs::tokenizer): the tokenizer flags as given when they are
+// complete (tokenizer_options_complete), else completed from the tokenizer saved in the checkpoint
+// that load_dir's run would load (checkpoint_to_load(load_dir, ckpt_step)), its files that
+// checkpoint's own copies (complete_tokenizer_options: with no --tokenizer-type, or the saved one,
+// flags not given take the saved values).
+datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOptions& given, const std::string& load_dir,
+                                                 int64_t ckpt_step);
+
 // The arguments the checkpoint checkpoint_to_load(load_dir, ckpt_step) chooses was trained with,
 // as stored (its layout included; world_size and data_parallel_size, which are no flags, describe
-// one replica of it). A caller that runs the model under another layout (generate) decides it from
-// these: the checkpoint loads at any TP that splits the stored model, its padded vocabulary
-// included (validate_tensor_parallel_split). load_model_weights then reads the slices the model's
-// rank holds, from the same checkpoint.
+// one replica of it), except that the tokenizer flags name the checkpoint's own copy of its
+// tokenizer's files (when it holds one), so the arguments are valid wherever the directory now
+// lies. A caller that runs the model under another layout (generate) decides it from these: the
+// checkpoint loads at any TP that splits the stored model, its padded vocabulary included
+// (validate_tensor_parallel_split). load_model_weights then reads the slices the model's rank
+// holds, from the same checkpoint.
 TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step = 0);
 void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step = 0);
 

@@ -10,16 +10,22 @@
 
 namespace megatron {
 
+std::string format_tflops(double tflops) {
+  char text[32];
+  std::snprintf(text, sizeof text, tflops >= 1.0 || tflops == 0.0 ? "%.1f" : "%#.3g", tflops);
+  return text;
+}
+
 std::string format_training_log_line(const IterationStats& s) {
   char head[768], norm[64] = "", tail[256];
   std::snprintf(head, sizeof head,
                 " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
-                "throughput per GPU (TFLOP/s/GPU): %.1f | tokens per second: %.0f | learning rate: %.6E | "
+                "throughput per GPU (TFLOP/s/GPU): %s | tokens per second: %.0f | learning rate: %.6E | "
                 "global batch size: %5lld | lm loss: %.6E | loss scale: %.1f |",
                 timestamp_now().c_str(), static_cast<long long>(s.iteration), static_cast<long long>(s.train_iters),
-                static_cast<long long>(s.consumed_samples), s.elapsed_ms_per_iteration, s.tflops_per_gpu,
-                s.tokens_per_second, s.learning_rate, static_cast<long long>(s.global_batch_size), s.lm_loss,
-                s.loss_scale);
+                static_cast<long long>(s.consumed_samples), s.elapsed_ms_per_iteration,
+                format_tflops(s.tflops_per_gpu).c_str(), s.tokens_per_second, s.learning_rate,
+                static_cast<long long>(s.global_batch_size), s.lm_loss, s.loss_scale);
   if (s.grad_norm) std::snprintf(norm, sizeof norm, " grad norm: %.3f |", *s.grad_norm);
   std::snprintf(tail, sizeof tail,
                 " number of skipped iterations: %3lld | number of nan iterations: %3lld | peak memory (MiB): %.0f |",

@@ -27,6 +27,10 @@ struct IterationStats {
   double activation_memory_mib = 0.0;  // one micro-batch's activations kept for backward on this rank; JSON only
 };
 
+// The throughput as the log line prints it: Megatron's one decimal from 1 TFLOP/s/GPU up, three
+// significant digits below, where a small model on a CPU runs and "%.1f" would print 0.0. The
+// metrics file holds the unrounded value.
+std::string format_tflops(double tflops);
 std::string format_training_log_line(const IterationStats& stats);
 // Megatron's evaluate_and_print_results: " validation loss at <prefix> | lm loss value: ... |
 // lm loss PPL: ... | " between dashed lines. The prefix is "iteration N" for the periodic

@@ -58,7 +58,7 @@ int64_t num_test_samples(const TrainingArgs& args) {
 
 DataSources build_data(const TrainingArgs& args) {
   DataSources d;
-  d.tokenizer = datasets::make_tokenizer(tokenizer_options(args.data));
+  d.tokenizer = datasets::make_tokenizer(args.tokenizer);
   datasets::GPTDataConfig config;
   config.data_path = args.data.data_path;
   config.train_data_path = args.data.train_data_path;

@@ -56,15 +56,24 @@ std::vector<std::pair<std::string, std::string>> load_merges(const std::string& 
 
 GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file)
     : GPT2BPETokenizer(BytePairEncoder(load_vocab(vocab_file), load_merges(merge_file), /*ignore_merges=*/false,
-                                       "GPT2BPETokenizer files " + vocab_file + " and " + merge_file)) {}
+                                       "GPT2BPETokenizer files " + vocab_file + " and " + merge_file),
+                       vocab_file, merge_file) {}
 
-GPT2BPETokenizer::GPT2BPETokenizer(BytePairEncoder bpe)
-    : bpe_(std::move(bpe)), splitter_(kGpt2SplitPattern, SplitBehavior::isolated, false), eod_(-1) {
+GPT2BPETokenizer::GPT2BPETokenizer(BytePairEncoder bpe, std::string vocab_file, std::string merge_file)
+    : vocab_file_(std::move(vocab_file)),
+      merge_file_(std::move(merge_file)),
+      bpe_(std::move(bpe)),
+      splitter_(kGpt2SplitPattern, SplitBehavior::isolated, false),
+      eod_(-1) {
   const std::optional<int32_t> eod = bpe_.token_id(kEndOfText);
   MEGATRON_CHECK(eod.has_value(), "GPT2BPETokenizer vocabulary has no token " << kEndOfText
                                                                               << ", Megatron's end of document; "
                                                                               << "pass GPT-2's vocab.json");
   eod_ = *eod;
+}
+
+std::vector<TokenizerFile> GPT2BPETokenizer::files() const {
+  return {{"--vocab-file", vocab_file_, "vocab.json"}, {"--merge-file", merge_file_, "merges.txt"}};
 }
 
 std::vector<int32_t> GPT2BPETokenizer::encode(std::string_view text) const {

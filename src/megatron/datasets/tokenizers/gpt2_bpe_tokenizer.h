@@ -22,9 +22,11 @@ class GPT2BPETokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return bpe_.size(); }  // Megatron: len(encoder), 50257
   int32_t eod() const override { return eod_; }
   std::string name() const override { return "GPT2BPETokenizer"; }
+  std::vector<TokenizerFile> files() const override;  // vocab.json, merges.txt
 
  private:
-  explicit GPT2BPETokenizer(BytePairEncoder bpe);
+  GPT2BPETokenizer(BytePairEncoder bpe, std::string vocab_file, std::string merge_file);
+  std::string vocab_file_, merge_file_;
   BytePairEncoder bpe_;
   RegexSplitter splitter_;
   int32_t eod_;

@@ -130,7 +130,8 @@ class Parser {
 
 struct HuggingFaceTokenizer::Impl {
   std::string source;
-  std::deque<AddedToken> added;  // stable addresses for the matchers
+  std::vector<TokenizerFile> files;  // as read
+  std::deque<AddedToken> added;      // stable addresses for the matchers
   std::unordered_map<int32_t, const AddedToken*> added_by_id;
   std::unique_ptr<TokenMatcher> raw_matcher;         // normalized = false: matched first
   std::unique_ptr<TokenMatcher> normalized_matcher;  // normalized = true: then in the gaps
@@ -319,6 +320,7 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) : impl_(std:
   const std::filesystem::path given(path);
   const std::filesystem::path file = std::filesystem::is_directory(given) ? given / "tokenizer.json" : given;
   m.source = "HuggingFaceTokenizer " + file.string();
+  m.files.push_back({"--tokenizer-model", file.string(), "tokenizer.json"});
   const Parser p(m.source);
   Json root;
   try {
@@ -362,6 +364,7 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) : impl_(std:
   std::optional<std::string> eos_name, bos_name;
   const std::filesystem::path config = file.parent_path() / "tokenizer_config.json";
   if (std::filesystem::is_regular_file(config)) {
+    m.files.push_back({"", config.string(), "tokenizer_config.json"});
     Json c;
     try {
       c = Json::parse(read_tokenizer_file(config.string(), "HuggingFaceTokenizer config"));
@@ -503,6 +506,7 @@ std::string HuggingFaceTokenizer::decode(const std::vector<int32_t>& ids) const 
 int64_t HuggingFaceTokenizer::vocab_size() const { return impl_->vocab_size; }
 int32_t HuggingFaceTokenizer::eod() const { return impl_->eod; }
 std::optional<int32_t> HuggingFaceTokenizer::bos() const { return impl_->bos; }
+std::vector<TokenizerFile> HuggingFaceTokenizer::files() const { return impl_->files; }
 
 std::vector<SpecialToken> HuggingFaceTokenizer::special_tokens() const {
   std::vector<SpecialToken> out;

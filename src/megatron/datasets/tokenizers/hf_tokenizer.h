@@ -39,6 +39,8 @@ class HuggingFaceTokenizer final : public Tokenizer {
   std::optional<int32_t> bos() const override;
   std::string name() const override { return "HuggingFaceTokenizer"; }
   std::vector<SpecialToken> special_tokens() const override;  // added tokens marked special
+  // tokenizer.json, and the tokenizer_config.json beside it when it was read.
+  std::vector<TokenizerFile> files() const override;
 
  private:
   struct Impl;

@@ -11,6 +11,7 @@ namespace megatron::datasets {
 
 struct SentencePieceTokenizer::Impl {
   std::string source;
+  std::string model_file;
   Flavor flavor = Flavor::megatron;
   sentencepiece::SentencePieceProcessor processor;
   int64_t vocab_size = 0;
@@ -42,6 +43,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file, Fl
   Impl& m = *impl_;
   m.flavor = flavor;
   m.source = name() + " " + model_file;
+  m.model_file = model_file;
   const std::string bytes = read_tokenizer_file(model_file, name() + " --tokenizer-model");
   const auto status = m.processor.LoadFromSerializedProto(bytes);
   MEGATRON_CHECK(status.ok(), m.source << " is not a SentencePiece model (" << status.ToString()
@@ -151,5 +153,8 @@ std::string SentencePieceTokenizer::name() const {
 }
 
 std::vector<SpecialToken> SentencePieceTokenizer::special_tokens() const { return impl_->specials; }
+std::vector<TokenizerFile> SentencePieceTokenizer::files() const {
+  return {{"--tokenizer-model", impl_->model_file, "tokenizer.model"}};
+}
 
 }  // namespace megatron::datasets

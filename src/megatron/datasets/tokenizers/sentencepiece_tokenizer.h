@@ -31,6 +31,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::optional<int32_t> bos() const override;
   std::string name() const override;
   std::vector<SpecialToken> special_tokens() const override;  // the megatron flavor's added tokens
+  std::vector<TokenizerFile> files() const override;          // tokenizer.model
 
  private:
   struct Impl;

@@ -1,5 +1,7 @@
 #include "megatron/datasets/tokenizers/tokenizer.h"
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,17 +17,20 @@ namespace megatron::datasets {
 
 namespace {
 
-// Each tokenizer names the flags it takes; any other file flag given is an error.
-void check_unused(const TokenizerOptions& o, bool takes_model, bool takes_gpt2_files) {
-  const auto reject = [&](const char* flag, const std::string& value) {
-    MEGATRON_CHECK(value.empty(), o.type << " takes no " << flag << " but " << flag << " " << value
-                                         << " was given; drop the flag or choose a tokenizer that reads it");
-  };
-  if (!takes_model) reject("--tokenizer-model", o.model);
-  if (!takes_gpt2_files) {
-    reject("--vocab-file", o.vocab_file);
-    reject("--merge-file", o.merge_file);
-  }
+// The flags that name a tokenizer's files.
+struct FileFlag {
+  const char* flag;
+  std::string TokenizerOptions::*field;
+};
+constexpr FileFlag kFileFlags[] = {{"--tokenizer-model", &TokenizerOptions::model},
+                                   {"--vocab-file", &TokenizerOptions::vocab_file},
+                                   {"--merge-file", &TokenizerOptions::merge_file}};
+
+std::string TokenizerOptions::*file_field(const std::string& flag) {
+  for (const FileFlag& f : kFileFlags)
+    if (flag == f.flag) return f.field;
+  MEGATRON_FAIL("'" << flag << "' is not a tokenizer file flag; those are --tokenizer-model, --vocab-file and "
+                    << "--merge-file");
 }
 
 void check_required(const TokenizerOptions& o, const char* flag, const std::string& value, const char* what) {
@@ -41,31 +46,26 @@ std::unique_ptr<Tokenizer> check_vocab_size(const TokenizerOptions& o, std::uniq
 }
 
 std::unique_ptr<Tokenizer> make_byte(const TokenizerOptions& o) {
-  check_unused(o, false, false);
   return check_vocab_size(o, std::make_unique<ByteTokenizer>());
 }
 
 std::unique_ptr<Tokenizer> make_null(const TokenizerOptions& o) {
-  check_unused(o, false, false);
   return std::make_unique<NullTokenizer>(o.vocab_size);
 }
 
 std::unique_ptr<Tokenizer> make_gpt2_bpe(const TokenizerOptions& o) {
-  check_unused(o, false, true);
   check_required(o, "--vocab-file", o.vocab_file, "GPT-2's vocab.json");
   check_required(o, "--merge-file", o.merge_file, "GPT-2's merges.txt");
   return check_vocab_size(o, std::make_unique<GPT2BPETokenizer>(o.vocab_file, o.merge_file));
 }
 
 std::unique_ptr<Tokenizer> make_hf(const TokenizerOptions& o) {
-  check_unused(o, true, false);
   check_required(o, "--tokenizer-model", o.model, "a tokenizer.json file or the directory holding it");
   return check_vocab_size(o, std::make_unique<HuggingFaceTokenizer>(o.model));
 }
 
 template <SentencePieceTokenizer::Flavor flavor>
 std::unique_ptr<Tokenizer> make_sentencepiece(const TokenizerOptions& o) {
-  check_unused(o, true, false);
   check_required(o, "--tokenizer-model", o.model, "the SentencePiece tokenizer.model file");
   return check_vocab_size(o, std::make_unique<SentencePieceTokenizer>(o.model, flavor));
 }
@@ -74,21 +74,51 @@ struct Entry {
   const char* type;
   const char* needs;  // the flags it takes, for the error that lists the types
   std::unique_ptr<Tokenizer> (*make)(const TokenizerOptions& options);
+  std::array<const char*, 2> reads;  // the flags it reads besides --tokenizer-type (nullptr: none)
+
+  bool reads_flag(const std::string& flag) const {
+    return std::any_of(reads.begin(), reads.end(), [&](const char* f) { return f != nullptr && flag == f; });
+  }
 };
 
-// The one list of tokenizers: the factory and its error message both read it.
+// The one list of tokenizers: the factory, its error message and the flag rules all read it.
 constexpr Entry kTokenizers[] = {
-    {"ByteTokenizer", "no files", make_byte},
-    {"NullTokenizer", "--vocab-size", make_null},
-    {"GPT2BPETokenizer", "--vocab-file vocab.json --merge-file merges.txt", make_gpt2_bpe},
-    {"HuggingFaceTokenizer", "--tokenizer-model tokenizer.json", make_hf},
-    {"SentencePieceTokenizer", "--tokenizer-model tokenizer.model",
-     make_sentencepiece<SentencePieceTokenizer::Flavor::megatron>},
-    {"GPTSentencePieceTokenizer", "--tokenizer-model tokenizer.model",
-     make_sentencepiece<SentencePieceTokenizer::Flavor::gpt>},
-    {"Llama2Tokenizer", "--tokenizer-model tokenizer.model",
-     make_sentencepiece<SentencePieceTokenizer::Flavor::llama2>},
+    {"ByteTokenizer", "no files", make_byte, {}},
+    {"NullTokenizer", "--vocab-size", make_null, {"--vocab-size"}},
+    {"GPT2BPETokenizer",
+     "--vocab-file vocab.json --merge-file merges.txt",
+     make_gpt2_bpe,
+     {"--vocab-file", "--merge-file"}},
+    {"HuggingFaceTokenizer", "--tokenizer-model tokenizer.json", make_hf, {"--tokenizer-model"}},
+    {"SentencePieceTokenizer",
+     "--tokenizer-model tokenizer.model",
+     make_sentencepiece<SentencePieceTokenizer::Flavor::megatron>,
+     {"--tokenizer-model"}},
+    {"GPTSentencePieceTokenizer",
+     "--tokenizer-model tokenizer.model",
+     make_sentencepiece<SentencePieceTokenizer::Flavor::gpt>,
+     {"--tokenizer-model"}},
+    {"Llama2Tokenizer",
+     "--tokenizer-model tokenizer.model",
+     make_sentencepiece<SentencePieceTokenizer::Flavor::llama2>,
+     {"--tokenizer-model"}},
 };
+
+const Entry* find_entry(const std::string& type) {
+  for (const Entry& entry : kTokenizers)
+    if (type == entry.type) return &entry;
+  return nullptr;
+}
+
+// A tokenizer rejects the file flags it does not read rather than ignoring them.
+void check_unused(const TokenizerOptions& o, const Entry& entry) {
+  for (const FileFlag& f : kFileFlags) {
+    const std::string& value = o.*f.field;
+    MEGATRON_CHECK(value.empty() || entry.reads_flag(f.flag),
+                   o.type << " takes no " << f.flag << " but " << f.flag << " " << value
+                          << " was given; drop the flag or choose a tokenizer that reads it");
+  }
+}
 
 }  // namespace
 
@@ -99,8 +129,9 @@ std::vector<std::string> supported_tokenizer_types() {
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options) {
-  for (const Entry& entry : kTokenizers) {
-    if (options.type == entry.type) return entry.make(options);
+  if (const Entry* entry = find_entry(options.type)) {
+    check_unused(options, *entry);
+    return entry->make(options);
   }
   std::string supported;
   for (const Entry& entry : kTokenizers) {
@@ -115,6 +146,34 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, int64_t vocab
   options.vocab_size = vocab_size;
   options.model = model_path;
   return make_tokenizer(options);
+}
+
+bool tokenizer_options_complete(const TokenizerOptions& options) {
+  const Entry* entry = find_entry(options.type);
+  if (entry == nullptr) return false;
+  for (const char* flag : entry->reads) {
+    if (flag == nullptr) continue;
+    const bool given =
+        std::string(flag) == "--vocab-size" ? options.vocab_size != 0 : !(options.*file_field(flag)).empty();
+    if (!given) return false;
+  }
+  return true;
+}
+
+TokenizerOptions complete_tokenizer_options(const TokenizerOptions& given, const TokenizerOptions& saved) {
+  if (!given.type.empty() && given.type != saved.type) return given;
+  TokenizerOptions o = saved;
+  if (given.vocab_size != 0) o.vocab_size = given.vocab_size;
+  for (const FileFlag& f : kFileFlags)
+    if (!(given.*f.field).empty()) o.*f.field = given.*f.field;
+  return o;
+}
+
+TokenizerOptions tokenizer_options_in(TokenizerOptions options, const std::vector<TokenizerFile>& files,
+                                      const std::string& directory) {
+  for (const TokenizerFile& file : files)
+    if (!file.flag.empty()) options.*file_field(file.flag) = (std::filesystem::path(directory) / file.name).string();
+  return options;
 }
 
 std::string read_tokenizer_file(const std::string& path, const std::string& what) {

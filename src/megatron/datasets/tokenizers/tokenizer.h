@@ -17,6 +17,16 @@ struct SpecialToken {
   bool operator==(const SpecialToken&) const = default;
 };
 
+// A file a tokenizer was read from.
+struct TokenizerFile {
+  std::string flag;  // the flag that names it (--vocab-file, --merge-file, --tokenizer-model), or ""
+                     // for a file read from beside another (a tokenizer.json's tokenizer_config.json)
+  std::string path;  // as read
+  std::string name;  // its name in a directory of the tokenizer's own: vocab.json, merges.txt,
+                     // tokenizer.json, tokenizer_config.json, tokenizer.model
+  bool operator==(const TokenizerFile&) const = default;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -31,6 +41,10 @@ class Tokenizer {
   virtual std::optional<int32_t> bos() const { return std::nullopt; }
   // Tokens that encode() recognises whole in the text.
   virtual std::vector<SpecialToken> special_tokens() const { return {}; }
+  // The files it was read from (none for ByteTokenizer and NullTokenizer). Copied into one
+  // directory under their names, they give the same tokenizer through tokenizer_options_in: how a
+  // checkpoint keeps its tokenizer.
+  virtual std::vector<TokenizerFile> files() const { return {}; }
 };
 
 // The tokenizer flags of Megatron's command line; empty / 0 when not given.
@@ -49,6 +63,20 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options);
 
 // Shorthand for callers that have no --vocab-file / --merge-file.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, int64_t vocab_size, const std::string& model_path);
+
+// Whether `options` give every flag their --tokenizer-type reads (--vocab-size for
+// NullTokenizer, the file flags for the others); false without a known type.
+bool tokenizer_options_complete(const TokenizerOptions& options);
+
+// `given` (a command line's tokenizer flags) completed from `saved` (those a checkpoint's tokenizer
+// was built from), the command line taking precedence as in Megatron: with no --tokenizer-type or
+// the saved one, each flag not given takes its saved value; another type is taken as given.
+TokenizerOptions complete_tokenizer_options(const TokenizerOptions& given, const TokenizerOptions& saved);
+
+// `options` with the flag of each of `files` naming <directory>/<name>: the tokenizer built from
+// `files` copied into `directory`.
+TokenizerOptions tokenizer_options_in(TokenizerOptions options, const std::vector<TokenizerFile>& files,
+                                      const std::string& directory);
 
 // The supported --tokenizer-type values, in the order the factory lists them.
 std::vector<std::string> supported_tokenizer_types();
