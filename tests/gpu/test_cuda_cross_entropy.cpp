@@ -224,9 +224,8 @@ TEST_F(CudaCrossEntropy, OutOfRangeTargetRaisesTheCpuError) {
   EXPECT_EQ(check_error(), "(no error)") << "the check clears the record";
 
   Pair dlogits = poisoned_pair({N, V}, DType::bf16);
-  const std::string expected_backward = error_of([&] {
-    ops::cross_entropy_backward(dlogits.cpu, logits.cpu, targets.cpu, lse.cpu, Tensor(), 1.0f);
-  });
+  const std::string expected_backward =
+      error_of([&] { ops::cross_entropy_backward(dlogits.cpu, logits.cpu, targets.cpu, lse.cpu, Tensor(), 1.0f); });
   EXPECT_EQ(expected_backward, expected);
   ops::cross_entropy_backward(dlogits.gpu, logits.gpu, targets.gpu, lse.gpu, Tensor(), 1.0f);
   dlogits.gpu.to(Device::cpu());
@@ -253,14 +252,13 @@ TEST_F(CudaCrossEntropy, VocabParallelTargetOutsideTheWholeVocabularyRaises) {
       const ops::VocabShard shard{.start = r * width, .size = V};
       Pair shard_logits = pair_of(columns(logits, r * width, width));
       Pair partial = poisoned_pair({3, N}, DType::f32);
-      const std::string expected = error_of(
-          [&] { ops::cpu::cross_entropy_partial_forward(partial.cpu, shard_logits.cpu, targets.cpu, shard); });
+      const std::string expected =
+          error_of([&] { ops::cpu::cross_entropy_partial_forward(partial.cpu, shard_logits.cpu, targets.cpu, shard); });
       ops::cuda::cross_entropy_partial_forward(partial.gpu, shard_logits.gpu, targets.gpu, shard);
       partial.gpu.to(Device::cpu());
       EXPECT_EQ(check_error(), expected) << "rank " << r << (bad ? ", target 12" : ", targets inside");
       if (bad) {
-        EXPECT_NE(expected.find("target 12 at row 3 is outside the vocabulary [0, 12)"), std::string::npos)
-            << expected;
+        EXPECT_NE(expected.find("target 12 at row 3 is outside the vocabulary [0, 12)"), std::string::npos) << expected;
       } else {
         EXPECT_EQ(expected, "(no error)");
       }
@@ -294,8 +292,7 @@ TEST_F(CudaCrossEntropy, ModelRaisesTheCpuErrorAtTheLossReadBack) {
     messages.push_back(error_of([&] { model.forward_backward(tokens, labels, mask, 1.0f, {.seed = 3}); }));
     messages.push_back(error_of([&] { model.evaluate(tokens, labels, mask); }));
   }
-  EXPECT_NE(messages[0].find("target 40 at row 7 is outside the vocabulary [0, 32)"), std::string::npos)
-      << messages[0];
+  EXPECT_NE(messages[0].find("target 40 at row 7 is outside the vocabulary [0, 32)"), std::string::npos) << messages[0];
   EXPECT_EQ(messages[1], messages[0]);
   EXPECT_EQ(messages[2], messages[0]) << "GPU forward_backward";
   EXPECT_EQ(messages[3], messages[0]) << "GPU evaluate";
