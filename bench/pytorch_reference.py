@@ -11,7 +11,8 @@ the reference as it was before that search; each choice can also be set on its o
 reference_variants.sh measures what each one is worth.
 
 Under torchrun (WORLD_SIZE > 1) it trains data-parallel: one process per GPU (LOCAL_RANK),
-DistributedDataParallel with its default buckets and gradient_as_bucket_view, then torch.compile,
+DistributedDataParallel with its default buckets and gradient_as_bucket_view (and no per-step
+broadcast of the constant RoPE tables), then torch.compile,
 each rank on its own random batches of --micro-batch-size. Only rank 0 prints; its tokens/s,
 TFLOP/s and memory are per GPU.
 
@@ -238,7 +239,9 @@ def main():
     dev = torch.device("cuda", torch.cuda.current_device()) if world > 1 else torch.device("cuda")
     model = GPT(p, c).to(dev)  # fp32 master parameters
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index], gradient_as_bucket_view=True)
+        # broadcast_buffers off: the only buffers are the RoPE tables, constants on every rank.
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index], gradient_as_bucket_view=True,
+                                                          broadcast_buffers=False)
     # Megatron's (and megatron-cpp's) default weight decay, on matrices only: not on biases and norms.
     decay = [w for w in model.parameters() if w.dim() >= 2]
     no_decay = [w for w in model.parameters() if w.dim() < 2]
