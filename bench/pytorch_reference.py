@@ -1,24 +1,32 @@
 """PyTorch reference for `bench/bench_training.sh` and `bench/bench_dp.sh`: the same GPT models and
-batch as megatron-cpp, trained the way a strong PyTorch user would: torch.compile, SDPA flash
-attention, fused AdamW, bf16 autocast over fp32 master parameters. Prints one JSON line with
-tokens/s, TFLOP/s/GPU (Megatron's formula, causal attention halved), MFU, peak memory and the
-optimizer state (fp32 parameters + Adam moments).
+batch as megatron-cpp, trained the way a strong PyTorch user would, doing the same work: bf16
+autocast over fp32 master parameters, torch.compile, SDPA, fused AdamW (weight decay on matrices
+only, as Megatron), gradient clipping at 1.0, no host synchronisation inside the loop. Prints one
+JSON line with tokens/s, TFLOP/s/GPU (Megatron's formula, causal attention halved), MFU, peak
+memory, the optimizer state (fp32 parameters + Adam moments) and the implementation choices.
+
+The choices (CHOICES below; every one keeps the model's maths) default to the fastest fair
+combination measured by `bench/reference_variants.sh` (docs/PERFORMANCE.md). `--variant legacy` is
+the reference as it was before that search; each choice can also be set on its own, which is how
+reference_variants.sh measures what each one is worth.
 
 Under torchrun (WORLD_SIZE > 1) it trains data-parallel: one process per GPU (LOCAL_RANK),
-DistributedDataParallel with its default buckets and gradient_as_bucket_view, then torch.compile,
+DistributedDataParallel with its default buckets and gradient_as_bucket_view (and no per-step
+broadcast of the constant RoPE tables), then torch.compile,
 each rank on its own random batches of --micro-batch-size. Only rank 0 prints; its tokens/s,
 TFLOP/s and memory are per GPU.
 
 Usage: python3 bench/pytorch_reference.py --preset gpt2-124m --micro-batch-size 32 --iters 20
+       python3 bench/pytorch_reference.py --preset llama-1b --micro-batch-size 8 --variant legacy
        torchrun --nproc_per_node 4 bench/pytorch_reference.py --preset llama-1b --micro-batch-size 8
 """
 import argparse
 import json
 import math
 import os
-import time
 
 import torch
+import torch._inductor.config as inductor_config
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -28,6 +36,37 @@ PRESETS = {
     "llama-1b": dict(layers=16, hidden=2048, heads=32, groups=8, ffn=5632, vocab=32000, seq=2048, llama=True),
     "llama-3b": dict(layers=26, hidden=3072, heads=24, groups=8, ffn=8192, vocab=32000, seq=2048, llama=True),
     "llama-8b": dict(layers=32, hidden=4096, heads=32, groups=8, ffn=14336, vocab=128256, seq=2048, llama=True),
+}
+
+# How the reference is written; each value computes the same model.
+CHOICES = {
+    # RMSNorm: fp32 arithmetic written out, or F.rms_norm (one op inductor knows).
+    "rms_norm": ("manual", "fused"),
+    # RoPE: cos/sin tables built in fp32 inside every forward and applied in fp32, or built once and
+    # kept in the compute dtype, as Megatron's rotary embedding applies them.
+    "rope": ("fp32-per-step", "cached"),
+    # The residual stream: autocast leaves the embedding output, and so every residual add, in fp32;
+    # bf16 is what Megatron --bf16 (without --fp32-residual-connection) and megatron-cpp keep.
+    "residual": ("fp32", "bf16"),
+    # Grouped-query attention: SDPA's enable_gqa, or k and v repeated to every query head first (more
+    # memory traffic, but every SDPA backend takes it).
+    "gqa": ("native", "expand"),
+    # The SDPA backends allowed: PyTorch's choice, or one of them alone (no silent fall-back to math).
+    "sdpa": ("auto", "cudnn", "flash", "efficient"),
+    "compile_mode": ("default", "max-autotune-no-cudagraphs", "max-autotune"),
+    # Inductor's coordinate-descent tuning of its generated kernels' launch parameters.
+    "coordinate_descent_tuning": ("off", "on"),
+    # cuBLAS may reduce split-K partial sums of bf16 GEMMs in bf16 (PyTorch's default); "off" keeps
+    # every accumulation in fp32, as megatron-cpp's cuBLASLt GEMMs (CUBLAS_COMPUTE_32F).
+    "reduced_precision_reduction": ("torch-default", "off"),
+}
+
+VARIANTS = {
+    "legacy": dict(rms_norm="manual", rope="fp32-per-step", residual="fp32", gqa="native", sdpa="auto",
+                   compile_mode="default", coordinate_descent_tuning="off",
+                   reduced_precision_reduction="torch-default"),
+    "tuned": dict(rms_norm="fused", rope="cached", residual="bf16", gqa="expand", sdpa="auto",
+                  compile_mode="default", coordinate_descent_tuning="off", reduced_precision_reduction="off"),
 }
 
 
@@ -45,40 +84,46 @@ def megatron_flops(p, global_batch):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-5):
+    def __init__(self, dim, fused, eps=1e-5):
         super().__init__()
         self.eps = eps
+        self.fused = fused
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
+        if self.fused:
+            return F.rms_norm(x, (x.size(-1),), self.weight.to(x.dtype), self.eps)
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
 def rope_tables(seq, dim, base, device):
+    """cos, sin (seq, dim) in fp32: Megatron's rotary embedding, the two halves rotated alike."""
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
     freqs = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos()[None, None], emb.sin()[None, None]
+    return emb.cos(), emb.sin()
 
 
 def apply_rope(x, cos, sin):
+    """x (B, heads, S, d) rotated by position: x cos + rotate_half(x) sin."""
     x1, x2 = x.chunk(2, dim=-1)
     return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).type_as(x)
 
 
 class Block(nn.Module):
-    def __init__(self, p):
+    def __init__(self, p, c):
         super().__init__()
         h, self.n, self.g = p["hidden"], p["heads"], p["groups"]
         self.d = h // self.n
         self.llama = p["llama"]
+        self.expand_kv = c["gqa"] == "expand" and self.g != self.n
         bias = not self.llama
-        norm = (lambda: RMSNorm(h)) if self.llama else (lambda: nn.LayerNorm(h))
+        norm = (lambda: RMSNorm(h, c["rms_norm"] == "fused")) if self.llama else (lambda: nn.LayerNorm(h))
         self.norm1, self.norm2 = norm(), norm()
-        self.qkv = nn.Linear(h, (self.n + 2 * self.g) * self.d, bias=bias)
+        self.qkv = nn.Linear(h, (self.n + 2 * self.g) * self.d, bias=bias)  # one fused QKV projection
         self.proj = nn.Linear(self.n * self.d, h, bias=bias)
-        self.fc1 = nn.Linear(h, p["ffn"] * (2 if self.llama else 1), bias=bias)
+        self.fc1 = nn.Linear(h, p["ffn"] * (2 if self.llama else 1), bias=bias)  # [gate; up] fused for SwiGLU
         self.fc2 = nn.Linear(p["ffn"], h, bias=bias)
 
     def forward(self, x, cos, sin):
@@ -89,7 +134,11 @@ class Block(nn.Module):
         v = v.view(B, S, self.g, self.d).transpose(1, 2)
         if self.llama:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.g != self.n)
+        if self.expand_kv:  # query head i reads group i // (n / g), as enable_gqa
+            k = k.repeat_interleave(self.n // self.g, dim=1)
+            v = v.repeat_interleave(self.n // self.g, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.g != self.n and not self.expand_kv)
         x = x + self.proj(a.transpose(1, 2).reshape(B, S, -1))
         m = self.fc1(self.norm2(x))
         if self.llama:
@@ -101,13 +150,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, p):
+    def __init__(self, p, c):
         super().__init__()
         self.p = p
+        self.rope = c["rope"]
+        self.residual_dtype = torch.bfloat16 if c["residual"] == "bf16" else None
         self.wte = nn.Embedding(p["vocab"], p["hidden"])
         self.wpe = None if p["llama"] else nn.Embedding(p["seq"], p["hidden"])
-        self.blocks = nn.ModuleList(Block(p) for _ in range(p["layers"]))
-        self.norm = RMSNorm(p["hidden"]) if p["llama"] else nn.LayerNorm(p["hidden"])
+        self.blocks = nn.ModuleList(Block(p, c) for _ in range(p["layers"]))
+        self.norm = RMSNorm(p["hidden"], c["rms_norm"] == "fused") if p["llama"] else nn.LayerNorm(p["hidden"])
         self.head = nn.Linear(p["hidden"], p["vocab"], bias=False)
         if not p["llama"]:
             self.head.weight = self.wte.weight  # tied, as GPT-2
@@ -115,28 +166,67 @@ class GPT(nn.Module):
             if w.dim() == 2:
                 std = 0.02 / math.sqrt(2 * p["layers"]) if name.endswith(("proj.weight", "fc2.weight")) else 0.02
                 nn.init.normal_(w, std=std)
-        self.register_buffer("cos", None, persistent=False)
+        if p["llama"] and self.rope == "cached":
+            cos, sin = rope_tables(p["seq"], p["hidden"] // p["heads"], 10000.0, "cpu")
+            self.register_buffer("cos", cos.to(torch.bfloat16), persistent=False)
+            self.register_buffer("sin", sin.to(torch.bfloat16), persistent=False)
 
     def forward(self, tokens, labels):
         B, S = tokens.shape
         x = self.wte(tokens)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(S, device=tokens.device))
-        cos, sin = rope_tables(S, self.p["hidden"] // self.p["heads"], 10000.0, tokens.device) if self.p["llama"] else (None, None)
+        if self.residual_dtype is not None:
+            x = x.to(self.residual_dtype)
+        cos = sin = None
+        if self.p["llama"]:
+            if self.rope == "cached":
+                cos, sin = self.cos[:S], self.sin[:S]
+            else:
+                cos, sin = rope_tables(S, self.p["hidden"] // self.p["heads"], 10000.0, tokens.device)
         for b in self.blocks:
             x = b(x, cos, sin)
         logits = self.head(self.norm(x))
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1))
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", required=True, choices=sorted(PRESETS))
     ap.add_argument("--micro-batch-size", type=int, required=True)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="tuned",
+                    help="the choices' defaults: tuned (the reference) or legacy (before the variant search)")
+    for key, values in CHOICES.items():
+        ap.add_argument("--" + key.replace("_", "-"), choices=values, default=None,
+                        help=f"overrides the variant's {key}")
     a = ap.parse_args()
+    choices = dict(VARIANTS[a.variant])
+    for key in CHOICES:
+        value = getattr(a, key)
+        if value is not None:
+            choices[key] = value
+    return a, choices
+
+
+def configure_backends(c):
+    """Global settings the compiled graphs are traced with. fp32 GEMMs stay fp32 (no TF32: PyTorch's
+    default, and megatron-cpp's)."""
+    if c["reduced_precision_reduction"] == "off":
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    if c["sdpa"] != "auto":
+        torch.backends.cuda.enable_cudnn_sdp(c["sdpa"] == "cudnn")
+        torch.backends.cuda.enable_flash_sdp(c["sdpa"] == "flash")
+        torch.backends.cuda.enable_mem_efficient_sdp(c["sdpa"] == "efficient")
+        torch.backends.cuda.enable_math_sdp(False)  # a backend that cannot take the inputs fails loudly
+    if c["coordinate_descent_tuning"] == "on":
+        inductor_config.coordinate_descent_tuning = True
+
+
+def main():
+    a, c = parse_args()
     p = PRESETS[a.preset]
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = 0
@@ -144,18 +234,34 @@ def main():
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         torch.distributed.init_process_group("nccl")
         rank = torch.distributed.get_rank()
+    configure_backends(c)
     torch.manual_seed(1234)
     dev = torch.device("cuda", torch.cuda.current_device()) if world > 1 else torch.device("cuda")
-    model = GPT(p).to(dev)  # fp32 master parameters
+    model = GPT(p, c).to(dev)  # fp32 master parameters
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index], gradient_as_bucket_view=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
-    step_model = model if a.no_compile else torch.compile(model)
+        # broadcast_buffers off: the only buffers are the RoPE tables, constants on every rank.
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index], gradient_as_bucket_view=True,
+                                                          broadcast_buffers=False)
+    # Megatron's (and megatron-cpp's) default weight decay, on matrices only: not on biases and norms.
+    decay = [w for w in model.parameters() if w.dim() >= 2]
+    no_decay = [w for w in model.parameters() if w.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, fused=True)
+    cudagraphs = not a.no_compile and c["compile_mode"] == "max-autotune"
+    if a.no_compile:
+        step_model = model
+    else:
+        mode = None if c["compile_mode"] == "default" else c["compile_mode"]
+        # fullgraph: a graph break would cost speed, so there must be none (DDP's graphs are split at
+        # its buckets by design).
+        step_model = torch.compile(model, fullgraph=world == 1, mode=mode)
     B, S, V = a.micro_batch_size, p["seq"], p["vocab"]
     gen = torch.Generator(device=dev).manual_seed(rank)
     data = [torch.randint(0, V, (B, S + 1), device=dev, generator=gen) for _ in range(4)]
 
     def step(i):
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are done with
         batch = data[i % len(data)]
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = step_model(batch[:, :-1], batch[:, 1:])
@@ -192,6 +298,7 @@ def main():
             "tflops_per_gpu": round(tflops, 1), "mfu_percent": round(100 * tflops / 989.0, 1),
             "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "loss": round(loss.item(), 4),
             "optimizer_state_mib": round(state_bytes / 2**20, 1), "torch": torch.__version__,
+            "variant": a.variant, "choices": c,
         }), flush=True)
     if world > 1:
         torch.distributed.destroy_process_group()

@@ -56,8 +56,9 @@ build_s=$(( $(date +%s) - start ))
 
 gpu_rc=0
 if [ $gpu_tests -eq 1 ]; then
-  # ^gpu$: the label multigpu contains "gpu", and -L takes a regular expression.
-  (cd build/gpu && ctest -L '^gpu$' --output-on-failure --timeout 600) > "$out/gpu-tests.log" 2>&1
+  # ^gpu$: the label multigpu contains "gpu", and -L takes a regular expression. -V: the passing
+  # tests' output too (the training tests print how much of their tolerance they used).
+  (cd build/gpu && ctest -L '^gpu$' -V --timeout 600) > "$out/gpu-tests.log" 2>&1
   gpu_rc=$?
   [ $gpu_rc -eq 0 ] || grep -E "Failure|FAILED|Expected|Which is|error" "$out/gpu-tests.log" | head -60
 fi
@@ -108,6 +109,11 @@ if [ $bench_dp -eq 1 ]; then
 fi
 if [ $bench_tp -eq 1 ]; then
   echo "| bench-tp | $(status $bench_tp_rc) | $out/bench-tp.txt |"
+fi
+if [ $gpu_tests -eq 1 ]; then
+  echo
+  echo "gpu: largest deviations of training on the GPU from the CPU backend's curve"
+  grep -E "GPU vs CPU over|steps skipped, loss scale" "$out/gpu-tests.log" | sed 's/^[0-9]*: //'
 fi
 if [ $multigpu -eq 1 ]; then
   echo

@@ -7,11 +7,14 @@
 //   backward, f32: softmax terms within ~20 u relative (argument rounding + expf), the target
 //     term subtracts 1 and the mask scales: within ~22 u |scale|; factor 64 of u32 relative to the
 //     row-wise scale (max|ref| ~ |scale|). bf16/f16: one final rounding dominates: factor 2 of u.
+// Out-of-range targets: after a read-back, cross_entropy_check_targets raises exactly the CPU op's
+// error (whole vocabulary, a vocab-parallel shard, and the model at its loss read-back).
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "gpu/cuda_test_util.h"
+#include "megatron/models/gpt/gpt_model.h"
 #include "megatron/ops/cross_entropy.h"
 
 using namespace megatron;
@@ -112,21 +115,6 @@ TEST_F(CudaCrossEntropy, BackwardInPlaceOverLogits) {
   }
 }
 
-TEST_F(CudaCrossEntropy, OutOfRangeTargetGivesNaNLoss) {
-  // A kernel cannot raise an error without a host synchronisation: the row's loss is NaN instead.
-  const int64_t N = 3, V = 10;
-  Pair logits = random_pair({N, V}, DType::f32, 5);
-  Tensor bad = random_targets(N, V, 6);
-  bad.set_item(1, double(V));
-  Pair targets = pair_of(bad);
-  Pair losses = poisoned_pair({N}, DType::f32), lse = poisoned_pair({N}, DType::f32);
-  ops::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, targets.gpu);
-  EXPECT_TRUE(std::isfinite(losses.gpu.item(0)));
-  EXPECT_TRUE(std::isnan(losses.gpu.item(1)));
-  EXPECT_TRUE(std::isfinite(losses.gpu.item(2)));
-  EXPECT_TRUE(std::isfinite(lse.gpu.item(1)));
-}
-
 namespace {
 
 // Columns [begin, begin + width) of (N,V) host logits.
@@ -189,4 +177,123 @@ TEST_F(CudaCrossEntropy, VocabParallelShards) {
       }
     }
   }
+}
+
+namespace {
+
+// The error an op (or the check) raises, or a note that it raised none.
+template <class Op>
+std::string error_of(Op&& op) {
+  try {
+    op();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string check_error() {
+  return error_of([] { ops::cross_entropy_check_targets(gpu()); });
+}
+
+}  // namespace
+
+// A target outside the vocabulary: the CUDA kernels give its row a NaN loss and record it; once the
+// host has read results back, cross_entropy_check_targets raises the CPU op's error word for word
+// (the lowest bad row, its id, the vocabulary) and clears the record. Forward and backward alike.
+TEST_F(CudaCrossEntropy, OutOfRangeTargetRaisesTheCpuError) {
+  const int64_t N = 6, V = 10;
+  Pair logits = random_pair({N, V}, DType::bf16, 5);
+  Tensor bad = random_targets(N, V, 6);
+  bad.set_item(4, -3.0);
+  bad.set_item(2, double(V));
+  Pair targets = pair_of(bad);
+  Pair losses = poisoned_pair({N}, DType::f32), lse = poisoned_pair({N}, DType::f32);
+  const std::string expected =
+      error_of([&] { ops::cross_entropy_forward(losses.cpu, lse.cpu, logits.cpu, targets.cpu); });
+  ASSERT_NE(expected.find("cross_entropy target 10 at row 2 is outside the vocabulary [0, 10)"), std::string::npos)
+      << expected;
+
+  EXPECT_EQ(check_error(), "(no error)") << "nothing recorded before the launch";
+  ops::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, targets.gpu);
+  const Tensor read_back = losses.gpu.to(Device::cpu());
+  EXPECT_TRUE(std::isfinite(read_back.item(0)));
+  EXPECT_TRUE(std::isnan(read_back.item(2)));
+  EXPECT_TRUE(std::isnan(read_back.item(4)));
+  EXPECT_EQ(check_error(), expected);
+  EXPECT_EQ(check_error(), "(no error)") << "the check clears the record";
+
+  Pair dlogits = poisoned_pair({N, V}, DType::bf16);
+  const std::string expected_backward =
+      error_of([&] { ops::cross_entropy_backward(dlogits.cpu, logits.cpu, targets.cpu, lse.cpu, Tensor(), 1.0f); });
+  EXPECT_EQ(expected_backward, expected);
+  ops::cross_entropy_backward(dlogits.gpu, logits.gpu, targets.gpu, lse.gpu, Tensor(), 1.0f);
+  dlogits.gpu.to(Device::cpu());
+  EXPECT_EQ(check_error(), expected_backward);
+
+  // Good targets afterwards raise nothing.
+  Pair good = pair_of(random_targets(N, V, 7));
+  ops::cross_entropy_forward(losses.gpu, lse.gpu, logits.gpu, good.gpu);
+  losses.gpu.to(Device::cpu());
+  EXPECT_EQ(check_error(), "(no error)");
+}
+
+// Under vocabulary parallelism a target in another rank's columns is normal; one outside the whole
+// (padded) vocabulary is the error, on every rank's shard, as on the CPU.
+TEST_F(CudaCrossEntropy, VocabParallelTargetOutsideTheWholeVocabularyRaises) {
+  const int64_t N = 4, V = 12, width = 6;
+  const Tensor logits = randn({N, V}, DType::bf16, 8, 2.0);
+  Tensor t = Tensor::empty({N}, DType::i32);
+  for (int64_t n = 0; n < N; ++n) t.set_item(n, double((n * 5) % V));  // 0, 5, 10, 3: both shards
+  for (const bool bad : {false, true}) {
+    if (bad) t.set_item(3, double(V));
+    Pair targets = pair_of(t);
+    for (int64_t r = 0; r < 2; ++r) {
+      const ops::VocabShard shard{.start = r * width, .size = V};
+      Pair shard_logits = pair_of(columns(logits, r * width, width));
+      Pair partial = poisoned_pair({3, N}, DType::f32);
+      const std::string expected =
+          error_of([&] { ops::cpu::cross_entropy_partial_forward(partial.cpu, shard_logits.cpu, targets.cpu, shard); });
+      ops::cuda::cross_entropy_partial_forward(partial.gpu, shard_logits.gpu, targets.gpu, shard);
+      partial.gpu.to(Device::cpu());
+      EXPECT_EQ(check_error(), expected) << "rank " << r << (bad ? ", target 12" : ", targets inside");
+      if (bad) {
+        EXPECT_NE(expected.find("target 12 at row 3 is outside the vocabulary [0, 12)"), std::string::npos) << expected;
+      } else {
+        EXPECT_EQ(expected, "(no error)");
+      }
+    }
+  }
+}
+
+// The model raises it where it reads the loss back, before the backward: the GPU's message is the
+// CPU model's, for training and for evaluation.
+TEST_F(CudaCrossEntropy, ModelRaisesTheCpuErrorAtTheLossReadBack) {
+  TransformerConfig c;
+  c.num_layers = 1;
+  c.hidden_size = 32;
+  c.num_attention_heads = c.num_query_groups = 2;
+  c.kv_channels = 16;
+  c.ffn_hidden_size = 64;
+  c.vocab_size = c.padded_vocab_size = 32;
+  c.max_position_embeddings = c.seq_length = 8;
+  c.params_dtype = DType::bf16;
+  const int64_t B = 2, S = 8;
+  Tensor tokens = random_targets(B * S, c.vocab_size, 9).view({B, S});
+  Tensor labels = random_targets(B * S, c.vocab_size, 10).view({B, S});
+  labels.set_item(1 * S + 3, 40.0);  // sequence-major row 3 * B + 1 = 7
+  Tensor mask = Tensor::empty({B, S}, DType::f32);
+  mask.fill(1.0);
+  const ParallelContext ctx = ParallelContext::single_process();
+  std::vector<std::string> messages;
+  for (const Device device : {Device::cpu(), gpu()}) {
+    GPTModel model(c, ctx, device);
+    model.parameters().initialize(1);
+    messages.push_back(error_of([&] { model.forward_backward(tokens, labels, mask, 1.0f, {.seed = 3}); }));
+    messages.push_back(error_of([&] { model.evaluate(tokens, labels, mask); }));
+  }
+  EXPECT_NE(messages[0].find("target 40 at row 7 is outside the vocabulary [0, 32)"), std::string::npos) << messages[0];
+  EXPECT_EQ(messages[1], messages[0]);
+  EXPECT_EQ(messages[2], messages[0]) << "GPU forward_backward";
+  EXPECT_EQ(messages[3], messages[0]) << "GPU evaluate";
 }

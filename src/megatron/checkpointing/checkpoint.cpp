@@ -420,11 +420,11 @@ void verify_files(const std::string& dir, const json& files, const EarlierCheckp
 }
 
 // common.json's state, which must record the directory's iteration (its digest is verified first).
-json read_common_state(const std::string& dir, int64_t iteration, const std::string& hint) {
+json read_common_state(const std::string& dir, int64_t iteration, const EarlierCheckpoints& hint) {
   const json common = json::parse(read_file(join(dir, kCommonFile)));
   MEGATRON_CHECK(common.at("iteration").get<int64_t>() == iteration,
                  "'" << join(dir, kCommonFile) << "' records iteration " << common.at("iteration") << ", not "
-                     << iteration << ": the directory mixes files of different saves; " << hint);
+                     << iteration << ": the directory mixes files of different saves" << hint);
   return common.at("state");
 }
 
@@ -692,9 +692,9 @@ void CheckpointReader::load(const std::string& name, const Shape& global_offset,
 CheckpointHeader read_checkpoint_header(const std::string& load_dir, int64_t iteration) {
   CheckpointHeader header;
   header.directory = checkpoint_directory(load_dir, iteration);
-  const std::string hint = earlier_checkpoints_hint(load_dir, iteration);
+  const EarlierCheckpoints hint{load_dir, iteration};
   MEGATRON_CHECK(fs::is_directory(header.directory),
-                 "checkpoint directory '" << header.directory << "' does not exist; " << hint);
+                 "checkpoint directory '" << header.directory << "' does not exist" << hint);
   try {
     const json files = files_without_shards(read_metadata(header.directory, iteration, hint));
     verify_files(header.directory, files, hint);
@@ -703,7 +703,7 @@ CheckpointHeader read_checkpoint_header(const std::string& load_dir, int64_t ite
       if (item.key() != kCommonFile) header.files[item.key()] = join(header.directory, item.key());
   } catch (const json::exception& e) {
     MEGATRON_FAIL("checkpoint metadata '" << join(header.directory, kMetadataFile) << "' or " << kCommonFile
-                                          << " is malformed (" << e.what() << "); " << hint);
+                                          << " is malformed (" << e.what() << ")" << hint);
   }
   return header;
 }

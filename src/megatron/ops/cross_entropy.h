@@ -21,8 +21,12 @@
 //             backward needs no communication. loss_mask (N) may be undefined (all ones); it is
 //             f32, or f64 with f64 logits. dlogits may alias logits, so no second copy exists.
 // dtypes: logits f32/bf16/f16 (f64 on the CPU); partial, lse and losses f32 (f64 for f64 logits).
-// Targets are i32 in [0, size); an out-of-range target is an error on the CPU and a NaN loss (and
-// gradient row) on CUDA, where a kernel cannot raise without a host synchronisation.
+// Targets are i32 in [0, size) (under vocab parallelism: the padded whole vocabulary; a target in
+// another rank's columns is normal). An out-of-range target is an error: the CPU ops raise it at
+// the call. A CUDA kernel cannot raise without a host synchronisation: it gives the row a NaN
+// loss (and gradient) and records the target (the lowest such row, its id and the vocabulary) on
+// the device, and cross_entropy_check_targets raises the CPU's error for it once the host has
+// synchronised with the kernels anyway (the model calls it right after reading back the loss).
 #include <cstdint>
 
 #include "megatron/core/tensor.h"
@@ -40,6 +44,11 @@ void cross_entropy_combine(Tensor& losses, Tensor& lse, const Tensor& partials);
 void cross_entropy_forward(Tensor& losses, Tensor& lse, const Tensor& logits, const Tensor& targets);
 void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             const Tensor& loss_mask, float grad_scale, const VocabShard& shard = {});
+// Raises the out-of-range target error for a target that a CUDA op on `device` recorded since the
+// last check, and clears the record; nothing on the CPU. Costs no synchronisation (it reads a flag
+// in mapped host memory) unless a target was recorded; it sees the ops the host has already
+// waited for, so call it after a read-back of their results.
+void cross_entropy_check_targets(Device device);
 
 namespace cpu {
 void cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const Tensor& targets,
@@ -55,6 +64,7 @@ void cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const 
 void cross_entropy_combine(Tensor& losses, Tensor& lse, const Tensor& partials);
 void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             const Tensor& loss_mask, float grad_scale, const VocabShard& shard = {});
+void cross_entropy_check_targets(Device device);
 }  // namespace cuda
 
 }  // namespace megatron::ops

@@ -132,6 +132,12 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
                             const Tensor& loss_mask, float grad_scale, const VocabShard& shard) {
   MEGATRON_DISPATCH(dlogits, cross_entropy_backward, dlogits, logits, targets, lse, loss_mask, grad_scale, shard);
 }
+// Not an op on tensors (no profiler scope); the CPU ops raise at the call, so only CUDA has a record.
+void cross_entropy_check_targets([[maybe_unused]] Device device) {
+#ifdef MEGATRON_WITH_CUDA
+  if (device.is_cuda()) cuda::cross_entropy_check_targets(device);
+#endif
+}
 
 void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& p) {
   MEGATRON_DISPATCH(y, dropout_forward, y, x, p);

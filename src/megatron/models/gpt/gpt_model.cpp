@@ -131,7 +131,11 @@ LossSums GPTModel::loss_sums(const Tensor& logits, const Tensor& labels_sb, cons
   const Tensor mask = mask_sb.dtype() == dt ? mask_sb : mask_sb.to(dt);
   ops::dot(loss_acc, losses, mask);
   ops::dot(count_acc, mask, mask);  // the mask is 0/1, so sum(mask^2) counts tokens
-  return {acc.item(0), acc.item(1)};
+  const LossSums sums{acc.item(0), acc.item(1)};
+  // The read-back waited for the loss kernels: an out-of-range target they recorded raises now,
+  // with the CPU's message, before the backward runs on it.
+  ops::cross_entropy_check_targets(logits.device());
+  return sums;
 }
 
 LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,

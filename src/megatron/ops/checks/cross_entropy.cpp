@@ -78,4 +78,9 @@ CrossEntropyDims check_cross_entropy_backward(const Tensor& dlogits, const Tenso
   return dims;
 }
 
+void fail_target_outside_vocabulary(int64_t target, int64_t row, int64_t vocab) {
+  MEGATRON_FAIL("cross_entropy target " << target << " at row " << row << " is outside the vocabulary [0, " << vocab
+                                        << "); check the data and the vocab size");
+}
+
 }  // namespace megatron::ops::checks

@@ -1,7 +1,8 @@
 #pragma once
 // Argument checks of the (vocab-parallel) cross-entropy (ops/cross_entropy.h), shared by
 // ops/cpu/cross_entropy.cpp and ops/cuda/cross_entropy.cu. Target values are not checked here:
-// the CPU checks them, a CUDA kernel turns a bad one into NaN.
+// the CPU checks them in the op, a CUDA kernel records a bad one for cross_entropy_check_targets;
+// both raise fail_target_outside_vocabulary's error.
 #include "megatron/ops/checks/common.h"
 #include "megatron/ops/cross_entropy.h"
 
@@ -29,5 +30,8 @@ CombineDims check_cross_entropy_combine(const Tensor& losses, const Tensor& lse,
 CrossEntropyDims check_cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                                               const Tensor& lse, const Tensor& loss_mask, const VocabShard& shard,
                                               const CrossEntropyBackend& backend);
+
+// The error for target id `target` of row `row` outside [0, vocab): one text on both backends.
+[[noreturn]] void fail_target_outside_vocabulary(int64_t target, int64_t row, int64_t vocab);
 
 }  // namespace megatron::ops::checks

@@ -72,9 +72,7 @@ void backward_kernel(T* dlogits, const T* logits, const int32_t* targets, const 
 void check_target_values(const Tensor& targets, int64_t vocab) {
   const int32_t* t = targets.data<int32_t>();
   for (int64_t n = 0; n < targets.numel(); ++n) {
-    MEGATRON_CHECK(t[n] >= 0 && t[n] < vocab, "cross_entropy target " << t[n] << " at row " << n
-                                                                      << " is outside the vocabulary [0, " << vocab
-                                                                      << "); check the data and the vocab size");
+    if (t[n] < 0 || t[n] >= vocab) checks::fail_target_outside_vocabulary(t[n], n, vocab);
   }
 }
 

@@ -3,6 +3,7 @@
 // cuDNN or here).
 #include "megatron/ops/cuda/attention_backward_kernels.cuh"
 #include "megatron/ops/cuda/attention_flash.h"
+#include "megatron/ops/cuda/op_paths.h"
 
 namespace megatron::ops::cuda {
 namespace {
@@ -26,6 +27,7 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
   const Dims d = cuda_dims(
       checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, kCudaAttention), q, params);
   if (q.numel() == 0) return;
+  count_op_path(OpPath::attention_backward_ours);
   dispatch_storage(q.dtype(), "attention_backward", [&]<class T>(std::type_identity<T>) {
     const BackwardArgs<T> a = backward_args<T>(dq, dk, dv, dout, q, k, v, out, lse, params, d);
     if constexpr (kMmaType<T>) {

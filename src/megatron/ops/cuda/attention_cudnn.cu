@@ -22,6 +22,7 @@
 #include "megatron/ops/cuda/context.h"
 #include "megatron/ops/cuda/cuda_check.h"
 #include "megatron/ops/cuda/cudnn_plan.h"
+#include "megatron/ops/cuda/op_paths.h"
 
 namespace megatron::ops::cuda {
 namespace {
@@ -324,6 +325,7 @@ void cudnn_attention_forward(const CudnnAttention& a, void* out, float* lse, con
     data.push_back(&masked);
   }
   plans.forward->execute(ctx.cudnn(), megatron::cuda::current_stream(), uids, data, ws.raw());
+  count_op_path(OpPath::attention_forward_cudnn);
 }
 
 void cudnn_attention_backward(const CudnnAttention& a, void* dq, void* dk, void* dv, const void* dout, const void* q,
@@ -364,6 +366,7 @@ void cudnn_attention_backward(const CudnnAttention& a, void* dq, void* dk, void*
     data.push_back(&masked);
   }
   plans.backward->execute(ctx.cudnn(), stream, uids, data, base);
+  count_op_path(OpPath::attention_backward_cudnn);
 }
 
 }  // namespace megatron::ops::cuda

@@ -2,6 +2,7 @@
 // (attention_forward_kernels.cuh holds the kernels; attention.cu routes to cuDNN or here).
 #include "megatron/ops/cuda/attention_flash.h"
 #include "megatron/ops/cuda/attention_forward_kernels.cuh"
+#include "megatron/ops/cuda/op_paths.h"
 
 namespace megatron::ops::cuda {
 namespace {
@@ -24,6 +25,7 @@ void flash_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
                              const AttentionParams& params) {
   const Dims d = cuda_dims(checks::check_attention_forward(out, lse, q, k, v, params, kCudaAttention), q, params);
   if (q.numel() == 0) return;
+  count_op_path(OpPath::attention_forward_ours);
   dispatch_storage(q.dtype(), "attention_forward", [&]<class T>(std::type_identity<T>) {
     const ForwardArgs<T> a = forward_args<T>(out, lse, q, k, v, params, d);
     if constexpr (kMmaType<T>) {

@@ -6,14 +6,55 @@
 //   combine:  one thread per row merges the R ranks' (max, sum of exp, target logit).
 //   backward: reads each logit and writes its gradient in the same place, by the same thread,
 //             so dlogits may alias logits.
-// Targets outside [0, vocab) cannot raise an error from a kernel without a host synchronisation;
-// they give a NaN loss (and a NaN gradient row), which the loss and grad-norm checks report.
+// Targets outside [0, vocab): a kernel cannot raise an error without a host synchronisation, so
+// the row gets a NaN loss (and gradient) and the kernel records the target (below); the host
+// raises the CPU's error from the record at cross_entropy_check_targets.
+#include <cstring>
+
 #include "megatron/ops/checks/cross_entropy.h"
 #include "megatron/ops/cross_entropy.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 
 namespace megatron::ops::cuda {
 namespace {
+
+// ---- the record of out-of-range targets ------------------------------------------------------
+// Per device: the lowest row with a bad target, as the key row << 32 | the target's 32 bits
+// (atomicMin keeps the lowest; rows < 2^31, check_rows), and the vocabulary of the launch that
+// wrote it (every launch between two checks has the same one in practice). Beside it, one flag per
+// device in mapped pinned host memory, set by any recording kernel: the host reads it with a plain
+// load, so checking costs no copy and no synchronisation while no target was bad; only then does
+// the host wait for the device and fetch the record. Nothing is written in the steady state.
+constexpr unsigned long long kNoBadTarget = ~0ull;
+__device__ unsigned long long bad_target_key = kNoBadTarget;
+__device__ long long bad_target_vocab = 0;
+
+__device__ void record_bad_target(int* flag, int64_t row, int64_t target, int64_t vocab) {
+  atomicMin(&bad_target_key, (static_cast<unsigned long long>(row) << 32) | static_cast<uint32_t>(target));
+  bad_target_vocab = vocab;
+  *static_cast<volatile int*>(flag) = 1;  // read by the host after it synchronised with this kernel
+}
+
+// This device's flag. One int per device, allocated on first use and kept for the life of the
+// process (freeing it at exit would race CUDA's own teardown). Portable and mapped: under unified
+// addressing the host pointer is valid on every device.
+int* bad_target_flag(int device) {
+  struct Flags {
+    int* data;
+    int devices;
+  };
+  static const Flags flags = [] {
+    int n = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&n));
+    void* p = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&p, sizeof(int) * size_t(n), cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(p, 0, sizeof(int) * size_t(n));
+    return Flags{static_cast<int*>(p), n};
+  }();
+  MEGATRON_CHECK(device >= 0 && device < flags.devices,
+                 "cross_entropy: device cuda:" << device << " is not one of the " << flags.devices << " visible GPUs");
+  return flags.data + device;
+}
 
 // Running (max m, sum s of exp(x - m)) over the values seen so far.
 struct OnlineSoftmax {
@@ -42,10 +83,10 @@ struct OnlineSoftmax {
 };
 
 // partial[0][n] = m, partial[1][n] = sum exp(x - m), partial[2][n] = x_target or 0 (NaN for a
-// target outside the vocabulary).
+// target outside the vocabulary, which is recorded).
 template <class T>
 __global__ void cross_entropy_partial_forward_kernel(float* partial, const T* logits, const int32_t* targets, int64_t N,
-                                                     int64_t V, int64_t start, int64_t vocab) {
+                                                     int64_t V, int64_t start, int64_t vocab, int* bad_target) {
   constexpr int kVec = kPack<T>;
   const int64_t n = blockIdx.x;
   const T* row = logits + n * V;
@@ -66,6 +107,7 @@ __global__ void cross_entropy_partial_forward_kernel(float* partial, const T* lo
     float target_logit = 0.0f;
     if (t < 0 || t >= vocab) {
       target_logit = NAN;
+      record_bad_target(bad_target, n, t, vocab);
     } else if (t >= start && t < start + V) {
       target_logit = to_float(row[t - start]);
     }
@@ -99,7 +141,7 @@ __device__ __forceinline__ float ce_grad(float x, int64_t v, float l, int64_t ta
 template <bool kVector, class T>
 __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const int32_t* targets, const float* lse,
                                               const float* loss_mask, float grad_scale, int64_t V, int64_t start,
-                                              int64_t vocab) {
+                                              int64_t vocab, int* bad_target) {
   constexpr int kVec = kPack<T>;
   const int64_t n = blockIdx.x;
   const T* x = logits + n * V;
@@ -108,7 +150,10 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
   const int64_t t = target - start;  // outside [0, V): another rank's column
   const float l = lse[n];
   float factor = (loss_mask != nullptr ? loss_mask[n] : 1.0f) * grad_scale;
-  if (target < 0 || target >= vocab) factor = NAN;
+  if (target < 0 || target >= vocab) {
+    factor = NAN;
+    if (threadIdx.x == 0) record_bad_target(bad_target, n, target, vocab);
+  }
   AlignedSpan span{V, 0};  // all scalar unless dx and x share their 16-byte phase
   if constexpr (kVector) span = aligned_span(x, V);
   for (int64_t j = threadIdx.x; j < span.head; j += blockDim.x)
@@ -147,7 +192,8 @@ void cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const 
   if (N == 0) return;
   dispatch_storage(logits.dtype(), "cross_entropy_partial_forward", [&]<class T>(std::type_identity<T>) {
     cross_entropy_partial_forward_kernel<T><<<unsigned(N), kThreads, 0, stream()>>>(
-        device_data<float>(partial), device_data<T>(logits), device_data<int32_t>(targets), N, V, shard.start, vocab);
+        device_data<float>(partial), device_data<T>(logits), device_data<int32_t>(targets), N, V, shard.start, vocab,
+        bad_target_flag(logits.device().index));
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -173,13 +219,33 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
     const T* l = device_data<T>(logits);  // may be dl itself
     const float* mask = loss_mask.defined() ? device_data<float>(loss_mask) : nullptr;
     const bool same_phase = (reinterpret_cast<uintptr_t>(dl) - reinterpret_cast<uintptr_t>(l)) % kVecBytes == 0;
+    int* bad_target = bad_target_flag(logits.device().index);
     auto launch = [&](auto kernel) {
       kernel<<<unsigned(N), kThreads, 0, stream()>>>(dl, l, device_data<int32_t>(targets), device_data<float>(lse),
-                                                     mask, grad_scale, V, shard.start, vocab);
+                                                     mask, grad_scale, V, shard.start, vocab, bad_target);
       CUDA_CHECK_LAUNCH();
     };
     same_phase ? launch(cross_entropy_backward_kernel<true, T>) : launch(cross_entropy_backward_kernel<false, T>);
   });
+}
+
+void cross_entropy_check_targets(Device device) {
+  MEGATRON_CHECK(device.is_cuda(), "cross_entropy_check_targets: " << device.str() << " is not a GPU");
+  volatile int* flag = bad_target_flag(device.index);
+  if (*flag == 0) return;
+  // A kernel recorded a bad target: wait for any still running, then read and clear the record.
+  const int current = megatron::cuda::current_context().device();
+  MEGATRON_CHECK(device.index == current, "cross_entropy_check_targets: asked about cuda:"
+                                              << device.index << " but the current device is cuda:" << current
+                                              << "; one process drives one GPU (init_device)");
+  CUDA_CHECK(cudaDeviceSynchronize());
+  unsigned long long key = kNoBadTarget;
+  long long vocab = 0;
+  CUDA_CHECK(cudaMemcpyFromSymbol(&key, bad_target_key, sizeof(key)));
+  CUDA_CHECK(cudaMemcpyFromSymbol(&vocab, bad_target_vocab, sizeof(vocab)));
+  CUDA_CHECK(cudaMemcpyToSymbol(bad_target_key, &kNoBadTarget, sizeof(kNoBadTarget)));
+  *flag = 0;
+  checks::fail_target_outside_vocabulary(static_cast<int32_t>(static_cast<uint32_t>(key)), int64_t(key >> 32), vocab);
 }
 
 }  // namespace megatron::ops::cuda

@@ -27,6 +27,7 @@
 #include "megatron/ops/activation.h"
 #include "megatron/ops/checks/gemm.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
+#include "megatron/ops/cuda/op_paths.h"
 #include "megatron/ops/elementwise.h"
 #include "megatron/ops/gemm.h"
 
@@ -73,6 +74,21 @@ struct LtEpilogue {
   // GELU_AUX*: receives the GELU input (m,n), leading dimension m. DGELU: supplies it.
   const void* aux = nullptr;
 };
+
+// The count a fused call adds to (ops/cuda/op_paths.h).
+OpPath epilogue_path(cublasLtEpilogue_t kind) {
+  switch (kind) {
+    case CUBLASLT_EPILOGUE_BIAS:
+      return OpPath::gemm_bias_epilogue;
+    case CUBLASLT_EPILOGUE_GELU_AUX:
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+      return OpPath::gemm_gelu_aux_epilogue;
+    case CUBLASLT_EPILOGUE_DGELU:
+      return OpPath::gemm_dgelu_epilogue;
+    default:
+      return OpPath::gemm_bgradb_epilogue;  // the only other epilogue the ops ask for
+  }
+}
 
 const char* epilogue_name(cublasLtEpilogue_t kind) {
   switch (kind) {
@@ -144,6 +160,10 @@ bool try_lt_matmul(const LtProblem& p) {
   set_desc(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_desc(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
   const cublasLtEpilogue_t epilogue = p.epilogue.kind;
+  const auto refuse = [epilogue] {  // the caller runs an epilogue it refuses unfused
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) count_op_path(OpPath::gemm_epilogue_unfused);
+    return false;
+  };
   set_desc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
   if (p.epilogue.bias != nullptr) set_desc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.epilogue.bias);
   if (p.epilogue.aux != nullptr) {
@@ -166,7 +186,7 @@ bool try_lt_matmul(const LtProblem& p) {
     auto it = cache.algos.find(key);
     if (it != cache.algos.end()) {
       algo = it->second;
-      if (!algo) return false;
+      if (!algo) return refuse();
     }
   }
   if (!algo) {
@@ -193,9 +213,10 @@ bool try_lt_matmul(const LtProblem& p) {
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.algos[key] = algo;
   }
-  if (!algo) return false;
+  if (!algo) return refuse();
   CUBLAS_CHECK(cublasLtMatmul(ctx.blas_lt(), raw_desc, &p.alpha, p.a, a.get(), p.b, b.get(), &p.beta, p.d, d.get(), p.d,
                               d.get(), &*algo, ctx.blas_workspace(), ctx.blas_workspace_bytes(), stream()));
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) count_op_path(epilogue_path(epilogue));
   return true;
 }
 
@@ -346,8 +367,10 @@ constexpr checks::GemmBackend kCudaGemm{check_cuda, check_cuda_gemm_dtype};
 // shortcut cuBLASLt's GELU may take; f32 runs the GELU kernels, which track the CPU to float
 // rounding. cuBLASLt also needs the GELU matrix's leading dimension (its row length) a multiple of 8.
 bool gelu_epilogue_applies(const Tensor& out, const Tensor& aux, int64_t row_length) {
-  const bool half = out.dtype() == DType::bf16 || out.dtype() == DType::f16;
-  return half && row_length % 8 == 0 && is_aligned16(out.raw()) && is_aligned16(aux.raw());
+  if (out.dtype() != DType::bf16 && out.dtype() != DType::f16) return false;
+  const bool fits = row_length % 8 == 0 && is_aligned16(out.raw()) && is_aligned16(aux.raw());
+  if (!fits) count_op_path(OpPath::gemm_epilogue_unfused);
+  return fits;
 }
 
 // dW (out,in) += dy^T (out,N) @ x (N,in) straight into the fp32 main grad, and db += the column
