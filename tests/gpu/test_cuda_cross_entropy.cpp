@@ -79,9 +79,9 @@ namespace {
 
   Tensor ref = Tensor::empty({N, V}, DType::f64);
   ops::cpu::cross_entropy_backward(ref, f64(logits.cpu), targets.cpu, f64(lse.cpu),
-                                   with_mask ? f64(mask.cpu) : Tensor(), grad_scale);
+                                   with_mask ? f64(mask.cpu) : Tensor(), grad_scale, {});
   Pair dlogits = in_place ? logits : poisoned_pair({N, V}, dtype, misalign);
-  ops::cuda::cross_entropy_backward(dlogits.gpu, logits.gpu, targets.gpu, lse.gpu, mask.gpu, grad_scale);
+  ops::cuda::cross_entropy_backward(dlogits.gpu, logits.gpu, targets.gpu, lse.gpu, mask.gpu, grad_scale, {});
   const double u = unit_roundoff(dtype);
   const double factor = dtype == DType::f32 ? 64.0 : 2.0;
   return matches(dlogits, ref, u, factor)
