@@ -18,10 +18,8 @@ int train(const Args& args) {
       return 0;
     }
   const ProcessInfo process = process_info_from_env();
-  if (!process.launched()) {
-    const TrainingArgs parsed = parse_training_args(args);
-    set_tensor_parallel_defaults(parsed.model.tensor_model_parallel_size);
-    pretrain(parsed);
+  if (!process.launched()) {  // one process: TP is 1
+    pretrain(parse_training_args(args));
     return 0;
   }
   const auto mpi = std::make_shared<MpiRuntime>(process);
