@@ -28,11 +28,11 @@
 
 #include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
+#include "megatron/cuda_runtime/device.h"
 #include "megatron/ops/attention.h"
 #include "megatron/ops/cuda/attention_backward_kernels.cuh"
 #include "megatron/ops/cuda/attention_flash.h"
 #include "megatron/ops/cuda/attention_forward_kernels.cuh"
-#include "megatron/ops/cuda/device.h"
 
 using namespace megatron;
 using namespace megatron::ops::cuda::attention_detail;

@@ -23,12 +23,12 @@
 
 #include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
+#include "megatron/cuda_runtime/context.h"
+#include "megatron/cuda_runtime/cuda_check.h"
+#include "megatron/cuda_runtime/device.h"
 #include "megatron/ops/attention.h"
 #include "megatron/ops/cuda/attention_cudnn.h"
 #include "megatron/ops/cuda/attention_flash.h"
-#include "megatron/ops/cuda/context.h"
-#include "megatron/ops/cuda/cuda_check.h"
-#include "megatron/ops/cuda/device.h"
 
 using namespace megatron;
 using megatron::ops::cuda::CudnnAttention;

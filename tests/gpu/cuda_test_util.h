@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "megatron/core/tensor.h"
-#include "megatron/ops/cuda/context.h"
-#include "megatron/ops/cuda/device.h"
+#include "megatron/cuda_runtime/context.h"
+#include "megatron/cuda_runtime/device.h"
 #include "unit/op_test_util.h"
 
 namespace megatron::test {

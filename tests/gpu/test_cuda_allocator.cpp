@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "gpu/cuda_test_util.h"
-#include "megatron/ops/cuda/allocator.h"
-#include "megatron/ops/cuda/context.h"
+#include "megatron/cuda_runtime/allocator.h"
+#include "megatron/cuda_runtime/context.h"
 #include "test_util.h"
 
 using namespace megatron;

@@ -82,9 +82,9 @@ namespace {
 
   Tensor ref = Tensor::empty({N, V}, DType::f64);
   ops::cpu::cross_entropy_backward(ref, f64(logits.cpu), targets.cpu, f64(lse.cpu),
-                                   with_mask ? f64(mask.cpu) : Tensor(), grad_scale);
+                                   with_mask ? f64(mask.cpu) : Tensor(), grad_scale, {});
   Pair dlogits = in_place ? logits : poisoned_pair({N, V}, dtype, misalign);
-  ops::cuda::cross_entropy_backward(dlogits.gpu, logits.gpu, targets.gpu, lse.gpu, mask.gpu, grad_scale);
+  ops::cuda::cross_entropy_backward(dlogits.gpu, logits.gpu, targets.gpu, lse.gpu, mask.gpu, grad_scale, {});
   const double u = unit_roundoff(dtype);
   const double factor = dtype == DType::f32 ? 64.0 : 2.0;
   return matches(dlogits, ref, u, factor)
@@ -225,9 +225,9 @@ TEST_F(CudaCrossEntropy, OutOfRangeTargetRaisesTheCpuError) {
 
   Pair dlogits = poisoned_pair({N, V}, DType::bf16);
   const std::string expected_backward =
-      error_of([&] { ops::cross_entropy_backward(dlogits.cpu, logits.cpu, targets.cpu, lse.cpu, Tensor(), 1.0f); });
+      error_of([&] { ops::cross_entropy_backward(dlogits.cpu, logits.cpu, targets.cpu, lse.cpu, Tensor(), 1.0f, {}); });
   EXPECT_EQ(expected_backward, expected);
-  ops::cross_entropy_backward(dlogits.gpu, logits.gpu, targets.gpu, lse.gpu, Tensor(), 1.0f);
+  ops::cross_entropy_backward(dlogits.gpu, logits.gpu, targets.gpu, lse.gpu, Tensor(), 1.0f, {});
   dlogits.gpu.to(Device::cpu());
   EXPECT_EQ(check_error(), expected_backward);
 

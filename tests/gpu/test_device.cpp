@@ -7,7 +7,7 @@
 
 #include "megatron/core/memory.h"
 #include "megatron/core/tensor.h"
-#include "megatron/ops/cuda/device.h"
+#include "megatron/cuda_runtime/device.h"
 
 using namespace megatron;
 

@@ -48,7 +48,7 @@
 #include <string>
 #include <vector>
 
-#include "megatron/ops/cuda/device.h"
+#include "megatron/cuda_runtime/device.h"
 #include "megatron/ops/cuda/op_paths.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/training.h"

@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "megatron/ops/cuda/context.h"
-#include "megatron/ops/cuda/device.h"
+#include "megatron/cuda_runtime/context.h"
+#include "megatron/cuda_runtime/device.h"
 #include "megatron/parallel/nccl_communicator.h"
 #include "megatron/parallel/watchdog.h"
 #include "test_util.h"
@@ -114,13 +114,21 @@ TEST_F(NcclComm, RejectsHostTensorsAndForeignDtypes) {
             std::string::npos);
 }
 
+// The library never writes the environment: without NCCL_NVLS_ENABLE=0 there (set by the megatron
+// executable, or by ctest here), no communicator starts, and the error names the fix.
 TEST_F(NcclComm, RefusesNvlinkMulticast) {
+  const auto error = [&] {
+    return megatron::testing::error_of(
+        [&] { make_nccl_communicator("dp", MPI_COMM_NULL, {0}, Device::cuda(0), watchdog_); });
+  };
   setenv("NCCL_NVLS_ENABLE", "1", 1);
-  EXPECT_NE(megatron::testing::error_of([&] {
-              make_nccl_communicator("dp", MPI_COMM_NULL, {0}, Device::cuda(0), watchdog_);
-            }).find("NVLink multicast must stay off"),
-            std::string::npos);
+  const std::string enabled = error();
+  unsetenv("NCCL_NVLS_ENABLE");
+  const std::string unset = error();
   setenv("NCCL_NVLS_ENABLE", "0", 1);
+  EXPECT_NE(enabled.find("NVLink multicast must stay off; set NCCL_NVLS_ENABLE=0"), std::string::npos) << enabled;
+  EXPECT_NE(unset.find("NCCL_NVLS_ENABLE is not set"), std::string::npos) << unset;
+  EXPECT_NE(unset.find("set NCCL_NVLS_ENABLE=0"), std::string::npos) << unset;
 }
 
 // A GPU operation that cannot start (its stream waits for a host callback that sleeps) is ended

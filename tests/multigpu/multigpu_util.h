@@ -6,7 +6,7 @@
 #include <string>
 
 #include "megatron/core/strings.h"
-#include "megatron/ops/cuda/device.h"
+#include "megatron/cuda_runtime/device.h"
 #include "multirank/multirank_util.h"
 
 namespace megatron::testing {

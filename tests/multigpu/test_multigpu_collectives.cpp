@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "megatron/ops/cuda/context.h"
+#include "megatron/cuda_runtime/context.h"
 #include "multigpu/multigpu_util.h"
 #include "test_util.h"
 

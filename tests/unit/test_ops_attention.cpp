@@ -272,6 +272,19 @@ TEST(Attention, QkvSplitWithWiderHeads) {
       }
 }
 
+TEST(Attention, EmptySplitQkvHasTheSplitShapes) {
+  const int64_t S = 2, B = 3, NH = 6, G = 3, HS = 4, r = NH / G;
+  const Tensor qkv = Tensor::empty({S, B, G, (r + 2) * HS}, DType::bf16);
+  const ops::SplitQkv s = ops::empty_split_qkv(qkv, NH);
+  EXPECT_EQ(s.q.shape(), (Shape{S, B, NH, HS}));
+  EXPECT_EQ(s.k.shape(), (Shape{S, B, G, HS}));
+  EXPECT_EQ(s.v.shape(), (Shape{S, B, G, HS}));
+  for (const Tensor* t : {&s.q, &s.k, &s.v}) {
+    EXPECT_EQ(t->dtype(), DType::bf16);
+    EXPECT_EQ(t->device(), Device::cpu());
+  }
+}
+
 TEST(Attention, RejectsBadArguments) {
   const Tensor q = randn({kS, kB, kNH, kHS}, DType::f32, 1), v = randn({kS, kB, kG, kHS}, DType::f32, 2);
   Tensor out = Tensor::empty(q.shape(), DType::f32), lse = Tensor::empty({kB, kNH, kS}, DType::f32);

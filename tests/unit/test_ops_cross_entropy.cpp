@@ -56,7 +56,7 @@ TEST(CrossEntropy, GradientMatchesFiniteDifferencesWithMaskAndScale) {
   Tensor losses = poisoned({kN}, DType::f64), lse = poisoned({kN}, DType::f64);
   ops::cross_entropy_forward(losses, lse, logits, targets);
   Tensor dlogits = poisoned({kN, kV}, DType::f64);
-  ops::cross_entropy_backward(dlogits, logits, targets, lse, mask, grad_scale);
+  ops::cross_entropy_backward(dlogits, logits, targets, lse, mask, grad_scale, {});
   EXPECT_TRUE(grad_close(dlogits, numeric_grad(logits, loss)));
   for (int64_t j = 0; j < kV; ++j) ASSERT_EQ(dlogits.item(2 * kV + j), 0.0) << "masked row";
 }
@@ -67,9 +67,9 @@ TEST(CrossEntropy, InPlaceGradientEqualsSeparateBuffer) {
     Tensor losses = Tensor::empty({kN}, DType::f32), lse = Tensor::empty({kN}, DType::f32);
     ops::cross_entropy_forward(losses, lse, logits, targets);
     Tensor separate = poisoned({kN, kV}, dt);
-    ops::cross_entropy_backward(separate, logits, targets, lse, Tensor(), 1.0f);
+    ops::cross_entropy_backward(separate, logits, targets, lse, Tensor(), 1.0f, {});
     Tensor inplace = logits.clone();
-    ops::cross_entropy_backward(inplace, inplace, targets, lse, Tensor(), 1.0f);  // dlogits aliases logits
+    ops::cross_entropy_backward(inplace, inplace, targets, lse, Tensor(), 1.0f, {});  // dlogits aliases logits
     EXPECT_TRUE(all_close(inplace, separate, 0.0, 0.0)) << dtype_name(dt);
   }
 }
@@ -79,7 +79,7 @@ TEST(CrossEntropy, LowerPrecisionMatchesF64) {
   const auto run = [&](DType dt) {
     std::vector<Tensor> outs{poisoned({kN}, stat_dtype(dt)), poisoned({kN}, stat_dtype(dt)), poisoned({kN, kV}, dt)};
     ops::cross_entropy_forward(outs[0], outs[1], logits.to(dt), targets);
-    ops::cross_entropy_backward(outs[2], logits.to(dt), targets, outs[1], Tensor(), 0.5f);
+    ops::cross_entropy_backward(outs[2], logits.to(dt), targets, outs[1], Tensor(), 0.5f, {});
     return outs;
   };
   const std::vector<Tensor> ref = run(DType::f64);
@@ -103,7 +103,7 @@ TEST(CrossEntropy, ParallelRunMatchesSerialRunBitwise) {
     with_threads(t == 0 ? 1 : 2, [&] {
       Tensor losses = poisoned({N}, DType::f32), lse = poisoned({N}, DType::f32), dlogits = logits.clone();
       ops::cross_entropy_forward(losses, lse, logits, targets);
-      ops::cross_entropy_backward(dlogits, dlogits, targets, lse, Tensor(), 1.0f);
+      ops::cross_entropy_backward(dlogits, dlogits, targets, lse, Tensor(), 1.0f, {});
       runs[t] = {losses, lse, dlogits};
     });
   }
@@ -124,7 +124,7 @@ TEST(CrossEntropy, VocabParallelShardsMatchTheWholeVocabulary) {
   Tensor losses = poisoned({N}, DType::f64), lse = poisoned({N}, DType::f64);
   ops::cross_entropy_forward(losses, lse, logits, targets);
   Tensor dwhole = poisoned({N, V}, DType::f64);
-  ops::cross_entropy_backward(dwhole, logits, targets, lse, Tensor(), 0.5f);
+  ops::cross_entropy_backward(dwhole, logits, targets, lse, Tensor(), 0.5f, {});
   for (const int64_t R : {2, 3, 4}) {
     const int64_t part = V / R;
     std::vector<Tensor> shards;
@@ -178,8 +178,9 @@ TEST(CrossEntropy, RejectsOutOfRangeTargetsAndBadShapes) {
                                     "outside the vocabulary"))
         << bad;
     Tensor dlogits = Tensor::empty({kN, kV}, DType::f32);
-    EXPECT_TRUE(throws_error_naming([&] { ops::cross_entropy_backward(dlogits, logits, targets, lse, Tensor(), 1.0f); },
-                                    "outside the vocabulary"));
+    EXPECT_TRUE(
+        throws_error_naming([&] { ops::cross_entropy_backward(dlogits, logits, targets, lse, Tensor(), 1.0f, {}); },
+                            "outside the vocabulary"));
   }
   Tensor short_losses = Tensor::empty({kN - 1}, DType::f32);
   EXPECT_TRUE(throws_error_naming([&] { ops::cross_entropy_forward(short_losses, lse, logits, make_targets(kN, kV)); },

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "commands.h"
+#include "library_environment.h"
 #include "megatron/core/error.h"
 
 namespace {
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
     print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  megatron::tools::set_nccl_defaults();
   const megatron::tools::Args args(argv + 2, argv + argc);
   for (const auto& s : kSubcommands) {
     if (std::strcmp(argv[1], s.name) != 0) continue;

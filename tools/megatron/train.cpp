@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "commands.h"
+#include "library_environment.h"
 #include "megatron/parallel/launch.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/training.h"
@@ -14,13 +15,15 @@ std::string train_help() { return training_args_help(); }
 
 int train(const Args& args) {
   const ProcessInfo process = process_info_from_env();
-  if (!process.launched()) {
+  if (!process.launched()) {  // one process: TP is 1
     pretrain(parse_training_args(args));
     return 0;
   }
   const auto mpi = std::make_shared<MpiRuntime>(process);
   try {
-    pretrain(parse_training_args(args, mpi->process().world_size), mpi);
+    const TrainingArgs parsed = parse_training_args(args, mpi->process().world_size);
+    set_tensor_parallel_defaults(parsed.parallel.tensor_model_parallel_size);
+    pretrain(parsed, mpi);
   } catch (const std::exception& e) {
     // Other ranks may wait for this one in a collective: report, then end the whole job.
     std::fprintf(stderr, "megatron train: error on rank %d: %s\n", mpi->process().rank, e.what());

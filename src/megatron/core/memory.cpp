@@ -26,8 +26,9 @@ void cpu_release(void* p, size_t bytes, Device) {
 }
 void cpu_memset_zero(void* p, size_t bytes, Device) { std::memset(p, 0, bytes); }
 void cpu_copy(void* dst, Device, const void* src, Device, size_t bytes) { std::memmove(dst, src, bytes); }
+MemoryStats cpu_stats(Device) { return {g_cpu_current.load(), g_cpu_peak.load()}; }
 
-const DeviceAllocator kCpuAllocator{cpu_allocate, cpu_release, cpu_memset_zero, cpu_copy};
+const DeviceAllocator kCpuAllocator{cpu_allocate, cpu_release, cpu_memset_zero, cpu_copy, cpu_stats};
 DeviceAllocator g_cuda_allocator;  // set by the CUDA backend when it is built and a GPU is used
 }  // namespace
 
@@ -47,10 +48,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   allocator_for(owner).copy(dst, dst_device, src, src_device, bytes);
 }
 
-MemoryStats memory_stats(DeviceType type) {
-  MEGATRON_CHECK(type == DeviceType::cpu, "memory_stats for CUDA is reported by the CUDA backend (cuda::memory_stats)");
-  return {g_cpu_current.load(), g_cpu_peak.load()};
-}
+MemoryStats memory_stats(Device device) { return allocator_for(device).stats(device); }
 
 void reset_peak_memory(DeviceType type) {
   if (type == DeviceType::cpu) g_cpu_peak.store(g_cpu_current.load());

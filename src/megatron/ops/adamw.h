@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "megatron/core/tensor.h"
+#include "megatron/ops/op.h"
 
 namespace megatron::ops {
 
@@ -22,17 +23,7 @@ struct AdamWParams {
   int64_t step = 1;
 };
 
-void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
-                const AdamWParams& params);
-
-namespace cpu {
-void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
-                const AdamWParams& params);
-}  // namespace cpu
-
-namespace cuda {  // ops/cuda/, built with the CUDA backend
-void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
-                const AdamWParams& params);
-}  // namespace cuda
+MEGATRON_OP(adamw_step, void(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
+                             Tensor& model_param, const AdamWParams& params));
 
 }  // namespace megatron::ops

@@ -1,28 +1,12 @@
 #pragma once
-// Core attention with grouped-query heads (flash-attention contract).
-//   q (S,B,NH,HS); k, v (S,B,G,HS) with NH % G == 0; query head h reads kv group h / (NH/G).
-//   out (S,B,NH,HS) = softmax(scale * q k^T [+ causal mask]) v, with dropout on the
-//   probabilities (mask from CounterRng{seed, stream}, element index ((b*NH + h)*S + i)*S + j,
-//   kept when uniform > p, kept values scaled by 1/(1-p)). Under tensor parallelism a rank holds
-//   query heads [head_offset, head_offset + NH) of total_heads: h and NH in that index are the
-//   global ones, so the masks, like the model, do not depend on TP.
-//   segment_ids (B,S) i32, optional (document masking, Megatron's --reset-attention-mask): query i
-//   sees key j only when both carry the same segment id (and, causally, j <= i). A query row that
-//   sees no key gets out = 0, lse = -inf.
-//   lse (B,NH,S) f32 (f64 for f64 q): log-sum-exp of each row of the scaled scores, returned so
-//   backward recomputes the probabilities instead of storing them.
-// Backward overwrites dq, dk, dv. dtypes: f32, bf16, f16 and f64 on the CPU; f32, bf16 and f16 on CUDA.
-//
-// Fused QKV (Megatron's per-query-group layout): qkv (S,B,G,(r+2)*HS), r = NH/G; each group
-// holds its r query heads, then one key head, then one value head. split copies them out to
-// q (S,B,NH,HS), k, v (S,B,G,HS); merge is its backward (overwrites dqkv).
-// attention_forward_qkv / attention_backward_qkv are attention on the q, k, v that split would
-// cut from qkv (NH = num_heads), the backward overwriting dqkv with the merge of dq, dk, dv: by
-// definition (and on the CPU) split + attention (+ merge); CUDA reads q, k, v in place and writes
-// dqkv in place where cuDNN runs the MHA layout (G == NH), sparing the copies.
+// Core attention with grouped-query heads (flash-attention contract), and Megatron's fused QKV
+// layout. Backward overwrites dq, dk, dv (dqkv). dtypes: f32, bf16, f16 and f64 on the CPU; f32,
+// bf16 and f16 on CUDA.
 #include <cstdint>
 
+#include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
+#include "megatron/ops/op.h"
 
 namespace megatron::ops {
 
@@ -37,41 +21,67 @@ struct AttentionParams {
   Tensor segment_ids{};     // undefined = one document per sequence
 };
 
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttentionParams& params);
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
-void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
-void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
-void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
-                           const AttentionParams& params);
-void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                            int64_t num_heads, const AttentionParams& params);
+// q (S,B,NH,HS); k, v (S,B,G,HS) with NH % G == 0; query head h reads kv group h / (NH/G).
+// out (S,B,NH,HS) = softmax(scale * q k^T [+ causal mask]) v, with dropout on the
+// probabilities (mask from CounterRng{seed, stream}, element index ((b*NH + h)*S + i)*S + j,
+// kept when uniform > p, kept values scaled by 1/(1-p)). Under tensor parallelism a rank holds
+// query heads [head_offset, head_offset + NH) of total_heads: h and NH in that index are the
+// global ones, so the masks, like the model, do not depend on TP.
+// segment_ids (B,S) i32, optional (document masking, Megatron's --reset-attention-mask): query i
+// sees key j only when both carry the same segment id (and, causally, j <= i). A query row that
+// sees no key gets out = 0, lse = -inf.
+// lse (B,NH,S) f32 (f64 for f64 q): log-sum-exp of each row of the scaled scores, returned so
+// backward recomputes the probabilities instead of storing them.
+MEGATRON_OP(attention_forward, void(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionParams& params));
+MEGATRON_OP(attention_backward,
+            void(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                 const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params));
 
-namespace cpu {
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttentionParams& params);
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
-void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
-void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
-void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
-                           const AttentionParams& params);
-void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                            int64_t num_heads, const AttentionParams& params);
-}  // namespace cpu
+// Fused QKV (Megatron's per-query-group layout): qkv (S,B,G,(r+2)*HS), r = NH/G; each group
+// holds its r query heads, then one key head, then one value head (qkv_head below). split copies
+// them out to q (S,B,NH,HS), k, v (S,B,G,HS); merge is its backward (overwrites dqkv).
+MEGATRON_OP(qkv_split, void(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv));
+MEGATRON_OP(qkv_merge, void(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv));
 
-namespace cuda {  // ops/cuda/, built with the CUDA backend
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttentionParams& params);
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params);
-void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
-void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
-void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
-                           const AttentionParams& params);
-void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                            int64_t num_heads, const AttentionParams& params);
-}  // namespace cuda
+// Attention on the q, k, v that split would cut from qkv (NH = num_heads), the backward
+// overwriting dqkv with the merge of dq, dk, dv: by definition (and on the CPU) split + attention
+// (+ merge), attention_*_qkv_by_definition below; CUDA reads q, k, v in place and writes dqkv in
+// place where cuDNN runs the MHA layout (G == NH), sparing the copies.
+MEGATRON_OP(attention_forward_qkv,
+            void(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads, const AttentionParams& params));
+MEGATRON_OP(attention_backward_qkv, void(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                         const Tensor& lse, int64_t num_heads, const AttentionParams& params));
+
+// ---- the fused layout, written once for both backends and their callers ----------------------
+
+// Head t of query group g in row sb (= s*B + b), in units of one head (HS elements): the fused
+// qkv holds it at head index `fused` = (sb*G + g)*(r+2) + t; it is query head (sb*G + g)*r + t of
+// q (S,B,NH,HS) for t < r, and head sb*G + g of k (t = r) or v (t = r + 1).
+struct QkvHead {
+  int64_t fused;
+  int tensor;  // 0: q, 1: k, 2: v
+  int64_t separate;
+};
+MEGATRON_HD QkvHead qkv_head(int64_t sb, int64_t g, int64_t t, int64_t G, int64_t r) {
+  const int64_t fused = (sb * G + g) * (r + 2) + t;
+  if (t < r) return {fused, 0, (sb * G + g) * r + t};
+  return {fused, int(t - r) + 1, sb * G + g};
+}
+
+// Uninitialised q (S,B,NH,HS), k and v (S,B,G,HS) for the split of qkv (S,B,G,(NH/G+2)*HS),
+// NH = num_heads, in qkv's dtype and on its device (the shapes of dq, dk, dv as well).
+struct SplitQkv {
+  Tensor q, k, v;
+};
+SplitQkv empty_split_qkv(const Tensor& qkv, int64_t num_heads);
+
+// attention_forward_qkv / attention_backward_qkv by their definition, on the backend that owns
+// qkv (split, attention, merge through that backend's ops): all of the CPU's, and CUDA's where
+// cuDNN cannot read the fused layout. The caller has checked the arguments.
+void attention_forward_qkv_by_definition(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                                         const AttentionParams& params);
+void attention_backward_qkv_by_definition(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                          const Tensor& lse, int64_t num_heads, const AttentionParams& params);
 
 }  // namespace megatron::ops

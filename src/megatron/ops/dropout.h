@@ -9,6 +9,7 @@
 
 #include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
+#include "megatron/ops/op.h"
 
 namespace megatron::ops {
 
@@ -22,17 +23,7 @@ struct DropoutParams {
   uint64_t offset = 0;  // counter of element 0 (see above)
 };
 
-void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& params);
-void dropout_backward(Tensor& dx, const Tensor& dy, const DropoutParams& params);
-
-namespace cpu {
-void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& params);
-void dropout_backward(Tensor& dx, const Tensor& dy, const DropoutParams& params);
-}  // namespace cpu
-
-namespace cuda {  // ops/cuda/, built with the CUDA backend
-void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& params);
-void dropout_backward(Tensor& dx, const Tensor& dy, const DropoutParams& params);
-}  // namespace cuda
+MEGATRON_OP(dropout_forward, void(Tensor& y, const Tensor& x, const DropoutParams& params));
+MEGATRON_OP(dropout_backward, void(Tensor& dx, const Tensor& dy, const DropoutParams& params));
 
 }  // namespace megatron::ops

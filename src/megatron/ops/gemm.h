@@ -1,21 +1,8 @@
 #pragma once
-// GEMM and the linear layer built on it.
-//   matmul:  C = alpha * op(A) @ op(B) + beta * C      (2-D views; C may be f32 while A, B are bf16/f16)
-//   linear_forward:  Y (N,out) = X (N,in) @ W(out,in)^T (+ b)
-//   linear_backward: dX  = dY @ W           (overwrites; skipped when dX undefined)
-//                    dW += dY^T @ X         (accumulates into the fp32 main grad; skipped when dW
-//                                            undefined: a TP layer computes dX first, then dW
-//                                            while dX's collective runs)
-//                    db += sum_rows(dY)     (accumulates; skipped when db undefined; needs dW)
-// The MLP's GELU fused into its GEMMs (GELU as in activation.h; cuBLASLt epilogues on CUDA):
-//   linear_gelu_forward:  pre (N,out) = X W^T (+ b),  Y = gelu(pre)      (fc1 of a GELU MLP)
-//                         Y is the GELU of the unrounded accumulator, rounded once; pre is written
-//                         for the backward (the GELU input).
-//   gelu_linear_backward: the backward of a linear layer whose input X (N,in) is gelu(pre), with
-//                         dY @ W passed through the GELU's derivative           (fc2 of a GELU MLP)
-//                         dpre = (dY @ W) * gelu'(pre)   (overwrites; dY @ W is not rounded first)
-//                         dW += dY^T @ X, db += sum_rows(dY)   (as linear_backward, dW optional)
+// GEMM and the linear layer built on it. Backward overwrites dX and accumulates dW, db into the
+// fp32 main grad.
 #include "megatron/core/tensor.h"
+#include "megatron/ops/op.h"
 
 namespace megatron::ops {
 
@@ -28,32 +15,28 @@ struct MatmulParams {
   float beta = 0.0f;
 };
 
-void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params);
-void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
-void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                     const Tensor& weight);
-void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias);
-void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                          const Tensor& weight, const Tensor& pre);
+// C = alpha * op(A) @ op(B) + beta * C      (2-D views; C may be f32 while A, B are bf16/f16)
+MEGATRON_OP(matmul, void(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params));
 
-namespace cpu {
-void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params);
-void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
-void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                     const Tensor& weight);
-void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias);
-void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                          const Tensor& weight, const Tensor& pre);
-}  // namespace cpu
+// Y (N,out) = X (N,in) @ W(out,in)^T (+ b)
+MEGATRON_OP(linear_forward, void(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias));
+// dX  = dY @ W           (overwrites; skipped when dX undefined)
+// dW += dY^T @ X         (accumulates into the fp32 main grad; skipped when dW undefined: a TP
+//                         layer computes dX first, then dW while dX's collective runs)
+// db += sum_rows(dY)     (accumulates; skipped when db undefined; needs dW)
+MEGATRON_OP(linear_backward,
+            void(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight));
 
-namespace cuda {  // ops/cuda/, built with the CUDA backend
-void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params);
-void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
-void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                     const Tensor& weight);
-void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias);
-void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                          const Tensor& weight, const Tensor& pre);
-}  // namespace cuda
+// The MLP's GELU fused into its GEMMs (GELU as in activation.h; cuBLASLt epilogues on CUDA).
+// fc1 of a GELU MLP: pre (N,out) = X W^T (+ b),  Y = gelu(pre). Y is the GELU of the unrounded
+// accumulator, rounded once; pre is written for the backward (the GELU input).
+MEGATRON_OP(linear_gelu_forward,
+            void(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias));
+// fc2 of a GELU MLP: the backward of a linear layer whose input X (N,in) is gelu(pre), with
+// dY @ W passed through the GELU's derivative:
+//   dpre = (dY @ W) * gelu'(pre)   (overwrites; dY @ W is not rounded first)
+//   dW += dY^T @ X, db += sum_rows(dY)   (as linear_backward, dW optional)
+MEGATRON_OP(gelu_linear_backward, void(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                                       const Tensor& weight, const Tensor& pre));
 
 }  // namespace megatron::ops

@@ -4,17 +4,9 @@
 //   RMSNorm:   y = x * rstd * w,               rstd = 1/sqrt(mean(x^2) + eps).
 // Saved for backward: mean (N) (LayerNorm only; undefined for RMSNorm) and rstd (N), in f32
 // (f64 for f64 x). bias is undefined for RMSNorm or LayerNorm without bias.
-// Backward overwrites dx and accumulates dw, db.
-//
-// Fused residual add + norm (Megatron/TE's fused add + LayerNorm/RMSNorm), for pre-norm layers:
-//   add_norm_forward:  h = x + residual (rounded to x's dtype and written: the stream's next
-//                      residual), y = norm(h); one pass instead of an add and a norm.
-//   add_norm_backward: dx = dnorm/dh (dy) + dh, the gradient of h = x + residual (the same for x
-//                      and residual): the norm's input gradient plus dh, the gradient that reached
-//                      h along the residual stream, summed in float and rounded once. It is also
-//                      the backward of a plain norm_forward whose input continues along the stream.
-// x (the norm's input) in add_norm_backward is h. Outputs may not alias inputs.
+// Backward overwrites dx and accumulates dw, db. Outputs may not alias inputs.
 #include "megatron/core/tensor.h"
+#include "megatron/ops/op.h"
 
 namespace megatron::ops {
 
@@ -25,35 +17,25 @@ struct NormParams {
   float eps = 1e-5f;
 };
 
-void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                  const NormParams& params);
-void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                   const Tensor& mean, const Tensor& rstd, const NormParams& params);
-void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
-                      const Tensor& weight, const Tensor& bias, const NormParams& params);
-void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
-                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
+MEGATRON_OP(norm_forward, void(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                               const Tensor& bias, const NormParams& params));
+MEGATRON_OP(norm_backward,
+            void(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                 const Tensor& mean, const Tensor& rstd, const NormParams& params));
 
-namespace cpu {
-void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                  const NormParams& params);
-void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                   const Tensor& mean, const Tensor& rstd, const NormParams& params);
-void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
-                      const Tensor& weight, const Tensor& bias, const NormParams& params);
-void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
-                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
-}  // namespace cpu
-
-namespace cuda {  // ops/cuda/, built with the CUDA backend
-void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                  const NormParams& params);
-void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                   const Tensor& mean, const Tensor& rstd, const NormParams& params);
-void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
-                      const Tensor& weight, const Tensor& bias, const NormParams& params);
-void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
-                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params);
-}  // namespace cuda
+// Fused residual add + norm (Megatron/TE's fused add + LayerNorm/RMSNorm), for pre-norm layers:
+//   add_norm_forward:  h = x + residual (rounded to x's dtype and written: the stream's next
+//                      residual), y = norm(h); one pass instead of an add and a norm.
+MEGATRON_OP(add_norm_forward,
+            void(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
+                 const Tensor& weight, const Tensor& bias, const NormParams& params));
+//   add_norm_backward: dx = dnorm/dh (dy) + dh, the gradient of h = x + residual (the same for x
+//                      and residual): the norm's input gradient plus dh, the gradient that reached
+//                      h along the residual stream, summed in float and rounded once. It is also
+//                      the backward of a plain norm_forward whose input continues along the stream.
+//                      h is the norm's input (x of norm_backward).
+MEGATRON_OP(add_norm_backward,
+            void(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
+                 const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params));
 
 }  // namespace megatron::ops

@@ -5,9 +5,7 @@
 #include <cstdio>
 #include <map>
 
-#ifdef MEGATRON_WITH_CUDA
-#include "megatron/ops/cuda/event_timer.h"
-#endif
+#include "megatron/cuda_runtime/event_timer.h"
 
 namespace megatron::ops {
 
@@ -17,13 +15,7 @@ int64_t host_nanoseconds() {
       .count();
 }
 
-int64_t mark(Device device) {
-#ifdef MEGATRON_WITH_CUDA
-  if (device.is_cuda()) return cuda::event_timer_record();
-#endif
-  (void)device;
-  return host_nanoseconds();
-}
+int64_t mark(Device device) { return device.is_cuda() ? cuda::event_timer_record() : host_nanoseconds(); }
 }  // namespace
 
 OpProfiler& OpProfiler::instance() {
@@ -33,9 +25,7 @@ OpProfiler& OpProfiler::instance() {
 
 void OpProfiler::start() {
   records_.clear();
-#ifdef MEGATRON_WITH_CUDA
   cuda::event_timer_reset();
-#endif
   recording_ = true;
 }
 
@@ -43,25 +33,19 @@ std::vector<OpTiming> OpProfiler::stop() {
   recording_ = false;
   bool any_cuda = false;
   for (const Record& r : records_) any_cuda |= r.device.is_cuda();
-#ifdef MEGATRON_WITH_CUDA
   if (any_cuda) cuda::event_timer_synchronize();
-#endif
   std::map<std::string, OpTiming> by_op;
   for (const Record& r : records_) {
     OpTiming& t = by_op[r.op];
     t.op = r.op;
     ++t.calls;
-#ifdef MEGATRON_WITH_CUDA
-    if (r.device.is_cuda()) {
-      t.milliseconds += cuda::event_timer_elapsed_ms(r.start, r.end);
-      continue;
-    }
-#endif
-    t.milliseconds += double(r.end - r.start) * 1e-6;
+    t.milliseconds +=
+        r.device.is_cuda() ? cuda::event_timer_elapsed_ms(r.start, r.end) : double(r.end - r.start) * 1e-6;
   }
   std::vector<OpTiming> out;
   for (auto& [name, t] : by_op) out.push_back(t);
-  std::sort(out.begin(), out.end(), [](const OpTiming& a, const OpTiming& b) { return a.milliseconds > b.milliseconds; });
+  std::sort(out.begin(), out.end(),
+            [](const OpTiming& a, const OpTiming& b) { return a.milliseconds > b.milliseconds; });
   records_.clear();
   return out;
 }

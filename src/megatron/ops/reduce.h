@@ -1,27 +1,16 @@
 #pragma once
 // Reductions into a one-element accumulator (f32, or f64 for f64 inputs), accumulated (+=) so
 // several tensors can be summed before one read-back.
-//   sum_squares: acc += sum(x^2)        (gradient norms)
-//   dot:         acc += sum(a * b)      (masked loss sums: dot(losses, loss_mask))
-//   count_nonfinite: acc += number of NaN/Inf in x  (fp16 overflow detection)
 #include "megatron/core/tensor.h"
+#include "megatron/ops/op.h"
 
 namespace megatron::ops {
 
-void sum_squares(Tensor& acc, const Tensor& x);
-void dot(Tensor& acc, const Tensor& a, const Tensor& b);
-void count_nonfinite(Tensor& acc, const Tensor& x);
-
-namespace cpu {
-void sum_squares(Tensor& acc, const Tensor& x);
-void dot(Tensor& acc, const Tensor& a, const Tensor& b);
-void count_nonfinite(Tensor& acc, const Tensor& x);
-}  // namespace cpu
-
-namespace cuda {  // ops/cuda/, built with the CUDA backend
-void sum_squares(Tensor& acc, const Tensor& x);
-void dot(Tensor& acc, const Tensor& a, const Tensor& b);
-void count_nonfinite(Tensor& acc, const Tensor& x);
-}  // namespace cuda
+// acc += sum(x^2)        (gradient norms)
+MEGATRON_OP(sum_squares, void(Tensor& acc, const Tensor& x));
+// acc += sum(a * b)      (masked loss sums: dot(losses, loss_mask))
+MEGATRON_OP(dot, void(Tensor& acc, const Tensor& a, const Tensor& b));
+// acc += number of NaN/Inf in x  (fp16 overflow detection)
+MEGATRON_OP(count_nonfinite, void(Tensor& acc, const Tensor& x));
 
 }  // namespace megatron::ops

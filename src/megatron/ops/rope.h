@@ -8,6 +8,7 @@
 //   Channels >= rot_dim pass through. Backward applies the inverse rotation; dx overwritten.
 // y may alias x (in place).
 #include "megatron/core/tensor.h"
+#include "megatron/ops/op.h"
 
 namespace megatron::ops {
 
@@ -18,17 +19,7 @@ struct RopeParams {
   int64_t position_offset = 0;
 };
 
-void rope_forward(Tensor& y, const Tensor& x, const RopeParams& params);
-void rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params);
-
-namespace cpu {
-void rope_forward(Tensor& y, const Tensor& x, const RopeParams& params);
-void rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params);
-}  // namespace cpu
-
-namespace cuda {  // ops/cuda/, built with the CUDA backend
-void rope_forward(Tensor& y, const Tensor& x, const RopeParams& params);
-void rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params);
-}  // namespace cuda
+MEGATRON_OP(rope_forward, void(Tensor& y, const Tensor& x, const RopeParams& params));
+MEGATRON_OP(rope_backward, void(Tensor& dx, const Tensor& dy, const RopeParams& params));
 
 }  // namespace megatron::ops

@@ -9,8 +9,8 @@
 #include <set>
 
 #include "megatron/core/strings.h"
-#include "megatron/ops/cuda/context.h"
-#include "megatron/ops/cuda/cuda_check.h"
+#include "megatron/cuda_runtime/context.h"
+#include "megatron/cuda_runtime/cuda_check.h"
 #include "megatron/parallel/collective_checks.h"
 #include "megatron/parallel/mpi_check.h"
 #include "megatron/parallel/nccl_communicator.h"
@@ -30,11 +30,14 @@ namespace megatron {
 namespace {
 
 // NVLink multicast can put a host's shared GPUs out of service; it stays off (nccl_communicator.h).
-void keep_multicast_off() {
+void require_multicast_off() {
   const char* value = std::getenv("NCCL_NVLS_ENABLE");
-  MEGATRON_CHECK(value == nullptr || std::strcmp(value, "0") == 0,
-                 "NCCL_NVLS_ENABLE=" << value << ": NVLink multicast must stay off; unset it or set it to 0");
-  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  MEGATRON_CHECK(value != nullptr,
+                 "NCCL_NVLS_ENABLE is not set: NVLink multicast must stay off, and NCCL takes that "
+                 "only from the environment; set NCCL_NVLS_ENABLE=0 before the first communicator "
+                 "(the megatron executable does)");
+  MEGATRON_CHECK(std::strcmp(value, "0") == 0,
+                 "NCCL_NVLS_ENABLE=" << value << ": NVLink multicast must stay off; set NCCL_NVLS_ENABLE=0");
 }
 
 ncclDataType_t reduce_type(const std::string& group, const char* op, DType d) {
@@ -183,7 +186,7 @@ NcclCommunicator::NcclCommunicator(const std::string& name, MPI_Comm group, std:
                  name_ << ": " << size_ << " processes but the layout lists " << world_ranks_.size());
   for (int r : world_ranks_)
     if (r != world_ranks_[size_t(rank_)]) others_.push_back(r);
-  keep_multicast_off();
+  require_multicast_off();
 
   ncclUniqueId id;
   if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id), name_, nullptr);

@@ -10,8 +10,10 @@
 // the caching allocator never hands their memory to another user while NCCL still uses it.
 //
 // Bootstrap: group rank 0 creates the ncclUniqueId and broadcasts it over the group's MPI
-// communicator. NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE is set to 0 before the
-// first communicator, and a different value in the environment is an error.
+// communicator. NVLink multicast (NVLS) stays off: NCCL reads that switch only from its
+// environment (ncclConfig_t has no field for it), and library code never writes the environment,
+// so creating a communicator requires NCCL_NVLS_ENABLE=0 there (the megatron executable sets it
+// when unset, the tests' environment carries it) and names the fix otherwise.
 //
 // dtypes: reductions of f32, f64, bf16, f16, i32, i64 (NCCL reduces 16-bit floats in their own
 // precision at each step; DDP reduces fp32 gradients); moves carry any dtype as bytes.

@@ -12,6 +12,7 @@
 #include "megatron/core/logging.h"
 #include "megatron/core/memory.h"
 #include "megatron/core/strings.h"
+#include "megatron/cuda_runtime/pinned_memory.h"
 #include "megatron/datasets/blended_dataset.h"
 #include "megatron/datasets/data_loader.h"
 #include "megatron/datasets/gpt_dataset.h"
@@ -30,10 +31,6 @@
 #include "megatron/training/device.h"
 #include "megatron/training/metrics.h"
 #include "megatron/training/nan_check.h"
-
-#ifdef MEGATRON_WITH_CUDA
-#include "megatron/ops/cuda/pinned_memory.h"
-#endif
 
 namespace megatron {
 
@@ -93,10 +90,7 @@ DataSources build_data(const TrainingArgs& args) {
 // Batches for a GPU are assembled in pinned host memory, so their copies to the device run at
 // full speed.
 datasets::HostAllocator host_allocator_for(Device device) {
-#ifdef MEGATRON_WITH_CUDA
   if (device.is_cuda()) return [gpu = device.index](size_t bytes) { return cuda::allocate_pinned_host(bytes, gpu); };
-#endif
-  (void)device;
   return {};
 }
 
@@ -217,12 +211,6 @@ DataSources build_data_in_turn(const TrainingArgs& args, Communicator& world) {
 TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRuntime>& mpi) {
   const ScopedLogRank log_rank(mpi ? mpi->process().rank : 0);
   configure_cpu_threads(mpi.get());
-  // Megatron asks TP users for CUDA_DEVICE_MAX_CONNECTIONS=1: with one hardware queue the device
-  // starts kernels in issue order, so a collective issued before the GEMM it overlaps gets its SMs
-  // before the GEMM fills them (llama-3b on 4xH200: 1.5-3% faster at TP 2, 7% at TP 4; PERFORMANCE.md).
-  // Set before this process creates its CUDA context; a value the user chose stands.
-  if (args.parallel.tensor_model_parallel_size > 1 && setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 0) != 0)
-    LOG_WARN("could not set CUDA_DEVICE_MAX_CONNECTIONS=1; TP communication may overlap its GEMMs less");
   const Device device = select_device(args.device, mpi ? mpi->process().local_rank : 0);
   const ParallelState state =
       initialize_parallel(args.parallel.sizes(), {.device = device,

@@ -65,9 +65,10 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
     ops::attention_forward_qkv(saved.out, saved.lse, qkv, heads_local_, saved.attention);
     return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
   }
-  saved.q = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
-  saved.k = Tensor::empty({S, B, groups_local_, head_dim_}, x.dtype(), x.device());
-  saved.v = Tensor::empty({S, B, groups_local_, head_dim_}, x.dtype(), x.device());
+  ops::SplitQkv split = ops::empty_split_qkv(qkv, heads_local_);
+  saved.q = split.q;
+  saved.k = split.k;
+  saved.v = split.v;
   ops::qkv_split(saved.q, saved.k, saved.v, qkv);
   ops::rope_forward(saved.q, saved.q, rope_params_);
   ops::rope_forward(saved.k, saved.k, rope_params_);
@@ -84,13 +85,11 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved) const {
     ops::attention_backward_qkv(dqkv, dout, saved.fused, saved.out, saved.lse, heads_local_, saved.attention);
     return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);
   }
-  Tensor dq = Tensor::empty(saved.q.shape(), saved.q.dtype(), saved.q.device());
-  Tensor dk = Tensor::empty(saved.k.shape(), saved.k.dtype(), saved.k.device());
-  Tensor dv = Tensor::empty(saved.v.shape(), saved.v.dtype(), saved.v.device());
-  ops::attention_backward(dq, dk, dv, dout, saved.q, saved.k, saved.v, saved.out, saved.lse, saved.attention);
-  ops::rope_backward(dq, dq, rope_params_);
-  ops::rope_backward(dk, dk, rope_params_);
-  ops::qkv_merge(dqkv, dq, dk, dv);
+  ops::SplitQkv d = ops::empty_split_qkv(dqkv, heads_local_);
+  ops::attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out, saved.lse, saved.attention);
+  ops::rope_backward(d.q, d.q, rope_params_);
+  ops::rope_backward(d.k, d.k, rope_params_);
+  ops::qkv_merge(dqkv, d.q, d.k, d.v);
   return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);
 }
 

@@ -63,28 +63,33 @@ void swiglu_backward_kernel(T* dx, const T* dy, const T* x, int64_t N, int64_t F
 
 }  // namespace
 
-void gelu_forward(Tensor& y, const Tensor& x) {
+}  // namespace megatron::ops::cpu
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cpu::gelu_forward(Tensor& y, const Tensor& x) {
   checks::check_gelu_forward(y, x, check_cpu);
   dispatch_floating(x.dtype(), "gelu_forward", [&]<class T>(std::type_identity<T>) {
     gelu_forward_kernel<T>(y.data<T>(), x.data<T>(), x.numel());
   });
 }
 
-void gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
+void cpu::gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
   checks::check_gelu_backward(dx, dy, x, check_cpu);
   dispatch_floating(x.dtype(), "gelu_backward", [&]<class T>(std::type_identity<T>) {
     gelu_backward_kernel<T>(dx.data<T>(), dy.data<T>(), x.data<T>(), x.numel());
   });
 }
 
-void swiglu_forward(Tensor& y, const Tensor& x) {
+void cpu::swiglu_forward(Tensor& y, const Tensor& x) {
   const checks::SwigluDims dims = checks::check_swiglu_forward(y, x, check_cpu);
   const int64_t N = dims.rows, F = dims.features;
   dispatch_floating(x.dtype(), "swiglu_forward",
                     [&]<class T>(std::type_identity<T>) { swiglu_forward_kernel<T>(y.data<T>(), x.data<T>(), N, F); });
 }
 
-void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
+void cpu::swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
   const checks::SwigluDims dims = checks::check_swiglu_backward(dx, dy, x, check_cpu);
   const int64_t N = dims.rows, F = dims.features;
   dispatch_floating(x.dtype(), "swiglu_backward", [&]<class T>(std::type_identity<T>) {
@@ -92,4 +97,4 @@ void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
   });
 }
 
-}  // namespace megatron::ops::cpu
+}  // namespace megatron::ops

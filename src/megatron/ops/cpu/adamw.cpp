@@ -32,8 +32,13 @@ void adamw_kernel(A* master, A* exp_avg, A* exp_avg_sq, const A* grad, int64_t n
 
 }  // namespace
 
-void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
-                const AdamWParams& params) {
+}  // namespace megatron::ops::cpu
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cpu::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
+                     const AdamWParams& params) {
   check_defined(master, "adamw master");
   check_cpu(master, "adamw master");
   MEGATRON_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::f64,
@@ -62,4 +67,4 @@ void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tenso
   if (model_param.defined()) cast(model_param, master);
 }
 
-}  // namespace megatron::ops::cpu
+}  // namespace megatron::ops

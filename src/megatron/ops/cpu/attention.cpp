@@ -160,10 +160,40 @@ Dims dims_of(const checks::AttentionDims& d, const AttentionParams& p = {}) {
   return Dims{d.S, d.B, d.NH, d.G, d.HS, p.head_offset, p.total_heads == 0 ? d.NH : p.total_heads};
 }
 
+// Copies heads between qkv and q, k, v (split: to_qkv false; merge: to_qkv true) in the layout
+// qkv_head describes, byte for byte, so any dtype works.
+void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
+  const Dims d = dims_of(checks::check_qkv_fused(qkv, q, k, v, check_cpu));
+  const int64_t r = d.NH / d.G;
+  const size_t head_bytes = size_t(d.HS) * q.element_size();
+  auto* fused = static_cast<char*>(qkv.raw());
+  char* const separate[3] = {static_cast<char*>(q.raw()), static_cast<char*>(k.raw()), static_cast<char*>(v.raw())};
+#pragma omp parallel for if (worth_parallel(qkv.numel()))
+  for (int64_t sb = 0; sb < d.S * d.B; ++sb) {
+    for (int64_t g = 0; g < d.G; ++g) {
+      for (int64_t t = 0; t < r + 2; ++t) {
+        const QkvHead h = qkv_head(sb, g, t, d.G, r);
+        char* fused_head = fused + size_t(h.fused) * head_bytes;
+        char* head = separate[h.tensor] + size_t(h.separate) * head_bytes;
+        if (to_qkv) {
+          std::memcpy(fused_head, head, head_bytes);
+        } else {
+          std::memcpy(head, fused_head, head_bytes);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttentionParams& params) {
+}  // namespace megatron::ops::cpu
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cpu::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const AttentionParams& params) {
   const Dims d = dims_of(checks::check_attention_forward(out, lse, q, k, v, params, kCpuAttention), params);
   dispatch_floating(q.dtype(), "attention_forward", [&]<class T>(std::type_identity<T>) {
     attention_forward_kernel<T>(out.data<T>(), lse.data<compute_t<T>>(), q.data<T>(), k.data<T>(), v.data<T>(), d,
@@ -171,8 +201,8 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
   });
 }
 
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
+void cpu::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
   const Dims d =
       dims_of(checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, kCpuAttention), params);
   dispatch_floating(q.dtype(), "attention_backward", [&]<class T>(std::type_identity<T>) {
@@ -181,72 +211,27 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   });
 }
 
-namespace {
-
-// Per-query-group QKV layout: qkv (S,B,G,(r+2)*HS), each group [q_0 .. q_{r-1} | k | v].
-// Copies heads between qkv and q, k, v (split: to_qkv false; merge: to_qkv true), byte for byte,
-// so any dtype works.
-void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
-  const Dims d = dims_of(checks::check_qkv_fused(qkv, q, k, v, check_cpu));
-  const int64_t r = d.NH / d.G;
-  const size_t head_bytes = size_t(d.HS) * q.element_size();
-  auto* fused = static_cast<char*>(qkv.raw());
-  auto* qp = static_cast<char*>(q.raw());
-  auto* kp = static_cast<char*>(k.raw());
-  auto* vp = static_cast<char*>(v.raw());
-  const auto move = [&](char* fused_head, char* head) {
-    if (to_qkv) {
-      std::memcpy(fused_head, head, head_bytes);
-    } else {
-      std::memcpy(head, fused_head, head_bytes);
-    }
-  };
-#pragma omp parallel for if (worth_parallel(qkv.numel()))
-  for (int64_t sb = 0; sb < d.S * d.B; ++sb) {
-    for (int64_t g = 0; g < d.G; ++g) {
-      char* block = fused + size_t((sb * d.G + g) * (r + 2)) * head_bytes;
-      for (int64_t t = 0; t < r; ++t)
-        move(block + size_t(t) * head_bytes, qp + size_t(sb * d.NH + g * r + t) * head_bytes);
-      move(block + size_t(r) * head_bytes, kp + size_t(sb * d.G + g) * head_bytes);
-      move(block + size_t(r + 1) * head_bytes, vp + size_t(sb * d.G + g) * head_bytes);
-    }
-  }
-}
-
-}  // namespace
-
-void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
+void cpu::qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
   // qkv is only read on this path; qkv_copy takes it mutable to share the index arithmetic with merge.
   Tensor fused = qkv;
   qkv_copy(fused, q, k, v, false);
 }
 
-void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+void cpu::qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   Tensor q = dq, k = dk, v = dv;  // read only on this path (shallow handles, no copies)
   qkv_copy(dqkv, q, k, v, true);
 }
 
-// Fused-QKV attention by its definition: split, attention (, merge).
-void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
-                           const AttentionParams& params) {
-  const checks::AttentionDims d = checks::check_attention_forward_qkv(out, lse, qkv, num_heads, params, kCpuAttention);
-  Tensor q = Tensor::empty({d.S, d.B, d.NH, d.HS}, qkv.dtype()), k = Tensor::empty({d.S, d.B, d.G, d.HS}, qkv.dtype());
-  Tensor v = Tensor::empty(k.shape(), qkv.dtype());
-  cpu::qkv_split(q, k, v, qkv);
-  cpu::attention_forward(out, lse, q, k, v, params);
+void cpu::attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                                const AttentionParams& params) {
+  checks::check_attention_forward_qkv(out, lse, qkv, num_heads, params, kCpuAttention);
+  attention_forward_qkv_by_definition(out, lse, qkv, num_heads, params);
 }
 
-void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                            int64_t num_heads, const AttentionParams& params) {
-  const checks::AttentionDims d =
-      checks::check_attention_backward_qkv(dqkv, dout, qkv, out, lse, num_heads, params, kCpuAttention);
-  Tensor q = Tensor::empty({d.S, d.B, d.NH, d.HS}, qkv.dtype()), k = Tensor::empty({d.S, d.B, d.G, d.HS}, qkv.dtype());
-  Tensor v = Tensor::empty(k.shape(), qkv.dtype());
-  cpu::qkv_split(q, k, v, qkv);
-  Tensor dq = Tensor::empty(q.shape(), qkv.dtype()), dk = Tensor::empty(k.shape(), qkv.dtype());
-  Tensor dv = Tensor::empty(k.shape(), qkv.dtype());
-  cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
-  cpu::qkv_merge(dqkv, dq, dk, dv);
+void cpu::attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                 const Tensor& lse, int64_t num_heads, const AttentionParams& params) {
+  checks::check_attention_backward_qkv(dqkv, dout, qkv, out, lse, num_heads, params, kCpuAttention);
+  attention_backward_qkv_by_definition(dqkv, dout, qkv, out, lse, num_heads, params);
 }
 
-}  // namespace megatron::ops::cpu
+}  // namespace megatron::ops

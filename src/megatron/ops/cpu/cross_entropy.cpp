@@ -84,8 +84,13 @@ constexpr checks::CrossEntropyBackend kCpuCrossEntropy{check_cpu, check_cpu_logi
 
 }  // namespace
 
-void cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const Tensor& targets,
-                                   const VocabShard& shard) {
+}  // namespace megatron::ops::cpu
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cpu::cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const Tensor& targets,
+                                        const VocabShard& shard) {
   const auto [N, V, vocab] =
       checks::check_cross_entropy_partial_forward(partial, logits, targets, shard, kCpuCrossEntropy);
   check_target_values(targets, vocab);
@@ -95,7 +100,7 @@ void cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const 
   });
 }
 
-void cross_entropy_combine(Tensor& losses, Tensor& lse, const Tensor& partials) {
+void cpu::cross_entropy_combine(Tensor& losses, Tensor& lse, const Tensor& partials) {
   const auto [N, R] = checks::check_cross_entropy_combine(losses, lse, partials, check_cpu);
   if (partials.dtype() == DType::f64) {
     combine_kernel<double>(losses.data<double>(), lse.data<double>(), partials.data<double>(), N, R);
@@ -104,8 +109,8 @@ void cross_entropy_combine(Tensor& losses, Tensor& lse, const Tensor& partials) 
   }
 }
 
-void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& loss_mask, float grad_scale, const VocabShard& shard) {
+void cpu::cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                 const Tensor& loss_mask, float grad_scale, const VocabShard& shard) {
   const auto [N, V, vocab] =
       checks::check_cross_entropy_backward(dlogits, logits, targets, lse, loss_mask, shard, kCpuCrossEntropy);
   check_target_values(targets, vocab);
@@ -123,4 +128,4 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
   });
 }
 
-}  // namespace megatron::ops::cpu
+}  // namespace megatron::ops

@@ -39,7 +39,8 @@ void dispatch_floating(DType dtype, const char* op, Fn&& fn) {
 // team costs microseconds, and milliseconds on a loaded machine, which would dominate small ops.
 inline bool worth_parallel(int64_t work) { return work >= (int64_t(1) << 15); }
 
-// dispatch.cpp routes a call on its first tensor; every other tensor must live on the CPU too.
+// An op runs on the device of its first defined tensor (ops/op.h); every other tensor must live on
+// the CPU too.
 inline void check_cpu(const Tensor& t, const char* name) {
   MEGATRON_CHECK(!t.defined() || t.device().is_cpu(),
                  name << " is on " << t.device().str() << " but the op runs on the CPU; pass CPU tensors only");

@@ -16,7 +16,12 @@ using wide_t = std::common_type_t<compute_t<O>, compute_t<I>>;
 
 }  // namespace
 
-void add(Tensor& out, const Tensor& a, const Tensor& b) {
+}  // namespace megatron::ops::cpu
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cpu::add(Tensor& out, const Tensor& a, const Tensor& b) {
   checks::check_add(out, a, b, check_cpu);
   dispatch_floating(a.dtype(), "add", [&]<class T>(std::type_identity<T>) {
     T* o = out.data<T>();
@@ -28,7 +33,7 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
   });
 }
 
-void add_scaled(Tensor& out, const Tensor& x, float alpha) {
+void cpu::add_scaled(Tensor& out, const Tensor& x, float alpha) {
   checks::check_same_numel(out, x, "add_scaled out", "add_scaled x", check_cpu);
   dispatch_floating(out.dtype(), "add_scaled", [&]<class O>(std::type_identity<O>) {
     dispatch_floating(x.dtype(), "add_scaled", [&]<class I>(std::type_identity<I>) {
@@ -42,7 +47,7 @@ void add_scaled(Tensor& out, const Tensor& x, float alpha) {
   });
 }
 
-void scale(Tensor& out, const Tensor& x, float alpha) {
+void cpu::scale(Tensor& out, const Tensor& x, float alpha) {
   checks::check_same_numel(out, x, "scale out", "scale x", check_cpu);
   dispatch_floating(out.dtype(), "scale", [&]<class O>(std::type_identity<O>) {
     dispatch_floating(x.dtype(), "scale", [&]<class I>(std::type_identity<I>) {
@@ -56,7 +61,7 @@ void scale(Tensor& out, const Tensor& x, float alpha) {
   });
 }
 
-void cast(Tensor& out, const Tensor& x) {
+void cpu::cast(Tensor& out, const Tensor& x) {
   checks::check_same_numel(out, x, "cast out", "cast x", check_cpu);
   dispatch_floating(out.dtype(), "cast", [&]<class O>(std::type_identity<O>) {
     dispatch_floating(x.dtype(), "cast", [&]<class I>(std::type_identity<I>) {
@@ -69,7 +74,7 @@ void cast(Tensor& out, const Tensor& x) {
   });
 }
 
-void transpose01(Tensor& out, const Tensor& in) {
+void cpu::transpose01(Tensor& out, const Tensor& in) {
   checks::check_transpose01(out, in, check_cpu);
   const auto* src = static_cast<const char*>(in.raw());
   auto* dst = static_cast<char*>(out.raw());
@@ -82,4 +87,4 @@ void transpose01(Tensor& out, const Tensor& in) {
       std::memcpy(dst + size_t(j * d0 + i) * block, src + size_t(i * d1 + j) * block, block);
 }
 
-}  // namespace megatron::ops::cpu
+}  // namespace megatron::ops

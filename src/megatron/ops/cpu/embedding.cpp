@@ -53,7 +53,12 @@ void check_tokens(const Tensor& tokens) {
 
 }  // namespace
 
-void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& weight, const EmbeddingParams& params) {
+}  // namespace megatron::ops::cpu
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cpu::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& weight, const EmbeddingParams& params) {
   check_tokens(tokens);
   check_defined(weight, "embedding weight");
   check_cpu(weight, "embedding weight");
@@ -67,7 +72,7 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& weight, 
   });
 }
 
-void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& tokens, const EmbeddingParams& params) {
+void cpu::embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& tokens, const EmbeddingParams& params) {
   check_tokens(tokens);
   check_defined(dweight, "embedding dweight");
   check_cpu(dweight, "embedding dweight");
@@ -82,4 +87,4 @@ void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& token
   });
 }
 
-}  // namespace megatron::ops::cpu
+}  // namespace megatron::ops

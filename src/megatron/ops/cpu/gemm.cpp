@@ -216,7 +216,12 @@ void gelu_linear_backward_impl(Tensor& dpre, Tensor& dw, Tensor& db, const Tenso
 
 }  // namespace
 
-void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params) {
+}  // namespace megatron::ops::cpu
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cpu::matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params) {
   const auto [m, n, k] = checks::check_matmul(c, a, b, params, kCpuGemm);
   const bool ta = params.trans_a == Transpose::yes, tb = params.trans_b == Transpose::yes;
   if (a.dtype() == DType::f64) {
@@ -226,7 +231,7 @@ void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& par
   }
 }
 
-void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+void cpu::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const auto [n, out_features, in_features] = checks::check_linear_forward(y, x, weight, bias, kCpuGemm);
   if (x.dtype() == DType::f64) {
     linear_forward_impl<double>(y, x, weight, bias, n, out_features, in_features);
@@ -235,8 +240,8 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tens
   }
 }
 
-void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                     const Tensor& weight) {
+void cpu::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                          const Tensor& weight) {
   const auto [n, out_features, in_features] =
       checks::check_linear_backward(dx, dweight, dbias, dy, x, weight, kCpuGemm);
   if (x.dtype() == DType::f64) {
@@ -246,7 +251,7 @@ void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& d
   }
 }
 
-void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+void cpu::linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const auto [n, out_features, in_features] = checks::check_linear_gelu_forward(y, pre, x, weight, bias, kCpuGemm);
   if (x.dtype() == DType::f64) {
     linear_gelu_forward_impl<double>(y, pre, x, weight, bias, n, out_features, in_features);
@@ -255,8 +260,8 @@ void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& 
   }
 }
 
-void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                          const Tensor& weight, const Tensor& pre) {
+void cpu::gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                               const Tensor& weight, const Tensor& pre) {
   const auto [n, out_features, in_features] =
       checks::check_gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre, kCpuGemm);
   if (x.dtype() == DType::f64) {
@@ -266,4 +271,4 @@ void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Te
   }
 }
 
-}  // namespace megatron::ops::cpu
+}  // namespace megatron::ops

@@ -113,8 +113,13 @@ constexpr checks::NormBackend kCpuNorm{check_cpu, check_cpu_norm_dtype};
 
 }  // namespace
 
-void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                  const NormParams& params) {
+}  // namespace megatron::ops::cpu
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cpu::norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                       const NormParams& params) {
   const checks::NormDims dims = checks::check_norm_forward(y, mean, rstd, x, weight, bias, params, kCpuNorm);
   const int64_t N = dims.rows, C = dims.channels;
   dispatch_floating(x.dtype(), "norm_forward", [&]<class T>(std::type_identity<T>) {
@@ -124,8 +129,8 @@ void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const 
   });
 }
 
-void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                   const Tensor& mean, const Tensor& rstd, const NormParams& params) {
+void cpu::norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                        const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params) {
   const checks::NormDims dims =
       checks::check_norm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, params, kCpuNorm);
   const int64_t N = dims.rows, C = dims.channels;
@@ -136,8 +141,8 @@ void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy,
   });
 }
 
-void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
-                      const Tensor& weight, const Tensor& bias, const NormParams& params) {
+void cpu::add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
+                           const Tensor& weight, const Tensor& bias, const NormParams& params) {
   const checks::NormDims dims =
       checks::check_add_norm_forward(h, y, mean, rstd, x, residual, weight, bias, params, kCpuNorm);
   const int64_t N = dims.rows, C = dims.channels;
@@ -148,8 +153,9 @@ void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Te
   });
 }
 
-void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
-                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params) {
+void cpu::add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh,
+                            const Tensor& h, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                            const NormParams& params) {
   const checks::NormDims dims =
       checks::check_add_norm_backward(dx, dweight, dbias, dy, dh, h, weight, mean, rstd, params, kCpuNorm);
   const int64_t N = dims.rows, C = dims.channels;
@@ -160,4 +166,4 @@ void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor&
   });
 }
 
-}  // namespace megatron::ops::cpu
+}  // namespace megatron::ops

@@ -51,7 +51,12 @@ void check_input(const Tensor& x, const char* name) {
 
 }  // namespace
 
-void sum_squares(Tensor& acc, const Tensor& x) {
+}  // namespace megatron::ops::cpu
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cpu::sum_squares(Tensor& acc, const Tensor& x) {
   check_input(x, "sum_squares x");
   check_acc(acc, x.dtype(), "sum_squares acc");
   double total = 0.0;
@@ -65,7 +70,7 @@ void sum_squares(Tensor& acc, const Tensor& x) {
   accumulate(acc, total);
 }
 
-void dot(Tensor& acc, const Tensor& a, const Tensor& b) {
+void cpu::dot(Tensor& acc, const Tensor& a, const Tensor& b) {
   check_input(a, "dot a");
   check_input(b, "dot b");
   check_numel(b, a.numel(), "dot b");
@@ -80,7 +85,7 @@ void dot(Tensor& acc, const Tensor& a, const Tensor& b) {
   accumulate(acc, total);
 }
 
-void count_nonfinite(Tensor& acc, const Tensor& x) {
+void cpu::count_nonfinite(Tensor& acc, const Tensor& x) {
   check_input(x, "count_nonfinite x");
   check_acc(acc, x.dtype(), "count_nonfinite acc");
   double total = 0.0;
@@ -91,4 +96,4 @@ void count_nonfinite(Tensor& acc, const Tensor& x) {
   accumulate(acc, total);
 }
 
-}  // namespace megatron::ops::cpu
+}  // namespace megatron::ops

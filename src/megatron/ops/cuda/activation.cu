@@ -100,7 +100,12 @@ bool packable(int64_t count, std::initializer_list<const void*> ptrs) {
 
 }  // namespace
 
-void gelu_forward(Tensor& y, const Tensor& x) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::gelu_forward(Tensor& y, const Tensor& x) {
   checks::check_gelu_forward(y, x, check_cuda);
   const int64_t n = x.numel();
   if (n == 0) return;
@@ -116,7 +121,7 @@ void gelu_forward(Tensor& y, const Tensor& x) {
   });
 }
 
-void gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
+void cuda::gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
   checks::check_gelu_backward(dx, dy, x, check_cuda);
   const int64_t n = x.numel();
   if (n == 0) return;
@@ -133,7 +138,7 @@ void gelu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
   });
 }
 
-void swiglu_forward(Tensor& y, const Tensor& x) {
+void cuda::swiglu_forward(Tensor& y, const Tensor& x) {
   const checks::SwigluDims dims = checks::check_swiglu_forward(y, x, check_cuda);
   const int64_t N = dims.rows, F = dims.features;
   if (N * F == 0) return;
@@ -149,7 +154,7 @@ void swiglu_forward(Tensor& y, const Tensor& x) {
   });
 }
 
-void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
+void cuda::swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
   const checks::SwigluDims dims = checks::check_swiglu_backward(dx, dy, x, check_cuda);
   const int64_t N = dims.rows, F = dims.features;
   if (N * F == 0) return;
@@ -166,4 +171,4 @@ void swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
   });
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

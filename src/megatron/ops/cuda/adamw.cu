@@ -82,8 +82,13 @@ void launch_adamw(float* master, float* exp_avg, float* exp_avg_sq, const float*
 
 }  // namespace
 
-void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
-                const AdamWParams& params) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
+                      const AdamWParams& params) {
   check_cuda(master, "adamw master");
   MEGATRON_CHECK(master.dtype() == DType::f32,
                  "adamw master has dtype " << dtype_name(master.dtype()) << "; master weights on CUDA are f32");
@@ -121,4 +126,4 @@ void adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tenso
   });
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

@@ -39,24 +39,18 @@ namespace {
 
 using attention_detail::Dims;
 
-// Per-query-group layout: qkv (S,B,G,(r+2)*HS), each group [q_0 .. q_{r-1} | k | v]. One thread
-// per unit U of the fused tensor (16 bytes when every head is whole 16-byte words, else one
-// element); to_qkv picks the direction (merge) or its reverse (split).
+// The fused layout of qkv_head. One thread per unit U of the fused tensor (16 bytes when every
+// head is whole 16-byte words, else one element); to_qkv picks the direction (merge) or its
+// reverse (split).
 template <class U>
 __global__ void qkv_copy_kernel(U* qkv, U* q, U* k, U* v, int64_t SB, int G, int r, int64_t head_units, bool to_qkv) {
-  const int64_t group_units = (r + 2) * head_units;
-  const int64_t total = SB * G * group_units;
+  const int64_t total = SB * G * (r + 2) * head_units;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t sbg = idx / group_units, rem = idx % group_units;
-    const int64_t slot = rem / head_units, u = rem % head_units;
-    const int64_t sb = sbg / G, g = sbg % G;
-    U* head;
-    if (slot < r) {
-      head = q + (sb * G * r + g * r + slot) * head_units;  // q (S,B,NH,HS), NH = G r
-    } else {
-      head = (slot == r ? k : v) + (sb * G + g) * head_units;
-    }
+    const int64_t fused_head = idx / head_units, u = idx % head_units;
+    const int64_t sbg = fused_head / (r + 2), t = fused_head % (r + 2);
+    const QkvHead h = qkv_head(sbg / G, sbg % G, t, G, r);  // h.fused == fused_head
+    U* head = (h.tensor == 0 ? q : h.tensor == 1 ? k : v) + h.separate * head_units;
     if (to_qkv) {
       qkv[idx] = head[u];
     } else {
@@ -100,10 +94,21 @@ void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
                                           << " bytes, which the copy kernel does not handle");
 }
 
+// Addresses of q, k, v inside the fused MHA qkv (S,B,NH,3*HS): each head is [q | k | v].
+std::array<char*, 3> fused_heads(const Tensor& qkv, int64_t HS) {
+  char* base = static_cast<char*>(const_cast<void*>(qkv.raw()));
+  const int64_t head = HS * int64_t(qkv.element_size());
+  return {base, base + head, base + 2 * head};
+}
 }  // namespace
 
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const AttentionParams& params) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionParams& params) {
   const checks::AttentionDims d =
       checks::check_attention_forward(out, lse, q, k, v, params, attention_detail::kCudaAttention);
   const CudnnAttention a = cudnn_attention_separate(d, q.dtype(), params);
@@ -112,8 +117,8 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
   flash_attention_forward(out, lse, q, k, v, params);
 }
 
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
+void cuda::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params) {
   const checks::AttentionDims d =
       checks::check_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, attention_detail::kCudaAttention);
   const CudnnAttention a = cudnn_attention_separate(d, q.dtype(), params);
@@ -125,28 +130,19 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
 }
 
-void qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
+void cuda::qkv_split(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
   // qkv is only read on this path; qkv_copy takes it mutable to share the index arithmetic with merge.
   Tensor fused = qkv;
   qkv_copy(fused, q, k, v, false);
 }
 
-void qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+void cuda::qkv_merge(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   Tensor q = dq, k = dk, v = dv;  // read only on this path (shallow handles, no copies)
   qkv_copy(dqkv, q, k, v, true);
 }
 
-namespace {
-// Addresses of q, k, v inside the fused MHA qkv (S,B,NH,3*HS): each head is [q | k | v].
-std::array<char*, 3> fused_heads(const Tensor& qkv, int64_t HS) {
-  char* base = static_cast<char*>(const_cast<void*>(qkv.raw()));
-  const int64_t head = HS * int64_t(qkv.element_size());
-  return {base, base + head, base + 2 * head};
-}
-}  // namespace
-
-void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
-                           const AttentionParams& params) {
+void cuda::attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t num_heads,
+                                 const AttentionParams& params) {
   const checks::AttentionDims d =
       checks::check_attention_forward_qkv(out, lse, qkv, num_heads, params, attention_detail::kCudaAttention);
   if (d.G == d.NH && qkv.numel() > 0) {
@@ -155,15 +151,11 @@ void attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t 
     if (cudnn_attention_applies(a, params, {out.raw(), lse.raw(), q, k, v}))
       return cudnn_attention_forward(a, out.raw(), lse.data<float>(), q, k, v);
   }
-  Tensor q = Tensor::empty({d.S, d.B, d.NH, d.HS}, qkv.dtype(), qkv.device());
-  Tensor k = Tensor::empty({d.S, d.B, d.G, d.HS}, qkv.dtype(), qkv.device());
-  Tensor v = Tensor::empty(k.shape(), qkv.dtype(), qkv.device());
-  cuda::qkv_split(q, k, v, qkv);
-  cuda::attention_forward(out, lse, q, k, v, params);
+  attention_forward_qkv_by_definition(out, lse, qkv, num_heads, params);
 }
 
-void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                            int64_t num_heads, const AttentionParams& params) {
+void cuda::attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                  const Tensor& lse, int64_t num_heads, const AttentionParams& params) {
   const checks::AttentionDims d = checks::check_attention_backward_qkv(dqkv, dout, qkv, out, lse, num_heads, params,
                                                                        attention_detail::kCudaAttention);
   if (d.G == d.NH && qkv.numel() > 0) {
@@ -173,15 +165,7 @@ void attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
     if (cudnn_attention_applies(a, params, {dq, dk, dv, dout.raw(), q, k, v, out.raw(), lse.raw()}))
       return cudnn_attention_backward(a, dq, dk, dv, dout.raw(), q, k, v, out.raw(), lse.data<float>());
   }
-  Tensor q = Tensor::empty({d.S, d.B, d.NH, d.HS}, qkv.dtype(), qkv.device());
-  Tensor k = Tensor::empty({d.S, d.B, d.G, d.HS}, qkv.dtype(), qkv.device());
-  Tensor v = Tensor::empty(k.shape(), qkv.dtype(), qkv.device());
-  cuda::qkv_split(q, k, v, qkv);
-  Tensor dq = Tensor::empty(q.shape(), qkv.dtype(), qkv.device());
-  Tensor dk = Tensor::empty(k.shape(), qkv.dtype(), qkv.device());
-  Tensor dv = Tensor::empty(k.shape(), qkv.dtype(), qkv.device());
-  cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
-  cuda::qkv_merge(dqkv, dq, dk, dv);
+  attention_backward_qkv_by_definition(dqkv, dout, qkv, out, lse, num_heads, params);
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

@@ -18,9 +18,9 @@
 
 #include "megatron/core/logging.h"
 #include "megatron/core/tensor.h"
+#include "megatron/cuda_runtime/context.h"
+#include "megatron/cuda_runtime/cuda_check.h"
 #include "megatron/ops/cuda/attention_cudnn.h"
-#include "megatron/ops/cuda/context.h"
-#include "megatron/ops/cuda/cuda_check.h"
 #include "megatron/ops/cuda/cudnn_plan.h"
 #include "megatron/ops/cuda/op_paths.h"
 

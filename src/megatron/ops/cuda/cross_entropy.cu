@@ -184,8 +184,13 @@ void check_rows(int64_t N) {
 
 }  // namespace
 
-void cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const Tensor& targets,
-                                   const VocabShard& shard) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const Tensor& targets,
+                                         const VocabShard& shard) {
   const auto [N, V, vocab] =
       checks::check_cross_entropy_partial_forward(partial, logits, targets, shard, kCudaCrossEntropy);
   check_rows(N);
@@ -198,7 +203,7 @@ void cross_entropy_partial_forward(Tensor& partial, const Tensor& logits, const 
   });
 }
 
-void cross_entropy_combine(Tensor& losses, Tensor& lse, const Tensor& partials) {
+void cuda::cross_entropy_combine(Tensor& losses, Tensor& lse, const Tensor& partials) {
   const auto [N, R] = checks::check_cross_entropy_combine(losses, lse, partials, check_cuda);
   MEGATRON_CHECK(partials.dtype() == DType::f32,
                  "cross_entropy partials have dtype " << dtype_name(partials.dtype()) << "; CUDA takes f32");
@@ -208,8 +213,8 @@ void cross_entropy_combine(Tensor& losses, Tensor& lse, const Tensor& partials) 
   CUDA_CHECK_LAUNCH();
 }
 
-void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& loss_mask, float grad_scale, const VocabShard& shard) {
+void cuda::cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                  const Tensor& loss_mask, float grad_scale, const VocabShard& shard) {
   const auto [N, V, vocab] =
       checks::check_cross_entropy_backward(dlogits, logits, targets, lse, loss_mask, shard, kCudaCrossEntropy);
   check_rows(N);
@@ -229,7 +234,7 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
   });
 }
 
-void cross_entropy_check_targets(Device device) {
+void cuda::cross_entropy_check_targets(Device device) {
   MEGATRON_CHECK(device.is_cuda(), "cross_entropy_check_targets: " << device.str() << " is not a GPU");
   volatile int* flag = bad_target_flag(device.index);
   if (*flag == 0) return;
@@ -248,4 +253,4 @@ void cross_entropy_check_targets(Device device) {
   checks::fail_target_outside_vocabulary(static_cast<int32_t>(static_cast<uint32_t>(key)), int64_t(key >> 32), vocab);
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

@@ -15,14 +15,6 @@ constexpr auto kExecutionPlanHandle = cudnnBackendAttributeName_t(400);   // CUD
 constexpr int64_t kByteAlignment = 16;
 }  // namespace
 
-std::string cudnn_status_message(cudnnStatus_t status) {
-  char detail[512] = {0};
-  cudnnGetLastErrorString(detail, sizeof(detail));
-  std::string message = cudnnGetErrorString(status);
-  if (detail[0] != '\0') message += std::string(" (") + detail + ")";
-  return message;
-}
-
 // ---- descriptors ----------------------------------------------------------------------------
 
 CudnnDescriptor::CudnnDescriptor(cudnnBackendDescriptorType_t type) : type_(type) {

@@ -57,13 +57,18 @@ void dropout_apply(Tensor& out, const Tensor& in, const DropoutParams& p, const 
 
 }  // namespace
 
-void dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& params) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::dropout_forward(Tensor& y, const Tensor& x, const DropoutParams& params) {
   dropout_apply(y, x, params, "dropout y", "dropout x");
 }
 
 // dx = dy * mask / (1-p): the same mask and scale as forward.
-void dropout_backward(Tensor& dx, const Tensor& dy, const DropoutParams& params) {
+void cuda::dropout_backward(Tensor& dx, const Tensor& dy, const DropoutParams& params) {
   dropout_apply(dx, dy, params, "dropout dx", "dropout dy");
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

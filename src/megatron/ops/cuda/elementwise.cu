@@ -113,14 +113,19 @@ void launch_transpose01(void* out, const void* in, int64_t d0, int64_t d1, size_
 
 }  // namespace
 
-void add(Tensor& out, const Tensor& a, const Tensor& b) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::add(Tensor& out, const Tensor& a, const Tensor& b) {
   checks::check_add(out, a, b, check_cuda);
   dispatch_storage(a.dtype(), "add", [&]<class T>(std::type_identity<T>) {
     launch_map2(device_data<T>(out), device_data<T>(a), device_data<T>(b), out.numel(), Add{});
   });
 }
 
-void add_scaled(Tensor& out, const Tensor& x, float alpha) {
+void cuda::add_scaled(Tensor& out, const Tensor& x, float alpha) {
   checks::check_same_numel(out, x, "add_scaled out", "add_scaled x", check_cuda);
   dispatch_storage(out.dtype(), "add_scaled", [&]<class O>(std::type_identity<O>) {
     dispatch_storage(x.dtype(), "add_scaled", [&]<class I>(std::type_identity<I>) {
@@ -130,7 +135,7 @@ void add_scaled(Tensor& out, const Tensor& x, float alpha) {
   });
 }
 
-void scale(Tensor& out, const Tensor& x, float alpha) {
+void cuda::scale(Tensor& out, const Tensor& x, float alpha) {
   checks::check_same_numel(out, x, "scale out", "scale x", check_cuda);
   dispatch_storage(out.dtype(), "scale", [&]<class O>(std::type_identity<O>) {
     dispatch_storage(x.dtype(), "scale", [&]<class I>(std::type_identity<I>) {
@@ -139,7 +144,7 @@ void scale(Tensor& out, const Tensor& x, float alpha) {
   });
 }
 
-void cast(Tensor& out, const Tensor& x) {
+void cuda::cast(Tensor& out, const Tensor& x) {
   checks::check_same_numel(out, x, "cast out", "cast x", check_cuda);
   dispatch_storage(out.dtype(), "cast", [&]<class O>(std::type_identity<O>) {
     dispatch_storage(x.dtype(), "cast", [&]<class I>(std::type_identity<I>) {
@@ -148,7 +153,7 @@ void cast(Tensor& out, const Tensor& x) {
   });
 }
 
-void transpose01(Tensor& out, const Tensor& in) {
+void cuda::transpose01(Tensor& out, const Tensor& in) {
   checks::check_transpose01(out, in, check_cuda);
   const auto* src = static_cast<const char*>(in.raw());
   auto* dst = static_cast<char*>(out.raw());
@@ -164,4 +169,4 @@ void transpose01(Tensor& out, const Tensor& in) {
   launch_transpose01<uint8_t>(dst, src, d0, d1, row_bytes);
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

@@ -82,7 +82,12 @@ void check_tokens(const Tensor& tokens) {
 
 }  // namespace
 
-void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& weight, const EmbeddingParams& params) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& weight, const EmbeddingParams& params) {
   check_tokens(tokens);
   check_cuda(weight, "embedding weight");
   MEGATRON_CHECK(weight.ndim() == 2, "embedding weight must be (V_local,C), got " << shape_str(weight.shape()));
@@ -113,7 +118,8 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& weight, 
   });
 }
 
-void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& tokens, const EmbeddingParams& params) {
+void cuda::embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& tokens,
+                              const EmbeddingParams& params) {
   check_tokens(tokens);
   check_cuda(dweight, "embedding dweight");
   MEGATRON_CHECK(dweight.ndim() == 2, "embedding dweight must be (V_local,C), got " << shape_str(dweight.shape()));
@@ -131,4 +137,4 @@ void embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor& token
   });
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

@@ -398,7 +398,12 @@ void weight_and_bias_grads(Tensor& dweight, Tensor& dbias, const Tensor& dy, con
 
 }  // namespace
 
-void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params) {
   const auto [m, n, k] = checks::check_matmul(c, a, b, params, kCudaGemm);
   const bool ta = params.trans_a == Transpose::yes, tb = params.trans_b == Transpose::yes;
   if (m == 0 || n == 0) return;
@@ -413,7 +418,7 @@ void matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& par
   row_major_gemm(ta, tb, m, n, k, a, b, c, params.alpha, params.beta);
 }
 
-void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+void cuda::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // Plain variables, not structured bindings: the lambdas below capture them.
   const checks::LinearDims dims = checks::check_linear_forward(y, x, weight, bias, kCudaGemm);
   const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
@@ -435,8 +440,8 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tens
   row_major_gemm(false, true, n, out_features, in_features, x, weight, y, 1.0f, 1.0f);
 }
 
-void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                     const Tensor& weight) {
+void cuda::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                           const Tensor& weight) {
   const checks::LinearDims dims = checks::check_linear_backward(dx, dweight, dbias, dy, x, weight, kCudaGemm);
   const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
   if (dx.defined() && n > 0 && in_features > 0) {
@@ -450,7 +455,7 @@ void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& d
   weight_and_bias_grads(dweight, dbias, dy, x, dims);
 }
 
-void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+void cuda::linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const checks::LinearDims dims = checks::check_linear_gelu_forward(y, pre, x, weight, bias, kCudaGemm);
   const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
   MEGATRON_CHECK(in_features > 0, "linear weight " << shape_str(weight.shape()) << " has no input features");
@@ -465,8 +470,8 @@ void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& 
   gelu_forward(y, pre);
 }
 
-void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                          const Tensor& weight, const Tensor& pre) {
+void cuda::gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                                const Tensor& weight, const Tensor& pre) {
   const checks::LinearDims dims =
       checks::check_gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre, kCudaGemm);
   const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
@@ -485,4 +490,4 @@ void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Te
   weight_and_bias_grads(dweight, dbias, dy, x, dims);
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

@@ -13,9 +13,9 @@
 #include <type_traits>
 
 #include "megatron/core/tensor.h"
+#include "megatron/cuda_runtime/context.h"
+#include "megatron/cuda_runtime/cuda_check.h"
 #include "megatron/ops/checks/common.h"
-#include "megatron/ops/cuda/context.h"
-#include "megatron/ops/cuda/cuda_check.h"
 
 namespace megatron::ops::cuda {
 

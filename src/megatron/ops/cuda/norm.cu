@@ -261,30 +261,36 @@ void launch_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tens
 
 }  // namespace
 
-void norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                  const NormParams& params) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
+                        const Tensor& bias, const NormParams& params) {
   const int64_t N = checks::check_norm_forward(y, mean, rstd, x, weight, bias, params, kCudaNorm).rows;
   Tensor no_h;
   launch_norm_forward(y, mean, rstd, x, weight, bias, params, N, Tensor(), no_h, "norm_forward");
 }
 
-void norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                   const Tensor& mean, const Tensor& rstd, const NormParams& params) {
+void cuda::norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                         const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params) {
   const int64_t N = checks::check_norm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, params, kCudaNorm).rows;
   launch_norm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, N, Tensor(), "norm_backward");
 }
 
-void add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
-                      const Tensor& weight, const Tensor& bias, const NormParams& params) {
+void cuda::add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
+                            const Tensor& weight, const Tensor& bias, const NormParams& params) {
   const int64_t N = checks::check_add_norm_forward(h, y, mean, rstd, x, residual, weight, bias, params, kCudaNorm).rows;
   launch_norm_forward(y, mean, rstd, x, weight, bias, params, N, residual, h, "add_norm_forward");
 }
 
-void add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh, const Tensor& h,
-                       const Tensor& weight, const Tensor& mean, const Tensor& rstd, const NormParams& params) {
+void cuda::add_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& dh,
+                             const Tensor& h, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                             const NormParams& params) {
   const int64_t N =
       checks::check_add_norm_backward(dx, dweight, dbias, dy, dh, h, weight, mean, rstd, params, kCudaNorm).rows;
   launch_norm_backward(dx, dweight, dbias, dy, h, weight, mean, rstd, N, dh, "add_norm_backward");
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

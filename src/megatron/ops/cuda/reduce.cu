@@ -79,7 +79,12 @@ void check_acc(const Tensor& acc, const char* name) {
 
 }  // namespace
 
-void sum_squares(Tensor& acc, const Tensor& x) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::sum_squares(Tensor& acc, const Tensor& x) {
   check_cuda(x, "sum_squares x");
   dispatch_storage(x.dtype(), "sum_squares", [&]<class T>(std::type_identity<T>) {
     check_acc(acc, "sum_squares acc");
@@ -87,7 +92,7 @@ void sum_squares(Tensor& acc, const Tensor& x) {
   });
 }
 
-void dot(Tensor& acc, const Tensor& a, const Tensor& b) {
+void cuda::dot(Tensor& acc, const Tensor& a, const Tensor& b) {
   check_cuda(a, "dot a");
   check_cuda(b, "dot b");
   check_numel(b, a.numel(), "dot b");
@@ -98,7 +103,7 @@ void dot(Tensor& acc, const Tensor& a, const Tensor& b) {
   });
 }
 
-void count_nonfinite(Tensor& acc, const Tensor& x) {
+void cuda::count_nonfinite(Tensor& acc, const Tensor& x) {
   check_cuda(x, "count_nonfinite x");
   dispatch_storage(x.dtype(), "count_nonfinite", [&]<class T>(std::type_identity<T>) {
     check_acc(acc, "count_nonfinite acc");
@@ -106,4 +111,4 @@ void count_nonfinite(Tensor& acc, const Tensor& x) {
   });
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

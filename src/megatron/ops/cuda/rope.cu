@@ -71,12 +71,17 @@ void rope_apply(Tensor& y, const Tensor& x, const RopeParams& p, bool inverse, c
 
 }  // namespace
 
-void rope_forward(Tensor& y, const Tensor& x, const RopeParams& params) {
+}  // namespace megatron::ops::cuda
+
+// The ops, each defined against its one declaration (MEGATRON_OP in ops/<family>.h).
+namespace megatron::ops {
+
+void cuda::rope_forward(Tensor& y, const Tensor& x, const RopeParams& params) {
   rope_apply(y, x, params, false, "rope_forward", "rope y", "rope x");
 }
 
-void rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params) {
+void cuda::rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params) {
   rope_apply(dx, dy, params, true, "rope_backward", "rope dx", "rope dy");
 }
 
-}  // namespace megatron::ops::cuda
+}  // namespace megatron::ops

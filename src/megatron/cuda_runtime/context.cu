@@ -5,9 +5,9 @@
 #include <mutex>
 #include <vector>
 
-#include "megatron/ops/cuda/context.h"
-#include "megatron/ops/cuda/cuda_check.h"
-#include "megatron/ops/cuda/cudnn_plan.h"
+#include "megatron/cuda_runtime/context.h"
+#include "megatron/cuda_runtime/cuda_check.h"
+#include "megatron/cuda_runtime/cudnn_check.h"
 
 namespace megatron::cuda {
 

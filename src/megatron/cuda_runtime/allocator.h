@@ -12,7 +12,8 @@
 // memset_zero and copy are queued on the current stream; a copy to the host synchronises it
 // so the host sees the data when copy returns.
 //
-// Free of CUDA headers: host code reads memory_stats() for the log.
+// Free of CUDA headers; built with the CUDA backend only. Host code reads a GPU's current and peak
+// bytes through core's memory_stats(Device), which this allocator answers once registered.
 #include <cstddef>
 
 #include "megatron/core/memory.h"

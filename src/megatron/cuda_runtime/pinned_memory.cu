@@ -1,7 +1,7 @@
 #include <cuda_runtime.h>
 
-#include "megatron/ops/cuda/cuda_check.h"
-#include "megatron/ops/cuda/pinned_memory.h"
+#include "megatron/cuda_runtime/cuda_check.h"
+#include "megatron/cuda_runtime/pinned_memory.h"
 
 namespace megatron::cuda {
 

@@ -1,6 +1,7 @@
 #pragma once
 // Page-locked host memory for batches the data loader prepares ahead: copies from it to the
-// GPU run at full PCIe/NVLink-C2C speed and can overlap compute. Free of CUDA headers.
+// GPU run at full PCIe/NVLink-C2C speed and can overlap compute. Free of CUDA headers and declared
+// in every build (without the CUDA backend, asking for it is an error that says so).
 #include <cstddef>
 #include <memory>
 

@@ -2,9 +2,9 @@
 
 #include <vector>
 
-#include "megatron/ops/cuda/context.h"
-#include "megatron/ops/cuda/cuda_check.h"
-#include "megatron/ops/cuda/event_timer.h"
+#include "megatron/cuda_runtime/context.h"
+#include "megatron/cuda_runtime/cuda_check.h"
+#include "megatron/cuda_runtime/event_timer.h"
 
 namespace megatron::cuda {
 

@@ -1,6 +1,6 @@
 #pragma once
 // Error checking for every CUDA runtime and cuBLAS call: failures throw megatron::Error with
-// the call, the error name and the location.
+// the call, the error name and the location. For CUDA code (.cu files) only.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 

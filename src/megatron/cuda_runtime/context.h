@@ -11,7 +11,8 @@
 // default stream (plain cudaMemcpy, cudaMemset) is ordered with it.
 //
 // Kept free of CUDA headers (the handle types are forward-declared exactly as the CUDA headers
-// declare them) so host code can call synchronize() and the guards.
+// declare them) so host code can call synchronize() and the guards; built with the CUDA backend
+// only.
 #include <cstddef>
 #include <memory>
 #include <mutex>

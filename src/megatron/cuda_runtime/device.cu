@@ -1,10 +1,10 @@
 #include <cuda_runtime.h>
 
 #include "megatron/core/memory.h"
-#include "megatron/ops/cuda/allocator.h"
-#include "megatron/ops/cuda/context.h"
-#include "megatron/ops/cuda/cuda_check.h"
-#include "megatron/ops/cuda/device.h"
+#include "megatron/cuda_runtime/allocator.h"
+#include "megatron/cuda_runtime/context.h"
+#include "megatron/cuda_runtime/cuda_check.h"
+#include "megatron/cuda_runtime/device.h"
 
 namespace megatron::cuda {
 

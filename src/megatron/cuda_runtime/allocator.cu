@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "megatron/ops/cuda/allocator.h"
-#include "megatron/ops/cuda/context.h"
-#include "megatron/ops/cuda/cuda_check.h"
+#include "megatron/cuda_runtime/allocator.h"
+#include "megatron/cuda_runtime/context.h"
+#include "megatron/cuda_runtime/cuda_check.h"
 
 namespace megatron::cuda {
 
@@ -147,6 +147,13 @@ void cache_copy(void* dst, Device dst_device, const void* src, Device, size_t by
   if (dst_device.is_cpu()) CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+MemoryStats cache_stats(Device device) {
+  Caches& c = caches();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const CudaMemoryStats& s = c.at(device.index).stats;
+  return {s.current_bytes, s.peak_bytes};
+}
+
 }  // namespace
 
 size_t size_class(size_t bytes) {
@@ -177,6 +184,8 @@ void empty_cache() {
   release_cached(c.at(device));
 }
 
-DeviceAllocator caching_allocator() { return {cache_allocate, cache_release, cache_memset_zero, cache_copy}; }
+DeviceAllocator caching_allocator() {
+  return {cache_allocate, cache_release, cache_memset_zero, cache_copy, cache_stats};
+}
 
 }  // namespace megatron::cuda
