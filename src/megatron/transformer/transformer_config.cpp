@@ -142,6 +142,7 @@ void derive_model_fields(TransformerConfig& c, int64_t tensor_model_parallel_siz
   }
   if (c.num_query_groups == 0) c.num_query_groups = c.group_query_attention ? 1 : c.num_attention_heads;
   if (c.max_position_embeddings == 0) c.max_position_embeddings = c.seq_length;
+  derive_moe_fields(c.moe, c.ffn_hidden_size);
   if (c.padded_vocab_size == 0 && c.vocab_size > 0 && c.make_vocab_size_divisible_by > 0 &&
       tensor_model_parallel_size > 0) {
     c.padded_vocab_size = padded_vocab_size(c.vocab_size, c.make_vocab_size_divisible_by, tensor_model_parallel_size);
@@ -155,6 +156,8 @@ std::vector<std::string> validate(const TransformerConfig& config) {
   check_positions(config, errors);
   check_numerics(config, errors);
   check_vocab(config, errors);
+  for (std::string& e : validate_moe(config.moe, config.num_layers, config.add_bias_linear))
+    errors.push_back(std::move(e));
   return errors;
 }
 
@@ -177,6 +180,10 @@ std::vector<std::string> validate_tensor_parallel_split(const TransformerConfig&
     errors.push_back(concat("--ffn-hidden-size ", c.ffn_hidden_size,
                             " is not divisible by --tensor-model-parallel-size ", tp,
                             ": each TP rank holds ffn_hidden_size / TP columns of the MLP; use a multiple of ", tp));
+  }
+  if (c.moe.enabled() && tp > 1) {
+    errors.push_back(concat("--num-experts with --tensor-model-parallel-size ", tp,
+                            ": MoE layers run at TP 1 in this build; use TP 1"));
   }
   // Derived padding always divides; a vocabulary padded for another TP (a checkpoint's) may not.
   if (c.padded_vocab_size > 0 && c.padded_vocab_size % tp != 0) {

@@ -10,6 +10,7 @@
 
 #include "megatron/core/dtype.h"
 #include "megatron/parallel/parallel_args.h"
+#include "megatron/transformer/moe/moe_config.h"
 
 namespace megatron {
 
@@ -43,6 +44,7 @@ struct TransformerConfig {
   float attention_dropout = 0.1f;
   float hidden_dropout = 0.1f;
   DType params_dtype = DType::f32;  // --bf16 / --fp16; f64 only for CPU gradient checks
+  MoEConfig moe;                    // mixture of experts; off unless --num-experts
 };
 
 // Fills the fields Megatron derives, where they are still 0: ffn_hidden_size (4h, or
