@@ -1,7 +1,8 @@
 // The MoE layer inside a tiny GPT (one MoE layer, one dense): every parameter's gradient against
 // central finite differences in f64, for softmax routing with the load-balancing and z losses, a
 // shared expert and capacity drops with padding, and for DeepSeek-style sigmoid routing with
-// group limits, the expert bias and the per-sequence loss. The routers' losses enter the
+// group limits, the expert bias and the per-sequence loss; experts as per-expert GEMMs and as
+// the grouped GEMM. The routers' losses enter the
 // objective with ForwardContext::aux_loss_grad_scale, as their gradients do.
 #include <gtest/gtest.h>
 
@@ -100,12 +101,13 @@ TEST(MoELayer, SoftmaxRoutingWithLossesSharedExpertAndCapacityMatchesFiniteDiffe
   check_gradients_by_finite_differences(c);
 }
 
-TEST(MoELayer, DroplessPreSoftmaxMatchesFiniteDifferences) {
+TEST(MoELayer, DroplessPreSoftmaxGroupedGemmMatchesFiniteDifferences) {
   TransformerConfig c = moe_model();
   c.moe.moe_router_pre_softmax = true;
   c.moe.moe_router_topk = 3;
   c.moe.moe_router_topk_scaling_factor = 1.5;
   c.moe.moe_aux_loss_coeff = 0.2;
+  c.moe.moe_grouped_gemm = true;
   c.swiglu = false;  // GELU experts
   check_gradients_by_finite_differences(c);
 }

@@ -4,11 +4,14 @@
 
 #include "megatron/ops/activation.h"
 #include "megatron/ops/gemm.h"
+#include "megatron/ops/grouped_gemm.h"
 
 namespace megatron::moe {
 
 Experts::Experts(ParameterRegistry& registry, const TransformerConfig& config, const std::string& prefix)
-    : swiglu_(config.swiglu), ffn_hidden_size_(config.moe.moe_ffn_hidden_size) {
+    : swiglu_(config.swiglu),
+      grouped_gemm_(config.moe.moe_grouped_gemm),
+      ffn_hidden_size_(config.moe.moe_ffn_hidden_size) {
   const int64_t E = config.moe.num_moe_experts, H = config.hidden_size, F = ffn_hidden_size_;
   fc1_ = registry.add({.name = prefix + ".linear_fc1.weight",
                        .global_shape = {E, swiglu_ ? 2 * F : F, H},
@@ -19,8 +22,9 @@ Experts::Experts(ParameterRegistry& registry, const TransformerConfig& config, c
                        .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers))});
 }
 
-void Experts::per_expert_linear(Tensor& out, const Tensor& in, const Parameter& weight,
-                                const std::vector<int64_t>& counts) const {
+void Experts::experts_linear(Tensor& out, const Tensor& in, const Parameter& weight,
+                             const std::vector<int64_t>& counts) const {
+  if (grouped_gemm_) return ops::grouped_linear_forward(out, in, weight.data, counts);
   int64_t begin = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t end = begin + counts[e];
@@ -32,8 +36,12 @@ void Experts::per_expert_linear(Tensor& out, const Tensor& in, const Parameter& 
   }
 }
 
-void Experts::per_expert_linear_backward(Tensor& dx, const Tensor& dy, const Tensor& x, const Parameter& weight,
-                                         const std::vector<int64_t>& counts) const {
+void Experts::experts_linear_backward(Tensor& dx, const Tensor& dy, const Tensor& x, const Parameter& weight,
+                                      const std::vector<int64_t>& counts) const {
+  if (grouped_gemm_) {
+    Tensor dweight = weight.main_grad;
+    return ops::grouped_linear_backward(dx, dweight, dy, x, weight.data, counts);
+  }
   int64_t begin = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t end = begin + counts[e];
@@ -62,24 +70,24 @@ Tensor Experts::forward(const Tensor& rows, const std::vector<int64_t>& tokens_p
   saved.input = rows;
   saved.tokens_per_expert = tokens_per_expert;
   saved.fc1_out = Tensor::empty({N, fc1_->local_shape[1]}, rows.dtype(), rows.device());
-  per_expert_linear(saved.fc1_out, rows, *fc1_, tokens_per_expert);
+  experts_linear(saved.fc1_out, rows, *fc1_, tokens_per_expert);
   const Tensor act = activation(saved.fc1_out);
   Tensor out = Tensor::empty({N, rows.dim(1)}, rows.dtype(), rows.device());
-  per_expert_linear(out, act, *fc2_, tokens_per_expert);
+  experts_linear(out, act, *fc2_, tokens_per_expert);
   return out;
 }
 
 Tensor Experts::backward(const Tensor& dy, const Saved& saved) const {
   const Tensor act = activation(saved.fc1_out);
   Tensor dact = Tensor::empty(act.shape(), act.dtype(), act.device());
-  per_expert_linear_backward(dact, dy, act, *fc2_, saved.tokens_per_expert);
+  experts_linear_backward(dact, dy, act, *fc2_, saved.tokens_per_expert);
   Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), saved.fc1_out.dtype(), saved.fc1_out.device());
   if (swiglu_)
     ops::swiglu_backward(dfc1, dact, saved.fc1_out);
   else
     ops::gelu_backward(dfc1, dact, saved.fc1_out);
   Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
-  per_expert_linear_backward(dx, dfc1, saved.input, *fc1_, saved.tokens_per_expert);
+  experts_linear_backward(dx, dfc1, saved.input, *fc1_, saved.tokens_per_expert);
   return dx;
 }
 

@@ -30,14 +30,15 @@ class Experts {
   Tensor backward(const Tensor& dy, const Saved& saved) const;  // accumulates weight grads, returns drows
 
  private:
-  // out rows of expert e = in rows of e @ weight[e]^T, for every expert with rows.
-  void per_expert_linear(Tensor& out, const Tensor& in, const Parameter& weight,
-                         const std::vector<int64_t>& counts) const;
+  // out rows of expert e = in rows of e @ weight[e]^T, for every expert with rows: one grouped
+  // GEMM (--moe-grouped-gemm), or one GEMM per expert (Megatron's SequentialMLP).
+  void experts_linear(Tensor& out, const Tensor& in, const Parameter& weight, const std::vector<int64_t>& counts) const;
   // dx rows of e = dy rows of e @ weight[e]; grad[e] += dy^T x over e's rows.
-  void per_expert_linear_backward(Tensor& dx, const Tensor& dy, const Tensor& x, const Parameter& weight,
-                                  const std::vector<int64_t>& counts) const;
+  void experts_linear_backward(Tensor& dx, const Tensor& dy, const Tensor& x, const Parameter& weight,
+                               const std::vector<int64_t>& counts) const;
   Tensor activation(const Tensor& fc1_out) const;
   bool swiglu_;
+  bool grouped_gemm_;
   int64_t ffn_hidden_size_;
   Parameter* fc1_;
   Parameter* fc2_;
