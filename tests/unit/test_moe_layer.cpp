@@ -152,3 +152,14 @@ TEST(MoELayer, ExpertBiasUpdateFollowsTheTokenCounts) {
   std::sort(again.begin(), again.end());
   EXPECT_EQ(again, bias);
 }
+
+TEST(MoELayer, ParameterCountMatchesTheRegistry) {
+  // num_parameters (the formula the log and `plan` use) against what the model registers.
+  TransformerConfig c = moe_model();
+  c.moe.moe_shared_expert_intermediate_size = 12;
+  ParallelContext ctx = ParallelContext::single_process();
+  GPTModel model(c, ctx);
+  int64_t registered = 0;
+  for (const auto& p : model.parameters().params()) registered += shape_numel(p->spec.global_shape);
+  EXPECT_EQ(num_parameters(c), registered);
+}

@@ -65,10 +65,13 @@ std::vector<std::string> validate_tensor_parallel_split(const TransformerConfig&
 // Megatron's vocab padding: ceil(vocab / (divisor * TP)) * (divisor * TP).
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tensor_parallel_size);
 
+// Layers --moe-layer-freq makes MoE layers (0 for a dense model).
+int64_t moe_layer_count(const TransformerConfig& config);
+
 // Parameter count of the full (unsharded) model.
 int64_t num_parameters(const TransformerConfig& config);
 
-// Megatron's FLOPs per iteration for a global batch (reference §5.2; dense GPT path).
+// Megatron's FLOPs per iteration for a global batch (reference §5.2; dense and MoE GPT path).
 double num_floating_point_operations(const TransformerConfig& config, int64_t global_batch_size);
 
 }  // namespace megatron
