@@ -30,7 +30,8 @@ Router::Router(ParameterRegistry& registry, const TransformerConfig& config, con
                             .init_std = config.init_method_std})),
       num_experts_(config.moe.num_moe_experts),
       params_(routing_params(config.moe, config.seq_length)),
-      bias_update_rate_(config.moe.moe_router_bias_update_rate) {
+      bias_update_rate_(config.moe.moe_router_bias_update_rate),
+      expert_bias_name_(prefix + ".expert_bias") {
   if (config.moe.moe_router_enable_expert_bias) {
     expert_bias_.assign(size_t(num_experts_), 0.0);
     tokens_since_update_.assign(size_t(num_experts_), 0.0);
@@ -74,7 +75,7 @@ void Router::update_expert_bias(const std::vector<double>& global_counts) {
 
 void Router::set_expert_bias(std::vector<double> bias) {
   MEGATRON_CHECK(bias.size() == expert_bias_.size(),
-                 "expert bias of " << bias.size() << " values for a router with " << expert_bias_.size());
+                 expert_bias_name_ << ": " << bias.size() << " values for " << expert_bias_.size() << " experts");
   expert_bias_ = std::move(bias);
 }
 

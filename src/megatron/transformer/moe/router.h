@@ -44,6 +44,9 @@ class Router {
   void update_expert_bias(const std::vector<double>& global_counts);
   const std::vector<double>& expert_bias() const { return expert_bias_; }
   void set_expert_bias(std::vector<double> bias);
+  // Megatron's state-dict name of the bias (decoder.layers.N.mlp.router.expert_bias): checkpoints
+  // keep it, as every rank holds the same values.
+  const std::string& expert_bias_name() const { return expert_bias_name_; }
 
  private:
   Tensor weight_in_router_dtype() const;
@@ -51,6 +54,7 @@ class Router {
   int64_t num_experts_;
   RoutingParams params_;
   double bias_update_rate_;
+  std::string expert_bias_name_;
   std::vector<double> expert_bias_;                  // empty unless enabled
   mutable std::vector<double> tokens_since_update_;  // training forwards add their counts
 };
