@@ -146,6 +146,8 @@ std::vector<Flag> build_flag_table() {
        "PP (1 in this build)"},
       {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel, "CP (1 in this build)"},
       {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel, "EP (1 in this build)"},
+      {"--expert-tensor-parallel-size", FIELD(parallel.expert_tensor_parallel_size), parallel,
+       "Expert TP; unset: the TP size (the only value in this build)"},
       {"--sequence-parallel", Switch{FIELD(parallel.sequence_parallel), true}, parallel,
        "Sequence parallelism: norms, dropout and residuals on S/TP positions per TP rank (no effect at TP 1)"},
       {"--tp-comm-overlap", Switch{FIELD(parallel.tp_comm_overlap), true}, parallel,

@@ -13,6 +13,7 @@
 #include "megatron/core/logging.h"
 #include "megatron/ops/checks/grouped_gemm.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
+#include "megatron/ops/cuda/op_paths.h"
 #include "megatron/ops/gemm.h"
 #include "megatron/ops/grouped_gemm.h"
 
@@ -68,11 +69,14 @@ bool run_grouped(const std::vector<Problem>& problems, cudaDataType_t ab_type, c
                                  c_type, ldc.data(), int(G), group_size.data(), CUBLAS_COMPUTE_32F);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   CUBLAS_CHECK(status);
-  // The pointer table must outlive the launch: the caching allocator reuses it only in stream order.
+  count_op_path(OpPath::grouped_gemm_cublas);
+  // The pointer table is freed here, but the caching allocator hands it out again only in stream
+  // order, after the launch has read it.
   return true;
 }
 
 void warn_fallback(const char* what) {
+  count_op_path(OpPath::grouped_gemm_per_expert);
   static std::once_flag once;
   std::call_once(once, [what] {
     LOG_WARN("cuBLAS has no grouped GEMM for " << what << "; the experts run one cuBLASLt GEMM each");
