@@ -11,6 +11,7 @@
 
 #include "megatron/core/rng.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "model_gradient_check.h"
 
 using namespace megatron;
 
@@ -66,27 +67,8 @@ void check_gradients_by_finite_differences(const TransformerConfig& config) {
     const LossSums s = model.forward_backward(tokens, labels, mask, scale, fwd);
     return scale * s.loss_sum + fwd.aux_loss_grad_scale * model.moe_stats().weighted_losses;
   };
-  // As test_gpt_model: central differences in f64, 1e-6 relative plus 1e-9 absolute. A step this
-  // small does not change any top-k choice or capacity decision of these inputs.
-  const double h = 1e-5;
-  int checked = 0;
-  HostRng pick(5);
-  for (const auto& p : model.parameters().params()) {
-    for (int sample = 0; sample < 3; ++sample) {
-      const int64_t i = int64_t(pick.uniform_int(uint64_t(p->data.numel())));
-      const double original = p->data.item(i);
-      p->data.set_item(i, original + h);
-      const double up = loss();
-      p->data.set_item(i, original - h);
-      const double down = loss();
-      p->data.set_item(i, original);
-      const double numeric = (up - down) / (2 * h);
-      EXPECT_NEAR(p->view_of(analytic).item(i), numeric, 1e-9 + 1e-6 * std::abs(numeric))
-          << p->spec.name << "[" << i << "]";
-      ++checked;
-    }
-  }
-  EXPECT_GT(checked, 30);
+  // A step of 1e-5 changes no top-k choice or capacity decision of these inputs.
+  test::expect_gradients_match_finite_differences(model, analytic, loss);
 }
 
 }  // namespace

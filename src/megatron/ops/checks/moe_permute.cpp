@@ -17,6 +17,14 @@ void check_index(const Tensor& t, const Shape& shape, const char* name, TensorCh
   check_shape(t, shape, name);
 }
 
+// token_rows (T,E) i32 for T tokens
+void check_token_rows(const Tensor& token_rows, int64_t tokens, const char* name, TensorCheck device) {
+  check_defined(token_rows, name);
+  MEGATRON_CHECK(token_rows.ndim() == 2 && token_rows.dim(0) == tokens,
+                 name << " must be (T,E) with T = " << tokens << ", got " << shape_str(token_rows.shape()));
+  check_index(token_rows, token_rows.shape(), name, device);
+}
+
 void check_weight(const Tensor& w, const Shape& shape, DType values, const char* name, TensorCheck device) {
   if (!w.defined()) return;
   device(w, name);
@@ -43,11 +51,7 @@ void check_moe_unpermute(const Tensor& out, const Tensor& rows, const Tensor& to
   check_dtype(out, rows.dtype(), "moe_unpermute out");
   MEGATRON_CHECK(rows.dim(1) == out.dim(1),
                  "moe_unpermute rows have " << rows.dim(1) << " columns, out has " << out.dim(1));
-  check_defined(token_rows, "moe_unpermute token_rows");
-  MEGATRON_CHECK(
-      token_rows.ndim() == 2 && token_rows.dim(0) == out.dim(0),
-      "moe_unpermute token_rows must be (T,E) with T = " << out.dim(0) << ", got " << shape_str(token_rows.shape()));
-  check_index(token_rows, token_rows.shape(), "moe_unpermute token_rows", device);
+  check_token_rows(token_rows, out.dim(0), "moe_unpermute token_rows", device);
   check_weight(weight, token_rows.shape(), rows.dtype(), "moe_unpermute weight", device);
 }
 
@@ -58,11 +62,7 @@ void check_moe_unpermute_weight_backward(const Tensor& dweight, const Tensor& do
   check_dtype(rows, dout.dtype(), "moe_unpermute_weight_backward rows");
   MEGATRON_CHECK(rows.dim(1) == dout.dim(1),
                  "moe_unpermute_weight_backward rows have " << rows.dim(1) << " columns, dout has " << dout.dim(1));
-  check_defined(token_rows, "moe_unpermute_weight_backward token_rows");
-  MEGATRON_CHECK(token_rows.ndim() == 2 && token_rows.dim(0) == dout.dim(0),
-                 "moe_unpermute_weight_backward token_rows must be (T,E) with T = " << dout.dim(0) << ", got "
-                                                                                    << shape_str(token_rows.shape()));
-  check_index(token_rows, token_rows.shape(), "moe_unpermute_weight_backward token_rows", device);
+  check_token_rows(token_rows, dout.dim(0), "moe_unpermute_weight_backward token_rows", device);
   check_defined(dweight, "moe_unpermute_weight_backward dweight");
   check_weight(dweight, token_rows.shape(), dout.dtype(), "moe_unpermute_weight_backward dweight", device);
 }

@@ -12,6 +12,7 @@
 
 #include "megatron/core/logging.h"
 #include "megatron/ops/checks/grouped_gemm.h"
+#include "megatron/ops/cuda/blas_type.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/cuda/op_paths.h"
 #include "megatron/ops/gemm.h"
@@ -19,19 +20,6 @@
 
 namespace megatron::ops::cuda {
 namespace {
-
-cudaDataType_t cuda_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return CUDA_R_32F;
-    case DType::bf16:
-      return CUDA_R_16BF;
-    case DType::f16:
-      return CUDA_R_16F;
-    default:
-      MEGATRON_FAIL("grouped GEMM: dtype " << dtype_name(dtype) << " is not supported on CUDA; use f32, bf16 or f16");
-  }
-}
 
 // One problem per group: C (m,n) = alpha op(A) op(B) + beta C, column-major.
 struct Problem {
@@ -104,7 +92,7 @@ void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weig
     problems.push_back({CUBLAS_OP_T, CUBLAS_OP_N, out, int(counts[e]), in, in, in, out,
                         element(weight, int64_t(e) * out), element(x, begin), const_cast<char*>(element(y, begin))});
   }
-  if (run_grouped(problems, cuda_type(x.dtype()), cuda_type(y.dtype()), 0.0f, x.device())) return;
+  if (run_grouped(problems, blas_type(x.dtype()), blas_type(y.dtype()), 0.0f, x.device())) return;
   warn_fallback(dtype_name(x.dtype()));
   begin = 0;
   for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
@@ -133,7 +121,7 @@ void cuda::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy
       dw_problems.push_back({CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, in, out, in, element(x, begin),
                              element(dy, begin), const_cast<char*>(element(dweight, int64_t(e) * out))});
   }
-  const cudaDataType_t type = cuda_type(x.dtype());
+  const cudaDataType_t type = blas_type(x.dtype());
   const bool dx_done = run_grouped(dx_problems, type, type, 0.0f, x.device());
   const bool dw_done = run_grouped(dw_problems, type, CUDA_R_32F, 1.0f, x.device());
   if (dx_done && dw_done) return;
