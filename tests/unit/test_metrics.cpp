@@ -71,4 +71,6 @@ TEST(Metrics, MoEFieldsOnlyForMoEModels) {
   const nlohmann::json j = nlohmann::json::parse(text);
   EXPECT_EQ(j.at("load_balancing_loss").get<double>(), 1.25);
   EXPECT_EQ(j.at("max_tokens_per_expert").get<int64_t>(), 40);
+  stats.load_balancing_name = "seq_load_balancing_loss";  // Megatron's name under seq_aux_loss
+  EXPECT_NE(format_training_log_line(stats).find(" seq_load_balancing_loss: 1.250000E+00 |"), std::string::npos);
 }

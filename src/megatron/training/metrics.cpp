@@ -34,10 +34,9 @@ std::string format_training_log_line(const IterationStats& s) {
   std::string line = std::string(head) + norm + tail;
   if (s.load_balancing_loss) {
     char moe[256];
-    std::snprintf(moe, sizeof moe,
-                  " load_balancing_loss: %.6E | z_loss: %.6E | tokens per expert (min/max): %lld/%lld |",
-                  *s.load_balancing_loss, s.z_loss.value_or(0.0), static_cast<long long>(s.min_tokens_per_expert),
-                  static_cast<long long>(s.max_tokens_per_expert));
+    std::snprintf(moe, sizeof moe, " %s: %.6E | z_loss: %.6E | tokens per expert (min/max): %lld/%lld |",
+                  s.load_balancing_name.c_str(), *s.load_balancing_loss, s.z_loss.value_or(0.0),
+                  static_cast<long long>(s.min_tokens_per_expert), static_cast<long long>(s.max_tokens_per_expert));
     line += moe;
   }
   return line;
@@ -83,7 +82,7 @@ void MetricsFile::write_training(const IterationStats& s) {
                       {"optimizer_state_mib", s.optimizer_state_mib},
                       {"activation_memory_mib", s.activation_memory_mib}};
   if (s.load_balancing_loss) {
-    j["load_balancing_loss"] = *s.load_balancing_loss;
+    j[s.load_balancing_name] = *s.load_balancing_loss;
     j["z_loss"] = s.z_loss.value_or(0.0);
     j["min_tokens_per_expert"] = s.min_tokens_per_expert;
     j["max_tokens_per_expert"] = s.max_tokens_per_expert;

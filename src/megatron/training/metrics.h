@@ -29,6 +29,7 @@ struct IterationStats {
   // layers and the interval's micro-batches, and the fewest and most tokens any expert received in
   // one micro-batch of the interval, on the logging rank.
   std::optional<double> load_balancing_loss, z_loss;
+  std::string load_balancing_name = "load_balancing_loss";  // seq_load_balancing_loss with seq_aux_loss
   int64_t min_tokens_per_expert = 0, max_tokens_per_expert = 0;
 };
 

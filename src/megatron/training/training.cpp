@@ -127,9 +127,11 @@ struct IntervalMoEStats {
   int64_t micro_batches = 0;
   double load_balancing_loss = 0.0, z_loss = 0.0;
   int64_t min_tokens = std::numeric_limits<int64_t>::max(), max_tokens = 0;
+  bool per_sequence = false;
   void add(const moe::MoEStats& s) {
     if (s.layers == 0) return;
     ++micro_batches;
+    per_sequence = s.per_sequence;
     load_balancing_loss += s.load_balancing_loss / double(s.layers);
     z_loss += s.z_loss / double(s.layers);
     min_tokens = std::min(min_tokens, s.min_tokens_per_expert);
@@ -138,6 +140,7 @@ struct IntervalMoEStats {
   void report(IterationStats& st) const {
     if (micro_batches == 0) return;
     st.load_balancing_loss = load_balancing_loss / double(micro_batches);
+    if (per_sequence) st.load_balancing_name = "seq_load_balancing_loss";
     st.z_loss = z_loss / double(micro_batches);
     st.min_tokens_per_expert = min_tokens;
     st.max_tokens_per_expert = max_tokens;

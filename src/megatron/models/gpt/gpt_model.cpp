@@ -39,7 +39,10 @@ Tensor sequence_columns(const Tensor& ids_bs, int64_t s0, int64_t s1) {
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device)
-    : config_(config), ctx_(&ctx), device_(device), registry_(ctx.tp_rank(), ctx.tp_size()) {
+    : config_(config),
+      ctx_(&ctx),
+      device_(device),
+      registry_(ctx.tp_rank(), ctx.tp_size(), ctx.ep ? ctx.ep->rank() : 0, ctx.ep ? ctx.ep->size() : 1) {
   MEGATRON_CHECK(config.padded_vocab_size > 0, "padded_vocab_size is not set; derive the config before building");
   const auto registered = [this] { return registry_.params().size(); };
   word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(

@@ -15,11 +15,13 @@ Experts::Experts(ParameterRegistry& registry, const TransformerConfig& config, c
   const int64_t E = config.moe.num_moe_experts, H = config.hidden_size, F = ffn_hidden_size_;
   fc1_ = registry.add({.name = prefix + ".linear_fc1.weight",
                        .global_shape = {E, swiglu_ ? 2 * F : F, H},
-                       .init_std = config.init_method_std});
+                       .init_std = config.init_method_std,
+                       .expert_parallel = true});
   // fc2 as Megatron's output layers: std / sqrt(2 * layers).
   fc2_ = registry.add({.name = prefix + ".linear_fc2.weight",
                        .global_shape = {E, H, F},
-                       .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers))});
+                       .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers)),
+                       .expert_parallel = true});
 }
 
 void Experts::experts_linear(Tensor& out, const Tensor& in, const Parameter& weight,

@@ -2,7 +2,8 @@
 // The routed experts: E MLPs without biases, fc1 (fused [gate; up] with SwiGLU) and fc2, each
 // registered as one (E, out, in) parameter per layer whose dim 0 is the global expert index
 // (decoder.layers.N.mlp.experts.linear_fc1.weight, (E, F or 2F, H); linear_fc2.weight, (E, H, F)),
-// so a checkpoint holds every expert by its index. Rows arrive grouped by expert
+// so a checkpoint holds every expert by its index. Under expert parallelism this rank holds the
+// contiguous experts [first_expert(), first_expert() + num_local_experts()). Rows arrive grouped by expert
 // (token_dispatcher.h): expert e runs on tokens_per_expert[e] consecutive rows. The activation is
 // recomputed in backward from the saved fc1 output, as the dense MLP.
 #include <string>
@@ -28,6 +29,8 @@ class Experts {
   Experts(ParameterRegistry& registry, const TransformerConfig& config, const std::string& prefix);
   Tensor forward(const Tensor& rows, const std::vector<int64_t>& tokens_per_expert, Saved& saved) const;
   Tensor backward(const Tensor& dy, const Saved& saved) const;  // accumulates weight grads, returns drows
+  int64_t first_expert() const { return fc1_->expert_offset(); }
+  int64_t num_local_experts() const { return fc1_->local_shape[0]; }
 
  private:
   // out rows of expert e = in rows of e @ weight[e]^T, for every expert with rows: one grouped

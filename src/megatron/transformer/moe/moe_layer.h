@@ -1,7 +1,9 @@
 #pragma once
 // Megatron-Core's MoELayer, in place of the MLP of the layers --moe-layer-freq selects:
 //   y = sum_e probs[t,e] expert_e(x_t)  (+ shared_expert(x) with --moe-shared-expert-intermediate-size)
-// router (router.h) -> dispatch (token_dispatcher.h) -> experts (experts.h) -> combine. Parameter
+// router (router.h) -> dispatch (token_dispatcher.h) -> experts (experts.h) -> combine; under
+// expert parallelism (the context's EP group) the dispatch gathers the EP group's tokens and each
+// rank runs its own experts (token_dispatcher.h). Parameter
 // names are Megatron's: mlp.router.weight, mlp.experts.linear_fc{1,2}.weight (all experts, by global
 // index), mlp.shared_experts.linear_fc{1,2}.weight.
 #include <memory>
@@ -35,6 +37,7 @@ class MoELayer {
   const Router& router() const { return router_; }
 
  private:
+  std::shared_ptr<Communicator> ep_;  // null without expert parallelism
   Router router_;
   Experts experts_;
   std::unique_ptr<MLP> shared_experts_;

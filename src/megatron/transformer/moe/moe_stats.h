@@ -17,9 +17,11 @@ struct MoEStats {
   double weighted_losses = 0.0;  // coefficient x loss, summed: what the gradient includes
   int64_t min_tokens_per_expert = std::numeric_limits<int64_t>::max();
   int64_t max_tokens_per_expert = 0;
+  bool per_sequence = false;  // seq_aux_loss: Megatron logs it as seq_load_balancing_loss
 
   void add(const Routing& r, const RoutingParams& p) {
     ++layers;
+    per_sequence = p.load_balancing == LoadBalancingType::seq_aux_loss;
     load_balancing_loss += r.load_balancing_loss;
     z_loss += r.z_loss;
     weighted_losses += r.weighted_losses(p);

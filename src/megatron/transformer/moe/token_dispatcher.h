@@ -3,11 +3,16 @@
 // rows (expert-major, tokens in order within an expert, as Megatron's permute), and the two
 // directions of the exchange, built on the ops/moe_permute.h gathers:
 //   dispatch: rows = x[row_token]                      combine: y[t] = sum_e probs[t,e] rows'[row of (t,e)]
-// Their backwards are the same gathers the other way round. All experts are local in this build
-// (expert parallelism will exchange the rows between ranks here).
+// Their backwards are the same gathers the other way round.
+// Under expert parallelism (Megatron's allgather dispatcher) every EP rank gathers the tokens and
+// routings of the whole EP group (rank-major: token r*T + t is rank r's token t), runs its own
+// experts on the tokens routed to them, and the partial outputs are summed back to the tokens'
+// ranks by a reduce-scatter; backward all-gathers the output gradients and reduce-scatters the
+// input gradients and the probabilities' gradients the same way.
 #include <vector>
 
 #include "megatron/core/activation_memory.h"
+#include "megatron/parallel/comm.h"
 #include "megatron/transformer/moe/routing.h"
 
 namespace megatron::moe {
@@ -26,8 +31,20 @@ struct DispatchPlan {
   }
 };
 
+// Rows for the experts [first_expert, first_expert + num_experts) only: this rank's experts.
 // `weight_dtype`: of row_prob and probs (the accumulation dtype of the activations).
-DispatchPlan plan_dispatch(const Routing& routing, Device device, DType weight_dtype);
+DispatchPlan plan_dispatch(const Routing& routing, int64_t first_expert, int64_t num_experts, Device device,
+                           DType weight_dtype);
+
+// Expert parallelism: x (T,H) of every rank of `ep`, (EP*T,H); and the routings of every rank as
+// one routing of EP*T tokens (the probabilities, the routed map and the counts; no losses).
+Tensor gather_tokens(const Tensor& x, Communicator& ep);
+Routing gather_routing(const Routing& routing, Communicator& ep, Device device);
+// The sum over the EP ranks of their (EP*T, C) partials, this rank's T rows: (T, C).
+Tensor sum_to_token_ranks(const Tensor& partial, Communicator& ep);
+// The same for the probabilities' gradient on the host: (EP*T, E) partials -> this rank's (T, E).
+std::vector<double> sum_probs_to_token_ranks(const std::vector<double>& partial, int64_t num_experts, Communicator& ep,
+                                             Device device);
 
 // x (T,H) -> rows (N,H)
 Tensor dispatch(const Tensor& x, const DispatchPlan& plan);
