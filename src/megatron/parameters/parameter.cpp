@@ -79,7 +79,7 @@ int64_t Parameter::global_index(int64_t local_index) const {
 std::vector<Parameter::Slice> Parameter::global_slices_of(const Tensor& local) const {
   check_shape(local, local_shape, spec.name.c_str());
   Shape offset(spec.global_shape.size(), 0);
-  offset[0] = expert_offset();
+  if (spec.expert_parallel) offset[0] = expert_offset();
   if (spec.partition_dim < 0 || tp_size == 1) return {{offset, local}};
   const int d = spec.partition_dim;
   const int64_t local_block = local_shape[size_t(d)] / spec.partition_blocks;
