@@ -205,18 +205,5 @@ TEST(GPTModel, DocumentMaskingGradientsMatchFiniteDifferences) {
   const auto loss = [&] {
     return model.forward_backward(batch.tokens, batch.labels, batch.mask, 1.0f, fwd, Tensor(), segments).loss_sum;
   };
-  // As in check_gradients_by_finite_differences: central differences in f64.
-  const double h = 1e-5;
-  HostRng pick(6);
-  for (const auto& p : model.parameters().params()) {
-    const int64_t i = int64_t(pick.uniform_int(uint64_t(p->data.numel())));
-    const double original = p->data.item(i);
-    p->data.set_item(i, original + h);
-    const double up = loss();
-    p->data.set_item(i, original - h);
-    const double down = loss();
-    p->data.set_item(i, original);
-    const double numeric = (up - down) / (2 * h);
-    EXPECT_NEAR(p->view_of(analytic).item(i), numeric, 1e-9 + 1e-6 * std::abs(numeric)) << p->spec.name;
-  }
+  test::expect_gradients_match_finite_differences(model, analytic, loss);
 }
