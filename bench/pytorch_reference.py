@@ -16,6 +16,9 @@ broadcast of the constant RoPE tables), then torch.compile,
 each rank on its own random batches of --micro-batch-size. Only rank 0 prints; its tokens/s,
 TFLOP/s and memory are per GPU.
 
+The MoE preset (moe-1b-8x) adds Megatron's MoE layer (class MoE): its experts run as one
+torch._grouped_mm by default (`--experts loop`: one matmul per expert).
+
 Usage: python3 bench/pytorch_reference.py --preset gpt2-124m --micro-batch-size 32 --iters 20
        python3 bench/pytorch_reference.py --preset llama-1b --micro-batch-size 8 --variant legacy
        torchrun --nproc_per_node 4 bench/pytorch_reference.py --preset llama-1b --micro-batch-size 8
@@ -36,6 +39,10 @@ PRESETS = {
     "llama-1b": dict(layers=16, hidden=2048, heads=32, groups=8, ffn=5632, vocab=32000, seq=2048, llama=True),
     "llama-3b": dict(layers=26, hidden=3072, heads=24, groups=8, ffn=8192, vocab=32000, seq=2048, llama=True),
     "llama-8b": dict(layers=32, hidden=4096, heads=32, groups=8, ffn=14336, vocab=128256, seq=2048, llama=True),
+    # megatron-cpp's moe-1b-8x: llama-1b attention, every MLP replaced by 8 SwiGLU experts of width 2816,
+    # top-2 softmax routing with Megatron's aux loss (coefficient 1e-2), dropless.
+    "moe-1b-8x": dict(layers=16, hidden=2048, heads=32, groups=8, ffn=5632, vocab=32000, seq=2048, llama=True,
+                      experts=8, topk=2, expert_ffn=2816, aux_loss_coeff=1e-2),
 }
 
 # How the reference is written; each value computes the same model.
@@ -59,27 +66,31 @@ CHOICES = {
     # cuBLAS may reduce split-K partial sums of bf16 GEMMs in bf16 (PyTorch's default); "off" keeps
     # every accumulation in fp32, as megatron-cpp's cuBLASLt GEMMs (CUBLAS_COMPUTE_32F).
     "reduced_precision_reduction": ("torch-default", "off"),
+    # MoE experts: torch._grouped_mm (one grouped GEMM over the expert-sorted tokens, PyTorch >= 2.8 on
+    # Hopper; the fastest grouped matmul PyTorch offers) or a loop of one matmul per expert.
+    "experts": ("grouped_mm", "loop"),
 }
 
 VARIANTS = {
     "legacy": dict(rms_norm="manual", rope="fp32-per-step", residual="fp32", gqa="native", sdpa="auto",
                    compile_mode="default", coordinate_descent_tuning="off",
-                   reduced_precision_reduction="torch-default"),
+                   reduced_precision_reduction="torch-default", experts="loop"),
     # Measured on one H100 (2026-11-25, llama-1b mbs 8, PERFORMANCE.md): 84.3k tokens/s legacy,
     # 94.6k with k and v expanded, 95.4k with enable_gqa on cuDNN (the fastest row).
     "tuned": dict(rms_norm="fused", rope="cached", residual="bf16", gqa="native", sdpa="cudnn",
-                  compile_mode="default", coordinate_descent_tuning="off", reduced_precision_reduction="off"),
+                  compile_mode="default", coordinate_descent_tuning="off", reduced_precision_reduction="off",
+                  experts="grouped_mm"),
 }
 
 
 def megatron_flops(p, global_batch):
-    """FLOPs per iteration, megatron-compat.md section 5.2 (dense path)."""
+    """FLOPs per iteration, megatron-compat.md section 5.2 (dense path, or every layer MoE)."""
     h, L, V, n, g, F_ = p["hidden"], p["layers"], p["vocab"], p["heads"], p["groups"], p["ffn"]
     d = h // n
     s = p["seq"]
     e = 3 if p["llama"] else 2
     attn_proj = 6 * (h * (n * d + 2 * g * d) + n * d * h)
-    mlp = 6 * h * F_ * e
+    mlp = 6 * h * (p["expert_ffn"] * p["topk"] if "experts" in p else F_) * e
     logits = 6 * h * V
     per_token = L * mlp + L * attn_proj + logits
     return global_batch * s * per_token + global_batch * s * s * L * 6 * n * d
@@ -113,6 +124,51 @@ def apply_rope(x, cos, sin):
     return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).type_as(x)
 
 
+class MoE(nn.Module):
+    """Megatron's MoE layer: an fp32 router, softmax over each token's top-k logits, the load-balancing
+    loss (full softmax, top-k counts), the tokens sorted by expert, SwiGLU experts, and the outputs
+    summed back weighted by their probabilities."""
+
+    def __init__(self, p, c):
+        super().__init__()
+        h, E, F_ = p["hidden"], p["experts"], p["expert_ffn"]
+        self.E, self.k, self.coeff, self.F = E, p["topk"], p["aux_loss_coeff"], F_
+        self.grouped = c["experts"] == "grouped_mm"
+        self.router = nn.Linear(h, E, bias=False)
+        # (E, out, in) stacks, as megatron-cpp's experts; used transposed: (E, in, out) column-major,
+        # the layout torch._grouped_mm reads without a copy.
+        self.w1 = nn.Parameter(torch.empty(E, 2 * F_, h))
+        self.w2 = nn.Parameter(torch.empty(E, h, F_))
+
+    def experts(self, x, w, counts, offsets):
+        if self.grouped:
+            return torch._grouped_mm(x, w.transpose(-2, -1).to(x.dtype), offs=offsets)
+        return torch.cat([xe @ w[e].to(x.dtype).t() for e, xe in enumerate(x.split(counts))])
+
+    def forward(self, x):
+        B, S, H = x.shape
+        t = x.reshape(-1, H)
+        logits = F.linear(t.float(), self.router.weight.float())  # the router in fp32
+        top_logits, top_idx = logits.topk(self.k, dim=-1)
+        probs = top_logits.softmax(dim=-1)
+        scores = logits.softmax(dim=-1)
+        counts_all = torch.zeros_like(scores).scatter(1, scores.topk(self.k, dim=-1).indices, 1.0).sum(0)
+        T = t.shape[0]
+        aux = self.coeff * self.E / (self.k * T * T) * (scores.sum(0) * counts_all).sum()
+        flat = top_idx.reshape(-1)
+        order = flat.argsort(stable=True)
+        tokens = t[order // self.k]
+        counts_t = F.one_hot(flat, self.E).sum(0)  # static shape: no graph break under torch.compile
+        offsets = counts_t.cumsum(0).to(torch.int32)
+        counts = None if self.grouped else counts_t.tolist()
+        h1 = self.experts(tokens, self.w1, counts, offsets)
+        gate, up = h1.chunk(2, dim=-1)
+        y = self.experts(F.silu(gate) * up, self.w2, counts, offsets)
+        y = y * probs.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
+        out = torch.zeros_like(t).index_add_(0, order // self.k, y.to(t.dtype))
+        return out.view(B, S, H), aux
+
+
 class Block(nn.Module):
     def __init__(self, p, c):
         super().__init__()
@@ -125,8 +181,10 @@ class Block(nn.Module):
         self.norm1, self.norm2 = norm(), norm()
         self.qkv = nn.Linear(h, (self.n + 2 * self.g) * self.d, bias=bias)  # one fused QKV projection
         self.proj = nn.Linear(self.n * self.d, h, bias=bias)
-        self.fc1 = nn.Linear(h, p["ffn"] * (2 if self.llama else 1), bias=bias)  # [gate; up] fused for SwiGLU
-        self.fc2 = nn.Linear(p["ffn"], h, bias=bias)
+        self.moe = MoE(p, c) if "experts" in p else None
+        if self.moe is None:
+            self.fc1 = nn.Linear(h, p["ffn"] * (2 if self.llama else 1), bias=bias)  # [gate; up] fused for SwiGLU
+            self.fc2 = nn.Linear(p["ffn"], h, bias=bias)
 
     def forward(self, x, cos, sin):
         B, S, _ = x.shape
@@ -142,13 +200,16 @@ class Block(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            enable_gqa=self.g != self.n and not self.expand_kv)
         x = x + self.proj(a.transpose(1, 2).reshape(B, S, -1))
+        if self.moe is not None:
+            m, aux = self.moe(self.norm2(x))
+            return x + m, aux
         m = self.fc1(self.norm2(x))
         if self.llama:
             gate, up = m.chunk(2, dim=-1)
             m = F.silu(gate) * up
         else:
             m = F.gelu(m, approximate="tanh")
-        return x + self.fc2(m)
+        return x + self.fc2(m), 0.0
 
 
 class GPT(nn.Module):
@@ -165,8 +226,8 @@ class GPT(nn.Module):
         if not p["llama"]:
             self.head.weight = self.wte.weight  # tied, as GPT-2
         for name, w in self.named_parameters():
-            if w.dim() == 2:
-                std = 0.02 / math.sqrt(2 * p["layers"]) if name.endswith(("proj.weight", "fc2.weight")) else 0.02
+            if w.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * p["layers"]) if name.endswith(("proj.weight", "fc2.weight", "w2")) else 0.02
                 nn.init.normal_(w, std=std)
         if p["llama"] and self.rope == "cached":
             cos, sin = rope_tables(p["seq"], p["hidden"] // p["heads"], 10000.0, "cpu")
@@ -186,10 +247,12 @@ class GPT(nn.Module):
                 cos, sin = self.cos[:S], self.sin[:S]
             else:
                 cos, sin = rope_tables(S, self.p["hidden"] // self.p["heads"], 10000.0, tokens.device)
+        aux = 0.0
         for b in self.blocks:
-            x = b(x, cos, sin)
+            x, block_aux = b(x, cos, sin)
+            aux = aux + block_aux
         logits = self.head(self.norm(x))
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.reshape(-1)) + aux
 
 
 def parse_args():
@@ -256,7 +319,9 @@ def main():
         mode = None if c["compile_mode"] == "default" else c["compile_mode"]
         # fullgraph: a graph break would cost speed, so there must be none (DDP's graphs are split at
         # its buckets by design).
-        step_model = torch.compile(model, fullgraph=world == 1, mode=mode)
+        # The expert loop reads the token counts on the host: a graph break by design.
+        expert_loop = "experts" in p and c["experts"] == "loop"
+        step_model = torch.compile(model, fullgraph=world == 1 and not expert_loop, mode=mode)
     B, S, V = a.micro_batch_size, p["seq"], p["vocab"]
     gen = torch.Generator(device=dev).manual_seed(rank)
     data = [torch.randint(0, V, (B, S + 1), device=dev, generator=gen) for _ in range(4)]

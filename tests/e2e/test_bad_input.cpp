@@ -53,6 +53,18 @@ TEST(BadInput, HeadsMustDivideHidden) {
       "--num-attention-heads");
 }
 
+// Mixture of experts: each broken rule is named before any work starts.
+TEST(BadInput, MoECombinations) {
+  const std::string moe = "train" + kTiny + kMock + " --disable-bias-linear --num-experts 4";
+  expect_failure(moe + " --moe-router-topk 5", "--moe-router-topk 5 must lie in [1, --num-experts 4]");
+  expect_failure(moe + " --moe-router-enable-expert-bias", "needs --moe-router-score-function sigmoid");
+  expect_failure(moe + " --moe-pad-expert-input-to-capacity", "needs --moe-expert-capacity-factor");
+  expect_failure(moe + " --moe-layer-freq [1,0,1]", "the list has 3 entries for 2 layers");
+  expect_failure("train" + kTiny + kMock + " --num-experts 4", "add --disable-bias-linear");
+  expect_failure(moe + " --moe-router-load-balancing-type sinkhorn", "sinkhorn");
+  expect_failure(moe + " --expert-model-parallel-size 2", "--expert-model-parallel-size");
+}
+
 TEST(BadInput, NonexistentDataPath) {
   expect_failure("train" + kTiny + " --data-path /nonexistent/corpus_text_document --tokenizer-type ByteTokenizer",
                  "/nonexistent/corpus_text_document");

@@ -1,5 +1,5 @@
-// End-to-end training on the CPU: resume is bit-exact (bf16 and fp16 with dynamic loss
-// scaling), fp16 tracks fp32, and an fp16 overflow skips the step as Megatron does.
+// End-to-end training on the CPU: resume is bit-exact (bf16, fp16 with dynamic loss scaling,
+// MoE with expert biases), fp16 tracks fp32, and an fp16 overflow skips the step as Megatron does.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -97,6 +97,39 @@ const std::vector<std::string> kResumeFlags = {"--attention-dropout", "0.1", "--
 TEST(Training, ResumeIsBitExact) {
   TempDir dir;
   expect_resume_is_bit_exact(with(kResumeFlags, {"--bf16"}), dir);
+}
+
+// MoE with DeepSeek-style routing (sigmoid scores, an expert bias moved every step, a shared
+// expert), an aux loss and capacity drops, experts as the grouped GEMM: the routers' expert biases
+// must travel with the checkpoint, or the resumed run routes differently from its first step.
+TEST(Training, MoEResumeIsBitExact) {
+  TempDir dir;
+  expect_resume_is_bit_exact(with(kResumeFlags, {"--disable-bias-linear",
+                                                 "--swiglu",
+                                                 "--num-experts",
+                                                 "8",
+                                                 "--moe-router-topk",
+                                                 "2",
+                                                 "--moe-ffn-hidden-size",
+                                                 "16",
+                                                 "--moe-shared-expert-intermediate-size",
+                                                 "16",
+                                                 "--moe-router-score-function",
+                                                 "sigmoid",
+                                                 "--moe-router-enable-expert-bias",
+                                                 "--moe-router-bias-update-rate",
+                                                 "0.05",
+                                                 "--moe-aux-loss-coeff",
+                                                 "1e-2",
+                                                 "--moe-expert-capacity-factor",
+                                                 "1.5",
+                                                 "--moe-grouped-gemm",
+                                                 "--moe-layer-freq",
+                                                 "[1,0]"}),
+                             dir);
+  const nlohmann::json biases = checkpointing::CheckpointReader::open(dir / "ckpt", 10).common().at("moe_expert_bias");
+  ASSERT_TRUE(biases.contains("decoder.layers.0.mlp.router.expert_bias"));
+  EXPECT_EQ(biases.size(), 1u);  // layer 1 is dense
 }
 
 // With a window of 3 from 2^18 the scale grows at iterations 3, 6 and 9, the 10th overflows into

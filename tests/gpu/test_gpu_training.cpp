@@ -129,6 +129,16 @@ const std::vector<std::string> kLlama = {"--hidden-size",
                                          "0",
                                          "--hidden-dropout",
                                          "0.1"};
+// The LLaMA-style model with every other MLP replaced by 4 SwiGLU experts, top-2 with the aux and
+// z losses, as the grouped GEMM.
+std::vector<std::string> moe_of(std::vector<std::string> model) {
+  const std::vector<std::string> moe = {"--num-experts",         "4",    "--moe-router-topk",  "2",
+                                        "--moe-ffn-hidden-size", "256",  "--moe-layer-freq",   "2",
+                                        "--moe-aux-loss-coeff",  "1e-2", "--moe-z-loss-coeff", "1e-3",
+                                        "--moe-grouped-gemm"};
+  model.insert(model.end(), moe.begin(), moe.end());
+  return model;
+}
 const std::vector<std::string> kBf16 = {"--bf16"};
 // 0.75 x 2^32: every loss-scaling decision a few percent away from flipping (header comment).
 const std::vector<std::string> kFp16Scaling = {"--fp16", "--initial-loss-scale", "3221225472"};
@@ -236,6 +246,17 @@ TEST_F(GpuTraining, LlamaStyleOnCudnnHeadDim128MatchesTheCpu) {
   const std::string what = "LLaMA style bf16 (GQA, RoPE, RMSNorm, SwiGLU), cuDNN head dim 128";
   expect_same_curves(r, kBf16Tolerance, what);
   expect_cudnn_attention(r.gpu_paths, what);
+}
+
+// Routing decides discontinuously (top-k), so a token whose two best experts are within a
+// rounding of each other may go elsewhere on the GPU; those are rare enough at these sizes that
+// the bf16 tolerance holds (a wrong router or expert gradient moves the curve far more).
+TEST_F(GpuTraining, MoELlamaStyleWithGroupedGemmMatchesTheCpu) {
+  const BothRuns r = train_on_both(run_of(moe_of(kLlama), "1e-4", kBf16));
+  const std::string what = "MoE LLaMA style bf16, 4 experts top-2, grouped GEMM";
+  expect_same_curves(r, kBf16Tolerance, what);
+  EXPECT_GT(r.gpu_paths[OpPath::grouped_gemm_cublas], 0) << what;
+  EXPECT_EQ(r.gpu_paths[OpPath::grouped_gemm_per_expert], 0) << what << ": cuBLAS had no grouped kernel";
 }
 
 TEST_F(GpuTraining, Fp16WithDynamicLossScalingMatchesTheCpu) {

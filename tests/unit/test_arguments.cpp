@@ -359,6 +359,54 @@ TEST(ValidateArgs, ContextAndExpertParallelismMustBeOne) {
                        "--expert-model-parallel-size 4: not yet supported, must be 1"));
 }
 
+// Megatron's MoE flags fill TransformerConfig::moe and survive the round trip through flag text
+// (what a checkpoint stores); --expert-tensor-parallel-size must equal TP in this build.
+TEST(ParseArgs, MoEFlags) {
+  const TrainingArgs args = parse_training_args(with(minimal_argv(), {"--disable-bias-linear",
+                                                                      "--num-experts",
+                                                                      "8",
+                                                                      "--moe-router-topk",
+                                                                      "4",
+                                                                      "--moe-layer-freq",
+                                                                      "[1,0]",
+                                                                      "--moe-router-score-function",
+                                                                      "sigmoid",
+                                                                      "--moe-router-enable-expert-bias",
+                                                                      "--moe-router-num-groups",
+                                                                      "4",
+                                                                      "--moe-router-group-topk",
+                                                                      "2",
+                                                                      "--moe-expert-capacity-factor",
+                                                                      "1.25",
+                                                                      "--moe-token-drop-policy",
+                                                                      "position",
+                                                                      "--moe-router-load-balancing-type",
+                                                                      "seq_aux_loss",
+                                                                      "--moe-z-loss-coeff",
+                                                                      "1e-3",
+                                                                      "--moe-grouped-gemm",
+                                                                      "--moe-token-dispatcher-type",
+                                                                      "alltoall",
+                                                                      "--expert-tensor-parallel-size",
+                                                                      "1"}));
+  const MoEConfig& m = args.model.moe;
+  EXPECT_EQ(m.num_moe_experts, 8);
+  EXPECT_EQ(m.moe_router_topk, 4);
+  EXPECT_EQ(m.moe_layer_freq, "[1,0]");
+  EXPECT_EQ(m.moe_router_score_function, RouterScoreFunction::sigmoid);
+  EXPECT_TRUE(m.moe_router_enable_expert_bias);
+  EXPECT_EQ(m.moe_expert_capacity_factor, 1.25);
+  EXPECT_EQ(m.moe_token_drop_policy, TokenDropPolicy::position);
+  EXPECT_EQ(m.moe_router_load_balancing_type, LoadBalancingType::seq_aux_loss);
+  EXPECT_EQ(m.moe_z_loss_coeff, 1e-3);
+  EXPECT_EQ(m.moe_ffn_hidden_size, args.model.ffn_hidden_size);  // derived, as Megatron
+  EXPECT_FALSE(m.moe_router_topk_scaling_factor.has_value());
+  const auto flags = training_args_to_flags(args);
+  EXPECT_EQ(training_args_to_flags(parse_training_args_from_flags(flags)), flags);
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--expert-tensor-parallel-size", "2"})),
+                       "--expert-tensor-parallel-size 2: experts split like the dense layers"));
+}
+
 TEST(ValidateArgs, WorldSizeMustHoldTheModelLayout) {
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--tensor-model-parallel-size", "2"}), 3),
                        "world size 3 is not a multiple of TP*PP = 2"));

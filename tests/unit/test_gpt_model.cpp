@@ -7,6 +7,7 @@
 #include "megatron/core/rng.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/optimizer/optimizer.h"
+#include "model_gradient_check.h"
 
 using namespace megatron;
 
@@ -72,27 +73,7 @@ void check_gradients_by_finite_differences(const TransformerConfig& config) {
   auto loss = [&] {
     return scale * model.forward_backward(batch.tokens, batch.labels, batch.mask, scale, fwd).loss_sum;
   };
-  // Central differences in f64: truncation O(h^2 * f''') ~ 1e-12 and roundoff ~ eps * |L| / h
-  // ~ 1e-10, against gradients of order 1e-3..1: 1e-6 relative (plus 1e-9 absolute) leaves margin.
-  const double h = 1e-5;
-  int checked = 0;
-  HostRng pick(5);
-  for (const auto& p : model.parameters().params()) {
-    for (int sample = 0; sample < 3; ++sample) {
-      const int64_t i = int64_t(pick.uniform_int(uint64_t(p->data.numel())));
-      const double original = p->data.item(i);
-      p->data.set_item(i, original + h);
-      const double up = loss();
-      p->data.set_item(i, original - h);
-      const double down = loss();
-      p->data.set_item(i, original);
-      const double numeric = (up - down) / (2 * h);
-      const double exact = p->view_of(analytic).item(i);
-      EXPECT_NEAR(exact, numeric, 1e-9 + 1e-6 * std::abs(numeric)) << p->spec.name << "[" << i << "]";
-      ++checked;
-    }
-  }
-  EXPECT_GT(checked, 30);
+  test::expect_gradients_match_finite_differences(model, analytic, loss);
 }
 
 double initial_loss(int64_t vocab, int64_t divisible_by) {
@@ -224,18 +205,5 @@ TEST(GPTModel, DocumentMaskingGradientsMatchFiniteDifferences) {
   const auto loss = [&] {
     return model.forward_backward(batch.tokens, batch.labels, batch.mask, 1.0f, fwd, Tensor(), segments).loss_sum;
   };
-  // As in check_gradients_by_finite_differences: central differences in f64.
-  const double h = 1e-5;
-  HostRng pick(6);
-  for (const auto& p : model.parameters().params()) {
-    const int64_t i = int64_t(pick.uniform_int(uint64_t(p->data.numel())));
-    const double original = p->data.item(i);
-    p->data.set_item(i, original + h);
-    const double up = loss();
-    p->data.set_item(i, original - h);
-    const double down = loss();
-    p->data.set_item(i, original);
-    const double numeric = (up - down) / (2 * h);
-    EXPECT_NEAR(p->view_of(analytic).item(i), numeric, 1e-9 + 1e-6 * std::abs(numeric)) << p->spec.name;
-  }
+  test::expect_gradients_match_finite_differences(model, analytic, loss);
 }

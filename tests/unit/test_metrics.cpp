@@ -45,3 +45,32 @@ TEST(Metrics, FileHoldsTheUnroundedThroughput) {
   EXPECT_EQ(j.at("iteration"), 3);
   EXPECT_EQ(j.at("tflops_per_gpu").get<double>(), stats.tflops_per_gpu);  // JSON keeps every bit of a double
 }
+
+// MoE runs add the routers' losses and the extreme expert loads to the line and the file; dense
+// runs show none of it.
+TEST(Metrics, MoEFieldsOnlyForMoEModels) {
+  IterationStats stats;
+  EXPECT_EQ(format_training_log_line(stats).find("load_balancing_loss"), std::string::npos);
+  stats.load_balancing_loss = 1.25;
+  stats.z_loss = 0.5;
+  stats.min_tokens_per_expert = 3;
+  stats.max_tokens_per_expert = 40;
+  const std::string line = format_training_log_line(stats);
+  EXPECT_NE(
+      line.find(" load_balancing_loss: 1.250000E+00 | z_loss: 5.000000E-01 | tokens per expert (min/max): 3/40 |"),
+      std::string::npos)
+      << line;
+  const TempDir dir;
+  {
+    MetricsFile file(dir / "m.jsonl");
+    file.write_training(stats);
+  }
+  std::ifstream in(dir / "m.jsonl");
+  std::string text;
+  std::getline(in, text);
+  const nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j.at("load_balancing_loss").get<double>(), 1.25);
+  EXPECT_EQ(j.at("max_tokens_per_expert").get<int64_t>(), 40);
+  stats.load_balancing_name = "seq_load_balancing_loss";  // Megatron's name under seq_aux_loss
+  EXPECT_NE(format_training_log_line(stats).find(" seq_load_balancing_loss: 1.250000E+00 |"), std::string::npos);
+}

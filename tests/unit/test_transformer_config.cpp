@@ -232,6 +232,19 @@ TEST(Flops, LlamaStyleByHand) {
   EXPECT_DOUBLE_EQ(num_floating_point_operations(config, 2), 191889408.0);
 }
 
+TEST(Flops, MoEByHand) {
+  // moe-tiny = llama-tiny with every MLP replaced by 4 experts of F_e = 64, top-2 (V = 256, B = 2):
+  //   mlp_moe   = 6*64*(64*2*3) = 147,456 (reference §5.2: k experts per token)
+  //   per token = 2*147,456 + 2*73,728 + 98,304 = 540,672; times B*s = 256 -> 138,412,032
+  //   plus attention 25,165,824 = 163,577,856
+  const TransformerConfig config = preset_config("moe-tiny", 256);
+  EXPECT_DOUBLE_EQ(num_floating_point_operations(config, 2), 163577856.0);
+  // Parameters: each layer's MLP (22,528 + 11,264) becomes a router 4*64 and experts 4*3*64*64:
+  //   125,248 + 2*(256 + 49,152 - 33,792) = 156,480
+  EXPECT_EQ(num_parameters(config), 156480);
+  EXPECT_EQ(moe_layer_count(config), 2);
+}
+
 TEST(Presets, BenchmarkShapes) {
   const TransformerConfig l8 = preset_config("llama-8b", 128256);
   EXPECT_EQ(l8.num_layers, 32);
@@ -267,7 +280,25 @@ TEST(Presets, BenchmarkShapes) {
 
 TEST(Presets, LookupAndNames) {
   EXPECT_EQ(find_model_preset("gpt3-175b"), nullptr);
-  EXPECT_EQ(model_presets().size(), 9u);
+  EXPECT_EQ(model_presets().size(), 13u);
   EXPECT_EQ(model_preset_names(),
-            "tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama-tiny, llama-1b, llama-3b, llama-8b");
+            "tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama-tiny, llama-1b, llama-3b, llama-8b, moe-tiny, "
+            "deepseek-tiny, moe-1b-8x, mixtral-8x7b");
+}
+
+TEST(Presets, MoEShapes) {
+  const TransformerConfig mixtral = preset_config("mixtral-8x7b", 32000);
+  EXPECT_EQ(mixtral.moe.num_moe_experts, 8);
+  EXPECT_EQ(mixtral.moe.moe_router_topk, 2);
+  EXPECT_EQ(mixtral.moe.moe_ffn_hidden_size, 14336);
+  EXPECT_EQ(mixtral.moe.moe_router_score_function, RouterScoreFunction::softmax);
+  const TransformerConfig deepseek = preset_config("deepseek-tiny", 32000);
+  EXPECT_EQ(deepseek.moe.moe_router_score_function, RouterScoreFunction::sigmoid);
+  EXPECT_TRUE(deepseek.moe.moe_router_enable_expert_bias);
+  EXPECT_EQ(deepseek.moe.moe_shared_expert_intermediate_size, 64);
+  EXPECT_EQ(deepseek.moe.moe_router_num_groups, 4);
+  // A dense preset applied after an MoE one leaves no experts behind.
+  TransformerConfig config = deepseek;
+  apply_model_preset(*find_model_preset("llama-tiny"), config);
+  EXPECT_FALSE(config.moe.enabled());
 }

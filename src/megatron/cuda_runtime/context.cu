@@ -1,4 +1,5 @@
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -40,6 +41,11 @@ BlasLt::~BlasLt() {
   if (handle_ != nullptr) cublasLtDestroy(handle_);
 }
 
+Blas::Blas() { CUBLAS_CHECK(cublasCreate(&handle_)); }
+Blas::~Blas() {
+  if (handle_ != nullptr) cublasDestroy(handle_);
+}
+
 Cudnn::Cudnn() { CUDNN_CHECK(cudnnCreate(&handle_)); }
 Cudnn::~Cudnn() {
   if (handle_ != nullptr) cudnnDestroy(handle_);
@@ -63,6 +69,14 @@ DeviceContext::DeviceContext(int device) : device_(make_current(device)), worksp
 CudnnHandle DeviceContext::cudnn() {
   std::call_once(cudnn_once_, [this] { cudnn_ = std::make_unique<Cudnn>(); });
   return cudnn_->get();
+}
+
+BlasHandle DeviceContext::blas() {
+  std::call_once(blas_once_, [this] {
+    blas_ = std::make_unique<Blas>();
+    CUBLAS_CHECK(cublasSetStream(blas_->get(), compute_stream()));
+  });
+  return blas_->get();
 }
 
 DeviceContext& current_context() {

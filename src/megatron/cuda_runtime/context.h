@@ -19,12 +19,14 @@
 
 struct CUstream_st;      // cudaStream_t is CUstream_st*
 struct cublasLtContext;  // cublasLtHandle_t is cublasLtContext*
+struct cublasContext;    // cublasHandle_t is cublasContext*
 struct cudnnContext;     // cudnnHandle_t is cudnnContext*
 
 namespace megatron::cuda {
 
 using StreamHandle = CUstream_st*;
 using BlasLtHandle = cublasLtContext*;
+using BlasHandle = cublasContext*;
 using CudnnHandle = cudnnContext*;
 
 // Owns a blocking CUDA stream on the device current at construction.
@@ -51,6 +53,19 @@ class BlasLt {
 
  private:
   BlasLtHandle handle_ = nullptr;
+};
+
+// Owns a cuBLAS handle (the grouped GEMM, which cuBLASLt lacks).
+class Blas {
+ public:
+  Blas();
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  BlasHandle get() const { return handle_; }
+
+ private:
+  BlasHandle handle_ = nullptr;
 };
 
 // Owns a cuDNN handle.
@@ -92,6 +107,8 @@ class DeviceContext {
   size_t blas_workspace_bytes() const { return workspace_.bytes(); }
   // Created on the first call (thread-safe); the device must be current.
   CudnnHandle cudnn();
+  // Created on the first call (thread-safe), on the compute stream; the device must be current.
+  BlasHandle blas();
 
  private:
   int device_;
@@ -100,6 +117,8 @@ class DeviceContext {
   DeviceBuffer workspace_;
   std::once_flag cudnn_once_;
   std::unique_ptr<Cudnn> cudnn_;
+  std::once_flag blas_once_;
+  std::unique_ptr<Blas> blas_;
 };
 
 // The context of the calling thread's current CUDA device (cudaGetDevice), created on first use.

@@ -12,6 +12,7 @@ ParallelSizes ParallelArgs::sizes() const {
   s.pp = pipeline_model_parallel_size;
   s.cp = context_parallel_size;
   s.ep = expert_model_parallel_size;
+  s.etp = expert_tensor_parallel_size;
   return s;
 }
 
@@ -36,6 +37,11 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
   }
   require_one(errors, a.context_parallel_size, "--context-parallel-size", "context parallelism");
   require_one(errors, a.expert_model_parallel_size, "--expert-model-parallel-size", "expert parallelism");
+  if (a.expert_tensor_parallel_size != 0 && a.expert_tensor_parallel_size != tp)
+    errors.push_back(concat("--expert-tensor-parallel-size ", a.expert_tensor_parallel_size,
+                            ": experts split like the dense layers in this build, so it must equal "
+                            "--tensor-model-parallel-size ",
+                            tp, "; drop the flag"));
   // Megatron's rule too: the overlapped collectives are the SP all-gathers and reduce-scatters.
   if (a.tp_comm_overlap && tp > 1 && !a.sequence_parallel) {
     errors.push_back(concat("--tp-comm-overlap needs --sequence-parallel: it overlaps the sequence-parallel ",

@@ -57,6 +57,9 @@ Shape tp_local_shape(const ParamSpec& spec, int tp_size) {
 }
 
 int64_t Parameter::global_index(int64_t local_index) const {
+  // Expert-parallel shards are whole rows of dim 0 (no TP split with them): shift by the rows
+  // of the experts before this rank's.
+  if (spec.expert_parallel) return local_index + expert_offset() * (shape_numel(local_shape) / local_shape[0]);
   if (spec.partition_dim < 0 || tp_size == 1) return local_index;
   const int d = spec.partition_dim;
   // Strides of the local and global tensors (row-major).
@@ -76,6 +79,7 @@ int64_t Parameter::global_index(int64_t local_index) const {
 std::vector<Parameter::Slice> Parameter::global_slices_of(const Tensor& local) const {
   check_shape(local, local_shape, spec.name.c_str());
   Shape offset(spec.global_shape.size(), 0);
+  if (spec.expert_parallel) offset[0] = expert_offset();
   if (spec.partition_dim < 0 || tp_size == 1) return {{offset, local}};
   const int d = spec.partition_dim;
   const int64_t local_block = local_shape[size_t(d)] / spec.partition_blocks;
@@ -117,6 +121,7 @@ std::vector<Parameter::FlatBox> Parameter::global_boxes(int64_t begin, int64_t e
         const int64_t c = box.offset[d];
         box.offset[d] = (c / local_block) * global_block + tp_rank * local_block + c % local_block;
       }
+      box.offset[0] += expert_offset();
       const int64_t size = shape_numel(box.shape);
       out.push_back({flat, std::move(box.offset), std::move(box.shape)});
       flat += size;

@@ -24,6 +24,9 @@ struct ParamSpec {
   float init_std = 0.02f;
   bool weight_decay = true;        // false for biases and norm weights
   bool sequence_parallel = false;  // replicated under TP but sees only a sequence shard under SP
+  // Dim 0 indexes MoE experts, split in contiguous ranges over the expert-parallel ranks (the
+  // global tensor holds every expert by its global index). Not combined with a TP split here.
+  bool expert_parallel = false;
 };
 
 // This TP rank's shape of the parameter `spec` describes: the global shape with partition_dim
@@ -36,6 +39,8 @@ struct Parameter {
   Shape local_shape;
   int tp_rank = 0;
   int tp_size = 1;
+  int ep_rank = 0;  // of an expert-parallel parameter; 0 and 1 otherwise
+  int ep_size = 1;
   Tensor data;                // compute copy (params dtype), view into the parameter buffer
   Tensor main_grad;           // accumulation buffer (f32, or f64), view into the gradient buffer
   int64_t buffer_offset = 0;  // element offset of this parameter in the flat buffers
@@ -49,6 +54,10 @@ struct Parameter {
   // counted again in the gradient norm and not saved again (Megatron's
   // param_is_not_tensor_parallel_duplicate, negated).
   bool is_tensor_parallel_duplicate() const { return spec.partition_dim < 0 && tp_rank != 0; }
+
+  // Global index along dim 0 of this shard's first row: its first expert under expert
+  // parallelism, 0 otherwise.
+  int64_t expert_offset() const { return spec.expert_parallel ? int64_t(ep_rank) * local_shape[0] : 0; }
 
   // Index into the global tensor of local element `local_index` (row-major): how a shard
   // initialises exactly the values the full tensor would hold there.

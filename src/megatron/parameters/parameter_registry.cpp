@@ -11,11 +11,15 @@ namespace {
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 }  // namespace
 
-ParameterRegistry::ParameterRegistry(int tp_rank, int tp_size) : tp_rank_(tp_rank), tp_size_(tp_size) {
+ParameterRegistry::ParameterRegistry(int tp_rank, int tp_size, int ep_rank, int ep_size)
+    : tp_rank_(tp_rank), tp_size_(tp_size), ep_rank_(ep_rank), ep_size_(ep_size) {
   MEGATRON_CHECK(tp_size >= 1 && 0 <= tp_rank && tp_rank < tp_size,
                  "a parameter registry for TP rank "
                      << tp_rank << " of " << tp_size
                      << " ranks: the rank must lie in [0, TP size) and the size be >= 1");
+  MEGATRON_CHECK(ep_size >= 1 && 0 <= ep_rank && ep_rank < ep_size, "a parameter registry for EP rank "
+                                                                        << ep_rank << " of " << ep_size
+                                                                        << " ranks: the rank must lie in [0, EP size)");
 }
 
 Parameter* ParameterRegistry::add(ParamSpec spec) {
@@ -23,6 +27,15 @@ Parameter* ParameterRegistry::add(ParamSpec spec) {
   MEGATRON_CHECK(!param_buffer_.defined(), "parameter " << spec.name << " registered after allocate()");
   auto p = std::make_unique<Parameter>();
   p->local_shape = tp_local_shape(spec, tp_size_);
+  if (spec.expert_parallel) {
+    MEGATRON_CHECK(spec.partition_dim < 0, spec.name << ": an expert-parallel parameter is not split over TP here");
+    MEGATRON_CHECK(!spec.global_shape.empty() && spec.global_shape[0] % ep_size_ == 0,
+                   spec.name << ": " << (spec.global_shape.empty() ? 0 : spec.global_shape[0])
+                             << " experts do not divide over EP " << ep_size_);
+    p->local_shape[0] = spec.global_shape[0] / ep_size_;
+    p->ep_rank = ep_rank_;
+    p->ep_size = ep_size_;
+  }
   p->spec = std::move(spec);
   p->tp_rank = tp_rank_;
   p->tp_size = tp_size_;

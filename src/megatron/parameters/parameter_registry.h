@@ -35,13 +35,16 @@ class ParameterRegistry {
  public:
   // The registry of a model that is not split over TP.
   ParameterRegistry() : ParameterRegistry(0, 1) {}
-  // The registry of TP rank `tp_rank` of a group of `tp_size` ranks.
-  ParameterRegistry(int tp_rank, int tp_size);
+  // The registry of TP rank `tp_rank` of a group of `tp_size` ranks, and of expert-parallel rank
+  // `ep_rank` of `ep_size` (which expert-parallel parameters hold, ParamSpec::expert_parallel).
+  ParameterRegistry(int tp_rank, int tp_size, int ep_rank = 0, int ep_size = 1);
   ParameterRegistry(const ParameterRegistry&) = delete;
   ParameterRegistry& operator=(const ParameterRegistry&) = delete;
 
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
+  int ep_rank() const { return ep_rank_; }
+  int ep_size() const { return ep_size_; }
 
   // Registers this TP rank's shard of a parameter; returns a stable pointer (valid for the
   // registry's lifetime). Views are created by allocate().
@@ -79,6 +82,8 @@ class ParameterRegistry {
  private:
   int tp_rank_;
   int tp_size_;
+  int ep_rank_;
+  int ep_size_;
   std::vector<std::unique_ptr<Parameter>> params_;
   Tensor param_buffer_;
   Tensor grad_buffer_;

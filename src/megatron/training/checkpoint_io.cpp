@@ -168,6 +168,23 @@ std::optional<datasets::TokenizerOptions> saved_tokenizer(const checkpointing::C
   }
   return datasets::tokenizer_options_in(options, files, header.directory);
 }
+// The model's state: every parameter's slices held here, and the MoE routers' expert biases
+// (Megatron's persistent buffers, so --finetune loads them too).
+void load_model_state(const CheckpointReader& reader, GPTModel& model, const std::string& load_dir) {
+  for (const auto& p : model.parameters().params())
+    for (auto& slice : p->global_slices()) reader.load(p->spec.name, slice.global_offset, slice.local);
+  const nlohmann::json& common = reader.common();
+  for (moe::MoELayer* layer : model.moe_layers()) {
+    moe::Router& router = layer->router();
+    if (router.expert_bias().empty()) continue;
+    const std::string& name = router.expert_bias_name();
+    MEGATRON_CHECK(common.contains("moe_expert_bias") && common.at("moe_expert_bias").contains(name),
+                   "checkpoint " << load_dir << " holds no " << name << " (saved without "
+                                 << "--moe-router-enable-expert-bias); drop the flag or load a checkpoint that has it");
+    router.set_expert_bias(common.at("moe_expert_bias").at(name).get<std::vector<double>>());
+  }
+}
+
 }  // namespace
 
 std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, int64_t ckpt_step) {
@@ -236,6 +253,10 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
   // Dropout masks and init are counter-based functions of the seed, so the seed and the
   // iteration are the whole RNG state.
   common["rng"] = {{"seed", args.seed}};
+  // Aux-loss-free routing: every rank holds the same expert biases (updated from all-reduced counts).
+  for (const moe::MoELayer* layer : model.moe_layers())
+    if (!layer->router().expert_bias().empty())
+      common["moe_expert_bias"][layer->router().expert_bias_name()] = layer->router().expert_bias();
   nlohmann::json a = args_json(args);
   a["padded_vocab_size"] = std::to_string(args.model.padded_vocab_size);
   common["args"] = a;
@@ -306,8 +327,7 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
   const CheckpointReader reader = open_chosen(args.load, args.ckpt_step, /*describe=*/false);
   const nlohmann::json& common = reader.common();
   check_same_architecture(common.at("args"), args, args.load);
-  for (const auto& p : model.parameters().params())
-    for (auto& slice : p->global_slices()) reader.load(p->spec.name, slice.global_offset, slice.local);
+  load_model_state(reader, model, args.load);
 
   const bool restore_state = !args.finetune && !args.no_load_optim;
   if (optimizer) {
@@ -379,8 +399,7 @@ datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOption
 
 void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step) {
   const CheckpointReader reader = open_chosen(load_dir, ckpt_step, /*describe=*/false);
-  for (const auto& p : model.parameters().params())
-    for (auto& slice : p->global_slices()) reader.load(p->spec.name, slice.global_offset, slice.local);
+  load_model_state(reader, model, load_dir);
 }
 
 }  // namespace megatron

@@ -31,7 +31,15 @@ std::string format_training_log_line(const IterationStats& s) {
                 " number of skipped iterations: %3lld | number of nan iterations: %3lld | peak memory (MiB): %.0f |",
                 static_cast<long long>(s.skipped_iterations), static_cast<long long>(s.nan_iterations),
                 s.peak_memory_mib);
-  return std::string(head) + norm + tail;
+  std::string line = std::string(head) + norm + tail;
+  if (s.load_balancing_loss) {
+    char moe[256];
+    std::snprintf(moe, sizeof moe, " %s: %.6E | z_loss: %.6E | tokens per expert (min/max): %lld/%lld |",
+                  s.load_balancing_name.c_str(), *s.load_balancing_loss, s.z_loss.value_or(0.0),
+                  static_cast<long long>(s.min_tokens_per_expert), static_cast<long long>(s.max_tokens_per_expert));
+    line += moe;
+  }
+  return line;
 }
 
 std::string format_validation_line(const std::string& prefix, double loss) {
@@ -57,22 +65,28 @@ MetricsFile::MetricsFile(const std::string& path) {
 
 void MetricsFile::write_training(const IterationStats& s) {
   if (!out_.is_open()) return;
-  const nlohmann::json j = {{"kind", "train"},
-                            {"iteration", s.iteration},
-                            {"consumed_samples", s.consumed_samples},
-                            {"elapsed_ms_per_iteration", s.elapsed_ms_per_iteration},
-                            {"tflops_per_gpu", s.tflops_per_gpu},
-                            {"tokens_per_second", s.tokens_per_second},
-                            {"learning_rate", s.learning_rate},
-                            {"global_batch_size", s.global_batch_size},
-                            {"lm_loss", s.lm_loss},
-                            {"loss_scale", s.loss_scale},
-                            {"grad_norm", s.grad_norm ? nlohmann::json(*s.grad_norm) : nlohmann::json()},
-                            {"skipped_iterations", s.skipped_iterations},
-                            {"nan_iterations", s.nan_iterations},
-                            {"peak_memory_mib", s.peak_memory_mib},
-                            {"optimizer_state_mib", s.optimizer_state_mib},
-                            {"activation_memory_mib", s.activation_memory_mib}};
+  nlohmann::json j = {{"kind", "train"},
+                      {"iteration", s.iteration},
+                      {"consumed_samples", s.consumed_samples},
+                      {"elapsed_ms_per_iteration", s.elapsed_ms_per_iteration},
+                      {"tflops_per_gpu", s.tflops_per_gpu},
+                      {"tokens_per_second", s.tokens_per_second},
+                      {"learning_rate", s.learning_rate},
+                      {"global_batch_size", s.global_batch_size},
+                      {"lm_loss", s.lm_loss},
+                      {"loss_scale", s.loss_scale},
+                      {"grad_norm", s.grad_norm ? nlohmann::json(*s.grad_norm) : nlohmann::json()},
+                      {"skipped_iterations", s.skipped_iterations},
+                      {"nan_iterations", s.nan_iterations},
+                      {"peak_memory_mib", s.peak_memory_mib},
+                      {"optimizer_state_mib", s.optimizer_state_mib},
+                      {"activation_memory_mib", s.activation_memory_mib}};
+  if (s.load_balancing_loss) {
+    j[s.load_balancing_name] = *s.load_balancing_loss;
+    j["z_loss"] = s.z_loss.value_or(0.0);
+    j["min_tokens_per_expert"] = s.min_tokens_per_expert;
+    j["max_tokens_per_expert"] = s.max_tokens_per_expert;
+  }
   out_ << j.dump() << '\n';
   out_.flush();
 }

@@ -25,6 +25,12 @@ struct IterationStats {
   double peak_memory_mib = 0.0;
   double optimizer_state_mib = 0.0;    // this rank's optimizer buffers (Optimizer::state_bytes); JSON only
   double activation_memory_mib = 0.0;  // one micro-batch's activations kept for backward on this rank; JSON only
+  // MoE models only: the routers' losses (unweighted, as Megatron logs them), averaged over the MoE
+  // layers and the interval's micro-batches, and the fewest and most tokens any expert received in
+  // one micro-batch of the interval, on the logging rank.
+  std::optional<double> load_balancing_loss, z_loss;
+  std::string load_balancing_name = "load_balancing_loss";  // seq_load_balancing_loss with seq_aux_loss
+  int64_t min_tokens_per_expert = 0, max_tokens_per_expert = 0;
 };
 
 // The throughput as the log line prints it: Megatron's one decimal from 1 TFLOP/s/GPU up, three

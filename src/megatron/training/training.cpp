@@ -1,5 +1,6 @@
 #include "megatron/training/training.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -120,6 +121,32 @@ datasets::Batch next_batch(datasets::DataLoader& loader, const char* split) {
 
 // Sums of every rank of the data-parallel group: the global batch's loss (Megatron averages the
 // reported loss over DP x CP).
+// The MoE routers' statistics over a log interval: per-layer means of the losses and the extreme
+// expert loads of its micro-batches.
+struct IntervalMoEStats {
+  int64_t micro_batches = 0;
+  double load_balancing_loss = 0.0, z_loss = 0.0;
+  int64_t min_tokens = std::numeric_limits<int64_t>::max(), max_tokens = 0;
+  bool per_sequence = false;
+  void add(const moe::MoEStats& s) {
+    if (s.layers == 0) return;
+    ++micro_batches;
+    per_sequence = s.per_sequence;
+    load_balancing_loss += s.load_balancing_loss / double(s.layers);
+    z_loss += s.z_loss / double(s.layers);
+    min_tokens = std::min(min_tokens, s.min_tokens_per_expert);
+    max_tokens = std::max(max_tokens, s.max_tokens_per_expert);
+  }
+  void report(IterationStats& st) const {
+    if (micro_batches == 0) return;
+    st.load_balancing_loss = load_balancing_loss / double(micro_batches);
+    if (per_sequence) st.load_balancing_name = "seq_load_balancing_loss";
+    st.z_loss = z_loss / double(micro_batches);
+    st.min_tokens_per_expert = min_tokens;
+    st.max_tokens_per_expert = max_tokens;
+  }
+};
+
 LossSums sum_over(Communicator& group, const LossSums& local, Device device) {
   if (group.size() == 1) return local;
   Tensor host = Tensor::empty({2}, DType::f64);
@@ -286,6 +313,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
   // time over all of them, and skipped and nan iterations are counted per interval.
   double interval_loss_sum = 0, interval_tokens = 0, interval_seconds = 0;
   int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
+  IntervalMoEStats interval_moe;
   const int64_t first_iteration = progress.iteration;
   const NanCheck nan_check(args);
   const int64_t train_iters = args.total_iterations();
@@ -305,7 +333,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
       // The micro-batch's index in the global batch, so dropout masks do not depend on the DP size.
       const ForwardContext fwd{.training = true,
                                .seed = uint64_t(args.seed),
-                               .step = uint64_t((progress.iteration * micro + m) * dp_size + dp_rank)};
+                               .step = uint64_t((progress.iteration * micro + m) * dp_size + dp_rank),
+                               .aux_loss_grad_scale = float(double(optimizer->loss_scale()) / double(micro))};
       // With --overlap-param-gather the forward waits for each bucket of the previous step's
       // parameter all-gather just before it reads it (DDP listens to the model's notifications).
       ddp.set_last_micro_batch(m + 1 == micro);
@@ -314,8 +343,10 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
       nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1, ctx.world->rank());
       iteration_sums.loss_sum += s.loss_sum;
       iteration_sums.num_tokens += s.num_tokens;
+      interval_moe.add(model.moe_stats());
     }
     finalize_model_grads(ddp);
+    model.update_expert_bias();                        // Megatron's aux-loss-free balancing, once per step
     const float loss_scale = optimizer->loss_scale();  // the step may change it
     const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
     nan_check.optimizer_step(step, loss_scale, progress.iteration + 1);
@@ -375,6 +406,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
       st.peak_memory_mib = peak_memory_mib(device);
       st.optimizer_state_mib = optimizer_state_mib;
       st.activation_memory_mib = activation_mib;
+      interval_moe.report(st);
+      interval_moe = {};
       print_from_last_rank(last_rank, format_training_log_line(st));
       metrics.write_training(st);
       interval_loss_sum = interval_tokens = interval_seconds = 0;

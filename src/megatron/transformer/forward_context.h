@@ -17,6 +17,10 @@ struct ForwardContext {
   // Document masking (--reset-attention-mask): (B,S) i32 segment ids on the model's device, a
   // token attending only to earlier tokens of its own document; undefined = plain causal.
   Tensor segment_ids{};
+  // The gradient of the MoE routers' auxiliary losses (load balancing, z-loss) per unit of loss:
+  // the main loss's scale without its division by tokens, i.e. loss scale / micro-batches
+  // (Megatron's MoEAuxLossAutoScaler).
+  float aux_loss_grad_scale = 1.0f;
 
   // Stream id of one dropout site for this step.
   uint64_t dropout_stream(const std::string& site) const {

@@ -23,6 +23,7 @@ class TransformerBlock {
                    int64_t first_layer, int64_t last_layer, bool has_final_norm);
   ResidualStream forward(const ResidualStream& x, const ForwardContext& fwd, Saved& saved) const;
   Tensor backward(const Tensor& dy, const Saved& saved) const;
+  const std::vector<std::unique_ptr<TransformerLayer>>& layers() const { return layers_; }
 
  private:
   std::vector<std::unique_ptr<TransformerLayer>> layers_;

@@ -1,5 +1,6 @@
 #include "megatron/transformer/transformer_config.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "megatron/core/error.h"
@@ -142,6 +143,7 @@ void derive_model_fields(TransformerConfig& c, int64_t tensor_model_parallel_siz
   }
   if (c.num_query_groups == 0) c.num_query_groups = c.group_query_attention ? 1 : c.num_attention_heads;
   if (c.max_position_embeddings == 0) c.max_position_embeddings = c.seq_length;
+  derive_moe_fields(c.moe, c.ffn_hidden_size);
   if (c.padded_vocab_size == 0 && c.vocab_size > 0 && c.make_vocab_size_divisible_by > 0 &&
       tensor_model_parallel_size > 0) {
     c.padded_vocab_size = padded_vocab_size(c.vocab_size, c.make_vocab_size_divisible_by, tensor_model_parallel_size);
@@ -155,6 +157,8 @@ std::vector<std::string> validate(const TransformerConfig& config) {
   check_positions(config, errors);
   check_numerics(config, errors);
   check_vocab(config, errors);
+  for (std::string& e : validate_moe(config.moe, config.num_layers, config.add_bias_linear))
+    errors.push_back(std::move(e));
   return errors;
 }
 
@@ -177,6 +181,10 @@ std::vector<std::string> validate_tensor_parallel_split(const TransformerConfig&
     errors.push_back(concat("--ffn-hidden-size ", c.ffn_hidden_size,
                             " is not divisible by --tensor-model-parallel-size ", tp,
                             ": each TP rank holds ffn_hidden_size / TP columns of the MLP; use a multiple of ", tp));
+  }
+  if (c.moe.enabled() && tp > 1) {
+    errors.push_back(concat("--num-experts with --tensor-model-parallel-size ", tp,
+                            ": MoE layers run at TP 1 in this build; use TP 1"));
   }
   // Derived padding always divides; a vocabulary padded for another TP (a checkpoint's) may not.
   if (c.padded_vocab_size > 0 && c.padded_vocab_size % tp != 0) {
@@ -201,6 +209,13 @@ int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tens
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
+int64_t moe_layer_count(const TransformerConfig& c) {
+  if (!c.moe.enabled()) return 0;
+  std::string why;
+  const std::vector<bool> pattern = moe_layer_pattern(c.moe.moe_layer_freq, c.num_layers, &why);
+  return int64_t(std::count(pattern.begin(), pattern.end(), true));
+}
+
 int64_t num_parameters(const TransformerConfig& c) {
   const int64_t h = c.hidden_size;
   const int64_t q_width = c.num_attention_heads * c.kv_channels;  // n*d
@@ -216,7 +231,16 @@ int64_t num_parameters(const TransformerConfig& c) {
   layer += c.ffn_hidden_size * h + (c.add_bias_linear ? h : 0);  // linear_fc2
 
   int64_t total = c.num_layers * layer + norm;  // + final norm
-  total += c.padded_vocab_size * h;             // word embeddings
+  if (c.moe.enabled()) {
+    // An MoE layer holds the router, E experts and the shared expert in place of the MLP.
+    const MoEConfig& m = c.moe;
+    const int64_t gated = c.swiglu ? 3 : 2;
+    const int64_t moe_mlp = m.num_moe_experts * h + m.num_moe_experts * gated * h * m.moe_ffn_hidden_size +
+                            gated * h * m.moe_shared_expert_intermediate_size;
+    const int64_t dense_mlp = gated * h * c.ffn_hidden_size;
+    total += moe_layer_count(c) * (moe_mlp - dense_mlp);
+  }
+  total += c.padded_vocab_size * h;  // word embeddings
   if (c.position_embedding_type == PositionEmbeddingType::learned_absolute) total += c.max_position_embeddings * h;
   if (c.untie_embeddings_and_output_weights) total += c.padded_vocab_size * h;  // output layer, no bias
   return total;
@@ -237,8 +261,13 @@ double num_floating_point_operations(const TransformerConfig& c, int64_t global_
 
   const double attn_proj = 6.0 * (h * (nd + 2.0 * gd) + nd * h);
   const double mlp = 6.0 * h * F * e;
+  // MoE layers (reference §5.2): k experts of width F_e per token, plus the shared expert.
+  const double L_moe = double(moe_layer_count(c));
+  const double mlp_moe = 6.0 * h *
+                         (double(c.moe.moe_ffn_hidden_size) * double(c.moe.moe_router_topk) * e +
+                          double(c.moe.moe_shared_expert_intermediate_size) * e);
   const double logits = 6.0 * h * V;
-  const double per_token = L * mlp + L * attn_proj + logits;
+  const double per_token = (L - L_moe) * mlp + L_moe * mlp_moe + L * attn_proj + logits;
   // Causal core attention counts half of the s x s score and context products.
   const double core_attention = B * s * s * L * 6.0 * nd;
   return B * s * per_token + core_attention;

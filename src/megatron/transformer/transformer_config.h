@@ -10,6 +10,7 @@
 
 #include "megatron/core/dtype.h"
 #include "megatron/parallel/parallel_args.h"
+#include "megatron/transformer/moe/moe_config.h"
 
 namespace megatron {
 
@@ -43,6 +44,7 @@ struct TransformerConfig {
   float attention_dropout = 0.1f;
   float hidden_dropout = 0.1f;
   DType params_dtype = DType::f32;  // --bf16 / --fp16; f64 only for CPU gradient checks
+  MoEConfig moe;                    // mixture of experts; off unless --num-experts
 };
 
 // Fills the fields Megatron derives, where they are still 0: ffn_hidden_size (4h, or
@@ -63,10 +65,13 @@ std::vector<std::string> validate_tensor_parallel_split(const TransformerConfig&
 // Megatron's vocab padding: ceil(vocab / (divisor * TP)) * (divisor * TP).
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tensor_parallel_size);
 
+// Layers --moe-layer-freq makes MoE layers (0 for a dense model).
+int64_t moe_layer_count(const TransformerConfig& config);
+
 // Parameter count of the full (unsharded) model.
 int64_t num_parameters(const TransformerConfig& config);
 
-// Megatron's FLOPs per iteration for a global batch (reference §5.2; dense GPT path).
+// Megatron's FLOPs per iteration for a global batch (reference §5.2; dense and MoE GPT path).
 double num_floating_point_operations(const TransformerConfig& config, int64_t global_batch_size);
 
 }  // namespace megatron

@@ -7,6 +7,14 @@ namespace megatron {
 namespace {
 std::string layer_prefix(int64_t n) { return "decoder.layers." + std::to_string(n); }
 
+bool is_moe_layer(const TransformerConfig& config, int64_t layer_number) {
+  if (!config.moe.enabled()) return false;
+  std::string why;
+  const std::vector<bool> pattern = moe_layer_pattern(config.moe.moe_layer_freq, config.num_layers, &why);
+  MEGATRON_CHECK(!pattern.empty(), "--moe-layer-freq '" << config.moe.moe_layer_freq << "': " << why);
+  return pattern[size_t(layer_number)];
+}
+
 // Dropout with p = 0 is the identity: no pass over the tensor at all (evaluation, and the
 // dropout-free recipes of LLaMA-style training).
 void dropout_in_place(Tensor& x, const ops::DropoutParams& p) {
@@ -29,9 +37,16 @@ TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelCo
       input_norm_(registry, ctx, config, prefix_ + ".self_attention.linear_qkv.layer_norm_weight",
                   prefix_ + ".self_attention.linear_qkv.layer_norm_bias"),
       self_attention_(registry, ctx, config, prefix_ + ".self_attention"),
-      pre_mlp_norm_(registry, ctx, config, prefix_ + ".mlp.linear_fc1.layer_norm_weight",
-                    prefix_ + ".mlp.linear_fc1.layer_norm_bias"),
-      mlp_(registry, ctx, config, prefix_ + ".mlp") {}
+      // Megatron's MoE spec keeps the pre-MLP norm as its own module (no fused fc1 to carry it).
+      pre_mlp_norm_(registry, ctx, config,
+                    prefix_ + (is_moe_layer(config, layer_number) ? ".pre_mlp_layernorm.weight"
+                                                                  : ".mlp.linear_fc1.layer_norm_weight"),
+                    prefix_ + (is_moe_layer(config, layer_number) ? ".pre_mlp_layernorm.bias"
+                                                                  : ".mlp.linear_fc1.layer_norm_bias")),
+      mlp_(is_moe_layer(config, layer_number) ? nullptr
+                                              : std::make_unique<MLP>(registry, ctx, config, prefix_ + ".mlp")),
+      moe_(is_moe_layer(config, layer_number) ? std::make_unique<moe::MoELayer>(registry, ctx, config, prefix_ + ".mlp")
+                                              : nullptr) {}
 
 ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardContext& fwd, Saved& saved) const {
   const float p = fwd.dropout_p(hidden_dropout_);
@@ -43,7 +58,8 @@ ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardC
   // norm1 materialises x (saved.norm1.input) if x arrived as a pair; norm2 computes h = x + a.
   Tensor a = self_attention_.forward(input_norm_.forward(x, saved.norm1), fwd, saved.attention);
   dropout_in_place(a, saved.attention_dropout);
-  Tensor m = mlp_.forward(pre_mlp_norm_.forward({saved.norm1.input, a}, saved.norm2), saved.mlp);
+  const Tensor mlp_input = pre_mlp_norm_.forward({saved.norm1.input, a}, saved.norm2);
+  Tensor m = moe_ ? moe_->forward(mlp_input, fwd, saved.moe) : mlp_->forward(mlp_input, saved.mlp);
   dropout_in_place(m, saved.mlp_dropout);
   return {saved.norm2.input, m};  // out = h + m, added by the next norm
 }
@@ -53,12 +69,15 @@ void TransformerLayer::Saved::count(ActivationMemory& m) const {
   attention.count(m);
   norm2.count(m);
   mlp.count(m);
+  moe.count(m);
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy, const Saved& saved) const {
   // Residual stream: the gradient reaching h is dy (skip path) plus what flows back through the
   // MLP and norm2; the norm's backward adds the two in one pass. Likewise for x.
-  Tensor dh = pre_mlp_norm_.backward(mlp_.backward(dropout_grad(dy, saved.mlp_dropout), saved.mlp), saved.norm2, dy);
+  const Tensor dm = dropout_grad(dy, saved.mlp_dropout);
+  Tensor dh =
+      pre_mlp_norm_.backward(moe_ ? moe_->backward(dm, saved.moe) : mlp_->backward(dm, saved.mlp), saved.norm2, dy);
   return input_norm_.backward(self_attention_.backward(dropout_grad(dh, saved.attention_dropout), saved.attention),
                               saved.norm1, dh);
 }

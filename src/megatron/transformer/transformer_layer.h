@@ -1,17 +1,19 @@
 #pragma once
 // One pre-norm transformer layer (Megatron-Core TransformerLayer, TE spec names):
 //   h   = x + dropout(attention(norm1(x)))
-//   out = h + dropout(mlp(norm2(h)))
+//   out = h + dropout(mlp(norm2(h)))     (mlp: the dense MLP, or the MoE layer, moe/moe_layer.h)
 // Every residual addition is fused into the norm after it (residual_stream.h): norm2 adds h, and
 // the layer returns out as {h, dropout(mlp(...))} for the next layer's norm1 (or the final norm)
 // to add. x may likewise arrive as such a pair.
 // Under sequence parallelism x, h and out are this rank's sequence shard (S/TP,B,H): the norms,
 // dropouts and residual adds work on the shard; dropout masks are indexed by global element.
+#include <memory>
 #include <string>
 
 #include "megatron/ops/dropout.h"
 #include "megatron/transformer/attention.h"
 #include "megatron/transformer/mlp.h"
+#include "megatron/transformer/moe/moe_layer.h"
 #include "megatron/transformer/norm.h"
 #include "megatron/transformer/residual_stream.h"
 
@@ -22,7 +24,8 @@ class TransformerLayer {
   struct Saved {
     Norm::Saved norm1, norm2;
     SelfAttention::Saved attention;
-    MLP::Saved mlp;
+    MLP::Saved mlp;                                     // a dense layer's MLP
+    moe::MoELayer::Saved moe;                           // an MoE layer's experts
     ops::DropoutParams attention_dropout, mlp_dropout;  // masks are regenerated, not stored
     void count(ActivationMemory& m) const;
   };
@@ -32,6 +35,8 @@ class TransformerLayer {
   ResidualStream forward(const ResidualStream& x, const ForwardContext& fwd, Saved& saved) const;
   // dy: the gradient of out; returns the gradient of x.
   Tensor backward(const Tensor& dy, const Saved& saved) const;
+  // The MoE layer in place of the MLP, or null for a dense layer.
+  moe::MoELayer* moe() const { return moe_.get(); }
 
  private:
   std::string prefix_;
@@ -41,7 +46,8 @@ class TransformerLayer {
   Norm input_norm_;
   SelfAttention self_attention_;
   Norm pre_mlp_norm_;
-  MLP mlp_;
+  std::unique_ptr<MLP> mlp_;            // dense layers
+  std::unique_ptr<moe::MoELayer> moe_;  // layers --moe-layer-freq selects
 };
 
 }  // namespace megatron

@@ -39,7 +39,10 @@ Tensor sequence_columns(const Tensor& ids_bs, int64_t s0, int64_t s1) {
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device)
-    : config_(config), ctx_(&ctx), device_(device), registry_(ctx.tp_rank(), ctx.tp_size()) {
+    : config_(config),
+      ctx_(&ctx),
+      device_(device),
+      registry_(ctx.tp_rank(), ctx.tp_size(), ctx.ep ? ctx.ep->rank() : 0, ctx.ep ? ctx.ep->size() : 1) {
   MEGATRON_CHECK(config.padded_vocab_size > 0, "padded_vocab_size is not set; derive the config before building");
   const auto registered = [this] { return registry_.params().size(); };
   word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
@@ -152,6 +155,11 @@ LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, 
   memory.add(logits);
   memory.add(lse);
   activation_bytes_ = int64_t(memory.bytes());
+  moe_stats_ = {};
+  for (size_t i = 0; i < decoder_.size(); ++i)
+    for (size_t j = 0; j < decoder_[i]->layers().size(); ++j)
+      if (const moe::MoELayer* moe = decoder_[i]->layers()[j]->moe())
+        moe->add_stats(saved.layers[i].layers[j].moe, moe_stats_);
 
   // dlogits overwrite the logits in place: no second vocabulary-sized buffer.
   Tensor logits_rows = logits.view({labels_sb.numel(), -1});
@@ -167,6 +175,35 @@ LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, 
   word_embeddings_->backward(d, saved.tokens);
   report_grads_ready(embedding_params_);
   return sums;
+}
+
+std::vector<moe::MoELayer*> GPTModel::moe_layers() const {
+  std::vector<moe::MoELayer*> layers;
+  for (const auto& block : decoder_)
+    for (const auto& layer : block->layers())
+      if (layer->moe()) layers.push_back(layer->moe());
+  return layers;
+}
+
+void GPTModel::update_expert_bias() {
+  std::vector<moe::Router*> routers;
+  for (moe::MoELayer* layer : moe_layers())
+    if (!layer->router().expert_bias().empty()) routers.push_back(&layer->router());
+  if (routers.empty()) return;
+  const auto E = int64_t(routers.front()->num_experts());
+  Tensor counts = Tensor::empty({int64_t(routers.size()), E}, DType::f64);
+  for (size_t r = 0; r < routers.size(); ++r)
+    for (int64_t e = 0; e < E; ++e) counts.set_item(int64_t(r) * E + e, routers[r]->tokens_since_update()[size_t(e)]);
+  if (ctx_->dp_cp->size() > 1) {
+    Tensor on_device = counts.to(device_);
+    ctx_->dp_cp->all_reduce(on_device, ReduceOp::sum);
+    counts = on_device.to(Device::cpu());
+  }
+  for (size_t r = 0; r < routers.size(); ++r) {
+    std::vector<double> global(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) global[size_t(e)] = counts.item(int64_t(r) * E + e);
+    routers[r]->update_expert_bias(global);
+  }
 }
 
 LossSums GPTModel::evaluate(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,

@@ -65,6 +65,14 @@ class GPTModel {
   // the backward (every module's saved tensors, the logits and the loss's lse; dropout masks are
   // regenerated, not kept). Under sequence parallelism every per-layer term is divided by TP.
   int64_t activation_bytes() const { return activation_bytes_; }
+  // The MoE routers' losses and loads in the last forward_backward (no layers for a dense model).
+  const moe::MoEStats& moe_stats() const { return moe_stats_; }
+  // Megatron's aux-loss-free balancing step, once per optimizer step: each router's token counts
+  // since the last update are summed over the data-parallel ranks and move its expert bias. A
+  // collective over DP x CP when any router has an expert bias; nothing otherwise.
+  void update_expert_bias();
+  // The MoE layers of this rank, first layer first.
+  std::vector<moe::MoELayer*> moe_layers() const;
 
  private:
   struct Saved {
@@ -104,6 +112,7 @@ class GPTModel {
   ParamSpan embedding_params_, output_params_;
   std::vector<ParamSpan> layer_params_;
   int64_t activation_bytes_ = 0;
+  moe::MoEStats moe_stats_;
 };
 
 }  // namespace megatron

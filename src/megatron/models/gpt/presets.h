@@ -12,8 +12,21 @@
 namespace megatron {
 
 // gpt2: LayerNorm, GELU, learned absolute positions, tied embeddings, biases, dropout 0.1.
-// llama: RMSNorm, SwiGLU, RoPE, untied embeddings, no biases, GQA, no dropout.
+// llama: RMSNorm, SwiGLU, RoPE, untied embeddings, no biases, GQA, no dropout; the MoE presets
+// are llama-style with experts in every layer.
 enum class ModelFamily { gpt2, llama };
+
+// The mixture-of-experts part of a preset; experts 0: a dense model.
+struct MoEPresetShape {
+  int64_t experts = 0;
+  int64_t topk = 0;
+  int64_t expert_ffn = 0;
+  int64_t shared_expert_ffn = 0;  // 0: no shared expert
+  // DeepSeek-style: sigmoid scores, the aux-loss-free expert bias, group-limited routing and a
+  // scaling factor; otherwise Mixtral-style softmax over the top-k with an aux loss of 1e-2.
+  bool deepseek_routing = false;
+  int64_t groups = 0, group_topk = 0;
+};
 
 struct ModelPreset {
   std::string_view name;
@@ -26,6 +39,7 @@ struct ModelPreset {
   int64_t seq_length;
   int64_t max_position_embeddings;  // 0: derived (= seq_length); RoPE models have no position table
   float rotary_base;                // llama only
+  MoEPresetShape moe = {};
 };
 
 // All presets, in the order help text lists them.

@@ -26,6 +26,7 @@
 #include "megatron/core/logging.h"
 #include "megatron/ops/activation.h"
 #include "megatron/ops/checks/gemm.h"
+#include "megatron/ops/cuda/blas_type.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/cuda/op_paths.h"
 #include "megatron/ops/elementwise.h"
@@ -222,21 +223,6 @@ bool try_lt_matmul(const LtProblem& p) {
 
 // ---- row-major front end -------------------------------------------------------------------
 
-cudaDataType lt_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return CUDA_R_32F;
-    case DType::bf16:
-      return CUDA_R_16BF;
-    case DType::f16:
-      return CUDA_R_16F;
-    case DType::f64:
-      MEGATRON_FAIL("GEMM on CUDA: f64 tensors are CPU-only (gradient checks); use f32, bf16 or f16, or --device cpu");
-    default:
-      MEGATRON_FAIL("GEMM on CUDA takes f32, bf16 or f16, got " << dtype_name(dtype));
-  }
-}
-
 // A copy of t in a fresh allocator block (512-byte aligned), queued on the current stream.
 Tensor aligned_copy(const Tensor& t) {
   Tensor copy = Tensor::empty(t.shape(), t.dtype(), t.device());
@@ -262,8 +248,8 @@ bool row_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Ten
   p.b = a.raw();
   p.d = c.raw();
   p.epilogue = epilogue;
-  p.ab_type = lt_type(a.dtype());
-  p.d_type = lt_type(c.dtype());
+  p.ab_type = blas_type(a.dtype());
+  p.d_type = blas_type(c.dtype());
   p.alpha = alpha;
   p.beta = beta;
   if (try_lt_matmul(p)) return true;
@@ -356,7 +342,7 @@ void bias_grad(float* db, const T* dy, int64_t rows, int64_t cols, Device device
 // ---- argument checks: the shared rules (ops/checks/gemm.h) with CUDA's device and dtypes -----
 
 void check_cuda_gemm_dtype(const Tensor& t, const char*) {
-  lt_type(t.dtype());  // rejects f64 and non-float dtypes with a clear message
+  blas_type(t.dtype());  // rejects f64 and non-float dtypes with a clear message
 }
 
 constexpr checks::GemmBackend kCudaGemm{check_cuda, check_cuda_gemm_dtype};

@@ -13,14 +13,16 @@ enum class OpPath {
   attention_backward_cudnn,
   attention_forward_ours,  // our FlashAttention-2 kernels (attention_flash.h)
   attention_backward_ours,
-  gemm_bias_epilogue,      // BIAS: the forward bias inside the GEMM
-  gemm_gelu_aux_epilogue,  // GELU_AUX(_BIAS): fc1 writes GELU(x W^T + b) and its input
-  gemm_dgelu_epilogue,     // DGELU: fc2's input gradient times GELU'
-  gemm_bgradb_epilogue,    // BGRADB: the bias gradient out of the weight-gradient GEMM
-  gemm_epilogue_unfused,   // a bias or 16-bit GELU op that ran without its epilogue (no
-                           // cuBLASLt algorithm, or a shape or alignment that rules it out)
+  gemm_bias_epilogue,       // BIAS: the forward bias inside the GEMM
+  gemm_gelu_aux_epilogue,   // GELU_AUX(_BIAS): fc1 writes GELU(x W^T + b) and its input
+  gemm_dgelu_epilogue,      // DGELU: fc2's input gradient times GELU'
+  gemm_bgradb_epilogue,     // BGRADB: the bias gradient out of the weight-gradient GEMM
+  gemm_epilogue_unfused,    // a bias or 16-bit GELU op that ran without its epilogue (no
+                            // cuBLASLt algorithm, or a shape or alignment that rules it out)
+  grouped_gemm_cublas,      // the MoE experts' GEMMs in one cuBLAS grouped launch (grouped_gemm.h)
+  grouped_gemm_per_expert,  // ... one cuBLASLt GEMM per expert (cuBLAS had no grouped kernel)
 };
-inline constexpr int kOpPaths = int(OpPath::gemm_epilogue_unfused) + 1;
+inline constexpr int kOpPaths = int(OpPath::grouped_gemm_per_expert) + 1;
 
 void count_op_path(OpPath path);
 int64_t op_path_count(OpPath path);

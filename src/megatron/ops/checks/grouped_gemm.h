@@ -1,0 +1,14 @@
+#pragma once
+// Argument checks of the grouped GEMM (ops/grouped_gemm.h), shared by both backends.
+#include <vector>
+
+#include "megatron/ops/checks/common.h"
+
+namespace megatron::ops::checks {
+
+void check_grouped_linear_forward(const Tensor& y, const Tensor& x, const Tensor& weight,
+                                  const std::vector<int64_t>& counts, TensorCheck device);
+void check_grouped_linear_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy, const Tensor& x,
+                                   const Tensor& weight, const std::vector<int64_t>& counts, TensorCheck device);
+
+}  // namespace megatron::ops::checks

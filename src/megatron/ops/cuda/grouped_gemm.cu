@@ -1,0 +1,141 @@
+// The grouped GEMM on CUDA: every expert's GEMM in one cublasGemmGroupedBatchedEx launch (one
+// group per expert with rows), full FP32 compute as the other GEMMs (never TF32). cuBLAS is
+// column-major; a row-major (r,c) matrix is its (c,r) transpose, so each product is written
+// transposed: y^T = W x^T, dx^T = W^T dy^T, dW^T += x^T dy.
+// The per-group pointer arrays go to the device through a small caching-allocator buffer per
+// call; the sizes stay on the host (cuBLAS reads m, n, k there). Where cuBLAS has no grouped
+// kernel for the types (it answers NOT_SUPPORTED) the op runs the per-expert cuBLASLt loop of
+// gemm.h instead and warns once.
+#include <cublas_v2.h>
+
+#include <array>
+
+#include "megatron/core/logging.h"
+#include "megatron/ops/checks/grouped_gemm.h"
+#include "megatron/ops/cuda/blas_type.h"
+#include "megatron/ops/cuda/kernel_util.cuh"
+#include "megatron/ops/cuda/op_paths.h"
+#include "megatron/ops/gemm.h"
+#include "megatron/ops/grouped_gemm.h"
+
+namespace megatron::ops::cuda {
+namespace {
+
+// One problem per group: C (m,n) = alpha op(A) op(B) + beta C, column-major.
+struct Problem {
+  cublasOperation_t trans_a, trans_b;
+  int m, n, k, lda, ldb, ldc;
+  const void* a;
+  const void* b;
+  void* c;
+};
+
+// Runs the problems in one grouped launch; false when cuBLAS has no kernel for these types.
+bool run_grouped(const std::vector<Problem>& problems, cudaDataType_t ab_type, cudaDataType_t c_type, float beta,
+                 Device device) {
+  if (problems.empty()) return true;
+  const size_t G = problems.size();
+  std::vector<cublasOperation_t> ta(G), tb(G);
+  std::vector<int> m(G), n(G), k(G), lda(G), ldb(G), ldc(G), group_size(G, 1);
+  std::vector<float> alphas(G, 1.0f), betas(G, beta);
+  std::vector<const void*> pointers(3 * G);  // [A... | B... | C...]
+  for (size_t g = 0; g < G; ++g) {
+    const Problem& p = problems[g];
+    ta[g] = p.trans_a, tb[g] = p.trans_b;
+    m[g] = p.m, n[g] = p.n, k[g] = p.k, lda[g] = p.lda, ldb[g] = p.ldb, ldc[g] = p.ldc;
+    pointers[g] = p.a, pointers[G + g] = p.b, pointers[2 * G + g] = p.c;
+  }
+  Tensor device_pointers = Tensor::empty({int64_t(3 * G)}, DType::i64, device);
+  CUDA_CHECK(
+      cudaMemcpyAsync(device_pointers.raw(), pointers.data(), 3 * G * sizeof(void*), cudaMemcpyHostToDevice, stream()));
+  auto* const* table = static_cast<void* const*>(device_pointers.raw());
+  cublasHandle_t handle = megatron::cuda::current_context().blas();
+  CUBLAS_CHECK(cublasSetStream(handle, stream()));
+  const cublasStatus_t status =
+      cublasGemmGroupedBatchedEx(handle, ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), table,
+                                 ab_type, lda.data(), table + G, ab_type, ldb.data(), betas.data(), table + 2 * G,
+                                 c_type, ldc.data(), int(G), group_size.data(), CUBLAS_COMPUTE_32F);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  CUBLAS_CHECK(status);
+  count_op_path(OpPath::grouped_gemm_cublas);
+  // The pointer table is freed here, but the caching allocator hands it out again only in stream
+  // order, after the launch has read it.
+  return true;
+}
+
+void warn_fallback(const char* what) {
+  count_op_path(OpPath::grouped_gemm_per_expert);
+  static std::once_flag once;
+  std::call_once(once, [what] {
+    LOG_WARN("cuBLAS has no grouped GEMM for " << what << "; the experts run one cuBLASLt GEMM each");
+  });
+}
+
+const char* element(const Tensor& t, int64_t row) {
+  return static_cast<const char*>(t.raw()) + row * t.dim(-1) * int64_t(t.element_size());
+}
+
+}  // namespace
+}  // namespace megatron::ops::cuda
+
+namespace megatron::ops {
+
+void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weight,
+                                  const std::vector<int64_t>& counts) {
+  checks::check_grouped_linear_forward(y, x, weight, counts, check_cuda);
+  const int in = int(x.dim(1)), out = int(weight.dim(1));
+  std::vector<Problem> problems;
+  int64_t begin = 0;
+  for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
+    if (counts[e] == 0) continue;
+    // y_e^T (out, N_e) = W_e (out,in as col-major (in,out), transposed) x_e^T (in, N_e)
+    problems.push_back({CUBLAS_OP_T, CUBLAS_OP_N, out, int(counts[e]), in, in, in, out,
+                        element(weight, int64_t(e) * out), element(x, begin), const_cast<char*>(element(y, begin))});
+  }
+  if (run_grouped(problems, blas_type(x.dtype()), blas_type(y.dtype()), 0.0f, x.device())) return;
+  warn_fallback(dtype_name(x.dtype()));
+  begin = 0;
+  for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
+    if (counts[e] == 0) continue;
+    Tensor y_e = y.slice(begin, begin + counts[e]);
+    cuda::linear_forward(y_e, x.slice(begin, begin + counts[e]), weight.select(int64_t(e)), Tensor());
+  }
+}
+
+void cuda::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                                   const std::vector<int64_t>& counts) {
+  checks::check_grouped_linear_backward(dx, dweight, dy, x, weight, counts, check_cuda);
+  const int in = int(x.dim(1)), out = int(weight.dim(1));
+  std::vector<Problem> dx_problems, dw_problems;
+  int64_t begin = 0;
+  for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
+    if (counts[e] == 0) continue;
+    const int rows = int(counts[e]);
+    const char* w_e = element(weight, int64_t(e) * out);
+    // dx_e^T (in, N_e) = W_e^T (in,out: W_e row-major read as col-major) dy_e^T (out, N_e)
+    if (dx.defined())
+      dx_problems.push_back({CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, in, out, in, w_e, element(dy, begin),
+                             const_cast<char*>(element(dx, begin))});
+    // dW_e^T (in, out) += x_e^T (in, N_e) dy_e (N_e, out)
+    if (dweight.defined())
+      dw_problems.push_back({CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, in, out, in, element(x, begin),
+                             element(dy, begin), const_cast<char*>(element(dweight, int64_t(e) * out))});
+  }
+  const cudaDataType_t type = blas_type(x.dtype());
+  const bool dx_done = run_grouped(dx_problems, type, type, 0.0f, x.device());
+  const bool dw_done = run_grouped(dw_problems, type, CUDA_R_32F, 1.0f, x.device());
+  if (dx_done && dw_done) return;
+  warn_fallback(dtype_name(x.dtype()));
+  begin = 0;
+  for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
+    if (counts[e] == 0) continue;
+    const int64_t end = begin + counts[e];
+    Tensor dx_e = dx.defined() && !dx_done ? dx.slice(begin, end) : Tensor();
+    Tensor dw_e = dweight.defined() && !dw_done ? dweight.select(int64_t(e)) : Tensor();
+    Tensor no_bias;
+    if (dx_e.defined() || dw_e.defined())
+      cuda::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), weight.select(int64_t(e)));
+  }
+}
+
+}  // namespace megatron::ops

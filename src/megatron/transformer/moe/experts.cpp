@@ -1,0 +1,96 @@
+#include "megatron/transformer/moe/experts.h"
+
+#include <cmath>
+
+#include "megatron/ops/activation.h"
+#include "megatron/ops/gemm.h"
+#include "megatron/ops/grouped_gemm.h"
+
+namespace megatron::moe {
+
+Experts::Experts(ParameterRegistry& registry, const TransformerConfig& config, const std::string& prefix)
+    : swiglu_(config.swiglu),
+      grouped_gemm_(config.moe.moe_grouped_gemm),
+      ffn_hidden_size_(config.moe.moe_ffn_hidden_size) {
+  const int64_t E = config.moe.num_moe_experts, H = config.hidden_size, F = ffn_hidden_size_;
+  fc1_ = registry.add({.name = prefix + ".linear_fc1.weight",
+                       .global_shape = {E, swiglu_ ? 2 * F : F, H},
+                       .init_std = config.init_method_std,
+                       .expert_parallel = true});
+  // fc2 as Megatron's output layers: std / sqrt(2 * layers).
+  fc2_ = registry.add({.name = prefix + ".linear_fc2.weight",
+                       .global_shape = {E, H, F},
+                       .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers)),
+                       .expert_parallel = true});
+}
+
+void Experts::experts_linear(Tensor& out, const Tensor& in, const Parameter& weight,
+                             const std::vector<int64_t>& counts) const {
+  if (grouped_gemm_) return ops::grouped_linear_forward(out, in, weight.data, counts);
+  int64_t begin = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t end = begin + counts[e];
+    if (end > begin) {
+      Tensor out_e = out.slice(begin, end);
+      ops::linear_forward(out_e, in.slice(begin, end), weight.data.select(int64_t(e)), Tensor());
+    }
+    begin = end;
+  }
+}
+
+void Experts::experts_linear_backward(Tensor& dx, const Tensor& dy, const Tensor& x, const Parameter& weight,
+                                      const std::vector<int64_t>& counts) const {
+  if (grouped_gemm_) {
+    Tensor dweight = weight.main_grad;
+    return ops::grouped_linear_backward(dx, dweight, dy, x, weight.data, counts);
+  }
+  int64_t begin = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t end = begin + counts[e];
+    if (end > begin) {
+      Tensor dx_e = dx.slice(begin, end);
+      Tensor dw_e = weight.main_grad.select(int64_t(e));
+      Tensor no_bias;
+      ops::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end),
+                           weight.data.select(int64_t(e)));
+    }
+    begin = end;
+  }
+}
+
+Tensor Experts::activation(const Tensor& fc1_out) const {
+  Tensor act = Tensor::empty({fc1_out.dim(0), ffn_hidden_size_}, fc1_out.dtype(), fc1_out.device());
+  if (swiglu_)
+    ops::swiglu_forward(act, fc1_out);
+  else
+    ops::gelu_forward(act, fc1_out);
+  return act;
+}
+
+Tensor Experts::forward(const Tensor& rows, const std::vector<int64_t>& tokens_per_expert, Saved& saved) const {
+  const int64_t N = rows.dim(0);
+  saved.input = rows;
+  saved.tokens_per_expert = tokens_per_expert;
+  saved.fc1_out = Tensor::empty({N, fc1_->local_shape[1]}, rows.dtype(), rows.device());
+  experts_linear(saved.fc1_out, rows, *fc1_, tokens_per_expert);
+  const Tensor act = activation(saved.fc1_out);
+  Tensor out = Tensor::empty({N, rows.dim(1)}, rows.dtype(), rows.device());
+  experts_linear(out, act, *fc2_, tokens_per_expert);
+  return out;
+}
+
+Tensor Experts::backward(const Tensor& dy, const Saved& saved) const {
+  const Tensor act = activation(saved.fc1_out);
+  Tensor dact = Tensor::empty(act.shape(), act.dtype(), act.device());
+  experts_linear_backward(dact, dy, act, *fc2_, saved.tokens_per_expert);
+  Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), saved.fc1_out.dtype(), saved.fc1_out.device());
+  if (swiglu_)
+    ops::swiglu_backward(dfc1, dact, saved.fc1_out);
+  else
+    ops::gelu_backward(dfc1, dact, saved.fc1_out);
+  Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
+  experts_linear_backward(dx, dfc1, saved.input, *fc1_, saved.tokens_per_expert);
+  return dx;
+}
+
+}  // namespace megatron::moe

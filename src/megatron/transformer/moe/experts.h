@@ -1,0 +1,50 @@
+#pragma once
+// The routed experts: E MLPs without biases, fc1 (fused [gate; up] with SwiGLU) and fc2, each
+// registered as one (E, out, in) parameter per layer whose dim 0 is the global expert index
+// (decoder.layers.N.mlp.experts.linear_fc1.weight, (E, F or 2F, H); linear_fc2.weight, (E, H, F)),
+// so a checkpoint holds every expert by its index. Under expert parallelism this rank holds the
+// contiguous experts [first_expert(), first_expert() + num_local_experts()). Rows arrive grouped by expert
+// (token_dispatcher.h): expert e runs on tokens_per_expert[e] consecutive rows. The activation is
+// recomputed in backward from the saved fc1 output, as the dense MLP.
+#include <string>
+#include <vector>
+
+#include "megatron/core/activation_memory.h"
+#include "megatron/parameters/parameter_registry.h"
+#include "megatron/transformer/transformer_config.h"
+
+namespace megatron::moe {
+
+class Experts {
+ public:
+  struct Saved {
+    Tensor input;    // (N,H) the dispatched rows
+    Tensor fc1_out;  // (N, F or 2F)
+    std::vector<int64_t> tokens_per_expert;
+    void count(ActivationMemory& m) const {
+      m.add(input);
+      m.add(fc1_out);
+    }
+  };
+  Experts(ParameterRegistry& registry, const TransformerConfig& config, const std::string& prefix);
+  Tensor forward(const Tensor& rows, const std::vector<int64_t>& tokens_per_expert, Saved& saved) const;
+  Tensor backward(const Tensor& dy, const Saved& saved) const;  // accumulates weight grads, returns drows
+  int64_t first_expert() const { return fc1_->expert_offset(); }
+  int64_t num_local_experts() const { return fc1_->local_shape[0]; }
+
+ private:
+  // out rows of expert e = in rows of e @ weight[e]^T, for every expert with rows: one grouped
+  // GEMM (--moe-grouped-gemm), or one GEMM per expert (Megatron's SequentialMLP).
+  void experts_linear(Tensor& out, const Tensor& in, const Parameter& weight, const std::vector<int64_t>& counts) const;
+  // dx rows of e = dy rows of e @ weight[e]; grad[e] += dy^T x over e's rows.
+  void experts_linear_backward(Tensor& dx, const Tensor& dy, const Tensor& x, const Parameter& weight,
+                               const std::vector<int64_t>& counts) const;
+  Tensor activation(const Tensor& fc1_out) const;
+  bool swiglu_;
+  bool grouped_gemm_;
+  int64_t ffn_hidden_size_;
+  Parameter* fc1_;
+  Parameter* fc2_;
+};
+
+}  // namespace megatron::moe

@@ -1,0 +1,68 @@
+#include "megatron/transformer/moe/moe_layer.h"
+
+#include "megatron/ops/elementwise.h"
+
+namespace megatron::moe {
+namespace {
+TransformerConfig shared_expert_config(const TransformerConfig& config) {
+  TransformerConfig shared = config;
+  shared.ffn_hidden_size = config.moe.moe_shared_expert_intermediate_size;
+  return shared;
+}
+}  // namespace
+
+MoELayer::MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+                   const std::string& prefix)
+    : ep_(ctx.ep && ctx.ep->size() > 1 ? ctx.ep : nullptr),
+      router_(registry, config, prefix + ".router"),
+      experts_(registry, config, prefix + ".experts") {
+  MEGATRON_CHECK(registry.ep_size() == (ep_ ? ep_->size() : 1),
+                 "the parameter registry is for EP " << registry.ep_size() << " but the context's EP group has "
+                                                     << (ep_ ? ep_->size() : 1) << " ranks");
+  MEGATRON_CHECK(ctx.tp_size() == 1, "MoE layers run at tensor-parallel size 1 in this build, not "
+                                         << ctx.tp_size() << "; use --tensor-model-parallel-size 1");
+  if (config.moe.moe_shared_expert_intermediate_size > 0)
+    shared_experts_ = std::make_unique<MLP>(registry, ctx, shared_expert_config(config), prefix + ".shared_experts");
+}
+
+void MoELayer::Saved::count(ActivationMemory& m) const {
+  router.count(m);
+  plan.count(m);
+  experts.count(m);
+  m.add(expert_output);
+  shared.count(m);
+}
+
+Tensor MoELayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
+  const Tensor tokens = x.view({-1, x.dim(-1)});  // (T,H), T = S*B in sequence-major order
+  const Routing& routing = router_.forward(tokens, fwd, saved.router);
+  const DType weights = saved.router.input.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  // Under EP: the tokens and routings of the whole EP group, of which this rank serves its experts.
+  const Tensor all_tokens = ep_ ? gather_tokens(tokens, *ep_) : tokens;
+  saved.plan = plan_dispatch(ep_ ? gather_routing(routing, *ep_, x.device()) : routing, experts_.first_expert(),
+                             experts_.num_local_experts(), x.device(), weights);
+  saved.expert_output = experts_.forward(dispatch(all_tokens, saved.plan), saved.plan.tokens_per_expert, saved.experts);
+  const Tensor combined = combine(saved.expert_output, saved.plan);
+  Tensor y = (ep_ ? sum_to_token_ranks(combined, *ep_) : combined).view(x.shape());
+  if (shared_experts_) {
+    const Tensor shared = shared_experts_->forward(x, saved.shared);
+    ops::add(y, y, shared);
+  }
+  return y;
+}
+
+Tensor MoELayer::backward(const Tensor& dy, const Saved& saved) const {
+  const Tensor dy_tokens = dy.view({-1, dy.dim(-1)});
+  const Tensor dy_all = ep_ ? gather_tokens(dy_tokens, *ep_) : dy_tokens;
+  std::vector<double> dprobs;
+  const Tensor drows = combine_backward(dy_all, saved.expert_output, saved.plan, dprobs);
+  const Tensor dx_all = dispatch_backward(experts_.backward(drows, saved.experts), saved.plan);
+  Tensor dx = ep_ ? sum_to_token_ranks(dx_all, *ep_) : dx_all;
+  if (ep_) dprobs = sum_probs_to_token_ranks(dprobs, saved.plan.probs.dim(1), *ep_, dx.device());
+  ops::add(dx, dx, router_.backward(dprobs, saved.router, dx.dtype()));
+  dx = dx.view(dy.shape());
+  if (shared_experts_) ops::add(dx, dx, shared_experts_->backward(dy, saved.shared));
+  return dx;
+}
+
+}  // namespace megatron::moe

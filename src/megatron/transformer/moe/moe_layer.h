@@ -1,0 +1,46 @@
+#pragma once
+// Megatron-Core's MoELayer, in place of the MLP of the layers --moe-layer-freq selects:
+//   y = sum_e probs[t,e] expert_e(x_t)  (+ shared_expert(x) with --moe-shared-expert-intermediate-size)
+// router (router.h) -> dispatch (token_dispatcher.h) -> experts (experts.h) -> combine; under
+// expert parallelism (the context's EP group) the dispatch gathers the EP group's tokens and each
+// rank runs its own experts (token_dispatcher.h). Parameter
+// names are Megatron's: mlp.router.weight, mlp.experts.linear_fc{1,2}.weight (all experts, by global
+// index), mlp.shared_experts.linear_fc{1,2}.weight.
+#include <memory>
+#include <string>
+
+#include "megatron/transformer/mlp.h"
+#include "megatron/transformer/moe/experts.h"
+#include "megatron/transformer/moe/moe_stats.h"
+#include "megatron/transformer/moe/router.h"
+#include "megatron/transformer/moe/token_dispatcher.h"
+
+namespace megatron::moe {
+
+class MoELayer {
+ public:
+  struct Saved {
+    Router::Saved router;
+    DispatchPlan plan;
+    Experts::Saved experts;
+    Tensor expert_output;  // (N,H) rows before the weighted combine: the probabilities' gradient
+    MLP::Saved shared;
+    void count(ActivationMemory& m) const;
+  };
+  MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+           const std::string& prefix);
+  Tensor forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;  // (S,B,H) -> (S,B,H)
+  Tensor backward(const Tensor& dy, const Saved& saved) const;
+  // Adds this layer's routing of the forward `saved` came from.
+  void add_stats(const Saved& saved, MoEStats& stats) const { stats.add(saved.router.routing, router_.params()); }
+  Router& router() { return router_; }
+  const Router& router() const { return router_; }
+
+ private:
+  std::shared_ptr<Communicator> ep_;  // null without expert parallelism
+  Router router_;
+  Experts experts_;
+  std::unique_ptr<MLP> shared_experts_;
+};
+
+}  // namespace megatron::moe

@@ -1,0 +1,147 @@
+// The MoE layer inside a tiny GPT (one MoE layer, one dense): every parameter's gradient against
+// central finite differences in f64, for softmax routing with the load-balancing and z losses, a
+// shared expert and capacity drops with padding, and for DeepSeek-style sigmoid routing with
+// group limits, the expert bias and the per-sequence loss; experts as per-expert GEMMs and as
+// the grouped GEMM. The routers' losses enter the
+// objective with ForwardContext::aux_loss_grad_scale, as their gradients do.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "megatron/core/rng.h"
+#include "megatron/models/gpt/gpt_model.h"
+#include "model_gradient_check.h"
+
+using namespace megatron;
+
+namespace {
+
+TransformerConfig moe_model() {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 4;
+  c.kv_channels = 4;
+  c.ffn_hidden_size = 24;
+  c.vocab_size = c.padded_vocab_size = 24;
+  c.max_position_embeddings = c.seq_length = 6;
+  c.init_method_std = 0.3f;  // large enough that every path carries a visible gradient
+  c.attention_dropout = 0.0f;
+  c.hidden_dropout = 0.1f;
+  c.normalization = Normalization::RMSNorm;
+  c.swiglu = true;
+  c.position_embedding_type = PositionEmbeddingType::rope;
+  c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = true;
+  c.params_dtype = DType::f64;
+  c.moe.num_moe_experts = 4;
+  c.moe.moe_layer_freq = "[0,1]";
+  c.moe.moe_ffn_hidden_size = 8;
+  return c;
+}
+
+void check_gradients_by_finite_differences(const TransformerConfig& config) {
+  ASSERT_TRUE(validate(config).empty()) << validate(config).front();
+  ParallelContext ctx = ParallelContext::single_process();
+  GPTModel model(config, ctx);
+  model.parameters().initialize(42);
+  HostRng rng(7);
+  const int64_t B = 2, S = config.seq_length;
+  Tensor tokens = Tensor::empty({B, S}, DType::i32), labels = Tensor::empty({B, S}, DType::i32);
+  Tensor mask = Tensor::empty({B, S}, DType::f32);
+  for (int64_t i = 0; i < B * S; ++i) {
+    tokens.data<int32_t>()[i] = int32_t(rng.uniform_int(uint64_t(config.vocab_size)));
+    labels.data<int32_t>()[i] = int32_t(rng.uniform_int(uint64_t(config.vocab_size)));
+    mask.data<float>()[i] = (i % 5 == 3) ? 0.0f : 1.0f;
+  }
+  const float scale = 0.125f;
+  const ForwardContext fwd{.training = true, .seed = 99, .step = 3, .aux_loss_grad_scale = 0.5f};
+
+  model.parameters().zero_grads();
+  model.forward_backward(tokens, labels, mask, scale, fwd);
+  ASSERT_EQ(model.moe_stats().layers, 1);
+  const Tensor analytic = model.parameters().grad_buffer().clone();
+  auto loss = [&] {
+    const LossSums s = model.forward_backward(tokens, labels, mask, scale, fwd);
+    return scale * s.loss_sum + fwd.aux_loss_grad_scale * model.moe_stats().weighted_losses;
+  };
+  // A step of 1e-5 changes no top-k choice or capacity decision of these inputs.
+  test::expect_gradients_match_finite_differences(model, analytic, loss);
+}
+
+}  // namespace
+
+TEST(MoELayer, SoftmaxRoutingWithLossesSharedExpertAndCapacityMatchesFiniteDifferences) {
+  TransformerConfig c = moe_model();
+  c.moe.moe_aux_loss_coeff = 0.1;
+  c.moe.moe_z_loss_coeff = 0.01;
+  c.moe.moe_shared_expert_intermediate_size = 12;
+  c.moe.moe_expert_capacity_factor = 1.0;
+  c.moe.moe_pad_expert_input_to_capacity = true;
+  check_gradients_by_finite_differences(c);
+}
+
+TEST(MoELayer, DroplessPreSoftmaxGroupedGemmMatchesFiniteDifferences) {
+  TransformerConfig c = moe_model();
+  c.moe.moe_router_pre_softmax = true;
+  c.moe.moe_router_topk = 3;
+  c.moe.moe_router_topk_scaling_factor = 1.5;
+  c.moe.moe_aux_loss_coeff = 0.2;
+  c.moe.moe_grouped_gemm = true;
+  c.swiglu = false;  // GELU experts
+  check_gradients_by_finite_differences(c);
+}
+
+TEST(MoELayer, SigmoidGroupLimitedWithExpertBiasMatchesFiniteDifferences) {
+  TransformerConfig c = moe_model();
+  c.moe.moe_router_score_function = RouterScoreFunction::sigmoid;
+  c.moe.moe_router_enable_expert_bias = true;
+  c.moe.moe_router_num_groups = 2;
+  c.moe.moe_router_group_topk = 1;
+  c.moe.moe_router_load_balancing_type = LoadBalancingType::seq_aux_loss;
+  c.moe.moe_aux_loss_coeff = 0.3;
+  check_gradients_by_finite_differences(c);
+}
+
+TEST(MoELayer, ExpertBiasUpdateFollowsTheTokenCounts) {
+  TransformerConfig c = moe_model();
+  c.params_dtype = DType::f32;
+  c.moe.moe_router_score_function = RouterScoreFunction::sigmoid;
+  c.moe.moe_router_enable_expert_bias = true;
+  c.moe.moe_router_bias_update_rate = 0.25;
+  ParallelContext ctx = ParallelContext::single_process();
+  GPTModel model(c, ctx);
+  model.parameters().initialize(3);
+  Tensor tokens = Tensor::zeros({2, c.seq_length}, DType::i32), mask = Tensor::empty({2, c.seq_length}, DType::f32);
+  mask.fill(1.0);
+  // Identical tokens all choose the same 2 of 4 experts: over two micro-batches those see 24
+  // tokens each and the others none (mean 12), so the chosen ones' bias falls by the rate and the
+  // others' rises by it.
+  model.forward_backward(tokens, tokens, mask, 1.0f, {.training = true});
+  model.forward_backward(tokens, tokens, mask, 1.0f, {.training = true});
+  model.evaluate(tokens, tokens, mask);  // evaluation does not count
+  model.update_expert_bias();
+  const std::vector<moe::MoELayer*> layers = model.moe_layers();
+  ASSERT_EQ(layers.size(), 1u);
+  std::vector<double> bias = layers[0]->router().expert_bias();
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<double>{-0.25, -0.25, 0.25, 0.25}));
+  // The update cleared the counter: all-zero counts are balanced and move nothing.
+  model.update_expert_bias();
+  std::vector<double> again = layers[0]->router().expert_bias();
+  std::sort(again.begin(), again.end());
+  EXPECT_EQ(again, bias);
+}
+
+TEST(MoELayer, ParameterCountMatchesTheRegistry) {
+  // num_parameters (the formula the log and `plan` use) against what the model registers.
+  TransformerConfig c = moe_model();
+  c.moe.moe_shared_expert_intermediate_size = 12;
+  ParallelContext ctx = ParallelContext::single_process();
+  GPTModel model(c, ctx);
+  int64_t registered = 0;
+  for (const auto& p : model.parameters().params()) registered += shape_numel(p->spec.global_shape);
+  EXPECT_EQ(num_parameters(c), registered);
+}

@@ -1,0 +1,61 @@
+// The grouped GEMM's CPU reference (plain loops) against a loop of the linear ops of gemm.h (an
+// independent implementation, OpenBLAS) on each expert's rows, with empty and uneven experts: in
+// f64 (1e-12 relative: the same sums in other orders) and in bf16 outputs (one bf16 rounding of
+// float sums: a step of 2^-7 relative where the two round a near-midpoint differently).
+#include <gtest/gtest.h>
+
+#include "megatron/ops/gemm.h"
+#include "megatron/ops/grouped_gemm.h"
+#include "op_test_util.h"
+
+using namespace megatron;
+using namespace megatron::test;
+
+namespace {
+
+const std::vector<int64_t> kCounts{3, 0, 5, 1};
+constexpr int64_t kRows = 9, kIn = 6, kOut = 7;
+
+void expect_close(const Tensor& a, const Tensor& b, double rel) {
+  ASSERT_EQ(a.numel(), b.numel());
+  const double scale = max_abs(b);
+  for (int64_t i = 0; i < a.numel(); ++i)
+    EXPECT_NEAR(a.item(i), b.item(i), rel * (std::abs(b.item(i)) + 1e-3 * scale)) << "element " << i;
+}
+
+void check(DType dtype, double rel) {
+  const Tensor x = randn({kRows, kIn}, dtype, 1), w = randn({4, kOut, kIn}, dtype, 2),
+               dy = randn({kRows, kOut}, dtype, 3);
+  Tensor y = poisoned({kRows, kOut}, dtype), y_loop = poisoned({kRows, kOut}, dtype);
+  ops::grouped_linear_forward(y, x, w, kCounts);
+  Tensor dx = poisoned({kRows, kIn}, dtype), dx_loop = poisoned({kRows, kIn}, dtype);
+  const DType acc = dtype == DType::f64 ? DType::f64 : DType::f32;
+  Tensor dw = randn({4, kOut, kIn}, acc, 4), dw_loop = dw.clone();
+  ops::grouped_linear_backward(dx, dw, dy, x, w, kCounts);
+  int64_t begin = 0;
+  for (size_t e = 0; e < kCounts.size(); begin += kCounts[e], ++e) {
+    const int64_t end = begin + kCounts[e];
+    if (end == begin) continue;
+    Tensor y_e = y_loop.slice(begin, end), dx_e = dx_loop.slice(begin, end), dw_e = dw_loop.select(int64_t(e));
+    Tensor no_bias;
+    ops::linear_forward(y_e, x.slice(begin, end), w.select(int64_t(e)), Tensor());
+    ops::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), w.select(int64_t(e)));
+  }
+  expect_close(y, y_loop, rel);
+  expect_close(dx, dx_loop, rel);
+  expect_close(dw, dw_loop, dtype == DType::f64 ? rel : 1e-6);  // f32 main grads: float sums of 6 terms
+}
+
+}  // namespace
+
+TEST(OpsGroupedGemm, EqualsALoopOfLinearOps) {
+  check(DType::f64, 1e-12);
+  check(DType::bf16, 0x1p-7);
+}
+
+TEST(OpsGroupedGemm, RejectsCountsThatDoNotCoverTheRows) {
+  const Tensor x = randn({kRows, kIn}, DType::f32, 1), w = randn({4, kOut, kIn}, DType::f32, 2);
+  Tensor y = Tensor::empty({kRows, kOut}, DType::f32);
+  EXPECT_THROW(ops::grouped_linear_forward(y, x, w, {3, 0, 5, 2}), Error);
+  EXPECT_THROW(ops::grouped_linear_forward(y, x, w, {9, 0, 0}), Error);
+}
