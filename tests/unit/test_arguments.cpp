@@ -359,6 +359,17 @@ TEST(ValidateArgs, ContextAndExpertParallelismMustBeOne) {
                        "--expert-model-parallel-size 4: not yet supported, must be 1"));
 }
 
+TEST(ValidateArgs, PipelineSplitAndScheduleRules) {
+  // The split of layers and the schedule's shape are checked with the rest of the arguments.
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--num-virtual-stages-per-pipeline-rank", "2"})),
+                       "the interleaved schedule needs more than one pipeline rank"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--decoder-first-pipeline-num-layers", "1",
+                                                         "--account-for-loss-in-pipeline-split"})),
+                       "Megatron does not combine"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--pipeline-model-parallel-layout", "E|t|L"})),
+                       "3 stages, not a multiple"));
+}
+
 TEST(ValidateArgs, WorldSizeMustHoldTheModelLayout) {
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--tensor-model-parallel-size", "2"}), 3),
                        "world size 3 is not a multiple of TP*PP = 2"));
