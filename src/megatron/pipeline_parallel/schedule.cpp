@@ -105,23 +105,19 @@ std::vector<std::vector<Action>> compute_steps(const ScheduleShape& s, int64_t r
   return steps;
 }
 
-// What a compute action must receive first, and what it sends when done (none at the pipeline's ends).
-std::optional<Action> input_of(const ScheduleShape& s, int64_t rank, const Action& a) {
-  const int64_t prev = (rank + s.pipeline_size - 1) % s.pipeline_size, next = (rank + 1) % s.pipeline_size;
-  if (a.kind == ActionKind::kForward && !s.is_first_stage(rank, a.chunk))
-    return Action{ActionKind::kRecvActivation, a.microbatch, a.chunk, prev};
-  if (a.kind == ActionKind::kBackward && !s.is_last_stage(rank, a.chunk))
-    return Action{ActionKind::kRecvGrad, a.microbatch, a.chunk, next};
-  return std::nullopt;
-}
+enum class Transfer { kInput, kOutput };
 
-std::optional<Action> output_of(const ScheduleShape& s, int64_t rank, const Action& a) {
-  const int64_t prev = (rank + s.pipeline_size - 1) % s.pipeline_size, next = (rank + 1) % s.pipeline_size;
-  if (a.kind == ActionKind::kForward && !s.is_last_stage(rank, a.chunk))
-    return Action{ActionKind::kSendActivation, a.microbatch, a.chunk, next};
-  if (a.kind == ActionKind::kBackward && !s.is_first_stage(rank, a.chunk))
-    return Action{ActionKind::kSendGrad, a.microbatch, a.chunk, prev};
-  return std::nullopt;
+// What a compute action must receive first (its input) or sends when done (its output); none at
+// the pipeline's ends. Forwards take activations from the previous virtual stage and pass them
+// on; backwards take gradients from the next one and pass them back.
+std::optional<Action> transfer_of(const ScheduleShape& s, int64_t rank, const Action& a, Transfer t) {
+  const bool forward = a.kind == ActionKind::kForward, input = t == Transfer::kInput;
+  const bool with_previous = forward == input;
+  if (with_previous ? s.is_first_stage(rank, a.chunk) : s.is_last_stage(rank, a.chunk)) return std::nullopt;
+  const ActionKind kind = forward ? (input ? ActionKind::kRecvActivation : ActionKind::kSendActivation)
+                                  : (input ? ActionKind::kRecvGrad : ActionKind::kSendGrad);
+  const int64_t peer = (rank + (with_previous ? s.pipeline_size - 1 : 1)) % s.pipeline_size;
+  return Action{kind, a.microbatch, a.chunk, peer};
 }
 
 }  // namespace
@@ -136,13 +132,13 @@ std::vector<Action> build_schedule(const ScheduleShape& s, int64_t rank) {
   // Receives of one step, sent after the step before it (or first of all, for step 0).
   auto receive_inputs = [&](const std::vector<Action>& step) {
     for (const Action& a : step)
-      if (auto recv = input_of(s, rank, a)) actions.push_back(*recv);
+      if (auto recv = transfer_of(s, rank, a, Transfer::kInput)) actions.push_back(*recv);
   };
   if (!steps.empty()) receive_inputs(steps.front());
   for (size_t i = 0; i < steps.size(); ++i) {
     actions.insert(actions.end(), steps[i].begin(), steps[i].end());
     for (const Action& a : steps[i])
-      if (auto send = output_of(s, rank, a)) actions.push_back(*send);
+      if (auto send = transfer_of(s, rank, a, Transfer::kOutput)) actions.push_back(*send);
     if (i + 1 < steps.size()) receive_inputs(steps[i + 1]);
   }
   return actions;
