@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <limits>
 #include <memory>
+#include <sstream>
 
 #include "megatron/checkpointing/save_directory.h"
 #include "megatron/core/logging.h"
@@ -27,6 +28,8 @@
 #include "megatron/parallel/cpu_threads.h"
 #include "megatron/parallel/parallel_args.h"
 #include "megatron/parallel/parallel_state.h"
+#include "megatron/pipeline_parallel/schedule.h"
+#include "megatron/pipeline_parallel/schedule_simulation.h"
 #include "megatron/pipeline_parallel/stage_split.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/device.h"
@@ -140,6 +143,29 @@ MicroBatch micro_batch_of(const datasets::Batch& b) {
 // embedding get the sum of their gradients, so both apply the same update.
 void sum_tied_embedding_grads(const GPTModel& model, const ParallelContext& ctx) {
   if (Parameter* p = model.pipeline_tied_embedding()) ctx.embedding->all_reduce(p->main_grad, ReduceOp::sum);
+}
+
+// Every pipeline stage's memory, logged once from rank 0: a stage keeps the activations of up to
+// min(PP - stage, micro-batches) micro-batches (1F1B's warm-up plus one), so the first stage holds
+// the most.
+void log_pipeline_memory(const ParallelContext& ctx, double activation_mib, double peak_mib, int64_t microbatches,
+                         Device device) {
+  const int64_t p = ctx.pp->size();
+  Tensor mine = Tensor::empty({2}, DType::f64);
+  mine.data<double>()[0] = activation_mib;
+  mine.data<double>()[1] = peak_mib;
+  Tensor all = Tensor::empty({p, 2}, DType::f64, device);
+  ctx.pp->all_gather(all, mine.to(device));
+  const Tensor host = all.to(Device::cpu());
+  std::ostringstream line;
+  line << "> memory per pipeline stage (activations of one micro-batch x micro-batches in flight, peak):";
+  for (int64_t r = 0; r < p; ++r) {
+    const int64_t in_flight = pipeline_parallel::peak_in_flight(
+        pipeline_parallel::build_schedule({.pipeline_size = p, .microbatches = microbatches}, r));
+    line << (r ? "; " : " ") << "stage " << r << ": " << std::setprecision(3) << host.data<double>()[2 * r] << " MiB x "
+         << in_flight << ", peak " << host.data<double>()[2 * r + 1] << " MiB";
+  }
+  LOG_INFO(line.str());
 }
 
 struct Evaluation {
@@ -385,6 +411,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
     const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);
     if (first)
       LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
+    if (first && ctx.pp->size() > 1) log_pipeline_memory(ctx, activation_mib, peak_memory_mib(device), micro, device);
     if (first || progress.iteration % args.log_interval == 0 || progress.iteration == train_iters) {
       const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + interval_skipped);
       IterationStats st;
