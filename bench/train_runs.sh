@@ -14,7 +14,7 @@ finish_run() {
 }
 
 # ours NAME NPROC PRESET MBS [flags...]: one `megatron train` run (bf16, no dropout, mock data) with
-# global batch NPROC x MBS; its metrics go to $work/NAME.jsonl.
+# global batch NPROC x MBS x $accumulation (default 1); its metrics go to $work/NAME.jsonl.
 ours() {
   local name=$1 np=$2 preset=$3 mbs=$4
   shift 4
@@ -24,7 +24,7 @@ ours() {
   [ "$np" -gt 1 ] && launch=(mpirun --allow-run-as-root --bind-to none -np "$np" -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH
     ${CUDA_DEVICE_MAX_CONNECTIONS:+-x CUDA_DEVICE_MAX_CONNECTIONS})  # passed on when set (an experiment's knob)
   "${launch[@]}" "$build/megatron" train --model-preset "$preset" --micro-batch-size "$mbs" \
-    --global-batch-size $((np * mbs)) --train-iters $iters --lr 1e-4 --bf16 --attention-dropout 0 \
+    --global-batch-size $((np * mbs * ${accumulation:-1})) --train-iters $iters --lr 1e-4 --bf16 --attention-dropout 0 \
     --hidden-dropout 0 --mock-data --tokenizer-type NullTokenizer --vocab-size $vocab \
     --log-interval $log_interval --metrics-file "$work/$name.jsonl" --device cuda "$@" > "$work/$name.log" 2>&1
   finish_run "$name" $?

@@ -6,6 +6,8 @@
 # (`kill`: SIGKILL, a dead one). The job must fail (not exit 0) well within the guard, with output
 # naming rank 2, and the last published checkpoint must stay loadable: a single process resumes
 # from it.
+# $LAYOUT_FLAGS, when set, are added to the 4-rank run (the pipeline's variant: PP=4); the single
+# process still resumes, whatever layout saved.
 # usage: dp_training_kill_test.sh stop|kill MEGATRON MPIRUN [MPIRUN FLAGS...]
 set -u
 mode=$1
@@ -33,7 +35,7 @@ start=$(date +%s)
 guard=60
 timeout -k 5 $guard "$@" "${launcher_flags[@]}" -np 4 "$megatron" train "${model[@]}" --train-iters 1000000 \
   --log-interval 1000 --use-distributed-optimizer --save "$dir/ckpt" --save-interval 2 \
-  --distributed-timeout-minutes 0.1 >"$dir/log" 2>&1 &
+  --distributed-timeout-minutes 0.1 ${LAYOUT_FLAGS:-} >"$dir/log" 2>&1 &
 job=$!
 
 tracker="$dir/ckpt/latest_checkpointed_iteration.txt"

@@ -87,6 +87,15 @@ inline std::vector<std::string> tiny_tp_run(ModelStyle style, int64_t iters, con
                        "--untie-embeddings-and-output-weights", "--disable-bias-linear"});
 }
 
+// The models of the PP tests (multirank/test_pp_training.cpp, multigpu/test_multigpu_pp_training.cpp):
+// tiny_tp_run with 4 layers, so every PP up to 4 divides them.
+inline std::vector<std::string> tiny_pp_run(ModelStyle style, int64_t iters, const std::string& device = "cpu") {
+  std::vector<std::string> argv = tiny_tp_run(style, iters, device);
+  for (size_t i = 0; i + 1 < argv.size(); ++i)
+    if (argv[i] == "--num-layers") argv[i + 1] = "4";
+  return argv;
+}
+
 inline std::vector<std::string> tp_flags(int tp, bool sequence_parallel, bool distributed_optimizer) {
   std::vector<std::string> f = {"--tensor-model-parallel-size", std::to_string(tp)};
   if (sequence_parallel) f.push_back("--sequence-parallel");

@@ -51,6 +51,7 @@ TEST(ParallelState, GroupsMatchTheRankLayoutAndConnectTheirMembers) {
         {c.cp, l.cp},
         {c.dp, l.dp},
         {c.pp, l.pp},
+        {c.pp_grad, l.pp},
         {c.dp_cp, l.dp_cp},
         {c.mp, l.model_parallel},
         {c.ep, l.ep},
@@ -85,6 +86,11 @@ TEST(ParallelState, RolesWithTheSameGroupsShareOneCommunicator) {
   ParallelState dp_only = make_state({});  // CP = 1: dp_cp = dp
   EXPECT_EQ(dp_only.ctx.dp_cp, dp_only.ctx.dp);
   EXPECT_NE(dp_only.ctx.tp, dp_only.ctx.cp) << "groups of one process stay apart, each with its own name";
+  ParallelSizes pp_only;
+  pp_only.pp = process_info_from_env().world_size;
+  ParallelState pipeline = make_state(pp_only);
+  EXPECT_NE(pipeline.ctx.pp_grad, pipeline.ctx.pp) << "the pipeline's gradients have a communicator of their own";
+  EXPECT_EQ(pipeline.ctx.pp_grad->name(), "pp_grad");
 }
 
 TEST(ParallelState, BadSizesFailOnEveryRankWithTheRule) {

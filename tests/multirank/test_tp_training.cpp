@@ -205,7 +205,7 @@ class Replica {
     if (ddp_->config().use_distributed_optimizer) {
       for (const ShardParamRange& r : ddp_->shards().params) {
         const Parameter& p = *reg.params()[r.param];
-        if (p.is_tensor_parallel_duplicate()) continue;
+        if (p.is_duplicate()) continue;
         const Tensor range = reg.grad_buffer().slice(r.in_buffer.begin, r.in_buffer.end);
         for (const Parameter::FlatBox& box : p.global_boxes(r.in_param.begin, r.in_param.end)) {
           const int64_t at = box.flat_begin - r.in_param.begin;
@@ -215,7 +215,7 @@ class Replica {
       }
     } else if (ctx_.dp_cp->rank() == 0) {
       for (const auto& p : reg.params())
-        if (!p->is_tensor_parallel_duplicate())
+        if (!p->is_duplicate())
           for (const Parameter::Slice& s : p->global_slices_of(p->main_grad))
             out.push_back({p->spec.name, p->spec.global_shape, s.global_offset, s.local});
     }

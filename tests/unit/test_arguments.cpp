@@ -261,7 +261,7 @@ TEST(ValidateArgs, EachRule) {
        "--min-loss-scale 8 exceeds --initial-loss-scale 4"},
       {with(minimal_argv(), {"--loss-scale-window", "0.5"}), "--loss-scale-window 0.5 must be a whole number"},
       {with(minimal_argv(), {"--hysteresis", "0"}), "--hysteresis 0 must be >= 1"},
-      {with(minimal_argv(), {"--pipeline-model-parallel-size", "2"}), "PP>1 arrives with the pipeline-parallel issue"},
+      {with(minimal_argv(), {"--pipeline-model-parallel-size", "2"}), "world size 1 is not a multiple of TP*PP = 2"},
       {with(minimal_argv(), {"--global-batch-size", "5"}),
        "--global-batch-size 5 is not a multiple of --micro-batch-size 2 x data-parallel size 1 = 2: each step runs "
        "whole micro-batches on every replica; use e.g. 6"},
@@ -405,6 +405,27 @@ TEST(ParseArgs, MoEFlags) {
   EXPECT_EQ(training_args_to_flags(parse_training_args_from_flags(flags)), flags);
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--expert-tensor-parallel-size", "2"})),
                        "--expert-tensor-parallel-size 2: experts split like the dense layers"));
+}
+
+TEST(ValidateArgs, PipelineSplitAndScheduleRules) {
+  // The split of layers and the schedule's shape are checked with the rest of the arguments.
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--num-virtual-stages-per-pipeline-rank", "2"})),
+                       "the interleaved schedule needs more than one pipeline rank"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--decoder-first-pipeline-num-layers", "1",
+                                                         "--account-for-loss-in-pipeline-split"})),
+                       "Megatron does not combine"));
+  // What training cannot run yet is named (world of 2: PP=2).
+  const Argv pp2 = with(minimal_argv(), {"--pipeline-model-parallel-size", "2"});
+  EXPECT_EQ(parse_error(pp2, 2), "");
+  EXPECT_TRUE(
+      contains(parse_error(with(pp2, {"--pipeline-model-parallel-layout", "E|tt|L"}), 2), "3 stages, not a multiple"));
+  const Argv four_layers = with(without("--num-layers"), {"--num-layers", "4", "--pipeline-model-parallel-size", "2"});
+  EXPECT_TRUE(contains(
+      parse_error(with(four_layers, {"--num-virtual-stages-per-pipeline-rank", "2", "--global-batch-size", "4"}), 2),
+      "training runs one model chunk per rank so far"));
+  EXPECT_TRUE(contains(
+      parse_error(with(pp2, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--global-batch-size", "4"}), 2),
+      "the first and last stages' copies of the word embedding are summed before the gradient reduction"));
 }
 
 TEST(ValidateArgs, WorldSizeMustHoldTheModelLayout) {

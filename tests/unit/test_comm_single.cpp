@@ -24,8 +24,8 @@ TEST(SingleRankComm, ContextHasEveryRoleUnderItsOwnName) {
     EXPECT_EQ(c->world_ranks(), std::vector<int>{0});
     names.insert(c->name());
   }
-  EXPECT_EQ(names.size(), 12u);
-  EXPECT_TRUE(names.count("dp_cp") && names.count("expert_dp") && names.count("embedding"));
+  EXPECT_EQ(names.size(), 13u);
+  EXPECT_TRUE(names.count("dp_cp") && names.count("expert_dp") && names.count("embedding") && names.count("pp_grad"));
 }
 
 TEST(SingleRankComm, CollectivesAreIdentitiesOrCopies) {

@@ -159,7 +159,7 @@ void expect_shards_of_full_model(const std::vector<std::string>& flags, int T) {
       ASSERT_EQ(p->data.shape(), expected.shape()) << name << " rank " << r << " of " << T;
       for (int64_t i = 0; i < expected.numel(); ++i)
         ASSERT_EQ(p->data.item(i), expected.item(i)) << name << " element " << i << ", rank " << r << " of " << T;
-      EXPECT_EQ(p->is_tensor_parallel_duplicate(), r > 0 && p->spec.partition_dim < 0) << name;
+      EXPECT_EQ(p->is_duplicate(), r > 0 && p->spec.partition_dim < 0) << name;
     }
   }
 }
@@ -198,9 +198,8 @@ TEST(TensorParallelShards, LayersRejectARegistryOfAnotherTpLayout) {
             std::string::npos);
   EXPECT_NE(error_of([&] { tensor_parallel::RowParallelLinear(whole, ctx, "fc2", 8, 8, {}); }).find(rule),
             std::string::npos);
-  EXPECT_NE(
-      error_of([&] { tensor_parallel::VocabParallelEmbedding(whole, ctx, "emb", 8, 4, 0.02f); }).find(rule),
-      std::string::npos);
+  EXPECT_NE(error_of([&] { tensor_parallel::VocabParallelEmbedding(whole, ctx, "emb", 8, 4, 0.02f); }).find(rule),
+            std::string::npos);
   ParameterRegistry shard(1, 2);
   const tensor_parallel::ColumnParallelLinear fc1(shard, ctx, "fc1", 6, 8, {});
   EXPECT_EQ(shard.find("fc1.weight")->local_shape, (Shape{4, 6}));

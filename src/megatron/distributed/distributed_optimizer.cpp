@@ -34,16 +34,16 @@ Tensor DistributedOptimizer::master_of(const ShardParamRange& r) const {
 
 double DistributedOptimizer::global_grad_norm() const {
   // The shards of the group's ranks tile every parameter once; a parameter replicated across TP
-  // counts on TP rank 0 only (Megatron's get_grad_norm_fp32 over the distributed-optimizer
-  // instance: DP x CP, then the model-parallel ranks).
+  // counts on TP rank 0 only, the tied embedding on the first pipeline stage only (Megatron's
+  // get_grad_norm_fp32 over the distributed-optimizer instance: DP x CP, then the model-parallel
+  // ranks).
   const Tensor& grads = registry_->grad_buffer();
   Tensor acc = Tensor::zeros({1}, grads.dtype(), grads.device());
-  if (!holds_tp_duplicates_) {
+  if (!holds_duplicates_) {
     for (const Range& shard : ddp_->shards().in_buffer) ops::sum_squares(acc, slice_of(grads, shard));
   } else {
     for (const ShardParamRange& r : ddp_->shards().params)
-      if (!registry_->params()[r.param]->is_tensor_parallel_duplicate())
-        ops::sum_squares(acc, slice_of(grads, r.in_buffer));
+      if (!registry_->params()[r.param]->is_duplicate()) ops::sum_squares(acc, slice_of(grads, r.in_buffer));
   }
   ddp_->group().all_reduce(acc, ReduceOp::sum);
   ddp_->context().mp->all_reduce(acc, ReduceOp::sum);
@@ -78,7 +78,7 @@ std::vector<checkpointing::ShardedTensor> DistributedOptimizer::sharded_state() 
   std::vector<checkpointing::ShardedTensor> out;
   for (const ShardParamRange& r : ddp_->shards().params) {
     const Parameter& p = *registry_->params()[r.param];
-    if (p.is_tensor_parallel_duplicate()) continue;  // TP rank 0 saves it
+    if (p.is_duplicate()) continue;  // TP rank 0 saves it
     const auto add = [&](const char* what, const Tensor& range) {
       for (const Parameter::FlatBox& box : p.global_boxes(r.in_param.begin, r.in_param.end)) {
         const int64_t at = box.flat_begin - r.in_param.begin;

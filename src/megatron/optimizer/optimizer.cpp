@@ -16,8 +16,8 @@ Optimizer::Optimizer(ParameterRegistry& registry, const AdamWHyper& hyper,
                      std::shared_ptr<Communicator> found_inf_group, std::unique_ptr<GradScaler> grad_scaler)
     : registry_(&registry),
       hyper_(hyper),
-      holds_tp_duplicates_(std::any_of(registry.params().begin(), registry.params().end(),
-                                       [](const auto& p) { return p->is_tensor_parallel_duplicate(); })),
+      holds_duplicates_(std::any_of(registry.params().begin(), registry.params().end(),
+                                    [](const auto& p) { return p->is_duplicate(); })),
       found_inf_group_(std::move(found_inf_group)),
       grad_scaler_(std::move(grad_scaler)) {}
 
@@ -63,15 +63,16 @@ AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContex
 
 double AdamWOptimizer::global_grad_norm() const {
   // Megatron's get_grad_norm_fp32: every parameter once (a tied weight is one parameter; a
-  // parameter replicated across TP counts on TP rank 0 only), the squares summed over the
-  // model-parallel group. The DP replicas hold identical reduced grads and are not summed.
+  // parameter replicated across TP counts on TP rank 0 only, the tied embedding on the first
+  // pipeline stage only), the squares summed over the model-parallel group (TP x PP). The DP replicas hold identical
+  // reduced grads and are not summed.
   const Tensor& grads = registry_->grad_buffer();
   Tensor acc = Tensor::zeros({1}, grads.dtype(), grads.device());
-  if (!holds_tp_duplicates_) {
+  if (!holds_duplicates_) {
     ops::sum_squares(acc, grads);
   } else {
     for (const auto& p : registry_->params())
-      if (!p->is_tensor_parallel_duplicate()) ops::sum_squares(acc, p->main_grad);
+      if (!p->is_duplicate()) ops::sum_squares(acc, p->main_grad);
   }
   ctx_->mp->all_reduce(acc, ReduceOp::sum);
   return std::sqrt(acc.item(0));
@@ -99,7 +100,7 @@ std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state() const 
   std::vector<checkpointing::ShardedTensor> out;
   if (ctx_->dp_cp->rank() != 0) return out;  // the other replicas hold the same state
   for (const auto& p : registry_->params()) {
-    if (p->is_tensor_parallel_duplicate()) continue;  // TP rank 0 saves it
+    if (p->is_duplicate()) continue;  // TP rank 0 saves it
     auto add = [&](const std::string& what, const Tensor& flat) {
       for (const auto& slice : p->global_slices_of(p->view_of(flat)))
         out.push_back(

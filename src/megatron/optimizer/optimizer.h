@@ -75,10 +75,10 @@ class Optimizer {
 
   ParameterRegistry* registry_;
   AdamWHyper hyper_;
-  // Whether a parameter this rank holds is a replica of TP rank 0's (which the grad norm counts
-  // there only). Without one, the norm is one reduction over whole buffer ranges, not one per
-  // parameter: the padding between parameters holds zeros.
-  bool holds_tp_duplicates_;
+  // Whether a parameter this rank holds is a duplicate (Parameter::is_duplicate: a replica of TP
+  // rank 0's, or a pipeline copy), which the grad norm counts elsewhere only. Without one, the norm is one reduction
+  // over whole buffer ranges, not one per parameter: the padding between parameters holds zeros.
+  bool holds_duplicates_;
 
  private:
   // acc += non-finite elements among the main grads this rank updates.

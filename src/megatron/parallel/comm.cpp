@@ -116,7 +116,7 @@ CommHandlePtr SingleRankCommunicator::barrier_async() { return completed_handle(
 
 std::vector<std::shared_ptr<Communicator>> ParallelContext::communicators() const {
   std::vector<std::shared_ptr<Communicator>> all;
-  for (const auto& c : {world, tp, dp, pp, cp, dp_cp, mp, ep, expert_tp, expert_dp, embedding, position_embedding})
+  for (const auto& c : {world, tp, dp, pp, pp_grad, cp, dp_cp, mp, ep, expert_tp, expert_dp, embedding, position_embedding})
     if (c && std::find(all.begin(), all.end(), c) == all.end()) all.push_back(c);
   return all;
 }
@@ -131,6 +131,7 @@ ParallelContext ParallelContext::single_process() {
                             {&ctx.tp, "tp"},
                             {&ctx.dp, "dp"},
                             {&ctx.pp, "pp"},
+                            {&ctx.pp_grad, "pp_grad"},
                             {&ctx.cp, "cp"},
                             {&ctx.dp_cp, "dp_cp"},
                             {&ctx.mp, "mp"},

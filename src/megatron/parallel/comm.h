@@ -154,7 +154,9 @@ struct ParallelContext {
   std::shared_ptr<Communicator> world;
   std::shared_ptr<Communicator> tp;                  // tensor (and sequence) parallel
   std::shared_ptr<Communicator> dp;                  // data parallel
-  std::shared_ptr<Communicator> pp;                  // pipeline
+  std::shared_ptr<Communicator> pp;                  // pipeline: activations, forward
+  std::shared_ptr<Communicator> pp_grad;             // pipeline: their gradients, backward (own communicator:
+                                                     // p2p matches by order alone, and the orders differ)
   std::shared_ptr<Communicator> cp;                  // context parallel
   std::shared_ptr<Communicator> dp_cp;               // DP x CP: gradient reduction, loss averaging
   std::shared_ptr<Communicator> mp;                  // model parallel (TP x PP): grad-norm without dist-opt

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
-#include <set>
 
 #include "megatron/core/strings.h"
 #include "megatron/parallel/collective_checks.h"
@@ -348,17 +347,17 @@ CommHandlePtr MpiCommunicator::batch_p2p_async(std::span<const P2POp> ops) {
   check_p2p(*this, ops);
   std::vector<Tensor> tensors;
   std::string detail;
-  std::set<int> peers;
   for (const P2POp& op : ops) {
     tensors.push_back(op.tensor);
-    const int world = world_ranks_[size_t(op.peer)];
-    detail += concat(detail.empty() ? "" : " ", op.kind == P2POp::Kind::send ? "send->" : "recv<-", world);
-    if (world != watchdog_->world_rank()) peers.insert(world);
+    detail += concat(detail.empty() ? "" : " ", op.kind == P2POp::Kind::send ? "send->" : "recv<-",
+                     world_ranks_[size_t(op.peer)]);
   }
   check_devices(*this, "batch_p2p", tensors, DeviceType::cpu);
   auto work = std::make_unique<Work>();
   work->record = record("batch_p2p", tensors, detail, true);
-  work->peers.assign(peers.begin(), peers.end());
+  // The whole group is asked on a timeout, not only this batch's peers: in a pipeline the peer may
+  // itself wait on a rank further along, which is the one to name.
+  work->peers = others_;
   for (const P2POp& op : ops) {
     Tensor t = op.tensor;
     const int n = mpi_count(name_, "batch_p2p", t.numel());

@@ -6,7 +6,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <set>
 
 #include "megatron/core/strings.h"
 #include "megatron/cuda_runtime/context.h"
@@ -357,15 +356,15 @@ CommHandlePtr NcclCommunicator::batch_p2p_async(std::span<const P2POp> ops) {
   check_p2p(*this, ops);
   std::vector<Tensor> tensors;
   std::string detail;
-  std::set<int> peers;
   for (const P2POp& op : ops) {
     tensors.push_back(op.tensor);
-    const int world = world_ranks_[size_t(op.peer)];
-    detail += concat(detail.empty() ? "" : " ", op.kind == P2POp::Kind::send ? "send->" : "recv<-", world);
-    if (op.peer != rank_) peers.insert(world);
+    detail += concat(detail.empty() ? "" : " ", op.kind == P2POp::Kind::send ? "send->" : "recv<-",
+                     world_ranks_[size_t(op.peer)]);
   }
   check_tensors("batch_p2p", tensors);
-  return issue("batch_p2p", true, tensors, detail, {peers.begin(), peers.end()}, [&](cudaStream_t s) {
+  // The whole group is asked on a timeout, not only this batch's peers: in a pipeline the peer may
+  // itself wait on a rank further along, which is the one to name.
+  return issue("batch_p2p", true, tensors, detail, others_, [&](cudaStream_t s) {
     for (const P2POp& op : ops) {
       Tensor t = op.tensor;
       if (op.kind == P2POp::Kind::send)

@@ -30,11 +30,9 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
   const int64_t tp = a.tensor_model_parallel_size;
   if (tp <= 0)
     errors.push_back(concat("--tensor-model-parallel-size ", tp, " must be positive: 1 disables tensor parallelism"));
-  if (a.pipeline_model_parallel_size != 1) {
+  if (a.pipeline_model_parallel_size <= 0)
     errors.push_back(concat("--pipeline-model-parallel-size ", a.pipeline_model_parallel_size,
-                            ": only 1 is supported in this build; PP>1 arrives with the pipeline-parallel issue; ",
-                            "drop the flag"));
-  }
+                            " must be positive: 1 disables pipeline parallelism"));
   require_one(errors, a.context_parallel_size, "--context-parallel-size", "context parallelism");
   require_one(errors, a.expert_model_parallel_size, "--expert-model-parallel-size", "expert parallelism");
   if (a.expert_tensor_parallel_size != 0 && a.expert_tensor_parallel_size != tp)

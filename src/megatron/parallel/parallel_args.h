@@ -5,6 +5,7 @@
 // the ParallelContext built from them (comm.h), which applies Megatron's semantics (sequence
 // parallelism and its overlap take effect only where TP > 1).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,12 +16,23 @@ namespace megatron {
 
 struct ParallelArgs {
   int64_t tensor_model_parallel_size = 1;
-  int64_t pipeline_model_parallel_size = 1;  // 1 in this build
+  int64_t pipeline_model_parallel_size = 1;
   int64_t context_parallel_size = 1;         // 1 in this build
   int64_t expert_model_parallel_size = 1;    // 1 in this build
   int64_t expert_tensor_parallel_size = 0;   // 0: Megatron's default, the TP size; = TP in this build
   bool sequence_parallel = false;            // --sequence-parallel
   bool tp_comm_overlap = false;              // --tp-comm-overlap: SP collectives as rings beside the GEMMs
+
+  // How the layers split over pipeline stages and model chunks (pipeline_parallel/stage_split.h
+  // applies Megatron's rules); unset = not given.
+  std::optional<int64_t> num_layers_per_virtual_pipeline_stage{};             // VP = layers per rank / this
+  std::optional<int64_t> num_virtual_stages_per_pipeline_rank{};              // VP directly
+  std::optional<int64_t> microbatch_group_size_per_virtual_pipeline_stage{};  // default: PP
+  std::optional<int64_t> decoder_first_pipeline_num_layers{};                 // uneven first stage
+  std::optional<int64_t> decoder_last_pipeline_num_layers{};                  // uneven last stage
+  bool account_for_embedding_in_pipeline_split = false;                       // the embedding counts as a layer
+  bool account_for_loss_in_pipeline_split = false;                            // the loss counts as a layer
+  std::string pipeline_model_parallel_layout{};                               // e.g. "Et|(tt|)*3,L"; "" = none
 
   // The sizes the ranks are laid out by (rank_layout.h); `world` is left for the launch to fill in.
   ParallelSizes sizes() const;

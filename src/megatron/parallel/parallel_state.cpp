@@ -16,10 +16,12 @@ namespace megatron {
 namespace {
 
 // One role of the context and every group of that role (each rank computes the same lists).
+// A role that needs its own communicator never shares one with a role of the same groups.
 struct Role {
   const char* name;
   std::shared_ptr<Communicator> ParallelContext::*slot;
   RankGroups groups;
+  bool own = false;
 };
 
 // Megatron's embedding groups: per pipeline group, its first stage and (tied) its last.
@@ -42,6 +44,7 @@ std::vector<Role> roles(const ParallelSizes& s, bool tied) {
           {"cp", &C::cp, rank_groups(s, "cp")},
           {"dp", &C::dp, rank_groups(s, "dp")},
           {"pp", &C::pp, rank_groups(s, "pp")},
+          {"pp_grad", &C::pp_grad, rank_groups(s, "pp"), true},
           {"dp_cp", &C::dp_cp, rank_groups(s, "dp-cp")},
           {"mp", &C::mp, rank_groups(s, "tp-pp")},
           {"ep", &C::ep, rank_groups(s, "ep", true)},
@@ -131,8 +134,10 @@ ParallelState initialize_parallel(const ParallelSizes& sizes, const ParallelOpti
       continue;
     }
     // Same groups on every rank as an earlier role: share its communicator.
-    auto same = std::find_if(built.begin(), built.end(),
-                             [&](const Role& b) { return sorted(b.groups) == sorted(role.groups); });
+    auto shares = [&](const Role& a, const Role& b) {
+      return !a.own && !b.own && sorted(a.groups) == sorted(b.groups);
+    };
+    auto same = std::find_if(built.begin(), built.end(), [&](const Role& b) { return shares(b, role); });
     if (same != built.end()) {
       st.ctx.*role.slot = st.ctx.*same->slot;
       continue;
@@ -140,8 +145,7 @@ ParallelState initialize_parallel(const ParallelSizes& sizes, const ParallelOpti
     // The name lists every role that shares the communicator, so the watchdog says which calls.
     std::string name = role.name;
     for (const Role& other : all)
-      if (std::string(other.name) != role.name && sorted(other.groups) == sorted(role.groups))
-        name += concat("/", other.name);
+      if (std::string(other.name) != role.name && shares(other, role)) name += concat("/", other.name);
     const CollectiveRecord rec = st.watchdog->log().begin("world", false, "create_group", 0, DType::f32, name);
     MPI_Comm comm = MPI_COMM_NULL;
     {

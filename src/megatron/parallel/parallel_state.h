@@ -10,7 +10,8 @@
 //   GPTModel model(config, st.ctx, device);
 //
 // Groups with the same members on every rank (dp and dp_cp when CP=1, tp and mp when PP=1, ...)
-// share one communicator, named after all its roles ("dp/dp_cp"), so NCCL builds no duplicate.
+// share one communicator, named after all its roles ("dp/dp_cp"), so NCCL builds no duplicate;
+// pp_grad alone has its own (the pipeline's gradients must not queue behind its activations).
 // The embedding groups contain the first and last pipeline stages only: ctx.embedding and
 // ctx.position_embedding are null on the other ranks.
 //

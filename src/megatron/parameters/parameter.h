@@ -27,6 +27,10 @@ struct ParamSpec {
   // Dim 0 indexes MoE experts, split in contiguous ranges over the expert-parallel ranks (the
   // global tensor holds every expert by its global index). Not combined with a TP split here.
   bool expert_parallel = false;
+  // The last pipeline stage's copy of the tied word embedding (its output layer's weight): kept
+  // equal to the first stage's by summing the two gradients, so neither counted in the gradient
+  // norm nor saved a second time (Megatron's shared_embedding).
+  bool pipeline_copy = false;
 };
 
 // This TP rank's shape of the parameter `spec` describes: the global shape with partition_dim
@@ -50,10 +54,11 @@ struct Parameter {
     return flat_buffer.slice(buffer_offset, buffer_offset + shape_numel(local_shape)).view(local_shape);
   }
 
-  // A replicated parameter on a TP rank other than 0: a copy of TP rank 0's. Such copies are not
-  // counted again in the gradient norm and not saved again (Megatron's
-  // param_is_not_tensor_parallel_duplicate, negated).
-  bool is_tensor_parallel_duplicate() const { return spec.partition_dim < 0 && tp_rank != 0; }
+  // A copy of a parameter another rank holds and counts: a replicated parameter on a TP rank other
+  // than 0 (a copy of TP rank 0's), or a pipeline copy. Such copies are not counted again in the
+  // gradient norm and not saved again (Megatron's param_is_not_tensor_parallel_duplicate and
+  // param_is_not_shared, negated).
+  bool is_duplicate() const { return (spec.partition_dim < 0 && tp_rank != 0) || spec.pipeline_copy; }
 
   // Global index along dim 0 of this shard's first row: its first expert under expert
   // parallelism, 0 otherwise.

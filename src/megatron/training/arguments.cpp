@@ -11,6 +11,8 @@
 #include "megatron/datasets/tokenizers/byte_tokenizer.h"
 #include "megatron/flags/flag_table.h"
 #include "megatron/models/gpt/presets.h"
+#include "megatron/pipeline_parallel/schedule.h"
+#include "megatron/pipeline_parallel/stage_split.h"
 #include "megatron/training/checkpoint_io.h"
 
 namespace megatron {
@@ -143,7 +145,25 @@ std::vector<Flag> build_flag_table() {
       {"--tensor-model-parallel-size", FIELD(parallel.tensor_model_parallel_size), parallel,
        "Tensor-parallel size TP: attention heads, MLP columns and the vocabulary are split across TP ranks"},
       {"--pipeline-model-parallel-size", FIELD(parallel.pipeline_model_parallel_size), parallel,
-       "PP (1 in this build)"},
+       "Pipeline-parallel size PP: the layers are split over PP stages, run by Megatron's 1F1B schedule"},
+      {"--num-layers-per-virtual-pipeline-stage", FIELD(parallel.num_layers_per_virtual_pipeline_stage), parallel,
+       "Interleaved schedule: model chunks per pipeline rank = its layers / this"},
+      {"--num-virtual-stages-per-pipeline-rank", FIELD(parallel.num_virtual_stages_per_pipeline_rank), parallel,
+       "Interleaved schedule: model chunks per pipeline rank (1: not interleaved)"},
+      {"--microbatch-group-size-per-virtual-pipeline-stage",
+       FIELD(parallel.microbatch_group_size_per_virtual_pipeline_stage), parallel,
+       "Interleaved schedule: micro-batches each chunk runs in turn; derived: PP"},
+      {"--decoder-first-pipeline-num-layers", FIELD(parallel.decoder_first_pipeline_num_layers), parallel,
+       "Layers of the first pipeline stage (uneven split; the other stages share the rest)"},
+      {"--decoder-last-pipeline-num-layers", FIELD(parallel.decoder_last_pipeline_num_layers), parallel,
+       "Layers of the last pipeline stage (uneven split; the other stages share the rest)"},
+      {"--account-for-embedding-in-pipeline-split",
+       Switch{FIELD(parallel.account_for_embedding_in_pipeline_split), true}, parallel,
+       "Count the embedding as one layer of the first pipeline stage"},
+      {"--account-for-loss-in-pipeline-split", Switch{FIELD(parallel.account_for_loss_in_pipeline_split), true},
+       parallel, "Count the loss as one layer of the last pipeline stage"},
+      {"--pipeline-model-parallel-layout", FIELD(parallel.pipeline_model_parallel_layout), parallel,
+       "Stages in order, '|' between them: E embedding, t layer, L loss, x*N and (..)*N repeat; e.g. \"Et|(tt|)*3,L\""},
       {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel, "CP (1 in this build)"},
       {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel, "EP (1 in this build)"},
       {"--expert-tensor-parallel-size", FIELD(parallel.expert_tensor_parallel_size), parallel,
@@ -354,6 +374,38 @@ void check_batch(const TrainingArgs& a, std::vector<std::string>& errors) {
 
 // Megatron's scheduler lengths come in iterations (with --train-iters) or in samples (with
 // --train-samples), never mixed; warmup must end before the decay does.
+// The layers' split over pipeline stages, then the schedule's shape (once the batch is valid).
+void check_pipeline(const TrainingArgs& a, std::vector<std::string>& errors) {
+  if (a.model.num_layers <= 0) return;
+  const std::vector<std::string> split_errors =
+      pipeline_parallel::validate_pipeline_split(a.parallel, a.model.num_layers);
+  errors.insert(errors.end(), split_errors.begin(), split_errors.end());
+  const int64_t per_step = a.micro_batch_size * a.data_parallel_size;
+  if (!split_errors.empty() || per_step <= 0 || a.global_batch_size <= 0 || a.global_batch_size % per_step != 0) return;
+  const pipeline_parallel::ScheduleShape shape{
+      .pipeline_size = a.parallel.pipeline_model_parallel_size,
+      .virtual_stages = pipeline_parallel::pipeline_split(a.parallel, a.model.num_layers).virtual_stages,
+      .microbatches = a.global_batch_size / per_step,
+      .microbatch_group_size = a.parallel.microbatch_group_size_per_virtual_pipeline_stage.value_or(0)};
+  for (std::string& e : pipeline_parallel::validate(shape)) errors.push_back(std::move(e));
+  if (shape.pipeline_size == 1) return;
+  // What the training loop cannot run yet, though the schedule and the model split can.
+  if (shape.virtual_stages > 1)
+    errors.push_back(
+        concat(shape.virtual_stages, " virtual stages per pipeline rank: training runs one model chunk per ",
+               "rank so far (the interleaved schedule and its split exist and are tested on their own); ",
+               "fix: drop --num-virtual-stages-per-pipeline-rank / --num-layers-per-virtual-pipeline-stage"));
+  // Megatron sums the tied embedding's two copies after the DP reduction; with the distributed
+  // optimizer that reduction leaves shards only, so the sum comes first, before any bucket's
+  // reduction has started: not with --overlap-grad-reduce.
+  if (!a.model.untie_embeddings_and_output_weights && a.use_distributed_optimizer && a.overlap_grad_reduce)
+    errors.push_back(
+        "--overlap-grad-reduce with --use-distributed-optimizer, tied embeddings and "
+        "--pipeline-model-parallel-size > 1: the first and last stages' copies of the word embedding are "
+        "summed before the gradient reduction, which overlapping starts during backward; fix: drop "
+        "--overlap-grad-reduce, or untie with --untie-embeddings-and-output-weights");
+}
+
 void check_schedule(const TrainingArgs& a, std::vector<std::string>& errors) {
   const OptimizerArgs& o = a.optimizer;
   if (!(o.lr > 0.0)) {
@@ -584,6 +636,7 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   for (std::string& e : validate(args.parallel, args.world_size)) errors.push_back(std::move(e));
   for (std::string& e : validate_tensor_parallel_split(args.model, args.parallel)) errors.push_back(std::move(e));
   check_batch(args, errors);
+  check_pipeline(args, errors);
   check_schedule(args, errors);
   check_optimizer(args.optimizer, errors);
   check_data(args, errors);

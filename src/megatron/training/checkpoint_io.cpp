@@ -50,7 +50,7 @@ nlohmann::json args_json(const TrainingArgs& args) {
 std::vector<ShardedTensor> model_state(GPTModel& model) {
   std::vector<ShardedTensor> out;
   for (const auto& p : model.parameters().params())
-    if (!p->is_tensor_parallel_duplicate())
+    if (!p->is_duplicate())
       for (const auto& slice : p->global_slices())
         out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
   return out;

@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <limits>
 #include <memory>
+#include <sstream>
 
 #include "megatron/checkpointing/save_directory.h"
 #include "megatron/core/logging.h"
@@ -28,10 +29,14 @@
 #include "megatron/parallel/cpu_threads.h"
 #include "megatron/parallel/parallel_args.h"
 #include "megatron/parallel/parallel_state.h"
+#include "megatron/pipeline_parallel/schedule.h"
+#include "megatron/pipeline_parallel/schedule_simulation.h"
+#include "megatron/pipeline_parallel/stage_split.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/device.h"
 #include "megatron/training/metrics.h"
 #include "megatron/training/nan_check.h"
+#include "megatron/training/pipeline_step.h"
 
 namespace megatron {
 
@@ -157,6 +162,39 @@ LossSums sum_over(Communicator& group, const LossSums& local, Device device) {
   return {sums.item(0), sums.item(1)};
 }
 
+MicroBatch micro_batch_of(const datasets::Batch& b) {
+  return {b.tokens, b.labels, b.loss_mask, b.position_ids, b.segment_ids};
+}
+
+// Megatron's embedding-group all-reduce: the first and last pipeline stages' copies of a tied word
+// embedding get the sum of their gradients, so both apply the same update.
+void sum_tied_embedding_grads(const GPTModel& model, const ParallelContext& ctx) {
+  if (Parameter* p = model.pipeline_tied_embedding()) ctx.embedding->all_reduce(p->main_grad, ReduceOp::sum);
+}
+
+// Every pipeline stage's memory, logged once from rank 0: a stage keeps the activations of up to
+// min(PP - stage, micro-batches) micro-batches (1F1B's warm-up plus one), so the first stage holds
+// the most.
+void log_pipeline_memory(const ParallelContext& ctx, double activation_mib, double peak_mib, int64_t microbatches,
+                         Device device) {
+  const int64_t p = ctx.pp->size();
+  Tensor mine = Tensor::empty({2}, DType::f64);
+  mine.data<double>()[0] = activation_mib;
+  mine.data<double>()[1] = peak_mib;
+  Tensor all = Tensor::empty({p, 2}, DType::f64, device);
+  ctx.pp->all_gather(all, mine.to(device));
+  const Tensor host = all.to(Device::cpu());
+  std::ostringstream line;
+  line << "> memory per pipeline stage (activations of one micro-batch x micro-batches in flight, peak):";
+  for (int64_t r = 0; r < p; ++r) {
+    const int64_t in_flight = pipeline_parallel::peak_in_flight(
+        pipeline_parallel::build_schedule({.pipeline_size = p, .microbatches = microbatches}, r));
+    line << (r ? "; " : " ") << "stage " << r << ": " << std::setprecision(3) << host.data<double>()[2 * r] << " MiB x "
+         << in_flight << ", peak " << host.data<double>()[2 * r + 1] << " MiB";
+  }
+  LOG_INFO(line.str());
+}
+
 struct Evaluation {
   double loss = 0.0;
   int64_t samples = 0;  // global samples read
@@ -170,13 +208,14 @@ Evaluation evaluate(GPTModel& model, datasets::DataLoader& loader, const char* s
   LossSums total;
   const int64_t before = loader.consumed_samples();
   for (int64_t it = 0; it < args.eval_iters; ++it) {
+    std::vector<MicroBatchRun> runs;
     for (int64_t m = 0; m < args.num_micro_batches(); ++m) {
       const datasets::Batch batch = next_batch(loader, split);
-      const LossSums s =
-          model.evaluate(batch.tokens, batch.labels, batch.loss_mask, batch.position_ids, batch.segment_ids);
-      total.loss_sum += s.loss_sum;
-      total.num_tokens += s.num_tokens;
+      runs.push_back({.batch = micro_batch_of(batch), .fwd = {.training = false}});
     }
+    const LossSums s = pipeline_forward_backward(model, ctx, runs, /*forward_only=*/true);
+    total.loss_sum += s.loss_sum;
+    total.num_tokens += s.num_tokens;
   }
   total = sum_over(*ctx.dp_cp, total, model.device());
   return {total.loss_sum / std::max(1.0, total.num_tokens), loader.consumed_samples() - before};
@@ -200,10 +239,13 @@ void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
                                                            << args.world_size << " ranks but this run has "
                                                            << ctx.world->size()
                                                            << "; parse them with the launched world size");
-  MEGATRON_CHECK(ctx.dp->size() == args.data_parallel_size && ctx.tp_size() == args.parallel.tensor_model_parallel_size,
-                 "the parallel groups (DP " << ctx.dp->size() << ", TP " << ctx.tp_size()
+  MEGATRON_CHECK(ctx.dp->size() == args.data_parallel_size &&
+                     ctx.tp_size() == args.parallel.tensor_model_parallel_size &&
+                     ctx.pp->size() == args.parallel.pipeline_model_parallel_size,
+                 "the parallel groups (DP " << ctx.dp->size() << ", TP " << ctx.tp_size() << ", PP " << ctx.pp->size()
                                             << ") disagree with the arguments (DP " << args.data_parallel_size
-                                            << ", TP " << args.parallel.tensor_model_parallel_size
+                                            << ", TP " << args.parallel.tensor_model_parallel_size << ", PP "
+                                            << args.parallel.pipeline_model_parallel_size
                                             << "); build the groups from the same sizes");
 }
 
@@ -262,7 +304,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
   DataSources data = build_data_in_turn(args, *ctx.world);
 
   TransformerConfig config = args.model;
-  GPTModel model(config, ctx, device);
+  const pipeline_parallel::PipelineSplit split = pipeline_parallel::pipeline_split(args.parallel, config.num_layers);
+  GPTModel model(config, ctx, device, split.stage(ctx.pp->rank(), 0));
   model.parameters().initialize(uint64_t(args.seed));
   const int64_t n_params = num_parameters(config);
   LOG_INFO("> building GPT model: " << config.num_layers << " layers, hidden " << config.hidden_size << ", " << n_params
@@ -285,6 +328,11 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
                                            ? concat(", CUDA_DEVICE_MAX_CONNECTIONS=",
                                                     std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
                                            : std::string()));
+  if (ctx.pp->size() > 1) {
+    std::string layers;
+    for (int64_t n : split.layers_per_stage) layers += concat(layers.empty() ? "" : ", ", n);
+    LOG_INFO("> pipeline parallel: " << ctx.pp->size() << " stages (1F1B) holding " << layers << " layers");
+  }
   if (dp_size > 1)
     LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
                                  << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
@@ -322,7 +370,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
     if (profile) ops::OpProfiler::instance().start();
     const auto t0 = Clock::now();
     ddp.zero_grad();
-    LossSums iteration_sums;
+    std::vector<MicroBatchRun> runs;
     for (int64_t m = 0; m < micro; ++m) {
       const datasets::Batch batch = next_batch(*train_loader, "training");
       double tokens = 0;
@@ -335,18 +383,25 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
                                .seed = uint64_t(args.seed),
                                .step = uint64_t((progress.iteration * micro + m) * dp_size + dp_rank),
                                .aux_loss_grad_scale = float(double(optimizer->loss_scale()) / double(micro))};
-      // With --overlap-param-gather the forward waits for each bucket of the previous step's
-      // parameter all-gather just before it reads it (DDP listens to the model's notifications).
-      ddp.set_last_micro_batch(m + 1 == micro);
-      const LossSums s = model.forward_backward(batch.tokens, batch.labels, batch.loss_mask, grad_scale, fwd,
-                                                batch.position_ids, batch.segment_ids);
-      nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1, ctx.world->rank());
-      iteration_sums.loss_sum += s.loss_sum;
-      iteration_sums.num_tokens += s.num_tokens;
-      interval_moe.add(model.moe_stats());
+      runs.push_back({.batch = micro_batch_of(batch), .fwd = fwd, .loss_grad_scale = grad_scale});
     }
+    // With --overlap-param-gather the forward waits for each bucket of the previous step's
+    // parameter all-gather just before it reads it (DDP listens to the model's notifications).
+    const PipelineHooks hooks{.on_loss =
+                                  [&](int64_t, const LossSums& s) {
+                                    nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1,
+                                                               ctx.world->rank());
+                                  },
+                              .before_backward = [&](int64_t m) { ddp.set_last_micro_batch(m + 1 == micro); },
+                              .after_forward = [&](int64_t) { interval_moe.add(model.moe_stats()); }};
+    LossSums iteration_sums = pipeline_forward_backward(model, ctx, runs, /*forward_only=*/false, hooks);
+    // Megatron sums the tied embedding's copies after the DP reduction; the distributed optimizer
+    // reduces shards only, so there the sum comes first (the two sums commute; arguments.cpp
+    // refuses --overlap-grad-reduce, which would start the reduction during backward).
+    if (args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
     finalize_model_grads(ddp);
-    model.update_expert_bias();                        // Megatron's aux-loss-free balancing, once per step
+    if (!args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
+    model.update_expert_bias();  // Megatron's aux-loss-free balancing, once per step
     const float loss_scale = optimizer->loss_scale();  // the step may change it
     const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
     nan_check.optimizer_step(step, loss_scale, progress.iteration + 1);
@@ -387,6 +442,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
     const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);
     if (first)
       LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
+    if (first && ctx.pp->size() > 1) log_pipeline_memory(ctx, activation_mib, peak_memory_mib(device), micro, device);
     if (first || progress.iteration % args.log_interval == 0 || progress.iteration == train_iters) {
       const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + interval_skipped);
       IterationStats st;

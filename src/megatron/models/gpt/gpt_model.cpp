@@ -1,5 +1,7 @@
 #include "megatron/models/gpt/gpt_model.h"
 
+#include <algorithm>
+
 #include "megatron/ops/cross_entropy.h"
 #include "megatron/ops/elementwise.h"
 #include "megatron/ops/embedding.h"
@@ -38,41 +40,66 @@ Tensor sequence_columns(const Tensor& ids_bs, int64_t s0, int64_t s1) {
 }
 }  // namespace
 
-GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device)
+GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device,
+                   const std::optional<pipeline_parallel::StageLayers>& stage)
     : config_(config),
+      stage_(stage.value_or(pipeline_parallel::StageLayers{0, config.num_layers, true, true})),
       ctx_(&ctx),
       device_(device),
       registry_(ctx.tp_rank(), ctx.tp_size(), ctx.ep ? ctx.ep->rank() : 0, ctx.ep ? ctx.ep->size() : 1) {
   MEGATRON_CHECK(config.padded_vocab_size > 0, "padded_vocab_size is not set; derive the config before building");
+  const int64_t end = stage_.first_layer + stage_.num_layers;
+  MEGATRON_CHECK(stage_.first_layer >= 0 && stage_.num_layers >= 0 && end <= config.num_layers,
+                 "pipeline stage layers [" << stage_.first_layer << ", " << end << ") are outside the model's "
+                                           << config.num_layers << " layers");
   const auto registered = [this] { return registry_.params().size(); };
-  word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
-      registry_, ctx, "embedding.word_embeddings.weight", config.padded_vocab_size, config.hidden_size,
-      config.init_method_std);
+  const bool tied = !config.untie_embeddings_and_output_weights;
+  // The last stage of a tied model holds the word embedding too: its output layer's weight.
+  if (stage_.embedding || (stage_.loss && tied)) {
+    word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
+        registry_, ctx, "embedding.word_embeddings.weight", config.padded_vocab_size, config.hidden_size,
+        config.init_method_std);
+    // Marked before the buffers are laid out (allocate, below), where nothing has read it yet.
+    word_embeddings_->weight()->spec.pipeline_copy = !stage_.embedding;
+  }
   // Replicated; under SP added to this rank's sequence shard only, so its gradient is summed over
   // TP before the optimizer.
-  if (config.position_embedding_type == PositionEmbeddingType::learned_absolute)
+  if (stage_.embedding && config.position_embedding_type == PositionEmbeddingType::learned_absolute)
     position_embeddings_ = registry_.add({.name = "embedding.position_embeddings.weight",
                                           .global_shape = {config.max_position_embeddings, config.hidden_size},
                                           .init_std = config.init_method_std,
                                           .sequence_parallel = ctx.sequence_parallel()});
   embedding_params_ = {0, registered()};
-  for (int64_t i = 0; i < config.num_layers; ++i) {
+  for (int64_t i = stage_.first_layer; i < end || (i == end && stage_.loss && stage_.num_layers == 0); ++i) {
     const size_t begin = registered();
-    decoder_.push_back(
-        std::make_unique<TransformerBlock>(registry_, ctx, config, i, i + 1, i + 1 == config.num_layers));
+    const int64_t last = std::min(i + 1, end);
+    decoder_.push_back(std::make_unique<TransformerBlock>(registry_, ctx, config, i, last, stage_.loss && last == end));
     layer_params_.push_back({begin, registered()});
   }
-  tensor_parallel::ColumnParallelLinear::Options out{.bias = false, .init_std = config.init_method_std};
-  if (!config.untie_embeddings_and_output_weights) out.shared_weight = word_embeddings_->weight();
-  output_params_.begin = registered();
-  output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
-      registry_, ctx, "output_layer", config.hidden_size, config.padded_vocab_size, out);
-  output_params_.end = registered();
+  output_params_ = {registered(), registered()};
+  if (stage_.loss) {
+    tensor_parallel::ColumnParallelLinear::Options out{.bias = false, .init_std = config.init_method_std};
+    if (tied) out.shared_weight = word_embeddings_->weight();
+    output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
+        registry_, ctx, "output_layer", config.hidden_size, config.padded_vocab_size, out);
+    output_params_.end = registered();
+  }
   registry_.allocate(config.params_dtype, device);
 }
 
-Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_ids, const Tensor& segment_ids,
-                                   const ForwardContext& fwd, Saved& saved) {
+Parameter* GPTModel::pipeline_tied_embedding() const {
+  const bool one_end = stage_.embedding != stage_.loss;
+  return one_end && !config_.untie_embeddings_and_output_weights ? word_embeddings_->weight() : nullptr;
+}
+
+void GPTModel::require_whole_model(const char* what) const {
+  MEGATRON_CHECK(stage_.embedding && stage_.loss,
+                 "GPTModel::" << what << " runs the whole model, but this object is "
+                              << "one pipeline stage; run stage_forward/stage_backward");
+}
+
+Tensor GPTModel::embed(const MicroBatch& mb, const ForwardContext& fwd, Saved& saved) {
+  const Tensor& tokens = mb.tokens;
   MEGATRON_CHECK(
       tokens.dim(1) <= config_.max_position_embeddings,
       "sequence of " << tokens.dim(1) << " tokens exceeds max_position_embeddings " << config_.max_position_embeddings);
@@ -80,8 +107,8 @@ Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_
   report_before_forward(embedding_params_);
   Tensor h = word_embeddings_->forward(saved.tokens);  // (S,B,H), or this rank's (S/TP,B,H) under SP
   if (position_embeddings_) {
-    saved.positions =
-        position_ids.defined() ? position_ids.to(device_) : default_position_ids(tokens.dim(0), tokens.dim(1), device_);
+    saved.positions = mb.position_ids.defined() ? mb.position_ids.to(device_)
+                                                : default_position_ids(tokens.dim(0), tokens.dim(1), device_);
     if (ctx_->sequence_parallel()) {
       const int64_t s0 = ctx_->tp_rank() * h.dim(0);
       saved.positions = sequence_columns(saved.positions, s0, s0 + h.dim(0));
@@ -91,17 +118,27 @@ Tensor GPTModel::forward_to_logits(const Tensor& tokens, const Tensor& position_
   saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding"),
                              ctx_->sequence_parallel() ? tensor_parallel::sequence_shard_offset(h, *ctx_) : 0};
   if (saved.embedding_dropout.p > 0.0f) ops::dropout_forward(h, h, saved.embedding_dropout);
+  return h;
+}
+
+Tensor GPTModel::forward_layers(const MicroBatch& mb, const Tensor& input, const ForwardContext& fwd, Saved& saved) {
+  MEGATRON_CHECK(stage_.embedding || input.defined(),
+                 "pipeline stage of layers [" << stage_.first_layer << ", " << stage_.first_layer + stage_.num_layers
+                                              << ") got no input activation");
+  ResidualStream stream{stage_.embedding ? embed(mb, fwd, saved) : input, Tensor()};
   ForwardContext layer_fwd = fwd;
-  layer_fwd.segment_ids = segment_ids.defined() ? segment_ids.to(device_) : Tensor();
+  layer_fwd.segment_ids = mb.segment_ids.defined() ? mb.segment_ids.to(device_) : Tensor();
   saved.layers.resize(decoder_.size());
-  ResidualStream stream{h, Tensor()};
   for (size_t i = 0; i < decoder_.size(); ++i) {
     report_before_forward(layer_params_[i]);
     stream = decoder_[i]->forward(stream, layer_fwd, saved.layers[i]);
   }
-  // The last block ends with the final norm, which leaves nothing deferred.
-  report_before_forward(output_params_);
-  return output_layer_->forward(stream.residual, saved.output);
+  // The last block ends with the final norm, which leaves nothing deferred; a stage boundary
+  // materialises the deferred addition, since the next stage's norm is on another rank.
+  if (!stream.delta.defined()) return stream.residual;
+  Tensor out = Tensor::empty(stream.residual.shape(), stream.residual.dtype(), device_);
+  ops::add(out, stream.residual, stream.delta);
+  return out;
 }
 
 void GPTModel::report_before_forward(const ParamSpan& span) const {
@@ -113,7 +150,8 @@ void GPTModel::report_grads_ready(const ParamSpan& span) const {
 }
 
 ops::VocabShard GPTModel::vocab_shard() const {
-  return {.start = word_embeddings_->vocab_start(), .size = config_.padded_vocab_size};
+  // The output layer is column-parallel: rank r holds vocabulary rows [r·V/TP, (r+1)·V/TP).
+  return {.start = ctx_->tp_rank() * output_layer_->output_size_per_partition(), .size = config_.padded_vocab_size};
 }
 
 // Vocab-parallel cross-entropy: each rank reduces its vocabulary columns to (max, sum of exp,
@@ -141,39 +179,62 @@ LossSums GPTModel::loss_sums(const Tensor& logits, const Tensor& labels_sb, cons
   return sums;
 }
 
-LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
-                                    float loss_grad_scale, const ForwardContext& fwd, const Tensor& position_ids,
-                                    const Tensor& segment_ids) {
-  Saved saved;
-  Tensor logits = forward_to_logits(tokens, position_ids, segment_ids, fwd, saved);
-  const Tensor labels_sb = to_sequence_major(labels, device_);
-  const Tensor mask_sb = to_sequence_major(loss_mask, device_);
-  Tensor lse;
-  const LossSums sums = loss_sums(logits, labels_sb, mask_sb, lse);
+Tensor GPTModel::stage_forward(const MicroBatch& mb, const Tensor& input, const ForwardContext& fwd, Saved& saved,
+                               LossSums* sums) {
+  Tensor h = forward_layers(mb, input, fwd, saved);
+  if (stage_.loss) {
+    report_before_forward(output_params_);
+    saved.logits = output_layer_->forward(h, saved.output);
+    saved.labels_sb = to_sequence_major(mb.labels, device_);
+    saved.mask_sb = to_sequence_major(mb.loss_mask, device_);
+    const LossSums loss = loss_sums(saved.logits, saved.labels_sb, saved.mask_sb, saved.lse);
+    if (sums) *sums = loss;
+    h = Tensor();
+  }
   ActivationMemory memory;
   saved.count(memory);
-  memory.add(logits);
-  memory.add(lse);
   activation_bytes_ = int64_t(memory.bytes());
   moe_stats_ = {};
   for (size_t i = 0; i < decoder_.size(); ++i)
     for (size_t j = 0; j < decoder_[i]->layers().size(); ++j)
       if (const moe::MoELayer* moe = decoder_[i]->layers()[j]->moe())
         moe->add_stats(saved.layers[i].layers[j].moe, moe_stats_);
+  return h;
+}
 
-  // dlogits overwrite the logits in place: no second vocabulary-sized buffer.
-  Tensor logits_rows = logits.view({labels_sb.numel(), -1});
-  ops::cross_entropy_backward(logits_rows, logits_rows, labels_sb, lse, mask_sb, loss_grad_scale, vocab_shard());
-  Tensor d = output_layer_->backward(logits, saved.output);
-  report_grads_ready(output_params_);
+Tensor GPTModel::stage_backward(const Tensor& output_grad, float loss_grad_scale, Saved& saved) {
+  Tensor d = output_grad;
+  if (stage_.loss) {
+    // dlogits overwrite the logits in place: no second vocabulary-sized buffer.
+    Tensor logits_rows = saved.logits.view({saved.labels_sb.numel(), -1});
+    ops::cross_entropy_backward(logits_rows, logits_rows, saved.labels_sb, saved.lse, saved.mask_sb, loss_grad_scale,
+                                vocab_shard());
+    d = output_layer_->backward(saved.logits, saved.output);
+    report_grads_ready(output_params_);
+  }
   for (size_t i = decoder_.size(); i-- > 0;) {
     d = decoder_[i]->backward(d, saved.layers[i]);
     report_grads_ready(layer_params_[i]);
+  }
+  if (!stage_.embedding) {
+    report_grads_ready(embedding_params_);  // a tied last stage's copy of the word embedding
+    return d;
   }
   if (saved.embedding_dropout.p > 0.0f) ops::dropout_backward(d, d, saved.embedding_dropout);
   if (position_embeddings_) ops::embedding_backward(position_embeddings_->main_grad, d, saved.positions, {});
   word_embeddings_->backward(d, saved.tokens);
   report_grads_ready(embedding_params_);
+  return Tensor();
+}
+
+LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
+                                    float loss_grad_scale, const ForwardContext& fwd, const Tensor& position_ids,
+                                    const Tensor& segment_ids) {
+  require_whole_model("forward_backward");
+  Saved saved;
+  LossSums sums;
+  stage_forward({tokens, labels, loss_mask, position_ids, segment_ids}, Tensor(), fwd, saved, &sums);
+  stage_backward(Tensor(), loss_grad_scale, saved);
   return sums;
 }
 
@@ -208,15 +269,20 @@ void GPTModel::update_expert_bias() {
 
 LossSums GPTModel::evaluate(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
                             const Tensor& position_ids, const Tensor& segment_ids) {
+  require_whole_model("evaluate");
   Saved saved;
-  const Tensor logits = forward_to_logits(tokens, position_ids, segment_ids, {.training = false}, saved);
-  Tensor lse;
-  return loss_sums(logits, to_sequence_major(labels, device_), to_sequence_major(loss_mask, device_), lse);
+  LossSums sums;
+  stage_forward({tokens, labels, loss_mask, position_ids, segment_ids}, Tensor(), {.training = false}, saved, &sums);
+  return sums;
 }
 
 Tensor GPTModel::logits(const Tensor& tokens) {
+  require_whole_model("logits");
   Saved saved;
-  return forward_to_logits(tokens, Tensor(), Tensor(), {.training = false}, saved);
+  MicroBatch mb;
+  mb.tokens = tokens;
+  const Tensor h = forward_layers(mb, Tensor(), {.training = false}, saved);
+  return output_layer_->forward(h, saved.output);
 }
 
 Tensor GPTModel::last_position_logits(const Tensor& tokens) {

@@ -4,6 +4,15 @@
 //
 // Tokens arrive batch-major (B,S) from the data loader; activations are sequence-major (S,B,H).
 //
+// Under pipeline parallelism a GPTModel is one model chunk of one stage (StageLayers): the global
+// layers [first_layer, first_layer + num_layers), the embedding on virtual stage 0, the final norm,
+// output layer and loss on the last. Parameters keep their global names, so checkpoints name layers
+// by their global number. A stage's output is the residual stream with its deferred addition
+// materialised (residual_stream.h), the activation sent to the next stage. With tied embeddings the
+// last stage holds its own copy of the word embedding (the same name and initial values: init is a
+// function of the name); the training loop sums the two copies' gradients over the embedding
+// group, as Megatron does.
+//
 // Forward reports each module's parameters to the registry (ParameterRegistry::before_forward)
 // just before that module reads them: the embeddings, each decoder layer from the first, then the
 // output layer (a tied output weight is the word embedding, reported with the embeddings). This is
@@ -13,11 +22,13 @@
 // embeddings (a tied output weight is final only at the end). This is what lets DDP overlap
 // gradient reduction with the rest of backward.
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "megatron/ops/cross_entropy.h"
 #include "megatron/parallel/comm.h"
 #include "megatron/parameters/parameter_registry.h"
+#include "megatron/pipeline_parallel/stage_split.h"
 #include "megatron/tensor_parallel/layers.h"
 #include "megatron/transformer/transformer_block.h"
 
@@ -30,14 +41,44 @@ struct LossSums {
   double num_tokens = 0.0;
 };
 
+// One micro-batch's inputs, (B,S): tokens and labels i32, loss_mask f32, position_ids and
+// segment_ids i32 or undefined (GPTModel::forward_backward says what they do).
+struct MicroBatch {
+  Tensor tokens, labels, loss_mask, position_ids, segment_ids;
+};
+
 class GPTModel {
  public:
-  // Parameters and activations live on `device`; inputs may come from any device.
-  GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device = Device::cpu());
+  // What one micro-batch's forward through this stage keeps for its backward.
+  struct Saved {
+    Tensor tokens, positions;
+    ops::DropoutParams embedding_dropout;
+    std::vector<TransformerBlock::Saved> layers;
+    tensor_parallel::LinearSaved output;
+    Tensor logits, lse, labels_sb, mask_sb;  // the last stage's loss
+    // The tensors kept for backward (the token ids are the caller's input, not counted).
+    void count(ActivationMemory& m) const {
+      m.add(positions);
+      for (const TransformerBlock::Saved& layer : layers) layer.count(m);
+      output.count(m);
+      m.add(logits);
+      m.add(lse);
+    }
+  };
+
+  // Parameters and activations live on `device`; inputs may come from any device. `stage`: the
+  // pipeline stage this object is; unset, the whole model.
+  GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device = Device::cpu(),
+           const std::optional<pipeline_parallel::StageLayers>& stage = std::nullopt);
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
   const TransformerConfig& config() const { return config_; }
+  const pipeline_parallel::StageLayers& stage() const { return stage_; }
+  // The word embedding when it is tied to the output layer across pipeline stages (this stage
+  // holds one end only): its gradient must be summed with the other end's over the embedding
+  // group. Null otherwise.
+  Parameter* pipeline_tied_embedding() const;
   const ParallelContext& context() const { return *ctx_; }
   ParameterRegistry& parameters() { return registry_; }
   Device device() const { return device_; }
@@ -51,6 +92,16 @@ class GPTModel {
   LossSums forward_backward(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask, float loss_grad_scale,
                             const ForwardContext& fwd, const Tensor& position_ids = Tensor(),
                             const Tensor& segment_ids = Tensor());
+  // One pipeline stage's forward of a micro-batch. `input` (S,B,H) is the previous stage's output,
+  // undefined on the first stage, which embeds mb.tokens. Returns this stage's output for the next
+  // stage; the last stage returns undefined and the micro-batch's loss in *sums (only it reads
+  // labels and loss_mask).
+  Tensor stage_forward(const MicroBatch& mb, const Tensor& input, const ForwardContext& fwd, Saved& saved,
+                       LossSums* sums);
+  // Its backward: `output_grad` is the gradient of the output (ignored on the last stage, which
+  // starts from loss_grad_scale * sum(loss * mask)). Parameter gradients accumulate into the main
+  // grads; returns the gradient of `input` (undefined on the first stage).
+  Tensor stage_backward(const Tensor& output_grad, float loss_grad_scale, Saved& saved);
   // Loss only (no dropout, no gradients): validation.
   LossSums evaluate(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
                     const Tensor& position_ids = Tensor(), const Tensor& segment_ids = Tensor());
@@ -75,37 +126,31 @@ class GPTModel {
   std::vector<moe::MoELayer*> moe_layers() const;
 
  private:
-  struct Saved {
-    Tensor tokens, positions;
-    ops::DropoutParams embedding_dropout;
-    std::vector<TransformerBlock::Saved> layers;
-    tensor_parallel::LinearSaved output;
-    // The tensors kept for backward (the token ids are the caller's input, not counted).
-    void count(ActivationMemory& m) const {
-      m.add(positions);
-      for (const TransformerBlock::Saved& layer : layers) layer.count(m);
-      output.count(m);
-    }
-  };
   // Registration indices [begin, end) of the parameters one module registered.
   struct ParamSpan {
     size_t begin = 0, end = 0;
   };
   void report_before_forward(const ParamSpan& span) const;
   void report_grads_ready(const ParamSpan& span) const;
-  Tensor forward_to_logits(const Tensor& tokens, const Tensor& position_ids, const Tensor& segment_ids,
-                           const ForwardContext& fwd, Saved& saved);
+  // The whole model (both ends of the pipeline), for the single-stage entry points.
+  void require_whole_model(const char* what) const;
+  Tensor embed(const MicroBatch& mb, const ForwardContext& fwd, Saved& saved);
+  // Through the stage's layers to its output: the final norm's on the last stage, else the
+  // materialised residual stream.
+  Tensor forward_layers(const MicroBatch& mb, const Tensor& input, const ForwardContext& fwd, Saved& saved);
   LossSums loss_sums(const Tensor& logits, const Tensor& labels_sb, const Tensor& mask_sb, Tensor& lse);
   // This rank's columns of the logits: the vocabulary rows of the (tied or not) output layer.
   ops::VocabShard vocab_shard() const;
 
   TransformerConfig config_;
+  pipeline_parallel::StageLayers stage_;
   const ParallelContext* ctx_;
   Device device_;
   ParameterRegistry registry_;
   std::unique_ptr<tensor_parallel::VocabParallelEmbedding> word_embeddings_;
   Parameter* position_embeddings_ = nullptr;
-  // The decoder as one block per layer (the last holds the final norm), so backward can report
+  // The stage's decoder as one block per layer (the last stage's last holds the final norm; a last
+  // stage without layers has a block of the final norm alone), so backward can report
   // each layer's gradients as final as soon as that layer is done.
   std::vector<std::unique_ptr<TransformerBlock>> decoder_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;

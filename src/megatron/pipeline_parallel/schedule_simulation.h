@@ -1,0 +1,42 @@
+#pragma once
+// A discrete-event run of a pipeline schedule (schedule.h) on every rank at once: the proof that
+// the per-rank action lists fit together (every send meets the receive of the same micro-batch and
+// stage, no deadlock) and the measure of what they cost (the bubble). Costs are inputs, so times
+// measured on a GPU feed the same simulation as the unit costs of the tests.
+#include <cstdint>
+#include <vector>
+
+#include "megatron/pipeline_parallel/schedule.h"
+
+namespace megatron::pipeline_parallel {
+
+struct ActionCosts {
+  double forward = 1;   // one model chunk's forward of one micro-batch
+  double backward = 2;  // its backward
+  double p2p = 0;       // one batch of sends and receives, from the moment both ends have posted it
+};
+
+struct SimulatedPipeline {
+  std::vector<double> finish;           // per rank: when its last action ends
+  std::vector<double> busy;             // per rank: time spent computing
+  std::vector<int64_t> peak_in_flight;  // per rank: most (micro-batch, chunk) forwards awaiting backward
+  double makespan() const;              // the latest finish
+  double bubble_fraction() const;       // idle over busy time on the busiest rank
+};
+
+// Forwards whose backward has not run yet, at most, along one rank's actions (each holds its
+// saved activations).
+int64_t peak_in_flight(const std::vector<Action>& actions);
+
+// Runs every rank's actions (`per_rank[r]`, normally build_schedule(shape, r)) together. A compute action takes its
+// cost; a batch of consecutive sends and receives (posted together, as one NCCL group) completes once each of its
+// operations has met its peer's, matched in posting order per ordered pair of ranks and kind of
+// tensor (activation or gradient), at the later
+// of the two posting times plus costs.p2p. Throws, naming every stuck rank and what it waits on,
+// when the ranks deadlock; and when a send meets a receive of another micro-batch or stage.
+SimulatedPipeline simulate(const ScheduleShape& shape, const std::vector<std::vector<Action>>& per_rank,
+                           const ActionCosts& costs);
+// The same for build_schedule's lists.
+SimulatedPipeline simulate(const ScheduleShape& shape, const ActionCosts& costs);
+
+}  // namespace megatron::pipeline_parallel
