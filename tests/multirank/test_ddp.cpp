@@ -229,6 +229,61 @@ TEST_F(Ddp, OptimizerStateIsShardedOverTheGroup) {
   }
 }
 
+// Expert parallelism (EP 2): the MoE experts' stack sits in buckets of its own, summed over the
+// expert-data-parallel group (half the DP group at 4 ranks, one rank at 2) and still scaled 1/DP,
+// as Megatron does: each EP rank's expert gradient already sums the tokens of the whole EP group.
+// The dense parameter is averaged over DP as before. Reducing the experts over all of DP mixes in
+// the other EP rank's experts; scaling them 1/expert-DP doubles them.
+TEST(DdpExpertParallel, ExpertGradientsAreSummedOverExpertDataParallelAndScaledByDp) {
+  ParallelState st = make_state({.ep = 2});
+  const int dp = st.ctx.dp_cp->size(), edp = st.ctx.expert_dp->size(), ep_rank = st.ctx.ep->rank();
+  // The gradient rank `rank` of the data-parallel (expert: expert-data-parallel) group adds.
+  const auto grad_of = [&](const Parameter& p, int rank, int64_t i) {
+    return grad_value(p.spec.expert_parallel ? 100 * ep_rank + rank : rank, p, i);
+  };
+  for (const bool overlap : {false, true}) {
+    ParameterRegistry reg(0, 1, ep_rank, 2);
+    reg.add({.name = "dense", .global_shape = {40}});
+    reg.add({.name = "experts", .global_shape = {4, 6}, .expert_parallel = true});
+    reg.add({.name = "norm", .global_shape = {5}, .weight_decay = false});
+    reg.allocate(DType::f32);
+    reg.initialize(11);
+    DistributedDataParallel ddp(reg, st.ctx, {.overlap_grad_reduce = overlap, .bucket_size = 1000});
+    ASSERT_EQ(ddp.layout().buckets.size(), 2u);
+    EXPECT_FALSE(ddp.layout().buckets[0].expert_parallel);
+    EXPECT_EQ(ddp.layout().buckets[1].params, std::vector<size_t>{1});
+    EXPECT_TRUE(ddp.layout().buckets[1].expert_parallel);
+    ddp.zero_grad();
+    for (const auto& p : reg.params()) {
+      const int rank = p->spec.expert_parallel ? st.ctx.expert_dp->rank() : st.ctx.dp_cp->rank();
+      for (int64_t i = 0; i < p->main_grad.numel(); ++i) p->main_grad.set_item(i, grad_of(*p, rank, i));
+    }
+    report_backward(reg);
+    ddp.finish_grad_sync();
+    for (const auto& p : reg.params()) {
+      const int ranks = p->spec.expert_parallel ? edp : dp;
+      for (int64_t i = 0; i < p->main_grad.numel(); ++i) {
+        double sum = 0;
+        for (int r = 0; r < ranks; ++r) sum += grad_of(*p, r, i);
+        ASSERT_EQ(p->main_grad.item(i), sum / dp) << p->spec.name << "[" << i << "] overlap " << overlap;
+      }
+    }
+  }
+}
+
+// Until the distributed optimizer shards expert buckets over expert DP, EP > 1 (an expert-DP group
+// smaller than DP) refuses it.
+TEST(DdpExpertParallel, DistributedOptimizerWithExpertParallelismIsRefused) {
+  ParallelState st = make_state({.ep = 2});
+  ParameterRegistry reg(0, 1, st.ctx.ep->rank(), 2);
+  reg.add({.name = "experts", .global_shape = {4, 6}, .expert_parallel = true});
+  reg.allocate(DType::f32);
+  const std::string error =
+      error_of([&] { DistributedDataParallel ddp(reg, st.ctx, {.use_distributed_optimizer = true}); });
+  EXPECT_NE(error.find("--use-distributed-optimizer with --expert-model-parallel-size > 1"), std::string::npos)
+      << error;
+}
+
 }  // namespace
 }  // namespace megatron::testing
 
