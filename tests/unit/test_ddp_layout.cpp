@@ -46,6 +46,7 @@ TEST(DdpLayout, BucketClosesOnceItReachesTheSize) {
 // With the distributed optimizer (64-element starts) each part pads to its own group: the dense
 // bucket to lcm(3,128) = 384, the expert one (expert DP 1) to 128:
 //   p2 [0,5) p0 [64,74) -> [0,384) | p3 [384,414) p1 [448,468) -> [384,512).
+// Shards: the dense bucket in thirds by DP rank, the expert bucket by expert-DP rank.
 TEST(DdpLayout, ExpertParallelParametersGetTheirOwnBuckets) {
   const std::vector<bool> expert = {false, true, false, true};
   const BufferLayout l = make_buffer_layout({10, 20, 5, 30}, {.shard_group_size = 3, .expert_parallel = expert});
@@ -68,6 +69,12 @@ TEST(DdpLayout, ExpertParallelParametersGetTheirOwnBuckets) {
   EXPECT_EQ(d.buckets[1].range, (Range{384, 512}));
   EXPECT_EQ(d.buckets[1].numel_unpadded, 84);
   EXPECT_EQ(d.numel, 512);
+  // DP rank 2 of 3 owns the dense shard [256,384); expert-DP rank 0 of 1 the whole expert bucket.
+  const RankShards r2 = rank_shards(d, 2, 0);
+  EXPECT_EQ(r2.in_buffer, (std::vector<Range>{{256, 384}, {384, 512}}));
+  EXPECT_EQ(r2.numel, 256);
+  EXPECT_NE(error_of([&] { rank_shards(d, 2); }).find("outside the expert-data-parallel group of 1"),
+            std::string::npos);
 }
 
 // Distributed optimizer, R = 2: 64-element starts and the bucket end padded to lcm(2,128) = 128.

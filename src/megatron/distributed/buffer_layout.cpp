@@ -78,18 +78,20 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
   return layout;
 }
 
-RankShards rank_shards(const BufferLayout& layout, int64_t rank) {
-  const int64_t R = layout.shard_group_size;
-  MEGATRON_CHECK(0 <= rank && rank < R, "rank " << rank << " is outside the data-parallel group of " << R);
+RankShards rank_shards(const BufferLayout& layout, int64_t rank, int64_t expert_rank) {
   RankShards out;
   for (size_t b = 0; b < layout.buckets.size(); ++b) {
     const BucketLayout& bucket = layout.buckets[b];
+    const int64_t R = bucket.expert_parallel ? layout.expert_shard_group_size : layout.shard_group_size;
+    const int64_t r = bucket.expert_parallel ? expert_rank : rank;
+    MEGATRON_CHECK(0 <= r && r < R, "rank " << r << " is outside the " << (bucket.expert_parallel ? "expert-" : "")
+                                            << "data-parallel group of " << R);
     MEGATRON_CHECK(bucket.range.size() % R == 0, "bucket " << b << " of " << bucket.range.size()
                                                            << " elements does not split into " << R
                                                            << " equal shards; build the layout with "
                                                            << "distributed_optimizer, which pads buckets");
     const int64_t shard = bucket.range.size() / R;
-    const Range world{bucket.range.begin + rank * shard, bucket.range.begin + (rank + 1) * shard};
+    const Range world{bucket.range.begin + r * shard, bucket.range.begin + (r + 1) * shard};
     const Range local{out.numel, out.numel + shard};
     out.in_buffer.push_back(world);
     out.in_shards.push_back(local);

@@ -73,7 +73,9 @@ struct RankShards {
   int64_t numel = 0;                    // sum of the shard sizes
 };
 
-// Rank `rank`'s shard of every bucket of a layout built with distributed_optimizer.
-RankShards rank_shards(const BufferLayout& layout, int64_t rank);
+// Rank `rank`'s shard of every bucket of a layout built with distributed_optimizer; of the
+// expert-parallel buckets, shard `expert_rank` of the expert-data-parallel group (-1: the layout
+// has none).
+RankShards rank_shards(const BufferLayout& layout, int64_t rank, int64_t expert_rank = -1);
 
 }  // namespace megatron

@@ -25,13 +25,6 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
   MEGATRON_CHECK(!has_experts || ctx.expert_dp != nullptr,
                  "DDP over expert-parallel parameters needs the context's expert_dp group; build the context "
                      << "with initialize_parallel");
-  // Until the distributed optimizer shards expert buckets over their own group, it needs that
-  // group to be the data-parallel group itself (EP 1).
-  MEGATRON_CHECK(!has_experts || !config.use_distributed_optimizer ||
-                     (ctx.expert_dp->size() == group_->size() && ctx.expert_dp->rank() == group_->rank()),
-                 "--use-distributed-optimizer with --expert-model-parallel-size > 1 is not supported yet (the "
-                     << "expert-data-parallel group of " << ctx.expert_dp->size() << " ranks differs from the "
-                     << "data-parallel group of " << group_->size() << "); drop --use-distributed-optimizer");
   expert_group_ = has_experts ? ctx.expert_dp : group_;
   const int64_t bucket_size = !config.overlap_grad_reduce ? 0
                               : config.bucket_size > 0    ? config.bucket_size
@@ -42,7 +35,7 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
                                         .expert_parallel = expert_parallel,
                                         .expert_shard_group_size = expert_group_->size()});
   registry.set_layout(layout_.param_offsets(), layout_.numel);
-  if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank());
+  if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank(), expert_group_->rank());
 
   const size_t buckets = layout_.buckets.size();
   param_ready_.assign(registry.params().size(), false);

@@ -69,6 +69,8 @@ class DistributedDataParallel {
   // This rank's shard of every bucket (distributed optimizer only).
   const RankShards& shards() const;
   Communicator& group() const { return *group_; }
+  // Whether some buckets hold expert-parallel parameters (sharded over expert DP).
+  bool has_expert_buckets() const { return !layout_.buckets.empty() && layout_.buckets.back().expert_parallel; }
   const ParallelContext& context() const { return ctx_; }
   ParameterRegistry& registry() const { return *registry_; }
 
