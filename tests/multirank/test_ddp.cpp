@@ -6,6 +6,7 @@
 // parameter all-gather restores the full buffer, and the distributed optimizer updates parameters
 // exactly as the replicated AdamW, and an fp16 overflow in one rank's shard skips the step on
 // every rank.
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -226,6 +227,107 @@ TEST_F(Ddp, OptimizerStateIsShardedOverTheGroup) {
     EXPECT_EQ(ref.state_bytes(), bytes_per_element * size_t(ref_reg.param_buffer().numel())) << dtype_name(dtype);
     EXPECT_EQ(dist.state_bytes() * size_t(n_), bytes_per_element * size_t(dist_reg.param_buffer().numel()))
         << dtype_name(dtype);
+  }
+}
+
+// Expert parallelism (EP 2): the MoE experts' stack sits in buckets of its own, summed over the
+// expert-data-parallel group (half the DP group at 4 ranks, one rank at 2) and still scaled 1/DP,
+// as Megatron does: each EP rank's expert gradient already sums the tokens of the whole EP group.
+// The dense parameter is averaged over DP as before. Reducing the experts over all of DP mixes in
+// the other EP rank's experts; scaling them 1/expert-DP doubles them.
+TEST(DdpExpertParallel, ExpertGradientsAreSummedOverExpertDataParallelAndScaledByDp) {
+  ParallelState st = make_state({.ep = 2});
+  const int dp = st.ctx.dp_cp->size(), edp = st.ctx.expert_dp->size(), ep_rank = st.ctx.ep->rank();
+  // The gradient rank `rank` of the data-parallel (expert: expert-data-parallel) group adds.
+  const auto grad_of = [&](const Parameter& p, int rank, int64_t i) {
+    return grad_value(p.spec.expert_parallel ? 100 * ep_rank + rank : rank, p, i);
+  };
+  for (const bool overlap : {false, true}) {
+    ParameterRegistry reg(0, 1, ep_rank, 2);
+    reg.add({.name = "dense", .global_shape = {40}});
+    reg.add({.name = "experts", .global_shape = {4, 6}, .expert_parallel = true});
+    reg.add({.name = "norm", .global_shape = {5}, .weight_decay = false});
+    reg.allocate(DType::f32);
+    reg.initialize(11);
+    DistributedDataParallel ddp(reg, st.ctx, {.overlap_grad_reduce = overlap, .bucket_size = 1000});
+    ASSERT_EQ(ddp.layout().buckets.size(), 2u);
+    EXPECT_FALSE(ddp.layout().buckets[0].expert_parallel);
+    EXPECT_EQ(ddp.layout().buckets[1].params, std::vector<size_t>{1});
+    EXPECT_TRUE(ddp.layout().buckets[1].expert_parallel);
+    ddp.zero_grad();
+    for (const auto& p : reg.params()) {
+      const int rank = p->spec.expert_parallel ? st.ctx.expert_dp->rank() : st.ctx.dp_cp->rank();
+      for (int64_t i = 0; i < p->main_grad.numel(); ++i) p->main_grad.set_item(i, grad_of(*p, rank, i));
+    }
+    report_backward(reg);
+    ddp.finish_grad_sync();
+    for (const auto& p : reg.params()) {
+      const int ranks = p->spec.expert_parallel ? edp : dp;
+      for (int64_t i = 0; i < p->main_grad.numel(); ++i) {
+        double sum = 0;
+        for (int r = 0; r < ranks; ++r) sum += grad_of(*p, r, i);
+        ASSERT_EQ(p->main_grad.item(i), sum / dp) << p->spec.name << "[" << i << "] overlap " << overlap;
+      }
+    }
+  }
+}
+
+// The distributed optimizer under EP 2 shards the expert buckets over expert DP (each rank updates
+// 1/expert-DP of its EP rank's experts) and updates exactly as the replicated AdamW; both count
+// every expert once in the gradient norm (its square summed over EP), which the clipping uses and
+// which equals the norm of the global gradient worked out here from every rank's values. Integers
+// over powers of two: the fp32 sums are exact, so == holds.
+TEST(DdpExpertParallel, DistributedOptimizerShardsExpertsAndTheNormCountsEachExpertOnce) {
+  ParallelState st = make_state({.ep = 2});
+  const int dp = st.ctx.dp_cp->size(), edp = st.ctx.expert_dp->size(), ep_rank = st.ctx.ep->rank();
+  const auto add = [&](ParameterRegistry& reg) {
+    reg.add({.name = "dense", .global_shape = {40}});
+    reg.add({.name = "experts", .global_shape = {4, 6}, .expert_parallel = true});
+    reg.allocate(DType::f32);
+    reg.initialize(11);
+  };
+  // Rank `rank` of the (expert-)data-parallel group's gradient, at EP rank `ep`.
+  const auto grad_of = [](const Parameter& p, int ep, int rank, int64_t i, int step) {
+    return grad_value(p.spec.expert_parallel ? 100 * ep + rank : rank, p, i, step);
+  };
+  const auto fill = [&](ParameterRegistry& reg, int step) {
+    for (const auto& p : reg.params()) {
+      const int rank = p->spec.expert_parallel ? st.ctx.expert_dp->rank() : st.ctx.dp_cp->rank();
+      for (int64_t i = 0; i < p->main_grad.numel(); ++i) p->main_grad.set_item(i, grad_of(*p, ep_rank, rank, i, step));
+    }
+  };
+  ParameterRegistry ref_reg(0, 1, ep_rank, 2), dist_reg(0, 1, ep_rank, 2);
+  add(ref_reg);
+  add(dist_reg);
+  DistributedDataParallel ref_ddp(ref_reg, st.ctx, {});
+  DistributedDataParallel dist_ddp(dist_reg, st.ctx, {.use_distributed_optimizer = true});
+  // The expert bucket (last) splits into expert-DP shards, the dense one into DP shards.
+  ASSERT_TRUE(dist_ddp.layout().buckets.back().expert_parallel);
+  EXPECT_EQ(dist_ddp.shards().in_buffer.back().size() * edp, dist_ddp.layout().buckets.back().range.size());
+  EXPECT_EQ(dist_ddp.shards().in_buffer.front().size() * dp, dist_ddp.layout().buckets.front().range.size());
+  AdamWOptimizer ref(ref_reg, st.ctx, {.clip_grad = 1.0});
+  DistributedOptimizer dist(dist_ddp, st.ctx, {.clip_grad = 1.0});
+  for (int step = 0; step < 2; ++step) {
+    for (DistributedDataParallel* ddp : {&ref_ddp, &dist_ddp}) {
+      ddp->zero_grad();
+      fill(ddp->registry(), step);
+      ddp->finish_grad_sync();
+    }
+    double norm2 = 0;  // the global gradient: dense averaged over DP; each EP rank's experts
+    for (const auto& p : ref_reg.params())
+      for (int ep = 0; ep < (p->spec.expert_parallel ? 2 : 1); ++ep)
+        for (int64_t i = 0; i < p->main_grad.numel(); ++i) {
+          double sum = 0;
+          for (int r = 0; r < (p->spec.expert_parallel ? edp : dp); ++r) sum += grad_of(*p, ep, r, i, step);
+          norm2 += (sum / dp) * (sum / dp);
+        }
+    const OptimizerStepResult a = ref.step(1e-2, 0.1), b = dist.step(1e-2, 0.1);
+    ASSERT_TRUE(a.grad_norm.has_value());
+    EXPECT_DOUBLE_EQ(*a.grad_norm, std::sqrt(norm2)) << "step " << step;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+    for (size_t k = 0; k < ref_reg.params().size(); ++k)
+      ASSERT_EQ(ref_reg.params()[k]->data.to_vector(), dist_reg.params()[k]->data.to_vector())
+          << "step " << step << " " << ref_reg.params()[k]->spec.name;
   }
 }
 

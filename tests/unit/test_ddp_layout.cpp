@@ -41,6 +41,42 @@ TEST(DdpLayout, BucketClosesOnceItReachesTheSize) {
   EXPECT_EQ(l.params[0], (Range{48, 58}));
 }
 
+// Expert-parallel parameters p1 (20) and p3 (30) get buckets of their own after the dense ones,
+// each part laid out backwards: p2 [0,5) p0 [16,26) | p3 [32,62) p1 [64,84).
+// With the distributed optimizer (64-element starts) each part pads to its own group: the dense
+// bucket to lcm(3,128) = 384, the expert one (expert DP 1) to 128:
+//   p2 [0,5) p0 [64,74) -> [0,384) | p3 [384,414) p1 [448,468) -> [384,512).
+// Shards: the dense bucket in thirds by DP rank, the expert bucket by expert-DP rank.
+TEST(DdpLayout, ExpertParallelParametersGetTheirOwnBuckets) {
+  const std::vector<bool> expert = {false, true, false, true};
+  const BufferLayout l = make_buffer_layout({10, 20, 5, 30}, {.shard_group_size = 3, .expert_parallel = expert});
+  EXPECT_EQ(l.params, (std::vector<Range>{{16, 26}, {64, 84}, {0, 5}, {32, 62}}));
+  ASSERT_EQ(l.buckets.size(), 2u);
+  EXPECT_EQ(l.buckets[0].range, (Range{0, 26}));
+  EXPECT_EQ(l.buckets[0].params, indices({2, 0}));
+  EXPECT_FALSE(l.buckets[0].expert_parallel);
+  EXPECT_EQ(l.buckets[1].range, (Range{26, 84}));
+  EXPECT_EQ(l.buckets[1].params, indices({3, 1}));
+  EXPECT_TRUE(l.buckets[1].expert_parallel);
+  EXPECT_EQ(l.param_bucket, (std::vector<size_t>{0, 1, 0, 1}));
+
+  const BufferLayout d = make_buffer_layout(
+      {10, 20, 5, 30},
+      {.shard_group_size = 3, .distributed_optimizer = true, .expert_parallel = expert, .expert_shard_group_size = 1});
+  EXPECT_EQ(d.params, (std::vector<Range>{{64, 74}, {448, 468}, {0, 5}, {384, 414}}));
+  ASSERT_EQ(d.buckets.size(), 2u);
+  EXPECT_EQ(d.buckets[0].range, (Range{0, 384}));
+  EXPECT_EQ(d.buckets[1].range, (Range{384, 512}));
+  EXPECT_EQ(d.buckets[1].numel_unpadded, 84);
+  EXPECT_EQ(d.numel, 512);
+  // DP rank 2 of 3 owns the dense shard [256,384); expert-DP rank 0 of 1 the whole expert bucket.
+  const RankShards r2 = rank_shards(d, 2, 0);
+  EXPECT_EQ(r2.in_buffer, (std::vector<Range>{{256, 384}, {384, 512}}));
+  EXPECT_EQ(r2.numel, 256);
+  EXPECT_NE(error_of([&] { rank_shards(d, 2); }).find("outside the expert-data-parallel group of 1"),
+            std::string::npos);
+}
+
 // Distributed optimizer, R = 2: 64-element starts and the bucket end padded to lcm(2,128) = 128.
 //   p2 (30) [0,30)  p1 (150) [64,214)  p0 (100) [256,356); bucket [0,384), shards of 192.
 // Rank 0 owns [0,192): p2 whole, p1's first 128 elements. Rank 1 owns [192,384): p1's last 22,

@@ -26,11 +26,20 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
                  "data-parallel group size " << options.shard_group_size << " must be at least 1");
   MEGATRON_CHECK(options.bucket_size >= 0,
                  "--ddp-bucket-size " << options.bucket_size << " must be >= 0 (0: Megatron's default)");
+  MEGATRON_CHECK(options.expert_parallel.empty() || options.expert_parallel.size() == param_numels.size(),
+                 "expert_parallel flags for " << options.expert_parallel.size() << " parameters, but "
+                                              << param_numels.size() << " parameters");
+  MEGATRON_CHECK(options.expert_shard_group_size >= 1,
+                 "expert-data-parallel group size " << options.expert_shard_group_size << " must be at least 1");
   const int64_t align = options.distributed_optimizer ? kDistOptParamAlignment : kParamAlignment;
-  const int64_t bucket_multiple =
-      options.distributed_optimizer ? std::lcm(options.shard_group_size, kDistOptBucketMultiple) : 1;
+  const auto bucket_multiple = [&](bool expert) {
+    const int64_t R = expert ? options.expert_shard_group_size : options.shard_group_size;
+    return options.distributed_optimizer ? std::lcm(R, kDistOptBucketMultiple) : int64_t(1);
+  };
+  const auto is_expert = [&](size_t i) { return !options.expert_parallel.empty() && options.expert_parallel[i]; };
   BufferLayout layout;
   layout.shard_group_size = options.shard_group_size;
+  layout.expert_shard_group_size = options.expert_shard_group_size;
   layout.params.resize(param_numels.size());
   layout.param_bucket.resize(param_numels.size());
 
@@ -38,40 +47,51 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
   int64_t bucket_start = 0, param_start = 0, param_end = 0;
   // Closes the open bucket at param_end, padding its end; returns where the next one starts.
   const auto close_bucket = [&] {
-    bucket.range = {bucket_start, round_up(param_end, bucket_multiple)};
+    bucket.range = {bucket_start, round_up(param_end, bucket_multiple(bucket.expert_parallel))};
     bucket.numel_unpadded = param_end - bucket_start;
     bucket_start = bucket.range.end;
     layout.buckets.push_back(std::move(bucket));
     bucket = {};
     return bucket_start;
   };
-  for (size_t i = param_numels.size(); i-- > 0;) {
-    MEGATRON_CHECK(param_numels[i] > 0, "parameter " << i << " has " << param_numels[i] << " elements");
-    param_start = round_up(param_start, align);
-    param_end = param_start + param_numels[i];
-    layout.params[i] = {param_start, param_end};
-    layout.param_bucket[i] = layout.buckets.size();
-    bucket.params.push_back(i);
-    const bool full = options.bucket_size > 0 && param_end - bucket_start >= options.bucket_size;
-    param_start = full ? close_bucket() : param_end;
+  for (const bool expert : {false, true}) {
+    bucket.expert_parallel = expert;
+    for (size_t i = param_numels.size(); i-- > 0;) {
+      if (is_expert(i) != expert) continue;
+      MEGATRON_CHECK(param_numels[i] > 0, "parameter " << i << " has " << param_numels[i] << " elements");
+      param_start = round_up(param_start, align);
+      param_end = param_start + param_numels[i];
+      layout.params[i] = {param_start, param_end};
+      layout.param_bucket[i] = layout.buckets.size();
+      bucket.params.push_back(i);
+      const bool full = options.bucket_size > 0 && param_end - bucket_start >= options.bucket_size;
+      if (full) {
+        param_start = close_bucket();
+        bucket.expert_parallel = expert;
+      } else {
+        param_start = param_end;
+      }
+    }
+    if (!bucket.params.empty()) param_start = close_bucket();
   }
-  if (!bucket.params.empty()) close_bucket();
   layout.numel = bucket_start;
   return layout;
 }
 
-RankShards rank_shards(const BufferLayout& layout, int64_t rank) {
-  const int64_t R = layout.shard_group_size;
-  MEGATRON_CHECK(0 <= rank && rank < R, "rank " << rank << " is outside the data-parallel group of " << R);
+RankShards rank_shards(const BufferLayout& layout, int64_t rank, int64_t expert_rank) {
   RankShards out;
   for (size_t b = 0; b < layout.buckets.size(); ++b) {
     const BucketLayout& bucket = layout.buckets[b];
+    const int64_t R = bucket.expert_parallel ? layout.expert_shard_group_size : layout.shard_group_size;
+    const int64_t r = bucket.expert_parallel ? expert_rank : rank;
+    MEGATRON_CHECK(0 <= r && r < R, "rank " << r << " is outside the " << (bucket.expert_parallel ? "expert-" : "")
+                                            << "data-parallel group of " << R);
     MEGATRON_CHECK(bucket.range.size() % R == 0, "bucket " << b << " of " << bucket.range.size()
                                                            << " elements does not split into " << R
                                                            << " equal shards; build the layout with "
                                                            << "distributed_optimizer, which pads buckets");
     const int64_t shard = bucket.range.size() / R;
-    const Range world{bucket.range.begin + rank * shard, bucket.range.begin + (rank + 1) * shard};
+    const Range world{bucket.range.begin + r * shard, bucket.range.begin + (r + 1) * shard};
     const Range local{out.numel, out.numel + shard};
     out.in_buffer.push_back(world);
     out.in_shards.push_back(local);

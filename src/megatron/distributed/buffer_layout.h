@@ -11,6 +11,9 @@
 //   - with it: each parameter starts at a multiple of 64 elements and each bucket's end is
 //     padded to a multiple of lcm(R, 128), R = the sharding group's size, so the bucket splits
 //     into R equal shards. Rank r owns shard r of every bucket, cutting parameters anywhere.
+// Expert-parallel parameters (MoE experts, split over EP) are reduced over the expert-data-parallel
+// group instead, so they get buckets of their own after the dense ones (Megatron keeps them in a
+// separate buffer), padded for that group's size.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -27,12 +30,15 @@ struct BufferLayoutOptions {
   int64_t shard_group_size = 1;  // R: the data-parallel (DP x CP) group
   int64_t bucket_size = 0;       // elements; 0: one bucket for the whole buffer
   bool distributed_optimizer = false;
+  std::vector<bool> expert_parallel = {};  // per parameter, registration order; empty: none is
+  int64_t expert_shard_group_size = 1;     // the expert-data-parallel group
 };
 
 struct BucketLayout {
-  Range range;                 // in the buffer; its end is padded
-  int64_t numel_unpadded = 0;  // up to the end of its last parameter
-  std::vector<size_t> params;  // registration indices, in buffer order
+  Range range;                   // in the buffer; its end is padded
+  int64_t numel_unpadded = 0;    // up to the end of its last parameter
+  std::vector<size_t> params;    // registration indices, in buffer order
+  bool expert_parallel = false;  // holds expert-parallel parameters only (reduced over expert DP)
 };
 
 struct BufferLayout {
@@ -41,6 +47,7 @@ struct BufferLayout {
   std::vector<BucketLayout> buckets;  // in buffer order
   int64_t numel = 0;
   int64_t shard_group_size = 1;
+  int64_t expert_shard_group_size = 1;
 
   // Element offset of every parameter, for ParameterRegistry::set_layout.
   std::vector<int64_t> param_offsets() const;
@@ -66,7 +73,9 @@ struct RankShards {
   int64_t numel = 0;                    // sum of the shard sizes
 };
 
-// Rank `rank`'s shard of every bucket of a layout built with distributed_optimizer.
-RankShards rank_shards(const BufferLayout& layout, int64_t rank);
+// Rank `rank`'s shard of every bucket of a layout built with distributed_optimizer; of the
+// expert-parallel buckets, shard `expert_rank` of the expert-data-parallel group (-1: the layout
+// has none).
+RankShards rank_shards(const BufferLayout& layout, int64_t rank, int64_t expert_rank = -1);
 
 }  // namespace megatron

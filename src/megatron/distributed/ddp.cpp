@@ -16,15 +16,26 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
                  "--overlap-param-gather needs --use-distributed-optimizer: only sharded parameters are gathered");
   MEGATRON_CHECK(!registry.params().empty(), "DDP over a parameter registry without parameters; build the model first");
   std::vector<int64_t> numels;
-  for (const auto& p : registry.params()) numels.push_back(shape_numel(p->local_shape));
+  std::vector<bool> expert_parallel;
+  for (const auto& p : registry.params()) {
+    numels.push_back(shape_numel(p->local_shape));
+    expert_parallel.push_back(p->spec.expert_parallel);
+  }
+  const bool has_experts = std::count(expert_parallel.begin(), expert_parallel.end(), true) > 0;
+  MEGATRON_CHECK(!has_experts || ctx.expert_dp != nullptr,
+                 "DDP over expert-parallel parameters needs the context's expert_dp group; build the context "
+                     << "with initialize_parallel");
+  expert_group_ = has_experts ? ctx.expert_dp : group_;
   const int64_t bucket_size = !config.overlap_grad_reduce ? 0
                               : config.bucket_size > 0    ? config.bucket_size
                                                           : default_ddp_bucket_size(group_->size());
   layout_ = make_buffer_layout(numels, {.shard_group_size = group_->size(),
                                         .bucket_size = bucket_size,
-                                        .distributed_optimizer = config.use_distributed_optimizer});
+                                        .distributed_optimizer = config.use_distributed_optimizer,
+                                        .expert_parallel = expert_parallel,
+                                        .expert_shard_group_size = expert_group_->size()});
   registry.set_layout(layout_.param_offsets(), layout_.numel);
-  if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank());
+  if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank(), expert_group_->rank());
 
   const size_t buckets = layout_.buckets.size();
   param_ready_.assign(registry.params().size(), false);
@@ -72,14 +83,16 @@ void DistributedDataParallel::start_bucket(size_t b) {
   MEGATRON_CHECK(!bucket_started_[b], "bucket " << b << " was started twice in one step");
   const Range range = layout_.buckets[b].range;
   Tensor grads = registry_->grad_buffer().slice(range.begin, range.end);
+  Communicator& group = layout_.buckets[b].expert_parallel ? *expert_group_ : *group_;
+  // 1/DP for expert buckets too (see ddp.h).
   const int64_t R = group_->size();
   if (R > 1) ops::scale(grads, grads, float(1.0 / double(R)));
   if (config_.use_distributed_optimizer) {
     const Range shard = shards_.in_buffer[b];
     Tensor out = registry_->grad_buffer().slice(shard.begin, shard.end);
-    grad_work_[b] = group_->reduce_scatter_async(out, grads, ReduceOp::sum);
+    grad_work_[b] = group.reduce_scatter_async(out, grads, ReduceOp::sum);
   } else {
-    grad_work_[b] = group_->all_reduce_async(grads, ReduceOp::sum);
+    grad_work_[b] = group.all_reduce_async(grads, ReduceOp::sum);
   }
   bucket_started_[b] = true;
   // MPI advances non-blocking collectives only inside MPI calls: poll the earlier ones.
@@ -138,7 +151,8 @@ void DistributedDataParallel::start_param_gather_of(size_t b, std::optional<size
   const Range range = layout_.buckets[b].range, shard = shards_.in_buffer[b];
   Tensor full = registry_->param_buffer().slice(range.begin, range.end);
   const Tensor mine = registry_->param_buffer().slice(shard.begin, shard.end);
-  param_work_[b] = group_->all_gather_async(full, mine);
+  Communicator& group = layout_.buckets[b].expert_parallel ? *expert_group_ : *group_;
+  param_work_[b] = group.all_gather_async(full, mine);
   param_gather_events_.push_back({ParamGatherEvent::Kind::start, b, param});
 }
 

@@ -10,11 +10,16 @@
 //   optimizer.step(...);        // the distributed optimizer then calls start_param_gather()
 //   ddp.finish_param_gather();  // before evaluation or saving (the next forward waits by itself)
 //
-// Reduction: a bucket's fp32 gradients are scaled by 1/R (R = group size), then summed over the
-// group (Megatron's default, not an averaging collective): all-reduce without the distributed
-// optimizer; reduce-scatter with it, after which shard r of each bucket on rank r holds the
+// Reduction: a bucket's fp32 gradients are scaled by 1/R (R = the DP x CP group's size), then
+// summed over the group (Megatron's default, not an averaging collective): all-reduce without the
+// distributed optimizer; reduce-scatter with it, after which shard r of each bucket on rank r holds the
 // reduced gradient (the rest of the buffer is stale). Gradient accumulation: micro-batches before
 // the last only accumulate; nothing is communicated until the last one.
+//
+// Expert-parallel parameters (MoE experts split over EP) sit in buckets of their own, summed over
+// the expert-data-parallel group instead, still scaled 1/R: each EP rank holds other experts, and
+// an expert's gradient there already sums the tokens of the whole EP group (Megatron's
+// expert_gradient_scaling_factor), so the sum over expert DP counts every DP rank's loss once.
 //
 // Overlap (--overlap-grad-reduce): the buffers are cut into buckets of about bucket_size elements
 // in backward order, and the registry's grad_ready() notifications during the last micro-batch's
@@ -64,6 +69,8 @@ class DistributedDataParallel {
   // This rank's shard of every bucket (distributed optimizer only).
   const RankShards& shards() const;
   Communicator& group() const { return *group_; }
+  // Whether some buckets hold expert-parallel parameters (sharded over expert DP).
+  bool has_expert_buckets() const { return !layout_.buckets.empty() && layout_.buckets.back().expert_parallel; }
   const ParallelContext& context() const { return ctx_; }
   ParameterRegistry& registry() const { return *registry_; }
 
@@ -105,6 +112,7 @@ class DistributedDataParallel {
   ParameterRegistry* registry_;
   ParallelContext ctx_;  // a copy: the groups are shared pointers
   std::shared_ptr<Communicator> group_;
+  std::shared_ptr<Communicator> expert_group_;  // expert-data-parallel: expert buckets' reductions
   DdpConfig config_;
   BufferLayout layout_;
   RankShards shards_;

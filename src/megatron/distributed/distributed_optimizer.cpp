@@ -34,20 +34,31 @@ Tensor DistributedOptimizer::master_of(const ShardParamRange& r) const {
 
 double DistributedOptimizer::global_grad_norm() const {
   // The shards of the group's ranks tile every parameter once; a parameter replicated across TP
-  // counts on TP rank 0 only, the tied embedding on the first pipeline stage only (Megatron's
-  // get_grad_norm_fp32 over the distributed-optimizer instance: DP x CP, then the model-parallel
-  // ranks).
+  // counts on TP rank 0 only, the tied embedding on the first pipeline stage only (Megatron's get_grad_norm_fp32 over
+  // the distributed-optimizer instance: DP x CP, then the model-parallel ranks). Expert buckets are sharded over expert
+  // DP and hold other experts on each EP rank: their squares are summed over both.
   const Tensor& grads = registry_->grad_buffer();
-  Tensor acc = Tensor::zeros({1}, grads.dtype(), grads.device());
+  const RankShards& shards = ddp_->shards();
+  const BufferLayout& layout = ddp_->layout();
+  Tensor dense = Tensor::zeros({1}, grads.dtype(), grads.device());
+  Tensor expert = Tensor::zeros({1}, grads.dtype(), grads.device());
+  const auto acc_of = [&](size_t bucket) -> Tensor& { return layout.buckets[bucket].expert_parallel ? expert : dense; };
   if (!holds_duplicates_) {
-    for (const Range& shard : ddp_->shards().in_buffer) ops::sum_squares(acc, slice_of(grads, shard));
+    for (size_t b = 0; b < shards.in_buffer.size(); ++b)
+      ops::sum_squares(acc_of(b), slice_of(grads, shards.in_buffer[b]));
   } else {
-    for (const ShardParamRange& r : ddp_->shards().params)
-      if (!registry_->params()[r.param]->is_duplicate()) ops::sum_squares(acc, slice_of(grads, r.in_buffer));
+    for (const ShardParamRange& r : shards.params)
+      if (!registry_->params()[r.param]->is_duplicate())
+        ops::sum_squares(acc_of(r.bucket), slice_of(grads, r.in_buffer));
   }
-  ddp_->group().all_reduce(acc, ReduceOp::sum);
-  ddp_->context().mp->all_reduce(acc, ReduceOp::sum);
-  return std::sqrt(acc.item(0));
+  const ParallelContext& ctx = ddp_->context();
+  ddp_->group().all_reduce(dense, ReduceOp::sum);
+  ctx.mp->all_reduce(dense, ReduceOp::sum);
+  if (!ddp_->has_expert_buckets()) return std::sqrt(dense.item(0));
+  ctx.expert_dp->all_reduce(expert, ReduceOp::sum);
+  if (registry_->ep_size() > 1) ctx.ep->all_reduce(expert, ReduceOp::sum);
+  ctx.mp->all_reduce(expert, ReduceOp::sum);
+  return std::sqrt(dense.item(0) + expert.item(0));
 }
 
 void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {

@@ -63,19 +63,25 @@ AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContex
 
 double AdamWOptimizer::global_grad_norm() const {
   // Megatron's get_grad_norm_fp32: every parameter once (a tied weight is one parameter; a
-  // parameter replicated across TP counts on TP rank 0 only, the tied embedding on the first
-  // pipeline stage only), the squares summed over the model-parallel group (TP x PP). The DP replicas hold identical
-  // reduced grads and are not summed.
+  // parameter replicated across TP counts on TP rank 0 only, the tied embedding on the first pipeline
+  // stage only), the squares summed over the
+  // model-parallel group. The DP replicas hold identical reduced grads and are not summed; the
+  // experts of other EP ranks are other parameters, summed over EP.
   const Tensor& grads = registry_->grad_buffer();
-  Tensor acc = Tensor::zeros({1}, grads.dtype(), grads.device());
-  if (!holds_duplicates_) {
-    ops::sum_squares(acc, grads);
+  Tensor dense = Tensor::zeros({1}, grads.dtype(), grads.device());
+  Tensor expert = Tensor::zeros({1}, grads.dtype(), grads.device());
+  const bool split_experts = registry_->ep_size() > 1;
+  if (!holds_duplicates_ && !split_experts) {
+    ops::sum_squares(dense, grads);
   } else {
     for (const auto& p : registry_->params())
-      if (!p->is_duplicate()) ops::sum_squares(acc, p->main_grad);
+      if (!p->is_duplicate()) ops::sum_squares(split_experts && p->spec.expert_parallel ? expert : dense, p->main_grad);
   }
-  ctx_->mp->all_reduce(acc, ReduceOp::sum);
-  return std::sqrt(acc.item(0));
+  ctx_->mp->all_reduce(dense, ReduceOp::sum);
+  if (!split_experts) return std::sqrt(dense.item(0));
+  ctx_->ep->all_reduce(expert, ReduceOp::sum);
+  ctx_->mp->all_reduce(expert, ReduceOp::sum);
+  return std::sqrt(dense.item(0) + expert.item(0));
 }
 
 void AdamWOptimizer::count_nonfinite_grads(Tensor& acc) const { ops::count_nonfinite(acc, registry_->grad_buffer()); }

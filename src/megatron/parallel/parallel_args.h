@@ -17,11 +17,11 @@ namespace megatron {
 struct ParallelArgs {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
-  int64_t context_parallel_size = 1;         // 1 in this build
-  int64_t expert_model_parallel_size = 1;    // 1 in this build
-  int64_t expert_tensor_parallel_size = 0;   // 0: Megatron's default, the TP size; = TP in this build
-  bool sequence_parallel = false;            // --sequence-parallel
-  bool tp_comm_overlap = false;              // --tp-comm-overlap: SP collectives as rings beside the GEMMs
+  int64_t context_parallel_size = 1;        // 1 in this build
+  int64_t expert_model_parallel_size = 1;   // 1 in this build
+  int64_t expert_tensor_parallel_size = 0;  // 0: Megatron's default, the TP size; = TP in this build
+  bool sequence_parallel = false;           // --sequence-parallel
+  bool tp_comm_overlap = false;             // --tp-comm-overlap: SP collectives as rings beside the GEMMs
 
   // How the layers split over pipeline stages and model chunks (pipeline_parallel/stage_split.h
   // applies Megatron's rules); unset = not given.

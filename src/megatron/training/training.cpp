@@ -401,7 +401,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
     if (args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
     finalize_model_grads(ddp);
     if (!args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
-    model.update_expert_bias();  // Megatron's aux-loss-free balancing, once per step
+    model.update_expert_bias();                        // Megatron's aux-loss-free balancing, once per step
     const float loss_scale = optimizer->loss_scale();  // the step may change it
     const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
     nan_check.optimizer_step(step, loss_scale, progress.iteration + 1);
