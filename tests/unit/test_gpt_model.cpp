@@ -122,6 +122,19 @@ TEST(GPTModel, LlamaStyleGradientsMatchFiniteDifferences) {
   check_gradients_by_finite_differences(llama_style(DType::f64));
 }
 
+// The features the Hugging Face families add (Mistral's sliding window, Qwen2's QKV bias,
+// Llama-3's RoPE scaling and base) change forward and backward together.
+TEST(GPTModel, SlidingWindowQkvBiasAndRopeScalingGradientsMatchFiniteDifferences) {
+  TransformerConfig c = llama_style(DType::f64);
+  c.window_size_left = 2;
+  c.window_size_right = 0;
+  c.add_qkv_bias = true;
+  c.rotary_base = 500000.0f;
+  c.use_rope_scaling = true;
+  c.rope_scaling_factor = 32.0f;
+  check_gradients_by_finite_differences(c);
+}
+
 TEST(GPTModel, InitialLossIsLogVocab) {
   // With std 0.02 weights the logits are ~0, so the softmax is nearly uniform over the padded
   // vocabulary (padded rows take part in the softmax, as in Megatron).

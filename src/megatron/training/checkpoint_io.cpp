@@ -222,23 +222,44 @@ void check_checkpoint_directories(const TrainingArgs& args) {
                            << "a new directory");
 }
 
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
-                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
-                              const ParallelContext& ctx, const checkpointing::SaveOptions& options) {
+namespace {
+// common.json's state: progress, schedule and optimizer step counts, the seed and the arguments.
+nlohmann::json common_state(const TrainingArgs& args, const TrainingProgress& progress, int64_t scheduler_steps,
+                            int64_t optimizer_step) {
   nlohmann::json common;
   common["iteration"] = progress.iteration;
   common["consumed_train_samples"] = progress.consumed_train_samples;
   common["consumed_valid_samples"] = progress.consumed_valid_samples;
   common["skipped_iterations"] = progress.skipped_iterations;
   common["nan_iterations"] = progress.nan_iterations;
-  common["scheduler_num_steps"] = scheduler.num_steps();
-  common["optimizer_step"] = optimizer ? optimizer->step_count() : 0;
+  common["scheduler_num_steps"] = scheduler_steps;
+  common["optimizer_step"] = optimizer_step;
   // Dropout masks and init are counter-based functions of the seed, so the seed and the
   // iteration are the whole RNG state.
   common["rng"] = {{"seed", args.seed}};
   nlohmann::json a = args_json(args);
   a["padded_vocab_size"] = std::to_string(args.model.padded_vocab_size);
   common["args"] = a;
+  return common;
+}
+}  // namespace
+
+void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& args, int64_t iteration,
+                             const std::vector<std::vector<ShardedTensor>>& shards_by_writer) {
+  checkpointing::CheckpointStaging staging(save_dir, iteration);
+  nlohmann::json common = common_state(args, TrainingProgress{}, 0, 0);
+  common[kTokenizerKey] = save_tokenizer(staging, args.tokenizer);
+  std::vector<nlohmann::json> reports;
+  for (size_t writer = 0; writer < shards_by_writer.size(); ++writer)
+    reports.push_back(
+        checkpointing::write_checkpoint_shards(staging.path(), int(writer), shards_by_writer[writer], {}));
+  staging.finish(reports, common);
+}
+
+void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
+                              const ParallelContext& ctx, const checkpointing::SaveOptions& options) {
+  nlohmann::json common = common_state(args, progress, scheduler.num_steps(), optimizer ? optimizer->step_count() : 0);
   std::vector<ShardedTensor> optim;
   if (optimizer && !args.no_save_optim) {
     optim = optimizer->sharded_state();
@@ -365,6 +386,16 @@ TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step
   for (const char* axis : {"--tensor-model-parallel-size", "--context-parallel-size", "--pipeline-model-parallel-size"})
     if (saved.contains(axis)) world *= std::stoll(saved[axis].get<std::string>());
   return parse_training_args_from_flags(flags, world);
+}
+
+std::vector<std::pair<std::string, std::string>> saved_flags(const std::string& load_dir, int64_t ckpt_step) {
+  const std::optional<CheckpointChoice> choice = checkpoint_to_load(load_dir, ckpt_step);
+  if (!choice) return {};
+  const nlohmann::json saved = checkpointing::read_checkpoint_header(load_dir, choice->iteration).common.at("args");
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (const auto& [key, value] : saved.items())
+    if (key.rfind("--", 0) == 0) flags.emplace_back(key, value.get<std::string>());  // not padded_vocab_size
+  return flags;
 }
 
 datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOptions& given, const std::string& load_dir,

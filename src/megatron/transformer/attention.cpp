@@ -34,7 +34,11 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
       head_dim_(config.kv_channels),
       attention_dropout_(config.attention_dropout),
       rope_(config.position_embedding_type == PositionEmbeddingType::rope),
-      rope_params_{config.rotary_base, config.rotary_percent, config.rotary_interleaved, 0},
+      window_(config.window_size_left),
+      rope_params_{.base = config.rotary_base,
+                   .percent = config.rotary_percent,
+                   .interleaved = config.rotary_interleaved,
+                   .scaling_factor = config.use_rope_scaling ? config.rope_scaling_factor : 0.0f},
       linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
                   {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std}),
       linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
@@ -57,7 +61,8 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
                      .stream = fwd.dropout_stream(prefix_ + ".core_attention"),
                      .head_offset = head_offset_,
                      .total_heads = total_heads_,
-                     .segment_ids = fwd.segment_ids};
+                     .segment_ids = fwd.segment_ids,
+                     .window = window_};
   saved.out = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
   saved.lse = Tensor::empty({B, heads_local_, S}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
   if (!rope_) {  // q, k, v read in place from the projection where the backend can

@@ -39,6 +39,7 @@ class SelfAttention {
   int64_t groups_local_, head_dim_;
   float attention_dropout_;
   bool rope_;
+  int64_t window_;  // sliding window (left size), -1: none
   ops::RopeParams rope_params_;
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;

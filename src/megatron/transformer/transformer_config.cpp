@@ -99,6 +99,26 @@ void check_positions(const TransformerConfig& c, std::vector<std::string>& error
   }
 }
 
+void check_rope_scaling_and_window(const TransformerConfig& c, std::vector<std::string>& errors) {
+  if (c.use_rope_scaling && c.position_embedding_type != PositionEmbeddingType::rope) {
+    errors.push_back(
+        "--use-rope-scaling scales RoPE frequencies, but --position-embedding-type is not rope: add "
+        "--position-embedding-type rope or drop --use-rope-scaling");
+  }
+  if (c.use_rope_scaling && !(c.rope_scaling_factor > 0.0f)) {
+    errors.push_back(concat("--rope-scaling-factor ", c.rope_scaling_factor, " must be positive: use e.g. 8"));
+  }
+  if (c.window_size_left < -1) {
+    errors.push_back(concat("--window-size ", c.window_size_left, ",", c.window_size_right,
+                            ": the left size must be >= 0, or -1 for no window; use e.g. 4096,0"));
+  }
+  if (c.window_size_right != 0 && c.window_size_right != -1) {
+    errors.push_back(concat("--window-size ", c.window_size_left, ",", c.window_size_right,
+                            ": GPT models are causal, so no query sees keys after it; the right size must be 0 ",
+                            "(or -1); use ", c.window_size_left, ",0"));
+  }
+}
+
 void check_fraction(std::vector<std::string>& errors, float value, const char* flag) {
   if (value >= 0.0f && value < 1.0f) return;
   errors.push_back(concat(flag, " ", value, " must lie in [0, 1): it is a drop probability; use e.g. 0.1 or 0"));
@@ -153,6 +173,7 @@ std::vector<std::string> validate(const TransformerConfig& config) {
   check_shape(config, errors);
   check_heads(config, errors);
   check_positions(config, errors);
+  check_rope_scaling_and_window(config, errors);
   check_numerics(config, errors);
   check_vocab(config, errors);
   return errors;

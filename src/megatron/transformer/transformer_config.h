@@ -36,6 +36,12 @@ struct TransformerConfig {
   float rotary_base = 10000.0f;
   float rotary_percent = 1.0f;
   bool rotary_interleaved = false;
+  bool use_rope_scaling = false;     // Llama-3.x frequency scaling (ops/rope.h)
+  float rope_scaling_factor = 8.0f;  // its factor (Llama-3.1: 8, Llama-3.2: 32)
+  // Sliding-window attention, Megatron's --window-size "L,R": query i sees keys [i - L, i + R];
+  // -1 is unlimited. Causal models take R = 0 (or -1, the same under the causal mask).
+  int64_t window_size_left = -1;
+  int64_t window_size_right = -1;
   bool add_bias_linear = true;  // flag: --disable-bias-linear clears it
   bool add_qkv_bias = false;    // bias on QKV only (Qwen2); implied by add_bias_linear
   bool untie_embeddings_and_output_weights = false;
