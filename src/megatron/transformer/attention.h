@@ -33,6 +33,10 @@ class SelfAttention {
   Tensor backward(const Tensor& dy, const Saved& saved) const;
 
  private:
+  // forward with fwd.kv_cache: q, k, v of the new positions (RoPE at their offset), k and v
+  // appended to the cache, attention of the new queries over every cached key.
+  Tensor forward_cached(const Tensor& qkv, const ForwardContext& fwd, Saved& saved) const;
+
   static int64_t query_groups_per_rank(const TransformerConfig& c, int tp);
   std::string prefix_;
   int64_t heads_local_, total_heads_, head_offset_;  // this rank's query heads: [offset, offset + local) of total

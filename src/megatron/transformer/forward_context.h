@@ -7,6 +7,7 @@
 
 #include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
+#include "megatron/transformer/kv_cache.h"
 
 namespace megatron {
 
@@ -17,6 +18,9 @@ struct ForwardContext {
   // Document masking (--reset-attention-mask): (B,S) i32 segment ids on the model's device, a
   // token attending only to earlier tokens of its own document; undefined = plain causal.
   Tensor segment_ids{};
+  // Generation: the positions run now follow kv_cache->length cached ones, which they attend to
+  // too (kv_cache.h); null in training and evaluation.
+  KvCache* kv_cache = nullptr;
 
   // Stream id of one dropout site for this step.
   uint64_t dropout_stream(const std::string& site) const {
