@@ -5,7 +5,7 @@
 #include <set>
 
 #include "megatron/core/error.h"
-#include "megatron/core/strings.h"
+#include "megatron/flags/command_line.h"
 
 namespace megatron::hf_bridge {
 namespace {
@@ -67,18 +67,13 @@ class Fields {
     std::vector<std::string> unknown;
     for (const auto& [key, value] : j_.items())
       if (!read_.count(key) && !kNoEffect.count(key)) unknown.push_back(key + " = " + value.dump());
-    MEGATRON_CHECK(unknown.empty(), where_ << " has field(s) we do not map: " << concat_list(unknown)
+    MEGATRON_CHECK(unknown.empty(), where_ << " has field(s) we do not map: " << flags::join(unknown, ", ")
                                            << ". The model they describe may compute differently from the one we "
                                            << "would build; remove them only if they do not change the model");
   }
   const std::string& where() const { return where_; }
 
  private:
-  static std::string concat_list(const std::vector<std::string>& items) {
-    std::string out;
-    for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
-    return out;
-  }
   const nlohmann::json& j_;
   std::string where_;
   std::set<std::string> read_;
