@@ -163,8 +163,8 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (rank != 0) continue;
     const size_t generated = out.size() - prompt_tokens;
-    std::fprintf(stderr, "generated %zu tokens in %.3f s (%.1f tokens/s, prompt of %zu tokens included)\n", generated,
-                 seconds, double(generated) / seconds, prompt_tokens);
+    std::fprintf(stderr, "generated %zu tokens in %.3f s: %.1f tokens/s (the %zu-token prompt's forward included)\n",
+                 generated, seconds, double(generated) / seconds, prompt_tokens);
     if (out.size() > prompt_tokens && out.back() == tokenizer->eod()) out.pop_back();
     // Prompt and continuation decoded as one sequence (as Megatron's text generation returns
     // them), so the tokenizer joins them as it joins any two tokens: the null tokenizer with a
