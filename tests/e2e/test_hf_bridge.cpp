@@ -111,6 +111,15 @@ TEST(HfBridge, ImportWritesTheRequestedTensorParallelLayout) {
   EXPECT_EQ(read_checkpoint_args(ckpt).parallel.tensor_model_parallel_size, 2);
   const auto shard = checkpointing::SafetensorsReader::open(release + "/model_rank_00001.safetensors");
   EXPECT_FALSE(shard.has("decoder.final_layernorm.weight"));  // replicated: TP rank 0 saves it
+  // A run at TP 1 loads it as `megatron train --load CKPT --finetune` would (the reverse, TP 1 to
+  // TP 2, is tests/multirank/test_hf_tp_logits.cpp).
+  const TrainingArgs args = parse_training_args({"--load", ckpt, "--finetune", "--mock-data", "--micro-batch-size", "1",
+                                                 "--train-iters", "1", "--seq-length", "16", "--lr", "1e-4"});
+  EXPECT_EQ(args.model.padded_vocab_size, 320);  // config.json's vocab_size
+  const ParallelContext single = ParallelContext::single_process();
+  GPTModel model(args.model, single);
+  EXPECT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, nullptr));
+  EXPECT_LE(max_logit_error(model, hf_reference("llama")), kLogitTolerance);
 }
 
 TEST(HfBridge, BadInputIsAnErrorNamingItAndWritesNothing) {

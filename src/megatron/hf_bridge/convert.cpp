@@ -217,8 +217,11 @@ void import_hf(const ImportOptions& o) {
                              {"--train-iters", "1"},
                              {"--mock-data", "true"},
                              {"--lr", "1e-5"}});  // training flags a later run gives its own values
-  // HF's rows exactly when TP divides them: every row then survives the round trip.
-  if (hf.vocab_rows % tp == 0) flags.emplace_back("--make-vocab-size-divisible-by", std::to_string(hf.vocab_rows / tp));
+  // The vocabulary is HF's rows, stored as such (not as a divisor, which TP multiplies), padded only
+  // to a multiple of the run's TP: at every TP that divides them no row is added, so the checkpoint
+  // loads at each such TP.
+  flags.insert(flags.end(),
+               {{"--true-vocab-size", std::to_string(hf.vocab_rows)}, {"--make-vocab-size-divisible-by", "1"}});
   // The rules read the model's shape, which the flags give; the dtype comes from the weights.
   TrainingArgs shape_args = parse_training_args_from_flags(flags, tp);
   const std::string prefix = hf.family == Family::gpt2 && weights.has("transformer.wte.weight") ? "transformer." : "";
@@ -226,9 +229,6 @@ void import_hf(const ImportOptions& o) {
   const DType dtype = weights_dtype(weights, rules);
   if (dtype != DType::f32) flags.emplace_back(dtype == DType::bf16 ? "--bf16" : "--fp16", "true");
   const TrainingArgs args = parse_training_args_from_flags(flags, tp);
-  MEGATRON_CHECK(args.model.vocab_size <= hf.vocab_rows,
-                 "the tokenizer of " << o.hf_dir << " has " << args.model.vocab_size << " tokens but config.json's "
-                                     << "vocab_size is " << hf.vocab_rows << ": some tokens would have no embedding");
   if (args.model.padded_vocab_size != hf.vocab_rows)
     LOG_WARN("vocab_size " << hf.vocab_rows << " does not divide over TP " << tp << ": the vocabulary is padded to "
                            << args.model.padded_vocab_size << " rows, and an export writes them all");

@@ -9,9 +9,9 @@
 //   writes a release checkpoint (Megatron's convention for converted weights: `train --load` starts
 //   it at iteration 0 without optimizer state) at the requested TP layout, one writer per TP rank,
 //   with the model arguments and tokenizer stored, so `train --load CKPT --finetune` and `generate
-//   --load CKPT` need no model flags. The checkpoint appears atomically or not at all. The
-//   vocabulary is padded to HF's vocab_size exactly when TP divides it
-//   (--make-vocab-size-divisible-by vocab_size / TP), so export gives back the same rows.
+//   --load CKPT` need no model flags. The checkpoint appears atomically or not at all. HF's
+//   vocab_size is stored as --true-vocab-size, from which the vocabulary pads to a multiple of the
+//   run's TP only, so the checkpoint loads at every TP that divides it.
 // export: reads the arguments and weights of --load's checkpoint (any layout), picks the family
 //   whose architecture the model has, and writes config.json, generation_config.json, the weights
 //   (sharded above --max-shard-size, with the index) and the tokenizer files into a new directory,

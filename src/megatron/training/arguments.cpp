@@ -57,6 +57,9 @@ std::vector<Flag> build_flag_table() {
       {"--seq-length", FIELD(model.seq_length), model, "Sequence length S; required"},
       {"--make-vocab-size-divisible-by", FIELD(model.make_vocab_size_divisible_by), model,
        "Pad the vocabulary to a multiple of this times TP"},
+      {"--true-vocab-size", FIELD(model.true_vocab_size), model,
+       "Rows that hold tokens, padded instead of the tokenizer's size (import-hf stores HF's vocab_size, which "
+       "export-hf writes back); 0: the tokenizer's size"},
       {"--normalization",
        enum_field(FIELD(model.normalization)),
        model,

@@ -144,6 +144,10 @@ void check_vocab(const TransformerConfig& c, std::vector<std::string>& errors) {
   if (c.vocab_size <= 0) {
     errors.push_back(concat("vocab size ", c.vocab_size, " must be positive: it comes from the tokenizer; set ",
                             "--tokenizer-type (and --vocab-size for NullTokenizer)"));
+  } else if (c.true_vocab_size != 0 && c.true_vocab_size < c.vocab_size) {
+    errors.push_back(concat("--true-vocab-size ", c.true_vocab_size, " is smaller than the tokenizer's ", c.vocab_size,
+                            " tokens: every token needs an embedding row; use at least ", c.vocab_size,
+                            " (or 0: the tokenizer's size)"));
   } else if (c.padded_vocab_size < c.vocab_size) {
     errors.push_back(concat("padded vocab size ", c.padded_vocab_size, " is smaller than the vocab size ", c.vocab_size,
                             ": every token needs an embedding row; leave it to derivation"));
@@ -162,9 +166,10 @@ void derive_model_fields(TransformerConfig& c, int64_t tensor_model_parallel_siz
   }
   if (c.num_query_groups == 0) c.num_query_groups = c.group_query_attention ? 1 : c.num_attention_heads;
   if (c.max_position_embeddings == 0) c.max_position_embeddings = c.seq_length;
-  if (c.padded_vocab_size == 0 && c.vocab_size > 0 && c.make_vocab_size_divisible_by > 0 &&
+  const int64_t token_rows = c.true_vocab_size > 0 ? c.true_vocab_size : c.vocab_size;
+  if (c.padded_vocab_size == 0 && token_rows > 0 && c.make_vocab_size_divisible_by > 0 &&
       tensor_model_parallel_size > 0) {
-    c.padded_vocab_size = padded_vocab_size(c.vocab_size, c.make_vocab_size_divisible_by, tensor_model_parallel_size);
+    c.padded_vocab_size = padded_vocab_size(token_rows, c.make_vocab_size_divisible_by, tensor_model_parallel_size);
   }
 }
 

@@ -25,6 +25,9 @@ struct TransformerConfig {
   int64_t kv_channels = 0;       // derived: hidden_size / num_attention_heads
   bool group_query_attention = false;
   int64_t vocab_size = 0;  // tokenizer vocabulary (before padding)
+  // Rows that hold tokens when a converted model fixes them (HF's vocab_size, at least the
+  // tokenizer's); the padding starts from it, so it is stored apart from the divisor. 0: vocab_size.
+  int64_t true_vocab_size = 0;
   int64_t make_vocab_size_divisible_by = 128;
   int64_t padded_vocab_size = 0;  // derived (§10.4 of the compat reference, times TP)
   int64_t max_position_embeddings = 0;
