@@ -188,3 +188,30 @@ TEST(HfBridge, GenerateAndFinetuneNeedNoModelFlags) {
   const nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(dir / "hf/config.json"));
   EXPECT_EQ(config["model_type"], "qwen2");
 }
+
+// A vocab_size TP does not divide (GPT-2's 50257 at TP 2) is padded in the checkpoint, and the
+// export drops that padding: exactly vocab_size rows, bit for bit, and config.json says so.
+TEST(HfBridge, ExportDropsThePaddingOfAVocabularyTpDoesNotDivide) {
+  TempDir dir;
+  const std::string odd = edited_fixture(dir, "gpt2", [](std::vector<checkpointing::NamedTensor>& t) {
+    for (auto& x : t)
+      if (x.name == "transformer.wte.weight") {  // one more row, of values unlike the padding's zeros
+        Tensor grown = Tensor::empty({x.tensor.dim(0) + 1, x.tensor.dim(1)}, x.tensor.dtype());
+        std::memcpy(grown.raw(), x.tensor.raw(), x.tensor.nbytes());
+        for (int64_t i = 0; i < x.tensor.dim(1); ++i) grown.data<float>()[x.tensor.numel() + i] = 0.5f + float(i);
+        x.tensor = grown;
+      }
+  });
+  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(odd + "/config.json"));
+  config["vocab_size"] = 321;
+  checkpointing::write_file_atomic(odd + "/config.json", config.dump());
+  const std::string ckpt = dir / "ckpt", out = dir / "exported";
+  hf_bridge::import_hf({.hf_dir = odd, .save = ckpt, .tensor_model_parallel_size = 2});
+  EXPECT_EQ(read_checkpoint_args(ckpt).model.padded_vocab_size, 322);
+  hf_bridge::export_hf({.load = ckpt, .hf_dir = out});
+  const Tensor a = hf_bridge::HfWeights::open(odd).load("transformer.wte.weight");
+  const Tensor b = hf_bridge::HfWeights::open(out).load("transformer.wte.weight");
+  EXPECT_EQ(shape_str(b.shape()), shape_str(a.shape()));
+  EXPECT_TRUE(a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
+  EXPECT_EQ(nlohmann::json::parse(checkpointing::read_file(out + "/config.json"))["vocab_size"], 321);
+}

@@ -231,7 +231,7 @@ void import_hf(const ImportOptions& o) {
   const TrainingArgs args = parse_training_args_from_flags(flags, tp);
   if (args.model.padded_vocab_size != hf.vocab_rows)
     LOG_WARN("vocab_size " << hf.vocab_rows << " does not divide over TP " << tp << ": the vocabulary is padded to "
-                           << args.model.padded_vocab_size << " rows, and an export writes them all");
+                           << args.model.padded_vocab_size << " rows here; an export drops the padding");
 
   const ParallelContext single = ParallelContext::single_process();
   GPTModel model(args.model, single);  // the whole model: its parameters are the global tensors
@@ -264,7 +264,8 @@ void export_hf(const ExportOptions& o) {
   load_model_weights(o.load, model, o.ckpt_step);
   const auto tokenizer = datasets::make_tokenizer(args.tokenizer);
   const SpecialIds ids{tokenizer->bos().value_or(tokenizer->eod()), tokenizer->eod()};
-  const int64_t vocab_rows = args.model.padded_vocab_size;
+  // HF's vocab_size rows, without the padding for TP (a model trained here from scratch: all rows).
+  const int64_t vocab_rows = args.model.true_vocab_size > 0 ? args.model.true_vocab_size : args.model.padded_vocab_size;
 
   std::vector<checkpointing::NamedTensor> tensors;
   std::map<std::string, const Parameter*> params;
