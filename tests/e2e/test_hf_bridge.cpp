@@ -215,3 +215,36 @@ TEST(HfBridge, ExportDropsThePaddingOfAVocabularyTpDoesNotDivide) {
   EXPECT_TRUE(a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
   EXPECT_EQ(nlohmann::json::parse(checkpointing::read_file(out + "/config.json"))["vocab_size"], 321);
 }
+
+// A run that loads a checkpoint with another value of a flag that changes what the model computes
+// (not its tensor shapes) is an error naming the flag and both values, before any weight is read.
+TEST(HfBridge, LoadRefusesAnotherAttentionOrRopeSetting) {
+  TempDir dir;
+  const std::string mistral = import_family("mistral", dir), llama = import_family("llama", dir);
+  const struct {
+    std::string ckpt;
+    std::vector<std::string> given;
+  } cases[] = {{mistral, {"--window-size", "7,0"}},
+               {mistral, {"--rotary-base", "5000"}},
+               {mistral, {"--use-rope-scaling"}},
+               {mistral, {"--add-qkv-bias"}},
+               {llama, {"--rope-scaling-factor", "4"}}};
+  for (const auto& c : cases) {
+    std::vector<std::string> argv = {"--load", c.ckpt,          "--finetune", "--mock-data",  "--micro-batch-size",
+                                     "1",      "--train-iters", "1",          "--seq-length", "16",
+                                     "--lr",   "1e-4"};
+    argv.insert(argv.end(), c.given.begin(), c.given.end());
+    const TrainingArgs args = parse_training_args(argv);
+    std::string stored;
+    for (const auto& [flag, value] : saved_flags(c.ckpt, 0))
+      if (flag == c.given[0]) stored = value;
+    const ParallelContext single = ParallelContext::single_process();
+    GPTModel model(args.model, single);
+    const std::string error = error_of([&] { load_training_checkpoint(args, model, nullptr, nullptr, nullptr); });
+    const std::string given = c.given.size() > 1 ? c.given[1] : "true";
+    EXPECT_NE(error.find("was trained with " + c.given[0] + " " + (stored.empty() ? "(unset)" : stored) +
+                         " but this run has " + given),
+              std::string::npos)
+        << c.given[0] << ": " << error;
+  }
+}

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
@@ -22,9 +23,10 @@ using checkpointing::ShardedTensor;
 // The rank that stages, checks and publishes a save.
 constexpr int kRoot = 0;
 
-// Flags that fix the model's shape: a checkpoint only loads into a model that agrees on them. The
-// vocabulary's padding depends on TP too (--make-vocab-size-divisible-by x TP), so the padded size
-// itself is compared instead of the divisor.
+// Flags that fix the model's shape, or what the same weights compute (attention window, RoPE):
+// a checkpoint only loads into a model that agrees on them. The vocabulary's padding depends on TP
+// too (--make-vocab-size-divisible-by x TP), so the padded size itself is compared instead of the
+// divisor.
 const char* const kArchitectureFlags[] = {"--num-layers",
                                           "--hidden-size",
                                           "--ffn-hidden-size",
@@ -36,6 +38,10 @@ const char* const kArchitectureFlags[] = {"--num-layers",
                                           "--position-embedding-type",
                                           "--disable-bias-linear",
                                           "--add-qkv-bias",
+                                          "--window-size",
+                                          "--rotary-base",
+                                          "--use-rope-scaling",
+                                          "--rope-scaling-factor",
                                           "--untie-embeddings-and-output-weights",
                                           "--max-position-embeddings"};
 
@@ -58,12 +64,18 @@ std::vector<ShardedTensor> model_state(GPTModel& model) {
 
 void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& args, const std::string& dir) {
   const nlohmann::json now = args_json(args);
+  // A checkpoint saved before a flag existed was trained with its default.
+  const nlohmann::json defaults = args_json(TrainingArgs{});
   for (const char* flag : kArchitectureFlags) {
-    const std::string a = saved.contains(flag) ? saved[flag].get<std::string>() : "";
+    // The factor changes nothing without the scaling (whose own value is compared).
+    if (std::string_view(flag) == "--rope-scaling-factor" && !args.model.use_rope_scaling) continue;
+    const nlohmann::json& stored = saved.contains(flag) ? saved : defaults;
+    const std::string a = stored.contains(flag) ? stored[flag].get<std::string>() : "";
     const std::string b = now.contains(flag) ? now[flag].get<std::string>() : "";
     MEGATRON_CHECK(a == b, "checkpoint " << dir << " was trained with " << flag << " " << (a.empty() ? "(unset)" : a)
                                          << " but this run has " << (b.empty() ? "(unset)" : b)
-                                         << "; the model shapes must match: use the checkpoint's value");
+                                         << "; the model must match the checkpoint's: drop " << flag
+                                         << " (a run takes the checkpoint's model flags) or give its value");
   }
   const std::string padded = std::to_string(args.model.padded_vocab_size);
   MEGATRON_CHECK(!saved.contains("padded_vocab_size") || saved["padded_vocab_size"] == padded,
