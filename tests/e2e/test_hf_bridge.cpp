@@ -113,8 +113,7 @@ TEST(HfBridge, ImportWritesTheRequestedTensorParallelLayout) {
   EXPECT_FALSE(shard.has("decoder.final_layernorm.weight"));  // replicated: TP rank 0 saves it
   // A run at TP 1 loads it as `megatron train --load CKPT --finetune` would (the reverse, TP 1 to
   // TP 2, is tests/multirank/test_hf_tp_logits.cpp).
-  const TrainingArgs args = parse_training_args({"--load", ckpt, "--finetune", "--mock-data", "--micro-batch-size", "1",
-                                                 "--train-iters", "1", "--seq-length", "16", "--lr", "1e-4"});
+  const TrainingArgs args = parse_training_args(finetune_argv(ckpt));
   EXPECT_EQ(args.model.padded_vocab_size, 320);  // config.json's vocab_size
   const ParallelContext single = ParallelContext::single_process();
   GPTModel model(args.model, single);
@@ -230,11 +229,7 @@ TEST(HfBridge, LoadRefusesAnotherAttentionOrRopeSetting) {
                {mistral, {"--add-qkv-bias"}},
                {llama, {"--rope-scaling-factor", "4"}}};
   for (const auto& c : cases) {
-    std::vector<std::string> argv = {"--load", c.ckpt,          "--finetune", "--mock-data",  "--micro-batch-size",
-                                     "1",      "--train-iters", "1",          "--seq-length", "16",
-                                     "--lr",   "1e-4"};
-    argv.insert(argv.end(), c.given.begin(), c.given.end());
-    const TrainingArgs args = parse_training_args(argv);
+    const TrainingArgs args = parse_training_args(finetune_argv(c.ckpt, c.given));
     std::string stored;
     for (const auto& [flag, value] : saved_flags(c.ckpt, 0))
       if (flag == c.given[0]) stored = value;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "megatron/checkpointing/safetensors.h"
 #include "megatron/models/gpt/gpt_model.h"
@@ -15,6 +16,16 @@ inline const char* const kHfFamilies[] = {"llama", "mistral", "qwen2", "gpt2"};
 
 inline std::string hf_fixture(const std::string& family) {
   return (repo_root() / "tests" / "hf" / "tiny" / family).string();
+}
+
+// The flags of `megatron train --load CKPT --finetune` with no model flags (the checkpoint's are
+// taken), plus `extra`.
+inline std::vector<std::string> finetune_argv(const std::string& ckpt, std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {
+      "--load",       ckpt, "--finetune", "--mock-data", "--micro-batch-size", "1", "--train-iters", "1",
+      "--seq-length", "16", "--lr",       "1e-4"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
 }
 
 // reference.safetensors: input_ids (P,T) i64 and logits (P,T,V) f32, computed by transformers in

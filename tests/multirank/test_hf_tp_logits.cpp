@@ -31,10 +31,7 @@ TEST(HfTensorParallel, LogitsMatchTransformersAtTp2) {
       st.ctx.world->barrier();
       // As `megatron train --load CKPT --finetune` at TP 2 would: model flags from the checkpoint,
       // its architecture (padded vocabulary included) checked on load.
-      const TrainingArgs args =
-          parse_training_args({"--load", ckpt, "--finetune", "--tensor-model-parallel-size", "2", "--mock-data",
-                               "--micro-batch-size", "1", "--train-iters", "1", "--seq-length", "16", "--lr", "1e-4"},
-                              2);
+      const TrainingArgs args = parse_training_args(finetune_argv(ckpt, {"--tensor-model-parallel-size", "2"}), 2);
       const ParallelContext ctx = model_context(st.ctx, args.parallel);
       GPTModel model(args.model, ctx);
       ASSERT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, nullptr));
