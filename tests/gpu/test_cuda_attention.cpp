@@ -72,6 +72,7 @@ Magnitudes magnitudes(const Dims& d, const Tensor& q, const Tensor& k, const Ten
   const double scale = p.softmax_scale;
   const int64_t total_heads = p.total_heads == 0 ? d.NH : p.total_heads;
   const auto hidden = [&](int64_t b, int64_t i, int64_t j) {
+    if (p.window >= 0 && i - j > p.window) return true;
     return p.segment_ids.defined() && p.segment_ids.item(b * d.S + i) != p.segment_ids.item(b * d.S + j);
   };
   const double* Q = q.data<double>();
@@ -173,6 +174,7 @@ struct Case {
   Path path;
   bool segmented = false;   // random documents of 1-40 tokens (document masking)
   int64_t head_offset = 0;  // as a tensor-parallel rank: heads [offset, offset + NH) of 3 NH
+  int64_t window = -1;      // sliding window (left size)
 };
 
 // Segment ids (B,S) i32 of documents with random lengths in [1, 40].
@@ -236,10 +238,11 @@ void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
     p.total_heads = 3 * d.NH;
   }
   if (c.segmented) p.segment_ids = random_segments(d, seed + 5);
+  p.window = c.window;
   AttentionParams p_gpu = p;  // the same parameters with the segment ids on the GPU
   if (c.segmented) p_gpu.segment_ids = p.segment_ids.to(gpu());
   const std::string what = case_name(path_name(c.path), c.dt, d, causal, dropout) + (c.segmented ? " segmented" : "") +
-                           " heads from " + std::to_string(c.head_offset);
+                           " heads from " + std::to_string(c.head_offset) + " window " + std::to_string(c.window);
   SCOPED_TRACE(what);
   const Pair q = random_pair(d.q_shape(), c.dt, seed, 1.0, c.misalign);
   const Pair k = random_pair(d.kv_shape(), c.dt, seed + 1, 1.0, c.misalign);
@@ -356,6 +359,20 @@ TEST_F(CudaAttention, F16SegmentsAndHeadOffsetsMatchCpuF64) {
       {{130, 2, 4, 2, 64}, DType::bf16, 0, Path::routed, true},  // segment ids keep the op off cuDNN
   };
   uint64_t seed = 4000;
+  for (const Case& c : cases) check_all_variants(c, seed += 100);
+}
+
+// Sliding windows (Mistral): narrower than a tile, across tiles, with documents, on both paths,
+// and routed (a window keeps the op off cuDNN).
+TEST_F(CudaAttention, SlidingWindowsMatchCpuF64) {
+  const Case cases[] = {
+      {{130, 2, 4, 2, 64}, DType::bf16, 0, Path::mma, false, 0, 5},
+      {{200, 1, 4, 2, 128}, DType::bf16, 0, Path::mma, false, 0, 70},
+      {{130, 2, 4, 2, 64}, DType::f16, 0, Path::mma, true, 0, 17},
+      {{70, 2, 4, 2, 24}, DType::f32, 0, Path::generic, false, 0, 3},
+      {{130, 2, 4, 2, 64}, DType::bf16, 0, Path::routed, false, 0, 31},
+  };
+  uint64_t seed = 6000;
   for (const Case& c : cases) check_all_variants(c, seed += 100);
 }
 

@@ -30,10 +30,11 @@ struct Case {
 
 TEST_F(CudaRope, ForwardAndBackwardMatchCpuF64) {
   const Case cases[] = {
-      {37, 2, 3, 64, {10000.0f, 1.0f, false, 0}},       // full rotation, GPT-NeoX pairs
-      {37, 2, 3, 64, {10000.0f, 1.0f, true, 0}},        // interleaved pairs
-      {20, 1, 4, 128, {500000.0f, 0.5f, false, 4000}},  // partial rotation, long positions
-      {9, 2, 2, 12, {10000.0f, 0.5f, true, 3}},         // rot_dim 6 of 12, interleaved
+      {37, 2, 3, 64, {10000.0f, 1.0f, false, 0}},            // full rotation, GPT-NeoX pairs
+      {37, 2, 3, 64, {10000.0f, 1.0f, true, 0}},             // interleaved pairs
+      {20, 1, 4, 128, {500000.0f, 0.5f, false, 4000}},       // partial rotation, long positions
+      {9, 2, 2, 12, {10000.0f, 0.5f, true, 3}},              // rot_dim 6 of 12, interleaved
+      {40, 2, 2, 64, {500000.0f, 1.0f, false, 100, 32.0f}},  // Llama-3.2's frequency scaling
   };
   uint64_t seed = 500;
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {

@@ -535,3 +535,23 @@ TEST(Help, ListsEveryFlag) {
   EXPECT_TRUE(contains(help, "[default: 1234]"));
   EXPECT_TRUE(contains(help, "one of tiny, gpt2-124m"));
 }
+
+TEST(ParseArgs, SlidingWindowAndRopeScaling) {
+  const TrainingArgs args =
+      parse_training_args(with(minimal_argv(), {"--window-size", "(7, 0)", "--position-embedding-type", "rope",
+                                                "--use-rope-scaling", "--rope-scaling-factor", "32"}));
+  EXPECT_EQ(args.model.window_size_left, 7);
+  EXPECT_EQ(args.model.window_size_right, 0);
+  EXPECT_TRUE(args.model.use_rope_scaling);
+  EXPECT_EQ(args.model.rope_scaling_factor, 32.0f);
+  const TrainingArgs plain = parse_training_args(minimal_argv());
+  EXPECT_EQ(plain.model.window_size_left, -1);
+  EXPECT_FALSE(plain.model.use_rope_scaling);
+
+  EXPECT_NE(parse_error(with(minimal_argv(), {"--window-size", "7"})).find("--window-size '7' is not two integers"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with(minimal_argv(), {"--window-size", "7,3"})).find("the right size must be 0"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with(minimal_argv(), {"--use-rope-scaling"})).find("--position-embedding-type is not rope"),
+            std::string::npos);
+}

@@ -17,13 +17,14 @@ constexpr int64_t kS = 5, kB = 2, kNH = 4, kG = 2, kHS = 4;
 
 AttentionParams params(bool causal, float dropout) { return {causal, 0.5f, dropout, 1234, stream_id("attn")}; }
 
-// Beside causal/full and dropout: document masking (segment ids) and, as under tensor
-// parallelism, query heads that are a slice [head_offset, head_offset + NH) of total_heads.
+// Beside causal/full and dropout: document masking (segment ids), as under tensor parallelism
+// query heads that are a slice [head_offset, head_offset + NH) of total_heads, and sliding windows.
 struct Variant {
   bool causal;
   float dropout;
   bool segmented = false;
   int64_t head_offset = 0, total_heads = 0;
+  int64_t window = -1;
 };
 
 const Variant kVariants[] = {{true, 0.0f},
@@ -32,7 +33,10 @@ const Variant kVariants[] = {{true, 0.0f},
                              {false, 0.3f},
                              {true, 0.3f, true},
                              {false, 0.0f, true},
-                             {true, 0.3f, false, 4, 12}};
+                             {true, 0.3f, false, 4, 12},
+                             {true, 0.3f, false, 0, 0, 1},
+                             {true, 0.0f, true, 0, 0, 2},
+                             {false, 0.0f, false, 0, 0, 0}};
 
 // Documents of lengths 2, 3 (row 0) and 1, 3, 1 (row 1); ids need only compare equal.
 Tensor segment_ids() { return Tensor::from_vector({0, 0, 1, 1, 1, 3, 4, 4, 4, 7}, {kB, kS}, DType::i32); }
@@ -42,12 +46,14 @@ AttentionParams params(const Variant& v) {
   p.head_offset = v.head_offset;
   p.total_heads = v.total_heads;
   if (v.segmented) p.segment_ids = segment_ids();
+  p.window = v.window;
   return p;
 }
 
 std::string describe(const Variant& v) {
   return std::string("causal ") + (v.causal ? "1" : "0") + " dropout " + std::to_string(v.dropout) + " segmented " +
-         (v.segmented ? "1" : "0") + " heads from " + std::to_string(v.head_offset);
+         (v.segmented ? "1" : "0") + " heads from " + std::to_string(v.head_offset) + " window " +
+         std::to_string(v.window);
 }
 
 struct AttentionRun {
@@ -65,7 +71,8 @@ AttentionRun run_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
 }
 
 // The textbook definition in double, written apart from the kernel: for each (b, h) the full
-// score matrix, p = exp(s) / sum exp(s) over allowed keys (causal, same document), dropout mask
+// score matrix, p = exp(s) / sum exp(s) over allowed keys (causal, same document, inside the
+// window), dropout mask
 // from the documented element index (global head), out = p' v, with query head h reading kv
 // group h / (NH/G).
 void reference_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -82,7 +89,7 @@ void reference_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor
         std::vector<double> e(kS, 0.0);
         double total = 0.0;
         for (int64_t j = 0; j < kS; ++j) {
-          if ((p.causal && j > i) || !same_document(b, i, j)) continue;
+          if ((p.causal && j > i) || !same_document(b, i, j) || (p.window >= 0 && i - j > p.window)) continue;
           double s = 0.0;
           for (int64_t d = 0; d < kHS; ++d)
             s += q.item(((i * kB + b) * kNH + h) * kHS + d) * k.item(((j * kB + b) * kG + g) * kHS + d);

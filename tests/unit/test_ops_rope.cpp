@@ -149,3 +149,17 @@ TEST(Rope, RejectsBadArguments) {
   Tensor wrong = Tensor::empty({kS, kB, kH, 8}, DType::f32);
   EXPECT_TRUE(throws_error_naming([&] { ops::rope_forward(wrong, x, {}); }, "rope y"));
 }
+
+TEST(Rope, LlamaThreeScalingMatchesKnownAnswers) {
+  // interop-formats.md 7.6, computed in double: head dim 128, theta 500000, factor 8. Ours runs in
+  // float32 (as Megatron and transformers do): pow, a division and the blend cost a few ulp, so
+  // 1e-6 relative is ample and far below the changes the scaling makes (x0.64 .. x0.125).
+  const RopeParams p{.base = 500000.0f, .scaling_factor = 8.0f};
+  const std::pair<int64_t, double> known[] = {
+      {1, 0.814617234}, {30, 0.00137189357}, {40, 3.4281022e-5}, {63, 3.06892599e-7}};
+  for (const auto& [j, expected] : known) {
+    EXPECT_NEAR(ops::rope_inv_freq(j, 128, p), expected, 1e-6 * expected) << "inv_freq[" << j << "]";
+  }
+  const RopeParams unscaled{.base = 500000.0f};
+  EXPECT_NEAR(ops::rope_inv_freq(30, 128, unscaled), 0.00213111954, 1e-6 * 0.00213111954);
+}

@@ -13,10 +13,14 @@ int train(const Args& args);
 int preprocess_data(const Args& args);
 int generate(const Args& args);
 int train_tokenizer(const Args& args);
+int import_hf(const Args& args);
+int export_hf(const Args& args);
 
 std::string train_help();
 std::string preprocess_data_help();
 std::string generate_help();
 std::string train_tokenizer_help();
+std::string import_hf_help();
+std::string export_hf_help();
 
 }  // namespace megatron::tools

@@ -3,6 +3,7 @@
 // sequence parallelism), whatever layout the checkpoint was trained with; rank 0 prints.
 #include "megatron/inference/generate.h"
 
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -95,7 +96,8 @@ const flags::FlagTable<GenerateArgs>& generate_flags() {
           {"--temperature", FIELD(temperature), sampling, "Softmax temperature; 0: greedy"},
           {"--top-k", FIELD(top_k), sampling, "Sample among the k most likely tokens; 0: all"},
           {"--seed", FIELD(seed), sampling, "Seed of the sampling"},
-          {"--tokenizer-type", FIELD(tokenizer.type), tokenizer_section, "Override the checkpoint's tokenizer (see above)"},
+          {"--tokenizer-type", FIELD(tokenizer.type), tokenizer_section,
+           "Override the checkpoint's tokenizer (see above)"},
           {"--vocab-file", FIELD(tokenizer.vocab_file), tokenizer_section, "GPT-2 vocab.json (GPT2BPETokenizer)"},
           {"--merge-file", FIELD(tokenizer.merge_file), tokenizer_section, "GPT-2 merges.txt (GPT2BPETokenizer)"},
           {"--tokenizer-model", FIELD(tokenizer.model), tokenizer_section, "Model file of tokenizers that need one"},
@@ -156,8 +158,13 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
   HostRng rng(uint64_t(g.seed));
   const SamplingParams params{g.temperature, g.top_k, tokenizer->vocab_size()};
   for (int64_t n = 0; n < g.num_samples; ++n) {
+    const auto start = std::chrono::steady_clock::now();
     std::vector<int32_t> out = generate_tokens(model, prompt, g.max_new_tokens, params, tokenizer->eod(), rng);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (rank != 0) continue;
+    const size_t generated = out.size() - prompt_tokens;
+    std::fprintf(stderr, "generated %zu tokens in %.3f s: %.1f tokens/s (the %zu-token prompt's forward included)\n",
+                 generated, seconds, double(generated) / seconds, prompt_tokens);
     if (out.size() > prompt_tokens && out.back() == tokenizer->eod()) out.pop_back();
     // Prompt and continuation decoded as one sequence (as Megatron's text generation returns
     // them), so the tokenizer joins them as it joins any two tokens: the null tokenizer with a

@@ -27,6 +27,10 @@ constexpr Subcommand kSubcommands[] = {
     {"generate", megatron::tools::generate, megatron::tools::generate_help, "sample text from a checkpoint"},
     {"train-tokenizer", megatron::tools::train_tokenizer, megatron::tools::train_tokenizer_help,
      "train a byte-level BPE tokenizer.json on a corpus"},
+    {"import-hf", megatron::tools::import_hf, megatron::tools::import_hf_help,
+     "convert a Hugging Face model directory into a checkpoint"},
+    {"export-hf", megatron::tools::export_hf, megatron::tools::export_hf_help,
+     "write a checkpoint as a Hugging Face model directory"},
 };
 
 void print_usage(FILE* out) {

@@ -42,11 +42,32 @@ std::vector<double> next_token_logits(GPTModel& model, const std::vector<int32_t
   return std::vector<double>(d, d + row.numel());
 }
 
+namespace {
+// The logits after `tokens`, from the cache where it holds all but the newest: the prompt fills it,
+// then each step adds one token; a sequence longer than seq_length runs its last seq_length
+// tokens from an empty cache.
+std::vector<double> cached_next_token_logits(GPTModel& model, const std::vector<int32_t>& tokens, KvCache& cache) {
+  MEGATRON_CHECK(!tokens.empty(), "generation needs at least one prompt token");
+  const int64_t window = model.config().seq_length;
+  if (int64_t(tokens.size()) > window) {
+    cache = KvCache(window);
+    return next_token_logits(model, tokens);
+  }
+  const int64_t fresh = int64_t(tokens.size()) - cache.length;
+  Tensor input = Tensor::empty({1, fresh}, DType::i32);
+  std::copy(tokens.end() - fresh, tokens.end(), input.data<int32_t>());
+  const Tensor row = model.next_logits(input, cache).to(Device::cpu()).to(DType::f64);  // (1,V)
+  const double* d = row.data<double>();
+  return std::vector<double>(d, d + row.numel());
+}
+}  // namespace
+
 std::vector<int32_t> generate_tokens(GPTModel& model, std::vector<int32_t> tokens, int64_t max_new_tokens,
                                      const SamplingParams& params, int32_t stop_token, HostRng& rng) {
   Communicator& tp = *model.context().tp;
+  KvCache cache(model.config().seq_length);
   for (int64_t n = 0; n < max_new_tokens; ++n) {
-    int32_t next = sample_token(next_token_logits(model, tokens), params, rng);
+    int32_t next = sample_token(cached_next_token_logits(model, tokens, cache), params, rng);
     if (tp.size() > 1) {
       Tensor chosen = Tensor::empty({1}, DType::i32);
       chosen.data<int32_t>()[0] = next;

@@ -1,6 +1,9 @@
 #pragma once
 // Autoregressive sampling from a GPTModel: greedy, temperature and top-k.
-// Each step re-runs the model on the last seq_length tokens (no KV cache yet).
+// The prompt runs once, then each step runs the model on the new token alone, attending to the
+// keys and values of the earlier ones (transformer/kv_cache.h). Past seq_length tokens the model
+// sees the last seq_length, as in training: each step then re-runs those (the cache cannot drop
+// its first position without moving every RoPE angle).
 //
 // Under tensor parallelism every rank of the model's TP group calls generate_tokens with the same
 // prompt, parameters and rng state. Each step gathers the last position's logits over TP (the

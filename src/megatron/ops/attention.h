@@ -19,6 +19,7 @@ struct AttentionParams {
   int64_t head_offset = 0;  // global index of this rank's first query head (dropout index)
   int64_t total_heads = 0;  // global number of query heads; 0 = NH (no tensor parallelism)
   Tensor segment_ids{};     // undefined = one document per sequence
+  int64_t window = -1;      // sliding window: query i sees keys j >= i - window; -1 = unlimited
 };
 
 // q (S,B,NH,HS); k, v (S,B,G,HS) with NH % G == 0; query head h reads kv group h / (NH/G).
@@ -30,6 +31,8 @@ struct AttentionParams {
 // segment_ids (B,S) i32, optional (document masking, Megatron's --reset-attention-mask): query i
 // sees key j only when both carry the same segment id (and, causally, j <= i). A query row that
 // sees no key gets out = 0, lse = -inf.
+// window >= 0 (sliding-window attention, Megatron's --window-size, left size): query i also hides
+// keys j < i - window, so it sees at most window + 1 keys causally.
 // lse (B,NH,S) f32 (f64 for f64 q): log-sum-exp of each row of the scaled scores, returned so
 // backward recomputes the probabilities instead of storing them.
 MEGATRON_OP(attention_forward, void(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,

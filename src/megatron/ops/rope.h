@@ -6,6 +6,11 @@
 //     y[i] = x[i] cos - x[i+h] sin,  y[i+h] = x[i+h] cos + x[i] sin   (h = rot_dim/2)
 //   Interleaved: pairs are (2j, 2j+1) with the same angle j.
 //   Channels >= rot_dim pass through. Backward applies the inverse rotation; dx overwritten.
+//   scaling_factor > 0: Llama-3.x frequency scaling (Megatron's --use-rope-scaling, with its fixed
+//   low_freq_factor 1, high_freq_factor 4, original context 8192): with wavelength
+//   w = 2 pi / inv_freq[j], frequencies with w < 8192/4 stay, those with w > 8192/1 are divided by
+//   the factor, and those between blend the two: s = (8192 / w - 1) / (4 - 1),
+//   inv_freq = (1 - s) inv_freq / factor + s inv_freq.
 // y may alias x (in place).
 #include "megatron/core/tensor.h"
 #include "megatron/ops/op.h"
@@ -17,7 +22,11 @@ struct RopeParams {
   float percent = 1.0f;
   bool interleaved = false;
   int64_t position_offset = 0;
+  float scaling_factor = 0.0f;  // Llama-3.x scaling factor; 0: none
 };
+
+// inv_freq[j] of the rotation above, in float32, for both backends (j < rot_dim / 2).
+float rope_inv_freq(int64_t j, int64_t rot_dim, const RopeParams& params);
 
 MEGATRON_OP(rope_forward, void(Tensor& y, const Tensor& x, const RopeParams& params));
 MEGATRON_OP(rope_backward, void(Tensor& dx, const Tensor& dy, const RopeParams& params));

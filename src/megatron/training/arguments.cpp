@@ -60,6 +60,9 @@ std::vector<Flag> build_flag_table() {
       {"--seq-length", FIELD(model.seq_length), model, "Sequence length S; required"},
       {"--make-vocab-size-divisible-by", FIELD(model.make_vocab_size_divisible_by), model,
        "Pad the vocabulary to a multiple of this times TP"},
+      {"--true-vocab-size", FIELD(model.true_vocab_size), model,
+       "Rows that hold tokens, padded instead of the tokenizer's size (import-hf stores HF's vocab_size, which "
+       "export-hf writes back); 0: the tokenizer's size"},
       {"--normalization",
        enum_field(FIELD(model.normalization)),
        model,
@@ -76,6 +79,13 @@ std::vector<Flag> build_flag_table() {
       {"--rotary-percent", FIELD(model.rotary_percent), model, "Fraction of each head's dimensions RoPE rotates"},
       {"--rotary-interleaved", Switch{FIELD(model.rotary_interleaved), true}, model,
        "Rotate interleaved pairs instead of halves (GPT-NeoX style)"},
+      {"--use-rope-scaling", Switch{FIELD(model.use_rope_scaling), true}, model,
+       "Llama-3.x RoPE frequency scaling (low/high frequency factors 1 and 4, original context 8192)"},
+      {"--rope-scaling-factor", FIELD(model.rope_scaling_factor), model,
+       "Factor of --use-rope-scaling (Llama-3.1: 8, Llama-3.2: 32)"},
+      {"--window-size", FIELD(window_size), model,
+       "Sliding-window attention \"L,R\": query i sees keys i-L..i+R (-1: unlimited; causal models take R = 0); "
+       "unset: full attention"},
       {"--disable-bias-linear", Switch{FIELD(model.add_bias_linear), false}, model, "No biases in linear layers"},
       {"--add-qkv-bias", Switch{FIELD(model.add_qkv_bias), true}, model, "Bias on the QKV projection only"},
       {"--untie-embeddings-and-output-weights", Switch{FIELD(model.untie_embeddings_and_output_weights), true}, model,
@@ -615,6 +625,10 @@ void derive_training_args(TrainingArgs& a) {
   a.tokenizer = run_tokenizer_options(tokenizer_options(a.data), a.load, a.ckpt_step);
   std::string unused;
   if (const auto vocab = known_vocab_size(a.tokenizer, &unused)) a.model.vocab_size = *vocab;
+  if (const auto window = parse_window_size(a.window_size)) {
+    a.model.window_size_left = window->first;
+    a.model.window_size_right = window->second;
+  }
   derive_model_fields(a.model, a.parallel.tensor_model_parallel_size);
   const ParallelSizes sizes = a.parallel.sizes();
   const int64_t model_parallel = sizes.tp * sizes.cp * sizes.pp;
@@ -627,8 +641,32 @@ void derive_training_args(TrainingArgs& a) {
   if (a.optimizer.lr_decay_samples == 0) a.optimizer.lr_decay_samples = a.train_samples;
 }
 
+std::optional<std::pair<int64_t, int64_t>> parse_window_size(const std::string& text) {
+  std::string digits;  // Megatron's tuple_type takes "L,R" and "(L,R)"
+  for (char c : text)
+    if (c != '(' && c != ')' && c != ' ') digits += c;
+  const size_t comma = digits.find(',');
+  if (comma == std::string::npos) return std::nullopt;
+  const auto number = [](const std::string& t) -> std::optional<int64_t> {
+    size_t used = 0;
+    try {
+      const int64_t v = std::stoll(t, &used);
+      if (used == t.size()) return v;
+    } catch (const std::exception&) {
+    }
+    return std::nullopt;
+  };
+  const auto left = number(digits.substr(0, comma)), right = number(digits.substr(comma + 1));
+  if (!left || !right) return std::nullopt;
+  return std::pair{*left, *right};
+}
+
 std::vector<std::string> validate(const TrainingArgs& args) {
   std::vector<std::string> errors = validate(args.model);
+  if (!args.window_size.empty() && !parse_window_size(args.window_size)) {
+    errors.push_back(concat("--window-size '", args.window_size,
+                            "' is not two integers \"L,R\": give e.g. --window-size 4096,0 (-1 for unlimited)"));
+  }
   // The vocabulary comes from the tokenizer: when that fails, check_data says why, and the
   // model's "vocab size 0" would only repeat it.
   if (args.model.vocab_size <= 0)
@@ -646,9 +684,45 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   return errors;
 }
 
+// The value of the last assignment to `flag` in any layer ("" when none).
+std::string last_value(const std::vector<std::vector<flags::Assignment>>& layers, size_t flag) {
+  std::string value;
+  for (const auto& layer : layers)
+    for (const flags::Assignment& a : layer)
+      if (a.flag == flag && !a.values.empty()) value = a.values.front();
+  return value;
+}
+
+// Megatron's --use-checkpoint-args, always on: a run that loads a checkpoint starts from the model
+// flags that checkpoint was saved with, under every layer given (whose model flags must agree with
+// the checkpoint anyway: check_same_architecture), so `train --load CKPT --finetune` needs no
+// model flags. Empty when --load holds no checkpoint yet.
+std::vector<flags::Assignment> checkpoint_model_layer(const std::vector<std::vector<flags::Assignment>>& layers,
+                                                      std::vector<std::string>& problems) {
+  const flags::FlagTable<TrainingArgs>& table = flag_table();
+  const std::string load = last_value(layers, table.index_of("--load"));
+  if (load.empty()) return {};
+  int64_t ckpt_step = 0;
+  try {
+    const std::string step = last_value(layers, table.index_of("--ckpt-step"));
+    if (!step.empty()) ckpt_step = std::stoll(step);
+  } catch (const std::exception&) {
+    return {};  // the table reports the value
+  }
+  std::vector<std::string> model_flags;
+  for (const Flag& flag : build_flag_table())
+    if (flag.section == "model" && flag.name != "--model-preset") model_flags.push_back(flag.name);
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (auto& [flag, value] : saved_flags(load, ckpt_step))
+    if (std::find(model_flags.begin(), model_flags.end(), flag) != model_flags.end())
+      pairs.emplace_back(flag, std::move(value));
+  return table.read_pairs(pairs, problems);
+}
+
 TrainingArgs parse_training_args(const std::vector<std::string>& argv, int64_t world_size) {
   std::vector<std::string> problems;
-  const auto layers = flags::read_command_line(flag_table().syntax(), argv, problems);
+  auto layers = flags::read_command_line(flag_table().syntax(), argv, problems);
+  layers.insert(layers.begin(), checkpoint_model_layer(layers, problems));
   return resolve(layers, world_size, std::move(problems));
 }
 

@@ -42,6 +42,7 @@ struct TrainingArgs {
   DataArgs data;
 
   std::string model_preset;        // --model-preset NAME: starting values for model fields
+  std::string window_size;         // --window-size "L,R" as given; derived into model.window_size_*
   bool bf16 = false;               // --bf16: params_dtype bf16 (derived into model.params_dtype)
   bool fp16 = false;               // --fp16: params_dtype f16 with loss scaling
   int64_t world_size = 1;          // from the launcher, not a flag
@@ -105,6 +106,9 @@ TrainingArgs parse_training_args_from_flags(const std::vector<std::pair<std::str
 // world_size / (TP*CP*PP), global_batch_size = mbs * DP, lr_decay_iters = train_iters and
 // lr_decay_samples = train_samples when unset. What the user gave is never rewritten.
 void derive_training_args(TrainingArgs& args);
+
+// Megatron's --window-size text ("L,R" or "(L,R)") as (L, R); nullopt when it is not two integers.
+std::optional<std::pair<int64_t, int64_t>> parse_window_size(const std::string& text);
 
 // Every rule the arguments break (model rules included), one message each. Empty when valid.
 std::vector<std::string> validate(const TrainingArgs& args);

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
@@ -22,9 +23,10 @@ using checkpointing::ShardedTensor;
 // The rank that stages, checks and publishes a save.
 constexpr int kRoot = 0;
 
-// Flags that fix the model's shape: a checkpoint only loads into a model that agrees on them. The
-// vocabulary's padding depends on TP too (--make-vocab-size-divisible-by x TP), so the padded size
-// itself is compared instead of the divisor.
+// Flags that fix the model's shape, or what the same weights compute (attention window, RoPE):
+// a checkpoint only loads into a model that agrees on them. The vocabulary's padding depends on TP
+// too (--make-vocab-size-divisible-by x TP), so the padded size itself is compared instead of the
+// divisor.
 const char* const kArchitectureFlags[] = {"--num-layers",
                                           "--hidden-size",
                                           "--ffn-hidden-size",
@@ -36,6 +38,10 @@ const char* const kArchitectureFlags[] = {"--num-layers",
                                           "--position-embedding-type",
                                           "--disable-bias-linear",
                                           "--add-qkv-bias",
+                                          "--window-size",
+                                          "--rotary-base",
+                                          "--use-rope-scaling",
+                                          "--rope-scaling-factor",
                                           "--untie-embeddings-and-output-weights",
                                           "--max-position-embeddings"};
 
@@ -58,12 +64,18 @@ std::vector<ShardedTensor> model_state(GPTModel& model) {
 
 void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& args, const std::string& dir) {
   const nlohmann::json now = args_json(args);
+  // A checkpoint saved before a flag existed was trained with its default.
+  const nlohmann::json defaults = args_json(TrainingArgs{});
   for (const char* flag : kArchitectureFlags) {
-    const std::string a = saved.contains(flag) ? saved[flag].get<std::string>() : "";
+    // The factor changes nothing without the scaling (whose own value is compared).
+    if (std::string_view(flag) == "--rope-scaling-factor" && !args.model.use_rope_scaling) continue;
+    const nlohmann::json& stored = saved.contains(flag) ? saved : defaults;
+    const std::string a = stored.contains(flag) ? stored[flag].get<std::string>() : "";
     const std::string b = now.contains(flag) ? now[flag].get<std::string>() : "";
     MEGATRON_CHECK(a == b, "checkpoint " << dir << " was trained with " << flag << " " << (a.empty() ? "(unset)" : a)
                                          << " but this run has " << (b.empty() ? "(unset)" : b)
-                                         << "; the model shapes must match: use the checkpoint's value");
+                                         << "; the model must match the checkpoint's: drop " << flag
+                                         << " (a run takes the checkpoint's model flags) or give its value");
   }
   const std::string padded = std::to_string(args.model.padded_vocab_size);
   MEGATRON_CHECK(!saved.contains("padded_vocab_size") || saved["padded_vocab_size"] == padded,
@@ -239,17 +251,18 @@ void check_checkpoint_directories(const TrainingArgs& args) {
                            << "a new directory");
 }
 
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
-                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
-                              const ParallelContext& ctx, const checkpointing::SaveOptions& options) {
+namespace {
+// common.json's state: progress, schedule and optimizer step counts, the seed and the arguments.
+nlohmann::json common_state(const TrainingArgs& args, const TrainingProgress& progress, int64_t scheduler_steps,
+                            int64_t optimizer_step) {
   nlohmann::json common;
   common["iteration"] = progress.iteration;
   common["consumed_train_samples"] = progress.consumed_train_samples;
   common["consumed_valid_samples"] = progress.consumed_valid_samples;
   common["skipped_iterations"] = progress.skipped_iterations;
   common["nan_iterations"] = progress.nan_iterations;
-  common["scheduler_num_steps"] = scheduler.num_steps();
-  common["optimizer_step"] = optimizer ? optimizer->step_count() : 0;
+  common["scheduler_num_steps"] = scheduler_steps;
+  common["optimizer_step"] = optimizer_step;
   // Dropout masks and init are counter-based functions of the seed, so the seed and the
   // iteration are the whole RNG state.
   common["rng"] = {{"seed", args.seed}};
@@ -260,6 +273,26 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
   nlohmann::json a = args_json(args);
   a["padded_vocab_size"] = std::to_string(args.model.padded_vocab_size);
   common["args"] = a;
+  return common;
+}
+}  // namespace
+
+void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& args, int64_t iteration,
+                             const std::vector<std::vector<ShardedTensor>>& shards_by_writer) {
+  checkpointing::CheckpointStaging staging(save_dir, iteration);
+  nlohmann::json common = common_state(args, TrainingProgress{}, 0, 0);
+  common[kTokenizerKey] = save_tokenizer(staging, args.tokenizer);
+  std::vector<nlohmann::json> reports;
+  for (size_t writer = 0; writer < shards_by_writer.size(); ++writer)
+    reports.push_back(
+        checkpointing::write_checkpoint_shards(staging.path(), int(writer), shards_by_writer[writer], {}));
+  staging.finish(reports, common);
+}
+
+void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
+                              const ParallelContext& ctx, const checkpointing::SaveOptions& options) {
+  nlohmann::json common = common_state(args, progress, scheduler.num_steps(), optimizer ? optimizer->step_count() : 0);
   std::vector<ShardedTensor> optim;
   if (optimizer && !args.no_save_optim) {
     optim = optimizer->sharded_state();
@@ -385,6 +418,16 @@ TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step
   for (const char* axis : {"--tensor-model-parallel-size", "--context-parallel-size", "--pipeline-model-parallel-size"})
     if (saved.contains(axis)) world *= std::stoll(saved[axis].get<std::string>());
   return parse_training_args_from_flags(flags, world);
+}
+
+std::vector<std::pair<std::string, std::string>> saved_flags(const std::string& load_dir, int64_t ckpt_step) {
+  const std::optional<CheckpointChoice> choice = checkpoint_to_load(load_dir, ckpt_step);
+  if (!choice) return {};
+  const nlohmann::json saved = checkpointing::read_checkpoint_header(load_dir, choice->iteration).common.at("args");
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (const auto& [key, value] : saved.items())
+    if (key.rfind("--", 0) == 0) flags.emplace_back(key, value.get<std::string>());  // not padded_vocab_size
+  return flags;
 }
 
 datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOptions& given, const std::string& load_dir,

@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/optimizer/lr_scheduler.h"
@@ -70,6 +72,14 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                               const ParallelContext& ctx, const checkpointing::SaveOptions& options = {});
 
+// A checkpoint of weights only, written by one process (a converter): shards_by_writer[r] are the
+// shards model-parallel rank r would save (replicated parameters in writer 0's only), saved as
+// iteration `iteration` (checkpointing::kReleaseIteration for Megatron's release/) of save_dir
+// with the arguments and tokenizer of `args` and the progress of a run that has not started.
+// Published atomically, as every save.
+void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& args, int64_t iteration,
+                             const std::vector<std::vector<checkpointing::ShardedTensor>>& shards_by_writer);
+
 // Loads checkpoint_to_load(args.load, args.ckpt_step) (or nothing when it holds none). Restores the
 // model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress.
 // Returns whether a checkpoint was loaded.
@@ -93,6 +103,9 @@ datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOption
 // (validate_tensor_parallel_split). load_model_weights then reads the slices the model's rank
 // holds, from the same checkpoint.
 TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step = 0);
+// The flags (name, value text) the checkpoint checkpoint_to_load(load_dir, ckpt_step) chooses was
+// saved with, as stored; empty when load_dir holds no checkpoint.
+std::vector<std::pair<std::string, std::string>> saved_flags(const std::string& load_dir, int64_t ckpt_step);
 void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step = 0);
 
 }  // namespace megatron

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "megatron/ops/elementwise.h"
+
 namespace megatron {
 
 namespace {
@@ -34,7 +36,11 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
       head_dim_(config.kv_channels),
       attention_dropout_(config.attention_dropout),
       rope_(config.position_embedding_type == PositionEmbeddingType::rope),
-      rope_params_{config.rotary_base, config.rotary_percent, config.rotary_interleaved, 0},
+      window_(config.window_size_left),
+      rope_params_{.base = config.rotary_base,
+                   .percent = config.rotary_percent,
+                   .interleaved = config.rotary_interleaved,
+                   .scaling_factor = config.use_rope_scaling ? config.rope_scaling_factor : 0.0f},
       linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
                   {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std}),
       linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
@@ -57,7 +63,9 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
                      .stream = fwd.dropout_stream(prefix_ + ".core_attention"),
                      .head_offset = head_offset_,
                      .total_heads = total_heads_,
-                     .segment_ids = fwd.segment_ids};
+                     .segment_ids = fwd.segment_ids,
+                     .window = window_};
+  if (fwd.kv_cache) return forward_cached(qkv, fwd, saved);
   saved.out = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
   saved.lse = Tensor::empty({B, heads_local_, S}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
   if (!rope_) {  // q, k, v read in place from the projection where the backend can
@@ -74,6 +82,35 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
   ops::rope_forward(saved.k, saved.k, rope_params_);
   ops::attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention);
   return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
+}
+
+// The new queries sit at rows [L, L + S) of a query tensor over all L + S positions, whose rows
+// before L are zero and their outputs unused: the causal attention op then gives each new query
+// exactly the keys it sees, cached and new, with the model's window. The work is (L + S)^2 per
+// layer instead of S, negligible beside the projections and the MLP a full recompute would redo.
+Tensor SelfAttention::forward_cached(const Tensor& qkv, const ForwardContext& fwd, Saved& saved) const {
+  KvCache& cache = *fwd.kv_cache;
+  const int64_t S = qkv.dim(0), B = qkv.dim(1), L = cache.length, T = L + S;
+  const ops::SplitQkv split = ops::empty_split_qkv(qkv, heads_local_);
+  Tensor q = split.q, k = split.k, v = split.v;
+  ops::qkv_split(q, k, v, qkv);
+  if (rope_) {
+    ops::RopeParams at_offset = rope_params_;
+    at_offset.position_offset = L;
+    ops::rope_forward(q, q, at_offset);
+    ops::rope_forward(k, k, at_offset);
+  }
+  KvCache::Entry& entry = cache.entry(prefix_, k);
+  Tensor k_new = entry.k.slice(L, T), v_new = entry.v.slice(L, T);
+  ops::cast(k_new, k);
+  ops::cast(v_new, v);
+  Tensor q_all = Tensor::zeros({T, B, heads_local_, head_dim_}, q.dtype(), q.device());
+  Tensor q_new = q_all.slice(L, T);
+  ops::cast(q_new, q);
+  Tensor out = Tensor::empty(q_all.shape(), q.dtype(), q.device());
+  Tensor lse = Tensor::empty({B, heads_local_, T}, q.dtype() == DType::f64 ? DType::f64 : DType::f32, q.device());
+  ops::attention_forward(out, lse, q_all, entry.k.slice(0, T), entry.v.slice(0, T), saved.attention);
+  return linear_proj_.forward(out.slice(L, T).view({S, B, -1}), saved.proj);
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved) const {

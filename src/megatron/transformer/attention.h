@@ -33,12 +33,17 @@ class SelfAttention {
   Tensor backward(const Tensor& dy, const Saved& saved) const;
 
  private:
+  // forward with fwd.kv_cache: q, k, v of the new positions (RoPE at their offset), k and v
+  // appended to the cache, attention of the new queries over every cached key.
+  Tensor forward_cached(const Tensor& qkv, const ForwardContext& fwd, Saved& saved) const;
+
   static int64_t query_groups_per_rank(const TransformerConfig& c, int tp);
   std::string prefix_;
   int64_t heads_local_, total_heads_, head_offset_;  // this rank's query heads: [offset, offset + local) of total
   int64_t groups_local_, head_dim_;
   float attention_dropout_;
   bool rope_;
+  int64_t window_;  // sliding window (left size), -1: none
   ops::RopeParams rope_params_;
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;

@@ -7,6 +7,7 @@
 
 #include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
+#include "megatron/transformer/kv_cache.h"
 
 namespace megatron {
 
@@ -21,6 +22,9 @@ struct ForwardContext {
   // the main loss's scale without its division by tokens, i.e. loss scale / micro-batches
   // (Megatron's MoEAuxLossAutoScaler).
   float aux_loss_grad_scale = 1.0f;
+  // Generation: the positions run now follow kv_cache->length cached ones, which they attend to
+  // too (kv_cache.h); null in training and evaluation.
+  KvCache* kv_cache = nullptr;
 
   // Stream id of one dropout site for this step.
   uint64_t dropout_stream(const std::string& site) const {

@@ -100,6 +100,26 @@ void check_positions(const TransformerConfig& c, std::vector<std::string>& error
   }
 }
 
+void check_rope_scaling_and_window(const TransformerConfig& c, std::vector<std::string>& errors) {
+  if (c.use_rope_scaling && c.position_embedding_type != PositionEmbeddingType::rope) {
+    errors.push_back(
+        "--use-rope-scaling scales RoPE frequencies, but --position-embedding-type is not rope: add "
+        "--position-embedding-type rope or drop --use-rope-scaling");
+  }
+  if (c.use_rope_scaling && !(c.rope_scaling_factor > 0.0f)) {
+    errors.push_back(concat("--rope-scaling-factor ", c.rope_scaling_factor, " must be positive: use e.g. 8"));
+  }
+  if (c.window_size_left < -1) {
+    errors.push_back(concat("--window-size ", c.window_size_left, ",", c.window_size_right,
+                            ": the left size must be >= 0, or -1 for no window; use e.g. 4096,0"));
+  }
+  if (c.window_size_right != 0 && c.window_size_right != -1) {
+    errors.push_back(concat("--window-size ", c.window_size_left, ",", c.window_size_right,
+                            ": GPT models are causal, so no query sees keys after it; the right size must be 0 ",
+                            "(or -1); use ", c.window_size_left, ",0"));
+  }
+}
+
 void check_fraction(std::vector<std::string>& errors, float value, const char* flag) {
   if (value >= 0.0f && value < 1.0f) return;
   errors.push_back(concat(flag, " ", value, " must lie in [0, 1): it is a drop probability; use e.g. 0.1 or 0"));
@@ -125,6 +145,10 @@ void check_vocab(const TransformerConfig& c, std::vector<std::string>& errors) {
   if (c.vocab_size <= 0) {
     errors.push_back(concat("vocab size ", c.vocab_size, " must be positive: it comes from the tokenizer; set ",
                             "--tokenizer-type (and --vocab-size for NullTokenizer)"));
+  } else if (c.true_vocab_size != 0 && c.true_vocab_size < c.vocab_size) {
+    errors.push_back(concat("--true-vocab-size ", c.true_vocab_size, " is smaller than the tokenizer's ", c.vocab_size,
+                            " tokens: every token needs an embedding row; use at least ", c.vocab_size,
+                            " (or 0: the tokenizer's size)"));
   } else if (c.padded_vocab_size < c.vocab_size) {
     errors.push_back(concat("padded vocab size ", c.padded_vocab_size, " is smaller than the vocab size ", c.vocab_size,
                             ": every token needs an embedding row; leave it to derivation"));
@@ -144,9 +168,10 @@ void derive_model_fields(TransformerConfig& c, int64_t tensor_model_parallel_siz
   if (c.num_query_groups == 0) c.num_query_groups = c.group_query_attention ? 1 : c.num_attention_heads;
   if (c.max_position_embeddings == 0) c.max_position_embeddings = c.seq_length;
   derive_moe_fields(c.moe, c.ffn_hidden_size);
-  if (c.padded_vocab_size == 0 && c.vocab_size > 0 && c.make_vocab_size_divisible_by > 0 &&
+  const int64_t token_rows = c.true_vocab_size > 0 ? c.true_vocab_size : c.vocab_size;
+  if (c.padded_vocab_size == 0 && token_rows > 0 && c.make_vocab_size_divisible_by > 0 &&
       tensor_model_parallel_size > 0) {
-    c.padded_vocab_size = padded_vocab_size(c.vocab_size, c.make_vocab_size_divisible_by, tensor_model_parallel_size);
+    c.padded_vocab_size = padded_vocab_size(token_rows, c.make_vocab_size_divisible_by, tensor_model_parallel_size);
   }
 }
 
@@ -155,6 +180,7 @@ std::vector<std::string> validate(const TransformerConfig& config) {
   check_shape(config, errors);
   check_heads(config, errors);
   check_positions(config, errors);
+  check_rope_scaling_and_window(config, errors);
   check_numerics(config, errors);
   check_vocab(config, errors);
   for (std::string& e : validate_moe(config.moe, config.num_layers, config.add_bias_linear))

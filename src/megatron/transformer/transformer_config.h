@@ -26,6 +26,9 @@ struct TransformerConfig {
   int64_t kv_channels = 0;       // derived: hidden_size / num_attention_heads
   bool group_query_attention = false;
   int64_t vocab_size = 0;  // tokenizer vocabulary (before padding)
+  // Rows that hold tokens when a converted model fixes them (HF's vocab_size, at least the
+  // tokenizer's); the padding starts from it, so it is stored apart from the divisor. 0: vocab_size.
+  int64_t true_vocab_size = 0;
   int64_t make_vocab_size_divisible_by = 128;
   int64_t padded_vocab_size = 0;  // derived (§10.4 of the compat reference, times TP)
   int64_t max_position_embeddings = 0;
@@ -37,6 +40,12 @@ struct TransformerConfig {
   float rotary_base = 10000.0f;
   float rotary_percent = 1.0f;
   bool rotary_interleaved = false;
+  bool use_rope_scaling = false;     // Llama-3.x frequency scaling (ops/rope.h)
+  float rope_scaling_factor = 8.0f;  // its factor (Llama-3.1: 8, Llama-3.2: 32)
+  // Sliding-window attention, Megatron's --window-size "L,R": query i sees keys [i - L, i + R];
+  // -1 is unlimited. Causal models take R = 0 (or -1, the same under the causal mask).
+  int64_t window_size_left = -1;
+  int64_t window_size_right = -1;
   bool add_bias_linear = true;  // flag: --disable-bias-linear clears it
   bool add_qkv_bias = false;    // bias on QKV only (Qwen2); implied by add_bias_linear
   bool untie_embeddings_and_output_weights = false;

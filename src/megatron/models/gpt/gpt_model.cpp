@@ -285,8 +285,23 @@ Tensor GPTModel::logits(const Tensor& tokens) {
   return output_layer_->forward(h, saved.output);
 }
 
-Tensor GPTModel::last_position_logits(const Tensor& tokens) {
-  const Tensor all = logits(tokens);
+Tensor GPTModel::last_position_logits(const Tensor& tokens) { return gather_last_position(logits(tokens)); }
+
+Tensor GPTModel::next_logits(const Tensor& tokens, KvCache& cache) {
+  MEGATRON_CHECK(!ctx_->sequence_parallel(), "generation with a key/value cache runs without sequence parallelism");
+  const int64_t B = tokens.dim(0), S = tokens.dim(1), L = cache.length;
+  MEGATRON_CHECK(L + S <= config_.max_position_embeddings,
+                 "positions up to " << L + S << " exceed max_position_embeddings " << config_.max_position_embeddings);
+  Tensor positions = Tensor::empty({B, S}, DType::i32);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) positions.data<int32_t>()[b * S + s] = int32_t(L + s);
+  Saved saved;
+  const Tensor all = forward_to_logits(tokens, positions, Tensor(), {.training = false, .kv_cache = &cache}, saved);
+  cache.length += S;
+  return gather_last_position(all);
+}
+
+Tensor GPTModel::gather_last_position(const Tensor& all) const {
   const Tensor last = all.select(all.dim(0) - 1);  // (B,V/TP)
   const int64_t B = last.dim(0), tp = ctx_->tp_size();
   Tensor shards = Tensor::empty({tp, B, last.dim(1)}, last.dtype(), device_);

@@ -112,6 +112,11 @@ class GPTModel {
   // what a sampler reads. Megatron gathers all (S,B,V) logits over TP for inference
   // (gather_from_tensor_model_parallel_region); one all-gather of the last row is all we need.
   Tensor last_position_logits(const Tensor& tokens);
+  // Generation with a key/value cache (transformer/kv_cache.h): runs `tokens` (B,S) as positions
+  // [cache.length, cache.length + S), attending to the cached positions too, appends their keys and
+  // values and advances cache.length; returns the last position's logits as last_position_logits
+  // does. The same logits as last_position_logits of the whole sequence, for S new tokens' work.
+  Tensor next_logits(const Tensor& tokens, KvCache& cache);
   // Activation memory of the last forward_backward on this rank: the bytes its forward kept for
   // the backward (every module's saved tensors, the logits and the loss's lse; dropout masks are
   // regenerated, not kept). Under sequence parallelism every per-layer term is divided by TP.
@@ -141,6 +146,8 @@ class GPTModel {
   LossSums loss_sums(const Tensor& logits, const Tensor& labels_sb, const Tensor& mask_sb, Tensor& lse);
   // This rank's columns of the logits: the vocabulary rows of the (tied or not) output layer.
   ops::VocabShard vocab_shard() const;
+  // (S,B,V/TP) logits -> the last position's (B,V), gathered over TP.
+  Tensor gather_last_position(const Tensor& logits) const;
 
   TransformerConfig config_;
   pipeline_parallel::StageLayers stage_;

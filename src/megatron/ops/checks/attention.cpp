@@ -16,6 +16,7 @@ void check_params(const AttentionParams& p, const AttentionDims& d, TensorCheck 
   MEGATRON_CHECK(p.head_offset >= 0 && p.head_offset + d.NH <= total,
                  "attention: query heads [" << p.head_offset << ", " << p.head_offset + d.NH << ") of this rank lie "
                                             << "outside the " << total << " heads of the model (total_heads)");
+  MEGATRON_CHECK(p.window >= -1, "attention window " << p.window << " must be >= 0, or -1 for no sliding window");
   if (p.segment_ids.defined()) {
     device(p.segment_ids, "attention segment_ids");
     check_shape(p.segment_ids, {d.B, d.S}, "attention segment_ids");

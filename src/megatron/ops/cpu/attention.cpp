@@ -34,18 +34,21 @@ A dropout_factor(const CounterRng& rng, const Dims& d, int64_t b, int64_t h, int
   return dropout_keep(rng, index, p) ? A(1) / (A(1) - A(p)) : A(0);
 }
 
-// Which keys query i of batch row b sees: j <= i when causal, and j in i's segment when segment
-// ids are given.
+// Which keys query i of batch row b sees: j <= i when causal, j in i's segment when segment ids
+// are given, and j >= i - window with a sliding window.
 struct KeyMask {
   bool causal;
   const int32_t* segments;  // (B,S) or null
+  int64_t window;           // -1: unlimited
   int64_t S;
   int64_t end(int64_t i) const { return causal ? i + 1 : S; }  // keys at or past end are hidden
-  bool hidden(int64_t b, int64_t i, int64_t j) const { return segments && segments[b * S + j] != segments[b * S + i]; }
+  bool hidden(int64_t b, int64_t i, int64_t j) const {
+    return (segments && segments[b * S + j] != segments[b * S + i]) || (window >= 0 && j < i - window);
+  }
 };
 
 KeyMask key_mask(const AttentionParams& p, int64_t S) {
-  return {p.causal, p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr, S};
+  return {p.causal, p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr, p.window, S};
 }
 
 template <class T>

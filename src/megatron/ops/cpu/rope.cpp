@@ -11,13 +11,13 @@
 namespace megatron::ops::cpu {
 namespace {
 
-// cos and sin of angle (position_offset + s) * inv_freq[j], inv_freq[j] = 1 / base^(2j / rot_dim),
+// cos and sin of angle (position_offset + s) * inv_freq[j] (rope_inv_freq),
 // as (S, rot_dim/2) tables.
 template <class A>
 void rotation_tables(std::vector<A>& cos_t, std::vector<A>& sin_t, int64_t S, int64_t rot_dim, const RopeParams& p) {
   const int64_t half = rot_dim / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t j = 0; j < half; ++j) inv_freq[size_t(j)] = 1.0f / std::pow(p.base, float(2 * j) / float(rot_dim));
+  for (int64_t j = 0; j < half; ++j) inv_freq[size_t(j)] = rope_inv_freq(j, rot_dim, p);
   cos_t.resize(size_t(S * half));
   sin_t.resize(size_t(S * half));
   for (int64_t s = 0; s < S; ++s) {

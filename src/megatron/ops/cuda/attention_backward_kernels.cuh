@@ -37,7 +37,7 @@ struct BackwardArgs {
   float* dq_acc;     // (S,B,NH,HS) fp32, tensor-core path only
   Dims d;
   bool causal;
-  const int32_t* segments;  // (B,S) or null
+  KeyMask mask;  // document masking and sliding window
   float scale;
   float dropout_p;
   CounterRng rng;
@@ -60,7 +60,7 @@ BackwardArgs<T> backward_args(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
           nullptr,
           d,
           p.causal,
-          segments_of(p),
+          key_mask_of(p),
           p.softmax_scale,
           p.dropout_p,
           CounterRng{p.seed, p.stream}};
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
       // P^T = 2^(s scale log2e - lse log2e), 0 where masked; dropout keep bits; then
       // dS^T = P (M dP - D), and P becomes P M for the dV product.
-      const bool edge = j0 + warp * 16 + 16 > d.S || (a.causal && j0 + warp * 16 + 15 > i0) || a.segments;
+      const bool edge = j0 + warp * 16 + 16 > d.S || (a.causal && j0 + warp * 16 + 15 > i0) || a.mask.any();
       uint32_t keep_bits = 0xffffffffu;
       if constexpr (kDropout) {
 #pragma unroll
@@ -239,8 +239,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           float pr = fast_exp2(fmaf(p[nt][e], scale_log2, neg_lse[e & 1]));
           if (edge) {
             const int key = key0 + (e >> 1) * 8, query = i0 + nt * 8 + 2 * t + (e & 1);
-            if (key >= d.S || (a.causal && key > query) || (query < d.S && other_segment(a.segments, d, b, query, key)))
-              pr = 0.0f;
+            if (key >= d.S || (a.causal && key > query) || (query < d.S && a.mask.hidden(d, b, query, key))) pr = 0.0f;
           }
           float mult = 1.0f;
           if constexpr (kDropout) mult = (keep_bits >> (nt * 4 + e)) & 1u ? keep_scale : 0.0f;
@@ -398,7 +397,7 @@ __global__ void attention_backward_dq_generic_kernel(const BackwardArgs<T> a) {
   for (int j0 = 0; j0 < len; j0 += 32) {
     const int j = j0 + lane;
     float ds = 0.0f;
-    if (j < len && !other_segment(a.segments, d, b, i, j)) {
+    if (j < len && !a.mask.hidden(d, b, i, j)) {
       const float p = expf(a.scale * dot_row(q_row, kb + j * kvs, d.HS) - lse);
       const float mult = a.dropout_p > 0.0f ? dropout_factor(a.rng, drop_base, j, a.dropout_p, keep_scale) : 1.0f;
       ds = p * (mult * dot_row(do_row, vb + j * kvs, d.HS) - Di);
@@ -455,7 +454,7 @@ __global__ void attention_backward_dkv_generic_kernel(const BackwardArgs<T> a) {
     for (int i0 = a.causal ? j : 0; i0 < d.S; i0 += 32) {
       const int i = i0 + lane;
       float pd = 0.0f, ds = 0.0f;
-      if (i < d.S && !other_segment(a.segments, d, b, i, j)) {
+      if (i < d.S && !a.mask.hidden(d, b, i, j)) {
         const float p = expf(a.scale * dot_row(k_row, qb + i * qs, d.HS) - a.lse[stat_off + i]);
         const float mult =
             a.dropout_p > 0.0f ? dropout_factor(a.rng, dropout_row_base(d, b, h, i), j, a.dropout_p, keep_scale) : 1.0f;

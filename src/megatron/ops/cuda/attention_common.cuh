@@ -37,13 +37,21 @@ struct Dims {
 
 // The shared checks' dims as the kernels' ints, after checking they fit the kernels' limits.
 Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q, const AttentionParams& p = {});
-// params.segment_ids as the kernels read it: (B,S) int32, or null for one document per sequence.
-inline const int32_t* segments_of(const AttentionParams& p) {
-  return p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr;
-}
-// Document masking: query `row` of batch row b does not see key `col` of another segment.
-__device__ __forceinline__ bool other_segment(const int32_t* segments, const Dims& d, int b, int row, int col) {
-  return segments && segments[int64_t(b) * d.S + row] != segments[int64_t(b) * d.S + col];
+// The keys a query hides besides causality: those of another document (segment ids, (B,S) int32,
+// null for one document per sequence) and, with a sliding window (window >= 0), those more than
+// `window` positions before it.
+struct KeyMask {
+  const int32_t* segments;
+  int window;
+  __host__ __device__ bool any() const { return segments != nullptr || window >= 0; }
+  __device__ __forceinline__ bool hidden(const Dims& d, int b, int row, int col) const {
+    if (window >= 0 && col < row - window) return true;
+    return segments && segments[int64_t(b) * d.S + row] != segments[int64_t(b) * d.S + col];
+  }
+};
+inline KeyMask key_mask_of(const AttentionParams& p) {
+  return {p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr,
+          int(std::min<int64_t>(p.window, std::numeric_limits<int>::max()))};  // a window past S hides nothing
 }
 // The shared attention checks (ops/checks/attention.h) with CUDA's device rule and dtypes.
 extern const checks::AttentionBackend kCudaAttention;

@@ -24,7 +24,7 @@ struct ForwardArgs {
   const T* v;
   Dims d;
   bool causal;
-  const int32_t* segments;  // (B,S) or null
+  KeyMask mask;  // document masking and sliding window
   float scale;
   float dropout_p;
   CounterRng rng;
@@ -40,7 +40,7 @@ ForwardArgs<T> forward_args(Tensor& out, Tensor& lse, const Tensor& q, const Ten
           static_cast<const T*>(v.raw()),
           d,
           p.causal,
-          segments_of(p),
+          key_mask_of(p),
           p.softmax_scale,
           p.dropout_p,
           CounterRng{p.seed, p.stream}};
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_forw
 
     // Scale into log2 units; mask keys past the end, causally keys after the query, and keys of
     // other documents.
-    const bool edge = k0 + kN > d.S || (a.causal && k0 + kN - 1 > warp_row0) || a.segments;
+    const bool edge = k0 + kN > d.S || (a.causal && k0 + kN - 1 > warp_row0) || a.mask.any();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -166,8 +166,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_forw
           float x = s[mt][nt][e] * scale_log2;
           if (edge) {
             const int col = k0 + nt * 8 + 2 * t + (e & 1), row = warp_row0 + mt * 16 + g + (e >> 1) * 8;
-            if (col >= d.S || (a.causal && col > row) || (row < d.S && other_segment(a.segments, d, b, row, col)))
-              x = -INFINITY;
+            if (col >= d.S || (a.causal && col > row) || (row < d.S && a.mask.hidden(d, b, row, col))) x = -INFINITY;
           }
           s[mt][nt][e] = x;
         }
@@ -336,7 +335,7 @@ __global__ void attention_forward_generic_kernel(const ForwardArgs<T> a) {
 
   float m = -INFINITY, l = 0.0f;
   for (int j = lane; j < len; j += 32) {
-    if (other_segment(a.segments, d, b, i, j)) continue;
+    if (a.mask.hidden(d, b, i, j)) continue;
     const float s = a.scale * dot_row(q_row, kb + j * kvs, d.HS);
     if (s > m) {
       l = l * expf(m - s) + 1.0f;
@@ -359,7 +358,7 @@ __global__ void attention_forward_generic_kernel(const ForwardArgs<T> a) {
   for (int j0 = 0; j0 < len; j0 += 32) {
     const int j = j0 + lane;
     float p = 0.0f;
-    if (j < len && !other_segment(a.segments, d, b, i, j)) {
+    if (j < len && !a.mask.hidden(d, b, i, j)) {
       p = expf(a.scale * dot_row(q_row, kb + j * kvs, d.HS) - lse);
       if (a.dropout_p > 0.0f) p *= dropout_factor(a.rng, drop_base, j, a.dropout_p, keep_scale);
     }

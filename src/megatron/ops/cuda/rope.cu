@@ -56,9 +56,9 @@ void rope_apply(Tensor& y, const Tensor& x, const RopeParams& p, bool inverse, c
   MEGATRON_CHECK(rot_dim / 2 <= kMaxHalf, op << ": rotary dim " << rot_dim << " exceeds the CUDA kernel's limit of "
                                              << 2 * kMaxHalf << "; raise kMaxHalf in ops/cuda/rope.cu");
   if (x.numel() == 0) return;
-  // inv_freq[j] = 1 / base^(2j / rot_dim) in float32: the CPU op's expression, evaluated on the host.
+  // inv_freq in float32: the CPU op's function (rope_inv_freq), evaluated on the host.
   InvFreq inv_freq{};
-  for (int64_t j = 0; j < rot_dim / 2; ++j) inv_freq.v[j] = 1.0f / std::pow(p.base, float(2 * j) / float(rot_dim));
+  for (int64_t j = 0; j < rot_dim / 2; ++j) inv_freq.v[j] = rope_inv_freq(j, rot_dim, p);
   dispatch_storage(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
     const int half = int(rot_dim / 2);
     const int64_t items = S * B * H * (D - half);

@@ -1,0 +1,245 @@
+// Hugging Face import and export on the tiny checkpoints of every family (tests/hf/tiny/, made by
+// transformers): our logits match transformers' within 1e-4 in fp32, export gives back every
+// tensor bit for bit, the checkpoint is written at the requested TP layout, bad input is an error
+// naming the tensor or field with nothing written, and train/generate need no model flags.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "e2e/e2e_util.h"
+#include "hf/hf_test_util.h"
+#include "megatron/checkpointing/checkpoint.h"
+#include "megatron/hf_bridge/convert.h"
+#include "megatron/hf_bridge/hf_config.h"
+#include "megatron/hf_bridge/hf_weights.h"
+#include "megatron/hf_bridge/tensor_mapping.h"
+#include "megatron/training/checkpoint_io.h"
+
+using namespace megatron;
+using namespace megatron::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string import_family(const std::string& family, const TempDir& dir, int64_t tp = 1) {
+  const std::string ckpt = dir / (family + "-ckpt");
+  hf_bridge::import_hf({.hf_dir = hf_fixture(family), .save = ckpt, .tensor_model_parallel_size = tp});
+  return ckpt;
+}
+
+// Whether `save` holds no checkpoint at all, not even a staging directory.
+bool nothing_written(const std::string& save) {
+  if (!fs::exists(save)) return true;
+  return fs::is_empty(save);
+}
+
+// A copy of a family's fixture whose weights are `edit` of the original tensors.
+std::string edited_fixture(const TempDir& dir, const std::string& family,
+                           const std::function<void(std::vector<checkpointing::NamedTensor>&)>& edit) {
+  const std::string out = dir / (family + "-edited");
+  fs::create_directories(out);
+  for (const auto& entry : fs::directory_iterator(hf_fixture(family)))
+    if (entry.path().extension() != ".safetensors" && entry.path().filename() != "model.safetensors.index.json")
+      fs::copy_file(entry.path(), fs::path(out) / entry.path().filename());
+  const hf_bridge::HfWeights weights = hf_bridge::HfWeights::open(hf_fixture(family));
+  std::vector<checkpointing::NamedTensor> tensors;
+  for (const std::string& name : weights.names()) tensors.push_back({name, weights.load(name)});
+  edit(tensors);
+  checkpointing::write_safetensors(out + "/model.safetensors", tensors);
+  return out;
+}
+
+std::string import_error(const std::string& hf_dir, const std::string& save) {
+  return error_of([&] { hf_bridge::import_hf({.hf_dir = hf_dir, .save = save}); });
+}
+
+}  // namespace
+
+TEST(HfBridge, ImportedLogitsMatchTransformers) {
+  for (const char* family : kHfFamilies) {
+    TempDir dir;
+    const std::string ckpt = import_family(family, dir);
+    const TrainingArgs args = read_checkpoint_args(ckpt);
+    const ParallelContext single = ParallelContext::single_process();
+    GPTModel model(args.model, single);  // the whole model: its parameters are the global tensors
+    load_model_weights(ckpt, model);
+    const double error = max_logit_error(model, hf_reference(family));
+    std::printf("%s: max |logit - transformers| = %.3g (bound %.0e)\n", family, error, kLogitTolerance);
+    EXPECT_LE(error, kLogitTolerance) << family;
+  }
+}
+
+TEST(HfBridge, ExportGivesBackEveryTensorBitForBit) {
+  for (const char* family : kHfFamilies) {
+    TempDir dir;
+    const std::string ckpt = import_family(family, dir), out = dir / "exported";
+    // A small shard size, so the export is sharded with its index whatever the original was.
+    hf_bridge::export_hf({.load = ckpt, .hf_dir = out, .max_shard_size = "100KB"});
+    const auto original = hf_bridge::HfWeights::open(hf_fixture(family));
+    const auto exported = hf_bridge::HfWeights::open(out);
+    EXPECT_TRUE(fs::exists(out + "/model.safetensors.index.json")) << family;
+    std::vector<std::string> kept;
+    for (const std::string& name : original.names())
+      if (!hf_bridge::ignorable_hf_tensor(hf_bridge::family_of_model_type(family).value(), name)) kept.push_back(name);
+    EXPECT_EQ(exported.names(), kept) << family;
+    for (const std::string& name : kept) {
+      if (!exported.has(name)) continue;
+      const Tensor a = original.load(name), b = exported.load(name);
+      EXPECT_TRUE(a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0)
+          << family << " " << name;
+    }
+    // The exported config describes the same model.
+    const auto read = [](const std::string& path) {
+      return hf_bridge::read_hf_config(nlohmann::json::parse(checkpointing::read_file(path)), path);
+    };
+    const hf_bridge::HfModelConfig a = read(hf_fixture(family) + "/config.json"), b = read(out + "/config.json");
+    EXPECT_EQ(a.family, b.family) << family;
+    EXPECT_EQ(a.vocab_rows, b.vocab_rows) << family;
+    EXPECT_EQ(a.model_flags, b.model_flags) << family;
+    for (const char* file : {"tokenizer.json", "generation_config.json"})
+      EXPECT_TRUE(fs::exists(out + "/" + file)) << family << " " << file;
+  }
+}
+
+TEST(HfBridge, ImportWritesTheRequestedTensorParallelLayout) {
+  TempDir dir;
+  const std::string ckpt = import_family("llama", dir, 2);
+  const std::string release = checkpointing::checkpoint_directory(ckpt, checkpointing::kReleaseIteration);
+  EXPECT_TRUE(fs::exists(release + "/model_rank_00000.safetensors"));
+  EXPECT_TRUE(fs::exists(release + "/model_rank_00001.safetensors"));
+  EXPECT_EQ(read_checkpoint_args(ckpt).parallel.tensor_model_parallel_size, 2);
+  const auto shard = checkpointing::SafetensorsReader::open(release + "/model_rank_00001.safetensors");
+  EXPECT_FALSE(shard.has("decoder.final_layernorm.weight"));  // replicated: TP rank 0 saves it
+  // A run at TP 1 loads it as `megatron train --load CKPT --finetune` would (the reverse, TP 1 to
+  // TP 2, is tests/multirank/test_hf_tp_logits.cpp).
+  const TrainingArgs args = parse_training_args(finetune_argv(ckpt));
+  EXPECT_EQ(args.model.padded_vocab_size, 320);  // config.json's vocab_size
+  const ParallelContext single = ParallelContext::single_process();
+  GPTModel model(args.model, single);
+  EXPECT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, nullptr));
+  EXPECT_LE(max_logit_error(model, hf_reference("llama")), kLogitTolerance);
+}
+
+TEST(HfBridge, BadInputIsAnErrorNamingItAndWritesNothing) {
+  TempDir dir;
+  const std::string save = dir / "ckpt";
+  const auto drop = [](const std::string& name) {
+    return [name](std::vector<checkpointing::NamedTensor>& t) {
+      std::erase_if(t, [&](const checkpointing::NamedTensor& x) { return x.name == name; });
+    };
+  };
+  const std::string missing = "model.layers.1.mlp.up_proj.weight";
+  EXPECT_NE(import_error(edited_fixture(dir, "llama", drop(missing)), save)
+                .find("lack tensor(s) the model needs: " + missing),
+            std::string::npos);
+  EXPECT_TRUE(nothing_written(save));
+
+  TempDir extra_dir;
+  const std::string extra = edited_fixture(extra_dir, "qwen2", [](std::vector<checkpointing::NamedTensor>& t) {
+    t.push_back({"model.layers.0.self_attn.o_proj.bias", Tensor::zeros({64}, DType::f32)});
+  });
+  EXPECT_NE(import_error(extra, save).find("tensor(s) we would not use: model.layers.0.self_attn.o_proj.bias"),
+            std::string::npos);
+
+  TempDir shape_dir;
+  const std::string misshaped = edited_fixture(shape_dir, "mistral", [](std::vector<checkpointing::NamedTensor>& t) {
+    for (auto& x : t)
+      if (x.name == "model.layers.0.self_attn.k_proj.weight") x.tensor = Tensor::zeros({64, 64}, DType::f32);
+  });
+  EXPECT_NE(import_error(misshaped, save).find("tensor model.layers.0.self_attn.k_proj.weight"), std::string::npos);
+
+  TempDir dtype_dir;
+  const std::string ints = edited_fixture(dtype_dir, "gpt2", [](std::vector<checkpointing::NamedTensor>& t) {
+    for (auto& x : t)
+      if (x.name.find("ln_f.bias") != std::string::npos) x.tensor = Tensor::zeros(x.tensor.shape(), DType::i32);
+  });
+  EXPECT_NE(import_error(ints, save).find("ln_f.bias is stored as i32"), std::string::npos);
+
+  TempDir config_dir;
+  const std::string unknown = edited_fixture(config_dir, "llama", [](auto&) {});
+  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(unknown + "/config.json"));
+  config["qk_layernorm"] = true;
+  checkpointing::write_file_atomic(unknown + "/config.json", config.dump());
+  EXPECT_NE(import_error(unknown, save).find("qk_layernorm"), std::string::npos);
+  config["model_type"] = "mixtral";
+  checkpointing::write_file_atomic(unknown + "/config.json", config.dump());
+  EXPECT_NE(import_error(unknown, save).find("model_type \"mixtral\""), std::string::npos);
+  EXPECT_TRUE(nothing_written(save));
+}
+
+TEST(HfBridge, GenerateAndFinetuneNeedNoModelFlags) {
+  TempDir dir;
+  const std::string ckpt = import_family("qwen2", dir);
+  const RunResult generated = run_megatron("generate --load " + ckpt + " --prompt 'The quick' --max-new-tokens 4");
+  EXPECT_EQ(generated.exit_code, 0) << generated.output;
+  EXPECT_NE(generated.output.find("The quick"), std::string::npos) << generated.output;
+
+  const std::string out = dir / "finetuned";
+  const RunResult trained =
+      run_megatron("train --load " + ckpt + " --finetune --save " + out +
+                   " --mock-data --micro-batch-size 2 --train-iters 3 --seq-length 16 --lr 1e-4 --log-interval 1"
+                   " --save-interval 3");
+  EXPECT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_NE(trained.output.find("iteration        3/"), std::string::npos) << trained.output;
+  // The fine-tuned checkpoint keeps the imported model and exports as its family again.
+  hf_bridge::export_hf({.load = out, .hf_dir = dir / "hf"});
+  const nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(dir / "hf/config.json"));
+  EXPECT_EQ(config["model_type"], "qwen2");
+}
+
+// A vocab_size TP does not divide (GPT-2's 50257 at TP 2) is padded in the checkpoint, and the
+// export drops that padding: exactly vocab_size rows, bit for bit, and config.json says so.
+TEST(HfBridge, ExportDropsThePaddingOfAVocabularyTpDoesNotDivide) {
+  TempDir dir;
+  const std::string odd = edited_fixture(dir, "gpt2", [](std::vector<checkpointing::NamedTensor>& t) {
+    for (auto& x : t)
+      if (x.name == "transformer.wte.weight") {  // one more row, of values unlike the padding's zeros
+        Tensor grown = Tensor::empty({x.tensor.dim(0) + 1, x.tensor.dim(1)}, x.tensor.dtype());
+        std::memcpy(grown.raw(), x.tensor.raw(), x.tensor.nbytes());
+        for (int64_t i = 0; i < x.tensor.dim(1); ++i) grown.data<float>()[x.tensor.numel() + i] = 0.5f + float(i);
+        x.tensor = grown;
+      }
+  });
+  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(odd + "/config.json"));
+  config["vocab_size"] = 321;
+  checkpointing::write_file_atomic(odd + "/config.json", config.dump());
+  const std::string ckpt = dir / "ckpt", out = dir / "exported";
+  hf_bridge::import_hf({.hf_dir = odd, .save = ckpt, .tensor_model_parallel_size = 2});
+  EXPECT_EQ(read_checkpoint_args(ckpt).model.padded_vocab_size, 322);
+  hf_bridge::export_hf({.load = ckpt, .hf_dir = out});
+  const Tensor a = hf_bridge::HfWeights::open(odd).load("transformer.wte.weight");
+  const Tensor b = hf_bridge::HfWeights::open(out).load("transformer.wte.weight");
+  EXPECT_EQ(shape_str(b.shape()), shape_str(a.shape()));
+  EXPECT_TRUE(a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
+  EXPECT_EQ(nlohmann::json::parse(checkpointing::read_file(out + "/config.json"))["vocab_size"], 321);
+}
+
+// A run that loads a checkpoint with another value of a flag that changes what the model computes
+// (not its tensor shapes) is an error naming the flag and both values, before any weight is read.
+TEST(HfBridge, LoadRefusesAnotherAttentionOrRopeSetting) {
+  TempDir dir;
+  const std::string mistral = import_family("mistral", dir), llama = import_family("llama", dir);
+  const struct {
+    std::string ckpt;
+    std::vector<std::string> given;
+  } cases[] = {{mistral, {"--window-size", "7,0"}},
+               {mistral, {"--rotary-base", "5000"}},
+               {mistral, {"--use-rope-scaling"}},
+               {mistral, {"--add-qkv-bias"}},
+               {llama, {"--rope-scaling-factor", "4"}}};
+  for (const auto& c : cases) {
+    const TrainingArgs args = parse_training_args(finetune_argv(c.ckpt, c.given));
+    std::string stored;
+    for (const auto& [flag, value] : saved_flags(c.ckpt, 0))
+      if (flag == c.given[0]) stored = value;
+    const ParallelContext single = ParallelContext::single_process();
+    GPTModel model(args.model, single);
+    const std::string error = error_of([&] { load_training_checkpoint(args, model, nullptr, nullptr, nullptr); });
+    const std::string given = c.given.size() > 1 ? c.given[1] : "true";
+    EXPECT_NE(error.find("was trained with " + c.given[0] + " " + (stored.empty() ? "(unset)" : stored) +
+                         " but this run has " + given),
+              std::string::npos)
+        << c.given[0] << ": " << error;
+  }
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The Hugging Face bridge's acceptance on the GPU machine (driven by tests/hf/gpu_acceptance.sh).
+
+  prepare WORK   transformers builds randomly initialised models from configs shaped like
+                 Llama-3.2-1B, Mistral-7B (two layers), Qwen2.5-0.5B and GPT-2 (no download), saves
+                 each as WORK/<family>/hf with a small byte-level BPE tokenizer, and writes
+                 WORK/<family>/reference.safetensors: 8 prompts (input_ids, I64 8 x 32) and
+                 transformers' fp32 logits for them (TF32 off), plus a batch (batch_ids, 2 x 65) for
+                 the fine-tuning check.
+  check WORK     after the import, our logits test (test_hf_acceptance) and the fine-tuning run:
+                 AutoModelForCausalLM and AutoTokenizer load WORK/<family>/exported as it is and give
+                 the reference logits (the weights went through import and export unchanged: 1e-5);
+                 and WORK/<family>/finetuned-hf (exported after 50 steps of `megatron train`) gives
+                 on the batch the loss our model computed from the same checkpoint
+                 (WORK/<family>/our_finetuned_loss.txt), within 1e-4 relative.
+"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_tiny_checkpoints import make_tokenizer  # noqa: E402
+
+PROMPTS, PROMPT_LEN = 8, 32
+TOKENIZER_VOCAB = 320  # prompts draw ids below the tokenizer's size; logits cover every row
+
+
+def configs():
+    llama_3_2_1b = transformers.LlamaConfig(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
+    mistral_7b_two_layers = transformers.MistralConfig(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=8, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=10000.0,
+        sliding_window=16, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
+    qwen2_5_0_5b = transformers.Qwen2Config(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=True, use_sliding_window=False, bos_token_id=0, eos_token_id=0)
+    gpt2 = transformers.GPT2Config(bos_token_id=0, eos_token_id=0)
+    # sliding_window 16 < the 32-token prompts, so Mistral's window matters here (4096 would not).
+    return {"llama": llama_3_2_1b, "mistral": mistral_7b_two_layers, "qwen2": qwen2_5_0_5b, "gpt2": gpt2}
+
+
+def logits_of(model, ids):
+    with torch.no_grad():
+        return model(ids.cuda()).logits.float().cpu()
+
+
+def prepare(work):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    tokenizer = make_tokenizer()
+    for index, (family, config) in enumerate(configs().items()):
+        torch.manual_seed(index)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).cuda()
+        model.eval()
+        d = os.path.join(work, family)
+        model.save_pretrained(os.path.join(d, "hf"))
+        tokenizer.save_pretrained(os.path.join(d, "hf"))
+        g = torch.Generator().manual_seed(100 + index)
+        ids = torch.randint(1, TOKENIZER_VOCAB, (PROMPTS, PROMPT_LEN), generator=g)
+        batch = torch.randint(1, TOKENIZER_VOCAB, (2, 65), generator=g)
+        save_file({"input_ids": ids.contiguous(), "logits": logits_of(model, ids).contiguous(),
+                   "batch_ids": batch.contiguous()}, os.path.join(d, "reference.safetensors"))
+        print(family, "prepared", flush=True)
+
+
+def check(work):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    failures = []
+    for family in configs():
+        d = os.path.join(work, family)
+        ref = load_file(os.path.join(d, "reference.safetensors"))
+        AutoTokenizer.from_pretrained(os.path.join(d, "exported"))
+        exported = AutoModelForCausalLM.from_pretrained(os.path.join(d, "exported"), dtype=torch.float32).cuda().eval()
+        error = (logits_of(exported, ref["input_ids"]) - ref["logits"]).abs().max().item()
+        print(f"{family}: exported model's logits differ from the original's by {error:.3g} (bound 1e-5)")
+        if not error <= 1e-5:
+            failures.append(f"{family} export")
+        tuned = AutoModelForCausalLM.from_pretrained(os.path.join(d, "finetuned-hf"), dtype=torch.float32).cuda()
+        batch = ref["batch_ids"].cuda()
+        with torch.no_grad():
+            loss = tuned.eval()(batch, labels=batch).loss.item()  # mean over the 2 x 64 next-token predictions
+        ours = float(open(os.path.join(d, "our_finetuned_loss.txt")).read())
+        print(f"{family}: after 50 fine-tuning steps, transformers' loss {loss:.6f}, ours {ours:.6f}")
+        if not abs(loss - ours) <= 1e-4 * abs(ours):
+            failures.append(f"{family} fine-tuned loss")
+    print(json.dumps({"failures": failures}))
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    {"prepare": prepare, "check": check}[sys.argv[1]](sys.argv[2])

@@ -1,0 +1,164 @@
+// The Hugging Face mappings on their own: the fused QKV and [gate; up] layouts against layouts
+// worked out by hand, export undoing import byte for byte, and config.json fields read, refused
+// or reported as unknown. (Whole checkpoints of every family: tests/e2e/test_hf_bridge.cpp.)
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "megatron/hf_bridge/hf_config.h"
+#include "megatron/hf_bridge/tensor_mapping.h"
+#include "test_util.h"
+
+using namespace megatron;
+using namespace megatron::hf_bridge;
+using megatron::testing::error_of;
+
+namespace {
+
+// Rows numbered by value: row i of a tensor of `rows` rows and `cols` columns holds base + i.
+Tensor numbered_rows(int64_t rows, int64_t cols, float base) {
+  std::vector<float> v;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) v.push_back(base + float(i));
+  return Tensor::from_vector(v, cols == 0 ? Shape{rows} : Shape{rows, cols});
+}
+
+std::vector<float> first_column(const Tensor& t) {
+  std::vector<float> out;
+  const int64_t cols = t.ndim() == 2 ? t.dim(1) : 1;
+  for (int64_t i = 0; i < t.dim(0); ++i) out.push_back(t.data<float>()[i * cols]);
+  return out;
+}
+
+TransformerConfig gqa_config() {
+  TransformerConfig c;
+  c.num_layers = 1;
+  c.hidden_size = 3;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.kv_channels = 1;
+  c.ffn_hidden_size = 2;
+  return c;
+}
+
+const TensorRule* rule_named(const std::vector<TensorRule>& rules, const std::string& ours) {
+  for (const TensorRule& r : rules)
+    if (r.ours == ours) return &r;
+  return nullptr;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST(HfMapping, QkvGroupsFollowMegatronsPerGroupLayout) {
+  // 4 query heads in 2 groups, head dim 1: group g holds q heads 2g, 2g+1, then k_g, then v_g.
+  const TransformerConfig c = gqa_config();
+  const auto rules = tensor_rules(Family::llama, c, "");
+  const TensorRule* qkv = rule_named(rules, "decoder.layers.0.self_attention.linear_qkv.weight");
+  ASSERT_NE(qkv, nullptr);
+  const std::vector<Tensor> hf = {numbered_rows(4, 3, 0), numbered_rows(2, 3, 10), numbered_rows(2, 3, 20)};
+  const Tensor ours = to_ours(*qkv, hf, {8, 3}, c, 0);
+  EXPECT_EQ(first_column(ours), (std::vector<float>{0, 1, 10, 20, 2, 3, 11, 21}));
+  const std::vector<Tensor> back = to_hf(*qkv, ours, c, 0);
+  for (size_t i = 0; i < hf.size(); ++i) EXPECT_TRUE(same_bytes(back[i], hf[i])) << qkv->hf[i];
+}
+
+TEST(HfMapping, Gpt2PackedQkvIsTransposedAndRegrouped) {
+  // GPT-2 is multi-head: every head its own group, [q_h; k_h; v_h]. c_attn is a Conv1D weight
+  // [in, 3*out] whose columns are [Q | K | V].
+  TransformerConfig c = gqa_config();
+  c.num_query_groups = c.num_attention_heads = 2;
+  c.hidden_size = 2;
+  const auto rules = tensor_rules(Family::gpt2, c, "transformer.");
+  const TensorRule* qkv = rule_named(rules, "decoder.layers.0.self_attention.linear_qkv.weight");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->hf, std::vector<std::string>{"transformer.h.0.attn.c_attn.weight"});
+  // Column j of c_attn holds j in every row: Q = columns 0,1, K = 2,3, V = 4,5.
+  std::vector<float> v;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 6; ++j) v.push_back(float(j));
+  const Tensor c_attn = Tensor::from_vector(v, {2, 6});
+  EXPECT_EQ(hf_shapes(*qkv, {6, 2}, c, 0), std::vector<Shape>{Shape({2, 6})});
+  const Tensor ours = to_ours(*qkv, {c_attn}, {6, 2}, c, 0);
+  EXPECT_EQ(first_column(ours), (std::vector<float>{0, 2, 4, 1, 3, 5}));  // [q0 k0 v0 q1 k1 v1]
+  EXPECT_TRUE(same_bytes(to_hf(*qkv, ours, c, 0).front(), c_attn));
+}
+
+TEST(HfMapping, GateUpStackAndVocabPadding) {
+  const TransformerConfig c = gqa_config();
+  const auto rules = tensor_rules(Family::llama, c, "");
+  const TensorRule* fc1 = rule_named(rules, "decoder.layers.0.mlp.linear_fc1.weight");
+  ASSERT_NE(fc1, nullptr);
+  const Tensor ours = to_ours(*fc1, {numbered_rows(2, 3, 0), numbered_rows(2, 3, 10)}, {4, 3}, c, 0);
+  EXPECT_EQ(first_column(ours), (std::vector<float>{0, 1, 10, 11}));  // [gate; up]
+
+  const TensorRule* embedding = rule_named(rules, "embedding.word_embeddings.weight");
+  ASSERT_NE(embedding, nullptr);
+  const Tensor padded = to_ours(*embedding, {numbered_rows(5, 3, 1)}, {8, 3}, c, 5);
+  EXPECT_EQ(first_column(padded), (std::vector<float>{1, 2, 3, 4, 5, 0, 0, 0}));  // padding rows zero
+  EXPECT_EQ(to_hf(*embedding, padded, c, 5).front().shape(), Shape({5, 3}));
+}
+
+TEST(HfMapping, ConfigFieldsBecomeMegatronFlags) {
+  const nlohmann::json mistral = {{"model_type", "mistral"},  {"architectures", {"MistralForCausalLM"}},
+                                  {"hidden_size", 64},        {"intermediate_size", 128},
+                                  {"num_hidden_layers", 2},   {"num_attention_heads", 4},
+                                  {"num_key_value_heads", 2}, {"max_position_embeddings", 256},
+                                  {"rms_norm_eps", 1e-5},     {"rope_theta", 1000000.0},
+                                  {"sliding_window", 4},      {"hidden_act", "silu"},
+                                  {"vocab_size", 320},        {"tie_word_embeddings", false},
+                                  {"torch_dtype", "float32"}};
+  const HfModelConfig hf = read_hf_config(mistral, "config.json");
+  EXPECT_EQ(hf.family, Family::mistral);
+  EXPECT_EQ(hf.vocab_rows, 320);
+  const auto value = [&](const std::string& flag) {
+    for (const auto& [f, v] : hf.model_flags)
+      if (f == flag) return v;
+    return std::string("(absent)");
+  };
+  EXPECT_EQ(value("--window-size"), "3,0");  // transformers' window of 4 keys: the query and 3 before
+  EXPECT_EQ(value("--num-query-groups"), "2");
+  EXPECT_EQ(value("--rotary-base"), "1e+06");
+  EXPECT_EQ(value("--norm-epsilon"), "1e-05");
+  EXPECT_EQ(value("--untie-embeddings-and-output-weights"), "true");
+
+  nlohmann::json llama3 = mistral;
+  llama3.erase("sliding_window");
+  llama3["model_type"] = "llama";
+  llama3["architectures"] = {"LlamaForCausalLM"};
+  llama3.erase("rope_theta");
+  llama3["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                               {"factor", 32.0},          {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  const HfModelConfig l = read_hf_config(llama3, "config.json");
+  bool scaled = false;
+  for (const auto& [f, v] : l.model_flags) scaled |= f == "--rope-scaling-factor" && v == "32";
+  EXPECT_TRUE(scaled);
+}
+
+TEST(HfMapping, ConfigFieldsWeCannotBuildAreErrorsNamingThem) {
+  const nlohmann::json base = {{"model_type", "llama"},  {"hidden_size", 64},        {"intermediate_size", 128},
+                               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"max_position_embeddings", 64},
+                               {"vocab_size", 320},      {"hidden_act", "silu"}};
+  EXPECT_EQ(error_of([&] { read_hf_config(base, "c.json"); }), "(no error)");
+  const auto with = [&](const std::string& key, const nlohmann::json& value) {
+    nlohmann::json j = base;
+    j[key] = value;
+    return error_of([&] { read_hf_config(j, "c.json"); });
+  };
+  EXPECT_NE(with("model_type", "bert").find("model_type \"bert\" is not a family we import"), std::string::npos);
+  EXPECT_NE(with("hidden_act", "gelu").find("\"hidden_act\" is \"gelu\""), std::string::npos);
+  EXPECT_NE(with("attention_bias", true).find("\"attention_bias\" is true"), std::string::npos);
+  EXPECT_NE(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}).find("rope_type \"yarn\""),
+            std::string::npos);
+  EXPECT_NE(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 2.0}})
+                .find("low_freq_factor"),
+            std::string::npos);
+  EXPECT_NE(with("qk_layernorm", true).find("field(s) we do not map: qk_layernorm = true"), std::string::npos);
+  nlohmann::json no_layers = base;
+  no_layers.erase("num_hidden_layers");
+  EXPECT_NE(error_of([&] { read_hf_config(no_layers, "c.json"); }).find("no \"num_hidden_layers\""), std::string::npos);
+}
