@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "megatron/checkpointing/checkpoint.h"
+#include "megatron/checkpointing/retention.h"
 #include "megatron/checkpointing/safetensors.h"
 #include "test_util.h"
 
@@ -257,6 +258,21 @@ TEST(Checkpoint, CompleteCheckpoints) {
   EXPECT_CONTAINS(message, "CRC32C expected");
   EXPECT_CONTAINS(message, "earlier complete checkpoints in '" + dir.path() + "': iterations 1");
   EXPECT_CONTAINS(error_of([&] { CheckpointReader::open(dir.path(), 1); }), "(no error)");
+}
+
+// --keep-last-checkpoints: the newest K at or below the tracker stay, and so does a directory
+// above it (a save that has not published yet); the tracker's checkpoint still loads.
+TEST(Checkpoint, RemovingOldCheckpointsKeepsTheNewestUpToTheTracker) {
+  TempDir dir;
+  for (int64_t i = 1; i <= 4; ++i) save_example(dir.path(), i, float(i));
+  save_example(dir.path(), 6, 6.0f);
+  write_all(dir.path() + "/latest_checkpointed_iteration.txt", "4");  // as if 6 were still publishing
+  EXPECT_EQ(remove_old_checkpoints(dir.path(), 2), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(list_checkpoints(dir.path()), (std::vector<int64_t>{3, 4, 6}));
+  EXPECT_TRUE(remove_old_checkpoints(dir.path(), 2).empty());
+  expect_example(dir.path(), 4, 4.0f);
+  EXPECT_EQ(remove_old_checkpoints(dir.path(), 1), (std::vector<int64_t>{3}));
+  EXPECT_EQ(list_checkpoints(dir.path()), (std::vector<int64_t>{4, 6}));
 }
 
 TEST(Checkpoint, TruncatedOrMissingFilesAreCaught) {

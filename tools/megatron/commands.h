@@ -13,10 +13,12 @@ int train(const Args& args);
 int preprocess_data(const Args& args);
 int generate(const Args& args);
 int train_tokenizer(const Args& args);
+int doctor(const Args& args);
 
 std::string train_help();
 std::string preprocess_data_help();
 std::string generate_help();
 std::string train_tokenizer_help();
+std::string doctor_help();
 
 }  // namespace megatron::tools

@@ -27,6 +27,8 @@ constexpr Subcommand kSubcommands[] = {
     {"generate", megatron::tools::generate, megatron::tools::generate_help, "sample text from a checkpoint"},
     {"train-tokenizer", megatron::tools::train_tokenizer, megatron::tools::train_tokenizer_help,
      "train a byte-level BPE tokenizer.json on a corpus"},
+    {"doctor", megatron::tools::doctor, megatron::tools::doctor_help,
+     "check GPUs, MPI, an all-reduce over the launched ranks and --save before a job"},
 };
 
 void print_usage(FILE* out) {

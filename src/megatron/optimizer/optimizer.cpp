@@ -95,11 +95,12 @@ void AdamWOptimizer::update(double lr, double weight_decay, float grad_scale) {
   }
 }
 
-std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state() const {
+std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state(StateCopies copies) const {
   std::vector<checkpointing::ShardedTensor> out;
-  if (ctx_->dp_cp->rank() != 0) return out;  // the other replicas hold the same state
+  const bool one_replica = copies == StateCopies::one_replica;
+  if (one_replica && ctx_->dp_cp->rank() != 0) return out;  // the other replicas hold the same state
   for (const auto& p : registry_->params()) {
-    if (p->is_tensor_parallel_duplicate()) continue;  // TP rank 0 saves it
+    if (one_replica && p->is_tensor_parallel_duplicate()) continue;  // TP rank 0 saves it
     auto add = [&](const std::string& what, const Tensor& flat) {
       for (const auto& slice : p->global_slices_of(p->view_of(flat)))
         out.push_back(
