@@ -275,6 +275,21 @@ TEST(Checkpoint, RemovingOldCheckpointsKeepsTheNewestUpToTheTracker) {
   EXPECT_EQ(list_checkpoints(dir.path()), (std::vector<int64_t>{4, 6}));
 }
 
+// A partial checkpoint (one rank's local state) holds the rows it was given; a slice within them
+// loads, one reaching into the gap is refused naming it; without `partial` the gap is refused on save.
+TEST(Checkpoint, PartialCheckpointLoadsWhatItHoldsAndRefusesTheRest) {
+  TempDir dir;
+  const std::vector<ShardedTensor> rows = {shard("w", {6, 4}, {2, 0}, {3, 4})};
+  EXPECT_CONTAINS(error_of([&] { save_checkpoint(dir.path(), 1, rows, {}, {{"base", 0}}); }), "cover 12 of the 24");
+  save_checkpoint(dir.path(), 2, rows, {}, {{"base", 0}}, {.on_stage = {}, .partial = true});
+  const CheckpointReader reader = CheckpointReader::open(dir.path(), 2);
+  Tensor held = Tensor::zeros({2, 4}, DType::f32);
+  reader.load("w", {3, 0}, held);
+  EXPECT_EQ(held.to_vector(), global_slice({6, 4}, {3, 0}, {2, 4}, DType::f32, 0).to_vector());
+  Tensor gap = Tensor::zeros({2, 4}, DType::f32);
+  EXPECT_CONTAINS(error_of([&] { reader.load("w", {1, 0}, gap); }), "holds 4 of the 8 elements of tensor 'w'");
+}
+
 TEST(Checkpoint, TruncatedOrMissingFilesAreCaught) {
   TempDir dir;
   save_example(dir.path(), 1, 0);

@@ -2,15 +2,22 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "megatron/ops/adamw.h"
 #include "megatron/ops/reduce.h"
 
 namespace megatron {
 
-std::string optimizer_state_name(const std::string& param_name, const std::string& what) {
-  return "optimizer." + param_name + "." + what;
+namespace {
+constexpr std::string_view kOptimizerStatePrefix = "optimizer.";
 }
+
+std::string optimizer_state_name(const std::string& param_name, const std::string& what) {
+  return std::string(kOptimizerStatePrefix) + param_name + "." + what;
+}
+
+bool is_optimizer_state_name(const std::string& name) { return name.starts_with(kOptimizerStatePrefix); }
 
 Optimizer::Optimizer(ParameterRegistry& registry, const AdamWHyper& hyper,
                      std::shared_ptr<Communicator> found_inf_group, std::unique_ptr<GradScaler> grad_scaler)

@@ -43,6 +43,8 @@ struct AdamWHyper {
 // what = exp_avg, exp_avg_sq or fp32_param (the master copy, saved only when it differs from
 // the model's parameters).
 std::string optimizer_state_name(const std::string& param_name, const std::string& what);
+// Whether a checkpoint tensor name is one optimizer_state_name gives.
+bool is_optimizer_state_name(const std::string& name);
 
 class Optimizer {
  public:

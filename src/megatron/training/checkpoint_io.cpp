@@ -1,5 +1,6 @@
 #include "megatron/training/checkpoint_io.h"
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -348,7 +349,10 @@ void restore_training_state(const CheckpointReader& reader, const TrainingArgs& 
 
   const bool restore_state = !args.finetune && !args.no_load_optim;
   if (optimizer) {
-    const bool has_optim = reader.has(optimizer_state_name(model.parameters().params().front()->spec.name, "exp_avg"));
+    // Any optimizer tensor: a partial (per-rank) checkpoint of a distributed-optimizer shard may hold
+    // none of the first parameter's state.
+    const std::vector<std::string> names = reader.names();
+    const bool has_optim = std::any_of(names.begin(), names.end(), is_optimizer_state_name);
     if (restore_state && has_optim) {
       optimizer->load_state(reader);
       optimizer->set_step_count(common.at("optimizer_step").get<int64_t>());
