@@ -14,6 +14,7 @@
 #include "megatron/checkpointing/safetensors.h"
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
+#include "megatron/core/progress.h"
 
 namespace megatron::checkpointing {
 
@@ -397,6 +398,10 @@ json read_metadata(const std::string& dir, int64_t iteration, const EarlierCheck
 // Every listed file must have the recorded size and (with `contents`) CRC-32C: a flipped bit
 // anywhere is caught before any tensor is used.
 void verify_files(const std::string& dir, const json& files, const EarlierCheckpoints& hint, bool contents = true) {
+  // Checksumming reads every byte: the long part of loading a large checkpoint.
+  int64_t total_bytes = 0;
+  for (const auto& item : files.items()) total_bytes += item.value().at("bytes").get<int64_t>();
+  ProgressReporter progress("checkpoint '" + dir + "' verification", total_bytes, "bytes");
   for (const auto& item : files.items()) {
     const std::string& name = item.key();
     MEGATRON_CHECK(name.find('/') == std::string::npos && name != "." && name != "..",
@@ -418,7 +423,9 @@ void verify_files(const std::string& dir, const json& files, const EarlierCheckp
     MEGATRON_CHECK(hex32(actual.crc32c) == crc, "checkpoint file '" << path << "' fails its checksum (CRC32C expected "
                                                                     << crc << ", actual " << hex32(actual.crc32c)
                                                                     << "): the checkpoint is corrupt" << hint);
+    progress.advance(int64_t(bytes));
   }
+  if (contents) progress.finish();
 }
 
 // common.json's state, which must record the directory's iteration (its digest is verified first).
