@@ -4,8 +4,10 @@
 # npm crc-32's CRC-32C checking the framing), and every scalar equals the value the metrics file
 # logged for the same iteration, rounded to float as TensorBoard's simple_value holds it: lm loss,
 # learning-rate, grad-norm, loss-scale, batch-size, world-size (each also "vs samples" at the
-# consumed samples), iteration-time, throughput, lm loss validation (and its perplexity) and
-# lm loss test.
+# consumed samples), iteration-time, throughput, skipped-iterations, nan-iterations,
+# mem-max-allocated-bytes (the metrics' peak memory), lm loss validation (and its perplexity) and
+# lm loss test; mem-allocated-bytes and mem-reserved-bytes, which the metrics file does not hold,
+# are checked to be positive, equal (the CPU allocator caches nothing) and at most the peak.
 # usage: tensorboard_test.sh MEGATRON FIXTURES_DIR
 set -u
 megatron=$1
@@ -23,6 +25,7 @@ fail() {
   --device cpu --train-iters 6 --log-interval 1 --eval-interval 3 --eval-iters 1 --fp16 \
   --metrics-file "$dir/metrics.jsonl" --tensorboard-dir "$dir/tb" --tensorboard-queue-size 7 \
   --log-timers-to-tensorboard --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --log-throughput \
+  --log-memory-to-tensorboard \
   >"$dir/log" 2>&1 || fail "training failed: $(cat "$dir/log")"
 files=("$dir"/tb/events.out.tfevents.*)
 [ "${#files[@]}" -eq 1 ] && [ -f "${files[0]}" ] || fail "expected one event file in $dir/tb: ${files[*]}"
@@ -63,6 +66,19 @@ for (const m of metrics) {
     if (m.grad_norm !== null) both('grad-norm', m, m.grad_norm);
     expect('iteration-time', m.iteration, m.elapsed_ms_per_iteration * 1e-3);
     expect('throughput', m.iteration, m.tflops_per_gpu);
+    expect('skipped-iterations', m.iteration, m.skipped_iterations);
+    expect('nan-iterations', m.iteration, m.nan_iterations);
+    const peak = m.peak_memory_mib * 1048576;
+    expect('mem-max-allocated-bytes', m.iteration, peak);
+    const at = (tag) => (byTag[tag] || []).filter((s) => s.step === m.iteration);
+    const [allocated, reserved] = [at('mem-allocated-bytes'), at('mem-reserved-bytes')];
+    checked += 2;
+    if (allocated.length !== 1 || reserved.length !== 1 || !(allocated[0].value > 0) ||
+        allocated[0].value !== reserved[0].value || allocated[0].value > Math.fround(peak)) {
+      console.error(`memory at ${m.iteration}: allocated ${JSON.stringify(allocated)}, reserved ` +
+                    `${JSON.stringify(reserved)}, peak ${peak}`);
+      problems += 1;
+    }
   } else {
     const tag = 'lm loss ' + m.kind;
     const index = (validationsAt[tag + m.iteration] = (validationsAt[tag + m.iteration] || 0) + 1) - 1;

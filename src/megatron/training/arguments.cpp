@@ -230,6 +230,8 @@ std::vector<Flag> build_flag_table() {
        "Leave loss-scale out of TensorBoard"},
       {"--log-world-size-to-tensorboard", Switch{FIELD(log_world_size_to_tensorboard), true}, logging,
        "Write world-size to TensorBoard"},
+      {"--log-memory-to-tensorboard", Switch{FIELD(log_memory_to_tensorboard), true}, logging,
+       "Write the allocator's allocated, reserved and peak bytes to TensorBoard"},
       {"--log-throughput", Switch{FIELD(log_throughput), true}, logging,
        "Write throughput (TFLOP/s/GPU) to TensorBoard at each log line (the log line always shows it)"},
       {"--timing-log-level", FIELD(timing_log_level), logging,

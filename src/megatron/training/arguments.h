@@ -79,6 +79,7 @@ struct TrainingArgs {
   bool log_validation_ppl_to_tensorboard = false;
   bool log_loss_scale_to_tensorboard = true;
   bool log_world_size_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
   bool log_throughput = false;
   int64_t profile_ops_iteration = 0;  // print the per-op time of this iteration (0: never)
   // Megatron's timers and straggler report (training/timing_log.h).

@@ -23,12 +23,20 @@ void TensorBoardLog::iteration(const IterationScalars& s) {
   if (args_->log_loss_scale_to_tensorboard) add("loss-scale", s.loss_scale, s.iteration, s.consumed_samples);
   if (args_->log_world_size_to_tensorboard) add("world-size", double(s.world_size), s.iteration, s.consumed_samples);
   if (s.grad_norm) add("grad-norm", *s.grad_norm, s.iteration, s.consumed_samples);
+  if (args_->log_memory_to_tensorboard) {
+    writer_->add_scalar("mem-reserved-bytes", double(s.memory.reserved_bytes), s.iteration);
+    writer_->add_scalar("mem-allocated-bytes", double(s.memory.current_bytes), s.iteration);
+    writer_->add_scalar("mem-max-allocated-bytes", double(s.memory.peak_bytes), s.iteration);
+  }
 }
 
-void TensorBoardLog::interval(int64_t iteration, double seconds_per_iteration, double tflops_per_gpu) {
+void TensorBoardLog::interval(const IterationStats& st) {
   if (!writer_) return;
-  if (args_->log_timers_to_tensorboard) writer_->add_scalar("iteration-time", seconds_per_iteration, iteration);
-  if (args_->log_throughput) writer_->add_scalar("throughput", tflops_per_gpu, iteration);
+  if (args_->log_timers_to_tensorboard)
+    writer_->add_scalar("iteration-time", st.elapsed_ms_per_iteration * 1e-3, st.iteration);
+  if (args_->log_throughput) writer_->add_scalar("throughput", st.tflops_per_gpu, st.iteration);
+  writer_->add_scalar("skipped-iterations", double(st.skipped_iterations), st.iteration);
+  writer_->add_scalar("nan-iterations", double(st.nan_iterations), st.iteration);
 }
 
 void TensorBoardLog::evaluation(const std::string& split, int64_t iteration, int64_t consumed_samples, double loss) {

@@ -429,7 +429,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
                            .lm_loss = loss,
                            .loss_scale = optimizer->loss_scale(),
                            .grad_norm = step.grad_norm,
-                           .world_size = ctx.world->size()});
+                           .world_size = ctx.world->size(),
+                           .memory = memory_stats(device)});
     const bool first = progress.iteration == first_iteration + 1;
     const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);
     if (first)
@@ -450,7 +451,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
       st.activation_memory_mib = activation_mib;
       print_from_last_rank(last_rank, format_training_log_line(st));
       metrics.write_training(st);
-      tensorboard.interval(st.iteration, st.elapsed_ms_per_iteration * 1e-3, st.tflops_per_gpu);
+      tensorboard.interval(st);
       timers.log(st.iteration, iters_in_interval);
     }
     if (data.valid && progress.iteration % args.eval_interval == 0) {
