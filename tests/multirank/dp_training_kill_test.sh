@@ -10,6 +10,7 @@
 # process still resumes, whatever layout saved.
 # usage: dp_training_kill_test.sh stop|kill MEGATRON MPIRUN [MPIRUN FLAGS...]
 set -u
+source "$(dirname "$0")/rank_process.sh"
 mode=$1
 megatron=$2
 shift 2
@@ -50,20 +51,7 @@ done
 }
 
 # Rank 2 is the job's descendant whose environment says so.
-descendants() {
-  local child
-  for child in $(ps -o pid= --ppid "$1"); do
-    echo "$child"
-    descendants "$child"
-  done
-}
-victim=
-for pid in $(descendants "$job"); do
-  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=2'; then
-    victim=$pid
-    break
-  fi
-done
+victim=$(rank_process "$job" 2)
 [ -n "$victim" ] || fail "could not find the process of rank 2 among the job's processes"
 if [ "$mode" = stop ]; then kill -STOP "$victim"; else kill -KILL "$victim"; fi
 echo "rank 2 (pid $victim): sent SIG${mode^^} after checkpoint iteration $(cat "$tracker")"

@@ -281,6 +281,23 @@ TEST(ValidateArgs, EachRule) {
       {with(minimal_argv(), {"--lr-decay-style", "WSD"}), "--lr-decay-style WSD needs --lr-wsd-decay-iters"},
       {with(minimal_argv(), {"--adam-beta2", "1"}), "--adam-beta2 1 must lie in [0, 1)"},
       {with(minimal_argv(), {"--log-interval", "0"}), "--log-interval 0 must be positive"},
+      {with(minimal_argv(), {"--exit-interval", "-5"}), "--exit-interval -5 must be >= 0 iterations"},
+      {with(minimal_argv(), {"--exit-duration-in-mins", "-1"}), "--exit-duration-in-mins -1 must be >= 0 minutes"},
+      {with(minimal_argv(), {"--keep-last-checkpoints", "-2"}), "--keep-last-checkpoints -2 must be >= 0"},
+      {with(minimal_argv(), {"--non-persistent-save-interval", "5"}),
+       "--non-persistent-save-interval 5 needs --non-persistent-ckpt-type local"},
+      {with(minimal_argv(), {"--non-persistent-ckpt-type", "global"}),
+       "--non-persistent-ckpt-type global is not built here: use --non-persistent-ckpt-type local"},
+      {with(minimal_argv(), {"--non-persistent-ckpt-type", "local"}),
+       "--non-persistent-ckpt-type local needs --non-persistent-local-ckpt-dir DIR"},
+      {with(minimal_argv(), {"--timing-log-level", "3"}), "--timing-log-level 3 must be 0, 1 or 2"},
+      {with(minimal_argv(), {"--timing-log-option", "median"}),
+       "--timing-log-option 'median': expected one of minmax, max, all"},
+      {with(minimal_argv(), {"--straggler-minmax-count", "0"}), "--straggler-minmax-count 0 must be >= 1"},
+      {with(minimal_argv(), {"--tensorboard-log-interval", "0"}), "--tensorboard-log-interval 0 must be positive"},
+      {with(minimal_argv(), {"--tensorboard-queue-size", "-1"}), "--tensorboard-queue-size -1 must be positive"},
+      {with(minimal_argv(), {"--non-persistent-local-ckpt-dir", "/tmp/x"}),
+       "--non-persistent-local-ckpt-dir /tmp/x is used only with --non-persistent-ckpt-type local"},
   };
   for (const Case& c : cases) {
     EXPECT_TRUE(contains(parse_error(c.argv), c.message));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "megatron/checkpointing/checkpoint.h"
+#include "megatron/checkpointing/retention.h"
 #include "megatron/checkpointing/safetensors.h"
 #include "test_util.h"
 
@@ -257,6 +258,36 @@ TEST(Checkpoint, CompleteCheckpoints) {
   EXPECT_CONTAINS(message, "CRC32C expected");
   EXPECT_CONTAINS(message, "earlier complete checkpoints in '" + dir.path() + "': iterations 1");
   EXPECT_CONTAINS(error_of([&] { CheckpointReader::open(dir.path(), 1); }), "(no error)");
+}
+
+// --keep-last-checkpoints: the newest K at or below the tracker stay, and so does a directory
+// above it (a save that has not published yet); the tracker's checkpoint still loads.
+TEST(Checkpoint, RemovingOldCheckpointsKeepsTheNewestUpToTheTracker) {
+  TempDir dir;
+  for (int64_t i = 1; i <= 4; ++i) save_example(dir.path(), i, float(i));
+  save_example(dir.path(), 6, 6.0f);
+  write_all(dir.path() + "/latest_checkpointed_iteration.txt", "4");  // as if 6 were still publishing
+  EXPECT_EQ(remove_old_checkpoints(dir.path(), 2), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(list_checkpoints(dir.path()), (std::vector<int64_t>{3, 4, 6}));
+  EXPECT_TRUE(remove_old_checkpoints(dir.path(), 2).empty());
+  expect_example(dir.path(), 4, 4.0f);
+  EXPECT_EQ(remove_old_checkpoints(dir.path(), 1), (std::vector<int64_t>{3}));
+  EXPECT_EQ(list_checkpoints(dir.path()), (std::vector<int64_t>{4, 6}));
+}
+
+// A partial checkpoint (one rank's local state) holds the rows it was given; a slice within them
+// loads, one reaching into the gap is refused naming it; without `partial` the gap is refused on save.
+TEST(Checkpoint, PartialCheckpointLoadsWhatItHoldsAndRefusesTheRest) {
+  TempDir dir;
+  const std::vector<ShardedTensor> rows = {shard("w", {6, 4}, {2, 0}, {3, 4})};
+  EXPECT_CONTAINS(error_of([&] { save_checkpoint(dir.path(), 1, rows, {}, {{"base", 0}}); }), "cover 12 of the 24");
+  save_checkpoint(dir.path(), 2, rows, {}, {{"base", 0}}, {.on_stage = {}, .partial = true});
+  const CheckpointReader reader = CheckpointReader::open(dir.path(), 2);
+  Tensor held = Tensor::zeros({2, 4}, DType::f32);
+  reader.load("w", {3, 0}, held);
+  EXPECT_EQ(held.to_vector(), global_slice({6, 4}, {3, 0}, {2, 4}, DType::f32, 0).to_vector());
+  Tensor gap = Tensor::zeros({2, 4}, DType::f32);
+  EXPECT_CONTAINS(error_of([&] { reader.load("w", {1, 0}, gap); }), "holds 4 of the 8 elements of tensor 'w'");
 }
 
 TEST(Checkpoint, TruncatedOrMissingFilesAreCaught) {

@@ -31,7 +31,7 @@ void fill_grads(ParameterRegistry& reg, int step, float scale) {
 // Everything a step may change: parameters and the optimizer state (moments, fp32 master).
 std::vector<float> snapshot(ParameterRegistry& reg, const Optimizer& opt) {
   std::vector<float> all = reg.param_buffer().to_vector();
-  for (const auto& s : opt.sharded_state()) {
+  for (const auto& s : opt.sharded_state(Optimizer::StateCopies::one_replica)) {
     const std::vector<float> v = s.local.to_vector();
     all.insert(all.end(), v.begin(), v.end());
   }

@@ -15,6 +15,7 @@ int generate(const Args& args);
 int train_tokenizer(const Args& args);
 int import_hf(const Args& args);
 int export_hf(const Args& args);
+int doctor(const Args& args);
 
 std::string train_help();
 std::string preprocess_data_help();
@@ -22,5 +23,6 @@ std::string generate_help();
 std::string train_tokenizer_help();
 std::string import_hf_help();
 std::string export_hf_help();
+std::string doctor_help();
 
 }  // namespace megatron::tools

@@ -31,6 +31,8 @@ constexpr Subcommand kSubcommands[] = {
      "convert a Hugging Face model directory into a checkpoint"},
     {"export-hf", megatron::tools::export_hf, megatron::tools::export_hf_help,
      "write a checkpoint as a Hugging Face model directory"},
+    {"doctor", megatron::tools::doctor, megatron::tools::doctor_help,
+     "check GPUs, MPI, an all-reduce over the launched ranks and --save before a job"},
 };
 
 void print_usage(FILE* out) {

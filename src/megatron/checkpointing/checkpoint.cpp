@@ -14,6 +14,7 @@
 #include "megatron/checkpointing/safetensors.h"
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
+#include "megatron/core/progress.h"
 
 namespace megatron::checkpointing {
 
@@ -101,8 +102,9 @@ std::string list_names(const std::vector<std::string>& names) {
 // ---- shard geometry -------------------------------------------------------------------------
 
 // The shards must tile the global shape: each inside it, no two sharing an element, and together
-// as many elements as the whole. `where` names the tensor's origin in messages.
-void check_tiling(const std::string& where, const std::string& name, const TensorMeta& t) {
+// as many elements as the whole (unless `partial`: then CheckpointReader::load checks the slices it
+// is asked for). `where` names the tensor's origin in messages.
+void check_tiling(const std::string& where, const std::string& name, const TensorMeta& t, bool partial) {
   const size_t rank = t.global_shape.size();
   int64_t covered = 0;
   for (const ShardLocation& s : t.shards) {
@@ -130,7 +132,7 @@ void check_tiling(const std::string& where, const std::string& name, const Tenso
                                      << " overlap; each element must be saved by exactly one rank "
                                      << "(save one replica of data-parallel copies)");
     }
-  MEGATRON_CHECK(covered == shape_numel(t.global_shape),
+  MEGATRON_CHECK(partial || covered == shape_numel(t.global_shape),
                  where << ": shards of tensor '" << name << "' cover " << covered << " of the "
                        << shape_numel(t.global_shape) << " elements of global shape " << shape_str(t.global_shape)
                        << "; every element must be saved by some rank");
@@ -270,7 +272,7 @@ FileDigest write_common(const std::string& dir, int64_t iteration, const json& c
 }
 
 // Rank 0: merges the ranks' reports into the tensor table and checks that the shards tile it.
-TensorTable merge_reports(const std::vector<RankReport>& reports) {
+TensorTable merge_reports(const std::vector<RankReport>& reports, bool partial) {
   TensorTable table;
   for (const RankReport& report : reports)
     for (const auto& [name, shard] : report.shards) {
@@ -283,7 +285,7 @@ TensorTable merge_reports(const std::vector<RankReport>& reports) {
                                           << "; all shards must share dtype and global shape");
       t.shards.push_back(shard.shards.front());
     }
-  for (const auto& [name, t] : table) check_tiling("cannot save checkpoint", name, t);
+  for (const auto& [name, t] : table) check_tiling("cannot save checkpoint", name, t, partial);
   return table;
 }
 
@@ -303,11 +305,12 @@ std::string metadata_checksum(const json& metadata) {
 }
 
 void write_metadata(const std::string& dir, int64_t iteration, int world_size,
-                    const std::map<std::string, FileDigest>& files, const TensorTable& tensors) {
+                    const std::map<std::string, FileDigest>& files, const TensorTable& tensors, bool partial) {
   json metadata = {{"format", kFormatName},
                    {"format_version", kFormatVersion},
                    {"iteration", iteration},
                    {"world_size", world_size}};
+  if (partial) metadata["partial"] = true;
   json& files_json = metadata["files"] = json::object();
   for (const auto& [name, digest] : files)
     files_json[name] = {{"bytes", digest.bytes}, {"crc32c", hex32(digest.crc32c)}};
@@ -395,6 +398,10 @@ json read_metadata(const std::string& dir, int64_t iteration, const EarlierCheck
 // Every listed file must have the recorded size and (with `contents`) CRC-32C: a flipped bit
 // anywhere is caught before any tensor is used.
 void verify_files(const std::string& dir, const json& files, const EarlierCheckpoints& hint, bool contents = true) {
+  // Checksumming reads every byte: the long part of loading a large checkpoint.
+  int64_t total_bytes = 0;
+  for (const auto& item : files.items()) total_bytes += item.value().at("bytes").get<int64_t>();
+  ProgressReporter progress("checkpoint '" + dir + "' verification", total_bytes, "bytes");
   for (const auto& item : files.items()) {
     const std::string& name = item.key();
     MEGATRON_CHECK(name.find('/') == std::string::npos && name != "." && name != "..",
@@ -416,7 +423,9 @@ void verify_files(const std::string& dir, const json& files, const EarlierCheckp
     MEGATRON_CHECK(hex32(actual.crc32c) == crc, "checkpoint file '" << path << "' fails its checksum (CRC32C expected "
                                                                     << crc << ", actual " << hex32(actual.crc32c)
                                                                     << "): the checkpoint is corrupt" << hint);
+    progress.advance(int64_t(bytes));
   }
+  if (contents) progress.finish();
 }
 
 // common.json's state, which must record the directory's iteration (its digest is verified first).
@@ -554,11 +563,11 @@ void CheckpointStaging::finish(const std::vector<json>& reports, const json& com
       check_written_file(path(), file, digest, int(w));
     }
   }
-  const TensorTable tensors = merge_reports(parsed);
+  const TensorTable tensors = merge_reports(parsed, options.partial);
   files.insert(added_.begin(), added_.end());  // reserved_file_name keeps them apart from the writers'
   files[kCommonFile] = write_common(path(), iteration_, common);
   reach(options, "after_common_file");
-  write_metadata(path(), iteration_, int(reports.size()), files, tensors);
+  write_metadata(path(), iteration_, int(reports.size()), files, tensors, options.partial);
   reach(options, "before_publish");
   directory_->publish();
   reach(options, "before_tracker");
@@ -601,7 +610,7 @@ CheckpointReader CheckpointReader::open(const std::string& load_dir, int64_t ite
     MEGATRON_FAIL(where << " or " << kCommonFile << " is malformed (" << e.what() << ")" << hint);
   }
   for (const auto& [name, t] : state->tensors) {
-    check_tiling(where, name, t);
+    check_tiling(where, name, t, metadata.value("partial", false));
     for (const ShardLocation& s : t.shards) {
       MEGATRON_CHECK(metadata["files"].contains(s.file),
                      where << ": tensor '" << name << "' has a shard in unlisted file '" << s.file << "'");
@@ -661,6 +670,7 @@ void CheckpointReader::load(const std::string& name, const Shape& global_offset,
                                       << shape_str(tensor.global_shape));
   const Shape origin(rank, 0);
   const size_t stored_size = dtype_size(tensor.dtype);
+  int64_t found = 0;  // elements of the slice the shards hold (they never overlap)
   for (const ShardLocation& s : meta.shards) {
     Shape lo(rank), extent(rank);
     bool overlaps = true;
@@ -670,6 +680,7 @@ void CheckpointReader::load(const std::string& name, const Shape& global_offset,
       overlaps = extent[d] > 0;
     }
     if (!overlaps) continue;
+    found += shape_numel(extent);
     Shape src_start(rank), dst_start(rank);
     for (size_t d = 0; d < rank; ++d) {
       src_start[d] = lo[d] - s.global_offset[d];
@@ -687,6 +698,12 @@ void CheckpointReader::load(const std::string& name, const Shape& global_offset,
     copy_box(static_cast<const uint8_t*>(converted.raw()), extent, origin, dst, dest.shape(), dst_start, extent,
              dest.element_size());
   }
+  // Only a partial checkpoint (SaveOptions::partial) can leave a hole.
+  MEGATRON_CHECK(found == dest.numel(), "checkpoint '" << state_->directory << "' holds " << found << " of the "
+                                                       << dest.numel() << " elements of tensor '" << name
+                                                       << "' at offset " << shape_str(global_offset) << " with shape "
+                                                       << shape_str(dest.shape())
+                                                       << ": it is a partial (per-rank) checkpoint of another layout");
 }
 
 CheckpointHeader read_checkpoint_header(const std::string& load_dir, int64_t iteration) {

@@ -27,8 +27,9 @@
 //                 "shards": [{"file": "model_rank_00000.safetensors", "key": "<name in file>",
 //                             "global_offset": [0, 0], "local_shape": [3, 4]}, ...]}, ...}}
 // The shards of a tensor tile its global shape exactly: no gaps, no element written twice (checked
-// on save and on load). A shard's key in its file is the global name, or "<name>@<o0>,<o1>,..."
-// (its global offset) when one rank holds several shards of the tensor.
+// on save and on load), except in a partial checkpoint (SaveOptions::partial, "partial": true), which
+// may have gaps: loading a slice checks that it is held. A shard's key in its file is the global name, or
+// "<name>@<o0>,<o1>,..." (its global offset) when one rank holds several shards of the tensor.
 //
 // Save protocol (many writers; save_checkpoint is the single-process case):
 //   1. one process (rank 0) creates the staging directory <save>/iter_XXXXXXX.tmp.<pid>/
@@ -103,6 +104,10 @@ struct SaveOptions {
   // Called with each stage of kSaveStages as it is reached. Fault injection for tests: throwing
   // or exiting here simulates a crash at that point of the save.
   std::function<void(const std::string& stage)> on_stage;
+  // The shards need not cover every tensor (metadata.json says "partial": true): a checkpoint of
+  // what one rank holds (a local non-persistent checkpoint, whose distributed-optimizer state is a
+  // shard). CheckpointReader::load then checks that every element it is asked for is held.
+  bool partial = false;
 };
 
 // Saves `model` and `optimizer` shards and the caller's JSON `common` state as iteration

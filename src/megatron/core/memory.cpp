@@ -26,7 +26,10 @@ void cpu_release(void* p, size_t bytes, Device) {
 }
 void cpu_memset_zero(void* p, size_t bytes, Device) { std::memset(p, 0, bytes); }
 void cpu_copy(void* dst, Device, const void* src, Device, size_t bytes) { std::memmove(dst, src, bytes); }
-MemoryStats cpu_stats(Device) { return {g_cpu_current.load(), g_cpu_peak.load()}; }
+MemoryStats cpu_stats(Device) {
+  const size_t current = g_cpu_current.load();
+  return {current, g_cpu_peak.load(), current};
+}
 
 const DeviceAllocator kCpuAllocator{cpu_allocate, cpu_release, cpu_memset_zero, cpu_copy, cpu_stats};
 DeviceAllocator g_cuda_allocator;  // set by the CUDA backend when it is built and a GPU is used

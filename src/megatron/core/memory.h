@@ -11,6 +11,7 @@ namespace megatron {
 struct MemoryStats {
   size_t current_bytes = 0;
   size_t peak_bytes = 0;
+  size_t reserved_bytes = 0;  // held from the system: current plus a cache (CPU: none, so current)
 };
 
 struct DeviceAllocator {

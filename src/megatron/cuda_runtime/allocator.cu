@@ -151,7 +151,7 @@ MemoryStats cache_stats(Device device) {
   Caches& c = caches();
   std::lock_guard<std::mutex> lock(c.mutex);
   const CudaMemoryStats& s = c.at(device.index).stats;
-  return {s.current_bytes, s.peak_bytes};
+  return {s.current_bytes, s.peak_bytes, s.reserved_bytes};
 }
 
 }  // namespace

@@ -95,7 +95,7 @@ std::vector<double> normalize_weights(const std::vector<double>& weights) {
   return out;
 }
 
-BlendingIndices build_blending_indices(const std::vector<double>& weights, int64_t size) {
+BlendingIndices build_blending_indices(const std::vector<double>& weights, int64_t size, ProgressReporter* progress) {
   MEGATRON_CHECK(!weights.empty() && weights.size() <= 32767,
                  "a blend needs 1 to 32767 datasets (the int16 dataset index), got " << weights.size());
   MEGATRON_CHECK(size >= 0, "blend size " << size << " must be non-negative");
@@ -115,6 +115,8 @@ BlendingIndices build_blending_indices(const std::vector<double>& weights, int64
     }
     dataset_index[size_t(i)] = int16_t(best);
     dataset_sample_index[size_t(i)] = counts[best]++;
+    // Every 2^20 samples: the clock is read rarely enough to cost nothing.
+    if (progress && ((i + 1) & ((int64_t(1) << 20) - 1)) == 0) progress->advance(int64_t(1) << 20);
   }
   return {IndexArray(std::move(dataset_index)), IndexArray(std::move(dataset_sample_index))};
 }
@@ -150,7 +152,9 @@ BlendedDataset::BlendedDataset(std::vector<std::unique_ptr<GPTDataset>> datasets
     }
   }
   if (!loaded_from_cache_) {
-    BlendingIndices indices = build_blending_indices(weights_, size);
+    ProgressReporter progress("BlendedDataset " + split + " indices", size, "samples");
+    BlendingIndices indices = build_blending_indices(weights_, size, &progress);
+    progress.finish();
     dataset_index_ = std::move(indices.dataset_index);
     dataset_sample_index_ = std::move(indices.dataset_sample_index);
     // Megatron's IndexError: a dataset asked for more samples than it holds.

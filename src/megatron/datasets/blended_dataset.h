@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/progress.h"
 #include "megatron/datasets/gpt_dataset.h"
 
 namespace megatron::datasets {
@@ -38,7 +39,8 @@ struct BlendingIndices {
   IndexArray dataset_index;         // int16
   IndexArray dataset_sample_index;  // int64
 };
-BlendingIndices build_blending_indices(const std::vector<double>& weights, int64_t size);
+BlendingIndices build_blending_indices(const std::vector<double>& weights, int64_t size,
+                                       ProgressReporter* progress = nullptr);
 
 class BlendedDataset final : public SampleSource {
  public:

@@ -227,11 +227,13 @@ GPTDataset::GPTDataset(std::shared_ptr<const SequenceSource> data, SequenceRange
 
 void GPTDataset::build(const std::string& what) {
   const int64_t epoch_documents = plan_.num_epochs * documents_.count();
-  BuildProgress progress("GPTDataset " + what, epoch_documents + 2 * plan_.total_samples);
+  ProgressReporter progress("GPTDataset " + what + " indices", epoch_documents + 2 * plan_.total_samples,
+                            "index entries");
   NumpyRandomState rng(seed_);  // one stream: document index first, then shuffle index
   document_index_ = build_document_index(documents_, plan_, rng, &progress);
   sample_index_ = build_sample_index(documents_, document_index_, seq_length_, plan_, &progress);
   shuffle_index_ = build_shuffle_index(plan_, rng, &progress);
+  progress.finish();
 }
 
 std::string GPTDataset::check_indices() const {

@@ -63,30 +63,6 @@ std::vector<int64_t> IndexArray::to_vector() const {
   return out;
 }
 
-// ---- BuildProgress --------------------------------------------------------------------------
-
-namespace {
-constexpr auto kReportEvery = std::chrono::seconds(10);
-}
-
-BuildProgress::BuildProgress(std::string what, int64_t total_steps)
-    : what_(std::move(what)),
-      total_(std::max<int64_t>(1, total_steps)),
-      start_(std::chrono::steady_clock::now()),
-      last_report_(start_) {}
-
-void BuildProgress::advance(int64_t steps) {
-  done_ += steps;
-  const auto now = std::chrono::steady_clock::now();
-  if (now - last_report_ < kReportEvery) return;
-  last_report_ = now;
-  const double elapsed = std::chrono::duration<double>(now - start_).count();
-  const double fraction = std::min(1.0, double(done_) / double(total_));
-  const double left = fraction > 0 ? elapsed * (1.0 - fraction) / fraction : 0.0;
-  LOG_INFO("> " << what_ << ": " << int(100.0 * fraction) << "% built after " << int64_t(elapsed) << " s, about "
-                << int64_t(std::ceil(left)) << " s left");
-}
-
 // ---- epochs ---------------------------------------------------------------------------------
 
 EpochPlan plan_epochs(int64_t tokens_per_epoch, std::optional<int64_t> num_samples, int64_t seq_length,
@@ -118,7 +94,7 @@ EpochPlan plan_epochs(int64_t tokens_per_epoch, std::optional<int64_t> num_sampl
 // ---- the three indices ----------------------------------------------------------------------
 
 IndexArray build_document_index(const DocumentRange& documents, const EpochPlan& plan, NumpyRandomState& rng,
-                                BuildProgress* progress) {
+                                ProgressReporter* progress) {
   const int64_t n = documents.count();
   MEGATRON_CHECK(documents.first >= 0 && documents.first + n - 1 <= std::numeric_limits<int32_t>::max(),
                  "document ids [" << documents.first << ", " << documents.first + n
@@ -151,7 +127,7 @@ namespace {
 // document's last token, so offsets always lie inside their document.
 template <class T>
 std::vector<T> walk_samples(const DocumentRange& documents, const IndexArray& document_index, int64_t seq_length,
-                            int64_t total_samples, BuildProgress* progress) {
+                            int64_t total_samples, ProgressReporter* progress) {
   std::vector<T> rows(static_cast<size_t>(2 * (total_samples + 1)));
   int64_t position = 0;  // in the document index
   int64_t offset = 0;    // token offset inside that document
@@ -183,7 +159,7 @@ std::vector<T> walk_samples(const DocumentRange& documents, const IndexArray& do
 }  // namespace
 
 IndexArray build_sample_index(const DocumentRange& documents, const IndexArray& document_index, int64_t seq_length,
-                              const EpochPlan& plan, BuildProgress* progress) {
+                              const EpochPlan& plan, ProgressReporter* progress) {
   // Offsets are below a sequence length (an int32), so only the position can outgrow int32.
   if (document_index.size() <= std::numeric_limits<int32_t>::max()) {
     return IndexArray(walk_samples<int32_t>(documents, document_index, seq_length, plan.total_samples, progress), 2);
@@ -194,7 +170,7 @@ IndexArray build_sample_index(const DocumentRange& documents, const IndexArray& 
 namespace {
 
 template <class T>
-IndexArray shuffled_samples(const EpochPlan& plan, NumpyRandomState& rng, BuildProgress* progress) {
+IndexArray shuffled_samples(const EpochPlan& plan, NumpyRandomState& rng, ProgressReporter* progress) {
   std::vector<T> index(static_cast<size_t>(plan.total_samples));
   std::iota(index.begin(), index.end(), T(0));
   int64_t reported = 0;
@@ -214,7 +190,7 @@ IndexArray shuffled_samples(const EpochPlan& plan, NumpyRandomState& rng, BuildP
 
 }  // namespace
 
-IndexArray build_shuffle_index(const EpochPlan& plan, NumpyRandomState& rng, BuildProgress* progress) {
+IndexArray build_shuffle_index(const EpochPlan& plan, NumpyRandomState& rng, ProgressReporter* progress) {
   // numpy: uint32 unless total >= iinfo(uint32).max - 1.
   if (plan.total_samples < int64_t(std::numeric_limits<uint32_t>::max()) - 1) {
     return shuffled_samples<uint32_t>(plan, rng, progress);

@@ -16,7 +16,6 @@
 // the results equal numpy's bit for bit. The arrays keep Megatron's dtypes (int32 document
 // index; int32 or int64 sample index; uint32 or int64 shuffle index) so they can be written as
 // the .npy files Megatron caches and mapped back without conversion.
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "megatron/core/error.h"
+#include "megatron/core/progress.h"
 #include "megatron/datasets/numpy_random.h"
 
 namespace megatron::datasets {
@@ -64,20 +64,6 @@ class IndexArray {
   int64_t columns_ = 1;
 };
 
-// Logs "<what>: 40% built, about 12 s left" at most every 10 s once a build has run that long,
-// so a build over a large corpus is visibly alive. Not thread-safe; one per build.
-class BuildProgress {
- public:
-  BuildProgress(std::string what, int64_t total_steps);
-  void advance(int64_t steps);
-
- private:
-  std::string what_;
-  int64_t total_ = 0;
-  int64_t done_ = 0;
-  std::chrono::steady_clock::time_point start_, last_report_;
-};
-
 // How many epochs a split's documents are repeated and whether the final one is shuffled apart.
 struct EpochPlan {
   int64_t tokens_per_epoch = 0;  // T
@@ -102,12 +88,12 @@ struct DocumentRange {
 
 // int32 array of E * count document ids, shuffled by rng as described at the top.
 IndexArray build_document_index(const DocumentRange& documents, const EpochPlan& plan, NumpyRandomState& rng,
-                                BuildProgress* progress = nullptr);
+                                ProgressReporter* progress = nullptr);
 // (total + 1, 2) array; int32 unless the document index has more than INT32_MAX entries.
 IndexArray build_sample_index(const DocumentRange& documents, const IndexArray& document_index, int64_t seq_length,
-                              const EpochPlan& plan, BuildProgress* progress = nullptr);
+                              const EpochPlan& plan, ProgressReporter* progress = nullptr);
 // uint32 permutation of [0, total) (int64 from total >= 2^32 - 2 on, as numpy's rule gives).
-IndexArray build_shuffle_index(const EpochPlan& plan, NumpyRandomState& rng, BuildProgress* progress = nullptr);
+IndexArray build_shuffle_index(const EpochPlan& plan, NumpyRandomState& rng, ProgressReporter* progress = nullptr);
 
 // ---- template definitions -------------------------------------------------------------------
 

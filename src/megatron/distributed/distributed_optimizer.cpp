@@ -85,11 +85,11 @@ void DistributedOptimizer::update(double lr, double weight_decay, float grad_sca
   if (!ddp_->config().overlap_param_gather) ddp_->finish_param_gather();
 }
 
-std::vector<checkpointing::ShardedTensor> DistributedOptimizer::sharded_state() const {
+std::vector<checkpointing::ShardedTensor> DistributedOptimizer::sharded_state(StateCopies copies) const {
   std::vector<checkpointing::ShardedTensor> out;
   for (const ShardParamRange& r : ddp_->shards().params) {
     const Parameter& p = *registry_->params()[r.param];
-    if (p.is_duplicate()) continue;  // TP rank 0 saves it
+    if (copies == StateCopies::one_replica && p.is_duplicate()) continue;  // TP rank 0 saves it
     const auto add = [&](const char* what, const Tensor& range) {
       for (const Parameter::FlatBox& box : p.global_boxes(r.in_param.begin, r.in_param.end)) {
         const int64_t at = box.flat_begin - r.in_param.begin;

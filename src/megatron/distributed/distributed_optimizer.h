@@ -35,7 +35,7 @@ class DistributedOptimizer final : public Optimizer {
 
   // This rank's shards only: about 1/DP of the replicated optimizer's state.
   size_t state_bytes() const override { return master_.nbytes() + exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
-  std::vector<checkpointing::ShardedTensor> sharded_state() const override;
+  std::vector<checkpointing::ShardedTensor> sharded_state(StateCopies copies) const override;
   void load_state(const checkpointing::CheckpointReader& reader) override;
   void reload_master_from_model() override;
 

@@ -151,7 +151,7 @@ std::vector<std::vector<ShardedTensor>> shards_by_tp_rank(GPTModel& model, const
       shard.local_shape = tp_local_shape(p->spec, tp);
       shard.tp_rank = r;
       shard.tp_size = tp;
-      if (shard.is_tensor_parallel_duplicate()) continue;
+      if (shard.is_duplicate()) continue;
       const Tensor local = Tensor::empty(shard.local_shape, global.dtype());
       for (Parameter::Slice& slice : shard.global_slices_of(local)) {
         copy_from_global(global, slice.global_offset, slice.local);

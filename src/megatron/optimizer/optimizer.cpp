@@ -2,15 +2,22 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "megatron/ops/adamw.h"
 #include "megatron/ops/reduce.h"
 
 namespace megatron {
 
-std::string optimizer_state_name(const std::string& param_name, const std::string& what) {
-  return "optimizer." + param_name + "." + what;
+namespace {
+constexpr std::string_view kOptimizerStatePrefix = "optimizer.";
 }
+
+std::string optimizer_state_name(const std::string& param_name, const std::string& what) {
+  return std::string(kOptimizerStatePrefix) + param_name + "." + what;
+}
+
+bool is_optimizer_state_name(const std::string& name) { return name.starts_with(kOptimizerStatePrefix); }
 
 Optimizer::Optimizer(ParameterRegistry& registry, const AdamWHyper& hyper,
                      std::shared_ptr<Communicator> found_inf_group, std::unique_ptr<GradScaler> grad_scaler)
@@ -102,11 +109,12 @@ void AdamWOptimizer::update(double lr, double weight_decay, float grad_scale) {
   }
 }
 
-std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state() const {
+std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state(StateCopies copies) const {
   std::vector<checkpointing::ShardedTensor> out;
-  if (ctx_->dp_cp->rank() != 0) return out;  // the other replicas hold the same state
+  const bool one_replica = copies == StateCopies::one_replica;
+  if (one_replica && ctx_->dp_cp->rank() != 0) return out;  // the other replicas hold the same state
   for (const auto& p : registry_->params()) {
-    if (p->is_duplicate()) continue;  // TP rank 0 saves it
+    if (one_replica && p->is_duplicate()) continue;  // TP rank 0 saves it
     auto add = [&](const std::string& what, const Tensor& flat) {
       for (const auto& slice : p->global_slices_of(p->view_of(flat)))
         out.push_back(

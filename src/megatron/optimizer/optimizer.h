@@ -43,6 +43,8 @@ struct AdamWHyper {
 // what = exp_avg, exp_avg_sq or fp32_param (the master copy, saved only when it differs from
 // the model's parameters).
 std::string optimizer_state_name(const std::string& param_name, const std::string& what);
+// Whether a checkpoint tensor name is one optimizer_state_name gives.
+bool is_optimizer_state_name(const std::string& name);
 
 class Optimizer {
  public:
@@ -60,9 +62,12 @@ class Optimizer {
   // Null without loss scaling; checkpoints save and restore its state.
   GradScaler* grad_scaler() const { return grad_scaler_.get(); }
 
-  // This rank's share of the state as sharded tensors with global offsets (every element of
-  // the global state is returned by exactly one rank of the data-parallel group).
-  virtual std::vector<checkpointing::ShardedTensor> sharded_state() const = 0;
+  // This rank's state as sharded tensors with global offsets: with one_replica, its share (every
+  // element of the global state is returned by exactly one rank: what a shared checkpoint holds);
+  // with this_rank, everything it holds, replicas included (a per-rank local checkpoint, which this
+  // rank alone reads back).
+  enum class StateCopies { one_replica, this_rank };
+  virtual std::vector<checkpointing::ShardedTensor> sharded_state(StateCopies copies) const = 0;
   virtual void load_state(const checkpointing::CheckpointReader& reader) = 0;
   // After loading model weights into the compute copy: refresh the master weights from them.
   virtual void reload_master_from_model() = 0;
@@ -101,7 +106,7 @@ class AdamWOptimizer final : public Optimizer {
                  std::unique_ptr<GradScaler> grad_scaler = nullptr);
 
   size_t state_bytes() const override { return master_.nbytes() + exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
-  std::vector<checkpointing::ShardedTensor> sharded_state() const override;
+  std::vector<checkpointing::ShardedTensor> sharded_state(StateCopies copies) const override;
   void load_state(const checkpointing::CheckpointReader& reader) override;
   void reload_master_from_model() override;
 

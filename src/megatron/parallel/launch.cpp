@@ -209,4 +209,12 @@ void MpiRuntime::abort(int code) const {
   std::_Exit(code);  // MPI_Abort does not return; this satisfies [[noreturn]]
 }
 
+std::string MpiRuntime::library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_CHECK(MPI_Get_library_version(text, &length), "world");
+  const std::string all(text, size_t(length));
+  return all.substr(0, all.find_first_of("\r\n,"));
+}
+
 }  // namespace megatron

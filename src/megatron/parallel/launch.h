@@ -56,6 +56,8 @@ class MpiRuntime {
   // Ends every rank of the job with `code` (MPI_Abort); for errors after which this rank cannot
   // take part in collectives any more.
   [[noreturn]] void abort(int code) const;
+  // The MPI library's own description (MPI_Get_library_version), its first line.
+  static std::string library_version();
 
  private:
   ProcessInfo process_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "megatron/core/progress.h"
 #include "megatron/core/strings.h"
 #include "megatron/parallel/mpi_communicator.h"
 #include "megatron/parallel/watchdog.h"
@@ -126,7 +127,9 @@ ParallelState initialize_parallel(const ParallelSizes& sizes, const ParallelOpti
 
   const std::vector<Role> all = roles(st.sizes, options.tied_embeddings);
   std::vector<Role> built;
+  ProgressReporter progress("communicator set-up", int64_t(all.size()), "groups");
   for (const Role& role : all) {
+    progress.advance();
     const int index = group_index(role.groups, rank);
     const std::vector<int> members = index >= 0 ? role.groups[size_t(index)] : std::vector<int>{};
     if (role.groups.front().size() == 1) {
@@ -157,6 +160,7 @@ ParallelState initialize_parallel(const ParallelSizes& sizes, const ParallelOpti
     if (index >= 0) st.ctx.*role.slot = make_communicator(name, comm, members, st.device, st.watchdog);
     built.push_back(role);
   }
+  progress.finish();
   st.ctx.set_timeout(options.timeout_seconds);
   return st;
 }

@@ -197,6 +197,9 @@ std::vector<Flag> build_flag_table() {
       {"--global-batch-size", FIELD(global_batch_size), training,
        "Sequences per step; a multiple of micro-batch-size * DP; derived: micro-batch-size * DP"},
       {"--train-iters", FIELD(train_iters), training, "Training steps; this or --train-samples is required"},
+      {"--rampup-batch-size", FIELD(rampup_batch_size), training,
+       "START INCREMENT SAMPLES: grow the global batch from START by INCREMENT in equal steps over SAMPLES "
+       "samples, then keep --global-batch-size (needs --train-samples)"},
       {"--train-samples", FIELD(train_samples), training,
        "Training samples, instead of --train-iters: train-samples / global-batch-size steps"},
       {"--seed", FIELD(seed), training, "Seed of initialization, dropout and data order"},
@@ -266,12 +269,63 @@ std::vector<Flag> build_flag_table() {
        "Load weights only: iteration 0, fresh optimizer and scheduler"},
       {"--no-save-optim", Switch{FIELD(no_save_optim), true}, checkpoint, "Leave optimizer state out of checkpoints"},
       {"--no-load-optim", Switch{FIELD(no_load_optim), true}, checkpoint, "Do not load optimizer state"},
+      {"--async-save", Switch{FIELD(async_save), true}, checkpoint,
+       "Take the state into host memory at the save iteration and write the files from a background thread "
+       "while training goes on; published (atomically) once every rank has written"},
+      {"--non-persistent-save-interval", FIELD(non_persistent_save_interval), checkpoint,
+       "Iterations between non-persistent checkpoints (with --non-persistent-ckpt-type local); 0: none"},
+      {"--non-persistent-ckpt-type",
+       FIELD(non_persistent_ckpt_type),
+       checkpoint,
+       "Where non-persistent checkpoints go: local, each rank's newest state in its own directory under "
+       "--non-persistent-local-ckpt-dir (node-local storage), resumed by --load when newer than its checkpoint",
+       {"global", "local", "in_memory"}},
+      {"--non-persistent-local-ckpt-dir", FIELD(non_persistent_local_ckpt_dir), checkpoint,
+       "Directory of the local non-persistent checkpoints (e.g. node-local NVMe); one subdirectory per rank"},
+      {"--keep-last-checkpoints", FIELD(keep_last_checkpoints), checkpoint,
+       "After each save, delete the checkpoints of --save but the newest K (ours; Megatron keeps all); 0: keep all"},
+      {"--exit-interval", FIELD(exit_interval), training,
+       "Stop at the first iteration that is a multiple of this, after saving a checkpoint (with --save)"},
+      {"--exit-duration-in-mins", FIELD(exit_duration_in_mins), training,
+       "Stop once the run has lasted this many minutes (fractions allowed), after saving a checkpoint (with --save)"},
+      {"--exit-signal-handler", Switch{FIELD(exit_signal_handler), true}, training,
+       "On SIGTERM (e.g. Slurm's preemption), finish the current step, save a checkpoint (with --save) and exit 0"},
       {"--log-interval", FIELD(log_interval), logging, "Iterations between log lines"},
       {"--eval-interval", FIELD(eval_interval), logging,
        "Iterations between validations; after training the validation and test splits are evaluated too; 0: "
        "no evaluation"},
       {"--eval-iters", FIELD(eval_iters), logging, "Global batches per evaluation (validation and test)"},
       {"--metrics-file", FIELD(metrics_file), logging, "JSONL file, one object per logged iteration"},
+      {"--tensorboard-dir", FIELD(tensorboard_dir), logging,
+       "Write TensorBoard event files of Megatron's scalars here (from the last rank)"},
+      {"--tensorboard-log-interval", FIELD(tensorboard_log_interval), logging,
+       "Iterations between TensorBoard scalars"},
+      {"--tensorboard-queue-size", FIELD(tensorboard_queue_size), logging,
+       "Scalars queued before the event file is written (also every 120 s and at the end)"},
+      {"--log-timers-to-tensorboard", Switch{FIELD(log_timers_to_tensorboard), true}, logging,
+       "Write iteration-time (seconds) to TensorBoard at each log line"},
+      {"--log-validation-ppl-to-tensorboard", Switch{FIELD(log_validation_ppl_to_tensorboard), true}, logging,
+       "Write the validation perplexity to TensorBoard"},
+      {"--no-log-loss-scale-to-tensorboard", Switch{FIELD(log_loss_scale_to_tensorboard), false}, logging,
+       "Leave loss-scale out of TensorBoard"},
+      {"--log-world-size-to-tensorboard", Switch{FIELD(log_world_size_to_tensorboard), true}, logging,
+       "Write world-size to TensorBoard"},
+      {"--log-memory-to-tensorboard", Switch{FIELD(log_memory_to_tensorboard), true}, logging,
+       "Write the allocator's allocated, reserved and peak bytes to TensorBoard"},
+      {"--log-throughput", Switch{FIELD(log_throughput), true}, logging,
+       "Write throughput (TFLOP/s/GPU) to TensorBoard at each log line (the log line always shows it)"},
+      {"--timing-log-level", FIELD(timing_log_level), logging,
+       "Timers printed after each log line: 0 none, 1 forward-backward, all-grads-sync, optimizer; 2 also "
+       "batch-generator"},
+      {"--timing-log-option",
+       FIELD(timing_log_option),
+       logging,
+       "How timers are reported across ranks: minmax, max, or all (every rank)",
+       {"minmax", "max", "all"}},
+      {"--log-straggler", Switch{FIELD(log_straggler), true}, logging,
+       "After each log line, name the ranks with the slowest and fastest forward-backward compute"},
+      {"--straggler-minmax-count", FIELD(straggler_minmax_count), logging,
+       "How many slowest and fastest ranks the straggler report names"},
       {"--profile-ops-iteration", FIELD(profile_ops_iteration), logging,
        "Print how long each op family took in this iteration (GPU: device time); 0: never"},
   };
@@ -356,6 +410,35 @@ void require_positive(std::vector<std::string>& errors, int64_t value, const cha
   if (value > 0) return;
   errors.push_back(value == 0 ? concat(flag, " is required (got 0): ", fix)
                               : concat(flag, " ", value, " must be positive: ", fix));
+}
+
+// Megatron's assertions on the ramp, and every batch size of it whole micro-batches on every replica.
+void check_rampup(const TrainingArgs& a, std::vector<std::string>& errors) {
+  if (a.rampup_batch_size.empty()) return;
+  const std::optional<BatchSizeRampup> r = a.batch_size_rampup();
+  if (!r) {
+    errors.push_back(concat("--rampup-batch-size ", flags::join(a.rampup_batch_size, " "),
+                            " must be three whole numbers START INCREMENT SAMPLES, e.g. 32 32 1000000"));
+    return;
+  }
+  if (a.train_samples == 0)
+    errors.push_back(
+        concat("--rampup-batch-size needs --train-samples (Megatron ramps only sample-based training): "
+               "give the length in samples instead of --train-iters"));
+  const int64_t per_step = a.micro_batch_size * a.data_parallel_size;
+  if (r->start <= 0 || r->increment <= 0 || r->samples < 0) {
+    errors.push_back(concat("--rampup-batch-size ", r->start, " ", r->increment, " ", r->samples,
+                            ": START and INCREMENT must be positive and SAMPLES >= 0"));
+  } else if (r->start >= a.global_batch_size || (a.global_batch_size - r->start) % r->increment != 0) {
+    errors.push_back(concat("--rampup-batch-size ", r->start, " ", r->increment, " ", r->samples,
+                            " must ramp up to --global-batch-size ", a.global_batch_size,
+                            " in whole increments: START below it and (", a.global_batch_size,
+                            " - START) a multiple of INCREMENT"));
+  } else if (per_step > 0 && (r->start % per_step != 0 || r->increment % per_step != 0)) {
+    errors.push_back(concat("--rampup-batch-size START ", r->start, " and INCREMENT ", r->increment,
+                            " must be multiples of --micro-batch-size x data-parallel size = ", per_step,
+                            ": every step runs whole micro-batches on every replica"));
+  }
 }
 
 void check_batch(const TrainingArgs& a, std::vector<std::string>& errors) {
@@ -592,6 +675,40 @@ void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
         "--finetune needs --load DIR: it starts from a checkpoint's weights; give --load or drop "
         "--finetune");
   }
+  if (a.non_persistent_save_interval < 0)
+    errors.push_back(concat("--non-persistent-save-interval ", a.non_persistent_save_interval, " must be >= 0"));
+  if (a.non_persistent_ckpt_type == "global" || a.non_persistent_ckpt_type == "in_memory")
+    errors.push_back(concat("--non-persistent-ckpt-type ", a.non_persistent_ckpt_type,
+                            " is not built here: use --non-persistent-ckpt-type local with "
+                            "--non-persistent-local-ckpt-dir DIR, or a shorter --save-interval"));
+  if (a.non_persistent_save_interval > 0 && a.non_persistent_ckpt_type.empty())
+    errors.push_back(concat("--non-persistent-save-interval ", a.non_persistent_save_interval,
+                            " needs --non-persistent-ckpt-type local and --non-persistent-local-ckpt-dir DIR: "
+                            "where the checkpoints go"));
+  if (a.non_persistent_ckpt_type == "local" && a.non_persistent_local_ckpt_dir.empty())
+    errors.push_back(
+        "--non-persistent-ckpt-type local needs --non-persistent-local-ckpt-dir DIR: each rank writes its own "
+        "checkpoints under DIR/rank_RRRRR (node-local storage is fine)");
+  if (!a.non_persistent_local_ckpt_dir.empty() && a.non_persistent_ckpt_type != "local")
+    errors.push_back(concat("--non-persistent-local-ckpt-dir ", a.non_persistent_local_ckpt_dir,
+                            " is used only with --non-persistent-ckpt-type local: add it, or drop the directory"));
+  if (a.keep_last_checkpoints < 0)
+    errors.push_back(concat("--keep-last-checkpoints ", a.keep_last_checkpoints,
+                            " must be >= 0: the number of newest checkpoints kept, e.g. 2 (0 keeps all)"));
+  if (a.exit_interval < 0)
+    errors.push_back(concat("--exit-interval ", a.exit_interval, " must be >= 0 iterations (0: never), e.g. 1000"));
+  if (!(a.exit_duration_in_mins >= 0.0))
+    errors.push_back(concat("--exit-duration-in-mins ", a.exit_duration_in_mins,
+                            " must be >= 0 minutes (0: never), e.g. 230 for a 4-hour allocation"));
+  if (a.timing_log_level < 0 || a.timing_log_level > 2)
+    errors.push_back(concat("--timing-log-level ", a.timing_log_level,
+                            " must be 0, 1 or 2 (Megatron's levels: 0 none, 1 the main timers, 2 all)"));
+  if (a.straggler_minmax_count < 1)
+    errors.push_back(concat("--straggler-minmax-count ", a.straggler_minmax_count, " must be >= 1"));
+  if (a.tensorboard_log_interval <= 0)
+    errors.push_back(concat("--tensorboard-log-interval ", a.tensorboard_log_interval, " must be positive: e.g. 1"));
+  if (a.tensorboard_queue_size <= 0)
+    errors.push_back(concat("--tensorboard-queue-size ", a.tensorboard_queue_size, " must be positive: e.g. 1000"));
   if (a.log_interval <= 0) {
     errors.push_back(concat("--log-interval ", a.log_interval, " must be positive: e.g. --log-interval 10"));
   }
@@ -600,6 +717,28 @@ void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
 }
 
 }  // namespace
+
+std::optional<BatchSizeRampup> TrainingArgs::batch_size_rampup() const {
+  if (rampup_batch_size.size() != 3) return std::nullopt;
+  int64_t values[3];
+  for (size_t i = 0; i < 3; ++i) {
+    const std::optional<int64_t> v = flags::parse_int(rampup_batch_size[i]);
+    if (!v) return std::nullopt;
+    values[i] = *v;
+  }
+  return BatchSizeRampup{values[0], values[1], values[2], global_batch_size};
+}
+
+int64_t TrainingArgs::total_iterations() const {
+  if (train_samples == 0) return train_iters;
+  const std::optional<BatchSizeRampup> rampup = batch_size_rampup();
+  return rampup ? rampup->train_iterations(train_samples) : train_samples / global_batch_size;
+}
+
+int64_t TrainingArgs::global_batch_size_at(int64_t consumed_samples) const {
+  const std::optional<BatchSizeRampup> rampup = batch_size_rampup();
+  return rampup ? rampup->batch_size_at(consumed_samples) : global_batch_size;
+}
 
 datasets::TokenizerOptions tokenizer_options(const DataArgs& data) {
   return {data.tokenizer_type, data.vocab_size, data.tokenizer_model, data.vocab_file, data.merge_file};
@@ -675,6 +814,7 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   for (std::string& e : validate_tensor_parallel_split(args.model, args.parallel)) errors.push_back(std::move(e));
   check_batch(args, errors);
   check_pipeline(args, errors);
+  check_rampup(args, errors);
   check_schedule(args, errors);
   check_optimizer(args.optimizer, errors);
   check_data(args, errors);

@@ -10,6 +10,7 @@
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/optimizer/optimizer_config.h"
 #include "megatron/parallel/parallel_args.h"
+#include "megatron/training/batch_size_rampup.h"
 #include "megatron/transformer/transformer_config.h"
 
 namespace megatron {
@@ -41,15 +42,17 @@ struct TrainingArgs {
   OptimizerArgs optimizer;
   DataArgs data;
 
-  std::string model_preset;        // --model-preset NAME: starting values for model fields
-  std::string window_size;         // --window-size "L,R" as given; derived into model.window_size_*
-  bool bf16 = false;               // --bf16: params_dtype bf16 (derived into model.params_dtype)
-  bool fp16 = false;               // --fp16: params_dtype f16 with loss scaling
-  int64_t world_size = 1;          // from the launcher, not a flag
-  int64_t micro_batch_size = 0;    // required
-  int64_t global_batch_size = 0;   // derived: micro_batch_size * data_parallel_size
-  int64_t train_iters = 0;         // this or train_samples is required
-  int64_t train_samples = 0;       // sample-based training instead of train_iters (0: unset)
+  std::string model_preset;       // --model-preset NAME: starting values for model fields
+  std::string window_size;        // --window-size "L,R" as given; derived into model.window_size_*
+  bool bf16 = false;              // --bf16: params_dtype bf16 (derived into model.params_dtype)
+  bool fp16 = false;              // --fp16: params_dtype f16 with loss scaling
+  int64_t world_size = 1;         // from the launcher, not a flag
+  int64_t micro_batch_size = 0;   // required
+  int64_t global_batch_size = 0;  // derived: micro_batch_size * data_parallel_size
+  int64_t train_iters = 0;        // this or train_samples is required
+  int64_t train_samples = 0;      // sample-based training instead of train_iters (0: unset)
+  // --rampup-batch-size START INCREMENT SAMPLES, as given (training/batch_size_rampup.h); empty: none.
+  std::vector<std::string> rampup_batch_size;
   int64_t data_parallel_size = 1;  // derived: world_size / (TP * CP * PP)
   int64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
@@ -68,8 +71,23 @@ struct TrainingArgs {
   int64_t log_interval = 100;
   int64_t eval_interval = 0;  // 0: no evaluation
   int64_t eval_iters = 100;
-  std::string metrics_file;           // JSONL, one object per logged iteration (ours)
+  std::string metrics_file;  // JSONL, one object per logged iteration (ours)
+  // TensorBoard (training/tensorboard_log.h), Megatron's flags and defaults.
+  std::string tensorboard_dir;  // unset: no event files
+  int64_t tensorboard_log_interval = 1;
+  int64_t tensorboard_queue_size = 1000;
+  bool log_timers_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
+  bool log_loss_scale_to_tensorboard = true;
+  bool log_world_size_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
+  bool log_throughput = false;
   int64_t profile_ops_iteration = 0;  // print the per-op time of this iteration (0: never)
+  // Megatron's timers and straggler report (training/timing_log.h).
+  int64_t timing_log_level = 0;              // 0 | 1 | 2
+  std::string timing_log_option = "minmax";  // minmax | max | all
+  bool log_straggler = false;
+  int64_t straggler_minmax_count = 1;
 
   std::string save;
   std::string load;
@@ -82,10 +100,26 @@ struct TrainingArgs {
   bool finetune = false;
   bool no_save_optim = false;
   bool no_load_optim = false;
+  // Megatron's non-persistent checkpoints, of type local only (training/local_checkpoint.h): each
+  // rank keeps its own newest state in <dir>/rank_RRRRR, resumed only under the same layout.
+  int64_t non_persistent_save_interval = 0;  // 0: none
+  std::string non_persistent_ckpt_type;      // "local" ("global", "in_memory": Megatron's, not built)
+  std::string non_persistent_local_ckpt_dir;
+  bool async_save = false;            // write checkpoints from a background thread (training/async_checkpoint.h)
+  int64_t keep_last_checkpoints = 0;  // ours: after each save, delete all but the newest K in --save (0: keep all)
 
-  // Iterations the run trains for: train_iters, or train_samples / global_batch_size (Megatron's
-  // update_train_iters).
-  int64_t total_iterations() const { return train_samples > 0 ? train_samples / global_batch_size : train_iters; }
+  // Preemption and time limits (training/exit_conditions.h): stop early, saving first.
+  int64_t exit_interval = 0;         // stop at the first iteration that is a multiple of it (0: never)
+  double exit_duration_in_mins = 0;  // stop once the run has lasted this long (0: never; fractions allowed)
+  bool exit_signal_handler = false;  // SIGTERM: finish the step, save, exit 0
+
+  // The ramp --rampup-batch-size gives; nullopt without one (or when malformed: validate() says so).
+  std::optional<BatchSizeRampup> batch_size_rampup() const;
+  // Iterations the run trains for: train_iters, or train_samples / global_batch_size, or the
+  // ramp's count (Megatron's update_train_iters).
+  int64_t total_iterations() const;
+  // The global batch size of the iteration that starts at `consumed_samples`.
+  int64_t global_batch_size_at(int64_t consumed_samples) const;
   // Number of micro-batches per step on this DP rank.
   int64_t num_micro_batches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
 };

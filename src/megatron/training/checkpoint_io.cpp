@@ -1,5 +1,6 @@
 #include "megatron/training/checkpoint_io.h"
 
+#include <algorithm>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -8,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "megatron/checkpointing/retention.h"
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
@@ -51,16 +53,18 @@ nlohmann::json args_json(const TrainingArgs& args) {
   return j;
 }
 
-// This rank's parameter shards with their global offsets; a parameter replicated across TP is
-// saved by TP rank 0 only.
-std::vector<ShardedTensor> model_state(GPTModel& model) {
+}  // namespace
+
+std::vector<ShardedTensor> model_state(GPTModel& model, Optimizer::StateCopies copies) {
   std::vector<ShardedTensor> out;
   for (const auto& p : model.parameters().params())
-    if (!p->is_duplicate())
+    if (copies == Optimizer::StateCopies::this_rank || !p->is_duplicate())
       for (const auto& slice : p->global_slices())
         out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
   return out;
 }
+
+namespace {
 
 void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& args, const std::string& dir) {
   const nlohmann::json now = args_json(args);
@@ -197,6 +201,16 @@ void load_model_state(const CheckpointReader& reader, GPTModel& model, const std
   }
 }
 
+// --keep-last-checkpoints, once a save is published: a failure to remove costs disk space, not
+// the checkpoint just written, so it warns.
+void remove_old_checkpoints(const std::string& save_dir, int64_t keep) {
+  try {
+    for (const int64_t removed : checkpointing::remove_old_checkpoints(save_dir, keep))
+      LOG_INFO("  removed the checkpoint of iteration " << removed << " (--keep-last-checkpoints " << keep << ")");
+  } catch (const Error& e) {
+    LOG_WARN(e.what());
+  }
+}
 }  // namespace
 
 std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, int64_t ckpt_step) {
@@ -266,10 +280,6 @@ nlohmann::json common_state(const TrainingArgs& args, const TrainingProgress& pr
   // Dropout masks and init are counter-based functions of the seed, so the seed and the
   // iteration are the whole RNG state.
   common["rng"] = {{"seed", args.seed}};
-  // Aux-loss-free routing: every rank holds the same expert biases (updated from all-reduced counts).
-  for (const moe::MoELayer* layer : model.moe_layers())
-    if (!layer->router().expert_bias().empty())
-      common["moe_expert_bias"][layer->router().expert_bias_name()] = layer->router().expert_bias();
   nlohmann::json a = args_json(args);
   a["padded_vocab_size"] = std::to_string(args.model.padded_vocab_size);
   common["args"] = a;
@@ -289,82 +299,113 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
   staging.finish(reports, common);
 }
 
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
-                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
-                              const ParallelContext& ctx, const checkpointing::SaveOptions& options) {
+nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& model, const Optimizer* optimizer,
+                                     const OptimizerParamScheduler& scheduler, const TrainingProgress& progress) {
   nlohmann::json common = common_state(args, progress, scheduler.num_steps(), optimizer ? optimizer->step_count() : 0);
-  std::vector<ShardedTensor> optim;
-  if (optimizer && !args.no_save_optim) {
-    optim = optimizer->sharded_state();
-    // Megatron keeps the scaler in the optimizer's state dict; every rank holds the same state.
+  // Aux-loss-free routing: every rank holds the same expert biases (updated from all-reduced counts).
+  for (const moe::MoELayer* layer : model.moe_layers())
+    if (!layer->router().expert_bias().empty())
+      common["moe_expert_bias"][layer->router().expert_bias_name()] = layer->router().expert_bias();
+  // Megatron keeps the scaler in the optimizer's state dict; every rank holds the same state.
+  if (optimizer && !args.no_save_optim)
     if (const GradScaler* scaler = optimizer->grad_scaler()) common["grad_scaler"] = scaler->state();
-  }
-  // One replica of the weights: DP rank 0 of each model-parallel slice.
-  const std::vector<ShardedTensor> weights = ctx.dp_cp->rank() == 0 ? model_state(model) : std::vector<ShardedTensor>{};
+  return common;
+}
 
-  Communicator& world = *ctx.world;
-  const int rank = world.rank();
-  const Device device = model.device();
-  std::string failure;  // this rank's error; once set, the rank only takes part in the collectives
-  const auto attempt = [&](const std::function<void()>& step) {
-    if (!failure.empty()) return;
-    try {
-      step();
-    } catch (const std::exception& e) {
-      failure = "rank " + std::to_string(rank) + ": " + e.what();
-    }
-  };
+TrainingCheckpointSave::TrainingCheckpointSave(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+                                               const OptimizerParamScheduler& scheduler,
+                                               const TrainingProgress& progress, const ParallelContext& ctx,
+                                               Snapshot snapshot, const checkpointing::SaveOptions& options)
+    : save_dir_(args.save),
+      iteration_(progress.iteration),
+      keep_last_(args.keep_last_checkpoints),
+      world_(ctx.world.get()),
+      device_(model.device()),
+      options_(options),
+      common_(training_common_state(args, model, optimizer, scheduler, progress)) {
+  if (optimizer && !args.no_save_optim) optim_ = optimizer->sharded_state(Optimizer::StateCopies::one_replica);
+  // One replica of the weights: DP rank 0 of each model-parallel slice.
+  if (ctx.dp_cp->rank() == 0) weights_ = model_state(model, Optimizer::StateCopies::one_replica);
+  // The shards are views of the live buffers; training changes them while write() runs.
+  if (snapshot == Snapshot::host_copy)
+    for (auto* group : {&weights_, &optim_})
+      for (ShardedTensor& t : *group)
+        t.local = t.local.device().is_cuda() ? t.local.to(Device::cpu()) : t.local.clone();
   // 1. The root creates the staging directory and tells every rank where it is ("" if it failed).
-  std::optional<checkpointing::CheckpointStaging> staging;
-  if (rank == kRoot)
+  if (world_->rank() == kRoot)
     attempt([&] {
-      staging.emplace(args.save, progress.iteration);
-      common[kTokenizerKey] = save_tokenizer(*staging, args.tokenizer);
+      staging_.emplace(save_dir_, iteration_);
+      common_[kTokenizerKey] = save_tokenizer(*staging_, args.tokenizer);
     });
-  const std::string staging_dir = broadcast_text(world, staging ? staging->path() : "", kRoot, device);
-  // 2. Every rank writes its own files and reports them (or its error) to the root.
-  nlohmann::json reply;
+  staging_dir_ = broadcast_text(*world_, staging_ ? staging_->path() : "", kRoot, device_);
+}
+
+TrainingCheckpointSave::~TrainingCheckpointSave() = default;
+
+void TrainingCheckpointSave::attempt(const std::function<void()>& step) {
+  if (!failure_.empty()) return;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    failure_ = "rank " + std::to_string(world_->rank()) + ": " + e.what();
+  }
+}
+
+// 2. Every rank writes its own files; the report (or the error) goes to the root in publish().
+void TrainingCheckpointSave::write() {
   attempt([&] {
-    if (!staging_dir.empty())
-      reply["report"] = checkpointing::write_checkpoint_shards(staging_dir, rank, weights, optim, options);
+    if (!staging_dir_.empty())
+      report_ = checkpointing::write_checkpoint_shards(staging_dir_, world_->rank(), weights_, optim_, options_);
   });
-  if (!failure.empty()) reply = {{"error", failure}};
-  const std::vector<std::string> replies = gather_text(world, reply.dump(), kRoot, device);
+  weights_.clear();  // the host copies are not needed any more
+  optim_.clear();
+}
+
+void TrainingCheckpointSave::publish() {
+  const nlohmann::json reply =
+      failure_.empty() ? nlohmann::json{{"report", report_}} : nlohmann::json{{"error", failure_}};
+  const std::vector<std::string> replies = gather_text(*world_, reply.dump(), kRoot, device_);
   // 3. The root checks the reports and publishes: metadata last, rename, tracker.
-  if (rank == kRoot) {
+  if (world_->rank() == kRoot) {
     std::vector<nlohmann::json> reports;
     for (const std::string& text : replies) {
       const nlohmann::json r = nlohmann::json::parse(text);
-      if (r.contains("error") && failure.empty()) failure = r["error"].get<std::string>();
+      if (r.contains("error") && failure_.empty()) failure_ = r["error"].get<std::string>();
       if (r.contains("report")) reports.push_back(r["report"]);
     }
-    attempt([&] { staging->finish(reports, common, options); });
+    attempt([&] { staging_->finish(reports, common_, options_); });
+    if (failure_.empty() && keep_last_ > 0) remove_old_checkpoints(save_dir_, keep_last_);
   }
   // 4. The outcome, so that every rank returns only once the checkpoint is published, or fails
   // with the first failing rank's error. An unpublished staging directory is removed by the root.
-  const std::string outcome = broadcast_text(world, rank == kRoot ? failure : "", kRoot, device);
+  const std::string outcome = broadcast_text(*world_, world_->rank() == kRoot ? failure_ : "", kRoot, device_);
   MEGATRON_CHECK(outcome.empty(), "could not save the checkpoint of iteration "
-                                      << progress.iteration << " to " << args.save << " (" << outcome
+                                      << iteration_ << " to " << save_dir_ << " (" << outcome
                                       << "); the latest checkpoint is still the previous one");
-  LOG_INFO("  successfully saved checkpoint from iteration " << progress.iteration << " to " << args.save);
+  LOG_INFO("  successfully saved checkpoint from iteration " << iteration_ << " to " << save_dir_);
 }
 
-bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
-                              OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
-  if (args.load.empty()) return false;
-  if (!checkpoint_to_load(args.load, args.ckpt_step).has_value()) {
-    check_not_one_checkpoint(args.load);
-    LOG_WARN("--load " << args.load << " holds no checkpoint yet; starting from scratch");
-    return false;
-  }
-  const CheckpointReader reader = open_chosen(args.load, args.ckpt_step, /*describe=*/false);
+void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+                              const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
+                              const ParallelContext& ctx, const checkpointing::SaveOptions& options) {
+  TrainingCheckpointSave save(args, model, optimizer, scheduler, progress, ctx, TrainingCheckpointSave::Snapshot::none,
+                              options);
+  save.write();
+  save.publish();
+}
+
+void restore_training_state(const CheckpointReader& reader, const TrainingArgs& args, GPTModel& model,
+                            Optimizer* optimizer, OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   const nlohmann::json& common = reader.common();
-  check_same_architecture(common.at("args"), args, args.load);
-  load_model_state(reader, model, args.load);
+  check_same_architecture(common.at("args"), args, reader.directory());
+  load_model_state(reader, model, reader.directory());
 
   const bool restore_state = !args.finetune && !args.no_load_optim;
   if (optimizer) {
-    const bool has_optim = reader.has(optimizer_state_name(model.parameters().params().front()->spec.name, "exp_avg"));
+    // Any optimizer tensor: a partial (per-rank) checkpoint of a distributed-optimizer shard may hold
+    // none of the first parameter's state.
+    const std::vector<std::string> names = reader.names();
+    const bool has_optim = std::any_of(names.begin(), names.end(), is_optimizer_state_name);
     if (restore_state && has_optim) {
       optimizer->load_state(reader);
       optimizer->set_step_count(common.at("optimizer_step").get<int64_t>());
@@ -372,7 +413,8 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
         if (common.contains("grad_scaler"))
           scaler->load_state(common.at("grad_scaler").get<GradScalerState>());
         else
-          LOG_WARN("checkpoint " << args.load << " holds no loss scaler state (saved without loss scaling); the "
+          LOG_WARN("checkpoint " << reader.directory()
+                                 << " holds no loss scaler state (saved without loss scaling); the "
                                  << "loss scale starts at " << scaler->scale());
       }
     } else {
@@ -387,7 +429,19 @@ bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimiz
     progress->nan_iterations = common.at("nan_iterations").get<int64_t>();
     if (scheduler) scheduler->set_num_steps(common.at("scheduler_num_steps").get<int64_t>());
   }
-  LOG_INFO(" loaded checkpoint from " << args.load << " at iteration " << common.at("iteration").get<int64_t>()
+}
+
+bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
+                              OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
+  if (args.load.empty()) return false;
+  if (!checkpoint_to_load(args.load, args.ckpt_step).has_value()) {
+    check_not_one_checkpoint(args.load);
+    LOG_WARN("--load " << args.load << " holds no checkpoint yet; starting from scratch");
+    return false;
+  }
+  const CheckpointReader reader = open_chosen(args.load, args.ckpt_step, /*describe=*/false);
+  restore_training_state(reader, args, model, optimizer, scheduler, progress);
+  LOG_INFO(" loaded checkpoint from " << args.load << " at iteration " << reader.common().at("iteration").get<int64_t>()
                                       << (args.finetune ? " (finetune: weights only)" : ""));
   return true;
 }

@@ -24,11 +24,14 @@
 // replicated across TP (and its optimizer state) is saved by TP rank 0 only. A checkpoint loads
 // at any TP whose padded vocabulary is the same (--make-vocab-size-divisible-by x TP).
 #include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "megatron/checkpointing/checkpoint.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
@@ -67,7 +70,51 @@ std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, 
 // (--load the same directory, as Megatron users resume), so a fresh run never replaces them.
 void check_checkpoint_directories(const TrainingArgs& args);
 
-// options.on_stage is called on every rank at the stages it reaches (fault injection for tests).
+// One save of the protocol above in its steps, so that the files can be written on another thread
+// while training goes on (--async-save, async_checkpoint.h):
+//   constructor (collective): takes this rank's state (with Snapshot::host_copy, into host memory
+//     of its own, so training may go on changing the model); the root stages the directory and
+//     the tokenizer's files and tells every rank where it is;
+//   write() (no collective, any one thread): writes this rank's files;
+//   publish() (collective): the root checks every rank's report and publishes; every rank returns
+//     once the checkpoint is published, or throws the first failing rank's error.
+// A save destroyed unpublished leaves its staging directory (removed by the next save) and the
+// previous checkpoint in place.
+class TrainingCheckpointSave {
+ public:
+  enum class Snapshot { none, host_copy };
+  TrainingCheckpointSave(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+                         const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
+                         const ParallelContext& ctx, Snapshot snapshot, const checkpointing::SaveOptions& options = {});
+  ~TrainingCheckpointSave();
+  TrainingCheckpointSave(const TrainingCheckpointSave&) = delete;
+  TrainingCheckpointSave& operator=(const TrainingCheckpointSave&) = delete;
+
+  int64_t iteration() const { return iteration_; }
+  void write();
+  void publish();
+
+ private:
+  // Runs a step unless an earlier one failed; a failure is kept (as "rank R: what") and the rank
+  // then only takes part in the collectives.
+  void attempt(const std::function<void()>& step);
+
+  std::string save_dir_;
+  int64_t iteration_;
+  int64_t keep_last_;
+  Communicator* world_;
+  Device device_;
+  checkpointing::SaveOptions options_;
+  nlohmann::json common_;
+  std::vector<checkpointing::ShardedTensor> weights_, optim_;
+  std::optional<checkpointing::CheckpointStaging> staging_;  // the root's
+  std::string staging_dir_;
+  nlohmann::json report_;
+  std::string failure_;
+};
+
+// All three steps at once. options.on_stage is called on every rank at the stages it reaches
+// (fault injection for tests).
 void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                               const ParallelContext& ctx, const checkpointing::SaveOptions& options = {});
@@ -79,6 +126,17 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
 // Published atomically, as every save.
 void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& args, int64_t iteration,
                              const std::vector<std::vector<checkpointing::ShardedTensor>>& shards_by_writer);
+
+// The pieces save_training_checkpoint writes, for other stores of the same state (per-rank local
+// checkpoints, local_checkpoint.h): this rank's weights (one_replica: one copy of every element
+// over the world, this_rank: all it holds) and common.json's state (iteration, data position,
+// scheduler, optimizer step, loss scaler, the run's flags).
+std::vector<checkpointing::ShardedTensor> model_state(GPTModel& model, Optimizer::StateCopies copies);
+nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& model, const Optimizer* optimizer,
+                                     const OptimizerParamScheduler& scheduler, const TrainingProgress& progress);
+// Restores from an opened checkpoint what load_training_checkpoint restores from --load's.
+void restore_training_state(const checkpointing::CheckpointReader& reader, const TrainingArgs& args, GPTModel& model,
+                            Optimizer* optimizer, OptimizerParamScheduler* scheduler, TrainingProgress* progress);
 
 // Loads checkpoint_to_load(args.load, args.ckpt_step) (or nothing when it holds none). Restores the
 // model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress.

@@ -32,11 +32,16 @@
 #include "megatron/pipeline_parallel/schedule.h"
 #include "megatron/pipeline_parallel/schedule_simulation.h"
 #include "megatron/pipeline_parallel/stage_split.h"
+#include "megatron/training/async_checkpoint.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/device.h"
+#include "megatron/training/exit_conditions.h"
+#include "megatron/training/local_checkpoint.h"
 #include "megatron/training/metrics.h"
 #include "megatron/training/nan_check.h"
 #include "megatron/training/pipeline_step.h"
+#include "megatron/training/tensorboard_log.h"
+#include "megatron/training/timing_log.h"
 
 namespace megatron {
 
@@ -221,10 +226,6 @@ Evaluation evaluate(GPTModel& model, datasets::DataLoader& loader, const char* s
   return {total.loss_sum / std::max(1.0, total.num_tokens), loader.consumed_samples() - before};
 }
 
-bool should_save(const TrainingArgs& args, int64_t iteration) {
-  return !args.save.empty() && args.save_interval > 0 && iteration % args.save_interval == 0;
-}
-
 // Megatron prints the training and validation lines from the last rank (print_rank_last), which
 // holds the loss under pipeline parallelism; the logger prints info from rank 0 only.
 void print_from_last_rank(bool last_rank, const std::string& line) {
@@ -232,6 +233,57 @@ void print_from_last_rank(bool last_rank, const std::string& line) {
   const std::string text = line + "\n";
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
+}
+
+// Where an evaluation's result goes: Megatron's lines from the last rank, the metrics file and
+// TensorBoard. `end_of_training`: the evaluations after the last iteration.
+struct EvaluationReport {
+  bool last_rank;
+  MetricsFile& metrics;
+  TensorBoardLog& tensorboard;
+
+  void operator()(const char* split, const Evaluation& e, const TrainingProgress& progress, bool end_of_training) {
+    const std::string where = end_of_training ? concat(" on ", split, " set") : std::string();
+    print_from_last_rank(last_rank, format_validation_line(concat("iteration ", progress.iteration, where), e.loss));
+    metrics.write_evaluation(split, progress.iteration, e.loss, e.samples, end_of_training);
+    tensorboard.evaluation(split, progress.iteration, progress.consumed_train_samples, e.loss);
+  }
+};
+
+// Megatron's training_log interval: the loss is averaged over the interval's advanced iterations,
+// the time over all of them, and skipped and nan iterations are counted per interval.
+struct LogInterval {
+  double loss_sum = 0, tokens = 0, flops = 0, seconds = 0;
+  int64_t advanced = 0, skipped = 0, nan = 0;
+
+  void add(double loss, bool skipped_step, double step_seconds, double step_tokens, double step_flops) {
+    if (skipped_step) {
+      ++skipped;
+      if (!std::isfinite(loss)) ++nan;
+    } else {
+      loss_sum += loss;
+      ++advanced;
+    }
+    seconds += step_seconds;
+    tokens += step_tokens;
+    flops += step_flops;
+  }
+  int64_t iterations() const { return std::max<int64_t>(1, advanced + skipped); }
+  // Fills the interval's fields of `st` (`last_loss`: the loss when every step was skipped) and
+  // starts the next interval.
+  void close(IterationStats& st, double last_loss, int64_t world_size) {
+    st.elapsed_ms_per_iteration = 1e3 * seconds / double(iterations());
+    st.tflops_per_gpu = flops / (seconds * 1e12) / double(world_size);
+    st.tokens_per_second = tokens / seconds;
+    st.lm_loss = advanced > 0 ? loss_sum / double(advanced) : last_loss;
+    st.skipped_iterations = skipped;
+    st.nan_iterations = nan;
+    *this = LogInterval();
+  }
+};
+
+bool should_save(const TrainingArgs& args, int64_t iteration) {
+  return !args.save.empty() && args.save_interval > 0 && iteration % args.save_interval == 0;
 }
 
 void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
@@ -290,12 +342,14 @@ TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRunt
 }
 
 TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups, Device device) {
+  const ExitConditions exit_conditions(args, Clock::now());
   check_context(args, groups);
   const ScopedLogRank log_rank(groups.world->rank());
   check_checkpoint_directories(args);
   // Every rank writes its own files into --save: each checks it can, before any work.
   if (!args.save.empty())
     checkpointing::prepare_save_directory(args.save, concat(".write_probe_rank_", groups.world->rank()));
+  check_local_checkpoint_directory(args, groups.world->rank());
   const ParallelContext ctx = model_context(groups, args.parallel);
   const bool last_rank = ctx.world->rank() == ctx.world->size() - 1;
   // The data are split over DP ranks (context-parallel ranks share a batch); gradients and the
@@ -342,7 +396,8 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
                                  << "master weights and Adam moments)");
   OptimizerParamScheduler scheduler(args.optimizer, args.train_iters, args.global_batch_size);
   TrainingProgress progress;
-  load_training_checkpoint(args, model, optimizer.get(), &scheduler, &progress);
+  if (!load_local_checkpoint(args, model, optimizer.get(), &scheduler, &progress, ctx))
+    load_training_checkpoint(args, model, optimizer.get(), &scheduler, &progress);
 
   const auto train_loader =
       make_loader(*data.train, args, *data.tokenizer, dp_size, dp_rank, progress.consumed_train_samples, device);
@@ -352,27 +407,44 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
   const auto test_loader =
       data.test ? make_loader(*data.test, args, *data.tokenizer, dp_size, dp_rank, 0, device) : nullptr;
   MetricsFile metrics = last_rank ? MetricsFile(args.metrics_file) : MetricsFile();
+  TensorBoardLog tensorboard(args, last_rank);
+  EvaluationReport report_evaluation{last_rank, metrics, tensorboard};
+  TimingLog timers(args, *ctx.world, device);
   TrainingSummary summary;
-  const int64_t micro = args.num_micro_batches();
-  const double flops_per_iteration = num_floating_point_operations(config, args.global_batch_size);
-  const int64_t tokens_per_iteration = args.global_batch_size * config.seq_length;
 
-  // Megatron's training_log: the loss is averaged over the interval's advanced iterations, the
-  // time over all of them, and skipped and nan iterations are counted per interval.
-  double interval_loss_sum = 0, interval_tokens = 0, interval_seconds = 0;
-  int64_t interval_iters = 0, interval_skipped = 0, interval_nan = 0;
+  LogInterval interval;
   IntervalMoEStats interval_moe;
   const int64_t first_iteration = progress.iteration;
+  AsyncCheckpointSaver async_saver(*ctx.world, device);
+  const auto save = [&] {
+    ddp.finish_param_gather();
+    timers.start_save();
+    if (args.async_save)
+      async_saver.start([&] {
+        return std::make_unique<TrainingCheckpointSave>(args, model, optimizer.get(), scheduler, progress, ctx,
+                                                        TrainingCheckpointSave::Snapshot::host_copy);
+      });
+    else
+      save_training_checkpoint(args, model, optimizer.get(), scheduler, progress, ctx);
+    timers.log_save();
+  };
   const NanCheck nan_check(args);
   const int64_t train_iters = args.total_iterations();
   while (progress.iteration < train_iters) {
     const bool profile = progress.iteration + 1 == args.profile_ops_iteration;
     if (profile) ops::OpProfiler::instance().start();
     const auto t0 = Clock::now();
+    // With --rampup-batch-size the batch grows with the consumed samples.
+    const int64_t batch_size = args.global_batch_size_at(progress.consumed_train_samples);
+    const int64_t micro = batch_size / (args.micro_batch_size * dp_size);
+    const int64_t micro_batches_before = progress.consumed_train_samples / (args.micro_batch_size * dp_size);
     ddp.zero_grad();
     std::vector<MicroBatchRun> runs;
+    timers.start("forward-backward");
     for (int64_t m = 0; m < micro; ++m) {
+      timers.start("batch-generator");
       const datasets::Batch batch = next_batch(*train_loader, "training");
+      timers.stop("batch-generator");
       double tokens = 0;
       for (float v : batch.loss_mask.to_vector()) tokens += v;
       // Megatron's default loss: the mean over each micro-batch's tokens, averaged over
@@ -381,7 +453,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
       // The micro-batch's index in the global batch, so dropout masks do not depend on the DP size.
       const ForwardContext fwd{.training = true,
                                .seed = uint64_t(args.seed),
-                               .step = uint64_t((progress.iteration * micro + m) * dp_size + dp_rank),
+                               .step = uint64_t((micro_batches_before + m) * dp_size + dp_rank),
                                .aux_loss_grad_scale = float(double(optimizer->loss_scale()) / double(micro))};
       runs.push_back({.batch = micro_batch_of(batch), .fwd = fwd, .loss_grad_scale = grad_scale});
     }
@@ -395,15 +467,20 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
                               .before_backward = [&](int64_t m) { ddp.set_last_micro_batch(m + 1 == micro); },
                               .after_forward = [&](int64_t) { interval_moe.add(model.moe_stats()); }};
     LossSums iteration_sums = pipeline_forward_backward(model, ctx, runs, /*forward_only=*/false, hooks);
+    timers.stop("forward-backward");
+    timers.start("all-grads-sync");
     // Megatron sums the tied embedding's copies after the DP reduction; the distributed optimizer
     // reduces shards only, so there the sum comes first (the two sums commute; arguments.cpp
     // refuses --overlap-grad-reduce, which would start the reduction during backward).
     if (args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
     finalize_model_grads(ddp);
     if (!args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
+    timers.stop("all-grads-sync");
     model.update_expert_bias();                        // Megatron's aux-loss-free balancing, once per step
     const float loss_scale = optimizer->loss_scale();  // the step may change it
+    timers.start("optimizer");
     const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
+    timers.stop("optimizer");
     nan_check.optimizer_step(step, loss_scale, progress.iteration + 1);
     if (profile) {
       const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop();
@@ -414,75 +491,86 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
     iteration_sums = sum_over(*ctx.dp_cp, iteration_sums, device);
     const double loss = iteration_sums.loss_sum / std::max(1.0, iteration_sums.num_tokens);
     ++progress.iteration;
-    progress.consumed_train_samples += args.global_batch_size;
+    progress.consumed_train_samples += batch_size;
     // Megatron advances the iteration and the consumed samples on a skipped step, but neither the
     // scheduler nor the optimizer's step count (the LR of the next step is the skipped one's).
     if (step.skipped) {
-      const bool nan = !std::isfinite(loss);
       ++progress.skipped_iterations;
-      ++interval_skipped;
-      if (nan) {
-        ++progress.nan_iterations;
-        ++interval_nan;
-      }
+      if (!std::isfinite(loss)) ++progress.nan_iterations;
     } else {
-      scheduler.step(args.global_batch_size);
-      interval_loss_sum += loss;
-      ++interval_iters;
+      scheduler.step(batch_size);
     }
     summary.train_losses.push_back(loss);
     summary.grad_norms.push_back(step.grad_norm.value_or(std::numeric_limits<double>::quiet_NaN()));
     summary.loss_scales.push_back(optimizer->loss_scale());
     summary.skipped.push_back(step.skipped);
     ++summary.iterations_run;
-    interval_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    interval_tokens += double(tokens_per_iteration);
+    interval.add(loss, step.skipped, std::chrono::duration<double>(Clock::now() - t0).count(),
+                 double(batch_size * config.seq_length), num_floating_point_operations(config, batch_size));
 
+    tensorboard.iteration({.iteration = progress.iteration,
+                           .consumed_samples = progress.consumed_train_samples,
+                           .learning_rate = scheduler.lr(),
+                           .batch_size = batch_size,
+                           .lm_loss = loss,
+                           .loss_scale = optimizer->loss_scale(),
+                           .grad_norm = step.grad_norm,
+                           .world_size = ctx.world->size(),
+                           .memory = memory_stats(device)});
     const bool first = progress.iteration == first_iteration + 1;
     const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);
     if (first)
       LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
     if (first && ctx.pp->size() > 1) log_pipeline_memory(ctx, activation_mib, peak_memory_mib(device), micro, device);
     if (first || progress.iteration % args.log_interval == 0 || progress.iteration == train_iters) {
-      const int64_t iters_in_interval = std::max<int64_t>(1, interval_iters + interval_skipped);
+      const int64_t iters_in_interval = interval.iterations();
       IterationStats st;
       st.iteration = progress.iteration;
       st.train_iters = train_iters;
       st.consumed_samples = progress.consumed_train_samples;
-      st.elapsed_ms_per_iteration = 1e3 * interval_seconds / double(iters_in_interval);
-      st.tflops_per_gpu = flops_per_iteration / (st.elapsed_ms_per_iteration * 1e-3 * 1e12) / double(ctx.world->size());
-      st.tokens_per_second = interval_tokens / interval_seconds;
       st.learning_rate = scheduler.lr();
-      st.global_batch_size = args.global_batch_size;
-      st.lm_loss = interval_iters > 0 ? interval_loss_sum / double(interval_iters) : loss;
+      st.global_batch_size = batch_size;
       st.loss_scale = optimizer->loss_scale();  // after this step's update, as Megatron logs it
       st.grad_norm = step.grad_norm;
-      st.skipped_iterations = interval_skipped;
-      st.nan_iterations = interval_nan;
       st.peak_memory_mib = peak_memory_mib(device);
+      interval.close(st, loss, ctx.world->size());
       st.optimizer_state_mib = optimizer_state_mib;
       st.activation_memory_mib = activation_mib;
       interval_moe.report(st);
       interval_moe = {};
       print_from_last_rank(last_rank, format_training_log_line(st));
       metrics.write_training(st);
-      interval_loss_sum = interval_tokens = interval_seconds = 0;
-      interval_iters = interval_skipped = interval_nan = 0;
+      tensorboard.interval(st);
+      timers.log(st.iteration, iters_in_interval);
     }
-    const bool evaluate_now = data.valid && progress.iteration % args.eval_interval == 0;
-    const bool save_now =
-        should_save(args, progress.iteration) || (!args.save.empty() && progress.iteration == train_iters);
-    if (evaluate_now || save_now) ddp.finish_param_gather();
-    if (evaluate_now) {
+    if (data.valid && progress.iteration % args.eval_interval == 0) {
+      ddp.finish_param_gather();
       const Evaluation valid = evaluate(model, *valid_loader, "validation", args, ctx);
       nan_check.validation_loss(valid.loss, progress.iteration);
       progress.consumed_valid_samples += valid.samples;
       summary.valid_losses.push_back(valid.loss);
-      print_from_last_rank(last_rank, format_validation_line(concat("iteration ", progress.iteration), valid.loss));
-      metrics.write_evaluation("validation", progress.iteration, valid.loss, valid.samples, false);
+      report_evaluation("validation", valid, progress, false);
     }
-    if (save_now) save_training_checkpoint(args, model, optimizer.get(), scheduler, progress, ctx);
+    const bool save_now =
+        should_save(args, progress.iteration) || (!args.save.empty() && progress.iteration == train_iters);
+    // Megatron's checkpoint_and_decide_exit: after the evaluation, one save for the regular
+    // interval and an early exit alike.
+    const std::optional<EarlyExit> exit = exit_conditions.check(progress.iteration, *ctx.world, device);
+    async_saver.maybe_finalize(/*blocking=*/false);
+    if (save_now || (exit && !args.save.empty())) {
+      save();
+    } else if (args.non_persistent_save_interval > 0 && progress.iteration % args.non_persistent_save_interval == 0) {
+      ddp.finish_param_gather();
+      save_local_checkpoint(args, model, optimizer.get(), scheduler, progress, ctx);
+    }
+    if (exit) {
+      async_saver.maybe_finalize(/*blocking=*/true);
+      LOG_INFO("[" << exit->message << "] datetime: " << timestamp_now());
+      summary.early_exit = exit;
+      return summary;  // as Megatron's sys.exit: no evaluation after training
+    }
   }
+  async_saver.maybe_finalize(/*blocking=*/true);
   ddp.finish_param_gather();
   // Megatron's pretrain after the loop (and after the last save): the validation split once more
   // (its sample count planned for this "+1" evaluation), then the test split from its start.
@@ -490,18 +578,14 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
     const Evaluation valid = evaluate(model, *valid_loader, "validation", args, ctx);
     nan_check.validation_loss(valid.loss, progress.iteration);
     summary.end_valid_loss = valid.loss;
-    print_from_last_rank(
-        last_rank, format_validation_line(concat("iteration ", progress.iteration, " on validation set"), valid.loss));
-    metrics.write_evaluation("validation", progress.iteration, valid.loss, valid.samples, true);
+    report_evaluation("validation", valid, progress, true);
   }
   if (test_loader) {
     const Evaluation test = evaluate(model, *test_loader, "test", args, ctx);
     nan_check.validation_loss(test.loss, progress.iteration);
     summary.test_loss = test.loss;
     summary.test_samples = test.samples;
-    print_from_last_rank(last_rank,
-                         format_validation_line(concat("iteration ", progress.iteration, " on test set"), test.loss));
-    metrics.write_evaluation("test", progress.iteration, test.loss, test.samples, true);
+    report_evaluation("test", test, progress, true);
   }
   return summary;
 }

@@ -10,6 +10,7 @@
 #include "megatron/parallel/comm.h"
 #include "megatron/parallel/launch.h"
 #include "megatron/training/arguments.h"
+#include "megatron/training/exit_conditions.h"
 
 namespace megatron {
 
@@ -24,6 +25,9 @@ struct TrainingSummary {
   // the test split, eval_iters global batches each; unset when that split is not built.
   std::optional<double> end_valid_loss, test_loss;
   int64_t test_samples = 0;  // samples the test evaluation read
+  // Set when the run stopped before its last iteration (exit_conditions.h); the evaluations after
+  // training are then skipped, as in Megatron.
+  std::optional<EarlyExit> early_exit;
 };
 
 // The whole launched world: `mpi` is the process's runtime under mpirun/srun (args parsed with

@@ -276,12 +276,13 @@ LossSums GPTModel::evaluate(const Tensor& tokens, const Tensor& labels, const Te
   return sums;
 }
 
-Tensor GPTModel::logits(const Tensor& tokens) {
+Tensor GPTModel::logits(const Tensor& tokens, const Tensor& position_ids, const ForwardContext& fwd) {
   require_whole_model("logits");
   Saved saved;
   MicroBatch mb;
   mb.tokens = tokens;
-  const Tensor h = forward_layers(mb, Tensor(), {.training = false}, saved);
+  mb.position_ids = position_ids;
+  const Tensor h = forward_layers(mb, Tensor(), fwd, saved);
   return output_layer_->forward(h, saved.output);
 }
 
@@ -295,8 +296,7 @@ Tensor GPTModel::next_logits(const Tensor& tokens, KvCache& cache) {
   Tensor positions = Tensor::empty({B, S}, DType::i32);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t s = 0; s < S; ++s) positions.data<int32_t>()[b * S + s] = int32_t(L + s);
-  Saved saved;
-  const Tensor all = forward_to_logits(tokens, positions, Tensor(), {.training = false, .kv_cache = &cache}, saved);
+  const Tensor all = logits(tokens, positions, {.training = false, .kv_cache = &cache});
   cache.length += S;
   return gather_last_position(all);
 }

@@ -107,7 +107,9 @@ class GPTModel {
                     const Tensor& position_ids = Tensor(), const Tensor& segment_ids = Tensor());
   // Logits (S,B,V_local) for inference: this TP rank's columns [tp_rank*V/TP, (tp_rank+1)*V/TP) of
   // the padded vocabulary (the output layer is vocab-parallel).
-  Tensor logits(const Tensor& tokens);
+  // Positions default to 0..S-1; `fwd` carries a generation's key/value cache.
+  Tensor logits(const Tensor& tokens, const Tensor& position_ids = Tensor(),
+                const ForwardContext& fwd = {.training = false});
   // The last position's logits over the whole padded vocabulary, (B,V), the same on every TP rank:
   // what a sampler reads. Megatron gathers all (S,B,V) logits over TP for inference
   // (gather_from_tensor_model_parallel_region); one all-gather of the last row is all we need.
