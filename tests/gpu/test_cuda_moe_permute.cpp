@@ -47,9 +47,15 @@ Routing random_routing(int64_t T, int64_t E, int64_t k, uint64_t seed) {
 Tensor bound_of(const Tensor& abs_result, const Tensor& ref, int64_t terms, DType out_dtype) {
   Tensor bound = Tensor::empty(ref.shape(), DType::f64);
   const double u = out_dtype == DType::f32 ? 0.0 : unit_roundoff(out_dtype);
+  // Below the smallest normal number, rounding to the output dtype errs by up to half the
+  // subnormal spacing, not by u relative: 2^-25 for f16 (small weighted sums land there), 2^-134
+  // for bf16.
+  const double subnormal_half_step = out_dtype == DType::f16    ? std::ldexp(1.0, -25)
+                                     : out_dtype == DType::bf16 ? std::ldexp(1.0, -134)
+                                                                : 0.0;
   for (int64_t i = 0; i < ref.numel(); ++i) {
     const double e = double(terms + 1) * kUnitRoundoffF32 * abs_result.item(i);
-    bound.set_item(i, e * (1.0 + u) + u * std::fabs(ref.item(i)));
+    bound.set_item(i, e * (1.0 + u) + u * std::fabs(ref.item(i)) + subnormal_half_step);
   }
   return bound;
 }

@@ -1,5 +1,6 @@
 #include "megatron/hf_bridge/hf_weights.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -127,9 +128,10 @@ uint64_t parse_shard_size(const std::string& text) {
   const std::string unit = text.substr(used);
   const std::pair<const char*, double> units[] = {{"", 1},     {"B", 1},    {"KB", 1e3},
                                                   {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
-  for (const auto& [name, factor] : units)
-    if (used > 0 && unit == name && value > 0) return uint64_t(value * factor);
-  MEGATRON_FAIL("--max-shard-size " << text << " is not a size: give e.g. 5GB, 500MB or 200KB (decimal units)");
+  const auto* match = std::find_if(std::begin(units), std::end(units), [&](const auto& u) { return unit == u.first; });
+  MEGATRON_CHECK(used > 0 && value > 0 && match != std::end(units),
+                 "--max-shard-size " << text << " is not a size: give e.g. 5GB, 500MB or 200KB (decimal units)");
+  return uint64_t(value * match->second);
 }
 
 }  // namespace megatron::hf_bridge

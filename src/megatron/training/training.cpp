@@ -168,7 +168,7 @@ LossSums sum_over(Communicator& group, const LossSums& local, Device device) {
 }
 
 MicroBatch micro_batch_of(const datasets::Batch& b) {
-  return {b.tokens, b.labels, b.loss_mask, b.position_ids, b.segment_ids};
+  return {b.tokens, b.labels, b.loss_mask, b.position_ids, b.segment_ids, b.host_memory};
 }
 
 // Megatron's embedding-group all-reduce: the first and last pipeline stages' copies of a tied word
