@@ -16,6 +16,7 @@
 #include "megatron/pipeline_parallel/schedule_executor.h"
 #include "megatron/pipeline_parallel/stage_split.h"
 #include "multirank/multirank_util.h"
+#include "tiny_models.h"
 
 namespace megatron::testing {
 namespace {
@@ -26,28 +27,10 @@ constexpr int64_t kMicroBatches = 4, kBatch = 2, kSeq = 6;
 constexpr uint64_t kSeed = 1234;
 
 TransformerConfig config(bool llama) {
-  TransformerConfig c;
+  TransformerConfig c = llama ? llama_style(DType::f64) : gpt2_style(DType::f64);
   c.num_layers = 8;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 4;
-  c.kv_channels = 4;
-  c.ffn_hidden_size = 32;
-  c.vocab_size = c.padded_vocab_size = 24;
   c.max_position_embeddings = c.seq_length = kSeq;
-  c.init_method_std = 0.3f;
   c.attention_dropout = c.hidden_dropout = 0.1f;
-  c.params_dtype = DType::f64;
-  if (llama) {
-    c.normalization = Normalization::RMSNorm;
-    c.swiglu = true;
-    c.ffn_hidden_size = 24;
-    c.position_embedding_type = PositionEmbeddingType::rope;
-    c.group_query_attention = true;
-    c.num_query_groups = 2;
-    c.add_bias_linear = false;
-    c.untie_embeddings_and_output_weights = true;
-  }
   return c;
 }
 

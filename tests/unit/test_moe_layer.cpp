@@ -12,30 +12,18 @@
 #include "megatron/core/rng.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "model_gradient_check.h"
+#include "tiny_models.h"
 
 using namespace megatron;
 
 namespace {
 
 TransformerConfig moe_model() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
+  TransformerConfig c = megatron::testing::llama_style(DType::f64);
+  c.group_query_attention = false;
   c.num_query_groups = 4;
-  c.kv_channels = 4;
-  c.ffn_hidden_size = 24;
-  c.vocab_size = c.padded_vocab_size = 24;
-  c.max_position_embeddings = c.seq_length = 6;
-  c.init_method_std = 0.3f;  // large enough that every path carries a visible gradient
   c.attention_dropout = 0.0f;
   c.hidden_dropout = 0.1f;
-  c.normalization = Normalization::RMSNorm;
-  c.swiglu = true;
-  c.position_embedding_type = PositionEmbeddingType::rope;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
-  c.params_dtype = DType::f64;
   c.moe.num_moe_experts = 4;
   c.moe.moe_layer_freq = "[0,1]";
   c.moe.moe_ffn_hidden_size = 8;
