@@ -175,6 +175,7 @@ struct Case {
   bool segmented = false;   // random documents of 1-40 tokens (document masking)
   int64_t head_offset = 0;  // as a tensor-parallel rank: heads [offset, offset + NH) of 3 NH
   int64_t window = -1;      // sliding window (left size)
+  bool key_segmented = false;  // keys with documents of their own (a ring attention block)
 };
 
 // Segment ids (B,S) i32 of documents with random lengths in [1, 40].
@@ -192,6 +193,19 @@ Tensor random_segments(const Dims& d, uint64_t seed) {
       ids.data<int32_t>()[b * d.S + i] = id;
     }
   }
+  return ids;
+}
+
+// The keys' own documents for queries in `documents`: each key keeps its document, or (half of the
+// keys past a document's first) none of the queries' (-1), so every query still sees its
+// document's first key, causally or not.
+Tensor hidden_keys(const Tensor& documents, uint64_t seed) {
+  HostRng rng(seed);
+  Tensor ids = documents.clone();
+  int32_t* id = ids.data<int32_t>();
+  const int64_t S = ids.dim(1);
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    if (i % S > 0 && id[i] == documents.data<int32_t>()[i - 1] && rng.uniform_int(2) == 0) id[i] = -1;
   return ids;
 }
 
@@ -239,10 +253,13 @@ void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
   }
   if (c.segmented) p.segment_ids = random_segments(d, seed + 5);
   p.window = c.window;
+  if (c.key_segmented) p.key_segment_ids = hidden_keys(p.segment_ids, seed + 6);
   AttentionParams p_gpu = p;  // the same parameters with the segment ids on the GPU
   if (c.segmented) p_gpu.segment_ids = p.segment_ids.to(gpu());
+  if (c.key_segmented) p_gpu.key_segment_ids = p.key_segment_ids.to(gpu());
   const std::string what = case_name(path_name(c.path), c.dt, d, causal, dropout) + (c.segmented ? " segmented" : "") +
-                           " heads from " + std::to_string(c.head_offset) + " window " + std::to_string(c.window);
+                           " heads from " + std::to_string(c.head_offset) + " window " + std::to_string(c.window) +
+                           (c.key_segmented ? " key segments" : "");
   SCOPED_TRACE(what);
   const Pair q = random_pair(d.q_shape(), c.dt, seed, 1.0, c.misalign);
   const Pair k = random_pair(d.kv_shape(), c.dt, seed + 1, 1.0, c.misalign);
@@ -360,6 +377,37 @@ TEST_F(CudaAttention, F16SegmentsAndHeadOffsetsMatchCpuF64) {
   };
   uint64_t seed = 4000;
   for (const Case& c : cases) check_all_variants(c, seed += 100);
+}
+
+// Keys with segment ids of their own (context parallelism's ring blocks) on both paths and routed.
+TEST_F(CudaAttention, KeySegmentIdsMatchCpuF64) {
+  const Case cases[] = {
+      {{130, 2, 4, 2, 64}, DType::bf16, 0, Path::mma, true, 0, -1, true},
+      {{70, 1, 2, 1, 24}, DType::f32, 0, Path::generic, true, 0, -1, true},
+      {{130, 2, 4, 2, 128}, DType::bf16, 0, Path::routed, true, 0, -1, true},
+  };
+  uint64_t seed = 6000;
+  for (const Case& c : cases) check_all_variants(c, seed += 100);
+}
+
+// The log-sum-exp merge of a block of rows at an offset into running (out, lse), some of the
+// block's rows having seen no key (lse -inf: left as they were). out rounds once into its dtype
+// from float arithmetic on both sides, whose exp and log may differ by a few f32 ulps: 2 u of the
+// dtype plus 16 f32 u. lse is float on both: 16 u.
+TEST_F(CudaAttention, MergeMatchesCpu) {
+  const int64_t S = 16, Sb = 8, B = 2, NH = 3, HS = 24, offset = 5;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Pair out = random_pair({S, B, NH, HS}, dt, 1), lse = random_pair({B, NH, S}, DType::f32, 2, 2.0);
+    const Pair block_out = random_pair({Sb, B, NH, HS}, dt, 3);
+    Tensor block_lse = randn({B, NH, Sb}, DType::f32, 4, 2.0);
+    for (int64_t i = 0; i < block_lse.numel(); i += 5) block_lse.set_item(i, -INFINITY);
+    const Pair block_lse_pair = pair_of(block_lse);
+    ops::cuda::attention_merge(out.gpu, lse.gpu, block_out.gpu, block_lse_pair.gpu, offset);
+    ops::cpu::attention_merge(out.cpu, lse.cpu, block_out.cpu, block_lse_pair.cpu, offset);
+    EXPECT_TRUE(matches_cpu(out, unit_roundoff(dt), 2.0 + 16.0 * kUnitRoundoffF32 / unit_roundoff(dt)));
+    EXPECT_TRUE(matches_cpu(lse, kUnitRoundoffF32, 16.0));
+  }
 }
 
 // Sliding windows (Mistral): narrower than a tile, across tiles, with documents, on both paths,

@@ -18,13 +18,15 @@ constexpr int64_t kS = 5, kB = 2, kNH = 4, kG = 2, kHS = 4;
 AttentionParams params(bool causal, float dropout) { return {causal, 0.5f, dropout, 1234, stream_id("attn")}; }
 
 // Beside causal/full and dropout: document masking (segment ids), as under tensor parallelism
-// query heads that are a slice [head_offset, head_offset + NH) of total_heads, and sliding windows.
+// query heads that are a slice [head_offset, head_offset + NH) of total_heads, sliding windows, and
+// keys with segment ids of their own (a ring attention block).
 struct Variant {
   bool causal;
   float dropout;
   bool segmented = false;
   int64_t head_offset = 0, total_heads = 0;
   int64_t window = -1;
+  bool key_segmented = false;
 };
 
 const Variant kVariants[] = {{true, 0.0f},
@@ -36,16 +38,21 @@ const Variant kVariants[] = {{true, 0.0f},
                              {true, 0.3f, false, 4, 12},
                              {true, 0.3f, false, 0, 0, 1},
                              {true, 0.0f, true, 0, 0, 2},
-                             {false, 0.0f, false, 0, 0, 0}};
+                             {false, 0.0f, false, 0, 0, 0},
+                             {false, 0.0f, true, 0, 0, -1, true},
+                             {true, 0.3f, true, 0, 0, -1, true}};
 
 // Documents of lengths 2, 3 (row 0) and 1, 3, 1 (row 1); ids need only compare equal.
 Tensor segment_ids() { return Tensor::from_vector({0, 0, 1, 1, 1, 3, 4, 4, 4, 7}, {kB, kS}, DType::i32); }
+// The keys' own documents against those queries: every query still sees at least one key causally.
+Tensor key_segment_ids() { return Tensor::from_vector({0, 1, 1, 1, 2, 3, 4, 4, 7, 7}, {kB, kS}, DType::i32); }
 
 AttentionParams params(const Variant& v) {
   AttentionParams p = params(v.causal, v.dropout);
   p.head_offset = v.head_offset;
   p.total_heads = v.total_heads;
   if (v.segmented) p.segment_ids = segment_ids();
+  if (v.key_segmented) p.key_segment_ids = key_segment_ids();
   p.window = v.window;
   return p;
 }
@@ -53,7 +60,7 @@ AttentionParams params(const Variant& v) {
 std::string describe(const Variant& v) {
   return std::string("causal ") + (v.causal ? "1" : "0") + " dropout " + std::to_string(v.dropout) + " segmented " +
          (v.segmented ? "1" : "0") + " heads from " + std::to_string(v.head_offset) + " window " +
-         std::to_string(v.window);
+         std::to_string(v.window) + " key segments " + (v.key_segmented ? "1" : "0");
 }
 
 struct AttentionRun {
@@ -79,8 +86,9 @@ void reference_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor
                          const AttentionParams& p) {
   const CounterRng rng{p.seed, p.stream};
   const int64_t total_heads = p.total_heads == 0 ? kNH : p.total_heads;
+  const Tensor& key_documents = p.key_segment_ids.defined() ? p.key_segment_ids : p.segment_ids;
   const auto same_document = [&](int64_t b, int64_t i, int64_t j) {
-    return !p.segment_ids.defined() || p.segment_ids.item(b * kS + i) == p.segment_ids.item(b * kS + j);
+    return !p.segment_ids.defined() || p.segment_ids.item(b * kS + i) == key_documents.item(b * kS + j);
   };
   for (int64_t b = 0; b < kB; ++b) {
     for (int64_t h = 0; h < kNH; ++h) {
@@ -113,6 +121,43 @@ void reference_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor
 }
 
 }  // namespace
+
+// Attention over all keys is the log-sum-exp merge of attentions over two disjoint key sets (here
+// the keys' own segment ids pick each set), also for a block of rows at an offset, leaving the
+// other rows as they were.
+TEST(Attention, MergeOfTwoKeySetsEqualsAttentionOverBoth) {
+  const Tensor q = randn({kS, kB, kNH, kHS}, DType::f64, 31), k = randn({kS, kB, kG, kHS}, DType::f64, 32);
+  const Tensor v = randn({kS, kB, kG, kHS}, DType::f64, 33);
+  const auto over = [&](const std::vector<float>& key_set) {
+    AttentionParams p = params(false, 0.0f);
+    p.segment_ids = Tensor::zeros({kB, kS}, DType::i32);  // every query in set 0
+    p.key_segment_ids = Tensor::from_vector(key_set, {kB, kS}, DType::i32);
+    AttentionRun r{Tensor::empty(q.shape(), DType::f64), Tensor::empty({kB, kNH, kS}, DType::f64), {}, {}, {}};
+    ops::attention_forward(r.out, r.lse, q, k, v, p);
+    return r;
+  };
+  const std::vector<float> first = {0, 1, 0, 1, 1, 1, 0, 0, 1, 0}, second = {1, 0, 1, 0, 0, 0, 1, 1, 0, 1};
+  const AttentionRun all = over(std::vector<float>(size_t(kB * kS), 0.0f)), b = over(second);
+  AttentionRun a = over(first);
+  ops::attention_merge(a.out, a.lse, b.out, b.lse, 0);
+  // A merge is a few operations on values of order 1 per element.
+  EXPECT_TRUE(matches_reference(a.out, all.out, 0x1p-53, 16.0));
+  EXPECT_TRUE(matches_reference(a.lse, all.lse, 0x1p-53, 16.0));
+
+  constexpr int64_t kFrom = 2, kRows = kS - kFrom;  // merge rows [2, 5) only
+  AttentionRun c = over(first);
+  const AttentionRun d = over(second);
+  Tensor rows_lse = Tensor::empty({kB, kNH, kRows}, DType::f64);
+  for (int64_t bh = 0; bh < kB * kNH; ++bh)
+    for (int64_t i = 0; i < kRows; ++i) rows_lse.set_item(bh * kRows + i, d.lse.item(bh * kS + kFrom + i));
+  const Tensor before = c.out.clone(), before_lse = c.lse.clone();
+  ops::attention_merge(c.out, c.lse, d.out.slice(kFrom, kS).clone(), rows_lse, kFrom);
+  EXPECT_TRUE(matches_reference(c.out.slice(kFrom, kS), all.out.slice(kFrom, kS), 0x1p-53, 16.0));
+  EXPECT_TRUE(matches_reference(c.out.slice(0, kFrom), before.slice(0, kFrom), 0x1p-53, 0.0));
+  for (int64_t bh = 0; bh < kB * kNH; ++bh)
+    for (int64_t i = 0; i < kS; ++i)
+      EXPECT_NEAR(c.lse.item(bh * kS + i), (i < kFrom ? before_lse : all.lse).item(bh * kS + i), 1e-14);
+}
 
 TEST(Attention, ForwardMatchesTextbookDefinition) {
   const Tensor q = randn({kS, kB, kNH, kHS}, DType::f64, 1), k = randn({kS, kB, kG, kHS}, DType::f64, 2);

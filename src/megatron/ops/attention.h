@@ -16,10 +16,11 @@ struct AttentionParams {
   float dropout_p = 0.0f;
   uint64_t seed = 0;
   uint64_t stream = 0;
-  int64_t head_offset = 0;  // global index of this rank's first query head (dropout index)
-  int64_t total_heads = 0;  // global number of query heads; 0 = NH (no tensor parallelism)
-  Tensor segment_ids{};     // undefined = one document per sequence
-  int64_t window = -1;      // sliding window: query i sees keys j >= i - window; -1 = unlimited
+  int64_t head_offset = 0;   // global index of this rank's first query head (dropout index)
+  int64_t total_heads = 0;   // global number of query heads; 0 = NH (no tensor parallelism)
+  Tensor segment_ids{};      // undefined = one document per sequence
+  Tensor key_segment_ids{};  // the keys' own segment ids where they differ from the queries'; undefined = segment_ids
+  int64_t window = -1;       // sliding window: query i sees keys j >= i - window; -1 = unlimited
 };
 
 // q (S,B,NH,HS); k, v (S,B,G,HS) with NH % G == 0; query head h reads kv group h / (NH/G).
@@ -31,6 +32,10 @@ struct AttentionParams {
 // segment_ids (B,S) i32, optional (document masking, Megatron's --reset-attention-mask): query i
 // sees key j only when both carry the same segment id (and, causally, j <= i). A query row that
 // sees no key gets out = 0, lse = -inf.
+// key_segment_ids (B,S) i32, optional, only with segment_ids: the keys' segment ids when the keys
+// are other positions than the queries (a block of context parallelism's ring attention, whose
+// query and key chunks come from different places of the sequence): query i then sees key j when
+// segment_ids[b,i] == key_segment_ids[b,j].
 // window >= 0 (sliding-window attention, Megatron's --window-size, left size): query i also hides
 // keys j < i - window, so it sees at most window + 1 keys causally.
 // lse (B,NH,S) f32 (f64 for f64 q): log-sum-exp of each row of the scaled scores, returned so
@@ -40,6 +45,16 @@ MEGATRON_OP(attention_forward, void(Tensor& out, Tensor& lse, const Tensor& q, c
 MEGATRON_OP(attention_backward,
             void(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                  const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params));
+
+// The log-sum-exp merge of two attentions of the same queries over disjoint sets of keys (context
+// parallelism's ring attention): rows [row_offset, row_offset + Sb) of out (S,B,NH,HS) and
+// lse (B,NH,S) hold one partial result, block_out (Sb,B,NH,HS) and block_lse (B,NH,Sb) the other;
+// those rows become the attention over both key sets:
+//   lse' = log(exp(lse) + exp(block_lse)),  out' = out exp(lse - lse') + block_out exp(block_lse - lse').
+// A row that saw no key of one side (its lse is -inf) takes the other side's values. lse and
+// block_lse are f32 (f64 for f64 out), as attention_forward returns them.
+MEGATRON_OP(attention_merge,
+            void(Tensor& out, Tensor& lse, const Tensor& block_out, const Tensor& block_lse, int64_t row_offset));
 
 // Fused QKV (Megatron's per-query-group layout): qkv (S,B,G,(r+2)*HS), r = NH/G; each group
 // holds its r query heads, then one key head, then one value head (qkv_head below). split copies

@@ -22,6 +22,14 @@ void check_params(const AttentionParams& p, const AttentionDims& d, TensorCheck 
     check_shape(p.segment_ids, {d.B, d.S}, "attention segment_ids");
     check_dtype(p.segment_ids, DType::i32, "attention segment_ids");
   }
+  if (p.key_segment_ids.defined()) {
+    MEGATRON_CHECK(p.segment_ids.defined(),
+                   "attention key_segment_ids without segment_ids: the keys' documents "
+                   "are compared with the queries'; give the queries' segment_ids too");
+    device(p.key_segment_ids, "attention key_segment_ids");
+    check_shape(p.key_segment_ids, {d.B, d.S}, "attention key_segment_ids");
+    check_dtype(p.key_segment_ids, DType::i32, "attention key_segment_ids");
+  }
 }
 
 void check_lse(const Tensor& lse, const AttentionDims& d, DType q_dtype, TensorCheck device) {
@@ -117,6 +125,30 @@ AttentionDims check_attention_backward_qkv(const Tensor& dqkv, const Tensor& dou
   check_4d(dqkv, qkv.shape(), qkv.dtype(), "attention dqkv", backend.device);
   backend.q_dtype(qkv, "attention_backward_qkv");
   check_lse(lse, d, qkv.dtype(), backend.device);
+  return d;
+}
+
+AttentionDims check_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& block_out,
+                                    const Tensor& block_lse, int64_t row_offset, TensorCheck device) {
+  check_defined(out, "attention_merge out");
+  check_defined(block_out, "attention_merge block_out");
+  device(out, "attention_merge out");
+  device(block_out, "attention_merge block_out");
+  MEGATRON_CHECK(out.ndim() == 4, "attention_merge out must be (S,B,NH,HS), got " << shape_str(out.shape()));
+  const AttentionDims d{out.dim(0), out.dim(1), out.dim(2), out.dim(2), out.dim(3)};
+  MEGATRON_CHECK(block_out.ndim() == 4,
+                 "attention_merge block_out must be (Sb,B,NH,HS), got " << shape_str(block_out.shape()));
+  const int64_t Sb = block_out.dim(0);
+  MEGATRON_CHECK(row_offset >= 0 && row_offset + Sb <= d.S, "attention_merge: block rows ["
+                                                                << row_offset << ", " << row_offset + Sb
+                                                                << ") lie outside the " << d.S << " rows of out");
+  check_4d(block_out, {Sb, d.B, d.NH, d.HS}, out.dtype(), "attention_merge block_out", device);
+  device(lse, "attention_merge lse");
+  check_shape(lse, {d.B, d.NH, d.S}, "attention_merge lse");
+  check_dtype(lse, accum_dtype(out.dtype()), "attention_merge lse");
+  device(block_lse, "attention_merge block_lse");
+  check_shape(block_lse, {d.B, d.NH, Sb}, "attention_merge block_lse");
+  check_dtype(block_lse, accum_dtype(out.dtype()), "attention_merge block_lse");
   return d;
 }
 

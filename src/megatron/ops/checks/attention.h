@@ -34,5 +34,9 @@ AttentionDims check_attention_forward_qkv(const Tensor& out, const Tensor& lse, 
 AttentionDims check_attention_backward_qkv(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                            const Tensor& lse, int64_t num_heads, const AttentionParams& params,
                                            const AttentionBackend& backend);
+// attention_merge: out (S,B,NH,HS), lse (B,NH,S), block_out (Sb,B,NH,HS), block_lse (B,NH,Sb) with
+// the block's rows [row_offset, row_offset + Sb) inside out's; lse dtypes accum_dtype(out).
+AttentionDims check_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& block_out,
+                                    const Tensor& block_lse, int64_t row_offset, TensorCheck device);
 
 }  // namespace megatron::ops::checks

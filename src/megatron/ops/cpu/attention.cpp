@@ -35,20 +35,23 @@ A dropout_factor(const CounterRng& rng, const Dims& d, int64_t b, int64_t h, int
 }
 
 // Which keys query i of batch row b sees: j <= i when causal, j in i's segment when segment ids
-// are given, and j >= i - window with a sliding window.
+// are given (the keys' own when key_segment_ids is), and j >= i - window with a sliding window.
 struct KeyMask {
   bool causal;
-  const int32_t* segments;  // (B,S) or null
-  int64_t window;           // -1: unlimited
+  const int32_t* segments;      // (B,S) or null: the queries'
+  const int32_t* key_segments;  // (B,S): the keys'; segments when the keys have no ids of their own
+  int64_t window;               // -1: unlimited
   int64_t S;
   int64_t end(int64_t i) const { return causal ? i + 1 : S; }  // keys at or past end are hidden
   bool hidden(int64_t b, int64_t i, int64_t j) const {
-    return (segments && segments[b * S + j] != segments[b * S + i]) || (window >= 0 && j < i - window);
+    return (segments && key_segments[b * S + j] != segments[b * S + i]) || (window >= 0 && j < i - window);
   }
 };
 
 KeyMask key_mask(const AttentionParams& p, int64_t S) {
-  return {p.causal, p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr, p.window, S};
+  const int32_t* segments = p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr;
+  const int32_t* keys = p.key_segment_ids.defined() ? p.key_segment_ids.data<int32_t>() : segments;
+  return {p.causal, segments, keys, p.window, S};
 }
 
 template <class T>
@@ -188,6 +191,32 @@ void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
   }
 }
 
+// Rows [offset, offset + Sb) of (out, lse) merged with the block's (attention.h: attention_merge).
+template <class T>
+void attention_merge_kernel(T* out, compute_t<T>* lse, const T* block_out, const compute_t<T>* block_lse,
+                            const checks::AttentionDims& d, int64_t Sb, int64_t offset) {
+  using A = compute_t<T>;
+  const A minus_inf = -std::numeric_limits<A>::infinity();
+#pragma omp parallel for collapse(2) if (worth_parallel(Sb * d.B * d.NH * d.HS))
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t h = 0; h < d.NH; ++h) {
+      for (int64_t i = 0; i < Sb; ++i) {
+        A& l = lse[(b * d.NH + h) * d.S + offset + i];
+        const A lb = block_lse[(b * d.NH + h) * Sb + i];
+        if (lb == minus_inf) continue;  // the block's keys are all hidden from this row
+        // lse' = max + log(exp(l - max) + exp(lb - max)); a row with l = -inf takes the block's
+        const A m = std::max(l, lb);
+        const A merged = m + std::log(std::exp(l - m) + std::exp(lb - m));
+        const A w = std::exp(l - merged), wb = std::exp(lb - merged);
+        T* o = out + (((offset + i) * d.B + b) * d.NH + h) * d.HS;
+        const T* ob = block_out + ((i * d.B + b) * d.NH + h) * d.HS;
+        for (int64_t e = 0; e < d.HS; ++e) o[e] = store<T>(w * load(o[e]) + wb * load(ob[e]));
+        l = merged;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 }  // namespace megatron::ops::cpu
@@ -235,6 +264,15 @@ void cpu::attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor&
                                  const Tensor& lse, int64_t num_heads, const AttentionParams& params) {
   checks::check_attention_backward_qkv(dqkv, dout, qkv, out, lse, num_heads, params, kCpuAttention);
   attention_backward_qkv_by_definition(dqkv, dout, qkv, out, lse, num_heads, params);
+}
+
+void cpu::attention_merge(Tensor& out, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
+                          int64_t row_offset) {
+  const checks::AttentionDims d = checks::check_attention_merge(out, lse, block_out, block_lse, row_offset, check_cpu);
+  dispatch_floating(out.dtype(), "attention_merge", [&]<class T>(std::type_identity<T>) {
+    attention_merge_kernel<T>(out.data<T>(), lse.data<compute_t<T>>(), block_out.data<T>(),
+                              block_lse.data<compute_t<T>>(), d, block_out.dim(0), row_offset);
+  });
 }
 
 }  // namespace megatron::ops

@@ -39,18 +39,21 @@ struct Dims {
 Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q, const AttentionParams& p = {});
 // The keys a query hides besides causality: those of another document (segment ids, (B,S) int32,
 // null for one document per sequence) and, with a sliding window (window >= 0), those more than
-// `window` positions before it.
+// `window` positions before it. The keys' segment ids are their own where key_segment_ids is given
+// (a ring attention block), else the queries'.
 struct KeyMask {
   const int32_t* segments;
+  const int32_t* key_segments;
   int window;
   __host__ __device__ bool any() const { return segments != nullptr || window >= 0; }
   __device__ __forceinline__ bool hidden(const Dims& d, int b, int row, int col) const {
     if (window >= 0 && col < row - window) return true;
-    return segments && segments[int64_t(b) * d.S + row] != segments[int64_t(b) * d.S + col];
+    return segments && segments[int64_t(b) * d.S + row] != key_segments[int64_t(b) * d.S + col];
   }
 };
 inline KeyMask key_mask_of(const AttentionParams& p) {
-  return {p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr,
+  const int32_t* segments = p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr;
+  return {segments, p.key_segment_ids.defined() ? p.key_segment_ids.data<int32_t>() : segments,
           int(std::min<int64_t>(p.window, std::numeric_limits<int>::max()))};  // a window past S hides nothing
 }
 // The shared attention checks (ops/checks/attention.h) with CUDA's device rule and dtypes.

@@ -1,0 +1,135 @@
+// multirank-np: 2 4
+// Ring attention (context_parallel/ring_attention.h) over every rank of the world as one CP group
+// equals full causal attention on one rank, in f64: each rank's output, lse and gradients of q, k
+// and v equal the full computation's rows of the two chunks that rank holds (Megatron's
+// load-balanced split: chunks r and 2C-1-r), with grouped-query heads, with and without document
+// masks (segment ids whose documents cross the chunk boundaries).
+//
+// Tolerance 1e-12 relative to the largest reference value: the ring adds the same f64 terms in
+// another order (block by block, merged through the log-sum-exp), a few units of 2^-53 each; a
+// block attended under the wrong mask, a missed or doubled block, or a key gradient sent to the
+// wrong rank is off by O(1).
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "megatron/context_parallel/load_balance.h"
+#include "megatron/context_parallel/ring_attention.h"
+#include "megatron/ops/elementwise.h"
+#include "multirank/multirank_util.h"
+#include "unit/op_test_util.h"
+
+namespace megatron::testing {
+namespace {
+
+constexpr int64_t S = 16, B = 2, NH = 4, G = 2, HS = 8;
+
+void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  const double scale = std::max(1e-300, test::max_abs(expected));
+  double worst = 0.0;
+  for (int64_t i = 0; i < actual.numel(); ++i) worst = std::max(worst, std::fabs(actual.item(i) - expected.item(i)));
+  EXPECT_LE(worst, 1e-12 * scale) << what << ": largest difference " << worst << " against max " << scale;
+}
+
+// This rank's rows of a sequence-major (S, ...) tensor: its two chunks, in local order.
+Tensor local_rows(const Tensor& full, int64_t cp, int64_t rank) {
+  const context_parallel::CpChunks c = context_parallel::cp_chunks(full.dim(0), cp, rank);
+  Shape shape = full.shape();
+  shape[0] = 2 * c.length;
+  Tensor local = Tensor::empty(shape, full.dtype());
+  for (int half = 0; half < 2; ++half) {
+    Tensor rows = local.slice(half * c.length, (half + 1) * c.length);
+    ops::cast(rows, full.slice(c.start(half), c.start(half) + c.length));
+  }
+  return local;
+}
+
+// This rank's positions of lse (B,NH,S): through (S, B*NH) rows.
+Tensor local_lse(const Tensor& lse, int64_t cp, int64_t rank) {
+  Tensor sequence_major = Tensor::empty({S, B * NH}, lse.dtype());
+  ops::transpose01(sequence_major, lse.view({B * NH, S}));
+  const Tensor rows = local_rows(sequence_major, cp, rank);
+  Tensor out = Tensor::empty({B * NH, rows.dim(0)}, lse.dtype());
+  ops::transpose01(out, rows);
+  return out.view({B, NH, rows.dim(0)});
+}
+
+// Documents of varied lengths whose boundaries fall inside and between chunks.
+Tensor document_ids() {
+  Tensor ids = Tensor::empty({B, S}, DType::i32);
+  const int64_t boundaries[B][3] = {{3, 7, 12}, {9, 10, S}};
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t doc = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t x : boundaries[b])
+        if (s == x) ++doc;
+      ids.data<int32_t>()[b * S + s] = doc;
+    }
+  }
+  return ids;
+}
+
+void ring_matches_full_attention(bool documents) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  ParallelSizes sizes;
+  sizes.cp = world;
+  ParallelState st = make_state(sizes, 30);
+  Communicator& cp = *st.ctx.cp;
+  ASSERT_EQ(cp.size(), world);
+  const int64_t C = cp.size(), rank = cp.rank();
+
+  const Tensor q = test::randn({S, B, NH, HS}, DType::f64, 11);
+  const Tensor k = test::randn({S, B, G, HS}, DType::f64, 12);
+  const Tensor v = test::randn({S, B, G, HS}, DType::f64, 13);
+  const Tensor dout = test::randn({S, B, NH, HS}, DType::f64, 14);
+  ops::AttentionParams params{.causal = true, .softmax_scale = 0.35f};
+  if (documents) params.segment_ids = document_ids();
+
+  Tensor out = Tensor::empty(q.shape(), DType::f64), lse = Tensor::empty({B, NH, S}, DType::f64);
+  ops::attention_forward(out, lse, q, k, v, params);
+  Tensor dq = Tensor::empty(q.shape(), DType::f64), dk = Tensor::empty(k.shape(), DType::f64);
+  Tensor dv = Tensor::empty(v.shape(), DType::f64);
+  ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+
+  const Tensor q_local = local_rows(q, C, rank), k_local = local_rows(k, C, rank), v_local = local_rows(v, C, rank);
+  ops::AttentionParams local_params = params;
+  if (documents) local_params.segment_ids = context_parallel::split_sequence(params.segment_ids, C, rank);
+  Tensor ring_out = test::poisoned(q_local.shape(), DType::f64);
+  Tensor ring_lse = test::poisoned({B, NH, q_local.dim(0)}, DType::f64);
+  context_parallel::ring_attention_forward(ring_out, ring_lse, q_local, k_local, v_local, local_params, cp);
+  expect_close(ring_out, local_rows(out, C, rank), "output");
+  expect_close(ring_lse, local_lse(lse, C, rank), "lse");
+
+  Tensor ring_dq = test::poisoned(q_local.shape(), DType::f64);
+  Tensor ring_dk = test::poisoned(k_local.shape(), DType::f64), ring_dv = test::poisoned(v_local.shape(), DType::f64);
+  context_parallel::ring_attention_backward(ring_dq, ring_dk, ring_dv, local_rows(dout, C, rank), q_local, k_local,
+                                            v_local, ring_out, ring_lse, local_params, cp);
+  expect_close(ring_dq, local_rows(dq, C, rank), "dq");
+  expect_close(ring_dk, local_rows(dk, C, rank), "dk");
+  expect_close(ring_dv, local_rows(dv, C, rank), "dv");
+}
+
+TEST(RingAttention, CausalGroupedQueryMatchesFullAttention) { ring_matches_full_attention(false); }
+
+TEST(RingAttention, DocumentMasksMatchFullAttention) { ring_matches_full_attention(true); }
+
+// Megatron's case rules, worked by hand for C = 4, rank 1: step 1 holds rank 0's chunks (0, 7),
+// both q chunks (1, 6) see chunk 0 and neither sees 7; steps 2 and 3 hold ranks 3 (3, 4) and 2
+// (2, 5), which only q chunk 6 sees, both of them.
+TEST(RingAttention, StepBlocksFollowTheTruePositions) {
+  using context_parallel::ring_step_blocks;
+  using context_parallel::RingBlock;
+  EXPECT_TRUE(ring_step_blocks(0, 1, 4).empty());
+  EXPECT_EQ(ring_step_blocks(1, 1, 4), (std::vector<RingBlock>{{0, 0}, {1, 0}}));
+  EXPECT_EQ(ring_step_blocks(2, 1, 4), (std::vector<RingBlock>{{1, 0}, {1, 1}}));
+  EXPECT_EQ(ring_step_blocks(3, 1, 4), (std::vector<RingBlock>{{1, 0}, {1, 1}}));
+}
+
+}  // namespace
+}  // namespace megatron::testing
+
+int main(int argc, char** argv) { return megatron::testing::multirank_main(argc, argv); }
