@@ -261,7 +261,7 @@ TEST(ValidateArgs, EachRule) {
        "--min-loss-scale 8 exceeds --initial-loss-scale 4"},
       {with(minimal_argv(), {"--loss-scale-window", "0.5"}), "--loss-scale-window 0.5 must be a whole number"},
       {with(minimal_argv(), {"--hysteresis", "0"}), "--hysteresis 0 must be >= 1"},
-      {with(minimal_argv(), {"--pipeline-model-parallel-size", "2"}), "world size 1 is not a multiple of TP*PP = 2"},
+      {with(minimal_argv(), {"--pipeline-model-parallel-size", "2"}), "world size 1 is not a multiple of TP*CP*PP = 2"},
       {with(minimal_argv(), {"--global-batch-size", "5"}),
        "--global-batch-size 5 is not a multiple of --micro-batch-size 2 x data-parallel size 1 = 2: each step runs "
        "whole micro-batches on every replica; use e.g. 6"},
@@ -366,12 +366,9 @@ TEST(ParseArgs, TpCommOverlapNeedsTpAndSequenceParallel) {
   EXPECT_TRUE(parse_training_args(with(tp2, {"--sequence-parallel"}), 2).parallel.tp_comm_overlap);
 }
 
-// Megatron's flags for the axes this build cannot split yet: accepted, and refused unless 1.
-TEST(ValidateArgs, ContextAndExpertParallelismMustBeOne) {
-  EXPECT_EQ(parse_error(with(minimal_argv(), {"--context-parallel-size", "1", "--expert-model-parallel-size", "1"})),
-            "");
-  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--context-parallel-size", "2"}), 2),
-                       "--context-parallel-size 2: not yet supported, must be 1"));
+// Megatron's flag for the axis this build cannot split yet: accepted, and refused unless 1.
+TEST(ValidateArgs, ExpertParallelismMustBeOne) {
+  EXPECT_EQ(parse_error(with(minimal_argv(), {"--expert-model-parallel-size", "1"})), "");
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--expert-model-parallel-size", "4"}), 4),
                        "--expert-model-parallel-size 4: not yet supported, must be 1"));
 }
@@ -447,7 +444,7 @@ TEST(ValidateArgs, PipelineSplitAndScheduleRules) {
 
 TEST(ValidateArgs, WorldSizeMustHoldTheModelLayout) {
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--tensor-model-parallel-size", "2"}), 3),
-                       "world size 3 is not a multiple of TP*PP = 2"));
+                       "world size 3 is not a multiple of TP*CP*PP = 2"));
 }
 
 TEST(ValidateArgs, AllProblemsListedAtOnce) {

@@ -33,7 +33,12 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
   if (a.pipeline_model_parallel_size <= 0)
     errors.push_back(concat("--pipeline-model-parallel-size ", a.pipeline_model_parallel_size,
                             " must be positive: 1 disables pipeline parallelism"));
-  require_one(errors, a.context_parallel_size, "--context-parallel-size", "context parallelism");
+  if (a.context_parallel_size <= 0)
+    errors.push_back(concat("--context-parallel-size ", a.context_parallel_size,
+                            " must be positive: 1 disables context parallelism"));
+  if (a.cp_comm_type != "p2p")
+    errors.push_back(concat("--cp-comm-type ", a.cp_comm_type, ": only p2p (ring attention) is built; the a2a, ",
+                            "allgather and a2a+p2p variants are not yet; use --cp-comm-type p2p"));
   require_one(errors, a.expert_model_parallel_size, "--expert-model-parallel-size", "expert parallelism");
   if (a.expert_tensor_parallel_size != 0 && a.expert_tensor_parallel_size != tp)
     errors.push_back(concat("--expert-tensor-parallel-size ", a.expert_tensor_parallel_size,
@@ -46,11 +51,11 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
                             "all-gathers and reduce-scatters with the GEMMs; add --sequence-parallel or drop ",
                             "--tp-comm-overlap"));
   }
-  const int64_t model_parallel = tp * a.pipeline_model_parallel_size;
+  const int64_t model_parallel = tp * a.context_parallel_size * a.pipeline_model_parallel_size;
   if (world_size <= 0 || (model_parallel > 0 && world_size % model_parallel != 0)) {
-    errors.push_back(concat("world size ", world_size, " is not a multiple of TP*PP = ", model_parallel,
-                            ": each data-parallel replica needs all TP*PP ranks; launch a multiple of ", model_parallel,
-                            " ranks"));
+    errors.push_back(concat("world size ", world_size, " is not a multiple of TP*CP*PP = ", model_parallel,
+                            ": each data-parallel replica needs all TP*CP*PP ranks; launch a multiple of ",
+                            model_parallel, " ranks"));
   }
   return errors;
 }

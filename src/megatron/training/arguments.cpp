@@ -14,6 +14,7 @@
 #include "megatron/pipeline_parallel/schedule.h"
 #include "megatron/pipeline_parallel/stage_split.h"
 #include "megatron/training/checkpoint_io.h"
+#include "megatron/training/context_parallel.h"
 
 namespace megatron {
 namespace {
@@ -174,7 +175,10 @@ std::vector<Flag> build_flag_table() {
        parallel, "Count the loss as one layer of the last pipeline stage"},
       {"--pipeline-model-parallel-layout", FIELD(parallel.pipeline_model_parallel_layout), parallel,
        "Stages in order, '|' between them: E embedding, t layer, L loss, x*N and (..)*N repeat; e.g. \"Et|(tt|)*3,L\""},
-      {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel, "CP (1 in this build)"},
+      {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel,
+       "CP: each sequence split over CP ranks in 2 x CP load-balanced chunks, attention as a ring"},
+      {"--cp-comm-type", FIELD(parallel.cp_comm_type), parallel,
+       "How attention crosses the CP group: p2p (ring attention; the only one built)"},
       {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel, "EP (1 in this build)"},
       {"--expert-tensor-parallel-size", FIELD(parallel.expert_tensor_parallel_size), parallel,
        "Expert TP; unset: the TP size (the only value in this build)"},
@@ -814,6 +818,7 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   for (std::string& e : validate_tensor_parallel_split(args.model, args.parallel)) errors.push_back(std::move(e));
   check_batch(args, errors);
   check_pipeline(args, errors);
+  check_context_parallel(args, errors);
   check_rampup(args, errors);
   check_schedule(args, errors);
   check_optimizer(args.optimizer, errors);

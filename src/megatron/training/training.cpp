@@ -34,6 +34,7 @@
 #include "megatron/pipeline_parallel/stage_split.h"
 #include "megatron/training/async_checkpoint.h"
 #include "megatron/training/checkpoint_io.h"
+#include "megatron/training/context_parallel.h"
 #include "megatron/training/device.h"
 #include "megatron/training/exit_conditions.h"
 #include "megatron/training/local_checkpoint.h"
@@ -167,8 +168,10 @@ LossSums sum_over(Communicator& group, const LossSums& local, Device device) {
   return {sums.item(0), sums.item(1)};
 }
 
-MicroBatch micro_batch_of(const datasets::Batch& b) {
-  return {b.tokens, b.labels, b.loss_mask, b.position_ids, b.segment_ids, b.host_memory};
+// This rank's micro-batch: under context parallelism its two chunks of every sequence.
+MicroBatch micro_batch_of(const datasets::Batch& b, const ParallelContext& ctx) {
+  return context_parallel_part({b.tokens, b.labels, b.loss_mask, b.position_ids, b.segment_ids, b.host_memory},
+                               *ctx.cp);
 }
 
 // Megatron's embedding-group all-reduce: the first and last pipeline stages' copies of a tied word
@@ -216,7 +219,7 @@ Evaluation evaluate(GPTModel& model, datasets::DataLoader& loader, const char* s
     std::vector<MicroBatchRun> runs;
     for (int64_t m = 0; m < args.num_micro_batches(); ++m) {
       const datasets::Batch batch = next_batch(loader, split);
-      runs.push_back({.batch = micro_batch_of(batch), .fwd = {.training = false}});
+      runs.push_back({.batch = micro_batch_of(batch, ctx), .fwd = {.training = false}});
     }
     const LossSums s = pipeline_forward_backward(model, ctx, runs, /*forward_only=*/true);
     total.loss_sum += s.loss_sum;
@@ -448,14 +451,18 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
       double tokens = 0;
       for (float v : batch.loss_mask.to_vector()) tokens += v;
       // Megatron's default loss: the mean over each micro-batch's tokens, averaged over
-      // micro-batches, times the loss scale (1 without loss scaling).
-      const float grad_scale = tokens > 0 ? float(double(optimizer->loss_scale()) / (tokens * double(micro))) : 0.0f;
+      // micro-batches, times the loss scale (1 without loss scaling). Under context parallelism
+      // `tokens` counts the whole sequences and the gradients are averaged over DP x CP, so each
+      // CP rank's share is scaled by CP (Megatron's loss * cp_size).
+      const float grad_scale =
+          tokens > 0 ? float(double(optimizer->loss_scale()) * double(ctx.cp->size()) / (tokens * double(micro)))
+                     : 0.0f;
       // The micro-batch's index in the global batch, so dropout masks do not depend on the DP size.
       const ForwardContext fwd{.training = true,
                                .seed = uint64_t(args.seed),
                                .step = uint64_t((micro_batches_before + m) * dp_size + dp_rank),
                                .aux_loss_grad_scale = float(double(optimizer->loss_scale()) / double(micro))};
-      runs.push_back({.batch = micro_batch_of(batch), .fwd = fwd, .loss_grad_scale = grad_scale});
+      runs.push_back({.batch = micro_batch_of(batch, ctx), .fwd = fwd, .loss_grad_scale = grad_scale});
     }
     // With --overlap-param-gather the forward waits for each bucket of the previous step's
     // parameter all-gather just before it reads it (DDP listens to the model's notifications).

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "megatron/context_parallel/load_balance.h"
+#include "megatron/context_parallel/ring_attention.h"
 #include "megatron/ops/elementwise.h"
 
 namespace megatron {
@@ -41,6 +43,7 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
                    .percent = config.rotary_percent,
                    .interleaved = config.rotary_interleaved,
                    .scaling_factor = config.use_rope_scaling ? config.rope_scaling_factor : 0.0f},
+      cp_(ctx.cp && ctx.cp->size() > 1 ? ctx.cp : nullptr),
       linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
                   {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std}),
       linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
@@ -68,7 +71,7 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
   if (fwd.kv_cache) return forward_cached(qkv, fwd, saved);
   saved.out = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
   saved.lse = Tensor::empty({B, heads_local_, S}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
-  if (!rope_) {  // q, k, v read in place from the projection where the backend can
+  if (!rope_ && !cp_) {  // q, k, v read in place from the projection where the backend can
     saved.fused = qkv;
     ops::attention_forward_qkv(saved.out, saved.lse, qkv, heads_local_, saved.attention);
     return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
@@ -78,10 +81,42 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
   saved.k = split.k;
   saved.v = split.v;
   ops::qkv_split(saved.q, saved.k, saved.v, qkv);
-  ops::rope_forward(saved.q, saved.q, rope_params_);
-  ops::rope_forward(saved.k, saved.k, rope_params_);
-  ops::attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention);
+  if (rope_) {
+    rotate(saved.q, false);
+    rotate(saved.k, false);
+  }
+  core_attention_forward(saved);
   return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
+}
+
+// Without CP the positions are 0..S-1; with it, the two chunks' true positions. `inverse`: the
+// backward rotation.
+void SelfAttention::rotate(Tensor& x, bool inverse) const {
+  const auto rope = [&](Tensor& rows, const ops::RopeParams& at) {
+    inverse ? ops::rope_backward(rows, rows, at) : ops::rope_forward(rows, rows, at);
+  };
+  if (!cp_) return rope(x, rope_params_);
+  const context_parallel::CpChunks c = context_parallel::cp_chunks(x.dim(0) * cp_->size(), cp_->size(), cp_->rank());
+  for (int half = 0; half < 2; ++half) {
+    Tensor rows = x.slice(half * c.length, (half + 1) * c.length);
+    ops::RopeParams at = rope_params_;
+    at.position_offset = c.start(half);
+    rope(rows, at);
+  }
+}
+
+void SelfAttention::core_attention_forward(Saved& saved) const {
+  if (cp_)
+    return context_parallel::ring_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
+                                                    *cp_);
+  ops::attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention);
+}
+
+void SelfAttention::core_attention_backward(ops::SplitQkv& d, const Tensor& dout, const Saved& saved) const {
+  if (cp_)
+    return context_parallel::ring_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
+                                                     saved.lse, saved.attention, *cp_);
+  ops::attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out, saved.lse, saved.attention);
 }
 
 // The new queries sit at rows [L, L + S) of a query tensor over all L + S positions, whose rows
@@ -89,6 +124,9 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
 // exactly the keys it sees, cached and new, with the model's window. The work is (L + S)^2 per
 // layer instead of S, negligible beside the projections and the MLP a full recompute would redo.
 Tensor SelfAttention::forward_cached(const Tensor& qkv, const ForwardContext& fwd, Saved& saved) const {
+  MEGATRON_CHECK(!cp_,
+                 "generation with a key/value cache runs without context parallelism; "
+                 "use --context-parallel-size 1");
   KvCache& cache = *fwd.kv_cache;
   const int64_t S = qkv.dim(0), B = qkv.dim(1), L = cache.length, T = L + S;
   const ops::SplitQkv split = ops::empty_split_qkv(qkv, heads_local_);
@@ -118,14 +156,16 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved) const {
   const int64_t S = saved.out.dim(0), B = saved.out.dim(1);  // the whole sequence, also when dy is an SP shard
   Tensor dqkv =
       Tensor::empty({S, B, groups_local_, (heads_local_ / groups_local_ + 2) * head_dim_}, dy.dtype(), dy.device());
-  if (!rope_) {
+  if (saved.fused.defined()) {
     ops::attention_backward_qkv(dqkv, dout, saved.fused, saved.out, saved.lse, heads_local_, saved.attention);
     return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);
   }
   ops::SplitQkv d = ops::empty_split_qkv(dqkv, heads_local_);
-  ops::attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out, saved.lse, saved.attention);
-  ops::rope_backward(d.q, d.q, rope_params_);
-  ops::rope_backward(d.k, d.k, rope_params_);
+  core_attention_backward(d, dout, saved);
+  if (rope_) {
+    rotate(d.q, true);
+    rotate(d.k, true);
+  }
   ops::qkv_merge(dqkv, d.q, d.k, d.v);
   return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);
 }

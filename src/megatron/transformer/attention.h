@@ -5,7 +5,12 @@
 // global indices [head_offset, head_offset + heads_local) of total_heads feed the attention
 // dropout's counters, so every TP layout draws the TP=1 masks. With sequence parallelism the
 // input and output are sequence shards; attention itself sees the whole sequence (the QKV
-// projection gathers it).
+// projection gathers it). Under context parallelism (a CP group of more than one rank) the
+// sequence is this rank's two chunks of Megatron's load-balanced split
+// (context_parallel/load_balance.h): RoPE rotates each chunk by its true positions and the core
+// attention is the ring over the CP group (context_parallel/ring_attention.h), which keeps the
+// op's contract, so Saved holds the same q, k, v, out, lse.
+#include <memory>
 #include <string>
 
 #include "megatron/core/activation_memory.h"
@@ -38,6 +43,12 @@ class SelfAttention {
   Tensor forward_cached(const Tensor& qkv, const ForwardContext& fwd, Saved& saved) const;
 
   static int64_t query_groups_per_rank(const TransformerConfig& c, int tp);
+  // RoPE of q or k (S,B,heads,d) in place at the positions this rank holds (both CP chunks'), or
+  // with `inverse` its backward on their gradients.
+  void rotate(Tensor& x, bool inverse) const;
+  // Core attention over the whole sequence: the op, or the ring under context parallelism.
+  void core_attention_forward(Saved& saved) const;
+  void core_attention_backward(ops::SplitQkv& d, const Tensor& dout, const Saved& saved) const;
   std::string prefix_;
   int64_t heads_local_, total_heads_, head_offset_;  // this rank's query heads: [offset, offset + local) of total
   int64_t groups_local_, head_dim_;
@@ -45,6 +56,7 @@ class SelfAttention {
   bool rope_;
   int64_t window_;  // sliding window (left size), -1: none
   ops::RopeParams rope_params_;
+  std::shared_ptr<Communicator> cp_;  // the context-parallel group when it has more than one rank, else null
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;
 };
