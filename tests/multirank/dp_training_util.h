@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -138,6 +139,20 @@ inline double expect_same_curve(const TrainingSummary& single, const TrainingSum
   EXPECT_EQ(std::vector<double>(single.loss_scales.begin() + long(first), single.loss_scales.end()), s.loss_scales)
       << what;
   return worst;
+}
+
+// A whole run against the single rank's: the training curve with its gradient norms, the
+// validation during training and the one after it, each within `tolerance` relative. With `print`
+// (world rank 0), says how much of the tolerance the largest deviation used, in units of f64's u.
+inline void expect_same_run(const TrainingSummary& single, const TrainingSummary& s, double tolerance,
+                            const std::string& what, bool print) {
+  double worst = expect_same_curve(single, s, 0, tolerance, /*compare_grad_norm=*/true, what);
+  worst = std::max(worst, expect_close(single.valid_losses, s.valid_losses, 0, tolerance, what + " validation loss"));
+  worst = std::max(worst, expect_close({*single.end_valid_loss}, {*s.end_valid_loss}, 0, tolerance,
+                                       what + " final validation loss"));
+  if (print)
+    std::printf("%s: largest deviation %.1f u of the %.0f u allowed\n", what.c_str(), worst / 0x1p-53,
+                tolerance / 0x1p-53);
 }
 
 }  // namespace megatron::testing

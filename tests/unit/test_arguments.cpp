@@ -366,6 +366,57 @@ TEST(ParseArgs, TpCommOverlapNeedsTpAndSequenceParallel) {
   EXPECT_TRUE(parse_training_args(with(tp2, {"--sequence-parallel"}), 2).parallel.tp_comm_overlap);
 }
 
+namespace {
+
+// --context-parallel-size 2 with dropout off (not built under CP), plus `extra`.
+Argv cp2_argv(const Argv& extra = {}) {
+  return with(minimal_argv(),
+              with({"--context-parallel-size", "2", "--attention-dropout", "0", "--hidden-dropout", "0"}, extra));
+}
+
+// minimal_argv() with the value of --seq-length replaced (a flag given twice is an error).
+Argv with_seq_length(Argv argv, int64_t S) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i)
+    if (argv[i] == "--seq-length") argv[i + 1] = std::to_string(S);
+  return argv;
+}
+
+}  // namespace
+
+TEST(ContextParallelArgs, ValidLayoutParses) {
+  const TrainingArgs args = parse_training_args(cp2_argv(), 4);
+  EXPECT_EQ(args.parallel.context_parallel_size, 2);
+  EXPECT_EQ(args.parallel.cp_comm_type, "p2p");
+  EXPECT_EQ(args.data_parallel_size, 2);
+}
+
+TEST(ContextParallelArgs, SequenceMustSplitIntoTwoChunksPerRank) {
+  EXPECT_TRUE(contains(parse_error(with_seq_length(cp2_argv(), 126), 2),
+                       "--seq-length 126 is not divisible by 2 x --context-parallel-size = 4"));
+  // Under sequence parallelism each rank's S/CP positions split over TP as well.
+  EXPECT_TRUE(contains(
+      parse_error(with_seq_length(cp2_argv({"--tensor-model-parallel-size", "2", "--sequence-parallel"}), 12), 4),
+      "--seq-length 12 is not divisible by 2 x --context-parallel-size x "
+      "--tensor-model-parallel-size = 8 under --sequence-parallel"));
+}
+
+TEST(ContextParallelArgs, CombinationsNotBuiltAreRefusedWithTheFix) {
+  const Argv with_dropout = with(minimal_argv(), {"--context-parallel-size", "2"});
+  EXPECT_TRUE(contains(parse_error(with_dropout, 2), "add --attention-dropout 0 --hidden-dropout 0"));
+  EXPECT_TRUE(contains(parse_error(cp2_argv({"--pipeline-model-parallel-size", "2"}), 4),
+                       "context and pipeline parallelism together are not built yet"));
+  EXPECT_TRUE(contains(parse_error(cp2_argv({"--window-size", "8,0"}), 2), "drop --window-size or use CP 1"));
+  EXPECT_TRUE(contains(parse_error(cp2_argv({"--cp-comm-type", "allgather"}), 2), "use --cp-comm-type p2p or a2a"));
+  // a2a splits heads over CP: 4 heads at CP 2 do, 4 heads at CP 8 (with 4 query groups) do not.
+  EXPECT_EQ(parse_error(cp2_argv({"--cp-comm-type", "a2a"}), 2), "");
+  Argv cp8 = cp2_argv({"--cp-comm-type", "a2a"});
+  *(std::find(cp8.begin(), cp8.end(), "--context-parallel-size") + 1) = "8";
+  EXPECT_TRUE(contains(parse_error(cp8, 8), "each TP rank's 4 attention heads and 4 query groups must divide by CP"));
+  EXPECT_TRUE(contains(parse_error(cp2_argv(), 3), "world size 3 is not a multiple of TP*CP*PP = 2"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--context-parallel-size", "0"}), 1),
+                       "--context-parallel-size 0 must be positive"));
+}
+
 // Megatron's flag for the axis this build cannot split yet: accepted, and refused unless 1.
 TEST(ValidateArgs, ExpertParallelismMustBeOne) {
   EXPECT_EQ(parse_error(with(minimal_argv(), {"--expert-model-parallel-size", "1"})), "");

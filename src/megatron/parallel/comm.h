@@ -148,6 +148,10 @@ class SingleRankCommunicator final : public Communicator {
 // A handle whose operation finished when it was issued.
 CommHandlePtr completed_handle();
 
+// How attention crosses the context-parallel group (--cp-comm-type): p2p, the ring that passes keys
+// and values; a2a, all-to-alls that trade the sequence split for a head split.
+enum class CpCommType { p2p, a2a };
+
 // The groups one rank belongs to, passed explicitly to layers (no process-group globals).
 // Megatron's groups (reference/megatron-compat.md §7); parallel_state.h builds them.
 struct ParallelContext {
@@ -171,6 +175,7 @@ struct ParallelContext {
   // sequence_parallel() and tp_comm_overlap(): as in Megatron, neither takes effect at TP 1.
   bool sequence_parallel_given = false;
   bool tp_comm_overlap_given = false;
+  CpCommType cp_comm_type = CpCommType::p2p;  // --cp-comm-type
 
   int tp_rank() const { return tp->rank(); }
   int tp_size() const { return tp->size(); }

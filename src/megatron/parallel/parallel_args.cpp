@@ -36,9 +36,9 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
   if (a.context_parallel_size <= 0)
     errors.push_back(concat("--context-parallel-size ", a.context_parallel_size,
                             " must be positive: 1 disables context parallelism"));
-  if (a.cp_comm_type != "p2p")
-    errors.push_back(concat("--cp-comm-type ", a.cp_comm_type, ": only p2p (ring attention) is built; the a2a, ",
-                            "allgather and a2a+p2p variants are not yet; use --cp-comm-type p2p"));
+  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
+    errors.push_back(concat("--cp-comm-type ", a.cp_comm_type, ": p2p (ring attention) and a2a (all-to-all over ",
+                            "heads) are built; allgather and a2a+p2p are not yet; use --cp-comm-type p2p or a2a"));
   require_one(errors, a.expert_model_parallel_size, "--expert-model-parallel-size", "expert parallelism");
   if (a.expert_tensor_parallel_size != 0 && a.expert_tensor_parallel_size != tp)
     errors.push_back(concat("--expert-tensor-parallel-size ", a.expert_tensor_parallel_size,
@@ -77,6 +77,7 @@ ParallelContext model_context(const ParallelContext& groups, const ParallelArgs&
   ParallelContext ctx = groups;
   ctx.sequence_parallel_given = args.sequence_parallel;
   ctx.tp_comm_overlap_given = args.tp_comm_overlap;
+  ctx.cp_comm_type = args.cp_comm_type == "a2a" ? CpCommType::a2a : CpCommType::p2p;
   return ctx;
 }
 

@@ -1,5 +1,7 @@
 #include "megatron/training/context_parallel.h"
 
+#include <algorithm>
+
 #include "megatron/context_parallel/load_balance.h"
 #include "megatron/core/strings.h"
 
@@ -17,6 +19,12 @@ void check_context_parallel(const TrainingArgs& a, std::vector<std::string>& err
                             "--tensor-model-parallel-size = ", 2 * cp * tp, " under --sequence-parallel: each CP ",
                             "rank's ", S / cp, " positions split over TP; use a multiple of ", 2 * cp * tp,
                             " or drop --sequence-parallel"));
+  const int64_t heads = a.model.num_attention_heads / std::max<int64_t>(tp, 1);
+  const int64_t groups = a.model.num_query_groups / std::max<int64_t>(tp, 1);
+  if (a.parallel.cp_comm_type == "a2a" && (heads % cp != 0 || groups % cp != 0))
+    errors.push_back(concat("--cp-comm-type a2a with --context-parallel-size ", cp, ": each TP rank's ", heads,
+                            " attention heads and ", groups, " query groups must divide by CP (the all-to-all ",
+                            "splits heads over the CP ranks); use --cp-comm-type p2p or a CP that divides both"));
   if (a.model.attention_dropout > 0.0f || a.model.hidden_dropout > 0.0f)
     errors.push_back(concat("--attention-dropout ", a.model.attention_dropout, " and --hidden-dropout ",
                             a.model.hidden_dropout, " with --context-parallel-size ", cp,

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "megatron/context_parallel/all_to_all_attention.h"
 #include "megatron/context_parallel/load_balance.h"
 #include "megatron/context_parallel/ring_attention.h"
 #include "megatron/ops/elementwise.h"
@@ -44,6 +45,7 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
                    .interleaved = config.rotary_interleaved,
                    .scaling_factor = config.use_rope_scaling ? config.rope_scaling_factor : 0.0f},
       cp_(ctx.cp && ctx.cp->size() > 1 ? ctx.cp : nullptr),
+      cp_all_to_all_(ctx.cp_comm_type == CpCommType::a2a),
       linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
                   {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std}),
       linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
@@ -106,6 +108,9 @@ void SelfAttention::rotate(Tensor& x, bool inverse) const {
 }
 
 void SelfAttention::core_attention_forward(Saved& saved) const {
+  if (cp_ && cp_all_to_all_)
+    return context_parallel::all_to_all_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v,
+                                                          saved.attention, *cp_);
   if (cp_)
     return context_parallel::ring_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
                                                     *cp_);
@@ -113,6 +118,9 @@ void SelfAttention::core_attention_forward(Saved& saved) const {
 }
 
 void SelfAttention::core_attention_backward(ops::SplitQkv& d, const Tensor& dout, const Saved& saved) const {
+  if (cp_ && cp_all_to_all_)
+    return context_parallel::all_to_all_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
+                                                           saved.lse, saved.attention, *cp_);
   if (cp_)
     return context_parallel::ring_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
                                                      saved.lse, saved.attention, *cp_);

@@ -8,8 +8,9 @@
 // projection gathers it). Under context parallelism (a CP group of more than one rank) the
 // sequence is this rank's two chunks of Megatron's load-balanced split
 // (context_parallel/load_balance.h): RoPE rotates each chunk by its true positions and the core
-// attention is the ring over the CP group (context_parallel/ring_attention.h), which keeps the
-// op's contract, so Saved holds the same q, k, v, out, lse.
+// attention is the ring over the CP group (context_parallel/ring_attention.h) or, with
+// --cp-comm-type a2a, the all-to-all over heads (all_to_all_attention.h); both keep the op's
+// contract, so Saved holds the same q, k, v, out, lse.
 #include <memory>
 #include <string>
 
@@ -57,6 +58,7 @@ class SelfAttention {
   int64_t window_;  // sliding window (left size), -1: none
   ops::RopeParams rope_params_;
   std::shared_ptr<Communicator> cp_;  // the context-parallel group when it has more than one rank, else null
+  bool cp_all_to_all_;                // --cp-comm-type a2a: heads exchanged, else the ring
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;
 };

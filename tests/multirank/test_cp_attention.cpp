@@ -1,20 +1,23 @@
 // multirank-np: 2 4
-// Ring attention (context_parallel/ring_attention.h) over every rank of the world as one CP group
-// equals full causal attention on one rank, in f64: each rank's output, lse and gradients of q, k
-// and v equal the full computation's rows of the two chunks that rank holds (Megatron's
-// load-balanced split: chunks r and 2C-1-r), with grouped-query heads, with and without document
-// masks (segment ids whose documents cross the chunk boundaries).
+// Context-parallel attention over every rank of the world as one CP group equals full causal
+// attention on one rank, in f64, for both of Megatron's comm types: the ring
+// (context_parallel/ring_attention.h, --cp-comm-type p2p) and the all-to-all over heads
+// (all_to_all_attention.h, a2a). Each rank's output, lse and gradients of q, k and v equal the
+// full computation's rows of the two chunks that rank holds (Megatron's load-balanced split:
+// chunks r and 2C-1-r), with grouped-query heads, with and without document masks (segment ids
+// whose documents cross the chunk boundaries).
 //
-// Tolerance 1e-12 relative to the largest reference value: the ring adds the same f64 terms in
-// another order (block by block, merged through the log-sum-exp), a few units of 2^-53 each; a
-// block attended under the wrong mask, a missed or doubled block, or a key gradient sent to the
-// wrong rank is off by O(1).
+// Tolerance 1e-12 relative to the largest reference value: CP adds the same f64 terms in another
+// order (the ring block by block, merged through the log-sum-exp; the all-to-all not at all), a few
+// units of 2^-53 each; a block attended under the wrong mask, a missed or doubled block, a chunk
+// or head sent to the wrong rank is off by O(1).
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
+#include "megatron/context_parallel/all_to_all_attention.h"
 #include "megatron/context_parallel/load_balance.h"
 #include "megatron/context_parallel/ring_attention.h"
 #include "megatron/ops/elementwise.h"
@@ -24,14 +27,11 @@
 namespace megatron::testing {
 namespace {
 
-constexpr int64_t S = 16, B = 2, NH = 4, G = 2, HS = 8;
+constexpr int64_t S = 16, B = 2, NH = 8, G = 4, HS = 8;  // heads and groups divide by CP = 2 and 4 (a2a)
 
 void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
   ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  const double scale = std::max(1e-300, test::max_abs(expected));
-  double worst = 0.0;
-  for (int64_t i = 0; i < actual.numel(); ++i) worst = std::max(worst, std::fabs(actual.item(i) - expected.item(i)));
-  EXPECT_LE(worst, 1e-12 * scale) << what << ": largest difference " << worst << " against max " << scale;
+  EXPECT_TRUE(test::all_close(actual, expected, 0.0, 1e-12 * test::max_abs(expected))) << what;
 }
 
 // This rank's rows of a sequence-major (S, ...) tensor: its two chunks, in local order.
@@ -72,7 +72,16 @@ Tensor document_ids() {
   return ids;
 }
 
-void ring_matches_full_attention(bool documents) {
+// One of the two CP attentions: forward and backward with the op's contract on the local rows.
+struct CpAttention {
+  decltype(&context_parallel::ring_attention_forward) forward;
+  decltype(&context_parallel::ring_attention_backward) backward;
+};
+constexpr CpAttention kRing{context_parallel::ring_attention_forward, context_parallel::ring_attention_backward};
+constexpr CpAttention kAllToAll{context_parallel::all_to_all_attention_forward,
+                                context_parallel::all_to_all_attention_backward};
+
+void cp_matches_full_attention(const CpAttention& attention, bool documents) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   ParallelSizes sizes;
@@ -98,24 +107,28 @@ void ring_matches_full_attention(bool documents) {
   const Tensor q_local = local_rows(q, C, rank), k_local = local_rows(k, C, rank), v_local = local_rows(v, C, rank);
   ops::AttentionParams local_params = params;
   if (documents) local_params.segment_ids = context_parallel::split_sequence(params.segment_ids, C, rank);
-  Tensor ring_out = test::poisoned(q_local.shape(), DType::f64);
-  Tensor ring_lse = test::poisoned({B, NH, q_local.dim(0)}, DType::f64);
-  context_parallel::ring_attention_forward(ring_out, ring_lse, q_local, k_local, v_local, local_params, cp);
-  expect_close(ring_out, local_rows(out, C, rank), "output");
-  expect_close(ring_lse, local_lse(lse, C, rank), "lse");
+  Tensor cp_out = test::poisoned(q_local.shape(), DType::f64);
+  Tensor cp_lse = test::poisoned({B, NH, q_local.dim(0)}, DType::f64);
+  attention.forward(cp_out, cp_lse, q_local, k_local, v_local, local_params, cp);
+  expect_close(cp_out, local_rows(out, C, rank), "output");
+  expect_close(cp_lse, local_lse(lse, C, rank), "lse");
 
-  Tensor ring_dq = test::poisoned(q_local.shape(), DType::f64);
-  Tensor ring_dk = test::poisoned(k_local.shape(), DType::f64), ring_dv = test::poisoned(v_local.shape(), DType::f64);
-  context_parallel::ring_attention_backward(ring_dq, ring_dk, ring_dv, local_rows(dout, C, rank), q_local, k_local,
-                                            v_local, ring_out, ring_lse, local_params, cp);
-  expect_close(ring_dq, local_rows(dq, C, rank), "dq");
-  expect_close(ring_dk, local_rows(dk, C, rank), "dk");
-  expect_close(ring_dv, local_rows(dv, C, rank), "dv");
+  Tensor cp_dq = test::poisoned(q_local.shape(), DType::f64);
+  Tensor cp_dk = test::poisoned(k_local.shape(), DType::f64), cp_dv = test::poisoned(v_local.shape(), DType::f64);
+  attention.backward(cp_dq, cp_dk, cp_dv, local_rows(dout, C, rank), q_local, k_local, v_local, cp_out, cp_lse,
+                     local_params, cp);
+  expect_close(cp_dq, local_rows(dq, C, rank), "dq");
+  expect_close(cp_dk, local_rows(dk, C, rank), "dk");
+  expect_close(cp_dv, local_rows(dv, C, rank), "dv");
 }
 
-TEST(RingAttention, CausalGroupedQueryMatchesFullAttention) { ring_matches_full_attention(false); }
+TEST(RingAttention, CausalGroupedQueryMatchesFullAttention) { cp_matches_full_attention(kRing, false); }
 
-TEST(RingAttention, DocumentMasksMatchFullAttention) { ring_matches_full_attention(true); }
+TEST(RingAttention, DocumentMasksMatchFullAttention) { cp_matches_full_attention(kRing, true); }
+
+TEST(AllToAllAttention, CausalGroupedQueryMatchesFullAttention) { cp_matches_full_attention(kAllToAll, false); }
+
+TEST(AllToAllAttention, DocumentMasksMatchFullAttention) { cp_matches_full_attention(kAllToAll, true); }
 
 // Megatron's case rules, worked by hand for C = 4, rank 1: step 1 holds rank 0's chunks (0, 7),
 // both q chunks (1, 6) see chunk 0 and neither sees 7; steps 2 and 3 hold ranks 3 (3, 4) and 2
