@@ -4,8 +4,10 @@
 // over TP x PP with the tied copy counted once, validation forward-only) trains the single-rank
 // model. GPT-2 style (tied embeddings) and LLaMA style (untied), dropout on, 4 layers, 10
 // iterations with a validation at 10, in f64:
-//   2 ranks: PP=2 (both styles), and PP=2 split unevenly (1 + 3 layers, LLaMA);
-//   4 ranks: PP=4 (both styles), TP=2 x PP=2 with sequence parallelism (LLaMA), PP=2 x DP=2 with
+//   2 ranks: PP=2 (both styles), and PP=2 split unevenly (1 + 3 layers, LLaMA), PP=2 with full
+//            activation recomputation (GPT);
+//   4 ranks: PP=4 (both styles), TP=2 x PP=2 with sequence parallelism (LLaMA; also with full and
+//            with selective recomputation, whose reruns repeat the SP gathers), PP=2 x DP=2 with
 //            the distributed optimizer (GPT).
 // Then a checkpoint (fp32, GPT): PP=2 (x DP=2 on 4 ranks) saves at iteration 5; PP=1 and
 // (4 ranks) PP=4 resume it on the same curve: layers are saved under their global numbers, the
@@ -54,13 +56,28 @@ std::vector<Layout> layouts(int world) {
             {"PP=2 uneven 1+3",
              llama,
              {.pp = 2},
-             {"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"}}};
+             {"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"}},
+            {"PP=2 full recompute uniform 1",
+             gpt,
+             {.pp = 2},
+             {"--pipeline-model-parallel-size", "2", "--recompute-granularity", "full", "--recompute-method", "uniform",
+              "--recompute-num-layers", "1"}}};
   return {{"PP=4", gpt, {.pp = 4}, {"--pipeline-model-parallel-size", "4"}},
           {"PP=4", llama, {.pp = 4}, {"--pipeline-model-parallel-size", "4"}},
           {"TP=2 x PP=2 SP",
            llama,
            {.tp = 2, .pp = 2},
            {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"}},
+          {"TP=2 x PP=2 SP full recompute block 1",
+           llama,
+           {.tp = 2, .pp = 2},
+           {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+            "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}},
+          {"TP=2 x PP=2 SP selective recompute core_attn mlp",
+           llama,
+           {.tp = 2, .pp = 2},
+           {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+            "--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"}},
           {"PP=2 x DP=2 distributed optimizer",
            gpt,
            {.pp = 2},
