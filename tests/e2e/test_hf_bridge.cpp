@@ -4,6 +4,7 @@
 // naming the tensor or field with nothing written, and train/generate need no model flags.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -196,6 +197,28 @@ TEST(HfBridge, GenerateAndFinetuneNeedNoModelFlags) {
   hf_bridge::export_hf({.load = out, .hf_dir = dir / "hf"});
   const nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(dir / "hf/config.json"));
   EXPECT_EQ(config["model_type"], "qwen2");
+}
+
+// --no-eod-termination: a model whose next token is always the end of document (the final norm
+// outputs its bias alone, ones, which the tied embedding row of <|endoftext|>, id 0, matches
+// best by far) stops after one token by default, and with the flag generates every token asked for.
+TEST(HfBridge, NoEodTerminationGeneratesEveryTokenAskedFor) {
+  TempDir dir;
+  const std::string hf = edited_fixture(dir, "gpt2", [](std::vector<checkpointing::NamedTensor>& t) {
+    for (auto& x : t) {
+      float* v = x.tensor.data<float>();
+      if (x.name == "transformer.ln_f.weight") std::fill(v, v + x.tensor.numel(), 0.0f);
+      if (x.name == "transformer.ln_f.bias") std::fill(v, v + x.tensor.numel(), 1.0f);
+      if (x.name == "transformer.wte.weight") std::fill(v, v + x.tensor.dim(1), 10.0f);  // row 0
+    }
+  });
+  const std::string ckpt = dir / "ckpt";
+  hf_bridge::import_hf({.hf_dir = hf, .save = ckpt});
+  const std::string run = "generate --load " + ckpt + " --prompt 'The quick' --max-new-tokens 6 --temperature 0";
+  const RunResult stops = run_megatron(run);
+  EXPECT_NE(stops.output.find("generated 1 tokens"), std::string::npos) << stops.output;
+  const RunResult all = run_megatron(run + " --no-eod-termination");
+  EXPECT_NE(all.output.find("generated 6 tokens"), std::string::npos) << all.output;
 }
 
 // A vocab_size TP does not divide (GPT-2's 50257 at TP 2) is padded in the checkpoint, and the
