@@ -55,9 +55,9 @@ nlohmann::json args_json(const TrainingArgs& args) {
 
 }  // namespace
 
-std::vector<ShardedTensor> model_state(GPTModel& model, Optimizer::StateCopies copies) {
+std::vector<ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies) {
   std::vector<ShardedTensor> out;
-  for (const auto& p : model.parameters().params())
+  for (const auto& p : model.parameters.params())
     if (copies == Optimizer::StateCopies::this_rank || !p->is_duplicate())
       for (const auto& slice : p->global_slices())
         out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
@@ -186,11 +186,11 @@ std::optional<datasets::TokenizerOptions> saved_tokenizer(const checkpointing::C
 }
 // The model's state: every parameter's slices held here, and the MoE routers' expert biases
 // (Megatron's persistent buffers, so --finetune loads them too).
-void load_model_state(const CheckpointReader& reader, GPTModel& model, const std::string& load_dir) {
-  for (const auto& p : model.parameters().params())
+void load_model_state(const CheckpointReader& reader, const CheckpointedModel& model, const std::string& load_dir) {
+  for (const auto& p : model.parameters.params())
     for (auto& slice : p->global_slices()) reader.load(p->spec.name, slice.global_offset, slice.local);
   const nlohmann::json& common = reader.common();
-  for (moe::MoELayer* layer : model.moe_layers()) {
+  for (moe::MoELayer* layer : model.moe_layers) {
     moe::Router& router = layer->router();
     if (router.expert_bias().empty()) continue;
     const std::string& name = router.expert_bias_name();
@@ -299,11 +299,12 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
   staging.finish(reports, common);
 }
 
-nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& model, const Optimizer* optimizer,
-                                     const OptimizerParamScheduler& scheduler, const TrainingProgress& progress) {
+nlohmann::json training_common_state(const TrainingArgs& args, const CheckpointedModel& model,
+                                     const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
+                                     const TrainingProgress& progress) {
   nlohmann::json common = common_state(args, progress, scheduler.num_steps(), optimizer ? optimizer->step_count() : 0);
   // Aux-loss-free routing: every rank holds the same expert biases (updated from all-reduced counts).
-  for (const moe::MoELayer* layer : model.moe_layers())
+  for (const moe::MoELayer* layer : model.moe_layers)
     if (!layer->router().expert_bias().empty())
       common["moe_expert_bias"][layer->router().expert_bias_name()] = layer->router().expert_bias();
   // Megatron keeps the scaler in the optimizer's state dict; every rank holds the same state.
@@ -312,15 +313,15 @@ nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& m
   return common;
 }
 
-TrainingCheckpointSave::TrainingCheckpointSave(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
-                                               const OptimizerParamScheduler& scheduler,
+TrainingCheckpointSave::TrainingCheckpointSave(const TrainingArgs& args, const CheckpointedModel& model,
+                                               const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
                                                const TrainingProgress& progress, const ParallelContext& ctx,
                                                Snapshot snapshot, const checkpointing::SaveOptions& options)
     : save_dir_(args.save),
       iteration_(progress.iteration),
       keep_last_(args.keep_last_checkpoints),
       world_(ctx.world.get()),
-      device_(model.device()),
+      device_(model.device),
       options_(options),
       common_(training_common_state(args, model, optimizer, scheduler, progress)) {
   if (optimizer && !args.no_save_optim) optim_ = optimizer->sharded_state(Optimizer::StateCopies::one_replica);
@@ -385,7 +386,7 @@ void TrainingCheckpointSave::publish() {
   LOG_INFO("  successfully saved checkpoint from iteration " << iteration_ << " to " << save_dir_);
 }
 
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+void save_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                               const ParallelContext& ctx, const checkpointing::SaveOptions& options) {
   TrainingCheckpointSave save(args, model, optimizer, scheduler, progress, ctx, TrainingCheckpointSave::Snapshot::none,
@@ -394,7 +395,7 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
   save.publish();
 }
 
-void restore_training_state(const CheckpointReader& reader, const TrainingArgs& args, GPTModel& model,
+void restore_training_state(const CheckpointReader& reader, const TrainingArgs& args, const CheckpointedModel& model,
                             Optimizer* optimizer, OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   const nlohmann::json& common = reader.common();
   check_same_architecture(common.at("args"), args, reader.directory());
@@ -431,7 +432,7 @@ void restore_training_state(const CheckpointReader& reader, const TrainingArgs& 
   }
 }
 
-bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
+bool load_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   if (args.load.empty()) return false;
   if (!checkpoint_to_load(args.load, args.ckpt_step).has_value()) {
@@ -494,7 +495,7 @@ datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOption
   return saved ? datasets::complete_tokenizer_options(given, *saved) : given;
 }
 
-void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step) {
+void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step) {
   const CheckpointReader reader = open_chosen(load_dir, ckpt_step, /*describe=*/false);
   load_model_state(reader, model, load_dir);
 }

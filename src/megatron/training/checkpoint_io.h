@@ -33,6 +33,7 @@
 
 #include "megatron/checkpointing/checkpoint.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "megatron/models/gpt/model_chunks.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
 #include "megatron/training/arguments.h"
@@ -70,6 +71,19 @@ std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, 
 // (--load the same directory, as Megatron users resume), so a fresh run never replaces them.
 void check_checkpoint_directories(const TrainingArgs& args);
 
+// What a checkpoint holds of a model: every parameter of its registry (one GPTModel's, or every
+// chunk's of this pipeline rank) and its MoE routers' expert biases. Implicit: either is passed
+// where a checkpoint function takes a model.
+struct CheckpointedModel {
+  CheckpointedModel(GPTModel& model)
+      : parameters(model.parameters()), moe_layers(model.moe_layers()), device(model.device()) {}
+  CheckpointedModel(ModelChunks& chunks)
+      : parameters(chunks.parameters()), moe_layers(chunks.moe_layers()), device(chunks.device()) {}
+  ParameterRegistry& parameters;
+  std::vector<moe::MoELayer*> moe_layers;
+  Device device;
+};
+
 // One save of the protocol above in its steps, so that the files can be written on another thread
 // while training goes on (--async-save, async_checkpoint.h):
 //   constructor (collective): takes this rank's state (with Snapshot::host_copy, into host memory
@@ -83,7 +97,7 @@ void check_checkpoint_directories(const TrainingArgs& args);
 class TrainingCheckpointSave {
  public:
   enum class Snapshot { none, host_copy };
-  TrainingCheckpointSave(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+  TrainingCheckpointSave(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                          const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                          const ParallelContext& ctx, Snapshot snapshot, const checkpointing::SaveOptions& options = {});
   ~TrainingCheckpointSave();
@@ -115,7 +129,7 @@ class TrainingCheckpointSave {
 
 // All three steps at once. options.on_stage is called on every rank at the stages it reaches
 // (fault injection for tests).
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+void save_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                               const ParallelContext& ctx, const checkpointing::SaveOptions& options = {});
 
@@ -131,17 +145,19 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
 // checkpoints, local_checkpoint.h): this rank's weights (one_replica: one copy of every element
 // over the world, this_rank: all it holds) and common.json's state (iteration, data position,
 // scheduler, optimizer step, loss scaler, the run's flags).
-std::vector<checkpointing::ShardedTensor> model_state(GPTModel& model, Optimizer::StateCopies copies);
-nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& model, const Optimizer* optimizer,
-                                     const OptimizerParamScheduler& scheduler, const TrainingProgress& progress);
+std::vector<checkpointing::ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies);
+nlohmann::json training_common_state(const TrainingArgs& args, const CheckpointedModel& model,
+                                     const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
+                                     const TrainingProgress& progress);
 // Restores from an opened checkpoint what load_training_checkpoint restores from --load's.
-void restore_training_state(const checkpointing::CheckpointReader& reader, const TrainingArgs& args, GPTModel& model,
-                            Optimizer* optimizer, OptimizerParamScheduler* scheduler, TrainingProgress* progress);
+void restore_training_state(const checkpointing::CheckpointReader& reader, const TrainingArgs& args,
+                            const CheckpointedModel& model, Optimizer* optimizer, OptimizerParamScheduler* scheduler,
+                            TrainingProgress* progress);
 
 // Loads checkpoint_to_load(args.load, args.ckpt_step) (or nothing when it holds none). Restores the
 // model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress.
 // Returns whether a checkpoint was loaded.
-bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
+bool load_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress);
 
 // The tokenizer a run uses (TrainingArgs::tokenizer): the tokenizer flags as given when they are
@@ -164,6 +180,6 @@ TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step
 // The flags (name, value text) the checkpoint checkpoint_to_load(load_dir, ckpt_step) chooses was
 // saved with, as stored; empty when load_dir holds no checkpoint.
 std::vector<std::pair<std::string, std::string>> saved_flags(const std::string& load_dir, int64_t ckpt_step);
-void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step = 0);
+void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step = 0);
 
 }  // namespace megatron
