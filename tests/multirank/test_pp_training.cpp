@@ -103,60 +103,53 @@ TEST(PpTraining, EveryLayoutFollowsTheSingleRank) {
   }
 }
 
-// GPT-2 style, whose tied embedding is saved once (from the first stage) and read by both ends.
-TEST(PpCheckpoint, SavedAtPp2ResumesAtPp1AndPp4) {
-  const int world = int(make_state({}).ctx.world->size());
+// GPT-2 style (the tied embedding saved once, from the first stage, and read by both ends): a
+// checkpoint saved at iteration 5 by the PP=2 layout `save_flags` resumes in each of `resumes` (no
+// flags: one rank) on the single-rank curve.
+void expect_resumed_on_the_curve(const std::string& saved, const std::vector<std::string>& save_flags,
+                                 const std::vector<Layout>& resumes) {
   const double tolerance = 200 * 0x1p-24;
   const ModelStyle style = ModelStyle::gpt;
   const TrainingSummary straight = train_single_rank(tiny_pp_run(style, kIterations));
   std::unique_ptr<TempDir> owner;
-  std::string dir;
+  if (make_state({}).ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
+  const std::string dir = shared_directory(owner.get()) + "/checkpoints";
   {
     const ParallelState st = make_state({.pp = 2}, 60);
-    if (st.ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
-    dir = shared_directory(owner.get());
     const TrainingSummary first =
-        train_on(st.ctx, with(tiny_pp_run(style, 5),
-                              {"--pipeline-model-parallel-size", "2", "--save", dir + "/pp2", "--save-interval", "5"}));
+        train_on(st.ctx, with(tiny_pp_run(style, 5), with(save_flags, {"--save", dir, "--save-interval", "5"})));
     const std::vector<double> straight_5(straight.train_losses.begin(), straight.train_losses.begin() + 5);
-    expect_close(straight_5, first.train_losses, 0, tolerance, "PP=2 loss");
+    expect_close(straight_5, first.train_losses, 0, tolerance, saved + " loss");
     st.ctx.world->barrier();
   }
-  const TrainingSummary at_one = train_single_rank(with(tiny_pp_run(style, kIterations), {"--load", dir + "/pp2"}));
-  expect_same_curve(straight, at_one, 5, tolerance, true, "PP=2 -> PP=1");
-  if (world == 4) {
-    const ParallelState st = make_state({.pp = 4}, 60);
-    const TrainingSummary at_four = train_on(
-        st.ctx, with(tiny_pp_run(style, kIterations), {"--pipeline-model-parallel-size", "4", "--load", dir + "/pp2"}));
-    expect_same_curve(straight, at_four, 5, tolerance, true, "PP=2 -> PP=4");
+  for (const Layout& l : resumes) {
+    const std::vector<std::string> argv = with(tiny_pp_run(style, kIterations), with(l.flags, {"--load", dir}));
+    const std::string what = saved + " -> " + l.name;
+    if (l.flags.empty()) {
+      expect_same_curve(straight, train_single_rank(argv), 5, tolerance, true, what);
+      continue;
+    }
+    const ParallelState st = make_state(l.sizes, 60);
+    expect_same_curve(straight, train_on(st.ctx, argv), 5, tolerance, true, what);
   }
   make_state({}).ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
 
+TEST(PpCheckpoint, SavedAtPp2ResumesAtPp1AndPp4) {
+  using enum ModelStyle;
+  std::vector<Layout> resumes = {{"PP=1", gpt, {}, {}}};
+  if (make_state({}).ctx.world->size() == 4)
+    resumes.push_back({"PP=4", gpt, {.pp = 4}, {"--pipeline-model-parallel-size", "4"}});
+  expect_resumed_on_the_curve("PP=2", {"--pipeline-model-parallel-size", "2"}, resumes);
+}
+
 // Each rank's two chunks save their layers under global numbers: PP=1 and PP=2 without
-// interleaving (another layer per rank) read them.
+// interleaving (two layers per rank) read them.
 TEST(PpCheckpoint, SavedInterleavedResumesAtPp1AndPp2) {
-  const double tolerance = 200 * 0x1p-24;
-  const ModelStyle style = ModelStyle::gpt;
-  const TrainingSummary straight = train_single_rank(tiny_pp_run(style, kIterations));
-  std::unique_ptr<TempDir> owner;
-  std::string dir;
-  {
-    const ParallelState st = make_state({.pp = 2}, 60);
-    if (st.ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
-    dir = shared_directory(owner.get());
-    const TrainingSummary first = train_on(
-        st.ctx, with(tiny_pp_run(style, 5), with(interleaved, {"--save", dir + "/v2", "--save-interval", "5"})));
-    const std::vector<double> straight_5(straight.train_losses.begin(), straight.train_losses.begin() + 5);
-    expect_close(straight_5, first.train_losses, 0, tolerance, "PP=2 x V=2 loss");
-    const TrainingSummary at_two = train_on(
-        st.ctx, with(tiny_pp_run(style, kIterations), {"--pipeline-model-parallel-size", "2", "--load", dir + "/v2"}));
-    expect_same_curve(straight, at_two, 5, tolerance, true, "PP=2 x V=2 -> PP=2");
-    st.ctx.world->barrier();
-  }
-  const TrainingSummary at_one = train_single_rank(with(tiny_pp_run(style, kIterations), {"--load", dir + "/v2"}));
-  expect_same_curve(straight, at_one, 5, tolerance, true, "PP=2 x V=2 -> PP=1");
-  make_state({}).ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
+  using enum ModelStyle;
+  expect_resumed_on_the_curve(
+      "PP=2 x V=2", interleaved,
+      {{"PP=1", gpt, {}, {}}, {"PP=2", gpt, {.pp = 2}, {"--pipeline-model-parallel-size", "2"}}});
 }
 
 // --reset-attention-mask on documents of 3 to 9 tokens (every sample spans several): PP=4's middle
