@@ -9,7 +9,8 @@
 //            rank 0's first chunk and rank 1's last);
 //   4 ranks: PP=4 (both styles; ranks 1 and 2 read no data), TP=2 x PP=2 with sequence
 //            parallelism (LLaMA), PP=2 x DP=2 with the distributed optimizer (GPT), and the same
-//            interleaved (PP=2 x V=2 x DP=2).
+//            interleaved (PP=2 x V=2 x DP=2; GPT, and LLaMA with the gradient reduction and the
+//            parameter gather overlapped in buckets of 2000 elements, 7 over the two chunks).
 // Then a checkpoint (fp32, GPT): PP=2 (x DP=2 on 4 ranks) saves at iteration 5; PP=1 and
 // (4 ranks) PP=4 resume it on the same curve: layers are saved under their global numbers, the
 // tied copy once. A checkpoint saved interleaved (PP=2 x V=2) resumes at PP=1 and at PP=2 without
@@ -78,7 +79,12 @@ std::vector<Layout> layouts(int world) {
        gpt,
        {.pp = 2},
        {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}},
-      {"PP=2 x V=2 x DP=2 distributed optimizer", gpt, {.pp = 2}, with(interleaved, {"--use-distributed-optimizer"})}};
+      {"PP=2 x V=2 x DP=2 distributed optimizer", gpt, {.pp = 2}, with(interleaved, {"--use-distributed-optimizer"})},
+      {"PP=2 x V=2 x DP=2 distributed optimizer, overlapped reduce and gather, small buckets",
+       llama,
+       {.pp = 2},
+       with(interleaved, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                          "--ddp-bucket-size", "2000"})}};
 }
 
 TEST(PpTraining, EveryLayoutFollowsTheSingleRank) {
