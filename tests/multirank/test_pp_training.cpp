@@ -4,13 +4,15 @@
 // over TP x PP with the tied copy counted once, validation forward-only) trains the single-rank
 // model. GPT-2 style (tied embeddings) and LLaMA style (untied), dropout on, 4 layers, 10
 // iterations with a validation at 10, in f64:
-//   2 ranks: PP=2 (both styles), PP=2 split unevenly (1 + 3 layers, LLaMA), and PP=2 with two
-//            virtual stages per rank, the interleaved schedule (both styles; the tied copies on
-//            rank 0's first chunk and rank 1's last);
+//   2 ranks: PP=2 (both styles), PP=2 split unevenly (1 + 3 layers, LLaMA), PP=2 with full
+//            activation recomputation (GPT), and PP=2 with two virtual stages per rank, the
+//            interleaved schedule (both styles; the tied copies on rank 0's first chunk and rank
+//            1's last);
 //   4 ranks: PP=4 (both styles; ranks 1 and 2 read no data), TP=2 x PP=2 with sequence
-//            parallelism (LLaMA), PP=2 x DP=2 with the distributed optimizer (GPT), and the same
-//            interleaved (PP=2 x V=2 x DP=2; GPT, and LLaMA with the gradient reduction and the
-//            parameter gather overlapped in buckets of 2000 elements, 7 over the two chunks).
+//            parallelism (LLaMA; also with full and with selective recomputation, whose reruns
+//            repeat the SP gathers), PP=2 x DP=2 with the distributed optimizer (GPT), and the
+//            same interleaved (PP=2 x V=2 x DP=2; GPT, and LLaMA with the gradient reduction and
+//            the parameter gather overlapped in buckets of 2000 elements, 7 over the two chunks).
 // Then a checkpoint (fp32, GPT): PP=2 (x DP=2 on 4 ranks) saves at iteration 5; PP=1 and
 // (4 ranks) PP=4 resume it on the same curve: layers are saved under their global numbers, the
 // tied copy once. A checkpoint saved interleaved (PP=2 x V=2) resumes at PP=1 and at PP=2 without
@@ -66,6 +68,11 @@ std::vector<Layout> layouts(int world) {
              llama,
              {.pp = 2},
              {"--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "1"}},
+            {"PP=2 full recompute uniform 1",
+             gpt,
+             {.pp = 2},
+             {"--pipeline-model-parallel-size", "2", "--recompute-granularity", "full", "--recompute-method", "uniform",
+              "--recompute-num-layers", "1"}},
             {"PP=2 x V=2", gpt, {.pp = 2}, interleaved},
             {"PP=2 x V=2", llama, {.pp = 2}, interleaved}};
   return {
@@ -75,6 +82,16 @@ std::vector<Layout> layouts(int world) {
        llama,
        {.tp = 2, .pp = 2},
        {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"}},
+      {"TP=2 x PP=2 SP full recompute block 1",
+       llama,
+       {.tp = 2, .pp = 2},
+       {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+        "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"}},
+      {"TP=2 x PP=2 SP selective recompute core_attn mlp",
+       llama,
+       {.tp = 2, .pp = 2},
+       {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+        "--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"}},
       {"PP=2 x DP=2 distributed optimizer",
        gpt,
        {.pp = 2},

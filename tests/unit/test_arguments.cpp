@@ -582,3 +582,18 @@ TEST(ParseArgs, SlidingWindowAndRopeScaling) {
   EXPECT_NE(parse_error(with(minimal_argv(), {"--use-rope-scaling"})).find("--position-embedding-type is not rope"),
             std::string::npos);
 }
+
+TEST(ParseArgs, RecomputeFlags) {
+  const TrainingArgs a = parse_training_args(
+      with(minimal_argv(), {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"}));
+  EXPECT_TRUE(a.model.recompute.recomputes("mlp"));
+  EXPECT_TRUE(a.model.recompute.recomputes("core_attn"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--recompute-granularity", "partial"})),
+                       "--recompute-granularity 'partial': expected one of full, selective"));
+  // Megatron's bound is the layers per pipeline rank: 4 layers over PP = 2 allow at most 2.
+  const Argv four_layers = with(without("--num-layers"), {"--num-layers", "4", "--pipeline-model-parallel-size", "2"});
+  const Argv full = {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers"};
+  EXPECT_EQ(parse_error(with(with(four_layers, full), {"2"}), 2), "");
+  EXPECT_TRUE(contains(parse_error(with(with(four_layers, full), {"3"}), 2),
+                       "--recompute-num-layers 3 must lie between 1 and the layers per pipeline rank (2"));
+}

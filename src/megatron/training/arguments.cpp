@@ -33,6 +33,7 @@ std::vector<Flag> build_flag_table() {
   const char* model = "model";
   const char* moe = "mixture of experts";
   const char* parallel = "parallelism and precision";
+  const char* recompute = "activation recomputation";
   const char* training = "training";
   const char* lr = "learning rate (Megatron's OptimizerParamScheduler)";
   const char* optimizer = "optimizer (AdamW)";
@@ -141,6 +142,24 @@ std::vector<Flag> build_flag_table() {
        moe,
        "How tokens reach the experts of other ranks",
        {"allgather", "alltoall"}},
+      {"--recompute-granularity",
+       FIELD(model.recompute.recompute_granularity),
+       recompute,
+       "full: checkpointed layers keep only their input and run forward again in backward; selective: the "
+       "--recompute-modules of every layer do",
+       {"full", "selective"}},
+      {"--recompute-activations", Switch{FIELD(model.recompute.recompute_activations), true}, recompute,
+       "The same as --recompute-granularity selective"},
+      {"--recompute-method",
+       FIELD(model.recompute.recompute_method),
+       recompute,
+       "With full: uniform (every layer, in groups of --recompute-num-layers) or block (the first "
+       "--recompute-num-layers layers of each pipeline stage)",
+       {"uniform", "block"}},
+      {"--recompute-num-layers", FIELD(model.recompute.recompute_num_layers), recompute,
+       "With full: layers per group (uniform) or layers recomputed per pipeline stage (block)"},
+      {"--recompute-modules", FIELD(model.recompute.recompute_modules), recompute,
+       "With selective: core_attn (the attention op's output), mlp (the dense MLP's fc1); default: core_attn"},
       {"--bf16", Switch{FIELD(bf16), true}, parallel, "bf16 parameters and compute, fp32 master weights"},
       {"--fp16", Switch{FIELD(fp16), true}, parallel,
        "fp16 parameters and compute with loss scaling, fp32 master weights and gradients"},
@@ -819,6 +838,10 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   for (std::string& e : validate_tensor_parallel_split(args.model, args.parallel)) errors.push_back(std::move(e));
   check_batch(args, errors);
   check_pipeline(args, errors);
+  const int64_t layers_per_pipeline_rank =
+      args.model.num_layers / std::max<int64_t>(args.parallel.pipeline_model_parallel_size, 1);
+  for (std::string& e : validate_recompute(args.model.recompute, layers_per_pipeline_rank, args.model.moe.enabled()))
+    errors.push_back(std::move(e));
   check_rampup(args, errors);
   check_schedule(args, errors);
   check_optimizer(args.optimizer, errors);

@@ -12,6 +12,7 @@
 #include "megatron/checkpointing/retention.h"
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
+#include "megatron/core/progress.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/parallel/text_collectives.h"
 
@@ -82,6 +83,10 @@ void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& ar
                                          << " (a run takes the checkpoint's model flags) or give its value");
   }
   const std::string padded = std::to_string(args.model.padded_vocab_size);
+  // Rows past --true-vocab-size are padding for TP (an import's): load_model_state adds or drops them.
+  const std::string true_vocab = std::to_string(args.model.true_vocab_size);
+  if (args.model.true_vocab_size > 0 && saved.contains("--true-vocab-size") && saved["--true-vocab-size"] == true_vocab)
+    return;
   MEGATRON_CHECK(!saved.contains("padded_vocab_size") || saved["padded_vocab_size"] == padded,
                  "checkpoint " << dir << " has a padded vocabulary of " << saved["padded_vocab_size"].get<std::string>()
                                << " rows but this run pads its " << args.model.vocab_size << " tokens to " << padded
@@ -184,11 +189,60 @@ std::optional<datasets::TokenizerOptions> saved_tokenizer(const checkpointing::C
   }
   return datasets::tokenizer_options_in(options, files, header.directory);
 }
+// The parameters whose rows are the (padded) vocabulary.
+bool is_vocabulary_parameter(const ParamSpec& spec) {
+  return spec.name == "embedding.word_embeddings.weight" || spec.name == "output_layer.weight";
+}
+
+// The stored rows of a vocabulary parameter when they are the model's --true-vocab-size rows padded
+// for another TP (check_same_architecture allows no other difference); nullopt otherwise.
+std::optional<int64_t> changed_vocabulary_rows(const CheckpointReader& reader, const Parameter& p,
+                                               int64_t true_vocab_size) {
+  if (true_vocab_size <= 0 || !is_vocabulary_parameter(p.spec) || !reader.has(p.spec.name)) return std::nullopt;
+  const int64_t stored = reader.info(p.spec.name).global_shape[0];
+  if (stored == p.spec.global_shape[0] || stored < true_vocab_size) return std::nullopt;
+  return stored;
+}
+
+// A slice of a vocabulary parameter stored with `stored` rows: the rows the checkpoint holds, zeros
+// past them (the padding an import at this TP writes); stored padding rows past ours are dropped.
+void load_vocabulary_slice(const CheckpointReader& reader, const std::string& name, int64_t stored,
+                           Parameter::Slice& slice) {
+  Tensor host = Tensor::zeros(slice.local.shape(), slice.local.dtype());
+  const int64_t first = slice.global_offset[0];
+  const int64_t held = std::clamp<int64_t>(stored - first, 0, host.dim(0));
+  if (held > 0) {
+    Tensor rows = host.slice(0, held);
+    reader.load(name, slice.global_offset, rows);
+  }
+  slice.local.copy_from(host);
+}
+
 // The model's state: every parameter's slices held here, and the MoE routers' expert biases
-// (Megatron's persistent buffers, so --finetune loads them too).
-void load_model_state(const CheckpointReader& reader, const CheckpointedModel& model, const std::string& load_dir) {
-  for (const auto& p : model.parameters.params())
-    for (auto& slice : p->global_slices()) reader.load(p->spec.name, slice.global_offset, slice.local);
+// (Megatron's persistent buffers, so --finetune loads them too). One progress step per parameter:
+// on `given`, else on a reporter of its own ("checkpoint '<dir>' load").
+void load_model_state(const CheckpointReader& reader, const CheckpointedModel& model, const std::string& load_dir,
+                      ProgressReporter* given = nullptr) {
+  std::optional<ProgressReporter> own;
+  if (!given)
+    own.emplace("checkpoint '" + reader.directory() + "' load", int64_t(model.parameters.params().size()), "tensors");
+  ProgressReporter& progress = given ? *given : *own;
+  for (const auto& p : model.parameters.params()) {
+    const std::optional<int64_t> stored_rows = changed_vocabulary_rows(reader, *p, model.config.true_vocab_size);
+    if (stored_rows)
+      LOG_WARN("checkpoint " << load_dir << " holds " << *stored_rows << " rows of " << p->spec.name << " and this run "
+                             << p->spec.global_shape[0] << " (--true-vocab-size " << model.config.true_vocab_size
+                             << " padded for another TP): padding rows are "
+                             << (*stored_rows > p->spec.global_shape[0] ? "dropped" : "added as zeros"));
+    for (auto& slice : p->global_slices()) {
+      if (stored_rows)
+        load_vocabulary_slice(reader, p->spec.name, *stored_rows, slice);
+      else
+        reader.load(p->spec.name, slice.global_offset, slice.local);
+    }
+    progress.advance();
+  }
+  if (own) own->finish();
   const nlohmann::json& common = reader.common();
   for (moe::MoELayer* layer : model.moe_layers) {
     moe::Router& router = layer->router();
@@ -399,15 +453,23 @@ void restore_training_state(const CheckpointReader& reader, const TrainingArgs& 
                             Optimizer* optimizer, OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   const nlohmann::json& common = reader.common();
   check_same_architecture(common.at("args"), args, reader.directory());
+  // Any optimizer tensor: a partial (per-rank) checkpoint of a distributed-optimizer shard may hold
+  // none of the first parameter's state.
+  const std::vector<std::string> names = reader.names();
+  const bool restore_optimizer = optimizer && !args.finetune && !args.no_load_optim &&
+                                 std::any_of(names.begin(), names.end(), is_optimizer_state_name);
+  if (restore_optimizer)
+    for (const auto& p : model.parameters.params())
+      if (const std::optional<int64_t> stored_rows = changed_vocabulary_rows(reader, *p, args.model.true_vocab_size))
+        MEGATRON_FAIL("checkpoint " << reader.directory() << " holds " << *stored_rows << " vocabulary rows of "
+                                    << p->spec.name << " and this run pads to " << p->spec.global_shape[0] << " at TP "
+                                    << args.parallel.tensor_model_parallel_size
+                                    << ": its optimizer state does not fit; resume at the checkpoint's TP, or start "
+                                    << "from its weights with --finetune or --no-load-optim");
   load_model_state(reader, model, reader.directory());
 
-  const bool restore_state = !args.finetune && !args.no_load_optim;
   if (optimizer) {
-    // Any optimizer tensor: a partial (per-rank) checkpoint of a distributed-optimizer shard may hold
-    // none of the first parameter's state.
-    const std::vector<std::string> names = reader.names();
-    const bool has_optim = std::any_of(names.begin(), names.end(), is_optimizer_state_name);
-    if (restore_state && has_optim) {
+    if (restore_optimizer) {
       optimizer->load_state(reader);
       optimizer->set_step_count(common.at("optimizer_step").get<int64_t>());
       if (GradScaler* scaler = optimizer->grad_scaler()) {
@@ -495,9 +557,10 @@ datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOption
   return saved ? datasets::complete_tokenizer_options(given, *saved) : given;
 }
 
-void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step) {
+void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step,
+                        ProgressReporter* progress) {
   const CheckpointReader reader = open_chosen(load_dir, ckpt_step, /*describe=*/false);
-  load_model_state(reader, model, load_dir);
+  load_model_state(reader, model, load_dir, progress);
 }
 
 }  // namespace megatron

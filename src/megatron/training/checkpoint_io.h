@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "megatron/checkpointing/checkpoint.h"
+#include "megatron/core/progress.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/models/gpt/model_chunks.h"
 #include "megatron/optimizer/lr_scheduler.h"
@@ -76,9 +77,13 @@ void check_checkpoint_directories(const TrainingArgs& args);
 // where a checkpoint function takes a model.
 struct CheckpointedModel {
   CheckpointedModel(GPTModel& model)
-      : parameters(model.parameters()), moe_layers(model.moe_layers()), device(model.device()) {}
+      : config(model.config()), parameters(model.parameters()), moe_layers(model.moe_layers()), device(model.device()) {}
   CheckpointedModel(ModelChunks& chunks)
-      : parameters(chunks.parameters()), moe_layers(chunks.moe_layers()), device(chunks.device()) {}
+      : config(chunks.config()),
+        parameters(chunks.parameters()),
+        moe_layers(chunks.moe_layers()),
+        device(chunks.device()) {}
+  const TransformerConfig& config;
   ParameterRegistry& parameters;
   std::vector<moe::MoELayer*> moe_layers;
   Device device;
@@ -174,12 +179,15 @@ datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOption
 // tokenizer's files (when it holds one), so the arguments are valid wherever the directory now
 // lies. A caller that runs the model under another layout (generate) decides it from these: the
 // checkpoint loads at any TP that splits the stored model, its padded vocabulary included
-// (validate_tensor_parallel_split). load_model_weights then reads the slices the model's rank
-// holds, from the same checkpoint.
+// (validate_tensor_parallel_split; an imported vocabulary, --true-vocab-size, pads for the run's
+// TP instead: loading adds or drops padding rows). load_model_weights then reads the slices the
+// model's rank holds, from the same checkpoint, one progress step per parameter on `progress` (a
+// test hook; by default a reporter of its own, as --load's).
 TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step = 0);
 // The flags (name, value text) the checkpoint checkpoint_to_load(load_dir, ckpt_step) chooses was
 // saved with, as stored; empty when load_dir holds no checkpoint.
 std::vector<std::pair<std::string, std::string>> saved_flags(const std::string& load_dir, int64_t ckpt_step);
-void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step = 0);
+void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step = 0,
+                        ProgressReporter* progress = nullptr);
 
 }  // namespace megatron

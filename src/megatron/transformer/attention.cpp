@@ -37,6 +37,7 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
       attention_dropout_(config.attention_dropout),
       rope_(config.position_embedding_type == PositionEmbeddingType::rope),
       window_(config.window_size_left),
+      recompute_(config.recompute.recomputes("core_attn")),
       rope_params_{.base = config.rotary_base,
                    .percent = config.rotary_percent,
                    .interleaved = config.rotary_interleaved,
@@ -66,22 +67,32 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
                      .segment_ids = fwd.segment_ids,
                      .window = window_};
   if (fwd.kv_cache) return forward_cached(qkv, fwd, saved);
-  saved.out = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
-  saved.lse = Tensor::empty({B, heads_local_, S}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
-  if (!rope_) {  // q, k, v read in place from the projection where the backend can
-    saved.fused = qkv;
-    ops::attention_forward_qkv(saved.out, saved.lse, qkv, heads_local_, saved.attention);
-    return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
+  if (!rope_) {
+    saved.fused = qkv;  // q, k, v read in place from the projection where the backend can
+  } else {
+    ops::SplitQkv split = ops::empty_split_qkv(qkv, heads_local_);
+    saved.q = split.q;
+    saved.k = split.k;
+    saved.v = split.v;
+    ops::qkv_split(saved.q, saved.k, saved.v, qkv);
+    ops::rope_forward(saved.q, saved.q, rope_params_);
+    ops::rope_forward(saved.k, saved.k, rope_params_);
   }
-  ops::SplitQkv split = ops::empty_split_qkv(qkv, heads_local_);
-  saved.q = split.q;
-  saved.k = split.k;
-  saved.v = split.v;
-  ops::qkv_split(saved.q, saved.k, saved.v, qkv);
-  ops::rope_forward(saved.q, saved.q, rope_params_);
-  ops::rope_forward(saved.k, saved.k, rope_params_);
-  ops::attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention);
-  return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
+  core_attention(saved);
+  const Tensor y = linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
+  if (recompute_) saved.out = saved.lse = saved.proj.input = Tensor();
+  return y;
+}
+
+void SelfAttention::core_attention(Saved& saved) const {
+  const Tensor& like = rope_ ? saved.q : saved.fused;  // (S,B,...)
+  const int64_t S = like.dim(0), B = like.dim(1);
+  saved.out = Tensor::empty({S, B, heads_local_, head_dim_}, like.dtype(), like.device());
+  saved.lse = Tensor::empty({B, heads_local_, S}, like.dtype() == DType::f64 ? DType::f64 : DType::f32, like.device());
+  if (rope_)
+    ops::attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention);
+  else
+    ops::attention_forward_qkv(saved.out, saved.lse, saved.fused, heads_local_, saved.attention);
 }
 
 // The new queries sit at rows [L, L + S) of a query tensor over all L + S positions, whose rows
@@ -113,7 +124,14 @@ Tensor SelfAttention::forward_cached(const Tensor& qkv, const ForwardContext& fw
   return linear_proj_.forward(out.slice(L, T).view({S, B, -1}), saved.proj);
 }
 
-Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved) const {
+Tensor SelfAttention::backward(const Tensor& dy, const Saved& given) const {
+  Saved recomputed;
+  if (recompute_) {
+    recomputed = given;
+    core_attention(recomputed);
+    recomputed.proj.input = recomputed.out.view({recomputed.out.dim(0), recomputed.out.dim(1), -1});
+  }
+  const Saved& saved = recompute_ ? recomputed : given;
   const Tensor dout = linear_proj_.backward(dy, saved.proj).view(saved.out.shape());
   const int64_t S = saved.out.dim(0), B = saved.out.dim(1);  // the whole sequence, also when dy is an SP shard
   Tensor dqkv =

@@ -6,6 +6,10 @@
 // dropout's counters, so every TP layout draws the TP=1 masks. With sequence parallelism the
 // input and output are sequence shards; attention itself sees the whole sequence (the QKV
 // projection gathers it).
+// With --recompute-modules core_attn (selective recomputation) the attention op's output and
+// log-sum-exp are not kept: backward runs the op again on the saved q, k, v before the output
+// projection's backward, which reads the output. The op is deterministic, so the gradients are the
+// same bits.
 #include <string>
 
 #include "megatron/core/activation_memory.h"
@@ -21,9 +25,9 @@ class SelfAttention {
  public:
   struct Saved {
     tensor_parallel::LinearSaved qkv, proj;
-    Tensor q, k, v;  // with RoPE, after it: (S,B,NH_local,d), (S,B,G_local,d)
-    Tensor fused;    // without RoPE, instead of q, k, v: the projection (S,B,G_local,(NH/G+2)*d)
-    Tensor out, lse;
+    Tensor q, k, v;   // with RoPE, after it: (S,B,NH_local,d), (S,B,G_local,d)
+    Tensor fused;     // without RoPE, instead of q, k, v: the projection (S,B,G_local,(NH/G+2)*d)
+    Tensor out, lse;  // empty when recomputed (core_attn)
     ops::AttentionParams attention;
     void count(ActivationMemory& m) const;
   };
@@ -36,6 +40,8 @@ class SelfAttention {
   // forward with fwd.kv_cache: q, k, v of the new positions (RoPE at their offset), k and v
   // appended to the cache, attention of the new queries over every cached key.
   Tensor forward_cached(const Tensor& qkv, const ForwardContext& fwd, Saved& saved) const;
+  // The attention op on saved's q, k, v (or the fused projection): fills saved.out and saved.lse.
+  void core_attention(Saved& saved) const;
 
   static int64_t query_groups_per_rank(const TransformerConfig& c, int tp);
   std::string prefix_;
@@ -44,6 +50,7 @@ class SelfAttention {
   float attention_dropout_;
   bool rope_;
   int64_t window_;  // sliding window (left size), -1: none
+  bool recompute_;  // --recompute-modules core_attn
   ops::RopeParams rope_params_;
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;

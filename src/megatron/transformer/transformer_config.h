@@ -11,6 +11,7 @@
 #include "megatron/core/dtype.h"
 #include "megatron/parallel/parallel_args.h"
 #include "megatron/transformer/moe/moe_config.h"
+#include "megatron/transformer/recompute_config.h"
 
 namespace megatron {
 
@@ -54,6 +55,7 @@ struct TransformerConfig {
   float hidden_dropout = 0.1f;
   DType params_dtype = DType::f32;  // --bf16 / --fp16; f64 only for CPU gradient checks
   MoEConfig moe;                    // mixture of experts; off unless --num-experts
+  RecomputeConfig recompute;        // activation recomputation; off unless --recompute-*
 };
 
 // Fills the fields Megatron derives, where they are still 0: ffn_hidden_size (4h, or

@@ -84,6 +84,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
         std::make_unique<TransformerBlock>(*registry_, ctx, config, i, last, stage_.loss && last == end));
     layer_params_.push_back({begin, registered()});
   }
+  layer_segments_ = recompute_segments(config.recompute, int64_t(decoder_.size()));
   output_params_ = {registered(), registered()};
   if (stage_.loss) {
     tensor_parallel::ColumnParallelLinear::Options out{.bias = false, .init_std = config.init_method_std};
@@ -136,10 +137,16 @@ Tensor GPTModel::forward_layers(const MicroBatch& mb, const Tensor& input, const
   ResidualStream stream{stage_.embedding ? embed(mb, fwd, saved) : input, Tensor()};
   ForwardContext layer_fwd = fwd;
   layer_fwd.segment_ids = mb.segment_ids.defined() ? mb.segment_ids.to(device_) : Tensor();
-  saved.layers.resize(decoder_.size());
-  for (size_t i = 0; i < decoder_.size(); ++i) {
-    report_before_forward(layer_params_[i]);
-    stream = decoder_[i]->forward(stream, layer_fwd, saved.layers[i]);
+  saved.layers.assign(decoder_.size(), {});
+  saved.layer_checkpoints.assign(layer_segments_.size(), {});
+  for (size_t s = 0; s < layer_segments_.size(); ++s) {
+    const LayerSegment& segment = layer_segments_[s];
+    const bool checkpointed = segment.checkpointed && fwd.training;  // evaluation runs no backward
+    if (checkpointed) saved.layer_checkpoints[s] = {stream, layer_fwd};
+    stream = forward_segment(segment, stream, layer_fwd, &saved.layers[size_t(segment.begin)]);
+    // A checkpointed segment's layers drop what they saved; the stream they return stays alive.
+    if (checkpointed)
+      for (int64_t i = segment.begin; i < segment.end; ++i) saved.layers[size_t(i)] = {};
   }
   // The last block ends with the final norm, which leaves nothing deferred; a stage boundary
   // materialises the deferred addition, since the next stage's norm is on another rank.
@@ -147,6 +154,16 @@ Tensor GPTModel::forward_layers(const MicroBatch& mb, const Tensor& input, const
   Tensor out = Tensor::empty(stream.residual.shape(), stream.residual.dtype(), device_);
   ops::add(out, stream.residual, stream.delta);
   return out;
+}
+
+ResidualStream GPTModel::forward_segment(const LayerSegment& segment, const ResidualStream& x,
+                                         const ForwardContext& fwd, TransformerBlock::Saved* saved, bool recompute) {
+  ResidualStream stream = x;
+  for (int64_t i = segment.begin; i < segment.end; ++i) {
+    if (!recompute) report_before_forward(layer_params_[size_t(i)]);
+    stream = decoder_[size_t(i)]->forward(stream, fwd, saved[i - segment.begin]);
+  }
+  return stream;
 }
 
 void GPTModel::report_before_forward(const ParamSpan& span) const {
@@ -220,9 +237,19 @@ Tensor GPTModel::stage_backward(const Tensor& output_grad, float loss_grad_scale
     d = output_layer_->backward(saved.logits, saved.output);
     report_grads_ready(output_params_);
   }
-  for (size_t i = decoder_.size(); i-- > 0;) {
-    d = decoder_[i]->backward(d, saved.layers[i]);
-    report_grads_ready(layer_params_[i]);
+  for (size_t s = layer_segments_.size(); s-- > 0;) {
+    const LayerSegment& segment = layer_segments_[s];
+    const LayerCheckpoint& checkpoint = saved.layer_checkpoints[s];
+    std::vector<TransformerBlock::Saved> recomputed;
+    if (checkpoint.input.residual.defined()) {  // full recomputation: this segment's forward again
+      recomputed.resize(size_t(segment.end - segment.begin));
+      forward_segment(segment, checkpoint.input, checkpoint.fwd, recomputed.data(), /*recompute=*/true);
+    }
+    for (int64_t i = segment.end; i-- > segment.begin;) {
+      d = decoder_[size_t(i)]->backward(
+          d, recomputed.empty() ? saved.layers[size_t(i)] : recomputed[size_t(i - segment.begin)]);
+      report_grads_ready(layer_params_[size_t(i)]);
+    }
   }
   if (!stage_.embedding) {
     report_grads_ready(embedding_params_);  // a tied last stage's copy of the word embedding

@@ -56,16 +56,27 @@ std::unique_ptr<ParameterRegistry> make_model_registry(const ParallelContext& ct
 class GPTModel {
  public:
   // What one micro-batch's forward through this stage keeps for its backward.
+  // A segment of layers under full recomputation (recompute_config.h) keeps only its input stream
+  // and the settings its forward ran with; backward runs that forward again.
+  struct LayerCheckpoint {
+    ResidualStream input;
+    ForwardContext fwd;
+  };
   struct Saved {
     Tensor tokens, positions;
     ops::DropoutParams embedding_dropout;
-    std::vector<TransformerBlock::Saved> layers;
+    std::vector<TransformerBlock::Saved> layers;     // per layer block; empty for checkpointed layers
+    std::vector<LayerCheckpoint> layer_checkpoints;  // per layer segment; set for checkpointed ones
     tensor_parallel::LinearSaved output;
     Tensor logits, lse, labels_sb, mask_sb;  // the last stage's loss
     // The tensors kept for backward (the token ids are the caller's input, not counted).
     void count(ActivationMemory& m) const {
       m.add(positions);
       for (const TransformerBlock::Saved& layer : layers) layer.count(m);
+      for (const LayerCheckpoint& c : layer_checkpoints) {
+        m.add(c.input.residual);
+        m.add(c.input.delta);
+      }
       output.count(m);
       m.add(logits);
       m.add(lse);
@@ -155,6 +166,10 @@ class GPTModel {
   // Through the stage's layers to its output: the final norm's on the last stage, else the
   // materialised residual stream.
   Tensor forward_layers(const MicroBatch& mb, const Tensor& input, const ForwardContext& fwd, Saved& saved);
+  // The layer blocks of one segment forward from x, block i filling saved[i - segment.begin].
+  // `recompute`: the rerun in backward, which reports nothing to the registry (the forward did).
+  ResidualStream forward_segment(const LayerSegment& segment, const ResidualStream& x, const ForwardContext& fwd,
+                                 TransformerBlock::Saved* saved, bool recompute = false);
   LossSums loss_sums(const Tensor& logits, const Tensor& labels_sb, const Tensor& mask_sb, Tensor& lse);
   // This rank's columns of the logits: the vocabulary rows of the (tied or not) output layer.
   ops::VocabShard vocab_shard() const;
@@ -173,6 +188,8 @@ class GPTModel {
   // stage without layers has a block of the final norm alone), so backward can report
   // each layer's gradients as final as soon as that layer is done.
   std::vector<std::unique_ptr<TransformerBlock>> decoder_;
+  // The blocks of decoder_ in runs; full recomputation checkpoints some (recompute_segments).
+  std::vector<LayerSegment> layer_segments_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
   ParamSpan embedding_params_, output_params_;
   std::vector<ParamSpan> layer_params_;
