@@ -431,15 +431,25 @@ TEST(ValidateArgs, PipelineSplitAndScheduleRules) {
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--decoder-first-pipeline-num-layers", "1",
                                                          "--account-for-loss-in-pipeline-split"})),
                        "Megatron does not combine"));
-  // What training cannot run yet is named (world of 2: PP=2).
+  // What training cannot run is named (world of 2: PP=2).
   const Argv pp2 = with(minimal_argv(), {"--pipeline-model-parallel-size", "2"});
   EXPECT_EQ(parse_error(pp2, 2), "");
   EXPECT_TRUE(
       contains(parse_error(with(pp2, {"--pipeline-model-parallel-layout", "E|tt|L"}), 2), "3 stages, not a multiple"));
   const Argv four_layers = with(without("--num-layers"), {"--num-layers", "4", "--pipeline-model-parallel-size", "2"});
-  EXPECT_TRUE(contains(
-      parse_error(with(four_layers, {"--num-virtual-stages-per-pipeline-rank", "2", "--global-batch-size", "4"}), 2),
-      "training runs one model chunk per rank so far"));
+  // Interleaving: the micro-batches in whole groups of P (--micro-batch-size 2: 4 samples are 2).
+  const Argv interleaved = with(four_layers, {"--num-virtual-stages-per-pipeline-rank", "2"});
+  EXPECT_EQ(parse_error(with(interleaved, {"--global-batch-size", "4"}), 2), "");
+  EXPECT_TRUE(contains(parse_error(with(interleaved, {"--global-batch-size", "6"}), 2),
+                       "leave a last group of 1, below the pipeline size 2"));
+  // ... at every batch size of a ramp: START 2 is one micro-batch.
+  Argv ramp =
+      with(without("--train-iters"), {"--train-samples", "1000", "--pipeline-model-parallel-size", "2",
+                                      "--num-virtual-stages-per-pipeline-rank", "2", "--global-batch-size", "8"});
+  *(std::find(ramp.begin(), ramp.end(), "--num-layers") + 1) = "4";
+  EXPECT_EQ(parse_error(with(ramp, {"--rampup-batch-size", "4", "4", "100"}), 2), "");
+  EXPECT_TRUE(contains(parse_error(with(ramp, {"--rampup-batch-size", "2", "2", "100"}), 2),
+                       "make START and INCREMENT multiples of 4"));
   EXPECT_TRUE(contains(
       parse_error(with(pp2, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--global-batch-size", "4"}), 2),
       "the first and last stages' copies of the word embedding are summed before the gradient reduction"));

@@ -501,12 +501,17 @@ void check_pipeline(const TrainingArgs& a, std::vector<std::string>& errors) {
       .microbatch_group_size = a.parallel.microbatch_group_size_per_virtual_pipeline_stage.value_or(0)};
   for (std::string& e : pipeline_parallel::validate(shape)) errors.push_back(std::move(e));
   if (shape.pipeline_size == 1) return;
-  // What the training loop cannot run yet, though the schedule and the model split can.
-  if (shape.virtual_stages > 1)
-    errors.push_back(
-        concat(shape.virtual_stages, " virtual stages per pipeline rank: training runs one model chunk per ",
-               "rank so far (the interleaved schedule and its split exist and are tested on their own); ",
-               "fix: drop --num-virtual-stages-per-pipeline-rank / --num-layers-per-virtual-pipeline-stage"));
+  // Every batch size of a ramp runs the interleaved schedule too: whole groups of micro-batches.
+  const std::optional<BatchSizeRampup> ramp = a.batch_size_rampup();
+  if (shape.virtual_stages > 1 && ramp && ramp->start > 0 && ramp->increment > 0 &&
+      ((ramp->start / per_step) % shape.group_size() != 0 || (ramp->increment / per_step) % shape.group_size() != 0))
+    errors.push_back(concat("--rampup-batch-size START ", ramp->start, " and INCREMENT ", ramp->increment,
+                            " with the interleaved schedule: each batch size's micro-batches (batch / (micro-batch "
+                            "size x DP = ",
+                            per_step, ")) must be a multiple of the group size ", shape.group_size(),
+                            " (--microbatch-group-size-per-virtual-pipeline-stage, default the pipeline size); fix: "
+                            "make START and INCREMENT multiples of ",
+                            per_step * shape.group_size()));
   // Megatron sums the tied embedding's two copies after the DP reduction; with the distributed
   // optimizer that reduction leaves shards only, so the sum comes first, before any bucket's
   // reduction has started: not with --overlap-grad-reduce.

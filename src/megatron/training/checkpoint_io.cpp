@@ -56,9 +56,9 @@ nlohmann::json args_json(const TrainingArgs& args) {
 
 }  // namespace
 
-std::vector<ShardedTensor> model_state(GPTModel& model, Optimizer::StateCopies copies) {
+std::vector<ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies) {
   std::vector<ShardedTensor> out;
-  for (const auto& p : model.parameters().params())
+  for (const auto& p : model.parameters.params())
     if (copies == Optimizer::StateCopies::this_rank || !p->is_duplicate())
       for (const auto& slice : p->global_slices())
         out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
@@ -221,17 +221,17 @@ void load_vocabulary_slice(const CheckpointReader& reader, const std::string& na
 // The model's state: every parameter's slices held here, and the MoE routers' expert biases
 // (Megatron's persistent buffers, so --finetune loads them too). One progress step per parameter:
 // on `given`, else on a reporter of its own ("checkpoint '<dir>' load").
-void load_model_state(const CheckpointReader& reader, GPTModel& model, const std::string& load_dir,
+void load_model_state(const CheckpointReader& reader, const CheckpointedModel& model, const std::string& load_dir,
                       ProgressReporter* given = nullptr) {
   std::optional<ProgressReporter> own;
   if (!given)
-    own.emplace("checkpoint '" + reader.directory() + "' load", int64_t(model.parameters().params().size()), "tensors");
+    own.emplace("checkpoint '" + reader.directory() + "' load", int64_t(model.parameters.params().size()), "tensors");
   ProgressReporter& progress = given ? *given : *own;
-  for (const auto& p : model.parameters().params()) {
-    const std::optional<int64_t> stored_rows = changed_vocabulary_rows(reader, *p, model.config().true_vocab_size);
+  for (const auto& p : model.parameters.params()) {
+    const std::optional<int64_t> stored_rows = changed_vocabulary_rows(reader, *p, model.config.true_vocab_size);
     if (stored_rows)
       LOG_WARN("checkpoint " << load_dir << " holds " << *stored_rows << " rows of " << p->spec.name << " and this run "
-                             << p->spec.global_shape[0] << " (--true-vocab-size " << model.config().true_vocab_size
+                             << p->spec.global_shape[0] << " (--true-vocab-size " << model.config.true_vocab_size
                              << " padded for another TP): padding rows are "
                              << (*stored_rows > p->spec.global_shape[0] ? "dropped" : "added as zeros"));
     for (auto& slice : p->global_slices()) {
@@ -244,7 +244,7 @@ void load_model_state(const CheckpointReader& reader, GPTModel& model, const std
   }
   if (own) own->finish();
   const nlohmann::json& common = reader.common();
-  for (moe::MoELayer* layer : model.moe_layers()) {
+  for (moe::MoELayer* layer : model.moe_layers) {
     moe::Router& router = layer->router();
     if (router.expert_bias().empty()) continue;
     const std::string& name = router.expert_bias_name();
@@ -353,11 +353,12 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
   staging.finish(reports, common);
 }
 
-nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& model, const Optimizer* optimizer,
-                                     const OptimizerParamScheduler& scheduler, const TrainingProgress& progress) {
+nlohmann::json training_common_state(const TrainingArgs& args, const CheckpointedModel& model,
+                                     const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
+                                     const TrainingProgress& progress) {
   nlohmann::json common = common_state(args, progress, scheduler.num_steps(), optimizer ? optimizer->step_count() : 0);
   // Aux-loss-free routing: every rank holds the same expert biases (updated from all-reduced counts).
-  for (const moe::MoELayer* layer : model.moe_layers())
+  for (const moe::MoELayer* layer : model.moe_layers)
     if (!layer->router().expert_bias().empty())
       common["moe_expert_bias"][layer->router().expert_bias_name()] = layer->router().expert_bias();
   // Megatron keeps the scaler in the optimizer's state dict; every rank holds the same state.
@@ -366,15 +367,15 @@ nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& m
   return common;
 }
 
-TrainingCheckpointSave::TrainingCheckpointSave(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
-                                               const OptimizerParamScheduler& scheduler,
+TrainingCheckpointSave::TrainingCheckpointSave(const TrainingArgs& args, const CheckpointedModel& model,
+                                               const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
                                                const TrainingProgress& progress, const ParallelContext& ctx,
                                                Snapshot snapshot, const checkpointing::SaveOptions& options)
     : save_dir_(args.save),
       iteration_(progress.iteration),
       keep_last_(args.keep_last_checkpoints),
       world_(ctx.world.get()),
-      device_(model.device()),
+      device_(model.device),
       options_(options),
       common_(training_common_state(args, model, optimizer, scheduler, progress)) {
   if (optimizer && !args.no_save_optim) optim_ = optimizer->sharded_state(Optimizer::StateCopies::one_replica);
@@ -439,7 +440,7 @@ void TrainingCheckpointSave::publish() {
   LOG_INFO("  successfully saved checkpoint from iteration " << iteration_ << " to " << save_dir_);
 }
 
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+void save_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                               const ParallelContext& ctx, const checkpointing::SaveOptions& options) {
   TrainingCheckpointSave save(args, model, optimizer, scheduler, progress, ctx, TrainingCheckpointSave::Snapshot::none,
@@ -448,7 +449,7 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
   save.publish();
 }
 
-void restore_training_state(const CheckpointReader& reader, const TrainingArgs& args, GPTModel& model,
+void restore_training_state(const CheckpointReader& reader, const TrainingArgs& args, const CheckpointedModel& model,
                             Optimizer* optimizer, OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   const nlohmann::json& common = reader.common();
   check_same_architecture(common.at("args"), args, reader.directory());
@@ -458,7 +459,7 @@ void restore_training_state(const CheckpointReader& reader, const TrainingArgs& 
   const bool restore_optimizer = optimizer && !args.finetune && !args.no_load_optim &&
                                  std::any_of(names.begin(), names.end(), is_optimizer_state_name);
   if (restore_optimizer)
-    for (const auto& p : model.parameters().params())
+    for (const auto& p : model.parameters.params())
       if (const std::optional<int64_t> stored_rows = changed_vocabulary_rows(reader, *p, args.model.true_vocab_size))
         MEGATRON_FAIL("checkpoint " << reader.directory() << " holds " << *stored_rows << " vocabulary rows of "
                                     << p->spec.name << " and this run pads to " << p->spec.global_shape[0] << " at TP "
@@ -493,7 +494,7 @@ void restore_training_state(const CheckpointReader& reader, const TrainingArgs& 
   }
 }
 
-bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
+bool load_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   if (args.load.empty()) return false;
   if (!checkpoint_to_load(args.load, args.ckpt_step).has_value()) {
@@ -556,7 +557,8 @@ datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOption
   return saved ? datasets::complete_tokenizer_options(given, *saved) : given;
 }
 
-void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step, ProgressReporter* progress) {
+void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step,
+                        ProgressReporter* progress) {
   const CheckpointReader reader = open_chosen(load_dir, ckpt_step, /*describe=*/false);
   load_model_state(reader, model, load_dir, progress);
 }

@@ -34,6 +34,7 @@
 #include "megatron/checkpointing/checkpoint.h"
 #include "megatron/core/progress.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "megatron/models/gpt/model_chunks.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
 #include "megatron/training/arguments.h"
@@ -71,6 +72,23 @@ std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, 
 // (--load the same directory, as Megatron users resume), so a fresh run never replaces them.
 void check_checkpoint_directories(const TrainingArgs& args);
 
+// What a checkpoint holds of a model: every parameter of its registry (one GPTModel's, or every
+// chunk's of this pipeline rank) and its MoE routers' expert biases. Implicit: either is passed
+// where a checkpoint function takes a model.
+struct CheckpointedModel {
+  CheckpointedModel(GPTModel& model)
+      : config(model.config()), parameters(model.parameters()), moe_layers(model.moe_layers()), device(model.device()) {}
+  CheckpointedModel(ModelChunks& chunks)
+      : config(chunks.config()),
+        parameters(chunks.parameters()),
+        moe_layers(chunks.moe_layers()),
+        device(chunks.device()) {}
+  const TransformerConfig& config;
+  ParameterRegistry& parameters;
+  std::vector<moe::MoELayer*> moe_layers;
+  Device device;
+};
+
 // One save of the protocol above in its steps, so that the files can be written on another thread
 // while training goes on (--async-save, async_checkpoint.h):
 //   constructor (collective): takes this rank's state (with Snapshot::host_copy, into host memory
@@ -84,7 +102,7 @@ void check_checkpoint_directories(const TrainingArgs& args);
 class TrainingCheckpointSave {
  public:
   enum class Snapshot { none, host_copy };
-  TrainingCheckpointSave(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+  TrainingCheckpointSave(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                          const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                          const ParallelContext& ctx, Snapshot snapshot, const checkpointing::SaveOptions& options = {});
   ~TrainingCheckpointSave();
@@ -116,7 +134,7 @@ class TrainingCheckpointSave {
 
 // All three steps at once. options.on_stage is called on every rank at the stages it reaches
 // (fault injection for tests).
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+void save_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                               const ParallelContext& ctx, const checkpointing::SaveOptions& options = {});
 
@@ -132,17 +150,19 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
 // checkpoints, local_checkpoint.h): this rank's weights (one_replica: one copy of every element
 // over the world, this_rank: all it holds) and common.json's state (iteration, data position,
 // scheduler, optimizer step, loss scaler, the run's flags).
-std::vector<checkpointing::ShardedTensor> model_state(GPTModel& model, Optimizer::StateCopies copies);
-nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& model, const Optimizer* optimizer,
-                                     const OptimizerParamScheduler& scheduler, const TrainingProgress& progress);
+std::vector<checkpointing::ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies);
+nlohmann::json training_common_state(const TrainingArgs& args, const CheckpointedModel& model,
+                                     const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
+                                     const TrainingProgress& progress);
 // Restores from an opened checkpoint what load_training_checkpoint restores from --load's.
-void restore_training_state(const checkpointing::CheckpointReader& reader, const TrainingArgs& args, GPTModel& model,
-                            Optimizer* optimizer, OptimizerParamScheduler* scheduler, TrainingProgress* progress);
+void restore_training_state(const checkpointing::CheckpointReader& reader, const TrainingArgs& args,
+                            const CheckpointedModel& model, Optimizer* optimizer, OptimizerParamScheduler* scheduler,
+                            TrainingProgress* progress);
 
 // Loads checkpoint_to_load(args.load, args.ckpt_step) (or nothing when it holds none). Restores the
 // model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress.
 // Returns whether a checkpoint was loaded.
-bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
+bool load_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress);
 
 // The tokenizer a run uses (TrainingArgs::tokenizer): the tokenizer flags as given when they are
@@ -167,7 +187,7 @@ TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step
 // The flags (name, value text) the checkpoint checkpoint_to_load(load_dir, ckpt_step) chooses was
 // saved with, as stored; empty when load_dir holds no checkpoint.
 std::vector<std::pair<std::string, std::string>> saved_flags(const std::string& load_dir, int64_t ckpt_step);
-void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step = 0,
+void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step = 0,
                         ProgressReporter* progress = nullptr);
 
 }  // namespace megatron

@@ -23,6 +23,7 @@
 #include "megatron/distributed/distributed_optimizer.h"
 #include "megatron/distributed/finalize_model_grads.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "megatron/models/gpt/model_chunks.h"
 #include "megatron/ops/profiler.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
@@ -173,15 +174,16 @@ MicroBatch micro_batch_of(const datasets::Batch& b) {
 
 // Megatron's embedding-group all-reduce: the first and last pipeline stages' copies of a tied word
 // embedding get the sum of their gradients, so both apply the same update.
-void sum_tied_embedding_grads(const GPTModel& model, const ParallelContext& ctx) {
+void sum_tied_embedding_grads(const ModelChunks& model, const ParallelContext& ctx) {
   if (Parameter* p = model.pipeline_tied_embedding()) ctx.embedding->all_reduce(p->main_grad, ReduceOp::sum);
 }
 
 // Every pipeline stage's memory, logged once from rank 0: a stage keeps the activations of up to
-// min(PP - stage, micro-batches) micro-batches (1F1B's warm-up plus one), so the first stage holds
-// the most.
-void log_pipeline_memory(const ParallelContext& ctx, double activation_mib, double peak_mib, int64_t microbatches,
-                         Device device) {
+// min(PP - stage, micro-batches) micro-batches (1F1B's warm-up plus one; interleaved, the
+// schedule's count of (micro-batch, chunk) forwards), so the first stage holds the most.
+// `activation_mib`: one micro-batch through one chunk.
+void log_pipeline_memory(const ParallelContext& ctx, double activation_mib, double peak_mib,
+                         const pipeline_parallel::ScheduleShape& shape, Device device) {
   const int64_t p = ctx.pp->size();
   Tensor mine = Tensor::empty({2}, DType::f64);
   mine.data<double>()[0] = activation_mib;
@@ -190,10 +192,9 @@ void log_pipeline_memory(const ParallelContext& ctx, double activation_mib, doub
   ctx.pp->all_gather(all, mine.to(device));
   const Tensor host = all.to(Device::cpu());
   std::ostringstream line;
-  line << "> memory per pipeline stage (activations of one micro-batch x micro-batches in flight, peak):";
+  line << "> memory per pipeline stage (activations of one micro-batch through one chunk x those in flight, peak):";
   for (int64_t r = 0; r < p; ++r) {
-    const int64_t in_flight = pipeline_parallel::peak_in_flight(
-        pipeline_parallel::build_schedule({.pipeline_size = p, .microbatches = microbatches}, r));
+    const int64_t in_flight = pipeline_parallel::peak_in_flight(pipeline_parallel::build_schedule(shape, r));
     line << (r ? "; " : " ") << "stage " << r << ": " << std::setprecision(3) << host.data<double>()[2 * r] << " MiB x "
          << in_flight << ", peak " << host.data<double>()[2 * r + 1] << " MiB";
   }
@@ -208,22 +209,21 @@ struct Evaluation {
 // Megatron's evaluate: eval_iters global batches from where the loader stands (validation goes
 // on where the previous evaluation stopped); each data-parallel rank evaluates its slice and
 // the sums are combined.
-Evaluation evaluate(GPTModel& model, datasets::DataLoader& loader, const char* split, const TrainingArgs& args,
+// `loader` is null on a stage that reads no data (stage_reads_data).
+Evaluation evaluate(ModelChunks& model, datasets::DataLoader* loader, const char* split, const TrainingArgs& args,
                     const ParallelContext& ctx) {
   LossSums total;
-  const int64_t before = loader.consumed_samples();
   for (int64_t it = 0; it < args.eval_iters; ++it) {
     std::vector<MicroBatchRun> runs;
-    for (int64_t m = 0; m < args.num_micro_batches(); ++m) {
-      const datasets::Batch batch = next_batch(loader, split);
-      runs.push_back({.batch = micro_batch_of(batch), .fwd = {.training = false}});
-    }
-    const LossSums s = pipeline_forward_backward(model, ctx, runs, /*forward_only=*/true);
+    for (int64_t m = 0; m < args.num_micro_batches(); ++m)
+      runs.push_back(
+          {.batch = loader ? micro_batch_of(next_batch(*loader, split)) : MicroBatch(), .fwd = {.training = false}});
+    const LossSums s = pipeline_forward_backward(model, ctx, runs, pipeline_step_shape(args, /*forward_only=*/true));
     total.loss_sum += s.loss_sum;
     total.num_tokens += s.num_tokens;
   }
   total = sum_over(*ctx.dp_cp, total, model.device());
-  return {total.loss_sum / std::max(1.0, total.num_tokens), loader.consumed_samples() - before};
+  return {total.loss_sum / std::max(1.0, total.num_tokens), args.eval_iters * args.global_batch_size};
 }
 
 // Megatron prints the training and validation lines from the last rank (print_rank_last), which
@@ -361,7 +361,11 @@ void log_layout(const TrainingArgs& args, const ParallelContext& ctx, const Dist
   if (ctx.pp->size() > 1) {
     std::string layers;
     for (int64_t n : split.layers_per_stage) layers += concat(layers.empty() ? "" : ", ", n);
-    LOG_INFO("> pipeline parallel: " << ctx.pp->size() << " stages (1F1B) holding " << layers << " layers");
+    LOG_INFO("> pipeline parallel: " << ctx.pp->size() << " stages ("
+                                     << (split.virtual_stages > 1
+                                             ? concat("interleaved, ", split.virtual_stages, " chunks each")
+                                             : std::string("1F1B"))
+                                     << ") holding " << layers << " layers");
   }
   if (dp_size > 1)
     LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
@@ -371,7 +375,7 @@ void log_layout(const TrainingArgs& args, const ParallelContext& ctx, const Dist
                                  << "master weights and Adam moments)");
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const TrainingArgs& args, GPTModel& model, DistributedDataParallel& ddp,
+std::unique_ptr<Optimizer> make_optimizer(const TrainingArgs& args, ModelChunks& model, DistributedDataParallel& ddp,
                                           const ParallelContext& ctx) {
   const AdamWHyper hyper{args.optimizer.adam_beta1, args.optimizer.adam_beta2, args.optimizer.adam_eps,
                          args.optimizer.clip_grad};
@@ -395,7 +399,7 @@ struct TrainingSetUp {
   const ParallelContext& ctx;
   Device device;
   const DataSources& data;
-  GPTModel& model;
+  ModelChunks& model;
   DistributedDataParallel& ddp;
   Optimizer* optimizer;
   OptimizerParamScheduler& scheduler;
@@ -418,6 +422,7 @@ struct TrainingLoop : TrainingSetUp {
   const bool last_rank;
   const int64_t dp_size, dp_rank;
   const double optimizer_state_mib;
+  const bool reads_data;  // null loaders where not
   const std::unique_ptr<datasets::DataLoader> train_loader, valid_loader, test_loader;
   MetricsFile metrics;
   TensorBoardLog tensorboard;
@@ -438,12 +443,16 @@ TrainingLoop::TrainingLoop(const TrainingSetUp& set_up)
       dp_size(ctx.dp->size()),
       dp_rank(ctx.dp->rank()),
       optimizer_state_mib(state_mib(*optimizer)),
-      train_loader(
-          make_loader(*data.train, args, *data.tokenizer, dp_size, dp_rank, progress.consumed_train_samples, device)),
-      valid_loader(data.valid ? make_loader(*data.valid, args, *data.tokenizer, dp_size, dp_rank,
-                                            progress.consumed_valid_samples, device)
+      // Stages between the first and the last read no data (unless document masking needs it).
+      reads_data(stage_reads_data(model, args.data.reset_attention_mask)),
+      train_loader(reads_data ? make_loader(*data.train, args, *data.tokenizer, dp_size, dp_rank,
+                                            progress.consumed_train_samples, device)
                               : nullptr),
-      test_loader(data.test ? make_loader(*data.test, args, *data.tokenizer, dp_size, dp_rank, 0, device) : nullptr),
+      valid_loader(data.valid && reads_data ? make_loader(*data.valid, args, *data.tokenizer, dp_size, dp_rank,
+                                                          progress.consumed_valid_samples, device)
+                                            : nullptr),
+      test_loader(data.test && reads_data ? make_loader(*data.test, args, *data.tokenizer, dp_size, dp_rank, 0, device)
+                                          : nullptr),
       metrics(last_rank ? MetricsFile(args.metrics_file) : MetricsFile()),
       tensorboard(args, last_rank),
       report_evaluation{last_rank, metrics, tensorboard},
@@ -479,10 +488,11 @@ IterationResult TrainingLoop::train_step() {
   timers.start("forward-backward");
   for (int64_t m = 0; m < micro; ++m) {
     timers.start("batch-generator");
-    const datasets::Batch batch = next_batch(*train_loader, "training");
+    const MicroBatch batch = train_loader ? micro_batch_of(next_batch(*train_loader, "training")) : MicroBatch();
     timers.stop("batch-generator");
     double tokens = 0;
-    for (float v : batch.loss_mask.to_vector()) tokens += v;
+    if (batch.loss_mask.defined())
+      for (float v : batch.loss_mask.to_vector()) tokens += v;
     // Megatron's default loss: the mean over each micro-batch's tokens, averaged over
     // micro-batches, times the loss scale (1 without loss scaling).
     const float grad_scale = tokens > 0 ? float(double(optimizer->loss_scale()) / (tokens * double(micro))) : 0.0f;
@@ -491,18 +501,19 @@ IterationResult TrainingLoop::train_step() {
                              .seed = uint64_t(args.seed),
                              .step = uint64_t((micro_batches_before + m) * dp_size + dp_rank),
                              .aux_loss_grad_scale = float(double(optimizer->loss_scale()) / double(micro))};
-    runs.push_back({.batch = micro_batch_of(batch), .fwd = fwd, .loss_grad_scale = grad_scale});
+    runs.push_back({.batch = batch, .fwd = fwd, .loss_grad_scale = grad_scale});
   }
   // With --overlap-param-gather the forward waits for each bucket of the previous step's
   // parameter all-gather just before it reads it (DDP listens to the model's notifications).
-  const PipelineHooks hooks{.on_loss =
-                                [&](int64_t, const LossSums& s) {
-                                  nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1,
-                                                             ctx.world->rank());
-                                },
-                            .before_backward = [&](int64_t m) { ddp.set_last_micro_batch(m + 1 == micro); },
-                            .after_forward = [&](int64_t) { interval_moe.add(model.moe_stats()); }};
-  LossSums iteration_sums = pipeline_forward_backward(model, ctx, runs, /*forward_only=*/false, hooks);
+  const PipelineHooks hooks{
+      .on_loss =
+          [&](int64_t, const LossSums& s) {
+            nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1, ctx.world->rank());
+          },
+      .before_backward = [&](int64_t m) { ddp.set_last_micro_batch(m + 1 == micro); },
+      .after_forward = [&](int64_t, const GPTModel& chunk) { interval_moe.add(chunk.moe_stats()); }};
+  LossSums iteration_sums =
+      pipeline_forward_backward(model, ctx, runs, pipeline_step_shape(args, /*forward_only=*/false), hooks);
   timers.stop("forward-backward");
   timers.start("all-grads-sync");
   // Megatron sums the tied embedding's copies after the DP reduction; the distributed optimizer
@@ -559,11 +570,16 @@ void TrainingLoop::record(const IterationResult& it) {
                          .world_size = ctx.world->size(),
                          .memory = memory_stats(device)});
   const bool first = progress.iteration == first_iteration + 1;
-  const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);
+  const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);  // all chunks
   if (first)
     LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
   if (first && ctx.pp->size() > 1)
-    log_pipeline_memory(ctx, activation_mib, peak_memory_mib(device), it.micro_batches, device);
+    log_pipeline_memory(ctx, activation_mib / double(model.size()), peak_memory_mib(device),
+                        {.pipeline_size = ctx.pp->size(),
+                         .virtual_stages = model.size(),
+                         .microbatches = it.micro_batches,
+                         .microbatch_group_size = pipeline_step_shape(args, false).microbatch_group_size},
+                        device);
   if (first || progress.iteration % args.log_interval == 0 || progress.iteration == train_iters) {
     const int64_t iters_in_interval = interval.iterations();
     IterationStats st;
@@ -590,7 +606,7 @@ void TrainingLoop::record(const IterationResult& it) {
 std::optional<EarlyExit> TrainingLoop::evaluate_save_and_decide_exit(const ExitConditions& exit_conditions) {
   if (data.valid && progress.iteration % args.eval_interval == 0) {
     ddp.finish_param_gather();
-    const Evaluation valid = evaluate(model, *valid_loader, "validation", args, ctx);
+    const Evaluation valid = evaluate(model, valid_loader.get(), "validation", args, ctx);
     nan_check.validation_loss(valid.loss, progress.iteration);
     progress.consumed_valid_samples += valid.samples;
     summary.valid_losses.push_back(valid.loss);
@@ -621,14 +637,14 @@ void TrainingLoop::evaluate_after_training() {
   ddp.finish_param_gather();
   // Megatron's pretrain after the loop (and after the last save): the validation split once more
   // (its sample count planned for this "+1" evaluation), then the test split from its start.
-  if (valid_loader) {
-    const Evaluation valid = evaluate(model, *valid_loader, "validation", args, ctx);
+  if (data.valid) {
+    const Evaluation valid = evaluate(model, valid_loader.get(), "validation", args, ctx);
     nan_check.validation_loss(valid.loss, progress.iteration);
     summary.end_valid_loss = valid.loss;
     report_evaluation("validation", valid, progress, true);
   }
-  if (test_loader) {
-    const Evaluation test = evaluate(model, *test_loader, "test", args, ctx);
+  if (data.test) {
+    const Evaluation test = evaluate(model, test_loader.get(), "test", args, ctx);
     nan_check.validation_loss(test.loss, progress.iteration);
     summary.test_loss = test.loss;
     summary.test_samples = test.samples;
@@ -659,7 +675,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
 
   const pipeline_parallel::PipelineSplit split =
       pipeline_parallel::pipeline_split(args.parallel, args.model.num_layers);
-  GPTModel model(args.model, ctx, device, split.stage(ctx.pp->rank(), 0));
+  ModelChunks model(args.model, ctx, device, split);
   model.parameters().initialize(uint64_t(args.seed));
   log_model(args.model);
   DistributedDataParallel ddp(model.parameters(), ctx, ddp_config(args));

@@ -50,6 +50,9 @@ struct MicroBatch {
   std::shared_ptr<void> storage;
 };
 
+// An empty registry for a model on this rank (its TP and EP ranks).
+std::unique_ptr<ParameterRegistry> make_model_registry(const ParallelContext& ctx);
+
 class GPTModel {
  public:
   // What one micro-batch's forward through this stage keeps for its backward.
@@ -81,9 +84,12 @@ class GPTModel {
   };
 
   // Parameters and activations live on `device`; inputs may come from any device. `stage`: the
-  // pipeline stage this object is; unset, the whole model.
+  // pipeline stage this object is; unset, the whole model. `shared`: the registry of every model
+  // chunk of this rank (ModelChunks), which registers the parameters there and allocates it once
+  // every chunk is built; null: a registry of this model's own, allocated here.
   GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device = Device::cpu(),
-           const std::optional<pipeline_parallel::StageLayers>& stage = std::nullopt);
+           const std::optional<pipeline_parallel::StageLayers>& stage = std::nullopt,
+           ParameterRegistry* shared = nullptr);
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
@@ -94,7 +100,8 @@ class GPTModel {
   // group. Null otherwise.
   Parameter* pipeline_tied_embedding() const;
   const ParallelContext& context() const { return *ctx_; }
-  ParameterRegistry& parameters() { return registry_; }
+  // The registry the parameters are in (with a shared registry, every chunk's of this rank).
+  ParameterRegistry& parameters() { return *registry_; }
   Device device() const { return device_; }
 
   // Forward and backward of one micro-batch. tokens, labels (B,S) i32; loss_mask (B,S) f32;
@@ -173,7 +180,8 @@ class GPTModel {
   pipeline_parallel::StageLayers stage_;
   const ParallelContext* ctx_;
   Device device_;
-  ParameterRegistry registry_;
+  std::unique_ptr<ParameterRegistry> own_registry_;  // null with a shared registry
+  ParameterRegistry* registry_;
   std::unique_ptr<tensor_parallel::VocabParallelEmbedding> word_embeddings_;
   Parameter* position_embeddings_ = nullptr;
   // The stage's decoder as one block per layer (the last stage's last holds the final norm; a last
