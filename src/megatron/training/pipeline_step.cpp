@@ -57,6 +57,7 @@ LossSums pipeline_forward_backward(ModelChunks& model, const ParallelContext& ct
     const MicroBatchRun& run = microbatches[size_t(m)];
     GPTModel& chunk = model.chunk(c);
     LossSums loss;
+    if (hooks.before_forward) hooks.before_forward(m);
     Tensor out = chunk.stage_forward(run.batch, input, run.fwd, saved[{m, c}], &loss);
     if (hooks.after_forward) hooks.after_forward(m, chunk);
     if (chunk.stage().loss) {
@@ -71,6 +72,7 @@ LossSums pipeline_forward_backward(ModelChunks& model, const ParallelContext& ct
     if (hooks.before_backward) hooks.before_backward(m);
     Tensor input_grad =
         model.chunk(c).stage_backward(output_grad, microbatches[size_t(m)].loss_grad_scale, saved.at({m, c}));
+    if (hooks.after_backward) hooks.after_backward(m);
     saved.erase({m, c});
     return input_grad;
   };

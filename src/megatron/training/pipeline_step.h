@@ -36,6 +36,8 @@ PipelineStepShape pipeline_step_shape(const TrainingArgs& args, bool forward_onl
 bool stage_reads_data(const ModelChunks& model, bool document_masking);
 
 struct PipelineHooks {
+  // Around each micro-batch's forward and backward through a chunk (the compute timers).
+  std::function<void(int64_t microbatch)> before_forward, after_backward;
   // On the last stage, each micro-batch's loss as its forward computes it (the NaN check).
   std::function<void(int64_t microbatch, const LossSums& loss)> on_loss;
   // Before micro-batch m's backward through a chunk (DDP's last-micro-batch flag: each chunk's

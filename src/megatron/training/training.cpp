@@ -505,13 +505,23 @@ IterationResult TrainingLoop::train_step() {
   }
   // With --overlap-param-gather the forward waits for each bucket of the previous step's
   // parameter all-gather just before it reads it (DDP listens to the model's notifications).
-  const PipelineHooks hooks{
-      .on_loss =
-          [&](int64_t, const LossSums& s) {
-            nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1, ctx.world->rank());
-          },
-      .before_backward = [&](int64_t m) { ddp.set_last_micro_batch(m + 1 == micro); },
-      .after_forward = [&](int64_t, const GPTModel& chunk) { interval_moe.add(chunk.moe_stats()); }};
+  const PipelineHooks hooks{.before_forward = [&](int64_t) { timers.start("forward-compute"); },
+                            .after_backward = [&](int64_t) { timers.stop("backward-compute"); },
+                            .on_loss =
+                                [&](int64_t, const LossSums& s) {
+                                  nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1,
+                                                             ctx.world->rank());
+                                },
+                            .before_backward =
+                                [&](int64_t m) {
+                                  ddp.set_last_micro_batch(m + 1 == micro);
+                                  timers.start("backward-compute");
+                                },
+                            .after_forward =
+                                [&](int64_t, const GPTModel& chunk) {
+                                  timers.stop("forward-compute");
+                                  interval_moe.add(chunk.moe_stats());
+                                }};
   LossSums iteration_sums =
       pipeline_forward_backward(model, ctx, runs, pipeline_step_shape(args, /*forward_only=*/false), hooks);
   timers.stop("forward-backward");
