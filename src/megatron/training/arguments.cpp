@@ -175,7 +175,8 @@ std::vector<Flag> build_flag_table() {
       {"--pipeline-model-parallel-layout", FIELD(parallel.pipeline_model_parallel_layout), parallel,
        "Stages in order, '|' between them: E embedding, t layer, L loss, x*N and (..)*N repeat; e.g. \"Et|(tt|)*3,L\""},
       {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel, "CP (1 in this build)"},
-      {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel, "EP (1 in this build)"},
+      {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel,
+       "EP: the experts of each MoE layer split over EP ranks of each data-parallel group"},
       {"--expert-tensor-parallel-size", FIELD(parallel.expert_tensor_parallel_size), parallel,
        "Expert TP; unset: the TP size (the only value in this build)"},
       {"--sequence-parallel", Switch{FIELD(parallel.sequence_parallel), true}, parallel,
@@ -637,6 +638,9 @@ void check_data_parallel(const TrainingArgs& a, std::vector<std::string>& errors
 void check_mixed_precision(const TrainingArgs& a, std::vector<std::string>& errors) {
   const OptimizerArgs& o = a.optimizer;
   if (a.fp16 && a.bf16) errors.push_back("--fp16 and --bf16 are both given: choose one precision");
+  if (a.fp16 && a.parallel.expert_model_parallel_size > 1)
+    errors.push_back(concat("--fp16 with --expert-model-parallel-size ", a.parallel.expert_model_parallel_size,
+                            ": expert parallelism does not train in fp16 (Megatron's rule); use --bf16"));
   const auto check_scale = [&](const char* flag, double value, const char* example) {
     if (!(value > 0.0 && value <= double(std::numeric_limits<float>::max())))
       errors.push_back(
