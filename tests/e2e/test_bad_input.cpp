@@ -68,6 +68,7 @@ TEST(BadInput, MoECombinations) {
                  "--num-experts 3 is not divisible by --expert-model-parallel-size 2");
   expect_failure("train" + kTiny + kMock + " --expert-model-parallel-size 2", "add --num-experts N, or drop the flag");
   expect_failure(moe + " --fp16 --expert-model-parallel-size 2", "expert parallelism does not train in fp16");
+  expect_failure(moe + " --moe-token-dispatcher-type flex", "--moe-token-dispatcher-type");
 }
 
 TEST(BadInput, NonexistentDataPath) {

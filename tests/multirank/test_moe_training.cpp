@@ -13,8 +13,9 @@
 //
 // ExpertParallelMatchesTheSingleRankCurve: the same model in f64, dropless, 10 iterations with a
 // validation at 10: EP=2 (2 ranks; every EP rank its own data-parallel replica, expert DP 1), EP=4
-// (4 ranks, one expert per rank) and EP=2 x expert DP=2 with the distributed optimizer (4 ranks:
-// expert gradients reduced and sharded over expert DP). Tolerance 200 u (u = 2^-53) relative, as
+// (4 ranks, one expert per rank), both with the allgather and the alltoall dispatcher, and EP=2 x
+// expert DP=2 with the distributed optimizer (4 ranks: expert gradients reduced and sharded over
+// expert DP). Tolerance 200 u (u = 2^-53) relative, as
 // the TP and PP tests: each layout sums the same f64 terms in another order (an expert's gradient
 // over the EP group's tokens in rank order, the grad norm's expert squares summed over EP), each
 // regrouping a few u. A token served by the wrong expert, an expert gradient scaled by EP, or
@@ -49,6 +50,8 @@ const std::vector<std::string> kMoE = {"--disable-bias-linear",
                                        "1e-2",
                                        "--moe-grouped-gemm"};
 
+const std::vector<std::string> kAllToAll = {"--moe-token-dispatcher-type", "alltoall"};
+
 int world_size() { return int(make_state({}).ctx.world->size()); }
 
 std::vector<std::string> ep_flags(int ep) { return {"--expert-model-parallel-size", std::to_string(ep)}; }
@@ -81,8 +84,9 @@ TEST(MoETraining, ExpertParallelMatchesTheSingleRankCurve) {
   ASSERT_EQ(single.valid_losses.size(), 1u);
   const std::vector<EpLayout> layouts =
       world == 2
-          ? std::vector<EpLayout>{{"EP=2", 2, {}}}
+          ? std::vector<EpLayout>{{"EP=2", 2, {}}, {"EP=2 alltoall", 2, kAllToAll}}
           : std::vector<EpLayout>{{"EP=4", 4, {}},
+                                  {"EP=4 alltoall", 4, kAllToAll},
                                   {"EP=2 x expert DP=2 distributed optimizer", 2, {"--use-distributed-optimizer"}}};
   for (const EpLayout& l : layouts) {
     const ParallelState st = make_state({.ep = l.ep}, 60);
