@@ -37,18 +37,7 @@
 namespace megatron::testing {
 namespace {
 
-const std::vector<std::string> kMoE = {"--disable-bias-linear",
-                                       "--swiglu",
-                                       "--num-experts",
-                                       "4",
-                                       "--moe-router-score-function",
-                                       "sigmoid",
-                                       "--moe-router-enable-expert-bias",
-                                       "--moe-router-bias-update-rate",
-                                       "0.05",
-                                       "--moe-aux-loss-coeff",
-                                       "1e-2",
-                                       "--moe-grouped-gemm"};
+const std::vector<std::string> kMoE = moe_flags();
 
 const std::vector<std::string> kAllToAll = {"--moe-token-dispatcher-type", "alltoall"};
 
