@@ -27,11 +27,16 @@ using Flag = flags::Flag<TrainingArgs>;
 
 #define FIELD(member) MEGATRON_FLAG_FIELD(TrainingArgs, member)
 
+// The help sections of the flags that make the model (a run that loads a checkpoint takes them
+// from it: checkpoint_model_layer).
+constexpr const char* kModelSection = "model";
+constexpr const char* kMoESection = "mixture of experts";
+
 std::vector<Flag> build_flag_table() {
   std::vector<std::string> presets;
   for (const ModelPreset& preset : model_presets()) presets.emplace_back(preset.name);
-  const char* model = "model";
-  const char* moe = "mixture of experts";
+  const char* model = kModelSection;
+  const char* moe = kMoESection;
   const char* parallel = "parallelism and precision";
   const char* training = "training";
   const char* lr = "learning rate (Megatron's OptimizerParamScheduler)";
@@ -855,7 +860,8 @@ std::vector<flags::Assignment> checkpoint_model_layer(const std::vector<std::vec
   }
   std::vector<std::string> model_flags;
   for (const Flag& flag : build_flag_table())
-    if (flag.section == "model" && flag.name != "--model-preset") model_flags.push_back(flag.name);
+    if ((flag.section == kModelSection || flag.section == kMoESection) && flag.name != "--model-preset")
+      model_flags.push_back(flag.name);
   std::vector<std::pair<std::string, std::string>> pairs;
   for (auto& [flag, value] : saved_flags(load, ckpt_step))
     if (std::find(model_flags.begin(), model_flags.end(), flag) != model_flags.end())
