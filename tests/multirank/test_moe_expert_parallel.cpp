@@ -85,16 +85,18 @@ LayerRun run_expert_parallel(const ParallelContext& ctx, TokenDispatcherType dis
   return run;
 }
 
+// The world as one EP group: every rank holds E / world experts.
+ParallelState every_rank_one_ep_rank() {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  return make_state({.ep = world}, 30);
+}
+
 class MoEExpertParallel : public ::testing::TestWithParam<TokenDispatcherType> {};
 
 TEST_P(MoEExpertParallel, LayerMatchesTheSingleRank) {
-  int world = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  ParallelSizes sizes;
-  sizes.ep = world;
-  ParallelState st = make_state(sizes, 30);
+  const ParallelState st = every_rank_one_ep_rank();
   const int ep = st.ctx.ep->size(), rank = st.ctx.ep->rank();
-  ASSERT_EQ(ep, world);
   const TransformerConfig config = moe_config();
   const LayerRun run = run_expert_parallel(st.ctx, GetParam());
 
@@ -139,11 +141,7 @@ TEST_P(MoEExpertParallel, LayerMatchesTheSingleRank) {
 // The same exchange of tokens by two routes: the all-to-all dispatcher's results are the allgather
 // dispatcher's.
 TEST(MoEExpertParallelDispatchers, AllToAllEqualsAllGather) {
-  int world = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  ParallelSizes sizes;
-  sizes.ep = world;
-  ParallelState st = make_state(sizes, 30);
+  const ParallelState st = every_rank_one_ep_rank();
   const LayerRun gathered = run_expert_parallel(st.ctx, TokenDispatcherType::allgather);
   const LayerRun exchanged = run_expert_parallel(st.ctx, TokenDispatcherType::alltoall);
   expect_close(exchanged.y, gathered.y, "output");
