@@ -13,9 +13,10 @@
 //
 // ExpertParallelMatchesTheSingleRankCurve: the same model in f64, dropless, 10 iterations with a
 // validation at 10: EP=2 (2 ranks; every EP rank its own data-parallel replica, expert DP 1), EP=4
-// (4 ranks, one expert per rank), both with the allgather and the alltoall dispatcher, and EP=2 x
+// (4 ranks, one expert per rank), both with the allgather and the alltoall dispatcher, EP=2 x
 // expert DP=2 with the distributed optimizer (4 ranks: expert gradients reduced and sharded over
-// expert DP). Tolerance 200 u (u = 2^-53) relative, as
+// expert DP), and PP=2 x EP=2 (4 ranks: each stage's MoE layer exchanges tokens within its EP
+// group, in the order 1F1B gives both EP ranks of the stage). Tolerance 200 u (u = 2^-53) relative, as
 // the TP and PP tests: each layout sums the same f64 terms in another order (an expert's gradient
 // over the EP group's tokens in rank order, the grad norm's expert squares summed over EP), each
 // regrouping a few u. A token served by the wrong expert, an expert gradient scaled by EP, or
@@ -40,6 +41,8 @@ namespace {
 const std::vector<std::string> kMoE = moe_flags();
 
 const std::vector<std::string> kAllToAll = {"--moe-token-dispatcher-type", "alltoall"};
+const std::vector<std::string> kPp2AllToAll = {"--moe-token-dispatcher-type", "alltoall",
+                                               "--pipeline-model-parallel-size", "2"};
 
 int world_size() { return int(make_state({}).ctx.world->size()); }
 
@@ -61,9 +64,17 @@ TEST(MoETraining, DataParallelMatchesTheSingleRankCurve) {
 
 struct EpLayout {
   std::string name;
-  int ep;
+  int ep, pp;
   std::vector<std::string> flags;
 };
+
+std::vector<EpLayout> ep_layouts(int world) {
+  if (world == 2) return {{"EP=2", 2, 1, {}}, {"EP=2 alltoall", 2, 1, kAllToAll}};
+  return {{"EP=4", 4, 1, {}},
+          {"EP=4 alltoall", 4, 1, kAllToAll},
+          {"EP=2 x expert DP=2 distributed optimizer", 2, 1, {"--use-distributed-optimizer"}},
+          {"PP=2 x EP=2 alltoall", 2, 2, kPp2AllToAll}};
+}
 
 TEST(MoETraining, ExpertParallelMatchesTheSingleRankCurve) {
   const int world = world_size();
@@ -71,14 +82,11 @@ TEST(MoETraining, ExpertParallelMatchesTheSingleRankCurve) {
   constexpr int64_t kIterations = 10;
   const TrainingSummary single = run(ParallelContext::single_process(), with(tiny_run(kIterations), kMoE), DType::f64);
   ASSERT_EQ(single.valid_losses.size(), 1u);
-  const std::vector<EpLayout> layouts =
-      world == 2
-          ? std::vector<EpLayout>{{"EP=2", 2, {}}, {"EP=2 alltoall", 2, kAllToAll}}
-          : std::vector<EpLayout>{{"EP=4", 4, {}},
-                                  {"EP=4 alltoall", 4, kAllToAll},
-                                  {"EP=2 x expert DP=2 distributed optimizer", 2, {"--use-distributed-optimizer"}}};
-  for (const EpLayout& l : layouts) {
-    const ParallelState st = make_state({.ep = l.ep}, 60);
+  for (const EpLayout& l : ep_layouts(world)) {
+    ParallelSizes sizes;
+    sizes.pp = l.pp;
+    sizes.ep = l.ep;
+    const ParallelState st = make_state(sizes, 60);
     const TrainingSummary s =
         run(st.ctx, with(with(with(tiny_run(kIterations), kMoE), ep_flags(l.ep)), l.flags), DType::f64);
     double worst = expect_same_curve(single, s, 0, tolerance, /*compare_grad_norm=*/true, l.name);
