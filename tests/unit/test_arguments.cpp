@@ -366,14 +366,19 @@ TEST(ParseArgs, TpCommOverlapNeedsTpAndSequenceParallel) {
   EXPECT_TRUE(parse_training_args(with(tp2, {"--sequence-parallel"}), 2).parallel.tp_comm_overlap);
 }
 
-// Megatron's flags for the axes this build cannot split yet: accepted, and refused unless 1.
-TEST(ValidateArgs, ContextAndExpertParallelismMustBeOne) {
+// Megatron's flag for the axis this build cannot split yet: accepted, and refused unless 1. Expert
+// parallelism: EP must divide DP = world / (TP x PP), with whole experts per EP rank.
+TEST(ValidateArgs, ContextParallelismMustBeOneAndExpertParallelismDivideDp) {
   EXPECT_EQ(parse_error(with(minimal_argv(), {"--context-parallel-size", "1", "--expert-model-parallel-size", "1"})),
             "");
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--context-parallel-size", "2"}), 2),
                        "--context-parallel-size 2: not yet supported, must be 1"));
-  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--expert-model-parallel-size", "4"}), 4),
-                       "--expert-model-parallel-size 4: not yet supported, must be 1"));
+  const Argv moe = with(minimal_argv(), {"--disable-bias-linear", "--num-experts", "4"});
+  EXPECT_EQ(parse_error(with(moe, {"--expert-model-parallel-size", "4"}), 8), "");
+  EXPECT_TRUE(contains(parse_error(with(moe, {"--expert-model-parallel-size", "4"}), 6),
+                       "--expert-model-parallel-size 4 does not divide the data-parallel size 6"));
+  EXPECT_TRUE(contains(parse_error(with(moe, {"--expert-model-parallel-size", "0"}), 2),
+                       "--expert-model-parallel-size 0 must be positive"));
 }
 
 // Megatron's MoE flags fill TransformerConfig::moe and survive the round trip through flag text

@@ -118,7 +118,7 @@ TEST(Progress, CheckpointLoadReportsPerTensor) {
   GPTModel model(args.model, single);
   model.parameters().initialize(1);
   testing::TempDir dir;
-  save_weights_checkpoint(dir.path(), args, 1, {model_state(model, Optimizer::StateCopies::one_replica)});
+  save_weights_checkpoint(dir.path(), args, 1, {model_state(model, Optimizer::StateCopies::one_replica, single)});
   const auto n = int64_t(model.parameters().params().size());
   FakeClock clock;
   const std::string out = run_captured([&] {

@@ -34,7 +34,9 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
     errors.push_back(concat("--pipeline-model-parallel-size ", a.pipeline_model_parallel_size,
                             " must be positive: 1 disables pipeline parallelism"));
   require_one(errors, a.context_parallel_size, "--context-parallel-size", "context parallelism");
-  require_one(errors, a.expert_model_parallel_size, "--expert-model-parallel-size", "expert parallelism");
+  const int64_t ep = a.expert_model_parallel_size;
+  if (ep <= 0)
+    errors.push_back(concat("--expert-model-parallel-size ", ep, " must be positive: 1 disables expert parallelism"));
   if (a.expert_tensor_parallel_size != 0 && a.expert_tensor_parallel_size != tp)
     errors.push_back(concat("--expert-tensor-parallel-size ", a.expert_tensor_parallel_size,
                             ": experts split like the dense layers in this build, so it must equal "
@@ -51,6 +53,15 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
     errors.push_back(concat("world size ", world_size, " is not a multiple of TP*PP = ", model_parallel,
                             ": each data-parallel replica needs all TP*PP ranks; launch a multiple of ", model_parallel,
                             " ranks"));
+  }
+  // Megatron's expert layout: the EP ranks of a data-parallel group split the experts, so EP
+  // divides DP = world / (TP x PP) (the rest are expert-data-parallel replicas).
+  if (world_size > 0 && model_parallel > 0 && world_size % model_parallel == 0 && ep > 0 &&
+      world_size % (model_parallel * ep) != 0) {
+    errors.push_back(concat("--expert-model-parallel-size ", ep, " does not divide the data-parallel size ",
+                            world_size / model_parallel, " (world ", world_size, " / TP*PP ", model_parallel,
+                            "): the experts split over EP ranks of each data-parallel group; use an EP that divides ",
+                            world_size / model_parallel, ", or launch a multiple of ", model_parallel * ep, " ranks"));
   }
   return errors;
 }

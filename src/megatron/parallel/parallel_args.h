@@ -18,7 +18,7 @@ struct ParallelArgs {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
   int64_t context_parallel_size = 1;        // 1 in this build
-  int64_t expert_model_parallel_size = 1;   // 1 in this build
+  int64_t expert_model_parallel_size = 1;   // EP: experts split over EP ranks of each DP group
   int64_t expert_tensor_parallel_size = 0;  // 0: Megatron's default, the TP size; = TP in this build
   bool sequence_parallel = false;           // --sequence-parallel
   bool tp_comm_overlap = false;             // --tp-comm-overlap: SP collectives as rings beside the GEMMs

@@ -27,11 +27,16 @@ using Flag = flags::Flag<TrainingArgs>;
 
 #define FIELD(member) MEGATRON_FLAG_FIELD(TrainingArgs, member)
 
+// The help sections of the flags that make the model (a run that loads a checkpoint takes them
+// from it: checkpoint_model_layer).
+constexpr const char* kModelSection = "model";
+constexpr const char* kMoESection = "mixture of experts";
+
 std::vector<Flag> build_flag_table() {
   std::vector<std::string> presets;
   for (const ModelPreset& preset : model_presets()) presets.emplace_back(preset.name);
-  const char* model = "model";
-  const char* moe = "mixture of experts";
+  const char* model = kModelSection;
+  const char* moe = kMoESection;
   const char* parallel = "parallelism and precision";
   const char* recompute = "activation recomputation";
   const char* training = "training";
@@ -194,7 +199,8 @@ std::vector<Flag> build_flag_table() {
       {"--pipeline-model-parallel-layout", FIELD(parallel.pipeline_model_parallel_layout), parallel,
        "Stages in order, '|' between them: E embedding, t layer, L loss, x*N and (..)*N repeat; e.g. \"Et|(tt|)*3,L\""},
       {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel, "CP (1 in this build)"},
-      {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel, "EP (1 in this build)"},
+      {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel,
+       "EP: the experts of each MoE layer split over EP ranks of each data-parallel group"},
       {"--expert-tensor-parallel-size", FIELD(parallel.expert_tensor_parallel_size), parallel,
        "Expert TP; unset: the TP size (the only value in this build)"},
       {"--sequence-parallel", Switch{FIELD(parallel.sequence_parallel), true}, parallel,
@@ -661,6 +667,9 @@ void check_data_parallel(const TrainingArgs& a, std::vector<std::string>& errors
 void check_mixed_precision(const TrainingArgs& a, std::vector<std::string>& errors) {
   const OptimizerArgs& o = a.optimizer;
   if (a.fp16 && a.bf16) errors.push_back("--fp16 and --bf16 are both given: choose one precision");
+  if (a.fp16 && a.parallel.expert_model_parallel_size > 1)
+    errors.push_back(concat("--fp16 with --expert-model-parallel-size ", a.parallel.expert_model_parallel_size,
+                            ": expert parallelism does not train in fp16 (Megatron's rule); use --bf16"));
   const auto check_scale = [&](const char* flag, double value, const char* example) {
     if (!(value > 0.0 && value <= double(std::numeric_limits<float>::max())))
       errors.push_back(
@@ -879,7 +888,8 @@ std::vector<flags::Assignment> checkpoint_model_layer(const std::vector<std::vec
   }
   std::vector<std::string> model_flags;
   for (const Flag& flag : build_flag_table())
-    if (flag.section == "model" && flag.name != "--model-preset") model_flags.push_back(flag.name);
+    if ((flag.section == kModelSection || flag.section == kMoESection) && flag.name != "--model-preset")
+      model_flags.push_back(flag.name);
   std::vector<std::pair<std::string, std::string>> pairs;
   for (auto& [flag, value] : saved_flags(load, ckpt_step))
     if (std::find(model_flags.begin(), model_flags.end(), flag) != model_flags.end())

@@ -56,10 +56,11 @@ nlohmann::json args_json(const TrainingArgs& args) {
 
 }  // namespace
 
-std::vector<ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies) {
+std::vector<ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies,
+                                       const ParallelContext& ctx) {
   std::vector<ShardedTensor> out;
   for (const auto& p : model.parameters.params())
-    if (copies == Optimizer::StateCopies::this_rank || !p->is_duplicate())
+    if (copies == Optimizer::StateCopies::this_rank || is_saved_replica(*p, ctx))
       for (const auto& slice : p->global_slices())
         out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
   return out;
@@ -379,8 +380,9 @@ TrainingCheckpointSave::TrainingCheckpointSave(const TrainingArgs& args, const C
       options_(options),
       common_(training_common_state(args, model, optimizer, scheduler, progress)) {
   if (optimizer && !args.no_save_optim) optim_ = optimizer->sharded_state(Optimizer::StateCopies::one_replica);
-  // One replica of the weights: DP rank 0 of each model-parallel slice.
-  if (ctx.dp_cp->rank() == 0) weights_ = model_state(model, Optimizer::StateCopies::one_replica);
+  // One replica of the weights: DP rank 0 of each model-parallel slice, expert-DP rank 0 of each
+  // EP rank for the experts.
+  weights_ = model_state(model, Optimizer::StateCopies::one_replica, ctx);
   // The shards are views of the live buffers; training changes them while write() runs.
   if (snapshot == Snapshot::host_copy)
     for (auto* group : {&weights_, &optim_})
@@ -530,9 +532,11 @@ TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step
     const auto copy = tokenizer.find(key);
     flags.emplace_back(key, copy != tokenizer.end() ? copy->second : value.get<std::string>());
   }
-  // World size is no flag: take the smallest world the stored layout runs on, one replica.
+  // World size is no flag: take a world the stored layout runs on, one replica of the dense
+  // layers (TP x CP x PP ranks) per EP rank.
   int64_t world = 1;
-  for (const char* axis : {"--tensor-model-parallel-size", "--context-parallel-size", "--pipeline-model-parallel-size"})
+  for (const char* axis : {"--tensor-model-parallel-size", "--context-parallel-size", "--pipeline-model-parallel-size",
+                           "--expert-model-parallel-size"})
     if (saved.contains(axis)) world *= std::stoll(saved[axis].get<std::string>());
   return parse_training_args_from_flags(flags, world);
 }

@@ -5,8 +5,9 @@
 // Under data and model parallelism (every rank of ctx.world calls save and load):
 //   save: every rank writes its own files into one staging directory (checkpointing/checkpoint.h
 //         protocol): model weights from DP rank 0 of each model-parallel slice (the others hold
-//         replicas), optimizer state from Optimizer::sharded_state() (DP rank 0's whole state, or
-//         every rank's distributed-optimizer shard). World rank 0 creates the directory and
+//         replicas; experts from expert-DP rank 0 of each EP rank, is_saved_replica), optimizer
+//         state from Optimizer::sharded_state() (the same ranks' state, or every rank's
+//         distributed-optimizer shard). World rank 0 creates the directory and
 //         broadcasts its path; the ranks write and send their reports (files, sizes, CRC-32C,
 //         tensor slices), or their error, to rank 0 (collectives, so a rank that never arrives is
 //         named by the watchdog); rank 0 checks them, writes metadata.json last, renames the
@@ -14,8 +15,8 @@
 //         rank returns only once the checkpoint is published, or throws the first failing rank's
 //         error. No rank holds another rank's data.
 //   load: every rank reads the slices it holds now from whichever shards overlap them, so a
-//         checkpoint saved at one DP size (with or without the distributed optimizer) resumes at
-//         any other.
+//         checkpoint saved at one DP or EP size (with or without the distributed optimizer)
+//         resumes at any other: experts are held by global expert index.
 // The tokenizer travels with the checkpoint: each save copies the files the run's tokenizer reads
 // (TrainingArgs::tokenizer; vocab.json and merges.txt, tokenizer.json, tokenizer.model) into the
 // iteration directory, checksummed with the rest, and records its type and vocabulary size
@@ -150,7 +151,8 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
 // checkpoints, local_checkpoint.h): this rank's weights (one_replica: one copy of every element
 // over the world, this_rank: all it holds) and common.json's state (iteration, data position,
 // scheduler, optimizer step, loss scaler, the run's flags).
-std::vector<checkpointing::ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies);
+std::vector<checkpointing::ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies,
+                                                      const ParallelContext& ctx);
 nlohmann::json training_common_state(const TrainingArgs& args, const CheckpointedModel& model,
                                      const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
                                      const TrainingProgress& progress);

@@ -72,8 +72,8 @@ void save_local_checkpoint(const TrainingArgs& args, const CheckpointedModel& mo
   std::vector<checkpointing::ShardedTensor> optim;
   if (optimizer && !args.no_save_optim) optim = optimizer->sharded_state(Optimizer::StateCopies::this_rank);
   // Partial: a distributed-optimizer rank holds a shard of each tensor's state.
-  checkpointing::save_checkpoint(dir, progress.iteration, model_state(model, Optimizer::StateCopies::this_rank), optim,
-                                 common, {.on_stage = {}, .partial = true});
+  checkpointing::save_checkpoint(dir, progress.iteration, model_state(model, Optimizer::StateCopies::this_rank, ctx),
+                                 optim, common, {.on_stage = {}, .partial = true});
   checkpointing::remove_old_checkpoints(dir, 1);
   LOG_INFO("  saved local checkpoint from iteration " << progress.iteration << " to "
                                                       << args.non_persistent_local_ckpt_dir);

@@ -299,6 +299,11 @@ void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
                                             << ", TP " << args.parallel.tensor_model_parallel_size << ", PP "
                                             << args.parallel.pipeline_model_parallel_size
                                             << "); build the groups from the same sizes");
+  const int64_t ep = ctx.ep ? ctx.ep->size() : 1;
+  MEGATRON_CHECK(ep == args.parallel.expert_model_parallel_size, "the parallel groups have EP "
+                                                                     << ep << " but the arguments ask for EP "
+                                                                     << args.parallel.expert_model_parallel_size
+                                                                     << "; build the groups from the same sizes");
 }
 
 // Megatron's choice of scaler (optimizer/grad_scaler.h): dynamic for fp16, static with --loss-scale.

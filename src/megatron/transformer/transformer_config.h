@@ -68,9 +68,9 @@ void derive_model_fields(TransformerConfig& config, int64_t tensor_model_paralle
 // Every rule the config breaks, one message each (value, rule, fix). Empty when valid.
 std::vector<std::string> validate(const TransformerConfig& config);
 
-// Megatron's rules for splitting the model over the layout's TP ranks: whole attention heads,
-// query groups, MLP columns and vocabulary rows per rank, and under sequence parallelism (TP > 1)
-// whole sequence shards. One message each; empty when the split works.
+// Megatron's rules for splitting the model over the layout's TP (and EP) ranks: whole attention
+// heads, query groups, MLP columns, vocabulary rows and experts per rank, and under sequence
+// parallelism (TP > 1) whole sequence shards. One message each; empty when the split works.
 std::vector<std::string> validate_tensor_parallel_split(const TransformerConfig& config, const ParallelArgs& parallel);
 
 // Megatron's vocab padding: ceil(vocab / (divisor * TP)) * (divisor * TP).
