@@ -7,7 +7,8 @@
 # consumed samples), iteration-time, throughput, skipped-iterations, nan-iterations,
 # mem-max-allocated-bytes (the metrics' peak memory), lm loss validation (and its perplexity) and
 # lm loss test; mem-allocated-bytes and mem-reserved-bytes, which the metrics file does not hold,
-# are checked to be positive, equal (the CPU allocator caches nothing) and at most the peak.
+# are checked to be positive, equal (the CPU allocator caches nothing) and at most the peak, and
+# mem-allocated-count to be a positive whole number (of blocks handed out).
 # usage: tensorboard_test.sh MEGATRON FIXTURES_DIR
 set -u
 megatron=$1
@@ -71,8 +72,13 @@ for (const m of metrics) {
     const peak = m.peak_memory_mib * 1048576;
     expect('mem-max-allocated-bytes', m.iteration, peak);
     const at = (tag) => (byTag[tag] || []).filter((s) => s.step === m.iteration);
-    const [allocated, reserved] = [at('mem-allocated-bytes'), at('mem-reserved-bytes')];
-    checked += 2;
+    const [allocated, reserved, count] = [at('mem-allocated-bytes'), at('mem-reserved-bytes'),
+                                          at('mem-allocated-count')];
+    checked += 3;
+    if (count.length !== 1 || !Number.isInteger(count[0].value) || !(count[0].value > 0)) {
+      console.error(`allocation count at ${m.iteration}: ${JSON.stringify(count)}`);
+      problems += 1;
+    }
     if (allocated.length !== 1 || reserved.length !== 1 || !(allocated[0].value > 0) ||
         allocated[0].value !== reserved[0].value || allocated[0].value > Math.fround(peak)) {
       console.error(`memory at ${m.iteration}: allocated ${JSON.stringify(allocated)}, reserved ` +

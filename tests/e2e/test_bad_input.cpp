@@ -62,7 +62,13 @@ TEST(BadInput, MoECombinations) {
   expect_failure(moe + " --moe-layer-freq [1,0,1]", "the list has 3 entries for 2 layers");
   expect_failure("train" + kTiny + kMock + " --num-experts 4", "add --disable-bias-linear");
   expect_failure(moe + " --moe-router-load-balancing-type sinkhorn", "sinkhorn");
-  expect_failure(moe + " --expert-model-parallel-size 2", "--expert-model-parallel-size");
+  expect_failure(moe + " --expert-model-parallel-size 2",
+                 "--expert-model-parallel-size 2 does not divide the data-parallel size 1");
+  expect_failure("train" + kTiny + kMock + " --disable-bias-linear --num-experts 3 --expert-model-parallel-size 2",
+                 "--num-experts 3 is not divisible by --expert-model-parallel-size 2");
+  expect_failure("train" + kTiny + kMock + " --expert-model-parallel-size 2", "add --num-experts N, or drop the flag");
+  expect_failure(moe + " --fp16 --expert-model-parallel-size 2", "expert parallelism does not train in fp16");
+  expect_failure(moe + " --moe-token-dispatcher-type flex", "--moe-token-dispatcher-type");
 }
 
 TEST(BadInput, NonexistentDataPath) {

@@ -4,6 +4,7 @@
 // naming the tensor or field with nothing written, and train/generate need no model flags.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -32,22 +33,6 @@ std::string import_family(const std::string& family, const TempDir& dir, int64_t
 bool nothing_written(const std::string& save) {
   if (!fs::exists(save)) return true;
   return fs::is_empty(save);
-}
-
-// A copy of a family's fixture whose weights are `edit` of the original tensors.
-std::string edited_fixture(const TempDir& dir, const std::string& family,
-                           const std::function<void(std::vector<checkpointing::NamedTensor>&)>& edit) {
-  const std::string out = dir / (family + "-edited");
-  fs::create_directories(out);
-  for (const auto& entry : fs::directory_iterator(hf_fixture(family)))
-    if (entry.path().extension() != ".safetensors" && entry.path().filename() != "model.safetensors.index.json")
-      fs::copy_file(entry.path(), fs::path(out) / entry.path().filename());
-  const hf_bridge::HfWeights weights = hf_bridge::HfWeights::open(hf_fixture(family));
-  std::vector<checkpointing::NamedTensor> tensors;
-  for (const std::string& name : weights.names()) tensors.push_back({name, weights.load(name)});
-  edit(tensors);
-  checkpointing::write_safetensors(out + "/model.safetensors", tensors);
-  return out;
 }
 
 std::string import_error(const std::string& hf_dir, const std::string& save) {
@@ -121,6 +106,32 @@ TEST(HfBridge, ImportWritesTheRequestedTensorParallelLayout) {
   EXPECT_LE(max_logit_error(model, hf_reference("llama")), kLogitTolerance);
 }
 
+// --pipeline-model-parallel-size is checked against the layers and stored; the files are those of
+// PP 1 (layers by global number), which tests/multirank/test_hf_pp_logits.cpp runs at PP 2.
+TEST(HfBridge, ImportChecksAndStoresThePipelineLayout) {
+  TempDir dir;
+  const std::string pp1 = import_family("llama", dir);
+  const std::string pp2 = dir / "pp2";
+  hf_bridge::import_hf({.hf_dir = hf_fixture("llama"), .save = pp2, .pipeline_model_parallel_size = 2});
+  EXPECT_EQ(read_checkpoint_args(pp2).parallel.pipeline_model_parallel_size, 2);
+  const auto release = [](const std::string& ckpt) {
+    return checkpointing::checkpoint_directory(ckpt, checkpointing::kReleaseIteration) +
+           "/model_rank_00000.safetensors";
+  };
+  EXPECT_EQ(checkpointing::read_file(release(pp2)), checkpointing::read_file(release(pp1)));
+
+  const std::string pp3 = dir / "pp3";
+  const std::string error = error_of(
+      [&] { hf_bridge::import_hf({.hf_dir = hf_fixture("llama"), .save = pp3, .pipeline_model_parallel_size = 3}); });
+  EXPECT_NE(error.find("--num-layers 2 does not divide over --pipeline-model-parallel-size 3"), std::string::npos)
+      << error;
+  EXPECT_TRUE(nothing_written(pp3));
+  const RunResult zero = run_megatron("import-hf --hf-dir " + hf_fixture("llama") + " --save " + pp3 +
+                                      " --pipeline-model-parallel-size 0");
+  EXPECT_NE(zero.exit_code, 0);
+  EXPECT_NE(zero.output.find("--pipeline-model-parallel-size 0 must be >= 1"), std::string::npos) << zero.output;
+}
+
 TEST(HfBridge, BadInputIsAnErrorNamingItAndWritesNothing) {
   TempDir dir;
   const std::string save = dir / "ckpt";
@@ -188,22 +199,33 @@ TEST(HfBridge, GenerateAndFinetuneNeedNoModelFlags) {
   EXPECT_EQ(config["model_type"], "qwen2");
 }
 
+// --no-eod-termination: a model whose next token is always the end of document (the final norm
+// outputs its bias alone, ones, which the tied embedding row of <|endoftext|>, id 0, matches
+// best by far) stops after one token by default, and with the flag generates every token asked for.
+TEST(HfBridge, NoEodTerminationGeneratesEveryTokenAskedFor) {
+  TempDir dir;
+  const std::string hf = edited_fixture(dir, "gpt2", [](std::vector<checkpointing::NamedTensor>& t) {
+    for (auto& x : t) {
+      float* v = x.tensor.data<float>();
+      if (x.name == "transformer.ln_f.weight") std::fill(v, v + x.tensor.numel(), 0.0f);
+      if (x.name == "transformer.ln_f.bias") std::fill(v, v + x.tensor.numel(), 1.0f);
+      if (x.name == "transformer.wte.weight") std::fill(v, v + x.tensor.dim(1), 10.0f);  // row 0
+    }
+  });
+  const std::string ckpt = dir / "ckpt";
+  hf_bridge::import_hf({.hf_dir = hf, .save = ckpt});
+  const std::string run = "generate --load " + ckpt + " --prompt 'The quick' --max-new-tokens 6 --temperature 0";
+  const RunResult stops = run_megatron(run);
+  EXPECT_NE(stops.output.find("generated 1 tokens"), std::string::npos) << stops.output;
+  const RunResult all = run_megatron(run + " --no-eod-termination");
+  EXPECT_NE(all.output.find("generated 6 tokens"), std::string::npos) << all.output;
+}
+
 // A vocab_size TP does not divide (GPT-2's 50257 at TP 2) is padded in the checkpoint, and the
 // export drops that padding: exactly vocab_size rows, bit for bit, and config.json says so.
 TEST(HfBridge, ExportDropsThePaddingOfAVocabularyTpDoesNotDivide) {
   TempDir dir;
-  const std::string odd = edited_fixture(dir, "gpt2", [](std::vector<checkpointing::NamedTensor>& t) {
-    for (auto& x : t)
-      if (x.name == "transformer.wte.weight") {  // one more row, of values unlike the padding's zeros
-        Tensor grown = Tensor::empty({x.tensor.dim(0) + 1, x.tensor.dim(1)}, x.tensor.dtype());
-        std::memcpy(grown.raw(), x.tensor.raw(), x.tensor.nbytes());
-        for (int64_t i = 0; i < x.tensor.dim(1); ++i) grown.data<float>()[x.tensor.numel() + i] = 0.5f + float(i);
-        x.tensor = grown;
-      }
-  });
-  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(odd + "/config.json"));
-  config["vocab_size"] = 321;
-  checkpointing::write_file_atomic(odd + "/config.json", config.dump());
+  const std::string odd = odd_vocabulary_gpt2(dir);
   const std::string ckpt = dir / "ckpt", out = dir / "exported";
   hf_bridge::import_hf({.hf_dir = odd, .save = ckpt, .tensor_model_parallel_size = 2});
   EXPECT_EQ(read_checkpoint_args(ckpt).model.padded_vocab_size, 322);

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""The Hugging Face bridge's acceptance on the GPU machine (driven by tests/hf/gpu_acceptance.sh).
+"""The Hugging Face bridge's acceptance on the GPU machine (driven by tests/hf/gpu_acceptance.sh,
+one family at a time, so that one family's files are gone before the next one's are made).
 
-  prepare WORK   transformers builds randomly initialised models from configs shaped like
-                 Llama-3.2-1B, Mistral-7B (two layers), Qwen2.5-0.5B and GPT-2 (no download), saves
-                 each as WORK/<family>/hf with a small byte-level BPE tokenizer, and writes
-                 WORK/<family>/reference.safetensors: 8 prompts (input_ids, I64 8 x 32) and
-                 transformers' fp32 logits for them (TF32 off), plus a batch (batch_ids, 2 x 65) for
-                 the fine-tuning check.
-  check WORK     after the import, our logits test (test_hf_acceptance) and the fine-tuning run:
-                 AutoModelForCausalLM and AutoTokenizer load WORK/<family>/exported as it is and give
-                 the reference logits (the weights went through import and export unchanged: 1e-5);
-                 and WORK/<family>/finetuned-hf (exported after 50 steps of `megatron train`) gives
-                 on the batch the loss our model computed from the same checkpoint
-                 (WORK/<family>/our_finetuned_loss.txt), within 1e-4 relative.
+  prepare WORK FAMILY  transformers builds a randomly initialised model from a config shaped like
+                       Llama-3.2-1B (llama), Mistral-7B with two layers (mistral), Qwen2.5-0.5B
+                       (qwen2) or GPT-2 (gpt2), no download, saves it as WORK/FAMILY/hf with a small
+                       byte-level BPE tokenizer, and writes WORK/FAMILY/reference.safetensors: 8
+                       prompts (input_ids, I64 8 x 32) and transformers' fp32 logits for them (TF32
+                       off), plus a batch (batch_ids, 2 x 65) for the fine-tuning check.
+  check WORK FAMILY    after the import, our logits test (test_hf_acceptance), the export and the
+                       fine-tuning run: AutoModelForCausalLM and AutoTokenizer load
+                       WORK/FAMILY/exported as it is and give the reference logits (the weights went
+                       through import and export unchanged: 1e-5); and WORK/FAMILY/finetuned-hf
+                       (exported after 50 steps of `megatron train`) gives on the batch the loss our
+                       model computed from the same checkpoint (WORK/FAMILY/our_finetuned_loss.txt),
+                       within 1e-4 relative. Exits 1 on a failure, naming it.
 """
 import json
 import os
@@ -55,48 +57,51 @@ def logits_of(model, ids):
         return model(ids.cuda()).logits.float().cpu()
 
 
-def prepare(work):
+def prepare(work, family):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    tokenizer = make_tokenizer()
-    for index, (family, config) in enumerate(configs().items()):
-        torch.manual_seed(index)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32).cuda()
-        model.eval()
-        d = os.path.join(work, family)
-        model.save_pretrained(os.path.join(d, "hf"))
-        tokenizer.save_pretrained(os.path.join(d, "hf"))
-        g = torch.Generator().manual_seed(100 + index)
-        ids = torch.randint(1, TOKENIZER_VOCAB, (PROMPTS, PROMPT_LEN), generator=g)
-        batch = torch.randint(1, TOKENIZER_VOCAB, (2, 65), generator=g)
-        save_file({"input_ids": ids.contiguous(), "logits": logits_of(model, ids).contiguous(),
-                   "batch_ids": batch.contiguous()}, os.path.join(d, "reference.safetensors"))
-        print(family, "prepared", flush=True)
+    index = list(configs()).index(family)
+    torch.manual_seed(index)
+    # Built on the GPU: initialising a 1B model's weights on the CPU takes longer than the rest.
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(configs()[family], attn_implementation="eager", dtype=torch.float32)
+    model.eval()
+    d = os.path.join(work, family)
+    model.save_pretrained(os.path.join(d, "hf"))
+    make_tokenizer().save_pretrained(os.path.join(d, "hf"))
+    g = torch.Generator().manual_seed(100 + index)
+    ids = torch.randint(1, TOKENIZER_VOCAB, (PROMPTS, PROMPT_LEN), generator=g)
+    batch = torch.randint(1, TOKENIZER_VOCAB, (2, 65), generator=g)
+    save_file({"input_ids": ids.contiguous(), "logits": logits_of(model, ids).contiguous(),
+               "batch_ids": batch.contiguous()}, os.path.join(d, "reference.safetensors"))
+    print(family, "prepared", flush=True)
 
 
-def check(work):
+def check(work, family):
     torch.backends.cuda.matmul.allow_tf32 = False
     failures = []
-    for family in configs():
-        d = os.path.join(work, family)
-        ref = load_file(os.path.join(d, "reference.safetensors"))
-        AutoTokenizer.from_pretrained(os.path.join(d, "exported"))
-        exported = AutoModelForCausalLM.from_pretrained(os.path.join(d, "exported"), dtype=torch.float32).cuda().eval()
-        error = (logits_of(exported, ref["input_ids"]) - ref["logits"]).abs().max().item()
-        print(f"{family}: exported model's logits differ from the original's by {error:.3g} (bound 1e-5)")
-        if not error <= 1e-5:
-            failures.append(f"{family} export")
-        tuned = AutoModelForCausalLM.from_pretrained(os.path.join(d, "finetuned-hf"), dtype=torch.float32).cuda()
-        batch = ref["batch_ids"].cuda()
-        with torch.no_grad():
-            loss = tuned.eval()(batch, labels=batch).loss.item()  # mean over the 2 x 64 next-token predictions
-        ours = float(open(os.path.join(d, "our_finetuned_loss.txt")).read())
-        print(f"{family}: after 50 fine-tuning steps, transformers' loss {loss:.6f}, ours {ours:.6f}")
-        if not abs(loss - ours) <= 1e-4 * abs(ours):
-            failures.append(f"{family} fine-tuned loss")
-    print(json.dumps({"failures": failures}))
+    d = os.path.join(work, family)
+    ref = load_file(os.path.join(d, "reference.safetensors"))
+    AutoTokenizer.from_pretrained(os.path.join(d, "exported"))
+    exported = AutoModelForCausalLM.from_pretrained(os.path.join(d, "exported"), dtype=torch.float32).cuda().eval()
+    error = (logits_of(exported, ref["input_ids"]) - ref["logits"]).abs().max().item()
+    print(f"{family}: exported model's logits differ from the original's by {error:.3g} (bound 1e-5)")
+    if not error <= 1e-5:
+        failures.append(f"{family} export")
+    del exported
+    tuned = AutoModelForCausalLM.from_pretrained(os.path.join(d, "finetuned-hf"), dtype=torch.float32).cuda()
+    batch = ref["batch_ids"].cuda()
+    with torch.no_grad():
+        loss = tuned.eval()(batch, labels=batch).loss.item()  # mean over the 2 x 64 next-token predictions
+    ours = float(open(os.path.join(d, "our_finetuned_loss.txt")).read())
+    print(f"{family}: after 50 fine-tuning steps, transformers' loss {loss:.6f}, ours {ours:.6f} (bound 1e-4 relative)")
+    if not abs(loss - ours) <= 1e-4 * abs(ours):
+        failures.append(f"{family} fine-tuned loss")
+    print(json.dumps({"family": family, "failures": failures}), flush=True)
     sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
-    {"prepare": prepare, "check": check}[sys.argv[1]](sys.argv[2])
+    if len(sys.argv) != 4 or sys.argv[1] not in ("prepare", "check") or sys.argv[3] not in configs():
+        sys.exit(f"usage: {sys.argv[0]} prepare|check WORK {'|'.join(configs())}")
+    {"prepare": prepare, "check": check}[sys.argv[1]](sys.argv[2], sys.argv[3])

@@ -3,12 +3,18 @@
 // their reference logits, for the bridge's tests on one rank and on several.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "megatron/checkpointing/safetensors.h"
+#include "megatron/hf_bridge/hf_weights.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "test_paths.h"
+#include "test_util.h"
 
 namespace megatron::testing {
 
@@ -16,6 +22,43 @@ inline const char* const kHfFamilies[] = {"llama", "mistral", "qwen2", "gpt2"};
 
 inline std::string hf_fixture(const std::string& family) {
   return (repo_root() / "tests" / "hf" / "tiny" / family).string();
+}
+
+// A copy of a family's fixture, in `dir`, whose weights are `edit` of the original tensors.
+inline std::string edited_fixture(const TempDir& dir, const std::string& family,
+                                  const std::function<void(std::vector<checkpointing::NamedTensor>&)>& edit) {
+  namespace fs = std::filesystem;
+  const std::string out = dir / (family + "-edited");
+  fs::create_directories(out);
+  for (const auto& entry : fs::directory_iterator(hf_fixture(family)))
+    if (entry.path().extension() != ".safetensors" && entry.path().filename() != "model.safetensors.index.json")
+      fs::copy_file(entry.path(), fs::path(out) / entry.path().filename());
+  const hf_bridge::HfWeights weights = hf_bridge::HfWeights::open(hf_fixture(family));
+  std::vector<checkpointing::NamedTensor> tensors;
+  for (const std::string& name : weights.names()) tensors.push_back({name, weights.load(name)});
+  edit(tensors);
+  checkpointing::write_safetensors(out + "/model.safetensors", tensors);
+  return out;
+}
+
+// The GPT-2 fixture with vocab_size 321, which TP 2 does not divide (as GPT-2's 50257): one more
+// row of the tied word embedding, of values unlike the padding's zeros. Its logits of the first
+// 320 columns are the fixture's reference (a row changes only its own column; prompts use ids <
+// 320).
+inline std::string odd_vocabulary_gpt2(const TempDir& dir) {
+  const std::string odd = edited_fixture(dir, "gpt2", [](std::vector<checkpointing::NamedTensor>& t) {
+    for (auto& x : t)
+      if (x.name == "transformer.wte.weight") {
+        Tensor grown = Tensor::empty({x.tensor.dim(0) + 1, x.tensor.dim(1)}, x.tensor.dtype());
+        std::memcpy(grown.raw(), x.tensor.raw(), x.tensor.nbytes());
+        for (int64_t i = 0; i < x.tensor.dim(1); ++i) grown.data<float>()[x.tensor.numel() + i] = 0.5f + float(i);
+        x.tensor = grown;
+      }
+  });
+  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(odd + "/config.json"));
+  config["vocab_size"] = 321;
+  checkpointing::write_file_atomic(odd + "/config.json", config.dump());
+  return odd;
 }
 
 // The flags of `megatron train --load CKPT --finetune` with no model flags (the checkpoint's are
@@ -38,23 +81,33 @@ inline HfReference hf_reference(const std::string& family) {
   return {reader.load("input_ids"), reader.load("logits")};
 }
 
-// The largest |ours - reference| over every prompt, position and HF vocabulary column this rank's
-// logits hold: the model's logits (S,B,V_local) for the prompts as a batch, columns
-// [first_column, first_column + V_local) of the padded vocabulary.
-inline double max_logit_error(GPTModel& model, const HfReference& ref) {
-  const int64_t P = ref.input_ids.dim(0), T = ref.input_ids.dim(1), V = ref.logits.dim(2);
-  Tensor tokens = Tensor::empty({P, T}, DType::i32);
-  for (int64_t i = 0; i < P * T; ++i) tokens.data<int32_t>()[i] = int32_t(ref.input_ids.data<int64_t>()[i]);
-  const Tensor logits = model.logits(tokens).to(Device::cpu());  // (T,P,V_local)
-  const int64_t local = logits.dim(2), first = local * model.context().tp_rank();
+// The prompts as the model's tokens, (P,T) i32.
+inline Tensor prompt_tokens(const HfReference& ref) {
+  Tensor tokens = Tensor::empty({ref.input_ids.dim(0), ref.input_ids.dim(1)}, DType::i32);
+  for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = int32_t(ref.input_ids.data<int64_t>()[i]);
+  return tokens;
+}
+
+// The largest |ours - reference| over every prompt, position and HF vocabulary column of
+// `logits`: (T,P,V_local) for the prompts as a batch, columns [first_column, first_column +
+// V_local) of the padded vocabulary (a vocab-parallel rank's).
+inline double logit_error(const Tensor& logits, int64_t first_column, const HfReference& ref) {
+  const Tensor host = logits.to(Device::cpu());
+  const int64_t P = ref.input_ids.dim(0), T = ref.input_ids.dim(1), V = ref.logits.dim(2), local = host.dim(2);
   double worst = 0.0;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t p = 0; p < P; ++p)
-      for (int64_t v = first; v < std::min(first + local, V); ++v) {
-        const double ours = logits.item((t * P + p) * local + (v - first));
+      for (int64_t v = first_column; v < std::min(first_column + local, V); ++v) {
+        const double ours = host.item((t * P + p) * local + (v - first_column));
         worst = std::max(worst, std::fabs(ours - double(ref.logits.data<float>()[(p * T + t) * V + v])));
       }
   return worst;
+}
+
+// That error for the whole model's logits on this TP rank.
+inline double max_logit_error(GPTModel& model, const HfReference& ref) {
+  const Tensor logits = model.logits(prompt_tokens(ref));  // (T,P,V_local)
+  return logit_error(logits, logits.dim(2) * model.context().tp_rank(), ref);
 }
 
 // The bound on that error: float32 arithmetic through two layers of width 64 against a float64

@@ -2,7 +2,8 @@
 // Pipeline parallelism on GPUs (NCCL send/receive between the stages) trains the single-GPU model:
 // the GPT-2-style (tied) and LLaMA-style models of the PP tests on CPU ranks
 // (multirank/test_pp_training.cpp: 4 layers, dropout on), `pretrain` in every layout of the world
-// (2 ranks: PP=2; 4 ranks: PP=4, TP=2 x PP=2 with SP, PP=2 x DP=2 with the distributed optimizer)
+// (2 ranks: PP=2, PP=2 interleaved with two chunks per rank; 4 ranks: PP=4, TP=2 x PP=2 with SP,
+// PP=2 x DP=2 with the distributed optimizer, the same interleaved)
 // gives the loss and gradient-norm curve of 20 iterations, and the validation losses, of a
 // single-GPU run of the same global batches computed by every rank on its own GPU, in fp32 and in
 // bf16 (against the single GPU in the same precision).
@@ -33,12 +34,16 @@ struct Layout {
 };
 
 std::vector<Layout> layouts_of_world(int world) {
-  if (world == 2) return {{"PP=2", {.pp = 2}, {"--pipeline-model-parallel-size", "2"}}};
+  const std::vector<std::string> interleaved = {"--pipeline-model-parallel-size", "2",
+                                                "--num-virtual-stages-per-pipeline-rank", "2"};
+  if (world == 2)
+    return {{"PP=2", {.pp = 2}, {"--pipeline-model-parallel-size", "2"}}, {"PP=2 x V=2", {.pp = 2}, interleaved}};
   return {{"PP=4", {.pp = 4}, {"--pipeline-model-parallel-size", "4"}},
           {"TP=2 x PP=2 SP",
            {.tp = 2, .pp = 2},
            {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"}},
-          {"PP=2 x DP=2 dist-opt", {.pp = 2}, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}}};
+          {"PP=2 x DP=2 dist-opt", {.pp = 2}, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}},
+          {"PP=2 x V=2 x DP=2 dist-opt", {.pp = 2}, with(interleaved, {"--use-distributed-optimizer"})}};
 }
 
 class GpuPpTraining : public ::testing::TestWithParam<Precision> {

@@ -6,7 +6,7 @@
 # (`kill`: SIGKILL, a dead one). The job must fail (not exit 0) well within the guard, with output
 # naming rank 2, and the last published checkpoint must stay loadable: a single process resumes
 # from it.
-# $LAYOUT_FLAGS, when set, are added to the 4-rank run (the pipeline's variant: PP=4); the single
+# $LAYOUT_FLAGS, when set, are added to the 4-rank run (PP=4, or EP=4 with experts); the single
 # process still resumes, whatever layout saved.
 # usage: dp_training_kill_test.sh stop|kill MEGATRON MPIRUN [MPIRUN FLAGS...]
 set -u

@@ -97,6 +97,24 @@ inline std::vector<std::string> tiny_pp_run(ModelStyle style, int64_t iters, con
   return argv;
 }
 
+// The MoE tests' experts (multirank/test_moe_training.cpp, multigpu/test_multigpu_ep_training.cpp):
+// 4 experts with DeepSeek-style routing (sigmoid scores, an expert bias moved every step), the aux
+// loss and the grouped GEMM, dropless.
+inline std::vector<std::string> moe_flags() {
+  return {"--disable-bias-linear",
+          "--swiglu",
+          "--num-experts",
+          "4",
+          "--moe-router-score-function",
+          "sigmoid",
+          "--moe-router-enable-expert-bias",
+          "--moe-router-bias-update-rate",
+          "0.05",
+          "--moe-aux-loss-coeff",
+          "1e-2",
+          "--moe-grouped-gemm"};
+}
+
 inline std::vector<std::string> tp_flags(int tp, bool sequence_parallel, bool distributed_optimizer) {
   std::vector<std::string> f = {"--tensor-model-parallel-size", std::to_string(tp)};
   if (sequence_parallel) f.push_back("--sequence-parallel");

@@ -3,7 +3,9 @@
 # (TP = 1); `generate` with -np 2 (TP = 2: the world size by default, and named explicitly) must
 # print exactly what one process prints, greedy and sampled (the same seed on every rank; the
 # library test, test_tp_generate.cpp, proves the token-by-token agreement in f64, this run checks
-# the command's wiring in f32). Then layouts the model cannot take must fail, naming the rule.
+# the command's wiring in f32). A checkpoint trained at PP = 2 (layers saved under their global
+# numbers) generates at -np 1 and 2 too, and has learnt the same counting. Then layouts the model
+# cannot take must fail, naming the rule.
 # usage: [DEVICE=cuda] generate_tp_test.sh MEGATRON MPIRUN [MPIRUN FLAGS...]   (DEVICE: cpu by default;
 # the multigpu label runs it with cuda, one GPU per rank)
 set -u
@@ -19,10 +21,17 @@ fail() {
 model=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1
   --global-batch-size 4 --lr 3e-3 --train-iters 200 --log-interval 200 --mock-data
   --tokenizer-type NullTokenizer --device "$device")
-train() { # train DIR [FLAGS...]
-  local out=$1
+train() { # train DIR [LAUNCHER... --] [FLAGS...]
+  local out=$1 launcher=()
   shift
-  "$megatron" train "${model[@]}" --save "$out" --save-interval 200 "$@" >"$dir/train.log" 2>&1 || {
+  if [[ " $* " == *" -- "* ]]; then
+    while [ "$1" != -- ]; do
+      launcher+=("$1")
+      shift
+    done
+    shift
+  fi
+  "${launcher[@]}" "$megatron" train "${model[@]}" --save "$out" --save-interval 200 "$@" >"$dir/train.log" 2>&1 || {
     cat "$dir/train.log"
     fail "training the tiny model failed"
   }
@@ -67,6 +76,15 @@ generate sampled_np1 -- "${sampled[@]}" || fail "one process, sampled: $(cat "$d
 generate sampled_np2 "$@" -np 2 -- "${sampled[@]}" || fail "-np 2, sampled: $(cat "$dir/sampled_np2.log")"
 expect_same sampled_np2 sampled_np1
 
+# The same model trained over two pipeline stages: generation builds the whole model and reads
+# each layer by its global name.
+ckpt=$dir/pp2
+train "$ckpt" "$@" -np 2 -- --vocab-size 100 --pipeline-model-parallel-size 2
+generate greedy_pp2_np1 -- "${greedy[@]}" || fail "PP=2 checkpoint, one process: $(cat "$dir/greedy_pp2_np1.log")"
+expect_same greedy_pp2_np1 greedy_np1
+generate greedy_pp2_np2 "$@" -np 2 -- "${greedy[@]}" || fail "PP=2 checkpoint, -np 2: $(cat "$dir/greedy_pp2_np2.log")"
+expect_same greedy_pp2_np2 greedy_np1
+
 # expect_failure NAME NEEDLE LAUNCHER... -- FLAGS...
 expect_failure() {
   local name=$1 needle=$2
@@ -87,4 +105,4 @@ ckpt=$dir/odd_vocab
 train "$ckpt" --vocab-size 99 --make-vocab-size-divisible-by 1
 expect_failure vocab "(99 rows) is not divisible by --tensor-model-parallel-size 2" \
   "${launch[@]}" -np 2 -- "${greedy[@]}"
-echo "PASS: -np 2 prints what one process prints (greedy and sampled); bad layouts are named"
+echo "PASS: -np 2 prints what one process prints (greedy and sampled), from a PP = 1 and a PP = 2 checkpoint; bad layouts are named"

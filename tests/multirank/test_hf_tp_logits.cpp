@@ -4,12 +4,15 @@
 // transformers' within the single-rank bound (hf/hf_test_util.h), for a checkpoint imported at
 // TP = 2 and one imported at TP = 1 and resharded on load, loaded as `megatron train --load CKPT
 // --finetune` at TP = 2 loads it (no model flags; the stored vocabulary is HF's rows, whatever
-// the TP it was imported at).
+// the TP it was imported at). A vocabulary TP 2 does not divide moves between TP 1 and TP 2 (its
+// padding row added or dropped on load); the optimizer state of such a move is refused.
 #include <algorithm>
 #include <memory>
 
 #include "hf/hf_test_util.h"
 #include "megatron/hf_bridge/convert.h"
+#include "megatron/optimizer/lr_scheduler.h"
+#include "megatron/optimizer/optimizer.h"
 #include "megatron/parallel/parallel_args.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpoint_io.h"
@@ -41,6 +44,73 @@ TEST(HfTensorParallel, LogitsMatchTransformersAtTp2) {
                     error);
       EXPECT_LE(error, kLogitTolerance) << family << " imported at TP " << import_tp;
     }
+  }
+  st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
+}
+
+// GPT-2 with 321 rows (as GPT-2's 50257, odd): imported at TP 1 it holds 321 rows and runs at TP 2
+// with 322, the padding row added as zeros (an import at TP 2 writes the same); imported at TP 2 it
+// holds 322 rows and runs at TP 1 with 321, the padding row dropped. The logits of HF's columns
+// match transformers' either way, and the padding column's logit is 0 (a zero row). Resuming the
+// optimizer state across such a move is refused, naming the fix.
+TEST(HfTensorParallel, OddVocabularyMovesBetweenTp1AndTp2) {
+  std::unique_ptr<TempDir> owner;
+  if (make_state({}).ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
+  const std::string dir = shared_directory(owner.get());
+  const ParallelState st = make_state({.tp = 2}, 60);
+  const HfReference ref = hf_reference("gpt2");
+  if (st.ctx.world->rank() == 0) {
+    const std::string odd = odd_vocabulary_gpt2(*owner);
+    hf_bridge::import_hf({.hf_dir = odd, .save = dir + "/tp1", .tensor_model_parallel_size = 1});
+    hf_bridge::import_hf({.hf_dir = odd, .save = dir + "/tp2", .tensor_model_parallel_size = 2});
+    // TP 2's checkpoint at TP 1, on one process.
+    const TrainingArgs args = parse_training_args(finetune_argv(dir + "/tp2"));
+    const ParallelContext single = ParallelContext::single_process();
+    GPTModel model(args.model, single);
+    ASSERT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, nullptr));
+    EXPECT_EQ(model.config().padded_vocab_size, 321);
+    const double error = max_logit_error(model, ref);
+    std::printf("vocabulary of 321 imported at TP 2, run at TP 1: max |logit - transformers| = %.3g\n", error);
+    EXPECT_LE(error, kLogitTolerance);
+  }
+  st.ctx.world->barrier();
+
+  // TP 1's checkpoint at TP 2.
+  const TrainingArgs args = parse_training_args(finetune_argv(dir + "/tp1", {"--tensor-model-parallel-size", "2"}), 2);
+  const ParallelContext ctx = model_context(st.ctx, args.parallel);
+  GPTModel model(args.model, ctx);
+  ASSERT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, nullptr));
+  EXPECT_EQ(model.config().padded_vocab_size, 322);
+  const Tensor logits = model.logits(prompt_tokens(ref));  // (T,P,161): rank 1 holds columns 161..321
+  const double error = logit_error(logits, logits.dim(2) * ctx.tp_rank(), ref);
+  if (ctx.tp_rank() == 1) {
+    for (int64_t row = 0; row < logits.dim(0) * logits.dim(1); ++row)
+      ASSERT_EQ(logits.item(row * logits.dim(2) + logits.dim(2) - 1), 0.0) << "the padding column at row " << row;
+  }
+  std::printf("vocabulary of 321 imported at TP 1, run at TP 2 (rank %d): max |logit - transformers| = %.3g\n",
+              ctx.tp_rank(), error);
+  EXPECT_LE(error, kLogitTolerance);
+
+  // A checkpoint of TP 2 with optimizer state (its vocabulary padded to 322), resumed at TP 1.
+  AdamWOptimizer optimizer(model.parameters(), ctx, AdamWHyper{});
+  TrainingArgs saving = args;
+  saving.save = dir + "/trained";
+  const OptimizerParamScheduler scheduler(args.optimizer, args.train_iters, args.global_batch_size);
+  save_training_checkpoint(saving, model, &optimizer, scheduler, {.iteration = 1}, ctx);
+  if (st.ctx.world->rank() == 0) {
+    std::vector<std::string> resume = finetune_argv(saving.save);
+    resume.erase(std::find(resume.begin(), resume.end(), "--finetune"));
+    const TrainingArgs resumed = parse_training_args(resume);
+    const ParallelContext single = ParallelContext::single_process();
+    GPTModel tp1(resumed.model, single);
+    AdamWOptimizer tp1_optimizer(tp1.parameters(), single, AdamWHyper{});
+    TrainingProgress progress;
+    const std::string refusal =
+        error_of([&] { load_training_checkpoint(resumed, tp1, &tp1_optimizer, nullptr, &progress); });
+    EXPECT_NE(refusal.find("holds 322 vocabulary rows of embedding.word_embeddings.weight and this run pads to 321"),
+              std::string::npos)
+        << refusal;
+    EXPECT_NE(refusal.find("--finetune or --no-load-optim"), std::string::npos) << refusal;
   }
   st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }

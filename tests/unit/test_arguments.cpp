@@ -417,11 +417,15 @@ TEST(ContextParallelArgs, CombinationsNotBuiltAreRefusedWithTheFix) {
                        "--context-parallel-size 0 must be positive"));
 }
 
-// Megatron's flag for the axis this build cannot split yet: accepted, and refused unless 1.
-TEST(ValidateArgs, ExpertParallelismMustBeOne) {
+// Expert parallelism: EP must divide DP = world / (TP x PP), with whole experts per EP rank.
+TEST(ValidateArgs, ExpertParallelismDividesDp) {
   EXPECT_EQ(parse_error(with(minimal_argv(), {"--expert-model-parallel-size", "1"})), "");
-  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--expert-model-parallel-size", "4"}), 4),
-                       "--expert-model-parallel-size 4: not yet supported, must be 1"));
+  const Argv moe = with(minimal_argv(), {"--disable-bias-linear", "--num-experts", "4"});
+  EXPECT_EQ(parse_error(with(moe, {"--expert-model-parallel-size", "4"}), 8), "");
+  EXPECT_TRUE(contains(parse_error(with(moe, {"--expert-model-parallel-size", "4"}), 6),
+                       "--expert-model-parallel-size 4 does not divide the data-parallel size 6"));
+  EXPECT_TRUE(contains(parse_error(with(moe, {"--expert-model-parallel-size", "0"}), 2),
+                       "--expert-model-parallel-size 0 must be positive"));
 }
 
 // Megatron's MoE flags fill TransformerConfig::moe and survive the round trip through flag text
@@ -479,15 +483,25 @@ TEST(ValidateArgs, PipelineSplitAndScheduleRules) {
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--decoder-first-pipeline-num-layers", "1",
                                                          "--account-for-loss-in-pipeline-split"})),
                        "Megatron does not combine"));
-  // What training cannot run yet is named (world of 2: PP=2).
+  // What training cannot run is named (world of 2: PP=2).
   const Argv pp2 = with(minimal_argv(), {"--pipeline-model-parallel-size", "2"});
   EXPECT_EQ(parse_error(pp2, 2), "");
   EXPECT_TRUE(
       contains(parse_error(with(pp2, {"--pipeline-model-parallel-layout", "E|tt|L"}), 2), "3 stages, not a multiple"));
   const Argv four_layers = with(without("--num-layers"), {"--num-layers", "4", "--pipeline-model-parallel-size", "2"});
-  EXPECT_TRUE(contains(
-      parse_error(with(four_layers, {"--num-virtual-stages-per-pipeline-rank", "2", "--global-batch-size", "4"}), 2),
-      "training runs one model chunk per rank so far"));
+  // Interleaving: the micro-batches in whole groups of P (--micro-batch-size 2: 4 samples are 2).
+  const Argv interleaved = with(four_layers, {"--num-virtual-stages-per-pipeline-rank", "2"});
+  EXPECT_EQ(parse_error(with(interleaved, {"--global-batch-size", "4"}), 2), "");
+  EXPECT_TRUE(contains(parse_error(with(interleaved, {"--global-batch-size", "6"}), 2),
+                       "leave a last group of 1, below the pipeline size 2"));
+  // ... at every batch size of a ramp: START 2 is one micro-batch.
+  Argv ramp =
+      with(without("--train-iters"), {"--train-samples", "1000", "--pipeline-model-parallel-size", "2",
+                                      "--num-virtual-stages-per-pipeline-rank", "2", "--global-batch-size", "8"});
+  *(std::find(ramp.begin(), ramp.end(), "--num-layers") + 1) = "4";
+  EXPECT_EQ(parse_error(with(ramp, {"--rampup-batch-size", "4", "4", "100"}), 2), "");
+  EXPECT_TRUE(contains(parse_error(with(ramp, {"--rampup-batch-size", "2", "2", "100"}), 2),
+                       "make START and INCREMENT multiples of 4"));
   EXPECT_TRUE(contains(
       parse_error(with(pp2, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--global-batch-size", "4"}), 2),
       "the first and last stages' copies of the word embedding are summed before the gradient reduction"));
@@ -619,4 +633,19 @@ TEST(ParseArgs, SlidingWindowAndRopeScaling) {
             std::string::npos);
   EXPECT_NE(parse_error(with(minimal_argv(), {"--use-rope-scaling"})).find("--position-embedding-type is not rope"),
             std::string::npos);
+}
+
+TEST(ParseArgs, RecomputeFlags) {
+  const TrainingArgs a = parse_training_args(
+      with(minimal_argv(), {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"}));
+  EXPECT_TRUE(a.model.recompute.recomputes("mlp"));
+  EXPECT_TRUE(a.model.recompute.recomputes("core_attn"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--recompute-granularity", "partial"})),
+                       "--recompute-granularity 'partial': expected one of full, selective"));
+  // Megatron's bound is the layers per pipeline rank: 4 layers over PP = 2 allow at most 2.
+  const Argv four_layers = with(without("--num-layers"), {"--num-layers", "4", "--pipeline-model-parallel-size", "2"});
+  const Argv full = {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers"};
+  EXPECT_EQ(parse_error(with(with(four_layers, full), {"2"}), 2), "");
+  EXPECT_TRUE(contains(parse_error(with(with(four_layers, full), {"3"}), 2),
+                       "--recompute-num-layers 3 must lie between 1 and the layers per pipeline rank (2"));
 }

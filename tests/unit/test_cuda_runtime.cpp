@@ -35,9 +35,13 @@ TEST(CudaRuntime, WithoutAGpuAutoTrainsOnTheCpuAndCudaIsAClearError) {
 }
 
 TEST(CudaRuntime, MemoryReportOfTheCpuAndOfAGpuNeverInitialised) {
-  const size_t before = memory_stats(Device::cpu()).peak_bytes;
-  { const Tensor t = Tensor::empty({1 << 16}, DType::f32); }
-  EXPECT_GE(memory_stats(Device::cpu()).peak_bytes, std::max(before, size_t(4) << 16));
+  const MemoryStats start = memory_stats(Device::cpu());
+  {
+    const Tensor t = Tensor::empty({1 << 16}, DType::f32);
+    EXPECT_EQ(memory_stats(Device::cpu()).current_allocations, start.current_allocations + 1);
+  }
+  EXPECT_EQ(memory_stats(Device::cpu()).current_allocations, start.current_allocations);
+  EXPECT_GE(memory_stats(Device::cpu()).peak_bytes, std::max(start.peak_bytes, size_t(4) << 16));
   EXPECT_EQ(peak_memory_mib(Device::cpu()), double(memory_stats(Device::cpu()).peak_bytes) / (1024.0 * 1024.0));
   if (cuda::cuda_available()) GTEST_SKIP() << "a GPU is visible";
   const std::string error = testing::error_of([] { memory_stats(Device::cuda(0)); });

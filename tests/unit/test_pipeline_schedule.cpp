@@ -180,6 +180,30 @@ TEST(PipelineSchedule, SimulatedBubbleMatchesTheFormulas) {
     }
 }
 
+TEST(PipelineSchedule, MeasuredCostsPerStageFeedTheSimulation) {
+  // 1F1B, P = 2, M = 2; stage 0 costs forward 1, backward 2; stage 1 (say the output layer and
+  // loss) 3 and 6; no communication cost. Worked by hand:
+  //   rank 0: F0 [0,1], sends A0 (met at 1), F1 [1,2], sends A1 / waits for G0 until rank 1's B0
+  //           ends at 10, B0 [10,12], waits for G1 until 19, B1 [19,21];
+  //   rank 1: receives A0 at 1, F0 [1,4], B0 [4,10], sends G0 / receives A1 at 10, F1 [10,13],
+  //           B1 [13,19], sends G1 at 19.
+  // Makespan 21; the busiest rank (1) computes 18, so the bubble is 3/18. With both stages at
+  // rank 1's costs the formula's (P-1)/M = 1/2 holds instead: the cheap stage hides its idle time.
+  const ActionCosts measured{.forward_by_stage = {1, 3}, .backward_by_stage = {2, 6}};
+  const SimulatedPipeline run = simulate({.pipeline_size = 2, .microbatches = 2}, measured);
+  EXPECT_EQ(run.makespan(), 21);
+  EXPECT_EQ(run.busy, (std::vector<double>{6, 18}));
+  EXPECT_DOUBLE_EQ(run.bubble_fraction(), 3.0 / 18.0);
+  const SimulatedPipeline even =
+      simulate({.pipeline_size = 2, .microbatches = 2}, {.forward_by_stage = {3, 3}, .backward_by_stage = {6, 6}});
+  EXPECT_DOUBLE_EQ(even.bubble_fraction(), 0.5);
+  // Interleaved: virtual stage chunk·P + rank picks its own cost (P = 2, V = 2: four stages).
+  const ScheduleShape inter{.pipeline_size = 2, .virtual_stages = 2, .microbatches = 4};
+  const SimulatedPipeline four = simulate(inter, {.forward_by_stage = {1, 1, 1, 1}, .backward_by_stage = {2, 2, 2, 2}});
+  EXPECT_NEAR(four.bubble_fraction(), 1.0 / 8.0, 1e-12);  // (P-1)/(M V) at equal costs
+  EXPECT_THROW(simulate(inter, {.forward_by_stage = {1, 1}, .backward_by_stage = {2, 2}}), Error);
+}
+
 TEST(PipelineSchedule, ImpossibleShapesAreNamed) {
   auto message = [](const ScheduleShape& s) {
     const auto errors = validate(s);

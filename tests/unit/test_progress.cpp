@@ -8,6 +8,9 @@
 #include "megatron/core/logging.h"
 #include "megatron/core/progress.h"
 #include "megatron/datasets/blended_dataset.h"
+#include "megatron/training/arguments.h"
+#include "megatron/training/checkpoint_io.h"
+#include "test_util.h"
 
 namespace megatron {
 namespace {
@@ -24,9 +27,9 @@ struct FakeClock {
 
 std::string run_captured(const std::function<void()>& body) {
   ScopedLogRank rank0(0);
-  testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStdout();
   body();
-  return testing::internal::GetCapturedStdout();
+  return ::testing::internal::GetCapturedStdout();
 }
 
 TEST(Progress, SlowPhaseReportsEveryIntervalWithEtaAndAFinalLine) {
@@ -73,12 +76,12 @@ TEST(Progress, FastPhasePrintsNothing) {
 TEST(Progress, OnlyRankZeroPrints) {
   FakeClock clock;
   ScopedLogRank rank1(1);
-  testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStdout();
   ProgressReporter progress("phase", 2, "files", std::chrono::seconds(1), clock.fn());
   clock.t += std::chrono::seconds(2);
   progress.advance(2);
   progress.finish();
-  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "");
 }
 
 // The real blending-index phase reports through the reporter: every 2^20 samples, so a blend of
@@ -102,6 +105,38 @@ TEST(Progress, BlendingIndicesReportWhileBuilding) {
             "> blend: 2097152 of 3145728 samples (66%) after 2 s, ETA 1 s\n"
             "> blend: 3145728 of 3145728 samples (100%) after 3 s, ETA 0 s\n"
             "> blend: done, 3145728 samples in 4.0 s\n");
+}
+
+// --load reads a checkpoint one parameter at a time, a progress step each: with a clock one second
+// further at each look and a report every second, every tensor gets its line.
+TEST(Progress, CheckpointLoadReportsPerTensor) {
+  const TrainingArgs args =
+      parse_training_args({"--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "4", "--seq-length",
+                           "8", "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
+                           "--tokenizer-type", "NullTokenizer", "--vocab-size", "32"});
+  const ParallelContext single = ParallelContext::single_process();
+  GPTModel model(args.model, single);
+  model.parameters().initialize(1);
+  testing::TempDir dir;
+  save_weights_checkpoint(dir.path(), args, 1, {model_state(model, Optimizer::StateCopies::one_replica, single)});
+  const auto n = int64_t(model.parameters().params().size());
+  FakeClock clock;
+  const std::string out = run_captured([&] {
+    ProgressReporter progress("load", n, "tensors", std::chrono::seconds(1), [&] {
+      clock.t += std::chrono::seconds(1);
+      return clock.t;
+    });
+    load_model_weights(dir.path(), model, 0, &progress);
+    progress.finish();
+  });
+  // Tensor k is done k seconds after the start: k of n at 1 tensor/s leaves n - k seconds.
+  std::string expected;
+  for (int64_t k = 1; k <= n; ++k)
+    expected += "> load: " + std::to_string(k) + " of " + std::to_string(n) + " tensors (" +
+                std::to_string(int(100.0 * (double(k) / double(n)))) + "%) after " + std::to_string(k) + " s, ETA " +
+                std::to_string(n - k) + " s\n";
+  expected += "> load: done, " + std::to_string(n) + " tensors in " + std::to_string(n + 1) + ".0 s\n";
+  EXPECT_EQ(out, expected);
 }
 
 }  // namespace

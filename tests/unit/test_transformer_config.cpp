@@ -184,6 +184,18 @@ TEST(Validate, TensorParallelSplits) {
       validate_tensor_parallel_split(config, {.tensor_model_parallel_size = 1, .sequence_parallel = true}).empty());
 }
 
+// Expert parallelism: whole experts per EP rank, and EP only for a model with experts.
+TEST(Validate, ExpertParallelSplits) {
+  TransformerConfig config = preset_config("moe-tiny", 100);  // 4 experts
+  EXPECT_TRUE(validate_tensor_parallel_split(config, {.expert_model_parallel_size = 4}).empty());
+  std::vector<std::string> errors = validate_tensor_parallel_split(config, {.expert_model_parallel_size = 3});
+  EXPECT_TRUE(has_error(errors, "--num-experts 4 is not divisible by --expert-model-parallel-size 3"));
+  EXPECT_EQ(errors.size(), 1u);
+  errors = validate_tensor_parallel_split(tiny_config(), {.expert_model_parallel_size = 2});
+  EXPECT_TRUE(has_error(errors, "this model has none (no --num-experts): add --num-experts N"));
+  EXPECT_EQ(errors.size(), 1u);
+}
+
 TEST(NumParameters, Gpt2Small) {
   // GPT-2 124M, tied, padded vocab V = 50304, h = 768, L = 12, positions P = 1024:
   //   word embeddings V*h = 38,633,472; positions P*h = 786,432

@@ -36,6 +36,7 @@ struct GenerateArgs {
   float temperature = 0.8f;
   int64_t top_k = 40;
   int64_t seed = 1234;
+  bool no_eod_termination = false;  // Megatron's use_eod_token_for_early_termination=False
   std::string device = "auto";
   std::optional<int64_t> tensor_model_parallel_size;  // unset: the launched world size
   datasets::TokenizerOptions tokenizer;               // flags given: override the checkpoint's tokenizer
@@ -96,6 +97,8 @@ const flags::FlagTable<GenerateArgs>& generate_flags() {
           {"--temperature", FIELD(temperature), sampling, "Softmax temperature; 0: greedy"},
           {"--top-k", FIELD(top_k), sampling, "Sample among the k most likely tokens; 0: all"},
           {"--seed", FIELD(seed), sampling, "Seed of the sampling"},
+          {"--no-eod-termination", flags::Switch<GenerateArgs>{FIELD(no_eod_termination), true}, sampling,
+           "Generate all --max-new-tokens even past the end-of-document token (timing a fixed length)"},
           {"--tokenizer-type", FIELD(tokenizer.type), tokenizer_section,
            "Override the checkpoint's tokenizer (see above)"},
           {"--vocab-file", FIELD(tokenizer.vocab_file), tokenizer_section, "GPT-2 vocab.json (GPT2BPETokenizer)"},
@@ -123,7 +126,12 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
   const ScopedLogRank log_rank(rank);
   configure_cpu_threads(mpi.get());
 
-  const TrainingArgs train_args = read_checkpoint_args(g.load, g.ckpt_step);
+  TrainingArgs train_args = read_checkpoint_args(g.load, g.ckpt_step);
+  // An imported vocabulary (--true-vocab-size) pads to a multiple of this run's TP; loading adds or
+  // drops the padding rows.
+  if (train_args.model.true_vocab_size > 0)
+    train_args.model.padded_vocab_size =
+        padded_vocab_size(train_args.model.true_vocab_size, train_args.model.make_vocab_size_divisible_by, tp);
   // Generation's own layout, whatever the checkpoint was trained with: TP = the world, without
   // sequence parallelism (the weights are the same, and SP would need every step's growing
   // sequence to divide by TP). Loading reads global slices, so any TP that splits the model works.
@@ -159,7 +167,8 @@ void run(const GenerateArgs& g, const std::shared_ptr<MpiRuntime>& mpi) {
   const SamplingParams params{g.temperature, g.top_k, tokenizer->vocab_size()};
   for (int64_t n = 0; n < g.num_samples; ++n) {
     const auto start = std::chrono::steady_clock::now();
-    std::vector<int32_t> out = generate_tokens(model, prompt, g.max_new_tokens, params, tokenizer->eod(), rng);
+    std::vector<int32_t> out = generate_tokens(model, prompt, g.max_new_tokens, params,
+                                                 g.no_eod_termination ? -1 : tokenizer->eod(), rng);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (rank != 0) continue;
     const size_t generated = out.size() - prompt_tokens;

@@ -9,11 +9,13 @@ namespace megatron {
 namespace {
 std::atomic<size_t> g_cpu_current{0};
 std::atomic<size_t> g_cpu_peak{0};
+std::atomic<size_t> g_cpu_allocations{0};
 
 void* cpu_allocate(size_t bytes, Device) {
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   MEGATRON_CHECK(p != nullptr, "out of host memory allocating " << bytes << " bytes");
+  g_cpu_allocations.fetch_add(1);
   const size_t now = g_cpu_current.fetch_add(bytes) + bytes;
   size_t peak = g_cpu_peak.load();
   while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now)) {
@@ -22,13 +24,14 @@ void* cpu_allocate(size_t bytes, Device) {
 }
 void cpu_release(void* p, size_t bytes, Device) {
   g_cpu_current.fetch_sub(bytes);
+  g_cpu_allocations.fetch_sub(1);
   std::free(p);
 }
 void cpu_memset_zero(void* p, size_t bytes, Device) { std::memset(p, 0, bytes); }
 void cpu_copy(void* dst, Device, const void* src, Device, size_t bytes) { std::memmove(dst, src, bytes); }
 MemoryStats cpu_stats(Device) {
   const size_t current = g_cpu_current.load();
-  return {current, g_cpu_peak.load(), current};
+  return {current, g_cpu_peak.load(), current, g_cpu_allocations.load()};
 }
 
 const DeviceAllocator kCpuAllocator{cpu_allocate, cpu_release, cpu_memset_zero, cpu_copy, cpu_stats};

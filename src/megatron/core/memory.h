@@ -11,7 +11,8 @@ namespace megatron {
 struct MemoryStats {
   size_t current_bytes = 0;
   size_t peak_bytes = 0;
-  size_t reserved_bytes = 0;  // held from the system: current plus a cache (CPU: none, so current)
+  size_t reserved_bytes = 0;       // held from the system: current plus a cache (CPU: none, so current)
+  size_t current_allocations = 0;  // blocks handed out now (Megatron's allocation.all.current)
 };
 
 struct DeviceAllocator {

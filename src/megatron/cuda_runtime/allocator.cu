@@ -150,8 +150,9 @@ void cache_copy(void* dst, Device dst_device, const void* src, Device, size_t by
 MemoryStats cache_stats(Device device) {
   Caches& c = caches();
   std::lock_guard<std::mutex> lock(c.mutex);
-  const CudaMemoryStats& s = c.at(device.index).stats;
-  return {s.current_bytes, s.peak_bytes, s.reserved_bytes};
+  const DeviceCache& cache = c.at(device.index);
+  const CudaMemoryStats& s = cache.stats;
+  return {s.current_bytes, s.peak_bytes, s.reserved_bytes, cache.in_use.size()};
 }
 
 }  // namespace

@@ -270,15 +270,6 @@ std::optional<float> parse_float(std::string_view text) { return parse_real<floa
 std::string format_real(double value) { return format(value); }
 std::string format_real(float value) { return format(value); }
 
-std::string join(const std::vector<std::string>& items, std::string_view separator) {
-  std::string out;
-  for (const std::string& item : items) {
-    if (!out.empty()) out += separator;
-    out += item;
-  }
-  return out;
-}
-
 std::vector<std::string> split_words(std::string_view text) {
   std::istringstream is{std::string(text)};
   std::vector<std::string> words;

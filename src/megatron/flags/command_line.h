@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "megatron/core/strings.h"
+
 namespace megatron::flags {
 
 // How a flag takes its value.
@@ -60,7 +62,7 @@ std::optional<float> parse_float(std::string_view text);
 // The shortest text that reads back to the same value.
 std::string format_real(double value);
 std::string format_real(float value);
-std::string join(const std::vector<std::string>& items, std::string_view separator);
+using megatron::join;  // core/strings.h
 std::vector<std::string> split_words(std::string_view text);
 
 // ---- help -------------------------------------------------------------------------------------

@@ -32,6 +32,9 @@ std::vector<std::string> validate_import(const ImportOptions& o) {
   if (o.save.empty()) errors.push_back("--save is required: the directory the checkpoint is written to");
   if (o.tensor_model_parallel_size < 1)
     errors.push_back("--tensor-model-parallel-size " + std::to_string(o.tensor_model_parallel_size) + " must be >= 1");
+  if (o.pipeline_model_parallel_size < 1)
+    errors.push_back("--pipeline-model-parallel-size " + std::to_string(o.pipeline_model_parallel_size) +
+                     " must be >= 1");
   return errors;
 }
 
@@ -179,7 +182,11 @@ const flags::FlagTable<ImportOptions>& import_flags() {
         "Hugging Face model directory: config.json, model.safetensors (or shards and their index), tokenizer"},
        {"--save", IMPORT_FIELD(save), "conversion", "Checkpoint directory to write (it must hold no checkpoint yet)"},
        {"--tensor-model-parallel-size", IMPORT_FIELD(tensor_model_parallel_size), "conversion",
-        "The TP layout of the checkpoint (it loads at any TP that splits the model)"}},
+        "The TP layout of the checkpoint (it loads at any TP that splits the model)"},
+       {"--pipeline-model-parallel-size", IMPORT_FIELD(pipeline_model_parallel_size), "conversion",
+        "The PP layout the checkpoint is meant for, checked against the model's layers and stored; the files are "
+        "the same at every PP (tensors are saved by global name, layers by global number), so it loads at any PP "
+        "that splits the layers"}},
       validate_import);
   return table;
 }
@@ -211,8 +218,9 @@ void import_hf(const ImportOptions& o) {
 
   std::vector<std::pair<std::string, std::string>> flags = hf.model_flags;
   for (auto& flag : tokenizer_flags_of(o.hf_dir)) flags.push_back(std::move(flag));
-  const int64_t tp = o.tensor_model_parallel_size;
+  const int64_t tp = o.tensor_model_parallel_size, world = tp * o.pipeline_model_parallel_size;
   flags.insert(flags.end(), {{"--tensor-model-parallel-size", std::to_string(tp)},
+                             {"--pipeline-model-parallel-size", std::to_string(o.pipeline_model_parallel_size)},
                              {"--micro-batch-size", "1"},
                              {"--train-iters", "1"},
                              {"--mock-data", "true"},
@@ -223,12 +231,12 @@ void import_hf(const ImportOptions& o) {
   flags.insert(flags.end(),
                {{"--true-vocab-size", std::to_string(hf.vocab_rows)}, {"--make-vocab-size-divisible-by", "1"}});
   // The rules read the model's shape, which the flags give; the dtype comes from the weights.
-  TrainingArgs shape_args = parse_training_args_from_flags(flags, tp);
+  TrainingArgs shape_args = parse_training_args_from_flags(flags, world);
   const std::string prefix = hf.family == Family::gpt2 && weights.has("transformer.wte.weight") ? "transformer." : "";
   const std::vector<TensorRule> rules = tensor_rules(hf.family, shape_args.model, prefix);
   const DType dtype = weights_dtype(weights, rules);
   if (dtype != DType::f32) flags.emplace_back(dtype == DType::bf16 ? "--bf16" : "--fp16", "true");
-  const TrainingArgs args = parse_training_args_from_flags(flags, tp);
+  const TrainingArgs args = parse_training_args_from_flags(flags, world);
   if (args.model.padded_vocab_size != hf.vocab_rows)
     LOG_WARN("vocab_size " << hf.vocab_rows << " does not divide over TP " << tp << ": the vocabulary is padded to "
                            << args.model.padded_vocab_size << " rows here; an export drops the padding");
@@ -250,7 +258,8 @@ void import_hf(const ImportOptions& o) {
   }
   save_weights_checkpoint(o.save, args, checkpointing::kReleaseIteration, shards_by_tp_rank(model, globals, int(tp)));
   LOG_INFO("imported " << family_info(hf.family).architecture << " from " << o.hf_dir << " into " << o.save
-                       << " (release, TP " << tp << ", " << dtype_name(dtype) << ")");
+                       << " (release, TP " << tp << ", PP " << o.pipeline_model_parallel_size << ", "
+                       << dtype_name(dtype) << ")");
 }
 
 void export_hf(const ExportOptions& o) {

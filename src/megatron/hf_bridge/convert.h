@@ -8,6 +8,8 @@
 //   and one floating dtype, and that no other tensor is left over, before anything is written; then
 //   writes a release checkpoint (Megatron's convention for converted weights: `train --load` starts
 //   it at iteration 0 without optimizer state) at the requested TP layout, one writer per TP rank,
+//   the requested PP layout checked and stored (the files do not depend on it: every tensor is
+//   saved under its global name, layers by their global number, so any PP loads them),
 //   with the model arguments and tokenizer stored, so `train --load CKPT --finetune` and `generate
 //   --load CKPT` need no model flags. The checkpoint appears atomically or not at all. HF's
 //   vocab_size is stored as --true-vocab-size, from which the vocabulary pads to a multiple of the
@@ -27,9 +29,10 @@ class FlagTable;
 namespace megatron::hf_bridge {
 
 struct ImportOptions {
-  std::string hf_dir;                      // --hf-dir
-  std::string save;                        // --save
-  int64_t tensor_model_parallel_size = 1;  // --tensor-model-parallel-size
+  std::string hf_dir;                        // --hf-dir
+  std::string save;                          // --save
+  int64_t tensor_model_parallel_size = 1;    // --tensor-model-parallel-size
+  int64_t pipeline_model_parallel_size = 1;  // --pipeline-model-parallel-size
 };
 
 struct ExportOptions {

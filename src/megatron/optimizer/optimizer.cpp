@@ -19,6 +19,11 @@ std::string optimizer_state_name(const std::string& param_name, const std::strin
 
 bool is_optimizer_state_name(const std::string& name) { return name.starts_with(kOptimizerStatePrefix); }
 
+bool is_saved_replica(const Parameter& p, const ParallelContext& ctx) {
+  const Communicator& replicas = p.spec.expert_parallel ? *ctx.expert_dp : *ctx.dp_cp;
+  return !p.is_duplicate() && replicas.rank() == 0;
+}
+
 Optimizer::Optimizer(ParameterRegistry& registry, const AdamWHyper& hyper,
                      std::shared_ptr<Communicator> found_inf_group, std::unique_ptr<GradScaler> grad_scaler)
     : registry_(&registry),
@@ -111,10 +116,8 @@ void AdamWOptimizer::update(double lr, double weight_decay, float grad_scale) {
 
 std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state(StateCopies copies) const {
   std::vector<checkpointing::ShardedTensor> out;
-  const bool one_replica = copies == StateCopies::one_replica;
-  if (one_replica && ctx_->dp_cp->rank() != 0) return out;  // the other replicas hold the same state
   for (const auto& p : registry_->params()) {
-    if (one_replica && p->is_duplicate()) continue;  // TP rank 0 saves it
+    if (copies == StateCopies::one_replica && !is_saved_replica(*p, *ctx_)) continue;  // another rank saves it
     auto add = [&](const std::string& what, const Tensor& flat) {
       for (const auto& slice : p->global_slices_of(p->view_of(flat)))
         out.push_back(

@@ -46,6 +46,12 @@ std::string optimizer_state_name(const std::string& param_name, const std::strin
 // Whether a checkpoint tensor name is one optimizer_state_name gives.
 bool is_optimizer_state_name(const std::string& name);
 
+// Whether this rank holds the copy of `p` that a shared checkpoint saves, one per element over the
+// world: not a duplicate (Parameter::is_duplicate), on data-parallel rank 0 (DP x CP) of its
+// replicas; an expert-parallel parameter on expert-data-parallel rank 0, since each EP rank holds
+// other experts (Megatron's writers: DP rank 0, or expert-DP rank 0, of each (tp, pp, ep)).
+bool is_saved_replica(const Parameter& p, const ParallelContext& ctx);
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;

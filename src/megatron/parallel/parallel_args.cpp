@@ -16,15 +16,6 @@ ParallelSizes ParallelArgs::sizes() const {
   return s;
 }
 
-namespace {
-// An axis this build accepts the flag of but cannot run yet.
-void require_one(std::vector<std::string>& errors, int64_t size, const char* flag, const char* what) {
-  if (size == 1) return;
-  errors.push_back(
-      concat(flag, " ", size, ": not yet supported, must be 1 (", what, " arrives with its own issue); drop the flag"));
-}
-}  // namespace
-
 std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
   std::vector<std::string> errors;
   const int64_t tp = a.tensor_model_parallel_size;
@@ -39,7 +30,9 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
   if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
     errors.push_back(concat("--cp-comm-type ", a.cp_comm_type, ": p2p (ring attention) and a2a (all-to-all over ",
                             "heads) are built; allgather and a2a+p2p are not yet; use --cp-comm-type p2p or a2a"));
-  require_one(errors, a.expert_model_parallel_size, "--expert-model-parallel-size", "expert parallelism");
+  const int64_t ep = a.expert_model_parallel_size;
+  if (ep <= 0)
+    errors.push_back(concat("--expert-model-parallel-size ", ep, " must be positive: 1 disables expert parallelism"));
   if (a.expert_tensor_parallel_size != 0 && a.expert_tensor_parallel_size != tp)
     errors.push_back(concat("--expert-tensor-parallel-size ", a.expert_tensor_parallel_size,
                             ": experts split like the dense layers in this build, so it must equal "
@@ -56,6 +49,15 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
     errors.push_back(concat("world size ", world_size, " is not a multiple of TP*CP*PP = ", model_parallel,
                             ": each data-parallel replica needs all TP*CP*PP ranks; launch a multiple of ",
                             model_parallel, " ranks"));
+  }
+  // Megatron's expert layout: the EP ranks of a data-parallel group split the experts, so EP
+  // divides DP = world / (TP x PP) (the rest are expert-data-parallel replicas).
+  if (world_size > 0 && model_parallel > 0 && world_size % model_parallel == 0 && ep > 0 &&
+      world_size % (model_parallel * ep) != 0) {
+    errors.push_back(concat("--expert-model-parallel-size ", ep, " does not divide the data-parallel size ",
+                            world_size / model_parallel, " (world ", world_size, " / TP*PP ", model_parallel,
+                            "): the experts split over EP ranks of each data-parallel group; use an EP that divides ",
+                            world_size / model_parallel, ", or launch a multiple of ", model_parallel * ep, " ranks"));
   }
   return errors;
 }

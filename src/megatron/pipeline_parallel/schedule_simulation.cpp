@@ -9,6 +9,15 @@
 
 namespace megatron::pipeline_parallel {
 
+double ActionCosts::compute(ActionKind kind, int64_t stage) const {
+  const bool forward_pass = kind == ActionKind::kForward;
+  const std::vector<double>& measured = forward_pass ? forward_by_stage : backward_by_stage;
+  if (measured.empty()) return forward_pass ? forward : backward;
+  MEGATRON_CHECK(stage < int64_t(measured.size()),
+                 "pipeline simulation: " << measured.size() << " measured costs for virtual stage " << stage);
+  return measured[size_t(stage)];
+}
+
 double SimulatedPipeline::makespan() const {
   return finish.empty() ? 0 : *std::max_element(finish.begin(), finish.end());
 }
@@ -100,7 +109,7 @@ class Simulation {
     while (s.next < s.actions.size()) {
       const Action& a = s.actions[s.next];
       if (is_compute(a.kind)) {
-        const double cost = a.kind == ActionKind::kForward ? costs_.forward : costs_.backward;
+        const double cost = costs_.compute(a.kind, shape_.virtual_stage(r, a.chunk));
         s.time += cost;
         s.busy += cost;
         ++s.next;

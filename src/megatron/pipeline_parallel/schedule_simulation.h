@@ -14,6 +14,12 @@ struct ActionCosts {
   double forward = 1;   // one model chunk's forward of one micro-batch
   double backward = 2;  // its backward
   double p2p = 0;       // one batch of sends and receives, from the moment both ends have posted it
+  // Costs measured per virtual stage (chunk·P + rank): where given they replace forward and
+  // backward, since the stage holding the embedding or the output layer and loss costs more.
+  std::vector<double> forward_by_stage = {}, backward_by_stage = {};
+
+  // The cost of a forward or backward of virtual stage `stage`.
+  double compute(ActionKind kind, int64_t stage) const;
 };
 
 struct SimulatedPipeline {

@@ -28,12 +28,18 @@ using Flag = flags::Flag<TrainingArgs>;
 
 #define FIELD(member) MEGATRON_FLAG_FIELD(TrainingArgs, member)
 
+// The help sections of the flags that make the model (a run that loads a checkpoint takes them
+// from it: checkpoint_model_layer).
+constexpr const char* kModelSection = "model";
+constexpr const char* kMoESection = "mixture of experts";
+
 std::vector<Flag> build_flag_table() {
   std::vector<std::string> presets;
   for (const ModelPreset& preset : model_presets()) presets.emplace_back(preset.name);
-  const char* model = "model";
-  const char* moe = "mixture of experts";
+  const char* model = kModelSection;
+  const char* moe = kMoESection;
   const char* parallel = "parallelism and precision";
+  const char* recompute = "activation recomputation";
   const char* training = "training";
   const char* lr = "learning rate (Megatron's OptimizerParamScheduler)";
   const char* optimizer = "optimizer (AdamW)";
@@ -142,6 +148,24 @@ std::vector<Flag> build_flag_table() {
        moe,
        "How tokens reach the experts of other ranks",
        {"allgather", "alltoall"}},
+      {"--recompute-granularity",
+       FIELD(model.recompute.recompute_granularity),
+       recompute,
+       "full: checkpointed layers keep only their input and run forward again in backward; selective: the "
+       "--recompute-modules of every layer do",
+       {"full", "selective"}},
+      {"--recompute-activations", Switch{FIELD(model.recompute.recompute_activations), true}, recompute,
+       "The same as --recompute-granularity selective"},
+      {"--recompute-method",
+       FIELD(model.recompute.recompute_method),
+       recompute,
+       "With full: uniform (every layer, in groups of --recompute-num-layers) or block (the first "
+       "--recompute-num-layers layers of each pipeline stage)",
+       {"uniform", "block"}},
+      {"--recompute-num-layers", FIELD(model.recompute.recompute_num_layers), recompute,
+       "With full: layers per group (uniform) or layers recomputed per pipeline stage (block)"},
+      {"--recompute-modules", FIELD(model.recompute.recompute_modules), recompute,
+       "With selective: core_attn (the attention op's output), mlp (the dense MLP's fc1); default: core_attn"},
       {"--bf16", Switch{FIELD(bf16), true}, parallel, "bf16 parameters and compute, fp32 master weights"},
       {"--fp16", Switch{FIELD(fp16), true}, parallel,
        "fp16 parameters and compute with loss scaling, fp32 master weights and gradients"},
@@ -176,10 +200,11 @@ std::vector<Flag> build_flag_table() {
       {"--pipeline-model-parallel-layout", FIELD(parallel.pipeline_model_parallel_layout), parallel,
        "Stages in order, '|' between them: E embedding, t layer, L loss, x*N and (..)*N repeat; e.g. \"Et|(tt|)*3,L\""},
       {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel,
-       "CP: each sequence split over CP ranks in 2 x CP load-balanced chunks, attention as a ring"},
+       "CP: each sequence split over CP ranks in 2 x CP load-balanced chunks"},
       {"--cp-comm-type", FIELD(parallel.cp_comm_type), parallel,
-       "How attention crosses the CP group: p2p (ring attention; the only one built)"},
-      {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel, "EP (1 in this build)"},
+       "How attention crosses the CP group: p2p (ring attention) or a2a (all-to-all over heads)"},
+      {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel,
+       "EP: the experts of each MoE layer split over EP ranks of each data-parallel group"},
       {"--expert-tensor-parallel-size", FIELD(parallel.expert_tensor_parallel_size), parallel,
        "Expert TP; unset: the TP size (the only value in this build)"},
       {"--sequence-parallel", Switch{FIELD(parallel.sequence_parallel), true}, parallel,
@@ -486,12 +511,17 @@ void check_pipeline(const TrainingArgs& a, std::vector<std::string>& errors) {
       .microbatch_group_size = a.parallel.microbatch_group_size_per_virtual_pipeline_stage.value_or(0)};
   for (std::string& e : pipeline_parallel::validate(shape)) errors.push_back(std::move(e));
   if (shape.pipeline_size == 1) return;
-  // What the training loop cannot run yet, though the schedule and the model split can.
-  if (shape.virtual_stages > 1)
-    errors.push_back(
-        concat(shape.virtual_stages, " virtual stages per pipeline rank: training runs one model chunk per ",
-               "rank so far (the interleaved schedule and its split exist and are tested on their own); ",
-               "fix: drop --num-virtual-stages-per-pipeline-rank / --num-layers-per-virtual-pipeline-stage"));
+  // Every batch size of a ramp runs the interleaved schedule too: whole groups of micro-batches.
+  const std::optional<BatchSizeRampup> ramp = a.batch_size_rampup();
+  if (shape.virtual_stages > 1 && ramp && ramp->start > 0 && ramp->increment > 0 &&
+      ((ramp->start / per_step) % shape.group_size() != 0 || (ramp->increment / per_step) % shape.group_size() != 0))
+    errors.push_back(concat("--rampup-batch-size START ", ramp->start, " and INCREMENT ", ramp->increment,
+                            " with the interleaved schedule: each batch size's micro-batches (batch / (micro-batch "
+                            "size x DP = ",
+                            per_step, ")) must be a multiple of the group size ", shape.group_size(),
+                            " (--microbatch-group-size-per-virtual-pipeline-stage, default the pipeline size); fix: "
+                            "make START and INCREMENT multiples of ",
+                            per_step * shape.group_size()));
   // Megatron sums the tied embedding's two copies after the DP reduction; with the distributed
   // optimizer that reduction leaves shards only, so the sum comes first, before any bucket's
   // reduction has started: not with --overlap-grad-reduce.
@@ -641,6 +671,9 @@ void check_data_parallel(const TrainingArgs& a, std::vector<std::string>& errors
 void check_mixed_precision(const TrainingArgs& a, std::vector<std::string>& errors) {
   const OptimizerArgs& o = a.optimizer;
   if (a.fp16 && a.bf16) errors.push_back("--fp16 and --bf16 are both given: choose one precision");
+  if (a.fp16 && a.parallel.expert_model_parallel_size > 1)
+    errors.push_back(concat("--fp16 with --expert-model-parallel-size ", a.parallel.expert_model_parallel_size,
+                            ": expert parallelism does not train in fp16 (Megatron's rule); use --bf16"));
   const auto check_scale = [&](const char* flag, double value, const char* example) {
     if (!(value > 0.0 && value <= double(std::numeric_limits<float>::max())))
       errors.push_back(
@@ -819,6 +852,10 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   check_batch(args, errors);
   check_pipeline(args, errors);
   check_context_parallel(args, errors);
+  const int64_t layers_per_pipeline_rank =
+      args.model.num_layers / std::max<int64_t>(args.parallel.pipeline_model_parallel_size, 1);
+  for (std::string& e : validate_recompute(args.model.recompute, layers_per_pipeline_rank, args.model.moe.enabled()))
+    errors.push_back(std::move(e));
   check_rampup(args, errors);
   check_schedule(args, errors);
   check_optimizer(args.optimizer, errors);
@@ -856,7 +893,8 @@ std::vector<flags::Assignment> checkpoint_model_layer(const std::vector<std::vec
   }
   std::vector<std::string> model_flags;
   for (const Flag& flag : build_flag_table())
-    if (flag.section == "model" && flag.name != "--model-preset") model_flags.push_back(flag.name);
+    if ((flag.section == kModelSection || flag.section == kMoESection) && flag.name != "--model-preset")
+      model_flags.push_back(flag.name);
   std::vector<std::pair<std::string, std::string>> pairs;
   for (auto& [flag, value] : saved_flags(load, ckpt_step))
     if (std::find(model_flags.begin(), model_flags.end(), flag) != model_flags.end())

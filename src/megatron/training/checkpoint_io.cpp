@@ -12,6 +12,7 @@
 #include "megatron/checkpointing/retention.h"
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
+#include "megatron/core/progress.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/parallel/text_collectives.h"
 
@@ -55,10 +56,11 @@ nlohmann::json args_json(const TrainingArgs& args) {
 
 }  // namespace
 
-std::vector<ShardedTensor> model_state(GPTModel& model, Optimizer::StateCopies copies) {
+std::vector<ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies,
+                                       const ParallelContext& ctx) {
   std::vector<ShardedTensor> out;
-  for (const auto& p : model.parameters().params())
-    if (copies == Optimizer::StateCopies::this_rank || !p->is_duplicate())
+  for (const auto& p : model.parameters.params())
+    if (copies == Optimizer::StateCopies::this_rank || is_saved_replica(*p, ctx))
       for (const auto& slice : p->global_slices())
         out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
   return out;
@@ -82,6 +84,10 @@ void check_same_architecture(const nlohmann::json& saved, const TrainingArgs& ar
                                          << " (a run takes the checkpoint's model flags) or give its value");
   }
   const std::string padded = std::to_string(args.model.padded_vocab_size);
+  // Rows past --true-vocab-size are padding for TP (an import's): load_model_state adds or drops them.
+  const std::string true_vocab = std::to_string(args.model.true_vocab_size);
+  if (args.model.true_vocab_size > 0 && saved.contains("--true-vocab-size") && saved["--true-vocab-size"] == true_vocab)
+    return;
   MEGATRON_CHECK(!saved.contains("padded_vocab_size") || saved["padded_vocab_size"] == padded,
                  "checkpoint " << dir << " has a padded vocabulary of " << saved["padded_vocab_size"].get<std::string>()
                                << " rows but this run pads its " << args.model.vocab_size << " tokens to " << padded
@@ -184,13 +190,62 @@ std::optional<datasets::TokenizerOptions> saved_tokenizer(const checkpointing::C
   }
   return datasets::tokenizer_options_in(options, files, header.directory);
 }
+// The parameters whose rows are the (padded) vocabulary.
+bool is_vocabulary_parameter(const ParamSpec& spec) {
+  return spec.name == "embedding.word_embeddings.weight" || spec.name == "output_layer.weight";
+}
+
+// The stored rows of a vocabulary parameter when they are the model's --true-vocab-size rows padded
+// for another TP (check_same_architecture allows no other difference); nullopt otherwise.
+std::optional<int64_t> changed_vocabulary_rows(const CheckpointReader& reader, const Parameter& p,
+                                               int64_t true_vocab_size) {
+  if (true_vocab_size <= 0 || !is_vocabulary_parameter(p.spec) || !reader.has(p.spec.name)) return std::nullopt;
+  const int64_t stored = reader.info(p.spec.name).global_shape[0];
+  if (stored == p.spec.global_shape[0] || stored < true_vocab_size) return std::nullopt;
+  return stored;
+}
+
+// A slice of a vocabulary parameter stored with `stored` rows: the rows the checkpoint holds, zeros
+// past them (the padding an import at this TP writes); stored padding rows past ours are dropped.
+void load_vocabulary_slice(const CheckpointReader& reader, const std::string& name, int64_t stored,
+                           Parameter::Slice& slice) {
+  Tensor host = Tensor::zeros(slice.local.shape(), slice.local.dtype());
+  const int64_t first = slice.global_offset[0];
+  const int64_t held = std::clamp<int64_t>(stored - first, 0, host.dim(0));
+  if (held > 0) {
+    Tensor rows = host.slice(0, held);
+    reader.load(name, slice.global_offset, rows);
+  }
+  slice.local.copy_from(host);
+}
+
 // The model's state: every parameter's slices held here, and the MoE routers' expert biases
-// (Megatron's persistent buffers, so --finetune loads them too).
-void load_model_state(const CheckpointReader& reader, GPTModel& model, const std::string& load_dir) {
-  for (const auto& p : model.parameters().params())
-    for (auto& slice : p->global_slices()) reader.load(p->spec.name, slice.global_offset, slice.local);
+// (Megatron's persistent buffers, so --finetune loads them too). One progress step per parameter:
+// on `given`, else on a reporter of its own ("checkpoint '<dir>' load").
+void load_model_state(const CheckpointReader& reader, const CheckpointedModel& model, const std::string& load_dir,
+                      ProgressReporter* given = nullptr) {
+  std::optional<ProgressReporter> own;
+  if (!given)
+    own.emplace("checkpoint '" + reader.directory() + "' load", int64_t(model.parameters.params().size()), "tensors");
+  ProgressReporter& progress = given ? *given : *own;
+  for (const auto& p : model.parameters.params()) {
+    const std::optional<int64_t> stored_rows = changed_vocabulary_rows(reader, *p, model.config.true_vocab_size);
+    if (stored_rows)
+      LOG_WARN("checkpoint " << load_dir << " holds " << *stored_rows << " rows of " << p->spec.name << " and this run "
+                             << p->spec.global_shape[0] << " (--true-vocab-size " << model.config.true_vocab_size
+                             << " padded for another TP): padding rows are "
+                             << (*stored_rows > p->spec.global_shape[0] ? "dropped" : "added as zeros"));
+    for (auto& slice : p->global_slices()) {
+      if (stored_rows)
+        load_vocabulary_slice(reader, p->spec.name, *stored_rows, slice);
+      else
+        reader.load(p->spec.name, slice.global_offset, slice.local);
+    }
+    progress.advance();
+  }
+  if (own) own->finish();
   const nlohmann::json& common = reader.common();
-  for (moe::MoELayer* layer : model.moe_layers()) {
+  for (moe::MoELayer* layer : model.moe_layers) {
     moe::Router& router = layer->router();
     if (router.expert_bias().empty()) continue;
     const std::string& name = router.expert_bias_name();
@@ -299,11 +354,12 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
   staging.finish(reports, common);
 }
 
-nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& model, const Optimizer* optimizer,
-                                     const OptimizerParamScheduler& scheduler, const TrainingProgress& progress) {
+nlohmann::json training_common_state(const TrainingArgs& args, const CheckpointedModel& model,
+                                     const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
+                                     const TrainingProgress& progress) {
   nlohmann::json common = common_state(args, progress, scheduler.num_steps(), optimizer ? optimizer->step_count() : 0);
   // Aux-loss-free routing: every rank holds the same expert biases (updated from all-reduced counts).
-  for (const moe::MoELayer* layer : model.moe_layers())
+  for (const moe::MoELayer* layer : model.moe_layers)
     if (!layer->router().expert_bias().empty())
       common["moe_expert_bias"][layer->router().expert_bias_name()] = layer->router().expert_bias();
   // Megatron keeps the scaler in the optimizer's state dict; every rank holds the same state.
@@ -312,20 +368,21 @@ nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& m
   return common;
 }
 
-TrainingCheckpointSave::TrainingCheckpointSave(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
-                                               const OptimizerParamScheduler& scheduler,
+TrainingCheckpointSave::TrainingCheckpointSave(const TrainingArgs& args, const CheckpointedModel& model,
+                                               const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
                                                const TrainingProgress& progress, const ParallelContext& ctx,
                                                Snapshot snapshot, const checkpointing::SaveOptions& options)
     : save_dir_(args.save),
       iteration_(progress.iteration),
       keep_last_(args.keep_last_checkpoints),
       world_(ctx.world.get()),
-      device_(model.device()),
+      device_(model.device),
       options_(options),
       common_(training_common_state(args, model, optimizer, scheduler, progress)) {
   if (optimizer && !args.no_save_optim) optim_ = optimizer->sharded_state(Optimizer::StateCopies::one_replica);
-  // One replica of the weights: DP rank 0 of each model-parallel slice.
-  if (ctx.dp_cp->rank() == 0) weights_ = model_state(model, Optimizer::StateCopies::one_replica);
+  // One replica of the weights: DP rank 0 of each model-parallel slice, expert-DP rank 0 of each
+  // EP rank for the experts.
+  weights_ = model_state(model, Optimizer::StateCopies::one_replica, ctx);
   // The shards are views of the live buffers; training changes them while write() runs.
   if (snapshot == Snapshot::host_copy)
     for (auto* group : {&weights_, &optim_})
@@ -385,7 +442,7 @@ void TrainingCheckpointSave::publish() {
   LOG_INFO("  successfully saved checkpoint from iteration " << iteration_ << " to " << save_dir_);
 }
 
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+void save_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                               const ParallelContext& ctx, const checkpointing::SaveOptions& options) {
   TrainingCheckpointSave save(args, model, optimizer, scheduler, progress, ctx, TrainingCheckpointSave::Snapshot::none,
@@ -394,19 +451,27 @@ void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const O
   save.publish();
 }
 
-void restore_training_state(const CheckpointReader& reader, const TrainingArgs& args, GPTModel& model,
+void restore_training_state(const CheckpointReader& reader, const TrainingArgs& args, const CheckpointedModel& model,
                             Optimizer* optimizer, OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   const nlohmann::json& common = reader.common();
   check_same_architecture(common.at("args"), args, reader.directory());
+  // Any optimizer tensor: a partial (per-rank) checkpoint of a distributed-optimizer shard may hold
+  // none of the first parameter's state.
+  const std::vector<std::string> names = reader.names();
+  const bool restore_optimizer = optimizer && !args.finetune && !args.no_load_optim &&
+                                 std::any_of(names.begin(), names.end(), is_optimizer_state_name);
+  if (restore_optimizer)
+    for (const auto& p : model.parameters.params())
+      if (const std::optional<int64_t> stored_rows = changed_vocabulary_rows(reader, *p, args.model.true_vocab_size))
+        MEGATRON_FAIL("checkpoint " << reader.directory() << " holds " << *stored_rows << " vocabulary rows of "
+                                    << p->spec.name << " and this run pads to " << p->spec.global_shape[0] << " at TP "
+                                    << args.parallel.tensor_model_parallel_size
+                                    << ": its optimizer state does not fit; resume at the checkpoint's TP, or start "
+                                    << "from its weights with --finetune or --no-load-optim");
   load_model_state(reader, model, reader.directory());
 
-  const bool restore_state = !args.finetune && !args.no_load_optim;
   if (optimizer) {
-    // Any optimizer tensor: a partial (per-rank) checkpoint of a distributed-optimizer shard may hold
-    // none of the first parameter's state.
-    const std::vector<std::string> names = reader.names();
-    const bool has_optim = std::any_of(names.begin(), names.end(), is_optimizer_state_name);
-    if (restore_state && has_optim) {
+    if (restore_optimizer) {
       optimizer->load_state(reader);
       optimizer->set_step_count(common.at("optimizer_step").get<int64_t>());
       if (GradScaler* scaler = optimizer->grad_scaler()) {
@@ -431,7 +496,7 @@ void restore_training_state(const CheckpointReader& reader, const TrainingArgs& 
   }
 }
 
-bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
+bool load_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress) {
   if (args.load.empty()) return false;
   if (!checkpoint_to_load(args.load, args.ckpt_step).has_value()) {
@@ -467,9 +532,11 @@ TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step
     const auto copy = tokenizer.find(key);
     flags.emplace_back(key, copy != tokenizer.end() ? copy->second : value.get<std::string>());
   }
-  // World size is no flag: take the smallest world the stored layout runs on, one replica.
+  // World size is no flag: take a world the stored layout runs on, one replica of the dense
+  // layers (TP x CP x PP ranks) per EP rank.
   int64_t world = 1;
-  for (const char* axis : {"--tensor-model-parallel-size", "--context-parallel-size", "--pipeline-model-parallel-size"})
+  for (const char* axis : {"--tensor-model-parallel-size", "--context-parallel-size", "--pipeline-model-parallel-size",
+                           "--expert-model-parallel-size"})
     if (saved.contains(axis)) world *= std::stoll(saved[axis].get<std::string>());
   return parse_training_args_from_flags(flags, world);
 }
@@ -494,9 +561,10 @@ datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOption
   return saved ? datasets::complete_tokenizer_options(given, *saved) : given;
 }
 
-void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step) {
+void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step,
+                        ProgressReporter* progress) {
   const CheckpointReader reader = open_chosen(load_dir, ckpt_step, /*describe=*/false);
-  load_model_state(reader, model, load_dir);
+  load_model_state(reader, model, load_dir, progress);
 }
 
 }  // namespace megatron

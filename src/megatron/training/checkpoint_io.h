@@ -5,8 +5,9 @@
 // Under data and model parallelism (every rank of ctx.world calls save and load):
 //   save: every rank writes its own files into one staging directory (checkpointing/checkpoint.h
 //         protocol): model weights from DP rank 0 of each model-parallel slice (the others hold
-//         replicas), optimizer state from Optimizer::sharded_state() (DP rank 0's whole state, or
-//         every rank's distributed-optimizer shard). World rank 0 creates the directory and
+//         replicas; experts from expert-DP rank 0 of each EP rank, is_saved_replica), optimizer
+//         state from Optimizer::sharded_state() (the same ranks' state, or every rank's
+//         distributed-optimizer shard). World rank 0 creates the directory and
 //         broadcasts its path; the ranks write and send their reports (files, sizes, CRC-32C,
 //         tensor slices), or their error, to rank 0 (collectives, so a rank that never arrives is
 //         named by the watchdog); rank 0 checks them, writes metadata.json last, renames the
@@ -14,8 +15,8 @@
 //         rank returns only once the checkpoint is published, or throws the first failing rank's
 //         error. No rank holds another rank's data.
 //   load: every rank reads the slices it holds now from whichever shards overlap them, so a
-//         checkpoint saved at one DP size (with or without the distributed optimizer) resumes at
-//         any other.
+//         checkpoint saved at one DP or EP size (with or without the distributed optimizer)
+//         resumes at any other: experts are held by global expert index.
 // The tokenizer travels with the checkpoint: each save copies the files the run's tokenizer reads
 // (TrainingArgs::tokenizer; vocab.json and merges.txt, tokenizer.json, tokenizer.model) into the
 // iteration directory, checksummed with the rest, and records its type and vocabulary size
@@ -32,7 +33,9 @@
 #include <vector>
 
 #include "megatron/checkpointing/checkpoint.h"
+#include "megatron/core/progress.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "megatron/models/gpt/model_chunks.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
 #include "megatron/training/arguments.h"
@@ -70,6 +73,23 @@ std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, 
 // (--load the same directory, as Megatron users resume), so a fresh run never replaces them.
 void check_checkpoint_directories(const TrainingArgs& args);
 
+// What a checkpoint holds of a model: every parameter of its registry (one GPTModel's, or every
+// chunk's of this pipeline rank) and its MoE routers' expert biases. Implicit: either is passed
+// where a checkpoint function takes a model.
+struct CheckpointedModel {
+  CheckpointedModel(GPTModel& model)
+      : config(model.config()), parameters(model.parameters()), moe_layers(model.moe_layers()), device(model.device()) {}
+  CheckpointedModel(ModelChunks& chunks)
+      : config(chunks.config()),
+        parameters(chunks.parameters()),
+        moe_layers(chunks.moe_layers()),
+        device(chunks.device()) {}
+  const TransformerConfig& config;
+  ParameterRegistry& parameters;
+  std::vector<moe::MoELayer*> moe_layers;
+  Device device;
+};
+
 // One save of the protocol above in its steps, so that the files can be written on another thread
 // while training goes on (--async-save, async_checkpoint.h):
 //   constructor (collective): takes this rank's state (with Snapshot::host_copy, into host memory
@@ -83,7 +103,7 @@ void check_checkpoint_directories(const TrainingArgs& args);
 class TrainingCheckpointSave {
  public:
   enum class Snapshot { none, host_copy };
-  TrainingCheckpointSave(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+  TrainingCheckpointSave(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                          const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                          const ParallelContext& ctx, Snapshot snapshot, const checkpointing::SaveOptions& options = {});
   ~TrainingCheckpointSave();
@@ -115,7 +135,7 @@ class TrainingCheckpointSave {
 
 // All three steps at once. options.on_stage is called on every rank at the stages it reaches
 // (fault injection for tests).
-void save_training_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+void save_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                               const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                               const ParallelContext& ctx, const checkpointing::SaveOptions& options = {});
 
@@ -131,17 +151,20 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
 // checkpoints, local_checkpoint.h): this rank's weights (one_replica: one copy of every element
 // over the world, this_rank: all it holds) and common.json's state (iteration, data position,
 // scheduler, optimizer step, loss scaler, the run's flags).
-std::vector<checkpointing::ShardedTensor> model_state(GPTModel& model, Optimizer::StateCopies copies);
-nlohmann::json training_common_state(const TrainingArgs& args, const GPTModel& model, const Optimizer* optimizer,
-                                     const OptimizerParamScheduler& scheduler, const TrainingProgress& progress);
+std::vector<checkpointing::ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies,
+                                                      const ParallelContext& ctx);
+nlohmann::json training_common_state(const TrainingArgs& args, const CheckpointedModel& model,
+                                     const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
+                                     const TrainingProgress& progress);
 // Restores from an opened checkpoint what load_training_checkpoint restores from --load's.
-void restore_training_state(const checkpointing::CheckpointReader& reader, const TrainingArgs& args, GPTModel& model,
-                            Optimizer* optimizer, OptimizerParamScheduler* scheduler, TrainingProgress* progress);
+void restore_training_state(const checkpointing::CheckpointReader& reader, const TrainingArgs& args,
+                            const CheckpointedModel& model, Optimizer* optimizer, OptimizerParamScheduler* scheduler,
+                            TrainingProgress* progress);
 
 // Loads checkpoint_to_load(args.load, args.ckpt_step) (or nothing when it holds none). Restores the
 // model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress.
 // Returns whether a checkpoint was loaded.
-bool load_training_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
+bool load_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress);
 
 // The tokenizer a run uses (TrainingArgs::tokenizer): the tokenizer flags as given when they are
@@ -158,12 +181,15 @@ datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOption
 // tokenizer's files (when it holds one), so the arguments are valid wherever the directory now
 // lies. A caller that runs the model under another layout (generate) decides it from these: the
 // checkpoint loads at any TP that splits the stored model, its padded vocabulary included
-// (validate_tensor_parallel_split). load_model_weights then reads the slices the model's rank
-// holds, from the same checkpoint.
+// (validate_tensor_parallel_split; an imported vocabulary, --true-vocab-size, pads for the run's
+// TP instead: loading adds or drops padding rows). load_model_weights then reads the slices the
+// model's rank holds, from the same checkpoint, one progress step per parameter on `progress` (a
+// test hook; by default a reporter of its own, as --load's).
 TrainingArgs read_checkpoint_args(const std::string& load_dir, int64_t ckpt_step = 0);
 // The flags (name, value text) the checkpoint checkpoint_to_load(load_dir, ckpt_step) chooses was
 // saved with, as stored; empty when load_dir holds no checkpoint.
 std::vector<std::pair<std::string, std::string>> saved_flags(const std::string& load_dir, int64_t ckpt_step);
-void load_model_weights(const std::string& load_dir, GPTModel& model, int64_t ckpt_step = 0);
+void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step = 0,
+                        ProgressReporter* progress = nullptr);
 
 }  // namespace megatron

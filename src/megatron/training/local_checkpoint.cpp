@@ -63,7 +63,7 @@ void check_local_checkpoint_directory(const TrainingArgs& args, int rank) {
   checkpointing::prepare_save_directory(dir, ".write_probe");
 }
 
-void save_local_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+void save_local_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                            const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                            const ParallelContext& ctx) {
   const std::string dir = local_checkpoint_directory(args.non_persistent_local_ckpt_dir, ctx.world->rank());
@@ -72,14 +72,14 @@ void save_local_checkpoint(const TrainingArgs& args, GPTModel& model, const Opti
   std::vector<checkpointing::ShardedTensor> optim;
   if (optimizer && !args.no_save_optim) optim = optimizer->sharded_state(Optimizer::StateCopies::this_rank);
   // Partial: a distributed-optimizer rank holds a shard of each tensor's state.
-  checkpointing::save_checkpoint(dir, progress.iteration, model_state(model, Optimizer::StateCopies::this_rank), optim,
-                                 common, {.on_stage = {}, .partial = true});
+  checkpointing::save_checkpoint(dir, progress.iteration, model_state(model, Optimizer::StateCopies::this_rank, ctx),
+                                 optim, common, {.on_stage = {}, .partial = true});
   checkpointing::remove_old_checkpoints(dir, 1);
   LOG_INFO("  saved local checkpoint from iteration " << progress.iteration << " to "
                                                       << args.non_persistent_local_ckpt_dir);
 }
 
-bool load_local_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
+bool load_local_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, Optimizer* optimizer,
                            OptimizerParamScheduler* scheduler, TrainingProgress* progress, const ParallelContext& ctx) {
   if (args.non_persistent_ckpt_type != "local" || args.load.empty() || args.ckpt_step > 0 || args.finetune)
     return false;
@@ -89,7 +89,7 @@ bool load_local_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer*
   const int64_t mine = local_iteration(dir);
   bounds.set_item(0, double(mine));
   bounds.set_item(1, -double(mine));
-  Tensor reduced = bounds.to(model.device());
+  Tensor reduced = bounds.to(model.device);
   ctx.world->all_reduce(reduced, ReduceOp::max);
   const auto newest = int64_t(reduced.item(0)), oldest = int64_t(-reduced.item(1));
   if (newest < 0) return false;

@@ -24,12 +24,12 @@ std::string local_checkpoint_directory(const std::string& dir, int rank);
 void check_local_checkpoint_directory(const TrainingArgs& args, int rank);
 
 // This rank's non-persistent checkpoint of progress.iteration; older ones of this rank are removed.
-void save_local_checkpoint(const TrainingArgs& args, GPTModel& model, const Optimizer* optimizer,
+void save_local_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, const Optimizer* optimizer,
                            const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                            const ParallelContext& ctx);
 
 // The rules above; a collective over ctx.world. Returns whether the local checkpoints were loaded.
-bool load_local_checkpoint(const TrainingArgs& args, GPTModel& model, Optimizer* optimizer,
+bool load_local_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, Optimizer* optimizer,
                            OptimizerParamScheduler* scheduler, TrainingProgress* progress, const ParallelContext& ctx);
 
 }  // namespace megatron

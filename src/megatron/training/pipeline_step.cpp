@@ -1,6 +1,7 @@
 #include "megatron/training/pipeline_step.h"
 
 #include <map>
+#include <utility>
 
 #include "megatron/pipeline_parallel/schedule.h"
 #include "megatron/pipeline_parallel/schedule_executor.h"
@@ -22,43 +23,60 @@ LossSums from_last_stage(const ParallelContext& ctx, const LossSums& local, Devi
 
 }  // namespace
 
-LossSums pipeline_forward_backward(GPTModel& model, const ParallelContext& ctx,
-                                   const std::vector<MicroBatchRun>& microbatches, bool forward_only,
+PipelineStepShape pipeline_step_shape(const TrainingArgs& args, bool forward_only) {
+  return {.micro_batch_size = args.micro_batch_size,
+          .microbatch_group_size = args.parallel.microbatch_group_size_per_virtual_pipeline_stage.value_or(0),
+          .forward_only = forward_only};
+}
+
+bool stage_reads_data(const ModelChunks& model, bool document_masking) {
+  return document_masking || model.has_embedding() || model.has_loss();
+}
+
+LossSums pipeline_forward_backward(ModelChunks& model, const ParallelContext& ctx,
+                                   const std::vector<MicroBatchRun>& microbatches, const PipelineStepShape& shape,
                                    const PipelineHooks& hooks) {
   const TransformerConfig& config = model.config();
   const int64_t rank = ctx.pp->rank();
-  const pipeline_parallel::ScheduleShape shape{
-      .pipeline_size = ctx.pp->size(), .microbatches = int64_t(microbatches.size()), .forward_only = forward_only};
+  const pipeline_parallel::ScheduleShape schedule{.pipeline_size = ctx.pp->size(),
+                                                  .virtual_stages = model.size(),
+                                                  .microbatches = int64_t(microbatches.size()),
+                                                  .microbatch_group_size = shape.microbatch_group_size,
+                                                  .forward_only = shape.forward_only};
   // Between stages: (S/TP under sequence parallelism, B, H) in the compute dtype.
-  const int64_t micro_batch_size = microbatches.front().batch.tokens.dim(0);
   const int64_t sequence = config.seq_length / (ctx.sequence_parallel() ? ctx.tp_size() : 1);
-  const pipeline_parallel::StageTensor between{.shape = {sequence, micro_batch_size, config.hidden_size},
+  const pipeline_parallel::StageTensor between{.shape = {sequence, shape.micro_batch_size, config.hidden_size},
                                                .dtype = config.params_dtype,
                                                .device = model.device()};
 
-  std::map<int64_t, GPTModel::Saved> saved;  // by micro-batch, from its forward to its backward
+  // By (micro-batch, chunk), from its forward to its backward.
+  std::map<std::pair<int64_t, int64_t>, GPTModel::Saved> saved;
   LossSums total;
   pipeline_parallel::StageFunctions stage;
-  stage.forward = [&](int64_t m, int64_t, const Tensor& input) {
+  stage.forward = [&](int64_t m, int64_t c, const Tensor& input) {
     const MicroBatchRun& run = microbatches[size_t(m)];
+    GPTModel& chunk = model.chunk(c);
     LossSums loss;
-    Tensor out = model.stage_forward(run.batch, input, run.fwd, saved[m], &loss);
-    if (hooks.after_forward) hooks.after_forward(m);
-    if (model.stage().loss) {
+    if (hooks.before_forward) hooks.before_forward(m);
+    Tensor out = chunk.stage_forward(run.batch, input, run.fwd, saved[{m, c}], &loss);
+    if (hooks.after_forward) hooks.after_forward(m, chunk);
+    if (chunk.stage().loss) {
       if (hooks.on_loss) hooks.on_loss(m, loss);
       total.loss_sum += loss.loss_sum;
       total.num_tokens += loss.num_tokens;
     }
-    if (forward_only) saved.erase(m);
+    if (shape.forward_only) saved.erase({m, c});
     return out;
   };
-  stage.backward = [&](int64_t m, int64_t, const Tensor& output_grad) {
+  stage.backward = [&](int64_t m, int64_t c, const Tensor& output_grad) {
     if (hooks.before_backward) hooks.before_backward(m);
-    Tensor input_grad = model.stage_backward(output_grad, microbatches[size_t(m)].loss_grad_scale, saved.at(m));
-    saved.erase(m);
+    Tensor input_grad =
+        model.chunk(c).stage_backward(output_grad, microbatches[size_t(m)].loss_grad_scale, saved.at({m, c}));
+    if (hooks.after_backward) hooks.after_backward(m);
+    saved.erase({m, c});
     return input_grad;
   };
-  pipeline_parallel::run_schedule(pipeline_parallel::build_schedule(shape, rank), *ctx.pp, *ctx.pp_grad, between,
+  pipeline_parallel::run_schedule(pipeline_parallel::build_schedule(schedule, rank), *ctx.pp, *ctx.pp_grad, between,
                                   stage);
   return from_last_stage(ctx, total, model.device());
 }

@@ -27,6 +27,7 @@ void TensorBoardLog::iteration(const IterationScalars& s) {
     writer_->add_scalar("mem-reserved-bytes", double(s.memory.reserved_bytes), s.iteration);
     writer_->add_scalar("mem-allocated-bytes", double(s.memory.current_bytes), s.iteration);
     writer_->add_scalar("mem-max-allocated-bytes", double(s.memory.peak_bytes), s.iteration);
+    writer_->add_scalar("mem-allocated-count", double(s.memory.current_allocations), s.iteration);
   }
 }
 

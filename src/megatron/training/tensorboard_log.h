@@ -7,8 +7,8 @@
 //   loss-scale (unless --no-log-loss-scale-to-tensorboard), world-size
 //   (--log-world-size-to-tensorboard), grad-norm (not for a step skipped on overflow); and at
 //   step = iteration only, with --log-memory-to-tensorboard, the allocator's mem-allocated-bytes,
-//   mem-reserved-bytes and mem-max-allocated-bytes (the peak the log line shows); Megatron's
-//   mem-allocated-count (live allocations) is not kept by our allocator and not written;
+//   mem-reserved-bytes, mem-max-allocated-bytes (the peak the log line shows) and
+//   mem-allocated-count (the blocks handed out now);
 //   every --log-interval iterations: iteration-time in seconds (--log-timers-to-tensorboard),
 //   throughput in TFLOP/s/GPU (--log-throughput), and always skipped-iterations and
 //   nan-iterations, the interval's counts of the log line (ours: Megatron writes neither);

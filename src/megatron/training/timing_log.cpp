@@ -12,10 +12,12 @@ namespace {
 struct TimerLevel {
   const char* name;
   int64_t level;
+  bool synchronized;  // waits for the device at start and stop (the compute of one micro-batch)
 };
 // Megatron's names and levels, in its timers_to_log order.
-constexpr TimerLevel kTimers[] = {
-    {"forward-backward", 1}, {"batch-generator", 2}, {"all-grads-sync", 1}, {"optimizer", 1}};
+constexpr TimerLevel kTimers[] = {{"forward-backward", 1, false}, {"forward-compute", 2, true},
+                                  {"backward-compute", 2, true},  {"batch-generator", 2, false},
+                                  {"all-grads-sync", 1, false},   {"optimizer", 1, false}};
 constexpr const char* kComputeTimer = "forward-backward";
 
 std::string padded(const std::string& name) {
@@ -92,7 +94,10 @@ TimingLog::TimingLog(const TrainingArgs& args, Communicator& world, Device devic
       straggler_(args.log_straggler),
       straggler_count_(args.straggler_minmax_count) {
   for (const TimerLevel& t : kTimers)
-    if (t.level <= level_) active_.emplace_back(t.name);
+    if (t.level <= level_) {
+      active_.emplace_back(t.name);
+      synchronized_.push_back(t.synchronized && device.is_cuda());
+    }
   totals_.assign(active_.size(), 0.0);
   started_.resize(active_.size());
   running_.assign(active_.size(), false);
@@ -103,18 +108,24 @@ void TimingLog::start(const std::string& name) {
   const auto it = std::find(active_.begin(), active_.end(), name);
   if (it == active_.end()) return;
   const size_t i = size_t(it - active_.begin());
+  if (synchronized_[i]) wait_for_device();
   started_[i] = Clock::now();
   running_[i] = true;
 }
 
+void TimingLog::wait_for_device() const {
+  if (!device_probe_.defined()) device_probe_ = Tensor::zeros({1}, DType::f32, device_);
+  device_probe_.to(Device::cpu());  // a read-back returns once the stream's earlier work is done
+}
+
 void TimingLog::stop(const std::string& name) {
+  const auto it = std::find(active_.begin(), active_.end(), name);
+  const size_t i = size_t(it - active_.begin());
+  if (it != active_.end() && running_[i] && synchronized_[i]) wait_for_device();
   const Clock::time_point now = Clock::now();
   if (straggler_ && name == kComputeTimer)
     compute_seconds_ += std::chrono::duration<double>(now - compute_start_).count();
-  const auto it = std::find(active_.begin(), active_.end(), name);
-  if (it == active_.end()) return;
-  const size_t i = size_t(it - active_.begin());
-  if (!running_[i]) return;
+  if (it == active_.end() || !running_[i]) return;
   totals_[i] += std::chrono::duration<double>(now - started_[i]).count();
   running_[i] = false;
 }

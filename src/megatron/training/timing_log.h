@@ -2,8 +2,11 @@
 // Megatron's timers and our straggler report, printed after a log line by the last rank.
 //
 // Timers (--timing-log-level 0|1|2, --timing-log-option minmax|max|all): the loop times
-// forward-backward (level 1), batch-generator (2), all-grads-sync (1) and optimizer (1), in
-// Megatron's timers_to_log order; those up to the level run. At each log line every rank's totals
+// forward-backward (level 1), forward-compute and backward-compute (2: each micro-batch's forward
+// and backward through this rank's chunks, summed), batch-generator (2), all-grads-sync (1) and
+// optimizer (1), in Megatron's timers_to_log order; those up to the level run. As Megatron's
+// timers, the two compute timers wait for the GPU at their start and stop (a one-element
+// read-back), so they time the device's work, and level 2 slows a GPU run down. At each log line every rank's totals
 // are gathered and printed in ms per iteration of the interval as Megatron's Timers.log prints
 // them:
 //   minmax:  "(min, max) time across ranks (ms):" then "    <name padded with dots to 48>: (1.23, 4.56)"
@@ -53,6 +56,8 @@ class TimingLog {
   // Every rank's values, values[rank][i] (an all-gather).
   std::vector<std::vector<double>> gather(const std::vector<double>& mine) const;
   void print(const std::string& text) const;
+  // Returns once the device has finished the work queued so far (nothing to wait for on the CPU).
+  void wait_for_device() const;
 
   Communicator* world_;
   Device device_;
@@ -64,7 +69,9 @@ class TimingLog {
   std::vector<double> totals_;       // seconds, per active timer
   std::vector<Clock::time_point> started_;
   std::vector<bool> running_;
-  double compute_seconds_ = 0;  // forward-backward, for the straggler report
+  std::vector<bool> synchronized_;  // per active timer: waits for the device (kTimers)
+  mutable Tensor device_probe_;     // read back to wait for the device
+  double compute_seconds_ = 0;      // forward-backward, for the straggler report
   Clock::time_point compute_start_;
   Clock::time_point save_start_;
 };

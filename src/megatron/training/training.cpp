@@ -23,6 +23,7 @@
 #include "megatron/distributed/distributed_optimizer.h"
 #include "megatron/distributed/finalize_model_grads.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "megatron/models/gpt/model_chunks.h"
 #include "megatron/ops/profiler.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
@@ -168,23 +169,22 @@ LossSums sum_over(Communicator& group, const LossSums& local, Device device) {
   return {sums.item(0), sums.item(1)};
 }
 
-// This rank's micro-batch: under context parallelism its two chunks of every sequence.
-MicroBatch micro_batch_of(const datasets::Batch& b, const ParallelContext& ctx) {
-  return context_parallel_part({b.tokens, b.labels, b.loss_mask, b.position_ids, b.segment_ids, b.host_memory},
-                               *ctx.cp);
+MicroBatch micro_batch_of(const datasets::Batch& b) {
+  return {b.tokens, b.labels, b.loss_mask, b.position_ids, b.segment_ids, b.host_memory};
 }
 
 // Megatron's embedding-group all-reduce: the first and last pipeline stages' copies of a tied word
 // embedding get the sum of their gradients, so both apply the same update.
-void sum_tied_embedding_grads(const GPTModel& model, const ParallelContext& ctx) {
+void sum_tied_embedding_grads(const ModelChunks& model, const ParallelContext& ctx) {
   if (Parameter* p = model.pipeline_tied_embedding()) ctx.embedding->all_reduce(p->main_grad, ReduceOp::sum);
 }
 
 // Every pipeline stage's memory, logged once from rank 0: a stage keeps the activations of up to
-// min(PP - stage, micro-batches) micro-batches (1F1B's warm-up plus one), so the first stage holds
-// the most.
-void log_pipeline_memory(const ParallelContext& ctx, double activation_mib, double peak_mib, int64_t microbatches,
-                         Device device) {
+// min(PP - stage, micro-batches) micro-batches (1F1B's warm-up plus one; interleaved, the
+// schedule's count of (micro-batch, chunk) forwards), so the first stage holds the most.
+// `activation_mib`: one micro-batch through one chunk.
+void log_pipeline_memory(const ParallelContext& ctx, double activation_mib, double peak_mib,
+                         const pipeline_parallel::ScheduleShape& shape, Device device) {
   const int64_t p = ctx.pp->size();
   Tensor mine = Tensor::empty({2}, DType::f64);
   mine.data<double>()[0] = activation_mib;
@@ -193,10 +193,9 @@ void log_pipeline_memory(const ParallelContext& ctx, double activation_mib, doub
   ctx.pp->all_gather(all, mine.to(device));
   const Tensor host = all.to(Device::cpu());
   std::ostringstream line;
-  line << "> memory per pipeline stage (activations of one micro-batch x micro-batches in flight, peak):";
+  line << "> memory per pipeline stage (activations of one micro-batch through one chunk x those in flight, peak):";
   for (int64_t r = 0; r < p; ++r) {
-    const int64_t in_flight = pipeline_parallel::peak_in_flight(
-        pipeline_parallel::build_schedule({.pipeline_size = p, .microbatches = microbatches}, r));
+    const int64_t in_flight = pipeline_parallel::peak_in_flight(pipeline_parallel::build_schedule(shape, r));
     line << (r ? "; " : " ") << "stage " << r << ": " << std::setprecision(3) << host.data<double>()[2 * r] << " MiB x "
          << in_flight << ", peak " << host.data<double>()[2 * r + 1] << " MiB";
   }
@@ -211,22 +210,22 @@ struct Evaluation {
 // Megatron's evaluate: eval_iters global batches from where the loader stands (validation goes
 // on where the previous evaluation stopped); each data-parallel rank evaluates its slice and
 // the sums are combined.
-Evaluation evaluate(GPTModel& model, datasets::DataLoader& loader, const char* split, const TrainingArgs& args,
+// `loader` is null on a stage that reads no data (stage_reads_data).
+Evaluation evaluate(ModelChunks& model, datasets::DataLoader* loader, const char* split, const TrainingArgs& args,
                     const ParallelContext& ctx) {
   LossSums total;
-  const int64_t before = loader.consumed_samples();
   for (int64_t it = 0; it < args.eval_iters; ++it) {
     std::vector<MicroBatchRun> runs;
-    for (int64_t m = 0; m < args.num_micro_batches(); ++m) {
-      const datasets::Batch batch = next_batch(loader, split);
-      runs.push_back({.batch = micro_batch_of(batch, ctx), .fwd = {.training = false}});
-    }
-    const LossSums s = pipeline_forward_backward(model, ctx, runs, /*forward_only=*/true);
+    for (int64_t m = 0; m < args.num_micro_batches(); ++m)
+      runs.push_back(
+          {.batch = loader ? context_parallel_part(micro_batch_of(next_batch(*loader, split)), *ctx.cp) : MicroBatch(),
+           .fwd = {.training = false}});
+    const LossSums s = pipeline_forward_backward(model, ctx, runs, pipeline_step_shape(args, /*forward_only=*/true));
     total.loss_sum += s.loss_sum;
     total.num_tokens += s.num_tokens;
   }
   total = sum_over(*ctx.dp_cp, total, model.device());
-  return {total.loss_sum / std::max(1.0, total.num_tokens), loader.consumed_samples() - before};
+  return {total.loss_sum / std::max(1.0, total.num_tokens), args.eval_iters * args.global_batch_size};
 }
 
 // Megatron prints the training and validation lines from the last rank (print_rank_last), which
@@ -302,6 +301,11 @@ void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
                                             << ", TP " << args.parallel.tensor_model_parallel_size << ", PP "
                                             << args.parallel.pipeline_model_parallel_size
                                             << "); build the groups from the same sizes");
+  const int64_t ep = ctx.ep ? ctx.ep->size() : 1;
+  MEGATRON_CHECK(ep == args.parallel.expert_model_parallel_size, "the parallel groups have EP "
+                                                                     << ep << " but the arguments ask for EP "
+                                                                     << args.parallel.expert_model_parallel_size
+                                                                     << "; build the groups from the same sizes");
 }
 
 // Megatron's choice of scaler (optimizer/grad_scaler.h): dynamic for fp16, static with --loss-scale.
@@ -330,6 +334,343 @@ DataSources build_data_in_turn(const TrainingArgs& args, Communicator& world) {
   if (world.rank() != 0) data = build_data(args);
   return data;
 }
+// Every directory this run writes can be written, before any work: --save and --load, --save by
+// every rank (each writes its own files there), the local checkpoint directory.
+void check_run_directories(const TrainingArgs& args, int rank) {
+  check_checkpoint_directories(args);
+  if (!args.save.empty()) checkpointing::prepare_save_directory(args.save, concat(".write_probe_rank_", rank));
+  check_local_checkpoint_directory(args, rank);
+}
+
+// The optimizer's state on this rank, MiB.
+double state_mib(const Optimizer& optimizer) { return double(optimizer.state_bytes()) / (1024.0 * 1024.0); }
+
+// The model's shape, as it is built.
+void log_model(const TransformerConfig& config) {
+  const int64_t n_params = num_parameters(config);
+  LOG_INFO("> building GPT model: " << config.num_layers << " layers, hidden " << config.hidden_size << ", " << n_params
+                                    << " parameters, padded vocab " << config.padded_vocab_size << ", params dtype "
+                                    << dtype_name(config.params_dtype));
+}
+
+// The parallel layout and the optimizer's memory per rank, once the optimizer is built.
+void log_layout(const TrainingArgs& args, const ParallelContext& ctx, const DistributedDataParallel& ddp,
+                const pipeline_parallel::PipelineSplit& split, const Optimizer& optimizer, Device device) {
+  const int64_t dp_size = ctx.dp->size();
+  if (ctx.tp_size() > 1)
+    LOG_INFO("> tensor parallel: " << ctx.tp_size() << " ranks"
+                                   << (ctx.sequence_parallel() ? ", sequence parallel" : "")
+                                   << (ctx.tp_comm_overlap() ? ", communication overlapped with GEMMs" : "")
+                                   << (device.is_cuda() && std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") != nullptr
+                                           ? concat(", CUDA_DEVICE_MAX_CONNECTIONS=",
+                                                    std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
+                                           : std::string()));
+  if (ctx.pp->size() > 1) {
+    std::string layers;
+    for (int64_t n : split.layers_per_stage) layers += concat(layers.empty() ? "" : ", ", n);
+    LOG_INFO("> pipeline parallel: " << ctx.pp->size() << " stages ("
+                                     << (split.virtual_stages > 1
+                                             ? concat("interleaved, ", split.virtual_stages, " chunks each")
+                                             : std::string("1F1B"))
+                                     << ") holding " << layers << " layers");
+  }
+  if (dp_size > 1)
+    LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
+                                 << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
+  LOG_INFO("> optimizer state: " << std::fixed << std::setprecision(1) << state_mib(optimizer) << " MiB per rank ("
+                                 << (args.use_distributed_optimizer ? "this rank's shard of the " : "")
+                                 << "master weights and Adam moments)");
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const TrainingArgs& args, ModelChunks& model, DistributedDataParallel& ddp,
+                                          const ParallelContext& ctx) {
+  const AdamWHyper hyper{args.optimizer.adam_beta1, args.optimizer.adam_beta2, args.optimizer.adam_eps,
+                         args.optimizer.clip_grad};
+  if (args.use_distributed_optimizer)
+    return std::make_unique<DistributedOptimizer>(ddp, ctx, hyper, grad_scaler_for(args));
+  return std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args));
+}
+
+// What one training iteration leaves for its logging.
+struct IterationResult {
+  double loss = 0;
+  OptimizerStepResult step;
+  int64_t batch_size = 0, micro_batches = 0;
+  double seconds = 0;
+};
+
+// What pretrain sets up before the loop: the data, the model with its DDP and optimizer, the
+// schedule and the progress loaded from a checkpoint.
+struct TrainingSetUp {
+  const TrainingArgs& args;
+  const ParallelContext& ctx;
+  Device device;
+  const DataSources& data;
+  ModelChunks& model;
+  DistributedDataParallel& ddp;
+  Optimizer* optimizer;
+  OptimizerParamScheduler& scheduler;
+  TrainingProgress& progress;
+};
+
+// The training loop over what pretrain set up: each iteration (train_step), its log (record), the
+// evaluation, save and exit decision after it (evaluate_save_and_decide_exit), and the evaluations
+// after the last iteration (evaluate_after_training). Owns the loaders, which start where the
+// loaded checkpoint left off, and where the run is reported.
+struct TrainingLoop : TrainingSetUp {
+  explicit TrainingLoop(const TrainingSetUp& set_up);
+  IterationResult train_step();
+  void record(const IterationResult& it);
+  std::optional<EarlyExit> evaluate_save_and_decide_exit(const ExitConditions& exit_conditions);
+  void evaluate_after_training();
+  // A checkpoint of the state now (asynchronous with --async-save), timed.
+  void save();
+
+  const bool last_rank;
+  const int64_t dp_size, dp_rank;
+  const double optimizer_state_mib;
+  const bool reads_data;  // null loaders where not
+  const std::unique_ptr<datasets::DataLoader> train_loader, valid_loader, test_loader;
+  MetricsFile metrics;
+  TensorBoardLog tensorboard;
+  EvaluationReport report_evaluation;
+  TimingLog timers;
+  TrainingSummary summary;
+  LogInterval interval;
+  IntervalMoEStats interval_moe;
+  const int64_t first_iteration;
+  AsyncCheckpointSaver async_saver;
+  const NanCheck nan_check;
+  const int64_t train_iters;
+};
+
+TrainingLoop::TrainingLoop(const TrainingSetUp& set_up)
+    : TrainingSetUp(set_up),
+      last_rank(ctx.world->rank() == ctx.world->size() - 1),
+      dp_size(ctx.dp->size()),
+      dp_rank(ctx.dp->rank()),
+      optimizer_state_mib(state_mib(*optimizer)),
+      // Stages between the first and the last read no data (unless document masking needs it).
+      reads_data(stage_reads_data(model, args.data.reset_attention_mask)),
+      train_loader(reads_data ? make_loader(*data.train, args, *data.tokenizer, dp_size, dp_rank,
+                                            progress.consumed_train_samples, device)
+                              : nullptr),
+      valid_loader(data.valid && reads_data ? make_loader(*data.valid, args, *data.tokenizer, dp_size, dp_rank,
+                                                          progress.consumed_valid_samples, device)
+                                            : nullptr),
+      test_loader(data.test && reads_data ? make_loader(*data.test, args, *data.tokenizer, dp_size, dp_rank, 0, device)
+                                          : nullptr),
+      metrics(last_rank ? MetricsFile(args.metrics_file) : MetricsFile()),
+      tensorboard(args, last_rank),
+      report_evaluation{last_rank, metrics, tensorboard},
+      timers(args, *ctx.world, device),
+      first_iteration(progress.iteration),
+      async_saver(*ctx.world, device),
+      nan_check(args),
+      train_iters(args.total_iterations()) {}
+
+void TrainingLoop::save() {
+  ddp.finish_param_gather();
+  timers.start_save();
+  if (args.async_save)
+    async_saver.start([&] {
+      return std::make_unique<TrainingCheckpointSave>(args, model, optimizer, scheduler, progress, ctx,
+                                                      TrainingCheckpointSave::Snapshot::host_copy);
+    });
+  else
+    save_training_checkpoint(args, model, optimizer, scheduler, progress, ctx);
+  timers.log_save();
+}
+
+IterationResult TrainingLoop::train_step() {
+  const bool profile = progress.iteration + 1 == args.profile_ops_iteration;
+  if (profile) ops::OpProfiler::instance().start();
+  const auto t0 = Clock::now();
+  // With --rampup-batch-size the batch grows with the consumed samples.
+  const int64_t batch_size = args.global_batch_size_at(progress.consumed_train_samples);
+  const int64_t micro = batch_size / (args.micro_batch_size * dp_size);
+  const int64_t micro_batches_before = progress.consumed_train_samples / (args.micro_batch_size * dp_size);
+  ddp.zero_grad();
+  std::vector<MicroBatchRun> runs;
+  timers.start("forward-backward");
+  for (int64_t m = 0; m < micro; ++m) {
+    timers.start("batch-generator");
+    const MicroBatch batch = train_loader ? micro_batch_of(next_batch(*train_loader, "training")) : MicroBatch();
+    timers.stop("batch-generator");
+    double tokens = 0;
+    if (batch.loss_mask.defined())
+      for (float v : batch.loss_mask.to_vector()) tokens += v;
+    // Megatron's default loss: the mean over each micro-batch's tokens, averaged over
+    // micro-batches, times the loss scale (1 without loss scaling). Under context parallelism
+    // `tokens` counts the whole sequences and the gradients are averaged over DP x CP, so each
+    // CP rank's share is scaled by CP (Megatron's loss * cp_size).
+    const float grad_scale =
+        tokens > 0 ? float(double(optimizer->loss_scale()) * double(ctx.cp->size()) / (tokens * double(micro))) : 0.0f;
+    // The micro-batch's index in the global batch, so dropout masks do not depend on the DP size.
+    const ForwardContext fwd{.training = true,
+                             .seed = uint64_t(args.seed),
+                             .step = uint64_t((micro_batches_before + m) * dp_size + dp_rank),
+                             .aux_loss_grad_scale = float(double(optimizer->loss_scale()) / double(micro))};
+    runs.push_back({.batch = context_parallel_part(batch, *ctx.cp), .fwd = fwd, .loss_grad_scale = grad_scale});
+  }
+  // With --overlap-param-gather the forward waits for each bucket of the previous step's
+  // parameter all-gather just before it reads it (DDP listens to the model's notifications).
+  const PipelineHooks hooks{.before_forward = [&](int64_t) { timers.start("forward-compute"); },
+                            .after_backward = [&](int64_t) { timers.stop("backward-compute"); },
+                            .on_loss =
+                                [&](int64_t, const LossSums& s) {
+                                  nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1,
+                                                             ctx.world->rank());
+                                },
+                            .before_backward =
+                                [&](int64_t m) {
+                                  ddp.set_last_micro_batch(m + 1 == micro);
+                                  timers.start("backward-compute");
+                                },
+                            .after_forward =
+                                [&](int64_t, const GPTModel& chunk) {
+                                  timers.stop("forward-compute");
+                                  interval_moe.add(chunk.moe_stats());
+                                }};
+  LossSums iteration_sums =
+      pipeline_forward_backward(model, ctx, runs, pipeline_step_shape(args, /*forward_only=*/false), hooks);
+  timers.stop("forward-backward");
+  timers.start("all-grads-sync");
+  // Megatron sums the tied embedding's copies after the DP reduction; the distributed optimizer
+  // reduces shards only, so there the sum comes first (the two sums commute; arguments.cpp
+  // refuses --overlap-grad-reduce, which would start the reduction during backward).
+  if (args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
+  finalize_model_grads(ddp);
+  if (!args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
+  timers.stop("all-grads-sync");
+  model.update_expert_bias();                        // Megatron's aux-loss-free balancing, once per step
+  const float loss_scale = optimizer->loss_scale();  // the step may change it
+  timers.start("optimizer");
+  const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
+  timers.stop("optimizer");
+  nan_check.optimizer_step(step, loss_scale, progress.iteration + 1);
+  if (profile) {
+    const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop();
+    const double step_ms = 1e3 * std::chrono::duration<double>(Clock::now() - t0).count();
+    LOG_INFO("per-op time of iteration " << progress.iteration + 1 << ":\n"
+                                         << ops::format_op_timings(timings, step_ms));
+  }
+  iteration_sums = sum_over(*ctx.dp_cp, iteration_sums, device);
+  const double loss = iteration_sums.loss_sum / std::max(1.0, iteration_sums.num_tokens);
+  ++progress.iteration;
+  progress.consumed_train_samples += batch_size;
+  // Megatron advances the iteration and the consumed samples on a skipped step, but neither the
+  // scheduler nor the optimizer's step count (the LR of the next step is the skipped one's).
+  if (step.skipped) {
+    ++progress.skipped_iterations;
+    if (!std::isfinite(loss)) ++progress.nan_iterations;
+  } else {
+    scheduler.step(batch_size);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return {loss, step, batch_size, micro, seconds};
+}
+
+void TrainingLoop::record(const IterationResult& it) {
+  summary.train_losses.push_back(it.loss);
+  summary.grad_norms.push_back(it.step.grad_norm.value_or(std::numeric_limits<double>::quiet_NaN()));
+  summary.loss_scales.push_back(optimizer->loss_scale());
+  summary.skipped.push_back(it.step.skipped);
+  ++summary.iterations_run;
+  interval.add(it.loss, it.step.skipped, it.seconds, double(it.batch_size * args.model.seq_length),
+               num_floating_point_operations(args.model, it.batch_size));
+
+  tensorboard.iteration({.iteration = progress.iteration,
+                         .consumed_samples = progress.consumed_train_samples,
+                         .learning_rate = scheduler.lr(),
+                         .batch_size = it.batch_size,
+                         .lm_loss = it.loss,
+                         .loss_scale = optimizer->loss_scale(),
+                         .grad_norm = it.step.grad_norm,
+                         .world_size = ctx.world->size(),
+                         .memory = memory_stats(device)});
+  const bool first = progress.iteration == first_iteration + 1;
+  const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);  // all chunks
+  if (first)
+    LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
+  if (first && ctx.pp->size() > 1)
+    log_pipeline_memory(ctx, activation_mib / double(model.size()), peak_memory_mib(device),
+                        {.pipeline_size = ctx.pp->size(),
+                         .virtual_stages = model.size(),
+                         .microbatches = it.micro_batches,
+                         .microbatch_group_size = pipeline_step_shape(args, false).microbatch_group_size},
+                        device);
+  if (first || progress.iteration % args.log_interval == 0 || progress.iteration == train_iters) {
+    const int64_t iters_in_interval = interval.iterations();
+    IterationStats st;
+    st.iteration = progress.iteration;
+    st.train_iters = train_iters;
+    st.consumed_samples = progress.consumed_train_samples;
+    st.learning_rate = scheduler.lr();
+    st.global_batch_size = it.batch_size;
+    st.loss_scale = optimizer->loss_scale();  // after this step's update, as Megatron logs it
+    st.grad_norm = it.step.grad_norm;
+    st.peak_memory_mib = peak_memory_mib(device);
+    interval.close(st, it.loss, ctx.world->size());
+    st.optimizer_state_mib = optimizer_state_mib;
+    st.activation_memory_mib = activation_mib;
+    interval_moe.report(st);
+    interval_moe = {};
+    print_from_last_rank(last_rank, format_training_log_line(st));
+    metrics.write_training(st);
+    tensorboard.interval(st);
+    timers.log(st.iteration, iters_in_interval);
+  }
+}
+
+std::optional<EarlyExit> TrainingLoop::evaluate_save_and_decide_exit(const ExitConditions& exit_conditions) {
+  if (data.valid && progress.iteration % args.eval_interval == 0) {
+    ddp.finish_param_gather();
+    const Evaluation valid = evaluate(model, valid_loader.get(), "validation", args, ctx);
+    nan_check.validation_loss(valid.loss, progress.iteration);
+    progress.consumed_valid_samples += valid.samples;
+    summary.valid_losses.push_back(valid.loss);
+    report_evaluation("validation", valid, progress, false);
+  }
+  const bool save_now =
+      should_save(args, progress.iteration) || (!args.save.empty() && progress.iteration == train_iters);
+  // Megatron's checkpoint_and_decide_exit: after the evaluation, one save for the regular
+  // interval and an early exit alike.
+  const std::optional<EarlyExit> exit = exit_conditions.check(progress.iteration, *ctx.world, device);
+  async_saver.maybe_finalize(/*blocking=*/false);
+  if (save_now || (exit && !args.save.empty())) {
+    save();
+  } else if (args.non_persistent_save_interval > 0 && progress.iteration % args.non_persistent_save_interval == 0) {
+    ddp.finish_param_gather();
+    save_local_checkpoint(args, model, optimizer, scheduler, progress, ctx);
+  }
+  if (exit) {
+    async_saver.maybe_finalize(/*blocking=*/true);
+    LOG_INFO("[" << exit->message << "] datetime: " << timestamp_now());
+    summary.early_exit = exit;
+  }
+  return exit;
+}
+
+void TrainingLoop::evaluate_after_training() {
+  async_saver.maybe_finalize(/*blocking=*/true);
+  ddp.finish_param_gather();
+  // Megatron's pretrain after the loop (and after the last save): the validation split once more
+  // (its sample count planned for this "+1" evaluation), then the test split from its start.
+  if (data.valid) {
+    const Evaluation valid = evaluate(model, valid_loader.get(), "validation", args, ctx);
+    nan_check.validation_loss(valid.loss, progress.iteration);
+    summary.end_valid_loss = valid.loss;
+    report_evaluation("validation", valid, progress, true);
+  }
+  if (data.test) {
+    const Evaluation test = evaluate(model, test_loader.get(), "test", args, ctx);
+    nan_check.validation_loss(test.loss, progress.iteration);
+    summary.test_loss = test.loss;
+    summary.test_samples = test.samples;
+    report_evaluation("test", test, progress, true);
+  }
+}
 }  // namespace
 
 TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRuntime>& mpi) {
@@ -348,253 +689,31 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
   const ExitConditions exit_conditions(args, Clock::now());
   check_context(args, groups);
   const ScopedLogRank log_rank(groups.world->rank());
-  check_checkpoint_directories(args);
-  // Every rank writes its own files into --save: each checks it can, before any work.
-  if (!args.save.empty())
-    checkpointing::prepare_save_directory(args.save, concat(".write_probe_rank_", groups.world->rank()));
-  check_local_checkpoint_directory(args, groups.world->rank());
+  check_run_directories(args, groups.world->rank());
   const ParallelContext ctx = model_context(groups, args.parallel);
-  const bool last_rank = ctx.world->rank() == ctx.world->size() - 1;
-  // The data are split over DP ranks (context-parallel ranks share a batch); gradients and the
-  // reported loss are reduced over DP x CP.
-  const int64_t dp_size = ctx.dp->size(), dp_rank = ctx.dp->rank();
-  DataSources data = build_data_in_turn(args, *ctx.world);
+  const DataSources data = build_data_in_turn(args, *ctx.world);
 
-  TransformerConfig config = args.model;
-  const pipeline_parallel::PipelineSplit split = pipeline_parallel::pipeline_split(args.parallel, config.num_layers);
-  GPTModel model(config, ctx, device, split.stage(ctx.pp->rank(), 0));
+  const pipeline_parallel::PipelineSplit split =
+      pipeline_parallel::pipeline_split(args.parallel, args.model.num_layers);
+  ModelChunks model(args.model, ctx, device, split);
   model.parameters().initialize(uint64_t(args.seed));
-  const int64_t n_params = num_parameters(config);
-  LOG_INFO("> building GPT model: " << config.num_layers << " layers, hidden " << config.hidden_size << ", " << n_params
-                                    << " parameters, padded vocab " << config.padded_vocab_size << ", params dtype "
-                                    << dtype_name(config.params_dtype));
-
+  log_model(args.model);
   DistributedDataParallel ddp(model.parameters(), ctx, ddp_config(args));
-  const AdamWHyper hyper{args.optimizer.adam_beta1, args.optimizer.adam_beta2, args.optimizer.adam_eps,
-                         args.optimizer.clip_grad};
-  std::unique_ptr<Optimizer> optimizer;
-  if (args.use_distributed_optimizer)
-    optimizer = std::make_unique<DistributedOptimizer>(ddp, ctx, hyper, grad_scaler_for(args));
-  else
-    optimizer = std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args));
-  if (ctx.tp_size() > 1)
-    LOG_INFO("> tensor parallel: " << ctx.tp_size() << " ranks"
-                                   << (ctx.sequence_parallel() ? ", sequence parallel" : "")
-                                   << (ctx.tp_comm_overlap() ? ", communication overlapped with GEMMs" : "")
-                                   << (device.is_cuda() && std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") != nullptr
-                                           ? concat(", CUDA_DEVICE_MAX_CONNECTIONS=",
-                                                    std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
-                                           : std::string()));
-  if (ctx.pp->size() > 1) {
-    std::string layers;
-    for (int64_t n : split.layers_per_stage) layers += concat(layers.empty() ? "" : ", ", n);
-    LOG_INFO("> pipeline parallel: " << ctx.pp->size() << " stages (1F1B) holding " << layers << " layers");
-  }
-  if (dp_size > 1)
-    LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
-                                 << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
-  const double optimizer_state_mib = double(optimizer->state_bytes()) / (1024.0 * 1024.0);
-  LOG_INFO("> optimizer state: " << std::fixed << std::setprecision(1) << optimizer_state_mib << " MiB per rank ("
-                                 << (args.use_distributed_optimizer ? "this rank's shard of the " : "")
-                                 << "master weights and Adam moments)");
+  const std::unique_ptr<Optimizer> optimizer = make_optimizer(args, model, ddp, ctx);
+  log_layout(args, ctx, ddp, split, *optimizer, device);
   OptimizerParamScheduler scheduler(args.optimizer, args.train_iters, args.global_batch_size);
   TrainingProgress progress;
   if (!load_local_checkpoint(args, model, optimizer.get(), &scheduler, &progress, ctx))
     load_training_checkpoint(args, model, optimizer.get(), &scheduler, &progress);
 
-  const auto train_loader =
-      make_loader(*data.train, args, *data.tokenizer, dp_size, dp_rank, progress.consumed_train_samples, device);
-  const auto valid_loader = data.valid ? make_loader(*data.valid, args, *data.tokenizer, dp_size, dp_rank,
-                                                     progress.consumed_valid_samples, device)
-                                       : nullptr;
-  const auto test_loader =
-      data.test ? make_loader(*data.test, args, *data.tokenizer, dp_size, dp_rank, 0, device) : nullptr;
-  MetricsFile metrics = last_rank ? MetricsFile(args.metrics_file) : MetricsFile();
-  TensorBoardLog tensorboard(args, last_rank);
-  EvaluationReport report_evaluation{last_rank, metrics, tensorboard};
-  TimingLog timers(args, *ctx.world, device);
-  TrainingSummary summary;
-
-  LogInterval interval;
-  IntervalMoEStats interval_moe;
-  const int64_t first_iteration = progress.iteration;
-  AsyncCheckpointSaver async_saver(*ctx.world, device);
-  const auto save = [&] {
-    ddp.finish_param_gather();
-    timers.start_save();
-    if (args.async_save)
-      async_saver.start([&] {
-        return std::make_unique<TrainingCheckpointSave>(args, model, optimizer.get(), scheduler, progress, ctx,
-                                                        TrainingCheckpointSave::Snapshot::host_copy);
-      });
-    else
-      save_training_checkpoint(args, model, optimizer.get(), scheduler, progress, ctx);
-    timers.log_save();
-  };
-  const NanCheck nan_check(args);
-  const int64_t train_iters = args.total_iterations();
-  while (progress.iteration < train_iters) {
-    const bool profile = progress.iteration + 1 == args.profile_ops_iteration;
-    if (profile) ops::OpProfiler::instance().start();
-    const auto t0 = Clock::now();
-    // With --rampup-batch-size the batch grows with the consumed samples.
-    const int64_t batch_size = args.global_batch_size_at(progress.consumed_train_samples);
-    const int64_t micro = batch_size / (args.micro_batch_size * dp_size);
-    const int64_t micro_batches_before = progress.consumed_train_samples / (args.micro_batch_size * dp_size);
-    ddp.zero_grad();
-    std::vector<MicroBatchRun> runs;
-    timers.start("forward-backward");
-    for (int64_t m = 0; m < micro; ++m) {
-      timers.start("batch-generator");
-      const datasets::Batch batch = next_batch(*train_loader, "training");
-      timers.stop("batch-generator");
-      double tokens = 0;
-      for (float v : batch.loss_mask.to_vector()) tokens += v;
-      // Megatron's default loss: the mean over each micro-batch's tokens, averaged over
-      // micro-batches, times the loss scale (1 without loss scaling). Under context parallelism
-      // `tokens` counts the whole sequences and the gradients are averaged over DP x CP, so each
-      // CP rank's share is scaled by CP (Megatron's loss * cp_size).
-      const float grad_scale =
-          tokens > 0 ? float(double(optimizer->loss_scale()) * double(ctx.cp->size()) / (tokens * double(micro)))
-                     : 0.0f;
-      // The micro-batch's index in the global batch, so dropout masks do not depend on the DP size.
-      const ForwardContext fwd{.training = true,
-                               .seed = uint64_t(args.seed),
-                               .step = uint64_t((micro_batches_before + m) * dp_size + dp_rank),
-                               .aux_loss_grad_scale = float(double(optimizer->loss_scale()) / double(micro))};
-      runs.push_back({.batch = micro_batch_of(batch, ctx), .fwd = fwd, .loss_grad_scale = grad_scale});
-    }
-    // With --overlap-param-gather the forward waits for each bucket of the previous step's
-    // parameter all-gather just before it reads it (DDP listens to the model's notifications).
-    const PipelineHooks hooks{.on_loss =
-                                  [&](int64_t, const LossSums& s) {
-                                    nan_check.micro_batch_loss(s.loss_sum, s.num_tokens, progress.iteration + 1,
-                                                               ctx.world->rank());
-                                  },
-                              .before_backward = [&](int64_t m) { ddp.set_last_micro_batch(m + 1 == micro); },
-                              .after_forward = [&](int64_t) { interval_moe.add(model.moe_stats()); }};
-    LossSums iteration_sums = pipeline_forward_backward(model, ctx, runs, /*forward_only=*/false, hooks);
-    timers.stop("forward-backward");
-    timers.start("all-grads-sync");
-    // Megatron sums the tied embedding's copies after the DP reduction; the distributed optimizer
-    // reduces shards only, so there the sum comes first (the two sums commute; arguments.cpp
-    // refuses --overlap-grad-reduce, which would start the reduction during backward).
-    if (args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
-    finalize_model_grads(ddp);
-    if (!args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
-    timers.stop("all-grads-sync");
-    model.update_expert_bias();                        // Megatron's aux-loss-free balancing, once per step
-    const float loss_scale = optimizer->loss_scale();  // the step may change it
-    timers.start("optimizer");
-    const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
-    timers.stop("optimizer");
-    nan_check.optimizer_step(step, loss_scale, progress.iteration + 1);
-    if (profile) {
-      const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop();
-      const double step_ms = 1e3 * std::chrono::duration<double>(Clock::now() - t0).count();
-      LOG_INFO("per-op time of iteration " << progress.iteration + 1 << ":\n"
-                                           << ops::format_op_timings(timings, step_ms));
-    }
-    iteration_sums = sum_over(*ctx.dp_cp, iteration_sums, device);
-    const double loss = iteration_sums.loss_sum / std::max(1.0, iteration_sums.num_tokens);
-    ++progress.iteration;
-    progress.consumed_train_samples += batch_size;
-    // Megatron advances the iteration and the consumed samples on a skipped step, but neither the
-    // scheduler nor the optimizer's step count (the LR of the next step is the skipped one's).
-    if (step.skipped) {
-      ++progress.skipped_iterations;
-      if (!std::isfinite(loss)) ++progress.nan_iterations;
-    } else {
-      scheduler.step(batch_size);
-    }
-    summary.train_losses.push_back(loss);
-    summary.grad_norms.push_back(step.grad_norm.value_or(std::numeric_limits<double>::quiet_NaN()));
-    summary.loss_scales.push_back(optimizer->loss_scale());
-    summary.skipped.push_back(step.skipped);
-    ++summary.iterations_run;
-    interval.add(loss, step.skipped, std::chrono::duration<double>(Clock::now() - t0).count(),
-                 double(batch_size * config.seq_length), num_floating_point_operations(config, batch_size));
-
-    tensorboard.iteration({.iteration = progress.iteration,
-                           .consumed_samples = progress.consumed_train_samples,
-                           .learning_rate = scheduler.lr(),
-                           .batch_size = batch_size,
-                           .lm_loss = loss,
-                           .loss_scale = optimizer->loss_scale(),
-                           .grad_norm = step.grad_norm,
-                           .world_size = ctx.world->size(),
-                           .memory = memory_stats(device)});
-    const bool first = progress.iteration == first_iteration + 1;
-    const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);
-    if (first)
-      LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
-    if (first && ctx.pp->size() > 1) log_pipeline_memory(ctx, activation_mib, peak_memory_mib(device), micro, device);
-    if (first || progress.iteration % args.log_interval == 0 || progress.iteration == train_iters) {
-      const int64_t iters_in_interval = interval.iterations();
-      IterationStats st;
-      st.iteration = progress.iteration;
-      st.train_iters = train_iters;
-      st.consumed_samples = progress.consumed_train_samples;
-      st.learning_rate = scheduler.lr();
-      st.global_batch_size = batch_size;
-      st.loss_scale = optimizer->loss_scale();  // after this step's update, as Megatron logs it
-      st.grad_norm = step.grad_norm;
-      st.peak_memory_mib = peak_memory_mib(device);
-      interval.close(st, loss, ctx.world->size());
-      st.optimizer_state_mib = optimizer_state_mib;
-      st.activation_memory_mib = activation_mib;
-      interval_moe.report(st);
-      interval_moe = {};
-      print_from_last_rank(last_rank, format_training_log_line(st));
-      metrics.write_training(st);
-      tensorboard.interval(st);
-      timers.log(st.iteration, iters_in_interval);
-    }
-    if (data.valid && progress.iteration % args.eval_interval == 0) {
-      ddp.finish_param_gather();
-      const Evaluation valid = evaluate(model, *valid_loader, "validation", args, ctx);
-      nan_check.validation_loss(valid.loss, progress.iteration);
-      progress.consumed_valid_samples += valid.samples;
-      summary.valid_losses.push_back(valid.loss);
-      report_evaluation("validation", valid, progress, false);
-    }
-    const bool save_now =
-        should_save(args, progress.iteration) || (!args.save.empty() && progress.iteration == train_iters);
-    // Megatron's checkpoint_and_decide_exit: after the evaluation, one save for the regular
-    // interval and an early exit alike.
-    const std::optional<EarlyExit> exit = exit_conditions.check(progress.iteration, *ctx.world, device);
-    async_saver.maybe_finalize(/*blocking=*/false);
-    if (save_now || (exit && !args.save.empty())) {
-      save();
-    } else if (args.non_persistent_save_interval > 0 && progress.iteration % args.non_persistent_save_interval == 0) {
-      ddp.finish_param_gather();
-      save_local_checkpoint(args, model, optimizer.get(), scheduler, progress, ctx);
-    }
-    if (exit) {
-      async_saver.maybe_finalize(/*blocking=*/true);
-      LOG_INFO("[" << exit->message << "] datetime: " << timestamp_now());
-      summary.early_exit = exit;
-      return summary;  // as Megatron's sys.exit: no evaluation after training
-    }
+  TrainingLoop loop({args, ctx, device, data, model, ddp, optimizer.get(), scheduler, progress});
+  while (progress.iteration < loop.train_iters) {
+    loop.record(loop.train_step());
+    // As Megatron's sys.exit: no evaluation after training.
+    if (loop.evaluate_save_and_decide_exit(exit_conditions)) return loop.summary;
   }
-  async_saver.maybe_finalize(/*blocking=*/true);
-  ddp.finish_param_gather();
-  // Megatron's pretrain after the loop (and after the last save): the validation split once more
-  // (its sample count planned for this "+1" evaluation), then the test split from its start.
-  if (valid_loader) {
-    const Evaluation valid = evaluate(model, *valid_loader, "validation", args, ctx);
-    nan_check.validation_loss(valid.loss, progress.iteration);
-    summary.end_valid_loss = valid.loss;
-    report_evaluation("validation", valid, progress, true);
-  }
-  if (test_loader) {
-    const Evaluation test = evaluate(model, *test_loader, "test", args, ctx);
-    nan_check.validation_loss(test.loss, progress.iteration);
-    summary.test_loss = test.loss;
-    summary.test_samples = test.samples;
-    report_evaluation("test", test, progress, true);
-  }
-  return summary;
+  loop.evaluate_after_training();
+  return loop.summary;
 }
 
 }  // namespace megatron

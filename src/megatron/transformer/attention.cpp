@@ -40,6 +40,7 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
       attention_dropout_(config.attention_dropout),
       rope_(config.position_embedding_type == PositionEmbeddingType::rope),
       window_(config.window_size_left),
+      recompute_(config.recompute.recomputes("core_attn")),
       rope_params_{.base = config.rotary_base,
                    .percent = config.rotary_percent,
                    .interleaved = config.rotary_interleaved,
@@ -71,24 +72,51 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
                      .segment_ids = fwd.segment_ids,
                      .window = window_};
   if (fwd.kv_cache) return forward_cached(qkv, fwd, saved);
-  saved.out = Tensor::empty({S, B, heads_local_, head_dim_}, x.dtype(), x.device());
-  saved.lse = Tensor::empty({B, heads_local_, S}, x.dtype() == DType::f64 ? DType::f64 : DType::f32, x.device());
-  if (!rope_ && !cp_) {  // q, k, v read in place from the projection where the backend can
-    saved.fused = qkv;
-    ops::attention_forward_qkv(saved.out, saved.lse, qkv, heads_local_, saved.attention);
-    return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
+  if (!rope_ && !cp_) {
+    saved.fused = qkv;  // q, k, v read in place from the projection where the backend can
+  } else {
+    ops::SplitQkv split = ops::empty_split_qkv(qkv, heads_local_);
+    saved.q = split.q;
+    saved.k = split.k;
+    saved.v = split.v;
+    ops::qkv_split(saved.q, saved.k, saved.v, qkv);
+    if (rope_) {
+      rotate(saved.q, false);
+      rotate(saved.k, false);
+    }
   }
-  ops::SplitQkv split = ops::empty_split_qkv(qkv, heads_local_);
-  saved.q = split.q;
-  saved.k = split.k;
-  saved.v = split.v;
-  ops::qkv_split(saved.q, saved.k, saved.v, qkv);
-  if (rope_) {
-    rotate(saved.q, false);
-    rotate(saved.k, false);
-  }
-  core_attention_forward(saved);
-  return linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
+  core_attention(saved);
+  const Tensor y = linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
+  if (recompute_) saved.out = saved.lse = saved.proj.input = Tensor();
+  return y;
+}
+
+// Core attention over the whole sequence: the op, or under context parallelism the ring or the
+// all-to-all, all with the op's contract.
+void SelfAttention::core_attention(Saved& saved) const {
+  const Tensor& like = saved.fused.defined() ? saved.fused : saved.q;  // (S,B,...)
+  const int64_t S = like.dim(0), B = like.dim(1);
+  saved.out = Tensor::empty({S, B, heads_local_, head_dim_}, like.dtype(), like.device());
+  saved.lse = Tensor::empty({B, heads_local_, S}, like.dtype() == DType::f64 ? DType::f64 : DType::f32, like.device());
+  if (saved.fused.defined())
+    ops::attention_forward_qkv(saved.out, saved.lse, saved.fused, heads_local_, saved.attention);
+  else if (cp_ && cp_all_to_all_)
+    context_parallel::all_to_all_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
+                                                   *cp_);
+  else if (cp_)
+    context_parallel::ring_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention, *cp_);
+  else
+    ops::attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention);
+}
+
+void SelfAttention::core_attention_backward(ops::SplitQkv& d, const Tensor& dout, const Saved& saved) const {
+  if (cp_ && cp_all_to_all_)
+    return context_parallel::all_to_all_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
+                                                           saved.lse, saved.attention, *cp_);
+  if (cp_)
+    return context_parallel::ring_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
+                                                     saved.lse, saved.attention, *cp_);
+  ops::attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out, saved.lse, saved.attention);
 }
 
 // Without CP the positions are 0..S-1; with it, the two chunks' true positions. `inverse`: the
@@ -105,26 +133,6 @@ void SelfAttention::rotate(Tensor& x, bool inverse) const {
     at.position_offset = c.start(half);
     rope(rows, at);
   }
-}
-
-void SelfAttention::core_attention_forward(Saved& saved) const {
-  if (cp_ && cp_all_to_all_)
-    return context_parallel::all_to_all_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v,
-                                                          saved.attention, *cp_);
-  if (cp_)
-    return context_parallel::ring_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
-                                                    *cp_);
-  ops::attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention);
-}
-
-void SelfAttention::core_attention_backward(ops::SplitQkv& d, const Tensor& dout, const Saved& saved) const {
-  if (cp_ && cp_all_to_all_)
-    return context_parallel::all_to_all_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
-                                                           saved.lse, saved.attention, *cp_);
-  if (cp_)
-    return context_parallel::ring_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
-                                                     saved.lse, saved.attention, *cp_);
-  ops::attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out, saved.lse, saved.attention);
 }
 
 // The new queries sit at rows [L, L + S) of a query tensor over all L + S positions, whose rows
@@ -159,7 +167,14 @@ Tensor SelfAttention::forward_cached(const Tensor& qkv, const ForwardContext& fw
   return linear_proj_.forward(out.slice(L, T).view({S, B, -1}), saved.proj);
 }
 
-Tensor SelfAttention::backward(const Tensor& dy, const Saved& saved) const {
+Tensor SelfAttention::backward(const Tensor& dy, const Saved& given) const {
+  Saved recomputed;
+  if (recompute_) {
+    recomputed = given;
+    core_attention(recomputed);
+    recomputed.proj.input = recomputed.out.view({recomputed.out.dim(0), recomputed.out.dim(1), -1});
+  }
+  const Saved& saved = recompute_ ? recomputed : given;
   const Tensor dout = linear_proj_.backward(dy, saved.proj).view(saved.out.shape());
   const int64_t S = saved.out.dim(0), B = saved.out.dim(1);  // the whole sequence, also when dy is an SP shard
   Tensor dqkv =

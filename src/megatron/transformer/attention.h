@@ -11,6 +11,10 @@
 // attention is the ring over the CP group (context_parallel/ring_attention.h) or, with
 // --cp-comm-type a2a, the all-to-all over heads (all_to_all_attention.h); both keep the op's
 // contract, so Saved holds the same q, k, v, out, lse.
+// With --recompute-modules core_attn (selective recomputation) the attention op's output and
+// log-sum-exp are not kept: backward runs the op again on the saved q, k, v before the output
+// projection's backward, which reads the output. The op is deterministic, so the gradients are the
+// same bits.
 #include <memory>
 #include <string>
 
@@ -27,9 +31,9 @@ class SelfAttention {
  public:
   struct Saved {
     tensor_parallel::LinearSaved qkv, proj;
-    Tensor q, k, v;  // with RoPE, after it: (S,B,NH_local,d), (S,B,G_local,d)
-    Tensor fused;    // without RoPE, instead of q, k, v: the projection (S,B,G_local,(NH/G+2)*d)
-    Tensor out, lse;
+    Tensor q, k, v;   // with RoPE, after it: (S,B,NH_local,d), (S,B,G_local,d)
+    Tensor fused;     // without RoPE, instead of q, k, v: the projection (S,B,G_local,(NH/G+2)*d)
+    Tensor out, lse;  // empty when recomputed (core_attn)
     ops::AttentionParams attention;
     void count(ActivationMemory& m) const;
   };
@@ -42,20 +46,22 @@ class SelfAttention {
   // forward with fwd.kv_cache: q, k, v of the new positions (RoPE at their offset), k and v
   // appended to the cache, attention of the new queries over every cached key.
   Tensor forward_cached(const Tensor& qkv, const ForwardContext& fwd, Saved& saved) const;
-
-  static int64_t query_groups_per_rank(const TransformerConfig& c, int tp);
+  // The attention op (the ring or the all-to-all under CP) on saved's q, k, v (or the fused
+  // projection): fills saved.out and saved.lse; and its backward on the separate q, k, v.
+  void core_attention(Saved& saved) const;
+  void core_attention_backward(ops::SplitQkv& d, const Tensor& dout, const Saved& saved) const;
   // RoPE of q or k (S,B,heads,d) in place at the positions this rank holds (both CP chunks'), or
   // with `inverse` its backward on their gradients.
   void rotate(Tensor& x, bool inverse) const;
-  // Core attention over the whole sequence: the op, or the ring under context parallelism.
-  void core_attention_forward(Saved& saved) const;
-  void core_attention_backward(ops::SplitQkv& d, const Tensor& dout, const Saved& saved) const;
+
+  static int64_t query_groups_per_rank(const TransformerConfig& c, int tp);
   std::string prefix_;
   int64_t heads_local_, total_heads_, head_offset_;  // this rank's query heads: [offset, offset + local) of total
   int64_t groups_local_, head_dim_;
   float attention_dropout_;
   bool rope_;
   int64_t window_;  // sliding window (left size), -1: none
+  bool recompute_;  // --recompute-modules core_attn
   ops::RopeParams rope_params_;
   std::shared_ptr<Communicator> cp_;  // the context-parallel group when it has more than one rank, else null
   bool cp_all_to_all_;                // --cp-comm-type a2a: heads exchanged, else the ring

@@ -9,6 +9,7 @@ namespace megatron {
 MLP::MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
          const std::string& prefix)
     : swiglu_(config.swiglu),
+      recompute_(config.recompute.recomputes("mlp")),
       linear_fc1_(registry, ctx, prefix + ".linear_fc1", config.hidden_size,
                   config.ffn_hidden_size * (config.swiglu ? 2 : 1),
                   {.bias = config.add_bias_linear,
@@ -37,34 +38,39 @@ Tensor MLP::activation(const Tensor& fc1_out) const {
   return act;
 }
 
+Tensor MLP::fc1_and_activation(const Tensor& x, tensor_parallel::LinearSaved& fc1, Tensor& fc1_out) const {
+  if (!swiglu_) return linear_fc1_.forward(x, fc1, &fc1_out);
+  fc1_out = linear_fc1_.forward(x, fc1);
+  return activation(fc1_out);
+}
+
 Tensor MLP::forward(const Tensor& x, Saved& saved) const {
-  Tensor act;
-  if (swiglu_) {
-    saved.fc1_out = linear_fc1_.forward(x, saved.fc1);
-    act = activation(saved.fc1_out);
-  } else {
-    act = linear_fc1_.forward(x, saved.fc1, &saved.fc1_out);
-  }
-  Tensor y = linear_fc2_.forward(act, saved.fc2);
+  Tensor y = linear_fc2_.forward(fc1_and_activation(x, saved.fc1, saved.fc1_out), saved.fc2);
   // fc2's input (the activation) is recomputed in backward from fc1_out: one elementwise pass
   // instead of keeping an (S,B,F) tensor per layer alive until backward.
   saved.fc2.input = Tensor();
+  if (recompute_) saved.fc1_out = Tensor();
   return y;
 }
 
 Tensor MLP::backward(const Tensor& dy, const Saved& saved) const {
+  Tensor fc1_out = saved.fc1_out;
+  if (recompute_) {
+    tensor_parallel::LinearSaved again;  // holds the same input
+    fc1_and_activation(saved.fc1.input, again, fc1_out);
+  }
   tensor_parallel::LinearSaved fc2 = saved.fc2;
-  fc2.input = activation(saved.fc1_out);
+  fc2.input = activation(fc1_out);
   if (!swiglu_) {
-    const Tensor dfc1 = linear_fc2_.backward(dy, fc2, saved.fc1_out);  // the GELU's backward fused in
+    const Tensor dfc1 = linear_fc2_.backward(dy, fc2, fc1_out);  // the GELU's backward fused in
     fc2.input = Tensor();
     return linear_fc1_.backward(dfc1, saved.fc1);
   }
   const Tensor dact = linear_fc2_.backward(dy, fc2);
   fc2.input = Tensor();
-  Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), saved.fc1_out.dtype(), saved.fc1_out.device());
+  Tensor dfc1 = Tensor::empty(fc1_out.shape(), fc1_out.dtype(), fc1_out.device());
   Tensor dfc1_rows = dfc1.view({-1, dfc1.dim(-1)});
-  ops::swiglu_backward(dfc1_rows, dact.view({dfc1_rows.dim(0), -1}), saved.fc1_out.view(dfc1_rows.shape()));
+  ops::swiglu_backward(dfc1_rows, dact.view({dfc1_rows.dim(0), -1}), fc1_out.view(dfc1_rows.shape()));
   return linear_fc1_.backward(dfc1, saved.fc1);
 }
 

@@ -4,6 +4,8 @@
 // saved fc1 output (selective recomputation of the cheapest tensor to rebuild). GELU is fused
 // into the GEMMs (ops/gemm.h): fc1's epilogue applies it, fc2's input-gradient GEMM applies its
 // derivative; SwiGLU runs as its own kernels.
+// With --recompute-modules mlp (selective recomputation) fc1's output is not kept either: backward
+// runs fc1 again on its saved input, so the MLP keeps only that input.
 #include <string>
 
 #include "megatron/tensor_parallel/layers.h"
@@ -15,7 +17,7 @@ class MLP {
  public:
   struct Saved {
     tensor_parallel::LinearSaved fc1, fc2;  // fc2.input is left empty: recomputed in backward
-    Tensor fc1_out;                         // activation input (GELU: the pre-activation)
+    Tensor fc1_out;                         // activation input (GELU: the pre-activation); empty when recomputed
     void count(ActivationMemory& m) const;
   };
   MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
@@ -25,7 +27,10 @@ class MLP {
 
  private:
   Tensor activation(const Tensor& fc1_out) const;
+  // fc1 and the activation of x: returns the activation, fills fc1's Saved and fc1_out.
+  Tensor fc1_and_activation(const Tensor& x, tensor_parallel::LinearSaved& fc1, Tensor& fc1_out) const;
   bool swiglu_;
+  bool recompute_;  // --recompute-modules mlp
   tensor_parallel::ColumnParallelLinear linear_fc1_;
   tensor_parallel::RowParallelLinear linear_fc2_;
 };

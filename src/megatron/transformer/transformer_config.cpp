@@ -155,6 +155,24 @@ void check_vocab(const TransformerConfig& c, std::vector<std::string>& errors) {
   }
 }
 
+// The MoE layers on the layout: whole experts per EP rank, EP only with experts; no TP yet.
+void check_expert_split(const MoEConfig& m, int64_t tp, int64_t ep, std::vector<std::string>& errors) {
+  if (!m.enabled()) {
+    if (ep > 1)
+      errors.push_back(concat("--expert-model-parallel-size ", ep,
+                              " splits the experts of MoE layers, and this model has none (no --num-experts): "
+                              "add --num-experts N, or drop the flag"));
+    return;
+  }
+  if (ep > 0 && m.num_moe_experts % ep != 0)
+    errors.push_back(concat("--num-experts ", m.num_moe_experts, " is not divisible by --expert-model-parallel-size ",
+                            ep, ": each EP rank holds num_experts / EP whole experts; use an EP that divides ",
+                            m.num_moe_experts));
+  if (tp > 1)
+    errors.push_back(concat("--num-experts with --tensor-model-parallel-size ", tp,
+                            ": MoE layers run at TP 1 in this build; use TP 1"));
+}
+
 }  // namespace
 
 void derive_model_fields(TransformerConfig& c, int64_t tensor_model_parallel_size) {
@@ -208,10 +226,7 @@ std::vector<std::string> validate_tensor_parallel_split(const TransformerConfig&
                             " is not divisible by --tensor-model-parallel-size ", tp,
                             ": each TP rank holds ffn_hidden_size / TP columns of the MLP; use a multiple of ", tp));
   }
-  if (c.moe.enabled() && tp > 1) {
-    errors.push_back(concat("--num-experts with --tensor-model-parallel-size ", tp,
-                            ": MoE layers run at TP 1 in this build; use TP 1"));
-  }
+  check_expert_split(c.moe, tp, parallel.expert_model_parallel_size, errors);
   // Derived padding always divides; a vocabulary padded for another TP (a checkpoint's) may not.
   if (c.padded_vocab_size > 0 && c.padded_vocab_size % tp != 0) {
     errors.push_back(concat("the padded vocabulary (", c.padded_vocab_size,

@@ -11,6 +11,7 @@
 #include "megatron/core/dtype.h"
 #include "megatron/parallel/parallel_args.h"
 #include "megatron/transformer/moe/moe_config.h"
+#include "megatron/transformer/recompute_config.h"
 
 namespace megatron {
 
@@ -54,6 +55,7 @@ struct TransformerConfig {
   float hidden_dropout = 0.1f;
   DType params_dtype = DType::f32;  // --bf16 / --fp16; f64 only for CPU gradient checks
   MoEConfig moe;                    // mixture of experts; off unless --num-experts
+  RecomputeConfig recompute;        // activation recomputation; off unless --recompute-*
 };
 
 // Fills the fields Megatron derives, where they are still 0: ffn_hidden_size (4h, or
@@ -66,9 +68,9 @@ void derive_model_fields(TransformerConfig& config, int64_t tensor_model_paralle
 // Every rule the config breaks, one message each (value, rule, fix). Empty when valid.
 std::vector<std::string> validate(const TransformerConfig& config);
 
-// Megatron's rules for splitting the model over the layout's TP ranks: whole attention heads,
-// query groups, MLP columns and vocabulary rows per rank, and under sequence parallelism (TP > 1)
-// whole sequence shards. One message each; empty when the split works.
+// Megatron's rules for splitting the model over the layout's TP (and EP) ranks: whole attention
+// heads, query groups, MLP columns, vocabulary rows and experts per rank, and under sequence
+// parallelism (TP > 1) whole sequence shards. One message each; empty when the split works.
 std::vector<std::string> validate_tensor_parallel_split(const TransformerConfig& config, const ParallelArgs& parallel);
 
 // Megatron's vocab padding: ceil(vocab / (divisor * TP)) * (divisor * TP).

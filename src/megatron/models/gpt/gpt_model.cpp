@@ -40,24 +40,31 @@ Tensor sequence_columns(const Tensor& ids_bs, int64_t s0, int64_t s1) {
 }
 }  // namespace
 
+std::unique_ptr<ParameterRegistry> make_model_registry(const ParallelContext& ctx) {
+  return std::make_unique<ParameterRegistry>(ctx.tp_rank(), ctx.tp_size(), ctx.ep ? ctx.ep->rank() : 0,
+                                             ctx.ep ? ctx.ep->size() : 1);
+}
+
 GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device,
-                   const std::optional<pipeline_parallel::StageLayers>& stage)
+                   const std::optional<pipeline_parallel::StageLayers>& stage, ParameterRegistry* shared)
     : config_(config),
       stage_(stage.value_or(pipeline_parallel::StageLayers{0, config.num_layers, true, true})),
       ctx_(&ctx),
       device_(device),
-      registry_(ctx.tp_rank(), ctx.tp_size(), ctx.ep ? ctx.ep->rank() : 0, ctx.ep ? ctx.ep->size() : 1) {
+      own_registry_(shared ? nullptr : make_model_registry(ctx)),
+      registry_(shared ? shared : own_registry_.get()) {
   MEGATRON_CHECK(config.padded_vocab_size > 0, "padded_vocab_size is not set; derive the config before building");
   const int64_t end = stage_.first_layer + stage_.num_layers;
   MEGATRON_CHECK(stage_.first_layer >= 0 && stage_.num_layers >= 0 && end <= config.num_layers,
                  "pipeline stage layers [" << stage_.first_layer << ", " << end << ") are outside the model's "
                                            << config.num_layers << " layers");
-  const auto registered = [this] { return registry_.params().size(); };
+  const auto registered = [this] { return registry_->params().size(); };
+  const size_t first_param = registered();  // the chunks before this one's, in a shared registry
   const bool tied = !config.untie_embeddings_and_output_weights;
   // The last stage of a tied model holds the word embedding too: its output layer's weight.
   if (stage_.embedding || (stage_.loss && tied)) {
     word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
-        registry_, ctx, "embedding.word_embeddings.weight", config.padded_vocab_size, config.hidden_size,
+        *registry_, ctx, "embedding.word_embeddings.weight", config.padded_vocab_size, config.hidden_size,
         config.init_method_std);
     // Marked before the buffers are laid out (allocate, below), where nothing has read it yet.
     word_embeddings_->weight()->spec.pipeline_copy = !stage_.embedding;
@@ -65,26 +72,28 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
   // Replicated; under SP added to this rank's sequence shard only, so its gradient is summed over
   // TP before the optimizer.
   if (stage_.embedding && config.position_embedding_type == PositionEmbeddingType::learned_absolute)
-    position_embeddings_ = registry_.add({.name = "embedding.position_embeddings.weight",
-                                          .global_shape = {config.max_position_embeddings, config.hidden_size},
-                                          .init_std = config.init_method_std,
-                                          .sequence_parallel = ctx.sequence_parallel()});
-  embedding_params_ = {0, registered()};
+    position_embeddings_ = registry_->add({.name = "embedding.position_embeddings.weight",
+                                           .global_shape = {config.max_position_embeddings, config.hidden_size},
+                                           .init_std = config.init_method_std,
+                                           .sequence_parallel = ctx.sequence_parallel()});
+  embedding_params_ = {first_param, registered()};
   for (int64_t i = stage_.first_layer; i < end || (i == end && stage_.loss && stage_.num_layers == 0); ++i) {
     const size_t begin = registered();
     const int64_t last = std::min(i + 1, end);
-    decoder_.push_back(std::make_unique<TransformerBlock>(registry_, ctx, config, i, last, stage_.loss && last == end));
+    decoder_.push_back(
+        std::make_unique<TransformerBlock>(*registry_, ctx, config, i, last, stage_.loss && last == end));
     layer_params_.push_back({begin, registered()});
   }
+  layer_segments_ = recompute_segments(config.recompute, int64_t(decoder_.size()));
   output_params_ = {registered(), registered()};
   if (stage_.loss) {
     tensor_parallel::ColumnParallelLinear::Options out{.bias = false, .init_std = config.init_method_std};
     if (tied) out.shared_weight = word_embeddings_->weight();
     output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
-        registry_, ctx, "output_layer", config.hidden_size, config.padded_vocab_size, out);
+        *registry_, ctx, "output_layer", config.hidden_size, config.padded_vocab_size, out);
     output_params_.end = registered();
   }
-  registry_.allocate(config.params_dtype, device);
+  if (own_registry_) own_registry_->allocate(config.params_dtype, device);
 }
 
 Parameter* GPTModel::pipeline_tied_embedding() const {
@@ -128,10 +137,16 @@ Tensor GPTModel::forward_layers(const MicroBatch& mb, const Tensor& input, const
   ResidualStream stream{stage_.embedding ? embed(mb, fwd, saved) : input, Tensor()};
   ForwardContext layer_fwd = fwd;
   layer_fwd.segment_ids = mb.segment_ids.defined() ? mb.segment_ids.to(device_) : Tensor();
-  saved.layers.resize(decoder_.size());
-  for (size_t i = 0; i < decoder_.size(); ++i) {
-    report_before_forward(layer_params_[i]);
-    stream = decoder_[i]->forward(stream, layer_fwd, saved.layers[i]);
+  saved.layers.assign(decoder_.size(), {});
+  saved.layer_checkpoints.assign(layer_segments_.size(), {});
+  for (size_t s = 0; s < layer_segments_.size(); ++s) {
+    const LayerSegment& segment = layer_segments_[s];
+    const bool checkpointed = segment.checkpointed && fwd.training;  // evaluation runs no backward
+    if (checkpointed) saved.layer_checkpoints[s] = {stream, layer_fwd};
+    stream = forward_segment(segment, stream, layer_fwd, &saved.layers[size_t(segment.begin)]);
+    // A checkpointed segment's layers drop what they saved; the stream they return stays alive.
+    if (checkpointed)
+      for (int64_t i = segment.begin; i < segment.end; ++i) saved.layers[size_t(i)] = {};
   }
   // The last block ends with the final norm, which leaves nothing deferred; a stage boundary
   // materialises the deferred addition, since the next stage's norm is on another rank.
@@ -141,12 +156,22 @@ Tensor GPTModel::forward_layers(const MicroBatch& mb, const Tensor& input, const
   return out;
 }
 
+ResidualStream GPTModel::forward_segment(const LayerSegment& segment, const ResidualStream& x,
+                                         const ForwardContext& fwd, TransformerBlock::Saved* saved, bool recompute) {
+  ResidualStream stream = x;
+  for (int64_t i = segment.begin; i < segment.end; ++i) {
+    if (!recompute) report_before_forward(layer_params_[size_t(i)]);
+    stream = decoder_[size_t(i)]->forward(stream, fwd, saved[i - segment.begin]);
+  }
+  return stream;
+}
+
 void GPTModel::report_before_forward(const ParamSpan& span) const {
-  for (size_t i = span.begin; i < span.end; ++i) registry_.before_forward(*registry_.params()[i]);
+  for (size_t i = span.begin; i < span.end; ++i) registry_->before_forward(*registry_->params()[i]);
 }
 
 void GPTModel::report_grads_ready(const ParamSpan& span) const {
-  for (size_t i = span.begin; i < span.end; ++i) registry_.grad_ready(*registry_.params()[i]);
+  for (size_t i = span.begin; i < span.end; ++i) registry_->grad_ready(*registry_->params()[i]);
 }
 
 ops::VocabShard GPTModel::vocab_shard() const {
@@ -212,9 +237,19 @@ Tensor GPTModel::stage_backward(const Tensor& output_grad, float loss_grad_scale
     d = output_layer_->backward(saved.logits, saved.output);
     report_grads_ready(output_params_);
   }
-  for (size_t i = decoder_.size(); i-- > 0;) {
-    d = decoder_[i]->backward(d, saved.layers[i]);
-    report_grads_ready(layer_params_[i]);
+  for (size_t s = layer_segments_.size(); s-- > 0;) {
+    const LayerSegment& segment = layer_segments_[s];
+    const LayerCheckpoint& checkpoint = saved.layer_checkpoints[s];
+    std::vector<TransformerBlock::Saved> recomputed;
+    if (checkpoint.input.residual.defined()) {  // full recomputation: this segment's forward again
+      recomputed.resize(size_t(segment.end - segment.begin));
+      forward_segment(segment, checkpoint.input, checkpoint.fwd, recomputed.data(), /*recompute=*/true);
+    }
+    for (int64_t i = segment.end; i-- > segment.begin;) {
+      d = decoder_[size_t(i)]->backward(
+          d, recomputed.empty() ? saved.layers[size_t(i)] : recomputed[size_t(i - segment.begin)]);
+      report_grads_ready(layer_params_[size_t(i)]);
+    }
   }
   if (!stage_.embedding) {
     report_grads_ready(embedding_params_);  // a tied last stage's copy of the word embedding

@@ -50,19 +50,33 @@ struct MicroBatch {
   std::shared_ptr<void> storage;
 };
 
+// An empty registry for a model on this rank (its TP and EP ranks).
+std::unique_ptr<ParameterRegistry> make_model_registry(const ParallelContext& ctx);
+
 class GPTModel {
  public:
   // What one micro-batch's forward through this stage keeps for its backward.
+  // A segment of layers under full recomputation (recompute_config.h) keeps only its input stream
+  // and the settings its forward ran with; backward runs that forward again.
+  struct LayerCheckpoint {
+    ResidualStream input;
+    ForwardContext fwd;
+  };
   struct Saved {
     Tensor tokens, positions;
     ops::DropoutParams embedding_dropout;
-    std::vector<TransformerBlock::Saved> layers;
+    std::vector<TransformerBlock::Saved> layers;     // per layer block; empty for checkpointed layers
+    std::vector<LayerCheckpoint> layer_checkpoints;  // per layer segment; set for checkpointed ones
     tensor_parallel::LinearSaved output;
     Tensor logits, lse, labels_sb, mask_sb;  // the last stage's loss
     // The tensors kept for backward (the token ids are the caller's input, not counted).
     void count(ActivationMemory& m) const {
       m.add(positions);
       for (const TransformerBlock::Saved& layer : layers) layer.count(m);
+      for (const LayerCheckpoint& c : layer_checkpoints) {
+        m.add(c.input.residual);
+        m.add(c.input.delta);
+      }
       output.count(m);
       m.add(logits);
       m.add(lse);
@@ -70,9 +84,12 @@ class GPTModel {
   };
 
   // Parameters and activations live on `device`; inputs may come from any device. `stage`: the
-  // pipeline stage this object is; unset, the whole model.
+  // pipeline stage this object is; unset, the whole model. `shared`: the registry of every model
+  // chunk of this rank (ModelChunks), which registers the parameters there and allocates it once
+  // every chunk is built; null: a registry of this model's own, allocated here.
   GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device = Device::cpu(),
-           const std::optional<pipeline_parallel::StageLayers>& stage = std::nullopt);
+           const std::optional<pipeline_parallel::StageLayers>& stage = std::nullopt,
+           ParameterRegistry* shared = nullptr);
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
@@ -83,7 +100,8 @@ class GPTModel {
   // group. Null otherwise.
   Parameter* pipeline_tied_embedding() const;
   const ParallelContext& context() const { return *ctx_; }
-  ParameterRegistry& parameters() { return registry_; }
+  // The registry the parameters are in (with a shared registry, every chunk's of this rank).
+  ParameterRegistry& parameters() { return *registry_; }
   Device device() const { return device_; }
 
   // Forward and backward of one micro-batch. tokens, labels (B,S) i32; loss_mask (B,S) f32;
@@ -148,6 +166,10 @@ class GPTModel {
   // Through the stage's layers to its output: the final norm's on the last stage, else the
   // materialised residual stream.
   Tensor forward_layers(const MicroBatch& mb, const Tensor& input, const ForwardContext& fwd, Saved& saved);
+  // The layer blocks of one segment forward from x, block i filling saved[i - segment.begin].
+  // `recompute`: the rerun in backward, which reports nothing to the registry (the forward did).
+  ResidualStream forward_segment(const LayerSegment& segment, const ResidualStream& x, const ForwardContext& fwd,
+                                 TransformerBlock::Saved* saved, bool recompute = false);
   LossSums loss_sums(const Tensor& logits, const Tensor& labels_sb, const Tensor& mask_sb, Tensor& lse);
   // This rank's columns of the logits: the vocabulary rows of the (tied or not) output layer.
   ops::VocabShard vocab_shard() const;
@@ -158,13 +180,16 @@ class GPTModel {
   pipeline_parallel::StageLayers stage_;
   const ParallelContext* ctx_;
   Device device_;
-  ParameterRegistry registry_;
+  std::unique_ptr<ParameterRegistry> own_registry_;  // null with a shared registry
+  ParameterRegistry* registry_;
   std::unique_ptr<tensor_parallel::VocabParallelEmbedding> word_embeddings_;
   Parameter* position_embeddings_ = nullptr;
   // The stage's decoder as one block per layer (the last stage's last holds the final norm; a last
   // stage without layers has a block of the final norm alone), so backward can report
   // each layer's gradients as final as soon as that layer is done.
   std::vector<std::unique_ptr<TransformerBlock>> decoder_;
+  // The blocks of decoder_ in runs; full recomputation checkpoints some (recompute_segments).
+  std::vector<LayerSegment> layer_segments_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> output_layer_;
   ParamSpan embedding_params_, output_params_;
   std::vector<ParamSpan> layer_params_;

@@ -14,6 +14,7 @@ TransformerConfig shared_expert_config(const TransformerConfig& config) {
 MoELayer::MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                    const std::string& prefix)
     : ep_(ctx.ep && ctx.ep->size() > 1 ? ctx.ep : nullptr),
+      alltoall_(ep_ && config.moe.moe_token_dispatcher_type == TokenDispatcherType::alltoall),
       router_(registry, config, prefix + ".router"),
       experts_(registry, config, prefix + ".experts") {
   MEGATRON_CHECK(registry.ep_size() == (ep_ ? ep_->size() : 1),
@@ -28,6 +29,7 @@ MoELayer::MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, cons
 void MoELayer::Saved::count(ActivationMemory& m) const {
   router.count(m);
   plan.count(m);
+  exchange.count(m);
   experts.count(m);
   m.add(expert_output);
   shared.count(m);
@@ -37,13 +39,27 @@ Tensor MoELayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& save
   const Tensor tokens = x.view({-1, x.dim(-1)});  // (T,H), T = S*B in sequence-major order
   const Routing& routing = router_.forward(tokens, fwd, saved.router);
   const DType weights = saved.router.input.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  // Under EP: the tokens and routings of the whole EP group, of which this rank serves its experts.
-  const Tensor all_tokens = ep_ ? gather_tokens(tokens, *ep_) : tokens;
-  saved.plan = plan_dispatch(ep_ ? gather_routing(routing, *ep_, x.device()) : routing, experts_.first_expert(),
-                             experts_.num_local_experts(), x.device(), weights);
-  saved.expert_output = experts_.forward(dispatch(all_tokens, saved.plan), saved.plan.tokens_per_expert, saved.experts);
-  const Tensor combined = combine(saved.expert_output, saved.plan);
-  Tensor y = (ep_ ? sum_to_token_ranks(combined, *ep_) : combined).view(x.shape());
+  Tensor y;
+  if (alltoall_) {
+    // This rank's tokens grouped over all experts, exchanged with the experts' ranks and back.
+    saved.plan = plan_dispatch(routing, 0, routing.num_experts, x.device(), weights);
+    saved.exchange = plan_exchange(routing.tokens_per_expert, experts_.num_local_experts(), *ep_, x.device());
+    const Tensor rows = to_experts(dispatch(tokens, saved.plan), saved.exchange, *ep_);
+    const Tensor out = experts_.forward(rows, saved.exchange.tokens_per_local_expert, saved.experts);
+    saved.expert_output = from_experts(out, saved.exchange, *ep_);
+    y = combine(saved.expert_output, saved.plan);
+  } else {
+    // Under EP (allgather): the tokens and routings of the whole EP group, of which this rank
+    // serves its experts.
+    const Tensor all_tokens = ep_ ? gather_tokens(tokens, *ep_) : tokens;
+    saved.plan = plan_dispatch(ep_ ? gather_routing(routing, *ep_, x.device()) : routing, experts_.first_expert(),
+                               experts_.num_local_experts(), x.device(), weights);
+    saved.expert_output =
+        experts_.forward(dispatch(all_tokens, saved.plan), saved.plan.tokens_per_expert, saved.experts);
+    const Tensor combined = combine(saved.expert_output, saved.plan);
+    y = ep_ ? sum_to_token_ranks(combined, *ep_) : combined;
+  }
+  y = y.view(x.shape());
   if (shared_experts_) {
     const Tensor shared = shared_experts_->forward(x, saved.shared);
     ops::add(y, y, shared);
@@ -53,12 +69,19 @@ Tensor MoELayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& save
 
 Tensor MoELayer::backward(const Tensor& dy, const Saved& saved) const {
   const Tensor dy_tokens = dy.view({-1, dy.dim(-1)});
-  const Tensor dy_all = ep_ ? gather_tokens(dy_tokens, *ep_) : dy_tokens;
   std::vector<double> dprobs;
-  const Tensor drows = combine_backward(dy_all, saved.expert_output, saved.plan, dprobs);
-  const Tensor dx_all = dispatch_backward(experts_.backward(drows, saved.experts), saved.plan);
-  Tensor dx = ep_ ? sum_to_token_ranks(dx_all, *ep_) : dx_all;
-  if (ep_) dprobs = sum_probs_to_token_ranks(dprobs, saved.plan.probs.dim(1), *ep_, dx.device());
+  Tensor dx;
+  if (alltoall_) {
+    const Tensor drows = combine_backward(dy_tokens, saved.expert_output, saved.plan, dprobs);
+    const Tensor dexpert_in = experts_.backward(to_experts(drows, saved.exchange, *ep_), saved.experts);
+    dx = dispatch_backward(from_experts(dexpert_in, saved.exchange, *ep_), saved.plan);
+  } else {
+    const Tensor dy_all = ep_ ? gather_tokens(dy_tokens, *ep_) : dy_tokens;
+    const Tensor drows = combine_backward(dy_all, saved.expert_output, saved.plan, dprobs);
+    const Tensor dx_all = dispatch_backward(experts_.backward(drows, saved.experts), saved.plan);
+    dx = ep_ ? sum_to_token_ranks(dx_all, *ep_) : dx_all;
+    if (ep_) dprobs = sum_probs_to_token_ranks(dprobs, saved.plan.probs.dim(1), *ep_, dx.device());
+  }
   ops::add(dx, dx, router_.backward(dprobs, saved.router, dx.dtype()));
   dx = dx.view(dy.shape());
   if (shared_experts_) ops::add(dx, dx, shared_experts_->backward(dy, saved.shared));

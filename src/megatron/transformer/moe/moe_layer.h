@@ -2,14 +2,17 @@
 // Megatron-Core's MoELayer, in place of the MLP of the layers --moe-layer-freq selects:
 //   y = sum_e probs[t,e] expert_e(x_t)  (+ shared_expert(x) with --moe-shared-expert-intermediate-size)
 // router (router.h) -> dispatch (token_dispatcher.h) -> experts (experts.h) -> combine; under
-// expert parallelism (the context's EP group) the dispatch gathers the EP group's tokens and each
-// rank runs its own experts (token_dispatcher.h). Parameter
+// expert parallelism (the context's EP group) each rank runs its own experts on the tokens of the
+// whole EP group, which reach it by --moe-token-dispatcher-type: allgather (every rank gathers
+// every token, token_dispatcher.h) or alltoall (each token goes to its experts' ranks only,
+// alltoall_exchange.h). Parameter
 // names are Megatron's: mlp.router.weight, mlp.experts.linear_fc{1,2}.weight (all experts, by global
 // index), mlp.shared_experts.linear_fc{1,2}.weight.
 #include <memory>
 #include <string>
 
 #include "megatron/transformer/mlp.h"
+#include "megatron/transformer/moe/alltoall_exchange.h"
 #include "megatron/transformer/moe/experts.h"
 #include "megatron/transformer/moe/moe_stats.h"
 #include "megatron/transformer/moe/router.h"
@@ -21,7 +24,8 @@ class MoELayer {
  public:
   struct Saved {
     Router::Saved router;
-    DispatchPlan plan;
+    DispatchPlan plan;          // alltoall: this rank's tokens over all experts
+    AllToAllExchange exchange;  // alltoall only
     Experts::Saved experts;
     Tensor expert_output;  // (N,H) rows before the weighted combine: the probabilities' gradient
     MLP::Saved shared;
@@ -38,6 +42,7 @@ class MoELayer {
 
  private:
   std::shared_ptr<Communicator> ep_;  // null without expert parallelism
+  bool alltoall_;                     // the all-to-all dispatcher (under EP)
   Router router_;
   Experts experts_;
   std::unique_ptr<MLP> shared_experts_;

@@ -1,0 +1,48 @@
+#include "megatron/models/gpt/model_chunks.h"
+
+namespace megatron {
+
+ModelChunks::ModelChunks(const TransformerConfig& config, const ParallelContext& ctx, Device device,
+                         const pipeline_parallel::PipelineSplit& split)
+    : registry_(make_model_registry(ctx)) {
+  for (int64_t c = 0; c < split.virtual_stages; ++c)
+    chunks_.push_back(std::make_unique<GPTModel>(config, ctx, device, split.stage(ctx.pp->rank(), c), registry_.get()));
+  registry_->allocate(config.params_dtype, device);
+}
+
+bool ModelChunks::has_embedding() const {
+  for (const auto& c : chunks_)
+    if (c->stage().embedding) return true;
+  return false;
+}
+
+bool ModelChunks::has_loss() const {
+  for (const auto& c : chunks_)
+    if (c->stage().loss) return true;
+  return false;
+}
+
+Parameter* ModelChunks::pipeline_tied_embedding() const {
+  for (const auto& c : chunks_)
+    if (Parameter* p = c->pipeline_tied_embedding()) return p;
+  return nullptr;
+}
+
+std::vector<moe::MoELayer*> ModelChunks::moe_layers() const {
+  std::vector<moe::MoELayer*> layers;
+  for (const auto& c : chunks_)
+    for (moe::MoELayer* layer : c->moe_layers()) layers.push_back(layer);
+  return layers;
+}
+
+void ModelChunks::update_expert_bias() {
+  for (const auto& c : chunks_) c->update_expert_bias();
+}
+
+int64_t ModelChunks::activation_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& c : chunks_) bytes += c->activation_bytes();
+  return bytes;
+}
+
+}  // namespace megatron

@@ -1,0 +1,47 @@
+#pragma once
+// This pipeline rank's model: one GPTModel chunk per virtual stage it holds (the split's
+// stage(rank, c), c = 0..V-1; one chunk without interleaving), every chunk's parameters registered
+// in one ParameterRegistry. Data parallelism, the optimizer, the gradient norm and checkpoints act
+// on that registry, so they see the rank's chunks as one model; parameters keep their global names,
+// so a checkpoint does not depend on how the layers were split. Chunks register in order (chunk 0
+// first), which is the order the interleaved schedule's first forwards read them and the reverse of
+// the order its last backwards finish them, as DDP's bucketing expects.
+#include <memory>
+#include <vector>
+
+#include "megatron/models/gpt/gpt_model.h"
+#include "megatron/pipeline_parallel/stage_split.h"
+
+namespace megatron {
+
+class ModelChunks {
+ public:
+  ModelChunks(const TransformerConfig& config, const ParallelContext& ctx, Device device,
+              const pipeline_parallel::PipelineSplit& split);
+  ModelChunks(const ModelChunks&) = delete;
+  ModelChunks& operator=(const ModelChunks&) = delete;
+
+  int64_t size() const { return int64_t(chunks_.size()); }
+  GPTModel& chunk(int64_t c) const { return *chunks_.at(size_t(c)); }
+  const TransformerConfig& config() const { return chunks_.front()->config(); }
+  Device device() const { return chunks_.front()->device(); }
+  ParameterRegistry& parameters() { return *registry_; }
+
+  // Whether some chunk embeds tokens (virtual stage 0) or computes the loss (the last one).
+  bool has_embedding() const;
+  bool has_loss() const;
+  // The word embedding tied across the pipeline that a chunk of this rank holds (GPTModel's), or null.
+  Parameter* pipeline_tied_embedding() const;
+  // Every chunk's MoE layers, chunk 0's first.
+  std::vector<moe::MoELayer*> moe_layers() const;
+  // Each chunk's aux-loss-free balancing step (GPTModel::update_expert_bias), chunk 0's first.
+  void update_expert_bias();
+  // The bytes the chunks' last forwards kept for backward: one micro-batch through this rank.
+  int64_t activation_bytes() const;
+
+ private:
+  std::unique_ptr<ParameterRegistry> registry_;
+  std::vector<std::unique_ptr<GPTModel>> chunks_;
+};
+
+}  // namespace megatron

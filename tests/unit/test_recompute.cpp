@@ -1,0 +1,166 @@
+// Activation recomputation (--recompute-*): Megatron's segments worked by hand, the settings'
+// errors, gradients bit-identical to a run that keeps everything (the recomputed forward runs the
+// same kernels on the same inputs, with counter-based dropout masks), and the activation memory a
+// forward keeps dropping by exactly the tensors each setting no longer saves.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "megatron/core/rng.h"
+#include "megatron/models/gpt/gpt_model.h"
+#include "tiny_models.h"
+
+using namespace megatron;
+
+namespace {
+
+RecomputeConfig full(const std::string& method, int64_t n) {
+  RecomputeConfig r;
+  r.recompute_granularity = "full";
+  r.recompute_method = method;
+  r.recompute_num_layers = n;
+  return r;
+}
+
+RecomputeConfig selective(std::vector<std::string> modules) {
+  RecomputeConfig r;
+  r.recompute_granularity = "selective";
+  r.recompute_modules = std::move(modules);
+  return r;
+}
+
+TEST(RecomputeSegments, MegatronsUniformAndBlockMethods) {
+  using S = LayerSegment;
+  EXPECT_EQ(recompute_segments({}, 5), (std::vector<S>{{0, 5, false}}));
+  EXPECT_EQ(recompute_segments(selective({"mlp"}), 5), (std::vector<S>{{0, 5, false}}));
+  // uniform: every layer, in groups of N (the last group takes what is left)
+  EXPECT_EQ(recompute_segments(full("uniform", 2), 5), (std::vector<S>{{0, 2, true}, {2, 4, true}, {4, 5, true}}));
+  EXPECT_EQ(recompute_segments(full("uniform", 5), 5), (std::vector<S>{{0, 5, true}}));
+  // block: the first N layers, each on its own; the rest keep their activations
+  EXPECT_EQ(recompute_segments(full("block", 2), 5), (std::vector<S>{{0, 1, true}, {1, 2, true}, {2, 5, false}}));
+  // a pipeline chunk with fewer layers than N recomputes all of them
+  EXPECT_EQ(recompute_segments(full("block", 3), 2), (std::vector<S>{{0, 1, true}, {1, 2, true}}));
+}
+
+bool mentions(const std::vector<std::string>& errors, const std::string& text) {
+  for (const std::string& e : errors)
+    if (e.find(text) != std::string::npos) return true;
+  return false;
+}
+
+TEST(RecomputeConfig, EveryBrokenRuleIsNamed) {
+  EXPECT_TRUE(validate_recompute(full("uniform", 2), 4, false).empty());
+  EXPECT_TRUE(validate_recompute(selective({"core_attn", "mlp"}), 4, false).empty());
+  RecomputeConfig shorthand;
+  shorthand.recompute_activations = true;
+  EXPECT_TRUE(validate_recompute(shorthand, 4, false).empty());
+  EXPECT_TRUE(shorthand.recomputes("core_attn"));  // Megatron's default module
+  EXPECT_FALSE(shorthand.recomputes("mlp"));
+
+  RecomputeConfig no_method = full("", 2);
+  EXPECT_TRUE(mentions(validate_recompute(no_method, 4, false), "needs --recompute-method"));
+  RecomputeConfig no_layers = full("block", 1);
+  no_layers.recompute_num_layers.reset();
+  EXPECT_TRUE(mentions(validate_recompute(no_layers, 4, false), "needs --recompute-num-layers between 1 and"));
+  EXPECT_TRUE(mentions(validate_recompute(full("uniform", 5), 4, false), "--recompute-num-layers 5 must lie"));
+  EXPECT_TRUE(mentions(validate_recompute(full("uniform", 0), 4, false), "--recompute-num-layers 0 must lie"));
+  EXPECT_TRUE(mentions(validate_recompute(full("uniform", 1), 4, true), "with --num-experts is not built"));
+
+  RecomputeConfig both = full("uniform", 1);
+  both.recompute_activations = true;
+  EXPECT_TRUE(mentions(validate_recompute(both, 4, false), "--recompute-activations means"));
+  RecomputeConfig stray = selective({});
+  stray.recompute_method = "block";
+  stray.recompute_num_layers = 1;
+  const std::vector<std::string> e = validate_recompute(stray, 4, false);
+  EXPECT_TRUE(mentions(e, "--recompute-method block applies to --recompute-granularity full only"));
+  EXPECT_TRUE(mentions(e, "--recompute-num-layers 1 applies to --recompute-granularity full only"));
+  RecomputeConfig modules_alone;
+  modules_alone.recompute_modules = {"mlp"};
+  EXPECT_TRUE(mentions(validate_recompute(modules_alone, 4, false), "applies to --recompute-granularity selective"));
+  EXPECT_TRUE(mentions(validate_recompute(selective({"moe_act"}), 4, false), "moe_act: Megatron's module, not built"));
+  EXPECT_TRUE(mentions(validate_recompute(selective({"attn"}), 4, false), "attn: unknown module"));
+}
+
+struct Pass {
+  double loss;
+  Tensor grads;
+  int64_t activation_bytes;
+};
+
+// One forward and backward of a 3-layer tiny model with dropout and two documents per sequence.
+Pass run(TransformerConfig config, const RecomputeConfig& recompute) {
+  config.num_layers = 3;
+  config.recompute = recompute;
+  ParallelContext ctx = ParallelContext::single_process();
+  GPTModel model(config, ctx);
+  model.parameters().initialize(42);
+  const int64_t B = 2, S = config.seq_length;
+  Tensor tokens = Tensor::empty({B, S}, DType::i32), labels = Tensor::empty({B, S}, DType::i32);
+  Tensor mask = Tensor::empty({B, S}, DType::f32), segments = Tensor::empty({B, S}, DType::i32);
+  HostRng rng(7);
+  for (int64_t i = 0; i < B * S; ++i) {
+    tokens.data<int32_t>()[i] = int32_t(rng.uniform_int(uint64_t(config.vocab_size)));
+    labels.data<int32_t>()[i] = int32_t(rng.uniform_int(uint64_t(config.vocab_size)));
+    mask.data<float>()[i] = i % 5 == 3 ? 0.0f : 1.0f;
+    segments.data<int32_t>()[i] = int32_t(i % S >= S / 2);
+  }
+  model.parameters().zero_grads();
+  const ForwardContext fwd{.training = true, .seed = 99, .step = 3};
+  const LossSums sums = model.forward_backward(tokens, labels, mask, 0.125f, fwd, Tensor(), segments);
+  return {sums.loss_sum, model.parameters().grad_buffer().clone(), model.activation_bytes()};
+}
+
+void expect_bit_identical(const Pass& a, const Pass& b, const std::string& what) {
+  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof(double)), 0) << what << ": loss " << a.loss << " vs " << b.loss;
+  ASSERT_EQ(a.grads.nbytes(), b.grads.nbytes());
+  EXPECT_EQ(std::memcmp(a.grads.raw(), b.grads.raw(), a.grads.nbytes()), 0) << what << ": gradients differ";
+}
+
+class RecomputeGradients : public ::testing::TestWithParam<bool> {};  // true: LLaMA style
+
+TEST_P(RecomputeGradients, AreBitIdenticalToKeepingEverything) {
+  const TransformerConfig config =
+      GetParam() ? megatron::testing::llama_style(DType::f32) : megatron::testing::gpt2_style(DType::f32);
+  const Pass kept = run(config, {});
+  const std::vector<std::pair<std::string, RecomputeConfig>> settings = {
+      {"full uniform 1", full("uniform", 1)},       {"full uniform 2", full("uniform", 2)},
+      {"full uniform 3", full("uniform", 3)},       {"full block 2", full("block", 2)},
+      {"selective core_attn", selective({})},       {"selective mlp", selective({"mlp"})},
+      {"selective core_attn mlp", selective({"core_attn", "mlp"})}};
+  for (const auto& [what, recompute] : settings) {
+    const Pass again = run(config, recompute);
+    expect_bit_identical(kept, again, what);
+    EXPECT_LT(again.activation_bytes, kept.activation_bytes) << what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Styles, RecomputeGradients, ::testing::Bool());
+
+// The bytes each setting stops keeping, worked out from the GPT-2-style shapes (f32, 4 bytes):
+// T = S·B = 12 tokens, H = 16, 4 heads, F = 32, 3 layers. Per layer the forward keeps
+//   input norm: its input (T·H) and mean, rstd (T each)       = 216 floats
+//   QKV projection's input (the norm's output, T·H)           = 192
+//   the fused projection q|k|v read by attention (T·3H)       = 576
+//   attention output (T·H, also the out projection's input)   = 192, log-sum-exp (B·heads·S) = 48
+//   pre-MLP norm                                              = 216
+//   fc1's input (T·H) and output (T·F)                        = 192 + 384
+// i.e. 2016 floats; the last layer's block also holds the final norm (216 floats), whose output the
+// output layer keeps. A full recompute of all layers in one group keeps the group's input instead,
+// the embedding's output (T·H), which layer 0's input norm held (first counted there).
+TEST(Recompute, ActivationMemoryDropsByWhatIsNoLongerSaved) {
+  const TransformerConfig config = megatron::testing::gpt2_style(DType::f32);
+  const int64_t T = 12, H = 16, F = 32, layers = 3, per_layer = 2016, final_norm = 216;
+  const int64_t kept = run(config, {}).activation_bytes;
+  EXPECT_EQ(kept - run(config, selective({})).activation_bytes, layers * (T * H + 48) * 4);
+  EXPECT_EQ(kept - run(config, selective({"mlp"})).activation_bytes, layers * T * F * 4);
+  EXPECT_EQ(kept - run(config, full("uniform", 3)).activation_bytes, (layers * per_layer + final_norm - T * H) * 4);
+  // uniform 1: every layer's input is kept: the embedding's output, then each pair (h, m) the
+  // layer before returned (h is that layer's pre-MLP norm input; m its MLP output, T·H each).
+  EXPECT_EQ(kept - run(config, full("uniform", 1)).activation_bytes,
+            (layers * per_layer + final_norm - T * H - (layers - 1) * 2 * T * H) * 4);
+  // block 1: only layer 0 is recomputed, keeping the embedding's output.
+  EXPECT_EQ(kept - run(config, full("block", 1)).activation_bytes, (per_layer - T * H) * 4);
+}
+
+}  // namespace
