@@ -130,6 +130,13 @@ inline TrainingSummary train_on(const ParallelContext& ctx, const std::vector<st
   return pretrain(parse_training_args(argv, ctx.world->size()), ctx, Device::cpu());
 }
 
+// train_on in f64, which has no flag: it exists for checks like the layout tests'.
+inline TrainingSummary run_f64(const ParallelContext& ctx, const std::vector<std::string>& argv) {
+  TrainingArgs args = parse_training_args(argv, ctx.world->size());
+  args.model.params_dtype = DType::f64;
+  return pretrain(args, ctx, Device::cpu());
+}
+
 // Expects actual[i] within `tolerance` (relative) of expected[first_expected + i]; returns the
 // largest relative deviation seen, so tests can print how much of the tolerance was used.
 inline double expect_close(const std::vector<double>& expected, const std::vector<double>& actual,

@@ -5,7 +5,8 @@
 // trains the single-rank model. GPT-2 style (learned positions) and LLaMA style (GQA, RoPE),
 // dropout off (not built under CP), 2 layers, 10 iterations with a validation at 10, in f64:
 //   2 ranks: CP=2 (both styles), CP=2 with document masks and reset position ids (LLaMA), the
-//            same with --cp-comm-type a2a;
+//            same with --cp-comm-type a2a, CP=2 with core attention recomputed in backward (the
+//            ring runs again);
 //   4 ranks: CP=4 (both styles), CP=4 a2a (GPT), CP=2 x DP=2 with the distributed optimizer
 //            (GPT), CP=2 x TP=2 with sequence parallelism (LLaMA).
 // Then a checkpoint (fp32, LLaMA): CP=2 saves at iteration 5 and one rank (CP=1) resumes it on
@@ -39,12 +40,6 @@ std::vector<std::string> tiny_cp_run(ModelStyle style, int64_t iters, bool docum
   return argv;
 }
 
-TrainingSummary run(const ParallelContext& ctx, const std::vector<std::string>& argv) {
-  TrainingArgs args = parse_training_args(argv, ctx.world->size());
-  args.model.params_dtype = DType::f64;  // f64 has no flag: it exists for checks like this one
-  return pretrain(args, ctx, Device::cpu());
-}
-
 struct Layout {
   std::string name;
   ModelStyle style;
@@ -60,7 +55,12 @@ std::vector<Layout> layouts(int world) {
     return {{"CP=2", gpt, false, {.cp = 2}, cp2},
             {"CP=2", llama, false, {.cp = 2}, cp2},
             {"CP=2 document masks", llama, true, {.cp = 2}, cp2},
-            {"CP=2 a2a document masks", llama, true, {.cp = 2}, with(cp2, {"--cp-comm-type", "a2a"})}};
+            {"CP=2 a2a document masks", llama, true, {.cp = 2}, with(cp2, {"--cp-comm-type", "a2a"})},
+            {"CP=2 selective recompute",
+             llama,
+             false,
+             {.cp = 2},
+             with(cp2, {"--recompute-granularity", "selective", "--recompute-modules", "core_attn"})}};
   return {{"CP=4", gpt, false, {.cp = 4}, {"--context-parallel-size", "4"}},
           {"CP=4", llama, false, {.cp = 4}, {"--context-parallel-size", "4"}},
           {"CP=4 a2a", gpt, false, {.cp = 4}, {"--context-parallel-size", "4", "--cp-comm-type", "a2a"}},
@@ -79,7 +79,7 @@ TEST(CpTraining, EveryLayoutFollowsTheSingleRank) {
   for (const Layout& l : layouts(world)) {
     const auto key = std::pair{l.style, l.documents};
     if (!single.contains(key))
-      single[key] = run(ParallelContext::single_process(), tiny_cp_run(l.style, kIterations, l.documents));
+      single[key] = run_f64(ParallelContext::single_process(), tiny_cp_run(l.style, kIterations, l.documents));
   }
   // The document masks must matter in these batches, or their layout would test nothing.
   if (single.contains({ModelStyle::llama, true})) {
@@ -91,7 +91,7 @@ TEST(CpTraining, EveryLayoutFollowsTheSingleRank) {
     const std::string what = std::string(style_name(l.style)) + " " + l.name;
     const TrainingSummary& want = single.at({l.style, l.documents});
     ASSERT_EQ(want.valid_losses.size(), 1u);
-    const TrainingSummary s = run(st.ctx, with(tiny_cp_run(l.style, kIterations, l.documents), l.flags));
+    const TrainingSummary s = run_f64(st.ctx, with(tiny_cp_run(l.style, kIterations, l.documents), l.flags));
     expect_same_run(want, s, tolerance, what, st.ctx.world->rank() == 0);
   }
 }

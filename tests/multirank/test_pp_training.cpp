@@ -41,12 +41,6 @@ namespace {
 
 constexpr int64_t kIterations = 10;
 
-TrainingSummary run_f64(const ParallelContext& ctx, const std::vector<std::string>& argv) {
-  TrainingArgs args = parse_training_args(argv, ctx.world->size());
-  args.model.params_dtype = DType::f64;  // f64 has no flag: it exists for checks like this one
-  return pretrain(args, ctx, Device::cpu());
-}
-
 // A layout of the world and the model style it trains.
 struct Layout {
   std::string name;
