@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,11 +108,13 @@ StageCosts measure_stage(const TrainingArgs& args, const pp::StageLayers& stage,
 // world size must match before they can be parsed.
 int64_t pipeline_size_of(const std::vector<std::string>& flags) {
   const std::string name = "--pipeline-model-parallel-size";
+  std::optional<int64_t> size;
   for (size_t i = 0; i < flags.size(); ++i) {
-    if (flags[i] == name && i + 1 < flags.size()) return std::stoll(flags[i + 1]);
-    if (flags[i].rfind(name + "=", 0) == 0) return std::stoll(flags[i].substr(name.size() + 1));
+    if (flags[i] == name && i + 1 < flags.size()) size = std::stoll(flags[i + 1]);
+    if (flags[i].rfind(name + "=", 0) == 0) size = std::stoll(flags[i].substr(name.size() + 1));
   }
-  MEGATRON_FAIL("pp_action_costs: give " << name << " P (P > 1) on the command line");
+  MEGATRON_CHECK(size, "pp_action_costs: give " << name << " P (P > 1) on the command line");
+  return *size;
 }
 
 }  // namespace
