@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "hf/hf_test_util.h"
+#include "megatron/cuda_runtime/device.h"
 #include "megatron/training/checkpoint_io.h"
 
 using namespace megatron;
@@ -36,7 +37,8 @@ std::unique_ptr<GPTModel> load(const std::string& ckpt, DType dtype, const Paral
   TrainingArgs args = read_checkpoint_args(ckpt);
   args.model.params_dtype = dtype;
   args.model.attention_dropout = args.model.hidden_dropout = 0.0f;
-  auto model = std::make_unique<GPTModel>(args.model, ctx, Device::cuda(0));
+  static const cuda::DeviceInfo gpu = cuda::init_device(0);  // the context and allocator, once
+  auto model = std::make_unique<GPTModel>(args.model, ctx, Device::cuda(gpu.index));
   load_model_weights(ckpt, *model);
   return model;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Hugging Face bridge's acceptance on a GPU machine with torch and transformers:
 #   tests/hf/gpu_acceptance.sh [BUILD_DIR [FAMILY...]]   (default build/gpu, every family)
-# BUILD_DIR must hold `megatron` and `test_hf_acceptance` already (about 2 minutes on 16 cores):
+# BUILD_DIR must hold `megatron` and `tests/test_hf_acceptance` already (about 2 minutes on 16 cores):
 #   cmake --preset gpu && cmake --build build/gpu -j "$(nproc)" --target megatron test_hf_acceptance
 # For LLaMA-3.2-1B-, Mistral-7B- (two layers), Qwen2.5-0.5B- and GPT-2-shaped random models, one
 # family at a time: import; our logits on 8 prompts against transformers' (fp32 within 1e-3, bf16
@@ -22,7 +22,7 @@ families=("$@")
 [ ${#families[@]} -gt 0 ] || families=(llama mistral qwen2 gpt2)
 work="${OUT:-/tmp}/hf-acceptance"
 megatron="$build/megatron"
-for binary in "$megatron" "$build/test_hf_acceptance"; do
+for binary in "$megatron" "$build/tests/test_hf_acceptance"; do
   [ -x "$binary" ] || { echo "gpu_acceptance.sh: $binary is missing; build it first (see the header of $0)" >&2; exit 2; }
 done
 python3 -c "import torch, transformers, safetensors, tokenizers" ||
@@ -39,7 +39,7 @@ family_acceptance() {
   "$megatron" import-hf --hf-dir "$d/hf" --save "$d/ckpt"
   rm -rf "$d/hf"
   echo "=== $family: logits of the imported checkpoint"
-  "${test_env[@]}" "$build/test_hf_acceptance" --gtest_filter=HfAcceptance.ImportedLogits
+  "${test_env[@]}" "$build/tests/test_hf_acceptance" --gtest_filter=HfAcceptance.ImportedLogits
   if [ "$family" = llama ]; then
     # Greedy, past the end-of-document token too (a random model may well choose it): 256 tokens.
     echo "=== $family: 256 new tokens with the KV cache"
@@ -55,7 +55,7 @@ family_acceptance() {
     --lr-warmup-iters 5 --log-interval 10 --save-interval 50 --eval-iters 0 | tee "$d/train.log"
   rm -rf "$d/ckpt"
   "$megatron" export-hf --load "$d/finetuned" --hf-dir "$d/finetuned-hf"
-  "${test_env[@]}" "$build/test_hf_acceptance" --gtest_filter=HfAcceptance.FinetunedLoss
+  "${test_env[@]}" "$build/tests/test_hf_acceptance" --gtest_filter=HfAcceptance.FinetunedLoss
   rm -rf "$d/finetuned"
   echo "=== $family: transformers loads the exports"
   python3 tests/hf/gpu_acceptance.py check "$work" "$family"
