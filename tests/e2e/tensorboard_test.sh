@@ -8,7 +8,9 @@
 # mem-max-allocated-bytes (the metrics' peak memory), lm loss validation (and its perplexity) and
 # lm loss test; mem-allocated-bytes and mem-reserved-bytes, which the metrics file does not hold,
 # are checked to be positive, equal (the CPU allocator caches nothing) and at most the peak, and
-# mem-allocated-count to be a positive whole number (of blocks handed out).
+# mem-allocated-count to be a positive whole number (of blocks handed out). With
+# --timing-log-level 1, Megatron's "<timer>-time" scalars (forward-backward, all-grads-sync,
+# optimizer) equal the timer lines the log printed after each log line (ms, two decimals) in seconds.
 # usage: tensorboard_test.sh MEGATRON FIXTURES_DIR
 set -u
 megatron=$1
@@ -26,16 +28,20 @@ fail() {
   --device cpu --train-iters 6 --log-interval 1 --eval-interval 3 --eval-iters 1 --fp16 \
   --metrics-file "$dir/metrics.jsonl" --tensorboard-dir "$dir/tb" --tensorboard-queue-size 7 \
   --log-timers-to-tensorboard --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --log-throughput \
-  --log-memory-to-tensorboard \
+  --log-memory-to-tensorboard --timing-log-level 1 \
   >"$dir/log" 2>&1 || fail "training failed: $(cat "$dir/log")"
 files=("$dir"/tb/events.out.tfevents.*)
 [ "${#files[@]}" -eq 1 ] && [ -f "${files[0]}" ] || fail "expected one event file in $dir/tb: ${files[*]}"
 node "$oracle" "$fixtures" "${files[0]}" >"$dir/scalars.jsonl" || fail "the reader rejected ${files[0]}"
-node - "$dir/metrics.jsonl" "$dir/scalars.jsonl" <<'JS' || fail "the event file disagrees with the metrics file"
+node - "$dir/metrics.jsonl" "$dir/scalars.jsonl" "$dir/log" <<'JS' || fail "the event file disagrees with the metrics file"
 'use strict';
 const fs = require('fs');
 const lines = (file) => fs.readFileSync(file, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
-const [metrics, scalars] = process.argv.slice(2).map(lines);
+const [metrics, scalars] = process.argv.slice(2, 4).map(lines);
+// The timer blocks the log printed, one per log line in order: name -> max ms.
+const timerBlocks = fs.readFileSync(process.argv[4], 'utf8').split('(min, max) time across ranks (ms):').slice(1)
+  .map((block) => Object.fromEntries([...block.matchAll(/^    ([a-z-]+) \.+: \(([0-9.]+), ([0-9.]+)\)$/gm)]
+    .map((m) => [m[1], Number(m[3])])));
 const byTag = {};
 for (const s of scalars) (byTag[s.tag] = byTag[s.tag] || []).push(s);
 let problems = 0, checked = 0;
@@ -54,6 +60,7 @@ const both = (tag, m, value) => {
   expect(tag, m.iteration, value);
   expect(tag + ' vs samples', m.consumed_samples, value);
 };
+let trainLines = 0;
 const validationsAt = {};
 const consumedAt = {};
 for (const m of metrics) if (m.kind === 'train') consumedAt[m.iteration] = m.consumed_samples;
@@ -66,6 +73,16 @@ for (const m of metrics) {
     both('world-size', m, 1);
     if (m.grad_norm !== null) both('grad-norm', m, m.grad_norm);
     expect('iteration-time', m.iteration, m.elapsed_ms_per_iteration * 1e-3);
+    const printed = timerBlocks[trainLines++] || {};
+    for (const name of ['forward-backward', 'all-grads-sync', 'optimizer']) {
+      const found = (byTag[name + '-time'] || []).filter((s) => s.step === m.iteration);
+      checked += 1;
+      // The log rounds to 0.01 ms; the scalar is a float of the seconds.
+      if (found.length !== 1 || !(name in printed) || Math.abs(found[0].value * 1e3 - printed[name]) > 0.0051) {
+        console.error(`${name}-time at ${m.iteration}: ${JSON.stringify(found)}, the log printed ${printed[name]} ms`);
+        problems += 1;
+      }
+    }
     expect('throughput', m.iteration, m.tflops_per_gpu);
     expect('skipped-iterations', m.iteration, m.skipped_iterations);
     expect('nan-iterations', m.iteration, m.nan_iterations);

@@ -40,6 +40,11 @@ void TensorBoardLog::interval(const IterationStats& st) {
   writer_->add_scalar("nan-iterations", double(st.nan_iterations), st.iteration);
 }
 
+void TensorBoardLog::timers(const std::vector<std::pair<std::string, double>>& seconds, int64_t iteration) {
+  if (!writer_ || !args_->log_timers_to_tensorboard) return;
+  for (const auto& [name, value] : seconds) writer_->add_scalar(name + "-time", value, iteration);
+}
+
 void TensorBoardLog::evaluation(const std::string& split, int64_t iteration, int64_t consumed_samples, double loss) {
   if (!writer_) return;
   add("lm loss " + split, loss, iteration, consumed_samples);

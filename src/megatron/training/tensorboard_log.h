@@ -17,6 +17,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "megatron/core/memory.h"
 #include "megatron/training/arguments.h"
@@ -45,6 +47,9 @@ class TensorBoardLog {
   // At a log line: the interval's mean seconds per iteration, TFLOP/s per GPU, skipped and NaN
   // iterations, as the log line shows them.
   void interval(const IterationStats& st);
+  // With --log-timers-to-tensorboard, each timer's "<name>-time" (seconds per iteration, the
+  // slowest rank's: TimingLog::log).
+  void timers(const std::vector<std::pair<std::string, double>>& seconds, int64_t iteration);
   // split: "validation" or "test".
   void evaluation(const std::string& split, int64_t iteration, int64_t consumed_samples, double loss);
 

@@ -151,8 +151,8 @@ void TimingLog::print(const std::string& text) const {
   std::fflush(stdout);
 }
 
-void TimingLog::log(int64_t iteration, int64_t iterations) {
-  if (active_.empty() && !straggler_) return;
+std::vector<std::pair<std::string, double>> TimingLog::log(int64_t iteration, int64_t iterations) {
+  if (active_.empty() && !straggler_) return {};
   std::vector<double> mine;
   for (double seconds : totals_) mine.push_back(1e3 * seconds / double(iterations));
   if (straggler_) mine.push_back(1e3 * compute_seconds_ / double(iterations));
@@ -167,6 +167,13 @@ void TimingLog::log(int64_t iteration, int64_t iterations) {
   if (straggler_) print(format_straggler_report(compute, straggler_count_, iteration - iterations + 1, iteration));
   std::fill(totals_.begin(), totals_.end(), 0.0);
   compute_seconds_ = 0;
+  std::vector<std::pair<std::string, double>> slowest;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    double ms = 0;
+    for (const auto& rank : timers) ms = std::max(ms, rank[i]);
+    slowest.emplace_back(active_[i], ms * 1e-3);
+  }
+  return slowest;
 }
 
 void TimingLog::log_save() {

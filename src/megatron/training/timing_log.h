@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatron/parallel/comm.h"
@@ -45,8 +46,10 @@ class TimingLog {
   void start(const std::string& name);
   void stop(const std::string& name);
   // After a log line of `iteration`, closing an interval of `iterations`: a collective over the
-  // world when a timer or the straggler report is on, nothing otherwise.
-  void log(int64_t iteration, int64_t iterations);
+  // world when a timer or the straggler report is on, nothing otherwise. Returns each active
+  // timer's name and its largest time over the ranks, in seconds per iteration (what Megatron's
+  // --log-timers-to-tensorboard writes as "<name>-time").
+  std::vector<std::pair<std::string, double>> log(int64_t iteration, int64_t iterations);
   // Around a save (every rank), then its (min, max) line: a collective.
   void start_save() { save_start_ = Clock::now(); }
   void log_save();

@@ -619,7 +619,7 @@ void TrainingLoop::record(const IterationResult& it) {
     print_from_last_rank(last_rank, format_training_log_line(st));
     metrics.write_training(st);
     tensorboard.interval(st);
-    timers.log(st.iteration, iters_in_interval);
+    tensorboard.timers(timers.log(st.iteration, iters_in_interval), st.iteration);
   }
 }
 
