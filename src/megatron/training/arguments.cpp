@@ -180,7 +180,7 @@ std::vector<Flag> build_flag_table() {
       {"--tensor-model-parallel-size", FIELD(parallel.tensor_model_parallel_size), parallel,
        "Tensor-parallel size TP: attention heads, MLP columns and the vocabulary are split across TP ranks"},
       {"--pipeline-model-parallel-size", FIELD(parallel.pipeline_model_parallel_size), parallel,
-       "Pipeline-parallel size PP: the layers are split over PP stages, run by Megatron's 1F1B schedule"},
+       "Pipeline-parallel size PP: the layers split over PP stages, run by Megatron's 1F1B or interleaved schedule"},
       {"--num-layers-per-virtual-pipeline-stage", FIELD(parallel.num_layers_per_virtual_pipeline_stage), parallel,
        "Interleaved schedule: model chunks per pipeline rank = its layers / this"},
       {"--num-virtual-stages-per-pipeline-rank", FIELD(parallel.num_virtual_stages_per_pipeline_rank), parallel,
