@@ -51,11 +51,11 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
                             model_parallel, " ranks"));
   }
   // Megatron's expert layout: the EP ranks of a data-parallel group split the experts, so EP
-  // divides DP = world / (TP x PP) (the rest are expert-data-parallel replicas).
+  // divides DP = world / (TP x CP x PP) (the rest are expert-data-parallel replicas).
   if (world_size > 0 && model_parallel > 0 && world_size % model_parallel == 0 && ep > 0 &&
       world_size % (model_parallel * ep) != 0) {
     errors.push_back(concat("--expert-model-parallel-size ", ep, " does not divide the data-parallel size ",
-                            world_size / model_parallel, " (world ", world_size, " / TP*PP ", model_parallel,
+                            world_size / model_parallel, " (world ", world_size, " / TP*CP*PP ", model_parallel,
                             "): the experts split over EP ranks of each data-parallel group; use an EP that divides ",
                             world_size / model_parallel, ", or launch a multiple of ", model_parallel * ep, " ranks"));
   }
