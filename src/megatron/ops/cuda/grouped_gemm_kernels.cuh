@@ -9,7 +9,7 @@
 //   forward  y_e  = x_e  W_e^T : A = x rows    [m][k], B = W_e      [n][k], C = y rows  (T)
 //   dgrad    dx_e = dy_e W_e   : A = dy rows   [m][k], B = W_e      [k][n], C = dx rows (T)
 //   wgrad    dW_e += dy_e^T x_e: A = dy rows   [k][m], B = x rows   [k][n], C = dW_e (fp32, +=)
-// so the token rows are M (forward, dgrad) or K (wgrad): GroupedGemmArgs::rows_are_k.
+// so the token rows are M (forward, dgrad) or K (wgrad): the kernel's ROWS_ARE_K.
 //
 // The tile scheduler: blockIdx.x is a global tile number; the host's GroupTable holds, per
 // expert, its first token row and its first tile (prefix sums of the row counts and of the tiles
@@ -17,8 +17,8 @@
 // tiles. Within an expert, tiles run down M first, so consecutive blocks share one B column block.
 //
 // Edges: a tile reaching past M, N or K loads zeros (cp.async's zero fill) and stores only its
-// rows and columns inside the matrix. The host guarantees (grouped_mma_applies) that every width
-// (the rows' in and out) is a multiple of 8 and every base pointer 16-byte aligned, so a 16-byte
+// rows and columns inside the matrix. The host guarantees (mma_applies in grouped_gemm.cu) that
+// both widths (in, out) are multiples of 8 and every base pointer 16-byte aligned, so a 16-byte
 // chunk of 8 elements is either wholly inside a row or wholly past its end; the token-row count is
 // free.
 #include <cuda_bf16.h>
@@ -59,9 +59,9 @@ struct GroupTable {
 
 // Shared by every expert. Strides are in elements. Offsets of expert e's operands:
 //   A: a + row_begin[e] lda (the token rows in either product)
-//   B: rows_are_k ? b + row_begin[e] ldb : b + e b_expert_stride
-//   C: rows_are_k ? c + e c_expert_stride : c + row_begin[e] ldc
-// M (when !rows_are_k) or K (when rows_are_k) is the expert's row count; the other two are fixed.
+//   B: ROWS_ARE_K ? b + row_begin[e] ldb : b + e b_expert_stride
+//   C: ROWS_ARE_K ? c + e c_expert_stride : c + row_begin[e] ldc
+// M (unless ROWS_ARE_K) or K (when ROWS_ARE_K) is the expert's row count; the other two are fixed.
 template <class T, class TC>
 struct GroupedGemmArgs {
   const T* a;
@@ -319,7 +319,7 @@ int fill_table(GroupTable& table, const int64_t* counts, int groups, int fixed_m
   for (int e = 0; e < groups; ++e) {
     const int rows = int(counts[e]);
     table.row_begin[e + 1] = table.row_begin[e] + rows;
-    // rows_are_k: an expert without rows has K = 0 and adds nothing to dW, so it gets no tiles.
+    // ROWS_ARE_K: an expert without rows has K = 0 and adds nothing to dW, so it gets no tiles.
     const int tiles = ROWS_ARE_K ? (rows == 0 ? 0 : tiles_of<Cfg>(fixed_m, N)) : tiles_of<Cfg>(rows, N);
     table.tile_begin[e + 1] = table.tile_begin[e] + tiles;
   }
