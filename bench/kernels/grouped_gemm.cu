@@ -50,6 +50,7 @@ constexpr Variant variant(const char* name) {
 }
 const Variant kVariants[] = {
     variant<Tiles<128, 256, 64, 2, 4, 3>>("bm128_bn256_bk64_w8_s3"),       // warp 64x64, 144 KiB (shipped)
+    variant<Tiles<128, 256, 64, 2, 4, 4>>("bm128_bn256_bk64_w8_s4"),       // warp 64x64, 192 KiB
     variant<Tiles<256, 128, 64, 4, 2, 3>>("bm256_bn128_bk64_w8_s3"),       // warp 64x64, 144 KiB
     variant<Tiles<128, 128, 64, 2, 2, 4>>("bm128_bn128_bk64_w4_s4"),       // warp 64x64, 128 KiB
     variant<Tiles<128, 128, 64, 2, 2, 3, 2>>("bm128_bn128_bk64_w4_s3_2blk"),  // warp 64x64, 96 KiB
