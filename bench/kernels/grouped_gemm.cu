@@ -8,9 +8,9 @@
 // ||ours - loop|| / ||loop|| of every variant, and the op as shipped ("(library)").
 //
 // Build from the repository root, after building the library into build/<dir> (cmake --preset gpu;
-// ninja -C build/gpu megatron_lib):
-//   nvcc -O3 -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -Isrc bench/kernels/grouped_gemm.cu \
-//        build/<dir>/libmegatron.a -L<cudnn lib dir> -l:libcudnn.so.9 -lcublasLt -lcublas \
+// ninja -C build/gpu megatron_lib), as one command:
+//   nvcc -O3 -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -Isrc bench/kernels/grouped_gemm.cu
+//        build/<dir>/libmegatron.a -L<cudnn lib dir> -l:libcudnn.so.9 -lcublasLt -lcublas
 //        -Xcompiler -fopenmp -o build/grouped_gemm_bench
 // (cuDNN's directory as CMake found it: grep CUDNN_LIBRARY build/<dir>/CMakeCache.txt.)
 // Run: build/grouped_gemm_bench
