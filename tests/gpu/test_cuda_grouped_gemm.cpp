@@ -170,6 +170,11 @@ TEST_F(CudaGroupedGemm, MatchesTheCpuReferenceWithEmptyAndUnevenExperts) {
     check_forward_and_backward(dtype, {200}, 64, 512);
     check_forward_and_backward(dtype, {0, 0, 131, 0}, 256, 128);
   }
+  // 256 experts, the most one launch's table holds (DeepSeek-V3's routed experts on one rank):
+  // rows 0, 1, 2, 0, 1, 2, ... so the binary search over the table meets runs of empty experts.
+  std::vector<int64_t> many(256);
+  for (size_t e = 0; e < many.size(); ++e) many[e] = int64_t(e % 3);
+  check_forward_and_backward(DType::bf16, many, 32, 48);
   // f32 stays on cuBLAS's grouped GEMM (or its per-expert loop where cuBLAS has none).
   check_forward_and_backward(DType::f32, {5, 0, 17, 1}, 24, 40, Expect::cublas_way);
   check_forward_and_backward(DType::f32, {64, 32, 0, 96, 8, 8, 0, 48}, 128, 96, Expect::cublas_way);
@@ -188,6 +193,7 @@ TEST_F(CudaGroupedGemm, ShapesOurKernelDoesNotTakeGoTheCublasWay) {
   check_forward_and_backward(DType::bf16, {5, 0, 17, 1}, 20, 40, Expect::cublas_way);   // in not a multiple of 8
   check_forward_and_backward(DType::bf16, {5, 0, 17, 1}, 24, 36, Expect::cublas_way);   // out not a multiple of 8
   check_forward_and_backward(DType::bf16, {5, 0, 17, 1}, 24, 40, Expect::cublas_way, 1);  // x off 16 bytes
+  check_forward_and_backward(DType::bf16, std::vector<int64_t>(257, 1), 24, 40, Expect::cublas_way);  // > 256 experts
 }
 
 TEST_F(CudaGroupedGemm, EqualsThePerExpertLoopAndReportsSpeed) {
