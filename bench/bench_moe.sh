@@ -7,7 +7,7 @@
 # GPU: same shape, micro-batch and sequence, bf16 over fp32 master weights, AdamW (lr 1e-4, weight
 # decay 0.01 on matrices), gradient clipping 1.0, mock tokens. Prints a markdown table with tokens/s,
 # TFLOP/s (Megatron's formula, top-k experts per token) and peak memory of each and the ratio.
-# Ours: 30 iterations, the last log interval (11-30) timed; the reference: 5 warm-up + 20 timed.
+# Ours: 30 iterations, timed over the log's last interval of 10; the reference: 5 warm-up + 20 timed.
 # About 3-5 minutes on one H100/H200 (most of it torch.compile).
 #
 # Usage: bench/bench_moe.sh [build_dir] [micro_batch]     (defaults: build/gpu, 4)
