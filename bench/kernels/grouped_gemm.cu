@@ -5,14 +5,16 @@
 // (2816 -> 2048), each as forward (y = x W^T), dgrad (dx = dy W) and wgrad (dW += dy^T x, fp32).
 // The tokens: micro-batch 4 x 2048, top-2, spread unevenly over the experts (and once evenly).
 // Prints milliseconds, TFLOP/s (2 x rows x in x out per product) and the normwise error
-// ||ours - loop|| / ||loop|| of every variant, and the op as shipped ("(library)").
+// ||ours - loop|| / ||loop|| of every variant, a forward on WGMMA (grouped_gemm_wgmma.cuh, the
+// candidate next step), and the op as shipped ("(library)").
 //
 // Build from the repository root, after building the library into build/<dir> (cmake --preset gpu;
 // ninja -C build/gpu megatron_lib), as one command:
-//   nvcc -O3 -std=c++20 -arch=sm_90 --expt-relaxed-constexpr -Isrc bench/kernels/grouped_gemm.cu
+//   nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Isrc bench/kernels/grouped_gemm.cu
 //        build/<dir>/libmegatron.a -L<cudnn lib dir> -l:libcudnn.so.9 -lcublasLt -lcublas
 //        -Xcompiler -fopenmp -o build/grouped_gemm_bench
-// (cuDNN's directory as CMake found it: grep CUDNN_LIBRARY build/<dir>/CMakeCache.txt.)
+// (cuDNN's directory as CMake found it: grep CUDNN_LIBRARY build/<dir>/CMakeCache.txt; sm_90a, not
+// sm_90, for the WGMMA variant of grouped_gemm_wgmma.cuh, forward only, not yet in the library.)
 // Run: build/grouped_gemm_bench
 #include <cuda_runtime.h>
 
@@ -29,6 +31,7 @@
 #include "megatron/ops/cuda/grouped_gemm_kernels.cuh"
 #include "megatron/ops/gemm.h"
 #include "megatron/ops/grouped_gemm.h"
+#include "grouped_gemm_wgmma.cuh"
 
 using namespace megatron;
 using namespace megatron::ops::cuda::grouped_gemm_detail;
@@ -186,6 +189,16 @@ void run_problem(const Problem& pr) {
     print_row(shape, "dgrad", v.name, median_ms(dgrad), flops, e_dx);
     print_row(shape, "wgrad", v.name, median_ms(wgrad), flops, e_dw);
   }
+  // The forward on WGMMA (grouped_gemm_wgmma.cuh), checked the same way.
+  CUDA_CHECK(cudaMemset(y.raw(), 0xff, y.nbytes()));
+  const auto fwd_wgmma = [&] {
+    grouped_forward_wgmma(ptr<Bf16>(y), ptr<Bf16>(x), ptr<Bf16>(w), in, out, counts.data(), int(E), stream);
+  };
+  fwd_wgmma();
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const double e_wgmma = normwise_error(y, y_ref);
+  print_row(shape, "fwd", "wgmma_bm128_bn256_bk64_s4", median_ms(fwd_wgmma), flops, e_wgmma);
+
   // The op as shipped (grouped_gemm.cu's tile choice, its routing and path counting included).
   Tensor dw = dw0.clone();
   print_row(shape, "fwd", "(library)", median_ms([&] { ops::cuda::grouped_linear_forward(y, x, w, counts); }), flops,
