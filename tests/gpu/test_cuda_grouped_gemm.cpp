@@ -108,6 +108,17 @@ PathCounts path_counts() {
           ops::cuda::op_path_count(OpPath::grouped_gemm_per_expert)};
 }
 
+// Waits for the op's launches; a fault (sticky: every later CUDA call fails too) is reported as
+// this product's, with its message, instead of surfacing at some later copy.
+::testing::AssertionResult completed(const std::string& what) {
+  try {
+    cuda::synchronize();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << what << ": a launch faulted: " << e.what();
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Which way the op goes for these operands (grouped_gemm.cu): our kernel for 16-bit operands with
 // widths a multiple of 8 on 16-byte aligned memory, one launch per product.
 enum class Expect { our_kernel, cublas_way };
@@ -125,6 +136,7 @@ void check_forward_and_backward(DType dtype, const std::vector<int64_t>& counts,
   // forward: K = in
   Pair y = poisoned_pair({N, out}, dtype);
   ops::cuda::grouped_linear_forward(y.gpu, x.gpu, w.gpu, counts);
+  ASSERT_TRUE(completed("forward, " + shape));
   Tensor ref = Tensor::empty({N, out}, DType::f64), abs_ref = Tensor::empty({N, out}, DType::f64);
   ops::cpu::grouped_linear_forward(ref, f64(x.cpu), f64(w.cpu), counts);
   ops::cpu::grouped_linear_forward(abs_ref, abs_f64(x.cpu), abs_f64(w.cpu), counts);
@@ -135,6 +147,7 @@ void check_forward_and_backward(DType dtype, const std::vector<int64_t>& counts,
   // accumulated in f32
   Pair dx = poisoned_pair({N, in}, dtype), dw = random_pair({E, out, in}, DType::f32, 4);
   ops::cuda::grouped_linear_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, counts);
+  ASSERT_TRUE(completed("backward (dgrad and wgrad), " + shape));
   Tensor dx_ref = Tensor::empty({N, in}, DType::f64), dx_abs = Tensor::empty({N, in}, DType::f64);
   Tensor dw_ref = f64(dw.cpu), dw_abs = abs_f64(dw.cpu);
   ops::cpu::grouped_linear_backward(dx_ref, dw_ref, f64(dy.cpu), f64(x.cpu), f64(w.cpu), counts);
@@ -188,12 +201,20 @@ TEST_F(CudaGroupedGemm, MatchesTheCpuReferenceAtTheMoEPresetWidths) {
   check_forward_and_backward(DType::bf16, counts, 2816, 2048);
 }
 
-// Operands our kernel does not take go the cuBLAS way and still compute the products.
-TEST_F(CudaGroupedGemm, ShapesOurKernelDoesNotTakeGoTheCublasWay) {
-  check_forward_and_backward(DType::bf16, {5, 0, 17, 1}, 20, 40, Expect::cublas_way);   // in not a multiple of 8
-  check_forward_and_backward(DType::bf16, {5, 0, 17, 1}, 24, 36, Expect::cublas_way);   // out not a multiple of 8
-  check_forward_and_backward(DType::bf16, {5, 0, 17, 1}, 24, 40, Expect::cublas_way, 1);  // x off 16 bytes
-  check_forward_and_backward(DType::bf16, std::vector<int64_t>(257, 1), 24, 40, Expect::cublas_way);  // > 256 experts
+// Operands our kernel does not take go the cuBLAS way (its grouped call where the operands are
+// 16-byte aligned, else one cuBLASLt GEMM per expert) and still compute the products. One test
+// each: a fault poisons the process's CUDA context, and ctest runs every test in its own process.
+TEST_F(CudaGroupedGemm, InNotAMultipleOf8GoesTheCublasWay) {
+  check_forward_and_backward(DType::bf16, {5, 0, 17, 1}, 20, 40, Expect::cublas_way);
+}
+TEST_F(CudaGroupedGemm, OutNotAMultipleOf8GoesTheCublasWay) {
+  check_forward_and_backward(DType::bf16, {5, 0, 17, 1}, 24, 36, Expect::cublas_way);
+}
+TEST_F(CudaGroupedGemm, XOffSixteenByteAlignmentGoesTheCublasWay) {
+  check_forward_and_backward(DType::bf16, {5, 0, 17, 1}, 24, 40, Expect::cublas_way, 1);
+}
+TEST_F(CudaGroupedGemm, MoreThan256ExpertsGoTheCublasWay) {
+  check_forward_and_backward(DType::bf16, std::vector<int64_t>(257, 1), 24, 40, Expect::cublas_way);
 }
 
 TEST_F(CudaGroupedGemm, EqualsThePerExpertLoopAndReportsSpeed) {

@@ -9,8 +9,9 @@
 //     transposed: y^T = W x^T, dx^T = W^T dy^T, dW^T += x^T dy. The per-group pointer arrays go to
 //     the device through a small caching-allocator buffer per call; the sizes stay on the host
 //     (cuBLAS reads m, n, k there). Where cuBLAS has no grouped kernel for the types (it answers
-//     NOT_SUPPORTED, as CUDA 13 does for bf16) the op runs the per-expert cuBLASLt loop of gemm.h
-//     instead and warns once.
+//     NOT_SUPPORTED, as CUDA 13 does for bf16 -> bf16) or the operands are not 16-byte aligned
+//     (its kernels fault on those), the op runs the per-expert cuBLASLt loop of gemm.h instead
+//     (cuBLASLt picks its kernels by alignment) and warns once.
 // Each launch is counted in op_paths.h (grouped_gemm_mma / _cublas / _per_expert).
 #include <cublas_v2.h>
 
@@ -37,10 +38,22 @@ struct Problem {
   void* c;
 };
 
-// Runs the problems in one grouped launch; false when cuBLAS has no kernel for these types.
-bool run_grouped(const std::vector<Problem>& problems, cudaDataType_t ab_type, cudaDataType_t c_type, float beta,
-                 Device device) {
+// Every matrix starts on a 16-byte boundary and its columns (cuBLAS's; our rows) are a multiple
+// of 16 bytes apart. cuBLAS's grouped kernels assume it without checking: on an H200 (CUDA 13)
+// the bf16 -> f32 weight-gradient launch faulted with a misaligned address on an expert's rows
+// starting at an 8-byte boundary (in = 20).
+bool aligned16(const Problem& p, size_t ab_bytes, size_t c_bytes) {
+  return is_aligned16(p.a) && is_aligned16(p.b) && is_aligned16(p.c) && size_t(p.lda) * ab_bytes % 16 == 0 &&
+         size_t(p.ldb) * ab_bytes % 16 == 0 && size_t(p.ldc) * c_bytes % 16 == 0;
+}
+
+// Runs the problems in one grouped launch; false when cuBLAS has no kernel for these types, or
+// the operands are not all 16-byte aligned (aligned16): the caller then loops over the experts.
+bool run_grouped(const std::vector<Problem>& problems, DType ab_dtype, DType c_dtype, float beta, Device device) {
   if (problems.empty()) return true;
+  for (const Problem& p : problems)
+    if (!aligned16(p, dtype_size(ab_dtype), dtype_size(c_dtype))) return false;
+  const cudaDataType_t ab_type = blas_type(ab_dtype), c_type = blas_type(c_dtype);
   const size_t G = problems.size();
   std::vector<cublasOperation_t> ta(G), tb(G);
   std::vector<int> m(G), n(G), k(G), lda(G), ldb(G), ldc(G), group_size(G, 1);
@@ -74,7 +87,9 @@ void warn_fallback(const char* what) {
   count_op_path(OpPath::grouped_gemm_per_expert);
   static std::once_flag once;
   std::call_once(once, [what] {
-    LOG_WARN("cuBLAS has no grouped GEMM for " << what << "; the experts run one cuBLASLt GEMM each");
+    LOG_WARN("cuBLAS's grouped GEMM takes no " << what
+                                              << " operands of this shape or alignment (or has no kernel for the type); "
+                                                 "the experts run one cuBLASLt GEMM each");
   });
 }
 
@@ -154,7 +169,7 @@ void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weig
     problems.push_back({CUBLAS_OP_T, CUBLAS_OP_N, out, int(counts[e]), in, in, in, out,
                         element(weight, int64_t(e) * out), element(x, begin), const_cast<char*>(element(y, begin))});
   }
-  if (run_grouped(problems, blas_type(x.dtype()), blas_type(y.dtype()), 0.0f, x.device())) return;
+  if (run_grouped(problems, x.dtype(), y.dtype(), 0.0f, x.device())) return;
   warn_fallback(dtype_name(x.dtype()));
   begin = 0;
   for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
@@ -190,9 +205,8 @@ void cuda::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy
       dw_problems.push_back({CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, in, out, in, element(x, begin),
                              element(dy, begin), const_cast<char*>(element(dweight, int64_t(e) * out))});
   }
-  const cudaDataType_t type = blas_type(x.dtype());
-  const bool dx_done = run_grouped(dx_problems, type, type, 0.0f, x.device());
-  const bool dw_done = run_grouped(dw_problems, type, CUDA_R_32F, 1.0f, x.device());
+  const bool dx_done = run_grouped(dx_problems, x.dtype(), x.dtype(), 0.0f, x.device());
+  const bool dw_done = run_grouped(dw_problems, x.dtype(), DType::f32, 1.0f, x.device());
   if (dx_done && dw_done) return;
   warn_fallback(dtype_name(x.dtype()));
   begin = 0;
