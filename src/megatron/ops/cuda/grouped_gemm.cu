@@ -39,9 +39,11 @@ struct Problem {
 };
 
 // Every matrix starts on a 16-byte boundary and its columns (cuBLAS's; our rows) are a multiple
-// of 16 bytes apart. cuBLAS's grouped kernels assume it without checking: on an H200 (CUDA 13)
-// the bf16 -> f32 weight-gradient launch faulted with a misaligned address on an expert's rows
-// starting at an 8-byte boundary (in = 20).
+// of 16 bytes apart. cuBLAS's grouped kernels seem to assume it without checking: on an H200
+// (CUDA 13) bf16 experts whose rows start at 8-byte boundaries (in = 20) ended in a
+// misaligned-address fault, where the only grouped call cuBLAS accepted was the bf16 -> f32
+// weight gradient (the others answer NOT_SUPPORTED and loop over cuBLASLt, which picks its
+// kernels by alignment).
 bool aligned16(const Problem& p, size_t ab_bytes, size_t c_bytes) {
   return is_aligned16(p.a) && is_aligned16(p.b) && is_aligned16(p.c) && size_t(p.lda) * ab_bytes % 16 == 0 &&
          size_t(p.ldb) * ab_bytes % 16 == 0 && size_t(p.ldc) * c_bytes % 16 == 0;
