@@ -59,9 +59,17 @@ __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void wgmma_commit_and_wait_all() {
+// Commits the WGMMAs issued since the last commit as one group and waits until at most
+// IN_FLIGHT groups are still running.
+template <int IN_FLIGHT>
+__device__ __forceinline__ void wgmma_commit_and_wait() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(IN_FLIGHT) : "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
@@ -72,11 +80,17 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[128]) {
   for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
+// IN_FLIGHT: WGMMA groups (one per k tile) left running while the next k tile is issued: 0 waits
+// for each tile's products before the next; 1 keeps one running, so the copies refill the buffer
+// of tile kt - 2 (prefetch distance STAGES - 2) rather than kt - 1, whose products may still read it.
+template <int IN_FLIGHT>
 __global__ void __launch_bounds__(WgmmaTiles::kThreads, 1)
     grouped_forward_wgmma_kernel(const GroupedGemmArgs<__nv_bfloat16, __nv_bfloat16> args, const GroupTable table) {
   using T = __nv_bfloat16;
   using Cfg = WgmmaTiles;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
+  constexpr int kAhead = STAGES - 1 - IN_FLIGHT;  // k tiles loaded ahead of the one multiplied
+  static_assert(IN_FLIGHT == 0 || IN_FLIGHT == 1, "one WGMMA group in flight at most");
   extern __shared__ __align__(128) unsigned char wgmma_smem_raw[];
   // 1024-byte alignment of every tile (the swizzle is computed from address bits).
   const uint32_t raw_addr = smem_addr(wgmma_smem_raw);
@@ -101,7 +115,7 @@ __global__ void __launch_bounds__(WgmmaTiles::kThreads, 1)
   };
   const int k_tiles = (K + BK - 1) / BK;
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < k_tiles) load_stage(s, s);
     cp_async_commit();
   }
@@ -112,13 +126,15 @@ __global__ void __launch_bounds__(WgmmaTiles::kThreads, 1)
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
 
   for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
+    cp_async_wait<kAhead - 1>();  // tile kt has landed (this thread's copies)
     // This thread's copies have landed; make them visible to the async proxy WGMMA reads through,
     // then wait for every thread's.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    const int next = kt + STAGES - 1;
-    if (next < k_tiles) load_stage(next % STAGES, next);  // the buffer of tile kt - 1, whose WGMMAs completed
+    // Refills the buffer of tile kt - 1 - IN_FLIGHT, whose WGMMAs every warpgroup has waited for
+    // (before the barrier above).
+    const int next = kt + kAhead;
+    if (next < k_tiles) load_stage(next % STAGES, next);
     cp_async_commit();
 
     const uint32_t sa = smem_addr(stage_a(kt % STAGES)) + uint32_t(warpgroup * 64 * BK * 2);
@@ -128,9 +144,11 @@ __global__ void __launch_bounds__(WgmmaTiles::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n256k16_bf16(acc, desc_a + 2 * kk, desc_b + 2 * kk, 1);
-    wgmma_commit_and_wait_all();
+    wgmma_commit_and_wait<IN_FLIGHT>();
     fence_accumulators(acc);
   }
+  wgmma_wait_all();
+  fence_accumulators(acc);
   attention_detail::cp_async_wait_all();
 
   const int lane = int(threadIdx.x) % 32, warp_in_group = (int(threadIdx.x) / 32) % 4;
@@ -148,7 +166,8 @@ __global__ void __launch_bounds__(WgmmaTiles::kThreads, 1)
 }
 
 // y rows of e = x rows of e W_e^T on WGMMA (bf16), one launch over every expert.
-inline void grouped_forward_wgmma(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* weight, int64_t in,
+template <int IN_FLIGHT>
+void grouped_forward_wgmma(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* weight, int64_t in,
                                   int64_t out, const int64_t* counts, int experts, cudaStream_t stream) {
   const GroupedGemmArgs<__nv_bfloat16, __nv_bfloat16> args{x, weight, y, in, in, out, out * in, 0, 0, int(out), int(in)};
   using SameTiles = Tiles<WgmmaTiles::BM, WgmmaTiles::BN, WgmmaTiles::BK, 2, 4, WgmmaTiles::STAGES>;  // the table's view
@@ -156,12 +175,12 @@ inline void grouped_forward_wgmma(__nv_bfloat16* y, const __nv_bfloat16* x, cons
   const int total = fill_table<SameTiles, false>(table, counts, experts, 0, int(out));
   if (total == 0) return;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(grouped_forward_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(grouped_forward_wgmma_kernel<IN_FLIGHT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     WgmmaTiles::kSmemBytes));
     return true;
   }();
   (void)configured;
-  grouped_forward_wgmma_kernel<<<total, WgmmaTiles::kThreads, WgmmaTiles::kSmemBytes, stream>>>(args, table);
+  grouped_forward_wgmma_kernel<IN_FLIGHT><<<total, WgmmaTiles::kThreads, WgmmaTiles::kSmemBytes, stream>>>(args, table);
   CUDA_CHECK(cudaGetLastError());
 }
 
