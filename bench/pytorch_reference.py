@@ -17,7 +17,8 @@ each rank on its own random batches of --micro-batch-size. Only rank 0 prints; i
 TFLOP/s and memory are per GPU.
 
 The MoE preset (moe-1b-8x) adds Megatron's MoE layer (class MoE): its experts run as one
-torch._grouped_mm by default (`--experts loop`: one matmul per expert).
+torch._grouped_mm by default (`--experts loop`: one matmul per expert; also taken, with a printed
+note, where torch has no _grouped_mm). `bench/bench_moe.sh` runs it beside megatron-cpp.
 
 Usage: python3 bench/pytorch_reference.py --preset gpt2-124m --micro-batch-size 32 --iters 20
        python3 bench/pytorch_reference.py --preset llama-1b --micro-batch-size 8 --variant legacy
@@ -273,6 +274,11 @@ def parse_args():
         value = getattr(a, key)
         if value is not None:
             choices[key] = value
+    if "experts" in PRESETS[a.preset] and choices["experts"] == "grouped_mm" and not hasattr(torch, "_grouped_mm"):
+        # The JSON line's choices then say "loop": the numbers are those of the per-expert loop.
+        print(f"note: torch {torch.__version__} has no torch._grouped_mm (PyTorch >= 2.8); the experts run as a "
+              "per-expert loop of matmuls instead", flush=True)
+        choices["experts"] = "loop"
     return a, choices
 
 

@@ -259,8 +259,11 @@ TEST_F(GpuTraining, MoELlamaStyleWithGroupedGemmMatchesTheCpu) {
   const BothRuns r = train_on_both(run_of(moe_of(kLlama), "1e-4", kBf16));
   const std::string what = "MoE LLaMA style bf16, 4 experts top-2, grouped GEMM";
   expect_same_curves(r, kBf16Tolerance, what);
-  EXPECT_GT(r.gpu_paths[OpPath::grouped_gemm_cublas], 0) << what;
-  EXPECT_EQ(r.gpu_paths[OpPath::grouped_gemm_per_expert], 0) << what << ": cuBLAS had no grouped kernel";
+  // Every expert product (forward, dgrad, wgrad of fc1 and fc2) ran as one launch of our grouped
+  // kernel; none went to cuBLAS's grouped call or to the per-expert loop.
+  EXPECT_GT(r.gpu_paths[OpPath::grouped_gemm_mma], 0) << what;
+  EXPECT_EQ(r.gpu_paths[OpPath::grouped_gemm_cublas], 0) << what << ": an expert product left our grouped kernel";
+  EXPECT_EQ(r.gpu_paths[OpPath::grouped_gemm_per_expert], 0) << what << ": the experts ran one GEMM each";
 }
 
 TEST_F(GpuTraining, Fp16WithDynamicLossScalingMatchesTheCpu) {

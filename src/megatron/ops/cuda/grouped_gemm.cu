@@ -1,11 +1,18 @@
-// The grouped GEMM on CUDA: every expert's GEMM in one cublasGemmGroupedBatchedEx launch (one
-// group per expert with rows), full FP32 compute as the other GEMMs (never TF32). cuBLAS is
-// column-major; a row-major (r,c) matrix is its (c,r) transpose, so each product is written
-// transposed: y^T = W x^T, dx^T = W^T dy^T, dW^T += x^T dy.
-// The per-group pointer arrays go to the device through a small caching-allocator buffer per
-// call; the sizes stay on the host (cuBLAS reads m, n, k there). Where cuBLAS has no grouped
-// kernel for the types (it answers NOT_SUPPORTED) the op runs the per-expert cuBLASLt loop of
-// gemm.h instead and warns once.
+// The grouped GEMM on CUDA: every expert's GEMM in one launch.
+//   - bf16/f16: our tensor-core kernel (grouped_gemm_kernels.cuh), one launch per product
+//     (forward, dgrad, wgrad) over all experts, fp32 accumulation, dW accumulated into the fp32
+//     main grad. It takes widths (in, out) that are multiples of 8, 16-byte aligned operands and at
+//     most kMaxGroups experts; other shapes go the cuBLAS way below.
+//   - f32 (and 16-bit shapes our kernel does not take): one cublasGemmGroupedBatchedEx launch (one
+//     group per expert with rows), full FP32 compute as the other GEMMs (never TF32). cuBLAS is
+//     column-major; a row-major (r,c) matrix is its (c,r) transpose, so each product is written
+//     transposed: y^T = W x^T, dx^T = W^T dy^T, dW^T += x^T dy. The per-group pointer arrays go to
+//     the device through a small caching-allocator buffer per call; the sizes stay on the host
+//     (cuBLAS reads m, n, k there). Where cuBLAS has no grouped kernel for the types (it answers
+//     NOT_SUPPORTED, as CUDA 13 does for bf16 -> bf16) or the operands are not 16-byte aligned
+//     (its kernels fault on those), the op runs the per-expert cuBLASLt loop of gemm.h instead
+//     (cuBLASLt picks its kernels by alignment) and warns once.
+// Each launch is counted in op_paths.h (grouped_gemm_mma / _cublas / _per_expert).
 #include <cublas_v2.h>
 
 #include <array>
@@ -13,6 +20,7 @@
 #include "megatron/core/logging.h"
 #include "megatron/ops/checks/grouped_gemm.h"
 #include "megatron/ops/cuda/blas_type.h"
+#include "megatron/ops/cuda/grouped_gemm_kernels.cuh"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/cuda/op_paths.h"
 #include "megatron/ops/gemm.h"
@@ -30,10 +38,24 @@ struct Problem {
   void* c;
 };
 
-// Runs the problems in one grouped launch; false when cuBLAS has no kernel for these types.
-bool run_grouped(const std::vector<Problem>& problems, cudaDataType_t ab_type, cudaDataType_t c_type, float beta,
-                 Device device) {
+// Every matrix starts on a 16-byte boundary and its columns (cuBLAS's; our rows) are a multiple
+// of 16 bytes apart. cuBLAS's grouped kernels seem to assume it without checking: on an H200
+// (CUDA 13) bf16 experts whose rows start at 8-byte boundaries (in = 20) ended in a
+// misaligned-address fault, where the only grouped call cuBLAS accepted was the bf16 -> f32
+// weight gradient (the others answer NOT_SUPPORTED and loop over cuBLASLt, which picks its
+// kernels by alignment).
+bool aligned16(const Problem& p, size_t ab_bytes, size_t c_bytes) {
+  return is_aligned16(p.a) && is_aligned16(p.b) && is_aligned16(p.c) && size_t(p.lda) * ab_bytes % 16 == 0 &&
+         size_t(p.ldb) * ab_bytes % 16 == 0 && size_t(p.ldc) * c_bytes % 16 == 0;
+}
+
+// Runs the problems in one grouped launch; false when cuBLAS has no kernel for these types, or
+// the operands are not all 16-byte aligned (aligned16): the caller then loops over the experts.
+bool run_grouped(const std::vector<Problem>& problems, DType ab_dtype, DType c_dtype, float beta, Device device) {
   if (problems.empty()) return true;
+  for (const Problem& p : problems)
+    if (!aligned16(p, dtype_size(ab_dtype), dtype_size(c_dtype))) return false;
+  const cudaDataType_t ab_type = blas_type(ab_dtype), c_type = blas_type(c_dtype);
   const size_t G = problems.size();
   std::vector<cublasOperation_t> ta(G), tb(G);
   std::vector<int> m(G), n(G), k(G), lda(G), ldb(G), ldc(G), group_size(G, 1);
@@ -67,12 +89,65 @@ void warn_fallback(const char* what) {
   count_op_path(OpPath::grouped_gemm_per_expert);
   static std::once_flag once;
   std::call_once(once, [what] {
-    LOG_WARN("cuBLAS has no grouped GEMM for " << what << "; the experts run one cuBLASLt GEMM each");
+    LOG_WARN("cuBLAS's grouped GEMM takes no " << what
+                                              << " operands of this shape or alignment (or has no kernel for the type); "
+                                                 "the experts run one cuBLASLt GEMM each");
   });
 }
 
 const char* element(const Tensor& t, int64_t row) {
   return static_cast<const char*>(t.raw()) + row * t.dim(-1) * int64_t(t.element_size());
+}
+
+// ---- our kernel (bf16, f16) ------------------------------------------------------------------
+
+namespace ggd = grouped_gemm_detail;
+// 128x256 block tiles of 8 warps (64x64 each), 64 deep, 3 stages (144 KiB of shared memory):
+// chosen with bench/kernels/grouped_gemm.cu.
+using MmaTiles = ggd::Tiles<128, 256, 64, 2, 4, 3>;
+
+// Whether our kernel takes these operands: 16-bit, widths multiples of 8 (a 16-byte chunk never
+// straddles a row end), every defined operand 16-byte aligned, the experts within the launch
+// table and the row offsets within int.
+bool mma_applies(const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts,
+                 std::initializer_list<const Tensor*> operands) {
+  if (x.dtype() != DType::bf16 && x.dtype() != DType::f16) return false;
+  if (x.dim(1) % 8 != 0 || weight.dim(1) % 8 != 0) return false;
+  if (counts.size() > size_t(ggd::kMaxGroups) || x.dim(0) >= (int64_t(1) << 31)) return false;
+  for (const Tensor* t : operands)
+    if (t->defined() && !is_aligned16(t->raw())) return false;
+  return true;
+}
+
+template <class T>
+void forward_mma(Tensor& y, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts) {
+  ggd::grouped_forward<MmaTiles>(device_data<T>(y), device_data<T>(x), device_data<T>(weight), x.dim(1),
+                                 weight.dim(1), counts.data(), int(counts.size()), stream());
+  count_op_path(OpPath::grouped_gemm_mma);
+}
+
+template <class T>
+void dgrad_mma(Tensor& dx, const Tensor& dy, const Tensor& weight, const std::vector<int64_t>& counts) {
+  ggd::grouped_dgrad<MmaTiles>(device_data<T>(dx), device_data<T>(dy), device_data<T>(weight), dx.dim(1),
+                               weight.dim(1), counts.data(), int(counts.size()), stream());
+  count_op_path(OpPath::grouped_gemm_mma);
+}
+
+template <class T>
+void wgrad_mma(Tensor& dweight, const Tensor& dy, const Tensor& x, const std::vector<int64_t>& counts) {
+  ggd::grouped_wgrad<MmaTiles>(device_data<float>(dweight), device_data<T>(dy), device_data<T>(x), x.dim(1),
+                               dy.dim(1), counts.data(), int(counts.size()), stream());
+  count_op_path(OpPath::grouped_gemm_mma);
+}
+
+// Runs fn with T the 16-bit device type of dtype (mma_applies has ruled out the others).
+template <class Fn>
+void dispatch_mma(DType dtype, Fn&& fn) {
+  if (dtype == DType::bf16) {
+    fn(std::type_identity<__nv_bfloat16>{});
+  } else {
+    fn(std::type_identity<__half>{});
+  }
 }
 
 }  // namespace
@@ -83,6 +158,10 @@ namespace megatron::ops {
 void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weight,
                                   const std::vector<int64_t>& counts) {
   checks::check_grouped_linear_forward(y, x, weight, counts, check_cuda);
+  if (mma_applies(x, weight, counts, {&y, &x, &weight})) {
+    dispatch_mma(x.dtype(), [&]<class T>(std::type_identity<T>) { forward_mma<T>(y, x, weight, counts); });
+    return;
+  }
   const int in = int(x.dim(1)), out = int(weight.dim(1));
   std::vector<Problem> problems;
   int64_t begin = 0;
@@ -92,7 +171,7 @@ void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weig
     problems.push_back({CUBLAS_OP_T, CUBLAS_OP_N, out, int(counts[e]), in, in, in, out,
                         element(weight, int64_t(e) * out), element(x, begin), const_cast<char*>(element(y, begin))});
   }
-  if (run_grouped(problems, blas_type(x.dtype()), blas_type(y.dtype()), 0.0f, x.device())) return;
+  if (run_grouped(problems, x.dtype(), y.dtype(), 0.0f, x.device())) return;
   warn_fallback(dtype_name(x.dtype()));
   begin = 0;
   for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
@@ -105,6 +184,13 @@ void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weig
 void cuda::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Tensor& x, const Tensor& weight,
                                    const std::vector<int64_t>& counts) {
   checks::check_grouped_linear_backward(dx, dweight, dy, x, weight, counts, check_cuda);
+  if (mma_applies(x, weight, counts, {&dx, &dweight, &dy, &x, &weight})) {
+    dispatch_mma(x.dtype(), [&]<class T>(std::type_identity<T>) {
+      if (dx.defined()) dgrad_mma<T>(dx, dy, weight, counts);
+      if (dweight.defined()) wgrad_mma<T>(dweight, dy, x, counts);
+    });
+    return;
+  }
   const int in = int(x.dim(1)), out = int(weight.dim(1));
   std::vector<Problem> dx_problems, dw_problems;
   int64_t begin = 0;
@@ -121,9 +207,8 @@ void cuda::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy
       dw_problems.push_back({CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, in, out, in, element(x, begin),
                              element(dy, begin), const_cast<char*>(element(dweight, int64_t(e) * out))});
   }
-  const cudaDataType_t type = blas_type(x.dtype());
-  const bool dx_done = run_grouped(dx_problems, type, type, 0.0f, x.device());
-  const bool dw_done = run_grouped(dw_problems, type, CUDA_R_32F, 1.0f, x.device());
+  const bool dx_done = run_grouped(dx_problems, x.dtype(), x.dtype(), 0.0f, x.device());
+  const bool dw_done = run_grouped(dw_problems, x.dtype(), DType::f32, 1.0f, x.device());
   if (dx_done && dw_done) return;
   warn_fallback(dtype_name(x.dtype()));
   begin = 0;

@@ -19,7 +19,9 @@ enum class OpPath {
   gemm_bgradb_epilogue,     // BGRADB: the bias gradient out of the weight-gradient GEMM
   gemm_epilogue_unfused,    // a bias or 16-bit GELU op that ran without its epilogue (no
                             // cuBLASLt algorithm, or a shape or alignment that rules it out)
-  grouped_gemm_cublas,      // the MoE experts' GEMMs in one cuBLAS grouped launch (grouped_gemm.h)
+  grouped_gemm_mma,         // one product of the MoE experts' GEMMs (grouped_gemm.h) in one launch
+                            // of our bf16/f16 tensor-core kernel (grouped_gemm_kernels.cuh)
+  grouped_gemm_cublas,      // ... in one cuBLAS grouped launch (f32, or shapes our kernel does not take)
   grouped_gemm_per_expert,  // ... one cuBLASLt GEMM per expert (cuBLAS had no grouped kernel)
 };
 inline constexpr int kOpPaths = int(OpPath::grouped_gemm_per_expert) + 1;
