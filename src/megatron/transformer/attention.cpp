@@ -70,6 +70,7 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
                      .head_offset = head_offset_,
                      .total_heads = total_heads_,
                      .segment_ids = fwd.segment_ids,
+                     .cu_seqlens = fwd.cu_seqlens,
                      .window = window_};
   if (fwd.kv_cache) return forward_cached(qkv, fwd, saved);
   if (!rope_ && !cp_) {

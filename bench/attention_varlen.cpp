@@ -1,0 +1,172 @@
+// Packed documents on one GPU: the variable-length attention path (AttentionParams::cu_seqlens; our
+// flash kernels skip the key tiles outside each query tile's documents) against what the same
+// documents cost without it, forward and backward, bf16, causal, at llama-1b's heads (NH 32, G 8,
+// HS 64) and llama-8b's (HS 128), T = 32768 tokens packed in 2 rows of 16384:
+//   varlen          cu_seqlens (the path `megatron train --reset-attention-mask` takes at CP 1)
+//   document masks  the same documents as segment ids: our kernels visit every key tile up to the
+//                   diagonal and mask element by element (S^2/2 work per row; the path before)
+//   dense causal    the rows as plain causal sequences, documents ignored (cuDNN where it applies):
+//                   attention over the same token count without any document structure
+//   padded          every document a row of its own, padded to the longest (cuDNN where it
+//                   applies): the padding alternative, which computes more tokens than T
+// Columns: median ms of 10 timed runs (after 3 warm-up runs) per pass, varlen's speedup over the
+// row, and TFLOP/s of the useful work (FlashAttention's count over the documents: forward
+// 2 sum_d len_d^2 NH HS, backward 2.5 times that). The varlen check is its out's normwise error
+// against the document-mask path's (both ours; bf16 goal 1e-2).
+//
+// Build: ninja -C build/gpu attention_varlen_bench. Run: build/gpu/attention_varlen_bench
+// Measured: docs/PERFORMANCE.md, "Packed documents (variable-length attention)".
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "megatron/core/rng.h"
+#include "megatron/core/tensor.h"
+#include "megatron/cuda_runtime/device.h"
+#include "megatron/cuda_runtime/event_timer.h"
+#include "megatron/ops/attention.h"
+
+using namespace megatron;
+
+namespace {
+
+constexpr int64_t kRows = 2, kRowLength = 16384, kHeads = 32, kGroups = 8;
+
+// Random N(0,1) bf16 values on the GPU (never zeros: they can run faster than real data).
+Tensor random_gpu(const Shape& shape, uint64_t seed) {
+  Tensor host = Tensor::empty(shape, DType::f32);
+  const CounterRng rng{seed, 1};
+  float* p = host.data<float>();
+  for (int64_t i = 0; i < host.numel(); ++i) p[i] = rng.normal(uint64_t(i));
+  return host.to(DType::bf16).to(Device::cuda(0));
+}
+
+// Median milliseconds of fn over 10 runs after 3, timed with events on the ops' stream.
+double median_ms(const std::function<void()>& fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> times;
+  for (int i = 0; i < 10; ++i) {
+    cuda::event_timer_reset();
+    const int64_t start = cuda::event_timer_record();
+    fn();
+    const int64_t end = cuda::event_timer_record();
+    cuda::event_timer_synchronize();
+    times.push_back(cuda::event_timer_elapsed_ms(start, end));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// ||x - ref|| / ||ref||.
+double normwise_error(const Tensor& x, const Tensor& ref) {
+  const Tensor a = x.to(Device::cpu()).to(DType::f64), b = ref.to(Device::cpu()).to(DType::f64);
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    num += (a.data<double>()[i] - b.data<double>()[i]) * (a.data<double>()[i] - b.data<double>()[i]);
+    den += b.data<double>()[i] * b.data<double>()[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// A packing: the lengths of the documents of each row, filling it exactly.
+struct Packing {
+  std::string name;
+  std::vector<std::vector<int64_t>> rows;
+};
+
+// Documents of `length` tokens (the last one of a row cut to fit), or with length 0 random lengths
+// uniform in [64, 8192].
+Packing packing(const std::string& name, int64_t length, uint64_t seed) {
+  HostRng rng(seed);
+  Packing p{name, {}};
+  for (int64_t b = 0; b < kRows; ++b) {
+    std::vector<int64_t> docs;
+    for (int64_t left = kRowLength; left > 0;) {
+      const int64_t len = std::min(left, length > 0 ? length : 64 + int64_t(rng.uniform_int(8192 - 64 + 1)));
+      docs.push_back(len);
+      left -= len;
+    }
+    p.rows.push_back(docs);
+  }
+  return p;
+}
+
+struct Pass {
+  double forward_ms, backward_ms;
+  double total() const { return forward_ms + backward_ms; }
+};
+
+// Times forward and backward of causal attention over (S,B) with `params` (documents or none).
+Pass time_attention(int64_t S, int64_t B, int64_t HS, const ops::AttentionParams& params, Tensor* out_copy) {
+  const Shape qs{S, B, kHeads, HS}, kvs{S, B, kGroups, HS};
+  const Tensor q = random_gpu(qs, 1), k = random_gpu(kvs, 2), v = random_gpu(kvs, 3), dout = random_gpu(qs, 4);
+  const Device gpu = Device::cuda(0);
+  Tensor out = Tensor::empty(qs, DType::bf16, gpu), lse = Tensor::empty({B, kHeads, S}, DType::f32, gpu);
+  Tensor dq = Tensor::empty(qs, DType::bf16, gpu), dk = Tensor::empty(kvs, DType::bf16, gpu);
+  Tensor dv = Tensor::empty(kvs, DType::bf16, gpu);
+  const double fwd = median_ms([&] { ops::attention_forward(out, lse, q, k, v, params); });
+  const double bwd = median_ms([&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params); });
+  if (out_copy) *out_copy = out.to(Device::cpu());
+  return {fwd, bwd};
+}
+
+void run(const Packing& pk, int64_t HS) {
+  const float scale = float(1.0 / std::sqrt(double(HS)));
+  Tensor segments = Tensor::empty({kRows, kRowLength}, DType::i32);
+  double useful = 0.0;  // sum_d len_d^2 / 2 (causal pairs)
+  int64_t documents = 0, longest = 0;
+  for (int64_t b = 0; b < kRows; ++b) {
+    int64_t s = 0;
+    for (size_t d = 0; d < pk.rows[size_t(b)].size(); ++d) {
+      const int64_t len = pk.rows[size_t(b)][d];
+      for (int64_t n = 0; n < len; ++n) segments.data<int32_t>()[b * kRowLength + s++] = int32_t(d);
+      useful += 0.5 * double(len) * double(len);
+      longest = std::max(longest, len);
+      ++documents;
+    }
+  }
+  const double fwd_flops = 4.0 * useful * double(kHeads) * double(HS);
+  ops::AttentionParams varlen{true, scale, 0.0f, 0, 0}, masked = varlen, dense = varlen;
+  varlen.cu_seqlens = ops::packed_cu_seqlens(segments).to(Device::cuda(0));
+  masked.segment_ids = segments.to(Device::cuda(0));
+  Tensor varlen_out, masked_out;
+  const Pass v = time_attention(kRowLength, kRows, HS, varlen, &varlen_out);
+  const Pass m = time_attention(kRowLength, kRows, HS, masked, &masked_out);
+  const Pass c = time_attention(kRowLength, kRows, HS, dense, nullptr);
+  const Pass p = time_attention(longest, documents, HS, dense, nullptr);
+  const double error = normwise_error(varlen_out, masked_out);
+  const auto line = [&](const char* path, const Pass& t, int64_t tokens, const std::string& check) {
+    std::printf("| HS %lld | %s (%lld docs, longest %lld) | %s | %lld | %.3f | %.3f | %.3f | %.2fx | %.1f | %s |\n",
+                (long long)HS, pk.name.c_str(), (long long)documents, (long long)longest, path, (long long)tokens,
+                t.forward_ms, t.backward_ms, t.total(), t.total() / v.total(),
+                (fwd_flops * 3.5) / t.total() * 1e-9, check.c_str());
+  };
+  char check[64];
+  std::snprintf(check, sizeof check, "out vs masks %.1e %s", error, error <= 1e-2 ? "ok" : "FAIL");
+  line("varlen (cu_seqlens)", v, kRows * kRowLength, check);
+  line("document masks (segment ids)", m, kRows * kRowLength, "");
+  line("dense causal (no documents)", c, kRows * kRowLength, "");
+  line("padded (a row per document)", p, documents * longest, "");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main() {
+  const cuda::DeviceInfo info = cuda::init_device(0);
+  std::printf("device: %s, %d SMs; bf16, causal, NH %lld, G %lld, %lld rows of %lld tokens\n\n", info.name.c_str(),
+              info.multiprocessors, (long long)kHeads, (long long)kGroups, (long long)kRows, (long long)kRowLength);
+  std::printf("| head dim | packing | path | tokens computed | fwd ms | bwd ms | fwd+bwd ms | time / varlen's | "
+              "useful TFLOP/s | check |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const int64_t HS : {int64_t(64), int64_t(128)}) {
+    run(packing("documents of 512", 512, 0), HS);
+    run(packing("documents of 2048", 2048, 0), HS);
+    run(packing("documents of 8192", 8192, 0), HS);
+    run(packing("mixed 64-8192", 0, 7), HS);
+  }
+  return 0;
+}
