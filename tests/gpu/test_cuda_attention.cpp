@@ -438,7 +438,7 @@ void check_ring(const Dims& d, int64_t C, bool documents, uint64_t seed) {
   if (documents) p.segment_ids = random_segments(d, seed + 5);
   const Tensor q = randn(d.q_shape(), dt, seed), k = randn(d.kv_shape(), dt, seed + 1);
   const Tensor v = randn(d.kv_shape(), dt, seed + 2), dout = randn(d.q_shape(), dt, seed + 3);
-  std::vector<RingRank> ranks(size_t(C));
+  std::vector<RingRank> ranks(static_cast<size_t>(C));
   for (int64_t r = 0; r < C; ++r) {
     RingRank& rank = ranks[size_t(r)];
     rank.chunks = context_parallel::cp_chunks(d.S, C, r);
