@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -156,17 +157,22 @@ void run(const Packing& pk, int64_t HS) {
 }  // namespace
 
 int main() {
-  const cuda::DeviceInfo info = cuda::init_device(0);
-  std::printf("device: %s, %d SMs; bf16, causal, NH %lld, G %lld, %lld rows of %lld tokens\n\n", info.name.c_str(),
-              info.multiprocessors, (long long)kHeads, (long long)kGroups, (long long)kRows, (long long)kRowLength);
-  std::printf("| head dim | packing | path | tokens computed | fwd ms | bwd ms | fwd+bwd ms | time / varlen's | "
-              "useful TFLOP/s | check |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const int64_t HS : {int64_t(64), int64_t(128)}) {
-    run(packing("documents of 512", 512, 0), HS);
-    run(packing("documents of 2048", 2048, 0), HS);
-    run(packing("documents of 8192", 8192, 0), HS);
-    run(packing("mixed 64-8192", 0, 7), HS);
+  try {
+    const cuda::DeviceInfo info = cuda::init_device(0);
+    std::printf("device: %s, %d SMs; bf16, causal, NH %lld, G %lld, %lld rows of %lld tokens\n\n", info.name.c_str(),
+                info.multiprocessors, (long long)kHeads, (long long)kGroups, (long long)kRows, (long long)kRowLength);
+    std::printf("| head dim | packing | path | tokens computed | fwd ms | bwd ms | fwd+bwd ms | time / varlen's | "
+                "useful TFLOP/s | check |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const int64_t HS : {int64_t(64), int64_t(128)}) {
+      run(packing("documents of 512", 512, 0), HS);
+      run(packing("documents of 2048", 2048, 0), HS);
+      run(packing("documents of 8192", 8192, 0), HS);
+      run(packing("mixed 64-8192", 0, 7), HS);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_varlen_bench: %s\n", e.what());
+    return 2;
   }
-  return 0;
 }
