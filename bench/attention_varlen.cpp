@@ -17,10 +17,12 @@
 // Build: ninja -C build/gpu attention_varlen_bench. Run: build/gpu/attention_varlen_bench
 // Measured: docs/PERFORMANCE.md, "Packed documents (variable-length attention)".
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -100,10 +102,25 @@ struct Pass {
   double total() const { return forward_ms + backward_ms; }
 };
 
+struct Inputs {
+  Tensor q, k, v, dout;
+};
+// Random q, k, v, dout for (S,B) at head dim HS, made once per shape (drawing them takes longer
+// than the attention).
+const Inputs& inputs(int64_t S, int64_t B, int64_t HS) {
+  static std::map<std::array<int64_t, 3>, Inputs> made;
+  const std::array<int64_t, 3> key{S, B, HS};
+  if (!made.contains(key)) {
+    const Shape qs{S, B, kHeads, HS}, kvs{S, B, kGroups, HS};
+    made[key] = {random_gpu(qs, 1), random_gpu(kvs, 2), random_gpu(kvs, 3), random_gpu(qs, 4)};
+  }
+  return made[key];
+}
+
 // Times forward and backward of causal attention over (S,B) with `params` (documents or none).
 Pass time_attention(int64_t S, int64_t B, int64_t HS, const ops::AttentionParams& params, Tensor* out_copy) {
   const Shape qs{S, B, kHeads, HS}, kvs{S, B, kGroups, HS};
-  const Tensor q = random_gpu(qs, 1), k = random_gpu(kvs, 2), v = random_gpu(kvs, 3), dout = random_gpu(qs, 4);
+  const auto& [q, k, v, dout] = inputs(S, B, HS);
   const Device gpu = Device::cuda(0);
   Tensor out = Tensor::empty(qs, DType::bf16, gpu), lse = Tensor::empty({B, kHeads, S}, DType::f32, gpu);
   Tensor dq = Tensor::empty(qs, DType::bf16, gpu), dk = Tensor::empty(kvs, DType::bf16, gpu);

@@ -2,7 +2,8 @@
 # Context parallelism at long sequences: megatron-cpp trains a preset at sequence $SEQ (default
 # 32768) on the node's N GPUs ($GPUS, default every visible GPU) as
 #   CP = 1 x DP = N            (the baseline: every GPU holds whole sequences),
-#   CP = 2 x DP = N/2, CP = 4 x DP = N/4 (where they divide N), ring attention (--cp-comm-type p2p),
+#   CP = 2 x DP = N/2, CP = 4 x DP = N/4 (where they divide N), for each --cp-comm-type in $COMM
+#   (default p2p, the ring; e.g. COMM="p2p allgather a2a"),
 # each with selective recompute (--recompute-granularity selective --recompute-modules core_attn
 # mlp: the recipe that fits 32k on one GPU), --use-distributed-optimizer where DP x CP > 1, bf16, no
 # dropout, mock data, $ITERS iterations (default 20) timed over the log's last interval (11-20).
@@ -39,6 +40,7 @@ export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 iters="${ITERS:-20}" log_interval=10
 accumulation="${ACC:-2}"
 seq="${SEQ:-32768}"
+read -r -a comms <<< "${COMM:-p2p}"
 
 source bench/train_runs.sh  # field, num, finish_run, ours, read_ours
 
@@ -57,17 +59,20 @@ rc=0
 for run in "${runs[@]}"; do
   preset="${run%%:*}" mbs="${run##*:}"
   base_ms="" base_tok=""
-  for cp in 1 2 4; do
+  specs=(1:none)
+  for cp in 2 4; do for comm in "${comms[@]}"; do specs+=("$cp:$comm"); done; done
+  for spec in "${specs[@]}"; do
+    cp=${spec%%:*} comm=${spec##*:}
     [ $((gpus % cp)) -eq 0 ] || continue
     dp=$((gpus / cp)) micro=$((accumulation * cp))
     flags=(--seq-length "$seq" --max-position-embeddings "$seq" --recompute-granularity selective
       --recompute-modules core_attn mlp --use-distributed-optimizer --profile-ops-iteration 5)
     layout="DP $gpus"
     if [ "$cp" -gt 1 ]; then
-      flags+=(--context-parallel-size "$cp" --cp-comm-type p2p)
-      layout="CP $cp x DP $dp (p2p ring)"
+      flags+=(--context-parallel-size "$cp" --cp-comm-type "$comm")
+      layout="CP $cp x DP $dp ($comm)"
     fi
-    name="ours-$preset-cp$cp-dp$dp"
+    name="ours-$preset-cp$cp-$comm-dp$dp"
     ours "$name" "$gpus" "$preset" "$mbs" "${flags[@]}"
     read_ours "$name" "$gpus"
     [ -n "$ms" ] || rc=1  # the run failed: its row shows "-"
