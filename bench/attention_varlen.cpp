@@ -1,16 +1,19 @@
 // Packed documents on one GPU: the variable-length attention path (AttentionParams::cu_seqlens; our
 // flash kernels skip the key tiles outside each query tile's documents) against what the same
 // documents cost without it, forward and backward, bf16, causal, at llama-1b's heads (NH 32, G 8,
-// HS 64) and llama-8b's (HS 128), T = 32768 tokens packed in 2 rows of 16384:
+// HS 64) and llama-8b's (HS 128), T = 32768 real tokens packed in 2 rows of 16384, as documents
+// of mixed lengths (long-tailed: log-uniform in [64, 8192], pretraining's packing; uniform in
+// [256, 2048]) and, for contrast, all of 512 (where padding costs nothing):
 //   varlen          cu_seqlens (the path `megatron train --reset-attention-mask` takes at CP 1)
 //   document masks  the same documents as segment ids: our kernels visit every key tile up to the
 //                   diagonal and mask element by element (S^2/2 work per row; the path before)
 //   dense causal    the rows as plain causal sequences, documents ignored (cuDNN where it applies):
 //                   attention over the same token count without any document structure
 //   padded          every document a row of its own, padded to the longest (cuDNN where it
-//                   applies): the padding alternative, which computes more tokens than T
-// Columns: median ms of 10 timed runs (after 3 warm-up runs) per pass, varlen's speedup over the
-// row, and TFLOP/s of the useful work (FlashAttention's count over the documents: forward
+//                   applies): the padding alternative at the same real tokens, which computes
+//                   documents x longest tokens
+// Columns: median ms of 5 timed runs (after 1 warm-up run) per pass, the path's time over
+// varlen's, and TFLOP/s of the useful work (FlashAttention's count over the documents: forward
 // 2 sum_d len_d^2 NH HS, backward 2.5 times that). The varlen check is its out's normwise error
 // against the document-mask path's (both ours; bf16 goal 1e-2).
 //
@@ -38,20 +41,24 @@ namespace {
 
 constexpr int64_t kRows = 2, kRowLength = 16384, kHeads = 32, kGroups = 8;
 
-// Random N(0,1) bf16 values on the GPU (never zeros: they can run faster than real data).
+// N(0,1) bf16 values on the GPU (never zeros: they can run faster than real data): a block of 2^20
+// random values repeated, which times the same as fresh ones and takes no time to draw.
 Tensor random_gpu(const Shape& shape, uint64_t seed) {
-  Tensor host = Tensor::empty(shape, DType::f32);
+  constexpr int64_t kBlock = int64_t(1) << 20;
+  std::vector<float> block(static_cast<size_t>(kBlock));
   const CounterRng rng{seed, 1};
+  for (int64_t i = 0; i < kBlock; ++i) block[size_t(i)] = rng.normal(uint64_t(i));
+  Tensor host = Tensor::empty(shape, DType::f32);
   float* p = host.data<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) p[i] = rng.normal(uint64_t(i));
+  for (int64_t i = 0; i < host.numel(); ++i) p[i] = block[size_t(i % kBlock)];
   return host.to(DType::bf16).to(Device::cuda(0));
 }
 
-// Median milliseconds of fn over 10 runs after 3, timed with events on the ops' stream.
+// Median milliseconds of fn over 5 runs after 1, timed with events on the ops' stream.
 double median_ms(const std::function<void()>& fn) {
-  for (int i = 0; i < 3; ++i) fn();
+  fn();
   std::vector<double> times;
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < 5; ++i) {
     cuda::event_timer_reset();
     const int64_t start = cuda::event_timer_record();
     fn();
@@ -80,21 +87,27 @@ struct Packing {
   std::vector<std::vector<int64_t>> rows;
 };
 
-// Documents of `length` tokens (the last one of a row cut to fit), or with length 0 random lengths
-// uniform in [64, 8192].
-Packing packing(const std::string& name, int64_t length, uint64_t seed) {
-  HostRng rng(seed);
+// Documents whose lengths `draw` gives, the last one of a row cut to fit.
+Packing packing(const std::string& name, const std::function<int64_t()>& draw) {
   Packing p{name, {}};
   for (int64_t b = 0; b < kRows; ++b) {
     std::vector<int64_t> docs;
     for (int64_t left = kRowLength; left > 0;) {
-      const int64_t len = std::min(left, length > 0 ? length : 64 + int64_t(rng.uniform_int(8192 - 64 + 1)));
+      const int64_t len = std::min(left, draw());
       docs.push_back(len);
       left -= len;
     }
     p.rows.push_back(docs);
   }
   return p;
+}
+
+std::vector<Packing> packings() {
+  HostRng rng(7);
+  const auto uniform = [&] { return rng.uniform_int(1u << 30) / double(1u << 30); };
+  return {packing("long-tailed 64-8192", [&] { return int64_t(64.0 * std::pow(128.0, uniform())); }),
+          packing("uniform 256-2048", [&] { return 256 + int64_t(rng.uniform_int(2048 - 256 + 1)); }),
+          packing("all 512", [] { return int64_t(512); })};
 }
 
 struct Pass {
@@ -181,12 +194,9 @@ int main() {
     std::printf("| head dim | packing | path | tokens computed | fwd ms | bwd ms | fwd+bwd ms | time / varlen's | "
                 "useful TFLOP/s | check |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-    for (const int64_t HS : {int64_t(64), int64_t(128)}) {
-      run(packing("documents of 512", 512, 0), HS);
-      run(packing("documents of 2048", 2048, 0), HS);
-      run(packing("documents of 8192", 8192, 0), HS);
-      run(packing("mixed 64-8192", 0, 7), HS);
-    }
+    const std::vector<Packing> all = packings();
+    for (const int64_t HS : {int64_t(64), int64_t(128)})
+      for (const Packing& pk : all) run(pk, HS);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_varlen_bench: %s\n", e.what());
