@@ -21,16 +21,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "gpu/cuda_test_util.h"
+#include "megatron/context_parallel/load_balance.h"
+#include "megatron/context_parallel/ring_attention.h"
 #include "megatron/core/rng.h"
 #include "megatron/ops/attention.h"
 #include "megatron/ops/cuda/attention_cudnn.h"
 #include "megatron/ops/cuda/attention_flash.h"
+#include "megatron/ops/elementwise.h"
 
 using namespace megatron;
 using namespace megatron::test;
@@ -176,19 +180,22 @@ struct Case {
   int64_t head_offset = 0;  // as a tensor-parallel rank: heads [offset, offset + NH) of 3 NH
   int64_t window = -1;      // sliding window (left size)
   bool key_segmented = false;  // keys with documents of their own (a ring attention block)
+  // Packed documents of 1-150 tokens (cu_seqlens, the variable-length path; some span several
+  // tiles, some share one) on the GPU, against the CPU's segment-id path on the same documents.
+  bool packed = false;
 };
 
-// Segment ids (B,S) i32 of documents with random lengths in [1, 40].
-Tensor random_segments(const Dims& d, uint64_t seed) {
+// Segment ids (B,S) i32 of documents with random lengths in [1, longest].
+Tensor random_segments(const Dims& d, uint64_t seed, int64_t longest = 40) {
   HostRng rng(seed);
   Tensor ids = Tensor::empty({d.B, d.S}, DType::i32);
   for (int64_t b = 0; b < d.B; ++b) {
     int32_t id = 0;
-    int64_t left = 1 + int64_t(rng.uniform_int(40));
+    int64_t left = 1 + int64_t(rng.uniform_int(uint64_t(longest)));
     for (int64_t i = 0; i < d.S; ++i, --left) {
       if (left == 0) {
         ++id;
-        left = 1 + int64_t(rng.uniform_int(40));
+        left = 1 + int64_t(rng.uniform_int(uint64_t(longest)));
       }
       ids.data<int32_t>()[b * d.S + i] = id;
     }
@@ -257,9 +264,13 @@ void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
   AttentionParams p_gpu = p;  // the same parameters with the segment ids on the GPU
   if (c.segmented) p_gpu.segment_ids = p.segment_ids.to(gpu());
   if (c.key_segmented) p_gpu.key_segment_ids = p.key_segment_ids.to(gpu());
+  if (c.packed) {  // the CPU oracle keeps the segment ids, the GPU gets the same documents packed
+    p.segment_ids = random_segments(d, seed + 5, 150);
+    p_gpu.cu_seqlens = ops::packed_cu_seqlens(p.segment_ids).to(gpu());
+  }
   const std::string what = case_name(path_name(c.path), c.dt, d, causal, dropout) + (c.segmented ? " segmented" : "") +
                            " heads from " + std::to_string(c.head_offset) + " window " + std::to_string(c.window) +
-                           (c.key_segmented ? " key segments" : "");
+                           (c.key_segmented ? " key segments" : "") + (c.packed ? " packed" : "");
   SCOPED_TRACE(what);
   const Pair q = random_pair(d.q_shape(), c.dt, seed, 1.0, c.misalign);
   const Pair k = random_pair(d.kv_shape(), c.dt, seed + 1, 1.0, c.misalign);
@@ -346,7 +357,197 @@ void check_fused_case(const Dims& d, DType dt, bool causal, float dropout, uint6
   return ::testing::AssertionFailure() << "the tensors differ; normwise " << normwise_error(ha, hb);
 }
 
+// ---- what one context-parallel rank computes over the ring (context_parallel/ring_attention.h) --
+
+using context_parallel::CpChunks;
+
+// Rows [from, from + n) of a sequence-major host tensor copied to rows [at, at + n) of dst.
+void copy_rows(Tensor& dst, int64_t at, const Tensor& src, int64_t from, int64_t n) {
+  const size_t row = size_t(src.numel() / src.dim(0)) * src.element_size();
+  std::memcpy(static_cast<char*>(dst.raw()) + size_t(at) * row,
+              static_cast<const char*>(src.raw()) + size_t(from) * row, size_t(n) * row);
+}
+
+// A CP rank's rows of a sequence-major host tensor: chunk `first`, then chunk `second`.
+Tensor rank_rows(const Tensor& full, const CpChunks& c) {
+  Shape shape = full.shape();
+  shape[0] = 2 * c.length;
+  Tensor local = Tensor::empty(shape, full.dtype());
+  for (int half = 0; half < 2; ++half) copy_rows(local, half * c.length, full, c.start(half), c.length);
+  return local;
+}
+
+// Half `half` of the last (the rank's sequence) dim of a host tensor: lse (B,NH,2L), segment ids (B,2L).
+Tensor sequence_half(const Tensor& t, int half) {
+  const int64_t S = t.dim(-1), L = S / 2, rows = t.numel() / S;
+  const size_t es = t.element_size();
+  Shape shape = t.shape();
+  shape.back() = L;
+  Tensor out = Tensor::empty(shape, t.dtype());
+  for (int64_t i = 0; i < rows; ++i)
+    std::memcpy(static_cast<char*>(out.raw()) + size_t(i * L) * es,
+                static_cast<const char*>(t.raw()) + size_t(i * S + half * L) * es, size_t(L) * es);
+  return out;
+}
+
+// A rank's results put back at their true positions: rows of a sequence-major tensor, or the last
+// dim of lse.
+void place_rows(Tensor& full, const Tensor& local_gpu, const CpChunks& c) {
+  const Tensor local = local_gpu.to(Device::cpu());
+  for (int half = 0; half < 2; ++half) copy_rows(full, c.start(half), local, half * c.length, c.length);
+}
+void place_lse(Tensor& full, const Tensor& local_gpu, const CpChunks& c) {
+  const Tensor local = local_gpu.to(Device::cpu());
+  const int64_t S = full.dim(-1), L = c.length, rows = full.numel() / S;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int half = 0; half < 2; ++half)
+      std::memcpy(full.data<float>() + i * S + c.start(half), local.data<float>() + i * 2 * L + half * L,
+                  size_t(L) * sizeof(float));
+}
+
+// One rank's operands (on the GPU) and results.
+struct RingRank {
+  CpChunks chunks;
+  Tensor q, k, v, dout, out, lse, dq, dk, dv;
+  AttentionParams params;           // causal, with the rank's segment ids (B,2L) under documents
+  std::array<Tensor, 2> segments;  // (B,L) per chunk under documents
+  std::array<Tensor, 2> lse_halves;
+};
+
+// A ring block's operands: local query chunk b.q_half of `rank` over key chunk b.kv_half of `held`,
+// unmasked but for documents (ring_attention.cpp's block_operands).
+AttentionParams block_params(const RingRank& rank, const RingRank& held, const context_parallel::RingBlock& b) {
+  AttentionParams p = rank.params;
+  p.causal = false;
+  p.segment_ids = rank.segments[size_t(b.q_half)];
+  p.key_segment_ids = held.segments[size_t(b.kv_half)];
+  return p;
+}
+Tensor half_rows(const Tensor& t, int half, int64_t L) { return t.slice(half * L, (half + 1) * L); }
+
+// Every rank of a CP group of C runs, on this one GPU, what ring_attention_forward/backward run:
+// step 0's causal attention over its own rows, then at step i the blocks of ring_step_blocks over
+// the keys of rank (r - i) mod C, merged by attention_merge; backward adds each block's dq to the
+// rank's rows and its dk, dv to the key owner's (add_scaled, in bf16, as the ring does). The
+// results at their true positions are checked against the CPU's full attention in f64.
+void check_ring(const Dims& d, int64_t C, bool documents, uint64_t seed) {
+  const DType dt = DType::bf16;
+  const std::string what = "ring C=" + std::to_string(C) + " " + d.str() + (documents ? " documents" : "");
+  SCOPED_TRACE(what);
+  AttentionParams p{true, float(1.0 / std::sqrt(double(d.HS))), 0.0f, 0, 0};
+  if (documents) p.segment_ids = random_segments(d, seed + 5);
+  const Tensor q = randn(d.q_shape(), dt, seed), k = randn(d.kv_shape(), dt, seed + 1);
+  const Tensor v = randn(d.kv_shape(), dt, seed + 2), dout = randn(d.q_shape(), dt, seed + 3);
+  std::vector<RingRank> ranks(static_cast<size_t>(C));
+  for (int64_t r = 0; r < C; ++r) {
+    RingRank& rank = ranks[size_t(r)];
+    rank.chunks = context_parallel::cp_chunks(d.S, C, r);
+    rank.q = rank_rows(q, rank.chunks).to(gpu());
+    rank.k = rank_rows(k, rank.chunks).to(gpu());
+    rank.v = rank_rows(v, rank.chunks).to(gpu());
+    rank.dout = rank_rows(dout, rank.chunks).to(gpu());
+    rank.params = AttentionParams{p.causal, p.softmax_scale, 0.0f, 0, 0};
+    if (documents) {
+      const Tensor local = context_parallel::split_sequence(p.segment_ids, C, r);
+      rank.params.segment_ids = local.to(gpu());
+      for (int h = 0; h < 2; ++h) rank.segments[size_t(h)] = sequence_half(local, h).to(gpu());
+    }
+  }
+  const int64_t L = d.S / (2 * C);
+  Tensor block_out = Tensor::empty({L, d.B, d.NH, d.HS}, dt, gpu());
+  Tensor block_lse = Tensor::empty({d.B, d.NH, L}, DType::f32, gpu());
+  for (int64_t r = 0; r < C; ++r) {
+    RingRank& rank = ranks[size_t(r)];
+    rank.out = Tensor::empty({2 * L, d.B, d.NH, d.HS}, dt, gpu());
+    rank.lse = Tensor::empty({d.B, d.NH, 2 * L}, DType::f32, gpu());
+    ops::attention_forward(rank.out, rank.lse, rank.q, rank.k, rank.v, rank.params);
+    for (int64_t step = 1; step < C; ++step) {
+      const RingRank& held = ranks[size_t((r - step + C) % C)];
+      for (const context_parallel::RingBlock& b : context_parallel::ring_step_blocks(step, r, C)) {
+        ops::attention_forward(block_out, block_lse, half_rows(rank.q, b.q_half, L), half_rows(held.k, b.kv_half, L),
+                               half_rows(held.v, b.kv_half, L), block_params(rank, held, b));
+        ops::attention_merge(rank.out, rank.lse, block_out, block_lse, b.q_half * L);
+      }
+    }
+  }
+  // Backward: every rank's step 0 first, which overwrites dq and starts its own keys' dk, dv.
+  for (RingRank& rank : ranks) {
+    rank.dq = Tensor::empty(rank.q.shape(), dt, gpu());
+    rank.dk = Tensor::empty(rank.k.shape(), dt, gpu());
+    rank.dv = Tensor::empty(rank.v.shape(), dt, gpu());
+    ops::attention_backward(rank.dq, rank.dk, rank.dv, rank.dout, rank.q, rank.k, rank.v, rank.out, rank.lse,
+                            rank.params);
+    const Tensor lse_host = rank.lse.to(Device::cpu());
+    for (int h = 0; h < 2; ++h) rank.lse_halves[size_t(h)] = sequence_half(lse_host, h).to(gpu());
+  }
+  Tensor dq_block = Tensor::empty({L, d.B, d.NH, d.HS}, dt, gpu());
+  Tensor dk_block = Tensor::empty({L, d.B, d.G, d.HS}, dt, gpu()), dv_block = Tensor::empty(dk_block.shape(), dt, gpu());
+  for (int64_t r = 0; r < C; ++r) {
+    RingRank& rank = ranks[size_t(r)];
+    for (int64_t step = 1; step < C; ++step) {
+      RingRank& held = ranks[size_t((r - step + C) % C)];
+      for (const context_parallel::RingBlock& b : context_parallel::ring_step_blocks(step, r, C)) {
+        ops::attention_backward(dq_block, dk_block, dv_block, half_rows(rank.dout, b.q_half, L),
+                                half_rows(rank.q, b.q_half, L), half_rows(held.k, b.kv_half, L),
+                                half_rows(held.v, b.kv_half, L), half_rows(rank.out, b.q_half, L),
+                                rank.lse_halves[size_t(b.q_half)], block_params(rank, held, b));
+        Tensor dq_rows = half_rows(rank.dq, b.q_half, L), dk_rows = half_rows(held.dk, b.kv_half, L);
+        Tensor dv_rows = half_rows(held.dv, b.kv_half, L);
+        ops::add_scaled(dq_rows, dq_block, 1.0f);
+        ops::add_scaled(dk_rows, dk_block, 1.0f);
+        ops::add_scaled(dv_rows, dv_block, 1.0f);
+      }
+    }
+  }
+  Tensor out = Tensor::empty(d.q_shape(), dt), lse = Tensor::empty({d.B, d.NH, d.S}, DType::f32);
+  Tensor dq = Tensor::empty(d.q_shape(), dt), dk = Tensor::empty(d.kv_shape(), dt), dv = Tensor::empty(d.kv_shape(), dt);
+  for (const RingRank& rank : ranks) {
+    place_rows(out, rank.out, rank.chunks);
+    place_lse(lse, rank.lse, rank.chunks);
+    place_rows(dq, rank.dq, rank.chunks);
+    place_rows(dk, rank.dk, rank.chunks);
+    place_rows(dv, rank.dv, rank.chunks);
+  }
+
+  // The reference: the CPU op over the whole sequence in f64; backward from the ring's out and lse,
+  // as check_case does, so both sides differentiate the same function.
+  const Tensor q64 = f64(q), k64 = f64(k), v64 = f64(v), dout64 = f64(dout);
+  Tensor ref_out = poisoned(d.q_shape(), DType::f64), ref_lse = poisoned({d.B, d.NH, d.S}, DType::f64);
+  ops::cpu::attention_forward(ref_out, ref_lse, q64, k64, v64, p);
+  const Tensor out64 = f64(out), lse64 = f64(lse);
+  Tensor ref_dq = poisoned(d.q_shape(), DType::f64), ref_dk = poisoned(d.kv_shape(), DType::f64);
+  Tensor ref_dv = poisoned(d.kv_shape(), DType::f64);
+  ops::cpu::attention_backward(ref_dq, ref_dk, ref_dv, dout64, q64, k64, v64, out64, lse64, p);
+
+  // Tolerance: the single op's (file comment) plus one bf16 rounding per merge or add_scaled that
+  // an element goes through. A row merges at most 2 blocks per step, and a key chunk receives at
+  // most 2 blocks from each other rank: 2 (C - 1) roundings more. lse: each merge's exp, log and
+  // add, a few f32 ulps of (|lse| + 1) per merge, 16 counted.
+  const Magnitudes mag = magnitudes(d, q64, k64, v64, dout64, out64, lse64, p);
+  const Tolerance tol = tolerance(d, mag, dt);
+  const double ring_tol = tol.out + 2.0 * double(C - 1) * unit_roundoff(dt);
+  const Tensor ones = filled(ref_lse.shape(), DType::f64, 1.0);
+  EXPECT_TRUE(close_to(pair_of(lse), ref_lse, ones, ones, (tol.F + 16.0 * double(C - 1)) * kUnitRoundoffF32,
+                       DType::f32, what + " lse"));
+  EXPECT_TRUE(close_to(pair_of(out), ref_out, mag.out, mag.out_exposure, ring_tol, dt, what + " out"));
+  EXPECT_TRUE(close_to(pair_of(dq), ref_dq, mag.dq, mag.dq_exposure, ring_tol, dt, what + " dq"));
+  EXPECT_TRUE(close_to(pair_of(dk), ref_dk, mag.dk, mag.dk_exposure, ring_tol, dt, what + " dk"));
+  EXPECT_TRUE(close_to(pair_of(dv), ref_dv, mag.dv, mag.dv_exposure, ring_tol, dt, what + " dv"));
+}
+
 }  // namespace
+
+// The ring's blocks and merges on one GPU within bf16 tolerance of full attention (check_ring):
+// CP = 2 and 4, GQA at head dims 64 (the blocks on cuDNN, as the model routes them) and 128, with
+// and without documents (the blocks then on our kernels, with the keys' own segment ids).
+TEST_F(CudaAttention, RingBlocksAndMergeMatchFullAttention) {
+  uint64_t seed = 8000;
+  for (const int64_t C : {int64_t(2), int64_t(4)}) {
+    check_ring({256, 2, 4, 2, 64}, C, false, seed += 100);
+    check_ring({256, 1, 4, 2, 128}, C, false, seed += 100);
+    check_ring({256, 2, 4, 2, 64}, C, true, seed += 100);
+  }
+}
 
 // S = 37: one partial tile; S = 130, 200 and 300: several key tiles (online-softmax rescaling, the
 // double-buffered pipeline) with a partial last one, and in the backward several key blocks, whose
@@ -387,6 +588,24 @@ TEST_F(CudaAttention, KeySegmentIdsMatchCpuF64) {
       {{130, 2, 4, 2, 128}, DType::bf16, 0, Path::routed, true, 0, -1, true},
   };
   uint64_t seed = 6000;
+  for (const Case& c : cases) check_all_variants(c, seed += 100);
+}
+
+// The variable-length path (packed documents, cu_seqlens) on both kernels and routed (it keeps the
+// op off cuDNN), with several rows, tensor-parallel head offsets, windows and f16: the kernels skip
+// the key tiles outside each query tile's documents and mask only the tiles on a boundary, so these
+// cases cover tiles wholly inside, wholly outside and across documents, forward and backward.
+TEST_F(CudaAttention, PackedDocumentsMatchCpuF64) {
+  const Case cases[] = {
+      {{300, 2, 4, 2, 64}, DType::bf16, 0, Path::mma, false, 0, -1, false, true},
+      {{300, 1, 4, 2, 128}, DType::bf16, 0, Path::mma, false, 0, -1, false, true},
+      {{200, 2, 4, 2, 64}, DType::f16, 0, Path::mma, false, 4, -1, false, true},
+      {{130, 2, 4, 2, 64}, DType::bf16, 0, Path::mma, false, 0, 17, false, true},
+      {{70, 2, 4, 2, 24}, DType::f32, 0, Path::generic, false, 0, -1, false, true},
+      {{130, 2, 4, 2, 64}, DType::bf16, 1, Path::generic, false, 0, -1, false, true},
+      {{300, 2, 4, 2, 64}, DType::bf16, 0, Path::routed, false, 0, -1, false, true},
+  };
+  uint64_t seed = 7000;
   for (const Case& c : cases) check_all_variants(c, seed += 100);
 }
 
@@ -553,4 +772,9 @@ TEST_F(CudaAttention, RoutesToCudnnWhereItApplies) {
   EXPECT_FALSE(
       ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_separate(d.checks(), DType::bf16, segmented),
                                          segmented, {o.raw(), q.raw(), q.raw(), q.raw()}));
+  // So do packed documents (cu_seqlens).
+  AttentionParams packed{true, 0.125f, 0.0f, 5, 6};
+  packed.cu_seqlens = Tensor::from_vector({0, 7, 16}, {3}, DType::i32).to(gpu());
+  EXPECT_FALSE(ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_separate(d.checks(), DType::bf16, packed),
+                                                  packed, {o.raw(), q.raw(), q.raw(), q.raw()}));
 }

@@ -1,8 +1,8 @@
 // multirank-np: 2 4
 // Context-parallel attention over every rank of the world as one CP group equals full causal
-// attention on one rank, in f64, for both of Megatron's comm types: the ring
-// (context_parallel/ring_attention.h, --cp-comm-type p2p) and the all-to-all over heads
-// (all_to_all_attention.h, a2a). Each rank's output, lse and gradients of q, k and v equal the
+// attention on one rank, in f64, for Megatron's comm types: the ring
+// (context_parallel/ring_attention.h, --cp-comm-type p2p), its blocks on all-gathered keys and values
+// (allgather) and the all-to-all over heads (all_to_all_attention.h, a2a). Each rank's output, lse and gradients of q, k and v equal the
 // full computation's rows of the two chunks that rank holds (Megatron's load-balanced split:
 // chunks r and 2C-1-r), with grouped-query heads, with and without document masks (segment ids
 // whose documents cross the chunk boundaries).
@@ -80,6 +80,8 @@ struct CpAttention {
 constexpr CpAttention kRing{context_parallel::ring_attention_forward, context_parallel::ring_attention_backward};
 constexpr CpAttention kAllToAll{context_parallel::all_to_all_attention_forward,
                                 context_parallel::all_to_all_attention_backward};
+constexpr CpAttention kAllGather{context_parallel::all_gather_attention_forward,
+                                 context_parallel::all_gather_attention_backward};
 
 void cp_matches_full_attention(const CpAttention& attention, bool documents) {
   int world = 0;
@@ -125,6 +127,10 @@ void cp_matches_full_attention(const CpAttention& attention, bool documents) {
 TEST(RingAttention, CausalGroupedQueryMatchesFullAttention) { cp_matches_full_attention(kRing, false); }
 
 TEST(RingAttention, DocumentMasksMatchFullAttention) { cp_matches_full_attention(kRing, true); }
+
+TEST(AllGatherAttention, CausalGroupedQueryMatchesFullAttention) { cp_matches_full_attention(kAllGather, false); }
+
+TEST(AllGatherAttention, DocumentMasksMatchFullAttention) { cp_matches_full_attention(kAllGather, true); }
 
 TEST(AllToAllAttention, CausalGroupedQueryMatchesFullAttention) { cp_matches_full_attention(kAllToAll, false); }
 

@@ -5,9 +5,9 @@
 // trains the single-rank model. GPT-2 style (learned positions) and LLaMA style (GQA, RoPE),
 // dropout off (not built under CP), 2 layers, 10 iterations with a validation at 10, in f64:
 //   2 ranks: CP=2 (both styles), CP=2 with document masks and reset position ids (LLaMA), the
-//            same with --cp-comm-type a2a, CP=2 with core attention recomputed in backward (the
-//            ring runs again);
-//   4 ranks: CP=4 (both styles), CP=4 a2a (GPT), CP=2 x DP=2 with the distributed optimizer
+//            same with --cp-comm-type a2a and allgather, CP=2 with core attention recomputed in
+//            backward (the ring runs again);
+//   4 ranks: CP=4 (both styles), CP=4 a2a (GPT), CP=4 allgather (LLaMA), CP=2 x DP=2 with the distributed optimizer
 //            (GPT), CP=2 x TP=2 with sequence parallelism (LLaMA).
 // Then a checkpoint (fp32, LLaMA): CP=2 saves at iteration 5 and one rank (CP=1) resumes it on
 // the same curve.
@@ -56,6 +56,7 @@ std::vector<Layout> layouts(int world) {
             {"CP=2", llama, false, {.cp = 2}, cp2},
             {"CP=2 document masks", llama, true, {.cp = 2}, cp2},
             {"CP=2 a2a document masks", llama, true, {.cp = 2}, with(cp2, {"--cp-comm-type", "a2a"})},
+            {"CP=2 allgather document masks", llama, true, {.cp = 2}, with(cp2, {"--cp-comm-type", "allgather"})},
             {"CP=2 selective recompute",
              llama,
              false,
@@ -64,6 +65,7 @@ std::vector<Layout> layouts(int world) {
   return {{"CP=4", gpt, false, {.cp = 4}, {"--context-parallel-size", "4"}},
           {"CP=4", llama, false, {.cp = 4}, {"--context-parallel-size", "4"}},
           {"CP=4 a2a", gpt, false, {.cp = 4}, {"--context-parallel-size", "4", "--cp-comm-type", "a2a"}},
+          {"CP=4 allgather", llama, false, {.cp = 4}, {"--context-parallel-size", "4", "--cp-comm-type", "allgather"}},
           {"CP=2 x DP=2 distributed optimizer", gpt, false, {.cp = 2}, with(cp2, {"--use-distributed-optimizer"})},
           {"CP=2 x TP=2 SP",
            llama,

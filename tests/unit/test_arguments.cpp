@@ -406,7 +406,9 @@ TEST(ContextParallelArgs, CombinationsNotBuiltAreRefusedWithTheFix) {
   EXPECT_TRUE(contains(parse_error(cp2_argv({"--pipeline-model-parallel-size", "2"}), 4),
                        "context and pipeline parallelism together are not built yet"));
   EXPECT_TRUE(contains(parse_error(cp2_argv({"--window-size", "8,0"}), 2), "drop --window-size or use CP 1"));
-  EXPECT_TRUE(contains(parse_error(cp2_argv({"--cp-comm-type", "allgather"}), 2), "use --cp-comm-type p2p or a2a"));
+  EXPECT_TRUE(contains(parse_error(cp2_argv({"--cp-comm-type", "a2a+p2p"}), 2),
+                       "use --cp-comm-type p2p, a2a or allgather"));
+  EXPECT_EQ(parse_error(cp2_argv({"--cp-comm-type", "allgather"}), 2), "");
   // a2a splits heads over CP: 4 heads at CP 2 do, 4 heads at CP 8 (with 4 query groups) do not.
   EXPECT_EQ(parse_error(cp2_argv({"--cp-comm-type", "a2a"}), 2), "");
   Argv cp8 = cp2_argv({"--cp-comm-type", "a2a"});

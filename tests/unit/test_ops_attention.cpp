@@ -19,7 +19,8 @@ AttentionParams params(bool causal, float dropout) { return {causal, 0.5f, dropo
 
 // Beside causal/full and dropout: document masking (segment ids), as under tensor parallelism
 // query heads that are a slice [head_offset, head_offset + NH) of total_heads, sliding windows, and
-// keys with segment ids of their own (a ring attention block).
+// keys with segment ids of their own (a ring attention block), and the same documents packed
+// (cu_seqlens, the variable-length path) instead of numbered.
 struct Variant {
   bool causal;
   float dropout;
@@ -27,6 +28,7 @@ struct Variant {
   int64_t head_offset = 0, total_heads = 0;
   int64_t window = -1;
   bool key_segmented = false;
+  bool packed = false;
 };
 
 const Variant kVariants[] = {{true, 0.0f},
@@ -40,7 +42,11 @@ const Variant kVariants[] = {{true, 0.0f},
                              {true, 0.0f, true, 0, 0, 2},
                              {false, 0.0f, false, 0, 0, 0},
                              {false, 0.0f, true, 0, 0, -1, true},
-                             {true, 0.3f, true, 0, 0, -1, true}};
+                             {true, 0.3f, true, 0, 0, -1, true},
+                             {true, 0.0f, false, 0, 0, -1, false, true},
+                             {false, 0.0f, false, 0, 0, -1, false, true},
+                             {true, 0.3f, false, 4, 12, -1, false, true},
+                             {true, 0.0f, false, 0, 0, 1, false, true}};
 
 // Documents of lengths 2, 3 (row 0) and 1, 3, 1 (row 1); ids need only compare equal.
 Tensor segment_ids() { return Tensor::from_vector({0, 0, 1, 1, 1, 3, 4, 4, 4, 7}, {kB, kS}, DType::i32); }
@@ -53,6 +59,7 @@ AttentionParams params(const Variant& v) {
   p.total_heads = v.total_heads;
   if (v.segmented) p.segment_ids = segment_ids();
   if (v.key_segmented) p.key_segment_ids = key_segment_ids();
+  if (v.packed) p.cu_seqlens = ops::packed_cu_seqlens(segment_ids());
   p.window = v.window;
   return p;
 }
@@ -60,7 +67,8 @@ AttentionParams params(const Variant& v) {
 std::string describe(const Variant& v) {
   return std::string("causal ") + (v.causal ? "1" : "0") + " dropout " + std::to_string(v.dropout) + " segmented " +
          (v.segmented ? "1" : "0") + " heads from " + std::to_string(v.head_offset) + " window " +
-         std::to_string(v.window) + " key segments " + (v.key_segmented ? "1" : "0");
+         std::to_string(v.window) + " key segments " + (v.key_segmented ? "1" : "0") + " packed " +
+         (v.packed ? "1" : "0");
 }
 
 struct AttentionRun {
@@ -87,7 +95,14 @@ void reference_attention(Tensor& out, Tensor& lse, const Tensor& q, const Tensor
   const CounterRng rng{p.seed, p.stream};
   const int64_t total_heads = p.total_heads == 0 ? kNH : p.total_heads;
   const Tensor& key_documents = p.key_segment_ids.defined() ? p.key_segment_ids : p.segment_ids;
+  // Packed documents: the document of token t = b*S + s is the number of boundaries cu[1..N] at or before it.
+  const auto packed_document = [&](int64_t t) {
+    int64_t d = 0;
+    for (int64_t n = 1; n < p.cu_seqlens.dim(0); ++n) d += p.cu_seqlens.item(n) <= double(t) ? 1 : 0;
+    return d;
+  };
   const auto same_document = [&](int64_t b, int64_t i, int64_t j) {
+    if (p.cu_seqlens.defined()) return packed_document(b * kS + i) == packed_document(b * kS + j);
     return !p.segment_ids.defined() || p.segment_ids.item(b * kS + i) == key_documents.item(b * kS + j);
   };
   for (int64_t b = 0; b < kB; ++b) {
@@ -157,6 +172,81 @@ TEST(Attention, MergeOfTwoKeySetsEqualsAttentionOverBoth) {
   for (int64_t bh = 0; bh < kB * kNH; ++bh)
     for (int64_t i = 0; i < kS; ++i)
       EXPECT_NEAR(c.lse.item(bh * kS + i), (i < kFrom ? before_lse : all.lse).item(bh * kS + i), 1e-14);
+}
+
+// The variable-length path equals the document mask it replaces: out, lse, dq, dk, dv with packed
+// documents (cu_seqlens) against the same documents numbered (segment ids), in f64, for B = 3 rows
+// of S = 40 holding documents of 1 to 23 tokens, GQA, causal and not.
+TEST(Attention, PackedDocumentsEqualDocumentMasks) {
+  constexpr int64_t S = 40, B = 3, NH = 4, G = 2, HS = 8;
+  const std::vector<std::vector<int64_t>> lengths = {{7, 1, 23, 9}, {40}, {3, 3, 17, 16, 1}};
+  Tensor segments = Tensor::empty({B, S}, DType::i32);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t s = 0;
+    for (size_t d = 0; d < lengths[size_t(b)].size(); ++d)
+      for (int64_t n = 0; n < lengths[size_t(b)][d]; ++n) segments.data<int32_t>()[b * S + s++] = int32_t(10 * b + d);
+    ASSERT_EQ(s, S);
+  }
+  const Tensor cu = ops::packed_cu_seqlens(segments);
+  ASSERT_EQ(cu.numel(), 4 + 1 + 5 + 1);
+  const Tensor q = randn({S, B, NH, HS}, DType::f64, 70), k = randn({S, B, G, HS}, DType::f64, 71);
+  const Tensor v = randn({S, B, G, HS}, DType::f64, 72), dout = randn(q.shape(), DType::f64, 73);
+  for (const bool causal : {true, false}) {
+    AttentionParams masked = params(causal, 0.0f), packed = params(causal, 0.0f);
+    masked.segment_ids = segments;
+    packed.cu_seqlens = cu;
+    const auto run = [&](const AttentionParams& p) {
+      AttentionRun r{poisoned(q.shape(), DType::f64), poisoned({B, NH, S}, DType::f64), poisoned(q.shape(), DType::f64),
+                     poisoned(k.shape(), DType::f64), poisoned(v.shape(), DType::f64)};
+      ops::attention_forward(r.out, r.lse, q, k, v, p);
+      ops::attention_backward(r.dq, r.dk, r.dv, dout, q, k, v, r.out, r.lse, p);
+      return r;
+    };
+    const AttentionRun want = run(masked), got = run(packed);
+    // The same terms in the same order, only the mask's exact zeros left out: equal but for
+    // reassociation, within 4 f64 u.
+    const std::string what = causal ? "causal" : "full";
+    EXPECT_TRUE(matches_reference(got.out, want.out, 0x1p-53, 4.0)) << what << " out";
+    EXPECT_TRUE(matches_reference(got.lse, want.lse, 0x1p-53, 4.0)) << what << " lse";
+    EXPECT_TRUE(matches_reference(got.dq, want.dq, 0x1p-53, 4.0)) << what << " dq";
+    EXPECT_TRUE(matches_reference(got.dk, want.dk, 0x1p-53, 4.0)) << what << " dk";
+    EXPECT_TRUE(matches_reference(got.dv, want.dv, 0x1p-53, 4.0)) << what << " dv";
+  }
+}
+
+// Hand-worked: documents [0, 2), [2, 5) in row 0 and [5, 6), [6, 9), [9, 10) in row 1; an id
+// running on over a row start still ends its document there; an id back after another is refused.
+TEST(Attention, PackedCuSeqlensFromSegmentIds) {
+  const Tensor cu = ops::packed_cu_seqlens(segment_ids());
+  ASSERT_EQ(cu.numel(), 6);
+  const int32_t want[] = {0, 2, 5, 6, 9, 10};
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(cu.data<int32_t>()[i], want[i]) << i;
+  const Tensor over_rows = ops::packed_cu_seqlens(Tensor::from_vector({0, 0, 1, 1, 1, 2}, {2, 3}, DType::i32));
+  ASSERT_EQ(over_rows.numel(), 5);
+  const int32_t want_rows[] = {0, 2, 3, 5, 6};
+  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(over_rows.data<int32_t>()[i], want_rows[i]) << i;
+  EXPECT_TRUE(throws_error_naming(
+      [] { ops::packed_cu_seqlens(Tensor::from_vector({0, 1, 0, 0}, {1, 4}, DType::i32)); }, "reappears"));
+}
+
+TEST(Attention, RejectsBadCuSeqlens) {
+  const Tensor q = randn({kS, kB, kNH, kHS}, DType::f32, 1), v = randn({kS, kB, kG, kHS}, DType::f32, 2);
+  Tensor out = Tensor::empty(q.shape(), DType::f32), lse = Tensor::empty({kB, kNH, kS}, DType::f32);
+  const auto with = [&](std::vector<float> cu) {
+    AttentionParams p = params(true, 0.0f);
+    p.cu_seqlens = Tensor::from_vector(cu, {int64_t(cu.size())}, DType::i32);
+    return p;
+  };
+  const auto fails = [&](const AttentionParams& p, const std::string& naming) {
+    return throws_error_naming([&] { ops::attention_forward(out, lse, q, v, v, p); }, naming);
+  };
+  AttentionParams both = with({0, 5, 10});
+  both.segment_ids = segment_ids();
+  EXPECT_TRUE(fails(both, "segment_ids both given"));
+  EXPECT_TRUE(fails(with({0, 5, 9}), "B*S = 10"));          // short of B*S
+  EXPECT_TRUE(fails(with({0, 3, 7, 10}), "crosses the row start 5"));
+  EXPECT_TRUE(fails(with({0, 5, 4, 10}), "never decrease"));
+  EXPECT_TRUE(fails(with({10}), "N >= 1 documents"));
 }
 
 TEST(Attention, ForwardMatchesTextbookDefinition) {

@@ -111,6 +111,35 @@ KvBlock own_kv(const Tensor& k, const Tensor& v, const ops::AttentionParams& par
 
 DType lse_dtype(const Tensor& q) { return q.dtype() == DType::f64 ? DType::f64 : DType::f32; }
 
+// Every rank's keys, values and segment ids, all-gathered once (--cp-comm-type allgather): rank j's
+// KvBlock views rows [2jL, 2(j+1)L) of the gathered k and v, in its local order.
+struct GatheredKv {
+  Tensor k, v;                 // (C*2L,B,G,HS): rank j's rows, chunk j then chunk 2C-1-j
+  std::vector<KvBlock> ranks;  // views into k, v; segment halves with document masking
+};
+GatheredKv gather_kv(const Tensor& k, const Tensor& v, const ops::AttentionParams& params, Communicator& cp) {
+  const int64_t C = cp.size(), rows = k.dim(0);
+  GatheredKv all{Tensor::empty({C * rows, k.dim(1), k.dim(2), k.dim(3)}, k.dtype(), k.device()),
+                 Tensor::empty({C * rows, v.dim(1), v.dim(2), v.dim(3)}, v.dtype(), v.device()),
+                 {}};
+  cp.all_gather(all.k, k);
+  cp.all_gather(all.v, v);
+  Tensor segments;  // (C,B,2L): rank j's segment ids
+  if (params.segment_ids.defined()) {
+    segments = Tensor::empty({C, params.segment_ids.dim(0), params.segment_ids.dim(1)}, DType::i32, k.device());
+    cp.all_gather(segments, params.segment_ids);
+  }
+  for (int64_t j = 0; j < C; ++j) {
+    KvBlock b{all.k.slice(j * rows, (j + 1) * rows), all.v.slice(j * rows, (j + 1) * rows), {}};
+    if (segments.defined()) {
+      const Tensor own = segments.slice(j, j + 1).view(params.segment_ids.shape());
+      for (int h = 0; h < 2; ++h) b.segments[size_t(h)] = sequence_half(own, h);
+    }
+    all.ranks.push_back(b);
+  }
+  return all;
+}
+
 }  // namespace
 
 void ring_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -187,6 +216,63 @@ void ring_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
   // The last step held the keys and values of rank r+1: their finished gradients go home, and
   // this rank's own come from rank r-1.
   ring_exchange_async(cp, {dk_held, dv_held}, {dk, dv})->wait();
+}
+
+void all_gather_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const ops::AttentionParams& params, Communicator& cp) {
+  check_ring_params(params, q);
+  const int64_t C = cp.size(), r = cp.rank(), L = q.dim(0) / 2;
+  ops::attention_forward(out, lse, q, k, v, params);  // the ring's step 0: the rank's own chunks
+  if (C == 1) return;
+  const GatheredKv all = gather_kv(k, v, params, cp);
+  const KvBlock& own = all.ranks[size_t(r)];
+  Tensor block_out = Tensor::empty({L, q.dim(1), q.dim(2), q.dim(3)}, q.dtype(), q.device());
+  Tensor block_lse = Tensor::empty({q.dim(1), q.dim(2), L}, lse_dtype(q), q.device());
+  for (int64_t step = 1; step < C; ++step) {
+    const KvBlock& held = all.ranks[size_t((r - step + C) % C)];
+    for (const RingBlock& b : ring_step_blocks(step, r, C)) {
+      const BlockOperands o = block_operands(b, q, held, own.segments, params);
+      ops::attention_forward(block_out, block_lse, o.q, o.k, o.v, o.params);
+      ops::attention_merge(out, lse, block_out, block_lse, b.q_half * L);
+    }
+  }
+}
+
+void all_gather_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                   const ops::AttentionParams& params, Communicator& cp) {
+  check_ring_params(params, q);
+  const int64_t C = cp.size(), r = cp.rank(), L = q.dim(0) / 2, rows = k.dim(0);
+  if (C == 1) return ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+  // Every rank's keys' gradients, this rank's share: its step 0 into its own rows, then each block's.
+  Tensor dk_all = Tensor::zeros({C * rows, k.dim(1), k.dim(2), k.dim(3)}, k.dtype(), k.device());
+  Tensor dv_all = Tensor::zeros(dk_all.shape(), v.dtype(), v.device());
+  Tensor dk_own = dk_all.slice(r * rows, (r + 1) * rows), dv_own = dv_all.slice(r * rows, (r + 1) * rows);
+  ops::attention_backward(dq, dk_own, dv_own, dout, q, k, v, out, lse, params);
+  const GatheredKv all = gather_kv(k, v, params, cp);
+  const KvBlock& own = all.ranks[size_t(r)];
+  const std::array<Tensor, 2> lse_halves{sequence_half(lse, 0), sequence_half(lse, 1)};
+  Tensor dq_block = Tensor::empty({L, q.dim(1), q.dim(2), q.dim(3)}, q.dtype(), q.device());
+  Tensor dk_block = Tensor::empty({L, k.dim(1), k.dim(2), k.dim(3)}, k.dtype(), k.device());
+  Tensor dv_block = Tensor::empty(dk_block.shape(), k.dtype(), k.device());
+  for (int64_t step = 1; step < C; ++step) {
+    const int64_t src = (r - step + C) % C;
+    for (const RingBlock& b : ring_step_blocks(step, r, C)) {
+      const BlockOperands o = block_operands(b, q, all.ranks[size_t(src)], own.segments, params);
+      ops::attention_backward(dq_block, dk_block, dv_block, dout.slice(b.q_half * L, (b.q_half + 1) * L), o.q, o.k,
+                              o.v, out.slice(b.q_half * L, (b.q_half + 1) * L), lse_halves[size_t(b.q_half)],
+                              o.params);
+      const int64_t key_row = src * rows + b.kv_half * L;
+      Tensor dq_rows = dq.slice(b.q_half * L, (b.q_half + 1) * L);
+      Tensor dk_rows = dk_all.slice(key_row, key_row + L), dv_rows = dv_all.slice(key_row, key_row + L);
+      ops::add_scaled(dq_rows, dq_block, 1.0f);
+      ops::add_scaled(dk_rows, dk_block, 1.0f);
+      ops::add_scaled(dv_rows, dv_block, 1.0f);
+    }
+  }
+  // Each owner receives the sum of every rank's share of its keys' gradients.
+  cp.reduce_scatter(dk, dk_all);
+  cp.reduce_scatter(dv, dv_all);
 }
 
 }  // namespace megatron::context_parallel

@@ -40,4 +40,16 @@ void ring_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
                              const Tensor& v, const Tensor& out, const Tensor& lse, const ops::AttentionParams& params,
                              Communicator& cp);
 
+// The same blocks with the other transport, Megatron's --cp-comm-type allgather: every rank's keys,
+// values (and segment ids) are all-gathered once instead of passed around, step i's blocks read
+// rank (r - i) mod C's rows of the gathered copy, and backward adds every block's dk, dv into a
+// gathered-size buffer (this rank's step 0 into its own rows) that one reduce-scatter sums back to
+// the owners. Less overlap than the ring (the gather comes first) and C times the keys' memory, for
+// fewer, larger transfers. Same contract and restrictions as the ring.
+void all_gather_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const ops::AttentionParams& params, Communicator& cp);
+void all_gather_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                   const ops::AttentionParams& params, Communicator& cp);
+
 }  // namespace megatron::context_parallel

@@ -20,6 +20,7 @@ struct AttentionParams {
   int64_t total_heads = 0;   // global number of query heads; 0 = NH (no tensor parallelism)
   Tensor segment_ids{};      // undefined = one document per sequence
   Tensor key_segment_ids{};  // the keys' own segment ids where they differ from the queries'; undefined = segment_ids
+  Tensor cu_seqlens{};       // packed documents (the variable-length path); undefined = one per sequence
   int64_t window = -1;       // sliding window: query i sees keys j >= i - window; -1 = unlimited
 };
 
@@ -36,6 +37,16 @@ struct AttentionParams {
 // are other positions than the queries (a block of context parallelism's ring attention, whose
 // query and key chunks come from different places of the sequence): query i then sees key j when
 // segment_ids[b,i] == key_segment_ids[b,j].
+// cu_seqlens (N+1) i32, optional, not with segment_ids (packed documents, flash attention's varlen
+// cu_seqlens and Megatron's PackedSeqParams for the THD format, generalised to B rows): the
+// cumulative lengths of N documents laid end to end over the batch-major token index t = b*S + s:
+// 0 = cu[0] <= cu[1] <= ... <= cu[N] = B*S, every row start b*S among them (a document never
+// crosses rows; B = 1 is Megatron's THD). Query (i, b) sees key (j, b) when both lie in one
+// document: the masks of segment ids numbering the documents, computed without them. The
+// variable-length path does work proportional to sum_d len_d^2, not S^2: the CPU loops over each
+// query's document only; the CUDA kernels skip the key tiles outside a query tile's documents
+// and mask only the tiles that straddle a boundary. Values are checked where they are readable
+// (a CPU tensor: check_cu_seqlens below); a CUDA tensor must come from checked host values.
 // window >= 0 (sliding-window attention, Megatron's --window-size, left size): query i also hides
 // keys j < i - window, so it sees at most window + 1 keys causally.
 // lse (B,NH,S) f32 (f64 for f64 q): log-sum-exp of each row of the scaled scores, returned so
@@ -45,6 +56,15 @@ MEGATRON_OP(attention_forward, void(Tensor& out, Tensor& lse, const Tensor& q, c
 MEGATRON_OP(attention_backward,
             void(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                  const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionParams& params));
+
+// The packed-documents form of segment ids (B,S) i32 on the CPU whose documents are contiguous
+// runs (a document's id differs from the one before it; the loader's ids from EOD tokens are):
+// cu_seqlens (N+1) i32 on the CPU, a boundary at every change of id and at every row start.
+// Errors when an id reappears after another (a document that is not one run), naming the place.
+Tensor packed_cu_seqlens(const Tensor& segment_ids);
+// Rejects cu_seqlens (a CPU tensor) that break the rules above for B rows of S positions, naming
+// the first broken one.
+void check_cu_seqlens(const Tensor& cu_seqlens, int64_t B, int64_t S);
 
 // The log-sum-exp merge of two attentions of the same queries over disjoint sets of keys (context
 // parallelism's ring attention): rows [row_offset, row_offset + Sb) of out (S,B,NH,HS) and

@@ -149,8 +149,9 @@ class SingleRankCommunicator final : public Communicator {
 CommHandlePtr completed_handle();
 
 // How attention crosses the context-parallel group (--cp-comm-type): p2p, the ring that passes keys
-// and values; a2a, all-to-alls that trade the sequence split for a head split.
-enum class CpCommType { p2p, a2a };
+// and values; a2a, all-to-alls that trade the sequence split for a head split; allgather, the
+// ring's blocks on keys and values all-gathered once.
+enum class CpCommType { p2p, a2a, allgather };
 
 // The groups one rank belongs to, passed explicitly to layers (no process-group globals).
 // Megatron's groups (reference/megatron-compat.md §7); parallel_state.h builds them.

@@ -27,9 +27,10 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
   if (a.context_parallel_size <= 0)
     errors.push_back(concat("--context-parallel-size ", a.context_parallel_size,
                             " must be positive: 1 disables context parallelism"));
-  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
-    errors.push_back(concat("--cp-comm-type ", a.cp_comm_type, ": p2p (ring attention) and a2a (all-to-all over ",
-                            "heads) are built; allgather and a2a+p2p are not yet; use --cp-comm-type p2p or a2a"));
+  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a" && a.cp_comm_type != "allgather")
+    errors.push_back(concat("--cp-comm-type ", a.cp_comm_type, ": p2p (ring attention), a2a (all-to-all over ",
+                            "heads) and allgather are built; a2a+p2p (with --hierarchical-context-parallel-sizes) ",
+                            "is not yet; use --cp-comm-type p2p, a2a or allgather"));
   const int64_t ep = a.expert_model_parallel_size;
   if (ep <= 0)
     errors.push_back(concat("--expert-model-parallel-size ", ep, " must be positive: 1 disables expert parallelism"));
@@ -79,7 +80,9 @@ ParallelContext model_context(const ParallelContext& groups, const ParallelArgs&
   ParallelContext ctx = groups;
   ctx.sequence_parallel_given = args.sequence_parallel;
   ctx.tp_comm_overlap_given = args.tp_comm_overlap;
-  ctx.cp_comm_type = args.cp_comm_type == "a2a" ? CpCommType::a2a : CpCommType::p2p;
+  ctx.cp_comm_type = args.cp_comm_type == "a2a"         ? CpCommType::a2a
+                     : args.cp_comm_type == "allgather" ? CpCommType::allgather
+                                                        : CpCommType::p2p;
   return ctx;
 }
 

@@ -202,7 +202,8 @@ std::vector<Flag> build_flag_table() {
       {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel,
        "CP: each sequence split over CP ranks in 2 x CP load-balanced chunks"},
       {"--cp-comm-type", FIELD(parallel.cp_comm_type), parallel,
-       "How attention crosses the CP group: p2p (ring attention) or a2a (all-to-all over heads)"},
+       "How attention crosses the CP group: p2p (ring attention), a2a (all-to-all over heads) or allgather (keys and "
+       "values all-gathered once)"},
       {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel,
        "EP: the experts of each MoE layer split over EP ranks of each data-parallel group"},
       {"--expert-tensor-parallel-size", FIELD(parallel.expert_tensor_parallel_size), parallel,

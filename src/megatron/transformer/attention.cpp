@@ -46,7 +46,7 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
                    .interleaved = config.rotary_interleaved,
                    .scaling_factor = config.use_rope_scaling ? config.rope_scaling_factor : 0.0f},
       cp_(ctx.cp && ctx.cp->size() > 1 ? ctx.cp : nullptr),
-      cp_all_to_all_(ctx.cp_comm_type == CpCommType::a2a),
+      cp_comm_type_(ctx.cp_comm_type),
       linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
                   {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std}),
       linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
@@ -70,6 +70,7 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
                      .head_offset = head_offset_,
                      .total_heads = total_heads_,
                      .segment_ids = fwd.segment_ids,
+                     .cu_seqlens = fwd.cu_seqlens,
                      .window = window_};
   if (fwd.kv_cache) return forward_cached(qkv, fwd, saved);
   if (!rope_ && !cp_) {
@@ -100,8 +101,11 @@ void SelfAttention::core_attention(Saved& saved) const {
   saved.lse = Tensor::empty({B, heads_local_, S}, like.dtype() == DType::f64 ? DType::f64 : DType::f32, like.device());
   if (saved.fused.defined())
     ops::attention_forward_qkv(saved.out, saved.lse, saved.fused, heads_local_, saved.attention);
-  else if (cp_ && cp_all_to_all_)
+  else if (cp_ && cp_comm_type_ == CpCommType::a2a)
     context_parallel::all_to_all_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
+                                                   *cp_);
+  else if (cp_ && cp_comm_type_ == CpCommType::allgather)
+    context_parallel::all_gather_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
                                                    *cp_);
   else if (cp_)
     context_parallel::ring_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention, *cp_);
@@ -110,8 +114,11 @@ void SelfAttention::core_attention(Saved& saved) const {
 }
 
 void SelfAttention::core_attention_backward(ops::SplitQkv& d, const Tensor& dout, const Saved& saved) const {
-  if (cp_ && cp_all_to_all_)
+  if (cp_ && cp_comm_type_ == CpCommType::a2a)
     return context_parallel::all_to_all_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
+                                                           saved.lse, saved.attention, *cp_);
+  if (cp_ && cp_comm_type_ == CpCommType::allgather)
+    return context_parallel::all_gather_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
                                                            saved.lse, saved.attention, *cp_);
   if (cp_)
     return context_parallel::ring_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,

@@ -64,7 +64,7 @@ class SelfAttention {
   bool recompute_;  // --recompute-modules core_attn
   ops::RopeParams rope_params_;
   std::shared_ptr<Communicator> cp_;  // the context-parallel group when it has more than one rank, else null
-  bool cp_all_to_all_;                // --cp-comm-type a2a: heads exchanged, else the ring
+  CpCommType cp_comm_type_;           // --cp-comm-type: the ring, heads exchanged, or keys all-gathered
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;
 };

@@ -15,8 +15,12 @@ struct ForwardContext {
   bool training = true;
   uint64_t seed = 0;
   uint64_t step = 0;  // global micro-batch counter: iteration * micro-batches + micro-batch
-  // Document masking (--reset-attention-mask): (B,S) i32 segment ids on the model's device, a
-  // token attending only to earlier tokens of its own document; undefined = plain causal.
+  // Document masking (--reset-attention-mask), a token attending only to earlier tokens of its own
+  // document, in one of attention's two forms (ops/attention.h), on the model's device: packed
+  // documents' cumulative lengths (N+1) i32, the variable-length path, where the sequence is whole;
+  // (B,S) i32 segment ids under context parallelism, whose ring and all-to-all pass keys with their
+  // documents. Both undefined = plain causal.
+  Tensor cu_seqlens{};
   Tensor segment_ids{};
   // The gradient of the MoE routers' auxiliary losses (load balancing, z-loss) per unit of loss:
   // the main loss's scale without its division by tokens, i.e. loss scale / micro-batches

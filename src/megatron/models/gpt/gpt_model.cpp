@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "megatron/ops/attention.h"
 #include "megatron/ops/cross_entropy.h"
 #include "megatron/ops/elementwise.h"
 #include "megatron/ops/embedding.h"
@@ -136,7 +137,16 @@ Tensor GPTModel::forward_layers(const MicroBatch& mb, const Tensor& input, const
                                               << ") got no input activation");
   ResidualStream stream{stage_.embedding ? embed(mb, fwd, saved) : input, Tensor()};
   ForwardContext layer_fwd = fwd;
-  layer_fwd.segment_ids = mb.segment_ids.defined() ? mb.segment_ids.to(device_) : Tensor();
+  if (mb.segment_ids.defined()) {
+    // Under CP the ring and the all-to-all pass each key's document with it (segment ids); a whole
+    // sequence takes the variable-length path (packed documents), derived once per micro-batch.
+    if (ctx_->cp && ctx_->cp->size() > 1) {
+      layer_fwd.segment_ids = mb.segment_ids.to(device_);
+    } else {
+      const Tensor host = mb.segment_ids.device().is_cpu() ? mb.segment_ids : mb.segment_ids.to(Device::cpu());
+      layer_fwd.cu_seqlens = ops::packed_cu_seqlens(host).to(device_);
+    }
+  }
   saved.layers.assign(decoder_.size(), {});
   saved.layer_checkpoints.assign(layer_segments_.size(), {});
   for (size_t s = 0; s < layer_segments_.size(); ++s) {

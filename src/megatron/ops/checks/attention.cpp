@@ -30,6 +30,16 @@ void check_params(const AttentionParams& p, const AttentionDims& d, TensorCheck 
     check_shape(p.key_segment_ids, {d.B, d.S}, "attention key_segment_ids");
     check_dtype(p.key_segment_ids, DType::i32, "attention key_segment_ids");
   }
+  if (p.cu_seqlens.defined()) {
+    MEGATRON_CHECK(!p.segment_ids.defined(), "attention: cu_seqlens and segment_ids both given; they are two forms "
+                                             "of the documents, pass one (cu_seqlens for packed documents)");
+    device(p.cu_seqlens, "attention cu_seqlens");
+    check_dtype(p.cu_seqlens, DType::i32, "attention cu_seqlens");
+    MEGATRON_CHECK(p.cu_seqlens.ndim() == 1 && p.cu_seqlens.dim(0) >= 2,
+                   "attention cu_seqlens must be (N+1) for N >= 1 documents, got " << shape_str(p.cu_seqlens.shape()));
+    // The values are readable only on the host; a device copy comes from checked host values.
+    if (p.cu_seqlens.device().is_cpu()) check_cu_seqlens(p.cu_seqlens, d.B, d.S);
+  }
 }
 
 void check_lse(const Tensor& lse, const AttentionDims& d, DType q_dtype, TensorCheck device) {

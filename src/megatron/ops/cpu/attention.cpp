@@ -34,24 +34,44 @@ A dropout_factor(const CounterRng& rng, const Dims& d, int64_t b, int64_t h, int
   return dropout_keep(rng, index, p) ? A(1) / (A(1) - A(p)) : A(0);
 }
 
-// Which keys query i of batch row b sees: j <= i when causal, j in i's segment when segment ids
-// are given (the keys' own when key_segment_ids is), and j >= i - window with a sliding window.
+// Which keys query i of batch row b sees: j in [begin, end) — j <= i when causal and, for packed
+// documents (cu_seqlens), j in i's document, the variable-length path visiting no other key — and
+// of those the ones not hidden: of another segment where segment ids are given (the keys' own when
+// key_segment_ids is), or before i - window with a sliding window.
 struct KeyMask {
   bool causal;
   const int32_t* segments;      // (B,S) or null: the queries'
   const int32_t* key_segments;  // (B,S): the keys'; segments when the keys have no ids of their own
   int64_t window;               // -1: unlimited
   int64_t S;
-  int64_t end(int64_t i) const { return causal ? i + 1 : S; }  // keys at or past end are hidden
+  std::vector<int64_t> document_begin, document_end;  // (B,S) with cu_seqlens: each position's document
+  int64_t begin(int64_t b, int64_t i) const { return document_begin.empty() ? 0 : document_begin[size_t(b * S + i)]; }
+  int64_t end(int64_t b, int64_t i) const {
+    const int64_t causal_end = causal ? i + 1 : S;
+    return document_end.empty() ? causal_end : std::min(causal_end, document_end[size_t(b * S + i)]);
+  }
   bool hidden(int64_t b, int64_t i, int64_t j) const {
     return (segments && key_segments[b * S + j] != segments[b * S + i]) || (window >= 0 && j < i - window);
   }
 };
 
-KeyMask key_mask(const AttentionParams& p, int64_t S) {
+KeyMask key_mask(const AttentionParams& p, int64_t B, int64_t S) {
   const int32_t* segments = p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr;
   const int32_t* keys = p.key_segment_ids.defined() ? p.key_segment_ids.data<int32_t>() : segments;
-  return {p.causal, segments, keys, p.window, S};
+  KeyMask mask{p.causal, segments, keys, p.window, S, {}, {}};
+  if (p.cu_seqlens.defined()) {  // document d covers tokens [cu[d], cu[d+1]) of the batch-major index b*S + s
+    mask.document_begin.resize(size_t(B * S));
+    mask.document_end.resize(size_t(B * S));
+    const int32_t* cu = p.cu_seqlens.data<int32_t>();
+    for (int64_t d = 0; d + 1 < p.cu_seqlens.dim(0); ++d) {
+      for (int64_t t = cu[d]; t < cu[d + 1]; ++t) {
+        const int64_t row_start = t / S * S;  // a document never crosses rows (checked)
+        mask.document_begin[size_t(t)] = cu[d] - row_start;
+        mask.document_end[size_t(t)] = cu[d + 1] - row_start;
+      }
+    }
+  }
+  return mask;
 }
 
 template <class T>
@@ -67,7 +87,7 @@ void attention_forward_kernel(T* out, compute_t<T>* lse, const T* q, const T* k,
   using A = compute_t<T>;
   const CounterRng rng{p.seed, p.stream};
   const A scale = A(p.softmax_scale);
-  const KeyMask mask = key_mask(p, d.S);
+  const KeyMask mask = key_mask(p, d.B, d.S);
   const int64_t r = d.NH / d.G;
 #pragma omp parallel for collapse(2) if (worth_parallel(d.B * d.NH * d.S * d.S * d.HS))
   for (int64_t b = 0; b < d.B; ++b) {
@@ -76,20 +96,20 @@ void attention_forward_kernel(T* out, compute_t<T>* lse, const T* q, const T* k,
       std::vector<A> score(size_t(d.S)), acc(size_t(d.HS));
       for (int64_t i = 0; i < d.S; ++i) {
         const T* qi = q + d.q_offset(i, b, h);
-        const int64_t len = mask.end(i);
+        const int64_t first = mask.begin(b, i), len = mask.end(b, i);
         // s_ij = scale * q_i . k_j;  lse_i = log sum_j exp(s_ij), with the row max m subtracted
         A m = -std::numeric_limits<A>::infinity();
-        for (int64_t j = 0; j < len; ++j) {
+        for (int64_t j = first; j < len; ++j) {
           score[size_t(j)] = mask.hidden(b, i, j) ? -std::numeric_limits<A>::infinity()
                                                   : scale * dot_row(qi, k + d.kv_offset(j, b, g), d.HS);
           m = std::max(m, score[size_t(j)]);
         }
         A sum = 0;
-        for (int64_t j = 0; j < len; ++j) sum += mask.hidden(b, i, j) ? A(0) : std::exp(score[size_t(j)] - m);
+        for (int64_t j = first; j < len; ++j) sum += mask.hidden(b, i, j) ? A(0) : std::exp(score[size_t(j)] - m);
         const A l = m + std::log(sum);  // -inf for a row that sees no key
         // out_i = sum_j dropout(p_ij) v_j,  p_ij = exp(s_ij - lse_i)
         std::fill(acc.begin(), acc.end(), A(0));
-        for (int64_t j = 0; j < len; ++j) {
+        for (int64_t j = first; j < len; ++j) {
           if (mask.hidden(b, i, j)) continue;
           const A pij = std::exp(score[size_t(j)] - l) * dropout_factor<A>(rng, d, b, h, i, j, p.dropout_p);
           const T* vj = v + d.kv_offset(j, b, g);
@@ -110,7 +130,7 @@ void attention_backward_kernel(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   using A = compute_t<T>;
   const CounterRng rng{p.seed, p.stream};
   const A scale = A(p.softmax_scale);
-  const KeyMask key_mask_of = key_mask(p, d.S);
+  const KeyMask key_mask_of = key_mask(p, d.B, d.S);
   const int64_t r = d.NH / d.G;
 #pragma omp parallel for collapse(2) if (worth_parallel(d.B * d.NH * d.S * d.S * d.HS))
   for (int64_t b = 0; b < d.B; ++b) {
@@ -120,12 +140,12 @@ void attention_backward_kernel(T* dq, T* dk, T* dv, const T* dout, const T* q, c
         for (int64_t i = 0; i < d.S; ++i) {
           const T* qi = q + d.q_offset(i, b, h);
           const T* doi = dout + d.q_offset(i, b, h);
-          const int64_t len = key_mask_of.end(i);
+          const int64_t first = key_mask_of.begin(b, i), len = key_mask_of.end(b, i);
           const A l = lse[d.lse_offset(b, h, i)];
           // D_i = dout_i . out_i = sum_j p_ij dP_ij: the row term of the softmax backward
           const A D = dot_row(doi, out + d.q_offset(i, b, h), d.HS);
           std::fill(dq_acc.begin(), dq_acc.end(), A(0));
-          for (int64_t j = 0; j < len; ++j) {
+          for (int64_t j = first; j < len; ++j) {
             if (key_mask_of.hidden(b, i, j)) continue;
             const T* kj = k + d.kv_offset(j, b, g);
             const T* vj = v + d.kv_offset(j, b, g);

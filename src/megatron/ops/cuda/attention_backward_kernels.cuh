@@ -37,7 +37,7 @@ struct BackwardArgs {
   float* dq_acc;     // (S,B,NH,HS) fp32, tensor-core path only
   Dims d;
   bool causal;
-  KeyMask mask;  // document masking and sliding window
+  KeyMask mask;  // document masking (segment ids or packed documents) and sliding window
   float scale;
   float dropout_p;
   CounterRng rng;
@@ -143,9 +143,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   load_tile_async<kN, HS, kThreads>(sK, a.k + kv_off, kvs, j0, d.S);
   load_tile_async<kN, HS, kThreads>(sV, a.v + kv_off, kvs, j0, d.S);
 
-  // Steps: the query tiles of each of the group's heads; causally only tiles reaching key j0.
-  const int first_tile = a.causal ? j0 / BM : 0;
-  const int tiles_per_head = (d.S + BM - 1) / BM - first_tile;
+  // Steps: the query tiles of each of the group's heads; causally only tiles reaching key j0; with
+  // packed documents only those of the block's keys' documents (the work follows sum len^2).
+  const RowsDocuments key_docs = a.mask.documents_of_rows(d, b, j0, min(j0 + kN, d.S) - 1);
+  const int first_tile = max(a.causal ? j0 : 0, key_docs.first.begin) / BM;
+  const int tiles_per_head = (key_docs.last.end + BM - 1) / BM - first_tile;
   const int steps = r * tiles_per_head;
   const auto prefetch = [&](int step, int stage) {
     const int h = grp * r + step / tiles_per_head, i0 = (first_tile + step % tiles_per_head) * BM;
@@ -215,7 +217,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
       // P^T = 2^(s scale log2e - lse log2e), 0 where masked; dropout keep bits; then
       // dS^T = P (M dP - D), and P becomes P M for the dV product.
-      const bool edge = j0 + warp * 16 + 16 > d.S || (a.causal && j0 + warp * 16 + 15 > i0) || a.mask.any();
+      const int key_lo = j0 + warp * 16;
+      const bool edge = key_lo + 16 > d.S || (a.causal && key_lo + 15 > i0) ||
+                        (a.mask.any() && a.mask.masks_tile(a.mask.documents_of_rows(d, b, i0, min(i0 + BM, d.S) - 1),
+                                                           key_lo, key_lo + 15));
       uint32_t keep_bits = 0xffffffffu;
       if constexpr (kDropout) {
 #pragma unroll
@@ -239,7 +244,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           float pr = fast_exp2(fmaf(p[nt][e], scale_log2, neg_lse[e & 1]));
           if (edge) {
             const int key = key0 + (e >> 1) * 8, query = i0 + nt * 8 + 2 * t + (e & 1);
-            if (key >= d.S || (a.causal && key > query) || (query < d.S && a.mask.hidden(d, b, query, key))) pr = 0.0f;
+            if (key >= d.S || (a.causal && key > query) ||
+                (query < d.S && (a.mask.hidden(d, b, query, key) || a.mask.outside_document(d, b, query, key))))
+              pr = 0.0f;
           }
           float mult = 1.0f;
           if constexpr (kDropout) mult = (keep_bits >> (nt * 4 + e)) & 1u ? keep_scale : 0.0f;
@@ -389,12 +396,14 @@ __global__ void attention_backward_dq_generic_kernel(const BackwardArgs<T> a) {
   const T* kb = a.k + (int64_t(b) * d.G + grp) * d.HS;
   const T* vb = a.v + (int64_t(b) * d.G + grp) * d.HS;
   const int64_t kvs = d.kv_row_stride();
-  const int len = a.causal ? i + 1 : d.S;
+  // Keys [first, len): causally up to i, and for packed documents within i's document.
+  const DocumentSpan document = a.mask.document_span(d, b, i);
+  const int first = document.begin, len = min(a.causal ? i + 1 : d.S, document.end);
   const float lse = a.lse[row_id], Di = a.D[row_id];
   const float keep_scale = 1.0f / (1.0f - a.dropout_p);
   const uint64_t drop_base = dropout_row_base(d, b, h, i);
   float acc[kMaxLaneDims] = {};
-  for (int j0 = 0; j0 < len; j0 += 32) {
+  for (int j0 = first; j0 < len; j0 += 32) {
     const int j = j0 + lane;
     float ds = 0.0f;
     if (j < len && !a.mask.hidden(d, b, i, j)) {
@@ -447,14 +456,17 @@ __global__ void attention_backward_dkv_generic_kernel(const BackwardArgs<T> a) {
   const float keep_scale = 1.0f / (1.0f - a.dropout_p);
   float dk_acc[kMaxLaneDims] = {}, dv_acc[kMaxLaneDims] = {};
   const int r = d.group_size();
+  // Queries [first, end) that may see key j: causally from j, and for packed documents within j's document.
+  const DocumentSpan document = a.mask.document_span(d, b, j);
+  const int first = max(a.causal ? j : 0, document.begin), end = document.end;
   for (int h = grp * r; h < (grp + 1) * r; ++h) {
     const T* qb = a.q + (int64_t(b) * d.NH + h) * d.HS;
     const T* dob = a.dout + (int64_t(b) * d.NH + h) * d.HS;
     const int64_t stat_off = (int64_t(b) * d.NH + h) * d.S;
-    for (int i0 = a.causal ? j : 0; i0 < d.S; i0 += 32) {
+    for (int i0 = first; i0 < end; i0 += 32) {
       const int i = i0 + lane;
       float pd = 0.0f, ds = 0.0f;
-      if (i < d.S && !a.mask.hidden(d, b, i, j)) {
+      if (i < end && !a.mask.hidden(d, b, i, j)) {
         const float p = expf(a.scale * dot_row(k_row, qb + i * qs, d.HS) - a.lse[stat_off + i]);
         const float mult =
             a.dropout_p > 0.0f ? dropout_factor(a.rng, dropout_row_base(d, b, h, i), j, a.dropout_p, keep_scale) : 1.0f;
@@ -464,7 +476,7 @@ __global__ void attention_backward_dkv_generic_kernel(const BackwardArgs<T> a) {
       pd_buf[lane] = pd;
       ds_buf[lane] = ds;
       __syncwarp();
-      const int count = min(32, d.S - i0);
+      const int count = min(32, end - i0);
       for (int ii = 0; ii < count; ++ii) {
         const float pdi = pd_buf[ii], dsi = ds_buf[ii];
         const T* q_row = qb + (i0 + ii) * qs;

@@ -37,24 +37,73 @@ struct Dims {
 
 // The shared checks' dims as the kernels' ints, after checking they fit the kernels' limits.
 Dims cuda_dims(const checks::AttentionDims& d, const Tensor& q, const AttentionParams& p = {});
+// Positions [begin, end) of one row: a packed document (AttentionParams::cu_seqlens), or the whole row.
+struct DocumentSpan {
+  int begin, end;
+};
+// The documents of the first and last of a run of consecutive rows (queries or keys): a key in
+// [last.begin, first.end) lies in the document of every row of the run, and no key outside
+// [first.begin, last.end) lies in any of their documents (documents are contiguous and ordered).
+struct RowsDocuments {
+  DocumentSpan first, last;
+};
+
 // The keys a query hides besides causality: those of another document (segment ids, (B,S) int32,
-// null for one document per sequence) and, with a sliding window (window >= 0), those more than
-// `window` positions before it. The keys' segment ids are their own where key_segment_ids is given
-// (a ring attention block), else the queries'.
+// null for one document per sequence; or packed documents, cu_seqlens (N+1) int32 over b*S + s)
+// and, with a sliding window (window >= 0), those more than `window` positions before it. The
+// keys' segment ids are their own where key_segment_ids is given (a ring attention block), else
+// the queries'.
 struct KeyMask {
   const int32_t* segments;
   const int32_t* key_segments;
   int window;
-  __host__ __device__ bool any() const { return segments != nullptr || window >= 0; }
+  const int32_t* cu_seqlens;  // null without packed documents
+  int documents;              // N: cu_seqlens holds N + 1 boundaries
+  __host__ __device__ bool any() const { return segments != nullptr || window >= 0 || cu_seqlens != nullptr; }
+  // Segment ids and the window, element by element (packed documents: outside_document).
   __device__ __forceinline__ bool hidden(const Dims& d, int b, int row, int col) const {
     if (window >= 0 && col < row - window) return true;
     return segments && segments[int64_t(b) * d.S + row] != key_segments[int64_t(b) * d.S + col];
   }
+  // The packed document holding position pos of row b (binary search for the last boundary at or
+  // before b*S + pos), clamped to the row; the whole row without packed documents.
+  __device__ DocumentSpan document_span(const Dims& d, int b, int pos) const {
+    if (!cu_seqlens) return {0, d.S};
+    const int64_t row_start = int64_t(b) * d.S, t = row_start + pos;
+    int lo = 0, hi = documents;  // cu[lo] <= t < cu[hi]
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (cu_seqlens[mid] <= t) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    return {int(max(int64_t(0), cu_seqlens[lo] - row_start)), int(min(int64_t(d.S), cu_seqlens[hi] - row_start))};
+  }
+  // Rows [row_lo, row_hi], both < S.
+  __device__ RowsDocuments documents_of_rows(const Dims& d, int b, int row_lo, int row_hi) const {
+    return {document_span(d, b, row_lo), document_span(d, b, row_hi)};
+  }
+  __device__ __forceinline__ bool outside_document(const Dims& d, int b, int row, int col) const {
+    if (!cu_seqlens) return false;
+    const DocumentSpan span = document_span(d, b, row);
+    return col < span.begin || col >= span.end;
+  }
+  // Whether a tile of rows with documents `rows` and keys [col_lo, col_hi] needs hidden() or
+  // outside_document() element by element: with segment ids or a window always, with packed
+  // documents unless every key lies in every row's document.
+  __device__ __forceinline__ bool masks_tile(const RowsDocuments& rows, int col_lo, int col_hi) const {
+    if (segments || window >= 0) return true;
+    return cu_seqlens && (col_lo < rows.last.begin || col_hi >= rows.first.end);
+  }
 };
 inline KeyMask key_mask_of(const AttentionParams& p) {
   const int32_t* segments = p.segment_ids.defined() ? p.segment_ids.data<int32_t>() : nullptr;
+  const bool packed = p.cu_seqlens.defined();
   return {segments, p.key_segment_ids.defined() ? p.key_segment_ids.data<int32_t>() : segments,
-          int(std::min<int64_t>(p.window, std::numeric_limits<int>::max()))};  // a window past S hides nothing
+          int(std::min<int64_t>(p.window, std::numeric_limits<int>::max())),  // a window past S hides nothing
+          packed ? p.cu_seqlens.data<int32_t>() : nullptr, packed ? int(p.cu_seqlens.dim(0) - 1) : 0};
 }
 // The shared attention checks (ops/checks/attention.h) with CUDA's device rule and dtypes.
 extern const checks::AttentionBackend kCudaAttention;

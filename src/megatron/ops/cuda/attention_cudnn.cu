@@ -301,6 +301,7 @@ bool cudnn_attention_applies(const CudnnAttention& a, const AttentionParams& par
   if (a.HS != 64 && a.HS != 128) return false;
   if (params.dropout_p != 0.0f) return false;      // our mask contract (counter-based, as on the CPU)
   if (params.segment_ids.defined()) return false;  // document masking: our kernels
+  if (params.cu_seqlens.defined()) return false;   // packed documents: our kernels (attention_cudnn.h)
   if (params.window >= 0) return false;            // sliding window: our kernels
   for (const void* p : operands)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;

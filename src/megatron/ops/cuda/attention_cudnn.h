@@ -52,7 +52,9 @@ CudnnAttention cudnn_attention_fused_mha(int64_t S, int64_t B, int64_t NH, int64
 // The routing decision of the CUDA attention ops: true when `a` runs on cuDNN. Rules: bf16 or f16;
 // head dim 64 or 128 (the ones measured; others keep our kernels); no attention dropout (our mask
 // is counter-based and must match the CPU's, which cuDNN's RNG cannot); no document masking
-// (segment ids: our kernels); every operand address
+// (segment ids or packed cu_seqlens: our kernels, which skip the tiles outside the documents; cuDNN's
+// ragged path, a batch entry per document with lengths and offsets into (S,B), is not built yet);
+// every operand address
 // 16-byte aligned; and cuDNN has forward and backward plans for the graphs on this GPU (built here
 // on first use; a graph cuDNN rejects is logged once and keeps our kernels).
 bool cudnn_attention_applies(const CudnnAttention& a, const AttentionParams& params,

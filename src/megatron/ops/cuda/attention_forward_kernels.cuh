@@ -24,7 +24,7 @@ struct ForwardArgs {
   const T* v;
   Dims d;
   bool causal;
-  KeyMask mask;  // document masking and sliding window
+  KeyMask mask;  // document masking (segment ids or packed documents) and sliding window
   float scale;
   float dropout_p;
   CounterRng rng;
@@ -83,13 +83,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_forw
   const T* qb = a.q + (int64_t(b) * d.NH + h) * HS;
   const T* kb = a.k + (int64_t(b) * d.G + grp) * HS;
   const T* vb = a.v + (int64_t(b) * d.G + grp) * HS;
-  const int kv_end = a.causal ? min(d.S, q0 + kM) : d.S;  // causal: keys <= the block's last query
-  const int n_tiles = (kv_end + kN - 1) / kN;
+  // Causal: keys <= the block's last query. Packed documents: the keys of the block's documents
+  // only, so the work follows sum len^2 over the documents, not S^2.
+  const RowsDocuments block_docs = a.mask.documents_of_rows(d, b, q0, min(q0 + kM, d.S) - 1);
+  const int kv_end = min(a.causal ? min(d.S, q0 + kM) : d.S, block_docs.last.end);
+  const int first_tile = block_docs.first.begin / kN, n_tiles = (kv_end + kN - 1) / kN;  // tiles [first, n)
 
   load_tile_async<kM, HS, kThreads>(sQ, qb, qs, q0, d.S);
   cp_async_commit();
-  load_tile_async<kN, HS, kThreads>(sK, kb, kvs, 0, d.S);
-  load_tile_async<kN, HS, kThreads>(sV, vb, kvs, 0, d.S);
+  load_tile_async<kN, HS, kThreads>(sK, kb, kvs, first_tile * kN, d.S);
+  load_tile_async<kN, HS, kThreads>(sV, vb, kvs, first_tile * kN, d.S);
   cp_async_commit();
 
   // Q fragments of this warp's rows: all of them once (kQInRegs), else one k-step at a time.
@@ -110,6 +113,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_forw
   const float scale_log2 = a.scale * kLog2e;
   // This warp's rows: warp_row0 + 16 mt + g (c0, c1) and + 8 (c2, c3), for m-tile mt.
   const int warp_row0 = q0 + warp * 16 * MT;
+  const RowsDocuments warp_docs =
+      a.mask.documents_of_rows(d, b, min(warp_row0, d.S - 1), min(warp_row0 + 16 * MT, d.S) - 1);
   const float keep_scale = 1.0f / (1.0f - a.dropout_p);
   float o[MT][HS / 8][4] = {};
   float m[MT][2], l[MT][2];  // running row max (log2 units) and sum of 2^(s - m) over this thread's columns
@@ -119,19 +124,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_forw
     l[mt][0] = l[mt][1] = 0.0f;
   }
 
-  for (int jt = 0; jt < n_tiles; ++jt) {
+  for (int jt = first_tile; jt < n_tiles; ++jt) {
     cp_async_wait_all();
     __syncthreads();  // tile jt is in place, and every warp is done with tile jt - 1's stage
     if (jt + 1 < n_tiles) {
-      const int stage = (jt + 1) & 1;
+      const int stage = (jt + 1 - first_tile) & 1;
       load_tile_async<kN, HS, kThreads>(sK + stage * kN * HS, kb, kvs, (jt + 1) * kN, d.S);
       load_tile_async<kN, HS, kThreads>(sV + stage * kN * HS, vb, kvs, (jt + 1) * kN, d.S);
     }
     cp_async_commit();
-    const uint32_t k_addr = smem_addr(sK + (jt & 1) * kN * HS), v_addr = smem_addr(sV + (jt & 1) * kN * HS);
+    const int stage = (jt - first_tile) & 1;
+    const uint32_t k_addr = smem_addr(sK + stage * kN * HS), v_addr = smem_addr(sV + stage * kN * HS);
     const int k0 = jt * kN;
-    // Causally, a tile wholly after this warp's last row would only add masked zeros: skip it.
+    // A tile wholly after this warp's last row (causally) or outside its rows' documents would
+    // only add masked zeros: skip it.
     if (a.causal && k0 > warp_row0 + 16 * MT - 1) continue;
+    if (k0 + kN <= warp_docs.first.begin || k0 >= warp_docs.last.end) continue;
 
     // s = Q K^T for this warp's MT x 16 rows x kN keys.
     float s[MT][kN / 8][4] = {};
@@ -155,8 +163,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_forw
     }
 
     // Scale into log2 units; mask keys past the end, causally keys after the query, and keys of
-    // other documents.
-    const bool edge = k0 + kN > d.S || (a.causal && k0 + kN - 1 > warp_row0) || a.mask.any();
+    // other documents (packed documents: only in the tiles that straddle a boundary).
+    const bool edge =
+        k0 + kN > d.S || (a.causal && k0 + kN - 1 > warp_row0) || a.mask.masks_tile(warp_docs, k0, k0 + kN - 1);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -166,7 +175,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_forw
           float x = s[mt][nt][e] * scale_log2;
           if (edge) {
             const int col = k0 + nt * 8 + 2 * t + (e & 1), row = warp_row0 + mt * 16 + g + (e >> 1) * 8;
-            if (col >= d.S || (a.causal && col > row) || (row < d.S && a.mask.hidden(d, b, row, col))) x = -INFINITY;
+            if (col >= d.S || (a.causal && col > row) ||
+                (row < d.S && (a.mask.hidden(d, b, row, col) || a.mask.outside_document(d, b, row, col))))
+              x = -INFINITY;
           }
           s[mt][nt][e] = x;
         }
@@ -331,10 +342,12 @@ __global__ void attention_forward_generic_kernel(const ForwardArgs<T> a) {
   const T* kb = a.k + (int64_t(b) * d.G + grp) * d.HS;
   const T* vb = a.v + (int64_t(b) * d.G + grp) * d.HS;
   const int64_t kvs = d.kv_row_stride();
-  const int len = a.causal ? i + 1 : d.S;
+  // Keys [first, len): causally up to i, and for packed documents within i's document.
+  const DocumentSpan document = a.mask.document_span(d, b, i);
+  const int first = document.begin, len = min(a.causal ? i + 1 : d.S, document.end);
 
   float m = -INFINITY, l = 0.0f;
-  for (int j = lane; j < len; j += 32) {
+  for (int j = first + lane; j < len; j += 32) {
     if (a.mask.hidden(d, b, i, j)) continue;
     const float s = a.scale * dot_row(q_row, kb + j * kvs, d.HS);
     if (s > m) {
@@ -355,7 +368,7 @@ __global__ void attention_forward_generic_kernel(const ForwardArgs<T> a) {
   const float keep_scale = 1.0f / (1.0f - a.dropout_p);
   const uint64_t drop_base = dropout_row_base(d, b, h, i);
   float acc[kMaxLaneDims] = {};
-  for (int j0 = 0; j0 < len; j0 += 32) {
+  for (int j0 = first; j0 < len; j0 += 32) {
     const int j = j0 + lane;
     float p = 0.0f;
     if (j < len && !a.mask.hidden(d, b, i, j)) {

@@ -1,0 +1,205 @@
+// Packed documents on one GPU: the variable-length attention path (AttentionParams::cu_seqlens; our
+// flash kernels skip the key tiles outside each query tile's documents) against what the same
+// documents cost without it, forward and backward, bf16, causal, at llama-1b's heads (NH 32, G 8,
+// HS 64) and llama-8b's (HS 128), T = 32768 real tokens packed in 2 rows of 16384, as documents
+// of mixed lengths (long-tailed: log-uniform in [64, 8192], pretraining's packing; uniform in
+// [256, 2048]) and, for contrast, all of 512 (where padding costs nothing):
+//   varlen          cu_seqlens (the path `megatron train --reset-attention-mask` takes at CP 1)
+//   document masks  the same documents as segment ids: our kernels visit every key tile up to the
+//                   diagonal and mask element by element (S^2/2 work per row; the path before)
+//   dense causal    the rows as plain causal sequences, documents ignored (cuDNN where it applies):
+//                   attention over the same token count without any document structure
+//   padded          every document a row of its own, padded to the longest (cuDNN where it
+//                   applies): the padding alternative at the same real tokens, which computes
+//                   documents x longest tokens
+// Columns: median ms of 5 timed runs (after 1 warm-up run) per pass, the path's time over
+// varlen's, and TFLOP/s of the useful work (FlashAttention's count over the documents: forward
+// 2 sum_d len_d^2 NH HS, backward 2.5 times that). The varlen check is its out's normwise error
+// against the document-mask path's (both ours; bf16 goal 1e-2).
+//
+// Build: ninja -C build/gpu attention_varlen_bench. Run: build/gpu/attention_varlen_bench
+// Measured: docs/PERFORMANCE.md, "Packed documents (variable-length attention)".
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "megatron/core/rng.h"
+#include "megatron/core/tensor.h"
+#include "megatron/cuda_runtime/device.h"
+#include "megatron/cuda_runtime/event_timer.h"
+#include "megatron/ops/attention.h"
+
+using namespace megatron;
+
+namespace {
+
+constexpr int64_t kRows = 2, kRowLength = 16384, kHeads = 32, kGroups = 8;
+
+// N(0,1) bf16 values on the GPU (never zeros: they can run faster than real data): a block of 2^20
+// random values repeated, which times the same as fresh ones and takes no time to draw.
+Tensor random_gpu(const Shape& shape, uint64_t seed) {
+  constexpr int64_t kBlock = int64_t(1) << 20;
+  std::vector<float> block(static_cast<size_t>(kBlock));
+  const CounterRng rng{seed, 1};
+  for (int64_t i = 0; i < kBlock; ++i) block[size_t(i)] = rng.normal(uint64_t(i));
+  Tensor host = Tensor::empty(shape, DType::f32);
+  float* p = host.data<float>();
+  for (int64_t i = 0; i < host.numel(); ++i) p[i] = block[size_t(i % kBlock)];
+  return host.to(DType::bf16).to(Device::cuda(0));
+}
+
+// Median milliseconds of fn over 5 runs after 1, timed with events on the ops' stream.
+double median_ms(const std::function<void()>& fn) {
+  fn();
+  std::vector<double> times;
+  for (int i = 0; i < 5; ++i) {
+    cuda::event_timer_reset();
+    const int64_t start = cuda::event_timer_record();
+    fn();
+    const int64_t end = cuda::event_timer_record();
+    cuda::event_timer_synchronize();
+    times.push_back(cuda::event_timer_elapsed_ms(start, end));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// ||x - ref|| / ||ref||.
+double normwise_error(const Tensor& x, const Tensor& ref) {
+  const Tensor a = x.to(Device::cpu()).to(DType::f64), b = ref.to(Device::cpu()).to(DType::f64);
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    num += (a.data<double>()[i] - b.data<double>()[i]) * (a.data<double>()[i] - b.data<double>()[i]);
+    den += b.data<double>()[i] * b.data<double>()[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// A packing: the lengths of the documents of each row, filling it exactly.
+struct Packing {
+  std::string name;
+  std::vector<std::vector<int64_t>> rows;
+};
+
+// Documents whose lengths `draw` gives, the last one of a row cut to fit.
+Packing packing(const std::string& name, const std::function<int64_t()>& draw) {
+  Packing p{name, {}};
+  for (int64_t b = 0; b < kRows; ++b) {
+    std::vector<int64_t> docs;
+    for (int64_t left = kRowLength; left > 0;) {
+      const int64_t len = std::min(left, draw());
+      docs.push_back(len);
+      left -= len;
+    }
+    p.rows.push_back(docs);
+  }
+  return p;
+}
+
+std::vector<Packing> packings() {
+  HostRng rng(7);
+  const auto uniform = [&] { return rng.uniform_int(1u << 30) / double(1u << 30); };
+  return {packing("long-tailed 64-8192", [&] { return int64_t(64.0 * std::pow(128.0, uniform())); }),
+          packing("uniform 256-2048", [&] { return 256 + int64_t(rng.uniform_int(2048 - 256 + 1)); }),
+          packing("all 512", [] { return int64_t(512); })};
+}
+
+struct Pass {
+  double forward_ms, backward_ms;
+  double total() const { return forward_ms + backward_ms; }
+};
+
+struct Inputs {
+  Tensor q, k, v, dout;
+};
+// Random q, k, v, dout for (S,B) at head dim HS, made once per shape (drawing them takes longer
+// than the attention).
+const Inputs& inputs(int64_t S, int64_t B, int64_t HS) {
+  static std::map<std::array<int64_t, 3>, Inputs> made;
+  const std::array<int64_t, 3> key{S, B, HS};
+  if (!made.contains(key)) {
+    const Shape qs{S, B, kHeads, HS}, kvs{S, B, kGroups, HS};
+    made[key] = {random_gpu(qs, 1), random_gpu(kvs, 2), random_gpu(kvs, 3), random_gpu(qs, 4)};
+  }
+  return made[key];
+}
+
+// Times forward and backward of causal attention over (S,B) with `params` (documents or none).
+Pass time_attention(int64_t S, int64_t B, int64_t HS, const ops::AttentionParams& params, Tensor* out_copy) {
+  const Shape qs{S, B, kHeads, HS}, kvs{S, B, kGroups, HS};
+  const auto& [q, k, v, dout] = inputs(S, B, HS);
+  const Device gpu = Device::cuda(0);
+  Tensor out = Tensor::empty(qs, DType::bf16, gpu), lse = Tensor::empty({B, kHeads, S}, DType::f32, gpu);
+  Tensor dq = Tensor::empty(qs, DType::bf16, gpu), dk = Tensor::empty(kvs, DType::bf16, gpu);
+  Tensor dv = Tensor::empty(kvs, DType::bf16, gpu);
+  const double fwd = median_ms([&] { ops::attention_forward(out, lse, q, k, v, params); });
+  const double bwd = median_ms([&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params); });
+  if (out_copy) *out_copy = out.to(Device::cpu());
+  return {fwd, bwd};
+}
+
+void run(const Packing& pk, int64_t HS) {
+  const float scale = float(1.0 / std::sqrt(double(HS)));
+  Tensor segments = Tensor::empty({kRows, kRowLength}, DType::i32);
+  double useful = 0.0;  // sum_d len_d^2 / 2 (causal pairs)
+  int64_t documents = 0, longest = 0;
+  for (int64_t b = 0; b < kRows; ++b) {
+    int64_t s = 0;
+    for (size_t d = 0; d < pk.rows[size_t(b)].size(); ++d) {
+      const int64_t len = pk.rows[size_t(b)][d];
+      for (int64_t n = 0; n < len; ++n) segments.data<int32_t>()[b * kRowLength + s++] = int32_t(d);
+      useful += 0.5 * double(len) * double(len);
+      longest = std::max(longest, len);
+      ++documents;
+    }
+  }
+  const double fwd_flops = 4.0 * useful * double(kHeads) * double(HS);
+  ops::AttentionParams varlen{true, scale, 0.0f, 0, 0}, masked = varlen, dense = varlen;
+  varlen.cu_seqlens = ops::packed_cu_seqlens(segments).to(Device::cuda(0));
+  masked.segment_ids = segments.to(Device::cuda(0));
+  Tensor varlen_out, masked_out;
+  const Pass v = time_attention(kRowLength, kRows, HS, varlen, &varlen_out);
+  const Pass m = time_attention(kRowLength, kRows, HS, masked, &masked_out);
+  const Pass c = time_attention(kRowLength, kRows, HS, dense, nullptr);
+  const Pass p = time_attention(longest, documents, HS, dense, nullptr);
+  const double error = normwise_error(varlen_out, masked_out);
+  const auto line = [&](const char* path, const Pass& t, int64_t tokens, const std::string& check) {
+    std::printf("| HS %lld | %s (%lld docs, longest %lld) | %s | %lld | %.3f | %.3f | %.3f | %.2fx | %.1f | %s |\n",
+                (long long)HS, pk.name.c_str(), (long long)documents, (long long)longest, path, (long long)tokens,
+                t.forward_ms, t.backward_ms, t.total(), t.total() / v.total(),
+                (fwd_flops * 3.5) / t.total() * 1e-9, check.c_str());
+  };
+  char check[64];
+  std::snprintf(check, sizeof check, "out vs masks %.1e %s", error, error <= 1e-2 ? "ok" : "FAIL");
+  line("varlen (cu_seqlens)", v, kRows * kRowLength, check);
+  line("document masks (segment ids)", m, kRows * kRowLength, "");
+  line("dense causal (no documents)", c, kRows * kRowLength, "");
+  line("padded (a row per document)", p, documents * longest, "");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main() {
+  try {
+    const cuda::DeviceInfo info = cuda::init_device(0);
+    std::printf("device: %s, %d SMs; bf16, causal, NH %lld, G %lld, %lld rows of %lld tokens\n\n", info.name.c_str(),
+                info.multiprocessors, (long long)kHeads, (long long)kGroups, (long long)kRows, (long long)kRowLength);
+    std::printf("| head dim | packing | path | tokens computed | fwd ms | bwd ms | fwd+bwd ms | time / varlen's | "
+                "useful TFLOP/s | check |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    const std::vector<Packing> all = packings();
+    for (const int64_t HS : {int64_t(64), int64_t(128)})
+      for (const Packing& pk : all) run(pk, HS);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_varlen_bench: %s\n", e.what());
+    return 2;
+  }
+}
