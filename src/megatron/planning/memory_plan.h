@@ -1,0 +1,55 @@
+#pragma once
+// megatron plan's memory model: each pipeline stage's peak memory per rank, by component, for a
+// `train` command line, without running it.
+//
+// The parameters are the engine's own: the plan builds each stage's model chunks the way a rank of
+// the layout does (described_group.h: same constructors, no buffers allocated), lays them out with
+// the DDP buffer layout the run uses (distributed/buffer_layout.h) and sizes the optimizer's state
+// as the optimizers allocate it. Activations come from activation_model.h, the micro-batches in
+// flight from the pipeline schedule the run executes (peak_in_flight of build_schedule).
+//
+// Peak = weights + gradients + optimizer state + activations of the micro-batches in flight + the
+// working set of the backward that is running + communication buffers + allocator slack, or the
+// set-up's peak (DDP moving the buffers into its layout holds both layouts at once) where larger.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megatron/planning/activation_model.h"
+#include "megatron/training/arguments.h"
+
+namespace megatron::planning {
+
+struct StageMemory {
+  int64_t pipeline_rank = 0;
+  int64_t first_layer = 0;        // of its first chunk
+  int64_t parameters = 0;         // elements this rank holds (its TP and EP shard, padded)
+  double weights = 0;             // bytes
+  double gradients = 0;           // fp32 main gradients
+  double optimizer_state = 0;     // master weights (16-bit runs) and Adam moments, or this rank's shard of them
+  std::vector<int64_t> layer_activations;  // one micro-batch, per layer of the stage (all chunks)
+  double activations_per_micro_batch = 0;  // everything saved (as the log reports) plus the device's inputs
+  int64_t in_flight = 1;                   // micro-batches whose activations are held at once
+  double activations = 0;                  // per micro-batch x in flight
+  double backward_working = 0;             // the running backward's gradients and copies
+  double data_batches = 0;                 // the loader's batches of a step (CPU: in the same memory)
+  double communication = 0;                // pipeline send/receive buffers
+  double allocator_slack = 0;              // CUDA's size-class rounding (none on the CPU)
+  double set_up_peak = 0;                  // while DDP lays out the buffers
+  double steady_peak() const;
+  double peak() const;
+};
+
+struct MemoryPlan {
+  PlanBackend backend = PlanBackend::cpu;
+  int64_t world_size = 1;
+  std::vector<StageMemory> stages;  // one per pipeline rank
+  double peak() const;              // the largest stage's
+};
+
+MemoryPlan plan_memory(const TrainingArgs& args, PlanBackend backend);
+
+// The plan as a table, every component in MiB per stage.
+std::string format_memory_plan(const MemoryPlan& plan);
+
+}  // namespace megatron::planning
