@@ -162,7 +162,10 @@ ChunkActivations chunk_activations(const TransformerConfig& config, const pipeli
   }
   if (stage.loss) {
     const int64_t vocab = config.padded_vocab_size / shape.tp;
-    a.final_norm_and_loss = norm_saved(d) + stream + d.T * vocab * d.e + d.T * d.stats;
+    // The final norm belongs to the last layer's block: recomputed with it when that layer is.
+    const bool last_layer_recomputed = !segments.empty() && segments.back().checkpointed;
+    a.final_norm_and_loss = (last_layer_recomputed ? 0 : norm_saved(d)) + stream + d.T * vocab * d.e + d.T * d.stats;
+    if (last_layer_recomputed) a.layers.back().backward_working += norm_saved(d);
     a.inputs += 2 * 4 * d.T;                         // labels and loss mask, sequence-major
     a.loss_working = 2 * d.T * d.H * d.e + stream;  // the output layer's input gradient (and SP's gather)
   }

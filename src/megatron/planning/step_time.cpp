@@ -9,6 +9,16 @@
 
 namespace megatron::planning {
 
+namespace {
+// The share of layers that are MoE layers.
+double moe_share(const TransformerConfig& c) {
+  if (!c.moe.enabled()) return 0.0;
+  std::string why;
+  const std::vector<bool> pattern = moe_layer_pattern(c.moe.moe_layer_freq, c.num_layers, &why);
+  return double(std::count(pattern.begin(), pattern.end(), true)) / double(c.num_layers);
+}
+}  // namespace
+
 StepTime plan_step_time(const TrainingArgs& args) {
   const OpThroughputs& hw = kH100Throughputs;
   const TransformerConfig& c = args.model;
@@ -18,15 +28,18 @@ StepTime plan_step_time(const TrainingArgs& args) {
   const double fc1 = c.swiglu ? 2.0 : 1.0;
   const double attention_params = H * (NH + 2 * G) * d + NH * d * H;
   // A MoE layer's tokens each pass through top-k experts (and the shared expert).
-  double mlp_params = H * F * (fc1 + 1);
-  if (c.moe.enabled()) {
-    std::string why;
-    const std::vector<bool> pattern = moe_layer_pattern(c.moe.moe_layer_freq, c.num_layers, &why);
-    const double moe_share = double(std::count(pattern.begin(), pattern.end(), true)) / L;
+  const double moe = moe_share(c);
+  const double dense_mlp_params = H * F * (fc1 + 1);
+  double mlp_params = dense_mlp_params, stored_mlp_params = dense_mlp_params;
+  if (moe > 0) {
     const double expert =
         H * double(c.moe.moe_ffn_hidden_size) * (fc1 + 1) * double(c.moe.moe_router_topk) +
         H * double(c.moe.moe_shared_expert_intermediate_size) * (fc1 + 1) + H * double(c.moe.num_moe_experts);
-    mlp_params = (1 - moe_share) * mlp_params + moe_share * expert;
+    mlp_params = (1 - moe) * dense_mlp_params + moe * expert;
+    // Every expert's parameters are updated, not only the top-k a token uses.
+    const double experts = H * double(c.moe.moe_ffn_hidden_size) * (fc1 + 1) * double(c.moe.num_moe_experts) +
+                           H * double(c.moe.moe_shared_expert_intermediate_size) * (fc1 + 1);
+    stored_mlp_params = (1 - moe) * dense_mlp_params + moe * experts;
   }
   const double layer_params = attention_params + mlp_params;
   // Forward 2 flops per parameter and token, backward 4; a full recompute runs the forward again,
@@ -40,7 +53,8 @@ StepTime plan_step_time(const TrainingArgs& args) {
   }
   double gemm_flops = tokens * (layer_passes * L * layer_params + 6.0 * H * double(c.padded_vocab_size));
   if (!c.recompute.full() && c.recompute.recomputes("mlp")) gemm_flops += tokens * L * 2.0 * H * F * fc1;
-  const double attention_flops = attention_passes * L * 2.0 * tokens * double(c.seq_length) * NH * d * 0.5;
+  // Causal: half of the 2 x 2 x S x S x NH x d of QK^T and PV per sequence.
+  const double attention_flops = attention_passes * L * 2.0 * tokens * double(c.seq_length) * NH * d;
   const double e = double(dtype_size(c.params_dtype));
   const double elementwise_bytes = tokens * L * (H + F) * e * hw.elementwise_passes;
   const double ranks = double(args.world_size);
@@ -52,7 +66,7 @@ StepTime plan_step_time(const TrainingArgs& args) {
   t.elementwise_ms = 1e3 * elementwise_bytes / ranks / (hw.hbm_tbps * 1e12);
   // Every rank updates its share of the parameters (model-parallel split; DP shard with the
   // distributed optimizer).
-  const double params = L * layer_params + 2 * H * double(c.padded_vocab_size);
+  const double params = L * (attention_params + stored_mlp_params) + 2 * H * double(c.padded_vocab_size);
   const double model_parallel = double(args.parallel.tensor_model_parallel_size * args.parallel.pipeline_model_parallel_size);
   const double dp = double(args.data_parallel_size * args.parallel.context_parallel_size);
   const double params_per_rank = params / model_parallel / (args.use_distributed_optimizer ? dp : 1.0);
