@@ -29,7 +29,7 @@ check() {  # name ranks flags...
   stages=$(awk '/^[0-9]+ / { print $1 }' "$dir/plan")
   for stage in $stages; do
     local planned measured
-    planned=$(awk -v s="$stage" '$1 == s && NF == 14 { print $14 }' "$dir/plan")
+    planned=$(awk -v s="$stage" '$1 == s && NF == 15 { print $15 }' "$dir/plan")
     if grep -q 'memory per pipeline stage' "$dir/log"; then
       measured=$(grep 'memory per pipeline stage' "$dir/log" | head -1 | sed -E "s/.*stage $stage: [^;]*peak ([0-9.e+]+) MiB.*/\1/")
     else
@@ -50,6 +50,8 @@ check "llama-tiny full recompute" 1 --model-preset llama-tiny --micro-batch-size
   --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 check "tiny selective recompute" 1 --model-preset tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
   --recompute-granularity selective --recompute-modules core_attn mlp
+check "llama-tiny bf16 offload 0.5" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 \
+  --vocab-size 1000 --bf16 --optimizer-cpu-offload --optimizer-offload-fraction 0.5
 check "llama-tiny PP=2" 2 --model-preset llama-tiny --micro-batch-size 2 --global-batch-size 8 --vocab-size 1000 \
   --pipeline-model-parallel-size 2
 check "llama-tiny TP=2 SP" 2 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \

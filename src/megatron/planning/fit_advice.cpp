@@ -57,7 +57,8 @@ std::string fit_advice(const std::vector<std::string>& train_args, int64_t world
   using Change = std::vector<std::vector<std::string>>;
   const Change selective{{"--recompute-granularity", "selective"}, {"--recompute-modules", "core_attn", "mlp"}};
   const Change full{{"--recompute-granularity", "full"}, {"--recompute-method", "uniform"}, {"--recompute-num-layers", "1"}};
-  std::vector<Change> candidates{selective, full, {{"--use-distributed-optimizer"}}};
+  const Change offload{{"--optimizer-cpu-offload"}};
+  std::vector<Change> candidates{selective, full, offload, {{"--use-distributed-optimizer"}}};
   for (const char* tp : {"2", "4", "8"})
     candidates.push_back({{"--tensor-model-parallel-size", tp}, {"--sequence-parallel"}});
   for (const char* pp : {"2", "4", "8"}) candidates.push_back({{"--pipeline-model-parallel-size", pp}});
@@ -65,12 +66,18 @@ std::string fit_advice(const std::vector<std::string>& train_args, int64_t world
     candidates.push_back({{"--micro-batch-size", std::to_string(mbs)},
                           {"--global-batch-size", std::to_string(given.global_batch_size)}});
   const size_t singles = candidates.size();
-  for (size_t i = 2; i < singles; ++i) {  // each layout change with full recomputation and a sharded optimizer
-    Change c = full;
-    c.push_back({"--use-distributed-optimizer"});
-    if (i > 2) c.insert(c.end(), candidates[i].begin(), candidates[i].end());
-    candidates.push_back(c);
-  }
+  // Each layout change with full recomputation and a sharded optimizer, or with full recomputation
+  // and the optimizer's state offloaded.
+  for (size_t i = 3; i < singles; ++i)
+    for (const Change& memory : {Change{{"--use-distributed-optimizer"}}, offload}) {
+      Change c = full;
+      c.insert(c.end(), memory.begin(), memory.end());
+      if (i > 3) c.insert(c.end(), candidates[i].begin(), candidates[i].end());
+      candidates.push_back(c);
+    }
+  Change both = full;
+  both.insert(both.end(), offload.begin(), offload.end());
+  candidates.push_back(both);
   std::vector<std::pair<double, std::string>> fits;
   for (const Change& change : candidates) {
     try {
@@ -83,7 +90,8 @@ std::string fit_advice(const std::vector<std::string>& train_args, int64_t world
   }
   std::sort(fits.begin(), fits.end());
   if (fits.empty())
-    out << "  none of recomputation, the distributed optimizer, TP/PP up to 8 or a smaller micro-batch fits at "
+    out << "  none of recomputation, optimizer offload, the distributed optimizer, TP/PP up to 8 or a smaller "
+        << "micro-batch fits at "
         << world_size << " rank(s): launch more ranks (--plan-world-size) or a device with more memory\n";
   for (const auto& [p, change] : fits) {
     std::snprintf(line, sizeof line, "  %.2f GiB: ", p / kGiB);

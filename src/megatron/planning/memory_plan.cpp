@@ -23,6 +23,9 @@ namespace {
 // tensors of a step lose about half of that on average. The flat buffers are few and large, and
 // their rounding is counted with them.
 constexpr double kCudaRoundingOfTransients = 0.0625;
+// The offloaded state's pipeline chunk (optimizer/adamw_state.cpp): each of two staging slots holds
+// up to this many elements of gradients and of parameters.
+constexpr double kOffloadChunkElements = double(int64_t(64) << 20);
 
 double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
@@ -78,7 +81,15 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   s.weights = double(buffers.numel) * double(dtype_size(params));
   s.gradients = double(buffers.numel) * state_element;
   const bool separate_master = params != DType::f32 && params != DType::f64;
-  s.optimizer_state = double(buffers.state_numel) * state_element * (separate_master ? 3.0 : 2.0);
+  const double fraction = args.optimizer.optimizer_cpu_offload ? args.optimizer.optimizer_offload_fraction : 0.0;
+  const double offloaded = fraction * double(buffers.state_numel);
+  const double kept = double(buffers.state_numel) - offloaded;
+  s.optimizer_state = kept * state_element * (separate_master ? 3.0 : 2.0);
+  if (offloaded > 0) {
+    const double slot = std::min(offloaded, kOffloadChunkElements);
+    const double host = offloaded * state_element * 3.0 + 2.0 * slot * (state_element + double(dtype_size(params)));
+    (backend == PlanBackend::cpu ? s.optimizer_state : s.host_optimizer) += host;
+  }
 
   const ActivationShape shape{.seq_length = args.model.seq_length / args.parallel.context_parallel_size,
                               .micro_batch = args.micro_batch_size,
@@ -123,8 +134,11 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   } else {
     s.allocator_slack = kCudaRoundingOfTransients * (s.activations + s.backward_working + s.communication);
   }
-  // DDP's set_layout holds the registry's buffers and the new ones at once, before the optimizer.
-  s.set_up_peak = double(buffers.registry_numel) * (double(dtype_size(params)) + state_element) + s.weights + s.gradients;
+  // Before the optimizer: the registry's buffers, then DDP's move (the registry's and DDP's parameter
+  // buffers, the gradients dropped), then DDP's buffers.
+  const double registry_weights = double(buffers.registry_numel) * double(dtype_size(params));
+  s.set_up_peak = std::max({registry_weights + double(buffers.registry_numel) * state_element,
+                            registry_weights + s.weights, s.weights + s.gradients});
   return s;
 }
 
@@ -155,17 +169,20 @@ std::string format_memory_plan(const MemoryPlan& plan) {
   std::ostringstream out;
   char line[512];
   out << "memory per rank (MiB), " << (plan.backend == PlanBackend::cuda ? "CUDA" : "CPU") << " backend, "
-      << plan.world_size << " rank(s):\n";
-  std::snprintf(line, sizeof line, "%-6s %12s %10s %10s %10s %10s %6s %10s %10s %8s %8s %8s %10s %10s\n", "stage",
-                "parameters", "weights", "grads", "optimizer", "act/mb", "x", "act", "bwd work", "data", "comm",
-                "slack", "set-up", "peak");
+      << plan.world_size << " rank(s); peak = the larger of set-up and the sum of the columns from weights to slack "
+      << "(act = act/mb x the micro-batches in flight); host: offloaded optimizer state, not on the device:\n";
+  std::snprintf(line, sizeof line, "%-6s %12s %10s %10s %10s %10s %6s %10s %10s %8s %8s %8s %10s %10s %10s\n",
+                "stage", "parameters", "weights", "grads", "optimizer", "act/mb", "x", "act", "bwd work", "data", "comm",
+                "slack", "set-up", "host", "peak");
   out << line;
   for (const StageMemory& s : plan.stages) {
-    std::snprintf(line, sizeof line, "%-6lld %12lld %10.2f %10.2f %10.2f %10.2f %6lld %10.2f %10.2f %8.2f %8.2f %8.2f %10.2f %10.2f\n",
+    std::snprintf(line, sizeof line,
+                  "%-6lld %12lld %10.2f %10.2f %10.2f %10.2f %6lld %10.2f %10.2f %8.2f %8.2f %8.2f %10.2f %10.2f %10.2f\n",
                   static_cast<long long>(s.pipeline_rank), static_cast<long long>(s.parameters), mib(s.weights),
                   mib(s.gradients), mib(s.optimizer_state), mib(s.activations_per_micro_batch),
                   static_cast<long long>(s.in_flight), mib(s.activations), mib(s.backward_working), mib(s.data_batches),
-                  mib(s.communication), mib(s.allocator_slack), mib(s.set_up_peak), mib(s.peak()));
+                  mib(s.communication), mib(s.allocator_slack), mib(s.set_up_peak), mib(s.host_optimizer),
+                  mib(s.peak()));
     out << line;
   }
   for (const StageMemory& s : plan.stages) {

@@ -10,7 +10,11 @@
 //
 // Peak = weights + gradients + optimizer state + activations of the micro-batches in flight + the
 // working set of the backward that is running + communication buffers + allocator slack, or the
-// set-up's peak (DDP moving the buffers into its layout holds both layouts at once) where larger.
+// set-up's peak where larger (DDP moving the parameters into its layout holds the registry's and
+// its own parameter buffers at once, the gradients once: ParameterRegistry::GradsOnMove::drop).
+// With --optimizer-cpu-offload the offloaded share of the optimizer state (optimizer/adamw_state.h:
+// master weights always kept apart there, two staging slots of up to 64 Mi elements) is host memory:
+// on a GPU it leaves the device; on the CPU backend it is the same memory and still counted.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,7 +30,9 @@ struct StageMemory {
   int64_t parameters = 0;         // elements this rank holds (its TP and EP shard, padded)
   double weights = 0;             // bytes
   double gradients = 0;           // fp32 main gradients
-  double optimizer_state = 0;     // master weights (16-bit runs) and Adam moments, or this rank's shard of them
+  double optimizer_state = 0;     // master weights (16-bit runs) and Adam moments, or this rank's shard of them,
+                                  // on the device (less what --optimizer-cpu-offload moves to the host)
+  double host_optimizer = 0;      // the offloaded state and its staging slots in host memory (CUDA runs)
   std::vector<int64_t> layer_activations;  // one micro-batch, per layer of the stage (all chunks)
   double activations_per_micro_batch = 0;  // everything saved (as the log reports) plus the device's inputs
   int64_t in_flight = 1;                   // micro-batches whose activations are held at once
