@@ -75,15 +75,15 @@ std::string fit_advice(const std::vector<std::string>& train_args, int64_t world
       if (i > 3) c.insert(c.end(), candidates[i].begin(), candidates[i].end());
       candidates.push_back(c);
     }
-  Change both = full;
-  both.insert(both.end(), offload.begin(), offload.end());
-  candidates.push_back(both);
+
   std::vector<std::pair<double, std::string>> fits;
   for (const Change& change : candidates) {
     try {
       const TrainingArgs changed = parse_training_args(with_flags(train_args, change), world_size);
       const double p = plan_memory(changed, backend).peak();
-      if (p <= limit) fits.emplace_back(p, joined(change));
+      const std::string text = joined(change);
+      const bool listed = std::any_of(fits.begin(), fits.end(), [&](const auto& f) { return f.second == text; });
+      if (p <= limit && !listed) fits.emplace_back(p, text);
     } catch (const std::exception&) {
       // Not a valid layout for this model or world (train would refuse it): not advice.
     }

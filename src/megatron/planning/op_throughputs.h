@@ -25,9 +25,15 @@ struct OpThroughputs {
   // Ring bus bandwidth of NCCL all-reduce between GPUs of one host (nccl-tests' definition):
   // 360 GB/s, the order NVLink 4 gives on H100 SXM; not measured by this engine yet.
   double link_gbps;
+  // Optimizer CPU offload (optimizer/adamw_state.h), not measured by this engine yet: the CPU AdamW op
+  // streams about 30 bytes per element through host memory, planned at 40 GB/s (a 16-core host's
+  // share of its memory bandwidth); gradients down and parameters up over PCIe Gen5 x16 from pinned
+  // memory at 25 GB/s each way, overlapped with the update (the slower of the two counts).
+  double host_adamw_gbps;
+  double pcie_gbps;
 };
 
 inline constexpr OpThroughputs kH100Throughputs{
-    "H100 80GB HBM3 (bf16)", 727.0, 272.0, 3.0, 24.0, 2.8, 188.7 / 178.0, 360.0};
+    "H100 80GB HBM3 (bf16)", 727.0, 272.0, 3.0, 24.0, 2.8, 188.7 / 178.0, 360.0, 40.0, 25.0};
 
 }  // namespace megatron::planning
