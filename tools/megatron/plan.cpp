@@ -58,7 +58,8 @@ std::string plan_help() {
          "state, activations per layer and micro-batches in flight, the backward's working set, data,\n"
          "communication buffers, allocator slack) and an expected step time, without running. With\n"
          "--plan-device-memory-gib, a plan that does not fit lists the changes that would.\n"
-         "The train flags are train's (megatron train --help).\n";
+         "The train flags are train's (megatron train --help); --device cpu plans the CPU backend, any\n"
+         "other device one GPU per rank (step time from H100 measurements).\n";
 }
 
 int plan(const Args& args) {

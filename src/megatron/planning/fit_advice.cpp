@@ -57,25 +57,36 @@ std::string fit_advice(const std::vector<std::string>& train_args, int64_t world
   using Change = std::vector<std::vector<std::string>>;
   const Change selective{{"--recompute-granularity", "selective"}, {"--recompute-modules", "core_attn", "mlp"}};
   const Change full{{"--recompute-granularity", "full"}, {"--recompute-method", "uniform"}, {"--recompute-num-layers", "1"}};
-  const Change offload{{"--optimizer-cpu-offload"}};
-  std::vector<Change> candidates{selective, full, offload, {{"--use-distributed-optimizer"}}};
-  for (const char* tp : {"2", "4", "8"})
-    candidates.push_back({{"--tensor-model-parallel-size", tp}, {"--sequence-parallel"}});
-  for (const char* pp : {"2", "4", "8"}) candidates.push_back({{"--pipeline-model-parallel-size", pp}});
+  // Offload moves state off a GPU (on the CPU backend it is the same memory); the distributed
+  // optimizer shards over DP > 1 only.
+  std::vector<Change> memory_changes;
+  if (backend == PlanBackend::cuda) memory_changes.push_back({{"--optimizer-cpu-offload"}});
+  if (given.data_parallel_size > 1) memory_changes.push_back({{"--use-distributed-optimizer"}});
+  std::vector<Change> layouts;
+  for (const char* tp : {"2", "4", "8"}) layouts.push_back({{"--tensor-model-parallel-size", tp}, {"--sequence-parallel"}});
+  for (const char* pp : {"2", "4", "8"}) layouts.push_back({{"--pipeline-model-parallel-size", pp}});
   for (int64_t mbs = given.micro_batch_size / 2; mbs >= 1; mbs /= 2)
-    candidates.push_back({{"--micro-batch-size", std::to_string(mbs)},
-                          {"--global-batch-size", std::to_string(given.global_batch_size)}});
-  const size_t singles = candidates.size();
-  // Each layout change with full recomputation and a sharded optimizer, or with full recomputation
-  // and the optimizer's state offloaded.
-  for (size_t i = 3; i < singles; ++i)
-    for (const Change& memory : {Change{{"--use-distributed-optimizer"}}, offload}) {
-      Change c = full;
-      c.insert(c.end(), memory.begin(), memory.end());
-      if (i > 3) c.insert(c.end(), candidates[i].begin(), candidates[i].end());
-      candidates.push_back(c);
+    layouts.push_back({{"--micro-batch-size", std::to_string(mbs)},
+                       {"--global-batch-size", std::to_string(given.global_batch_size)}});
+  std::vector<Change> candidates{selective, full};
+  candidates.insert(candidates.end(), memory_changes.begin(), memory_changes.end());
+  candidates.insert(candidates.end(), layouts.begin(), layouts.end());
+  // Full recomputation with each memory change, alone and with each layout change.
+  for (const Change& memory : memory_changes) {
+    Change c = full;
+    c.insert(c.end(), memory.begin(), memory.end());
+    candidates.push_back(c);
+    for (const Change& layout : layouts) {
+      Change with_layout = c;
+      with_layout.insert(with_layout.end(), layout.begin(), layout.end());
+      candidates.push_back(with_layout);
     }
-
+  }
+  for (const Change& layout : layouts) {
+    Change c = full;
+    c.insert(c.end(), layout.begin(), layout.end());
+    candidates.push_back(c);
+  }
   std::vector<std::pair<double, std::string>> fits;
   for (const Change& change : candidates) {
     try {
