@@ -54,6 +54,8 @@ check "llama-tiny bf16 offload 0.5" 1 --model-preset llama-tiny --micro-batch-si
   --vocab-size 1000 --bf16 --optimizer-cpu-offload --optimizer-offload-fraction 0.5
 check "llama-tiny PP=2" 2 --model-preset llama-tiny --micro-batch-size 2 --global-batch-size 8 --vocab-size 1000 \
   --pipeline-model-parallel-size 2
+check "llama-tiny PP=2 interleaved x2" 2 --model-preset llama-tiny --num-layers 4 --micro-batch-size 2 \
+  --global-batch-size 8 --vocab-size 1000 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
 check "llama-tiny TP=2 SP" 2 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
   --tensor-model-parallel-size 2 --sequence-parallel
 exit $status

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "megatron/core/dtype.h"
+#include "megatron/core/error.h"
 #include "megatron/transformer/moe/moe_config.h"
 #include "megatron/transformer/recompute_config.h"
 
@@ -130,6 +131,7 @@ ChunkActivations chunk_activations(const TransformerConfig& config, const pipeli
   const std::vector<bool> moe = config.moe.enabled()
                                     ? moe_layer_pattern(config.moe.moe_layer_freq, config.num_layers, &why)
                                     : std::vector<bool>(size_t(config.num_layers), false);
+  MEGATRON_CHECK(why.empty(), "--moe-layer-freq " << config.moe.moe_layer_freq << ": " << why);
   ChunkActivations a;
   const int64_t stream = d.Ts * d.H * d.e;
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.num_layers; ++i) {
@@ -169,7 +171,6 @@ ChunkActivations chunk_activations(const TransformerConfig& config, const pipeli
     a.inputs += 2 * 4 * d.T;                         // labels and loss mask, sequence-major
     a.loss_working = 2 * d.T * d.H * d.e + stream;  // the output layer's input gradient (and SP's gather)
   }
-  (void)S;
   return a;
 }
 

@@ -10,7 +10,6 @@
 #include "megatron/distributed/ddp.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/pipeline_parallel/schedule.h"
-#include "megatron/pipeline_parallel/schedule_simulation.h"
 #include "megatron/planning/described_group.h"
 #include "megatron/training/pipeline_step.h"
 
@@ -97,36 +96,59 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
                               .sequence_parallel = ctx.sequence_parallel(),
                               .ep = args.parallel.expert_model_parallel_size,
                               .context_parallel = args.parallel.context_parallel_size > 1};
-  double counted = 0, inputs = 0, working = 0;
+  // Per chunk: what one micro-batch keeps (saved tensors and device inputs) and the most its
+  // backward holds on top.
+  std::vector<double> kept_per_chunk, working_per_chunk;
   for (int64_t c = 0; c < split.virtual_stages; ++c) {
     const pipeline_parallel::StageLayers stage = split.stage(pp_rank, c);
-    if (c == 0) s.first_layer = stage.first_layer;
     const ChunkActivations a = chunk_activations(args.model, stage, shape, backend);
-    for (const LayerMemory& l : a.layers) s.layer_activations.push_back(l.saved);
-    counted += double(a.counted());
+    for (size_t i = 0; i < a.layers.size(); ++i)
+      s.layer_activations.push_back({stage.first_layer + int64_t(i), a.layers[i].saved});
     // On the CPU the token ids are the loader's own memory (no copy to a device).
-    inputs += double(a.inputs) - (backend == PlanBackend::cpu && stage.embedding ? 4.0 * double(shape.tokens()) : 0.0);
-    working = std::max(working, double(a.backward_working()));
+    const double inputs =
+        double(a.inputs) - (backend == PlanBackend::cpu && stage.embedding ? 4.0 * double(shape.tokens()) : 0.0);
+    kept_per_chunk.push_back(double(a.counted()) + inputs);
+    working_per_chunk.push_back(double(a.backward_working()));
   }
   const int64_t micro_batches = args.num_micro_batches();
   const int64_t pp = args.parallel.pipeline_model_parallel_size;
+  s.activations_per_micro_batch = kept_per_chunk[0];
+  s.activations = kept_per_chunk[0];
+  s.backward_working = working_per_chunk[0];
   if (pp > 1) {
+    // The schedule this rank runs: each forward keeps its chunk's activations until its backward,
+    // which holds its working set on top; the peak is the largest such moment.
     const PipelineStepShape step = pipeline_step_shape(args, false);
-    s.in_flight = pipeline_parallel::peak_in_flight(pipeline_parallel::build_schedule(
+    const std::vector<pipeline_parallel::Action> actions = pipeline_parallel::build_schedule(
         {.pipeline_size = pp,
          .virtual_stages = split.virtual_stages,
          .microbatches = micro_batches,
          .microbatch_group_size = step.microbatch_group_size},
-        pp_rank));
-    // In-flight counts are (micro-batch, chunk) forwards: one chunk's share each.
-    counted /= double(split.virtual_stages);
-    inputs /= double(split.virtual_stages);
+        pp_rank);
+    double live = 0, peak = 0;
+    int64_t live_count = 0;
+    for (const pipeline_parallel::Action& action : actions) {
+      const size_t c = size_t(action.chunk);
+      if (action.kind == pipeline_parallel::ActionKind::kForward) {
+        live += kept_per_chunk[c];
+        ++live_count;
+      } else if (action.kind == pipeline_parallel::ActionKind::kBackward) {
+        if (live + working_per_chunk[c] > peak) {
+          peak = live + working_per_chunk[c];
+          s.activations = live;
+          s.backward_working = working_per_chunk[c];
+          s.in_flight = live_count;
+        }
+        live -= kept_per_chunk[c];
+        --live_count;
+      }
+    }
+    double all_chunks = 0;
+    for (double k : kept_per_chunk) all_chunks += k;
+    s.activations_per_micro_batch = all_chunks / double(split.virtual_stages);
     const double stream = double(shape.stream_tokens() * args.model.hidden_size) * double(dtype_size(params));
     s.communication = 2 * stream;  // the activation sent on and the gradient received
   }
-  s.activations_per_micro_batch = counted + inputs;
-  s.activations = s.activations_per_micro_batch * double(s.in_flight);
-  s.backward_working = working;
   if (backend == PlanBackend::cpu) {
     // The step's micro-batches and the loader's prefetched ones: tokens, labels and loss mask (i32/f32).
     const double batch = 3.0 * 4.0 * double(args.micro_batch_size * args.model.seq_length);
@@ -187,9 +209,8 @@ std::string format_memory_plan(const MemoryPlan& plan) {
   }
   for (const StageMemory& s : plan.stages) {
     out << "stage " << s.pipeline_rank << " activations per layer of one micro-batch (MiB):";
-    for (size_t i = 0; i < s.layer_activations.size(); ++i) {
-      std::snprintf(line, sizeof line, " %lld:%.2f", static_cast<long long>(s.first_layer + int64_t(i)),
-                    mib(double(s.layer_activations[i])));
+    for (const StageMemory::LayerActivations& l : s.layer_activations) {
+      std::snprintf(line, sizeof line, " %lld:%.2f", static_cast<long long>(l.layer), mib(double(l.bytes)));
       out << line;
     }
     out << "\n";

@@ -6,7 +6,8 @@
 // the layout does (described_group.h: same constructors, no buffers allocated), lays them out with
 // the DDP buffer layout the run uses (distributed/buffer_layout.h) and sizes the optimizer's state
 // as the optimizers allocate it. Activations come from activation_model.h, the micro-batches in
-// flight from the pipeline schedule the run executes (peak_in_flight of build_schedule).
+// flight from the pipeline schedule the run executes (build_schedule: the largest moment of the
+// forwards held plus the running backward's working set).
 //
 // Peak = weights + gradients + optimizer state + activations of the micro-batches in flight + the
 // working set of the backward that is running + communication buffers + allocator slack, or the
@@ -26,17 +27,21 @@ namespace megatron::planning {
 
 struct StageMemory {
   int64_t pipeline_rank = 0;
-  int64_t first_layer = 0;        // of its first chunk
   int64_t parameters = 0;         // elements this rank holds (its TP and EP shard, padded)
   double weights = 0;             // bytes
   double gradients = 0;           // fp32 main gradients
   double optimizer_state = 0;     // master weights (16-bit runs) and Adam moments, or this rank's shard of them,
                                   // on the device (less what --optimizer-cpu-offload moves to the host)
   double host_optimizer = 0;      // the offloaded state and its staging slots in host memory (CUDA runs)
-  std::vector<int64_t> layer_activations;  // one micro-batch, per layer of the stage (all chunks)
-  double activations_per_micro_batch = 0;  // everything saved (as the log reports) plus the device's inputs
-  int64_t in_flight = 1;                   // micro-batches whose activations are held at once
-  double activations = 0;                  // per micro-batch x in flight
+  struct LayerActivations {
+    int64_t layer = 0;  // global index
+    int64_t bytes = 0;  // saved for backward by one micro-batch
+  };
+  std::vector<LayerActivations> layer_activations;  // every layer of the stage (all its chunks)
+  double activations_per_micro_batch = 0;  // everything saved (as the log reports) plus the device's inputs,
+                                           // one micro-batch through one chunk (averaged over chunks)
+  int64_t in_flight = 1;                   // (micro-batch, chunk) forwards held at the peak
+  double activations = 0;                  // what those hold
   double backward_working = 0;             // the running backward's gradients and copies
   double data_batches = 0;                 // the loader's batches of a step (CPU: in the same memory)
   double communication = 0;                // pipeline send/receive buffers
