@@ -89,12 +89,9 @@ Tensor AdamWState::view(const Tensor& t, const Part& part, int64_t begin, int64_
 
 Tensor AdamWState::master(int64_t begin, int64_t end) const {
   const Part& part = part_of(begin);
-  if (part.master.defined()) return view(part.master, part, begin, end);
-  // No separate master: the piece's parameter is it.
-  for (const Piece& p : pieces_)
-    if (p.begin <= begin && end <= p.end) return p.param.slice(begin - p.begin, end - p.begin);
-  MEGATRON_CHECK(false, "no piece holds elements [" << begin << ", " << end << ")");
-  return Tensor();
+  MEGATRON_CHECK(part.master.defined(), "elements [" << begin << ", " << end << ") keep no master weights apart "
+                                                     << "from the parameters (they are their own master)");
+  return view(part.master, part, begin, end);
 }
 
 Tensor AdamWState::exp_avg(int64_t begin, int64_t end) const {

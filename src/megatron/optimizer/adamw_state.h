@@ -45,7 +45,7 @@ class AdamWState {
   void step(const ops::AdamWParams& base, float weight_decay);
 
   // Views of the state for elements [begin, end) of one piece (for checkpoints): on the host or the
-  // device, as the piece's state lives. master() of a piece without a separate master is its param.
+  // device, as the piece's state lives. master() only where master weights are kept apart.
   Tensor master(int64_t begin, int64_t end) const;
   Tensor exp_avg(int64_t begin, int64_t end) const;
   Tensor exp_avg_sq(int64_t begin, int64_t end) const;
