@@ -34,17 +34,19 @@ PlanOptions split_plan_options(const Args& args) {
     }
     MEGATRON_CHECK(i + 1 < args.size(), a << " needs a value");
     const std::string& v = args[++i];
+    MEGATRON_CHECK(a == "--plan-world-size" || a == "--plan-device-memory-gib",
+                   "unknown flag " << a << "; plan's own flags are --plan-world-size N and "
+                                   << "--plan-device-memory-gib G (the rest are train's)");
+    size_t used = 0;
     try {
       if (a == "--plan-world-size")
-        o.world_size = std::stoll(v);
-      else if (a == "--plan-device-memory-gib")
-        o.device_memory_gib = std::stod(v);
+        o.world_size = std::stoll(v, &used);
       else
-        MEGATRON_CHECK(false, "unknown flag " << a << "; plan's own flags are --plan-world-size N and "
-                                              << "--plan-device-memory-gib G (the rest are train's)");
+        o.device_memory_gib = std::stod(v, &used);
     } catch (const std::logic_error&) {
-      MEGATRON_CHECK(false, a << " " << v << " is not a number");
+      used = 0;
     }
+    MEGATRON_CHECK(used == v.size() && !v.empty(), a << " " << v << " is not a number");
   }
   MEGATRON_CHECK(o.world_size >= 1, "--plan-world-size " << o.world_size << " must be >= 1");
   MEGATRON_CHECK(o.device_memory_gib >= 0, "--plan-device-memory-gib " << o.device_memory_gib << " must be >= 0");
