@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/memory.h"
 #include "megatron/core/rng.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/ops/profiler.h"
@@ -145,6 +146,29 @@ TEST(DdpParams, SetLayoutKeepsValuesAndChecksOffsets) {
   EXPECT_NE(error_of([&] { r.set_layout({8, 0}, 80); }).find("must be a multiple of 16"), std::string::npos);
   EXPECT_NE(error_of([&] { r.set_layout({0, 0}, 80); }).find("overlap"), std::string::npos);
   EXPECT_NE(error_of([&] { r.set_layout({64, 0}, 70); }).find("inside a buffer of 70"), std::string::npos);
+}
+
+// GradsOnMove::drop (DDP's move, before any backward): the values move, the gradients restart at zero,
+// and the move never holds two gradient buffers: the allocator's peak grows by one parameter buffer.
+TEST(DdpParams, SetLayoutDroppingGradsHoldsOneGradBuffer) {
+  ParameterRegistry r;
+  r.add({.name = "a", .global_shape = {300, 50}});
+  r.add({.name = "b", .global_shape = {700}});
+  r.allocate(DType::f32);
+  r.initialize(3);
+  const std::vector<float> a = r.params()[0]->data.to_vector();
+  r.params()[0]->main_grad.fill(1.5);
+  const size_t before = memory_stats(Device::cpu()).current_bytes;
+  reset_peak_memory(DeviceType::cpu);
+  r.set_layout({800, 0}, 16000, ParameterRegistry::GradsOnMove::drop);
+  EXPECT_EQ(r.params()[0]->data.to_vector(), a);
+  EXPECT_EQ(r.grad_buffer().numel(), 16000);
+  EXPECT_EQ(r.params()[0]->main_grad.to_vector(), std::vector<float>(15000, 0.0f));
+  // Old buffers: 15008 + 704 elements each (16-element alignment), new ones 16000. Keeping the
+  // gradients would peak at both layouts' four buffers; dropping them, at the larger of the old and
+  // new parameters together (the old gradients gone) and the new layout's two buffers.
+  const size_t old_buffer = (15008 + 704) * 4, new_buffer = 16000 * 4, others = before - 2 * old_buffer;
+  EXPECT_EQ(memory_stats(Device::cpu()).peak_bytes, others + std::max(old_buffer + new_buffer, 2 * new_buffer));
 }
 
 // Each parameter is reported once per backward, in backward order, and its gradient does not

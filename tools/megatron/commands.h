@@ -16,6 +16,7 @@ int train_tokenizer(const Args& args);
 int import_hf(const Args& args);
 int export_hf(const Args& args);
 int doctor(const Args& args);
+int plan(const Args& args);
 
 std::string train_help();
 std::string preprocess_data_help();
@@ -24,5 +25,6 @@ std::string train_tokenizer_help();
 std::string import_hf_help();
 std::string export_hf_help();
 std::string doctor_help();
+std::string plan_help();
 
 }  // namespace megatron::tools

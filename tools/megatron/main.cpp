@@ -33,6 +33,8 @@ constexpr Subcommand kSubcommands[] = {
      "write a checkpoint as a Hugging Face model directory"},
     {"doctor", megatron::tools::doctor, megatron::tools::doctor_help,
      "check GPUs, MPI, an all-reduce over the launched ranks and --save before a job"},
+    {"plan", megatron::tools::plan, megatron::tools::plan_help,
+     "a train command line's peak memory per rank and step time, without running it"},
 };
 
 void print_usage(FILE* out) {

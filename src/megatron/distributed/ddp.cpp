@@ -34,7 +34,8 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
                                         .distributed_optimizer = config.use_distributed_optimizer,
                                         .expert_parallel = expert_parallel,
                                         .expert_shard_group_size = expert_group_->size()});
-  registry.set_layout(layout_.param_offsets(), layout_.numel);
+  // Gradients start at zero (zero_grad begins every step), so the move need not hold two gradient buffers.
+  registry.set_layout(layout_.param_offsets(), layout_.numel, ParameterRegistry::GradsOnMove::drop);
   if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank(), expert_group_->rank());
 
   const size_t buckets = layout_.buckets.size();

@@ -11,26 +11,27 @@ namespace {
 Tensor slice_of(const Tensor& flat, const Range& r) { return flat.slice(r.begin, r.end); }
 }  // namespace
 
-DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const ParallelContext& ctx,
-                                           const AdamWHyper& hyper, std::unique_ptr<GradScaler> grad_scaler)
-    : Optimizer(ddp.registry(), hyper, ctx.world, std::move(grad_scaler)), ddp_(&ddp) {
+namespace {
+// One piece per owned range of a parameter: its elements of the concatenated shards.
+std::vector<AdamWState::Piece> shard_pieces(DistributedDataParallel& ddp) {
   MEGATRON_CHECK(ddp.config().use_distributed_optimizer,
                  "the distributed optimizer needs DDP built with use_distributed_optimizer (its padded buckets)");
-  const RankShards& shards = ddp.shards();
-  const Tensor& params = registry_->param_buffer();
-  const DType state_dtype = registry_->grad_dtype();  // f32, or f64 for f64 models
-  separate_master_ = params.dtype() != state_dtype;
-  exp_avg_ = Tensor::zeros({shards.numel}, state_dtype, params.device());
-  exp_avg_sq_ = Tensor::zeros({shards.numel}, state_dtype, params.device());
-  if (separate_master_) {
-    master_ = Tensor::zeros({shards.numel}, state_dtype, params.device());
-    reload_master_from_model();
-  }
+  ParameterRegistry& registry = ddp.registry();
+  std::vector<AdamWState::Piece> pieces;
+  for (const ShardParamRange& r : ddp.shards().params)
+    pieces.push_back({r.in_shards.begin, r.in_shards.end, slice_of(registry.grad_buffer(), r.in_buffer),
+                      slice_of(registry.param_buffer(), r.in_buffer), registry.params()[r.param]->spec.weight_decay});
+  return pieces;
 }
+}  // namespace
 
-Tensor DistributedOptimizer::master_of(const ShardParamRange& r) const {
-  return separate_master_ ? slice_of(master_, r.in_shards) : slice_of(registry_->param_buffer(), r.in_buffer);
-}
+DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const ParallelContext& ctx,
+                                           const AdamWHyper& hyper, std::unique_ptr<GradScaler> grad_scaler,
+                                           const OffloadOptions& offload)
+    : Optimizer(ddp.registry(), hyper, ctx.world, std::move(grad_scaler)),
+      ddp_(&ddp),
+      // f32 state (f64 for f64 models), as the main grads.
+      state_(shard_pieces(ddp), ddp.shards().numel, ddp.registry().grad_dtype(), offload) {}
 
 double DistributedOptimizer::global_grad_norm() const {
   // The shards of the group's ranks tile every parameter once; a parameter replicated across TP
@@ -67,20 +68,13 @@ void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {
 }
 
 void DistributedOptimizer::update(double lr, double weight_decay, float grad_scale) {
-  for (const ShardParamRange& r : ddp_->shards().params) {
-    const Parameter& p = *registry_->params()[r.param];
-    Tensor master = master_of(r);
-    Tensor m = slice_of(exp_avg_, r.in_shards), v = slice_of(exp_avg_sq_, r.in_shards);
-    Tensor model_copy = separate_master_ ? slice_of(registry_->param_buffer(), r.in_buffer) : Tensor();
-    ops::adamw_step(master, m, v, slice_of(registry_->grad_buffer(), r.in_buffer), model_copy,
-                    {.lr = float(lr),
-                     .beta1 = float(hyper_.beta1),
-                     .beta2 = float(hyper_.beta2),
-                     .eps = float(hyper_.eps),
-                     .weight_decay = p.spec.weight_decay ? float(weight_decay) : 0.0f,
-                     .grad_scale = grad_scale,
-                     .step = step_count()});
-  }
+  state_.step({.lr = float(lr),
+               .beta1 = float(hyper_.beta1),
+               .beta2 = float(hyper_.beta2),
+               .eps = float(hyper_.eps),
+               .grad_scale = grad_scale,
+               .step = step_count()},
+              float(weight_decay));
   ddp_->start_param_gather();
   if (!ddp_->config().overlap_param_gather) ddp_->finish_param_gather();
 }
@@ -97,9 +91,9 @@ std::vector<checkpointing::ShardedTensor> DistributedOptimizer::sharded_state(St
                        range.slice(at, at + shape_numel(box.shape)).view(box.shape)});
       }
     };
-    add("exp_avg", slice_of(exp_avg_, r.in_shards));
-    add("exp_avg_sq", slice_of(exp_avg_sq_, r.in_shards));
-    if (separate_master_) add("fp32_param", master_of(r));
+    add("exp_avg", state_.exp_avg(r.in_shards.begin, r.in_shards.end));
+    add("exp_avg_sq", state_.exp_avg_sq(r.in_shards.begin, r.in_shards.end));
+    if (state_.master_in_checkpoint()) add("fp32_param", state_.master(r.in_shards.begin, r.in_shards.end));
   }
   return out;
 }
@@ -114,18 +108,14 @@ void DistributedOptimizer::load_state(const checkpointing::CheckpointReader& rea
         reader.load(optimizer_state_name(p.spec.name, what), box.global_offset, dest);
       }
     };
-    load("exp_avg", slice_of(exp_avg_, r.in_shards));
-    load("exp_avg_sq", slice_of(exp_avg_sq_, r.in_shards));
-    if (separate_master_) load("fp32_param", master_of(r));
+    load("exp_avg", state_.exp_avg(r.in_shards.begin, r.in_shards.end));
+    load("exp_avg_sq", state_.exp_avg_sq(r.in_shards.begin, r.in_shards.end));
+    if (state_.master_in_checkpoint()) load("fp32_param", state_.master(r.in_shards.begin, r.in_shards.end));
   }
+  // Masters that equal the parameters (loaded before the optimizer) are rebuilt from them.
+  if (!state_.master_in_checkpoint()) state_.reload_master();
 }
 
-void DistributedOptimizer::reload_master_from_model() {
-  if (!separate_master_) return;
-  for (const ShardParamRange& r : ddp_->shards().params) {
-    Tensor master = master_of(r);
-    master.copy_from(slice_of(registry_->param_buffer(), r.in_buffer));
-  }
-}
+void DistributedOptimizer::reload_master_from_model() { state_.reload_master(); }
 
 }  // namespace megatron

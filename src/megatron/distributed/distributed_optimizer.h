@@ -31,10 +31,11 @@ class DistributedOptimizer final : public Optimizer {
   // ddp must use the distributed optimizer layout and outlive this object; ctx.world carries the
   // overflow flag.
   DistributedOptimizer(DistributedDataParallel& ddp, const ParallelContext& ctx, const AdamWHyper& hyper,
-                       std::unique_ptr<GradScaler> grad_scaler = nullptr);
+                       std::unique_ptr<GradScaler> grad_scaler = nullptr, const OffloadOptions& offload = {});
 
   // This rank's shards only: about 1/DP of the replicated optimizer's state.
-  size_t state_bytes() const override { return master_.nbytes() + exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
+  size_t state_bytes() const override { return state_.device_bytes(); }
+  size_t host_state_bytes() const override { return state_.host_bytes(); }
   std::vector<checkpointing::ShardedTensor> sharded_state(StateCopies copies) const override;
   void load_state(const checkpointing::CheckpointReader& reader) override;
   void reload_master_from_model() override;
@@ -43,13 +44,9 @@ class DistributedOptimizer final : public Optimizer {
   void count_nonfinite_grads(Tensor& acc) const override;
   double global_grad_norm() const override;
   void update(double lr, double weight_decay, float grad_scale) override;
-  // The master weights of one owned range: a view of the fp32 shard, or of the parameter
-  // buffer itself when the model's parameters are fp32/f64 already.
-  Tensor master_of(const ShardParamRange& r) const;
 
   DistributedDataParallel* ddp_;
-  bool separate_master_;
-  Tensor master_, exp_avg_, exp_avg_sq_;  // this rank's shards, concatenated (RankShards::numel)
+  AdamWState state_;  // this rank's shards, concatenated (RankShards::numel); offloaded in part or whole
 };
 
 }  // namespace megatron

@@ -62,16 +62,26 @@ OptimizerStepResult Optimizer::step(double lr, double weight_decay) {
   return result;
 }
 
-AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper,
-                               std::unique_ptr<GradScaler> grad_scaler)
-    : Optimizer(registry, hyper, ctx.mp, std::move(grad_scaler)), ctx_(&ctx) {
-  const Tensor& params = registry.param_buffer();
-  const DType state_dtype = registry.grad_dtype();  // f32, or f64 for f64 models
-  separate_master_ = params.dtype() != state_dtype;
-  if (separate_master_) master_ = params.to(state_dtype);
-  exp_avg_ = Tensor::zeros(params.shape(), state_dtype, params.device());
-  exp_avg_sq_ = Tensor::zeros(params.shape(), state_dtype, params.device());
+namespace {
+// One piece per parameter, in buffer order: its elements of the flat buffers.
+std::vector<AdamWState::Piece> parameter_pieces(ParameterRegistry& registry) {
+  std::vector<AdamWState::Piece> pieces;
+  for (const auto& p : registry.params()) {
+    const int64_t n = shape_numel(p->local_shape);
+    pieces.push_back({p->buffer_offset, p->buffer_offset + n, p->main_grad.view({n}), p->data.view({n}),
+                      p->spec.weight_decay});
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  return pieces;
 }
+}  // namespace
+
+AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper,
+                               std::unique_ptr<GradScaler> grad_scaler, const OffloadOptions& offload)
+    : Optimizer(registry, hyper, ctx.mp, std::move(grad_scaler)),
+      ctx_(&ctx),
+      // f32 state (f64 for f64 models), as the main grads.
+      state_(parameter_pieces(registry), registry.param_buffer().numel(), registry.grad_dtype(), offload) {}
 
 double AdamWOptimizer::global_grad_norm() const {
   // Megatron's get_grad_norm_fp32: every parameter once (a tied weight is one parameter; a
@@ -99,51 +109,47 @@ double AdamWOptimizer::global_grad_norm() const {
 void AdamWOptimizer::count_nonfinite_grads(Tensor& acc) const { ops::count_nonfinite(acc, registry_->grad_buffer()); }
 
 void AdamWOptimizer::update(double lr, double weight_decay, float grad_scale) {
-  for (const auto& p : registry_->params()) {
-    Tensor master = separate_master_ ? p->view_of(master_) : p->data;
-    Tensor m = p->view_of(exp_avg_), v = p->view_of(exp_avg_sq_);
-    Tensor model_copy = separate_master_ ? p->data : Tensor();
-    ops::adamw_step(master, m, v, p->main_grad, model_copy,
-                    {.lr = float(lr),
-                     .beta1 = float(hyper_.beta1),
-                     .beta2 = float(hyper_.beta2),
-                     .eps = float(hyper_.eps),
-                     .weight_decay = p->spec.weight_decay ? float(weight_decay) : 0.0f,
-                     .grad_scale = grad_scale,
-                     .step = step_count()});
-  }
+  state_.step({.lr = float(lr),
+               .beta1 = float(hyper_.beta1),
+               .beta2 = float(hyper_.beta2),
+               .eps = float(hyper_.eps),
+               .grad_scale = grad_scale,
+               .step = step_count()},
+              float(weight_decay));
 }
 
 std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state(StateCopies copies) const {
   std::vector<checkpointing::ShardedTensor> out;
   for (const auto& p : registry_->params()) {
     if (copies == StateCopies::one_replica && !is_saved_replica(*p, *ctx_)) continue;  // another rank saves it
+    const int64_t begin = p->buffer_offset, end = begin + shape_numel(p->local_shape);
     auto add = [&](const std::string& what, const Tensor& flat) {
-      for (const auto& slice : p->global_slices_of(p->view_of(flat)))
+      for (const auto& slice : p->global_slices_of(flat.view(p->local_shape)))
         out.push_back(
             {optimizer_state_name(p->spec.name, what), p->spec.global_shape, slice.global_offset, slice.local});
     };
-    add("exp_avg", exp_avg_);
-    add("exp_avg_sq", exp_avg_sq_);
-    if (separate_master_) add("fp32_param", master_);
+    add("exp_avg", state_.exp_avg(begin, end));
+    add("exp_avg_sq", state_.exp_avg_sq(begin, end));
+    if (state_.master_in_checkpoint()) add("fp32_param", state_.master(begin, end));
   }
   return out;
 }
 
 void AdamWOptimizer::load_state(const checkpointing::CheckpointReader& reader) {
   for (const auto& p : registry_->params()) {
+    const int64_t begin = p->buffer_offset, end = begin + shape_numel(p->local_shape);
     auto load = [&](const std::string& what, const Tensor& flat) {
-      for (auto& slice : p->global_slices_of(p->view_of(flat)))
+      for (auto& slice : p->global_slices_of(flat.view(p->local_shape)))
         reader.load(optimizer_state_name(p->spec.name, what), slice.global_offset, slice.local);
     };
-    load("exp_avg", exp_avg_);
-    load("exp_avg_sq", exp_avg_sq_);
-    if (separate_master_) load("fp32_param", master_);
+    load("exp_avg", state_.exp_avg(begin, end));
+    load("exp_avg_sq", state_.exp_avg_sq(begin, end));
+    if (state_.master_in_checkpoint()) load("fp32_param", state_.master(begin, end));
   }
+  // Masters that equal the parameters (loaded before the optimizer) are rebuilt from them.
+  if (!state_.master_in_checkpoint()) state_.reload_master();
 }
 
-void AdamWOptimizer::reload_master_from_model() {
-  if (separate_master_) master_.copy_from(registry_->param_buffer());
-}
+void AdamWOptimizer::reload_master_from_model() { state_.reload_master(); }
 
 }  // namespace megatron

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "megatron/checkpointing/checkpoint.h"
+#include "megatron/optimizer/adamw_state.h"
 #include "megatron/optimizer/grad_scaler.h"
 #include "megatron/parallel/comm.h"
 #include "megatron/parameters/parameter_registry.h"
@@ -60,6 +61,8 @@ class Optimizer {
   // Bytes of the state buffers this rank allocated (master weights when separate from the
   // parameters, Adam moments): what the training log reports as optimizer state.
   virtual size_t state_bytes() const = 0;
+  // Bytes of the state kept in host memory (--optimizer-cpu-offload); 0 without offload.
+  virtual size_t host_state_bytes() const = 0;
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
 
@@ -109,9 +112,10 @@ class AdamWOptimizer final : public Optimizer {
   using Hyper = AdamWHyper;
   // Every rank of the data-parallel group holds the whole state; only DP rank 0 saves it.
   AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper,
-                 std::unique_ptr<GradScaler> grad_scaler = nullptr);
+                 std::unique_ptr<GradScaler> grad_scaler = nullptr, const OffloadOptions& offload = {});
 
-  size_t state_bytes() const override { return master_.nbytes() + exp_avg_.nbytes() + exp_avg_sq_.nbytes(); }
+  size_t state_bytes() const override { return state_.device_bytes(); }
+  size_t host_state_bytes() const override { return state_.host_bytes(); }
   std::vector<checkpointing::ShardedTensor> sharded_state(StateCopies copies) const override;
   void load_state(const checkpointing::CheckpointReader& reader) override;
   void reload_master_from_model() override;
@@ -122,8 +126,7 @@ class AdamWOptimizer final : public Optimizer {
   void update(double lr, double weight_decay, float grad_scale) override;
 
   const ParallelContext* ctx_;
-  bool separate_master_;
-  Tensor master_, exp_avg_, exp_avg_sq_;
+  AdamWState state_;  // indexed by the flat buffer's elements
 };
 
 }  // namespace megatron

@@ -38,6 +38,12 @@ struct OptimizerArgs {
   double min_loss_scale = 1.0;
   double loss_scale_window = 1000;  // clean iterations before the scale doubles (a float in Megatron)
   int64_t hysteresis = 2;           // overflows absorbed before the scale first halves
+
+  // Optimizer CPU offload (optimizer/adamw_state.h), Megatron's flags and defaults. Megatron also
+  // asks for --use-precision-aware-optimizer, whose code path its offload reuses; ours keeps the fp32
+  // state apart from the parameters by construction, so no such flag exists here.
+  bool optimizer_cpu_offload = false;
+  double optimizer_offload_fraction = 1.0;
 };
 
 }  // namespace megatron

@@ -60,7 +60,7 @@ void ParameterRegistry::allocate(DType params_dtype, Device device) {
   }
 }
 
-void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t numel) {
+void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t numel, GradsOnMove grads_on_move) {
   MEGATRON_CHECK(param_buffer_.defined(), "set_layout() needs allocated buffers; call allocate() first");
   MEGATRON_CHECK(offsets.size() == params_.size(),
                  "set_layout(): " << offsets.size() << " offsets for " << params_.size() << " parameters");
@@ -79,18 +79,31 @@ void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t 
     MEGATRON_CHECK(starts[k].first + shape_numel(a.local_shape) <= starts[k + 1].first,
                    a.spec.name << " and " << params_[starts[k + 1].second]->spec.name << " overlap in the new layout");
   }
+  const DType grad_dtype = grad_buffer_.dtype();
+  const bool keep_grads = grads_on_move == GradsOnMove::keep;
+  if (!keep_grads) {
+    for (const auto& p : params_) p->main_grad = Tensor();
+    grad_buffer_ = Tensor();
+  }
   Tensor params = Tensor::zeros({numel}, param_buffer_.dtype(), param_buffer_.device());
-  Tensor grads = Tensor::zeros({numel}, grad_buffer_.dtype(), grad_buffer_.device());
+  Tensor grads = keep_grads ? Tensor::zeros({numel}, grad_dtype, params.device()) : Tensor();
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     p.buffer_offset = offsets[i];
-    Tensor data = p.view_of(params), main_grad = p.view_of(grads);
+    Tensor data = p.view_of(params);
     data.copy_from(p.data);
-    main_grad.copy_from(p.main_grad);
     p.data = data;
-    p.main_grad = main_grad;
+    if (keep_grads) {
+      Tensor main_grad = p.view_of(grads);
+      main_grad.copy_from(p.main_grad);
+      p.main_grad = main_grad;
+    }
   }
   param_buffer_ = params;
+  if (!keep_grads) {
+    grads = Tensor::zeros({numel}, grad_dtype, params.device());
+    for (const auto& p : params_) p->main_grad = p->view_of(grads);
+  }
   grad_buffer_ = grads;
 }
 

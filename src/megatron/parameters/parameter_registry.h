@@ -56,9 +56,13 @@ class ParameterRegistry {
   void initialize(uint64_t seed);
   void zero_grads();
   // Moves parameter i (registration order) to element offsets[i] of new flat buffers of `numel`
-  // elements, keeping its value and main gradient; gaps hold zeros. Offsets are multiples of the
-  // 16-element alignment and the parameters may not overlap.
-  void set_layout(const std::vector<int64_t>& offsets, int64_t numel);
+  // elements, keeping its value and (GradsOnMove::keep) its main gradient; gaps hold zeros. Offsets
+  // are multiples of the 16-element alignment and the parameters may not overlap.
+  // GradsOnMove::drop releases the main gradients first and starts the new buffer at zero, so the
+  // move holds two parameter buffers but never two gradient buffers (DDP's layout, made before any
+  // backward: the peak of a large model's set-up).
+  enum class GradsOnMove { keep, drop };
+  void set_layout(const std::vector<int64_t>& offsets, int64_t numel, GradsOnMove grads = GradsOnMove::keep);
 
   // At most one listener of each kind; an empty hook removes it.
   using ParamHook = std::function<void(const Parameter&)>;

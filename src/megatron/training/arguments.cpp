@@ -265,6 +265,11 @@ std::vector<Flag> build_flag_table() {
       {"--adam-beta1", FIELD(optimizer.adam_beta1), optimizer, "Adam beta1"},
       {"--adam-beta2", FIELD(optimizer.adam_beta2), optimizer, "Adam beta2"},
       {"--adam-eps", FIELD(optimizer.adam_eps), optimizer, "Adam epsilon"},
+      {"--optimizer-cpu-offload", Switch{FIELD(optimizer.optimizer_cpu_offload), true}, optimizer,
+       "Keep fp32 master weights and Adam moments in host memory and update them on the CPU cores"},
+      {"--optimizer-offload-fraction", FIELD(optimizer.optimizer_offload_fraction), optimizer,
+       "With --optimizer-cpu-offload, the share of the optimizer state offloaded (whole parameters, in buffer "
+       "order)"},
       {"--data-path", FIELD(data.data_path), data,
        "Dataset prefixes (PREFIX.bin/.idx), optionally weighted: [w1] p1 [w2] p2 ..."},
       {"--split", FIELD(data.split), data, "Train/valid/test weights of --data-path, e.g. 969,30,1"},
@@ -605,6 +610,9 @@ void check_optimizer(const OptimizerArgs& o, std::vector<std::string>& errors) {
     }
   }
   if (!(o.adam_eps > 0.0)) errors.push_back(concat("--adam-eps ", o.adam_eps, " must be positive: e.g. 1e-8"));
+  if (!(o.optimizer_offload_fraction >= 0.0 && o.optimizer_offload_fraction <= 1.0))
+    errors.push_back(concat("--optimizer-offload-fraction ", o.optimizer_offload_fraction,
+                            " must lie in [0, 1]: the share of the optimizer state kept on the host, e.g. 1.0"));
 }
 
 void check_data(const TrainingArgs& a, std::vector<std::string>& errors) {

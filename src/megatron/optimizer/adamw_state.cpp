@@ -1,0 +1,176 @@
+#include "megatron/optimizer/adamw_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+
+#include "megatron/core/error.h"
+#include "megatron/cuda_runtime/pinned_memory.h"
+
+namespace megatron {
+
+namespace {
+// Elements per pipeline chunk: 64 Mi (256 MiB of fp32 gradients per slot), large enough that each
+// copy runs at full link speed, small enough that the first copy and the last are short.
+constexpr int64_t kChunkElements = int64_t(64) << 20;
+
+// `numel` elements of host memory: pinned when the model lives on a GPU (copies at full speed),
+// zero-filled.
+Tensor host_tensor(int64_t numel, DType dtype, Device model_device, std::vector<std::shared_ptr<void>>& blocks) {
+  if (!model_device.is_cuda()) return Tensor::zeros({numel}, dtype);
+  const size_t bytes = size_t(numel) * dtype_size(dtype);
+  blocks.push_back(cuda::allocate_pinned_host(std::max<size_t>(bytes, 1), model_device.index));
+  std::memset(blocks.back().get(), 0, bytes);
+  return Tensor::from_blob(blocks.back().get(), {numel}, dtype);
+}
+
+ops::AdamWParams with_decay(ops::AdamWParams p, bool decay, float weight_decay) {
+  p.weight_decay = decay ? weight_decay : 0.0f;
+  return p;
+}
+}  // namespace
+
+AdamWState::AdamWState(std::vector<Piece> pieces, int64_t numel, DType state_dtype, const OffloadOptions& offload)
+    : pieces_(std::move(pieces)) {
+  MEGATRON_CHECK(!pieces_.empty(), "AdamW state over no parameters");
+  MEGATRON_CHECK(offload.offload_fraction >= 0.0 && offload.offload_fraction <= 1.0,
+                 "--optimizer-offload-fraction " << offload.offload_fraction << " must be in [0, 1]");
+  const Device device = pieces_[0].grad.device();
+  const DType params_dtype = pieces_[0].param.dtype();
+  device_master_ = params_dtype != state_dtype;
+  if (offload.cpu_offload) {
+    int64_t total = 0, taken = 0;
+    for (const Piece& p : pieces_) total += p.end - p.begin;
+    while (host_pieces_ < pieces_.size() && double(taken) < offload.offload_fraction * double(total)) {
+      taken += pieces_[host_pieces_].end - pieces_[host_pieces_].begin;
+      ++host_pieces_;
+    }
+    host_end_ = host_pieces_ > 0 ? pieces_[host_pieces_ - 1].end : 0;
+  }
+  host_.first = 0;
+  if (host_end_ > 0) {
+    host_.master = host_tensor(host_end_, state_dtype, device, host_.pinned);
+    host_.exp_avg = host_tensor(host_end_, state_dtype, device, host_.pinned);
+    host_.exp_avg_sq = host_tensor(host_end_, state_dtype, device, host_.pinned);
+  }
+  device_.first = host_end_;
+  const int64_t on_device = numel - host_end_;
+  if (device_master_) device_.master = Tensor::zeros({on_device}, state_dtype, device);
+  device_.exp_avg = Tensor::zeros({on_device}, state_dtype, device);
+  device_.exp_avg_sq = Tensor::zeros({on_device}, state_dtype, device);
+  reload_master();
+
+  // The pipeline's chunks: segments of at most kChunkElements, packed in order.
+  int64_t in_chunk = kChunkElements;
+  for (size_t i = 0; i < host_pieces_; ++i)
+    for (int64_t b = pieces_[i].begin; b < pieces_[i].end;) {
+      if (in_chunk == kChunkElements) {
+        chunks_.emplace_back();
+        in_chunk = 0;
+      }
+      const int64_t e = std::min(pieces_[i].end, b + (kChunkElements - in_chunk));
+      chunks_.back().push_back({i, b, e, in_chunk});
+      in_chunk += e - b;
+      b = e;
+    }
+  if (!chunks_.empty()) {
+    int64_t slot = 0;
+    for (const auto& chunk : chunks_) slot = std::max(slot, chunk.back().slot_offset + chunk.back().end - chunk.back().begin);
+    for (int s = 0; s < 2; ++s) {
+      grad_slots_[s] = host_tensor(slot, state_dtype, device, slot_memory_);
+      param_slots_[s] = host_tensor(slot, params_dtype, device, slot_memory_);
+    }
+  }
+}
+
+Tensor AdamWState::view(const Tensor& t, const Part& part, int64_t begin, int64_t end) const {
+  return t.slice(begin - part.first, end - part.first);
+}
+
+Tensor AdamWState::master(int64_t begin, int64_t end) const {
+  const Part& part = part_of(begin);
+  MEGATRON_CHECK(part.master.defined(), "elements [" << begin << ", " << end << ") keep no master weights apart "
+                                                     << "from the parameters (they are their own master)");
+  return view(part.master, part, begin, end);
+}
+
+Tensor AdamWState::exp_avg(int64_t begin, int64_t end) const {
+  const Part& part = part_of(begin);
+  return view(part.exp_avg, part, begin, end);
+}
+
+Tensor AdamWState::exp_avg_sq(int64_t begin, int64_t end) const {
+  const Part& part = part_of(begin);
+  return view(part.exp_avg_sq, part, begin, end);
+}
+
+void AdamWState::reload_master() {
+  for (const Piece& p : pieces_) {
+    const Part& part = part_of(p.begin);
+    if (!part.master.defined()) continue;
+    Tensor m = view(part.master, part, p.begin, p.end);
+    m.copy_from(p.param);
+  }
+}
+
+size_t AdamWState::device_bytes() const {
+  return device_.master.nbytes() + device_.exp_avg.nbytes() + device_.exp_avg_sq.nbytes();
+}
+
+size_t AdamWState::host_bytes() const { return host_.master.nbytes() + host_.exp_avg.nbytes() + host_.exp_avg_sq.nbytes(); }
+
+void AdamWState::step(const ops::AdamWParams& base, float weight_decay) {
+  step_offloaded(base, weight_decay);
+  step_on_device(base, weight_decay);
+}
+
+void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay) {
+  for (size_t i = host_pieces_; i < pieces_.size(); ++i) {
+    Piece& p = pieces_[i];
+    Tensor m = view(device_.exp_avg, device_, p.begin, p.end), v = view(device_.exp_avg_sq, device_, p.begin, p.end);
+    Tensor master = device_master_ ? view(device_.master, device_, p.begin, p.end) : p.param;
+    Tensor model_copy = device_master_ ? p.param : Tensor();
+    ops::adamw_step(master, m, v, p.grad, model_copy, with_decay(base, p.weight_decay, weight_decay));
+  }
+}
+
+// Chunk k's gradients down into slot k % 2, its update on the host, its parameters up: the copies of
+// chunks k+1 (down) and k-1 (up) run on this thread while a worker updates chunk k.
+void AdamWState::step_offloaded(const ops::AdamWParams& base, float weight_decay) {
+  const auto segment_of = [](const Tensor& flat, const Piece& p, int64_t begin, int64_t end) {
+    return flat.slice(begin - p.begin, end - p.begin);
+  };
+  const auto copy_down = [&](size_t k) {
+    for (const Segment& s : chunks_[k]) {
+      Tensor slot = grad_slots_[k % 2].slice(s.slot_offset, s.slot_offset + s.end - s.begin);
+      slot.copy_from(segment_of(pieces_[s.piece].grad, pieces_[s.piece], s.begin, s.end));
+    }
+  };
+  const auto copy_up = [&](size_t k) {
+    for (const Segment& s : chunks_[k]) {
+      Tensor param = segment_of(pieces_[s.piece].param, pieces_[s.piece], s.begin, s.end);
+      param.copy_from(param_slots_[k % 2].slice(s.slot_offset, s.slot_offset + s.end - s.begin));
+    }
+  };
+  const auto update = [&](size_t k) {
+    for (const Segment& s : chunks_[k]) {
+      const int64_t n = s.end - s.begin;
+      Tensor master = view(host_.master, host_, s.begin, s.end), m = view(host_.exp_avg, host_, s.begin, s.end);
+      Tensor v = view(host_.exp_avg_sq, host_, s.begin, s.end);
+      Tensor grad = grad_slots_[k % 2].slice(s.slot_offset, s.slot_offset + n);
+      Tensor model_copy = param_slots_[k % 2].slice(s.slot_offset, s.slot_offset + n);
+      ops::adamw_step(master, m, v, grad, model_copy, with_decay(base, pieces_[s.piece].weight_decay, weight_decay));
+    }
+  };
+  if (chunks_.empty()) return;
+  copy_down(0);
+  for (size_t k = 0; k < chunks_.size(); ++k) {
+    std::future<void> updating = std::async(std::launch::async, update, k);
+    if (k > 0) copy_up(k - 1);
+    if (k + 1 < chunks_.size()) copy_down(k + 1);
+    updating.get();
+  }
+  copy_up(chunks_.size() - 1);
+}
+
+}  // namespace megatron

@@ -1,0 +1,91 @@
+#pragma once
+// The state AdamW keeps over an optimizer's index space (a registry's whole flat buffer, or the
+// distributed optimizer's concatenated shards): fp32 master weights, when kept apart from the model's
+// parameters, and the two moments; and the update of every piece of that space.
+//
+// Optimizer CPU offload (Megatron's --optimizer-cpu-offload, --optimizer-offload-fraction): the
+// pieces covering the first `offload_fraction` of the elements, cut at a piece's end (Megatron's
+// HybridDeviceOptimizer splits by whole parameters), keep their state in host memory (pinned on a
+// GPU) and are updated on the CPU cores by the CPU backend's AdamW op (OpenMP). The master weights
+// of offloaded pieces are always kept apart: the model's copy lives on the device. Per chunk of
+// pieces the update is a pipeline on two staging slots: while the CPU updates chunk k, the
+// gradients of chunk k+1 are copied down and the parameters of chunk k-1 copied up. On the CPU
+// backend the "host" buffers are separate CPU buffers and the same code runs: the op and its
+// inputs are the same, so the update is the same bits as without offload.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "megatron/core/tensor.h"
+#include "megatron/core/dtype.h"
+#include "megatron/ops/adamw.h"
+
+namespace megatron {
+
+struct OffloadOptions {
+  bool cpu_offload = false;        // --optimizer-cpu-offload
+  double offload_fraction = 1.0;   // --optimizer-offload-fraction: share of the elements offloaded
+};
+
+class AdamWState {
+ public:
+  // Elements [begin, end) of the index space, updated from `grad` into `param` (views of the same
+  // length on the model's device; the master weights when they are not kept apart).
+  struct Piece {
+    int64_t begin = 0, end = 0;
+    Tensor grad, param;
+    bool weight_decay = true;
+  };
+  // `pieces` in increasing order, not overlapping, inside [0, numel). `state_dtype`: f32 (f64 for
+  // f64 models). The master weights are kept apart when the parameters are in another dtype, or
+  // offloaded; they start as the pieces' parameters.
+  AdamWState(std::vector<Piece> pieces, int64_t numel, DType state_dtype, const OffloadOptions& offload);
+
+  // AdamW on every piece; `base` without weight decay, `weight_decay` applied where a piece wants it.
+  void step(const ops::AdamWParams& base, float weight_decay);
+
+  // Views of the state for elements [begin, end) of one piece (for checkpoints): on the host or the
+  // device, as the piece's state lives. master() only where master weights are kept apart.
+  Tensor master(int64_t begin, int64_t end) const;
+  Tensor exp_avg(int64_t begin, int64_t end) const;
+  Tensor exp_avg_sq(int64_t begin, int64_t end) const;
+  // Whether the master weights differ from the model's parameters (another dtype), so checkpoints
+  // keep them; otherwise they equal the parameters after every step (offloaded f32 copies too) and
+  // are rebuilt from them on load.
+  bool master_in_checkpoint() const { return device_master_; }
+  // The master weights from the model's parameters again (after a checkpoint loaded them).
+  void reload_master();
+  // Bytes of state on the model's device and in host memory (the offloaded part).
+  size_t device_bytes() const;
+  size_t host_bytes() const;
+
+ private:
+  struct Part {  // the state of the index range [first, first + numel) on one side
+    int64_t first = 0;
+    Tensor master, exp_avg, exp_avg_sq;
+    std::vector<std::shared_ptr<void>> pinned;  // the host blocks the tensors view, on GPUs
+  };
+  const Part& part_of(int64_t begin) const { return begin < host_end_ ? host_ : device_; }
+  Tensor view(const Tensor& t, const Part& part, int64_t begin, int64_t end) const;
+  void step_on_device(const ops::AdamWParams& base, float weight_decay);
+  void step_offloaded(const ops::AdamWParams& base, float weight_decay);
+
+  std::vector<Piece> pieces_;
+  size_t host_pieces_ = 0;  // pieces_[0, host_pieces_) are offloaded
+  int64_t host_end_ = 0;    // their index range is [0, host_end_)
+  bool device_master_ = false;
+  Part host_, device_;
+  // The offloaded elements in chunks of at most kChunkElements, each a run of segments (a piece,
+  // or a part of a large one) packed into a staging slot: gradients (state dtype) and parameters
+  // (the model's dtype), two slots of each for the pipeline.
+  struct Segment {
+    size_t piece = 0;
+    int64_t begin = 0, end = 0;  // in the index space
+    int64_t slot_offset = 0;
+  };
+  std::vector<std::vector<Segment>> chunks_;
+  Tensor grad_slots_[2], param_slots_[2];
+  std::vector<std::shared_ptr<void>> slot_memory_;
+};
+
+}  // namespace megatron

@@ -1,0 +1,221 @@
+#include "megatron/planning/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "megatron/core/dtype.h"
+#include "megatron/distributed/buffer_layout.h"
+#include "megatron/distributed/ddp.h"
+#include "megatron/models/gpt/gpt_model.h"
+#include "megatron/pipeline_parallel/schedule.h"
+#include "megatron/planning/described_group.h"
+#include "megatron/training/pipeline_step.h"
+
+namespace megatron::planning {
+
+namespace {
+
+// CUDA's caching allocator rounds each request up to one of eight size classes per power of two
+// (cuda_runtime/allocator.h), wasting 0 to 12.5% of a block: the many activation and gradient
+// tensors of a step lose about half of that on average. The flat buffers are few and large, and
+// their rounding is counted with them.
+constexpr double kCudaRoundingOfTransients = 0.0625;
+// The offloaded state's pipeline chunk (optimizer/adamw_state.cpp): each of two staging slots holds
+// up to this many elements of gradients and of parameters.
+constexpr double kOffloadChunkElements = double(int64_t(64) << 20);
+
+double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+
+// The flat buffers of one rank: its chunks built as the run builds them, laid out by DDP.
+struct RankBuffers {
+  int64_t numel = 0;        // elements of the param and grad buffers
+  int64_t state_numel = 0;  // elements the optimizer keeps state for (the shard with the distributed optimizer)
+  int64_t registry_numel = 0;  // before DDP's layout: registration order, 16-element alignment
+};
+
+RankBuffers rank_buffers(const TrainingArgs& args, const ParallelContext& ctx,
+                         const pipeline_parallel::PipelineSplit& split) {
+  ParameterRegistry registry(ctx.tp_rank(), ctx.tp_size(), ctx.ep->rank(), int(ctx.ep->size()));
+  std::vector<std::unique_ptr<GPTModel>> chunks;
+  for (int64_t c = 0; c < split.virtual_stages; ++c)
+    chunks.push_back(std::make_unique<GPTModel>(args.model, ctx, Device::cpu(), split.stage(ctx.pp->rank(), c),
+                                                &registry));
+  RankBuffers b;
+  std::vector<int64_t> numels;
+  std::vector<bool> expert_parallel;
+  for (const auto& p : registry.params()) {
+    numels.push_back(shape_numel(p->local_shape));
+    expert_parallel.push_back(p->spec.expert_parallel);
+    b.registry_numel += (numels.back() + kParamAlignment - 1) / kParamAlignment * kParamAlignment;
+  }
+  const DdpConfig ddp{.overlap_grad_reduce = args.overlap_grad_reduce,
+                      .use_distributed_optimizer = args.use_distributed_optimizer,
+                      .overlap_param_gather = args.overlap_param_gather,
+                      .bucket_size = args.ddp_bucket_size};
+  const int64_t group = ctx.dp_cp->size();
+  const int64_t bucket_size = !ddp.overlap_grad_reduce ? 0
+                              : ddp.bucket_size > 0    ? ddp.bucket_size
+                                                       : default_ddp_bucket_size(group);
+  const BufferLayout layout = make_buffer_layout(numels, {.shard_group_size = group,
+                                                          .bucket_size = bucket_size,
+                                                          .distributed_optimizer = ddp.use_distributed_optimizer,
+                                                          .expert_parallel = expert_parallel,
+                                                          .expert_shard_group_size = ctx.expert_dp->size()});
+  b.numel = layout.numel;
+  b.state_numel = ddp.use_distributed_optimizer ? rank_shards(layout, 0, 0).numel : layout.numel;
+  return b;
+}
+
+StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend backend) {
+  const ParallelContext ctx = described_context(args.parallel, args.world_size, 0, int(pp_rank));
+  const pipeline_parallel::PipelineSplit split = pipeline_parallel::pipeline_split(args.parallel, args.model.num_layers);
+  const RankBuffers buffers = rank_buffers(args, ctx, split);
+  const DType params = args.model.params_dtype;
+  const double state_element = params == DType::f64 ? 8.0 : 4.0;  // fp32 master and moments (f64 runs: f64)
+  StageMemory s;
+  s.pipeline_rank = pp_rank;
+  s.parameters = buffers.numel;
+  s.weights = double(buffers.numel) * double(dtype_size(params));
+  s.gradients = double(buffers.numel) * state_element;
+  const bool separate_master = params != DType::f32 && params != DType::f64;
+  const double fraction = args.optimizer.optimizer_cpu_offload ? args.optimizer.optimizer_offload_fraction : 0.0;
+  const double offloaded = fraction * double(buffers.state_numel);
+  const double kept = double(buffers.state_numel) - offloaded;
+  s.optimizer_state = kept * state_element * (separate_master ? 3.0 : 2.0);
+  if (offloaded > 0) {
+    const double slot = std::min(offloaded, kOffloadChunkElements);
+    const double host = offloaded * state_element * 3.0 + 2.0 * slot * (state_element + double(dtype_size(params)));
+    (backend == PlanBackend::cpu ? s.optimizer_state : s.host_optimizer) += host;
+  }
+
+  const ActivationShape shape{.seq_length = args.model.seq_length / args.parallel.context_parallel_size,
+                              .micro_batch = args.micro_batch_size,
+                              .tp = args.parallel.tensor_model_parallel_size,
+                              .sequence_parallel = ctx.sequence_parallel(),
+                              .ep = args.parallel.expert_model_parallel_size,
+                              .context_parallel = args.parallel.context_parallel_size > 1};
+  // Per chunk: what one micro-batch keeps (saved tensors and device inputs) and the most its
+  // backward holds on top.
+  std::vector<double> kept_per_chunk, working_per_chunk;
+  for (int64_t c = 0; c < split.virtual_stages; ++c) {
+    const pipeline_parallel::StageLayers stage = split.stage(pp_rank, c);
+    const ChunkActivations a = chunk_activations(args.model, stage, shape, backend);
+    for (size_t i = 0; i < a.layers.size(); ++i)
+      s.layer_activations.push_back({stage.first_layer + int64_t(i), a.layers[i].saved});
+    // On the CPU the token ids are the loader's own memory (no copy to a device).
+    const double inputs =
+        double(a.inputs) - (backend == PlanBackend::cpu && stage.embedding ? 4.0 * double(shape.tokens()) : 0.0);
+    kept_per_chunk.push_back(double(a.counted()) + inputs);
+    working_per_chunk.push_back(double(a.backward_working()));
+  }
+  const int64_t micro_batches = args.num_micro_batches();
+  const int64_t pp = args.parallel.pipeline_model_parallel_size;
+  s.activations_per_micro_batch = kept_per_chunk[0];
+  s.activations = kept_per_chunk[0];
+  s.backward_working = working_per_chunk[0];
+  if (pp > 1) {
+    // The schedule this rank runs: each forward keeps its chunk's activations until its backward,
+    // which holds its working set on top; the peak is the largest such moment.
+    const PipelineStepShape step = pipeline_step_shape(args, false);
+    const std::vector<pipeline_parallel::Action> actions = pipeline_parallel::build_schedule(
+        {.pipeline_size = pp,
+         .virtual_stages = split.virtual_stages,
+         .microbatches = micro_batches,
+         .microbatch_group_size = step.microbatch_group_size},
+        pp_rank);
+    double live = 0, peak = 0;
+    int64_t live_count = 0;
+    for (const pipeline_parallel::Action& action : actions) {
+      const size_t c = size_t(action.chunk);
+      if (action.kind == pipeline_parallel::ActionKind::kForward) {
+        live += kept_per_chunk[c];
+        ++live_count;
+      } else if (action.kind == pipeline_parallel::ActionKind::kBackward) {
+        if (live + working_per_chunk[c] > peak) {
+          peak = live + working_per_chunk[c];
+          s.activations = live;
+          s.backward_working = working_per_chunk[c];
+          s.in_flight = live_count;
+        }
+        live -= kept_per_chunk[c];
+        --live_count;
+      }
+    }
+    double all_chunks = 0;
+    for (double k : kept_per_chunk) all_chunks += k;
+    s.activations_per_micro_batch = all_chunks / double(split.virtual_stages);
+    const double stream = double(shape.stream_tokens() * args.model.hidden_size) * double(dtype_size(params));
+    s.communication = 2 * stream;  // the activation sent on and the gradient received
+  }
+  if (backend == PlanBackend::cpu) {
+    // The step's micro-batches and the loader's prefetched ones: tokens, labels and loss mask (i32/f32).
+    const double batch = 3.0 * 4.0 * double(args.micro_batch_size * args.model.seq_length);
+    s.data_batches = double(micro_batches + 2 * args.data.num_workers + 1) * batch;
+  } else {
+    s.allocator_slack = kCudaRoundingOfTransients * (s.activations + s.backward_working + s.communication);
+  }
+  // Before the optimizer: the registry's buffers, then DDP's move (the registry's and DDP's parameter
+  // buffers, the gradients dropped), then DDP's buffers.
+  const double registry_weights = double(buffers.registry_numel) * double(dtype_size(params));
+  s.set_up_peak = std::max({registry_weights + double(buffers.registry_numel) * state_element,
+                            registry_weights + s.weights, s.weights + s.gradients});
+  return s;
+}
+
+}  // namespace
+
+double StageMemory::steady_peak() const {
+  return weights + gradients + optimizer_state + activations + backward_working + data_batches + communication +
+         allocator_slack;
+}
+
+double StageMemory::peak() const { return std::max(steady_peak(), set_up_peak); }
+
+double MemoryPlan::peak() const {
+  double most = 0;
+  for (const StageMemory& s : stages) most = std::max(most, s.peak());
+  return most;
+}
+
+MemoryPlan plan_memory(const TrainingArgs& args, PlanBackend backend) {
+  MemoryPlan plan;
+  plan.backend = backend;
+  plan.world_size = args.world_size;
+  for (int64_t p = 0; p < args.parallel.pipeline_model_parallel_size; ++p) plan.stages.push_back(plan_stage(args, p, backend));
+  return plan;
+}
+
+std::string format_memory_plan(const MemoryPlan& plan) {
+  std::ostringstream out;
+  char line[512];
+  out << "memory per rank (MiB), " << (plan.backend == PlanBackend::cuda ? "CUDA" : "CPU") << " backend, "
+      << plan.world_size << " rank(s); peak = the larger of set-up and the sum of the columns from weights to slack "
+      << "(act = act/mb x the micro-batches in flight); host: offloaded optimizer state, not on the device:\n";
+  std::snprintf(line, sizeof line, "%-6s %12s %10s %10s %10s %10s %6s %10s %10s %8s %8s %8s %10s %10s %10s\n",
+                "stage", "parameters", "weights", "grads", "optimizer", "act/mb", "x", "act", "bwd work", "data", "comm",
+                "slack", "set-up", "host", "peak");
+  out << line;
+  for (const StageMemory& s : plan.stages) {
+    std::snprintf(line, sizeof line,
+                  "%-6lld %12lld %10.2f %10.2f %10.2f %10.2f %6lld %10.2f %10.2f %8.2f %8.2f %8.2f %10.2f %10.2f %10.2f\n",
+                  static_cast<long long>(s.pipeline_rank), static_cast<long long>(s.parameters), mib(s.weights),
+                  mib(s.gradients), mib(s.optimizer_state), mib(s.activations_per_micro_batch),
+                  static_cast<long long>(s.in_flight), mib(s.activations), mib(s.backward_working), mib(s.data_batches),
+                  mib(s.communication), mib(s.allocator_slack), mib(s.set_up_peak), mib(s.host_optimizer),
+                  mib(s.peak()));
+    out << line;
+  }
+  for (const StageMemory& s : plan.stages) {
+    out << "stage " << s.pipeline_rank << " activations per layer of one micro-batch (MiB):";
+    for (const StageMemory::LayerActivations& l : s.layer_activations) {
+      std::snprintf(line, sizeof line, " %lld:%.2f", static_cast<long long>(l.layer), mib(double(l.bytes)));
+      out << line;
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace megatron::planning

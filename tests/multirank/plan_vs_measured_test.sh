@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# megatron plan against what training measures: for each preset and layout below, `megatron plan`
+# of a command line, then `megatron train` of the same command line for 2 iterations (CPU ranks,
+# under MPIRUN for the multi-rank layouts); every pipeline stage's planned peak must be within 5% of
+# its measured peak (the CPU allocator's peak of every byte handed out: the metrics file's
+# peak_memory_mib, or, per stage, the first iteration's "memory per pipeline stage" line).
+# usage: plan_vs_measured_test.sh MEGATRON MPIRUN [MPIRUN FLAGS...]
+set -u
+megatron=$1
+shift
+mpirun=("$@")
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+common="--train-iters 2 --lr 1e-3 --log-interval 1 --device cpu --mock-data --tokenizer-type NullTokenizer"
+status=0
+printf '%-34s %-6s %12s %12s %8s\n' "run" "stage" "plan MiB" "measured MiB" "diff"
+check() {  # name ranks flags...
+  local name=$1 ranks=$2
+  shift 2
+  local flags="$* $common"
+  # shellcheck disable=SC2086
+  "$megatron" plan --plan-world-size "$ranks" $flags >"$dir/plan" 2>&1 || { echo "FAIL: plan $name: $(cat "$dir/plan")"; status=1; return; }
+  local launch=()
+  [ "$ranks" -gt 1 ] && launch=("${mpirun[@]}" -np "$ranks")
+  # shellcheck disable=SC2086
+  timeout -k 5 120 "${launch[@]}" "$megatron" train $flags --metrics-file "$dir/metrics" >"$dir/log" 2>&1 ||
+    { echo "FAIL: train $name: $(tail -5 "$dir/log")"; status=1; return; }
+  local stages
+  stages=$(awk '/^[0-9]+ / { print $1 }' "$dir/plan")
+  for stage in $stages; do
+    local planned measured
+    planned=$(awk -v s="$stage" '$1 == s && NF == 15 { print $15 }' "$dir/plan")
+    if grep -q 'memory per pipeline stage' "$dir/log"; then
+      measured=$(grep 'memory per pipeline stage' "$dir/log" | head -1 | sed -E "s/.*stage $stage: [^;]*peak ([0-9.e+]+) MiB.*/\1/")
+    else
+      measured=$(grep -o '"peak_memory_mib": *[0-9.e+]*' "$dir/metrics" | head -1 | sed 's/.*: *//')
+    fi
+    local verdict
+    verdict=$(awk -v p="$planned" -v m="$measured" 'BEGIN { d = (p - m) / m; printf "%+.1f%% %s", 100 * d, (d < -0.05 || d > 0.05) ? "FAIL" : "ok" }')
+    printf '%-34s %-6s %12s %12s %8s\n' "$name" "$stage" "$planned" "$measured" "$verdict"
+    [[ "$verdict" == *FAIL ]] && status=1
+  done
+  rm -f "$dir/metrics"
+}
+check "tiny (GPT-2 style, tied)" 1 --model-preset tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000
+check "llama-tiny" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000
+check "llama-tiny bf16" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 --bf16
+check "moe-tiny" 1 --model-preset moe-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000
+check "llama-tiny full recompute" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
+  --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+check "tiny selective recompute" 1 --model-preset tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
+  --recompute-granularity selective --recompute-modules core_attn mlp
+check "llama-tiny bf16 offload 0.5" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 \
+  --vocab-size 1000 --bf16 --optimizer-cpu-offload --optimizer-offload-fraction 0.5
+check "llama-tiny PP=2" 2 --model-preset llama-tiny --micro-batch-size 2 --global-batch-size 8 --vocab-size 1000 \
+  --pipeline-model-parallel-size 2
+check "llama-tiny PP=2 interleaved x2" 2 --model-preset llama-tiny --num-layers 4 --micro-batch-size 2 \
+  --global-batch-size 8 --vocab-size 1000 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
+check "llama-tiny TP=2 SP" 2 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
+  --tensor-model-parallel-size 2 --sequence-parallel
+exit $status

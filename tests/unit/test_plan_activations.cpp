@@ -1,0 +1,92 @@
+// megatron plan's activation model (planning/activation_model.h) against the engine: for each preset
+// and setting, the bytes the plan says one micro-batch keeps for backward equal, to the byte, what a
+// forward of the built model counts in its Saved structs (GPTModel::activation_bytes): dense GPT-2
+// and LLaMA styles, f32 and bf16, MoE (top-2, and DeepSeek routing with a shared expert), full
+// recomputation (uniform 1 and 2, block 1), selective recomputation of core_attn, mlp and both, and
+// pipeline stages (first: embedding, no loss; last: stage input, loss). Exact: both count the same
+// tensors' bytes, so any difference is a module the plan does not know.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "megatron/core/rng.h"
+#include "megatron/models/gpt/gpt_model.h"
+#include "megatron/planning/activation_model.h"
+#include "megatron/training/arguments.h"
+
+using namespace megatron;
+
+namespace {
+
+std::vector<std::string> words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> w;
+  for (std::string s; in >> s;) w.push_back(s);
+  return w;
+}
+
+struct Case {
+  std::string name;
+  std::string flags;
+  std::optional<pipeline_parallel::StageLayers> stage;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class PlanActivations : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PlanActivations, EqualWhatTheModelsSavedStructsHold) {
+  const Case& c = GetParam();
+  const TrainingArgs args = parse_training_args(
+      words(c.flags + " --micro-batch-size 2 --seq-length 32 --train-iters 1 --lr 1e-3 --mock-data "
+                      "--tokenizer-type NullTokenizer --vocab-size 100 --device cpu"));
+  const ParallelContext ctx = model_context(ParallelContext::single_process(), args.parallel);
+  GPTModel model(args.model, ctx, Device::cpu(), c.stage);
+  model.parameters().initialize(1);
+  const int64_t B = args.micro_batch_size, S = args.model.seq_length;
+  MicroBatch mb{Tensor::empty({B, S}, DType::i32), Tensor::empty({B, S}, DType::i32),
+                Tensor::empty({B, S}, DType::f32), Tensor(), Tensor(), nullptr};
+  HostRng rng(3);
+  for (int64_t i = 0; i < B * S; ++i) {
+    mb.tokens.data<int32_t>()[i] = int32_t(rng.uniform_int(100));
+    mb.labels.data<int32_t>()[i] = int32_t(rng.uniform_int(100));
+    mb.loss_mask.data<float>()[i] = 1.0f;
+  }
+  const pipeline_parallel::StageLayers stage = model.stage();
+  Tensor input;
+  if (!stage.embedding) {
+    input = Tensor::empty({S, B, args.model.hidden_size}, args.model.params_dtype);
+    for (int64_t i = 0; i < input.numel(); ++i) input.set_item(i, 0.01 * double(i % 17));
+  }
+  GPTModel::Saved saved;
+  LossSums sums;
+  model.stage_forward(mb, input, {.training = true, .seed = 5, .step = 0}, saved, &sums);
+  const planning::ActivationShape shape{.seq_length = S, .micro_batch = B};
+  const planning::ChunkActivations planned =
+      planning::chunk_activations(args.model, stage, shape, planning::PlanBackend::cpu);
+  EXPECT_EQ(planned.counted(), model.activation_bytes());
+}
+
+const std::string kLlama = "--model-preset llama-tiny --num-layers 3";
+INSTANTIATE_TEST_SUITE_P(
+    Presets, PlanActivations,
+    ::testing::Values(
+        Case{"gpt2_style", "--model-preset tiny --num-layers 3", {}},
+        Case{"gpt2_style_no_dropout", "--model-preset tiny --attention-dropout 0 --hidden-dropout 0", {}},
+        Case{"llama_style", kLlama, {}}, Case{"llama_bf16", kLlama + " --bf16", {}},
+        Case{"moe", "--model-preset moe-tiny", {}}, Case{"deepseek_shared_expert", "--model-preset deepseek-tiny", {}},
+        Case{"moe_every_other_layer", "--model-preset moe-tiny --num-layers 4 --moe-layer-freq 2", {}},
+        Case{"full_uniform_1", kLlama + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1", {}},
+        Case{"full_uniform_2", kLlama + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 2", {}},
+        Case{"full_block_1", kLlama + " --recompute-granularity full --recompute-method block --recompute-num-layers 1", {}},
+        Case{"gpt2_full_block_2", "--model-preset tiny --num-layers 3 --recompute-granularity full --recompute-method block "
+                                  "--recompute-num-layers 2", {}},
+        Case{"selective_core_attn", kLlama + " --recompute-granularity selective", {}},
+        Case{"selective_mlp", kLlama + " --recompute-granularity selective --recompute-modules mlp", {}},
+        Case{"gpt2_selective_both", "--model-preset tiny --recompute-granularity selective --recompute-modules core_attn mlp", {}},
+        Case{"first_stage", kLlama, pipeline_parallel::StageLayers{0, 2, true, false}},
+        Case{"last_stage", kLlama, pipeline_parallel::StageLayers{2, 1, false, true}},
+        Case{"gpt2_middle_stage", "--model-preset tiny --num-layers 3", pipeline_parallel::StageLayers{1, 1, false, false}}),
+    [](const ::testing::TestParamInfo<Case>& param_info) { return param_info.param.name; });
+
+}  // namespace
