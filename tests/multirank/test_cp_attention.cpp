@@ -1,12 +1,12 @@
 // multirank-np: 2 4
 // Context-parallel attention over every rank of the world as one CP group equals full causal
 // attention on one rank, in f64, for Megatron's comm types: the ring
-// (context_parallel/ring_attention.h, --cp-comm-type p2p), its blocks on all-gathered keys and values
-// (allgather), the all-to-all over heads (all_to_all_attention.h, a2a) and, at CP = 4 as 2 x 2,
-// the all-to-all inside pairs of ranks around the ring across them (a2a+p2p). Each rank's output, lse and gradients of q, k and v equal the
-// full computation's rows of the two chunks that rank holds (Megatron's load-balanced split:
-// chunks r and 2C-1-r), with grouped-query heads, with and without document masks (segment ids
-// whose documents cross the chunk boundaries).
+// (context_parallel/ring_attention.h, --cp-comm-type p2p), its blocks on all-gathered keys and
+// values (allgather), the all-to-all over heads (all_to_all_attention.h, a2a) and, at CP = 4 as
+// 2 x 2, the all-to-all inside pairs of ranks around the ring across them (a2a+p2p). Each rank's
+// output, lse and gradients of q, k and v equal the full computation's rows of the two chunks that
+// rank holds (Megatron's load-balanced split: chunks r and 2C-1-r), with grouped-query heads, with
+// and without document masks (segment ids whose documents cross the chunk boundaries).
 //
 // Tolerance 1e-12 relative to the largest reference value: CP adds the same f64 terms in another
 // order (the ring block by block, merged through the log-sum-exp; the all-to-all not at all), a few
@@ -91,14 +91,15 @@ struct CpAttention {
 template <auto Forward, auto Backward>
 CpAttention over_cp() {
   return {[](Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-             const ops::AttentionParams& params, const ParallelContext& ctx) { Forward(out, lse, q, k, v, params, *ctx.cp); },
+             const ops::AttentionParams& params,
+             const ParallelContext& ctx) { Forward(out, lse, q, k, v, params, *ctx.cp); },
           [](Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-             const Tensor& out, const Tensor& lse, const ops::AttentionParams& params, const ParallelContext& ctx) {
-            Backward(dq, dk, dv, dout, q, k, v, out, lse, params, *ctx.cp);
-          }};
+             const Tensor& out, const Tensor& lse, const ops::AttentionParams& params,
+             const ParallelContext& ctx) { Backward(dq, dk, dv, dout, q, k, v, out, lse, params, *ctx.cp); }};
 }
 
-const CpAttention kRing = over_cp<context_parallel::ring_attention_forward, context_parallel::ring_attention_backward>();
+const CpAttention kRing =
+    over_cp<context_parallel::ring_attention_forward, context_parallel::ring_attention_backward>();
 const CpAttention kAllToAll =
     over_cp<context_parallel::all_to_all_attention_forward, context_parallel::all_to_all_attention_backward>();
 const CpAttention kAllGather =
@@ -182,7 +183,8 @@ TEST(HierarchicalAttention, GroupsFollowMegatronsLayout) {
   const ParallelSizes sizes{.world = 16, .tp = 2, .cp = 8, .hierarchical_cp = {2, 4}};
   EXPECT_EQ(hierarchical_cp_groups(sizes, 0),
             (RankGroups{{0, 2}, {4, 6}, {8, 10}, {12, 14}, {1, 3}, {5, 7}, {9, 11}, {13, 15}}));
-  EXPECT_EQ(hierarchical_cp_groups(sizes, 1), (RankGroups{{0, 4, 8, 12}, {2, 6, 10, 14}, {1, 5, 9, 13}, {3, 7, 11, 15}}));
+  EXPECT_EQ(hierarchical_cp_groups(sizes, 1),
+            (RankGroups{{0, 4, 8, 12}, {2, 6, 10, 14}, {1, 5, 9, 13}, {3, 7, 11, 15}}));
   EXPECT_FALSE(validate(ParallelSizes{.world = 16, .tp = 2, .cp = 8, .hierarchical_cp = {2, 2}}).empty());
 }
 

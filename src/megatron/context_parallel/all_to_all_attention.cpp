@@ -107,7 +107,6 @@ void check_heads(const Tensor& q, const Tensor& k, int64_t C) {
 
 DType lse_dtype(const Tensor& q) { return q.dtype() == DType::f64 ? DType::f64 : DType::f32; }
 
-
 // Attention over the group's rows of this rank's head group (the op's contract): the op itself
 // (a2a), or the ring over the other hierarchical level (a2a+p2p).
 using AttendForward = std::function<void(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -171,12 +170,12 @@ void hierarchical_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, c
 void hierarchical_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                                      const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                      const ops::AttentionParams& params, Communicator& a2a, Communicator& p2p) {
-  exchanged_backward(dq, dk, dv, dout, q, k, v, out, lse, params, a2a,
-                     [&p2p](Tensor& dqh, Tensor& dkh, Tensor& dvh, const Tensor& douth, const Tensor& qh,
-                            const Tensor& kh, const Tensor& vh, const Tensor& outh, const Tensor& lseh,
-                            const ops::AttentionParams& p) {
-                       ring_attention_backward(dqh, dkh, dvh, douth, qh, kh, vh, outh, lseh, p, p2p);
-                     });
+  exchanged_backward(
+      dq, dk, dv, dout, q, k, v, out, lse, params, a2a,
+      [&p2p](Tensor& dqh, Tensor& dkh, Tensor& dvh, const Tensor& douth, const Tensor& qh, const Tensor& kh,
+             const Tensor& vh, const Tensor& outh, const Tensor& lseh, const ops::AttentionParams& p) {
+        ring_attention_backward(dqh, dkh, dvh, douth, qh, kh, vh, outh, lseh, p, p2p);
+      });
 }
 
 }  // namespace megatron::context_parallel

@@ -35,9 +35,9 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
     errors.push_back(concat("--cp-comm-type ", a.cp_comm_type, ": one of p2p (ring attention), a2a (all-to-all ",
                             "over heads), allgather and a2a+p2p (with --hierarchical-context-parallel-sizes)"));
   if (a.cp_comm_type == "a2a+p2p" && a.hierarchical_context_parallel_sizes.empty())
-    errors.push_back(concat("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A P (A x P = ",
-                            "--context-parallel-size ", a.context_parallel_size, "): the all-to-all runs inside ",
-                            "groups of A ranks, the ring across P of them"));
+    errors.push_back(concat(
+        "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A P (A x P = ", "--context-parallel-size ",
+        a.context_parallel_size, "): the all-to-all runs inside ", "groups of A ranks, the ring across P of them"));
   for (const std::string& h : a.hierarchical_context_parallel_sizes)
     if (!flags::parse_int(h))
       errors.push_back(concat("--hierarchical-context-parallel-sizes: '", h, "' is not an integer; give two sizes ",

@@ -72,7 +72,8 @@ std::vector<std::string> validate(const ParallelSizes& s) {
       product *= h;
       given += concat(given.empty() ? "" : " ", h);
     }
-    const bool positive = std::all_of(s.hierarchical_cp.begin(), s.hierarchical_cp.end(), [](int64_t h) { return h >= 1; });
+    const bool positive =
+        std::all_of(s.hierarchical_cp.begin(), s.hierarchical_cp.end(), [](int64_t h) { return h >= 1; });
     if (s.hierarchical_cp.size() != 2 || !positive || product != s.cp)
       errors.push_back(concat("--hierarchical-context-parallel-sizes ", given, " with --context-parallel-size ", s.cp,
                               ": two positive sizes whose product is CP (the all-to-all group inside, the ring ",
@@ -127,8 +128,8 @@ RankGroups rank_groups(const ParallelSizes& s, const std::string& axes, bool exp
 }
 
 RankGroups hierarchical_cp_groups(const ParallelSizes& s, size_t level) {
-  MEGATRON_CHECK(level < s.hierarchical_cp.size(), "hierarchical context-parallel level " << level << " of "
-                                                      << s.hierarchical_cp.size() << " given");
+  MEGATRON_CHECK(level < s.hierarchical_cp.size(),
+                 "hierarchical context-parallel level " << level << " of " << s.hierarchical_cp.size() << " given");
   int64_t inner = 1;  // the sizes of the levels below this one
   for (size_t i = 0; i < level; ++i) inner *= s.hierarchical_cp[i];
   const int64_t size = s.hierarchical_cp[level], span = inner * size;

@@ -29,10 +29,10 @@ void check_context_parallel(const TrainingArgs& a, std::vector<std::string>& err
   const std::vector<std::string>& levels = a.parallel.hierarchical_context_parallel_sizes;
   const int64_t a2a = levels.empty() ? 0 : flags::parse_int(levels.front()).value_or(0);  // 0: refused elsewhere
   if (a.parallel.cp_comm_type == "a2a+p2p" && a2a > 0 && (heads % a2a != 0 || groups % a2a != 0))
-    errors.push_back(concat("--cp-comm-type a2a+p2p with --hierarchical-context-parallel-sizes ", flags::join(levels, " "),
-                            ": each TP rank's ", heads, " attention heads and ", groups, " query groups must divide ",
-                            "by the all-to-all size ", a2a, " (it splits heads over its ranks); use an all-to-all ",
-                            "size that divides both"));
+    errors.push_back(concat("--cp-comm-type a2a+p2p with --hierarchical-context-parallel-sizes ",
+                            flags::join(levels, " "), ": each TP rank's ", heads, " attention heads and ", groups,
+                            " query groups must divide ", "by the all-to-all size ", a2a,
+                            " (it splits heads over its ranks); use an all-to-all ", "size that divides both"));
   if (a.model.attention_dropout > 0.0f || a.model.hidden_dropout > 0.0f)
     errors.push_back(concat("--attention-dropout ", a.model.attention_dropout, " and --hidden-dropout ",
                             a.model.hidden_dropout, " with --context-parallel-size ", cp,

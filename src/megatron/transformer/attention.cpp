@@ -107,8 +107,8 @@ void SelfAttention::core_attention(Saved& saved) const {
     context_parallel::all_to_all_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
                                                    *cp_);
   else if (cp_ && cp_comm_type_ == CpCommType::a2a_p2p)
-    context_parallel::hierarchical_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v,
-                                                     saved.attention, *cp_a2a_, *cp_p2p_);
+    context_parallel::hierarchical_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
+                                                     *cp_a2a_, *cp_p2p_);
   else if (cp_ && cp_comm_type_ == CpCommType::allgather)
     context_parallel::all_gather_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
                                                    *cp_);
@@ -123,9 +123,8 @@ void SelfAttention::core_attention_backward(ops::SplitQkv& d, const Tensor& dout
     return context_parallel::all_to_all_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
                                                            saved.lse, saved.attention, *cp_);
   if (cp_ && cp_comm_type_ == CpCommType::a2a_p2p)
-    return context_parallel::hierarchical_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v,
-                                                             saved.out, saved.lse, saved.attention, *cp_a2a_,
-                                                             *cp_p2p_);
+    return context_parallel::hierarchical_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
+                                                             saved.lse, saved.attention, *cp_a2a_, *cp_p2p_);
   if (cp_ && cp_comm_type_ == CpCommType::allgather)
     return context_parallel::all_gather_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
                                                            saved.lse, saved.attention, *cp_);
