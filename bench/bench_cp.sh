@@ -3,7 +3,8 @@
 # 32768) on the node's N GPUs ($GPUS, default every visible GPU) as
 #   CP = 1 x DP = N            (the baseline: every GPU holds whole sequences),
 #   CP = 2 x DP = N/2, CP = 4 x DP = N/4 (where they divide N), for each --cp-comm-type in $COMM
-#   (default p2p, the ring; e.g. COMM="p2p allgather a2a"),
+#   (default p2p, the ring; e.g. COMM="p2p allgather a2a a2a+p2p"; a2a+p2p runs with
+#   --hierarchical-context-parallel-sizes 2 CP/2: the all-to-all inside GPU pairs, the ring across),
 # each with selective recompute (--recompute-granularity selective --recompute-modules core_attn
 # mlp: the recipe that fits 32k on one GPU), --use-distributed-optimizer where DP x CP > 1, bf16, no
 # dropout, mock data, $ITERS iterations (default 20) timed over the log's last interval (11-20).
@@ -70,6 +71,7 @@ for run in "${runs[@]}"; do
     layout="DP $gpus"
     if [ "$cp" -gt 1 ]; then
       flags+=(--context-parallel-size "$cp" --cp-comm-type "$comm")
+      [ "$comm" = "a2a+p2p" ] && flags+=(--hierarchical-context-parallel-sizes 2 $((cp / 2)))
       layout="CP $cp x DP $dp ($comm)"
     fi
     name="ours-$preset-cp$cp-$comm-dp$dp"

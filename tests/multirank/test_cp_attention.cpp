@@ -1,11 +1,12 @@
 // multirank-np: 2 4
 // Context-parallel attention over every rank of the world as one CP group equals full causal
 // attention on one rank, in f64, for Megatron's comm types: the ring
-// (context_parallel/ring_attention.h, --cp-comm-type p2p), its blocks on all-gathered keys and values
-// (allgather) and the all-to-all over heads (all_to_all_attention.h, a2a). Each rank's output, lse and gradients of q, k and v equal the
-// full computation's rows of the two chunks that rank holds (Megatron's load-balanced split:
-// chunks r and 2C-1-r), with grouped-query heads, with and without document masks (segment ids
-// whose documents cross the chunk boundaries).
+// (context_parallel/ring_attention.h, --cp-comm-type p2p), its blocks on all-gathered keys and
+// values (allgather), the all-to-all over heads (all_to_all_attention.h, a2a) and, at CP = 4 as
+// 2 x 2, the all-to-all inside pairs of ranks around the ring across them (a2a+p2p). Each rank's
+// output, lse and gradients of q, k and v equal the full computation's rows of the two chunks that
+// rank holds (Megatron's load-balanced split: chunks r and 2C-1-r), with grouped-query heads, with
+// and without document masks (segment ids whose documents cross the chunk boundaries).
 //
 // Tolerance 1e-12 relative to the largest reference value: CP adds the same f64 terms in another
 // order (the ring block by block, merged through the log-sum-exp; the all-to-all not at all), a few
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "megatron/context_parallel/all_to_all_attention.h"
@@ -72,22 +74,56 @@ Tensor document_ids() {
   return ids;
 }
 
-// One of the two CP attentions: forward and backward with the op's contract on the local rows.
+// One of the CP attentions: forward and backward with the op's contract on the local rows, over
+// the groups of `ctx`; `hierarchical` builds the CP group as Megatron's two levels (a2a+p2p).
 struct CpAttention {
-  decltype(&context_parallel::ring_attention_forward) forward;
-  decltype(&context_parallel::ring_attention_backward) backward;
+  std::function<void(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const ops::AttentionParams& params, const ParallelContext& ctx)>
+      forward;
+  std::function<void(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const Tensor& out, const Tensor& lse, const ops::AttentionParams& params,
+                     const ParallelContext& ctx)>
+      backward;
+  std::vector<int64_t> hierarchical{};
 };
-constexpr CpAttention kRing{context_parallel::ring_attention_forward, context_parallel::ring_attention_backward};
-constexpr CpAttention kAllToAll{context_parallel::all_to_all_attention_forward,
-                                context_parallel::all_to_all_attention_backward};
-constexpr CpAttention kAllGather{context_parallel::all_gather_attention_forward,
-                                 context_parallel::all_gather_attention_backward};
+
+// One of the comm types over the whole CP group.
+template <auto Forward, auto Backward>
+CpAttention over_cp() {
+  return {[](Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+             const ops::AttentionParams& params,
+             const ParallelContext& ctx) { Forward(out, lse, q, k, v, params, *ctx.cp); },
+          [](Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+             const Tensor& out, const Tensor& lse, const ops::AttentionParams& params,
+             const ParallelContext& ctx) { Backward(dq, dk, dv, dout, q, k, v, out, lse, params, *ctx.cp); }};
+}
+
+const CpAttention kRing =
+    over_cp<context_parallel::ring_attention_forward, context_parallel::ring_attention_backward>();
+const CpAttention kAllToAll =
+    over_cp<context_parallel::all_to_all_attention_forward, context_parallel::all_to_all_attention_backward>();
+const CpAttention kAllGather =
+    over_cp<context_parallel::all_gather_attention_forward, context_parallel::all_gather_attention_backward>();
+// a2a+p2p at CP = 4 as 2 x 2: all-to-all over pairs of consecutive CP ranks, the ring across pairs.
+const CpAttention kHierarchical{
+    [](Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionParams& params,
+       const ParallelContext& ctx) {
+      context_parallel::hierarchical_attention_forward(out, lse, q, k, v, params, *ctx.cp_a2a, *ctx.cp_p2p);
+    },
+    [](Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+       const Tensor& out, const Tensor& lse, const ops::AttentionParams& params, const ParallelContext& ctx) {
+      context_parallel::hierarchical_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params, *ctx.cp_a2a,
+                                                        *ctx.cp_p2p);
+    },
+    {2, 2}};
 
 void cp_matches_full_attention(const CpAttention& attention, bool documents) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   ParallelSizes sizes;
   sizes.cp = world;
+  sizes.hierarchical_cp = attention.hierarchical;
+  if (!sizes.hierarchical_cp.empty() && world != 4) GTEST_SKIP() << "a2a+p2p is tested at CP = 4 as 2 x 2";
   ParallelState st = make_state(sizes, 30);
   Communicator& cp = *st.ctx.cp;
   ASSERT_EQ(cp.size(), world);
@@ -111,14 +147,14 @@ void cp_matches_full_attention(const CpAttention& attention, bool documents) {
   if (documents) local_params.segment_ids = context_parallel::split_sequence(params.segment_ids, C, rank);
   Tensor cp_out = test::poisoned(q_local.shape(), DType::f64);
   Tensor cp_lse = test::poisoned({B, NH, q_local.dim(0)}, DType::f64);
-  attention.forward(cp_out, cp_lse, q_local, k_local, v_local, local_params, cp);
+  attention.forward(cp_out, cp_lse, q_local, k_local, v_local, local_params, st.ctx);
   expect_close(cp_out, local_rows(out, C, rank), "output");
   expect_close(cp_lse, local_lse(lse, C, rank), "lse");
 
   Tensor cp_dq = test::poisoned(q_local.shape(), DType::f64);
   Tensor cp_dk = test::poisoned(k_local.shape(), DType::f64), cp_dv = test::poisoned(v_local.shape(), DType::f64);
   attention.backward(cp_dq, cp_dk, cp_dv, local_rows(dout, C, rank), q_local, k_local, v_local, cp_out, cp_lse,
-                     local_params, cp);
+                     local_params, st.ctx);
   expect_close(cp_dq, local_rows(dq, C, rank), "dq");
   expect_close(cp_dk, local_rows(dk, C, rank), "dk");
   expect_close(cp_dv, local_rows(dv, C, rank), "dv");
@@ -135,6 +171,22 @@ TEST(AllGatherAttention, DocumentMasksMatchFullAttention) { cp_matches_full_atte
 TEST(AllToAllAttention, CausalGroupedQueryMatchesFullAttention) { cp_matches_full_attention(kAllToAll, false); }
 
 TEST(AllToAllAttention, DocumentMasksMatchFullAttention) { cp_matches_full_attention(kAllToAll, true); }
+
+TEST(HierarchicalAttention, CausalGroupedQueryMatchesFullAttention) { cp_matches_full_attention(kHierarchical, false); }
+
+TEST(HierarchicalAttention, DocumentMasksMatchFullAttention) { cp_matches_full_attention(kHierarchical, true); }
+
+// Megatron's hierarchical groups (create_hierarchical_parallel_groups) at CP = 8 as 2 x 4, TP = 2
+// (CP group members 0, 2, ..., 14 and 1, 3, ..., 15): all-to-all over consecutive CP members, the
+// ring over every second one, worked by hand.
+TEST(HierarchicalAttention, GroupsFollowMegatronsLayout) {
+  const ParallelSizes sizes{.world = 16, .tp = 2, .cp = 8, .hierarchical_cp = {2, 4}};
+  EXPECT_EQ(hierarchical_cp_groups(sizes, 0),
+            (RankGroups{{0, 2}, {4, 6}, {8, 10}, {12, 14}, {1, 3}, {5, 7}, {9, 11}, {13, 15}}));
+  EXPECT_EQ(hierarchical_cp_groups(sizes, 1),
+            (RankGroups{{0, 4, 8, 12}, {2, 6, 10, 14}, {1, 5, 9, 13}, {3, 7, 11, 15}}));
+  EXPECT_FALSE(validate(ParallelSizes{.world = 16, .tp = 2, .cp = 8, .hierarchical_cp = {2, 2}}).empty());
+}
 
 // Megatron's case rules, worked by hand for C = 4, rank 1: step 1 holds rank 0's chunks (0, 7),
 // both q chunks (1, 6) see chunk 0 and neither sees 7; steps 2 and 3 hold ranks 3 (3, 4) and 2

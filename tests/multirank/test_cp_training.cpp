@@ -7,7 +7,8 @@
 //   2 ranks: CP=2 (both styles), CP=2 with document masks and reset position ids (LLaMA), the
 //            same with --cp-comm-type a2a and allgather, CP=2 with core attention recomputed in
 //            backward (the ring runs again);
-//   4 ranks: CP=4 (both styles), CP=4 a2a (GPT), CP=4 allgather (LLaMA), CP=2 x DP=2 with the distributed optimizer
+//   4 ranks: CP=4 (both styles), CP=4 a2a (GPT), CP=4 allgather (LLaMA), CP=4 a2a+p2p as 2 x 2
+//            (LLaMA: the all-to-all inside rank pairs, the ring across), CP=2 x DP=2 with the distributed optimizer
 //            (GPT), CP=2 x TP=2 with sequence parallelism (LLaMA).
 // Then a checkpoint (fp32, LLaMA): CP=2 saves at iteration 5 and one rank (CP=1) resumes it on
 // the same curve.
@@ -66,6 +67,12 @@ std::vector<Layout> layouts(int world) {
           {"CP=4", llama, false, {.cp = 4}, {"--context-parallel-size", "4"}},
           {"CP=4 a2a", gpt, false, {.cp = 4}, {"--context-parallel-size", "4", "--cp-comm-type", "a2a"}},
           {"CP=4 allgather", llama, false, {.cp = 4}, {"--context-parallel-size", "4", "--cp-comm-type", "allgather"}},
+          {"CP=4 a2a+p2p (2 x 2)",
+           llama,
+           false,
+           {.cp = 4, .hierarchical_cp = {2, 2}},
+           {"--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2",
+            "2"}},
           {"CP=2 x DP=2 distributed optimizer", gpt, false, {.cp = 2}, with(cp2, {"--use-distributed-optimizer"})},
           {"CP=2 x TP=2 SP",
            llama,

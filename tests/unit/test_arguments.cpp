@@ -406,14 +406,26 @@ TEST(ContextParallelArgs, CombinationsNotBuiltAreRefusedWithTheFix) {
   EXPECT_TRUE(contains(parse_error(cp2_argv({"--pipeline-model-parallel-size", "2"}), 4),
                        "context and pipeline parallelism together are not built yet"));
   EXPECT_TRUE(contains(parse_error(cp2_argv({"--window-size", "8,0"}), 2), "drop --window-size or use CP 1"));
-  EXPECT_TRUE(contains(parse_error(cp2_argv({"--cp-comm-type", "a2a+p2p"}), 2),
-                       "use --cp-comm-type p2p, a2a or allgather"));
   EXPECT_EQ(parse_error(cp2_argv({"--cp-comm-type", "allgather"}), 2), "");
   // a2a splits heads over CP: 4 heads at CP 2 do, 4 heads at CP 8 (with 4 query groups) do not.
   EXPECT_EQ(parse_error(cp2_argv({"--cp-comm-type", "a2a"}), 2), "");
   Argv cp8 = cp2_argv({"--cp-comm-type", "a2a"});
   *(std::find(cp8.begin(), cp8.end(), "--context-parallel-size") + 1) = "8";
   EXPECT_TRUE(contains(parse_error(cp8, 8), "each TP rank's 4 attention heads and 4 query groups must divide by CP"));
+  // a2a+p2p: two hierarchical sizes whose product is CP, the first (the all-to-all) dividing heads.
+  EXPECT_TRUE(contains(parse_error(cp2_argv({"--cp-comm-type", "a2a+p2p"}), 2),
+                       "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A P"));
+  const auto hierarchical = [&](const std::string& a2a, const std::string& p2p) {
+    return cp2_argv({"--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", a2a, p2p});
+  };
+  EXPECT_EQ(parse_error(hierarchical("2", "1"), 2), "");
+  EXPECT_TRUE(contains(parse_error(hierarchical("2", "2"), 2),
+                       "--hierarchical-context-parallel-sizes 2 2 with --context-parallel-size 2: two positive "
+                       "sizes whose product is CP"));
+  EXPECT_TRUE(contains(parse_error(hierarchical("x", "2"), 2), "'x' is not an integer"));
+  Argv a2a8 = hierarchical("8", "1");
+  *(std::find(a2a8.begin(), a2a8.end(), "--context-parallel-size") + 1) = "8";
+  EXPECT_TRUE(contains(parse_error(a2a8, 8), "query groups must divide by the all-to-all size 8"));
   EXPECT_TRUE(contains(parse_error(cp2_argv(), 3), "world size 3 is not a multiple of TP*CP*PP = 2"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--context-parallel-size", "0"}), 1),
                        "--context-parallel-size 0 must be positive"));

@@ -1,5 +1,8 @@
 #include "megatron/context_parallel/all_to_all_attention.h"
 
+#include <functional>
+
+#include "megatron/context_parallel/ring_attention.h"
 #include "megatron/core/error.h"
 #include "megatron/ops/elementwise.h"
 
@@ -8,7 +11,9 @@ namespace megatron::context_parallel {
 namespace {
 
 // Rows of 2C equal chunks between rank order (rank j's local halves: chunks j and 2C-1-j) and the
-// sequence's true order, either way; any dtype.
+// sequence's true order, either way; any dtype. Under a2a+p2p the C ranks of an all-to-all group
+// are consecutive CP ranks p·C .. p·C+C-1 (rank_layout.h), so the same order puts their chunks
+// together as chunks p and 2P-1-p of 2P: the ring's local layout over the P groups.
 void reorder_chunks(Tensor& dst, const Tensor& src, int64_t C, bool to_true_order) {
   const Tensor from = src.view({2 * C, -1});
   Tensor to = dst.view({2 * C, -1});
@@ -21,8 +26,8 @@ void reorder_chunks(Tensor& dst, const Tensor& src, int64_t C, bool to_true_orde
   }
 }
 
-// x (2L,B,H,HS), this rank's chunks of every head -> (S,B,H/C,HS), the whole sequence in true order
-// for this rank's head group (heads [rank·H/C, (rank+1)·H/C)).
+// x (2L,B,H,HS), this rank's chunks of every head -> (2CL,B,H/C,HS), the group's chunks in true
+// order (the whole sequence for plain a2a) for this rank's head group (heads [rank·H/C, (rank+1)·H/C)).
 Tensor to_heads(const Tensor& x, Communicator& cp) {
   const int64_t C = cp.size(), S2 = x.dim(0), B = x.dim(1), Hc = x.dim(2) / C, HS = x.dim(3);
   Tensor by_group = Tensor::empty({C, S2 * B, Hc * HS}, x.dtype(), x.device());  // chunk j: head group j
@@ -69,7 +74,7 @@ void lse_from_heads(Tensor& lse, const Tensor& heads, Communicator& cp) {
   ops::transpose01(lse_rows, local.view({S2, B * NH}));
 }
 
-// The whole sequence's segment ids (B,S) in true order from each rank's (B,2L).
+// The group's segment ids (B,2CL) in true order from each rank's (B,2L).
 Tensor gather_segments(const Tensor& local, Communicator& cp) {
   const int64_t C = cp.size(), B = local.dim(0), S2 = local.dim(1);
   Tensor sequence_major = Tensor::empty({S2, B}, DType::i32, local.device());
@@ -83,8 +88,8 @@ Tensor gather_segments(const Tensor& local, Communicator& cp) {
   return segments;
 }
 
-// The attention parameters of the whole sequence for this rank's head group.
-ops::AttentionParams full_sequence_params(const ops::AttentionParams& params, int64_t heads, Communicator& cp) {
+// The attention parameters of the group's rows for this rank's head group.
+ops::AttentionParams group_rows_params(const ops::AttentionParams& params, int64_t heads, Communicator& cp) {
   MEGATRON_CHECK(!params.key_segment_ids.defined(), "all-to-all attention takes the queries' segment ids only");
   ops::AttentionParams p = params;
   if (params.segment_ids.defined()) p.segment_ids = gather_segments(params.segment_ids, cp);
@@ -102,38 +107,75 @@ void check_heads(const Tensor& q, const Tensor& k, int64_t C) {
 
 DType lse_dtype(const Tensor& q) { return q.dtype() == DType::f64 ? DType::f64 : DType::f32; }
 
-}  // namespace
+// Attention over the group's rows of this rank's head group (the op's contract): the op itself
+// (a2a), or the ring over the other hierarchical level (a2a+p2p).
+using AttendForward = std::function<void(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const ops::AttentionParams& params)>;
+using AttendBackward =
+    std::function<void(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const Tensor& out, const Tensor& lse, const ops::AttentionParams& params)>;
 
-void all_to_all_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const ops::AttentionParams& params, Communicator& cp) {
+void exchanged_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const ops::AttentionParams& params, Communicator& cp, const AttendForward& attend) {
   const int64_t C = cp.size();
-  if (C == 1) return ops::attention_forward(out, lse, q, k, v, params);
+  if (C == 1) return attend(out, lse, q, k, v, params);
   check_heads(q, k, C);
-  const ops::AttentionParams p = full_sequence_params(params, q.dim(2), cp);
+  const ops::AttentionParams p = group_rows_params(params, q.dim(2), cp);
   const Tensor q_heads = to_heads(q, cp), k_heads = to_heads(k, cp), v_heads = to_heads(v, cp);
   Tensor out_heads = Tensor::empty(q_heads.shape(), q.dtype(), q.device());
   Tensor lse_heads = Tensor::empty({q.dim(1), q_heads.dim(2), q_heads.dim(0)}, lse_dtype(q), q.device());
-  ops::attention_forward(out_heads, lse_heads, q_heads, k_heads, v_heads, p);
+  attend(out_heads, lse_heads, q_heads, k_heads, v_heads, p);
   from_heads(out, out_heads, cp);
   lse_from_heads(lse, lse_heads, cp);
 }
 
-void all_to_all_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                   const ops::AttentionParams& params, Communicator& cp) {
+void exchanged_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const ops::AttentionParams& params,
+                        Communicator& cp, const AttendBackward& attend) {
   const int64_t C = cp.size();
-  if (C == 1) return ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+  if (C == 1) return attend(dq, dk, dv, dout, q, k, v, out, lse, params);
   check_heads(q, k, C);
-  const ops::AttentionParams p = full_sequence_params(params, q.dim(2), cp);
+  const ops::AttentionParams p = group_rows_params(params, q.dim(2), cp);
   const Tensor q_heads = to_heads(q, cp), k_heads = to_heads(k, cp), v_heads = to_heads(v, cp);
   const Tensor out_heads = to_heads(out, cp), dout_heads = to_heads(dout, cp), lse_heads = lse_to_heads(lse, cp);
   Tensor dq_heads = Tensor::empty(q_heads.shape(), q.dtype(), q.device());
   Tensor dk_heads = Tensor::empty(k_heads.shape(), k.dtype(), k.device());
   Tensor dv_heads = Tensor::empty(v_heads.shape(), v.dtype(), v.device());
-  ops::attention_backward(dq_heads, dk_heads, dv_heads, dout_heads, q_heads, k_heads, v_heads, out_heads, lse_heads, p);
+  attend(dq_heads, dk_heads, dv_heads, dout_heads, q_heads, k_heads, v_heads, out_heads, lse_heads, p);
   from_heads(dq, dq_heads, cp);
   from_heads(dk, dk_heads, cp);
   from_heads(dv, dv_heads, cp);
+}
+
+}  // namespace
+
+void all_to_all_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const ops::AttentionParams& params, Communicator& cp) {
+  exchanged_forward(out, lse, q, k, v, params, cp, ops::attention_forward);
+}
+
+void all_to_all_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                   const ops::AttentionParams& params, Communicator& cp) {
+  exchanged_backward(dq, dk, dv, dout, q, k, v, out, lse, params, cp, ops::attention_backward);
+}
+
+void hierarchical_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const ops::AttentionParams& params, Communicator& a2a, Communicator& p2p) {
+  exchanged_forward(out, lse, q, k, v, params, a2a,
+                    [&p2p](Tensor& o, Tensor& l, const Tensor& qh, const Tensor& kh, const Tensor& vh,
+                           const ops::AttentionParams& p) { ring_attention_forward(o, l, qh, kh, vh, p, p2p); });
+}
+
+void hierarchical_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                     const ops::AttentionParams& params, Communicator& a2a, Communicator& p2p) {
+  exchanged_backward(
+      dq, dk, dv, dout, q, k, v, out, lse, params, a2a,
+      [&p2p](Tensor& dqh, Tensor& dkh, Tensor& dvh, const Tensor& douth, const Tensor& qh, const Tensor& kh,
+             const Tensor& vh, const Tensor& outh, const Tensor& lseh, const ops::AttentionParams& p) {
+        ring_attention_backward(dqh, dkh, dvh, douth, qh, kh, vh, outh, lseh, p, p2p);
+      });
 }
 
 }  // namespace megatron::context_parallel

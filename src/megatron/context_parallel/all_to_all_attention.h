@@ -23,4 +23,16 @@ void all_to_all_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Ten
                                    const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                    const ops::AttentionParams& params, Communicator& cp);
 
+// Megatron's --cp-comm-type a2a+p2p (hierarchical, Transformer Engine's a2a+p2p): the same head
+// exchange over `a2a`, the first level of --hierarchical-context-parallel-sizes (consecutive CP
+// ranks), around ring attention (ring_attention.h) over `p2p`, the second level. After the
+// exchange a rank holds its group's 2·|a2a| chunks in true order, which are chunks p and 2P-1-p of
+// the sequence cut into 2P (P = |p2p|, p its ring rank): the ring's own layout, so the ring runs
+// unchanged on them for H/|a2a| heads. Heads and key/value heads must divide by |a2a|.
+void hierarchical_attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const ops::AttentionParams& params, Communicator& a2a, Communicator& p2p);
+void hierarchical_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                     const ops::AttentionParams& params, Communicator& a2a, Communicator& p2p);
+
 }  // namespace megatron::context_parallel

@@ -116,7 +116,8 @@ CommHandlePtr SingleRankCommunicator::barrier_async() { return completed_handle(
 
 std::vector<std::shared_ptr<Communicator>> ParallelContext::communicators() const {
   std::vector<std::shared_ptr<Communicator>> all;
-  for (const auto& c : {world, tp, dp, pp, pp_grad, cp, dp_cp, mp, ep, expert_tp, expert_dp, embedding, position_embedding})
+  for (const auto& c : {world, tp, dp, pp, pp_grad, cp, cp_a2a, cp_p2p, dp_cp, mp, ep, expert_tp, expert_dp, embedding,
+                        position_embedding})
     if (c && std::find(all.begin(), all.end(), c) == all.end()) all.push_back(c);
   return all;
 }

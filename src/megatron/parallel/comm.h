@@ -150,8 +150,9 @@ CommHandlePtr completed_handle();
 
 // How attention crosses the context-parallel group (--cp-comm-type): p2p, the ring that passes keys
 // and values; a2a, all-to-alls that trade the sequence split for a head split; allgather, the
-// ring's blocks on keys and values all-gathered once.
-enum class CpCommType { p2p, a2a, allgather };
+// ring's blocks on keys and values all-gathered once; a2a_p2p (a2a+p2p), the all-to-all inside the
+// hierarchical groups' first level around the ring over the second.
+enum class CpCommType { p2p, a2a, allgather, a2a_p2p };
 
 // The groups one rank belongs to, passed explicitly to layers (no process-group globals).
 // Megatron's groups (reference/megatron-compat.md §7); parallel_state.h builds them.
@@ -163,6 +164,8 @@ struct ParallelContext {
   std::shared_ptr<Communicator> pp_grad;             // pipeline: their gradients, backward (own communicator:
                                                      // p2p matches by order alone, and the orders differ)
   std::shared_ptr<Communicator> cp;                  // context parallel
+  std::shared_ptr<Communicator> cp_a2a;              // --hierarchical-context-parallel-sizes: level 0 of CP
+  std::shared_ptr<Communicator> cp_p2p;              // and level 1 (null unless the sizes are given)
   std::shared_ptr<Communicator> dp_cp;               // DP x CP: gradient reduction, loss averaging
   std::shared_ptr<Communicator> mp;                  // model parallel (TP x PP): grad-norm without dist-opt
   std::shared_ptr<Communicator> ep;                  // expert parallel

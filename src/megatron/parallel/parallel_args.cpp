@@ -3,6 +3,7 @@
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
 #include "megatron/core/strings.h"
+#include "megatron/flags/command_line.h"
 
 namespace megatron {
 
@@ -13,6 +14,8 @@ ParallelSizes ParallelArgs::sizes() const {
   s.cp = context_parallel_size;
   s.ep = expert_model_parallel_size;
   s.etp = expert_tensor_parallel_size;
+  for (const std::string& h : hierarchical_context_parallel_sizes)
+    s.hierarchical_cp.push_back(flags::parse_int(h).value_or(0));  // 0: not a number, refused by validate
   return s;
 }
 
@@ -27,10 +30,21 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
   if (a.context_parallel_size <= 0)
     errors.push_back(concat("--context-parallel-size ", a.context_parallel_size,
                             " must be positive: 1 disables context parallelism"));
-  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a" && a.cp_comm_type != "allgather")
-    errors.push_back(concat("--cp-comm-type ", a.cp_comm_type, ": p2p (ring attention), a2a (all-to-all over ",
-                            "heads) and allgather are built; a2a+p2p (with --hierarchical-context-parallel-sizes) ",
-                            "is not yet; use --cp-comm-type p2p, a2a or allgather"));
+  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a" && a.cp_comm_type != "allgather" &&
+      a.cp_comm_type != "a2a+p2p")
+    errors.push_back(concat("--cp-comm-type ", a.cp_comm_type, ": one of p2p (ring attention), a2a (all-to-all ",
+                            "over heads), allgather and a2a+p2p (with --hierarchical-context-parallel-sizes)"));
+  if (a.cp_comm_type == "a2a+p2p" && a.hierarchical_context_parallel_sizes.empty())
+    errors.push_back(concat(
+        "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes A P (A x P = ", "--context-parallel-size ",
+        a.context_parallel_size, "): the all-to-all runs inside ", "groups of A ranks, the ring across P of them"));
+  for (const std::string& h : a.hierarchical_context_parallel_sizes)
+    if (!flags::parse_int(h))
+      errors.push_back(concat("--hierarchical-context-parallel-sizes: '", h, "' is not an integer; give two sizes ",
+                              "A P with A x P = --context-parallel-size"));
+  if (!a.hierarchical_context_parallel_sizes.empty())
+    for (const std::string& e : validate(a.sizes()))
+      if (e.starts_with("--hierarchical-context-parallel-sizes")) errors.push_back(e);
   const int64_t ep = a.expert_model_parallel_size;
   if (ep <= 0)
     errors.push_back(concat("--expert-model-parallel-size ", ep, " must be positive: 1 disables expert parallelism"));
@@ -82,7 +96,11 @@ ParallelContext model_context(const ParallelContext& groups, const ParallelArgs&
   ctx.tp_comm_overlap_given = args.tp_comm_overlap;
   ctx.cp_comm_type = args.cp_comm_type == "a2a"         ? CpCommType::a2a
                      : args.cp_comm_type == "allgather" ? CpCommType::allgather
+                     : args.cp_comm_type == "a2a+p2p"   ? CpCommType::a2a_p2p
                                                         : CpCommType::p2p;
+  MEGATRON_CHECK(ctx.cp_comm_type != CpCommType::a2a_p2p || (ctx.cp_a2a && ctx.cp_p2p),
+                 "--cp-comm-type a2a+p2p: the context has no hierarchical context-parallel groups; build it from "
+                 "sizes with --hierarchical-context-parallel-sizes");
   return ctx;
 }
 

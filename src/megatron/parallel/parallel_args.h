@@ -17,9 +17,11 @@ namespace megatron {
 struct ParallelArgs {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
-  int64_t context_parallel_size = 1;        // --context-parallel-size: each sequence split over CP ranks
-  std::string cp_comm_type = "p2p";         // --cp-comm-type: p2p (the ring), a2a (all-to-all over heads), allgather
-  int64_t expert_model_parallel_size = 1;   // EP: experts split over EP ranks of each DP group
+  int64_t context_parallel_size = 1;  // --context-parallel-size: each sequence split over CP ranks
+  std::string cp_comm_type = "p2p";   // --cp-comm-type: p2p (the ring), a2a (all-to-all over heads), allgather,
+                                      // a2a+p2p (all-to-all inside the hierarchical groups, ring across)
+  std::vector<std::string> hierarchical_context_parallel_sizes{};  // --hierarchical-context-parallel-sizes, as given
+  int64_t expert_model_parallel_size = 1;                          // EP: experts split over EP ranks of each DP group
   int64_t expert_tensor_parallel_size = 0;  // 0: Megatron's default, the TP size; = TP in this build
   bool sequence_parallel = false;           // --sequence-parallel
   bool tp_comm_overlap = false;             // --tp-comm-overlap: SP collectives as rings beside the GEMMs

@@ -40,19 +40,25 @@ std::vector<Role> roles(const ParallelSizes& s, bool tied) {
   std::vector<int> all(size_t(s.world));
   std::iota(all.begin(), all.end(), 0);
   using C = ParallelContext;
-  return {{"world", &C::world, {all}},
-          {"tp", &C::tp, rank_groups(s, "tp")},
-          {"cp", &C::cp, rank_groups(s, "cp")},
-          {"dp", &C::dp, rank_groups(s, "dp")},
-          {"pp", &C::pp, rank_groups(s, "pp")},
-          {"pp_grad", &C::pp_grad, rank_groups(s, "pp"), true},
-          {"dp_cp", &C::dp_cp, rank_groups(s, "dp-cp")},
-          {"mp", &C::mp, rank_groups(s, "tp-pp")},
-          {"ep", &C::ep, rank_groups(s, "ep", true)},
-          {"expert_tp", &C::expert_tp, rank_groups(s, "tp", true)},
-          {"expert_dp", &C::expert_dp, rank_groups(s, "dp", true)},
-          {"embedding", &C::embedding, embedding_groups(s, tied)},
-          {"position_embedding", &C::position_embedding, embedding_groups(s, false)}};
+  std::vector<Role> hierarchical;
+  if (!s.hierarchical_cp.empty())
+    hierarchical = {{"cp_a2a", &C::cp_a2a, hierarchical_cp_groups(s, 0)},
+                    {"cp_p2p", &C::cp_p2p, hierarchical_cp_groups(s, 1)}};
+  std::vector<Role> out = {{"world", &C::world, {all}},
+                           {"tp", &C::tp, rank_groups(s, "tp")},
+                           {"cp", &C::cp, rank_groups(s, "cp")},
+                           {"dp", &C::dp, rank_groups(s, "dp")},
+                           {"pp", &C::pp, rank_groups(s, "pp")},
+                           {"pp_grad", &C::pp_grad, rank_groups(s, "pp"), true},
+                           {"dp_cp", &C::dp_cp, rank_groups(s, "dp-cp")},
+                           {"mp", &C::mp, rank_groups(s, "tp-pp")},
+                           {"ep", &C::ep, rank_groups(s, "ep", true)},
+                           {"expert_tp", &C::expert_tp, rank_groups(s, "tp", true)},
+                           {"expert_dp", &C::expert_dp, rank_groups(s, "dp", true)},
+                           {"embedding", &C::embedding, embedding_groups(s, tied)},
+                           {"position_embedding", &C::position_embedding, embedding_groups(s, false)}};
+  out.insert(out.end(), hierarchical.begin(), hierarchical.end());
+  return out;
 }
 
 RankGroups sorted(RankGroups g) {

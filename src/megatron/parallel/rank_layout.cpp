@@ -65,6 +65,21 @@ std::vector<std::string> validate(const ParallelSizes& s) {
                                 {"--expert-model-parallel-size", s.ep}})
     if (v < 1) errors.push_back(concat(name, " ", v, " must be at least 1"));
   if (!errors.empty()) return errors;
+  if (!s.hierarchical_cp.empty()) {
+    int64_t product = 1;
+    std::string given;
+    for (int64_t h : s.hierarchical_cp) {
+      product *= h;
+      given += concat(given.empty() ? "" : " ", h);
+    }
+    const bool positive =
+        std::all_of(s.hierarchical_cp.begin(), s.hierarchical_cp.end(), [](int64_t h) { return h >= 1; });
+    if (s.hierarchical_cp.size() != 2 || !positive || product != s.cp)
+      errors.push_back(concat("--hierarchical-context-parallel-sizes ", given, " with --context-parallel-size ", s.cp,
+                              ": two positive sizes whose product is CP (the all-to-all group inside, the ring ",
+                              "across); give two sizes A P with A x P = ", s.cp));
+  }
+  if (!errors.empty()) return errors;
   const int64_t model = s.tp * s.cp * s.pp;
   if (s.world % model != 0)
     errors.push_back(concat("world size ", s.world, " is not divisible by TP x CP x PP = ", s.tp, " x ", s.cp, " x ",
@@ -109,6 +124,23 @@ RankGroups rank_groups(const ParallelSizes& s, const std::string& axes, bool exp
     });
     groups.push_back(std::move(group));
   });
+  return groups;
+}
+
+RankGroups hierarchical_cp_groups(const ParallelSizes& s, size_t level) {
+  MEGATRON_CHECK(level < s.hierarchical_cp.size(),
+                 "hierarchical context-parallel level " << level << " of " << s.hierarchical_cp.size() << " given");
+  int64_t inner = 1;  // the sizes of the levels below this one
+  for (size_t i = 0; i < level; ++i) inner *= s.hierarchical_cp[i];
+  const int64_t size = s.hierarchical_cp[level], span = inner * size;
+  RankGroups groups;
+  for (const std::vector<int>& cp : rank_groups(s, "cp"))
+    for (int64_t block = 0; block < s.cp / span; ++block)
+      for (int64_t j = 0; j < inner; ++j) {
+        std::vector<int> group;
+        for (int64_t i = 0; i < size; ++i) group.push_back(cp[size_t(block * span + j + i * inner)]);
+        groups.push_back(std::move(group));
+      }
   return groups;
 }
 

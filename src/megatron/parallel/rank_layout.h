@@ -20,6 +20,9 @@ struct ParallelSizes {
   int64_t ep = 1;   // expert parallel
   int64_t etp = 0;  // expert tensor parallel; 0 = same as tp
   bool tp_pp_dp_order = false;
+  // --hierarchical-context-parallel-sizes: the CP group split into levels (product = cp), e.g.
+  // {a2a, p2p} for --cp-comm-type a2a+p2p; empty: none.
+  std::vector<int64_t> hierarchical_cp{};
 
   int64_t dp() const { return world / (tp * cp * pp); }
   int64_t expert_tp() const { return etp > 0 ? etp : tp; }
@@ -34,6 +37,11 @@ using RankGroups = std::vector<std::vector<int>>;
 // All groups of one kind. `axes` names the axes that vary inside a group, joined by '-'
 // ("tp", "dp-cp", "tp-pp", ...); expert=true uses the expert generator.
 RankGroups rank_groups(const ParallelSizes& sizes, const std::string& axes, bool expert = false);
+
+// Megatron's hierarchical context-parallel groups of one level (create_hierarchical_parallel_groups):
+// within every CP group, level 0 takes runs of hierarchical_cp[0] consecutive members, level 1
+// every hierarchical_cp[0]-th member (members j, j + h0, j + 2·h0, ...). Needs hierarchical_cp.
+RankGroups hierarchical_cp_groups(const ParallelSizes& sizes, size_t level);
 
 // The groups one rank belongs to.
 struct RankLayout {

@@ -202,8 +202,12 @@ std::vector<Flag> build_flag_table() {
       {"--context-parallel-size", FIELD(parallel.context_parallel_size), parallel,
        "CP: each sequence split over CP ranks in 2 x CP load-balanced chunks"},
       {"--cp-comm-type", FIELD(parallel.cp_comm_type), parallel,
-       "How attention crosses the CP group: p2p (ring attention), a2a (all-to-all over heads) or allgather (keys and "
-       "values all-gathered once)"},
+       "How attention crosses the CP group: p2p (ring attention), a2a (all-to-all over heads), allgather (keys and "
+       "values all-gathered once) or a2a+p2p (all-to-all inside groups of --hierarchical-context-parallel-sizes, "
+       "ring across)"},
+      {"--hierarchical-context-parallel-sizes", FIELD(parallel.hierarchical_context_parallel_sizes), parallel,
+       "A P, with A x P = CP: the CP group's all-to-all groups (A consecutive CP ranks) and the ring across them, for "
+       "--cp-comm-type a2a+p2p"},
       {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel,
        "EP: the experts of each MoE layer split over EP ranks of each data-parallel group"},
       {"--expert-tensor-parallel-size", FIELD(parallel.expert_tensor_parallel_size), parallel,

@@ -4,6 +4,7 @@
 
 #include "megatron/context_parallel/load_balance.h"
 #include "megatron/core/strings.h"
+#include "megatron/flags/command_line.h"
 
 namespace megatron {
 
@@ -25,6 +26,13 @@ void check_context_parallel(const TrainingArgs& a, std::vector<std::string>& err
     errors.push_back(concat("--cp-comm-type a2a with --context-parallel-size ", cp, ": each TP rank's ", heads,
                             " attention heads and ", groups, " query groups must divide by CP (the all-to-all ",
                             "splits heads over the CP ranks); use --cp-comm-type p2p or a CP that divides both"));
+  const std::vector<std::string>& levels = a.parallel.hierarchical_context_parallel_sizes;
+  const int64_t a2a = levels.empty() ? 0 : flags::parse_int(levels.front()).value_or(0);  // 0: refused elsewhere
+  if (a.parallel.cp_comm_type == "a2a+p2p" && a2a > 0 && (heads % a2a != 0 || groups % a2a != 0))
+    errors.push_back(concat("--cp-comm-type a2a+p2p with --hierarchical-context-parallel-sizes ",
+                            flags::join(levels, " "), ": each TP rank's ", heads, " attention heads and ", groups,
+                            " query groups must divide ", "by the all-to-all size ", a2a,
+                            " (it splits heads over its ranks); use an all-to-all ", "size that divides both"));
   if (a.model.attention_dropout > 0.0f || a.model.hidden_dropout > 0.0f)
     errors.push_back(concat("--attention-dropout ", a.model.attention_dropout, " and --hidden-dropout ",
                             a.model.hidden_dropout, " with --context-parallel-size ", cp,

@@ -47,6 +47,8 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
                    .scaling_factor = config.use_rope_scaling ? config.rope_scaling_factor : 0.0f},
       cp_(ctx.cp && ctx.cp->size() > 1 ? ctx.cp : nullptr),
       cp_comm_type_(ctx.cp_comm_type),
+      cp_a2a_(ctx.cp_a2a),
+      cp_p2p_(ctx.cp_p2p),
       linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
                   {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std}),
       linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
@@ -104,6 +106,9 @@ void SelfAttention::core_attention(Saved& saved) const {
   else if (cp_ && cp_comm_type_ == CpCommType::a2a)
     context_parallel::all_to_all_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
                                                    *cp_);
+  else if (cp_ && cp_comm_type_ == CpCommType::a2a_p2p)
+    context_parallel::hierarchical_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
+                                                     *cp_a2a_, *cp_p2p_);
   else if (cp_ && cp_comm_type_ == CpCommType::allgather)
     context_parallel::all_gather_attention_forward(saved.out, saved.lse, saved.q, saved.k, saved.v, saved.attention,
                                                    *cp_);
@@ -117,6 +122,9 @@ void SelfAttention::core_attention_backward(ops::SplitQkv& d, const Tensor& dout
   if (cp_ && cp_comm_type_ == CpCommType::a2a)
     return context_parallel::all_to_all_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
                                                            saved.lse, saved.attention, *cp_);
+  if (cp_ && cp_comm_type_ == CpCommType::a2a_p2p)
+    return context_parallel::hierarchical_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
+                                                             saved.lse, saved.attention, *cp_a2a_, *cp_p2p_);
   if (cp_ && cp_comm_type_ == CpCommType::allgather)
     return context_parallel::all_gather_attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out,
                                                            saved.lse, saved.attention, *cp_);

@@ -64,7 +64,9 @@ class SelfAttention {
   bool recompute_;  // --recompute-modules core_attn
   ops::RopeParams rope_params_;
   std::shared_ptr<Communicator> cp_;  // the context-parallel group when it has more than one rank, else null
-  CpCommType cp_comm_type_;           // --cp-comm-type: the ring, heads exchanged, or keys all-gathered
+  CpCommType cp_comm_type_;           // --cp-comm-type: the ring, heads exchanged, keys all-gathered, or
+                                      // heads exchanged inside cp_a2a_ around the ring over cp_p2p_
+  std::shared_ptr<Communicator> cp_a2a_, cp_p2p_;  // the hierarchical CP levels (null unless given)
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;
 };
