@@ -7,20 +7,14 @@
 //   2 ranks: PP=2 (both styles), PP=2 split unevenly (1 + 3 layers, LLaMA), PP=2 with full
 //            activation recomputation (GPT), and PP=2 with two virtual stages per rank, the
 //            interleaved schedule (both styles; the tied copies on rank 0's first chunk and rank
-//            1's last), its sends and receives overlapped with compute (Megatron's default), also
-//            in groups of 4 micro-batches (larger than the pipeline: only overlapped p2p runs
-//            them), and blocking (--no-overlap-p2p-communication);
+//            1's last);
 //   4 ranks: PP=4 (both styles; ranks 1 and 2 read no data), TP=2 x PP=2 with sequence
 //            parallelism (LLaMA; also with full and with selective recomputation, whose reruns
 //            repeat the SP gathers), PP=2 x DP=2 with the distributed optimizer (GPT), and the
 //            same interleaved (PP=2 x V=2 x DP=2; GPT, and LLaMA with the gradient reduction and
-//            the parameter gather overlapped in buckets of 2000 elements, 7 over the two chunks),
-//            and GPT (tied) with the distributed optimizer and the reduction overlapped: PP=2 x DP=2
-//            in small buckets with the gather overlapped too, and interleaved in Megatron's default
-//            buckets (each chunk's own, the tied embedding alone).
-// OverlapIsBitIdentical: overlapped p2p (also in groups of 4) and the overlapped reduction
-// reproduce the blocking runs bit for bit, and the collective ledger shows the reduction starting
-// before the last gradient arrives.
+//            the parameter gather overlapped in buckets of 2000 elements, 7 over the two chunks).
+// (Interleaved runs overlap their p2p, Megatron's default; test_pp_overlap.cpp compares it with the
+// blocking batches and covers overlapped gradient reduction with tied embeddings.)
 // Then a checkpoint (fp32, GPT): PP=2 (x DP=2 on 4 ranks) saves at iteration 5; PP=1 and
 // (4 ranks) PP=4 resume it on the same curve: layers are saved under their global numbers, the
 // tied copy once. A checkpoint saved interleaved (PP=2 x V=2) resumes at PP=1 and at PP=2 without
@@ -33,15 +27,12 @@
 // defect (a stage that misses its input, a tied copy left unsummed or counted twice in the norm)
 // moves the curve by 1e-3 or more.
 #include <algorithm>
-#include <cstdint>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "megatron/datasets/indexed_dataset.h"
-#include "megatron/parallel/watchdog.h"
 #include "multirank/dp_training_util.h"
 #include "multirank/multirank_util.h"
 #include "test_util.h"
@@ -51,20 +42,8 @@ namespace {
 
 constexpr int64_t kIterations = 10;
 
-// A layout of the world and the model style it trains.
-struct Layout {
-  std::string name;
-  ModelStyle style;
-  ParallelSizes sizes;
-  std::vector<std::string> flags;
-};
-
-// Two model chunks of one layer per rank: virtual stages 0 and 2 on rank 0, 1 and 3 on rank 1.
-const std::vector<std::string> interleaved = {"--pipeline-model-parallel-size", "2",
-                                              "--num-virtual-stages-per-pipeline-rank", "2"};
-// All 4 micro-batches of a step (2 ranks) in one group, larger than the pipeline.
-const std::vector<std::string> groups_of_4 = {"--microbatch-group-size-per-virtual-pipeline-stage", "4"};
-const std::vector<std::string> dist_opt_overlapped = {"--use-distributed-optimizer", "--overlap-grad-reduce"};
+using Layout = PpLayout;
+const std::vector<std::string> interleaved = pp2_interleaved_flags();
 
 std::vector<Layout> layouts(int world) {
   using enum ModelStyle;
@@ -81,10 +60,7 @@ std::vector<Layout> layouts(int world) {
              {"--pipeline-model-parallel-size", "2", "--recompute-granularity", "full", "--recompute-method", "uniform",
               "--recompute-num-layers", "1"}},
             {"PP=2 x V=2", gpt, {.pp = 2}, interleaved},
-            {"PP=2 x V=2", llama, {.pp = 2}, interleaved},
-            {"PP=2 x V=2 groups of 4", gpt, {.pp = 2}, with(interleaved, groups_of_4)},
-            {"PP=2 x V=2 groups of 4", llama, {.pp = 2}, with(interleaved, groups_of_4)},
-            {"PP=2 x V=2 blocking p2p", gpt, {.pp = 2}, with(interleaved, {"--no-overlap-p2p-communication"})}};
+            {"PP=2 x V=2", llama, {.pp = 2}, interleaved}};
   return {
       {"PP=4", gpt, {.pp = 4}, {"--pipeline-model-parallel-size", "4"}},
       {"PP=4", llama, {.pp = 4}, {"--pipeline-model-parallel-size", "4"}},
@@ -111,109 +87,11 @@ std::vector<Layout> layouts(int world) {
        llama,
        {.pp = 2},
        with(interleaved, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-                          "--ddp-bucket-size", "2000"})},
-      {"PP=2 x DP=2 distributed optimizer, overlapped reduce and gather, small buckets",
-       gpt,
-       {.pp = 2},
-       with({"--pipeline-model-parallel-size", "2", "--overlap-param-gather", "--ddp-bucket-size", "2000"},
-            dist_opt_overlapped)},
-      {"PP=2 x V=2 x DP=2 distributed optimizer, overlapped reduce",
-       gpt,
-       {.pp = 2},
-       with(interleaved, dist_opt_overlapped)}};
+                          "--ddp-bucket-size", "2000"})}};
 }
 
 TEST(PpTraining, EveryLayoutFollowsTheSingleRank) {
-  const int world = int(make_state({}).ctx.world->size());
-  const double tolerance = 200 * 0x1p-53;
-  std::map<ModelStyle, TrainingSummary> single;
-  for (ModelStyle style : {ModelStyle::gpt, ModelStyle::llama}) {
-    single[style] = run_f64(ParallelContext::single_process(), tiny_pp_run(style, kIterations));
-    ASSERT_EQ(single[style].valid_losses.size(), 1u);
-  }
-  for (const Layout& l : layouts(world)) {
-    const ParallelState st = make_state(l.sizes, 60);
-    const std::string what = std::string(style_name(l.style)) + " " + l.name;
-    const TrainingSummary& want = single[l.style];
-    const TrainingSummary s = run_f64(st.ctx, with(tiny_pp_run(l.style, kIterations), l.flags));
-    expect_same_run(want, s, tolerance, what, st.ctx.world->rank() == 0);
-  }
-}
-
-// The same run twice, one layout blocking and one overlapped; the curves must agree exactly (the
-// overlap moves when tensors travel and reductions start, never what is summed in which order).
-struct OverlapPair {
-  std::string name;
-  ModelStyle style;
-  ParallelSizes sizes;
-  std::vector<std::string> blocking, overlapped;
-  std::string reduction_group;  // the ledger's DP reductions to see start before the last gradient
-};
-
-// Whether this rank's ledger shows a reduce-scatter or all-reduce on `group` issued between its
-// first and its last pipeline gradient transfer, i.e. during the backwards (a one-iteration run:
-// set-up comes before, logging and validation after).
-bool reduction_starts_before_the_last_gradient(const CollectiveLog& log, const std::string& group) {
-  const std::vector<CollectiveRecord> records = log.recent(SIZE_MAX);
-  uint64_t first_gradient = UINT64_MAX, last_gradient = 0;
-  for (const CollectiveRecord& r : records)
-    if (r.group == "pp_grads" || r.group == "pp_grad") {
-      first_gradient = std::min(first_gradient, r.id);
-      last_gradient = std::max(last_gradient, r.id);
-    }
-  for (const CollectiveRecord& r : records)
-    if (r.id > first_gradient && r.id < last_gradient && r.group.find(group) != std::string::npos &&
-        (r.op.starts_with("reduce_scatter") || r.op.starts_with("all_reduce")))
-      return true;
-  return false;
-}
-
-TEST(PpTraining, OverlapIsBitIdentical) {
-  using enum ModelStyle;
-  const int world = int(make_state({}).ctx.world->size());
-  std::vector<OverlapPair> pairs;
-  const std::vector<std::string> blocking = with(interleaved, {"--no-overlap-p2p-communication"});
-  if (world == 2) {
-    pairs = {{"PP=2 x V=2 p2p", gpt, {.pp = 2}, blocking, interleaved, ""},
-             {"PP=2 x V=2 p2p", llama, {.pp = 2}, blocking, interleaved, ""},
-             {"PP=2 x V=2 p2p in groups of 4", gpt, {.pp = 2}, blocking, with(interleaved, groups_of_4), ""}};
-  } else {
-    pairs = {{"PP=2 x V=2 x DP=2 distributed optimizer reduction",
-              gpt,
-              {.pp = 2},
-              with(interleaved, {"--use-distributed-optimizer"}),
-              with(interleaved, dist_opt_overlapped),
-              "dp"}};
-  }
-  for (const OverlapPair& pair : pairs) {
-    const std::string what = std::string(style_name(pair.style)) + " " + pair.name;
-    TrainingSummary runs[2];
-    bool early[2] = {false, false};
-    for (int overlapped = 0; overlapped < 2; ++overlapped) {
-      ParallelOptions options;
-      options.timeout_seconds = 60;
-      options.pipeline_channels = true;
-      options.log_capacity = 1 << 16;  // every record of the runs below
-      options.mpi = mpi_runtime();
-      const std::vector<std::string>& flags = overlapped ? pair.overlapped : pair.blocking;
-      {
-        const ParallelState st = initialize_parallel(pair.sizes, options);
-        runs[overlapped] = run_f64(st.ctx, with(tiny_pp_run(pair.style, kIterations), flags));
-      }
-      if (pair.reduction_group.empty()) continue;
-      const ParallelState one = initialize_parallel(pair.sizes, options);
-      run_f64(one.ctx, with(tiny_pp_run(pair.style, 1), flags));
-      early[overlapped] = reduction_starts_before_the_last_gradient(one.watchdog->log(), pair.reduction_group);
-    }
-    EXPECT_EQ(runs[0].train_losses, runs[1].train_losses) << what;
-    EXPECT_EQ(runs[0].grad_norms, runs[1].grad_norms) << what;
-    EXPECT_EQ(runs[0].valid_losses, runs[1].valid_losses) << what;
-    if (!pair.reduction_group.empty()) {
-      // Blocking, every bucket waits for finalize_model_grads, after the last backward.
-      EXPECT_FALSE(early[0]) << what << ": a reduction started during backward without --overlap-grad-reduce";
-      EXPECT_TRUE(early[1]) << what << ": no bucket started reducing before the last gradient arrived";
-    }
-  }
+  expect_pp_layouts_follow_the_single_rank(layouts(int(make_state({}).ctx.world->size())), kIterations, 200 * 0x1p-53);
 }
 
 // GPT-2 style (the tied embedding saved once, from the first stage, and read by both ends): a

@@ -204,6 +204,9 @@ Tensor GPTModel::stage_forward(const MicroBatch& mb, const Tensor& input, const 
                                LossSums* sums) {
   Tensor h = forward_layers(mb, input, fwd, saved);
   if (stage_.loss) {
+    // A tied last stage that does not embed reads its copy of the word embedding here (with the
+    // distributed optimizer alone in its bucket, whose gather this wait must see).
+    if (!stage_.embedding) report_before_forward(embedding_params_);
     report_before_forward(output_params_);
     saved.logits = output_layer_->forward(h, saved.output);
     saved.labels_sb = to_sequence_major(mb.labels, device_);
