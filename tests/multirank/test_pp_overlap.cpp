@@ -10,10 +10,12 @@
 //     single-rank curve within 200 u (test_pp_training.cpp derives it);
 //   - the overlap moves when tensors travel and reductions start, never what is summed in which
 //     order, so overlapped and blocking runs agree bit for bit: 2 ranks, overlapped p2p (also in
-//     groups of 4) against blocking; 4 ranks, the overlapped reduction against none. The
-//     collective ledger of one iteration shows the overlapped reduction's first reduce-scatter
-//     issued between the first and the last gradient transfer, during the cool-down, and the
-//     blocking one's after.
+//     groups of 4) against blocking; 4 ranks, the overlapped reduction against none (GPT, tied,
+//     distributed optimizer; PP=2 x DP=2 and PP=2 x V=2 x DP=2). Interleaved, the collective
+//     ledger of one iteration shows the overlapped reduction's first reduce-scatter issued between
+//     the first and the last gradient transfer (chunk 1's buckets, while chunk 0's backwards still
+//     run), and the blocking one's after; without interleaving the one chunk's last backward is
+//     the rank's last action, so there is nothing to see.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -90,7 +92,13 @@ TEST(PpOverlap, OverlapIsBitIdentical) {
              {"PP=2 x V=2 p2p", llama, {.pp = 2}, blocking, interleaved, ""},
              {"PP=2 x V=2 p2p in groups of 4", gpt, {.pp = 2}, blocking, with(interleaved, groups_of_4), ""}};
   else
-    pairs = {{"PP=2 x V=2 x DP=2 distributed optimizer reduction",
+    pairs = {{"PP=2 x DP=2 distributed optimizer reduction",
+              gpt,
+              {.pp = 2},
+              {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"},
+              with({"--pipeline-model-parallel-size", "2"}, dist_opt_overlapped),
+              ""},
+             {"PP=2 x V=2 x DP=2 distributed optimizer reduction",
               gpt,
               {.pp = 2},
               with(interleaved, {"--use-distributed-optimizer"}),
