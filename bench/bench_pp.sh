@@ -3,10 +3,14 @@
 # the node's N GPUs ($GPUS, default every visible GPU) as
 #   DP = N                     (PP = 1, the baseline),
 #   PP = 2 x DP = N/2, PP = 4 x DP = N/4 (where they divide N), each with 1F1B and interleaved
-#   (--num-virtual-stages-per-pipeline-rank $VP, default 2; the preset's layers must divide by PP x VP),
-# with --use-distributed-optimizer where DP > 1 (no --overlap-grad-reduce: tied presets sum the
-# embedding's two copies before the reduction), bf16, no dropout, mock data, 30 iterations timed
-# over the log's last interval (11-30), as bench_dp.sh and bench_tp.sh.
+#   (--num-virtual-stages-per-pipeline-rank $VP, default 2; the preset's layers must divide by PP x VP);
+#   interleaved three ways: its sends and receives overlapped with compute (Megatron's default),
+#   blocking (--no-overlap-p2p-communication), and overlapped in groups of 2 x PP micro-batches
+#   (--microbatch-group-size-per-virtual-pipeline-stage, larger than the pipeline: only the
+#   overlapped path runs it);
+# with --use-distributed-optimizer --overlap-grad-reduce where DP > 1 (each model chunk's buckets
+# reduced during the cool-down), bf16, no dropout, mock data, 30 iterations timed over the log's
+# last interval (11-30), as bench_dp.sh and bench_tp.sh.
 #
 # Same work per GPU: every layout keeps --micro-batch-size MBS and --global-batch-size
 # N x MBS x ACC ($ACC, default 8), so each DP replica runs ACC x PP micro-batches per step and
@@ -49,8 +53,10 @@ rc=0
 for run in "${runs[@]}"; do
   preset="${run%%:*}" mbs="${run##*:}"
   dp_tok=""
-  for layout_spec in 1:1 2:1 2:$vp 4:1 4:$vp; do
-    pp=${layout_spec%%:*} v=${layout_spec##*:}
+  # pp:v:p2p, p2p = overlap (the default), blocking, or groups (overlapped, groups of 2 x PP).
+  for layout_spec in 1:1:overlap 2:1:overlap 2:$vp:overlap 2:$vp:blocking 2:$vp:groups 4:1:overlap 4:$vp:overlap \
+    4:$vp:blocking 4:$vp:groups; do
+    IFS=: read -r pp v p2p <<<"$layout_spec"
     [ $((gpus % pp)) -eq 0 ] || continue
     dp=$((gpus / pp)) micro=$((accumulation * pp))
     flags=(--pipeline-model-parallel-size "$pp")
@@ -58,10 +64,18 @@ for run in "${runs[@]}"; do
     [ "$pp" -gt 1 ] && layout="PP $pp x DP $dp (1F1B)"
     if [ "$v" -gt 1 ]; then
       flags+=(--num-virtual-stages-per-pipeline-rank "$v")
-      layout="PP $pp x DP $dp (interleaved, $v chunks per rank)"
+      layout="PP $pp x DP $dp (interleaved, $v chunks per rank, p2p overlapped)"
+      if [ "$p2p" = blocking ]; then
+        flags+=(--no-overlap-p2p-communication)
+        layout="PP $pp x DP $dp (interleaved, $v chunks per rank, p2p blocking)"
+      elif [ "$p2p" = groups ]; then
+        flags+=(--microbatch-group-size-per-virtual-pipeline-stage $((2 * pp)))
+        layout="PP $pp x DP $dp (interleaved, $v chunks per rank, p2p overlapped, groups of $((2 * pp)))"
+      fi
     fi
-    [ "$dp" -gt 1 ] && flags+=(--use-distributed-optimizer) && layout="$layout, dist-opt"
-    name="ours-$preset-pp$pp-v$v-dp$dp"
+    [ "$dp" -gt 1 ] && flags+=(--use-distributed-optimizer --overlap-grad-reduce) &&
+      layout="$layout, dist-opt, overlapped grad reduce"
+    name="ours-$preset-pp$pp-v$v-$p2p-dp$dp"
     ours "$name" "$gpus" "$preset" "$mbs" "${flags[@]}"
     read_ours "$name" "$gpus"
     [ -n "$ms" ] || rc=1  # the run failed: its row shows "-"

@@ -25,12 +25,14 @@ inline std::string multigpu_unavailable() {
 // This rank's GPU.
 inline Device local_gpu() { return Device::cuda(mpi_runtime()->process().local_rank); }
 
-// The job's parallel state with NCCL communicators on this rank's GPU, which it makes current.
+// The job's parallel state with NCCL communicators on this rank's GPU, which it makes current; the
+// pipeline channels too, so interleaved runs overlap their p2p as Megatron's default has them.
 inline ParallelState make_gpu_state(ParallelSizes sizes = {}, double timeout_seconds = 60) {
   cuda::init_device(local_gpu().index);
   ParallelOptions options;
   options.device = local_gpu();
   options.timeout_seconds = timeout_seconds;
+  options.pipeline_channels = true;
   options.mpi = mpi_runtime();
   return initialize_parallel(sizes, options);
 }

@@ -1,7 +1,9 @@
 // multirank-np: 2 4
 // Pipeline schedules executed over NCCL, one GPU per pipeline stage (pipeline_run_checks.h): the
 // activations and gradients between stages live on the GPUs and travel by ncclSend/ncclRecv in
-// groups, on the pp and pp_grad communicators.
+// groups, on the pp and pp_grad communicators, or overlapped with compute, each alone on its
+// one-way pipeline channel (ctx.pp_channels, a communicator and stream of its own), also in groups
+// larger than the pipeline, which only the overlapped path runs.
 #include "multigpu/multigpu_util.h"
 #include "multirank/pipeline_run_checks.h"
 

@@ -2,8 +2,12 @@
 // Pipeline parallelism on GPUs (NCCL send/receive between the stages) trains the single-GPU model:
 // the GPT-2-style (tied) and LLaMA-style models of the PP tests on CPU ranks
 // (multirank/test_pp_training.cpp: 4 layers, dropout on), `pretrain` in every layout of the world
-// (2 ranks: PP=2, PP=2 interleaved with two chunks per rank; 4 ranks: PP=4, TP=2 x PP=2 with SP,
-// PP=2 x DP=2 with the distributed optimizer, the same interleaved)
+// (2 ranks: PP=2, PP=2 interleaved with two chunks per rank, its sends and receives overlapped
+// with compute on their own NCCL channels (Megatron's default), also in groups of 4 micro-batches
+// (larger than the pipeline, which only overlapped p2p runs), and blocking
+// (--no-overlap-p2p-communication); 4 ranks: PP=4, TP=2 x PP=2 with SP, PP=2 x DP=2 with the
+// distributed optimizer, the same interleaved, and that with --overlap-grad-reduce (each chunk's
+// buckets reduced during the cool-down, the tied embedding in a bucket of its own))
 // gives the loss and gradient-norm curve of 20 iterations, and the validation losses, of a
 // single-GPU run of the same global batches computed by every rank on its own GPU, in fp32 and in
 // bf16 (against the single GPU in the same precision).
@@ -37,13 +41,21 @@ std::vector<Layout> layouts_of_world(int world) {
   const std::vector<std::string> interleaved = {"--pipeline-model-parallel-size", "2",
                                                 "--num-virtual-stages-per-pipeline-rank", "2"};
   if (world == 2)
-    return {{"PP=2", {.pp = 2}, {"--pipeline-model-parallel-size", "2"}}, {"PP=2 x V=2", {.pp = 2}, interleaved}};
+    return {{"PP=2", {.pp = 2}, {"--pipeline-model-parallel-size", "2"}},
+            {"PP=2 x V=2", {.pp = 2}, interleaved},
+            {"PP=2 x V=2 groups of 4",
+             {.pp = 2},
+             with(interleaved, {"--microbatch-group-size-per-virtual-pipeline-stage", "4"})},
+            {"PP=2 x V=2 blocking p2p", {.pp = 2}, with(interleaved, {"--no-overlap-p2p-communication"})}};
   return {{"PP=4", {.pp = 4}, {"--pipeline-model-parallel-size", "4"}},
           {"TP=2 x PP=2 SP",
            {.tp = 2, .pp = 2},
            {"--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"}},
           {"PP=2 x DP=2 dist-opt", {.pp = 2}, {"--pipeline-model-parallel-size", "2", "--use-distributed-optimizer"}},
-          {"PP=2 x V=2 x DP=2 dist-opt", {.pp = 2}, with(interleaved, {"--use-distributed-optimizer"})}};
+          {"PP=2 x V=2 x DP=2 dist-opt", {.pp = 2}, with(interleaved, {"--use-distributed-optimizer"})},
+          {"PP=2 x V=2 x DP=2 dist-opt overlapped grad reduce",
+           {.pp = 2},
+           with(interleaved, {"--use-distributed-optimizer", "--overlap-grad-reduce"})}};
 }
 
 class GpuPpTraining : public ::testing::TestWithParam<Precision> {

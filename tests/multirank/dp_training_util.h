@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -178,6 +179,37 @@ inline void expect_same_run(const TrainingSummary& single, const TrainingSummary
   if (print)
     std::printf("%s: largest deviation %.1f u of the %.0f u allowed\n", what.c_str(), worst / 0x1p-53,
                 tolerance / 0x1p-53);
+}
+
+// The PP tests' interleaved layout of tiny_pp_run at PP=2: two model chunks of one layer per rank,
+// virtual stages 0 and 2 on rank 0, 1 and 3 on rank 1.
+inline std::vector<std::string> pp2_interleaved_flags() {
+  return {"--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2"};
+}
+
+// A layout of the world and the model style it trains (the PP tests).
+struct PpLayout {
+  std::string name;
+  ModelStyle style;
+  ParallelSizes sizes;
+  std::vector<std::string> flags;
+};
+
+// Each layout's f64 run of tiny_pp_run (`iterations`, a validation at the end) follows the single
+// rank's within `tolerance` relative (expect_same_run).
+inline void expect_pp_layouts_follow_the_single_rank(const std::vector<PpLayout>& layouts, int64_t iterations,
+                                                     double tolerance) {
+  std::map<ModelStyle, TrainingSummary> single;
+  for (const PpLayout& l : layouts) {
+    if (!single.count(l.style)) {
+      single[l.style] = run_f64(ParallelContext::single_process(), tiny_pp_run(l.style, iterations));
+      ASSERT_EQ(single[l.style].valid_losses.size(), 1u);
+    }
+    const ParallelState st = make_state(l.sizes, 60);
+    const std::string what = std::string(style_name(l.style)) + " " + l.name;
+    const TrainingSummary s = run_f64(st.ctx, with(tiny_pp_run(l.style, iterations), l.flags));
+    expect_same_run(single[l.style], s, tolerance, what, st.ctx.world->rank() == 0);
+  }
 }
 
 }  // namespace megatron::testing

@@ -2,11 +2,16 @@
 # Lost-rank acceptance test: runs lost_rank.cpp on 4 ranks, where rank 2 stops answering or dies
 # in step 3, and checks that the job fails (not exit 0), ends well within the guard (no hang), and
 # that the output names rank 2 as the missing rank.
-# usage: lost_rank_test.sh stop|exit PROGRAM MPIRUN [MPIRUN FLAGS...]
+# usage: lost_rank_test.sh stop|exit PROGRAM [--arg PROGRAM_ARG]... MPIRUN [MPIRUN FLAGS...]
 set -u
 mode=$1
 program=$2
 shift 2
+program_args=()
+while [ "${1:-}" = --arg ]; do
+  program_args+=("$2")
+  shift 2
+done
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 start=$(date +%s)
@@ -14,7 +19,7 @@ start=$(date +%s)
 # --kill-on-bad-exit), so the watchdog has to notice and name the dead rank.
 launcher_flags=()
 [ "$mode" = exit ] && launcher_flags=(--mca orte_abort_on_non_zero_status 0)
-timeout -k 5 50 "$@" "${launcher_flags[@]}" -np 4 "$program" "$mode" >"$log" 2>&1
+timeout -k 5 50 "$@" "${launcher_flags[@]}" -np 4 "$program" "$mode" "${program_args[@]}" >"$log" 2>&1
 rc=$?
 elapsed=$(($(date +%s) - start))
 cat "$log"

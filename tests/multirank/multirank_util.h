@@ -33,10 +33,12 @@ inline float value(uint64_t seed, int rank, int64_t index) {
   return float(int64_t(x % 17) - 8);
 }
 
-// A short timeout: a test that hangs fails with the watchdog's report instead.
+// A short timeout: a test that hangs fails with the watchdog's report instead. The pipeline
+// channels are built, so interleaved runs overlap their p2p as Megatron's default has them.
 inline ParallelState make_state(ParallelSizes sizes, double timeout_seconds = 20) {
   ParallelOptions options;
   options.timeout_seconds = timeout_seconds;
+  options.pipeline_channels = true;
   options.mpi = mpi_runtime();
   return initialize_parallel(sizes, options);
 }

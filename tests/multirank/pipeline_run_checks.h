@@ -44,8 +44,9 @@ inline Tensor filled(const std::vector<double>& v) {
 // Runs `shape`'s schedule on this rank with stage tensors on `device` and checks every tensor.
 inline void run_and_check(const ParallelContext& ctx, const ScheduleShape& shape, Device device) {
   const int64_t rank = ctx.pp->rank(), stages = shape.pipeline_size * shape.virtual_stages;
-  const std::string where = concat("P", shape.pipeline_size, " V", shape.virtual_stages, " M", shape.microbatches,
-                                   shape.forward_only ? " forward-only" : "", " rank ", rank);
+  const std::string where =
+      concat("P", shape.pipeline_size, " V", shape.virtual_stages, " M", shape.microbatches, " N", shape.group_size(),
+             shape.overlap_p2p ? " overlapped" : "", shape.forward_only ? " forward-only" : "", " rank ", rank);
   int64_t forwards = 0, backwards = 0;
   std::map<std::pair<int64_t, int64_t>, bool> forward_done;
   StageFunctions stage;
@@ -77,23 +78,33 @@ inline void run_and_check(const ParallelContext& ctx, const ScheduleShape& shape
     ++backwards;
     return filled(dx).to(device);
   };
-  run_schedule(build_schedule(shape, rank), *ctx.pp, *ctx.pp_grad,
-               {.shape = {kWidth}, .dtype = DType::f64, .device = device}, stage);
+  const StageTensor between{.shape = {kWidth}, .dtype = DType::f64, .device = device};
+  if (shape.overlap_p2p)
+    run_schedule_overlapped(build_schedule(shape, rank), ctx.pp_channels, between, stage);
+  else
+    run_schedule(build_schedule(shape, rank), *ctx.pp, *ctx.pp_grad, between, stage);
   EXPECT_EQ(forwards, shape.microbatches * shape.virtual_stages) << where;
   EXPECT_EQ(backwards, shape.forward_only ? 0 : forwards) << where;
 }
 
 // Every valid schedule on a pipeline of the whole world: 1F1B and two virtual stages, several
-// micro-batch counts, training and forward-only.
+// micro-batch counts, training and forward-only, blocking and overlapped (ctx.pp_channels); the
+// overlapped interleaved ones also in groups larger than the pipeline (N = P+1, P+2).
 inline void run_every_schedule(const ParallelContext& ctx, Device device) {
   const int64_t p = ctx.pp->size();
   for (int64_t v : {1, 2})
     for (int64_t m : {p, 2 * p, 3 * p, p + 1})
-      for (bool forward_only : {false, true}) {
-        const ScheduleShape shape{
-            .pipeline_size = p, .virtual_stages = v, .microbatches = m, .forward_only = forward_only};
-        if (validate(shape).empty()) run_and_check(ctx, shape, device);
-      }
+      for (bool forward_only : {false, true})
+        for (bool overlap : {false, true})
+          for (int64_t n : {p, p + 1, p + 2}) {
+            const ScheduleShape shape{.pipeline_size = p,
+                                      .virtual_stages = v,
+                                      .microbatches = m,
+                                      .microbatch_group_size = n,
+                                      .forward_only = forward_only,
+                                      .overlap_p2p = overlap};
+            if ((n == p || (overlap && v > 1)) && validate(shape).empty()) run_and_check(ctx, shape, device);
+          }
 }
 
 }  // namespace megatron::testing

@@ -13,6 +13,8 @@
 //            repeat the SP gathers), PP=2 x DP=2 with the distributed optimizer (GPT), and the
 //            same interleaved (PP=2 x V=2 x DP=2; GPT, and LLaMA with the gradient reduction and
 //            the parameter gather overlapped in buckets of 2000 elements, 7 over the two chunks).
+// (Interleaved runs overlap their p2p, Megatron's default; test_pp_overlap.cpp compares it with the
+// blocking batches and covers overlapped gradient reduction with tied embeddings.)
 // Then a checkpoint (fp32, GPT): PP=2 (x DP=2 on 4 ranks) saves at iteration 5; PP=1 and
 // (4 ranks) PP=4 resume it on the same curve: layers are saved under their global numbers, the
 // tied copy once. A checkpoint saved interleaved (PP=2 x V=2) resumes at PP=1 and at PP=2 without
@@ -26,7 +28,6 @@
 // moves the curve by 1e-3 or more.
 #include <algorithm>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,17 +42,8 @@ namespace {
 
 constexpr int64_t kIterations = 10;
 
-// A layout of the world and the model style it trains.
-struct Layout {
-  std::string name;
-  ModelStyle style;
-  ParallelSizes sizes;
-  std::vector<std::string> flags;
-};
-
-// Two model chunks of one layer per rank: virtual stages 0 and 2 on rank 0, 1 and 3 on rank 1.
-const std::vector<std::string> interleaved = {"--pipeline-model-parallel-size", "2",
-                                              "--num-virtual-stages-per-pipeline-rank", "2"};
+using Layout = PpLayout;
+const std::vector<std::string> interleaved = pp2_interleaved_flags();
 
 std::vector<Layout> layouts(int world) {
   using enum ModelStyle;
@@ -99,20 +91,7 @@ std::vector<Layout> layouts(int world) {
 }
 
 TEST(PpTraining, EveryLayoutFollowsTheSingleRank) {
-  const int world = int(make_state({}).ctx.world->size());
-  const double tolerance = 200 * 0x1p-53;
-  std::map<ModelStyle, TrainingSummary> single;
-  for (ModelStyle style : {ModelStyle::gpt, ModelStyle::llama}) {
-    single[style] = run_f64(ParallelContext::single_process(), tiny_pp_run(style, kIterations));
-    ASSERT_EQ(single[style].valid_losses.size(), 1u);
-  }
-  for (const Layout& l : layouts(world)) {
-    const ParallelState st = make_state(l.sizes, 60);
-    const std::string what = std::string(style_name(l.style)) + " " + l.name;
-    const TrainingSummary& want = single[l.style];
-    const TrainingSummary s = run_f64(st.ctx, with(tiny_pp_run(l.style, kIterations), l.flags));
-    expect_same_run(want, s, tolerance, what, st.ctx.world->rank() == 0);
-  }
+  expect_pp_layouts_follow_the_single_rank(layouts(int(make_state({}).ctx.world->size())), kIterations, 200 * 0x1p-53);
 }
 
 // GPT-2 style (the tied embedding saved once, from the first stage, and read by both ends): a

@@ -516,9 +516,19 @@ TEST(ValidateArgs, PipelineSplitAndScheduleRules) {
   EXPECT_EQ(parse_error(with(ramp, {"--rampup-batch-size", "4", "4", "100"}), 2), "");
   EXPECT_TRUE(contains(parse_error(with(ramp, {"--rampup-batch-size", "2", "2", "100"}), 2),
                        "make START and INCREMENT multiples of 4"));
-  EXPECT_TRUE(contains(
+  // Groups larger than the pipeline need the overlapped p2p (Megatron's default, interleaved only).
+  const Argv groups_of_4 =
+      with(interleaved, {"--global-batch-size", "8", "--microbatch-group-size-per-virtual-pipeline-stage", "4"});
+  EXPECT_EQ(parse_error(groups_of_4, 2), "");
+  EXPECT_TRUE(parse_training_args(groups_of_4, 2).pipeline_overlaps_p2p());
+  EXPECT_FALSE(parse_training_args(with(pp2, {"--global-batch-size", "4"}), 2).pipeline_overlaps_p2p());
+  EXPECT_TRUE(contains(parse_error(with(groups_of_4, {"--no-overlap-p2p-communication"}), 2),
+                       "fix: drop --no-overlap-p2p-communication, or leave the group size at its default, 2"));
+  // Tied embeddings with the distributed optimizer and the overlapped reduction (Megatron's own
+  // bucket for the shared embedding).
+  EXPECT_EQ(
       parse_error(with(pp2, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--global-batch-size", "4"}), 2),
-      "the first and last stages' copies of the word embedding are summed before the gradient reduction"));
+      "");
 }
 
 TEST(ValidateArgs, WorldSizeMustHoldTheModelLayout) {

@@ -1,6 +1,7 @@
 // Bucket and shard range arithmetic (distributed/buffer_layout.h) against hand-computed tables.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "megatron/distributed/buffer_layout.h"
@@ -172,4 +173,49 @@ TEST(DdpLayout, UnpaddedBucketsCannotBeSharded) {
   const BufferLayout l = make_buffer_layout({11, 5}, {.shard_group_size = 2});  // p1 [0,5), p0 [16,27)
   EXPECT_NE(error_of([&] { rank_shards(l, 0); }).find("does not split into 2 equal shards"), std::string::npos);
   EXPECT_NE(error_of([&] { rank_shards(l, 2); }).find("outside the data-parallel group of 2"), std::string::npos);
+}
+
+// Bucket groups (DDP: each model chunk's own buckets, the shared embedding alone), distributed
+// optimizer, R = 2, bucket ends padded to lcm(2, 128) = 128. Two pipeline stages hold the tied
+// embedding (300 elements, group -1) among other parameters:
+//   stage A registers emb, c0 (100), c1 (50), c1 (40): [40 at 0, 50 at 64 | pad 128] [100 at 128
+//     | pad 256] [emb at 256 | pad 640];
+//   stage B registers c0 (30), emb, c1 (90): [90 at 0 | pad 128] [emb at 128 | pad 512] [30 at 512
+//     | pad 640].
+// The embedding's bucket holds 384 elements on both, so DP rank r's shard covers the same
+// elements of it, [192 r, 192 (r+1)) cut at 300: the embedding group may sum reduced shards.
+TEST(DdpLayout, BucketGroupsNeverShareABucketAndTheSharedEmbeddingShardsAlike) {
+  const BufferLayoutOptions common{.shard_group_size = 2, .distributed_optimizer = true};
+  BufferLayoutOptions a = common, b = common;
+  a.bucket_group = {-1, 0, 1, 1};
+  b.bucket_group = {0, -1, 1};
+  const BufferLayout la = make_buffer_layout({300, 100, 50, 40}, a);
+  const BufferLayout lb = make_buffer_layout({30, 300, 90}, b);
+  ASSERT_EQ(la.buckets.size(), 3u);
+  EXPECT_EQ(la.buckets[0].range, (Range{0, 128}));
+  EXPECT_EQ(la.buckets[0].params, indices({3, 2}));
+  EXPECT_EQ(la.buckets[1].range, (Range{128, 256}));
+  EXPECT_EQ(la.buckets[2].range, (Range{256, 640}));
+  EXPECT_EQ(la.buckets[2].params, indices({0}));
+  ASSERT_EQ(lb.buckets.size(), 3u);
+  EXPECT_EQ(lb.buckets[1].range, (Range{128, 512}));
+  EXPECT_EQ(lb.buckets[1].params, indices({1}));
+  for (int64_t r = 0; r < 2; ++r) {
+    auto embedding_part = [r](const BufferLayout& l, size_t param) {
+      for (const ShardParamRange& p : rank_shards(l, r).params)
+        if (p.param == param) return p.in_param;
+      return Range{};
+    };
+    const Range want{192 * r, std::min<int64_t>(192 * (r + 1), 300)};
+    EXPECT_EQ(embedding_part(la, 0), want) << "stage A, rank " << r;
+    EXPECT_EQ(embedding_part(lb, 1), want) << "stage B, rank " << r;
+  }
+  // Without groups the same parameters share buckets.
+  EXPECT_EQ(make_buffer_layout({300, 100, 50, 40}, common).buckets.size(), 1u);
+  EXPECT_NE(error_of([&] {
+              BufferLayoutOptions bad = common;
+              bad.bucket_group = {0};
+              make_buffer_layout({300, 100}, bad);
+            }).find("bucket groups for 1 parameters"),
+            std::string::npos);
 }

@@ -31,17 +31,31 @@ std::string full_string(const std::vector<Action>& actions) {
   return s;
 }
 
-// Every valid shape with P <= 8, V <= 3, M <= 16 (and forward-only), for the sweeping tests.
+// Every valid shape with P <= 8, V <= 3, M <= 16 (and forward-only), blocking and overlapped; the
+// overlapped interleaved ones also with every group size N from P to M (N > P needs overlap), for
+// the sweeping tests.
 std::vector<ScheduleShape> valid_shapes() {
   std::vector<ScheduleShape> shapes;
   for (int64_t p : {1, 2, 3, 4, 8})
     for (int64_t v : {1, 2, 3})
       for (int64_t m = 1; m <= 16; ++m)
-        for (bool fwd : {false, true}) {
-          const ScheduleShape s{.pipeline_size = p, .virtual_stages = v, .microbatches = m, .forward_only = fwd};
-          if (validate(s).empty()) shapes.push_back(s);
-        }
+        for (bool fwd : {false, true})
+          for (bool overlap : {false, true})
+            for (int64_t n = p; n <= (overlap && v > 1 ? m : p); ++n) {
+              const ScheduleShape s{.pipeline_size = p,
+                                    .virtual_stages = v,
+                                    .microbatches = m,
+                                    .microbatch_group_size = n,
+                                    .forward_only = fwd,
+                                    .overlap_p2p = overlap};
+              if (validate(s).empty()) shapes.push_back(s);
+            }
   return shapes;
+}
+
+std::string shape_string(const ScheduleShape& s) {
+  return concat("P", s.pipeline_size, " V", s.virtual_stages, " M", s.microbatches, " N", s.group_size(),
+                s.overlap_p2p ? " overlapped" : "", s.forward_only ? " forward-only" : "");
 }
 
 }  // namespace
@@ -97,34 +111,73 @@ TEST(PipelineSchedule, EveryForwardAndBackwardOncePerChunkInDependencyOrder) {
   for (const ScheduleShape& s : valid_shapes())
     for (int64_t r = 0; r < s.pipeline_size; ++r) {
       const std::vector<Action> actions = build_schedule(s, r);
-      std::set<std::pair<int64_t, int64_t>> forwards, backwards, received;
+      // Received activations and gradients apart: overlapped, a backward's gradient may arrive
+      // before the forward of the same (micro-batch, chunk) runs.
+      std::set<std::pair<int64_t, int64_t>> forwards, backwards, activations, grads;
       for (const Action& a : actions) {
         const std::pair key{a.microbatch, a.chunk};
-        const std::string where =
-            concat("P", s.pipeline_size, " V", s.virtual_stages, " M", s.microbatches, " rank ", r, ": ", to_string(a));
-        if (a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kRecvGrad) received.insert(key);
+        const std::string where = concat(shape_string(s), " rank ", r, ": ", to_string(a));
+        if (a.kind == ActionKind::kRecvActivation) activations.insert(key);
+        if (a.kind == ActionKind::kRecvGrad) grads.insert(key);
         if (a.kind == ActionKind::kForward) {
           EXPECT_TRUE(forwards.insert(key).second) << where << " twice";
-          EXPECT_EQ(received.erase(key), s.is_first_stage(r, a.chunk) ? 0u : 1u) << where << " without its input";
+          EXPECT_EQ(activations.erase(key), s.is_first_stage(r, a.chunk) ? 0u : 1u) << where << " without its input";
         }
         if (a.kind == ActionKind::kBackward) {
           EXPECT_TRUE(forwards.count(key)) << where << " before its forward";
           EXPECT_TRUE(backwards.insert(key).second) << where << " twice";
-          EXPECT_EQ(received.erase(key), s.is_last_stage(r, a.chunk) ? 0u : 1u) << where << " without its gradient";
+          EXPECT_EQ(grads.erase(key), s.is_last_stage(r, a.chunk) ? 0u : 1u) << where << " without its gradient";
         }
       }
       const size_t per_rank = size_t(s.microbatches * s.virtual_stages);
       EXPECT_EQ(forwards.size(), per_rank);
       EXPECT_EQ(backwards.size(), s.forward_only ? 0u : per_rank);
-      EXPECT_TRUE(received.empty());
+      EXPECT_TRUE(activations.empty() && grads.empty());
     }
 }
 
 TEST(PipelineSchedule, RanksFitTogetherWithoutDeadlock) {
   // The simulation throws on a deadlock or on a send meeting another micro-batch's receive.
-  for (const ScheduleShape& s : valid_shapes())
-    EXPECT_NO_THROW(simulate(s, ActionCosts{}))
-        << "P" << s.pipeline_size << " V" << s.virtual_stages << " M" << s.microbatches << " N" << s.group_size();
+  // Overlapped shapes include groups larger than the pipeline (P=2, V=2, N=3 and 4, ...), which
+  // deadlock blocking batches: only sends completing in the background let them run.
+  int64_t larger_groups = 0;
+  for (const ScheduleShape& s : valid_shapes()) {
+    EXPECT_NO_THROW(simulate(s, ActionCosts{})) << shape_string(s);
+    larger_groups += s.group_size() > s.pipeline_size;
+  }
+  EXPECT_GT(larger_groups, 100);
+}
+
+TEST(PipelineSchedule, OverlappedPlacementPostsEachReceiveOneActionAhead) {
+  // 1F1B, P = 2, M = 2. Rank 0 computes F0 F1 B0 B1: the first backward's receive comes first of
+  // all, B1's after B0; its forwards read tokens and receive nothing. Rank 1 computes F0 B0 F1 B1:
+  // F1's receive follows F0, and each send follows the action that made it.
+  const ScheduleShape s{.pipeline_size = 2, .microbatches = 2, .overlap_p2p = true};
+  EXPECT_EQ(full_string(build_schedule(s, 0)), "recvG0.0<-1 F0.0 sendA0.0->1 F1.0 sendA1.0->1 B0.0 recvG1.0<-1 B1.0");
+  EXPECT_EQ(full_string(build_schedule(s, 1)), "recvA0.0<-0 F0.0 recvA1.0<-0 B0.0 sendG0.0->0 F1.0 B1.0 sendG1.0->0");
+  // Interleaved, P = 2, V = 2, M = 2: the steady pair (F, B) runs as two steps, the forward's
+  // output sent before the backward beside it; rank 1 passes chunk 0's output to rank 0's chunk 1.
+  const ScheduleShape inter{.pipeline_size = 2, .virtual_stages = 2, .microbatches = 2, .overlap_p2p = true};
+  EXPECT_EQ(compute_string(build_schedule(inter, 1)), "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 B0.0 B1.0");
+  EXPECT_EQ(full_string(build_schedule(inter, 1)),
+            "recvA0.0<-0 F0.0 sendA0.0->0 recvA1.0<-0 F1.0 sendA1.0->0 recvA0.1<-0 F0.1 recvA1.1<-0 B0.1 "
+            "sendG0.1->0 F1.1 B1.1 sendG1.1->0 recvG0.0<-0 B0.0 sendG0.0->0 recvG1.0<-0 B1.0 sendG1.0->0");
+}
+
+TEST(PipelineSchedule, OverlapKeepsTheBubble) {
+  // Without communication cost the overlapped placement computes in the same order as the
+  // blocking one, so the simulated bubble is the same (P-1)/(M V); groups larger than P run too.
+  for (int64_t p : {2, 4})
+    for (int64_t v : {1, 2}) {
+      const ScheduleShape s{.pipeline_size = p, .virtual_stages = v, .microbatches = 2 * p, .overlap_p2p = true};
+      const double scale = 1.0 / double(v);
+      EXPECT_NEAR(simulate(s, {.forward = scale, .backward = 2 * scale}).bubble_fraction(),
+                  double(p - 1) / double(2 * p * v), 1e-12)
+          << shape_string(s);
+    }
+  const ScheduleShape larger{
+      .pipeline_size = 2, .virtual_stages = 2, .microbatches = 4, .microbatch_group_size = 4, .overlap_p2p = true};
+  EXPECT_LT(simulate(larger, {.forward = 0.5, .backward = 1}).bubble_fraction(), 0.5);
 }
 
 TEST(PipelineSchedule, SimulationCatchesDeadlockAndMismatch) {
@@ -223,6 +276,10 @@ TEST(PipelineSchedule, ImpossibleShapesAreNamed) {
   EXPECT_NE(message({.pipeline_size = 3, .virtual_stages = 2, .microbatches = 8, .microbatch_group_size = 4})
                 .find("leave the group size at its default, 3"),
             std::string::npos);
+  EXPECT_TRUE(
+      validate(
+          {.pipeline_size = 3, .virtual_stages = 2, .microbatches = 8, .microbatch_group_size = 4, .overlap_p2p = true})
+          .empty());
   EXPECT_TRUE(validate({.pipeline_size = 4, .microbatches = 3}).empty());  // 1F1B takes any M
   EXPECT_THROW(build_schedule({.pipeline_size = 4, .virtual_stages = 2, .microbatches = 6}, 0), Error);
 }

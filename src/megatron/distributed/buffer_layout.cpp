@@ -29,6 +29,9 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
   MEGATRON_CHECK(options.expert_parallel.empty() || options.expert_parallel.size() == param_numels.size(),
                  "expert_parallel flags for " << options.expert_parallel.size() << " parameters, but "
                                               << param_numels.size() << " parameters");
+  MEGATRON_CHECK(options.bucket_group.empty() || options.bucket_group.size() == param_numels.size(),
+                 "bucket groups for " << options.bucket_group.size() << " parameters, but " << param_numels.size()
+                                      << " parameters");
   MEGATRON_CHECK(options.expert_shard_group_size >= 1,
                  "expert-data-parallel group size " << options.expert_shard_group_size << " must be at least 1");
   const int64_t align = options.distributed_optimizer ? kDistOptParamAlignment : kParamAlignment;
@@ -37,6 +40,7 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
     return options.distributed_optimizer ? std::lcm(R, kDistOptBucketMultiple) : int64_t(1);
   };
   const auto is_expert = [&](size_t i) { return !options.expert_parallel.empty() && options.expert_parallel[i]; };
+  const auto group = [&](size_t i) { return options.bucket_group.empty() ? 0 : options.bucket_group[i]; };
   BufferLayout layout;
   layout.shard_group_size = options.shard_group_size;
   layout.expert_shard_group_size = options.expert_shard_group_size;
@@ -59,6 +63,10 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
     for (size_t i = param_numels.size(); i-- > 0;) {
       if (is_expert(i) != expert) continue;
       MEGATRON_CHECK(param_numels[i] > 0, "parameter " << i << " has " << param_numels[i] << " elements");
+      if (!bucket.params.empty() && group(bucket.params.back()) != group(i)) {
+        param_start = close_bucket();
+        bucket.expert_parallel = expert;
+      }
       param_start = round_up(param_start, align);
       param_end = param_start + param_numels[i];
       layout.params[i] = {param_start, param_end};

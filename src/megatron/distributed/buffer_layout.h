@@ -11,6 +11,7 @@
 //   - with it: each parameter starts at a multiple of 64 elements and each bucket's end is
 //     padded to a multiple of lcm(R, 128), R = the sharding group's size, so the bucket splits
 //     into R equal shards. Rank r owns shard r of every bucket, cutting parameters anywhere.
+// A bucket also closes before a parameter of another bucket group (options.bucket_group).
 // Expert-parallel parameters (MoE experts, split over EP) are reduced over the expert-data-parallel
 // group instead, so they get buckets of their own after the dense ones (Megatron keeps them in a
 // separate buffer), padded for that group's size.
@@ -32,6 +33,9 @@ struct BufferLayoutOptions {
   bool distributed_optimizer = false;
   std::vector<bool> expert_parallel = {};  // per parameter, registration order; empty: none is
   int64_t expert_shard_group_size = 1;     // the expert-data-parallel group
+  // Per parameter, registration order: parameters of different groups never share a bucket (DDP:
+  // each model chunk's buckets its own, the shared embedding alone); empty: one group.
+  std::vector<int64_t> bucket_group = {};
 };
 
 struct BucketLayout {

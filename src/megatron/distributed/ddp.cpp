@@ -15,11 +15,17 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
   MEGATRON_CHECK(!config.overlap_param_gather || config.use_distributed_optimizer,
                  "--overlap-param-gather needs --use-distributed-optimizer: only sharded parameters are gathered");
   MEGATRON_CHECK(!registry.params().empty(), "DDP over a parameter registry without parameters; build the model first");
-  std::vector<int64_t> numels;
+  MEGATRON_CHECK(config.param_chunks.empty() || config.param_chunks.size() == registry.params().size(),
+                 "DDP: model chunks given for " << config.param_chunks.size() << " parameters, but the registry has "
+                                                << registry.params().size());
+  std::vector<int64_t> numels, bucket_group;
   std::vector<bool> expert_parallel;
   for (const auto& p : registry.params()) {
     numels.push_back(shape_numel(p->local_shape));
     expert_parallel.push_back(p->spec.expert_parallel);
+    // Chunks count from 0; the shared embedding's group, -1, is its alone.
+    const bool alone = p->spec.shared_embedding && config.use_distributed_optimizer;
+    bucket_group.push_back(alone ? -1 : config.param_chunks.empty() ? 0 : config.param_chunks[p->index]);
   }
   const bool has_experts = std::count(expert_parallel.begin(), expert_parallel.end(), true) > 0;
   MEGATRON_CHECK(!has_experts || ctx.expert_dp != nullptr,
@@ -33,7 +39,8 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
                                         .bucket_size = bucket_size,
                                         .distributed_optimizer = config.use_distributed_optimizer,
                                         .expert_parallel = expert_parallel,
-                                        .expert_shard_group_size = expert_group_->size()});
+                                        .expert_shard_group_size = expert_group_->size(),
+                                        .bucket_group = bucket_group});
   // Gradients start at zero (zero_grad begins every step), so the move need not hold two gradient buffers.
   registry.set_layout(layout_.param_offsets(), layout_.numel, ParameterRegistry::GradsOnMove::drop);
   if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank(), expert_group_->rank());

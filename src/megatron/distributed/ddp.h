@@ -27,6 +27,11 @@
 // final. finish_grad_sync() starts any bucket still waiting and waits for every one. Without
 // overlap there is one bucket, reduced by finish_grad_sync().
 //
+// With the distributed optimizer the word embedding tied across pipeline stages
+// (ParamSpec::shared_embedding) sits in a bucket of its own, padded alike on both ends, so the
+// first and last stages' DP shards of it cover the same elements and the embedding group can sum
+// the reduced shards afterwards (Megatron's rule; finalize_model_grads.h).
+//
 // Parameter all-gather (distributed optimizer): after the update each bucket's parameter shards
 // are all-gathered into the full parameter buffer. Without --overlap-param-gather the optimizer
 // waits for them at once. With it (Megatron's forward pre-hooks), start_param_gather() starts the
@@ -54,6 +59,11 @@ struct DdpConfig {
   bool use_distributed_optimizer = false;
   bool overlap_param_gather = false;  // with the distributed optimizer: the optimizer does not wait
   int64_t bucket_size = 0;            // elements, with overlap; 0: Megatron's max(4e7, 1e6 * DP)
+  // Per parameter (registration order) the model chunk holding it (ModelChunks::param_chunks);
+  // empty: one chunk. A bucket never spans two chunks (Megatron gives each chunk its own buffers),
+  // so each chunk's buckets start reducing once its own backward of the last micro-batch is done,
+  // while the pipeline's cool-down still runs the other chunks' backwards.
+  std::vector<int64_t> param_chunks = {};
 };
 
 class DistributedDataParallel {

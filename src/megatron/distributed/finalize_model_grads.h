@@ -6,7 +6,12 @@
 //      rank's sequence shard only (norm weights and biases, row-parallel biases, the position
 //      embedding: ParamSpec::sequence_parallel) has its main grad summed over TP, so every TP
 //      rank holds the full gradient (Megatron's _allreduce_layernorm_grads). Without SP those
-//      gradients are already identical across TP: each rank saw the whole sequence.
+//      gradients are already identical across TP: each rank saw the whole sequence;
+//   3. the word embedding tied across pipeline stages (ParamSpec::shared_embedding) has its main
+//      grad summed over the embedding group (the first and last stage), so both copies take the
+//      same update (Megatron's _allreduce_word_embedding_grads). With the distributed optimizer
+//      the sum runs after the reduce-scatter: the embedding's own bucket puts the same elements
+//      in each DP rank's shard on both stages, and the rest of the buffer, stale, is never read.
 // With the distributed optimizer only this rank's shards of the buffer are meaningful after
 // step 1; the TP ranks of one DP rank own the same shards (the same layout), so summing whole
 // parameters over TP keeps them right.

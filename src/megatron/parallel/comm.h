@@ -154,6 +154,19 @@ CommHandlePtr completed_handle();
 // hierarchical groups' first level around the ring over the second.
 enum class CpCommType { p2p, a2a, allgather, a2a_p2p };
 
+// The pipeline's one-way channels for --overlap-p2p-communication: each joins two neighbouring
+// stages and carries one kind of tensor one way (its group rank 0 sends, rank 1 receives), so on
+// NCCL each has its own communicator and stream and nothing posted on one waits behind another's
+// traffic (one communicator completes its operations in posting order). Activations flow from
+// stage s to s+1, gradients back; with interleaving the last stage feeds the first. Every channel
+// of a kind has one name ("pp_activations", "pp_grads"), and a timeout on one asks the whole
+// pipeline group, so the stage further along that stopped is named. Null unless initialize_parallel
+// was asked for them (ParallelOptions::pipeline_channels) at PP > 1.
+struct PipelineChannels {
+  std::shared_ptr<Communicator> activations_in, activations_out, grads_in, grads_out;
+  bool built() const { return activations_in != nullptr; }
+};
+
 // The groups one rank belongs to, passed explicitly to layers (no process-group globals).
 // Megatron's groups (reference/megatron-compat.md §7); parallel_state.h builds them.
 struct ParallelContext {
@@ -173,6 +186,7 @@ struct ParallelContext {
   std::shared_ptr<Communicator> expert_dp;           // expert data parallel: expert gradient reduction
   std::shared_ptr<Communicator> embedding;           // first and last pipeline stage (tied embeddings)
   std::shared_ptr<Communicator> position_embedding;  // first pipeline stage
+  PipelineChannels pp_channels;                      // overlapped pipeline p2p (above)
 
   // Sequence parallelism and its collectives as rings beside the GEMMs, as the run gives them
   // (--sequence-parallel, --tp-comm-overlap; parallel_args.h: model_context). Layers ask

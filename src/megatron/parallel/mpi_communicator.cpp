@@ -151,7 +151,7 @@ class MpiHandle final : public CommHandle {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(std::string name, MPI_Comm comm, std::vector<int> world_ranks,
-                                 std::shared_ptr<Watchdog> watchdog)
+                                 std::shared_ptr<Watchdog> watchdog, std::vector<int> asked)
     : name_(std::move(name)),
       comm_(comm),
       world_ranks_(std::move(world_ranks)),
@@ -167,6 +167,7 @@ MpiCommunicator::MpiCommunicator(std::string name, MPI_Comm comm, std::vector<in
                        << " but this is world rank " << watchdog_->world_rank());
   for (int r : world_ranks_)
     if (r != watchdog_->world_rank()) others_.push_back(r);
+  if (!asked.empty()) others_ = std::move(asked);
 }
 
 // Teardown cannot report errors.

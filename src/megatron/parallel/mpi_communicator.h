@@ -24,7 +24,10 @@ namespace megatron {
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm` (freed on destruction). world_ranks[i] is group rank i's global rank.
-  MpiCommunicator(std::string name, MPI_Comm comm, std::vector<int> world_ranks, std::shared_ptr<Watchdog> watchdog);
+  // `asked` (world ranks) are asked for their status when an operation times out; empty: the other
+  // members (a pipeline channel asks its whole pipeline).
+  MpiCommunicator(std::string name, MPI_Comm comm, std::vector<int> world_ranks, std::shared_ptr<Watchdog> watchdog,
+                  std::vector<int> asked = {});
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;

@@ -112,7 +112,7 @@ class NcclHandle final : public CommHandle {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const std::string& name, MPI_Comm group, std::vector<int> world_ranks, Device device,
-                   std::shared_ptr<Watchdog> watchdog);
+                   std::shared_ptr<Watchdog> watchdog, std::vector<int> asked);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -166,7 +166,7 @@ class NcclCommunicator final : public Communicator {
 };
 
 NcclCommunicator::NcclCommunicator(const std::string& name, MPI_Comm group, std::vector<int> world_ranks, Device device,
-                                   std::shared_ptr<Watchdog> watchdog)
+                                   std::shared_ptr<Watchdog> watchdog, std::vector<int> asked)
     : name_(name),
       world_ranks_(std::move(world_ranks)),
       device_(device),
@@ -185,6 +185,7 @@ NcclCommunicator::NcclCommunicator(const std::string& name, MPI_Comm group, std:
                  name_ << ": " << size_ << " processes but the layout lists " << world_ranks_.size());
   for (int r : world_ranks_)
     if (r != world_ranks_[size_t(rank_)]) others_.push_back(r);
+  if (!asked.empty()) others_ = std::move(asked);
   require_multicast_off();
 
   ncclUniqueId id;
@@ -387,8 +388,9 @@ CommHandlePtr NcclCommunicator::barrier_async() {
 
 std::shared_ptr<Communicator> make_nccl_communicator(const std::string& name, MPI_Comm group,
                                                      std::vector<int> world_ranks, Device device,
-                                                     std::shared_ptr<Watchdog> watchdog) {
-  return std::make_shared<NcclCommunicator>(name, group, std::move(world_ranks), device, std::move(watchdog));
+                                                     std::shared_ptr<Watchdog> watchdog, std::vector<int> asked) {
+  return std::make_shared<NcclCommunicator>(name, group, std::move(world_ranks), device, std::move(watchdog),
+                                            std::move(asked));
 }
 
 }  // namespace megatron

@@ -31,9 +31,10 @@ class Watchdog;
 
 // The NCCL communicator of one group on `device` (which must be the current CUDA device).
 // `group` is the group's MPI communicator used to broadcast the id (not kept); MPI_COMM_NULL for
-// a group of one process without MPI.
+// a group of one process without MPI. `asked` (world ranks) are asked for their status when an
+// operation times out; empty: the other members (a pipeline channel asks its whole pipeline).
 std::shared_ptr<Communicator> make_nccl_communicator(const std::string& name, MPI_Comm group,
                                                      std::vector<int> world_ranks, Device device,
-                                                     std::shared_ptr<Watchdog> watchdog);
+                                                     std::shared_ptr<Watchdog> watchdog, std::vector<int> asked = {});
 
 }  // namespace megatron

@@ -36,6 +36,7 @@ struct ParallelArgs {
   bool account_for_embedding_in_pipeline_split = false;                       // the embedding counts as a layer
   bool account_for_loss_in_pipeline_split = false;                            // the loss counts as a layer
   std::string pipeline_model_parallel_layout{};                               // e.g. "Et|(tt|)*3,L"; "" = none
+  bool overlap_p2p_comm = true;  // --no-overlap-p2p-communication turns it off; kept only when interleaved
 
   // The sizes the ranks are laid out by (rank_layout.h); `world` is left for the launch to fill in.
   ParallelSizes sizes() const;

@@ -74,14 +74,15 @@ int group_index(const RankGroups& groups, int rank) {
 }
 
 std::shared_ptr<Communicator> make_communicator(const std::string& name, MPI_Comm comm, const std::vector<int>& members,
-                                                Device device, const std::shared_ptr<Watchdog>& watchdog) {
-  if (device.is_cpu()) return std::make_shared<MpiCommunicator>(name, comm, members, watchdog);
+                                                Device device, const std::shared_ptr<Watchdog>& watchdog,
+                                                std::vector<int> asked = {}) {
+  if (device.is_cpu()) return std::make_shared<MpiCommunicator>(name, comm, members, watchdog, std::move(asked));
 #ifdef MEGATRON_WITH_CUDA
-  auto nccl = make_nccl_communicator(name, comm, members, device, watchdog);
+  auto nccl = make_nccl_communicator(name, comm, members, device, watchdog, std::move(asked));
   MPI_CHECK(MPI_Comm_free(&comm), name);
   return nccl;
 #else
-  (void)members, (void)watchdog;
+  (void)members, (void)watchdog, (void)asked;
   MPI_Comm_free(&comm);
   MEGATRON_FAIL("device " << device.str() << ": this build has no CUDA backend, so no NCCL communicators; "
                           << "rebuild with the CUDA toolkit or run on the CPU");
@@ -100,6 +101,59 @@ ParallelSizes launched_sizes(const ParallelSizes& requested, int world) {
   for (const std::string& e : errors) all += (all.empty() ? "" : "; ") + e;
   MEGATRON_CHECK(errors.empty(), all);
   return s;
+}
+
+// The pipeline's one-way channels (comm.h, PipelineChannels). Edge e of a pipeline joins stages e
+// and e+1 mod P. Edges of one class share no stage (class e mod 2, the wrap-around edge of an odd
+// pipeline a class of its own), so one MPI_Comm_split over the world builds a class's channels of
+// every pipeline at once; a stage sits in two edges of different classes. Activations flow along an
+// edge from e to e+1, gradients from e+1 to e; the sender is the channel's rank 0.
+void build_pipeline_channels(ParallelState& st) {
+  const RankGroups pipelines = rank_groups(st.sizes, "pp");
+  const int rank = st.process.rank;
+  const int index = group_index(pipelines, rank);
+  const std::vector<int>& pipeline = pipelines[size_t(index)];
+  const int p = int(pipeline.size());
+  const int stage = int(std::find(pipeline.begin(), pipeline.end(), rank) - pipeline.begin());
+  std::vector<int> asked;
+  for (int r : pipeline)
+    if (r != rank) asked.push_back(r);
+  std::vector<int> others;
+  for (int r = 0; r < st.sizes.world; ++r)
+    if (r != rank) others.push_back(r);
+  const auto edge_class = [p](int e) { return p % 2 == 1 && e == p - 1 ? 2 : e % 2; };
+  PipelineChannels& ch = st.ctx.pp_channels;
+  for (const bool activations : {true, false}) {
+    const std::string name = activations ? "pp_activations" : "pp_grads";
+    for (int cls = 0; cls < 3; ++cls) {
+      // This stage's edge of the class, if any: its own (to the next stage) or the previous one's.
+      int edge = -1;
+      for (int e : {stage, (stage + p - 1) % p})
+        if (edge_class(e) == cls) edge = e;
+      const int from = activations ? edge : (edge + 1) % p, to = activations ? (edge + 1) % p : edge;
+      const int color = edge < 0 ? MPI_UNDEFINED : index * p + edge, key = edge >= 0 && stage == from ? 0 : 1;
+      const CollectiveRecord rec = st.watchdog->log().begin("world", false, "create_group", 0, DType::f32, name);
+      MPI_Comm comm = MPI_COMM_NULL;
+      {
+        Watchdog::Scope watch(*st.watchdog, rec, st.watchdog->default_timeout(), others);
+        MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), name);
+      }
+      st.watchdog->log().end(rec);
+      if (edge < 0) continue;
+      auto channel =
+          make_communicator(name, comm, {pipeline[size_t(from)], pipeline[size_t(to)]}, st.device, st.watchdog, asked);
+      const bool sends = stage == from;
+      // NCCL connects a pair at its first send and receive, the host waiting for the peer to come.
+      // Here both ends build the channel together; in the schedule each end reaches its first use
+      // at another time, and two channels' first uses could wait on each other.
+      const P2POp connect{.kind = sends ? P2POp::Kind::send : P2POp::Kind::recv,
+                          .tensor = Tensor::zeros({1}, DType::f32, st.device),
+                          .peer = sends ? 1 : 0};
+      channel->batch_p2p({&connect, 1});
+      (activations ? (sends ? ch.activations_out : ch.activations_in) : (sends ? ch.grads_out : ch.grads_in)) =
+          std::move(channel);
+    }
+  }
 }
 
 }  // namespace
@@ -166,6 +220,7 @@ ParallelState initialize_parallel(const ParallelSizes& sizes, const ParallelOpti
     if (index >= 0) st.ctx.*role.slot = make_communicator(name, comm, members, st.device, st.watchdog);
     built.push_back(role);
   }
+  if (options.pipeline_channels && st.sizes.pp > 1) build_pipeline_channels(st);
   progress.finish();
   st.ctx.set_timeout(options.timeout_seconds);
   return st;

@@ -13,7 +13,8 @@
 // share one communicator, named after all its roles ("dp/dp_cp"), so NCCL builds no duplicate;
 // pp_grad alone has its own (the pipeline's gradients must not queue behind its activations).
 // The embedding groups contain the first and last pipeline stages only: ctx.embedding and
-// ctx.position_embedding are null on the other ranks.
+// ctx.position_embedding are null on the other ranks. The pipeline channels (when asked) are
+// two-rank communicators, one per neighbouring pair, kind and direction.
 //
 // Destroy the state (and every copy of its ctx) before the MpiRuntime; a ParallelState that is
 // destroyed while an exception propagates aborts the job (launch.h).
@@ -31,7 +32,9 @@ struct ParallelOptions {
   Device device = Device::cpu();  // cuda:i: NCCL communicators on GPU i (the current device)
   double timeout_seconds = 600;   // --distributed-timeout-minutes x 60; fractions allowed
   bool tied_embeddings = true;    // the last stage joins the embedding group
-  size_t log_capacity = 64;       // collective-log records kept per rank
+  // Builds ctx.pp_channels at PP > 1 (comm.h: the one-way channels of overlapped pipeline p2p).
+  bool pipeline_channels = false;
+  size_t log_capacity = 64;  // collective-log records kept per rank
   // The process's MPI runtime; null for a single process without a launcher.
   std::shared_ptr<MpiRuntime> mpi;
 };

@@ -31,6 +31,11 @@ struct ParamSpec {
   // equal to the first stage's by summing the two gradients, so neither counted in the gradient
   // norm nor saved a second time (Megatron's shared_embedding).
   bool pipeline_copy = false;
+  // The word embedding tied across pipeline stages, on either end (the first stage's embedding and
+  // the last stage's copy; Megatron's shared_embedding): with the distributed optimizer in a DDP
+  // bucket of its own, so both ends shard it alike, and summed over the embedding group after the
+  // DP reduction (finalize_model_grads.h).
+  bool shared_embedding = false;
 };
 
 // This TP rank's shape of the parameter `spec` describes: the global shape with partition_dim

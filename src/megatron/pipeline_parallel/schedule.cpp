@@ -39,13 +39,13 @@ std::vector<std::string> validate(const ScheduleShape& s) {
                             ": the interleaved schedule needs pipeline size <= group size <= micro-batches; fix: "
                             "raise --global-batch-size (micro-batches = global batch / (micro-batch size x DP)) "
                             "or set the group size between them"));
-  else if (n != p)
-    errors.push_back(
-        concat("--microbatch-group-size-per-virtual-pipeline-stage ", n, " with --pipeline-model-parallel-size ", p,
-               ": a group larger than the pipeline deadlocks the ranks' blocking send/receive batches ",
-               "(the schedule simulation shows it; it needs sends that complete in the background, ",
-               "--overlap-p2p-communication, not built yet); fix: leave the group size at its default, ", p));
-  else if (m % n != 0 && m % n < p)
+  else if (n != p && !s.overlap_p2p)
+    errors.push_back(concat("--microbatch-group-size-per-virtual-pipeline-stage ", n,
+                            " with --pipeline-model-parallel-size ", p, " and --no-overlap-p2p-communication",
+                            ": a group larger than the pipeline deadlocks the ranks' blocking send/receive batches ",
+                            "(the schedule simulation shows it; sends must complete in the background); fix: drop ",
+                            "--no-overlap-p2p-communication, or leave the group size at its default, ", p));
+  if (n >= p && n <= m && m % n != 0 && m % n < p)
     errors.push_back(concat(m, " micro-batches in groups of ", n,
                             " (--microbatch-group-size-per-virtual-pipeline-stage) leave a last group of ", m % n,
                             ", below the pipeline size ", p,
@@ -80,7 +80,7 @@ namespace {
 
 // Compute actions in steps, each step followed by one batch of communication: warm-up forwards,
 // steady (F k+W, B k), cool-down backwards. A steady step is one action in 1F1B and the pair in the
-// interleaved schedule, as Megatron batches them.
+// interleaved schedule, as Megatron batches them; with overlap_p2p every action is a step.
 std::vector<std::vector<Action>> compute_steps(const ScheduleShape& s, int64_t rank) {
   const std::vector<MicrobatchChunk> table = schedule_table(s);
   const int64_t total = int64_t(table.size()), warmup = warmup_microbatches(s, rank);
@@ -94,7 +94,7 @@ std::vector<std::vector<Action>> compute_steps(const ScheduleShape& s, int64_t r
   for (int64_t k = 0; k < warmup; ++k) steps.push_back({forward(k)});
   if (s.forward_only) return steps;
   for (int64_t k = 0; k < total - warmup; ++k) {
-    if (s.virtual_stages == 1) {
+    if (s.virtual_stages == 1 || s.overlap_p2p) {
       steps.push_back({forward(k + warmup)});
       steps.push_back({backward(k)});
     } else {
@@ -122,12 +122,41 @@ std::optional<Action> transfer_of(const ScheduleShape& s, int64_t rank, const Ac
 
 }  // namespace
 
+namespace {
+
+// The overlapped placement (header): every step one compute action, then its send and the receive
+// of the next action of its kind; the first forward's and first backward's receives first of all.
+std::vector<Action> overlapped_schedule(const ScheduleShape& s, int64_t rank,
+                                        const std::vector<std::vector<Action>>& steps) {
+  std::vector<Action> compute;
+  for (const std::vector<Action>& step : steps) compute.insert(compute.end(), step.begin(), step.end());
+  std::vector<Action> actions;
+  auto receive_next = [&](size_t after, ActionKind kind) {
+    for (size_t j = after; j < compute.size(); ++j)
+      if (compute[j].kind == kind) {
+        if (auto recv = transfer_of(s, rank, compute[j], Transfer::kInput)) actions.push_back(*recv);
+        return;
+      }
+  };
+  receive_next(0, ActionKind::kForward);
+  receive_next(0, ActionKind::kBackward);
+  for (size_t i = 0; i < compute.size(); ++i) {
+    actions.push_back(compute[i]);
+    if (auto send = transfer_of(s, rank, compute[i], Transfer::kOutput)) actions.push_back(*send);
+    receive_next(i + 1, compute[i].kind);
+  }
+  return actions;
+}
+
+}  // namespace
+
 std::vector<Action> build_schedule(const ScheduleShape& s, int64_t rank) {
   const std::vector<std::string> errors = validate(s);
   MEGATRON_CHECK(errors.empty(), errors.front());
   MEGATRON_CHECK(rank >= 0 && rank < s.pipeline_size,
                  "pipeline rank " << rank << " is outside a pipeline of " << s.pipeline_size << " ranks");
   const std::vector<std::vector<Action>> steps = compute_steps(s, rank);
+  if (s.overlap_p2p) return overlapped_schedule(s, rank, steps);
   std::vector<Action> actions;
   // Receives of one step, sent after the step before it (or first of all, for step 0).
   auto receive_inputs = [&](const std::vector<Action>& step) {

@@ -25,6 +25,13 @@
 // a batch until every operation in it has met its peer's. Messages between two ranks match in the
 // order they are posted, activations and gradients apart: they travel on separate channels (at P=2
 // both flow between the same two ranks, in orders that differ once N > P).
+// Overlapped communication (--overlap-p2p-communication, ScheduleShape::overlap_p2p): nothing
+// waits at a send or a receive; a compute action waits only for its own input. Each compute action
+// is its own step (the interleaved (F, B) pair too, so a forward's output leaves before the
+// backward beside it runs, as Megatron posts it), followed by its send and by the receive of the
+// next compute action of the same kind (forward or backward): each input is in transit while the
+// action before it computes. The first forward's and the first backward's receives come first of
+// all. Sends complete in the background, so groups larger than the pipeline (N > P) run.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -57,6 +64,7 @@ struct ScheduleShape {
   int64_t microbatches = 1;           // M
   int64_t microbatch_group_size = 0;  // N for the interleaved schedule; 0 = P (Megatron's default)
   bool forward_only = false;          // evaluation
+  bool overlap_p2p = false;           // --overlap-p2p-communication: the overlapped placement above
 
   int64_t group_size() const { return microbatch_group_size > 0 ? microbatch_group_size : pipeline_size; }
   int64_t virtual_stage(int64_t rank, int64_t chunk) const { return chunk * pipeline_size + rank; }
@@ -68,8 +76,8 @@ struct ScheduleShape {
 
 // Every rule the shape breaks, one message each (the values, the rule, the fix): sizes at least 1;
 // with V > 1 Megatron's interleaving rules P > 1, P <= N <= M and M mod N either 0 or >= P, and
-// for now N = P: with N > P the blocking batches deadlock (the simulation shows it) unless sends
-// complete in the background, which arrives with --overlap-p2p-communication.
+// without overlap_p2p N = P: with N > P the blocking batches deadlock (the simulation shows it);
+// sends that complete in the background (overlap_p2p) are what larger groups need.
 std::vector<std::string> validate(const ScheduleShape& shape);
 
 // Warm-up forwards on `rank` (W above).

@@ -1,8 +1,12 @@
 #pragma once
 // Runs one rank's schedule (schedule.h) and nothing more: compute actions call the stage's
-// forward and backward; each batch of consecutive sends and receives is posted at once,
-// activations on one communicator and gradients on another (ctx.pp and ctx.pp_grad: p2p matches
-// by order only, and the two flow in different orders), then waited. The tensors between stages
+// forward and backward. Blocking (run_schedule): each batch of consecutive sends and receives is
+// posted at once, activations on one communicator and gradients on another (ctx.pp and
+// ctx.pp_grad: p2p matches by order only, and the two flow in different orders), then waited.
+// Overlapped (run_schedule_overlapped, for a schedule built with overlap_p2p): each send and
+// receive is posted alone on its one-way channel (ctx.pp_channels) and never waited where it
+// stands; a compute action waits for its own input only (on CUDA its stream waits, the host goes
+// on), and sends complete in the background, all waited at the end. The tensors between stages
 // have one shape, dtype and device known in advance (Megatron's tensor_shape: (S/CP [/TP with SP],
 // micro-batch, hidden)), so receive buffers are allocated before their data arrives; every wait is
 // bounded by the communicators' timeout, so a stage that never sends is named by the watchdog.
@@ -35,5 +39,9 @@ struct StageTensor {
 // of another shape or dtype than `between_stages`.
 void run_schedule(const std::vector<Action>& actions, Communicator& activations, Communicator& grads,
                   const StageTensor& between_stages, const StageFunctions& stage);
+
+// The same with `channels` (built: PipelineChannels::built) for a schedule built with overlap_p2p.
+void run_schedule_overlapped(const std::vector<Action>& actions, const PipelineChannels& channels,
+                             const StageTensor& between_stages, const StageFunctions& stage);
 
 }  // namespace megatron::pipeline_parallel

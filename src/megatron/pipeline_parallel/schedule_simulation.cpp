@@ -56,6 +56,8 @@ struct RankState {
   size_t next = 0;            // first action not yet complete
   size_t batch_end = 0;       // end of the posted batch, 0 while none is posted
   std::vector<size_t> slots;  // each posted operation's index in its channel
+  // Overlapped: each posted receive by (micro-batch, chunk, activation?), as (its action, its slot).
+  std::map<std::tuple<int64_t, int64_t, bool>, std::pair<Action, size_t>> receives;
   double time = 0, busy = 0;
 };
 
@@ -102,13 +104,50 @@ class Simulation {
                                                     << recv.rank << "'s " << to_string(recv.action));
   }
 
+  // Posts one send or receive at the rank's time; returns its index in its channel.
+  size_t post(int64_t r, const RankState& s, const Action& op) {
+    Channel& c = channel(r, op);
+    std::vector<Posted>& mine = is_send(op.kind) ? c.sends : c.recvs;
+    const std::vector<Posted>& peers = is_send(op.kind) ? c.recvs : c.sends;
+    mine.push_back({op, r, s.time});
+    if (peers.size() >= mine.size())
+      is_send(op.kind) ? check_pair(mine.back(), peers[mine.size() - 1])
+                       : check_pair(peers[mine.size() - 1], mine.back());
+    return mine.size() - 1;
+  }
+
+  // Overlapped: when compute action `a`'s input has arrived (its send and receive posted, plus
+  // the transfer); false while the send is not posted yet.
+  bool input_arrived(int64_t r, RankState& s, const Action& a, double& arrival) {
+    const bool forward = a.kind == ActionKind::kForward;
+    auto it = s.receives.find({a.microbatch, a.chunk, forward});
+    arrival = s.time;
+    if (it == s.receives.end()) return true;
+    const Channel& c = channel(r, it->second.first);
+    if (c.sends.size() <= it->second.second) return false;
+    arrival = std::max(s.time, std::max(c.recvs[it->second.second].time, c.sends[it->second.second].time) + costs_.p2p);
+    return true;
+  }
+
   // Runs rank r as far as it can go; true if anything changed.
   bool advance(int64_t r) {
     RankState& s = ranks_[size_t(r)];
     bool progress = false;
     while (s.next < s.actions.size()) {
       const Action& a = s.actions[s.next];
+      if (shape_.overlap_p2p && !is_compute(a.kind)) {
+        const size_t slot = post(r, s, a);
+        if (!is_send(a.kind)) s.receives[{a.microbatch, a.chunk, a.kind == ActionKind::kRecvActivation}] = {a, slot};
+        ++s.next;
+        progress = true;
+        continue;
+      }
       if (is_compute(a.kind)) {
+        if (shape_.overlap_p2p) {
+          double arrival = 0;
+          if (!input_arrived(r, s, a, arrival)) return progress;
+          s.time = arrival;
+        }
         const double cost = costs_.compute(a.kind, shape_.virtual_stage(r, a.chunk));
         s.time += cost;
         s.busy += cost;
@@ -141,17 +180,7 @@ class Simulation {
     s.batch_end = s.next;
     while (s.batch_end < s.actions.size() && !is_compute(s.actions[s.batch_end].kind)) ++s.batch_end;
     s.slots.clear();
-    for (size_t i = s.next; i < s.batch_end; ++i) {
-      const Action& op = s.actions[i];
-      Channel& c = channel(r, op);
-      std::vector<Posted>& mine = is_send(op.kind) ? c.sends : c.recvs;
-      const std::vector<Posted>& peers = is_send(op.kind) ? c.recvs : c.sends;
-      mine.push_back({op, r, s.time});
-      s.slots.push_back(mine.size() - 1);
-      if (peers.size() >= mine.size())
-        is_send(op.kind) ? check_pair(mine.back(), peers[mine.size() - 1])
-                         : check_pair(peers[mine.size() - 1], mine.back());
-    }
+    for (size_t i = s.next; i < s.batch_end; ++i) s.slots.push_back(post(r, s, s.actions[i]));
   }
 
   void report_deadlock() const {

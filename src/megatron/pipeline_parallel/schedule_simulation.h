@@ -38,7 +38,10 @@ int64_t peak_in_flight(const std::vector<Action>& actions);
 // cost; a batch of consecutive sends and receives (posted together, as one NCCL group) completes once each of its
 // operations has met its peer's, matched in posting order per ordered pair of ranks and kind of
 // tensor (activation or gradient), at the later
-// of the two posting times plus costs.p2p. Throws, naming every stuck rank and what it waits on,
+// of the two posting times plus costs.p2p. With shape.overlap_p2p nothing waits at a send or receive:
+// each is posted when the rank reaches it, and a compute action waits for its input to arrive (the
+// later of its receive's posting and its send's posting plus costs.p2p).
+// Throws, naming every stuck rank and what it waits on,
 // when the ranks deadlock; and when a send meets a receive of another micro-batch or stage.
 SimulatedPipeline simulate(const ScheduleShape& shape, const std::vector<std::vector<Action>>& per_rank,
                            const ActionCosts& costs);

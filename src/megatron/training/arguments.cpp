@@ -188,6 +188,9 @@ std::vector<Flag> build_flag_table() {
       {"--microbatch-group-size-per-virtual-pipeline-stage",
        FIELD(parallel.microbatch_group_size_per_virtual_pipeline_stage), parallel,
        "Interleaved schedule: micro-batches each chunk runs in turn; derived: PP"},
+      {"--no-overlap-p2p-communication", Switch{FIELD(parallel.overlap_p2p_comm), false}, parallel,
+       "Interleaved schedule: wait for each batch of pipeline sends and receives where it stands instead of "
+       "overlapping them with compute (which groups larger than PP need)"},
       {"--decoder-first-pipeline-num-layers", FIELD(parallel.decoder_first_pipeline_num_layers), parallel,
        "Layers of the first pipeline stage (uneven split; the other stages share the rest)"},
       {"--decoder-last-pipeline-num-layers", FIELD(parallel.decoder_last_pipeline_num_layers), parallel,
@@ -518,7 +521,8 @@ void check_pipeline(const TrainingArgs& a, std::vector<std::string>& errors) {
       .pipeline_size = a.parallel.pipeline_model_parallel_size,
       .virtual_stages = pipeline_parallel::pipeline_split(a.parallel, a.model.num_layers).virtual_stages,
       .microbatches = a.global_batch_size / per_step,
-      .microbatch_group_size = a.parallel.microbatch_group_size_per_virtual_pipeline_stage.value_or(0)};
+      .microbatch_group_size = a.parallel.microbatch_group_size_per_virtual_pipeline_stage.value_or(0),
+      .overlap_p2p = a.pipeline_overlaps_p2p()};
   for (std::string& e : pipeline_parallel::validate(shape)) errors.push_back(std::move(e));
   if (shape.pipeline_size == 1) return;
   // Every batch size of a ramp runs the interleaved schedule too: whole groups of micro-batches.
@@ -532,15 +536,6 @@ void check_pipeline(const TrainingArgs& a, std::vector<std::string>& errors) {
                             " (--microbatch-group-size-per-virtual-pipeline-stage, default the pipeline size); fix: "
                             "make START and INCREMENT multiples of ",
                             per_step * shape.group_size()));
-  // Megatron sums the tied embedding's two copies after the DP reduction; with the distributed
-  // optimizer that reduction leaves shards only, so the sum comes first, before any bucket's
-  // reduction has started: not with --overlap-grad-reduce.
-  if (!a.model.untie_embeddings_and_output_weights && a.use_distributed_optimizer && a.overlap_grad_reduce)
-    errors.push_back(
-        "--overlap-grad-reduce with --use-distributed-optimizer, tied embeddings and "
-        "--pipeline-model-parallel-size > 1: the first and last stages' copies of the word embedding are "
-        "summed before the gradient reduction, which overlapping starts during backward; fix: drop "
-        "--overlap-grad-reduce, or untie with --untie-embeddings-and-output-weights");
 }
 
 void check_schedule(const TrainingArgs& a, std::vector<std::string>& errors) {
@@ -767,6 +762,12 @@ void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
 }
 
 }  // namespace
+
+bool TrainingArgs::pipeline_overlaps_p2p() const {
+  return parallel.overlap_p2p_comm && parallel.pipeline_model_parallel_size > 1 && model.num_layers > 0 &&
+         pipeline_parallel::validate_pipeline_split(parallel, model.num_layers).empty() &&
+         pipeline_parallel::pipeline_split(parallel, model.num_layers).virtual_stages > 1;
+}
 
 std::optional<BatchSizeRampup> TrainingArgs::batch_size_rampup() const {
   if (rampup_batch_size.size() != 3) return std::nullopt;

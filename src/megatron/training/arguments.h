@@ -122,6 +122,9 @@ struct TrainingArgs {
   int64_t global_batch_size_at(int64_t consumed_samples) const;
   // Number of micro-batches per step on this DP rank.
   int64_t num_micro_batches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
+  // Whether the pipeline's sends and receives overlap compute: --overlap-p2p-communication (on
+  // unless --no-overlap-p2p-communication) with the interleaved schedule only, as Megatron keeps it.
+  bool pipeline_overlaps_p2p() const;
 };
 
 // Parses argv (after the subcommand) and any --config YAML file. Flags override YAML; YAML

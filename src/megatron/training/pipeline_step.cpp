@@ -26,7 +26,8 @@ LossSums from_last_stage(const ParallelContext& ctx, const LossSums& local, Devi
 PipelineStepShape pipeline_step_shape(const TrainingArgs& args, bool forward_only) {
   return {.micro_batch_size = args.micro_batch_size,
           .microbatch_group_size = args.parallel.microbatch_group_size_per_virtual_pipeline_stage.value_or(0),
-          .forward_only = forward_only};
+          .forward_only = forward_only,
+          .overlap_p2p = args.pipeline_overlaps_p2p()};
 }
 
 bool stage_reads_data(const ModelChunks& model, bool document_masking) {
@@ -42,7 +43,8 @@ LossSums pipeline_forward_backward(ModelChunks& model, const ParallelContext& ct
                                                   .virtual_stages = model.size(),
                                                   .microbatches = int64_t(microbatches.size()),
                                                   .microbatch_group_size = shape.microbatch_group_size,
-                                                  .forward_only = shape.forward_only};
+                                                  .forward_only = shape.forward_only,
+                                                  .overlap_p2p = shape.overlap_p2p};
   // Between stages: (S/TP under sequence parallelism, B, H) in the compute dtype.
   const int64_t sequence = config.seq_length / (ctx.sequence_parallel() ? ctx.tp_size() : 1);
   const pipeline_parallel::StageTensor between{.shape = {sequence, shape.micro_batch_size, config.hidden_size},
@@ -76,8 +78,11 @@ LossSums pipeline_forward_backward(ModelChunks& model, const ParallelContext& ct
     saved.erase({m, c});
     return input_grad;
   };
-  pipeline_parallel::run_schedule(pipeline_parallel::build_schedule(schedule, rank), *ctx.pp, *ctx.pp_grad, between,
-                                  stage);
+  const std::vector<pipeline_parallel::Action> actions = pipeline_parallel::build_schedule(schedule, rank);
+  if (shape.overlap_p2p)
+    pipeline_parallel::run_schedule_overlapped(actions, ctx.pp_channels, between, stage);
+  else
+    pipeline_parallel::run_schedule(actions, *ctx.pp, *ctx.pp_grad, between, stage);
   return from_last_stage(ctx, total, model.device());
 }
 

@@ -24,6 +24,7 @@ struct PipelineStepShape {
   int64_t micro_batch_size = 1;       // the (S, B, H) tensors between stages: B
   int64_t microbatch_group_size = 0;  // --microbatch-group-size-per-virtual-pipeline-stage; 0: P
   bool forward_only = false;          // evaluation
+  bool overlap_p2p = false;           // TrainingArgs::pipeline_overlaps_p2p: over ctx.pp_channels
 };
 
 // The shape of `args`'s steps.
@@ -48,7 +49,8 @@ struct PipelineHooks {
 };
 
 // Runs `microbatches` forward and (unless shape.forward_only) backward through `model`, this
-// rank's chunks, communicating over ctx.pp / ctx.pp_grad. Returns the loss sums over the
+// rank's chunks, communicating over ctx.pp / ctx.pp_grad (blocking) or ctx.pp_channels
+// (shape.overlap_p2p). Returns the loss sums over the
 // micro-batches, the same on every stage (the last stage's, broadcast over the pipeline group).
 LossSums pipeline_forward_backward(ModelChunks& model, const ParallelContext& ctx,
                                    const std::vector<MicroBatchRun>& microbatches, const PipelineStepShape& shape,

@@ -173,12 +173,6 @@ MicroBatch micro_batch_of(const datasets::Batch& b) {
   return {b.tokens, b.labels, b.loss_mask, b.position_ids, b.segment_ids, b.host_memory};
 }
 
-// Megatron's embedding-group all-reduce: the first and last pipeline stages' copies of a tied word
-// embedding get the sum of their gradients, so both apply the same update.
-void sum_tied_embedding_grads(const ModelChunks& model, const ParallelContext& ctx) {
-  if (Parameter* p = model.pipeline_tied_embedding()) ctx.embedding->all_reduce(p->main_grad, ReduceOp::sum);
-}
-
 // Every pipeline stage's memory, logged once from rank 0: a stage keeps the activations of up to
 // min(PP - stage, micro-batches) micro-batches (1F1B's warm-up plus one; interleaved, the
 // schedule's count of (micro-batch, chunk) forwards), so the first stage holds the most.
@@ -306,6 +300,10 @@ void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
                                                                      << ep << " but the arguments ask for EP "
                                                                      << args.parallel.expert_model_parallel_size
                                                                      << "; build the groups from the same sizes");
+  MEGATRON_CHECK(!args.pipeline_overlaps_p2p() || ctx.pp_channels.built(),
+                 "the interleaved schedule overlaps its sends and receives (--no-overlap-p2p-communication not "
+                 "given) but the parallel groups have no pipeline channels; build them with "
+                 "ParallelOptions::pipeline_channels");
 }
 
 // Megatron's choice of scaler (optimizer/grad_scaler.h): dynamic for fp16, static with --loss-scale.
@@ -318,11 +316,12 @@ std::unique_ptr<GradScaler> grad_scaler_for(const TrainingArgs& args) {
                            .hysteresis = o.hysteresis});
 }
 
-DdpConfig ddp_config(const TrainingArgs& args) {
+DdpConfig ddp_config(const TrainingArgs& args, const ModelChunks& model) {
   return {.overlap_grad_reduce = args.overlap_grad_reduce,
           .use_distributed_optimizer = args.use_distributed_optimizer,
           .overlap_param_gather = args.overlap_param_gather,
-          .bucket_size = args.ddp_bucket_size};
+          .bucket_size = args.ddp_bucket_size,
+          .param_chunks = model.param_chunks()};
 }
 
 // The dataset index is built (and cached) by rank 0 first, then read by the others, as Megatron
@@ -542,12 +541,9 @@ IterationResult TrainingLoop::train_step() {
       pipeline_forward_backward(model, ctx, runs, pipeline_step_shape(args, /*forward_only=*/false), hooks);
   timers.stop("forward-backward");
   timers.start("all-grads-sync");
-  // Megatron sums the tied embedding's copies after the DP reduction; the distributed optimizer
-  // reduces shards only, so there the sum comes first (the two sums commute; arguments.cpp
-  // refuses --overlap-grad-reduce, which would start the reduction during backward).
-  if (args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
+  // The DP reduction, then (as Megatron) the SP norms' sum over TP and the tied embedding's over
+  // the embedding group.
   finalize_model_grads(ddp);
-  if (!args.use_distributed_optimizer) sum_tied_embedding_grads(model, ctx);
   timers.stop("all-grads-sync");
   model.update_expert_bias();                        // Megatron's aux-loss-free balancing, once per step
   const float loss_scale = optimizer->loss_scale();  // the step may change it
@@ -604,7 +600,8 @@ void TrainingLoop::record(const IterationResult& it) {
                         {.pipeline_size = ctx.pp->size(),
                          .virtual_stages = model.size(),
                          .microbatches = it.micro_batches,
-                         .microbatch_group_size = pipeline_step_shape(args, false).microbatch_group_size},
+                         .microbatch_group_size = pipeline_step_shape(args, false).microbatch_group_size,
+                         .overlap_p2p = args.pipeline_overlaps_p2p()},
                         device);
   if (first || progress.iteration % args.log_interval == 0 || progress.iteration == train_iters) {
     const int64_t iters_in_interval = interval.iterations();
@@ -687,6 +684,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRunt
       initialize_parallel(args.parallel.sizes(), {.device = device,
                                                   .timeout_seconds = 60.0 * args.distributed_timeout_minutes,
                                                   .tied_embeddings = !args.model.untie_embeddings_and_output_weights,
+                                                  .pipeline_channels = args.pipeline_overlaps_p2p(),
                                                   .mpi = mpi});
   return pretrain(args, state.ctx, device);
 }
@@ -704,7 +702,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
   ModelChunks model(args.model, ctx, device, split);
   model.parameters().initialize(uint64_t(args.seed));
   log_model(args.model);
-  DistributedDataParallel ddp(model.parameters(), ctx, ddp_config(args));
+  DistributedDataParallel ddp(model.parameters(), ctx, ddp_config(args, model));
   const std::unique_ptr<Optimizer> optimizer = make_optimizer(args, model, ddp, ctx);
   log_layout(args, ctx, ddp, split, *optimizer, device);
   OptimizerParamScheduler scheduler(args.optimizer, args.train_iters, args.global_batch_size);

@@ -69,6 +69,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
         config.init_method_std);
     // Marked before the buffers are laid out (allocate, below), where nothing has read it yet.
     word_embeddings_->weight()->spec.pipeline_copy = !stage_.embedding;
+    word_embeddings_->weight()->spec.shared_embedding = tied && stage_.embedding != stage_.loss;
   }
   // Replicated; under SP added to this rank's sequence shard only, so its gradient is summed over
   // TP before the optimizer.
@@ -95,11 +96,6 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
     output_params_.end = registered();
   }
   if (own_registry_) own_registry_->allocate(config.params_dtype, device);
-}
-
-Parameter* GPTModel::pipeline_tied_embedding() const {
-  const bool one_end = stage_.embedding != stage_.loss;
-  return one_end && !config_.untie_embeddings_and_output_weights ? word_embeddings_->weight() : nullptr;
 }
 
 void GPTModel::require_whole_model(const char* what) const {
@@ -218,6 +214,9 @@ Tensor GPTModel::stage_forward(const MicroBatch& mb, const Tensor& input, const 
                                LossSums* sums) {
   Tensor h = forward_layers(mb, input, fwd, saved);
   if (stage_.loss) {
+    // A tied last stage that does not embed reads its copy of the word embedding here (with the
+    // distributed optimizer alone in its bucket, whose gather this wait must see).
+    if (!stage_.embedding) report_before_forward(embedding_params_);
     report_before_forward(output_params_);
     saved.logits = output_layer_->forward(h, saved.output);
     saved.labels_sb = to_sequence_major(mb.labels, device_);

@@ -95,10 +95,6 @@ class GPTModel {
 
   const TransformerConfig& config() const { return config_; }
   const pipeline_parallel::StageLayers& stage() const { return stage_; }
-  // The word embedding when it is tied to the output layer across pipeline stages (this stage
-  // holds one end only): its gradient must be summed with the other end's over the embedding
-  // group. Null otherwise.
-  Parameter* pipeline_tied_embedding() const;
   const ParallelContext& context() const { return *ctx_; }
   // The registry the parameters are in (with a shared registry, every chunk's of this rank).
   ParameterRegistry& parameters() { return *registry_; }

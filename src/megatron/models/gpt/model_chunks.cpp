@@ -5,8 +5,10 @@ namespace megatron {
 ModelChunks::ModelChunks(const TransformerConfig& config, const ParallelContext& ctx, Device device,
                          const pipeline_parallel::PipelineSplit& split)
     : registry_(make_model_registry(ctx)) {
-  for (int64_t c = 0; c < split.virtual_stages; ++c)
+  for (int64_t c = 0; c < split.virtual_stages; ++c) {
     chunks_.push_back(std::make_unique<GPTModel>(config, ctx, device, split.stage(ctx.pp->rank(), c), registry_.get()));
+    param_chunks_.resize(registry_->params().size(), c);
+  }
   registry_->allocate(config.params_dtype, device);
 }
 
@@ -20,12 +22,6 @@ bool ModelChunks::has_loss() const {
   for (const auto& c : chunks_)
     if (c->stage().loss) return true;
   return false;
-}
-
-Parameter* ModelChunks::pipeline_tied_embedding() const {
-  for (const auto& c : chunks_)
-    if (Parameter* p = c->pipeline_tied_embedding()) return p;
-  return nullptr;
 }
 
 std::vector<moe::MoELayer*> ModelChunks::moe_layers() const {

@@ -26,12 +26,12 @@ class ModelChunks {
   const TransformerConfig& config() const { return chunks_.front()->config(); }
   Device device() const { return chunks_.front()->device(); }
   ParameterRegistry& parameters() { return *registry_; }
+  // Per parameter (registration order) the chunk holding it: DDP keeps each chunk's buckets apart.
+  const std::vector<int64_t>& param_chunks() const { return param_chunks_; }
 
   // Whether some chunk embeds tokens (virtual stage 0) or computes the loss (the last one).
   bool has_embedding() const;
   bool has_loss() const;
-  // The word embedding tied across the pipeline that a chunk of this rank holds (GPTModel's), or null.
-  Parameter* pipeline_tied_embedding() const;
   // Every chunk's MoE layers, chunk 0's first.
   std::vector<moe::MoELayer*> moe_layers() const;
   // Each chunk's aux-loss-free balancing step (GPTModel::update_expert_bias), chunk 0's first.
@@ -42,6 +42,7 @@ class ModelChunks {
  private:
   std::unique_ptr<ParameterRegistry> registry_;
   std::vector<std::unique_ptr<GPTModel>> chunks_;
+  std::vector<int64_t> param_chunks_;
 };
 
 }  // namespace megatron
