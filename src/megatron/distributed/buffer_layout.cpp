@@ -29,6 +29,8 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
   MEGATRON_CHECK(options.expert_parallel.empty() || options.expert_parallel.size() == param_numels.size(),
                  "expert_parallel flags for " << options.expert_parallel.size() << " parameters, but "
                                               << param_numels.size() << " parameters");
+  MEGATRON_CHECK(options.unit.empty() || options.unit.size() == param_numels.size(),
+                 "units for " << options.unit.size() << " parameters, but " << param_numels.size() << " parameters");
   MEGATRON_CHECK(options.expert_shard_group_size >= 1,
                  "expert-data-parallel group size " << options.expert_shard_group_size << " must be at least 1");
   const int64_t align = options.distributed_optimizer ? kDistOptParamAlignment : kParamAlignment;
@@ -56,8 +58,11 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
   };
   for (const bool expert : {false, true}) {
     bucket.expert_parallel = expert;
-    for (size_t i = param_numels.size(); i-- > 0;) {
-      if (is_expert(i) != expert) continue;
+    std::vector<size_t> order;  // this kind's parameters in buffer order
+    for (size_t i = param_numels.size(); i-- > 0;)
+      if (is_expert(i) == expert) order.push_back(i);
+    for (size_t k = 0; k < order.size(); ++k) {
+      const size_t i = order[k];
       MEGATRON_CHECK(param_numels[i] > 0, "parameter " << i << " has " << param_numels[i] << " elements");
       param_start = round_up(param_start, align);
       param_end = param_start + param_numels[i];
@@ -65,7 +70,8 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
       layout.param_bucket[i] = layout.buckets.size();
       bucket.params.push_back(i);
       const bool full = options.bucket_size > 0 && param_end - bucket_start >= options.bucket_size;
-      if (full) {
+      const bool unit_ends = !options.unit.empty() && k + 1 < order.size() && options.unit[order[k + 1]] != options.unit[i];
+      if (full || unit_ends) {
         param_start = close_bucket();
         bucket.expert_parallel = expert;
       } else {

@@ -11,6 +11,7 @@
 //   - with it: each parameter starts at a multiple of 64 elements and each bucket's end is
 //     padded to a multiple of lcm(R, 128), R = the sharding group's size, so the bucket splits
 //     into R equal shards. Rank r owns shard r of every bucket, cutting parameters anywhere.
+// With units (Megatron FSDP), a bucket also closes where the module changes.
 // Expert-parallel parameters (MoE experts, split over EP) are reduced over the expert-data-parallel
 // group instead, so they get buckets of their own after the dense ones (Megatron keeps them in a
 // separate buffer), padded for that group's size.
@@ -32,6 +33,10 @@ struct BufferLayoutOptions {
   bool distributed_optimizer = false;
   std::vector<bool> expert_parallel = {};  // per parameter, registration order; empty: none is
   int64_t expert_shard_group_size = 1;     // the expert-data-parallel group
+  // Per parameter, registration order: the module it belongs to. A bucket also closes where the
+  // next parameter is another module's, so no bucket spans two (Megatron FSDP's units, gathered
+  // one at a time). Empty: buckets close by size only.
+  std::vector<int64_t> unit = {};
 };
 
 struct BucketLayout {

@@ -17,19 +17,19 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const P
   MEGATRON_CHECK(ddp.config().use_distributed_optimizer,
                  "the distributed optimizer needs DDP built with use_distributed_optimizer (its padded buckets)");
   const RankShards& shards = ddp.shards();
-  const Tensor& params = registry_->param_buffer();
   const DType state_dtype = registry_->grad_dtype();  // f32, or f64 for f64 models
-  separate_master_ = params.dtype() != state_dtype;
-  exp_avg_ = Tensor::zeros({shards.numel}, state_dtype, params.device());
-  exp_avg_sq_ = Tensor::zeros({shards.numel}, state_dtype, params.device());
+  const Device device = registry_->device();
+  separate_master_ = registry_->params_dtype() != state_dtype;
+  exp_avg_ = Tensor::zeros({shards.numel}, state_dtype, device);
+  exp_avg_sq_ = Tensor::zeros({shards.numel}, state_dtype, device);
   if (separate_master_) {
-    master_ = Tensor::zeros({shards.numel}, state_dtype, params.device());
+    master_ = Tensor::zeros({shards.numel}, state_dtype, device);
     reload_master_from_model();
   }
 }
 
 Tensor DistributedOptimizer::master_of(const ShardParamRange& r) const {
-  return separate_master_ ? slice_of(master_, r.in_shards) : slice_of(registry_->param_buffer(), r.in_buffer);
+  return separate_master_ ? slice_of(master_, r.in_shards) : ddp_->param_of(r);
 }
 
 double DistributedOptimizer::global_grad_norm() const {
@@ -37,19 +37,18 @@ double DistributedOptimizer::global_grad_norm() const {
   // counts on TP rank 0 only, the tied embedding on the first pipeline stage only (Megatron's get_grad_norm_fp32 over
   // the distributed-optimizer instance: DP x CP, then the model-parallel ranks). Expert buckets are sharded over expert
   // DP and hold other experts on each EP rank: their squares are summed over both.
-  const Tensor& grads = registry_->grad_buffer();
   const RankShards& shards = ddp_->shards();
   const BufferLayout& layout = ddp_->layout();
-  Tensor dense = Tensor::zeros({1}, grads.dtype(), grads.device());
-  Tensor expert = Tensor::zeros({1}, grads.dtype(), grads.device());
+  Tensor dense = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
+  Tensor expert = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
   const auto acc_of = [&](size_t bucket) -> Tensor& { return layout.buckets[bucket].expert_parallel ? expert : dense; };
   if (!holds_duplicates_) {
     for (size_t b = 0; b < shards.in_buffer.size(); ++b)
-      ops::sum_squares(acc_of(b), slice_of(grads, shards.in_buffer[b]));
+      ops::sum_squares(acc_of(b), ddp_->grad_shard(b));
   } else {
     for (const ShardParamRange& r : shards.params)
       if (!registry_->params()[r.param]->is_duplicate())
-        ops::sum_squares(acc_of(r.bucket), slice_of(grads, r.in_buffer));
+        ops::sum_squares(acc_of(r.bucket), ddp_->grad_of(r));
   }
   const ParallelContext& ctx = ddp_->context();
   ddp_->group().all_reduce(dense, ReduceOp::sum);
@@ -62,8 +61,7 @@ double DistributedOptimizer::global_grad_norm() const {
 }
 
 void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {
-  for (const Range& shard : ddp_->shards().in_buffer)
-    ops::count_nonfinite(acc, slice_of(registry_->grad_buffer(), shard));
+  for (size_t b = 0; b < ddp_->shards().in_buffer.size(); ++b) ops::count_nonfinite(acc, ddp_->grad_shard(b));
 }
 
 void DistributedOptimizer::update(double lr, double weight_decay, float grad_scale) {
@@ -71,8 +69,8 @@ void DistributedOptimizer::update(double lr, double weight_decay, float grad_sca
     const Parameter& p = *registry_->params()[r.param];
     Tensor master = master_of(r);
     Tensor m = slice_of(exp_avg_, r.in_shards), v = slice_of(exp_avg_sq_, r.in_shards);
-    Tensor model_copy = separate_master_ ? slice_of(registry_->param_buffer(), r.in_buffer) : Tensor();
-    ops::adamw_step(master, m, v, slice_of(registry_->grad_buffer(), r.in_buffer), model_copy,
+    Tensor model_copy = separate_master_ ? ddp_->param_of(r) : Tensor();
+    ops::adamw_step(master, m, v, ddp_->grad_of(r), model_copy,
                     {.lr = float(lr),
                      .beta1 = float(hyper_.beta1),
                      .beta2 = float(hyper_.beta2),
@@ -124,7 +122,7 @@ void DistributedOptimizer::reload_master_from_model() {
   if (!separate_master_) return;
   for (const ShardParamRange& r : ddp_->shards().params) {
     Tensor master = master_of(r);
-    master.copy_from(slice_of(registry_->param_buffer(), r.in_buffer));
+    master.copy_from(ddp_->param_of(r));
   }
 }
 

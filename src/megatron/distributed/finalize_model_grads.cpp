@@ -8,9 +8,7 @@ void finalize_model_grads(DistributedDataParallel& ddp) {
   ddp.finish_grad_sync();
   const ParallelContext& ctx = ddp.context();
   if (ctx.tp_size() == 1) return;
-  std::vector<Tensor> grads;
-  for (const auto& p : ddp.registry().params())
-    if (p->spec.sequence_parallel) grads.push_back(p->main_grad);
+  std::vector<Tensor> grads = ddp.sequence_parallel_grads();
   if (!grads.empty()) ctx.tp->all_reduce_coalesced(grads, ReduceOp::sum);
 }
 
