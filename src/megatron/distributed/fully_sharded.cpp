@@ -134,11 +134,14 @@ void FullyShardedBuffers::release_params(size_t b) {
 }
 
 // Buckets lie in reverse registration order: the forward reads bucket B-1 first, the backward 0.
+// The embedding's bucket (B-1) prefetches nothing: a tied output layer reads it again at the end
+// of the forward, where prefetching the first layer would hold that layer through the whole
+// backward; the first layer's gather waits instead (one of the forward's gathers).
 void FullyShardedBuffers::before_forward(const Parameter& p) {
   const size_t b = bucket_of(p);
   start_gather(b);
   wait_gather(b);
-  if (b > 0) start_gather(b - 1);
+  if (b > 0 && b + 1 < buckets_.size()) start_gather(b - 1);
   ++buckets_[b].in_use;
   buckets_[b].used[slot_of(p)] = true;
 }

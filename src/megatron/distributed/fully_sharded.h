@@ -22,7 +22,8 @@
 // fp32/f64, or the compute copy it writes from separate masters). A module's forward or backward
 // gathers its bucket just before it runs (before_forward / before_backward: all-gather of the
 // shards over DP x CP into a bucket-sized tensor that the parameters' data views point into) and
-// starts the gather of the next bucket in that direction (prefetch); the forward frees a bucket
+// starts the gather of the next bucket in that direction (prefetch; not from the embedding's
+// bucket, which a tied output layer reads again last); the forward frees a bucket
 // once every parameter reported in it has reported after_forward (so the tied word embedding,
 // read again by the output layer, is gathered again there), the backward once its gradients are
 // reduced. Parameter::data is undefined between uses, and checkpoints save and load the shards

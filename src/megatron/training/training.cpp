@@ -587,7 +587,9 @@ IterationResult TrainingLoop::train_step() {
 
 void TrainingLoop::record(const IterationResult& it) {
   const HeldBytes held = ddp.held_bytes();
+  summary.weight_bytes = held.weights;
   summary.peak_weight_bytes = held.weights_peak;
+  summary.grad_bytes = held.grads;
   summary.peak_grad_bytes = held.grads_peak;
   summary.optimizer_state_bytes = int64_t(optimizer->state_bytes());
   summary.train_losses.push_back(it.loss);
