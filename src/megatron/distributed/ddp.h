@@ -41,6 +41,8 @@
 // gradients (and parameters) held as this rank's shards between uses, each bucket reduce-scattered
 // in every micro-batch's backward as soon as it is complete (fully_sharded.h). The accessors below
 // (grad_shard, grad_of, param_of) are where the distributed optimizer finds its shards either way.
+// The registry keeps no whole gradient (and, with shard_params, parameter) buffer once FSDP has
+// taken its shards: the model trains only through this object from then on.
 //
 // Every rank must notify the same parameters in the same order (the model's forward and backward
 // do), so the buckets' collectives are issued in the same order everywhere.
