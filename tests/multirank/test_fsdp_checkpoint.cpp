@@ -60,8 +60,7 @@ TEST(FsdpCheckpoint, ReshardsToAndFromOtherLayouts) {
     const std::string plain = dir + (bf16 ? "/plain_bf16" : "/plain");
     if (rank == 0) train_single_rank(with(first_part, with(save, {plain})));
     world.barrier();
-    expect_same_curve(straight,
-                      train_on(st.ctx, with(run, with(fsdp_flags("optim_grads_params"), {"--load", plain}))),
+    expect_same_curve(straight, train_on(st.ctx, with(run, with(fsdp_flags("optim_grads_params"), {"--load", plain}))),
                       kSavedAt, tolerance, !bf16, "one rank without FSDP -> optim_grads_params" + kind);
   }
   world.barrier();  // rank 0 removes the directory once everyone is done with it

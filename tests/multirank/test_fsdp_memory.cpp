@@ -44,12 +44,12 @@ TEST(FsdpMemory, ShardedStateIsAboutOneOverDpOfReplicated) {
                     fraction(s.grad_bytes, replicated.grad_bytes), fraction(s.peak_grad_bytes, replicated.grad_bytes),
                     fraction(s.optimizer_state_bytes, replicated.optimizer_state_bytes)};
     if (st.ctx.world->rank() == 0)
-      std::printf("DP %d %s, per rank / replicated (%lld weight, %lld gradient, %lld optimizer bytes): weights %.3f "
-                  "(peak %.3f), gradients %.3f (peak %.3f), optimizer state %.3f\n",
-                  dp, strategy, static_cast<long long>(replicated.weight_bytes),
-                  static_cast<long long>(replicated.grad_bytes),
-                  static_cast<long long>(replicated.optimizer_state_bytes), held.weights, held.weights_peak,
-                  held.grads, held.grads_peak, held.optimizer);
+      std::printf(
+          "DP %d %s, per rank / replicated (%lld weight, %lld gradient, %lld optimizer bytes): weights %.3f "
+          "(peak %.3f), gradients %.3f (peak %.3f), optimizer state %.3f\n",
+          dp, strategy, static_cast<long long>(replicated.weight_bytes), static_cast<long long>(replicated.grad_bytes),
+          static_cast<long long>(replicated.optimizer_state_bytes), held.weights, held.weights_peak, held.grads,
+          held.grads_peak, held.optimizer);
     const std::string shard = std::string(strategy);
     const auto expect_sharded = [&](double f, const char* what) {
       EXPECT_GE(f, 1.0 / dp) << shard << " " << what;

@@ -21,10 +21,10 @@ TEST(FsdpTraining, TensorTimesDataParallelFollowsTheSingleRank) {
     const char* strategy;
     bool sequence_parallel;
   };
-  for (const Run& run : {Run{ModelStyle::gpt, "optim_grads_params", true},
-                         Run{ModelStyle::llama, "optim_grads_params", false}, Run{ModelStyle::llama, "optim_grads", true}}) {
-    const TrainingSummary single =
-        run_f64(ParallelContext::single_process(), fsdp_run(run.style, kFsdpIterations));
+  for (const Run& run :
+       {Run{ModelStyle::gpt, "optim_grads_params", true}, Run{ModelStyle::llama, "optim_grads_params", false},
+        Run{ModelStyle::llama, "optim_grads", true}}) {
+    const TrainingSummary single = run_f64(ParallelContext::single_process(), fsdp_run(run.style, kFsdpIterations));
     std::vector<std::string> flags = with(fsdp_flags(run.strategy), {"--tensor-model-parallel-size", "2"});
     if (run.sequence_parallel) flags.push_back("--sequence-parallel");
     const TrainingSummary s = run_f64(st.ctx, with(fsdp_run(run.style, kFsdpIterations), flags));

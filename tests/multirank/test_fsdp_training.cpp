@@ -33,9 +33,9 @@ TEST(FsdpTraining, EveryStrategyFollowsTheSingleRank) {
     const TrainingSummary s = run_f64(st.ctx, with(fsdp_run(ModelStyle::gpt, kFsdpIterations), flags));
     expect_same_run(gpt, s, tolerance, fsdp_run_name(ModelStyle::gpt, dp, flags), print);
   }
-  const std::vector<std::string> recompute = with(
-      fsdp_flags("optim_grads_params"),
-      {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"});
+  const std::vector<std::string> recompute =
+      with(fsdp_flags("optim_grads_params"),
+           {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"});
   expect_same_run(gpt, run_f64(st.ctx, with(fsdp_run(ModelStyle::gpt, kFsdpIterations), recompute)), tolerance,
                   fsdp_run_name(ModelStyle::gpt, dp, recompute), print);
 

@@ -435,8 +435,8 @@ TEST(MegatronFsdpArgs, StrategiesAndTheirCombinationsAreCheckedBeforeAnyWork) {
                        "--data-parallel-sharding-strategy optim_grads takes effect only with --use-megatron-fsdp"));
   EXPECT_TRUE(contains(parse_error(with(fsdp, {"--data-parallel-sharding-strategy", "optim"}), 2),
                        "add --use-distributed-optimizer"));
-  EXPECT_TRUE(contains(parse_error(with(fsdp, {"--use-distributed-optimizer"}), 2),
-                       "no_shard replicates the optimizer state"));
+  EXPECT_TRUE(
+      contains(parse_error(with(fsdp, {"--use-distributed-optimizer"}), 2), "no_shard replicates the optimizer state"));
   EXPECT_TRUE(contains(parse_error(with(fsdp, {"--data-parallel-sharding-strategy", "zero3"}), 2),
                        "--data-parallel-sharding-strategy"));
   EXPECT_TRUE(contains(parse_error(with(strategy("optim_grads_params"), {"--pipeline-model-parallel-size", "2"}), 4),
@@ -445,9 +445,9 @@ TEST(MegatronFsdpArgs, StrategiesAndTheirCombinationsAreCheckedBeforeAnyWork) {
                                                                   "0", "--hidden-dropout", "0"}),
                                    4),
                        "optim_grads with --context-parallel-size 2"));
-  EXPECT_TRUE(contains(parse_error(with(strategy("optim_grads_params"), {"--disable-bias-linear", "--num-experts", "4"}),
-                                   2),
-                       "train the MoE model with --data-parallel-sharding-strategy optim"));
+  EXPECT_TRUE(
+      contains(parse_error(with(strategy("optim_grads_params"), {"--disable-bias-linear", "--num-experts", "4"}), 2),
+               "train the MoE model with --data-parallel-sharding-strategy optim"));
   // Sharding the optimizer state alone composes with every layout.
   EXPECT_EQ(parse_error(with(strategy("optim"), {"--pipeline-model-parallel-size", "2"}), 4), "");
 }

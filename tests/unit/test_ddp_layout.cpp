@@ -59,7 +59,9 @@ TEST(DdpLayout, FsdpUnitsCloseBucketsWhereTheModuleChanges) {
   EXPECT_EQ(d.buckets[0].range, (Range{0, 128}));
   EXPECT_EQ(d.buckets[1].range, (Range{128, 256}));
   EXPECT_EQ(d.params, (std::vector<Range>{{192, 202}, {128, 148}, {0, 5}}));
-  EXPECT_NE(error_of([] { make_buffer_layout({10, 20, 5}, {.unit = {0, 1}}); }).find("units for 2 parameters"),
+  EXPECT_NE(error_of([] {
+              make_buffer_layout({10, 20, 5}, {.unit = {0, 1}});
+            }).find("units for 2 parameters"),
             std::string::npos);
 }
 
@@ -67,10 +69,11 @@ TEST(DdpLayout, FsdpUnitsCloseBucketsWhereTheModuleChanges) {
 // the final norm (under "decoder") and the output layer.
 TEST(DdpLayout, FsdpUnitsFollowTheMegatronNames) {
   ParameterRegistry registry;
-  for (const char* name : {"embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
-                           "decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.mlp.linear_fc1.weight",
-                           "decoder.layers.1.self_attention.linear_qkv.weight", "decoder.final_layernorm.weight",
-                           "decoder.final_layernorm.bias", "output_layer.weight", "decoder.layers.10.mlp.linear_fc2.weight"})
+  for (const char* name :
+       {"embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
+        "decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.mlp.linear_fc1.weight",
+        "decoder.layers.1.self_attention.linear_qkv.weight", "decoder.final_layernorm.weight",
+        "decoder.final_layernorm.bias", "output_layer.weight", "decoder.layers.10.mlp.linear_fc2.weight"})
     registry.add({.name = name, .global_shape = {4}});
   EXPECT_EQ(fsdp_units(registry), (std::vector<int64_t>{0, 0, 1, 1, 2, 3, 3, 4, 5}));
 }

@@ -70,7 +70,8 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
       layout.param_bucket[i] = layout.buckets.size();
       bucket.params.push_back(i);
       const bool full = options.bucket_size > 0 && param_end - bucket_start >= options.bucket_size;
-      const bool unit_ends = !options.unit.empty() && k + 1 < order.size() && options.unit[order[k + 1]] != options.unit[i];
+      const bool unit_ends =
+          !options.unit.empty() && k + 1 < order.size() && options.unit[order[k + 1]] != options.unit[i];
       if (full || unit_ends) {
         param_start = close_bucket();
         bucket.expert_parallel = expert;

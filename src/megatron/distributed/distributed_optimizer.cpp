@@ -43,12 +43,10 @@ double DistributedOptimizer::global_grad_norm() const {
   Tensor expert = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
   const auto acc_of = [&](size_t bucket) -> Tensor& { return layout.buckets[bucket].expert_parallel ? expert : dense; };
   if (!holds_duplicates_) {
-    for (size_t b = 0; b < shards.in_buffer.size(); ++b)
-      ops::sum_squares(acc_of(b), ddp_->grad_shard(b));
+    for (size_t b = 0; b < shards.in_buffer.size(); ++b) ops::sum_squares(acc_of(b), ddp_->grad_shard(b));
   } else {
     for (const ShardParamRange& r : shards.params)
-      if (!registry_->params()[r.param]->is_duplicate())
-        ops::sum_squares(acc_of(r.bucket), ddp_->grad_of(r));
+      if (!registry_->params()[r.param]->is_duplicate()) ops::sum_squares(acc_of(r.bucket), ddp_->grad_of(r));
   }
   const ParallelContext& ctx = ddp_->context();
   ddp_->group().all_reduce(dense, ReduceOp::sum);

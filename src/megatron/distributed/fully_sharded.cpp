@@ -182,8 +182,9 @@ void FullyShardedBuffers::open_grads(size_t b) {
 void FullyShardedBuffers::grad_ready(const Parameter& p) {
   const size_t b = bucket_of(p);
   Bucket& bucket = buckets_[b];
-  MEGATRON_CHECK(bucket.grads.defined() && !bucket.reduction, p.spec.name << " reported its gradient ready without a before_backward "
-                                                     << "notification: its module's backward had nowhere to put it");
+  MEGATRON_CHECK(bucket.grads.defined() && !bucket.reduction,
+                 p.spec.name << " reported its gradient ready without a before_backward "
+                             << "notification: its module's backward had nowhere to put it");
   const size_t slot = slot_of(p);
   MEGATRON_CHECK(!bucket.ready[slot], p.spec.name << " was reported ready twice in one backward pass");
   bucket.ready[slot] = true;

@@ -98,15 +98,15 @@ class FullyShardedBuffers {
 
  private:
   struct Bucket {
-    Tensor params;              // gathered, while in use (shard_params)
-    CommHandlePtr gather;       // the all-gather in flight into `params`
-    int64_t in_use = 0;         // before_forward minus after_forward notifications
-    std::vector<bool> used;     // per parameter of the bucket: reported in this forward
-    Tensor grads;               // the full gradient while its module's backward runs
-    std::vector<bool> ready;    // per parameter of the bucket: grad_ready in this backward
+    Tensor params;            // gathered, while in use (shard_params)
+    CommHandlePtr gather;     // the all-gather in flight into `params`
+    int64_t in_use = 0;       // before_forward minus after_forward notifications
+    std::vector<bool> used;   // per parameter of the bucket: reported in this forward
+    Tensor grads;             // the full gradient while its module's backward runs
+    std::vector<bool> ready;  // per parameter of the bucket: grad_ready in this backward
     int64_t ready_count = 0;
-    Tensor reduced;             // this rank's part of `grads`, reduce-scattered into
-    CommHandlePtr reduction;    // in flight into `reduced`
+    Tensor reduced;           // this rank's part of `grads`, reduce-scattered into
+    CommHandlePtr reduction;  // in flight into `reduced`
   };
   size_t bucket_of(const Parameter& p) const { return layout_->param_bucket[p.index]; }
   size_t slot_of(const Parameter& p) const;  // p's position in its bucket's parameter list

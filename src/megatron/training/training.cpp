@@ -326,8 +326,8 @@ DdpConfig ddp_config(const TrainingArgs& args) {
           .use_distributed_optimizer = args.use_distributed_optimizer,
           .overlap_param_gather = args.overlap_param_gather,
           .bucket_size = args.ddp_bucket_size,
-          .shard_grads = sharding == DataParallelSharding::optim_grads ||
-                         sharding == DataParallelSharding::optim_grads_params,
+          .shard_grads =
+              sharding == DataParallelSharding::optim_grads || sharding == DataParallelSharding::optim_grads_params,
           .shard_params = sharding == DataParallelSharding::optim_grads_params};
 }
 
