@@ -1,6 +1,8 @@
 // multirank-np: 2 4
 // Data-parallel training on GPUs (NCCL) equals single-GPU training: DP = every rank, plain, with
 // overlapped buckets, with the distributed optimizer and with its overlapped parameter gather,
+// with Megatron FSDP's sharded gradients (optim_grads) and sharded parameters gathered per module
+// on the communication stream (optim_grads_params),
 // each gives the loss and gradient-norm curve (and validation losses) of a single-GPU run of the
 // same global batches and precision, computed by every rank on its own GPU, in fp32 and in bf16;
 // and a checkpoint saved at DP = every rank with the distributed optimizer loads on one GPU and
@@ -56,6 +58,9 @@ TEST_P(GpuDpTrainingLayouts, EveryLayoutMatchesTheSingleGpuCurve) {
       {"--overlap-grad-reduce", "--ddp-bucket-size", "1000"},
       {"--use-distributed-optimizer"},
       {"--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000", "--overlap-param-gather"},
+      {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--use-distributed-optimizer"},
+      {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params", "--use-distributed-optimizer",
+       "--overlap-grad-reduce", "--overlap-param-gather"},
   };
   for (const auto& flags : layouts) {
     std::string name = "DP " + std::to_string(dp) + " on GPUs " + precision.name;

@@ -431,6 +431,41 @@ TEST(ContextParallelArgs, CombinationsNotBuiltAreRefusedWithTheFix) {
                        "--context-parallel-size 0 must be positive"));
 }
 
+// Megatron FSDP: the strategy acts only with --use-megatron-fsdp; sharded strategies run on the
+// distributed optimizer; sharded gradients and parameters are built for TP x DP of dense models.
+TEST(MegatronFsdpArgs, StrategiesAndTheirCombinationsAreCheckedBeforeAnyWork) {
+  const Argv fsdp = with(minimal_argv(), {"--use-megatron-fsdp"});
+  const auto strategy = [&](const char* name) {
+    return with(fsdp, {"--data-parallel-sharding-strategy", name, "--use-distributed-optimizer"});
+  };
+  EXPECT_EQ(parse_error(fsdp, 2), "");  // no_shard: plain DDP
+  const TrainingArgs zero3 = parse_training_args(strategy("optim_grads_params"), 2);
+  EXPECT_TRUE(zero3.use_megatron_fsdp);
+  EXPECT_EQ(zero3.data_parallel_sharding_strategy, "optim_grads_params");
+  for (const char* s : {"optim", "optim_grads"}) EXPECT_EQ(parse_error(strategy(s), 2), "") << s;
+  EXPECT_EQ(parse_error(with(strategy("optim_grads_params"), {"--tensor-model-parallel-size", "2"}), 4), "");
+
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--data-parallel-sharding-strategy", "optim_grads"}), 2),
+                       "--data-parallel-sharding-strategy optim_grads takes effect only with --use-megatron-fsdp"));
+  EXPECT_TRUE(contains(parse_error(with(fsdp, {"--data-parallel-sharding-strategy", "optim"}), 2),
+                       "add --use-distributed-optimizer"));
+  EXPECT_TRUE(
+      contains(parse_error(with(fsdp, {"--use-distributed-optimizer"}), 2), "no_shard replicates the optimizer state"));
+  EXPECT_TRUE(contains(parse_error(with(fsdp, {"--data-parallel-sharding-strategy", "zero3"}), 2),
+                       "--data-parallel-sharding-strategy"));
+  EXPECT_TRUE(contains(parse_error(with(strategy("optim_grads_params"), {"--pipeline-model-parallel-size", "2"}), 4),
+                       "--data-parallel-sharding-strategy optim_grads_params with --pipeline-model-parallel-size 2"));
+  EXPECT_TRUE(contains(parse_error(with(strategy("optim_grads"), {"--context-parallel-size", "2", "--attention-dropout",
+                                                                  "0", "--hidden-dropout", "0"}),
+                                   4),
+                       "optim_grads with --context-parallel-size 2"));
+  EXPECT_TRUE(
+      contains(parse_error(with(strategy("optim_grads_params"), {"--disable-bias-linear", "--num-experts", "4"}), 2),
+               "train the MoE model with --data-parallel-sharding-strategy optim"));
+  // Sharding the optimizer state alone composes with every layout.
+  EXPECT_EQ(parse_error(with(strategy("optim"), {"--pipeline-model-parallel-size", "2"}), 4), "");
+}
+
 // Expert parallelism: EP must divide DP = world / (TP x PP), with whole experts per EP rank.
 TEST(ValidateArgs, ExpertParallelismDividesDp) {
   EXPECT_EQ(parse_error(with(minimal_argv(), {"--expert-model-parallel-size", "1"})), "");

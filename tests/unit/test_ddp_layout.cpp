@@ -42,6 +42,43 @@ TEST(DdpLayout, BucketClosesOnceItReachesTheSize) {
   EXPECT_EQ(l.params[0], (Range{48, 58}));
 }
 
+// Megatron FSDP's units as bucket groups: p0 and p1 are one module, p2 another; laid out backwards, the bucket
+// closes where the module changes (whatever the size): p2 [0,5) | p1 [16,36) p0 [48,58). With the
+// distributed optimizer at R = 2 each bucket pads to 128: p2 [0,5) -> [0,128) | p1 [128,148)
+// p0 [192,202) -> [128,256).
+TEST(DdpLayout, FsdpUnitsCloseBucketsWhereTheModuleChanges) {
+  const BufferLayout l = make_buffer_layout({10, 20, 5}, {.shard_group_size = 2, .bucket_group = {0, 0, 1}});
+  ASSERT_EQ(l.buckets.size(), 2u);
+  EXPECT_EQ(l.buckets[0].range, (Range{0, 5}));
+  EXPECT_EQ(l.buckets[0].params, indices({2}));
+  EXPECT_EQ(l.buckets[1].range, (Range{5, 58}));
+  EXPECT_EQ(l.buckets[1].params, indices({1, 0}));
+  EXPECT_EQ(l.params, (std::vector<Range>{{48, 58}, {16, 36}, {0, 5}}));
+  const BufferLayout d =
+      make_buffer_layout({10, 20, 5}, {.shard_group_size = 2, .distributed_optimizer = true, .bucket_group = {0, 0, 1}});
+  ASSERT_EQ(d.buckets.size(), 2u);
+  EXPECT_EQ(d.buckets[0].range, (Range{0, 128}));
+  EXPECT_EQ(d.buckets[1].range, (Range{128, 256}));
+  EXPECT_EQ(d.params, (std::vector<Range>{{192, 202}, {128, 148}, {0, 5}}));
+  EXPECT_NE(error_of([] {
+              make_buffer_layout({10, 20, 5}, {.bucket_group = {0, 1}});
+            }).find("bucket groups for 2 parameters"),
+            std::string::npos);
+}
+
+// The units of a model's parameters, from their Megatron names: the embedding, each decoder layer,
+// the final norm (under "decoder") and the output layer.
+TEST(DdpLayout, FsdpUnitsFollowTheMegatronNames) {
+  ParameterRegistry registry;
+  for (const char* name :
+       {"embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
+        "decoder.layers.0.self_attention.linear_qkv.weight", "decoder.layers.0.mlp.linear_fc1.weight",
+        "decoder.layers.1.self_attention.linear_qkv.weight", "decoder.final_layernorm.weight",
+        "decoder.final_layernorm.bias", "output_layer.weight", "decoder.layers.10.mlp.linear_fc2.weight"})
+    registry.add({.name = name, .global_shape = {4}});
+  EXPECT_EQ(fsdp_units(registry), (std::vector<int64_t>{0, 0, 1, 1, 2, 3, 3, 4, 5}));
+}
+
 // Expert-parallel parameters p1 (20) and p3 (30) get buckets of their own after the dense ones,
 // each part laid out backwards: p2 [0,5) p0 [16,26) | p3 [32,62) p1 [64,84).
 // With the distributed optimizer (64-element starts) each part pads to its own group: the dense

@@ -213,8 +213,10 @@ std::string module_of(const std::string& name, int64_t num_layers) {
   return name.substr(0, dot);
 }
 
-// Each parameter is reported once per forward, in forward order (the order of registration),
-// after the previous module's ops and before any op reads it: the parameters start as NaN and
+// Each parameter is reported once per forward, in forward order (the order of registration; a
+// tied word embedding again before the output layer, which reads it: Megatron FSDP gathers it
+// again there), after the previous module's ops and before any op reads it, and reported done
+// (after_forward) as often: the parameters start as NaN and
 // get their values only when reported, as a parameter all-gather would give them, yet the loss
 // equals, bit for bit, the loss of the model holding its values from the start.
 TEST(DdpParams, ModelReportsEachParameterJustBeforeTheForwardReadsIt) {
@@ -240,6 +242,8 @@ TEST(DdpParams, ModelReportsEachParameterJustBeforeTheForwardReadsIt) {
       reg.params()[p.index]->data.copy_from(p.view_of(values));
       profiler.start();
     });
+    std::vector<std::string> done;
+    reg.set_after_forward_hook([&](const Parameter& p) { done.push_back(p.spec.name); });
     profiler.start();
     const LossSums got = model.evaluate(batch.tokens, batch.tokens, batch.mask);
     profiler.stop();
@@ -247,7 +251,9 @@ TEST(DdpParams, ModelReportsEachParameterJustBeforeTheForwardReadsIt) {
 
     std::vector<std::string> registered;
     for (const auto& p : reg.params()) registered.push_back(p->spec.name);
+    if (!untied) registered.push_back("embedding.word_embeddings.weight");
     ASSERT_EQ(order, registered) << "untied " << untied;
+    EXPECT_EQ(done, registered) << "untied " << untied;
     // A module's parameters are reported together, and its predecessor's ops ran before.
     for (size_t i = 1; i < order.size(); ++i) {
       const bool new_module = module_of(order[i], config.num_layers) != module_of(order[i - 1], config.num_layers);

@@ -60,8 +60,11 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
   };
   for (const bool expert : {false, true}) {
     bucket.expert_parallel = expert;
-    for (size_t i = param_numels.size(); i-- > 0;) {
-      if (is_expert(i) != expert) continue;
+    std::vector<size_t> order;  // this kind's parameters in buffer order
+    for (size_t i = param_numels.size(); i-- > 0;)
+      if (is_expert(i) == expert) order.push_back(i);
+    for (size_t k = 0; k < order.size(); ++k) {
+      const size_t i = order[k];
       MEGATRON_CHECK(param_numels[i] > 0, "parameter " << i << " has " << param_numels[i] << " elements");
       if (!bucket.params.empty() && group(bucket.params.back()) != group(i)) {
         param_start = close_bucket();

@@ -34,7 +34,8 @@ struct BufferLayoutOptions {
   std::vector<bool> expert_parallel = {};  // per parameter, registration order; empty: none is
   int64_t expert_shard_group_size = 1;     // the expert-data-parallel group
   // Per parameter, registration order: parameters of different groups never share a bucket (DDP:
-  // each model chunk's buckets its own, the shared embedding alone); empty: one group.
+  // each model chunk's buckets its own, the shared embedding alone; Megatron FSDP: each module's
+  // bucket its own, gathered one at a time); empty: one group.
   std::vector<int64_t> bucket_group = {};
 };
 

@@ -18,6 +18,10 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
   MEGATRON_CHECK(config.param_chunks.empty() || config.param_chunks.size() == registry.params().size(),
                  "DDP: model chunks given for " << config.param_chunks.size() << " parameters, but the registry has "
                                                 << registry.params().size());
+  MEGATRON_CHECK(!config.shard_grads || config.use_distributed_optimizer,
+                 "sharded gradients (Megatron FSDP's optim_grads) need the distributed optimizer's layout");
+  MEGATRON_CHECK(!config.shard_params || config.shard_grads,
+                 "sharded parameters (optim_grads_params) need sharded gradients (optim_grads) too");
   std::vector<int64_t> numels, bucket_group;
   std::vector<bool> expert_parallel;
   for (const auto& p : registry.params()) {
@@ -31,19 +35,24 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
   MEGATRON_CHECK(!has_experts || ctx.expert_dp != nullptr,
                  "DDP over expert-parallel parameters needs the context's expert_dp group; build the context "
                      << "with initialize_parallel");
+  MEGATRON_CHECK(!has_experts || !config.shard_grads,
+                 "Megatron FSDP with expert-parallel parameters (MoE) is not built; use --use-distributed-optimizer");
   expert_group_ = has_experts ? ctx.expert_dp : group_;
-  const int64_t bucket_size = !config.overlap_grad_reduce ? 0
-                              : config.bucket_size > 0    ? config.bucket_size
-                                                          : default_ddp_bucket_size(group_->size());
+  // FSDP: one bucket per module, whatever the bucket size.
+  const int64_t bucket_size = !config.overlap_grad_reduce || config.shard_grads ? 0
+                              : config.bucket_size > 0                          ? config.bucket_size
+                                                       : default_ddp_bucket_size(group_->size());
   layout_ = make_buffer_layout(numels, {.shard_group_size = group_->size(),
                                         .bucket_size = bucket_size,
                                         .distributed_optimizer = config.use_distributed_optimizer,
                                         .expert_parallel = expert_parallel,
                                         .expert_shard_group_size = expert_group_->size(),
-                                        .bucket_group = bucket_group});
+                                        .bucket_group = config.shard_grads ? fsdp_units(registry) : bucket_group});
   // Gradients start at zero (zero_grad begins every step), so the move need not hold two gradient buffers.
   registry.set_layout(layout_.param_offsets(), layout_.numel, ParameterRegistry::GradsOnMove::drop);
   if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank(), expert_group_->rank());
+  if (config.shard_grads)
+    fsdp_ = std::make_unique<FullyShardedBuffers>(registry, layout_, shards_, group_, config.shard_params);
 
   const size_t buckets = layout_.buckets.size();
   param_ready_.assign(registry.params().size(), false);
@@ -52,14 +61,32 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
   grad_work_.resize(buckets);
   param_gather_pending_.assign(buckets, false);
   param_work_.resize(buckets);
-  registry.set_grad_ready_hook([this](const Parameter& p) { on_grad_ready(p); });
-  if (config.overlap_param_gather)
+  install_hooks();
+}
+
+void DistributedDataParallel::install_hooks() {
+  ParameterRegistry& registry = *registry_;
+  if (fsdp_) {
+    FullyShardedBuffers* fsdp = fsdp_.get();
+    registry.set_grad_ready_hook([fsdp](const Parameter& p) { fsdp->grad_ready(p); });
+    registry.set_before_backward_hook([fsdp](const Parameter& p) { fsdp->before_backward(p); });
+    if (config_.shard_params) {
+      registry.set_before_forward_hook([fsdp](const Parameter& p) { fsdp->before_forward(p); });
+      registry.set_after_forward_hook([fsdp](const Parameter& p) { fsdp->after_forward(p); });
+      return;
+    }
+  } else {
+    registry.set_grad_ready_hook([this](const Parameter& p) { on_grad_ready(p); });
+  }
+  if (config_.overlap_param_gather)
     registry.set_before_forward_hook([this](const Parameter& p) { on_before_forward(p); });
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
   registry_->set_grad_ready_hook({});
   registry_->set_before_forward_hook({});
+  registry_->set_after_forward_hook({});
+  registry_->set_before_backward_hook({});
   // Handles still in flight wait as they are destroyed (comm.h).
 }
 
@@ -73,6 +100,7 @@ void DistributedDataParallel::zero_grad() {
     MEGATRON_CHECK(grad_work_[b] == nullptr,
                    "zero_grad() while the reduction of bucket " << b << " is in flight; call finish_grad_sync() first");
   registry_->zero_grads();
+  if (fsdp_) fsdp_->zero_grad();
   std::fill(param_ready_.begin(), param_ready_.end(), false);
   std::fill(bucket_ready_.begin(), bucket_ready_.end(), 0);
   std::fill(bucket_started_.begin(), bucket_started_.end(), false);
@@ -109,6 +137,10 @@ void DistributedDataParallel::start_bucket(size_t b) {
 }
 
 void DistributedDataParallel::finish_grad_sync() {
+  if (fsdp_) {
+    fsdp_->finish_grad_sync();
+    return;
+  }
   for (size_t b = 0; b < layout_.buckets.size(); ++b)
     if (!bucket_started_[b]) start_bucket(b);
   for (CommHandlePtr& work : grad_work_) {
@@ -123,6 +155,10 @@ int64_t DistributedDataParallel::buckets_started() const {
 
 void DistributedDataParallel::start_param_gather() {
   MEGATRON_CHECK(config_.use_distributed_optimizer, "parameter all-gather without the distributed optimizer");
+  if (config_.shard_params) {  // each module's use gathers its bucket
+    fsdp_->release_gathered_params();
+    return;
+  }
   const size_t buckets = layout_.buckets.size();
   for (size_t b = 0; b < buckets; ++b)
     MEGATRON_CHECK(!param_gather_pending_[b], "parameter all-gather of bucket "
@@ -139,6 +175,7 @@ void DistributedDataParallel::start_param_gather() {
 }
 
 void DistributedDataParallel::finish_param_gather() {
+  if (config_.shard_params) return;
   for (size_t b = layout_.buckets.size(); b-- > 0;)
     if (param_gather_pending_[b] && !param_work_[b]) start_param_gather_of(b, std::nullopt);
   for (size_t b = layout_.buckets.size(); b-- > 0;)
@@ -169,6 +206,40 @@ void DistributedDataParallel::wait_param_gather_of(size_t b, std::optional<size_
   param_work_[b].reset();
   param_gather_pending_[b] = false;
   param_gather_events_.push_back({ParamGatherEvent::Kind::wait, b, param});
+}
+
+Tensor DistributedDataParallel::grad_shard(size_t bucket) const {
+  if (fsdp_) return fsdp_->grad_shard(bucket);
+  const Range r = shards().in_buffer[bucket];
+  return registry_->grad_buffer().slice(r.begin, r.end);
+}
+
+Tensor DistributedDataParallel::grad_of(const ShardParamRange& r) const {
+  if (fsdp_) return fsdp_->grad_of(r);
+  return registry_->grad_buffer().slice(r.in_buffer.begin, r.in_buffer.end);
+}
+
+Tensor DistributedDataParallel::param_of(const ShardParamRange& r) const {
+  if (config_.shard_params) return fsdp_->param_of(r);
+  return registry_->param_buffer().slice(r.in_buffer.begin, r.in_buffer.end);
+}
+
+std::vector<Tensor> DistributedDataParallel::sequence_parallel_grads() const {
+  std::vector<Tensor> grads;
+  if (fsdp_) {
+    for (const ShardParamRange& r : shards_.params)
+      if (registry_->params()[r.param]->spec.sequence_parallel) grads.push_back(fsdp_->grad_of(r));
+  } else {
+    for (const auto& p : registry_->params())
+      if (p->spec.sequence_parallel) grads.push_back(p->main_grad);
+  }
+  return grads;
+}
+
+HeldBytes DistributedDataParallel::held_bytes() const {
+  if (fsdp_) return fsdp_->held_bytes();
+  const auto weights = int64_t(registry_->param_buffer().nbytes()), grads = int64_t(registry_->grad_buffer().nbytes());
+  return {weights, weights, grads, grads};
 }
 
 }  // namespace megatron

@@ -41,6 +41,14 @@
 // bucket in forward order, so one gather runs while the modules of the previous bucket compute.
 // finish_param_gather() starts and waits for whatever is left (before evaluation and saving).
 //
+// Megatron FSDP (shard_grads, shard_params: --data-parallel-sharding-strategy optim_grads and
+// optim_grads_params): the distributed optimizer's layout with one bucket per module, the
+// gradients (and parameters) held as this rank's shards between uses, each bucket reduce-scattered
+// in every micro-batch's backward as soon as it is complete (fully_sharded.h). The accessors below
+// (grad_shard, grad_of, param_of) are where the distributed optimizer finds its shards either way.
+// The registry keeps no whole gradient (and, with shard_params, parameter) buffer once FSDP has
+// taken its shards: the model trains only through this object from then on.
+//
 // Every rank must notify the same parameters in the same order (the model's forward and backward
 // do), so the buckets' collectives are issued in the same order everywhere.
 #include <cstdint>
@@ -49,6 +57,7 @@
 #include <vector>
 
 #include "megatron/distributed/buffer_layout.h"
+#include "megatron/distributed/fully_sharded.h"
 #include "megatron/parallel/comm.h"
 #include "megatron/parameters/parameter_registry.h"
 
@@ -64,6 +73,10 @@ struct DdpConfig {
   // so each chunk's buckets start reducing once its own backward of the last micro-batch is done,
   // while the pipeline's cool-down still runs the other chunks' backwards.
   std::vector<int64_t> param_chunks = {};
+  // Megatron FSDP: gradients kept as shards (optim_grads), and parameters too (optim_grads_params);
+  // both need use_distributed_optimizer, the parameters the gradients.
+  bool shard_grads = false;
+  bool shard_params = false;
 };
 
 class DistributedDataParallel {
@@ -93,6 +106,18 @@ class DistributedDataParallel {
   // Buckets whose reduction has been started in this step (for tests and timers).
   int64_t buckets_started() const;
 
+  // This rank's reduced gradients of bucket b's shard and of one owned range, and its parameters
+  // (the compute copy) of one owned range: views of the whole buffers, or of FSDP's shards.
+  // Distributed optimizer only.
+  Tensor grad_shard(size_t bucket) const;
+  Tensor grad_of(const ShardParamRange& r) const;
+  Tensor param_of(const ShardParamRange& r) const;
+  // The main grads of the parameters that saw only a sequence shard under SP (ParamSpec::
+  // sequence_parallel), as this rank holds them after finish_grad_sync(): whole, or their owned ranges.
+  std::vector<Tensor> sequence_parallel_grads() const;
+  // Bytes held for weights and main gradients, now and at the peak (FSDP's change within a step).
+  HeldBytes held_bytes() const;
+
   // Distributed optimizer: all-gathers each bucket's updated parameter shards into the full
   // parameter buffer, asynchronously (with overlap: the first bucket the forward reads; the
   // forward's notifications start the others). finish_param_gather() starts every gather not
@@ -117,6 +142,7 @@ class DistributedDataParallel {
   void start_bucket(size_t b);
   void on_before_forward(const Parameter& p);
   void start_param_gather_of(size_t b, std::optional<size_t> param);
+  void install_hooks();
   void wait_param_gather_of(size_t b, std::optional<size_t> param);
 
   ParameterRegistry* registry_;
@@ -134,6 +160,7 @@ class DistributedDataParallel {
   std::vector<bool> param_gather_pending_;  // per bucket: gathered this step but not waited for yet
   std::vector<CommHandlePtr> param_work_;   // per bucket, while a parameter all-gather is in flight
   std::vector<ParamGatherEvent> param_gather_events_;
+  std::unique_ptr<FullyShardedBuffers> fsdp_;  // with shard_grads
 };
 
 // Megatron's default bucket size for a group of R ranks: max(4e7, 1e6 * R) elements.

@@ -8,10 +8,6 @@
 namespace megatron {
 
 namespace {
-Tensor slice_of(const Tensor& flat, const Range& r) { return flat.slice(r.begin, r.end); }
-}  // namespace
-
-namespace {
 // One piece per owned range of a parameter: its elements of the concatenated shards.
 std::vector<AdamWState::Piece> shard_pieces(DistributedDataParallel& ddp) {
   MEGATRON_CHECK(ddp.config().use_distributed_optimizer,
@@ -19,8 +15,8 @@ std::vector<AdamWState::Piece> shard_pieces(DistributedDataParallel& ddp) {
   ParameterRegistry& registry = ddp.registry();
   std::vector<AdamWState::Piece> pieces;
   for (const ShardParamRange& r : ddp.shards().params)
-    pieces.push_back({r.in_shards.begin, r.in_shards.end, slice_of(registry.grad_buffer(), r.in_buffer),
-                      slice_of(registry.param_buffer(), r.in_buffer), registry.params()[r.param]->spec.weight_decay});
+    pieces.push_back({r.in_shards.begin, r.in_shards.end, ddp.grad_of(r), ddp.param_of(r),
+                      registry.params()[r.param]->spec.weight_decay});
   return pieces;
 }
 }  // namespace
@@ -38,19 +34,16 @@ double DistributedOptimizer::global_grad_norm() const {
   // counts on TP rank 0 only, the tied embedding on the first pipeline stage only (Megatron's get_grad_norm_fp32 over
   // the distributed-optimizer instance: DP x CP, then the model-parallel ranks). Expert buckets are sharded over expert
   // DP and hold other experts on each EP rank: their squares are summed over both.
-  const Tensor& grads = registry_->grad_buffer();
   const RankShards& shards = ddp_->shards();
   const BufferLayout& layout = ddp_->layout();
-  Tensor dense = Tensor::zeros({1}, grads.dtype(), grads.device());
-  Tensor expert = Tensor::zeros({1}, grads.dtype(), grads.device());
+  Tensor dense = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
+  Tensor expert = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
   const auto acc_of = [&](size_t bucket) -> Tensor& { return layout.buckets[bucket].expert_parallel ? expert : dense; };
   if (!holds_duplicates_) {
-    for (size_t b = 0; b < shards.in_buffer.size(); ++b)
-      ops::sum_squares(acc_of(b), slice_of(grads, shards.in_buffer[b]));
+    for (size_t b = 0; b < shards.in_buffer.size(); ++b) ops::sum_squares(acc_of(b), ddp_->grad_shard(b));
   } else {
     for (const ShardParamRange& r : shards.params)
-      if (!registry_->params()[r.param]->is_duplicate())
-        ops::sum_squares(acc_of(r.bucket), slice_of(grads, r.in_buffer));
+      if (!registry_->params()[r.param]->is_duplicate()) ops::sum_squares(acc_of(r.bucket), ddp_->grad_of(r));
   }
   const ParallelContext& ctx = ddp_->context();
   ddp_->group().all_reduce(dense, ReduceOp::sum);
@@ -63,8 +56,7 @@ double DistributedOptimizer::global_grad_norm() const {
 }
 
 void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {
-  for (const Range& shard : ddp_->shards().in_buffer)
-    ops::count_nonfinite(acc, slice_of(registry_->grad_buffer(), shard));
+  for (size_t b = 0; b < ddp_->shards().in_buffer.size(); ++b) ops::count_nonfinite(acc, ddp_->grad_shard(b));
 }
 
 void DistributedOptimizer::update(double lr, double weight_decay, float grad_scale) {

@@ -14,7 +14,8 @@
 //      in each DP rank's shard on both stages, and the rest of the buffer, stale, is never read.
 // With the distributed optimizer only this rank's shards of the buffer are meaningful after
 // step 1; the TP ranks of one DP rank own the same shards (the same layout), so summing whole
-// parameters over TP keeps them right.
+// parameters over TP keeps them right. Under Megatron FSDP's sharded gradients only the owned
+// ranges exist, and those are what is summed (DistributedDataParallel::sequence_parallel_grads).
 #include "megatron/distributed/ddp.h"
 
 namespace megatron {

@@ -38,8 +38,7 @@ OptimizerStepResult Optimizer::step(double lr, double weight_decay) {
   // The scale the loss was multiplied by in this step's backward; update() may change it.
   const double inv_scale = grad_scaler_ ? double(grad_scaler_->inv_scale()) : 1.0;
   if (grad_scaler_) {
-    const Tensor& grads = registry_->grad_buffer();
-    Tensor count = Tensor::zeros({1}, grads.dtype(), grads.device());
+    Tensor count = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
     count_nonfinite_grads(count);
     found_inf_group_->all_reduce(count, ReduceOp::max);
     const bool found_inf = count.item(0) > 0.0;

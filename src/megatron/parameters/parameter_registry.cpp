@@ -50,6 +50,9 @@ void ParameterRegistry::allocate(DType params_dtype, Device device) {
   const DType grad_dtype = params_dtype == DType::f64 ? DType::f64 : DType::f32;
   param_buffer_ = Tensor::zeros({total}, params_dtype, device);
   grad_buffer_ = Tensor::zeros({total}, grad_dtype, device);
+  params_dtype_ = params_dtype;
+  grad_dtype_ = grad_dtype;
+  device_ = device;
   int64_t offset = 0;
   for (const auto& p : params_) {
     const int64_t n = shape_numel(p->local_shape);
@@ -61,7 +64,8 @@ void ParameterRegistry::allocate(DType params_dtype, Device device) {
 }
 
 void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t numel, GradsOnMove grads_on_move) {
-  MEGATRON_CHECK(param_buffer_.defined(), "set_layout() needs allocated buffers; call allocate() first");
+  MEGATRON_CHECK(param_buffer_.defined() && grad_buffer_.defined(),
+                 "set_layout() needs allocated buffers; call allocate() first (and not after drop_buffers())");
   MEGATRON_CHECK(offsets.size() == params_.size(),
                  "set_layout(): " << offsets.size() << " offsets for " << params_.size() << " parameters");
   std::vector<std::pair<int64_t, size_t>> starts;
@@ -107,10 +111,20 @@ void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t 
   grad_buffer_ = grads;
 }
 
+void ParameterRegistry::drop_buffers(bool params, bool grads) {
+  for (const auto& p : params_) {
+    if (params) p->data = Tensor();
+    if (grads) p->main_grad = Tensor();
+  }
+  if (params) param_buffer_ = Tensor();
+  if (grads) grad_buffer_ = Tensor();
+}
+
 void ParameterRegistry::initialize(uint64_t seed) {
+  MEGATRON_CHECK(param_buffer_.defined(), "initialize() needs the parameter buffer; call it before sharding");
   // Values are drawn on the host in parallel (each element is independent), then stored in
   // the parameter dtype and copied to the buffer's device in one go.
-  Tensor host = param_buffer_.device().is_cpu() ? param_buffer_ : Tensor::zeros(param_buffer_.shape(), params_dtype());
+  Tensor host = device_.is_cpu() ? param_buffer_ : Tensor::zeros(param_buffer_.shape(), params_dtype());
   for (const auto& p : params_) {
     const int64_t n = p->data.numel();
     std::vector<float> values(static_cast<size_t>(n));

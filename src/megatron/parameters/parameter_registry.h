@@ -16,6 +16,15 @@
 //   - backward: a model calls grad_ready(p) once p's main gradient is final for the current
 //     backward pass, so the listener (DDP with --overlap-grad-reduce) can start reducing it while
 //     backward continues (Megatron's autograd post-accumulate hooks).
+//   - a model also calls after_forward(p) once a module's forward no longer reads p, and
+//     before_backward(p) before a module's backward (or its recomputed forward) reads p or
+//     accumulates into p's main grad: Megatron FSDP (distributed/fully_sharded.h) gathers a
+//     sharded parameter for each use and frees it after (Megatron's post-forward and pre-backward
+//     hooks).
+//
+// Sharded weights (Megatron FSDP's optim_grads_params): between uses a parameter exists only as
+// this rank's flat ranges of it (weight_shards()); Parameter::data is undefined then, and
+// checkpoints save and load those ranges instead.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -64,21 +73,48 @@ class ParameterRegistry {
   enum class GradsOnMove { keep, drop };
   void set_layout(const std::vector<int64_t>& offsets, int64_t numel, GradsOnMove grads = GradsOnMove::keep);
 
+  // Drops the flat parameter buffer (with `params`) and the main-grad buffer (with `grads`) and
+  // every parameter's views of them: Megatron FSDP keeps only shards, and points the views at
+  // gathered buckets while a module uses them.
+  void drop_buffers(bool params, bool grads);
+
   // At most one listener of each kind; an empty hook removes it.
   using ParamHook = std::function<void(const Parameter&)>;
   void set_before_forward_hook(ParamHook hook) { before_forward_hook_ = std::move(hook); }
+  void set_after_forward_hook(ParamHook hook) { after_forward_hook_ = std::move(hook); }
+  void set_before_backward_hook(ParamHook hook) { before_backward_hook_ = std::move(hook); }
   void set_grad_ready_hook(ParamHook hook) { grad_ready_hook_ = std::move(hook); }
   void before_forward(const Parameter& p) const {
     if (before_forward_hook_) before_forward_hook_(p);
+  }
+  void after_forward(const Parameter& p) const {
+    if (after_forward_hook_) after_forward_hook_(p);
+  }
+  void before_backward(const Parameter& p) const {
+    if (before_backward_hook_) before_backward_hook_(p);
   }
   void grad_ready(const Parameter& p) const {
     if (grad_ready_hook_) grad_ready_hook_(p);
   }
 
+  // This rank's flat range [begin, end) of parameter `param` (registration index), `values` its
+  // 1-D storage: what a rank holds of a sharded parameter between uses.
+  struct WeightShard {
+    size_t param = 0;
+    int64_t begin = 0, end = 0;
+    Tensor values;
+  };
+  // Sets (empty: clears) the shards the parameters are held as.
+  void set_weight_shards(std::vector<WeightShard> shards) { weight_shards_ = std::move(shards); }
+  const std::vector<WeightShard>& weight_shards() const { return weight_shards_; }
+  bool weights_sharded() const { return !weight_shards_.empty(); }
+
   const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }
   Parameter* find(const std::string& name) const;
-  DType params_dtype() const { return param_buffer_.dtype(); }
-  DType grad_dtype() const { return grad_buffer_.dtype(); }
+  // Fixed by allocate(), whether or not the buffers have been dropped since.
+  DType params_dtype() const { return params_dtype_; }
+  DType grad_dtype() const { return grad_dtype_; }
+  Device device() const { return device_; }
   Tensor& param_buffer() { return param_buffer_; }
   Tensor& grad_buffer() { return grad_buffer_; }
   int64_t num_local_elements() const { return param_buffer_.numel(); }
@@ -91,8 +127,13 @@ class ParameterRegistry {
   std::vector<std::unique_ptr<Parameter>> params_;
   Tensor param_buffer_;
   Tensor grad_buffer_;
+  DType params_dtype_ = DType::f32, grad_dtype_ = DType::f32;
+  Device device_ = Device::cpu();
   ParamHook before_forward_hook_;
+  ParamHook after_forward_hook_;
+  ParamHook before_backward_hook_;
   ParamHook grad_ready_hook_;
+  std::vector<WeightShard> weight_shards_;
 };
 
 }  // namespace megatron

@@ -226,6 +226,15 @@ std::vector<Flag> build_flag_table() {
        "Reduce gradients in buckets while backward runs (otherwise one bucket after backward)"},
       {"--overlap-param-gather", Switch{FIELD(overlap_param_gather), true}, parallel,
        "Distributed optimizer: all-gather updated parameters while the next step begins"},
+      {"--use-megatron-fsdp", Switch{FIELD(use_megatron_fsdp), true}, parallel,
+       "Megatron FSDP: shard over the data-parallel ranks what --data-parallel-sharding-strategy names"},
+      {"--data-parallel-sharding-strategy",
+       FIELD(data_parallel_sharding_strategy),
+       parallel,
+       "With --use-megatron-fsdp, what is sharded over DP: nothing (no_shard), the optimizer state (optim, as "
+       "--use-distributed-optimizer), also the gradients (optim_grads, ZeRO-2), also the parameters, gathered "
+       "for each module's use (optim_grads_params, ZeRO-3)",
+       {"no_shard", "optim", "optim_grads", "optim_grads_params"}},
       {"--ddp-bucket-size", FIELD(ddp_bucket_size), parallel,
        "Gradient bucket size in elements with --overlap-grad-reduce; derived: max(40000000, 1000000 * DP)"},
       {"--distributed-timeout-minutes", FIELD(distributed_timeout_minutes), parallel,
@@ -659,12 +668,54 @@ void check_data(const TrainingArgs& a, std::vector<std::string>& errors) {
   }
 }
 
+// Megatron FSDP's flags. The strategy acts only with --use-megatron-fsdp (Megatron ignores it
+// otherwise; we refuse a value that would do nothing). The sharded strategies run on the
+// distributed optimizer (Megatron-FSDP's guide requires --use-distributed-optimizer); no_shard
+// replicates its state, so the flag would shard nothing there. Sharded gradients and parameters
+// are built for TP x DP layouts of dense models only.
+void check_megatron_fsdp(const TrainingArgs& a, std::vector<std::string>& errors) {
+  const std::string& strategy = a.data_parallel_sharding_strategy;
+  if (!a.use_megatron_fsdp) {
+    if (strategy != "no_shard")
+      errors.push_back(concat("--data-parallel-sharding-strategy ", strategy,
+                              " takes effect only with --use-megatron-fsdp: add it (for optim alone, "
+                              "--use-distributed-optimizer is the same), or drop the strategy"));
+    return;
+  }
+  if (strategy == "no_shard" && a.use_distributed_optimizer)
+    errors.push_back(
+        "--use-megatron-fsdp --data-parallel-sharding-strategy no_shard replicates the optimizer state, so "
+        "--use-distributed-optimizer would shard nothing: drop it, or pick --data-parallel-sharding-strategy optim");
+  if (strategy != "no_shard" && !a.use_distributed_optimizer)
+    errors.push_back(concat("--use-megatron-fsdp --data-parallel-sharding-strategy ", strategy,
+                            " shards the optimizer state with the distributed optimizer: add "
+                            "--use-distributed-optimizer (as Megatron-FSDP requires)"));
+  if (strategy != "optim_grads" && strategy != "optim_grads_params") return;
+  const ParallelArgs& p = a.parallel;
+  const auto refuse = [&](const std::string& what, const std::string& fix) {
+    errors.push_back(concat("--data-parallel-sharding-strategy ", strategy, " with ", what,
+                            ": sharded gradients and parameters are built for tensor x data parallelism of dense "
+                            "models only; ",
+                            fix));
+  };
+  if (p.pipeline_model_parallel_size > 1)
+    refuse(concat("--pipeline-model-parallel-size ", p.pipeline_model_parallel_size),
+           "drop the pipeline, or shard the optimizer state only (--data-parallel-sharding-strategy optim)");
+  if (p.context_parallel_size > 1)
+    refuse(concat("--context-parallel-size ", p.context_parallel_size),
+           "drop context parallelism, or use --data-parallel-sharding-strategy optim");
+  if (a.model.moe.num_moe_experts > 0)
+    refuse(concat("--num-experts ", a.model.moe.num_moe_experts),
+           "train the MoE model with --data-parallel-sharding-strategy optim");
+}
+
 void check_data_parallel(const TrainingArgs& a, std::vector<std::string>& errors) {
   if (a.overlap_param_gather && !(a.use_distributed_optimizer && a.overlap_grad_reduce)) {
     errors.push_back(
         "--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce (as in Megatron): "
         "only sharded parameters are gathered; add both or drop --overlap-param-gather");
   }
+  check_megatron_fsdp(a, errors);
   if (a.ddp_bucket_size < 0) {
     errors.push_back(concat("--ddp-bucket-size ", a.ddp_bucket_size,
                             " must be >= 0 elements: leave it unset for max(40000000, 1000000 * DP)"));

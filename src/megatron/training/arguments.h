@@ -63,6 +63,10 @@ struct TrainingArgs {
   bool overlap_param_gather = false;        // distributed optimizer: all-gather overlaps the next step
   int64_t ddp_bucket_size = 0;              // elements; 0: max(4e7, 1e6 * DP)
   double distributed_timeout_minutes = 10;  // bound on every collective wait (fractions allowed)
+  // Megatron FSDP (distributed/fully_sharded.h): --use-megatron-fsdp with
+  // --data-parallel-sharding-strategy no_shard | optim | optim_grads | optim_grads_params.
+  bool use_megatron_fsdp = false;
+  std::string data_parallel_sharding_strategy = "no_shard";
 
   // Megatron's --check-for-nan-in-loss-and-grad, on unless --no-check-for-nan-in-loss-and-grad:
   // a non-finite loss or gradient ends the run (training/nan_check.h).

@@ -56,8 +56,28 @@ nlohmann::json args_json(const TrainingArgs& args) {
 
 }  // namespace
 
+namespace {
+// Sharded weights (Megatron FSDP's optim_grads_params): each rank's flat ranges as boxes of the
+// global tensors, as the distributed optimizer stores its state, so the DP ranks together save
+// every element once and any layout reads them back.
+std::vector<ShardedTensor> weight_shard_state(const ParameterRegistry& registry, Optimizer::StateCopies copies) {
+  std::vector<ShardedTensor> out;
+  for (const ParameterRegistry::WeightShard& shard : registry.weight_shards()) {
+    const Parameter& p = *registry.params()[shard.param];
+    if (copies == Optimizer::StateCopies::one_replica && p.is_duplicate()) continue;  // TP rank 0 saves it
+    for (const Parameter::FlatBox& box : p.global_boxes(shard.begin, shard.end)) {
+      const int64_t at = box.flat_begin - shard.begin;
+      out.push_back({p.spec.name, p.spec.global_shape, box.global_offset,
+                     shard.values.slice(at, at + shape_numel(box.shape)).view(box.shape)});
+    }
+  }
+  return out;
+}
+}  // namespace
+
 std::vector<ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies,
                                        const ParallelContext& ctx) {
+  if (model.parameters.weights_sharded()) return weight_shard_state(model.parameters, copies);
   std::vector<ShardedTensor> out;
   for (const auto& p : model.parameters.params())
     if (copies == Optimizer::StateCopies::this_rank || is_saved_replica(*p, ctx))
@@ -228,8 +248,26 @@ void load_model_state(const CheckpointReader& reader, const CheckpointedModel& m
   if (!given)
     own.emplace("checkpoint '" + reader.directory() + "' load", int64_t(model.parameters.params().size()), "tensors");
   ProgressReporter& progress = given ? *given : *own;
-  for (const auto& p : model.parameters.params()) {
+  const ParameterRegistry& registry = model.parameters;
+  for (const auto& p : registry.params()) {
     const std::optional<int64_t> stored_rows = changed_vocabulary_rows(reader, *p, model.config.true_vocab_size);
+    if (registry.weights_sharded()) {
+      MEGATRON_CHECK(!stored_rows, "checkpoint " << load_dir << " holds " << stored_rows.value_or(0) << " rows of "
+                                                 << p->spec.name << " and this run " << p->spec.global_shape[0]
+                                                 << ": moving the vocabulary padding is not built for sharded "
+                                                 << "parameters (optim_grads_params); load it at the checkpoint's TP "
+                                                 << "or without --use-megatron-fsdp once");
+      for (const ParameterRegistry::WeightShard& shard : registry.weight_shards()) {
+        if (shard.param != p->index) continue;
+        for (const Parameter::FlatBox& box : p->global_boxes(shard.begin, shard.end)) {
+          const int64_t at = box.flat_begin - shard.begin;
+          Tensor dest = shard.values.slice(at, at + shape_numel(box.shape)).view(box.shape);
+          reader.load(p->spec.name, box.global_offset, dest);
+        }
+      }
+      progress.advance();
+      continue;
+    }
     if (stored_rows)
       LOG_WARN("checkpoint " << load_dir << " holds " << *stored_rows << " rows of " << p->spec.name << " and this run "
                              << p->spec.global_shape[0] << " (--true-vocab-size " << model.config.true_vocab_size

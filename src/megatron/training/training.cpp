@@ -317,11 +317,17 @@ std::unique_ptr<GradScaler> grad_scaler_for(const TrainingArgs& args) {
 }
 
 DdpConfig ddp_config(const TrainingArgs& args, const ModelChunks& model) {
+  const DataParallelSharding sharding = args.use_megatron_fsdp
+                                            ? parse_data_parallel_sharding(args.data_parallel_sharding_strategy)
+                                            : DataParallelSharding::no_shard;
   return {.overlap_grad_reduce = args.overlap_grad_reduce,
           .use_distributed_optimizer = args.use_distributed_optimizer,
           .overlap_param_gather = args.overlap_param_gather,
           .bucket_size = args.ddp_bucket_size,
-          .param_chunks = model.param_chunks()};
+          .param_chunks = model.param_chunks(),
+          .shard_grads =
+              sharding == DataParallelSharding::optim_grads || sharding == DataParallelSharding::optim_grads_params,
+          .shard_params = sharding == DataParallelSharding::optim_grads_params};
 }
 
 // The dataset index is built (and cached) by rank 0 first, then read by the others, as Megatron
@@ -375,7 +381,15 @@ void log_layout(const TrainingArgs& args, const ParallelContext& ctx, const Dist
   }
   if (dp_size > 1)
     LOG_INFO("> data parallel: " << dp_size << " ranks, " << ddp.layout().buckets.size() << " gradient bucket(s)"
-                                 << (args.use_distributed_optimizer ? ", distributed optimizer" : ""));
+                                 << (args.use_distributed_optimizer ? ", distributed optimizer" : "")
+                                 << (args.use_megatron_fsdp
+                                         ? concat(", Megatron FSDP sharding ", args.data_parallel_sharding_strategy)
+                                         : std::string()));
+  const HeldBytes held = ddp.held_bytes();
+  LOG_INFO("> weights and main gradients: " << std::fixed << std::setprecision(1)
+                                            << double(held.weights) / (1024.0 * 1024.0) << " MiB and "
+                                            << double(held.grads) / (1024.0 * 1024.0) << " MiB held per rank"
+                                            << (ddp.config().shard_grads ? " between uses (this rank's shards)" : ""));
   LOG_INFO("> optimizer state: " << std::fixed << std::setprecision(1) << state_mib(optimizer) << " MiB per rank ("
                                  << (args.use_distributed_optimizer ? "this rank's shard of the " : "")
                                  << "master weights and Adam moments)");
@@ -574,6 +588,12 @@ IterationResult TrainingLoop::train_step() {
 }
 
 void TrainingLoop::record(const IterationResult& it) {
+  const HeldBytes held = ddp.held_bytes();
+  summary.weight_bytes = held.weights;
+  summary.peak_weight_bytes = held.weights_peak;
+  summary.grad_bytes = held.grads;
+  summary.peak_grad_bytes = held.grads_peak;
+  summary.optimizer_state_bytes = int64_t(optimizer->state_bytes());
   summary.train_losses.push_back(it.loss);
   summary.grad_norms.push_back(it.step.grad_norm.value_or(std::numeric_limits<double>::quiet_NaN()));
   summary.loss_scales.push_back(optimizer->loss_scale());

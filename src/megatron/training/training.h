@@ -28,6 +28,10 @@ struct TrainingSummary {
   // Set when the run stopped before its last iteration (exit_conditions.h); the evaluations after
   // training are then skipped, as in Megatron.
   std::optional<EarlyExit> early_exit;
+  // Bytes this rank holds for weights and main gradients between steps (after the last one) and
+  // held at their peak since its data parallelism was set up, and for its optimizer state: Megatron
+  // FSDP's shards and gathered buckets (distributed/fully_sharded.h), or the whole buffers.
+  int64_t weight_bytes = 0, peak_weight_bytes = 0, grad_bytes = 0, peak_grad_bytes = 0, optimizer_state_bytes = 0;
 };
 
 // The whole launched world: `mpi` is the process's runtime under mpirun/srun (args parsed with

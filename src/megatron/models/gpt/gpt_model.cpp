@@ -110,7 +110,7 @@ Tensor GPTModel::embed(const MicroBatch& mb, const ForwardContext& fwd, Saved& s
       tokens.dim(1) <= config_.max_position_embeddings,
       "sequence of " << tokens.dim(1) << " tokens exceeds max_position_embeddings " << config_.max_position_embeddings);
   saved.tokens = tokens.to(device_);
-  report_before_forward(embedding_params_);
+  report(&ParameterRegistry::before_forward, embedding_params_);
   Tensor h = word_embeddings_->forward(saved.tokens);  // (S,B,H), or this rank's (S/TP,B,H) under SP
   if (position_embeddings_) {
     saved.positions = mb.position_ids.defined() ? mb.position_ids.to(device_)
@@ -124,6 +124,7 @@ Tensor GPTModel::embed(const MicroBatch& mb, const ForwardContext& fwd, Saved& s
   saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding"),
                              ctx_->sequence_parallel() ? tensor_parallel::sequence_shard_offset(h, *ctx_) : 0};
   if (saved.embedding_dropout.p > 0.0f) ops::dropout_forward(h, h, saved.embedding_dropout);
+  report(&ParameterRegistry::after_forward, embedding_params_);
   return h;
 }
 
@@ -166,18 +167,29 @@ ResidualStream GPTModel::forward_segment(const LayerSegment& segment, const Resi
                                          const ForwardContext& fwd, TransformerBlock::Saved* saved, bool recompute) {
   ResidualStream stream = x;
   for (int64_t i = segment.begin; i < segment.end; ++i) {
-    if (!recompute) report_before_forward(layer_params_[size_t(i)]);
+    if (!recompute) report(&ParameterRegistry::before_forward, layer_params_[size_t(i)]);
     stream = decoder_[size_t(i)]->forward(stream, fwd, saved[i - segment.begin]);
+    if (!recompute) report(&ParameterRegistry::after_forward, layer_params_[size_t(i)]);
   }
   return stream;
 }
 
-void GPTModel::report_before_forward(const ParamSpan& span) const {
-  for (size_t i = span.begin; i < span.end; ++i) registry_->before_forward(*registry_->params()[i]);
+void GPTModel::report(Notification notify, const ParamSpan& span) const {
+  for (size_t i = span.begin; i < span.end; ++i) (registry_->*notify)(*registry_->params()[i]);
 }
 
-void GPTModel::report_grads_ready(const ParamSpan& span) const {
-  for (size_t i = span.begin; i < span.end; ++i) registry_->grad_ready(*registry_->params()[i]);
+// A tied model's output layer reads the word embedding: on a last stage that does not embed, its
+// copy (with the distributed optimizer alone in its bucket, whose gather before_forward waits for).
+void GPTModel::report_output(Notification notify) const {
+  report(notify, output_params_);
+  if (!config_.untie_embeddings_and_output_weights) (registry_->*notify)(*word_embeddings_->weight());
+}
+
+Tensor GPTModel::output_forward(const Tensor& h, tensor_parallel::LinearSaved& saved) {
+  report_output(&ParameterRegistry::before_forward);
+  Tensor logits = output_layer_->forward(h, saved);
+  report_output(&ParameterRegistry::after_forward);
+  return logits;
 }
 
 ops::VocabShard GPTModel::vocab_shard() const {
@@ -214,11 +226,7 @@ Tensor GPTModel::stage_forward(const MicroBatch& mb, const Tensor& input, const 
                                LossSums* sums) {
   Tensor h = forward_layers(mb, input, fwd, saved);
   if (stage_.loss) {
-    // A tied last stage that does not embed reads its copy of the word embedding here (with the
-    // distributed optimizer alone in its bucket, whose gather this wait must see).
-    if (!stage_.embedding) report_before_forward(embedding_params_);
-    report_before_forward(output_params_);
-    saved.logits = output_layer_->forward(h, saved.output);
+    saved.logits = output_forward(h, saved.output);
     saved.labels_sb = to_sequence_major(mb.labels, device_);
     saved.mask_sb = to_sequence_major(mb.loss_mask, device_);
     const LossSums loss = loss_sums(saved.logits, saved.labels_sb, saved.mask_sb, saved.lse);
@@ -243,31 +251,36 @@ Tensor GPTModel::stage_backward(const Tensor& output_grad, float loss_grad_scale
     Tensor logits_rows = saved.logits.view({saved.labels_sb.numel(), -1});
     ops::cross_entropy_backward(logits_rows, logits_rows, saved.labels_sb, saved.lse, saved.mask_sb, loss_grad_scale,
                                 vocab_shard());
+    report_output(&ParameterRegistry::before_backward);
     d = output_layer_->backward(saved.logits, saved.output);
-    report_grads_ready(output_params_);
+    report(&ParameterRegistry::grad_ready, output_params_);
   }
   for (size_t s = layer_segments_.size(); s-- > 0;) {
     const LayerSegment& segment = layer_segments_[s];
     const LayerCheckpoint& checkpoint = saved.layer_checkpoints[s];
     std::vector<TransformerBlock::Saved> recomputed;
     if (checkpoint.input.residual.defined()) {  // full recomputation: this segment's forward again
+      for (int64_t i = segment.begin; i < segment.end; ++i)
+        report(&ParameterRegistry::before_backward, layer_params_[size_t(i)]);
       recomputed.resize(size_t(segment.end - segment.begin));
       forward_segment(segment, checkpoint.input, checkpoint.fwd, recomputed.data(), /*recompute=*/true);
     }
     for (int64_t i = segment.end; i-- > segment.begin;) {
+      report(&ParameterRegistry::before_backward, layer_params_[size_t(i)]);
       d = decoder_[size_t(i)]->backward(
           d, recomputed.empty() ? saved.layers[size_t(i)] : recomputed[size_t(i - segment.begin)]);
-      report_grads_ready(layer_params_[size_t(i)]);
+      report(&ParameterRegistry::grad_ready, layer_params_[size_t(i)]);
     }
   }
   if (!stage_.embedding) {
-    report_grads_ready(embedding_params_);  // a tied last stage's copy of the word embedding
+    report(&ParameterRegistry::grad_ready, embedding_params_);  // a tied last stage's copy of the word embedding
     return d;
   }
+  report(&ParameterRegistry::before_backward, embedding_params_);
   if (saved.embedding_dropout.p > 0.0f) ops::dropout_backward(d, d, saved.embedding_dropout);
   if (position_embeddings_) ops::embedding_backward(position_embeddings_->main_grad, d, saved.positions, {});
   word_embeddings_->backward(d, saved.tokens);
-  report_grads_ready(embedding_params_);
+  report(&ParameterRegistry::grad_ready, embedding_params_);
   return Tensor();
 }
 
@@ -328,7 +341,7 @@ Tensor GPTModel::logits(const Tensor& tokens, const Tensor& position_ids, const 
   mb.tokens = tokens;
   mb.position_ids = position_ids;
   const Tensor h = forward_layers(mb, Tensor(), fwd, saved);
-  return output_layer_->forward(h, saved.output);
+  return output_forward(h, saved.output);
 }
 
 Tensor GPTModel::last_position_logits(const Tensor& tokens) { return gather_last_position(logits(tokens)); }

@@ -21,6 +21,10 @@
 // gradients are final: the output layer, then each decoder layer from the last, then the
 // embeddings (a tied output weight is final only at the end). This is what lets DDP overlap
 // gradient reduction with the rest of backward.
+// Each module also reports its parameters once its forward is done with them (after_forward; the
+// tied output weight is reported again around the output layer, which reads it) and before its
+// backward, or the recomputed forward of a checkpointed segment, reads them (before_backward):
+// what lets Megatron FSDP gather sharded parameters for each use and free them after.
 #include <memory>
 #include <optional>
 #include <vector>
@@ -154,8 +158,13 @@ class GPTModel {
   struct ParamSpan {
     size_t begin = 0, end = 0;
   };
-  void report_before_forward(const ParamSpan& span) const;
-  void report_grads_ready(const ParamSpan& span) const;
+  // Tells the registry about each parameter of a span (ParameterRegistry's notifications).
+  using Notification = void (ParameterRegistry::*)(const Parameter&) const;
+  void report(Notification notify, const ParamSpan& span) const;
+  // The output layer's parameters: its own, or the tied word embedding it reads.
+  void report_output(Notification notify) const;
+  // The output layer's forward, reported to the registry.
+  Tensor output_forward(const Tensor& h, tensor_parallel::LinearSaved& saved);
   // The whole model (both ends of the pipeline), for the single-stage entry points.
   void require_whole_model(const char* what) const;
   Tensor embed(const MicroBatch& mb, const ForwardContext& fwd, Saved& saved);
