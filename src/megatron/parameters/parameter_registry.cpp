@@ -28,7 +28,8 @@ Parameter* ParameterRegistry::add(ParamSpec spec) {
   auto p = std::make_unique<Parameter>();
   p->local_shape = tp_local_shape(spec, tp_size_);
   if (spec.expert_parallel) {
-    MEGATRON_CHECK(spec.partition_dim < 0, spec.name << ": an expert-parallel parameter is not split over TP here");
+    MEGATRON_CHECK(spec.partition_dim != 0,
+                   spec.name << ": dim 0 of an expert-parallel parameter indexes experts; split another over TP");
     MEGATRON_CHECK(!spec.global_shape.empty() && spec.global_shape[0] % ep_size_ == 0,
                    spec.name << ": " << (spec.global_shape.empty() ? 0 : spec.global_shape[0])
                              << " experts do not divide over EP " << ep_size_);

@@ -13,15 +13,26 @@ TransformerConfig shared_expert_config(const TransformerConfig& config) {
 
 MoELayer::MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                    const std::string& prefix)
-    : ep_(ctx.ep && ctx.ep->size() > 1 ? ctx.ep : nullptr),
-      alltoall_(ep_ && config.moe.moe_token_dispatcher_type == TokenDispatcherType::alltoall),
-      router_(registry, config, prefix + ".router"),
+    : exchange_(ctx.expert_tp_ep && ctx.expert_tp_ep->size() > 1 ? ctx.expert_tp_ep : nullptr),
+      alltoall_(exchange_ && config.moe.moe_token_dispatcher_type == TokenDispatcherType::alltoall),
+      router_(registry, ctx, config, prefix + ".router"),
       experts_(registry, config, prefix + ".experts") {
-  MEGATRON_CHECK(registry.ep_size() == (ep_ ? ep_->size() : 1),
-                 "the parameter registry is for EP " << registry.ep_size() << " but the context's EP group has "
-                                                     << (ep_ ? ep_->size() : 1) << " ranks");
-  MEGATRON_CHECK(ctx.tp_size() == 1, "MoE layers run at tensor-parallel size 1 in this build, not "
-                                         << ctx.tp_size() << "; use --tensor-model-parallel-size 1");
+  const int ep = ctx.ep ? ctx.ep->size() : 1, etp = ctx.expert_tp ? ctx.expert_tp->size() : 1;
+  MEGATRON_CHECK(registry.ep_size() == ep,
+                 "the parameter registry is for EP " << registry.ep_size() << " but the context's EP group has " << ep
+                                                     << " ranks");
+  // Megatron's rules: MoE under TP needs sequence parallelism (each TP rank routes its own
+  // tokens); expert TP other than TP is not built (the experts' ranks would differ from the
+  // dense layers' TP group).
+  MEGATRON_CHECK(ctx.tp_size() == 1 || ctx.sequence_parallel(),
+                 "MoE layers at --tensor-model-parallel-size " << ctx.tp_size()
+                                                               << " need --sequence-parallel (Megatron's rule)");
+  MEGATRON_CHECK(etp == ctx.tp_size() && registry.tp_size() == etp,
+                 "MoE layers split experts over expert TP = TP in this build; the context has expert TP "
+                     << etp << ", TP " << ctx.tp_size() << " and the registry TP " << registry.tp_size());
+  MEGATRON_CHECK((exchange_ ? exchange_->size() : 1) == ep * etp,
+                 "the context's expert TP x EP group has " << (exchange_ ? exchange_->size() : 1) << " ranks, not EP "
+                                                           << ep << " x expert TP " << etp);
   if (config.moe.moe_shared_expert_intermediate_size > 0)
     shared_experts_ = std::make_unique<MLP>(registry, ctx, shared_expert_config(config), prefix + ".shared_experts");
 }
@@ -43,21 +54,22 @@ Tensor MoELayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& save
   if (alltoall_) {
     // This rank's tokens grouped over all experts, exchanged with the experts' ranks and back.
     saved.plan = plan_dispatch(routing, 0, routing.num_experts, x.device(), weights);
-    saved.exchange = plan_exchange(routing.tokens_per_expert, experts_.num_local_experts(), *ep_, x.device());
-    const Tensor rows = to_experts(dispatch(tokens, saved.plan), saved.exchange, *ep_);
+    saved.exchange =
+        plan_exchange(routing.tokens_per_expert, experts_.num_local_experts(), *exchange_, x.device());
+    const Tensor rows = to_experts(dispatch(tokens, saved.plan), saved.exchange, *exchange_);
     const Tensor out = experts_.forward(rows, saved.exchange.tokens_per_local_expert, saved.experts);
-    saved.expert_output = from_experts(out, saved.exchange, *ep_);
+    saved.expert_output = from_experts(out, saved.exchange, *exchange_);
     y = combine(saved.expert_output, saved.plan);
   } else {
-    // Under EP (allgather): the tokens and routings of the whole EP group, of which this rank
-    // serves its experts.
-    const Tensor all_tokens = ep_ ? gather_tokens(tokens, *ep_) : tokens;
-    saved.plan = plan_dispatch(ep_ ? gather_routing(routing, *ep_, x.device()) : routing, experts_.first_expert(),
-                               experts_.num_local_experts(), x.device(), weights);
+    // Under EP or expert TP (allgather): the tokens and routings of the whole expert TP x EP
+    // group, of which this rank serves its experts (its TP shard of them: partial outputs).
+    const Tensor all_tokens = exchange_ ? gather_tokens(tokens, *exchange_) : tokens;
+    saved.plan = plan_dispatch(exchange_ ? gather_routing(routing, *exchange_, x.device()) : routing,
+                               experts_.first_expert(), experts_.num_local_experts(), x.device(), weights);
     saved.expert_output =
         experts_.forward(dispatch(all_tokens, saved.plan), saved.plan.tokens_per_expert, saved.experts);
     const Tensor combined = combine(saved.expert_output, saved.plan);
-    y = ep_ ? sum_to_token_ranks(combined, *ep_) : combined;
+    y = exchange_ ? sum_to_token_ranks(combined, *exchange_) : combined;
   }
   y = y.view(x.shape());
   if (shared_experts_) {
@@ -73,14 +85,16 @@ Tensor MoELayer::backward(const Tensor& dy, const Saved& saved) const {
   Tensor dx;
   if (alltoall_) {
     const Tensor drows = combine_backward(dy_tokens, saved.expert_output, saved.plan, dprobs);
-    const Tensor dexpert_in = experts_.backward(to_experts(drows, saved.exchange, *ep_), saved.experts);
-    dx = dispatch_backward(from_experts(dexpert_in, saved.exchange, *ep_), saved.plan);
+    const Tensor dexpert_in = experts_.backward(to_experts(drows, saved.exchange, *exchange_), saved.experts);
+    dx = dispatch_backward(from_experts(dexpert_in, saved.exchange, *exchange_), saved.plan);
   } else {
-    const Tensor dy_all = ep_ ? gather_tokens(dy_tokens, *ep_) : dy_tokens;
+    // The probabilities' gradient on each rank comes from its partial outputs: summed with the
+    // input gradient's partials on the tokens' ranks.
+    const Tensor dy_all = exchange_ ? gather_tokens(dy_tokens, *exchange_) : dy_tokens;
     const Tensor drows = combine_backward(dy_all, saved.expert_output, saved.plan, dprobs);
     const Tensor dx_all = dispatch_backward(experts_.backward(drows, saved.experts), saved.plan);
-    dx = ep_ ? sum_to_token_ranks(dx_all, *ep_) : dx_all;
-    if (ep_) dprobs = sum_probs_to_token_ranks(dprobs, saved.plan.probs.dim(1), *ep_, dx.device());
+    dx = exchange_ ? sum_to_token_ranks(dx_all, *exchange_) : dx_all;
+    if (exchange_) dprobs = sum_probs_to_token_ranks(dprobs, saved.plan.probs.dim(1), *exchange_, dx.device());
   }
   ops::add(dx, dx, router_.backward(dprobs, saved.router, dx.dtype()));
   dx = dx.view(dy.shape());

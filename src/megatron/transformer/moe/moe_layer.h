@@ -2,10 +2,12 @@
 // Megatron-Core's MoELayer, in place of the MLP of the layers --moe-layer-freq selects:
 //   y = sum_e probs[t,e] expert_e(x_t)  (+ shared_expert(x) with --moe-shared-expert-intermediate-size)
 // router (router.h) -> dispatch (token_dispatcher.h) -> experts (experts.h) -> combine; under
-// expert parallelism (the context's EP group) each rank runs its own experts on the tokens of the
-// whole EP group, which reach it by --moe-token-dispatcher-type: allgather (every rank gathers
-// every token, token_dispatcher.h) or alltoall (each token goes to its experts' ranks only,
-// alltoall_exchange.h). Parameter
+// expert parallelism and expert tensor parallelism (= TP, with sequence parallelism: each TP rank
+// holds a shard of the tokens and routes it) each rank runs its own experts, or its TP shard of
+// them, on the tokens of the whole expert TP x EP group (ParallelContext::expert_tp_ep), which
+// reach it by --moe-token-dispatcher-type: allgather (every rank gathers every token,
+// token_dispatcher.h) or alltoall (each token goes to its experts' ranks only,
+// alltoall_exchange.h); the exchange back sums the TP shards' partial outputs. Parameter
 // names are Megatron's: mlp.router.weight, mlp.experts.linear_fc{1,2}.weight (all experts, by global
 // index), mlp.shared_experts.linear_fc{1,2}.weight.
 #include <memory>
@@ -41,8 +43,8 @@ class MoELayer {
   const Router& router() const { return router_; }
 
  private:
-  std::shared_ptr<Communicator> ep_;  // null without expert parallelism
-  bool alltoall_;                     // the all-to-all dispatcher (under EP)
+  std::shared_ptr<Communicator> exchange_;  // expert TP x EP; null when one rank
+  bool alltoall_;                          // the all-to-all dispatcher (with an exchange)
   Router router_;
   Experts experts_;
   std::unique_ptr<MLP> shared_experts_;
