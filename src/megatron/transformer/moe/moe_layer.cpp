@@ -13,7 +13,8 @@ TransformerConfig shared_expert_config(const TransformerConfig& config) {
 
 MoELayer::MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                    const std::string& prefix)
-    : exchange_(ctx.expert_tp_ep && ctx.expert_tp_ep->size() > 1 ? ctx.expert_tp_ep : nullptr),
+    : recompute_(config.recompute.recomputes("moe")),
+      exchange_(ctx.expert_tp_ep && ctx.expert_tp_ep->size() > 1 ? ctx.expert_tp_ep : nullptr),
       alltoall_(exchange_ && config.moe.moe_token_dispatcher_type == TokenDispatcherType::alltoall),
       router_(registry, ctx, config, prefix + ".router"),
       experts_(registry, config, prefix + ".experts") {
@@ -44,9 +45,30 @@ void MoELayer::Saved::count(ActivationMemory& m) const {
   experts.count(m);
   m.add(expert_output);
   shared.count(m);
+  m.add(recompute_input);
 }
 
 Tensor MoELayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
+  const Tensor y = forward_kept(x, fwd, saved);
+  if (recompute_ && fwd.training) {
+    Routing routing = std::move(saved.router.routing);
+    saved = {};
+    saved.router.routing = std::move(routing);
+    saved.recompute_input = x;
+    saved.recompute_fwd = fwd;
+    saved.recompute_fwd.recompute = true;  // counts no expert-bias loads again
+  }
+  return y;
+}
+
+Tensor MoELayer::backward(const Tensor& dy, const Saved& saved) const {
+  if (!saved.recompute_input.defined()) return backward_kept(dy, saved);
+  Saved again;
+  forward_kept(saved.recompute_input, saved.recompute_fwd, again);
+  return backward_kept(dy, again);
+}
+
+Tensor MoELayer::forward_kept(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
   const Tensor tokens = x.view({-1, x.dim(-1)});  // (T,H), T = S*B in sequence-major order
   const Routing& routing = router_.forward(tokens, fwd, saved.router);
   const DType weights = saved.router.input.dtype() == DType::f64 ? DType::f64 : DType::f32;
@@ -79,7 +101,7 @@ Tensor MoELayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& save
   return y;
 }
 
-Tensor MoELayer::backward(const Tensor& dy, const Saved& saved) const {
+Tensor MoELayer::backward_kept(const Tensor& dy, const Saved& saved) const {
   const Tensor dy_tokens = dy.view({-1, dy.dim(-1)});
   std::vector<double> dprobs;
   Tensor dx;

@@ -31,6 +31,10 @@ class MoELayer {
     Experts::Saved experts;
     Tensor expert_output;  // (N,H) rows before the weighted combine: the probabilities' gradient
     MLP::Saved shared;
+    // --recompute-modules moe: the layer's input and forward settings alone (with the routing
+    // above, host data for the statistics); backward runs the forward again from them.
+    Tensor recompute_input;
+    ForwardContext recompute_fwd;
     void count(ActivationMemory& m) const;
   };
   MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
@@ -43,6 +47,9 @@ class MoELayer {
   const Router& router() const { return router_; }
 
  private:
+  Tensor forward_kept(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;  // keeps what backward reads
+  Tensor backward_kept(const Tensor& dy, const Saved& saved) const;
+  bool recompute_;                         // --recompute-modules moe
   std::shared_ptr<Communicator> exchange_;  // expert TP x EP; null when one rank
   bool alltoall_;                          // the all-to-all dispatcher (with an exchange)
   Router router_;

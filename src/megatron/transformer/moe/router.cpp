@@ -62,7 +62,7 @@ const Routing& Router::forward(const Tensor& x, const ForwardContext& fwd, Saved
     };
   saved.routing = route(saved.logits, T, num_experts_, params_, expert_bias_, sum_over_shards);
   saved.aux_loss_grad_scale = fwd.aux_loss_grad_scale;
-  if (fwd.training && !tokens_since_update_.empty())
+  if (fwd.training && !fwd.recompute && !tokens_since_update_.empty())
     for (int64_t e = 0; e < num_experts_; ++e)
       tokens_since_update_[size_t(e)] += double(saved.routing.all_tokens_per_expert[size_t(e)]);
   return saved.routing;
