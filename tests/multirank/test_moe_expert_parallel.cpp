@@ -3,12 +3,14 @@
 // parallelism) equals the single-rank layer, in f64, with both token dispatchers: allgather (every
 // rank gathers the expert TP x EP group's tokens) and alltoall (each rank sends its tokens' rows to
 // their experts' ranks with variable split sizes, and receives the outputs back). Layouts: EP =
-// world (every rank one EP rank holding E/EP experts), and TP 2 x EP world/2 (2 ranks: TP 2 alone;
+// world (every rank one EP rank holding E/EP experts), TP 2 x EP world/2 (2 ranks: TP 2 alone;
 // 4: EP 2 x TP 2), where the two TP ranks of a replica hold the two halves of one micro-batch's
-// sequence and each half of every one of their experts' FFN. Each rank's output and input
+// sequence and each half of every one of their experts' FFN, and TP 2 x EP 2 with expert TP 1
+// (--expert-tensor-parallel-size 1), where the two TP ranks of a replica are the EP ranks, each
+// holding whole experts, and exchange their sequence halves. Each rank's output and input
 // gradient equal the single rank's on that rank's tokens; each rank's expert gradients (its
-// experts, its TP shard of each) equal the single rank's summed over every replica's tokens (its
-// experts served them all); the router's gradient summed over TP (as finalize_model_grads sums
+// experts, its expert TP shard of each) equal the single rank's summed over the tokens of every
+// replica in its expert TP x EP group (its experts served them all); the router's gradient summed over TP (as finalize_model_grads sums
 // sequence-parallel parameters) and the shared expert's TP shard equal the single rank's on its
 // replica's tokens (the data-parallel reduction sums them later). The routing losses are on, so
 // the router's backward sees the probability gradients plus its own loss terms, whose counts are
@@ -24,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -86,7 +89,8 @@ struct LayerRun {
 LayerRun run_parallel(const ParallelContext& ctx, TokenDispatcherType dispatcher) {
   TransformerConfig config = moe_config();
   config.moe.moe_token_dispatcher_type = dispatcher;
-  ParameterRegistry registry(ctx.tp_rank(), ctx.tp_size(), ctx.ep->rank(), ctx.ep->size());
+  ParameterRegistry registry(ctx.tp_rank(), ctx.tp_size(), ctx.ep->rank(), ctx.ep->size(), ctx.expert_tp->rank(),
+                             ctx.expert_tp->size());
   moe::MoELayer layer(registry, ctx, config, kPrefix);
   registry.allocate(DType::f64);
   registry.initialize(7);
@@ -111,7 +115,8 @@ std::vector<Layout> layouts() {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   return {{"EP=" + std::to_string(world), {.ep = world}},
-          {"TP=2 x EP=" + std::to_string(world / 2), {.tp = 2, .ep = world / 2}}};
+          {"TP=2 x EP=" + std::to_string(world / 2), {.tp = 2, .ep = world / 2}},
+          {"TP=2 x EP=2 x expert TP=1", {.tp = 2, .ep = 2, .etp = 1}}};
 }
 
 ParallelState layout_state(const Layout& layout) {
@@ -151,7 +156,13 @@ TEST_P(MoEExpertParallel, LayerMatchesTheSingleRank) {
 
   // This rank's parameter shards, read out of the single rank's global gradients element by
   // element (Parameter::global_index names each local element's place).
-  ParameterRegistry shards(st.ctx.tp_rank(), st.ctx.tp_size(), st.ctx.ep->rank(), st.ctx.ep->size());
+  ParameterRegistry shards(st.ctx.tp_rank(), st.ctx.tp_size(), st.ctx.ep->rank(), st.ctx.ep->size(),
+                           st.ctx.expert_tp->rank(), st.ctx.expert_tp->size());
+  // The replicas whose tokens this rank's experts served: those of its expert TP x EP group.
+  Tensor served_replicas = Tensor::empty({st.ctx.expert_tp_ep->size()}, DType::f32);
+  st.ctx.expert_tp_ep->all_gather(served_replicas, Tensor::from_vector({float(mine)}, {1}));
+  std::set<int> served;
+  for (int64_t i = 0; i < served_replicas.numel(); ++i) served.insert(int(served_replicas.item(i)));
   moe::MoELayer shard_layer(shards, st.ctx, config, kPrefix);
   for (const auto& [name, grad] : run.grads) {
     const Parameter* q = ref_registry.find(name);
@@ -160,7 +171,7 @@ TEST_P(MoEExpertParallel, LayerMatchesTheSingleRank) {
     ASSERT_EQ(p->local_shape, grad.shape()) << name;
     Tensor expected = Tensor::zeros(grad.shape(), DType::f64);
     for (int r = 0; r < replicas; ++r) {
-      if (!p->spec.expert_parallel && r != mine) continue;  // experts serve every replica's tokens
+      if (p->spec.expert_parallel ? !served.count(r) : r != mine) continue;
       const Tensor global = q->view_of(ref_grads[size_t(r)]).view({-1});
       for (int64_t i = 0; i < expected.numel(); ++i)
         expected.set_item(i, expected.item(i) + global.item(p->global_index(i)));
@@ -182,7 +193,7 @@ TEST_P(MoEExpertParallelDispatchers, AllToAllEqualsAllGather) {
   for (const auto& [name, grad] : gathered.grads) expect_close(exchanged.grads.at(name), grad, name + " gradient");
 }
 
-std::string layout_name(int index) { return index == 0 ? "EpIsWorld" : "Tp2"; }
+std::string layout_name(int index) { return index == 0 ? "EpIsWorld" : index == 1 ? "Tp2" : "Tp2Ep2ExpertTp1"; }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& param) {
   return std::string(std::get<0>(param.param) == TokenDispatcherType::allgather ? "allgather" : "alltoall") + "_" +
@@ -192,11 +203,11 @@ std::string param_name(const ::testing::TestParamInfo<Param>& param) {
 INSTANTIATE_TEST_SUITE_P(Layouts, MoEExpertParallel,
                          ::testing::Combine(::testing::Values(TokenDispatcherType::allgather,
                                                               TokenDispatcherType::alltoall),
-                                            ::testing::Values(0, 1)),
+                                            ::testing::Values(0, 1, 2)),
                          param_name);
 std::string layout_param_name(const ::testing::TestParamInfo<int>& layout) { return layout_name(layout.param); }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, MoEExpertParallelDispatchers, ::testing::Values(0, 1), layout_param_name);
+INSTANTIATE_TEST_SUITE_P(Layouts, MoEExpertParallelDispatchers, ::testing::Values(0, 1, 2), layout_param_name);
 
 }  // namespace
 }  // namespace megatron::testing

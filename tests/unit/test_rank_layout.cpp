@@ -52,6 +52,12 @@ TEST(RankLayout, ExpertTensorAndExpertParallel) {
   EXPECT_EQ(rank_groups(s, "ep", true), (RankGroups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   EXPECT_EQ(rank_groups(s, "tp", true), rank_groups(s, "tp"));
   EXPECT_EQ(rank_layout(s, 5).expert_tp_ep, (std::vector<int>{4, 5, 6, 7}));
+  // Expert TP 1 under TP 2: the two TP ranks of a replica are EP ranks, holding whole experts.
+  const ParallelSizes e{.world = 4, .tp = 2, .ep = 2, .etp = 1};
+  EXPECT_EQ(rank_groups(e, "tp-ep", true), (RankGroups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(rank_groups(e, "tp-ep-pp", true), (RankGroups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(rank_groups(e, "dp", true), (RankGroups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(rank_groups(e, "tp"), (RankGroups{{0, 1}, {2, 3}}));
 }
 
 TEST(RankLayout, EveryRankInExactlyOneGroupOfEachKind) {

@@ -203,7 +203,7 @@ TEST(Validate, ExpertParallelSplits) {
   EXPECT_EQ(errors.size(), 1u);
   config.moe.moe_ffn_hidden_size = 63;
   errors = validate_tensor_parallel_split(config, {.tensor_model_parallel_size = 2, .sequence_parallel = true});
-  EXPECT_TRUE(has_error(errors, "--moe-ffn-hidden-size 63 is not divisible by --tensor-model-parallel-size 2"));
+  EXPECT_TRUE(has_error(errors, "--moe-ffn-hidden-size 63 is not divisible by the expert TP size 2"));
   EXPECT_EQ(errors.size(), 1u);
 }
 

@@ -20,7 +20,7 @@ struct ParallelArgs {
   int64_t context_parallel_size = 1;        // --context-parallel-size: each sequence split over CP ranks
   std::string cp_comm_type = "p2p";         // --cp-comm-type: p2p (the ring) or a2a (all-to-all over heads)
   int64_t expert_model_parallel_size = 1;   // EP: experts split over EP ranks of each DP group
-  int64_t expert_tensor_parallel_size = 0;  // 0: Megatron's default, the TP size; = TP in this build
+  int64_t expert_tensor_parallel_size = 0;  // 0: Megatron's default, the TP size
   bool sequence_parallel = false;           // --sequence-parallel
   bool tp_comm_overlap = false;             // --tp-comm-overlap: SP collectives as rings beside the GEMMs
 

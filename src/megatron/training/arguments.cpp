@@ -207,7 +207,7 @@ std::vector<Flag> build_flag_table() {
       {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel,
        "EP: the experts of each MoE layer split over EP ranks of each data-parallel group"},
       {"--expert-tensor-parallel-size", FIELD(parallel.expert_tensor_parallel_size), parallel,
-       "Expert TP; unset: the TP size (the only value in this build)"},
+       "Expert TP: each expert's FFN split over this many ranks (Megatron's expert layout); unset: the TP size"},
       {"--sequence-parallel", Switch{FIELD(parallel.sequence_parallel), true}, parallel,
        "Sequence parallelism: norms, dropout and residuals on S/TP positions per TP rank (no effect at TP 1)"},
       {"--tp-comm-overlap", Switch{FIELD(parallel.tp_comm_overlap), true}, parallel,

@@ -156,9 +156,10 @@ void check_vocab(const TransformerConfig& c, std::vector<std::string>& errors) {
 }
 
 // The MoE layers on the layout: whole experts per EP rank, EP only with experts; under TP
-// (expert TP = TP) sequence parallelism and each expert's FFN split over TP.
+// sequence parallelism, and each expert's FFN split over expert TP.
 void check_expert_split(const MoEConfig& m, const ParallelArgs& parallel, std::vector<std::string>& errors) {
   const int64_t tp = parallel.tensor_model_parallel_size, ep = parallel.expert_model_parallel_size;
+  const int64_t etp = parallel.expert_tensor_parallel_size > 0 ? parallel.expert_tensor_parallel_size : tp;
   if (!m.enabled()) {
     if (ep > 1)
       errors.push_back(concat("--expert-model-parallel-size ", ep,
@@ -174,11 +175,10 @@ void check_expert_split(const MoEConfig& m, const ParallelArgs& parallel, std::v
     errors.push_back(concat("--num-experts with --tensor-model-parallel-size ", tp,
                             " needs --sequence-parallel (Megatron's rule: each TP rank routes its own tokens); add ",
                             "--sequence-parallel, or use TP 1"));
-  if (tp > 1 && m.moe_ffn_hidden_size > 0 && m.moe_ffn_hidden_size % tp != 0)
-    errors.push_back(concat("--moe-ffn-hidden-size ", m.moe_ffn_hidden_size,
-                            " is not divisible by --tensor-model-parallel-size ", tp,
-                            ": each TP rank holds moe_ffn_hidden_size / TP columns of every expert (expert TP = TP); ",
-                            "use a multiple of ", tp));
+  if (etp > 1 && m.moe_ffn_hidden_size > 0 && m.moe_ffn_hidden_size % etp != 0)
+    errors.push_back(concat("--moe-ffn-hidden-size ", m.moe_ffn_hidden_size, " is not divisible by the expert TP size ",
+                            etp, " (--expert-tensor-parallel-size, default the TP size): each expert TP rank holds ",
+                            "moe_ffn_hidden_size / expert TP columns of every expert; use a multiple of ", etp));
   if (tp > 1 && m.moe_shared_expert_intermediate_size % tp != 0)
     errors.push_back(concat("--moe-shared-expert-intermediate-size ", m.moe_shared_expert_intermediate_size,
                             " is not divisible by --tensor-model-parallel-size ", tp,

@@ -42,7 +42,8 @@ Tensor sequence_columns(const Tensor& ids_bs, int64_t s0, int64_t s1) {
 
 std::unique_ptr<ParameterRegistry> make_model_registry(const ParallelContext& ctx) {
   return std::make_unique<ParameterRegistry>(ctx.tp_rank(), ctx.tp_size(), ctx.ep ? ctx.ep->rank() : 0,
-                                             ctx.ep ? ctx.ep->size() : 1);
+                                             ctx.ep ? ctx.ep->size() : 1, ctx.expert_tp ? ctx.expert_tp->rank() : 0,
+                                             ctx.expert_tp ? ctx.expert_tp->size() : 0);
 }
 
 GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device,

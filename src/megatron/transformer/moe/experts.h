@@ -4,8 +4,9 @@
 // (decoder.layers.N.mlp.experts.linear_fc1.weight, (E, F or 2F, H); linear_fc2.weight, (E, H, F)),
 // so a checkpoint holds every expert by its index. Under expert parallelism this rank holds the
 // contiguous experts [first_expert(), first_expert() + num_local_experts()); under expert tensor
-// parallelism (= TP) its TP shard of each (fc1 column-, fc2 row-parallel), so its output rows
-// are partial sums over the TP ranks, which the token exchange adds (moe_layer.h). Rows arrive grouped by expert
+// parallelism (--expert-tensor-parallel-size, default TP) its expert TP shard of each (fc1
+// column-, fc2 row-parallel), so its output rows are partial sums over the expert TP ranks, which
+// the token exchange adds (moe_layer.h). Rows arrive grouped by expert
 // (token_dispatcher.h): expert e runs on tokens_per_expert[e] consecutive rows. The activation is
 // recomputed in backward from the saved fc1 output, as the dense MLP.
 #include <string>

@@ -22,15 +22,13 @@ MoELayer::MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, cons
   MEGATRON_CHECK(registry.ep_size() == ep,
                  "the parameter registry is for EP " << registry.ep_size() << " but the context's EP group has " << ep
                                                      << " ranks");
-  // Megatron's rules: MoE under TP needs sequence parallelism (each TP rank routes its own
-  // tokens); expert TP other than TP is not built (the experts' ranks would differ from the
-  // dense layers' TP group).
+  // Megatron's rule: MoE under TP needs sequence parallelism (each TP rank routes its own tokens).
   MEGATRON_CHECK(ctx.tp_size() == 1 || ctx.sequence_parallel(),
                  "MoE layers at --tensor-model-parallel-size " << ctx.tp_size()
                                                                << " need --sequence-parallel (Megatron's rule)");
-  MEGATRON_CHECK(etp == ctx.tp_size() && registry.tp_size() == etp,
-                 "MoE layers split experts over expert TP = TP in this build; the context has expert TP "
-                     << etp << ", TP " << ctx.tp_size() << " and the registry TP " << registry.tp_size());
+  MEGATRON_CHECK(registry.expert_tp_size() == etp, "the parameter registry splits experts over expert TP "
+                                                       << registry.expert_tp_size() << " but the context's expert TP "
+                                                       << "group has " << etp << " ranks");
   MEGATRON_CHECK((exchange_ ? exchange_->size() : 1) == ep * etp,
                  "the context's expert TP x EP group has " << (exchange_ ? exchange_->size() : 1) << " ranks, not EP "
                                                            << ep << " x expert TP " << etp);

@@ -2,12 +2,12 @@
 // Megatron-Core's MoELayer, in place of the MLP of the layers --moe-layer-freq selects:
 //   y = sum_e probs[t,e] expert_e(x_t)  (+ shared_expert(x) with --moe-shared-expert-intermediate-size)
 // router (router.h) -> dispatch (token_dispatcher.h) -> experts (experts.h) -> combine; under
-// expert parallelism and expert tensor parallelism (= TP, with sequence parallelism: each TP rank
-// holds a shard of the tokens and routes it) each rank runs its own experts, or its TP shard of
-// them, on the tokens of the whole expert TP x EP group (ParallelContext::expert_tp_ep), which
+// expert parallelism and tensor parallelism (with sequence parallelism: each TP rank holds a
+// shard of the tokens and routes it) each rank runs its own experts, or its expert TP shard of
+// them (--expert-tensor-parallel-size, default TP), on the tokens of the whole expert TP x EP group (ParallelContext::expert_tp_ep), which
 // reach it by --moe-token-dispatcher-type: allgather (every rank gathers every token,
 // token_dispatcher.h) or alltoall (each token goes to its experts' ranks only,
-// alltoall_exchange.h); the exchange back sums the TP shards' partial outputs. Parameter
+// alltoall_exchange.h); the exchange back sums the expert TP shards' partial outputs. Parameter
 // names are Megatron's: mlp.router.weight, mlp.experts.linear_fc{1,2}.weight (all experts, by global
 // index), mlp.shared_experts.linear_fc{1,2}.weight.
 #include <memory>
