@@ -69,6 +69,8 @@ TEST(BadInput, MoECombinations) {
   expect_failure("train" + kTiny + kMock + " --expert-model-parallel-size 2", "add --num-experts N, or drop the flag");
   expect_failure(moe + " --fp16 --expert-model-parallel-size 2", "expert parallelism does not train in fp16");
   expect_failure(moe + " --moe-token-dispatcher-type flex", "--moe-token-dispatcher-type");
+  expect_failure(moe + " --expert-tensor-parallel-size 2",
+                 "world size 1 is not a multiple of expert TP x EP x PP = 2 x 1 x 1 = 2");
 }
 
 TEST(BadInput, NonexistentDataPath) {

@@ -4,7 +4,9 @@
 // `pretrain` in every layout of the world (2 ranks: EP=2 with the allgather and the alltoall
 // dispatcher; 4 ranks: EP=4 with both dispatchers, and EP=2 x expert DP=2 with the alltoall
 // dispatcher, the distributed optimizer, overlapped gradient reduction and parameter gather, as
-// bench/bench_ep.sh runs it) gives the loss and gradient-norm curve of 20 iterations, and the
+// bench/bench_ep.sh runs it; expert TP = TP with sequence parallelism: TP=2 alone on 2 ranks,
+// EP=2 x TP=2 with both dispatchers on 4, the vocabulary padded to the single GPU's 128 rows; and
+// TP=2 x EP=2 with --expert-tensor-parallel-size 1 and the alltoall dispatcher on 4) gives the loss and gradient-norm curve of 20 iterations, and the
 // validation losses, of a single-GPU run of the same global batches computed by every rank on its
 // own GPU. The alltoall layouts run Communicator::all_to_all_v on NCCL with the split sizes of
 // each step's routing.
@@ -33,18 +35,25 @@ constexpr int kIterations = 20;
 
 struct Layout {
   std::string name;
-  int ep;
+  int ep, tp;
   std::vector<std::string> flags;
+  int etp = 0;  // 0: the TP size
 };
 
 std::vector<Layout> layouts_of_world(int world) {
   const std::vector<std::string> alltoall = {"--moe-token-dispatcher-type", "alltoall"};
-  if (world == 2) return {{"EP=2 allgather", 2, {}}, {"EP=2 alltoall", 2, alltoall}};
-  return {{"EP=4 allgather", 4, {}},
-          {"EP=4 alltoall", 4, alltoall},
-          {"EP=2 x expert DP=2 alltoall dist-opt overlap", 2,
+  const std::vector<std::string> tp2 = moe_tp2_flags();
+  if (world == 2)
+    return {{"EP=2 allgather", 2, 1, {}}, {"EP=2 alltoall", 2, 1, alltoall}, {"TP=2 alltoall", 1, 2, with(tp2, alltoall)}};
+  return {{"EP=4 allgather", 4, 1, {}},
+          {"EP=4 alltoall", 4, 1, alltoall},
+          {"EP=2 x expert DP=2 alltoall dist-opt overlap", 2, 1,
            with(alltoall, {"--use-distributed-optimizer", "--overlap-grad-reduce", "--ddp-bucket-size", "1000",
-                           "--overlap-param-gather"})}};
+                           "--overlap-param-gather"})},
+          {"EP=2 x TP=2 allgather", 2, 2, tp2},
+          {"EP=2 x TP=2 alltoall", 2, 2, with(tp2, alltoall)},
+          {"TP=2 x EP=2 x expert TP=1 alltoall", 2, 2,
+           with(with(tp2, alltoall), {"--expert-tensor-parallel-size", "1"}), 1}};
 }
 
 TEST(GpuEpTraining, EveryLayoutMatchesTheSingleGpuCurve) {
@@ -56,7 +65,7 @@ TEST(GpuEpTraining, EveryLayoutMatchesTheSingleGpuCurve) {
   const TrainingSummary single = train_single_gpu(run);
   ASSERT_EQ(single.train_losses.size(), size_t(kIterations));
   for (const Layout& l : layouts_of_world(world)) {
-    const ParallelState st = make_gpu_state({.ep = l.ep}, 120);
+    const ParallelState st = make_gpu_state({.tp = l.tp, .ep = l.ep, .etp = l.etp}, 120);
     const TrainingSummary s =
         train_on_gpus(st.ctx, with(with(run, {"--expert-model-parallel-size", std::to_string(l.ep)}), l.flags));
     const std::string name = l.name + " on GPUs fp32";

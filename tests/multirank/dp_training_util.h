@@ -116,6 +116,13 @@ inline std::vector<std::string> moe_flags() {
           "--moe-grouped-gemm"};
 }
 
+// The MoE tests under tensor parallelism: TP 2 with sequence parallelism (Megatron's rule for MoE
+// under TP), experts split over TP (expert TP = TP), the vocabulary padded to the single rank's
+// 128 rows.
+inline std::vector<std::string> moe_tp2_flags() {
+  return {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--make-vocab-size-divisible-by", "32"};
+}
+
 inline std::vector<std::string> tp_flags(int tp, bool sequence_parallel, bool distributed_optimizer) {
   std::vector<std::string> f = {"--tensor-model-parallel-size", std::to_string(tp)};
   if (sequence_parallel) f.push_back("--sequence-parallel");

@@ -1,25 +1,34 @@
 // multirank-np: 2 4
-// The MoE layer under expert parallelism (every rank of the world one EP rank holding E/EP
-// experts) equals the single-rank layer, in f64, with both token dispatchers: allgather (every rank
-// gathers the EP group's tokens) and alltoall (each rank sends its tokens' rows to their experts'
-// ranks with variable split sizes, and receives the outputs back). Each rank's output and input
-// gradient equal the single rank's on that rank's tokens; each rank's expert gradients equal the
-// single rank's summed over every rank's tokens (its experts served them all); the router's and
-// the shared expert's gradients equal the single rank's on this rank's tokens (the data-parallel
-// reduction sums them later). The routing losses are on, so the router's backward sees the
-// probability gradients plus its own loss terms. The two dispatchers then equal each other.
+// The MoE layer under expert parallelism and expert tensor parallelism (= TP, with sequence
+// parallelism) equals the single-rank layer, in f64, with both token dispatchers: allgather (every
+// rank gathers the expert TP x EP group's tokens) and alltoall (each rank sends its tokens' rows to
+// their experts' ranks with variable split sizes, and receives the outputs back). Layouts: EP =
+// world (every rank one EP rank holding E/EP experts), TP 2 x EP world/2 (2 ranks: TP 2 alone;
+// 4: EP 2 x TP 2), where the two TP ranks of a replica hold the two halves of one micro-batch's
+// sequence and each half of every one of their experts' FFN, and TP 2 x EP 2 with expert TP 1
+// (--expert-tensor-parallel-size 1), where the two TP ranks of a replica are the EP ranks, each
+// holding whole experts, and exchange their sequence halves. Each rank's output and input
+// gradient equal the single rank's on that rank's tokens; each rank's expert gradients (its
+// experts, its expert TP shard of each) equal the single rank's summed over the tokens of every
+// replica in its expert TP x EP group (its experts served them all); the router's gradient summed over TP (as finalize_model_grads sums
+// sequence-parallel parameters) and the shared expert's TP shard equal the single rank's on its
+// replica's tokens (the data-parallel reduction sums them later). The routing losses are on, so
+// the router's backward sees the probability gradients plus its own loss terms, whose counts are
+// summed over the sequence shards. The two dispatchers then equal each other.
 //
 // Tolerance 1e-12 relative to the largest reference value: the same f64 sums in other orders
-// (the allgather dispatcher's reduce-scatter adds the ranks' partials; the single rank adds the
-// experts' terms in expert order), a few units of 2^-53 each; a token served by the wrong expert,
-// a missing partial, a row sent to the wrong rank or a gradient scattered to the wrong rank is off
-// by O(1).
+// (the reduce-scatters add the ranks' partials, TP shards add partial outputs; the single rank
+// adds the experts' terms in expert order), a few units of 2^-53 each; a token served by the wrong
+// expert, a missing partial, a row sent to the wrong rank, a TP shard of the wrong rows or a
+// gradient scattered to the wrong rank is off by O(1).
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "megatron/transformer/moe/moe_layer.h"
@@ -59,103 +68,146 @@ void expect_close(const Tensor& actual, const Tensor& expected, const std::strin
 
 const std::string kPrefix = "decoder.layers.0.mlp";
 const ForwardContext kForward{.training = true, .aux_loss_grad_scale = 0.5f};
-Tensor input(int r) { return test::randn({4, 2, 16}, DType::f64, 100 + uint64_t(r)); }
-Tensor output_grad(int r) { return test::randn({4, 2, 16}, DType::f64, 200 + uint64_t(r)); }
+// A micro-batch (S=4, B=2, H=16) per data-parallel replica.
+Tensor input(int replica) { return test::randn({4, 2, 16}, DType::f64, 100 + uint64_t(replica)); }
+Tensor output_grad(int replica) { return test::randn({4, 2, 16}, DType::f64, 200 + uint64_t(replica)); }
 
-// One forward and backward of the EP layer on this rank's tokens: its output, input gradient and
-// every parameter's gradient by name.
+// The replica whose micro-batch this rank holds, and its sequence shard of a (S,B,H) tensor.
+int replica(const ParallelContext& ctx) { return ctx.dp->rank(); }
+Tensor sequence_shard(const Tensor& t, const ParallelContext& ctx) {
+  const int64_t rows = t.dim(0) / ctx.tp_size();
+  return t.slice(ctx.tp_rank() * rows, (ctx.tp_rank() + 1) * rows).clone();
+}
+
+// One forward and backward of the parallel layer on this rank's tokens: its output, input
+// gradient and every parameter's gradient by name (the router's summed over TP).
 struct LayerRun {
   Tensor y, dx;
   std::map<std::string, Tensor> grads;
 };
 
-LayerRun run_expert_parallel(const ParallelContext& ctx, TokenDispatcherType dispatcher) {
+LayerRun run_parallel(const ParallelContext& ctx, TokenDispatcherType dispatcher) {
   TransformerConfig config = moe_config();
   config.moe.moe_token_dispatcher_type = dispatcher;
-  ParameterRegistry registry(0, 1, ctx.ep->rank(), ctx.ep->size());
+  ParameterRegistry registry(ctx.tp_rank(), ctx.tp_size(), ctx.ep->rank(), ctx.ep->size(), ctx.expert_tp->rank(),
+                             ctx.expert_tp->size());
   moe::MoELayer layer(registry, ctx, config, kPrefix);
   registry.allocate(DType::f64);
   registry.initialize(7);
   registry.zero_grads();
   moe::MoELayer::Saved saved;
   LayerRun run;
-  run.y = layer.forward(input(ctx.ep->rank()), kForward, saved);
-  run.dx = layer.backward(output_grad(ctx.ep->rank()), saved);
-  for (const auto& p : registry.params()) run.grads[p->spec.name] = p->main_grad.clone();
+  run.y = layer.forward(sequence_shard(input(replica(ctx)), ctx), kForward, saved);
+  run.dx = layer.backward(sequence_shard(output_grad(replica(ctx)), ctx), saved);
+  for (const auto& p : registry.params()) {
+    if (p->spec.sequence_parallel) ctx.tp->all_reduce(p->main_grad, ReduceOp::sum);
+    run.grads[p->spec.name] = p->main_grad.clone();
+  }
   return run;
 }
 
-// The world as one EP group: every rank holds E / world experts.
-ParallelState every_rank_one_ep_rank() {
+struct Layout {
+  std::string name;
+  ParallelSizes sizes;
+};
+
+std::vector<Layout> layouts() {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  return make_state({.ep = world}, 30);
+  return {{"EP=" + std::to_string(world), {.ep = world}},
+          {"TP=2 x EP=" + std::to_string(world / 2), {.tp = 2, .ep = world / 2}},
+          {"TP=2 x EP=2 x expert TP=1", {.tp = 2, .ep = 2, .etp = 1}}};
 }
 
-class MoEExpertParallel : public ::testing::TestWithParam<TokenDispatcherType> {};
+ParallelState layout_state(const Layout& layout) {
+  ParallelState st = make_state(layout.sizes, 30);
+  st.ctx.sequence_parallel_given = true;  // takes effect at TP > 1 only
+  return st;
+}
+
+using Param = std::tuple<TokenDispatcherType, int>;  // dispatcher, index into layouts()
+class MoEExpertParallel : public ::testing::TestWithParam<Param> {};
 
 TEST_P(MoEExpertParallel, LayerMatchesTheSingleRank) {
-  const ParallelState st = every_rank_one_ep_rank();
-  const int ep = st.ctx.ep->size(), rank = st.ctx.ep->rank();
+  const Layout layout = layouts()[size_t(std::get<1>(GetParam()))];
+  const ParallelState st = layout_state(layout);
+  const int replicas = st.ctx.dp->size(), mine = replica(st.ctx);
   const TransformerConfig config = moe_config();
-  const LayerRun run = run_expert_parallel(st.ctx, GetParam());
+  const LayerRun run = run_parallel(st.ctx, std::get<0>(GetParam()));
 
   const ParallelContext single = ParallelContext::single_process();
   ParameterRegistry ref_registry;
   moe::MoELayer ref(ref_registry, single, config, kPrefix);
   ref_registry.allocate(DType::f64);
   ref_registry.initialize(7);
-  // The single rank on every rank's tokens, one at a time; gradients kept per rank.
+  // The single rank on every replica's micro-batch, one at a time; gradients kept per replica.
   std::vector<Tensor> ref_grads;
   Tensor ref_y, ref_dx;
-  for (int r = 0; r < ep; ++r) {
+  for (int r = 0; r < replicas; ++r) {
     ref_registry.zero_grads();
     moe::MoELayer::Saved s;
     const Tensor y_r = ref.forward(input(r), kForward, s);
     const Tensor dx_r = ref.backward(output_grad(r), s);
-    if (r == rank) ref_y = y_r, ref_dx = dx_r;
+    if (r == mine) ref_y = sequence_shard(y_r, st.ctx), ref_dx = sequence_shard(dx_r, st.ctx);
     ref_grads.push_back(ref_registry.grad_buffer().clone());
   }
-  expect_close(run.y, ref_y, "output");
-  expect_close(run.dx, ref_dx, "input gradient");
+  expect_close(run.y, ref_y, layout.name + " output");
+  expect_close(run.dx, ref_dx, layout.name + " input gradient");
 
-  const int64_t local_experts = config.moe.num_moe_experts / ep, first = rank * local_experts;
+  // This rank's parameter shards, read out of the single rank's global gradients element by
+  // element (Parameter::global_index names each local element's place).
+  ParameterRegistry shards(st.ctx.tp_rank(), st.ctx.tp_size(), st.ctx.ep->rank(), st.ctx.ep->size(),
+                           st.ctx.expert_tp->rank(), st.ctx.expert_tp->size());
+  // The replicas whose tokens this rank's experts served: those of its expert TP x EP group.
+  Tensor served_replicas = Tensor::empty({st.ctx.expert_tp_ep->size()}, DType::f32);
+  st.ctx.expert_tp_ep->all_gather(served_replicas, Tensor::from_vector({float(mine)}, {1}));
+  std::set<int> served;
+  for (int64_t i = 0; i < served_replicas.numel(); ++i) served.insert(int(served_replicas.item(i)));
+  moe::MoELayer shard_layer(shards, st.ctx, config, kPrefix);
   for (const auto& [name, grad] : run.grads) {
     const Parameter* q = ref_registry.find(name);
+    const Parameter* p = shards.find(name);
     ASSERT_NE(q, nullptr) << name;
-    Tensor expected;
-    if (q->spec.expert_parallel) {
-      EXPECT_EQ(grad.dim(0), local_experts) << name;
-      expected = Tensor::zeros(grad.shape(), DType::f64);
-      for (const Tensor& g : ref_grads) {
-        const Tensor mine = q->view_of(g).slice(first, first + local_experts);
-        for (int64_t i = 0; i < expected.numel(); ++i) expected.set_item(i, expected.item(i) + mine.item(i));
-      }
-    } else {
-      expected = q->view_of(ref_grads[size_t(rank)]);
+    ASSERT_EQ(p->local_shape, grad.shape()) << name;
+    Tensor expected = Tensor::zeros(grad.shape(), DType::f64);
+    for (int r = 0; r < replicas; ++r) {
+      if (p->spec.expert_parallel ? !served.count(r) : r != mine) continue;
+      const Tensor global = q->view_of(ref_grads[size_t(r)]).view({-1});
+      for (int64_t i = 0; i < expected.numel(); ++i)
+        expected.set_item(i, expected.item(i) + global.item(p->global_index(i)));
     }
-    expect_close(grad, expected, name + " gradient");
+    expect_close(grad, expected, layout.name + " " + name + " gradient");
   }
 }
 
 // The same exchange of tokens by two routes: the all-to-all dispatcher's results are the allgather
 // dispatcher's.
-TEST(MoEExpertParallelDispatchers, AllToAllEqualsAllGather) {
-  const ParallelState st = every_rank_one_ep_rank();
-  const LayerRun gathered = run_expert_parallel(st.ctx, TokenDispatcherType::allgather);
-  const LayerRun exchanged = run_expert_parallel(st.ctx, TokenDispatcherType::alltoall);
+class MoEExpertParallelDispatchers : public ::testing::TestWithParam<int> {};
+
+TEST_P(MoEExpertParallelDispatchers, AllToAllEqualsAllGather) {
+  const ParallelState st = layout_state(layouts()[size_t(GetParam())]);
+  const LayerRun gathered = run_parallel(st.ctx, TokenDispatcherType::allgather);
+  const LayerRun exchanged = run_parallel(st.ctx, TokenDispatcherType::alltoall);
   expect_close(exchanged.y, gathered.y, "output");
   expect_close(exchanged.dx, gathered.dx, "input gradient");
   for (const auto& [name, grad] : gathered.grads) expect_close(exchanged.grads.at(name), grad, name + " gradient");
 }
 
-std::string dispatcher_name(const ::testing::TestParamInfo<TokenDispatcherType>& dispatcher) {
-  return dispatcher.param == TokenDispatcherType::allgather ? "allgather" : "alltoall";
+std::string layout_name(int index) { return index == 0 ? "EpIsWorld" : index == 1 ? "Tp2" : "Tp2Ep2ExpertTp1"; }
+
+std::string param_name(const ::testing::TestParamInfo<Param>& param) {
+  return std::string(std::get<0>(param.param) == TokenDispatcherType::allgather ? "allgather" : "alltoall") + "_" +
+         layout_name(std::get<1>(param.param));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dispatchers, MoEExpertParallel,
-                         ::testing::Values(TokenDispatcherType::allgather, TokenDispatcherType::alltoall),
-                         dispatcher_name);
+INSTANTIATE_TEST_SUITE_P(Layouts, MoEExpertParallel,
+                         ::testing::Combine(::testing::Values(TokenDispatcherType::allgather,
+                                                              TokenDispatcherType::alltoall),
+                                            ::testing::Values(0, 1, 2)),
+                         param_name);
+std::string layout_param_name(const ::testing::TestParamInfo<int>& layout) { return layout_name(layout.param); }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, MoEExpertParallelDispatchers, ::testing::Values(0, 1, 2), layout_param_name);
 
 }  // namespace
 }  // namespace megatron::testing

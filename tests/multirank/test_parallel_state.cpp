@@ -57,6 +57,8 @@ TEST(ParallelState, GroupsMatchTheRankLayoutAndConnectTheirMembers) {
         {c.ep, l.ep},
         {c.expert_tp, l.expert_tp},
         {c.expert_dp, l.expert_dp},
+        {c.expert_tp_ep, l.expert_tp_ep},
+        {c.expert_mp, l.expert_mp},
         {c.embedding, l.embedding},
         {c.position_embedding, l.position_embedding}};
     for (size_t i = 0; i < roles.size(); ++i) {

@@ -478,7 +478,8 @@ TEST(ValidateArgs, ExpertParallelismDividesDp) {
 }
 
 // Megatron's MoE flags fill TransformerConfig::moe and survive the round trip through flag text
-// (what a checkpoint stores); --expert-tensor-parallel-size must equal TP in this build.
+// (what a checkpoint stores); --expert-tensor-parallel-size other than TP needs world size a
+// multiple of expert TP x EP x PP (Megatron's expert layout).
 TEST(ParseArgs, MoEFlags) {
   const TrainingArgs args = parse_training_args(with(minimal_argv(), {"--disable-bias-linear",
                                                                       "--num-experts",
@@ -522,7 +523,9 @@ TEST(ParseArgs, MoEFlags) {
   const auto flags = training_args_to_flags(args);
   EXPECT_EQ(training_args_to_flags(parse_training_args_from_flags(flags)), flags);
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--expert-tensor-parallel-size", "2"})),
-                       "--expert-tensor-parallel-size 2: experts split like the dense layers"));
+                       "world size 1 is not a multiple of expert TP x EP x PP = 2 x 1 x 1 = 2"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--expert-tensor-parallel-size", "-1"})),
+                       "--expert-tensor-parallel-size -1 must be positive"));
 }
 
 TEST(ValidateArgs, PipelineSplitAndScheduleRules) {

@@ -24,8 +24,9 @@ TEST(SingleRankComm, ContextHasEveryRoleUnderItsOwnName) {
     EXPECT_EQ(c->world_ranks(), std::vector<int>{0});
     names.insert(c->name());
   }
-  EXPECT_EQ(names.size(), 13u);
+  EXPECT_EQ(names.size(), 15u);
   EXPECT_TRUE(names.count("dp_cp") && names.count("expert_dp") && names.count("embedding") && names.count("pp_grad"));
+  EXPECT_TRUE(names.count("expert_tp_ep") && names.count("expert_mp"));
 }
 
 TEST(SingleRankComm, CollectivesAreIdentitiesOrCopies) {

@@ -170,3 +170,62 @@ TEST(MoERouting, BackwardMatchesFiniteDifferences) {
   // Capacity: dropped tokens carry no gradient through their probabilities.
   check_backward({.topk = 2, .pre_softmax = true, .capacity_factor = 0.5}, {});
 }
+
+namespace {
+
+// Under sequence parallelism the (S,B) tokens are split into shards of S/2 positions (contiguous
+// token rows), each routed alone with its sums added over the shards. Every shard's loss values
+// and loads must be the whole micro-batch's, and each shard's logit gradient the whole's on its
+// rows. Simulated in one process: shard 1's sums are taken first, then each shard is routed with
+// the other's sums added. Tolerance 1e-12: the same f64 sums grouped by shard.
+void check_sharded(RoutingParams p) {
+  const int64_t S = 4, B = 3, E = 8, T = S * B, half = T / 2;
+  HostRng rng(23);
+  std::vector<double> logits(size_t(T * E)), R(size_t(T * E));
+  for (double& v : logits) v = 2.0 * rng.uniform() - 1.0;
+  for (double& v : R) v = 2.0 * rng.uniform() - 1.0;
+  p.sequence_length = S;
+  const Routing whole = route(logits, T, E, p, {});
+  const std::vector<double> dwhole = route_backward(R, logits, whole, p, 0.7);
+
+  p.sequence_length = S / 2;
+  const auto part = [&](const std::vector<double>& v, int k) {
+    return std::vector<double>(v.begin() + k * half * E, v.begin() + (k + 1) * half * E);
+  };
+  std::vector<double> own_sums[2];
+  const auto route_shard = [&](int k) {
+    // A new vector, as a callback that reads an all-reduce's result back would give.
+    return route(part(logits, k), half, E, p, {}, [&](std::vector<double>& sums) {
+      own_sums[k] = sums;
+      std::vector<double> total = sums;
+      if (!own_sums[1 - k].empty())
+        for (size_t i = 0; i < total.size(); ++i) total[i] += own_sums[1 - k][i];
+      sums = std::move(total);
+    });
+  };
+  route_shard(1);
+  for (int k : {0, 1}) {
+    const Routing shard = route_shard(k);
+    EXPECT_NEAR(shard.load_balancing_loss, whole.load_balancing_loss, kTol) << "shard " << k;
+    EXPECT_NEAR(shard.z_loss, whole.z_loss, kTol) << "shard " << k;
+    EXPECT_EQ(shard.all_tokens, T);
+    EXPECT_EQ(shard.all_tokens_per_expert, whole.tokens_per_expert) << "shard " << k;
+    EXPECT_EQ(shard.chosen, std::vector<uint8_t>(whole.chosen.begin() + k * half * E,
+                                                 whole.chosen.begin() + (k + 1) * half * E));
+    const std::vector<double> dshard = route_backward(part(R, k), part(logits, k), shard, p, 0.7);
+    const std::vector<double> expected = part(dwhole, k);
+    for (size_t i = 0; i < dshard.size(); ++i)
+      EXPECT_NEAR(dshard[i], expected[i], kTol) << "shard " << k << " logit " << i;
+  }
+}
+
+}  // namespace
+
+TEST(MoERouting, SequenceShardsSumToTheWholeMicroBatch) {
+  check_sharded({.topk = 2, .aux_loss_coeff = 0.3, .z_loss_coeff = 0.05});
+  check_sharded({.topk = 2, .load_balancing = LoadBalancingType::seq_aux_loss, .aux_loss_coeff = 0.2});
+  check_sharded({.topk = 3,
+                 .score_function = RouterScoreFunction::sigmoid,
+                 .aux_loss_coeff = 0.4,
+                 .z_loss_coeff = 0.02});
+}

@@ -44,6 +44,22 @@ TEST(RankLayout, ExpertParallel) {
   EXPECT_EQ(rank_groups(s, "dp", true), (RankGroups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
 }
 
+// Expert TP = TP (the default): the MoE layers exchange tokens within the TP x EP group, TP
+// varying fastest, as Megatron's get_expert_tensor_and_model_parallel_group.
+TEST(RankLayout, ExpertTensorAndExpertParallel) {
+  const ParallelSizes s{.world = 8, .tp = 2, .ep = 2};
+  EXPECT_EQ(rank_groups(s, "tp-ep", true), (RankGroups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(rank_groups(s, "ep", true), (RankGroups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(rank_groups(s, "tp", true), rank_groups(s, "tp"));
+  EXPECT_EQ(rank_layout(s, 5).expert_tp_ep, (std::vector<int>{4, 5, 6, 7}));
+  // Expert TP 1 under TP 2: the two TP ranks of a replica are EP ranks, holding whole experts.
+  const ParallelSizes e{.world = 4, .tp = 2, .ep = 2, .etp = 1};
+  EXPECT_EQ(rank_groups(e, "tp-ep", true), (RankGroups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(rank_groups(e, "tp-ep-pp", true), (RankGroups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(rank_groups(e, "dp", true), (RankGroups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(rank_groups(e, "tp"), (RankGroups{{0, 1}, {2, 3}}));
+}
+
 TEST(RankLayout, EveryRankInExactlyOneGroupOfEachKind) {
   const ParallelSizes s{.world = 24, .tp = 2, .cp = 1, .pp = 3, .ep = 2, .etp = 1};
   for (const char* axes : {"tp", "dp", "pp", "tp-pp", "dp-cp"}) {

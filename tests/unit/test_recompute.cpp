@@ -49,43 +49,46 @@ bool mentions(const std::vector<std::string>& errors, const std::string& text) {
 }
 
 TEST(RecomputeConfig, EveryBrokenRuleIsNamed) {
-  EXPECT_TRUE(validate_recompute(full("uniform", 2), 4, false).empty());
-  EXPECT_TRUE(validate_recompute(selective({"core_attn", "mlp"}), 4, false).empty());
+  EXPECT_TRUE(validate_recompute(full("uniform", 2), 4).empty());
+  EXPECT_TRUE(validate_recompute(selective({"core_attn", "mlp"}), 4).empty());
   RecomputeConfig shorthand;
   shorthand.recompute_activations = true;
-  EXPECT_TRUE(validate_recompute(shorthand, 4, false).empty());
+  EXPECT_TRUE(validate_recompute(shorthand, 4).empty());
   EXPECT_TRUE(shorthand.recomputes("core_attn"));  // Megatron's default module
   EXPECT_FALSE(shorthand.recomputes("mlp"));
 
   RecomputeConfig no_method = full("", 2);
-  EXPECT_TRUE(mentions(validate_recompute(no_method, 4, false), "needs --recompute-method"));
+  EXPECT_TRUE(mentions(validate_recompute(no_method, 4), "needs --recompute-method"));
   RecomputeConfig no_layers = full("block", 1);
   no_layers.recompute_num_layers.reset();
-  EXPECT_TRUE(mentions(validate_recompute(no_layers, 4, false), "needs --recompute-num-layers between 1 and"));
-  EXPECT_TRUE(mentions(validate_recompute(full("uniform", 5), 4, false), "--recompute-num-layers 5 must lie"));
-  EXPECT_TRUE(mentions(validate_recompute(full("uniform", 0), 4, false), "--recompute-num-layers 0 must lie"));
-  EXPECT_TRUE(mentions(validate_recompute(full("uniform", 1), 4, true), "with --num-experts is not built"));
+  EXPECT_TRUE(mentions(validate_recompute(no_layers, 4), "needs --recompute-num-layers between 1 and"));
+  EXPECT_TRUE(mentions(validate_recompute(full("uniform", 5), 4), "--recompute-num-layers 5 must lie"));
+  EXPECT_TRUE(mentions(validate_recompute(full("uniform", 0), 4), "--recompute-num-layers 0 must lie"));
 
   RecomputeConfig both = full("uniform", 1);
   both.recompute_activations = true;
-  EXPECT_TRUE(mentions(validate_recompute(both, 4, false), "--recompute-activations means"));
+  EXPECT_TRUE(mentions(validate_recompute(both, 4), "--recompute-activations means"));
   RecomputeConfig stray = selective({});
   stray.recompute_method = "block";
   stray.recompute_num_layers = 1;
-  const std::vector<std::string> e = validate_recompute(stray, 4, false);
+  const std::vector<std::string> e = validate_recompute(stray, 4);
   EXPECT_TRUE(mentions(e, "--recompute-method block applies to --recompute-granularity full only"));
   EXPECT_TRUE(mentions(e, "--recompute-num-layers 1 applies to --recompute-granularity full only"));
   RecomputeConfig modules_alone;
   modules_alone.recompute_modules = {"mlp"};
-  EXPECT_TRUE(mentions(validate_recompute(modules_alone, 4, false), "applies to --recompute-granularity selective"));
-  EXPECT_TRUE(mentions(validate_recompute(selective({"moe_act"}), 4, false), "moe_act: Megatron's module, not built"));
-  EXPECT_TRUE(mentions(validate_recompute(selective({"attn"}), 4, false), "attn: unknown module"));
+  EXPECT_TRUE(mentions(validate_recompute(modules_alone, 4), "applies to --recompute-granularity selective"));
+  EXPECT_TRUE(validate_recompute(selective({"moe", "moe_act"}), 4).empty());
+  EXPECT_TRUE(validate_recompute(full("uniform", 1), 4).empty());  // with MoE layers too
+  EXPECT_TRUE(mentions(validate_recompute(selective({"shared_experts"}), 4), "shared_experts: Megatron's module, not built"));
+  EXPECT_TRUE(mentions(validate_recompute(selective({"attn"}), 4), "attn: unknown module"));
 }
 
 struct Pass {
   double loss;
   Tensor grads;
   int64_t activation_bytes;
+  moe::MoEStats moe_stats;            // the MoE layers' routing statistics of the forward
+  std::vector<double> expert_loads;  // every router's tokens counted for its expert bias
 };
 
 // One forward and backward of a 3-layer tiny model with dropout and two documents per sequence.
@@ -108,7 +111,10 @@ Pass run(TransformerConfig config, const RecomputeConfig& recompute) {
   model.parameters().zero_grads();
   const ForwardContext fwd{.training = true, .seed = 99, .step = 3};
   const LossSums sums = model.forward_backward(tokens, labels, mask, 0.125f, fwd, Tensor(), segments);
-  return {sums.loss_sum, model.parameters().grad_buffer().clone(), model.activation_bytes()};
+  Pass pass{sums.loss_sum, model.parameters().grad_buffer().clone(), model.activation_bytes(), model.moe_stats(), {}};
+  for (const moe::MoELayer* layer : model.moe_layers())
+    for (double n : layer->router().tokens_since_update()) pass.expert_loads.push_back(n);
+  return pass;
 }
 
 void expect_bit_identical(const Pass& a, const Pass& b, const std::string& what) {
@@ -136,6 +142,45 @@ TEST_P(RecomputeGradients, AreBitIdenticalToKeepingEverything) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Styles, RecomputeGradients, ::testing::Bool());
+
+// MoE layers (0 and 2 of 3) with sigmoid routing, an expert bias, the aux and z losses, a shared
+// expert and the grouped GEMM: full recomputation reruns their routing and experts, the moe module
+// keeps only an MoE layer's input, moe_act names what the experts always do (keep fc1's output,
+// recompute the activation). Gradients are bit-identical to keeping everything, and the routing
+// statistics and the expert-bias loads are counted once, as without recomputation.
+TEST(RecomputeGradients, MoEAreBitIdenticalToKeepingEverything) {
+  TransformerConfig config = megatron::testing::llama_style(DType::f32);
+  config.moe.num_moe_experts = 4;
+  config.moe.moe_layer_freq = "2";
+  config.moe.moe_ffn_hidden_size = 8;
+  config.moe.moe_router_score_function = RouterScoreFunction::sigmoid;
+  config.moe.moe_router_enable_expert_bias = true;
+  config.moe.moe_aux_loss_coeff = 0.1;
+  config.moe.moe_z_loss_coeff = 0.01;
+  config.moe.moe_shared_expert_intermediate_size = 8;
+  config.moe.moe_grouped_gemm = true;
+  const Pass kept = run(config, {});
+  ASSERT_EQ(kept.moe_stats.layers, 2);
+  ASSERT_EQ(kept.expert_loads.size(), 8u);
+  const std::vector<std::pair<std::string, RecomputeConfig>> settings = {
+      {"full uniform 1", full("uniform", 1)},     {"full uniform 3", full("uniform", 3)},
+      {"full block 2", full("block", 2)},         {"selective moe", selective({"moe"})},
+      {"selective moe_act", selective({"moe_act"})}, {"selective core_attn moe", selective({"core_attn", "moe"})}};
+  for (const auto& [what, recompute] : settings) {
+    const Pass again = run(config, recompute);
+    expect_bit_identical(kept, again, what);
+    EXPECT_EQ(again.expert_loads, kept.expert_loads) << what;
+    EXPECT_EQ(again.moe_stats.layers, kept.moe_stats.layers) << what;
+    EXPECT_EQ(again.moe_stats.load_balancing_loss, kept.moe_stats.load_balancing_loss) << what;
+    EXPECT_EQ(again.moe_stats.min_tokens_per_expert, kept.moe_stats.min_tokens_per_expert) << what;
+    EXPECT_EQ(again.moe_stats.max_tokens_per_expert, kept.moe_stats.max_tokens_per_expert) << what;
+    // moe_act saves what the experts already save; every other setting keeps less.
+    if (what == "selective moe_act")
+      EXPECT_EQ(again.activation_bytes, kept.activation_bytes) << what;
+    else
+      EXPECT_LT(again.activation_bytes, kept.activation_bytes) << what;
+  }
+}
 
 // The bytes each setting stops keeping, worked out from the GPT-2-style shapes (f32, 4 bytes):
 // T = S·B = 12 tokens, H = 16, 4 heads, F = 32, 3 layers. Per layer the forward keeps

@@ -194,6 +194,17 @@ TEST(Validate, ExpertParallelSplits) {
   errors = validate_tensor_parallel_split(tiny_config(), {.expert_model_parallel_size = 2});
   EXPECT_TRUE(has_error(errors, "this model has none (no --num-experts): add --num-experts N"));
   EXPECT_EQ(errors.size(), 1u);
+  // Under TP (expert TP = TP): Megatron's sequence-parallel rule, and every expert's FFN split.
+  EXPECT_TRUE(validate_tensor_parallel_split(
+                  config, {.tensor_model_parallel_size = 2, .expert_model_parallel_size = 2, .sequence_parallel = true})
+                  .empty());
+  errors = validate_tensor_parallel_split(config, {.tensor_model_parallel_size = 2});
+  EXPECT_TRUE(has_error(errors, "--num-experts with --tensor-model-parallel-size 2 needs --sequence-parallel"));
+  EXPECT_EQ(errors.size(), 1u);
+  config.moe.moe_ffn_hidden_size = 63;
+  errors = validate_tensor_parallel_split(config, {.tensor_model_parallel_size = 2, .sequence_parallel = true});
+  EXPECT_TRUE(has_error(errors, "--moe-ffn-hidden-size 63 is not divisible by the expert TP size 2"));
+  EXPECT_EQ(errors.size(), 1u);
 }
 
 TEST(NumParameters, Gpt2Small) {

@@ -50,8 +50,7 @@ double DistributedOptimizer::global_grad_norm() const {
   ctx.mp->all_reduce(dense, ReduceOp::sum);
   if (!ddp_->has_expert_buckets()) return std::sqrt(dense.item(0));
   ctx.expert_dp->all_reduce(expert, ReduceOp::sum);
-  if (registry_->ep_size() > 1) ctx.ep->all_reduce(expert, ReduceOp::sum);
-  ctx.mp->all_reduce(expert, ReduceOp::sum);
+  ctx.expert_mp->all_reduce(expert, ReduceOp::sum);  // expert TP x EP x PP: every expert shard once
   return std::sqrt(dense.item(0) + expert.item(0));
 }
 

@@ -87,11 +87,12 @@ double AdamWOptimizer::global_grad_norm() const {
   // parameter replicated across TP counts on TP rank 0 only, the tied embedding on the first pipeline
   // stage only), the squares summed over the
   // model-parallel group. The DP replicas hold identical reduced grads and are not summed; the
-  // experts of other EP ranks are other parameters, summed over EP.
+  // experts (and their expert TP shards) of other ranks are other parameters, summed over
+  // Megatron's expert model-parallel group (expert TP x EP x PP).
   const Tensor& grads = registry_->grad_buffer();
   Tensor dense = Tensor::zeros({1}, grads.dtype(), grads.device());
   Tensor expert = Tensor::zeros({1}, grads.dtype(), grads.device());
-  const bool split_experts = registry_->ep_size() > 1;
+  const bool split_experts = registry_->ep_size() > 1 || registry_->expert_tp_size() != registry_->tp_size();
   if (!holds_duplicates_ && !split_experts) {
     ops::sum_squares(dense, grads);
   } else {
@@ -100,8 +101,7 @@ double AdamWOptimizer::global_grad_norm() const {
   }
   ctx_->mp->all_reduce(dense, ReduceOp::sum);
   if (!split_experts) return std::sqrt(dense.item(0));
-  ctx_->ep->all_reduce(expert, ReduceOp::sum);
-  ctx_->mp->all_reduce(expert, ReduceOp::sum);
+  ctx_->expert_mp->all_reduce(expert, ReduceOp::sum);
   return std::sqrt(dense.item(0) + expert.item(0));
 }
 

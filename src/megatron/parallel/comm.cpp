@@ -116,9 +116,27 @@ CommHandlePtr SingleRankCommunicator::barrier_async() { return completed_handle(
 
 std::vector<std::shared_ptr<Communicator>> ParallelContext::communicators() const {
   std::vector<std::shared_ptr<Communicator>> all;
-  for (const auto& c : {world, tp, dp, pp, pp_grad, cp, cp_a2a, cp_p2p, dp_cp, mp, ep, expert_tp, expert_dp, embedding,
-                        position_embedding, pp_channels.activations_in, pp_channels.activations_out,
-                        pp_channels.grads_in, pp_channels.grads_out})
+  for (const auto& c : {world,
+                        tp,
+                        dp,
+                        pp,
+                        pp_grad,
+                        cp,
+                        cp_a2a,
+                        cp_p2p,
+                        dp_cp,
+                        mp,
+                        ep,
+                        expert_tp,
+                        expert_dp,
+                        expert_tp_ep,
+                        expert_mp,
+                        embedding,
+                        position_embedding,
+                        pp_channels.activations_in,
+                        pp_channels.activations_out,
+                        pp_channels.grads_in,
+                        pp_channels.grads_out})
     if (c && std::find(all.begin(), all.end(), c) == all.end()) all.push_back(c);
   return all;
 }
@@ -140,6 +158,8 @@ ParallelContext ParallelContext::single_process() {
                             {&ctx.ep, "ep"},
                             {&ctx.expert_tp, "expert_tp"},
                             {&ctx.expert_dp, "expert_dp"},
+                            {&ctx.expert_tp_ep, "expert_tp_ep"},
+                            {&ctx.expert_mp, "expert_mp"},
                             {&ctx.embedding, "embedding"},
                             {&ctx.position_embedding, "position_embedding"}})
     *slot = std::make_shared<SingleRankCommunicator>(name);

@@ -184,6 +184,8 @@ struct ParallelContext {
   std::shared_ptr<Communicator> ep;                  // expert parallel
   std::shared_ptr<Communicator> expert_tp;           // expert tensor parallel
   std::shared_ptr<Communicator> expert_dp;           // expert data parallel: expert gradient reduction
+  std::shared_ptr<Communicator> expert_tp_ep;        // expert TP x EP: the MoE layers' token exchange
+  std::shared_ptr<Communicator> expert_mp;           // expert TP x EP x PP: the experts' grad norm
   std::shared_ptr<Communicator> embedding;           // first and last pipeline stage (tied embeddings)
   std::shared_ptr<Communicator> position_embedding;  // first pipeline stage
   PipelineChannels pp_channels;                      // overlapped pipeline p2p (above)

@@ -48,11 +48,10 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
   const int64_t ep = a.expert_model_parallel_size;
   if (ep <= 0)
     errors.push_back(concat("--expert-model-parallel-size ", ep, " must be positive: 1 disables expert parallelism"));
-  if (a.expert_tensor_parallel_size != 0 && a.expert_tensor_parallel_size != tp)
+  if (a.expert_tensor_parallel_size < 0)
     errors.push_back(concat("--expert-tensor-parallel-size ", a.expert_tensor_parallel_size,
-                            ": experts split like the dense layers in this build, so it must equal "
-                            "--tensor-model-parallel-size ",
-                            tp, "; drop the flag"));
+                            " must be positive; leave it out for Megatron's default, the TP size"));
+  const int64_t etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : tp;
   // Megatron's rule too: the overlapped collectives are the SP all-gathers and reduce-scatters.
   if (a.tp_comm_overlap && tp > 1 && !a.sequence_parallel) {
     errors.push_back(concat("--tp-comm-overlap needs --sequence-parallel: it overlaps the sequence-parallel ",
@@ -65,10 +64,17 @@ std::vector<std::string> validate(const ParallelArgs& a, int64_t world_size) {
                             ": each data-parallel replica needs all TP*CP*PP ranks; launch a multiple of ",
                             model_parallel, " ranks"));
   }
-  // Megatron's expert layout: the EP ranks of a data-parallel group split the experts, so EP
-  // divides DP = world / (TP x CP x PP) (the rest are expert-data-parallel replicas).
-  if (world_size > 0 && model_parallel > 0 && world_size % model_parallel == 0 && ep > 0 &&
-      world_size % (model_parallel * ep) != 0) {
+  // Megatron's expert layout: expert TP x EP x PP ranks hold every expert once (the rest are
+  // expert-data-parallel replicas). With expert TP = TP: the EP ranks of a data-parallel group
+  // split the experts, so EP divides DP = world / (TP x CP x PP).
+  const int64_t expert_model_parallel = etp * ep * a.pipeline_model_parallel_size;
+  if (etp != tp && world_size > 0 && expert_model_parallel > 0 && world_size % expert_model_parallel != 0) {
+    errors.push_back(concat("world size ", world_size, " is not a multiple of expert TP x EP x PP = ", etp, " x ", ep,
+                            " x ", a.pipeline_model_parallel_size, " = ", expert_model_parallel,
+                            ": each expert-data-parallel replica needs all of them; change ",
+                            "--expert-tensor-parallel-size or --expert-model-parallel-size"));
+  } else if (etp == tp && world_size > 0 && model_parallel > 0 && world_size % model_parallel == 0 && ep > 0 &&
+             world_size % (model_parallel * ep) != 0) {
     errors.push_back(concat("--expert-model-parallel-size ", ep, " does not divide the data-parallel size ",
                             world_size / model_parallel, " (world ", world_size, " / TP*CP*PP ", model_parallel,
                             "): the experts split over EP ranks of each data-parallel group; use an EP that divides ",

@@ -22,9 +22,9 @@ struct ParallelArgs {
                                       // a2a+p2p (all-to-all inside the hierarchical groups, ring across)
   std::vector<std::string> hierarchical_context_parallel_sizes{};  // --hierarchical-context-parallel-sizes, as given
   int64_t expert_model_parallel_size = 1;                          // EP: experts split over EP ranks of each DP group
-  int64_t expert_tensor_parallel_size = 0;  // 0: Megatron's default, the TP size; = TP in this build
-  bool sequence_parallel = false;           // --sequence-parallel
-  bool tp_comm_overlap = false;             // --tp-comm-overlap: SP collectives as rings beside the GEMMs
+  int64_t expert_tensor_parallel_size = 0;                         // 0: Megatron's default, the TP size
+  bool sequence_parallel = false;                                  // --sequence-parallel
+  bool tp_comm_overlap = false;  // --tp-comm-overlap: SP collectives as rings beside the GEMMs
 
   // How the layers split over pipeline stages and model chunks (pipeline_parallel/stage_split.h
   // applies Megatron's rules); unset = not given.

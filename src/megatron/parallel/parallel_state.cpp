@@ -55,6 +55,8 @@ std::vector<Role> roles(const ParallelSizes& s, bool tied) {
                            {"ep", &C::ep, rank_groups(s, "ep", true)},
                            {"expert_tp", &C::expert_tp, rank_groups(s, "tp", true)},
                            {"expert_dp", &C::expert_dp, rank_groups(s, "dp", true)},
+                           {"expert_tp_ep", &C::expert_tp_ep, rank_groups(s, "tp-ep", true)},
+                           {"expert_mp", &C::expert_mp, rank_groups(s, "tp-ep-pp", true)},
                            {"embedding", &C::embedding, embedding_groups(s, tied)},
                            {"position_embedding", &C::position_embedding, embedding_groups(s, false)}};
   out.insert(out.end(), hierarchical.begin(), hierarchical.end());

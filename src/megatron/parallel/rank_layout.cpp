@@ -157,6 +157,8 @@ RankLayout rank_layout(const ParallelSizes& s, int rank, bool tied_embeddings) {
   l.ep = group_containing(rank_groups(s, "ep", true), rank);
   l.expert_tp = group_containing(rank_groups(s, "tp", true), rank);
   l.expert_dp = group_containing(rank_groups(s, "dp", true), rank);
+  l.expert_tp_ep = group_containing(rank_groups(s, "tp-ep", true), rank);
+  l.expert_mp = group_containing(rank_groups(s, "tp-ep-pp", true), rank);
   MEGATRON_CHECK(l.pp == group_containing(rank_groups(s, "pp", true), rank),
                  "dense and expert layouts disagree on the pipeline group of rank " << rank);
   l.tp_rank = index_in(l.tp, rank);

@@ -47,7 +47,7 @@ RankGroups hierarchical_cp_groups(const ParallelSizes& sizes, size_t level);
 struct RankLayout {
   int rank = 0;
   std::vector<int> tp, cp, dp, pp, dp_cp, model_parallel;  // dense
-  std::vector<int> ep, expert_tp, expert_dp;               // expert
+  std::vector<int> ep, expert_tp, expert_dp, expert_tp_ep, expert_mp;  // expert
   std::vector<int> embedding, position_embedding;          // first/last pipeline stages
   int tp_rank = 0, cp_rank = 0, dp_rank = 0, pp_rank = 0, ep_rank = 0;
 };

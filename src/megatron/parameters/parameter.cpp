@@ -56,43 +56,56 @@ Shape tp_local_shape(const ParamSpec& spec, int tp_size) {
   return local;
 }
 
+int64_t Parameter::global_coordinate(size_t dim, int64_t local_coord) const {
+  int64_t coord = dim == 0 ? local_coord + expert_offset() : local_coord;
+  if (spec.partition_dim != int(dim) || tp_size == 1) return coord;
+  // Block b of this rank's rows sits at block b of the global rows, at this rank's place in it.
+  const int64_t local_block = local_shape[dim] / spec.partition_blocks;
+  const int64_t global_block = spec.global_shape[dim] / spec.partition_blocks;
+  return (coord / local_block) * global_block + tp_rank * local_block + coord % local_block;
+}
+
 int64_t Parameter::global_index(int64_t local_index) const {
-  // Expert-parallel shards are whole rows of dim 0 (no TP split with them): shift by the rows
-  // of the experts before this rank's.
-  if (spec.expert_parallel) return local_index + expert_offset() * (shape_numel(local_shape) / local_shape[0]);
-  if (spec.partition_dim < 0 || tp_size == 1) return local_index;
-  const int d = spec.partition_dim;
-  // Strides of the local and global tensors (row-major).
-  int64_t inner = 1;
-  for (size_t i = size_t(d) + 1; i < local_shape.size(); ++i) inner *= local_shape[i];
-  const int64_t local_d = local_shape[size_t(d)];
-  const int64_t global_d = spec.global_shape[size_t(d)];
-  const int64_t outer_index = local_index / (inner * local_d);
-  const int64_t coord = (local_index / inner) % local_d;
-  const int64_t within = local_index % inner;
-  const int64_t local_block = local_d / spec.partition_blocks;
-  const int64_t global_block = global_d / spec.partition_blocks;
-  const int64_t global_coord = (coord / local_block) * global_block + tp_rank * local_block + coord % local_block;
-  return (outer_index * global_d + global_coord) * inner + within;
+  if (!spec.expert_parallel && (spec.partition_dim < 0 || tp_size == 1)) return local_index;
+  // The local element's row-major coordinates, each mapped to the global tensor, recomposed.
+  int64_t rest = local_index, global = 0, stride = 1;
+  for (size_t d = local_shape.size(); d-- > 0;) {
+    global += global_coordinate(d, rest % local_shape[d]) * stride;
+    rest /= local_shape[d];
+    stride *= spec.global_shape[d];
+  }
+  return global;
+}
+
+int64_t Parameter::contiguous_runs() const {
+  if (spec.partition_dim < 0 || tp_size == 1 || spec.partition_blocks == 1) return 1;
+  int64_t outer = 1;
+  for (size_t d = 0; d < size_t(spec.partition_dim); ++d) outer *= local_shape[d];
+  return outer * spec.partition_blocks;
 }
 
 std::vector<Parameter::Slice> Parameter::global_slices_of(const Tensor& local) const {
   check_shape(local, local_shape, spec.name.c_str());
-  Shape offset(spec.global_shape.size(), 0);
-  if (spec.expert_parallel) offset[0] = expert_offset();
-  if (spec.partition_dim < 0 || tp_size == 1) return {{offset, local}};
-  const int d = spec.partition_dim;
-  const int64_t local_block = local_shape[size_t(d)] / spec.partition_blocks;
-  const int64_t global_block = spec.global_shape[size_t(d)] / spec.partition_blocks;
-  if (spec.partition_blocks == 1) {
-    offset[size_t(d)] = tp_rank * local_block;
-    return {{offset, local}};
-  }
-  MEGATRON_CHECK(d == 0, spec.name << ": blocked partitions are only supported along dim 0");
+  const int64_t runs = contiguous_runs();
+  const Tensor rows = local.view({runs, -1});
   std::vector<Slice> slices;
-  for (int64_t b = 0; b < spec.partition_blocks; ++b) {
-    offset[0] = b * global_block + tp_rank * local_block;
-    slices.push_back({offset, local.slice(b * local_block, (b + 1) * local_block)});
+  for (int64_t k = 0; k < runs; ++k) {
+    // Run k: the local coordinates of its first element, and its extent (1 in the dimensions
+    // before the partition dimension when there are several runs).
+    Shape first(local_shape.size(), 0), extent = local_shape;
+    if (runs > 1) {
+      const auto d = size_t(spec.partition_dim);
+      const int64_t local_block = local_shape[d] / spec.partition_blocks;
+      first[d] = (k % spec.partition_blocks) * local_block;
+      extent[d] = local_block;
+      for (int64_t outer = k / spec.partition_blocks, i = int64_t(d) - 1; i >= 0; --i) {
+        first[size_t(i)] = outer % local_shape[size_t(i)];
+        extent[size_t(i)] = 1;
+        outer /= local_shape[size_t(i)];
+      }
+    }
+    for (size_t d = 0; d < first.size(); ++d) first[d] = global_coordinate(d, first[d]);
+    slices.push_back({std::move(first), runs > 1 ? rows.select(k).view(extent) : local});
   }
   return slices;
 }
@@ -102,26 +115,18 @@ std::vector<Parameter::FlatBox> Parameter::global_boxes(int64_t begin, int64_t e
   MEGATRON_CHECK(0 <= begin && begin <= end && end <= n,
                  spec.name << ": flat range [" << begin << ", " << end << ") lies outside its " << n << " elements");
   MEGATRON_CHECK(!local_shape.empty(), spec.name << ": a scalar parameter has no boxes; register it with shape [1]");
-  const bool split = spec.partition_dim >= 0 && tp_size > 1;
-  const size_t d = size_t(std::max(spec.partition_dim, 0));
-  const int64_t local_block = local_shape[d] / spec.partition_blocks;
-  const int64_t global_block = spec.global_shape[d] / spec.partition_blocks;
-  // Blocks split along dim 0 land in separate places of the global tensor: cut at block edges.
-  const int64_t pieces = split ? spec.partition_blocks : 1;
-  MEGATRON_CHECK(pieces == 1 || d == 0, spec.name << ": blocked partitions are only supported along dim 0");
+  // Cut at the runs' edges: a box inside one run maps to the global tensor coordinate by
+  // coordinate (blocks split along a dimension land in separate places of the global tensor).
+  const int64_t runs = contiguous_runs(), run = n / runs;
   std::vector<FlatBox> out;
-  for (int64_t k = 0; k < pieces; ++k) {
-    const int64_t lo = std::max(begin, k * n / pieces), hi = std::min(end, (k + 1) * n / pieces);
+  for (int64_t k = begin / std::max<int64_t>(run, 1); k < runs && k * run < end; ++k) {
+    const int64_t lo = std::max(begin, k * run), hi = std::min(end, (k + 1) * run);
     std::vector<Box> boxes;
     Shape prefix;
     append_boxes(local_shape, 0, lo, hi, prefix, boxes);
     int64_t flat = lo;
     for (Box& box : boxes) {
-      if (split) {
-        const int64_t c = box.offset[d];
-        box.offset[d] = (c / local_block) * global_block + tp_rank * local_block + c % local_block;
-      }
-      box.offset[0] += expert_offset();
+      for (size_t d = 0; d < box.offset.size(); ++d) box.offset[d] = global_coordinate(d, box.offset[d]);
       const int64_t size = shape_numel(box.shape);
       out.push_back({flat, std::move(box.offset), std::move(box.shape)});
       flat += size;

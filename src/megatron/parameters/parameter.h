@@ -25,7 +25,8 @@ struct ParamSpec {
   bool weight_decay = true;        // false for biases and norm weights
   bool sequence_parallel = false;  // replicated under TP but sees only a sequence shard under SP
   // Dim 0 indexes MoE experts, split in contiguous ranges over the expert-parallel ranks (the
-  // global tensor holds every expert by its global index). Not combined with a TP split here.
+  // global tensor holds every expert by its global index); a TP split (expert tensor
+  // parallelism) then cuts another dimension of each expert.
   bool expert_parallel = false;
   // The last pipeline stage's copy of the tied word embedding (its output layer's weight): kept
   // equal to the first stage's by summing the two gradients, so neither counted in the gradient
@@ -69,6 +70,9 @@ struct Parameter {
   // parallelism, 0 otherwise.
   int64_t expert_offset() const { return spec.expert_parallel ? int64_t(ep_rank) * local_shape[0] : 0; }
 
+  // The global coordinate along `dim` of local coordinate `local_coord`: shifted by the expert
+  // offset (dim 0) and placed in its TP block (the partition dimension).
+  int64_t global_coordinate(size_t dim, int64_t local_coord) const;
   // Index into the global tensor of local element `local_index` (row-major): how a shard
   // initialises exactly the values the full tensor would hold there.
   int64_t global_index(int64_t local_index) const;
@@ -91,6 +95,11 @@ struct Parameter {
     Shape shape;
   };
   std::vector<FlatBox> global_boxes(int64_t begin, int64_t end) const;
+
+ private:
+  // The local tensor as equal contiguous runs that each lie in one box of the global tensor: 1,
+  // or with a blocked TP split one per block and coordinate of the dimensions before the split.
+  int64_t contiguous_runs() const;
 };
 
 }  // namespace megatron

@@ -11,8 +11,14 @@ namespace {
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 }  // namespace
 
-ParameterRegistry::ParameterRegistry(int tp_rank, int tp_size, int ep_rank, int ep_size)
-    : tp_rank_(tp_rank), tp_size_(tp_size), ep_rank_(ep_rank), ep_size_(ep_size) {
+ParameterRegistry::ParameterRegistry(int tp_rank, int tp_size, int ep_rank, int ep_size, int expert_tp_rank,
+                                     int expert_tp_size)
+    : tp_rank_(tp_rank),
+      tp_size_(tp_size),
+      ep_rank_(ep_rank),
+      ep_size_(ep_size),
+      expert_tp_rank_(expert_tp_size > 0 ? expert_tp_rank : tp_rank),
+      expert_tp_size_(expert_tp_size > 0 ? expert_tp_size : tp_size) {
   MEGATRON_CHECK(tp_size >= 1 && 0 <= tp_rank && tp_rank < tp_size,
                  "a parameter registry for TP rank "
                      << tp_rank << " of " << tp_size
@@ -20,15 +26,22 @@ ParameterRegistry::ParameterRegistry(int tp_rank, int tp_size, int ep_rank, int 
   MEGATRON_CHECK(ep_size >= 1 && 0 <= ep_rank && ep_rank < ep_size, "a parameter registry for EP rank "
                                                                         << ep_rank << " of " << ep_size
                                                                         << " ranks: the rank must lie in [0, EP size)");
+  MEGATRON_CHECK(0 <= expert_tp_rank_ && expert_tp_rank_ < expert_tp_size_,
+                 "a parameter registry for expert TP rank " << expert_tp_rank_ << " of " << expert_tp_size_
+                                                            << " ranks: the rank must lie in [0, expert TP size)");
 }
 
 Parameter* ParameterRegistry::add(ParamSpec spec) {
   MEGATRON_CHECK(find(spec.name) == nullptr, "parameter " << spec.name << " registered twice");
   MEGATRON_CHECK(!param_buffer_.defined(), "parameter " << spec.name << " registered after allocate()");
   auto p = std::make_unique<Parameter>();
-  p->local_shape = tp_local_shape(spec, tp_size_);
+  // Experts split over expert TP, the rest over TP.
+  p->tp_rank = spec.expert_parallel ? expert_tp_rank_ : tp_rank_;
+  p->tp_size = spec.expert_parallel ? expert_tp_size_ : tp_size_;
+  p->local_shape = tp_local_shape(spec, p->tp_size);
   if (spec.expert_parallel) {
-    MEGATRON_CHECK(spec.partition_dim < 0, spec.name << ": an expert-parallel parameter is not split over TP here");
+    MEGATRON_CHECK(spec.partition_dim != 0,
+                   spec.name << ": dim 0 of an expert-parallel parameter indexes experts; split another over TP");
     MEGATRON_CHECK(!spec.global_shape.empty() && spec.global_shape[0] % ep_size_ == 0,
                    spec.name << ": " << (spec.global_shape.empty() ? 0 : spec.global_shape[0])
                              << " experts do not divide over EP " << ep_size_);
@@ -37,8 +50,6 @@ Parameter* ParameterRegistry::add(ParamSpec spec) {
     p->ep_size = ep_size_;
   }
   p->spec = std::move(spec);
-  p->tp_rank = tp_rank_;
-  p->tp_size = tp_size_;
   p->index = params_.size();
   params_.push_back(std::move(p));
   return params_.back().get();

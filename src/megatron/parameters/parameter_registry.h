@@ -45,8 +45,11 @@ class ParameterRegistry {
   // The registry of a model that is not split over TP.
   ParameterRegistry() : ParameterRegistry(0, 1) {}
   // The registry of TP rank `tp_rank` of a group of `tp_size` ranks, and of expert-parallel rank
-  // `ep_rank` of `ep_size` (which expert-parallel parameters hold, ParamSpec::expert_parallel).
-  ParameterRegistry(int tp_rank, int tp_size, int ep_rank = 0, int ep_size = 1);
+  // `ep_rank` of `ep_size` (which expert-parallel parameters hold, ParamSpec::expert_parallel),
+  // whose TP split is over expert TP rank `expert_tp_rank` of `expert_tp_size` (--expert-tensor-
+  // parallel-size; size 0: the TP rank and size).
+  ParameterRegistry(int tp_rank, int tp_size, int ep_rank = 0, int ep_size = 1, int expert_tp_rank = 0,
+                    int expert_tp_size = 0);
   ParameterRegistry(const ParameterRegistry&) = delete;
   ParameterRegistry& operator=(const ParameterRegistry&) = delete;
 
@@ -54,6 +57,8 @@ class ParameterRegistry {
   int tp_size() const { return tp_size_; }
   int ep_rank() const { return ep_rank_; }
   int ep_size() const { return ep_size_; }
+  int expert_tp_rank() const { return expert_tp_rank_; }
+  int expert_tp_size() const { return expert_tp_size_; }
 
   // Registers this TP rank's shard of a parameter; returns a stable pointer (valid for the
   // registry's lifetime). Views are created by allocate().
@@ -124,6 +129,8 @@ class ParameterRegistry {
   int tp_size_;
   int ep_rank_;
   int ep_size_;
+  int expert_tp_rank_;
+  int expert_tp_size_;
   std::vector<std::unique_ptr<Parameter>> params_;
   Tensor param_buffer_;
   Tensor grad_buffer_;

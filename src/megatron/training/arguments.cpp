@@ -165,7 +165,8 @@ std::vector<Flag> build_flag_table() {
       {"--recompute-num-layers", FIELD(model.recompute.recompute_num_layers), recompute,
        "With full: layers per group (uniform) or layers recomputed per pipeline stage (block)"},
       {"--recompute-modules", FIELD(model.recompute.recompute_modules), recompute,
-       "With selective: core_attn (the attention op's output), mlp (the dense MLP's fc1); default: core_attn"},
+       "With selective: core_attn (the attention op's output), mlp (the dense MLP's fc1), moe (a whole MoE "
+       "layer), moe_act (the experts' activation); default: core_attn"},
       {"--bf16", Switch{FIELD(bf16), true}, parallel, "bf16 parameters and compute, fp32 master weights"},
       {"--fp16", Switch{FIELD(fp16), true}, parallel,
        "fp16 parameters and compute with loss scaling, fp32 master weights and gradients"},
@@ -214,7 +215,7 @@ std::vector<Flag> build_flag_table() {
       {"--expert-model-parallel-size", FIELD(parallel.expert_model_parallel_size), parallel,
        "EP: the experts of each MoE layer split over EP ranks of each data-parallel group"},
       {"--expert-tensor-parallel-size", FIELD(parallel.expert_tensor_parallel_size), parallel,
-       "Expert TP; unset: the TP size (the only value in this build)"},
+       "Expert TP: each expert's FFN split over this many ranks (Megatron's expert layout); unset: the TP size"},
       {"--sequence-parallel", Switch{FIELD(parallel.sequence_parallel), true}, parallel,
        "Sequence parallelism: norms, dropout and residuals on S/TP positions per TP rank (no effect at TP 1)"},
       {"--tp-comm-overlap", Switch{FIELD(parallel.tp_comm_overlap), true}, parallel,
@@ -919,7 +920,7 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   check_context_parallel(args, errors);
   const int64_t layers_per_pipeline_rank =
       args.model.num_layers / std::max<int64_t>(args.parallel.pipeline_model_parallel_size, 1);
-  for (std::string& e : validate_recompute(args.model.recompute, layers_per_pipeline_rank, args.model.moe.enabled()))
+  for (std::string& e : validate_recompute(args.model.recompute, layers_per_pipeline_rank))
     errors.push_back(std::move(e));
   check_rampup(args, errors);
   check_schedule(args, errors);

@@ -26,6 +26,9 @@ struct ForwardContext {
   // the main loss's scale without its division by tokens, i.e. loss scale / micro-batches
   // (Megatron's MoEAuxLossAutoScaler).
   float aux_loss_grad_scale = 1.0f;
+  // A forward run again in backward (full recomputation, or the moe module): the same values,
+  // but the MoE routers count no expert-bias loads again.
+  bool recompute = false;
   // Generation: the positions run now follow kv_cache->length cached ones, which they attend to
   // too (kv_cache.h); null in training and evaluation.
   KvCache* kv_cache = nullptr;

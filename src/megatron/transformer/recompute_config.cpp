@@ -8,14 +8,14 @@ namespace megatron {
 
 namespace {
 // What --recompute-modules may name here, and Megatron's other names (refused, not built).
-const std::vector<std::string> kBuiltModules = {"core_attn", "mlp"};
-const std::vector<std::string> kMegatronOnlyModules = {"moe_act", "layernorm", "mla_up_proj", "moe", "shared_experts"};
+const std::vector<std::string> kBuiltModules = {"core_attn", "mlp", "moe", "moe_act"};
+const std::vector<std::string> kMegatronOnlyModules = {"layernorm", "mla_up_proj", "shared_experts"};
 
 bool contains(const std::vector<std::string>& list, const std::string& item) {
   return std::find(list.begin(), list.end(), item) != list.end();
 }
 
-void check_full(const RecomputeConfig& r, int64_t layers_per_pipeline_rank, bool moe, std::vector<std::string>& e) {
+void check_full(const RecomputeConfig& r, int64_t layers_per_pipeline_rank, std::vector<std::string>& e) {
   if (r.recompute_method.empty())
     e.push_back("--recompute-granularity full needs --recompute-method uniform (every layer, in groups of "
                 "--recompute-num-layers) or block (the first --recompute-num-layers layers of each pipeline stage)");
@@ -28,10 +28,6 @@ void check_full(const RecomputeConfig& r, int64_t layers_per_pipeline_rank, bool
                        " must lie between 1 and the layers per pipeline rank (", layers_per_pipeline_rank,
                        ", Megatron's bound num_layers // PP); give a value in that range"));
   }
-  if (moe)
-    e.push_back("--recompute-granularity full with --num-experts is not built yet: a recomputed MoE forward would "
-                "count its routing statistics and expert-bias loads twice; use --recompute-granularity selective "
-                "(core_attn, or mlp for the dense layers) or no recomputation");
 }
 }  // namespace
 
@@ -55,12 +51,12 @@ std::vector<LayerSegment> recompute_segments(const RecomputeConfig& r, int64_t n
   return segments;
 }
 
-std::vector<std::string> validate_recompute(const RecomputeConfig& r, int64_t layers_per_pipeline_rank, bool moe) {
+std::vector<std::string> validate_recompute(const RecomputeConfig& r, int64_t layers_per_pipeline_rank) {
   std::vector<std::string> e;
   if (r.recompute_activations && r.recompute_granularity == "full")
     e.push_back("--recompute-activations means --recompute-granularity selective, but --recompute-granularity is "
                 "full: give one of them");
-  if (r.full()) check_full(r, layers_per_pipeline_rank, moe, e);
+  if (r.full()) check_full(r, layers_per_pipeline_rank, e);
   if (!r.full() && !r.recompute_method.empty())
     e.push_back(concat("--recompute-method ", r.recompute_method,
                        " applies to --recompute-granularity full only: add it, or drop --recompute-method"));

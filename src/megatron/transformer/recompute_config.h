@@ -14,7 +14,13 @@
 //   (--recompute-modules, Megatron's default core_attn):
 //     core_attn: the attention op's output and log-sum-exp (q, k, v stay), recomputed by the
 //                attention forward before the output projection's backward, which reads them;
-//     mlp:       a dense MLP keeps only its input; backward recomputes fc1 and the activation.
+//     mlp:       a dense MLP keeps only its input; backward recomputes fc1 and the activation;
+//     moe:       an MoE layer (router, token exchange, experts, shared expert) keeps only its input
+//                and its routing's statistics; backward runs its forward again, exchanges included;
+//     moe_act:   the experts' activation: they keep only fc1's output and recompute it in backward
+//                always (as the dense MLP), which is what Megatron's moe_act saves.
+// A recomputed forward (full, or moe) counts no expert-bias loads or routing statistics again
+// (ForwardContext::recompute).
 // Recomputation reruns the same kernels on the same inputs (dropout masks are counter-based), so
 // gradients are bit-identical to a run without it.
 #include <cstdint>
@@ -50,8 +56,7 @@ struct LayerSegment {
 std::vector<LayerSegment> recompute_segments(const RecomputeConfig& recompute, int64_t num_layers);
 
 // Every rule the settings break, one message each (value, rule, fix). `layers_per_pipeline_rank`
-// bounds --recompute-num-layers as Megatron does (num_layers // PP); `moe`: the model has MoE layers.
-std::vector<std::string> validate_recompute(const RecomputeConfig& recompute, int64_t layers_per_pipeline_rank,
-                                            bool moe);
+// bounds --recompute-num-layers as Megatron does (num_layers // PP).
+std::vector<std::string> validate_recompute(const RecomputeConfig& recompute, int64_t layers_per_pipeline_rank);
 
 }  // namespace megatron

@@ -155,8 +155,11 @@ void check_vocab(const TransformerConfig& c, std::vector<std::string>& errors) {
   }
 }
 
-// The MoE layers on the layout: whole experts per EP rank, EP only with experts; no TP yet.
-void check_expert_split(const MoEConfig& m, int64_t tp, int64_t ep, std::vector<std::string>& errors) {
+// The MoE layers on the layout: whole experts per EP rank, EP only with experts; under TP
+// sequence parallelism, and each expert's FFN split over expert TP.
+void check_expert_split(const MoEConfig& m, const ParallelArgs& parallel, std::vector<std::string>& errors) {
+  const int64_t tp = parallel.tensor_model_parallel_size, ep = parallel.expert_model_parallel_size;
+  const int64_t etp = parallel.expert_tensor_parallel_size > 0 ? parallel.expert_tensor_parallel_size : tp;
   if (!m.enabled()) {
     if (ep > 1)
       errors.push_back(concat("--expert-model-parallel-size ", ep,
@@ -168,9 +171,18 @@ void check_expert_split(const MoEConfig& m, int64_t tp, int64_t ep, std::vector<
     errors.push_back(concat("--num-experts ", m.num_moe_experts, " is not divisible by --expert-model-parallel-size ",
                             ep, ": each EP rank holds num_experts / EP whole experts; use an EP that divides ",
                             m.num_moe_experts));
-  if (tp > 1)
+  if (tp > 1 && !parallel.sequence_parallel)
     errors.push_back(concat("--num-experts with --tensor-model-parallel-size ", tp,
-                            ": MoE layers run at TP 1 in this build; use TP 1"));
+                            " needs --sequence-parallel (Megatron's rule: each TP rank routes its own tokens); add ",
+                            "--sequence-parallel, or use TP 1"));
+  if (etp > 1 && m.moe_ffn_hidden_size > 0 && m.moe_ffn_hidden_size % etp != 0)
+    errors.push_back(concat("--moe-ffn-hidden-size ", m.moe_ffn_hidden_size, " is not divisible by the expert TP size ",
+                            etp, " (--expert-tensor-parallel-size, default the TP size): each expert TP rank holds ",
+                            "moe_ffn_hidden_size / expert TP columns of every expert; use a multiple of ", etp));
+  if (tp > 1 && m.moe_shared_expert_intermediate_size % tp != 0)
+    errors.push_back(concat("--moe-shared-expert-intermediate-size ", m.moe_shared_expert_intermediate_size,
+                            " is not divisible by --tensor-model-parallel-size ", tp,
+                            ": the shared expert is split over TP as the MLP; use a multiple of ", tp));
 }
 
 }  // namespace
@@ -226,7 +238,7 @@ std::vector<std::string> validate_tensor_parallel_split(const TransformerConfig&
                             " is not divisible by --tensor-model-parallel-size ", tp,
                             ": each TP rank holds ffn_hidden_size / TP columns of the MLP; use a multiple of ", tp));
   }
-  check_expert_split(c.moe, tp, parallel.expert_model_parallel_size, errors);
+  check_expert_split(c.moe, parallel, errors);
   // Derived padding always divides; a vocabulary padded for another TP (a checkpoint's) may not.
   if (c.padded_vocab_size > 0 && c.padded_vocab_size % tp != 0) {
     errors.push_back(concat("the padded vocabulary (", c.padded_vocab_size,

@@ -43,7 +43,8 @@ Tensor sequence_columns(const Tensor& ids_bs, int64_t s0, int64_t s1) {
 
 std::unique_ptr<ParameterRegistry> make_model_registry(const ParallelContext& ctx) {
   return std::make_unique<ParameterRegistry>(ctx.tp_rank(), ctx.tp_size(), ctx.ep ? ctx.ep->rank() : 0,
-                                             ctx.ep ? ctx.ep->size() : 1);
+                                             ctx.ep ? ctx.ep->size() : 1, ctx.expert_tp ? ctx.expert_tp->rank() : 0,
+                                             ctx.expert_tp ? ctx.expert_tp->size() : 0);
 }
 
 GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, Device device,
@@ -146,14 +147,23 @@ Tensor GPTModel::forward_layers(const MicroBatch& mb, const Tensor& input, const
   }
   saved.layers.assign(decoder_.size(), {});
   saved.layer_checkpoints.assign(layer_segments_.size(), {});
+  moe_stats_ = {};
   for (size_t s = 0; s < layer_segments_.size(); ++s) {
     const LayerSegment& segment = layer_segments_[s];
     const bool checkpointed = segment.checkpointed && fwd.training;  // evaluation runs no backward
-    if (checkpointed) saved.layer_checkpoints[s] = {stream, layer_fwd};
+    if (checkpointed) {
+      saved.layer_checkpoints[s] = {stream, layer_fwd};
+      saved.layer_checkpoints[s].fwd.recompute = true;  // what backward runs again counts nothing again
+    }
     stream = forward_segment(segment, stream, layer_fwd, &saved.layers[size_t(segment.begin)]);
-    // A checkpointed segment's layers drop what they saved; the stream they return stays alive.
-    if (checkpointed)
-      for (int64_t i = segment.begin; i < segment.end; ++i) saved.layers[size_t(i)] = {};
+    // The routing statistics of the segment's MoE layers, before a checkpointed segment's layers
+    // drop what they saved (the stream they return stays alive).
+    for (int64_t i = segment.begin; i < segment.end; ++i) {
+      for (size_t j = 0; j < decoder_[size_t(i)]->layers().size(); ++j)
+        if (const moe::MoELayer* moe = decoder_[size_t(i)]->layers()[j]->moe())
+          moe->add_stats(saved.layers[size_t(i)].layers[j].moe, moe_stats_);
+      if (checkpointed) saved.layers[size_t(i)] = {};
+    }
   }
   // The last block ends with the final norm, which leaves nothing deferred; a stage boundary
   // materialises the deferred addition, since the next stage's norm is on another rank.
@@ -236,11 +246,6 @@ Tensor GPTModel::stage_forward(const MicroBatch& mb, const Tensor& input, const 
   ActivationMemory memory;
   saved.count(memory);
   activation_bytes_ = int64_t(memory.bytes());
-  moe_stats_ = {};
-  for (size_t i = 0; i < decoder_.size(); ++i)
-    for (size_t j = 0; j < decoder_[i]->layers().size(); ++j)
-      if (const moe::MoELayer* moe = decoder_[i]->layers()[j]->moe())
-        moe->add_stats(saved.layers[i].layers[j].moe, moe_stats_);
   return h;
 }
 

@@ -9,17 +9,20 @@
 namespace megatron::moe {
 
 Experts::Experts(ParameterRegistry& registry, const TransformerConfig& config, const std::string& prefix)
-    : swiglu_(config.swiglu),
-      grouped_gemm_(config.moe.moe_grouped_gemm),
-      ffn_hidden_size_(config.moe.moe_ffn_hidden_size) {
-  const int64_t E = config.moe.num_moe_experts, H = config.hidden_size, F = ffn_hidden_size_;
+    : swiglu_(config.swiglu), grouped_gemm_(config.moe.moe_grouped_gemm) {
+  const int64_t E = config.moe.num_moe_experts, H = config.hidden_size, F = config.moe.moe_ffn_hidden_size;
+  // Expert tensor parallelism splits each expert as the dense MLP: fc1 by output rows in
+  // [gate; up] blocks (column-parallel), fc2 by input columns (row-parallel).
   fc1_ = registry.add({.name = prefix + ".linear_fc1.weight",
                        .global_shape = {E, swiglu_ ? 2 * F : F, H},
+                       .partition_dim = 1,
+                       .partition_blocks = swiglu_ ? 2 : 1,
                        .init_std = config.init_method_std,
                        .expert_parallel = true});
   // fc2 as Megatron's output layers: std / sqrt(2 * layers).
   fc2_ = registry.add({.name = prefix + ".linear_fc2.weight",
                        .global_shape = {E, H, F},
+                       .partition_dim = 2,
                        .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers)),
                        .expert_parallel = true});
 }
@@ -59,7 +62,7 @@ void Experts::experts_linear_backward(Tensor& dx, const Tensor& dy, const Tensor
 }
 
 Tensor Experts::activation(const Tensor& fc1_out) const {
-  Tensor act = Tensor::empty({fc1_out.dim(0), ffn_hidden_size_}, fc1_out.dtype(), fc1_out.device());
+  Tensor act = Tensor::empty({fc1_out.dim(0), fc2_->local_shape[2]}, fc1_out.dtype(), fc1_out.device());
   if (swiglu_)
     ops::swiglu_forward(act, fc1_out);
   else

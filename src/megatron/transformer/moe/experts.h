@@ -3,7 +3,10 @@
 // registered as one (E, out, in) parameter per layer whose dim 0 is the global expert index
 // (decoder.layers.N.mlp.experts.linear_fc1.weight, (E, F or 2F, H); linear_fc2.weight, (E, H, F)),
 // so a checkpoint holds every expert by its index. Under expert parallelism this rank holds the
-// contiguous experts [first_expert(), first_expert() + num_local_experts()). Rows arrive grouped by expert
+// contiguous experts [first_expert(), first_expert() + num_local_experts()); under expert tensor
+// parallelism (--expert-tensor-parallel-size, default TP) its expert TP shard of each (fc1
+// column-, fc2 row-parallel), so its output rows are partial sums over the expert TP ranks, which
+// the token exchange adds (moe_layer.h). Rows arrive grouped by expert
 // (token_dispatcher.h): expert e runs on tokens_per_expert[e] consecutive rows. The activation is
 // recomputed in backward from the saved fc1 output, as the dense MLP.
 #include <string>
@@ -42,7 +45,6 @@ class Experts {
   Tensor activation(const Tensor& fc1_out) const;
   bool swiglu_;
   bool grouped_gemm_;
-  int64_t ffn_hidden_size_;
   Parameter* fc1_;
   Parameter* fc2_;
 };

@@ -13,15 +13,25 @@ TransformerConfig shared_expert_config(const TransformerConfig& config) {
 
 MoELayer::MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                    const std::string& prefix)
-    : ep_(ctx.ep && ctx.ep->size() > 1 ? ctx.ep : nullptr),
-      alltoall_(ep_ && config.moe.moe_token_dispatcher_type == TokenDispatcherType::alltoall),
-      router_(registry, config, prefix + ".router"),
+    : recompute_(config.recompute.recomputes("moe")),
+      exchange_(ctx.expert_tp_ep && ctx.expert_tp_ep->size() > 1 ? ctx.expert_tp_ep : nullptr),
+      alltoall_(exchange_ && config.moe.moe_token_dispatcher_type == TokenDispatcherType::alltoall),
+      router_(registry, ctx, config, prefix + ".router"),
       experts_(registry, config, prefix + ".experts") {
-  MEGATRON_CHECK(registry.ep_size() == (ep_ ? ep_->size() : 1),
-                 "the parameter registry is for EP " << registry.ep_size() << " but the context's EP group has "
-                                                     << (ep_ ? ep_->size() : 1) << " ranks");
-  MEGATRON_CHECK(ctx.tp_size() == 1, "MoE layers run at tensor-parallel size 1 in this build, not "
-                                         << ctx.tp_size() << "; use --tensor-model-parallel-size 1");
+  const int ep = ctx.ep ? ctx.ep->size() : 1, etp = ctx.expert_tp ? ctx.expert_tp->size() : 1;
+  MEGATRON_CHECK(registry.ep_size() == ep,
+                 "the parameter registry is for EP " << registry.ep_size() << " but the context's EP group has " << ep
+                                                     << " ranks");
+  // Megatron's rule: MoE under TP needs sequence parallelism (each TP rank routes its own tokens).
+  MEGATRON_CHECK(ctx.tp_size() == 1 || ctx.sequence_parallel(),
+                 "MoE layers at --tensor-model-parallel-size " << ctx.tp_size()
+                                                               << " need --sequence-parallel (Megatron's rule)");
+  MEGATRON_CHECK(registry.expert_tp_size() == etp, "the parameter registry splits experts over expert TP "
+                                                       << registry.expert_tp_size() << " but the context's expert TP "
+                                                       << "group has " << etp << " ranks");
+  MEGATRON_CHECK((exchange_ ? exchange_->size() : 1) == ep * etp,
+                 "the context's expert TP x EP group has " << (exchange_ ? exchange_->size() : 1) << " ranks, not EP "
+                                                           << ep << " x expert TP " << etp);
   if (config.moe.moe_shared_expert_intermediate_size > 0)
     shared_experts_ = std::make_unique<MLP>(registry, ctx, shared_expert_config(config), prefix + ".shared_experts");
 }
@@ -33,9 +43,30 @@ void MoELayer::Saved::count(ActivationMemory& m) const {
   experts.count(m);
   m.add(expert_output);
   shared.count(m);
+  m.add(recompute_input);
 }
 
 Tensor MoELayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
+  const Tensor y = forward_kept(x, fwd, saved);
+  if (recompute_ && fwd.training) {
+    Routing routing = std::move(saved.router.routing);
+    saved = {};
+    saved.router.routing = std::move(routing);
+    saved.recompute_input = x;
+    saved.recompute_fwd = fwd;
+    saved.recompute_fwd.recompute = true;  // counts no expert-bias loads again
+  }
+  return y;
+}
+
+Tensor MoELayer::backward(const Tensor& dy, const Saved& saved) const {
+  if (!saved.recompute_input.defined()) return backward_kept(dy, saved);
+  Saved again;
+  forward_kept(saved.recompute_input, saved.recompute_fwd, again);
+  return backward_kept(dy, again);
+}
+
+Tensor MoELayer::forward_kept(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
   const Tensor tokens = x.view({-1, x.dim(-1)});  // (T,H), T = S*B in sequence-major order
   const Routing& routing = router_.forward(tokens, fwd, saved.router);
   const DType weights = saved.router.input.dtype() == DType::f64 ? DType::f64 : DType::f32;
@@ -43,21 +74,22 @@ Tensor MoELayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& save
   if (alltoall_) {
     // This rank's tokens grouped over all experts, exchanged with the experts' ranks and back.
     saved.plan = plan_dispatch(routing, 0, routing.num_experts, x.device(), weights);
-    saved.exchange = plan_exchange(routing.tokens_per_expert, experts_.num_local_experts(), *ep_, x.device());
-    const Tensor rows = to_experts(dispatch(tokens, saved.plan), saved.exchange, *ep_);
+    saved.exchange =
+        plan_exchange(routing.tokens_per_expert, experts_.num_local_experts(), *exchange_, x.device());
+    const Tensor rows = to_experts(dispatch(tokens, saved.plan), saved.exchange, *exchange_);
     const Tensor out = experts_.forward(rows, saved.exchange.tokens_per_local_expert, saved.experts);
-    saved.expert_output = from_experts(out, saved.exchange, *ep_);
+    saved.expert_output = from_experts(out, saved.exchange, *exchange_);
     y = combine(saved.expert_output, saved.plan);
   } else {
-    // Under EP (allgather): the tokens and routings of the whole EP group, of which this rank
-    // serves its experts.
-    const Tensor all_tokens = ep_ ? gather_tokens(tokens, *ep_) : tokens;
-    saved.plan = plan_dispatch(ep_ ? gather_routing(routing, *ep_, x.device()) : routing, experts_.first_expert(),
-                               experts_.num_local_experts(), x.device(), weights);
+    // Under EP or expert TP (allgather): the tokens and routings of the whole expert TP x EP
+    // group, of which this rank serves its experts (its TP shard of them: partial outputs).
+    const Tensor all_tokens = exchange_ ? gather_tokens(tokens, *exchange_) : tokens;
+    saved.plan = plan_dispatch(exchange_ ? gather_routing(routing, *exchange_, x.device()) : routing,
+                               experts_.first_expert(), experts_.num_local_experts(), x.device(), weights);
     saved.expert_output =
         experts_.forward(dispatch(all_tokens, saved.plan), saved.plan.tokens_per_expert, saved.experts);
     const Tensor combined = combine(saved.expert_output, saved.plan);
-    y = ep_ ? sum_to_token_ranks(combined, *ep_) : combined;
+    y = exchange_ ? sum_to_token_ranks(combined, *exchange_) : combined;
   }
   y = y.view(x.shape());
   if (shared_experts_) {
@@ -67,20 +99,22 @@ Tensor MoELayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& save
   return y;
 }
 
-Tensor MoELayer::backward(const Tensor& dy, const Saved& saved) const {
+Tensor MoELayer::backward_kept(const Tensor& dy, const Saved& saved) const {
   const Tensor dy_tokens = dy.view({-1, dy.dim(-1)});
   std::vector<double> dprobs;
   Tensor dx;
   if (alltoall_) {
     const Tensor drows = combine_backward(dy_tokens, saved.expert_output, saved.plan, dprobs);
-    const Tensor dexpert_in = experts_.backward(to_experts(drows, saved.exchange, *ep_), saved.experts);
-    dx = dispatch_backward(from_experts(dexpert_in, saved.exchange, *ep_), saved.plan);
+    const Tensor dexpert_in = experts_.backward(to_experts(drows, saved.exchange, *exchange_), saved.experts);
+    dx = dispatch_backward(from_experts(dexpert_in, saved.exchange, *exchange_), saved.plan);
   } else {
-    const Tensor dy_all = ep_ ? gather_tokens(dy_tokens, *ep_) : dy_tokens;
+    // The probabilities' gradient on each rank comes from its partial outputs: summed with the
+    // input gradient's partials on the tokens' ranks.
+    const Tensor dy_all = exchange_ ? gather_tokens(dy_tokens, *exchange_) : dy_tokens;
     const Tensor drows = combine_backward(dy_all, saved.expert_output, saved.plan, dprobs);
     const Tensor dx_all = dispatch_backward(experts_.backward(drows, saved.experts), saved.plan);
-    dx = ep_ ? sum_to_token_ranks(dx_all, *ep_) : dx_all;
-    if (ep_) dprobs = sum_probs_to_token_ranks(dprobs, saved.plan.probs.dim(1), *ep_, dx.device());
+    dx = exchange_ ? sum_to_token_ranks(dx_all, *exchange_) : dx_all;
+    if (exchange_) dprobs = sum_probs_to_token_ranks(dprobs, saved.plan.probs.dim(1), *exchange_, dx.device());
   }
   ops::add(dx, dx, router_.backward(dprobs, saved.router, dx.dtype()));
   dx = dx.view(dy.shape());

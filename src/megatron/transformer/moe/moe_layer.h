@@ -2,10 +2,12 @@
 // Megatron-Core's MoELayer, in place of the MLP of the layers --moe-layer-freq selects:
 //   y = sum_e probs[t,e] expert_e(x_t)  (+ shared_expert(x) with --moe-shared-expert-intermediate-size)
 // router (router.h) -> dispatch (token_dispatcher.h) -> experts (experts.h) -> combine; under
-// expert parallelism (the context's EP group) each rank runs its own experts on the tokens of the
-// whole EP group, which reach it by --moe-token-dispatcher-type: allgather (every rank gathers
-// every token, token_dispatcher.h) or alltoall (each token goes to its experts' ranks only,
-// alltoall_exchange.h). Parameter
+// expert parallelism and tensor parallelism (with sequence parallelism: each TP rank holds a
+// shard of the tokens and routes it) each rank runs its own experts, or its expert TP shard of
+// them (--expert-tensor-parallel-size, default TP), on the tokens of the whole expert TP x EP group (ParallelContext::expert_tp_ep), which
+// reach it by --moe-token-dispatcher-type: allgather (every rank gathers every token,
+// token_dispatcher.h) or alltoall (each token goes to its experts' ranks only,
+// alltoall_exchange.h); the exchange back sums the expert TP shards' partial outputs. Parameter
 // names are Megatron's: mlp.router.weight, mlp.experts.linear_fc{1,2}.weight (all experts, by global
 // index), mlp.shared_experts.linear_fc{1,2}.weight.
 #include <memory>
@@ -29,6 +31,10 @@ class MoELayer {
     Experts::Saved experts;
     Tensor expert_output;  // (N,H) rows before the weighted combine: the probabilities' gradient
     MLP::Saved shared;
+    // --recompute-modules moe: the layer's input and forward settings alone (with the routing
+    // above, host data for the statistics); backward runs the forward again from them.
+    Tensor recompute_input;
+    ForwardContext recompute_fwd;
     void count(ActivationMemory& m) const;
   };
   MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
@@ -41,8 +47,11 @@ class MoELayer {
   const Router& router() const { return router_; }
 
  private:
-  std::shared_ptr<Communicator> ep_;  // null without expert parallelism
-  bool alltoall_;                     // the all-to-all dispatcher (under EP)
+  Tensor forward_kept(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;  // keeps what backward reads
+  Tensor backward_kept(const Tensor& dy, const Saved& saved) const;
+  bool recompute_;                         // --recompute-modules moe
+  std::shared_ptr<Communicator> exchange_;  // expert TP x EP; null when one rank
+  bool alltoall_;                          // the all-to-all dispatcher (with an exchange)
   Router router_;
   Experts experts_;
   std::unique_ptr<MLP> shared_experts_;

@@ -25,7 +25,7 @@ struct MoEStats {
     load_balancing_loss += r.load_balancing_loss;
     z_loss += r.z_loss;
     weighted_losses += r.weighted_losses(p);
-    for (int64_t n : r.tokens_per_expert) {
+    for (int64_t n : r.all_tokens_per_expert) {
       min_tokens_per_expert = std::min(min_tokens_per_expert, n);
       max_tokens_per_expert = std::max(max_tokens_per_expert, n);
     }

@@ -1,5 +1,7 @@
 #include "megatron/transformer/moe/router.h"
 
+#include <algorithm>
+
 #include "megatron/ops/elementwise.h"
 #include "megatron/ops/gemm.h"
 
@@ -24,12 +26,15 @@ std::vector<double> to_host_doubles(const Tensor& t) {
 
 }  // namespace
 
-Router::Router(ParameterRegistry& registry, const TransformerConfig& config, const std::string& prefix)
+Router::Router(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+               const std::string& prefix)
     : weight_(registry.add({.name = prefix + ".weight",
                             .global_shape = {config.moe.num_moe_experts, config.hidden_size},
-                            .init_std = config.init_method_std})),
+                            .init_std = config.init_method_std,
+                            .sequence_parallel = ctx.sequence_parallel()})),
+      sequence_shards_(ctx.sequence_parallel() ? ctx.tp : nullptr),
       num_experts_(config.moe.num_moe_experts),
-      params_(routing_params(config.moe, config.seq_length)),
+      params_(routing_params(config.moe, config.seq_length / (sequence_shards_ ? ctx.tp_size() : 1))),
       bias_update_rate_(config.moe.moe_router_bias_update_rate),
       expert_bias_name_(prefix + ".expert_bias") {
   if (config.moe.moe_router_enable_expert_bias) {
@@ -46,11 +51,20 @@ const Routing& Router::forward(const Tensor& x, const ForwardContext& fwd, Saved
   Tensor logits = Tensor::empty({T, num_experts_}, saved.input.dtype(), x.device());
   ops::linear_forward(logits, saved.input, weight_in_router_dtype(), Tensor());
   saved.logits = to_host_doubles(logits);
-  saved.routing = route(saved.logits, T, num_experts_, params_, expert_bias_);
+  SumOverShards sum_over_shards;
+  if (sequence_shards_)
+    sum_over_shards = [&](std::vector<double>& sums) {
+      Tensor host = Tensor::empty({int64_t(sums.size())}, DType::f64);
+      std::copy(sums.begin(), sums.end(), host.data<double>());
+      Tensor on_device = host.to(x.device());
+      sequence_shards_->all_reduce(on_device, ReduceOp::sum);
+      sums = to_host_doubles(on_device);
+    };
+  saved.routing = route(saved.logits, T, num_experts_, params_, expert_bias_, sum_over_shards);
   saved.aux_loss_grad_scale = fwd.aux_loss_grad_scale;
-  if (fwd.training && !tokens_since_update_.empty())
+  if (fwd.training && !fwd.recompute && !tokens_since_update_.empty())
     for (int64_t e = 0; e < num_experts_; ++e)
-      tokens_since_update_[size_t(e)] += double(saved.routing.tokens_per_expert[size_t(e)]);
+      tokens_since_update_[size_t(e)] += double(saved.routing.all_tokens_per_expert[size_t(e)]);
   return saved.routing;
 }
 

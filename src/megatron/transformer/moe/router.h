@@ -1,6 +1,8 @@
 #pragma once
 // Megatron-Core's TopKRouter: logits = x W^T in fp32 (f64 for f64 models; --moe-router-dtype
-// fp32 semantics), W (E,H) replicated, then the routing of routing.h on the host. The load-
+// fp32 semantics), W (E,H) replicated, then the routing of routing.h on the host. Under sequence
+// parallelism each TP rank routes its sequence shard: W's gradient is summed over TP
+// (ParamSpec::sequence_parallel) and the routing's loads and losses over the shards (routing.h). The load-
 // balancing and z losses enter the backward through the logits' gradient, scaled by
 // ForwardContext::aux_loss_grad_scale (Megatron's MoEAuxLossAutoScaler).
 //
@@ -29,7 +31,8 @@ class Router {
     double aux_loss_grad_scale = 1.0;
     void count(ActivationMemory& m) const { m.add(input); }
   };
-  Router(ParameterRegistry& registry, const TransformerConfig& config, const std::string& prefix);
+  Router(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
+         const std::string& prefix);
   // x (T,H); S: tokens are (S,B) sequence-major (seq_aux_loss reads the sequences).
   const Routing& forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;
   // dprobs (T,E): gradient of the routing probabilities; accumulates W's gradient and returns dx
@@ -40,7 +43,8 @@ class Router {
   int64_t num_experts() const { return num_experts_; }
   // Tokens per expert of the training forwards since the last update; empty without expert bias.
   const std::vector<double>& tokens_since_update() const { return tokens_since_update_; }
-  // `global_counts`: tokens_since_update() summed over the data-parallel ranks. Clears the counter.
+  // `global_counts`: tokens_since_update() (every sequence shard's tokens) summed over the
+  // data-parallel ranks. Clears the counter.
   void update_expert_bias(const std::vector<double>& global_counts);
   const std::vector<double>& expert_bias() const { return expert_bias_; }
   void set_expert_bias(std::vector<double> bias);
@@ -51,6 +55,7 @@ class Router {
  private:
   Tensor weight_in_router_dtype() const;
   Parameter* weight_;
+  std::shared_ptr<Communicator> sequence_shards_;  // TP under sequence parallelism; null otherwise
   int64_t num_experts_;
   RoutingParams params_;
   double bias_update_rate_;

@@ -62,20 +62,20 @@ std::vector<double> balancing_scores(const std::vector<double>& logits, int64_t 
   return P;
 }
 
-// d(loss)/dP_te of the load-balancing loss: E f_(seq(t),e) / (k S^2 B) with the counts f taken
-// per sequence (seq_aux_loss) or over all tokens (aux_loss, one "sequence" of T tokens).
-std::vector<double> balancing_weights(const std::vector<double>& P, int64_t T, int64_t E, const RoutingParams& p) {
+// Sequences in the load-balancing loss's counts: B of the (S,B) tokens (seq_aux_loss), or one
+// "sequence" of all tokens (aux_loss).
+int64_t balancing_sequences(int64_t T, const RoutingParams& p) {
+  return p.load_balancing == LoadBalancingType::seq_aux_loss ? T / p.sequence_length : 1;
+}
+
+// d(loss)/dP_te of the load-balancing loss = norm * f_(seq(t),e): E / (k S^2 B) with S the
+// tokens of a sequence over all shards (aux_loss: every token, B = 1).
+double balancing_norm(const Routing& r, const RoutingParams& p) {
   const bool per_sequence = p.load_balancing == LoadBalancingType::seq_aux_loss;
-  const int64_t S = per_sequence ? p.sequence_length : T;
-  const int64_t B = T / S;  // sequences; tokens t = s*B + b
-  std::vector<double> f(size_t(B * E), 0.0);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t e : top_indices(P.data() + t * E, E, p.topk)) f[size_t((per_sequence ? t % B : 0) * E + e)] += 1.0;
-  std::vector<double> c(P.size());
-  const double norm = double(E) / (double(p.topk) * double(S) * double(S) * double(per_sequence ? B : 1));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t e = 0; e < E; ++e) c[size_t(t * E + e)] = norm * f[size_t((per_sequence ? t % B : 0) * E + e)];
-  return c;
+  const double shards = double(r.all_tokens) / double(r.num_tokens);
+  const double S = per_sequence ? double(p.sequence_length) * shards : double(r.all_tokens);
+  const double B = double(balancing_sequences(r.num_tokens, p));
+  return double(r.num_experts) / (double(p.topk) * S * S * B);
 }
 
 // Each expert keeps `capacity` tokens; returns the keep mask (T,E).
@@ -91,23 +91,51 @@ std::vector<uint8_t> capacity_mask(const Routing& r, int64_t capacity, TokenDrop
   return keep;
 }
 
-void add_losses(Routing& r, const std::vector<double>& logits, const RoutingParams& p) {
+double logsumexp(const double* l, int64_t n) {
+  const double m = *std::max_element(l, l + n);
+  double sum = 0.0;
+  for (int64_t e = 0; e < n; ++e) sum += std::exp(l[e] - m);
+  return m + std::log(sum);
+}
+
+// The loads and losses: local sums of this shard's tokens, summed over the shards, so every
+// shard holds the values of the whole micro-batch.
+void add_loads_and_losses(Routing& r, const std::vector<double>& logits, const RoutingParams& p,
+                          const SumOverShards& sum_over_shards) {
   const int64_t T = r.num_tokens, E = r.num_experts;
-  if (p.load_balancing != LoadBalancingType::none) {
+  const bool balancing = p.load_balancing != LoadBalancingType::none;
+  const int64_t B = balancing ? balancing_sequences(T, p) : 0;
+  // [tokens | tokens per expert (E) | balancing counts f (B,E) | balancing score sums (B,E) | sum of lse^2]
+  std::vector<double> sums(size_t(1 + E + 2 * B * E + 1), 0.0);
+  sums[0] = double(T);
+  for (int64_t e = 0; e < E; ++e) sums[size_t(1 + e)] = double(r.tokens_per_expert[size_t(e)]);
+  double* f = sums.data() + 1 + E;
+  double* score_sums = f + B * E;
+  if (balancing) {
     const std::vector<double> P = balancing_scores(logits, T, E, p);
-    const std::vector<double> c = balancing_weights(P, T, E, p);
-    for (size_t i = 0; i < P.size(); ++i) r.load_balancing_loss += c[i] * P[i];
-  }
-  if (p.z_loss_coeff > 0.0) {
     for (int64_t t = 0; t < T; ++t) {
-      const double* l = logits.data() + t * E;
-      const double m = *std::max_element(l, l + E);
-      double sum = 0.0;
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - m);
-      const double lse = m + std::log(sum);
-      r.z_loss += lse * lse / double(T);
+      const int64_t b = t % B;  // tokens t = s*B + b; B = 1 for aux_loss
+      for (int64_t e : top_indices(P.data() + t * E, E, p.topk)) f[b * E + e] += 1.0;
+      for (int64_t e = 0; e < E; ++e) score_sums[b * E + e] += P[size_t(t * E + e)];
     }
   }
+  if (p.z_loss_coeff > 0.0)
+    for (int64_t t = 0; t < T; ++t) sums.back() += std::pow(logsumexp(logits.data() + t * E, E), 2);
+  if (sum_over_shards) {
+    sum_over_shards(sums);
+    f = sums.data() + 1 + E;  // the callback may have replaced the vector
+    score_sums = f + B * E;
+  }
+
+  r.all_tokens = int64_t(sums[0]);
+  r.all_tokens_per_expert.assign(size_t(E), 0);
+  for (int64_t e = 0; e < E; ++e) r.all_tokens_per_expert[size_t(e)] = int64_t(sums[size_t(1 + e)]);
+  if (balancing) {
+    r.balancing_counts.assign(f, f + B * E);
+    const double norm = balancing_norm(r, p);
+    for (int64_t i = 0; i < B * E; ++i) r.load_balancing_loss += norm * f[i] * score_sums[i];
+  }
+  if (p.z_loss_coeff > 0.0) r.z_loss = sums.back() / double(r.all_tokens);
 }
 
 }  // namespace
@@ -129,7 +157,7 @@ RoutingParams routing_params(const MoEConfig& m, int64_t sequence_length) {
 }
 
 Routing route(const std::vector<double>& logits, int64_t T, int64_t E, const RoutingParams& p,
-              const std::vector<double>& expert_bias) {
+              const std::vector<double>& expert_bias, const SumOverShards& sum_over_shards) {
   MEGATRON_CHECK(int64_t(logits.size()) == T * E,
                  "router logits hold " << logits.size() << " values, not " << T << " tokens x " << E << " experts");
   MEGATRON_CHECK(T % p.sequence_length == 0, T << " tokens are not whole sequences of " << p.sequence_length);
@@ -181,7 +209,7 @@ Routing route(const std::vector<double>& logits, int64_t T, int64_t E, const Rou
   r.tokens_per_expert.assign(size_t(E), 0);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t e = 0; e < E; ++e) r.tokens_per_expert[size_t(e)] += r.routed[size_t(t * E + e)];
-  add_losses(r, logits, p);
+  add_loads_and_losses(r, logits, p, sum_over_shards);
   return r;
 }
 
@@ -231,16 +259,18 @@ std::vector<double> route_backward(const std::vector<double>& dprobs, const std:
   }
   if (p.load_balancing != LoadBalancingType::none && p.aux_loss_coeff > 0.0) {
     const std::vector<double> P = balancing_scores(logits, T, E, p);
-    const std::vector<double> c = balancing_weights(P, T, E, p);
+    const int64_t B = balancing_sequences(T, p);
+    const double norm = balancing_norm(r, p);
     const double w = aux_scale * p.aux_loss_coeff;
+    std::vector<double> c(static_cast<size_t>(E));
     for (int64_t t = 0; t < T; ++t) {
       const double* Pt = P.data() + t * E;
-      const double* ct = c.data() + t * E;
+      for (int64_t e = 0; e < E; ++e) c[size_t(e)] = norm * r.balancing_counts[size_t((t % B) * E + e)];
       double* dl = dlogits.data() + t * E;
       double Pc = 0.0;
-      for (int64_t e = 0; e < E; ++e) Pc += Pt[e] * ct[e];
+      for (int64_t e = 0; e < E; ++e) Pc += Pt[e] * c[size_t(e)];
       if (p.score_function == RouterScoreFunction::softmax) {
-        for (int64_t e = 0; e < E; ++e) dl[e] += w * Pt[e] * (ct[e] - Pc);
+        for (int64_t e = 0; e < E; ++e) dl[e] += w * Pt[e] * (c[size_t(e)] - Pc);
         continue;
       }
       // P = s / S over all experts: dP/ds_e gives ds_e = (c_e - <P, c>) / S, then s(1-s).
@@ -248,21 +278,19 @@ std::vector<double> route_backward(const std::vector<double>& dprobs, const std:
       for (int64_t e = 0; e < E; ++e) S += sigmoid(logits[size_t(t * E + e)]);
       for (int64_t e = 0; e < E; ++e) {
         const double s = sigmoid(logits[size_t(t * E + e)]);
-        dl[e] += w * (ct[e] - Pc) / S * s * (1.0 - s);
+        dl[e] += w * (c[size_t(e)] - Pc) / S * s * (1.0 - s);
       }
     }
   }
   if (p.z_loss_coeff > 0.0) {
-    // d/dl_te of mean_t lse_t^2 = 2 lse_t softmax(l_t)_e / T.
+    // d/dl_te of sum_t lse_t^2 / (tokens of all shards) = 2 lse_t softmax(l_t)_e / tokens.
     for (int64_t t = 0; t < T; ++t) {
       const double* l = logits.data() + t * E;
       softmax(l, E, q.data());
-      const double m = *std::max_element(l, l + E);
-      double sum = 0.0;
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - m);
-      const double lse = m + std::log(sum);
+      const double lse = logsumexp(l, E);
       for (int64_t e = 0; e < E; ++e)
-        dlogits[size_t(t * E + e)] += aux_scale * p.z_loss_coeff * 2.0 * lse * q[size_t(e)] / double(T);
+        dlogits[size_t(t * E + e)] +=
+            aux_scale * p.z_loss_coeff * 2.0 * lse * q[size_t(e)] / double(r.all_tokens);
     }
   }
   return dlogits;

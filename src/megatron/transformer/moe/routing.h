@@ -21,7 +21,13 @@
 //                  f_e = tokens whose top-k of P holds e (before capacity; no bias, no groups)
 //   seq_aux_loss:  the same per sequence b (T = S), averaged over the B sequences
 //   z_loss:        mean_t logsumexp(l_t)^2
+// Under sequence parallelism each TP rank routes its own shard of the micro-batch's tokens (the
+// same B sequences, other positions): the counts f, the sums over tokens and the loads are summed
+// over the shards, so every shard's loss values and loads are the whole micro-batch's (Megatron's
+// counts reduced over TP), and each shard's logits get their own tokens' share of the gradient.
+// Capacity stays per shard, as Megatron's.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "megatron/transformer/moe/moe_config.h"
@@ -40,7 +46,7 @@ struct RoutingParams {
   double capacity_factor = 0.0;  // 0: dropless
   TokenDropPolicy drop_policy = TokenDropPolicy::probs;
   bool pad_to_capacity = false;
-  int64_t sequence_length = 1;  // S of the (S,B) token order (seq_aux_loss)
+  int64_t sequence_length = 1;  // S of the (S,B) token order (seq_aux_loss): this shard's positions
 };
 
 RoutingParams routing_params(const MoEConfig& moe, int64_t sequence_length);
@@ -51,17 +57,24 @@ struct Routing {
   std::vector<uint8_t> chosen{};             // (T,E) the top-k choice, before capacity
   std::vector<uint8_t> routed{};             // (T,E) token t is processed by expert e (after capacity/padding)
   std::vector<int64_t> tokens_per_expert{};  // column sums of routed
-  double load_balancing_loss = 0.0;          // unweighted; 0 when load balancing is none
-  double z_loss = 0.0;                       // unweighted; 0 without a z-loss coefficient
+  // Over all sequence shards (this shard's alone without sequence parallelism):
+  int64_t all_tokens = 0;
+  std::vector<int64_t> all_tokens_per_expert{};  // the loads logged and counted for the expert bias
+  std::vector<double> balancing_counts{};        // (B,E) f of the load-balancing loss; B = 1 for aux_loss
+  double load_balancing_loss = 0.0;              // unweighted; 0 when load balancing is none
+  double z_loss = 0.0;                           // unweighted; 0 without a z-loss coefficient
   // The losses as they enter the gradient: coefficient times value.
   double weighted_losses(const RoutingParams& p) const {
     return p.aux_loss_coeff * load_balancing_loss + p.z_loss_coeff * z_loss;
   }
 };
 
-// logits (T,E) row-major; expert_bias (E) or empty.
+// Adds a vector of this shard's sums over the sequence shards in place (an all-reduce over TP).
+using SumOverShards = std::function<void(std::vector<double>&)>;
+
+// logits (T,E) row-major; expert_bias (E) or empty; sum_over_shards: empty for one shard.
 Routing route(const std::vector<double>& logits, int64_t num_tokens, int64_t num_experts, const RoutingParams& params,
-              const std::vector<double>& expert_bias);
+              const std::vector<double>& expert_bias, const SumOverShards& sum_over_shards = {});
 
 // dlogits (T,E): the gradient of sum(dprobs * probs) + aux_loss_grad_scale * weighted_losses
 // with the choice and capacity held fixed.
