@@ -27,7 +27,8 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const P
     : Optimizer(ddp.registry(), hyper, ctx.world, std::move(grad_scaler)),
       ddp_(&ddp),
       // f32 state (f64 for f64 models), as the main grads.
-      state_(shard_pieces(ddp), ddp.shards().numel, ddp.registry().grad_dtype(), offload) {}
+      state_(shard_pieces(ddp), ddp.shards().numel, ddp.registry().device(), ddp.registry().params_dtype(),
+             ddp.registry().grad_dtype(), offload) {}
 
 double DistributedOptimizer::global_grad_norm() const {
   // The shards of the group's ranks tile every parameter once; a parameter replicated across TP

@@ -30,13 +30,11 @@ ops::AdamWParams with_decay(ops::AdamWParams p, bool decay, float weight_decay) 
 }
 }  // namespace
 
-AdamWState::AdamWState(std::vector<Piece> pieces, int64_t numel, DType state_dtype, const OffloadOptions& offload)
+AdamWState::AdamWState(std::vector<Piece> pieces, int64_t numel, Device device, DType params_dtype, DType state_dtype,
+                       const OffloadOptions& offload)
     : pieces_(std::move(pieces)) {
-  MEGATRON_CHECK(!pieces_.empty(), "AdamW state over no parameters");
   MEGATRON_CHECK(offload.offload_fraction >= 0.0 && offload.offload_fraction <= 1.0,
                  "--optimizer-offload-fraction " << offload.offload_fraction << " must be in [0, 1]");
-  const Device device = pieces_[0].grad.device();
-  const DType params_dtype = pieces_[0].param.dtype();
   device_master_ = params_dtype != state_dtype;
   if (offload.cpu_offload) {
     int64_t total = 0, taken = 0;
@@ -75,7 +73,8 @@ AdamWState::AdamWState(std::vector<Piece> pieces, int64_t numel, DType state_dty
     }
   if (!chunks_.empty()) {
     int64_t slot = 0;
-    for (const auto& chunk : chunks_) slot = std::max(slot, chunk.back().slot_offset + chunk.back().end - chunk.back().begin);
+    for (const auto& chunk : chunks_)
+      slot = std::max(slot, chunk.back().slot_offset + chunk.back().end - chunk.back().begin);
     for (int s = 0; s < 2; ++s) {
       grad_slots_[s] = host_tensor(slot, state_dtype, device, slot_memory_);
       param_slots_[s] = host_tensor(slot, params_dtype, device, slot_memory_);
@@ -117,7 +116,9 @@ size_t AdamWState::device_bytes() const {
   return device_.master.nbytes() + device_.exp_avg.nbytes() + device_.exp_avg_sq.nbytes();
 }
 
-size_t AdamWState::host_bytes() const { return host_.master.nbytes() + host_.exp_avg.nbytes() + host_.exp_avg_sq.nbytes(); }
+size_t AdamWState::host_bytes() const {
+  return host_.master.nbytes() + host_.exp_avg.nbytes() + host_.exp_avg_sq.nbytes();
+}
 
 void AdamWState::step(const ops::AdamWParams& base, float weight_decay) {
   step_offloaded(base, weight_decay);

@@ -16,15 +16,15 @@
 #include <memory>
 #include <vector>
 
-#include "megatron/core/tensor.h"
 #include "megatron/core/dtype.h"
+#include "megatron/core/tensor.h"
 #include "megatron/ops/adamw.h"
 
 namespace megatron {
 
 struct OffloadOptions {
-  bool cpu_offload = false;        // --optimizer-cpu-offload
-  double offload_fraction = 1.0;   // --optimizer-offload-fraction: share of the elements offloaded
+  bool cpu_offload = false;       // --optimizer-cpu-offload
+  double offload_fraction = 1.0;  // --optimizer-offload-fraction: share of the elements offloaded
 };
 
 class AdamWState {
@@ -36,10 +36,12 @@ class AdamWState {
     Tensor grad, param;
     bool weight_decay = true;
   };
-  // `pieces` in increasing order, not overlapping, inside [0, numel). `state_dtype`: f32 (f64 for
-  // f64 models). The master weights are kept apart when the parameters are in another dtype, or
-  // offloaded; they start as the pieces' parameters.
-  AdamWState(std::vector<Piece> pieces, int64_t numel, DType state_dtype, const OffloadOptions& offload);
+  // `pieces` in increasing order, not overlapping, inside [0, numel), possibly none (a
+  // distributed-optimizer shard of padding only); the model's parameters live on `device` in
+  // `params_dtype`. `state_dtype`: f32 (f64 for f64 models). The master weights are kept apart when
+  // the parameters are in another dtype, or offloaded; they start as the pieces' parameters.
+  AdamWState(std::vector<Piece> pieces, int64_t numel, Device device, DType params_dtype, DType state_dtype,
+             const OffloadOptions& offload);
 
   // AdamW on every piece; `base` without weight decay, `weight_decay` applied where a piece wants it.
   void step(const ops::AdamWParams& base, float weight_decay);

@@ -67,8 +67,8 @@ std::vector<AdamWState::Piece> parameter_pieces(ParameterRegistry& registry) {
   std::vector<AdamWState::Piece> pieces;
   for (const auto& p : registry.params()) {
     const int64_t n = shape_numel(p->local_shape);
-    pieces.push_back({p->buffer_offset, p->buffer_offset + n, p->main_grad.view({n}), p->data.view({n}),
-                      p->spec.weight_decay});
+    pieces.push_back(
+        {p->buffer_offset, p->buffer_offset + n, p->main_grad.view({n}), p->data.view({n}), p->spec.weight_decay});
   }
   std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
   return pieces;
@@ -80,7 +80,8 @@ AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContex
     : Optimizer(registry, hyper, ctx.mp, std::move(grad_scaler)),
       ctx_(&ctx),
       // f32 state (f64 for f64 models), as the main grads.
-      state_(parameter_pieces(registry), registry.param_buffer().numel(), registry.grad_dtype(), offload) {}
+      state_(parameter_pieces(registry), registry.param_buffer().numel(), registry.device(), registry.params_dtype(),
+             registry.grad_dtype(), offload) {}
 
 double AdamWOptimizer::global_grad_norm() const {
   // Megatron's get_grad_norm_fp32: every parameter once (a tied weight is one parameter; a
