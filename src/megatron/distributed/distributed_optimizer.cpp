@@ -60,13 +60,7 @@ void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {
 }
 
 void DistributedOptimizer::update(double lr, double weight_decay, float grad_scale) {
-  state_.step({.lr = float(lr),
-               .beta1 = float(hyper_.beta1),
-               .beta2 = float(hyper_.beta2),
-               .eps = float(hyper_.eps),
-               .grad_scale = grad_scale,
-               .step = step_count()},
-              float(weight_decay));
+  state_.step(step_params(lr, grad_scale), float(weight_decay));
   ddp_->start_param_gather();
   if (!ddp_->config().overlap_param_gather) ddp_->finish_param_gather();
 }

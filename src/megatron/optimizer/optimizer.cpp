@@ -106,16 +106,19 @@ double AdamWOptimizer::global_grad_norm() const {
   return std::sqrt(dense.item(0) + expert.item(0));
 }
 
+ops::AdamWParams Optimizer::step_params(double lr, float grad_scale) const {
+  return {.lr = float(lr),
+          .beta1 = float(hyper_.beta1),
+          .beta2 = float(hyper_.beta2),
+          .eps = float(hyper_.eps),
+          .grad_scale = grad_scale,
+          .step = step_count()};
+}
+
 void AdamWOptimizer::count_nonfinite_grads(Tensor& acc) const { ops::count_nonfinite(acc, registry_->grad_buffer()); }
 
 void AdamWOptimizer::update(double lr, double weight_decay, float grad_scale) {
-  state_.step({.lr = float(lr),
-               .beta1 = float(hyper_.beta1),
-               .beta2 = float(hyper_.beta2),
-               .eps = float(hyper_.eps),
-               .grad_scale = grad_scale,
-               .step = step_count()},
-              float(weight_decay));
+  state_.step(step_params(lr, grad_scale), float(weight_decay));
 }
 
 std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state(StateCopies copies) const {

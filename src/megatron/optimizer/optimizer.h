@@ -87,6 +87,9 @@ class Optimizer {
   Optimizer(ParameterRegistry& registry, const AdamWHyper& hyper, std::shared_ptr<Communicator> found_inf_group,
             std::unique_ptr<GradScaler> grad_scaler);
 
+  // AdamW's arguments for this step, without weight decay (each piece of the state adds its own).
+  ops::AdamWParams step_params(double lr, float grad_scale) const;
+
   ParameterRegistry* registry_;
   AdamWHyper hyper_;
   // Whether a parameter this rank holds is a duplicate (Parameter::is_duplicate: a replica of TP
