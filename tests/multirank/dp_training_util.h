@@ -89,6 +89,19 @@ inline std::vector<std::string> tiny_tp_run(ModelStyle style, int64_t iters, con
                        "--untie-embeddings-and-output-weights", "--disable-bias-linear"});
 }
 
+// The models of the CP tests (multirank/test_cp_training.cpp, multigpu/test_multigpu_cp_training.cpp):
+// tiny_tp_run without dropout (CP refuses it), optionally with document masking.
+inline std::vector<std::string> tiny_cp_run(ModelStyle style, int64_t iters, bool documents = false,
+                                            const std::string& device = "cpu") {
+  std::vector<std::string> argv;
+  for (const std::string& arg : tiny_tp_run(style, iters, device)) {
+    const bool dropout_value = !argv.empty() && (argv.back() == "--hidden-dropout" || argv.back() == "--attention-dropout");
+    argv.push_back(dropout_value ? std::string("0") : arg);
+  }
+  if (documents) argv = with(argv, {"--reset-attention-mask", "--reset-position-ids"});
+  return argv;
+}
+
 // The models of the PP tests (multirank/test_pp_training.cpp, multigpu/test_multigpu_pp_training.cpp):
 // tiny_tp_run with 4 layers, so every PP up to 4 divides them.
 inline std::vector<std::string> tiny_pp_run(ModelStyle style, int64_t iters, const std::string& device = "cpu") {

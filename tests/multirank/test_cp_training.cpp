@@ -32,15 +32,6 @@ namespace {
 
 constexpr int64_t kIterations = 10;
 
-// tiny_tp_run without dropout (CP refuses it), optionally with document masking.
-std::vector<std::string> tiny_cp_run(ModelStyle style, int64_t iters, bool documents = false) {
-  std::vector<std::string> argv = tiny_tp_run(style, iters);
-  for (size_t i = 0; i + 1 < argv.size(); ++i)
-    if (argv[i] == "--hidden-dropout" || argv[i] == "--attention-dropout") argv[i + 1] = "0";
-  if (documents) argv = with(argv, {"--reset-attention-mask", "--reset-position-ids"});
-  return argv;
-}
-
 struct Layout {
   std::string name;
   ModelStyle style;
