@@ -24,7 +24,7 @@ using namespace pipeline_parallel;
 Tensor pipeline_logits(GPTModel& stage, const Tensor& tokens, const ParallelContext& ctx) {
   const int64_t P = tokens.dim(0), T = tokens.dim(1);
   const MicroBatch prompts{
-      tokens, Tensor::zeros({P, T}, DType::i32), Tensor::zeros({P, T}, DType::f32), Tensor(), Tensor(), nullptr};
+      tokens, Tensor::zeros({P, T}, DType::i32), Tensor::zeros({P, T}, DType::f32), Tensor(), Tensor()};
   GPTModel::Saved saved;
   StageFunctions functions;
   functions.forward = [&](int64_t, int64_t, const Tensor& input) {

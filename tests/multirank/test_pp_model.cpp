@@ -42,8 +42,7 @@ std::vector<MicroBatch> batches(int64_t vocab) {
                  Tensor::empty({kBatch, kSeq}, DType::i32),
                  Tensor::empty({kBatch, kSeq}, DType::f32),
                  Tensor(),
-                 Tensor(),
-                 nullptr};
+                 Tensor()};
     for (int64_t i = 0; i < kBatch * kSeq; ++i) {
       b.tokens.data<int32_t>()[i] = int32_t(rng.uniform_int(uint64_t(vocab)));
       b.labels.data<int32_t>()[i] = int32_t(rng.uniform_int(uint64_t(vocab)));

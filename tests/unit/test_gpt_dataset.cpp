@@ -338,26 +338,6 @@ TEST(MakeBatch, MasksPositionsAndSegmentsAsMegatron) {
   EXPECT_EQ(ints(padded.labels), (std::vector<int32_t>{2, 7, 8, 2, 2, 0, 4}));
 }
 
-TEST(MakeBatch, HostAllocatorBacksTheTensors) {
-  const FixedSample source({1, 2, 3, 4, 5});
-  size_t asked = 0;
-  std::shared_ptr<void> given;
-  const HostAllocator allocator = [&](size_t bytes) {
-    asked = bytes;
-    given = std::shared_ptr<void>(::operator new(bytes), [](void* p) { ::operator delete(p); });
-    return given;
-  };
-  BatchOptions options;
-  options.reset_attention_mask = true;
-  const Batch batch = make_batch(source, std::vector<int64_t>{0, 1, 2}, options, allocator);
-  EXPECT_EQ(asked, 5u * 64u);  // five arrays of 3 x 4 4-byte values, each on a 64-byte boundary
-  EXPECT_EQ(batch.host_memory, given);
-  const char* base = static_cast<const char*>(given.get());
-  EXPECT_EQ(static_cast<const char*>(batch.tokens.raw()), base);
-  EXPECT_EQ(static_cast<const char*>(batch.segment_ids.raw()), base + 4 * 64);
-  EXPECT_EQ(ints(batch.labels), (std::vector<int32_t>{2, 3, 4, 5, 2, 3, 4, 5, 2, 3, 4, 5}));
-}
-
 TEST(TransitionalEntryPoints, AgreeWithTheBuilder) {
   TempDir dir;
   const std::string prefix = write_corpus(dir);

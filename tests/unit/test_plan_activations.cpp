@@ -45,7 +45,7 @@ TEST_P(PlanActivations, EqualWhatTheModelsSavedStructsHold) {
   model.parameters().initialize(1);
   const int64_t B = args.micro_batch_size, S = args.model.seq_length;
   MicroBatch mb{Tensor::empty({B, S}, DType::i32), Tensor::empty({B, S}, DType::i32),
-                Tensor::empty({B, S}, DType::f32), Tensor(), Tensor(), nullptr};
+                Tensor::empty({B, S}, DType::f32), Tensor(), Tensor()};
   HostRng rng(3);
   for (int64_t i = 0; i < B * S; ++i) {
     mb.tokens.data<int32_t>()[i] = int32_t(rng.uniform_int(100));

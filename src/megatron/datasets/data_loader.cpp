@@ -47,7 +47,7 @@ void DataLoader::work() {
     }
     Item item;
     try {
-      item.batch = make_batch(source_, chunk_indices(chunk), options_.batch, options_.host_allocator);
+      item.batch = make_batch(source_, chunk_indices(chunk), options_.batch);
     } catch (...) {
       item.error = std::current_exception();
     }
@@ -65,7 +65,7 @@ std::optional<Batch> DataLoader::next() {
   if (delivered_ == num_chunks_) return std::nullopt;
   Item item;
   if (options_.prefetch == 0) {
-    item.batch = make_batch(source_, chunk_indices(delivered_), options_.batch, options_.host_allocator);
+    item.batch = make_batch(source_, chunk_indices(delivered_), options_.batch);
   } else {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, [&] { return !ready_.empty(); });

@@ -30,7 +30,6 @@ struct DataLoaderOptions {
   int64_t consumed_samples = 0;  // global samples already trained on (from the checkpoint)
   int64_t prefetch = 2;          // micro-batches prepared ahead; 0 assembles each in next()
   BatchOptions batch;
-  HostAllocator host_allocator;  // optional: where batch tensors live (pinned memory with CUDA)
 };
 
 class DataLoader {

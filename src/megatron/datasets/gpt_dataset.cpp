@@ -316,32 +316,18 @@ void GPTDataset::read(int64_t index, int32_t* out) const {
 
 // ---- batches --------------------------------------------------------------------------------
 
-Batch make_batch(const SampleSource& source, std::span<const int64_t> sample_indices, const BatchOptions& options,
-                 const HostAllocator& allocator) {
+Batch make_batch(const SampleSource& source, std::span<const int64_t> sample_indices, const BatchOptions& options) {
   MEGATRON_CHECK(!sample_indices.empty(), "make_batch needs at least one sample index");
   const int64_t b = int64_t(sample_indices.size());
   const int64_t s = source.sample_length() - 1;
   MEGATRON_CHECK(s >= 1, "samples of " << s + 1 << " tokens are too short; a training sample needs at least 2");
   const Shape shape{b, s};
   Batch batch;
-  // Every array holds 4-byte elements; with an allocator they share one block, each on a
-  // 64-byte boundary.
-  const size_t stride = (size_t(b * s) * 4 + 63) / 64 * 64;
-  const int arrays = options.reset_attention_mask ? 5 : 4;
-  if (allocator) {
-    batch.host_memory = allocator(stride * size_t(arrays));
-    MEGATRON_CHECK(batch.host_memory != nullptr,
-                   "the batch host allocator returned no memory for " << stride * size_t(arrays) << " bytes");
-  }
-  auto make = [&](int slot, DType dtype) {
-    if (!allocator) return Tensor::empty(shape, dtype);
-    return Tensor::from_blob(static_cast<char*>(batch.host_memory.get()) + size_t(slot) * stride, shape, dtype);
-  };
-  batch.tokens = make(0, DType::i32);
-  batch.labels = make(1, DType::i32);
-  batch.loss_mask = make(2, DType::f32);
-  batch.position_ids = make(3, DType::i32);
-  if (options.reset_attention_mask) batch.segment_ids = make(4, DType::i32);
+  batch.tokens = Tensor::empty(shape, DType::i32);
+  batch.labels = Tensor::empty(shape, DType::i32);
+  batch.loss_mask = Tensor::empty(shape, DType::f32);
+  batch.position_ids = Tensor::empty(shape, DType::i32);
+  if (options.reset_attention_mask) batch.segment_ids = Tensor::empty(shape, DType::i32);
 
   std::vector<int32_t> sample(static_cast<size_t>(s + 1));
   for (int64_t row = 0; row < b; ++row) {

@@ -136,12 +136,6 @@ class GPTDataset final : public SampleSource {
 
 // ---- batches --------------------------------------------------------------------------------
 
-// Host memory for batches: a block of at least `bytes` bytes, valid while the returned pointer
-// lives (its deleter gives it back). The CUDA backend passes one that hands out pinned
-// (page-locked) buffers from a pool so host-to-device copies can run asynchronously; empty
-// means ordinary tensors from the CPU allocator.
-using HostAllocator = std::function<std::shared_ptr<void>(size_t bytes)>;
-
 // Megatron's per-sample masks and positions (megatron-compat.md section 2.4, step 4-5).
 struct BatchOptions {
   int32_t eod = -1;                   // the tokenizer's end-of-document id
@@ -164,13 +158,15 @@ struct Batch {
   // position t attend to s exactly when s <= t and segment_ids[s] == segment_ids[t]; attention
   // takes them as AttentionParams::segment_ids.
   Tensor segment_ids;
-  std::shared_ptr<void> host_memory;  // the HostAllocator block the tensors view, when one was given
 };
 
 // Stacks the samples at `sample_indices` (one row each) and derives masks and positions as
-// Megatron's GPTDataset.__getitem__ does.
-Batch make_batch(const SampleSource& source, std::span<const int64_t> sample_indices, const BatchOptions& options,
-                 const HostAllocator& allocator = {});
+// Megatron's GPTDataset.__getitem__ does. The tensors are ordinary (pageable) host memory, also
+// for GPU runs: pinning needs cudaHostAlloc and cudaFreeHost, which wait for the whole device, and
+// the loader's worker assembles batches while a pipeline step runs, where a posted receive is a
+// kernel waiting for a peer that waits for this rank (interleaved PP hung that way on 2 H100s).
+// Their copies are a few hundred KiB per micro-batch.
+Batch make_batch(const SampleSource& source, std::span<const int64_t> sample_indices, const BatchOptions& options);
 
 // ---- transitional entry points ----------------------------------------------------------------
 // The calls training.cpp makes today, kept until it moves to build_gpt_dataset

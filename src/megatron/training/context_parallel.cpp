@@ -63,7 +63,7 @@ MicroBatch context_parallel_part(const MicroBatch& mb, const Communicator& cp) {
     positions = Tensor::empty({B, S}, DType::i32);
     for (int64_t i = 0; i < B * S; ++i) positions.data<int32_t>()[i] = int32_t(i % S);
   }
-  return {part(mb.tokens), part(mb.labels), part(mb.loss_mask), part(positions), part(mb.segment_ids), nullptr};
+  return {part(mb.tokens), part(mb.labels), part(mb.loss_mask), part(positions), part(mb.segment_ids)};
 }
 
 }  // namespace megatron

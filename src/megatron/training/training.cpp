@@ -14,7 +14,6 @@
 #include "megatron/core/logging.h"
 #include "megatron/core/memory.h"
 #include "megatron/core/strings.h"
-#include "megatron/cuda_runtime/pinned_memory.h"
 #include "megatron/datasets/blended_dataset.h"
 #include "megatron/datasets/data_loader.h"
 #include "megatron/datasets/gpt_dataset.h"
@@ -100,16 +99,9 @@ DataSources build_data(const TrainingArgs& args) {
   return d;
 }
 
-// Batches for a GPU are assembled in pinned host memory, so their copies to the device run at
-// full speed.
-datasets::HostAllocator host_allocator_for(Device device) {
-  if (device.is_cuda()) return [gpu = device.index](size_t bytes) { return cuda::allocate_pinned_host(bytes, gpu); };
-  return {};
-}
-
 std::unique_ptr<datasets::DataLoader> make_loader(const datasets::SampleSource& source, const TrainingArgs& args,
                                                   const datasets::Tokenizer& tok, int64_t dp_size, int64_t dp_rank,
-                                                  int64_t consumed, Device device) {
+                                                  int64_t consumed) {
   datasets::DataLoaderOptions o;
   o.micro_batch_size = args.micro_batch_size;
   o.data_parallel_size = dp_size;
@@ -120,7 +112,6 @@ std::unique_ptr<datasets::DataLoader> make_loader(const datasets::SampleSource& 
              .eod_mask_loss = args.data.eod_mask_loss,
              .reset_position_ids = args.data.reset_position_ids,
              .reset_attention_mask = args.data.reset_attention_mask};
-  o.host_allocator = host_allocator_for(device);
   return std::make_unique<datasets::DataLoader>(source, o);
 }
 
@@ -170,7 +161,7 @@ LossSums sum_over(Communicator& group, const LossSums& local, Device device) {
 }
 
 MicroBatch micro_batch_of(const datasets::Batch& b) {
-  return {b.tokens, b.labels, b.loss_mask, b.position_ids, b.segment_ids, b.host_memory};
+  return {b.tokens, b.labels, b.loss_mask, b.position_ids, b.segment_ids};
 }
 
 // Every pipeline stage's memory, logged once from rank 0: a stage keeps the activations of up to
@@ -472,12 +463,12 @@ TrainingLoop::TrainingLoop(const TrainingSetUp& set_up)
       // Stages between the first and the last read no data (unless document masking needs it).
       reads_data(stage_reads_data(model, args.data.reset_attention_mask)),
       train_loader(reads_data ? make_loader(*data.train, args, *data.tokenizer, dp_size, dp_rank,
-                                            progress.consumed_train_samples, device)
+                                            progress.consumed_train_samples)
                               : nullptr),
       valid_loader(data.valid && reads_data ? make_loader(*data.valid, args, *data.tokenizer, dp_size, dp_rank,
-                                                          progress.consumed_valid_samples, device)
+                                                          progress.consumed_valid_samples)
                                             : nullptr),
-      test_loader(data.test && reads_data ? make_loader(*data.test, args, *data.tokenizer, dp_size, dp_rank, 0, device)
+      test_loader(data.test && reads_data ? make_loader(*data.test, args, *data.tokenizer, dp_size, dp_rank, 0)
                                           : nullptr),
       metrics(last_rank ? MetricsFile(args.metrics_file) : MetricsFile()),
       tensorboard(args, last_rank),

@@ -295,7 +295,7 @@ LossSums GPTModel::forward_backward(const Tensor& tokens, const Tensor& labels, 
   require_whole_model("forward_backward");
   Saved saved;
   LossSums sums;
-  stage_forward({tokens, labels, loss_mask, position_ids, segment_ids, nullptr}, Tensor(), fwd, saved, &sums);
+  stage_forward({tokens, labels, loss_mask, position_ids, segment_ids}, Tensor(), fwd, saved, &sums);
   stage_backward(Tensor(), loss_grad_scale, saved);
   return sums;
 }
@@ -334,7 +334,7 @@ LossSums GPTModel::evaluate(const Tensor& tokens, const Tensor& labels, const Te
   require_whole_model("evaluate");
   Saved saved;
   LossSums sums;
-  stage_forward({tokens, labels, loss_mask, position_ids, segment_ids, nullptr}, Tensor(), {.training = false}, saved,
+  stage_forward({tokens, labels, loss_mask, position_ids, segment_ids}, Tensor(), {.training = false}, saved,
                 &sums);
   return sums;
 }

@@ -49,9 +49,6 @@ struct LossSums {
 // segment_ids i32 or undefined (GPTModel::forward_backward says what they do).
 struct MicroBatch {
   Tensor tokens, labels, loss_mask, position_ids, segment_ids;
-  // The block the tensors view when they do not own their memory (the loader's pinned host
-  // memory on GPUs), kept alive while a pipeline holds the micro-batch.
-  std::shared_ptr<void> storage;
 };
 
 // An empty registry for a model on this rank (its TP and EP ranks).
