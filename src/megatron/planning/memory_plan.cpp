@@ -9,6 +9,7 @@
 #include "megatron/distributed/buffer_layout.h"
 #include "megatron/distributed/ddp.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "megatron/optimizer/adamw_state.h"
 #include "megatron/pipeline_parallel/schedule.h"
 #include "megatron/planning/described_group.h"
 #include "megatron/training/pipeline_step.h"
@@ -22,9 +23,6 @@ namespace {
 // tensors of a step lose about half of that on average. The flat buffers are few and large, and
 // their rounding is counted with them.
 constexpr double kCudaRoundingOfTransients = 0.0625;
-// The offloaded state's pipeline chunk (optimizer/adamw_state.cpp): each of two staging slots holds
-// up to this many elements of gradients and of parameters.
-constexpr double kOffloadChunkElements = double(int64_t(64) << 20);
 
 double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
@@ -85,7 +83,8 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   const double kept = double(buffers.state_numel) - offloaded;
   s.optimizer_state = kept * state_element * (separate_master ? 3.0 : 2.0);
   if (offloaded > 0) {
-    const double slot = std::min(offloaded, kOffloadChunkElements);
+    // Two staging slots, each up to one pipeline chunk of gradients and of parameters.
+    const double slot = std::min(offloaded, double(OffloadOptions{}.chunk_elements));
     const double host = offloaded * state_element * 3.0 + 2.0 * slot * (state_element + double(dtype_size(params)));
     (backend == PlanBackend::cpu ? s.optimizer_state : s.host_optimizer) += host;
   }
