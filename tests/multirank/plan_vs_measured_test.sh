@@ -46,6 +46,8 @@ check "tiny (GPT-2 style, tied)" 1 --model-preset tiny --micro-batch-size 4 --gl
 check "llama-tiny" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000
 check "llama-tiny bf16" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 --bf16
 check "moe-tiny" 1 --model-preset moe-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000
+check "moe-tiny bf16 EP=2" 2 --model-preset moe-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
+  --bf16 --expert-model-parallel-size 2
 check "llama-tiny full recompute" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
   --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 check "tiny selective recompute" 1 --model-preset tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
