@@ -66,7 +66,8 @@ TEST_F(OffloadPipeline, ChunkedCopiesOnTheCopyStreamEqualTheHostUpdateBitForBit)
     SCOPED_TRACE(dtype_name(params_dtype));
     Model reference(layout, Device::cpu(), params_dtype, {});
     // 64 Ki elements a chunk: about 30 chunks a step, pieces split across chunks and chunks holding several.
-    Model offloaded(layout, gpu(), params_dtype, {.cpu_offload = true, .offload_fraction = 1.0, .chunk_elements = 65536});
+    Model offloaded(layout, gpu(), params_dtype,
+                    {.cpu_offload = true, .offload_fraction = 1.0, .chunk_elements = 65536});
     for (int64_t t = 1; t <= 3; ++t) {
       const Tensor g = randn({layout.numel}, DType::f32, 100 + uint64_t(t));
       reference.grads.copy_from(g);

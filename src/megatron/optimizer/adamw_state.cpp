@@ -54,7 +54,8 @@ AdamWState::AdamWState(std::vector<Piece> pieces, int64_t numel, Device device, 
   reload_master();
 
   // The pipeline's chunks: segments of at most chunk_elements, packed in order.
-  MEGATRON_CHECK(offload.chunk_elements > 0, "offload chunk of " << offload.chunk_elements << " elements: must be positive");
+  MEGATRON_CHECK(offload.chunk_elements > 0,
+                 "offload chunk of " << offload.chunk_elements << " elements: must be positive");
   const int64_t chunk_elements = offload.chunk_elements;
   int64_t in_chunk = chunk_elements;
   for (size_t i = 0; i < host_pieces_; ++i)
@@ -151,7 +152,8 @@ void AdamWState::step_offloaded(const ops::AdamWParams& base, float weight_decay
     return flat.slice(s.begin - first, s.end - first);
   };
   const auto queue_down = [&](size_t k) {
-    for (const Segment& s : chunks_[k]) copies_->copy(in_slot(grad_slots_[k % 2], s), of_piece(pieces_[s.piece].grad, s));
+    for (const Segment& s : chunks_[k])
+      copies_->copy(in_slot(grad_slots_[k % 2], s), of_piece(pieces_[s.piece].grad, s));
     return copies_->mark();
   };
   const auto queue_up = [&](size_t k) {

@@ -20,8 +20,8 @@ void OffloadCopies::after_compute() {
 
 void OffloadCopies::copy(Tensor dst, const Tensor& src) {
   MEGATRON_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(),
-                 "offload copy of " << src.numel() << " " << dtype_name(src.dtype()) << " elements into "
-                                    << dst.numel() << " " << dtype_name(dst.dtype()) << " ones: they must agree");
+                 "offload copy of " << src.numel() << " " << dtype_name(src.dtype()) << " elements into " << dst.numel()
+                                    << " " << dtype_name(dst.dtype()) << " ones: they must agree");
   if (stream_) {
     stream_->copy(dst.raw(), src.raw(), dst.nbytes());
     return;
