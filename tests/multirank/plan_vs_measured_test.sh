@@ -46,6 +46,8 @@ check "tiny (GPT-2 style, tied)" 1 --model-preset tiny --micro-batch-size 4 --gl
 check "llama-tiny" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000
 check "llama-tiny bf16" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 --bf16
 check "moe-tiny" 1 --model-preset moe-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000
+check "moe-tiny bf16 EP=2" 2 --model-preset moe-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
+  --bf16 --expert-model-parallel-size 2
 check "llama-tiny full recompute" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
   --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 check "tiny selective recompute" 1 --model-preset tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
@@ -58,4 +60,19 @@ check "llama-tiny PP=2 interleaved x2" 2 --model-preset llama-tiny --num-layers 
   --global-batch-size 8 --vocab-size 1000 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2
 check "llama-tiny TP=2 SP" 2 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
   --tensor-model-parallel-size 2 --sequence-parallel
+# Megatron FSDP at DP=2: optim (the distributed optimizer's shards), optim_grads (gradient shards and
+# the units reducing), optim_grads_params (weight shards and the units gathered too) with a tied
+# output layer (GPT-2 style: the embedding's unit open through the whole backward), with two
+# micro-batches in bf16 (the previous backward's units still reducing), and under TP=2 SP on 4 ranks.
+fsdp="--use-distributed-optimizer --use-megatron-fsdp --data-parallel-sharding-strategy"
+check "llama-tiny DP=2 FSDP optim" 2 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 \
+  --vocab-size 1000 $fsdp optim
+check "llama-tiny DP=2 FSDP optim_grads" 2 --model-preset llama-tiny --micro-batch-size 2 --global-batch-size 8 \
+  --vocab-size 1000 $fsdp optim_grads
+check "tiny DP=2 FSDP optim_grads_params" 2 --model-preset tiny --micro-batch-size 4 --global-batch-size 8 \
+  --vocab-size 1000 $fsdp optim_grads_params
+check "llama-tiny DP=2 FSDP o_g_p bf16 2 mb" 2 --model-preset llama-tiny --micro-batch-size 2 --global-batch-size 8 \
+  --vocab-size 1000 --bf16 $fsdp optim_grads_params
+check "llama-tiny TP=2 SP DP=2 FSDP o_g_p" 4 --model-preset llama-tiny --micro-batch-size 2 --global-batch-size 8 \
+  --vocab-size 1000 --tensor-model-parallel-size 2 --sequence-parallel $fsdp optim_grads_params
 exit $status

@@ -6,7 +6,7 @@
 #     and the test harness's; the library may read the environment and refuse what it cannot use.
 #  2. Only ops/ (which backend runs an op) and parallel/ (which communicator a group gets) test
 #     MEGATRON_WITH_CUDA: everything else, training/ included, calls the CUDA runtime's
-#     every-build API (cuda_runtime/device.h, pinned_memory.h, event_timer.h), which answers "no
+#     every-build API (cuda_runtime/device.h, pinned_memory.h, event_timer.h, copy_stream.h), which answers "no
 #     GPU" in a build without CUDA.
 set -uo pipefail
 src="${1:?usage: $0 <repository root>}/src/megatron"

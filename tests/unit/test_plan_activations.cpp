@@ -1,7 +1,7 @@
 // megatron plan's activation model (planning/activation_model.h) against the engine: for each preset
 // and setting, the bytes the plan says one micro-batch keeps for backward equal, to the byte, what a
 // forward of the built model counts in its Saved structs (GPTModel::activation_bytes): dense GPT-2
-// and LLaMA styles, f32 and bf16, MoE (top-2, and DeepSeek routing with a shared expert), full
+// and LLaMA styles, f32 and bf16, MoE (top-2 in f32 and bf16, and DeepSeek routing with a shared expert), full
 // recomputation (uniform 1 and 2, block 1), selective recomputation of core_attn, mlp and both, and
 // pipeline stages (first: embedding, no loss; last: stage input, loss). Exact: both count the same
 // tensors' bytes, so any difference is a module the plan does not know.
@@ -74,7 +74,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gpt2_style", "--model-preset tiny --num-layers 3", {}},
         Case{"gpt2_style_no_dropout", "--model-preset tiny --attention-dropout 0 --hidden-dropout 0", {}},
         Case{"llama_style", kLlama, {}}, Case{"llama_bf16", kLlama + " --bf16", {}},
-        Case{"moe", "--model-preset moe-tiny", {}}, Case{"deepseek_shared_expert", "--model-preset deepseek-tiny", {}},
+        Case{"moe", "--model-preset moe-tiny", {}}, Case{"moe_bf16", "--model-preset moe-tiny --bf16", {}},
+        Case{"deepseek_shared_expert", "--model-preset deepseek-tiny", {}},
         Case{"moe_every_other_layer", "--model-preset moe-tiny --num-layers 4 --moe-layer-freq 2", {}},
         Case{"full_uniform_1", kLlama + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1", {}},
         Case{"full_uniform_2", kLlama + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 2", {}},

@@ -1,9 +1,10 @@
-// The runtime's every-build API (device.h, pinned_memory.h, event_timer.h) in a build without the
+// The runtime's every-build API (device.h, pinned_memory.h, event_timer.h, copy_stream.h) in a build without the
 // CUDA backend; compiled only then (CMakeLists.txt), the .cu files define it otherwise. No GPU is
 // ever available, and every request for GPU work fails naming the reason and the fix.
 #include <string>
 
 #include "megatron/core/error.h"
+#include "megatron/cuda_runtime/copy_stream.h"
 #include "megatron/cuda_runtime/device.h"
 #include "megatron/cuda_runtime/event_timer.h"
 #include "megatron/cuda_runtime/pinned_memory.h"
@@ -29,5 +30,15 @@ int64_t event_timer_record() { no_cuda_backend("a CUDA event"); }
 void event_timer_synchronize() { no_cuda_backend("a CUDA event"); }
 float event_timer_elapsed_ms(int64_t, int64_t) { no_cuda_backend("a CUDA event"); }
 void event_timer_reset() {}  // no events were ever pooled
+
+// The constructor throws, so no CopyStream exists and its other members are never called.
+struct CopyStream::State {};
+CopyStream::CopyStream(int device) { no_cuda_backend("a copy stream on GPU " + std::to_string(device)); }
+CopyStream::~CopyStream() = default;
+void CopyStream::wait_for_current_stream() {}
+void CopyStream::copy(void*, const void*, size_t) {}
+int64_t CopyStream::record() { return 0; }
+void CopyStream::host_wait(int64_t) {}
+void CopyStream::current_stream_waits(int64_t) {}
 
 }  // namespace megatron::cuda

@@ -8,6 +8,29 @@ namespace megatron {
 
 int64_t default_ddp_bucket_size(int64_t group_size) { return std::max<int64_t>(40000000, 1000000 * group_size); }
 
+BufferLayout ddp_buffer_layout(const ParameterRegistry& registry, const DdpConfig& config, int64_t group_size,
+                               int64_t expert_group_size) {
+  std::vector<int64_t> numels, bucket_group;
+  std::vector<bool> expert_parallel;
+  for (const auto& p : registry.params()) {
+    numels.push_back(shape_numel(p->local_shape));
+    expert_parallel.push_back(p->spec.expert_parallel);
+    // Chunks count from 0; the shared embedding's group, -1, is its alone.
+    const bool alone = p->spec.shared_embedding && config.use_distributed_optimizer;
+    bucket_group.push_back(alone ? -1 : config.param_chunks.empty() ? 0 : config.param_chunks[p->index]);
+  }
+  // FSDP: one bucket per module, whatever the bucket size.
+  const int64_t bucket_size = !config.overlap_grad_reduce || config.shard_grads ? 0
+                              : config.bucket_size > 0                          ? config.bucket_size
+                                                       : default_ddp_bucket_size(group_size);
+  return make_buffer_layout(numels, {.shard_group_size = group_size,
+                                     .bucket_size = bucket_size,
+                                     .distributed_optimizer = config.use_distributed_optimizer,
+                                     .expert_parallel = expert_parallel,
+                                     .expert_shard_group_size = expert_group_size,
+                                     .bucket_group = config.shard_grads ? fsdp_units(registry) : bucket_group});
+}
+
 DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, const ParallelContext& ctx,
                                                  const DdpConfig& config)
     : registry_(&registry), ctx_(ctx), group_(ctx.dp_cp), config_(config) {
@@ -22,32 +45,15 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
                  "sharded gradients (Megatron FSDP's optim_grads) need the distributed optimizer's layout");
   MEGATRON_CHECK(!config.shard_params || config.shard_grads,
                  "sharded parameters (optim_grads_params) need sharded gradients (optim_grads) too");
-  std::vector<int64_t> numels, bucket_group;
-  std::vector<bool> expert_parallel;
-  for (const auto& p : registry.params()) {
-    numels.push_back(shape_numel(p->local_shape));
-    expert_parallel.push_back(p->spec.expert_parallel);
-    // Chunks count from 0; the shared embedding's group, -1, is its alone.
-    const bool alone = p->spec.shared_embedding && config.use_distributed_optimizer;
-    bucket_group.push_back(alone ? -1 : config.param_chunks.empty() ? 0 : config.param_chunks[p->index]);
-  }
-  const bool has_experts = std::count(expert_parallel.begin(), expert_parallel.end(), true) > 0;
+  const bool has_experts = std::any_of(registry.params().begin(), registry.params().end(),
+                                       [](const auto& p) { return p->spec.expert_parallel; });
   MEGATRON_CHECK(!has_experts || ctx.expert_dp != nullptr,
                  "DDP over expert-parallel parameters needs the context's expert_dp group; build the context "
                      << "with initialize_parallel");
   MEGATRON_CHECK(!has_experts || !config.shard_grads,
                  "Megatron FSDP with expert-parallel parameters (MoE) is not built; use --use-distributed-optimizer");
   expert_group_ = has_experts ? ctx.expert_dp : group_;
-  // FSDP: one bucket per module, whatever the bucket size.
-  const int64_t bucket_size = !config.overlap_grad_reduce || config.shard_grads ? 0
-                              : config.bucket_size > 0                          ? config.bucket_size
-                                                       : default_ddp_bucket_size(group_->size());
-  layout_ = make_buffer_layout(numels, {.shard_group_size = group_->size(),
-                                        .bucket_size = bucket_size,
-                                        .distributed_optimizer = config.use_distributed_optimizer,
-                                        .expert_parallel = expert_parallel,
-                                        .expert_shard_group_size = expert_group_->size(),
-                                        .bucket_group = config.shard_grads ? fsdp_units(registry) : bucket_group});
+  layout_ = ddp_buffer_layout(registry, config, group_->size(), expert_group_->size());
   // Gradients start at zero (zero_grad begins every step), so the move need not hold two gradient buffers.
   registry.set_layout(layout_.param_offsets(), layout_.numel, ParameterRegistry::GradsOnMove::drop);
   if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank(), expert_group_->rank());

@@ -166,4 +166,10 @@ class DistributedDataParallel {
 // Megatron's default bucket size for a group of R ranks: max(4e7, 1e6 * R) elements.
 int64_t default_ddp_bucket_size(int64_t group_size);
 
+// The layout DDP gives a registry's buffers under `config` (the DP x CP group of group_size ranks,
+// expert buckets sharded over expert_group_size): Megatron's buckets, or FSDP's one per module.
+// megatron plan lays out the ranks it describes with it.
+BufferLayout ddp_buffer_layout(const ParameterRegistry& registry, const DdpConfig& config, int64_t group_size,
+                               int64_t expert_group_size);
+
 }  // namespace megatron

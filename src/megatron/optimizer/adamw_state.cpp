@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <future>
 
 #include "megatron/core/error.h"
 #include "megatron/cuda_runtime/pinned_memory.h"
@@ -10,10 +9,6 @@
 namespace megatron {
 
 namespace {
-// Elements per pipeline chunk: 64 Mi (256 MiB of fp32 gradients per slot), large enough that each
-// copy runs at full link speed, small enough that the first copy and the last are short.
-constexpr int64_t kChunkElements = int64_t(64) << 20;
-
 // `numel` elements of host memory: pinned when the model lives on a GPU (copies at full speed),
 // zero-filled.
 Tensor host_tensor(int64_t numel, DType dtype, Device model_device, std::vector<std::shared_ptr<void>>& blocks) {
@@ -58,15 +53,18 @@ AdamWState::AdamWState(std::vector<Piece> pieces, int64_t numel, Device device, 
   device_.exp_avg_sq = Tensor::zeros({on_device}, state_dtype, device);
   reload_master();
 
-  // The pipeline's chunks: segments of at most kChunkElements, packed in order.
-  int64_t in_chunk = kChunkElements;
+  // The pipeline's chunks: segments of at most chunk_elements, packed in order.
+  MEGATRON_CHECK(offload.chunk_elements > 0,
+                 "offload chunk of " << offload.chunk_elements << " elements: must be positive");
+  const int64_t chunk_elements = offload.chunk_elements;
+  int64_t in_chunk = chunk_elements;
   for (size_t i = 0; i < host_pieces_; ++i)
     for (int64_t b = pieces_[i].begin; b < pieces_[i].end;) {
-      if (in_chunk == kChunkElements) {
+      if (in_chunk == chunk_elements) {
         chunks_.emplace_back();
         in_chunk = 0;
       }
-      const int64_t e = std::min(pieces_[i].end, b + (kChunkElements - in_chunk));
+      const int64_t e = std::min(pieces_[i].end, b + (chunk_elements - in_chunk));
       chunks_.back().push_back({i, b, e, in_chunk});
       in_chunk += e - b;
       b = e;
@@ -79,6 +77,7 @@ AdamWState::AdamWState(std::vector<Piece> pieces, int64_t numel, Device device, 
       grad_slots_[s] = host_tensor(slot, state_dtype, device, slot_memory_);
       param_slots_[s] = host_tensor(slot, params_dtype, device, slot_memory_);
     }
+    copies_ = std::make_unique<OffloadCopies>(device);
   }
 }
 
@@ -121,8 +120,11 @@ size_t AdamWState::host_bytes() const {
 }
 
 void AdamWState::step(const ops::AdamWParams& base, float weight_decay) {
-  step_offloaded(base, weight_decay);
+  // The copies start after the gradients are complete; the device's kernels are queued before the
+  // host blocks in the offloaded pipeline, so they run while it does.
+  if (copies_) copies_->after_compute();
   step_on_device(base, weight_decay);
+  step_offloaded(base, weight_decay);
 }
 
 void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay) {
@@ -135,43 +137,46 @@ void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay
   }
 }
 
-// Chunk k's gradients down into slot k % 2, its update on the host, its parameters up: the copies of
-// chunks k+1 (down) and k-1 (up) run on this thread while a worker updates chunk k.
+// Chunk k's gradients go down into slot k % 2, the host updates them into the slot's parameters,
+// which go up. Copies are queued in order: down(0), down(1), up(0), down(2), up(1), ... so while
+// the host updates chunk k the stream runs up(k-1) and down(k+1). Each slot is refilled only after
+// its last reader is done: down(k+1) is queued after update(k-1) returned, and update(k) writes
+// parameter slot k % 2 after host_wait(down k), which the in-order queue puts after up(k-2).
 void AdamWState::step_offloaded(const ops::AdamWParams& base, float weight_decay) {
-  const auto segment_of = [](const Tensor& flat, const Piece& p, int64_t begin, int64_t end) {
-    return flat.slice(begin - p.begin, end - p.begin);
+  if (chunks_.empty()) return;
+  const auto in_slot = [](const Tensor& slot, const Segment& s) {
+    return slot.slice(s.slot_offset, s.slot_offset + s.end - s.begin);
   };
-  const auto copy_down = [&](size_t k) {
-    for (const Segment& s : chunks_[k]) {
-      Tensor slot = grad_slots_[k % 2].slice(s.slot_offset, s.slot_offset + s.end - s.begin);
-      slot.copy_from(segment_of(pieces_[s.piece].grad, pieces_[s.piece], s.begin, s.end));
-    }
+  const auto of_piece = [&](const Tensor& flat, const Segment& s) {
+    const int64_t first = pieces_[s.piece].begin;
+    return flat.slice(s.begin - first, s.end - first);
   };
-  const auto copy_up = [&](size_t k) {
-    for (const Segment& s : chunks_[k]) {
-      Tensor param = segment_of(pieces_[s.piece].param, pieces_[s.piece], s.begin, s.end);
-      param.copy_from(param_slots_[k % 2].slice(s.slot_offset, s.slot_offset + s.end - s.begin));
-    }
+  const auto queue_down = [&](size_t k) {
+    for (const Segment& s : chunks_[k])
+      copies_->copy(in_slot(grad_slots_[k % 2], s), of_piece(pieces_[s.piece].grad, s));
+    return copies_->mark();
+  };
+  const auto queue_up = [&](size_t k) {
+    for (const Segment& s : chunks_[k])
+      copies_->copy(of_piece(pieces_[s.piece].param, s), in_slot(param_slots_[k % 2], s));
+    return copies_->mark();
   };
   const auto update = [&](size_t k) {
     for (const Segment& s : chunks_[k]) {
-      const int64_t n = s.end - s.begin;
       Tensor master = view(host_.master, host_, s.begin, s.end), m = view(host_.exp_avg, host_, s.begin, s.end);
       Tensor v = view(host_.exp_avg_sq, host_, s.begin, s.end);
-      Tensor grad = grad_slots_[k % 2].slice(s.slot_offset, s.slot_offset + n);
-      Tensor model_copy = param_slots_[k % 2].slice(s.slot_offset, s.slot_offset + n);
+      Tensor grad = in_slot(grad_slots_[k % 2], s), model_copy = in_slot(param_slots_[k % 2], s);
       ops::adamw_step(master, m, v, grad, model_copy, with_decay(base, pieces_[s.piece].weight_decay, weight_decay));
     }
   };
-  if (chunks_.empty()) return;
-  copy_down(0);
+  OffloadCopies::Mark down[2] = {queue_down(0), 0}, last_up = 0;
   for (size_t k = 0; k < chunks_.size(); ++k) {
-    std::future<void> updating = std::async(std::launch::async, update, k);
-    if (k > 0) copy_up(k - 1);
-    if (k + 1 < chunks_.size()) copy_down(k + 1);
-    updating.get();
+    if (k + 1 < chunks_.size()) down[(k + 1) % 2] = queue_down(k + 1);
+    copies_->host_wait(down[k % 2]);
+    update(k);
+    last_up = queue_up(k);
   }
-  copy_up(chunks_.size() - 1);
+  copies_->compute_waits(last_up);
 }
 
 }  // namespace megatron

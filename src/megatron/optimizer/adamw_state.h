@@ -7,11 +7,17 @@
 // pieces covering the first `offload_fraction` of the elements, cut at a piece's end (Megatron's
 // HybridDeviceOptimizer splits by whole parameters), keep their state in host memory (pinned on a
 // GPU) and are updated on the CPU cores by the CPU backend's AdamW op (OpenMP). The master weights
-// of offloaded pieces are always kept apart: the model's copy lives on the device. Per chunk of
-// pieces the update is a pipeline on two staging slots: while the CPU updates chunk k, the
-// gradients of chunk k+1 are copied down and the parameters of chunk k-1 copied up. On the CPU
-// backend the "host" buffers are separate CPU buffers and the same code runs: the op and its
-// inputs are the same, so the update is the same bits as without offload.
+// of offloaded pieces are always kept apart: the model's copy lives on the device.
+//
+// step() overlaps the copies with the updates. Per chunk of pieces the offloaded update is a
+// pipeline on two staging slots whose copies run on a copy stream (offload_copies.h): while the
+// CPU updates chunk k, the stream copies the parameters of chunk k-1 up and the gradients of chunk
+// k+1 down; the device's own pieces are updated by kernels on the compute stream meanwhile, and the
+// compute stream's next work (the next forward, the distributed optimizer's parameter all-gather)
+// waits on the last upload without blocking the host. The caller has taken the grad norm and the
+// non-finite count over all gradients before (Optimizer::step). On the CPU backend the "host"
+// buffers are separate CPU buffers and the same code runs, copies deferred until a wait: the op and
+// its inputs are the same, so the update is the same bits as without offload.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -19,12 +25,17 @@
 #include "megatron/core/dtype.h"
 #include "megatron/core/tensor.h"
 #include "megatron/ops/adamw.h"
+#include "megatron/optimizer/offload_copies.h"
 
 namespace megatron {
 
 struct OffloadOptions {
   bool cpu_offload = false;       // --optimizer-cpu-offload
   double offload_fraction = 1.0;  // --optimizer-offload-fraction: share of the elements offloaded
+  // Elements per pipeline chunk (no flag): 64 Mi (256 MiB of fp32 gradients per staging slot), large
+  // enough that each copy runs at full link speed, small enough that the first copy and the last,
+  // which nothing overlaps, are short. Tests make it small to run many chunks on a small model.
+  int64_t chunk_elements = int64_t(64) << 20;
 };
 
 class AdamWState {
@@ -77,7 +88,7 @@ class AdamWState {
   int64_t host_end_ = 0;    // their index range is [0, host_end_)
   bool device_master_ = false;
   Part host_, device_;
-  // The offloaded elements in chunks of at most kChunkElements, each a run of segments (a piece,
+  // The offloaded elements in chunks of at most OffloadOptions::chunk_elements, each a run of segments (a piece,
   // or a part of a large one) packed into a staging slot: gradients (state dtype) and parameters
   // (the model's dtype), two slots of each for the pipeline.
   struct Segment {
@@ -88,6 +99,7 @@ class AdamWState {
   std::vector<std::vector<Segment>> chunks_;
   Tensor grad_slots_[2], param_slots_[2];
   std::vector<std::shared_ptr<void>> slot_memory_;
+  std::unique_ptr<OffloadCopies> copies_;  // where chunks_ is not empty
 };
 
 }  // namespace megatron

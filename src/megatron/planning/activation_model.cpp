@@ -71,12 +71,13 @@ int64_t mlp_saved(const LayerDims& d, int64_t ffn, bool saves_input = true) {
 // The rows a rank's experts see: each of the group's tokens' top-k choices, spread evenly over EP.
 int64_t expert_rows(const MoEConfig& moe, const LayerDims& d) { return d.Ts * moe.moe_router_topk; }
 
-// MoELayer::Saved (the allgather dispatcher): the router's input, the dispatch plan (row indices and
-// weights, the (T,E) row map and probabilities, over the EP group's tokens), the experts' input and
-// fc1 output, their output, and the shared expert's MLP (its input is the router's).
+// MoELayer::Saved (the allgather dispatcher): the router's input, in the router's dtype (f32, f64 in
+// f64 runs: a 16-bit run keeps an f32 copy of it), the dispatch plan (row indices and weights, the
+// (T,E) row map and probabilities, over the EP group's tokens), the experts' input and fc1 output,
+// their output, and the shared expert's MLP (its input is the router's).
 int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep) {
   const int64_t N = expert_rows(moe, d), E = moe.num_moe_experts, group_tokens = d.Ts * ep;
-  int64_t bytes = d.Ts * d.H * d.e;
+  int64_t bytes = d.Ts * d.H * d.stats;
   bytes += N * (4 + d.stats) + group_tokens * E * (4 + d.stats);
   bytes += N * d.H * d.e + N * moe.moe_ffn_hidden_size * d.fc1_factor * d.e + N * d.H * d.e;
   if (moe.moe_shared_expert_intermediate_size > 0) bytes += mlp_saved(d, moe.moe_shared_expert_intermediate_size, false);

@@ -52,6 +52,8 @@ ParallelContext described_context(const ParallelArgs& args, int64_t world_size, 
   groups.ep = group("ep", 0, s.ep);
   groups.expert_tp = group("expert_tp", 0, s.expert_tp());
   groups.expert_dp = group("expert_dp", 0, s.expert_dp());
+  groups.expert_tp_ep = group("expert_tp_ep", 0, s.expert_tp() * s.ep);
+  groups.expert_mp = group("expert_mp", 0, s.expert_tp() * s.ep * s.pp);
   groups.embedding = group("embedding", pp_rank == 0 ? 0 : 1, ends && s.pp > 1 ? 2 : 1);
   groups.position_embedding = group("position_embedding", 0, 1);
   return model_context(groups, args);

@@ -8,7 +8,9 @@
 #include "megatron/core/dtype.h"
 #include "megatron/distributed/buffer_layout.h"
 #include "megatron/distributed/ddp.h"
+#include "megatron/distributed/fully_sharded.h"
 #include "megatron/models/gpt/gpt_model.h"
+#include "megatron/optimizer/adamw_state.h"
 #include "megatron/pipeline_parallel/schedule.h"
 #include "megatron/planning/described_group.h"
 #include "megatron/training/pipeline_step.h"
@@ -22,50 +24,97 @@ namespace {
 // tensors of a step lose about half of that on average. The flat buffers are few and large, and
 // their rounding is counted with them.
 constexpr double kCudaRoundingOfTransients = 0.0625;
-// The offloaded state's pipeline chunk (optimizer/adamw_state.cpp): each of two staging slots holds
-// up to this many elements of gradients and of parameters.
-constexpr double kOffloadChunkElements = double(int64_t(64) << 20);
 
 double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+
+// Megatron FSDP's strategy (--data-parallel-sharding-strategy, with --use-megatron-fsdp).
+DataParallelSharding sharding_of(const TrainingArgs& args) {
+  return args.use_megatron_fsdp ? parse_data_parallel_sharding(args.data_parallel_sharding_strategy)
+                                : DataParallelSharding::no_shard;
+}
 
 // The flat buffers of one rank: its chunks built as the run builds them, laid out by DDP.
 struct RankBuffers {
   int64_t numel = 0;        // elements of the param and grad buffers
   int64_t state_numel = 0;  // elements the optimizer keeps state for (the shard with the distributed optimizer)
   int64_t registry_numel = 0;  // before DDP's layout: registration order, 16-element alignment
+  // Megatron FSDP: each unit's (bucket's) elements and this rank's shard of them, in buffer order
+  // (the backward's: output layer first, embedding last).
+  std::vector<int64_t> unit_numel, unit_shard_numel;
 };
 
 RankBuffers rank_buffers(const TrainingArgs& args, const ParallelContext& ctx,
                          const pipeline_parallel::PipelineSplit& split) {
   ParameterRegistry registry(ctx.tp_rank(), ctx.tp_size(), ctx.ep->rank(), int(ctx.ep->size()));
   std::vector<std::unique_ptr<GPTModel>> chunks;
-  for (int64_t c = 0; c < split.virtual_stages; ++c)
+  std::vector<int64_t> param_chunks;  // as ModelChunks::param_chunks
+  for (int64_t c = 0; c < split.virtual_stages; ++c) {
     chunks.push_back(std::make_unique<GPTModel>(args.model, ctx, Device::cpu(), split.stage(ctx.pp->rank(), c),
                                                 &registry));
-  RankBuffers b;
-  std::vector<int64_t> numels;
-  std::vector<bool> expert_parallel;
-  for (const auto& p : registry.params()) {
-    numels.push_back(shape_numel(p->local_shape));
-    expert_parallel.push_back(p->spec.expert_parallel);
-    b.registry_numel += (numels.back() + kParamAlignment - 1) / kParamAlignment * kParamAlignment;
+    param_chunks.resize(registry.params().size(), c);
   }
+  RankBuffers b;
+  for (const auto& p : registry.params())
+    b.registry_numel += (shape_numel(p->local_shape) + kParamAlignment - 1) / kParamAlignment * kParamAlignment;
+  const DataParallelSharding sharding = sharding_of(args);
   const DdpConfig ddp{.overlap_grad_reduce = args.overlap_grad_reduce,
                       .use_distributed_optimizer = args.use_distributed_optimizer,
                       .overlap_param_gather = args.overlap_param_gather,
-                      .bucket_size = args.ddp_bucket_size};
-  const int64_t group = ctx.dp_cp->size();
-  const int64_t bucket_size = !ddp.overlap_grad_reduce ? 0
-                              : ddp.bucket_size > 0    ? ddp.bucket_size
-                                                       : default_ddp_bucket_size(group);
-  const BufferLayout layout = make_buffer_layout(numels, {.shard_group_size = group,
-                                                          .bucket_size = bucket_size,
-                                                          .distributed_optimizer = ddp.use_distributed_optimizer,
-                                                          .expert_parallel = expert_parallel,
-                                                          .expert_shard_group_size = ctx.expert_dp->size()});
+                      .bucket_size = args.ddp_bucket_size,
+                      .param_chunks = param_chunks,
+                      .shard_grads = sharding == DataParallelSharding::optim_grads ||
+                                     sharding == DataParallelSharding::optim_grads_params,
+                      .shard_params = sharding == DataParallelSharding::optim_grads_params};
+  const BufferLayout layout = ddp_buffer_layout(registry, ddp, ctx.dp_cp->size(), ctx.expert_dp->size());
   b.numel = layout.numel;
-  b.state_numel = ddp.use_distributed_optimizer ? rank_shards(layout, 0, 0).numel : layout.numel;
+  if (!ddp.use_distributed_optimizer) {
+    b.state_numel = layout.numel;
+    return b;
+  }
+  const RankShards shards = rank_shards(layout, 0, 0);
+  b.state_numel = shards.numel;
+  if (ddp.shard_grads)
+    for (size_t u = 0; u < layout.buckets.size(); ++u) {
+      b.unit_numel.push_back(layout.buckets[u].range.size());
+      b.unit_shard_numel.push_back(shards.in_shards[u].size());
+    }
   return b;
+}
+
+// Megatron FSDP's buffers in flight at the step's peak (distributed/fully_sharded.h), the most of
+// them while every activation is still held: during the backwards of the units before the last
+// decoder layer's, and of that one. Units lie in backward order: 0 the output layer (or the final
+// norm when the output layer is tied to the embedding), then the final norm, the layers from the
+// last, the embedding last. While unit k's backward runs: its full gradient (and this rank's reduced
+// part, allocated as it completes); the two units before it still reducing (full gradient and
+// reduced part each: at most two reductions stay in flight), before the first the previous
+// micro-batch's last two (a unit's reduction finishes when its next backward opens it); a tied
+// output layer's embedding unit, open from the first backward to the last. With sharded parameters:
+// unit k gathered with the next one prefetched, and a tied embedding gathered all along.
+double fsdp_units_in_flight(const RankBuffers& b, DataParallelSharding sharding, bool tied_output,
+                            int64_t micro_batches, double param_element, double grad_element) {
+  const std::vector<int64_t>& unit = b.unit_numel;
+  if (unit.size() < 3) return 0;  // embedding, a layer, final norm at least; none without FSDP's shards
+  const size_t last = unit.size() - 1;
+  const size_t last_layer = tied_output ? 1 : 2;
+  const auto reducing = [&](size_t u) { return double(unit[u] + b.unit_shard_numel[u]) * grad_element; };
+  double most = 0;
+  for (size_t k = 0; k <= last_layer && k < last; ++k) {
+    double bytes = reducing(k);
+    for (size_t back = 1; back <= 2; ++back) {
+      if (k >= back) {
+        bytes += reducing(k - back);
+      } else if (micro_batches > 1) {
+        const size_t u = last + k + 1 - back;  // the previous micro-batch's last units
+        if (!(tied_output && u == last)) bytes += reducing(u);  // reopened (and finished) by the output layer
+      }
+    }
+    if (tied_output) bytes += double(unit[last]) * grad_element;
+    if (sharding == DataParallelSharding::optim_grads_params)
+      bytes += double(unit[k] + unit[k + 1] + (tied_output && k + 1 != last ? unit[last] : 0)) * param_element;
+    most = std::max(most, bytes);
+  }
+  return most;
 }
 
 StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend backend) {
@@ -77,15 +126,24 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   StageMemory s;
   s.pipeline_rank = pp_rank;
   s.parameters = buffers.numel;
-  s.weights = double(buffers.numel) * double(dtype_size(params));
-  s.gradients = double(buffers.numel) * state_element;
+  // Megatron FSDP keeps only this rank's shard of the gradients (optim_grads), and of the weights
+  // (optim_grads_params), between uses; the units in flight count as communication buffers.
+  const DataParallelSharding sharding = sharding_of(args);
+  const bool shard_grads =
+      sharding == DataParallelSharding::optim_grads || sharding == DataParallelSharding::optim_grads_params;
+  const bool shard_params = sharding == DataParallelSharding::optim_grads_params;
+  const double whole_weights = double(buffers.numel) * double(dtype_size(params));
+  const double whole_gradients = double(buffers.numel) * state_element;
+  s.weights = shard_params ? double(buffers.state_numel) * double(dtype_size(params)) : whole_weights;
+  s.gradients = shard_grads ? double(buffers.state_numel) * state_element : whole_gradients;
   const bool separate_master = params != DType::f32 && params != DType::f64;
   const double fraction = args.optimizer.optimizer_cpu_offload ? args.optimizer.optimizer_offload_fraction : 0.0;
   const double offloaded = fraction * double(buffers.state_numel);
   const double kept = double(buffers.state_numel) - offloaded;
   s.optimizer_state = kept * state_element * (separate_master ? 3.0 : 2.0);
   if (offloaded > 0) {
-    const double slot = std::min(offloaded, kOffloadChunkElements);
+    // Two staging slots, each up to one pipeline chunk of gradients and of parameters.
+    const double slot = std::min(offloaded, double(OffloadOptions{}.chunk_elements));
     const double host = offloaded * state_element * 3.0 + 2.0 * slot * (state_element + double(dtype_size(params)));
     (backend == PlanBackend::cpu ? s.optimizer_state : s.host_optimizer) += host;
   }
@@ -149,6 +207,8 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
     const double stream = double(shape.stream_tokens() * args.model.hidden_size) * double(dtype_size(params));
     s.communication = 2 * stream;  // the activation sent on and the gradient received
   }
+  s.communication += fsdp_units_in_flight(buffers, sharding, !args.model.untie_embeddings_and_output_weights,
+                                          micro_batches, double(dtype_size(params)), state_element);
   if (backend == PlanBackend::cpu) {
     // The step's micro-batches and the loader's prefetched ones: tokens, labels and loss mask (i32/f32).
     const double batch = 3.0 * 4.0 * double(args.micro_batch_size * args.model.seq_length);
@@ -157,10 +217,12 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
     s.allocator_slack = kCudaRoundingOfTransients * (s.activations + s.backward_working + s.communication);
   }
   // Before the optimizer: the registry's buffers, then DDP's move (the registry's and DDP's parameter
-  // buffers, the gradients dropped), then DDP's buffers.
+  // buffers, the gradients dropped), then DDP's buffers, and with FSDP its shards taken from them
+  // before they are dropped.
   const double registry_weights = double(buffers.registry_numel) * double(dtype_size(params));
+  const double fsdp_shards = (shard_grads ? s.gradients : 0.0) + (shard_params ? s.weights : 0.0);
   s.set_up_peak = std::max({registry_weights + double(buffers.registry_numel) * state_element,
-                            registry_weights + s.weights, s.weights + s.gradients});
+                            registry_weights + whole_weights, whole_weights + whole_gradients + fsdp_shards});
   return s;
 }
 

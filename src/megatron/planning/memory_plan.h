@@ -16,6 +16,9 @@
 // With --optimizer-cpu-offload the offloaded share of the optimizer state (optimizer/adamw_state.h:
 // master weights always kept apart there, two staging slots of up to 64 Mi elements) is host memory:
 // on a GPU it leaves the device; on the CPU backend it is the same memory and still counted.
+// Megatron FSDP (--use-megatron-fsdp): optim is the distributed optimizer; optim_grads keeps this
+// rank's shard of the gradients, optim_grads_params of the weights too, plus the units in flight at
+// the peak (fsdp_units_in_flight: gathered parameters, full gradients being reduce-scattered).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,7 +47,8 @@ struct StageMemory {
   double activations = 0;                  // what those hold
   double backward_working = 0;             // the running backward's gradients and copies
   double data_batches = 0;                 // the loader's batches of a step (CPU: in the same memory)
-  double communication = 0;                // pipeline send/receive buffers
+  double communication = 0;                // pipeline send/receive buffers; Megatron FSDP's units in flight
+                                           // (gathered parameters, full gradients reducing)
   double allocator_slack = 0;              // CUDA's size-class rounding (none on the CPU)
   double set_up_peak = 0;                  // while DDP lays out the buffers
   double steady_peak() const;

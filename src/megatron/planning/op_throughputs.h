@@ -28,7 +28,7 @@ struct OpThroughputs {
   // Optimizer CPU offload (optimizer/adamw_state.h), not measured by this engine yet: the CPU AdamW op
   // streams about 30 bytes per element through host memory, planned at 40 GB/s (a 16-core host's
   // share of its memory bandwidth); gradients down and parameters up over PCIe Gen5 x16 from pinned
-  // memory at 25 GB/s each way, overlapped with the update (the slower of the two counts).
+  // memory at 25 GB/s, one direction at a time on the copy stream, overlapped with the update.
   double host_adamw_gbps;
   double pcie_gbps;
 };

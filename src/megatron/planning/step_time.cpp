@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "megatron/core/dtype.h"
+#include "megatron/optimizer/adamw_state.h"
 #include "megatron/planning/op_throughputs.h"
 #include "megatron/transformer/moe/moe_config.h"
 
@@ -70,10 +71,18 @@ StepTime plan_step_time(const TrainingArgs& args) {
   const double model_parallel = double(args.parallel.tensor_model_parallel_size * args.parallel.pipeline_model_parallel_size);
   const double dp = double(args.data_parallel_size * args.parallel.context_parallel_size);
   const double params_per_rank = params / model_parallel / (args.use_distributed_optimizer ? dp : 1.0);
+  // With offload (optimizer/adamw_state.h) the device updates its share on the compute stream while
+  // the host updates the offloaded chunks and the copy stream carries their fp32 gradients down and
+  // parameters up, one direction at a time: the slowest of the three counts, plus the first chunk's
+  // copy down and the last one's copy up, which nothing overlaps.
   const double offloaded = args.optimizer.optimizer_cpu_offload ? args.optimizer.optimizer_offload_fraction : 0.0;
-  const double host_update = params_per_rank * offloaded * 30.0 / (hw.host_adamw_gbps * 1e9);
-  const double copies = params_per_rank * offloaded * std::max(4.0, e) / (hw.pcie_gbps * 1e9);
-  t.optimizer_ms = 1e3 * (params_per_rank * (1.0 - offloaded) * 30.0 / (hw.adamw_tbps * 1e12) + std::max(host_update, copies));
+  const double offloaded_elements = params_per_rank * offloaded;
+  const double device_update = params_per_rank * (1.0 - offloaded) * 30.0 / (hw.adamw_tbps * 1e12);
+  const double host_update = offloaded_elements * 30.0 / (hw.host_adamw_gbps * 1e9);
+  const double copy_per_element = (4.0 + e) / (hw.pcie_gbps * 1e9);
+  const double unoverlapped = std::min(offloaded_elements, double(OffloadOptions{}.chunk_elements)) * copy_per_element;
+  t.optimizer_ms =
+      1e3 * (std::max({device_update, host_update, offloaded_elements * copy_per_element}) + unoverlapped);
   // Gradient all-reduce (fp32) over DP, exposed unless overlapped with backward; TP's per-layer
   // collectives (4 per layer forward and backward of the (S,B,H) stream), exposed.
   const double link = hw.link_gbps * 1e9;
