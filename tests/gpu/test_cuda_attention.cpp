@@ -780,6 +780,35 @@ TEST_F(CudaAttention, CudnnPackedDocumentsMatchCpuF64) {
   }
 }
 
+// The graph shape of packed documents, worked by hand (no GPU needed): documents rounded up to a
+// power of two, the longest document (max_seqlen, 0 = S) to a power of two of at least 64 and at
+// most S rounded up to 64; the operands' own B, S and strides kept for the offsets.
+TEST(CudnnAttentionShape, BucketsPackedDocuments) {
+  const Dims d{300, 1, 4, 2, 64};
+  const auto shape = [&](std::vector<float> cu, int64_t max_seqlen) {
+    AttentionParams p{true, 0.125f, 0.0f, 5, 6};
+    p.cu_seqlens = Tensor::from_vector(cu, {int64_t(cu.size())}, DType::i32);
+    p.max_seqlen = max_seqlen;
+    return ops::cuda::cudnn_attention_separate(d.checks(), DType::bf16, p);
+  };
+  const CudnnAttention five = shape({0, 10, 110, 200, 250, 300}, 100);
+  EXPECT_TRUE(five.packed());
+  EXPECT_EQ(five.B, 8);
+  EXPECT_EQ(five.S, 128);
+  EXPECT_EQ(five.packed_rows, 1);
+  EXPECT_EQ(five.packed_row_length, 300);
+  EXPECT_EQ(five.q_strides, (std::array<int64_t, 3>{4 * 64, 64, 4 * 64}));
+  EXPECT_EQ(shape({0, 10, 110, 200, 250, 300}, 10).S, 64);  // at least 64
+  EXPECT_EQ(shape({0, 10, 110, 200, 250, 300}, 0).S, 320);  // S = 300: 512 capped at 320
+  EXPECT_EQ(shape({0, 300}, 300).B, 1);
+  EXPECT_EQ(shape({0, 1, 2, 3, 4, 5, 6, 7, 8, 300}, 292).B, 16);  // 9 documents
+  const CudnnAttention rows =
+      ops::cuda::cudnn_attention_separate(d.checks(), DType::bf16, AttentionParams{true, 0.125f, 0.0f, 5, 6});
+  EXPECT_FALSE(rows.packed());
+  EXPECT_EQ(rows.B, 1);
+  EXPECT_EQ(rows.S, 300);
+}
+
 // MHA on cuDNN reads qkv and writes dqkv in place; GQA, dropout and head dim 32 split and merge.
 TEST_F(CudaAttention, FusedQkvMatchesCpuF64) {
   struct FusedCase {

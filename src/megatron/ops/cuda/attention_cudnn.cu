@@ -435,10 +435,9 @@ void bind_ragged(const CudnnAttention& a, const Tensor& cu_seqlens, const Ragged
   int32_t* lengths = reinterpret_cast<int32_t*>(base + at.lengths);
   std::array<int32_t*, kRaggedTensors> offsets{};
   for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = reinterpret_cast<int32_t*>(base + at.offsets[i]);
-  ragged_batch_arrays(
-      ragged_batch(a, cu_seqlens),
-      {strides(a.q_strides), strides(a.k_strides), strides(a.v_strides), strides(a.out_strides), stats}, lengths,
-      offsets);
+  ragged_batch_arrays(ragged_batch(a, cu_seqlens),
+                      {strides(a.q_strides), strides(a.k_strides), strides(a.v_strides), strides(a.out_strides), stats},
+                      lengths, offsets);
   for (int64_t uid : {kSeqLenQ, kSeqLenKv}) {
     uids.push_back(uid);
     data.push_back(lengths);
