@@ -902,9 +902,11 @@ TEST_F(CudaAttention, RoutesToCudnnWhereItApplies) {
                                                packed, {o.raw(), q.raw(), q.raw(), q.raw()}))
       << "cuDNN " << ops::cuda::cudnn_runtime_version();
   const Dims rows{8, 2, 2, 2, 64};
+  AttentionParams packed_rows = packed;
+  packed_rows.cu_seqlens = Tensor::from_vector({0, 3, 8, 16}, {4}, DType::i32).to(gpu());
   const Tensor q2 = Tensor::zeros(rows.q_shape(), DType::bf16, gpu()),
                o2 = Tensor::zeros(rows.q_shape(), DType::bf16, gpu());
   EXPECT_FALSE(
-      ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_separate(rows.checks(), DType::bf16, packed),
-                                         packed, {o2.raw(), q2.raw(), q2.raw(), q2.raw()}));
+      ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_separate(rows.checks(), DType::bf16, packed_rows),
+                                         packed_rows, {o2.raw(), q2.raw(), q2.raw(), q2.raw()}));
 }
