@@ -198,7 +198,8 @@ std::unique_ptr<CudnnPlan> CudnnGraph::build(cudnnHandle_t handle, std::string* 
       plan.set(kExecutionPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle);
       plan.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[size_t(i)]);
       if (const cudnnStatus_t status = cudnnBackendFinalize(plan.get()); status != CUDNN_STATUS_SUCCESS) {
-        tried += std::string(i == 0 ? " (" : ", ") + cudnnGetErrorString(status);
+        // The first refusal with cuDNN's own words, the rest by status.
+        tried += i == 0 ? " (" + cudnn_status_message(status) : std::string(", ") + cudnnGetErrorString(status);
         continue;
       }
       auto result = std::unique_ptr<CudnnPlan>(new CudnnPlan());
