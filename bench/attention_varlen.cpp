@@ -1,21 +1,24 @@
-// Packed documents on one GPU: the variable-length attention path (AttentionParams::cu_seqlens; our
-// flash kernels skip the key tiles outside each query tile's documents) against what the same
-// documents cost without it, forward and backward, bf16, causal, at llama-1b's heads (NH 32, G 8,
-// HS 64) and llama-8b's (HS 128), T = 32768 real tokens packed in 2 rows of 16384, as documents
-// of mixed lengths (long-tailed: log-uniform in [64, 8192], pretraining's packing; uniform in
-// [256, 2048]) and, for contrast, all of 512 (where padding costs nothing):
-//   varlen          cu_seqlens (the path `megatron train --reset-attention-mask` takes at CP 1)
-//   document masks  the same documents as segment ids: our kernels visit every key tile up to the
-//                   diagonal and mask element by element (S^2/2 work per row; the path before)
-//   dense causal    the rows as plain causal sequences, documents ignored (cuDNN where it applies):
-//                   attention over the same token count without any document structure
-//   padded          every document a row of its own, padded to the longest (cuDNN where it
-//                   applies): the padding alternative at the same real tokens, which computes
-//                   documents x longest tokens
-// Columns: median ms of 5 timed runs (after 1 warm-up run) per pass, the path's time over
-// varlen's, and TFLOP/s of the useful work (FlashAttention's count over the documents: forward
-// 2 sum_d len_d^2 NH HS, backward 2.5 times that). The varlen check is its out's normwise error
-// against the document-mask path's (both ours; bf16 goal 1e-2).
+// Packed documents on one GPU: the variable-length attention path (AttentionParams::cu_seqlens)
+// on cuDNN's ragged batch and on our kernels, against what the same documents cost without it,
+// forward and backward, bf16, causal, at llama-1b's heads (NH 32, G 8, HS 64) and llama-8b's
+// (HS 128), T = 32768 real tokens packed in one row (Megatron's THD form, which cuDNN's ragged
+// batch takes), as documents of long-tailed lengths (log-uniform in [64, 8192], pretraining's
+// packing), mixed lengths (uniform in [256, 2048]) and uniform lengths (all 512, all 2048):
+//   varlen, routed     the op as `megatron train --reset-attention-mask` calls it at CP 1
+//                      (cu_seqlens and max_seqlen): cuDNN's ragged batch where it applies (the
+//                      path column says which ran, from ops/cuda/op_paths.h)
+//   varlen, ours       the same on our flash kernels (attention_flash.h), which skip the key
+//                      tiles outside each query tile's documents
+//   document masks     the same documents as segment ids: our kernels visit every key tile up to
+//                      the diagonal and mask element by element (S^2/2 work; the path before)
+//   dense causal       the row as one plain causal sequence, documents ignored (cuDNN): attention
+//                      over the same token count without any document structure
+//   padded             every document a row of its own, padded to the longest (cuDNN): the
+//                      padding alternative at the same real tokens, computing documents x longest
+// Columns: median ms of 5 timed runs (after 1 warm-up run, which also builds cuDNN's plans) per
+// pass, the path's time over the routed varlen's, and TFLOP/s of the useful work (FlashAttention's
+// count over the documents: forward 2 sum_d len_d^2 NH HS, backward 2.5 times that). The varlen
+// checks are their out's normwise error against the document-mask path's (bf16 goal 1e-2).
 //
 // Build: ninja -C build/gpu attention_varlen_bench. Run: build/gpu/attention_varlen_bench
 // Measured: docs/PERFORMANCE.md, "Packed documents (variable-length attention)".
@@ -34,12 +37,15 @@
 #include "megatron/cuda_runtime/device.h"
 #include "megatron/cuda_runtime/event_timer.h"
 #include "megatron/ops/attention.h"
+#include "megatron/ops/cuda/attention_cudnn.h"
+#include "megatron/ops/cuda/attention_flash.h"
+#include "megatron/ops/cuda/op_paths.h"
 
 using namespace megatron;
 
 namespace {
 
-constexpr int64_t kRows = 2, kRowLength = 16384, kHeads = 32, kGroups = 8;
+constexpr int64_t kRows = 1, kRowLength = 32768, kHeads = 32, kGroups = 8;
 
 // N(0,1) bf16 values on the GPU (never zeros: they can run faster than real data): a block of 2^20
 // random values repeated, which times the same as fresh ones and takes no time to draw.
@@ -106,8 +112,8 @@ std::vector<Packing> packings() {
   HostRng rng(7);
   const auto uniform = [&] { return rng.uniform_int(1u << 30) / double(1u << 30); };
   return {packing("long-tailed 64-8192", [&] { return int64_t(64.0 * std::pow(128.0, uniform())); }),
-          packing("uniform 256-2048", [&] { return 256 + int64_t(rng.uniform_int(2048 - 256 + 1)); }),
-          packing("all 512", [] { return int64_t(512); })};
+          packing("mixed 256-2048", [&] { return 256 + int64_t(rng.uniform_int(2048 - 256 + 1)); }),
+          packing("uniform 512", [] { return int64_t(512); }), packing("uniform 2048", [] { return int64_t(2048); })};
 }
 
 struct Pass {
@@ -130,16 +136,27 @@ const Inputs& inputs(int64_t S, int64_t B, int64_t HS) {
   return made[key];
 }
 
+// Which kernels run the attention: the op as routed, or our flash kernels.
+enum class Kernels { routed, ours };
+
 // Times forward and backward of causal attention over (S,B) with `params` (documents or none).
-Pass time_attention(int64_t S, int64_t B, int64_t HS, const ops::AttentionParams& params, Tensor* out_copy) {
+Pass time_attention(int64_t S, int64_t B, int64_t HS, const ops::AttentionParams& params, Tensor* out_copy,
+                    Kernels kernels = Kernels::routed) {
   const Shape qs{S, B, kHeads, HS}, kvs{S, B, kGroups, HS};
   const auto& [q, k, v, dout] = inputs(S, B, HS);
   const Device gpu = Device::cuda(0);
   Tensor out = Tensor::empty(qs, DType::bf16, gpu), lse = Tensor::empty({B, kHeads, S}, DType::f32, gpu);
   Tensor dq = Tensor::empty(qs, DType::bf16, gpu), dk = Tensor::empty(kvs, DType::bf16, gpu);
   Tensor dv = Tensor::empty(kvs, DType::bf16, gpu);
-  const double fwd = median_ms([&] { ops::attention_forward(out, lse, q, k, v, params); });
-  const double bwd = median_ms([&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params); });
+  const bool ours = kernels == Kernels::ours;
+  const double fwd = median_ms([&] {
+    if (ours) return ops::cuda::flash_attention_forward(out, lse, q, k, v, params);
+    ops::attention_forward(out, lse, q, k, v, params);
+  });
+  const double bwd = median_ms([&] {
+    if (ours) return ops::cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+    ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+  });
   if (out_copy) *out_copy = out.to(Device::cpu());
   return {fwd, bwd};
 }
@@ -161,23 +178,34 @@ void run(const Packing& pk, int64_t HS) {
   }
   const double fwd_flops = 4.0 * useful * double(kHeads) * double(HS);
   ops::AttentionParams varlen{true, scale, 0.0f, 0, 0}, masked = varlen, dense = varlen;
-  varlen.cu_seqlens = ops::packed_cu_seqlens(segments).to(Device::cuda(0));
+  const Tensor cu_seqlens = ops::packed_cu_seqlens(segments);
+  varlen.cu_seqlens = cu_seqlens.to(Device::cuda(0));
+  varlen.max_seqlen = ops::longest_document(cu_seqlens);
   masked.segment_ids = segments.to(Device::cuda(0));
-  Tensor varlen_out, masked_out;
+  using ops::cuda::OpPath;
+  const int64_t on_cudnn = ops::cuda::op_path_count(OpPath::attention_forward_cudnn_packed);
+  Tensor varlen_out, ours_out, masked_out;
   const Pass v = time_attention(kRowLength, kRows, HS, varlen, &varlen_out);
+  const bool routed_to_cudnn = ops::cuda::op_path_count(OpPath::attention_forward_cudnn_packed) > on_cudnn;
+  const Pass o = time_attention(kRowLength, kRows, HS, varlen, &ours_out, Kernels::ours);
   const Pass m = time_attention(kRowLength, kRows, HS, masked, &masked_out);
   const Pass c = time_attention(kRowLength, kRows, HS, dense, nullptr);
   const Pass p = time_attention(longest, documents, HS, dense, nullptr);
-  const double error = normwise_error(varlen_out, masked_out);
+  const auto check_of = [&](const Tensor& out) {
+    const double error = normwise_error(out, masked_out);
+    char text[64];
+    std::snprintf(text, sizeof text, "out vs masks %.1e %s", error, error <= 1e-2 ? "ok" : "FAIL");
+    return std::string(text);
+  };
   const auto line = [&](const char* path, const Pass& t, int64_t tokens, const std::string& check) {
     std::printf("| HS %lld | %s (%lld docs, longest %lld) | %s | %lld | %.3f | %.3f | %.3f | %.2fx | %.1f | %s |\n",
                 (long long)HS, pk.name.c_str(), (long long)documents, (long long)longest, path, (long long)tokens,
                 t.forward_ms, t.backward_ms, t.total(), t.total() / v.total(),
                 (fwd_flops * 3.5) / t.total() * 1e-9, check.c_str());
   };
-  char check[64];
-  std::snprintf(check, sizeof check, "out vs masks %.1e %s", error, error <= 1e-2 ? "ok" : "FAIL");
-  line("varlen (cu_seqlens)", v, kRows * kRowLength, check);
+  line(routed_to_cudnn ? "varlen, routed: cuDNN ragged batch" : "varlen, routed: our kernels (cuDNN declined)", v,
+       kRows * kRowLength, check_of(varlen_out));
+  line("varlen, our kernels", o, kRows * kRowLength, check_of(ours_out));
   line("document masks (segment ids)", m, kRows * kRowLength, "");
   line("dense causal (no documents)", c, kRows * kRowLength, "");
   line("padded (a row per document)", p, documents * longest, "");
@@ -189,10 +217,12 @@ void run(const Packing& pk, int64_t HS) {
 int main() {
   try {
     const cuda::DeviceInfo info = cuda::init_device(0);
-    std::printf("device: %s, %d SMs; bf16, causal, NH %lld, G %lld, %lld rows of %lld tokens\n\n", info.name.c_str(),
-                info.multiprocessors, (long long)kHeads, (long long)kGroups, (long long)kRows, (long long)kRowLength);
-    std::printf("| head dim | packing | path | tokens computed | fwd ms | bwd ms | fwd+bwd ms | time / varlen's | "
-                "useful TFLOP/s | check |\n");
+    std::printf("device: %s, %d SMs, cuDNN %zu; bf16, causal, NH %lld, G %lld, %lld row of %lld tokens\n\n",
+                info.name.c_str(), info.multiprocessors, size_t(ops::cuda::cudnn_runtime_version()), (long long)kHeads,
+                (long long)kGroups, (long long)kRows, (long long)kRowLength);
+    std::printf(
+        "| head dim | packing | path | tokens computed | fwd ms | bwd ms | fwd+bwd ms | time / routed varlen's | "
+        "useful TFLOP/s | check |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
     const std::vector<Packing> all = packings();
     for (const int64_t HS : {int64_t(64), int64_t(128)})

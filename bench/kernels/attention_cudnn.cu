@@ -116,11 +116,11 @@ void run_problem(const Problem& pr) {
   Tensor c_dq = Tensor::empty(qs, DType::bf16, gpu), c_dk = Tensor::empty(kvs, DType::bf16, gpu);
   Tensor c_dv = Tensor::empty(kvs, DType::bf16, gpu);
   const auto cudnn_fwd = [&] {
-    ops::cuda::cudnn_attention_forward(a, c_out.raw(), c_lse.data<float>(), q.raw(), k.raw(), v.raw());
+    ops::cuda::cudnn_attention_forward(a, c_out.raw(), c_lse.data<float>(), q.raw(), k.raw(), v.raw(), Tensor());
   };
   const auto cudnn_bwd = [&] {
     ops::cuda::cudnn_attention_backward(a, c_dq.raw(), c_dk.raw(), c_dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(),
-                                        out.raw(), lse.data<float>());
+                                        out.raw(), lse.data<float>(), Tensor());
   };
   cudnn_fwd();
   cudnn_bwd();

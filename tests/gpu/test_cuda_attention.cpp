@@ -24,6 +24,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,12 +35,14 @@
 #include "megatron/ops/attention.h"
 #include "megatron/ops/cuda/attention_cudnn.h"
 #include "megatron/ops/cuda/attention_flash.h"
+#include "megatron/ops/cuda/op_paths.h"
 #include "megatron/ops/elementwise.h"
 
 using namespace megatron;
 using namespace megatron::test;
 using megatron::ops::AttentionParams;
 using megatron::ops::cuda::CudnnAttention;
+using megatron::ops::cuda::OpPath;
 
 namespace {
 
@@ -180,27 +183,60 @@ struct Case {
   int64_t head_offset = 0;  // as a tensor-parallel rank: heads [offset, offset + NH) of 3 NH
   int64_t window = -1;      // sliding window (left size)
   bool key_segmented = false;  // keys with documents of their own (a ring attention block)
-  // Packed documents of 1-150 tokens (cu_seqlens, the variable-length path; some span several
-  // tiles, some share one) on the GPU, against the CPU's segment-id path on the same documents.
+  // Packed documents (cu_seqlens, the variable-length path) on the GPU, against the CPU's
+  // segment-id path on the same documents, of the lengths `packing` draws.
   bool packed = false;
+  enum class Packing { mixed, uniform, long_tailed } packing = Packing::mixed;
 };
 
-// Segment ids (B,S) i32 of documents with random lengths in [1, longest].
-Tensor random_segments(const Dims& d, uint64_t seed, int64_t longest = 40) {
-  HostRng rng(seed);
+// Segment ids (B,S) i32 of documents whose lengths `draw` gives (the last of a row cut short).
+Tensor segments_of(const Dims& d, const std::function<int64_t()>& draw) {
   Tensor ids = Tensor::empty({d.B, d.S}, DType::i32);
   for (int64_t b = 0; b < d.B; ++b) {
     int32_t id = 0;
-    int64_t left = 1 + int64_t(rng.uniform_int(uint64_t(longest)));
+    int64_t left = draw();
     for (int64_t i = 0; i < d.S; ++i, --left) {
       if (left == 0) {
         ++id;
-        left = 1 + int64_t(rng.uniform_int(uint64_t(longest)));
+        left = draw();
       }
       ids.data<int32_t>()[b * d.S + i] = id;
     }
   }
   return ids;
+}
+
+// Documents with random lengths in [1, longest].
+Tensor random_segments(const Dims& d, uint64_t seed, int64_t longest = 40) {
+  HostRng rng(seed);
+  return segments_of(d, [&] { return 1 + int64_t(rng.uniform_int(uint64_t(longest))); });
+}
+
+// The documents of a packed case: mixed, 1-150 tokens (some span several tiles, some share one);
+// uniform, all of S/5 tokens (the last one shorter); long-tailed, log-uniform in [1, S] (many
+// short documents, a few long: the bucketed graph's padding at its largest).
+Tensor packed_segments(const Case& c, uint64_t seed) {
+  HostRng rng(seed);
+  switch (c.packing) {
+    case Case::Packing::mixed:
+      return random_segments(c.d, seed, 150);
+    case Case::Packing::uniform:
+      return segments_of(c.d, [&] { return std::max<int64_t>(1, c.d.S / 5); });
+    case Case::Packing::long_tailed:
+      return segments_of(c.d, [&] { return std::max<int64_t>(1, int64_t(std::pow(double(c.d.S), rng.uniform()))); });
+  }
+  return {};
+}
+const char* packing_name(Case::Packing packing) {
+  switch (packing) {
+    case Case::Packing::mixed:
+      return "mixed";
+    case Case::Packing::uniform:
+      return "uniform";
+    case Case::Packing::long_tailed:
+      return "long-tailed";
+  }
+  return "?";
 }
 
 // The keys' own documents for queries in `documents`: each key keeps its document, or (half of the
@@ -222,7 +258,7 @@ void gpu_forward(Path path, Tensor& out, Tensor& lse, const Tensor& q, const Ten
   if (path != Path::cudnn) return ops::cuda::flash_attention_forward(out, lse, q, k, v, p);
   const CudnnAttention a = ops::cuda::cudnn_attention_separate(d.checks(), q.dtype(), p);
   ASSERT_TRUE(ops::cuda::cudnn_attention_applies(a, p, {out.raw(), q.raw(), k.raw(), v.raw()}));
-  ops::cuda::cudnn_attention_forward(a, out.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw());
+  ops::cuda::cudnn_attention_forward(a, out.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), p.cu_seqlens);
 }
 
 void gpu_backward(Path path, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -233,7 +269,7 @@ void gpu_backward(Path path, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
   ASSERT_TRUE(ops::cuda::cudnn_attention_applies(
       a, p, {dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw()}));
   ops::cuda::cudnn_attention_backward(a, dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(),
-                                      lse.data<float>());
+                                      lse.data<float>(), p.cu_seqlens);
 }
 
 // The error-bound factor of one problem (file comment) and the output tolerance for dtype dt.
@@ -265,12 +301,15 @@ void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
   if (c.segmented) p_gpu.segment_ids = p.segment_ids.to(gpu());
   if (c.key_segmented) p_gpu.key_segment_ids = p.key_segment_ids.to(gpu());
   if (c.packed) {  // the CPU oracle keeps the segment ids, the GPU gets the same documents packed
-    p.segment_ids = random_segments(d, seed + 5, 150);
-    p_gpu.cu_seqlens = ops::packed_cu_seqlens(p.segment_ids).to(gpu());
+    p.segment_ids = packed_segments(c, seed + 5);
+    const Tensor cu_seqlens = ops::packed_cu_seqlens(p.segment_ids);
+    p_gpu.cu_seqlens = cu_seqlens.to(gpu());
+    p_gpu.max_seqlen = ops::longest_document(cu_seqlens);  // as the model passes it
   }
   const std::string what = case_name(path_name(c.path), c.dt, d, causal, dropout) + (c.segmented ? " segmented" : "") +
                            " heads from " + std::to_string(c.head_offset) + " window " + std::to_string(c.window) +
-                           (c.key_segmented ? " key segments" : "") + (c.packed ? " packed" : "");
+                           (c.key_segmented ? " key segments" : "") +
+                           (c.packed ? std::string(" packed ") + packing_name(c.packing) : "");
   SCOPED_TRACE(what);
   const Pair q = random_pair(d.q_shape(), c.dt, seed, 1.0, c.misalign);
   const Pair k = random_pair(d.kv_shape(), c.dt, seed + 1, 1.0, c.misalign);
@@ -313,13 +352,22 @@ void check_all_variants(const Case& c, uint64_t seed) {
 
 // attention_forward_qkv / attention_backward_qkv: q, k, v read in place from qkv (MHA on cuDNN) or
 // split out around the separate op; against split + the CPU op (+ merge) in f64.
-void check_fused_case(const Dims& d, DType dt, bool causal, float dropout, uint64_t seed) {
-  const AttentionParams p{causal, float(1.0 / std::sqrt(double(d.HS))), dropout, 77, stream_id("attention-test")};
-  const std::string what = case_name("fused", dt, d, causal, dropout);
+// With documents (segment ids (B,S), or undefined), the GPU gets them packed (cu_seqlens).
+void check_fused_case(const Dims& d, DType dt, bool causal, float dropout, uint64_t seed,
+                      const Tensor& documents = {}) {
+  AttentionParams p{causal, float(1.0 / std::sqrt(double(d.HS))), dropout, 77, stream_id("attention-test")};
+  AttentionParams p_gpu = p;
+  if (documents.defined()) {
+    p.segment_ids = documents;
+    const Tensor cu_seqlens = ops::packed_cu_seqlens(documents);
+    p_gpu.cu_seqlens = cu_seqlens.to(gpu());
+    p_gpu.max_seqlen = ops::longest_document(cu_seqlens);
+  }
+  const std::string what = case_name("fused", dt, d, causal, dropout) + (documents.defined() ? " packed" : "");
   SCOPED_TRACE(what);
   const Pair qkv = random_pair(d.qkv_shape(), dt, seed), dout = random_pair(d.q_shape(), dt, seed + 3);
   Pair out = poisoned_pair(d.q_shape(), dt), lse = poisoned_pair({d.B, d.NH, d.S}, DType::f32);
-  ops::cuda::attention_forward_qkv(out.gpu, lse.gpu, qkv.gpu, d.NH, p);
+  ops::cuda::attention_forward_qkv(out.gpu, lse.gpu, qkv.gpu, d.NH, p_gpu);
 
   const Tensor qkv64 = f64(qkv.cpu), dout64 = f64(dout.cpu);
   Tensor q64 = Tensor::empty(d.q_shape(), DType::f64), k64 = Tensor::empty(d.kv_shape(), DType::f64);
@@ -331,7 +379,7 @@ void check_fused_case(const Dims& d, DType dt, bool causal, float dropout, uint6
   const Tensor gpu_out = out.gpu.to(Device::cpu()), gpu_lse = lse.gpu.to(Device::cpu());
   const Pair out_in = pair_of(gpu_out), lse_in = pair_of(gpu_lse);
   Pair dqkv = poisoned_pair(d.qkv_shape(), dt);
-  ops::cuda::attention_backward_qkv(dqkv.gpu, dout.gpu, qkv.gpu, out_in.gpu, lse_in.gpu, d.NH, p);
+  ops::cuda::attention_backward_qkv(dqkv.gpu, dout.gpu, qkv.gpu, out_in.gpu, lse_in.gpu, d.NH, p_gpu);
   Tensor ref_dq = poisoned(d.q_shape(), DType::f64), ref_dk = poisoned(d.kv_shape(), DType::f64);
   Tensor ref_dv = poisoned(d.kv_shape(), DType::f64), ref_dqkv = poisoned(d.qkv_shape(), DType::f64);
   const Tensor out64 = f64(gpu_out), lse64 = f64(gpu_lse);
@@ -591,8 +639,8 @@ TEST_F(CudaAttention, KeySegmentIdsMatchCpuF64) {
   for (const Case& c : cases) check_all_variants(c, seed += 100);
 }
 
-// The variable-length path (packed documents, cu_seqlens) on both kernels and routed (it keeps the
-// op off cuDNN), with several rows, tensor-parallel head offsets, windows and f16: the kernels skip
+// The variable-length path (packed documents, cu_seqlens) on both kernels and routed (two rows keep
+// the op off cuDNN's ragged batch), with several rows, tensor-parallel head offsets, windows and f16: the kernels skip
 // the key tiles outside each query tile's documents and mask only the tiles on a boundary, so these
 // cases cover tiles wholly inside, wholly outside and across documents, forward and backward.
 TEST_F(CudaAttention, PackedDocumentsMatchCpuF64) {
@@ -699,6 +747,68 @@ TEST_F(CudaAttention, CudnnPathMatchesCpuF64) {
   }
 }
 
+// Packed documents on cuDNN's ragged batch (attention_cudnn.h), directly and routed: uniform, mixed
+// and long-tailed lengths (the bucketed graph's padding entries and padded stats), MHA, GQA and MQA,
+// head dims 64 and 128, bf16 and f16, causal and not, forward and backward, within the tolerances
+// of the file comment. The routed cases also check through op_paths that cuDNN ran them.
+TEST_F(CudaAttention, CudnnPackedDocumentsMatchCpuF64) {
+  if (!ops::cuda::cudnn_ragged_batch_supported())
+    GTEST_SKIP() << "cuDNN " << ops::cuda::cudnn_runtime_version()
+                 << " on this GPU has no ragged batch (needs cuDNN 9.6+, sm_90+): packed documents run on our kernels";
+  using P = Case::Packing;
+  const Case cases[] = {
+      {{300, 1, 4, 2, 64}, DType::bf16, 0, Path::cudnn, false, 0, -1, false, true, P::uniform},
+      {{300, 1, 4, 2, 128}, DType::bf16, 0, Path::cudnn, false, 0, -1, false, true, P::uniform},
+      {{300, 1, 4, 2, 64}, DType::bf16, 0, Path::cudnn, false, 0, -1, false, true, P::long_tailed},
+      {{400, 1, 4, 2, 128}, DType::bf16, 0, Path::cudnn, false, 0, -1, false, true, P::long_tailed},
+      {{300, 1, 4, 1, 64}, DType::bf16, 0, Path::cudnn, false, 0, -1, false, true, P::mixed},
+      {{200, 1, 4, 4, 128}, DType::f16, 0, Path::cudnn, false, 0, -1, false, true, P::mixed},
+      {{260, 1, 4, 2, 64}, DType::bf16, 0, Path::routed, false, 0, -1, false, true, P::long_tailed},
+      {{260, 1, 4, 2, 128}, DType::bf16, 0, Path::routed, false, 0, -1, false, true, P::uniform},
+  };
+  uint64_t seed = 8000;
+  for (const Case& c : cases) {
+    for (bool causal : {true, false}) {
+      const int64_t forward = ops::cuda::op_path_count(OpPath::attention_forward_cudnn_packed);
+      const int64_t backward = ops::cuda::op_path_count(OpPath::attention_backward_cudnn_packed);
+      check_case(c, causal, 0.0f, seed += 10);
+      EXPECT_EQ(ops::cuda::op_path_count(OpPath::attention_forward_cudnn_packed), forward + 1)
+          << packing_name(c.packing) << " " << c.d.str() << ": the forward did not run on cuDNN's ragged batch";
+      EXPECT_EQ(ops::cuda::op_path_count(OpPath::attention_backward_cudnn_packed), backward + 1)
+          << packing_name(c.packing) << " " << c.d.str() << ": the backward did not run on cuDNN's ragged batch";
+    }
+  }
+}
+
+// The graph shape of packed documents, worked by hand (no GPU needed): documents rounded up to a
+// power of two, the longest document (max_seqlen, 0 = S) to a power of two of at least 64 and at
+// most S rounded up to 64; the operands' own B, S and strides kept for the offsets.
+TEST(CudnnAttentionShape, BucketsPackedDocuments) {
+  const Dims d{300, 1, 4, 2, 64};
+  const auto shape = [&](std::vector<float> cu, int64_t max_seqlen) {
+    AttentionParams p{true, 0.125f, 0.0f, 5, 6};
+    p.cu_seqlens = Tensor::from_vector(cu, {int64_t(cu.size())}, DType::i32);
+    p.max_seqlen = max_seqlen;
+    return ops::cuda::cudnn_attention_separate(d.checks(), DType::bf16, p);
+  };
+  const CudnnAttention five = shape({0, 10, 110, 200, 250, 300}, 100);
+  EXPECT_TRUE(five.packed());
+  EXPECT_EQ(five.B, 8);
+  EXPECT_EQ(five.S, 128);
+  EXPECT_EQ(five.packed_rows, 1);
+  EXPECT_EQ(five.packed_row_length, 300);
+  EXPECT_EQ(five.q_strides, (std::array<int64_t, 3>{4 * 64, 64, 4 * 64}));
+  EXPECT_EQ(shape({0, 10, 110, 200, 250, 300}, 10).S, 64);  // at least 64
+  EXPECT_EQ(shape({0, 10, 110, 200, 250, 300}, 0).S, 320);  // S = 300: 512 capped at 320
+  EXPECT_EQ(shape({0, 300}, 300).B, 1);
+  EXPECT_EQ(shape({0, 1, 2, 3, 4, 5, 6, 7, 8, 300}, 292).B, 16);  // 9 documents
+  const CudnnAttention rows =
+      ops::cuda::cudnn_attention_separate(d.checks(), DType::bf16, AttentionParams{true, 0.125f, 0.0f, 5, 6});
+  EXPECT_FALSE(rows.packed());
+  EXPECT_EQ(rows.B, 1);
+  EXPECT_EQ(rows.S, 300);
+}
+
 // MHA on cuDNN reads qkv and writes dqkv in place; GQA, dropout and head dim 32 split and merge.
 TEST_F(CudaAttention, FusedQkvMatchesCpuF64) {
   struct FusedCase {
@@ -714,6 +824,17 @@ TEST_F(CudaAttention, FusedQkvMatchesCpuF64) {
   uint64_t seed = 5000;
   for (const FusedCase& c : cases) {
     for (bool causal : {true, false}) check_fused_case(c.d, c.dt, causal, c.dropout, seed += 10);
+  }
+  // Packed documents in one row: MHA on cuDNN's ragged batch in place (the operands' token stride
+  // is qkv's, 3 NH HS), GQA split and merged around it.
+  for (const Dims& d : {Dims{200, 1, 4, 4, 64}, Dims{200, 1, 4, 2, 128}}) {
+    for (bool causal : {true, false}) {
+      const int64_t before = ops::cuda::op_path_count(OpPath::attention_backward_cudnn_packed);
+      seed += 10;
+      check_fused_case(d, DType::bf16, causal, 0.0f, seed, random_segments(d, seed + 5, 90));
+      const int64_t ran = ops::cuda::cudnn_ragged_batch_supported() ? 1 : 0;
+      EXPECT_EQ(ops::cuda::op_path_count(OpPath::attention_backward_cudnn_packed), before + ran) << d.str();
+    }
   }
 }
 
@@ -748,7 +869,7 @@ TEST_F(CudaAttention, RoutesToCudnnWhereItApplies) {
     ops::cuda::attention_forward(out.gpu, lse.gpu, q.gpu, k.gpu, v.gpu, p);
     if (r.cudnn) {
       ops::cuda::cudnn_attention_forward(a, want.gpu.raw(), want_lse.gpu.data<float>(), q.gpu.raw(), k.gpu.raw(),
-                                         v.gpu.raw());
+                                         v.gpu.raw(), p.cu_seqlens);
     } else {
       ops::cuda::flash_attention_forward(want.gpu, want_lse.gpu, q.gpu, k.gpu, v.gpu, p);
     }
@@ -772,9 +893,20 @@ TEST_F(CudaAttention, RoutesToCudnnWhereItApplies) {
   EXPECT_FALSE(
       ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_separate(d.checks(), DType::bf16, segmented),
                                          segmented, {o.raw(), q.raw(), q.raw(), q.raw()}));
-  // So do packed documents (cu_seqlens).
+  // Packed documents (cu_seqlens) in one row run as cuDNN's ragged batch where cuDNN has it (9.6+
+  // on sm_90+), in several rows on our kernels.
   AttentionParams packed{true, 0.125f, 0.0f, 5, 6};
   packed.cu_seqlens = Tensor::from_vector({0, 7, 16}, {3}, DType::i32).to(gpu());
-  EXPECT_FALSE(ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_separate(d.checks(), DType::bf16, packed),
-                                                  packed, {o.raw(), q.raw(), q.raw(), q.raw()}));
+  EXPECT_EQ(ops::cuda::cudnn_ragged_batch_supported(),
+            ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_separate(d.checks(), DType::bf16, packed),
+                                               packed, {o.raw(), q.raw(), q.raw(), q.raw()}))
+      << "cuDNN " << ops::cuda::cudnn_runtime_version();
+  const Dims rows{8, 2, 2, 2, 64};
+  AttentionParams packed_rows = packed;
+  packed_rows.cu_seqlens = Tensor::from_vector({0, 3, 8, 16}, {4}, DType::i32).to(gpu());
+  const Tensor q2 = Tensor::zeros(rows.q_shape(), DType::bf16, gpu()),
+               o2 = Tensor::zeros(rows.q_shape(), DType::bf16, gpu());
+  EXPECT_FALSE(
+      ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_separate(rows.checks(), DType::bf16, packed_rows),
+                                         packed_rows, {o2.raw(), q2.raw(), q2.raw(), q2.raw()}));
 }

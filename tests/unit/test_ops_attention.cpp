@@ -225,6 +225,8 @@ TEST(Attention, PackedCuSeqlensFromSegmentIds) {
   ASSERT_EQ(over_rows.numel(), 5);
   const int32_t want_rows[] = {0, 2, 3, 5, 6};
   for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(over_rows.data<int32_t>()[i], want_rows[i]) << i;
+  EXPECT_EQ(ops::longest_document(cu), 3);  // [2, 5) and [6, 9)
+  EXPECT_EQ(ops::longest_document(over_rows), 2);
   EXPECT_TRUE(throws_error_naming(
       [] { ops::packed_cu_seqlens(Tensor::from_vector({0, 1, 0, 0}, {1, 4}, DType::i32)); }, "reappears"));
 }
@@ -247,6 +249,17 @@ TEST(Attention, RejectsBadCuSeqlens) {
   EXPECT_TRUE(fails(with({0, 3, 7, 10}), "crosses the row start 5"));
   EXPECT_TRUE(fails(with({0, 5, 4, 10}), "never decrease"));
   EXPECT_TRUE(fails(with({10}), "N >= 1 documents"));
+  // max_seqlen bounds the documents' lengths (0: S), and only with cu_seqlens.
+  AttentionParams bounded = with({0, 2, 5, 8, 10});
+  bounded.max_seqlen = 3;
+  ops::attention_forward(out, lse, q, v, v, bounded);
+  bounded.max_seqlen = 2;
+  EXPECT_TRUE(fails(bounded, "longer than max_seqlen = 2"));
+  bounded.max_seqlen = kS + 1;
+  EXPECT_TRUE(fails(bounded, "must be in [0, S = 5]"));
+  AttentionParams unpacked = params(true, 0.0f);
+  unpacked.max_seqlen = 3;
+  EXPECT_TRUE(fails(unpacked, "without cu_seqlens"));
 }
 
 TEST(Attention, ForwardMatchesTextbookDefinition) {

@@ -22,6 +22,7 @@ struct AttentionParams {
   Tensor key_segment_ids{};  // the keys' own segment ids where they differ from the queries'; undefined = segment_ids
   Tensor cu_seqlens{};       // packed documents (the variable-length path); undefined = one per sequence
   int64_t window = -1;       // sliding window: query i sees keys j >= i - window; -1 = unlimited
+  int64_t max_seqlen = 0;    // with cu_seqlens: a bound on the documents' lengths; 0 = S (see below)
 };
 
 // q (S,B,NH,HS); k, v (S,B,G,HS) with NH % G == 0; query head h reads kv group h / (NH/G).
@@ -45,8 +46,11 @@ struct AttentionParams {
 // document: the masks of segment ids numbering the documents, computed without them. The
 // variable-length path does work proportional to sum_d len_d^2, not S^2: the CPU loops over each
 // query's document only; the CUDA kernels skip the key tiles outside a query tile's documents
-// and mask only the tiles that straddle a boundary. Values are checked where they are readable
-// (a CPU tensor: check_cu_seqlens below); a CUDA tensor must come from checked host values.
+// and mask only the tiles that straddle a boundary, cuDNN's ragged batch runs a document per batch
+// entry (ops/cuda/attention_cudnn.h). max_seqlen (Megatron's PackedSeqParams max_seqlen_q, flash
+// attention's max_seqlen) bounds the documents' lengths for cuDNN's graph shape; 0 means S. Values
+// are checked where they are readable (a CPU tensor: check_cu_seqlens below); a CUDA tensor and
+// its max_seqlen must come from checked host values (longest_document below).
 // window >= 0 (sliding-window attention, Megatron's --window-size, left size): query i also hides
 // keys j < i - window, so it sees at most window + 1 keys causally.
 // lse (B,NH,S) f32 (f64 for f64 q): log-sum-exp of each row of the scaled scores, returned so
@@ -62,9 +66,11 @@ MEGATRON_OP(attention_backward,
 // cu_seqlens (N+1) i32 on the CPU, a boundary at every change of id and at every row start.
 // Errors when an id reappears after another (a document that is not one run), naming the place.
 Tensor packed_cu_seqlens(const Tensor& segment_ids);
-// Rejects cu_seqlens (a CPU tensor) that break the rules above for B rows of S positions, naming
-// the first broken one.
-void check_cu_seqlens(const Tensor& cu_seqlens, int64_t B, int64_t S);
+// Rejects cu_seqlens (a CPU tensor) that break the rules above for B rows of S positions, or hold a
+// document longer than max_seqlen (0 = S), naming the first broken one.
+void check_cu_seqlens(const Tensor& cu_seqlens, int64_t B, int64_t S, int64_t max_seqlen = 0);
+// The longest document of cu_seqlens (a CPU tensor): AttentionParams::max_seqlen.
+int64_t longest_document(const Tensor& cu_seqlens);
 
 // The log-sum-exp merge of two attentions of the same queries over disjoint sets of keys (context
 // parallelism's ring attention): rows [row_offset, row_offset + Sb) of out (S,B,NH,HS) and

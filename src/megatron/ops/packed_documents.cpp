@@ -42,7 +42,7 @@ Tensor packed_cu_seqlens(const Tensor& segment_ids) {
   return out;
 }
 
-void check_cu_seqlens(const Tensor& cu_seqlens, int64_t B, int64_t S) {
+void check_cu_seqlens(const Tensor& cu_seqlens, int64_t B, int64_t S, int64_t max_seqlen) {
   check_defined(cu_seqlens, "attention cu_seqlens");
   check_cpu(cu_seqlens, "attention cu_seqlens");
   check_dtype(cu_seqlens, DType::i32, "attention cu_seqlens");
@@ -63,8 +63,23 @@ void check_cu_seqlens(const Tensor& cu_seqlens, int64_t B, int64_t S) {
                                                                                    << next_row_start << " (S = " << S
                                                                                    << "); end a document at every "
                                                                                    << "row start");
+    MEGATRON_CHECK(max_seqlen == 0 || cu[d] - cu[d - 1] <= max_seqlen,
+                   "attention cu_seqlens: the document [" << cu[d - 1] << ", " << cu[d]
+                                                          << ") is longer than max_seqlen = " << max_seqlen
+                                                          << "; pass the longest document's length "
+                                                          << "(longest_document) or 0");
     if (cu[d] == next_row_start) next_row_start += S;
   }
+}
+
+int64_t longest_document(const Tensor& cu_seqlens) {
+  check_defined(cu_seqlens, "longest_document cu_seqlens");
+  check_cpu(cu_seqlens, "longest_document cu_seqlens");
+  check_dtype(cu_seqlens, DType::i32, "longest_document cu_seqlens");
+  const int32_t* cu = cu_seqlens.data<int32_t>();
+  int64_t longest = 0;
+  for (int64_t d = 1; d < cu_seqlens.numel(); ++d) longest = std::max<int64_t>(longest, cu[d] - cu[d - 1]);
+  return longest;
 }
 
 }  // namespace megatron::ops

@@ -73,7 +73,8 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
                      .total_heads = total_heads_,
                      .segment_ids = fwd.segment_ids,
                      .cu_seqlens = fwd.cu_seqlens,
-                     .window = window_};
+                     .window = window_,
+                     .max_seqlen = fwd.max_seqlen};
   if (fwd.kv_cache) return forward_cached(qkv, fwd, saved);
   if (!rope_ && !cp_) {
     saved.fused = qkv;  // q, k, v read in place from the projection where the backend can

@@ -19,8 +19,10 @@ struct ForwardContext {
   // document, in one of attention's two forms (ops/attention.h), on the model's device: packed
   // documents' cumulative lengths (N+1) i32, the variable-length path, where the sequence is whole;
   // (B,S) i32 segment ids under context parallelism, whose ring and all-to-all pass keys with their
-  // documents. Both undefined = plain causal.
+  // documents. Both undefined = plain causal. max_seqlen: the longest packed document (attention's
+  // AttentionParams::max_seqlen, which sizes cuDNN's ragged graphs without reading the GPU).
   Tensor cu_seqlens{};
+  int64_t max_seqlen = 0;
   Tensor segment_ids{};
   // The gradient of the MoE routers' auxiliary losses (load balancing, z-loss) per unit of loss:
   // the main loss's scale without its division by tokens, i.e. loss scale / micro-batches

@@ -142,7 +142,9 @@ Tensor GPTModel::forward_layers(const MicroBatch& mb, const Tensor& input, const
       layer_fwd.segment_ids = mb.segment_ids.to(device_);
     } else {
       const Tensor host = mb.segment_ids.device().is_cpu() ? mb.segment_ids : mb.segment_ids.to(Device::cpu());
-      layer_fwd.cu_seqlens = ops::packed_cu_seqlens(host).to(device_);
+      const Tensor cu_seqlens = ops::packed_cu_seqlens(host);
+      layer_fwd.cu_seqlens = cu_seqlens.to(device_);
+      layer_fwd.max_seqlen = ops::longest_document(cu_seqlens);
     }
   }
   saved.layers.assign(decoder_.size(), {});

@@ -38,7 +38,12 @@ void check_params(const AttentionParams& p, const AttentionDims& d, TensorCheck 
     MEGATRON_CHECK(p.cu_seqlens.ndim() == 1 && p.cu_seqlens.dim(0) >= 2,
                    "attention cu_seqlens must be (N+1) for N >= 1 documents, got " << shape_str(p.cu_seqlens.shape()));
     // The values are readable only on the host; a device copy comes from checked host values.
-    if (p.cu_seqlens.device().is_cpu()) check_cu_seqlens(p.cu_seqlens, d.B, d.S);
+    MEGATRON_CHECK(p.max_seqlen >= 0 && p.max_seqlen <= d.S,
+                   "attention max_seqlen " << p.max_seqlen << " must be in [0, S = " << d.S << "] (0: S)");
+    if (p.cu_seqlens.device().is_cpu()) check_cu_seqlens(p.cu_seqlens, d.B, d.S, p.max_seqlen);
+  } else {
+    MEGATRON_CHECK(p.max_seqlen == 0, "attention max_seqlen " << p.max_seqlen << " without cu_seqlens; it bounds "
+                                                              << "packed documents' lengths, pass 0 without them");
   }
 }
 

@@ -113,7 +113,7 @@ void cuda::attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Te
       checks::check_attention_forward(out, lse, q, k, v, params, attention_detail::kCudaAttention);
   const CudnnAttention a = cudnn_attention_separate(d, q.dtype(), params);
   if (q.numel() > 0 && cudnn_attention_applies(a, params, {out.raw(), lse.raw(), q.raw(), k.raw(), v.raw()}))
-    return cudnn_attention_forward(a, out.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw());
+    return cudnn_attention_forward(a, out.raw(), lse.data<float>(), q.raw(), k.raw(), v.raw(), params.cu_seqlens);
   flash_attention_forward(out, lse, q, k, v, params);
 }
 
@@ -126,7 +126,7 @@ void cuda::attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
                                                        k.raw(),  v.raw(),  out.raw(), lse.raw()};
   if (q.numel() > 0 && cudnn_attention_applies(a, params, operands))
     return cudnn_attention_backward(a, dq.raw(), dk.raw(), dv.raw(), dout.raw(), q.raw(), k.raw(), v.raw(), out.raw(),
-                                    lse.data<float>());
+                                    lse.data<float>(), params.cu_seqlens);
   flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
 }
 
@@ -149,7 +149,7 @@ void cuda::attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, in
     const CudnnAttention a = cudnn_attention_fused_mha(d.S, d.B, d.NH, d.HS, qkv.dtype(), params);
     const auto [q, k, v] = fused_heads(qkv, d.HS);
     if (cudnn_attention_applies(a, params, {out.raw(), lse.raw(), q, k, v}))
-      return cudnn_attention_forward(a, out.raw(), lse.data<float>(), q, k, v);
+      return cudnn_attention_forward(a, out.raw(), lse.data<float>(), q, k, v, params.cu_seqlens);
   }
   attention_forward_qkv_by_definition(out, lse, qkv, num_heads, params);
 }
@@ -163,7 +163,8 @@ void cuda::attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor
     const auto [q, k, v] = fused_heads(qkv, d.HS);
     const auto [dq, dk, dv] = fused_heads(dqkv, d.HS);
     if (cudnn_attention_applies(a, params, {dq, dk, dv, dout.raw(), q, k, v, out.raw(), lse.raw()}))
-      return cudnn_attention_backward(a, dq, dk, dv, dout.raw(), q, k, v, out.raw(), lse.data<float>());
+      return cudnn_attention_backward(a, dq, dk, dv, dout.raw(), q, k, v, out.raw(), lse.data<float>(),
+                                      params.cu_seqlens);
   }
   attention_backward_qkv_by_definition(dqkv, dout, qkv, out, lse, num_heads, params);
 }

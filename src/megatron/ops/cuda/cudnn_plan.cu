@@ -53,7 +53,7 @@ CudnnDescriptor& CudnnGraph::make(cudnnBackendDescriptorType_t type) {
 }
 
 CudnnTensor CudnnGraph::make_tensor(int64_t uid, cudnnDataType_t dtype, std::vector<int64_t> dims,
-                                    std::vector<int64_t> strides, bool is_virtual, bool by_value) {
+                                    std::vector<int64_t> strides, bool is_virtual, bool by_value, CudnnRagged ragged) {
   MEGATRON_CHECK(dims.size() == strides.size(),
                  "cuDNN tensor " << uid << ": " << dims.size() << " dims but " << strides.size() << " strides");
   CudnnDescriptor& t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
@@ -64,13 +64,14 @@ CudnnTensor CudnnGraph::make_tensor(int64_t uid, cudnnDataType_t dtype, std::vec
   t.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &kByteAlignment);
   t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
   if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+  if (ragged != nullptr) t.set(CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, ragged->desc);
   t.finalize();
   return CudnnTensor{t.get(), std::move(dims), std::move(strides)};
 }
 
 CudnnTensor CudnnGraph::tensor(int64_t uid, cudnnDataType_t dtype, std::vector<int64_t> dims,
-                               std::vector<int64_t> strides) {
-  return make_tensor(uid, dtype, std::move(dims), std::move(strides), false, false);
+                               std::vector<int64_t> strides, CudnnRagged ragged) {
+  return make_tensor(uid, dtype, std::move(dims), std::move(strides), false, false, ragged);
 }
 
 CudnnTensor CudnnGraph::scalar(int64_t uid, cudnnDataType_t dtype) {
@@ -105,7 +106,7 @@ CudnnTensor CudnnGraph::pointwise_virtual(cudnnPointwiseMode_t mode, const Cudnn
   return y;
 }
 
-void CudnnGraph::matmul(const CudnnTensor& a, const CudnnTensor& b, const CudnnTensor& c) {
+void CudnnGraph::matmul(const CudnnTensor& a, const CudnnTensor& b, const CudnnTensor& c, const CudnnMatmul& sizes) {
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
   CudnnDescriptor& mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
   mm.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
@@ -115,14 +116,17 @@ void CudnnGraph::matmul(const CudnnTensor& a, const CudnnTensor& b, const CudnnT
   op.set(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b.desc);
   op.set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c.desc);
   op.set(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm.get());
+  if (sizes.m != nullptr) op.set(CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, sizes.m->desc);
+  if (sizes.n != nullptr) op.set(CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, sizes.n->desc);
+  if (sizes.k != nullptr) op.set(CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, sizes.k->desc);
   op.finalize();
   ops_.push_back(op.get());
 }
 
 CudnnTensor CudnnGraph::matmul_virtual(const CudnnTensor& a, const CudnnTensor& b, std::vector<int64_t> dims,
-                                       std::vector<int64_t> strides, cudnnDataType_t dtype) {
+                                       std::vector<int64_t> strides, cudnnDataType_t dtype, const CudnnMatmul& sizes) {
   CudnnTensor c = virtual_tensor(dtype, std::move(dims), std::move(strides));
-  matmul(a, b, c);
+  matmul(a, b, c, sizes);
   return c;
 }
 
@@ -148,8 +152,8 @@ CudnnTensor CudnnGraph::reduction_virtual(cudnnReduceTensorOp_t reduce, const Cu
 }
 
 CudnnTensor CudnnGraph::reshape_virtual(const CudnnTensor& x, cudnnDataType_t dtype, std::vector<int64_t> dims,
-                                        std::vector<int64_t> strides) {
-  CudnnTensor y = virtual_tensor(dtype, std::move(dims), std::move(strides));
+                                        std::vector<int64_t> strides, CudnnRagged ragged) {
+  CudnnTensor y = make_tensor(next_virtual_uid_++, dtype, std::move(dims), std::move(strides), true, false, ragged);
   CudnnDescriptor& op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
   op.set(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x.desc);
   op.set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y.desc);
@@ -194,7 +198,8 @@ std::unique_ptr<CudnnPlan> CudnnGraph::build(cudnnHandle_t handle, std::string* 
       plan.set(kExecutionPlanHandle, CUDNN_TYPE_HANDLE, 1, &handle);
       plan.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[size_t(i)]);
       if (const cudnnStatus_t status = cudnnBackendFinalize(plan.get()); status != CUDNN_STATUS_SUCCESS) {
-        tried += std::string(i == 0 ? " (" : ", ") + cudnnGetErrorString(status);
+        // The first refusal with cuDNN's own words, the rest by status.
+        tried += i == 0 ? " (" + cudnn_status_message(status) : std::string(", ") + cudnnGetErrorString(status);
         continue;
       }
       auto result = std::unique_ptr<CudnnPlan>(new CudnnPlan());

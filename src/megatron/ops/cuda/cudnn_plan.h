@@ -49,6 +49,19 @@ struct CudnnTensor {
   std::vector<int64_t> dims, strides;
 };
 
+// A ragged batch (cuDNN's RAGGED_OFFSET_DESC): the tensor whose (dims[0] + 1) int32 values are the
+// element offsets at which each batch entry of the described tensor starts, in place of
+// dims[0]'s stride. Null: a regular batch.
+using CudnnRagged = const CudnnTensor*;
+
+// A matmul's optional per-batch problem sizes (GEMM_{M,N,K}_OVERRIDE_DESC): (batch,1,1,1) int32
+// tensors holding each batch entry's M, N or K, at most the dims' (variable sequence lengths).
+struct CudnnMatmul {
+  const CudnnTensor* m = nullptr;
+  const CudnnTensor* n = nullptr;
+  const CudnnTensor* k = nullptr;
+};
+
 // The optional operands and settings of a pointwise operation: second and third inputs, the
 // compute precision, and GEN_INDEX's dimension.
 struct CudnnPointwise {
@@ -79,7 +92,8 @@ class CudnnPlan {
 class CudnnGraph {
  public:
   // A tensor in memory, bound at execution through its uid; 16-byte aligned.
-  CudnnTensor tensor(int64_t uid, cudnnDataType_t dtype, std::vector<int64_t> dims, std::vector<int64_t> strides);
+  CudnnTensor tensor(int64_t uid, cudnnDataType_t dtype, std::vector<int64_t> dims, std::vector<int64_t> strides,
+                     CudnnRagged ragged = nullptr);
   // A 1x1x1x1 scalar passed by value at execution (through its host address).
   CudnnTensor scalar(int64_t uid, cudnnDataType_t dtype);
   CudnnTensor virtual_tensor(cudnnDataType_t dtype, std::vector<int64_t> dims, std::vector<int64_t> strides);
@@ -90,16 +104,17 @@ class CudnnGraph {
   CudnnTensor pointwise_virtual(cudnnPointwiseMode_t mode, const CudnnTensor& x, const CudnnPointwise& args = {},
                                 cudnnDataType_t dtype = CUDNN_DATA_FLOAT);
   // c = a b over the last two dimensions, batched (broadcast) over the first two; f32 accumulation.
-  void matmul(const CudnnTensor& a, const CudnnTensor& b, const CudnnTensor& c);
+  void matmul(const CudnnTensor& a, const CudnnTensor& b, const CudnnTensor& c, const CudnnMatmul& sizes = {});
   CudnnTensor matmul_virtual(const CudnnTensor& a, const CudnnTensor& b, std::vector<int64_t> dims,
-                             std::vector<int64_t> strides, cudnnDataType_t dtype = CUDNN_DATA_FLOAT);
+                             std::vector<int64_t> strides, cudnnDataType_t dtype = CUDNN_DATA_FLOAT,
+                             const CudnnMatmul& sizes = {});
   // y = op over the dimensions where y is smaller than x (f32).
   void reduction(cudnnReduceTensorOp_t op, const CudnnTensor& x, const CudnnTensor& y);
   CudnnTensor reduction_virtual(cudnnReduceTensorOp_t op, const CudnnTensor& x, std::vector<int64_t> dims,
                                 std::vector<int64_t> strides);
   // The same elements seen with other dimensions and strides.
   CudnnTensor reshape_virtual(const CudnnTensor& x, cudnnDataType_t dtype, std::vector<int64_t> dims,
-                              std::vector<int64_t> strides);
+                              std::vector<int64_t> strides, CudnnRagged ragged = nullptr);
 
   // Finalizes the graph and builds the plan of the first engine configuration that finalizes, from
   // cuDNN's heuristics (mode A, then the fallback list). Nullptr when cuDNN has no engine for the
@@ -109,7 +124,7 @@ class CudnnGraph {
  private:
   CudnnDescriptor& make(cudnnBackendDescriptorType_t type);
   CudnnTensor make_tensor(int64_t uid, cudnnDataType_t dtype, std::vector<int64_t> dims, std::vector<int64_t> strides,
-                          bool is_virtual, bool by_value);
+                          bool is_virtual, bool by_value, CudnnRagged ragged = nullptr);
 
   std::vector<std::unique_ptr<CudnnDescriptor>> owned_;
   std::vector<cudnnBackendDescriptor_t> ops_;

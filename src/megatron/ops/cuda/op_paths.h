@@ -11,7 +11,9 @@ namespace megatron::ops::cuda {
 enum class OpPath {
   attention_forward_cudnn,  // cuDNN's fused flash attention (attention_cudnn.h)
   attention_backward_cudnn,
-  attention_forward_ours,  // our FlashAttention-2 kernels (attention_flash.h)
+  attention_forward_cudnn_packed,  // ... on packed documents, as its ragged batch (cu_seqlens)
+  attention_backward_cudnn_packed,
+  attention_forward_ours,  // our FlashAttention-2 kernels (attention_flash.h), packed documents too
   attention_backward_ours,
   gemm_bias_epilogue,       // BIAS: the forward bias inside the GEMM
   gemm_gelu_aux_epilogue,   // GELU_AUX(_BIAS): fc1 writes GELU(x W^T + b) and its input
