@@ -75,12 +75,14 @@ Tensor Experts::activation(const Tensor& fc1_out) const {
 Tensor Experts::forward(const Tensor& rows, const ops::ExpertRows& expert_rows, Saved& saved) const {
   const int64_t N = rows.dim(0);
   saved.input = rows;
-  saved.expert_rows = expert_rows;
+  // The per-expert loop needs the counts on the host: read once here (device offsets) for the
+  // forward and the backward.
+  saved.expert_rows = grouped_gemm_ ? expert_rows : ops::ExpertRows(expert_rows.host_counts());
   saved.fc1_out = Tensor::empty({N, fc1_->local_shape[1]}, rows.dtype(), rows.device());
-  experts_linear(saved.fc1_out, rows, *fc1_, expert_rows);
+  experts_linear(saved.fc1_out, rows, *fc1_, saved.expert_rows);
   const Tensor act = activation(saved.fc1_out);
   Tensor out = Tensor::empty({N, rows.dim(1)}, rows.dtype(), rows.device());
-  experts_linear(out, act, *fc2_, expert_rows);
+  experts_linear(out, act, *fc2_, saved.expert_rows);
   return out;
 }
 

@@ -8,8 +8,8 @@
 // column-, fc2 row-parallel), so its output rows are partial sums over the expert TP ranks, which
 // the token exchange adds (moe_layer.h). Rows arrive grouped by expert
 // (token_dispatcher.h): expert e runs on its rows' count of consecutive rows, known on the host
-// or only as device offsets (device routing; the per-expert GEMM loop reads them back, the grouped
-// GEMM need not). The activation is
+// or only as device offsets (device routing; the per-expert GEMM loop reads them back once per
+// forward, the grouped GEMM need not). The activation is
 // recomputed in backward from the saved fc1 output, as the dense MLP.
 #include <string>
 #include <vector>
