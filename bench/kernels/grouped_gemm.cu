@@ -43,9 +43,9 @@ namespace {
 // comment), s<S> pipeline stages, <B>blk blocks per SM asked of the register allocator.
 struct Variant {
   const char* name;
-  void (*forward)(Bf16*, const Bf16*, const Bf16*, int64_t, int64_t, const int64_t*, int, cudaStream_t);
-  void (*dgrad)(Bf16*, const Bf16*, const Bf16*, int64_t, int64_t, const int64_t*, int, cudaStream_t);
-  void (*wgrad)(float*, const Bf16*, const Bf16*, int64_t, int64_t, const int64_t*, int, cudaStream_t);
+  void (*forward)(Bf16*, const Bf16*, const Bf16*, int64_t, int64_t, const RowGroups&, GroupTable*, cudaStream_t);
+  void (*dgrad)(Bf16*, const Bf16*, const Bf16*, int64_t, int64_t, const RowGroups&, GroupTable*, cudaStream_t);
+  void (*wgrad)(float*, const Bf16*, const Bf16*, int64_t, int64_t, const RowGroups&, GroupTable*, cudaStream_t);
 };
 template <class Cfg>
 constexpr Variant variant(const char* name) {
@@ -169,15 +169,12 @@ void run_problem(const Problem& pr) {
   print_row(shape, "wgrad", "per-expert cuBLASLt loop", median_ms([&] { loop(none, none, dw_scratch); }), flops, NAN);
 
   Tensor y = Tensor::empty({N, out}, DType::bf16, gpu), dx = Tensor::empty({N, in}, DType::bf16, gpu);
+  const RowGroups rows{counts.data(), nullptr, int(E), int(N)};  // host counts: the table as a kernel parameter
   for (const Variant& v : kVariants) {
-    const auto fwd = [&] { v.forward(ptr<Bf16>(y), ptr<Bf16>(x), ptr<Bf16>(w), in, out, counts.data(), int(E), stream); };
-    const auto dgrad = [&] {
-      v.dgrad(ptr<Bf16>(dx), ptr<Bf16>(dy), ptr<Bf16>(w), in, out, counts.data(), int(E), stream);
-    };
+    const auto fwd = [&] { v.forward(ptr<Bf16>(y), ptr<Bf16>(x), ptr<Bf16>(w), in, out, rows, nullptr, stream); };
+    const auto dgrad = [&] { v.dgrad(ptr<Bf16>(dx), ptr<Bf16>(dy), ptr<Bf16>(w), in, out, rows, nullptr, stream); };
     Tensor dw = dw0.clone();
-    const auto wgrad = [&] {
-      v.wgrad(ptr<float>(dw), ptr<Bf16>(dy), ptr<Bf16>(x), in, out, counts.data(), int(E), stream);
-    };
+    const auto wgrad = [&] { v.wgrad(ptr<float>(dw), ptr<Bf16>(dy), ptr<Bf16>(x), in, out, rows, nullptr, stream); };
     CUDA_CHECK(cudaMemset(y.raw(), 0xff, y.nbytes()));  // NaN: an element left unwritten fails
     CUDA_CHECK(cudaMemset(dx.raw(), 0xff, dx.nbytes()));
     fwd();

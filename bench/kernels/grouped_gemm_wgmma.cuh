@@ -172,7 +172,7 @@ void grouped_forward_wgmma(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_
   const GroupedGemmArgs<__nv_bfloat16, __nv_bfloat16> args{x, weight, y, in, in, out, out * in, 0, 0, int(out), int(in)};
   using SameTiles = Tiles<WgmmaTiles::BM, WgmmaTiles::BN, WgmmaTiles::BK, 2, 4, WgmmaTiles::STAGES>;  // the table's view
   GroupTable table;
-  const int total = fill_table<SameTiles, false>(table, counts, experts, 0, int(out));
+  const int total = fill_table<SameTiles, false>(table, [counts](int e) { return counts[e]; }, experts, 0, int(out));
   if (total == 0) return;
   static const bool configured = [] {
     CUDA_CHECK(cudaFuncSetAttribute(grouped_forward_wgmma_kernel<IN_FLIGHT>, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -215,6 +216,49 @@ TEST_F(CudaGroupedGemm, XOffSixteenByteAlignmentGoesTheCublasWay) {
 }
 TEST_F(CudaGroupedGemm, MoreThan256ExpertsGoTheCublasWay) {
   check_forward_and_backward(DType::bf16, std::vector<int64_t>(257, 1), 24, 40, Expect::cublas_way);
+}
+
+// Rows given as device offsets (the device routing's plan, ops/moe_routing.h): our kernel builds
+// its tile table on the device and runs on a bounding grid, the cuBLAS way reads the counts back;
+// either computes what the host counts give, bit for bit (the same tiles do the same arithmetic).
+void check_device_offsets_equal_host_counts(DType dtype, const std::vector<int64_t>& counts, int64_t in,
+                                            int64_t out) {
+  const int64_t N = total(counts), E = int64_t(counts.size());
+  const std::string shape = std::string(dtype_name(dtype)) + " (" + std::to_string(E) + " experts, " +
+                            std::to_string(N) + " rows, in " + std::to_string(in) + ", out " + std::to_string(out) + ")";
+  Tensor offsets = Tensor::empty({E + 1}, DType::i32);
+  offsets.set_item(0, 0.0);
+  for (int64_t e = 0; e < E; ++e) offsets.set_item(e + 1, offsets.item(e) + double(counts[size_t(e)]));
+  const ops::ExpertRows on_device = ops::ExpertRows::on_device(offsets.to(gpu()));
+  const Pair x = random_pair({N, in}, dtype, 21), w = random_pair({E, out, in}, dtype, 22, 0.5);
+  const Pair dy = random_pair({N, out}, dtype, 23), dw0 = random_pair({E, out, in}, DType::f32, 24);
+
+  Tensor y_host = Tensor::empty({N, out}, dtype, gpu()), y_device = Tensor::empty({N, out}, dtype, gpu());
+  ops::cuda::grouped_linear_forward(y_host, x.gpu, w.gpu, counts);
+  ops::cuda::grouped_linear_forward(y_device, x.gpu, w.gpu, on_device);
+  Tensor dx_host = Tensor::empty({N, in}, dtype, gpu()), dx_device = Tensor::empty({N, in}, dtype, gpu());
+  Tensor dw_host = dw0.gpu.clone(), dw_device = dw0.gpu.clone();
+  ops::cuda::grouped_linear_backward(dx_host, dw_host, dy.gpu, x.gpu, w.gpu, counts);
+  ops::cuda::grouped_linear_backward(dx_device, dw_device, dy.gpu, x.gpu, w.gpu, on_device);
+  ASSERT_TRUE(completed("device offsets, " + shape));
+  const auto same = [](const Tensor& a, const Tensor& b) {
+    const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+    return std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+  };
+  EXPECT_TRUE(same(y_device, y_host)) << "forward, " << shape;
+  EXPECT_TRUE(same(dx_device, dx_host)) << "dgrad, " << shape;
+  EXPECT_TRUE(same(dw_device, dw_host)) << "wgrad, " << shape;
+}
+
+TEST_F(CudaGroupedGemm, DeviceOffsetsEqualHostCounts) {
+  check_device_offsets_equal_host_counts(DType::bf16, {5, 0, 17, 1}, 24, 40);
+  check_device_offsets_equal_host_counts(DType::bf16, {0, 129, 1, 255, 0, 300, 7, 128}, 136, 264);
+  check_device_offsets_equal_host_counts(DType::f16, {0, 0, 131, 0}, 256, 128);
+  check_device_offsets_equal_host_counts(DType::bf16, {0, 0, 0, 0}, 64, 64);  // no rows: nothing to do
+  std::vector<int64_t> many(256);
+  for (size_t e = 0; e < many.size(); ++e) many[e] = int64_t(e % 3);
+  check_device_offsets_equal_host_counts(DType::bf16, many, 32, 48);
+  check_device_offsets_equal_host_counts(DType::f32, {64, 32, 0, 96, 8, 8, 0, 48}, 128, 96);  // the cuBLAS way
 }
 
 TEST_F(CudaGroupedGemm, EqualsThePerExpertLoopAndReportsSpeed) {

@@ -7,7 +7,8 @@
 // 4: EP 2 x TP 2), where the two TP ranks of a replica hold the two halves of one micro-batch's
 // sequence and each half of every one of their experts' FFN, and TP 2 x EP 2 with expert TP 1
 // (--expert-tensor-parallel-size 1), where the two TP ranks of a replica are the EP ranks, each
-// holding whole experts, and exchange their sequence halves. Each rank's output and input
+// holding whole experts, and exchange their sequence halves; and TP 2 with expert TP 1 and no EP,
+// where nothing is exchanged and each TP rank routes its sequence half on the device path. Each rank's output and input
 // gradient equal the single rank's on that rank's tokens; each rank's expert gradients (its
 // experts, its expert TP shard of each) equal the single rank's summed over the tokens of every
 // replica in its expert TP x EP group (its experts served them all); the router's gradient summed over TP (as finalize_model_grads sums
@@ -99,8 +100,13 @@ LayerRun run_parallel(const ParallelContext& ctx, TokenDispatcherType dispatcher
   LayerRun run;
   run.y = layer.forward(sequence_shard(input(replica(ctx)), ctx), kForward, saved);
   run.dx = layer.backward(sequence_shard(output_grad(replica(ctx)), ctx), saved);
+  // Experts that served only this rank's sequence half (no exchange: the expert TP x EP group is
+  // this rank) hold that half's share: the expert data-parallel reduction, which then spans the TP
+  // ranks, sums the halves, as finalize_model_grads sums the sequence-parallel parameters.
+  const bool own_shard_only = ctx.tp_size() > 1 && ctx.expert_tp_ep->size() == 1;
   for (const auto& p : registry.params()) {
-    if (p->spec.sequence_parallel) ctx.tp->all_reduce(p->main_grad, ReduceOp::sum);
+    if (p->spec.sequence_parallel || (own_shard_only && p->spec.expert_parallel))
+      ctx.tp->all_reduce(p->main_grad, ReduceOp::sum);
     run.grads[p->spec.name] = p->main_grad.clone();
   }
   return run;
@@ -116,7 +122,10 @@ std::vector<Layout> layouts() {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   return {{"EP=" + std::to_string(world), {.ep = world}},
           {"TP=2 x EP=" + std::to_string(world / 2), {.tp = 2, .ep = world / 2}},
-          {"TP=2 x EP=2 x expert TP=1", {.tp = 2, .ep = 2, .etp = 1}}};
+          {"TP=2 x EP=2 x expert TP=1", {.tp = 2, .ep = 2, .etp = 1}},
+          // No exchange: each TP rank routes its sequence half on its tensors' device
+          // (ops/moe_routing.h), the loads and loss sums all-reduced over the shards.
+          {"TP=2 x expert TP=1", {.tp = 2, .etp = 1}}};
 }
 
 ParallelState layout_state(const Layout& layout) {
@@ -193,7 +202,9 @@ TEST_P(MoEExpertParallelDispatchers, AllToAllEqualsAllGather) {
   for (const auto& [name, grad] : gathered.grads) expect_close(exchanged.grads.at(name), grad, name + " gradient");
 }
 
-std::string layout_name(int index) { return index == 0 ? "EpIsWorld" : index == 1 ? "Tp2" : "Tp2Ep2ExpertTp1"; }
+std::string layout_name(int index) {
+  return index == 0 ? "EpIsWorld" : index == 1 ? "Tp2" : index == 2 ? "Tp2Ep2ExpertTp1" : "Tp2ExpertTp1";
+}
 
 std::string param_name(const ::testing::TestParamInfo<Param>& param) {
   return std::string(std::get<0>(param.param) == TokenDispatcherType::allgather ? "allgather" : "alltoall") + "_" +
@@ -203,11 +214,11 @@ std::string param_name(const ::testing::TestParamInfo<Param>& param) {
 INSTANTIATE_TEST_SUITE_P(Layouts, MoEExpertParallel,
                          ::testing::Combine(::testing::Values(TokenDispatcherType::allgather,
                                                               TokenDispatcherType::alltoall),
-                                            ::testing::Values(0, 1, 2)),
+                                            ::testing::Values(0, 1, 2, 3)),
                          param_name);
 std::string layout_param_name(const ::testing::TestParamInfo<int>& layout) { return layout_name(layout.param); }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, MoEExpertParallelDispatchers, ::testing::Values(0, 1, 2), layout_param_name);
+INSTANTIATE_TEST_SUITE_P(Layouts, MoEExpertParallelDispatchers, ::testing::Values(0, 1, 2, 3), layout_param_name);
 
 }  // namespace
 }  // namespace megatron::testing

@@ -53,7 +53,7 @@ void check_gradients_by_finite_differences(const TransformerConfig& config) {
   const Tensor analytic = model.parameters().grad_buffer().clone();
   auto loss = [&] {
     const LossSums s = model.forward_backward(tokens, labels, mask, scale, fwd);
-    return scale * s.loss_sum + fwd.aux_loss_grad_scale * model.moe_stats().weighted_losses;
+    return scale * s.loss_sum + fwd.aux_loss_grad_scale * model.moe_stats().values().weighted_losses;
   };
   // A step of 1e-5 changes no top-k choice or capacity decision of these inputs.
   test::expect_gradients_match_finite_differences(model, analytic, loss);

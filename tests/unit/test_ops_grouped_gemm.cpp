@@ -56,6 +56,27 @@ TEST(OpsGroupedGemm, EqualsALoopOfLinearOps) {
 TEST(OpsGroupedGemm, RejectsCountsThatDoNotCoverTheRows) {
   const Tensor x = randn({kRows, kIn}, DType::f32, 1), w = randn({4, kOut, kIn}, DType::f32, 2);
   Tensor y = Tensor::empty({kRows, kOut}, DType::f32);
-  EXPECT_THROW(ops::grouped_linear_forward(y, x, w, {3, 0, 5, 2}), Error);
-  EXPECT_THROW(ops::grouped_linear_forward(y, x, w, {9, 0, 0}), Error);
+  EXPECT_THROW(ops::grouped_linear_forward(y, x, w, std::vector<int64_t>{3, 0, 5, 2}), Error);
+  EXPECT_THROW(ops::grouped_linear_forward(y, x, w, std::vector<int64_t>{9, 0, 0}), Error);
+}
+
+// Rows given as offsets (the device routing's plan; a CPU tensor here) compute what the counts do.
+TEST(OpsGroupedGemm, RowOffsetsEqualCounts) {
+  const std::vector<int64_t> counts{3, 0, 5, 2};
+  Tensor offsets = Tensor::empty({5}, DType::i32);
+  for (int64_t e = 0, begin = 0; e <= 4; begin += e < 4 ? counts[size_t(e)] : 0, ++e) offsets.set_item(e, double(begin));
+  const ops::ExpertRows rows = ops::ExpertRows::on_device(offsets);
+  EXPECT_EQ(rows.host_counts(), counts);
+  const Tensor x = randn({10, kIn}, DType::f64, 1), w = randn({4, kOut, kIn}, DType::f64, 2);
+  const Tensor dy = randn({10, kOut}, DType::f64, 3);
+  Tensor y_counts = Tensor::empty({10, kOut}, DType::f64), y_offsets = Tensor::empty({10, kOut}, DType::f64);
+  ops::grouped_linear_forward(y_counts, x, w, counts);
+  ops::grouped_linear_forward(y_offsets, x, w, rows);
+  EXPECT_TRUE(all_close(y_offsets, y_counts, 0.0, 0.0));
+  Tensor dx_counts = Tensor::empty({10, kIn}, DType::f64), dx_offsets = Tensor::empty({10, kIn}, DType::f64);
+  Tensor dw_counts = Tensor::zeros(w.shape(), DType::f64), dw_offsets = Tensor::zeros(w.shape(), DType::f64);
+  ops::grouped_linear_backward(dx_counts, dw_counts, dy, x, w, counts);
+  ops::grouped_linear_backward(dx_offsets, dw_offsets, dy, x, w, rows);
+  EXPECT_TRUE(all_close(dx_offsets, dx_counts, 0.0, 0.0));
+  EXPECT_TRUE(all_close(dw_offsets, dw_counts, 0.0, 0.0));
 }

@@ -125,26 +125,28 @@ datasets::Batch next_batch(datasets::DataLoader& loader, const char* split) {
 // Sums of every rank of the data-parallel group: the global batch's loss (Megatron averages the
 // reported loss over DP x CP).
 // The MoE routers' statistics over a log interval: per-layer means of the losses and the extreme
-// expert loads of its micro-batches.
+// expert loads of its micro-batches. The micro-batches' statistics are read from the device at
+// report(), once per log interval.
 struct IntervalMoEStats {
-  int64_t micro_batches = 0;
-  double load_balancing_loss = 0.0, z_loss = 0.0;
-  int64_t min_tokens = std::numeric_limits<int64_t>::max(), max_tokens = 0;
-  bool per_sequence = false;
+  std::vector<moe::MoEStats> micro_batches;
   void add(const moe::MoEStats& s) {
-    if (s.layers == 0) return;
-    ++micro_batches;
-    per_sequence = s.per_sequence;
-    load_balancing_loss += s.load_balancing_loss / double(s.layers);
-    z_loss += s.z_loss / double(s.layers);
-    min_tokens = std::min(min_tokens, s.min_tokens_per_expert);
-    max_tokens = std::max(max_tokens, s.max_tokens_per_expert);
+    if (s.layers > 0) micro_batches.push_back(s);
   }
   void report(IterationStats& st) const {
-    if (micro_batches == 0) return;
-    st.load_balancing_loss = load_balancing_loss / double(micro_batches);
-    if (per_sequence) st.load_balancing_name = "seq_load_balancing_loss";
-    st.z_loss = z_loss / double(micro_batches);
+    if (micro_batches.empty()) return;
+    double load_balancing_loss = 0.0, z_loss = 0.0;
+    int64_t min_tokens = std::numeric_limits<int64_t>::max(), max_tokens = 0;
+    for (const moe::MoEStats& s : micro_batches) {
+      const moe::MoEStats::Values v = s.values();
+      load_balancing_loss += v.load_balancing_loss / double(s.layers);
+      z_loss += v.z_loss / double(s.layers);
+      min_tokens = std::min(min_tokens, v.min_tokens_per_expert);
+      max_tokens = std::max(max_tokens, v.max_tokens_per_expert);
+    }
+    const auto n = double(micro_batches.size());
+    st.load_balancing_loss = load_balancing_loss / n;
+    if (micro_batches.back().per_sequence) st.load_balancing_name = "seq_load_balancing_loss";
+    st.z_loss = z_loss / n;
     st.min_tokens_per_expert = min_tokens;
     st.max_tokens_per_expert = max_tokens;
   }

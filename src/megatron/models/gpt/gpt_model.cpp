@@ -317,8 +317,10 @@ void GPTModel::update_expert_bias() {
   if (routers.empty()) return;
   const auto E = int64_t(routers.front()->num_experts());
   Tensor counts = Tensor::empty({int64_t(routers.size()), E}, DType::f64);
-  for (size_t r = 0; r < routers.size(); ++r)
-    for (int64_t e = 0; e < E; ++e) counts.set_item(int64_t(r) * E + e, routers[r]->tokens_since_update()[size_t(e)]);
+  for (size_t r = 0; r < routers.size(); ++r) {
+    const std::vector<double> loads = routers[r]->tokens_since_update();  // reads the device once per step
+    for (int64_t e = 0; e < E; ++e) counts.set_item(int64_t(r) * E + e, loads[size_t(e)]);
+  }
   if (ctx_->dp_cp->size() > 1) {
     Tensor on_device = counts.to(device_);
     ctx_->dp_cp->all_reduce(on_device, ReduceOp::sum);

@@ -3,8 +3,9 @@
 namespace megatron::ops::checks {
 namespace {
 
-// x (N,in) rows and weight (E,out,in) on the backend's device, counts: E non-negative sizes summing to N.
-void check_operands(const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts, const char* op,
+// x (N,in) rows and weight (E,out,in) on the backend's device; rows: E non-negative counts summing
+// to N, or E+1 i32 offsets on the device (their values are the routing's, not read here).
+void check_operands(const Tensor& x, const Tensor& weight, const ExpertRows& rows, const char* op,
                     TensorCheck device) {
   check_defined(x, "grouped GEMM x");
   check_defined(weight, "grouped GEMM weight");
@@ -14,21 +15,27 @@ void check_operands(const Tensor& x, const Tensor& weight, const std::vector<int
   MEGATRON_CHECK(weight.ndim() == 3 && weight.dim(2) == x.dim(1),
                  op << ": weight must be (E,out,in) with in = " << x.dim(1) << ", got " << shape_str(weight.shape()));
   check_dtype(weight, x.dtype(), "grouped GEMM weight");
-  MEGATRON_CHECK(int64_t(counts.size()) == weight.dim(0),
-                 op << ": " << counts.size() << " row counts for " << weight.dim(0) << " experts");
-  int64_t rows = 0;
-  for (int64_t n : counts) {
-    MEGATRON_CHECK(n >= 0, op << ": a negative row count " << n);
-    rows += n;
+  if (rows.offsets.defined()) {
+    device(rows.offsets, "grouped GEMM row offsets");
+    check_dtype(rows.offsets, DType::i32, "grouped GEMM row offsets");
+    check_shape(rows.offsets, {weight.dim(0) + 1}, "grouped GEMM row offsets");
+    return;
   }
-  MEGATRON_CHECK(rows == x.dim(0), op << ": the row counts sum to " << rows << ", x has " << x.dim(0) << " rows");
+  MEGATRON_CHECK(int64_t(rows.counts.size()) == weight.dim(0),
+                 op << ": " << rows.counts.size() << " row counts for " << weight.dim(0) << " experts");
+  int64_t total = 0;
+  for (int64_t n : rows.counts) {
+    MEGATRON_CHECK(n >= 0, op << ": a negative row count " << n);
+    total += n;
+  }
+  MEGATRON_CHECK(total == x.dim(0), op << ": the row counts sum to " << total << ", x has " << x.dim(0) << " rows");
 }
 
 }  // namespace
 
 void check_grouped_linear_forward(const Tensor& y, const Tensor& x, const Tensor& weight,
-                                  const std::vector<int64_t>& counts, TensorCheck device) {
-  check_operands(x, weight, counts, "grouped_linear_forward", device);
+                                  const ExpertRows& rows, TensorCheck device) {
+  check_operands(x, weight, rows, "grouped_linear_forward", device);
   check_defined(y, "grouped_linear_forward y");
   device(y, "grouped_linear_forward y");
   check_shape(y, {x.dim(0), weight.dim(1)}, "grouped_linear_forward y");
@@ -36,8 +43,8 @@ void check_grouped_linear_forward(const Tensor& y, const Tensor& x, const Tensor
 }
 
 void check_grouped_linear_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dy, const Tensor& x,
-                                   const Tensor& weight, const std::vector<int64_t>& counts, TensorCheck device) {
-  check_operands(x, weight, counts, "grouped_linear_backward", device);
+                                   const Tensor& weight, const ExpertRows& rows, TensorCheck device) {
+  check_operands(x, weight, rows, "grouped_linear_backward", device);
   check_defined(dy, "grouped_linear_backward dy");
   device(dy, "grouped_linear_backward dy");
   check_shape(dy, {x.dim(0), weight.dim(1)}, "grouped_linear_backward dy");

@@ -65,16 +65,18 @@ void dw_kernel(compute_t<T>* dw, const T* dy, const T* x, const std::vector<int6
 
 namespace megatron::ops {
 
-void cpu::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts) {
-  checks::check_grouped_linear_forward(y, x, weight, counts, check_cpu);
+void cpu::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const ExpertRows& rows) {
+  checks::check_grouped_linear_forward(y, x, weight, rows, check_cpu);
+  const std::vector<int64_t> counts = rows.host_counts();
   dispatch_floating(x.dtype(), "grouped_linear_forward", [&]<class T>(std::type_identity<T>) {
     forward_kernel<T>(y.data<T>(), x.data<T>(), weight.data<T>(), row_experts(counts), x.dim(1), weight.dim(1));
   });
 }
 
 void cpu::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                  const std::vector<int64_t>& counts) {
-  checks::check_grouped_linear_backward(dx, dweight, dy, x, weight, counts, check_cpu);
+                                  const ExpertRows& rows) {
+  checks::check_grouped_linear_backward(dx, dweight, dy, x, weight, rows, check_cpu);
+  const std::vector<int64_t> counts = rows.host_counts();
   dispatch_floating(x.dtype(), "grouped_linear_backward", [&]<class T>(std::type_identity<T>) {
     if (dx.defined())
       dx_kernel<T>(dx.data<T>(), dy.data<T>(), weight.data<T>(), row_experts(counts), x.dim(1), weight.dim(1));

@@ -12,6 +12,9 @@
 //     NOT_SUPPORTED, as CUDA 13 does for bf16 -> bf16) or the operands are not 16-byte aligned
 //     (its kernels fault on those), the op runs the per-expert cuBLASLt loop of gemm.h instead
 //     (cuBLASLt picks its kernels by alignment) and warns once.
+// Rows given as device offsets (routing on the device): our kernel builds its tile table on the
+// device; the cuBLAS ways read the counts back first (a wait for the device, on f32 and odd
+// shapes only).
 // Each launch is counted in op_paths.h (grouped_gemm_mma / _cublas / _per_expert).
 #include <cublas_v2.h>
 
@@ -109,34 +112,53 @@ using MmaTiles = ggd::Tiles<128, 256, 64, 2, 4, 3>;
 // Whether our kernel takes these operands: 16-bit, widths multiples of 8 (a 16-byte chunk never
 // straddles a row end), every defined operand 16-byte aligned, the experts within the launch
 // table and the row offsets within int.
-bool mma_applies(const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts,
+bool mma_applies(const Tensor& x, const Tensor& weight, const ExpertRows& rows,
                  std::initializer_list<const Tensor*> operands) {
   if (x.dtype() != DType::bf16 && x.dtype() != DType::f16) return false;
   if (x.dim(1) % 8 != 0 || weight.dim(1) % 8 != 0) return false;
-  if (counts.size() > size_t(ggd::kMaxGroups) || x.dim(0) >= (int64_t(1) << 31)) return false;
+  // The device table's grid bound adds a tile row per expert to the rows: kept within int.
+  if (rows.experts() > ggd::kMaxGroups || x.dim(0) + 256 * (rows.experts() + 1) >= (int64_t(1) << 31)) return false;
   for (const Tensor* t : operands)
     if (t->defined() && !is_aligned16(t->raw())) return false;
   return true;
 }
 
+// The kernel's view of the rows, and the device scratch for its tile table when they are device
+// offsets (freed after the launches: the caching allocator reuses it in stream order only).
+struct MmaRows {
+  ggd::RowGroups groups;
+  Tensor table;  // i32 scratch the size of a GroupTable, or undefined
+  MmaRows(const ExpertRows& rows, int64_t total_rows, Device device)
+      : groups{rows.offsets.defined() ? nullptr : rows.counts.data(),
+               rows.offsets.defined() ? static_cast<const int32_t*>(rows.offsets.raw()) : nullptr,
+               int(rows.experts()), int(total_rows)} {
+    static_assert(sizeof(ggd::GroupTable) % sizeof(int32_t) == 0);
+    if (rows.offsets.defined())
+      table = Tensor::empty({int64_t(sizeof(ggd::GroupTable) / sizeof(int32_t))}, DType::i32, device);
+  }
+  ggd::GroupTable* device_table() {
+    return table.defined() ? static_cast<ggd::GroupTable*>(table.raw()) : nullptr;
+  }
+};
+
 template <class T>
-void forward_mma(Tensor& y, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts) {
+void forward_mma(Tensor& y, const Tensor& x, const Tensor& weight, MmaRows& rows) {
   ggd::grouped_forward<MmaTiles>(device_data<T>(y), device_data<T>(x), device_data<T>(weight), x.dim(1),
-                                 weight.dim(1), counts.data(), int(counts.size()), stream());
+                                 weight.dim(1), rows.groups, rows.device_table(), stream());
   count_op_path(OpPath::grouped_gemm_mma);
 }
 
 template <class T>
-void dgrad_mma(Tensor& dx, const Tensor& dy, const Tensor& weight, const std::vector<int64_t>& counts) {
+void dgrad_mma(Tensor& dx, const Tensor& dy, const Tensor& weight, MmaRows& rows) {
   ggd::grouped_dgrad<MmaTiles>(device_data<T>(dx), device_data<T>(dy), device_data<T>(weight), dx.dim(1),
-                               weight.dim(1), counts.data(), int(counts.size()), stream());
+                               weight.dim(1), rows.groups, rows.device_table(), stream());
   count_op_path(OpPath::grouped_gemm_mma);
 }
 
 template <class T>
-void wgrad_mma(Tensor& dweight, const Tensor& dy, const Tensor& x, const std::vector<int64_t>& counts) {
+void wgrad_mma(Tensor& dweight, const Tensor& dy, const Tensor& x, MmaRows& rows) {
   ggd::grouped_wgrad<MmaTiles>(device_data<float>(dweight), device_data<T>(dy), device_data<T>(x), x.dim(1),
-                               dy.dim(1), counts.data(), int(counts.size()), stream());
+                               dy.dim(1), rows.groups, rows.device_table(), stream());
   count_op_path(OpPath::grouped_gemm_mma);
 }
 
@@ -155,13 +177,14 @@ void dispatch_mma(DType dtype, Fn&& fn) {
 
 namespace megatron::ops {
 
-void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weight,
-                                  const std::vector<int64_t>& counts) {
-  checks::check_grouped_linear_forward(y, x, weight, counts, check_cuda);
-  if (mma_applies(x, weight, counts, {&y, &x, &weight})) {
-    dispatch_mma(x.dtype(), [&]<class T>(std::type_identity<T>) { forward_mma<T>(y, x, weight, counts); });
+void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const ExpertRows& rows) {
+  checks::check_grouped_linear_forward(y, x, weight, rows, check_cuda);
+  if (mma_applies(x, weight, rows, {&y, &x, &weight})) {
+    MmaRows mma_rows(rows, x.dim(0), x.device());
+    dispatch_mma(x.dtype(), [&]<class T>(std::type_identity<T>) { forward_mma<T>(y, x, weight, mma_rows); });
     return;
   }
+  const std::vector<int64_t> counts = rows.host_counts();
   const int in = int(x.dim(1)), out = int(weight.dim(1));
   std::vector<Problem> problems;
   int64_t begin = 0;
@@ -182,15 +205,17 @@ void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weig
 }
 
 void cuda::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                   const std::vector<int64_t>& counts) {
-  checks::check_grouped_linear_backward(dx, dweight, dy, x, weight, counts, check_cuda);
-  if (mma_applies(x, weight, counts, {&dx, &dweight, &dy, &x, &weight})) {
+                                   const ExpertRows& rows) {
+  checks::check_grouped_linear_backward(dx, dweight, dy, x, weight, rows, check_cuda);
+  if (mma_applies(x, weight, rows, {&dx, &dweight, &dy, &x, &weight})) {
+    MmaRows mma_rows(rows, x.dim(0), x.device());
     dispatch_mma(x.dtype(), [&]<class T>(std::type_identity<T>) {
-      if (dx.defined()) dgrad_mma<T>(dx, dy, weight, counts);
-      if (dweight.defined()) wgrad_mma<T>(dweight, dy, x, counts);
+      if (dx.defined()) dgrad_mma<T>(dx, dy, weight, mma_rows);
+      if (dweight.defined()) wgrad_mma<T>(dweight, dy, x, mma_rows);
     });
     return;
   }
+  const std::vector<int64_t> counts = rows.host_counts();
   const int in = int(x.dim(1)), out = int(weight.dim(1));
   std::vector<Problem> dx_problems, dw_problems;
   int64_t begin = 0;

@@ -11,10 +11,15 @@
 //   wgrad    dW_e += dy_e^T x_e: A = dy rows   [k][m], B = x rows   [k][n], C = dW_e (fp32, +=)
 // so the token rows are M (forward, dgrad) or K (wgrad): the kernel's ROWS_ARE_K.
 //
-// The tile scheduler: blockIdx.x is a global tile number; the host's GroupTable holds, per
-// expert, its first token row and its first tile (prefix sums of the row counts and of the tiles
-// each expert needs), and a block binary-searches it for its expert. An expert without rows has no
-// tiles. Within an expert, tiles run down M first, so consecutive blocks share one B column block.
+// The tile scheduler: blockIdx.x is a global tile number; the GroupTable holds, per expert, its
+// first token row and its first tile (prefix sums of the row counts and of the tiles each expert
+// needs), and a block binary-searches it for its expert. An expert without rows has no tiles.
+// Within an expert, tiles run down M first, so consecutive blocks share one B column block. The
+// table comes from host counts (a kernel parameter), or, when only the device knows the counts
+// (routing on the device, ops/moe_routing.h), a one-thread kernel builds it in device memory
+// from the row offsets; the grid is then the bound on the tiles any split of the rows can need
+// (each expert at most one partial M tile more), and the blocks past the table's total leave at
+// once. Either way the host reads nothing back.
 //
 // Edges: a tile reaching past M, N or K loads zeros (cp.async's zero fill) and stores only its
 // rows and columns inside the matrix. The host guarantees (mma_applies in grouped_gemm.cu) that
@@ -222,15 +227,20 @@ __device__ __forceinline__ void store_pair(TC* p, float v0, float v1) {
   }
 }
 
+// device_table: the table in device memory, or null for the one passed by value (grid_constant:
+// read in place, not copied per thread).
 template <class Cfg, Major LA, Major LB, bool ROWS_ARE_K, class T, class TC>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
-    grouped_gemm_kernel(const GroupedGemmArgs<T, TC> args, const GroupTable table) {
+    grouped_gemm_kernel(const GroupedGemmArgs<T, TC> args, const __grid_constant__ GroupTable host_table,
+                        const GroupTable* device_table) {
   constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, MI = Cfg::kMi, NI = Cfg::kNi;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
 
   // ---- which expert and which tile of it
+  const GroupTable& table = device_table != nullptr ? *device_table : host_table;
   const int tile = int(blockIdx.x);
+  if (tile >= table.tile_begin[table.groups]) return;  // past the tiles (a device table's grid is a bound)
   const int e = group_of_tile(table, tile);
   const int row_begin = table.row_begin[e], rows = table.row_begin[e + 1] - row_begin;
   const int M = ROWS_ARE_K ? args.M : rows, N = args.N, K = ROWS_ARE_K ? rows : args.K;
@@ -304,20 +314,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::MIN_BLOCKS)
 
 // Tiles of expert e's (M, N) output: none for an expert without rows.
 template <class Cfg>
-int tiles_of(int M, int N) {
+__host__ __device__ int tiles_of(int M, int N) {
   if (M == 0 || N == 0) return 0;
   return ((M + Cfg::BM - 1) / Cfg::BM) * ((N + Cfg::BN - 1) / Cfg::BN);
 }
 
-// Fills the table from the row counts (every count must fit an int, every row offset too) and
-// returns the total number of tiles. fixed_m: the M of every expert when the rows are K.
-template <class Cfg, bool ROWS_ARE_K>
-int fill_table(GroupTable& table, const int64_t* counts, int groups, int fixed_m, int N) {
+// Fills the table from the row counts (count_of(e); every count must fit an int, every row offset
+// too) and returns the total number of tiles. fixed_m: the M of every expert when the rows are K.
+template <class Cfg, bool ROWS_ARE_K, class CountOf>
+__host__ __device__ int fill_table(GroupTable& table, const CountOf& count_of, int groups, int fixed_m, int N) {
   table.groups = groups;
   table.row_begin[0] = 0;
   table.tile_begin[0] = 0;
   for (int e = 0; e < groups; ++e) {
-    const int rows = int(counts[e]);
+    const int rows = int(count_of(e));
     table.row_begin[e + 1] = table.row_begin[e] + rows;
     // ROWS_ARE_K: an expert without rows has K = 0 and adds nothing to dW, so it gets no tiles.
     const int tiles = ROWS_ARE_K ? (rows == 0 ? 0 : tiles_of<Cfg>(fixed_m, N)) : tiles_of<Cfg>(rows, N);
@@ -326,13 +336,38 @@ int fill_table(GroupTable& table, const int64_t* counts, int groups, int fixed_m
   return table.tile_begin[groups];
 }
 
+// The device table from the E+1 row offsets (one thread: E is at most kMaxGroups).
+template <class Cfg, bool ROWS_ARE_K>
+__global__ void build_table_kernel(GroupTable* table, const int32_t* offsets, int groups, int fixed_m, int N) {
+  fill_table<Cfg, ROWS_ARE_K>(*table, [offsets](int e) { return offsets[e + 1] - offsets[e]; }, groups, fixed_m, N);
+}
+
+// Where the experts' rows are: host counts, or device row offsets (E+1 i32) with the total rows.
+struct RowGroups {
+  const int64_t* counts;  // host, or null
+  const int32_t* offsets;  // device, or null
+  int groups;
+  int total_rows;
+};
+
 // Launches one product over every expert on `stream`; nothing when no expert has tiles.
+// device_table: scratch device memory for a GroupTable (used with device offsets only).
 template <class Cfg, Major LA, Major LB, bool ROWS_ARE_K, class T, class TC>
-void launch_grouped_gemm(const GroupedGemmArgs<T, TC>& args, const int64_t* counts, int groups,
+void launch_grouped_gemm(const GroupedGemmArgs<T, TC>& args, const RowGroups& rows, GroupTable* device_table,
                          cudaStream_t stream) {
-  GroupTable table;  // passed by value: the launch copies it into the kernel's parameters
-  const int total = fill_table<Cfg, ROWS_ARE_K>(table, counts, groups, args.M, args.N);
-  if (total == 0) return;
+  GroupTable table{};  // passed by value: the launch copies it into the kernel's parameters
+  int grid = 0;
+  if (rows.counts != nullptr) {
+    grid = fill_table<Cfg, ROWS_ARE_K>(table, [&rows](int e) { return rows.counts[e]; }, rows.groups, args.M, args.N);
+    device_table = nullptr;
+  } else {
+    table.groups = 0;  // unused: the kernel reads device_table
+    build_table_kernel<Cfg, ROWS_ARE_K><<<1, 1, 0, stream>>>(device_table, rows.offsets, rows.groups, args.M, args.N);
+    CUDA_CHECK(cudaGetLastError());
+    grid = ROWS_ARE_K ? rows.groups * tiles_of<Cfg>(args.M, args.N)
+                      : tiles_of<Cfg>(rows.total_rows + rows.groups * Cfg::BM, args.N);
+  }
+  if (grid == 0) return;
   auto* kernel = grouped_gemm_kernel<Cfg, LA, LB, ROWS_ARE_K, T, TC>;
   constexpr int smem = Cfg::template smem_bytes<T>();
   static const bool configured = [kernel] {  // above 48 KB a kernel must opt in to its shared memory
@@ -340,36 +375,36 @@ void launch_grouped_gemm(const GroupedGemmArgs<T, TC>& args, const int64_t* coun
     return true;
   }();
   (void)configured;
-  kernel<<<total, Cfg::kThreads, smem, stream>>>(args, table);
+  kernel<<<grid, Cfg::kThreads, smem, stream>>>(args, table, device_table);
   CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- the three products of grouped_gemm.h on raw device pointers (row-major, contiguous):
-// x (N,in), y (N,out), dy (N,out), dx (N,in), weight (E,out,in), dweight (E,out,in) fp32; counts:
-// the E experts' row counts (host memory), summing to N.
+// x (N,in), y (N,out), dy (N,out), dx (N,in), weight (E,out,in), dweight (E,out,in) fp32; rows:
+// the E experts' row counts (host) or row offsets (device), summing to N.
 
 // y rows of e = x rows of e W_e^T: A = x [m][k], B = W_e [n][k].
 template <class Cfg, class T>
-void grouped_forward(T* y, const T* x, const T* weight, int64_t in, int64_t out, const int64_t* counts, int experts,
-                     cudaStream_t stream) {
+void grouped_forward(T* y, const T* x, const T* weight, int64_t in, int64_t out, const RowGroups& rows,
+                     GroupTable* device_table, cudaStream_t stream) {
   const GroupedGemmArgs<T, T> args{x, weight, y, in, in, out, out * in, 0, 0, int(out), int(in)};
-  launch_grouped_gemm<Cfg, Major::k, Major::k, false>(args, counts, experts, stream);
+  launch_grouped_gemm<Cfg, Major::k, Major::k, false>(args, rows, device_table, stream);
 }
 
 // dx rows of e = dy rows of e W_e: A = dy [m][k], B = W_e (out,in) read as [k][n].
 template <class Cfg, class T>
-void grouped_dgrad(T* dx, const T* dy, const T* weight, int64_t in, int64_t out, const int64_t* counts, int experts,
-                   cudaStream_t stream) {
+void grouped_dgrad(T* dx, const T* dy, const T* weight, int64_t in, int64_t out, const RowGroups& rows,
+                   GroupTable* device_table, cudaStream_t stream) {
   const GroupedGemmArgs<T, T> args{dy, weight, dx, out, in, in, out * in, 0, 0, int(in), int(out)};
-  launch_grouped_gemm<Cfg, Major::k, Major::mn, false>(args, counts, experts, stream);
+  launch_grouped_gemm<Cfg, Major::k, Major::mn, false>(args, rows, device_table, stream);
 }
 
 // dW_e (out,in) += dy_e^T x_e: A = dy rows read as [k][m], B = x rows as [k][n], K = the expert's rows.
 template <class Cfg, class T>
-void grouped_wgrad(float* dweight, const T* dy, const T* x, int64_t in, int64_t out, const int64_t* counts,
-                   int experts, cudaStream_t stream) {
+void grouped_wgrad(float* dweight, const T* dy, const T* x, int64_t in, int64_t out, const RowGroups& rows,
+                   GroupTable* device_table, cudaStream_t stream) {
   const GroupedGemmArgs<T, float> args{dy, x, dweight, out, in, in, 0, out * in, int(out), int(in), 0};
-  launch_grouped_gemm<Cfg, Major::mn, Major::mn, true>(args, counts, experts, stream);
+  launch_grouped_gemm<Cfg, Major::mn, Major::mn, true>(args, rows, device_table, stream);
 }
 
 }  // namespace megatron::ops::cuda::grouped_gemm_detail

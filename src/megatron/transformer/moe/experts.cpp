@@ -28,8 +28,9 @@ Experts::Experts(ParameterRegistry& registry, const TransformerConfig& config, c
 }
 
 void Experts::experts_linear(Tensor& out, const Tensor& in, const Parameter& weight,
-                             const std::vector<int64_t>& counts) const {
-  if (grouped_gemm_) return ops::grouped_linear_forward(out, in, weight.data, counts);
+                             const ops::ExpertRows& rows) const {
+  if (grouped_gemm_) return ops::grouped_linear_forward(out, in, weight.data, rows);
+  const std::vector<int64_t> counts = rows.host_counts();
   int64_t begin = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t end = begin + counts[e];
@@ -42,11 +43,12 @@ void Experts::experts_linear(Tensor& out, const Tensor& in, const Parameter& wei
 }
 
 void Experts::experts_linear_backward(Tensor& dx, const Tensor& dy, const Tensor& x, const Parameter& weight,
-                                      const std::vector<int64_t>& counts) const {
+                                      const ops::ExpertRows& rows) const {
   if (grouped_gemm_) {
     Tensor dweight = weight.main_grad;
-    return ops::grouped_linear_backward(dx, dweight, dy, x, weight.data, counts);
+    return ops::grouped_linear_backward(dx, dweight, dy, x, weight.data, rows);
   }
+  const std::vector<int64_t> counts = rows.host_counts();
   int64_t begin = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t end = begin + counts[e];
@@ -70,29 +72,31 @@ Tensor Experts::activation(const Tensor& fc1_out) const {
   return act;
 }
 
-Tensor Experts::forward(const Tensor& rows, const std::vector<int64_t>& tokens_per_expert, Saved& saved) const {
+Tensor Experts::forward(const Tensor& rows, const ops::ExpertRows& expert_rows, Saved& saved) const {
   const int64_t N = rows.dim(0);
   saved.input = rows;
-  saved.tokens_per_expert = tokens_per_expert;
+  // The per-expert loop needs the counts on the host: read once here (device offsets) for the
+  // forward and the backward.
+  saved.expert_rows = grouped_gemm_ ? expert_rows : ops::ExpertRows(expert_rows.host_counts());
   saved.fc1_out = Tensor::empty({N, fc1_->local_shape[1]}, rows.dtype(), rows.device());
-  experts_linear(saved.fc1_out, rows, *fc1_, tokens_per_expert);
+  experts_linear(saved.fc1_out, rows, *fc1_, saved.expert_rows);
   const Tensor act = activation(saved.fc1_out);
   Tensor out = Tensor::empty({N, rows.dim(1)}, rows.dtype(), rows.device());
-  experts_linear(out, act, *fc2_, tokens_per_expert);
+  experts_linear(out, act, *fc2_, saved.expert_rows);
   return out;
 }
 
 Tensor Experts::backward(const Tensor& dy, const Saved& saved) const {
   const Tensor act = activation(saved.fc1_out);
   Tensor dact = Tensor::empty(act.shape(), act.dtype(), act.device());
-  experts_linear_backward(dact, dy, act, *fc2_, saved.tokens_per_expert);
+  experts_linear_backward(dact, dy, act, *fc2_, saved.expert_rows);
   Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), saved.fc1_out.dtype(), saved.fc1_out.device());
   if (swiglu_)
     ops::swiglu_backward(dfc1, dact, saved.fc1_out);
   else
     ops::gelu_backward(dfc1, dact, saved.fc1_out);
   Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
-  experts_linear_backward(dx, dfc1, saved.input, *fc1_, saved.tokens_per_expert);
+  experts_linear_backward(dx, dfc1, saved.input, *fc1_, saved.expert_rows);
   return dx;
 }
 

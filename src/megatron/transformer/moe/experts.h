@@ -7,12 +7,15 @@
 // parallelism (--expert-tensor-parallel-size, default TP) its expert TP shard of each (fc1
 // column-, fc2 row-parallel), so its output rows are partial sums over the expert TP ranks, which
 // the token exchange adds (moe_layer.h). Rows arrive grouped by expert
-// (token_dispatcher.h): expert e runs on tokens_per_expert[e] consecutive rows. The activation is
+// (token_dispatcher.h): expert e runs on its rows' count of consecutive rows, known on the host
+// or only as device offsets (device routing; the per-expert GEMM loop reads them back once per
+// forward, the grouped GEMM need not). The activation is
 // recomputed in backward from the saved fc1 output, as the dense MLP.
 #include <string>
 #include <vector>
 
 #include "megatron/core/activation_memory.h"
+#include "megatron/ops/grouped_gemm.h"
 #include "megatron/parameters/parameter_registry.h"
 #include "megatron/transformer/transformer_config.h"
 
@@ -23,14 +26,14 @@ class Experts {
   struct Saved {
     Tensor input;    // (N,H) the dispatched rows
     Tensor fc1_out;  // (N, F or 2F)
-    std::vector<int64_t> tokens_per_expert;
+    ops::ExpertRows expert_rows{std::vector<int64_t>{}};
     void count(ActivationMemory& m) const {
       m.add(input);
       m.add(fc1_out);
     }
   };
   Experts(ParameterRegistry& registry, const TransformerConfig& config, const std::string& prefix);
-  Tensor forward(const Tensor& rows, const std::vector<int64_t>& tokens_per_expert, Saved& saved) const;
+  Tensor forward(const Tensor& rows, const ops::ExpertRows& expert_rows, Saved& saved) const;
   Tensor backward(const Tensor& dy, const Saved& saved) const;  // accumulates weight grads, returns drows
   int64_t first_expert() const { return fc1_->expert_offset(); }
   int64_t num_local_experts() const { return fc1_->local_shape[0]; }
@@ -38,10 +41,10 @@ class Experts {
  private:
   // out rows of expert e = in rows of e @ weight[e]^T, for every expert with rows: one grouped
   // GEMM (--moe-grouped-gemm), or one GEMM per expert (Megatron's SequentialMLP).
-  void experts_linear(Tensor& out, const Tensor& in, const Parameter& weight, const std::vector<int64_t>& counts) const;
+  void experts_linear(Tensor& out, const Tensor& in, const Parameter& weight, const ops::ExpertRows& rows) const;
   // dx rows of e = dy rows of e @ weight[e]; grad[e] += dy^T x over e's rows.
   void experts_linear_backward(Tensor& dx, const Tensor& dy, const Tensor& x, const Parameter& weight,
-                               const std::vector<int64_t>& counts) const;
+                               const ops::ExpertRows& rows) const;
   Tensor activation(const Tensor& fc1_out) const;
   bool swiglu_;
   bool grouped_gemm_;

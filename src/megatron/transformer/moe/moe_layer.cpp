@@ -16,7 +16,7 @@ MoELayer::MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, cons
     : recompute_(config.recompute.recomputes("moe")),
       exchange_(ctx.expert_tp_ep && ctx.expert_tp_ep->size() > 1 ? ctx.expert_tp_ep : nullptr),
       alltoall_(exchange_ && config.moe.moe_token_dispatcher_type == TokenDispatcherType::alltoall),
-      router_(registry, ctx, config, prefix + ".router"),
+      router_(registry, ctx, config, prefix + ".router", exchange_ != nullptr),
       experts_(registry, config, prefix + ".experts") {
   const int ep = ctx.ep ? ctx.ep->size() : 1, etp = ctx.expert_tp ? ctx.expert_tp->size() : 1;
   MEGATRON_CHECK(registry.ep_size() == ep,
@@ -49,9 +49,9 @@ void MoELayer::Saved::count(ActivationMemory& m) const {
 Tensor MoELayer::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
   const Tensor y = forward_kept(x, fwd, saved);
   if (recompute_ && fwd.training) {
-    Routing routing = std::move(saved.router.routing);
+    Tensor stats = saved.router.stats;
     saved = {};
-    saved.router.routing = std::move(routing);
+    saved.router.stats = stats;
     saved.recompute_input = x;
     saved.recompute_fwd = fwd;
     saved.recompute_fwd.recompute = true;  // counts no expert-bias loads again
@@ -68,7 +68,8 @@ Tensor MoELayer::backward(const Tensor& dy, const Saved& saved) const {
 
 Tensor MoELayer::forward_kept(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
   const Tensor tokens = x.view({-1, x.dim(-1)});  // (T,H), T = S*B in sequence-major order
-  const Routing& routing = router_.forward(tokens, fwd, saved.router);
+  router_.forward(tokens, fwd, saved.router);
+  const Routing& routing = saved.router.routing;  // host routing only
   const DType weights = saved.router.input.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor y;
   if (alltoall_) {
@@ -83,11 +84,14 @@ Tensor MoELayer::forward_kept(const Tensor& x, const ForwardContext& fwd, Saved&
   } else {
     // Under EP or expert TP (allgather): the tokens and routings of the whole expert TP x EP
     // group, of which this rank serves its experts (its TP shard of them: partial outputs).
+    // Without an exchange and dropless, the router has planned on the device.
     const Tensor all_tokens = exchange_ ? gather_tokens(tokens, *exchange_) : tokens;
-    saved.plan = plan_dispatch(exchange_ ? gather_routing(routing, *exchange_, x.device()) : routing,
-                               experts_.first_expert(), experts_.num_local_experts(), x.device(), weights);
+    saved.plan = !router_.routes_on_host()
+                     ? plan_dispatch(saved.router.probs, saved.router.topk_experts)
+                     : plan_dispatch(exchange_ ? gather_routing(routing, *exchange_, x.device()) : routing,
+                                     experts_.first_expert(), experts_.num_local_experts(), x.device(), weights);
     saved.expert_output =
-        experts_.forward(dispatch(all_tokens, saved.plan), saved.plan.tokens_per_expert, saved.experts);
+        experts_.forward(dispatch(all_tokens, saved.plan), saved.plan.expert_rows, saved.experts);
     const Tensor combined = combine(saved.expert_output, saved.plan);
     y = exchange_ ? sum_to_token_ranks(combined, *exchange_) : combined;
   }
@@ -101,7 +105,7 @@ Tensor MoELayer::forward_kept(const Tensor& x, const ForwardContext& fwd, Saved&
 
 Tensor MoELayer::backward_kept(const Tensor& dy, const Saved& saved) const {
   const Tensor dy_tokens = dy.view({-1, dy.dim(-1)});
-  std::vector<double> dprobs;
+  Tensor dprobs;
   Tensor dx;
   if (alltoall_) {
     const Tensor drows = combine_backward(dy_tokens, saved.expert_output, saved.plan, dprobs);
@@ -114,7 +118,8 @@ Tensor MoELayer::backward_kept(const Tensor& dy, const Saved& saved) const {
     const Tensor drows = combine_backward(dy_all, saved.expert_output, saved.plan, dprobs);
     const Tensor dx_all = dispatch_backward(experts_.backward(drows, saved.experts), saved.plan);
     dx = exchange_ ? sum_to_token_ranks(dx_all, *exchange_) : dx_all;
-    if (exchange_) dprobs = sum_probs_to_token_ranks(dprobs, saved.plan.probs.dim(1), *exchange_, dx.device());
+    // In f64, as the host routing reads them.
+    if (exchange_) dprobs = sum_to_token_ranks(dprobs.to(DType::f64), *exchange_);
   }
   ops::add(dx, dx, router_.backward(dprobs, saved.router, dx.dtype()));
   dx = dx.view(dy.shape());

@@ -31,8 +31,8 @@ class MoELayer {
     Experts::Saved experts;
     Tensor expert_output;  // (N,H) rows before the weighted combine: the probabilities' gradient
     MLP::Saved shared;
-    // --recompute-modules moe: the layer's input and forward settings alone (with the routing
-    // above, host data for the statistics); backward runs the forward again from them.
+    // --recompute-modules moe: the layer's input and forward settings alone (with the router's
+    // statistics); backward runs the forward again from them.
     Tensor recompute_input;
     ForwardContext recompute_fwd;
     void count(ActivationMemory& m) const;
@@ -42,7 +42,7 @@ class MoELayer {
   Tensor forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;  // (S,B,H) -> (S,B,H)
   Tensor backward(const Tensor& dy, const Saved& saved) const;
   // Adds this layer's routing of the forward `saved` came from.
-  void add_stats(const Saved& saved, MoEStats& stats) const { stats.add(saved.router.routing, router_.params()); }
+  void add_stats(const Saved& saved, MoEStats& stats) const { stats.add(saved.router.stats, router_.params()); }
   Router& router() { return router_; }
   const Router& router() const { return router_; }
 

@@ -156,6 +156,25 @@ RoutingParams routing_params(const MoEConfig& m, int64_t sequence_length) {
           .sequence_length = sequence_length};
 }
 
+ops::TopKRouting topk_routing(const RoutingParams& p, int64_t num_tokens) {
+  MEGATRON_CHECK(p.capacity_factor == 0.0, "the device routing is dropless; capacity " << p.capacity_factor
+                                                                                       << " routes on the host");
+  MEGATRON_CHECK(num_tokens % p.sequence_length == 0,
+                 num_tokens << " tokens are not whole sequences of " << p.sequence_length);
+  // The sequences the load-balancing counts are kept for: B of the (S,B) tokens, or all as one.
+  const int64_t B = p.load_balancing == LoadBalancingType::none           ? 0
+                    : p.load_balancing == LoadBalancingType::seq_aux_loss ? num_tokens / p.sequence_length
+                                                                          : 1;
+  return {.topk = p.topk,
+          .sigmoid = p.score_function == RouterScoreFunction::sigmoid,
+          .pre_softmax = p.pre_softmax,
+          .num_groups = p.num_groups,
+          .group_topk = p.group_topk,
+          .scaling_factor = p.scaling_factor,
+          .balancing_sequences = B,
+          .z_loss = p.z_loss_coeff > 0.0};
+}
+
 Routing route(const std::vector<double>& logits, int64_t T, int64_t E, const RoutingParams& p,
               const std::vector<double>& expert_bias, const SumOverShards& sum_over_shards) {
   MEGATRON_CHECK(int64_t(logits.size()) == T * E,

@@ -30,6 +30,7 @@
 #include <functional>
 #include <vector>
 
+#include "megatron/ops/moe_routing.h"
 #include "megatron/transformer/moe/moe_config.h"
 
 namespace megatron::moe {
@@ -50,6 +51,9 @@ struct RoutingParams {
 };
 
 RoutingParams routing_params(const MoEConfig& moe, int64_t sequence_length);
+// The same routing for the device ops (ops/moe_routing.h) of num_tokens tokens; dropless only
+// (the ops keep every choice).
+ops::TopKRouting topk_routing(const RoutingParams& params, int64_t num_tokens);
 
 struct Routing {
   int64_t num_tokens = 0, num_experts = 0;

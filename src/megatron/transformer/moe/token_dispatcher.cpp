@@ -1,6 +1,7 @@
 #include "megatron/transformer/moe/token_dispatcher.h"
 
 #include "megatron/ops/moe_permute.h"
+#include "megatron/ops/moe_routing.h"
 
 namespace megatron::moe {
 
@@ -27,6 +28,15 @@ DispatchPlan plan_dispatch(const Routing& r, int64_t first_expert, int64_t num_e
   const auto counts = r.tokens_per_expert.begin() + first_expert;
   return {row_token.to(device), row_prob.to(device), token_rows.to(device), probs.to(device),
           std::vector<int64_t>(counts, counts + num_experts)};
+}
+
+DispatchPlan plan_dispatch(const Tensor& probs, const Tensor& topk_experts) {
+  const int64_t T = probs.dim(0), E = probs.dim(1), N = T * topk_experts.dim(1);
+  const Device device = probs.device();
+  Tensor row_token = Tensor::empty({N}, DType::i32, device), row_prob = Tensor::empty({N}, probs.dtype(), device);
+  Tensor token_rows = Tensor::empty({T, E}, DType::i32, device), offsets = Tensor::empty({E + 1}, DType::i32, device);
+  ops::moe_route_plan(row_token, row_prob, token_rows, offsets, topk_experts, probs);
+  return {row_token, row_prob, token_rows, probs, ops::ExpertRows::on_device(offsets)};
 }
 
 Tensor gather_tokens(const Tensor& x, Communicator& ep) {
@@ -78,12 +88,9 @@ Tensor combine(const Tensor& rows, const DispatchPlan& plan) {
   return y;
 }
 
-Tensor combine_backward(const Tensor& dy, const Tensor& rows, const DispatchPlan& plan, std::vector<double>& dprobs) {
-  Tensor dweight = Tensor::empty(plan.probs.shape(), plan.probs.dtype(), dy.device());
-  ops::moe_unpermute_weight_backward(dweight, dy, rows, plan.token_rows);
-  const Tensor host = dweight.to(Device::cpu());
-  dprobs.resize(size_t(host.numel()));
-  for (int64_t i = 0; i < host.numel(); ++i) dprobs[size_t(i)] = host.item(i);
+Tensor combine_backward(const Tensor& dy, const Tensor& rows, const DispatchPlan& plan, Tensor& dprobs) {
+  dprobs = Tensor::empty(plan.probs.shape(), plan.probs.dtype(), dy.device());
+  ops::moe_unpermute_weight_backward(dprobs, dy, rows, plan.token_rows);
   Tensor drows = Tensor::empty(rows.shape(), dy.dtype(), dy.device());
   ops::moe_permute(drows, dy, plan.row_token, plan.row_prob);
   return drows;
@@ -93,18 +100,6 @@ Tensor dispatch_backward(const Tensor& drows, const DispatchPlan& plan) {
   Tensor dx = Tensor::empty({plan.token_rows.dim(0), drows.dim(1)}, drows.dtype(), drows.device());
   ops::moe_unpermute(dx, drows, plan.token_rows, Tensor());
   return dx;
-}
-
-}  // namespace megatron::moe
-
-namespace megatron::moe {
-
-std::vector<double> sum_probs_to_token_ranks(const std::vector<double>& partial, int64_t num_experts, Communicator& ep,
-                                             Device device) {
-  Tensor host = Tensor::empty({int64_t(partial.size()) / num_experts, num_experts}, DType::f64);
-  std::copy(partial.begin(), partial.end(), host.data<double>());
-  const Tensor mine = sum_to_token_ranks(host.to(device), ep).to(Device::cpu());
-  return {mine.data<double>(), mine.data<double>() + mine.numel()};
 }
 
 }  // namespace megatron::moe
