@@ -35,8 +35,8 @@ Tensor nan_fp8(const Shape& shape, DType dtype) {
   const auto* r = static_cast<const uint8_t*>(out.cpu.raw());
   for (int64_t i = 0; i < actual.numel(); ++i)
     if (a[i] != r[i])
-      return ::testing::AssertionFailure() << "byte " << i << ": GPU 0x" << std::hex << int(a[i]) << ", CPU 0x"
-                                           << int(r[i]);
+      return ::testing::AssertionFailure()
+             << "byte " << i << ": GPU 0x" << std::hex << int(a[i]) << ", CPU 0x" << int(r[i]);
   return out.guards_intact();
 }
 
@@ -47,8 +47,8 @@ Tensor wide_values(int64_t n, DType dtype, uint64_t seed) {
   Tensor x = Tensor::empty({n}, DType::f32);
   for (int64_t i = 0; i < n; ++i) x.set_item(i, std::ldexp(r.item(i), int(i % 48) - 24));
   const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> special = {1.0625f, 1.1875f, 0x1p-10f, 3 * 0x1p-10f, 1.125f, 1.375f, 0x1p-17f,
-                                      3 * 0x1p-17f, 470.0f, 61440.0f, inf, -inf, 0.0f, -0.0f};
+  const std::vector<float> special = {1.0625f,      1.1875f, 0x1p-10f, 3 * 0x1p-10f, 1.125f, 1.375f, 0x1p-17f,
+                                      3 * 0x1p-17f, 470.0f,  61440.0f, inf,          -inf,   0.0f,   -0.0f};
   for (size_t i = 0; i < special.size() && int64_t(i) < n; ++i) x.set_item(int64_t(i), special[i]);
   return x.to(dtype);
 }
@@ -110,8 +110,8 @@ struct Quantized {
   Tensor q, scale_inv;
 };
 Quantized quantize_on_gpu(const Tensor& x, DType dtype) {
-  Tensor history = Tensor::zeros({1}, DType::f32, gpu()), scale = scalar(1.0f, gpu()),
-         scale_inv = scalar(1.0f, gpu()), amax = history.slice(0, 1), none;
+  Tensor history = Tensor::zeros({1}, DType::f32, gpu()), scale = scalar(1.0f, gpu()), scale_inv = scalar(1.0f, gpu()),
+         amax = history.slice(0, 1), none;
   ops::cuda::fp8_amax(amax, x);
   ops::cuda::fp8_update_scale(scale, scale_inv, history, dtype, {});
   Tensor q = Tensor::empty(x.shape(), dtype, gpu());
@@ -175,8 +175,8 @@ void check_gemm(const GemmCase& c, uint64_t seed) {
   const double max_a = max_abs(a.cpu), max_b = max_abs(b.cpu);
   Tensor bound2 = Tensor::empty({c.m, c.n}, DType::f64);
   for (int64_t i = 0; i < bound2.numel(); ++i) {
-    const double quantisation = (ua + ub + ua * ub) * abs_ab.item(i) +
-                                double(c.k) * (da * max_b * (1 + ub) + db * max_a * (1 + ua) + da * db);
+    const double quantisation =
+        (ua + ub + ua * ub) * abs_ab.item(i) + double(c.k) * (da * max_b * (1 + ub) + db * max_a * (1 + ua) + da * db);
     bound2.set_item(i, quantisation * (1.0 + u16) + bound.item(i));
   }
   EXPECT_TRUE(within_bound(out, ref, bound2)) << "vs BF16 reference, " << what;

@@ -724,7 +724,7 @@ TEST(ParseArgs, Fp8Flags) {
   EXPECT_EQ(off.model.fp8.num_layers_at_end_in_bf16, 1);
 
   const Argv hybrid = {"--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo",
-                       "max", "--fp8-margin", "1"};
+                       "max",    "--fp8-margin", "1"};
   const TrainingArgs a = parse_training_args(with(minimal_argv(), hybrid));
   const ops::Fp8Recipe recipe = a.model.fp8.recipe();
   EXPECT_EQ(recipe.forward_dtype, DType::e4m3);
@@ -752,9 +752,9 @@ TEST(ParseArgs, Fp8Flags) {
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise", "--fp8-margin", "2"}),
                        "apply to --fp8-recipe delayed only"));
   EXPECT_TRUE(contains(error({"--bf16", "--first-last-layers-bf16"}), "applies to FP8 training only"));
-  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--first-last-layers-bf16",
-                              "--num-layers-at-start-in-bf16", "2"}),
-                       "exceed --num-layers 2"));
+  EXPECT_TRUE(contains(
+      error({"--bf16", "--fp8-format", "e4m3", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "2"}),
+      "exceed --num-layers 2"));
 }
 
 TEST(Fp8Config, FirstLastLayersBf16) {

@@ -1,6 +1,6 @@
 // FP8 on the CPU: the e4m3/e5m2 rounding on hand-worked values (ties to even, subnormals,
 // saturation), the quantiser and its amax, the delayed and current scaling recipes step by step,
-// and the emulated FP8 GEMM on exactly representable operands.
+// the emulated FP8 GEMM on exactly representable operands, and a linear layer's FP8 GEMMs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +10,7 @@
 #include "megatron/core/dtype.h"
 #include "megatron/ops/fp8.h"
 #include "megatron/ops/gemm.h"
+#include "megatron/tensor_parallel/fp8_linear.h"
 
 using namespace megatron;
 
@@ -27,25 +28,25 @@ Tensor scalar(float v) { return Tensor::from_vector({v}, {1}); }
 // e4m3: bias 7, 3 mantissa bits; normals 2^-6 .. 448, subnormals k * 2^-9.
 TEST(Fp8Format, E4m3HandWorked) {
   const float inf = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(fp8_e4m3::from_float(1.0f), 0x38);         // 0.0111.000
-  EXPECT_EQ(fp8_e4m3::from_float(-2.0f), 0xC0);        // 1.1000.000
-  EXPECT_EQ(fp8_e4m3::from_float(-6.0f), 0xCC);        // -1.5 * 2^2: 1.1001.100
-  EXPECT_EQ(fp8_e4m3::from_float(1.0625f), 0x38);      // tie between 1 (000) and 1.125 (001): even, 1
-  EXPECT_EQ(fp8_e4m3::from_float(1.1875f), 0x3A);      // tie between 1.125 (001) and 1.25 (010): even, 1.25
-  EXPECT_EQ(fp8_e4m3::from_float(1.07f), 0x39);        // above the tie: 1.125
-  EXPECT_EQ(fp8_e4m3::from_float(448.0f), 0x7E);       // the max, 1.75 * 2^8
-  EXPECT_EQ(fp8_e4m3::from_float(470.0f), 0x7E);       // rounds towards 480 (the NaN code): saturates
+  EXPECT_EQ(fp8_e4m3::from_float(1.0f), 0x38);     // 0.0111.000
+  EXPECT_EQ(fp8_e4m3::from_float(-2.0f), 0xC0);    // 1.1000.000
+  EXPECT_EQ(fp8_e4m3::from_float(-6.0f), 0xCC);    // -1.5 * 2^2: 1.1001.100
+  EXPECT_EQ(fp8_e4m3::from_float(1.0625f), 0x38);  // tie between 1 (000) and 1.125 (001): even, 1
+  EXPECT_EQ(fp8_e4m3::from_float(1.1875f), 0x3A);  // tie between 1.125 (001) and 1.25 (010): even, 1.25
+  EXPECT_EQ(fp8_e4m3::from_float(1.07f), 0x39);    // above the tie: 1.125
+  EXPECT_EQ(fp8_e4m3::from_float(448.0f), 0x7E);   // the max, 1.75 * 2^8
+  EXPECT_EQ(fp8_e4m3::from_float(470.0f), 0x7E);   // rounds towards 480 (the NaN code): saturates
   EXPECT_EQ(fp8_e4m3::from_float(1e6f), 0x7E);
-  EXPECT_EQ(fp8_e4m3::from_float(inf), 0x7E);          // satfinite: infinity saturates too
+  EXPECT_EQ(fp8_e4m3::from_float(inf), 0x7E);  // satfinite: infinity saturates too
   EXPECT_EQ(fp8_e4m3::from_float(-inf), 0xFE);
   EXPECT_EQ(fp8_e4m3::from_float(std::nanf("")), 0x7F);
-  EXPECT_EQ(fp8_e4m3::from_float(0x1p-6f), 0x08);      // smallest normal
-  EXPECT_EQ(fp8_e4m3::from_float(7 * 0x1p-9f), 0x07);  // largest subnormal
-  EXPECT_EQ(fp8_e4m3::from_float(0x1p-9f), 0x01);      // smallest subnormal
-  EXPECT_EQ(fp8_e4m3::from_float(0x1p-10f), 0x00);     // tie between 0 and 2^-9: even, 0
-  EXPECT_EQ(fp8_e4m3::from_float(-0x1p-10f), 0x80);    // the sign survives: -0
-  EXPECT_EQ(fp8_e4m3::from_float(3 * 0x1p-10f), 0x02); // tie between 2^-9 (001) and 2^-8 (010): even
-  EXPECT_EQ(fp8_e4m3::from_float(15 * 0x1p-10f), 0x08); // tie between 7 * 2^-9 and 2^-6: even, the normal
+  EXPECT_EQ(fp8_e4m3::from_float(0x1p-6f), 0x08);        // smallest normal
+  EXPECT_EQ(fp8_e4m3::from_float(7 * 0x1p-9f), 0x07);    // largest subnormal
+  EXPECT_EQ(fp8_e4m3::from_float(0x1p-9f), 0x01);        // smallest subnormal
+  EXPECT_EQ(fp8_e4m3::from_float(0x1p-10f), 0x00);       // tie between 0 and 2^-9: even, 0
+  EXPECT_EQ(fp8_e4m3::from_float(-0x1p-10f), 0x80);      // the sign survives: -0
+  EXPECT_EQ(fp8_e4m3::from_float(3 * 0x1p-10f), 0x02);   // tie between 2^-9 (001) and 2^-8 (010): even
+  EXPECT_EQ(fp8_e4m3::from_float(15 * 0x1p-10f), 0x08);  // tie between 7 * 2^-9 and 2^-6: even, the normal
   EXPECT_EQ(fp8_e4m3::to_float(0x7E), 448.0f);
   EXPECT_EQ(fp8_e4m3::to_float(0x01), 0x1p-9f);
   EXPECT_TRUE(std::isnan(fp8_e4m3::to_float(0xFF)));
@@ -54,17 +55,17 @@ TEST(Fp8Format, E4m3HandWorked) {
 // e5m2: bias 15, 2 mantissa bits; normals 2^-14 .. 57344, subnormals k * 2^-16, IEEE infinities.
 TEST(Fp8Format, E5m2HandWorked) {
   const float inf = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(fp8_e5m2::from_float(1.0f), 0x3C);       // 0.01111.00
-  EXPECT_EQ(fp8_e5m2::from_float(1.125f), 0x3C);     // tie between 1 (00) and 1.25 (01): even, 1
-  EXPECT_EQ(fp8_e5m2::from_float(1.375f), 0x3E);     // tie between 1.25 (01) and 1.5 (10): even, 1.5
-  EXPECT_EQ(fp8_e5m2::from_float(57344.0f), 0x7B);   // the max, 1.75 * 2^15
+  EXPECT_EQ(fp8_e5m2::from_float(1.0f), 0x3C);      // 0.01111.00
+  EXPECT_EQ(fp8_e5m2::from_float(1.125f), 0x3C);    // tie between 1 (00) and 1.25 (01): even, 1
+  EXPECT_EQ(fp8_e5m2::from_float(1.375f), 0x3E);    // tie between 1.25 (01) and 1.5 (10): even, 1.5
+  EXPECT_EQ(fp8_e5m2::from_float(57344.0f), 0x7B);  // the max, 1.75 * 2^15
   EXPECT_EQ(fp8_e5m2::from_float(60000.0f), 0x7B);
-  EXPECT_EQ(fp8_e5m2::from_float(inf), 0x7B);        // satfinite: no infinity comes out
+  EXPECT_EQ(fp8_e5m2::from_float(inf), 0x7B);  // satfinite: no infinity comes out
   EXPECT_EQ(fp8_e5m2::from_float(-1e30f), 0xFB);
   EXPECT_EQ(fp8_e5m2::from_float(std::nanf("")), 0x7F);
-  EXPECT_EQ(fp8_e5m2::from_float(0x1p-14f), 0x04);   // smallest normal
-  EXPECT_EQ(fp8_e5m2::from_float(0x1p-16f), 0x01);   // smallest subnormal
-  EXPECT_EQ(fp8_e5m2::from_float(0x1p-17f), 0x00);   // tie: even, 0
+  EXPECT_EQ(fp8_e5m2::from_float(0x1p-14f), 0x04);  // smallest normal
+  EXPECT_EQ(fp8_e5m2::from_float(0x1p-16f), 0x01);  // smallest subnormal
+  EXPECT_EQ(fp8_e5m2::from_float(0x1p-17f), 0x00);  // tie: even, 0
   EXPECT_EQ(fp8_e5m2::from_float(3 * 0x1p-17f), 0x02);
   EXPECT_EQ(fp8_e5m2::to_float(0x7C), inf);
   EXPECT_EQ(fp8_e5m2::to_float(0x7B), 57344.0f);
@@ -150,4 +151,28 @@ TEST(Fp8Ops, MatmulEmulationIsExactOnRepresentableValues) {
   Tensor c16 = Tensor::empty({2, 2}, DType::bf16);
   ops::fp8_matmul(c16, at, scalar(0.5f), bt, scalar(4.0f), {.trans_a = ops::Transpose::yes});
   EXPECT_EQ(c16.to_vector(), (std::vector<float>{12, -2.5f, 7, -4}));
+}
+
+// The layer's forward is the FP8 GEMM of its quantised operands; under delayed scaling the first
+// step casts with scale 1 and records the amaxes, and the update after it sets 448 / amax.
+TEST(Fp8Linear, DelayedScalingForwardAndUpdate) {
+  tensor_parallel::Fp8Linear fp8({.backward_dtype = DType::e5m2});
+  const Tensor x = Tensor::from_vector({0.3f, -1.7f, 2.2f, 0.05f, -0.9f, 1.1f}, {2, 3}, DType::bf16);
+  const Tensor w = Tensor::from_vector({0.11f, 0.5f, -0.25f, 1.3f, -0.07f, 0.6f}, {2, 3}, DType::bf16);
+  Tensor y = Tensor::empty({2, 2}, DType::bf16), no_bias;
+  fp8.linear_forward(y, x, w, no_bias);
+  // Reference: each element rounded to e4m3 (scale 1), products summed exactly, rounded to bf16.
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 2; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < 3; ++k)
+        sum += double(float(fp8_e4m3(float(x.item(i * 3 + k))))) * double(float(fp8_e4m3(float(w.item(j * 3 + k)))));
+      EXPECT_EQ(y.item(i * 2 + j), double(round_to_bf16(float(sum)))) << i << "," << j;
+    }
+  EXPECT_EQ(fp8.input().amax_history.item(0), double(round_to_bf16(2.2f)));
+  EXPECT_EQ(fp8.weight().amax_history.item(0), double(round_to_bf16(1.3f)));
+  fp8.update_scales();
+  EXPECT_EQ(fp8.input().scale.item(), double(448.0f / round_to_bf16(2.2f)));
+  EXPECT_EQ(fp8.weight().scale.item(), double(448.0f / round_to_bf16(1.3f)));
+  EXPECT_FALSE(fp8.grad_output().scale.defined());  // no backward yet: no state
 }

@@ -54,8 +54,8 @@ uint8_t fp8<E>::from_float(float f) {
   if (std::isnan(f)) return uint8_t(sign | 0x7fu);
   const float a = std::fabs(f);
   const uint8_t max_bits = E == 4 ? 0x7eu : 0x7bu;  // S.1111.110 and S.11110.11
-  if (a >= max()) return uint8_t(sign | max_bits);    // saturate (infinity included)
-  constexpr int kMinExponent = 1 - kBias;             // of the smallest normal binade
+  if (a >= max()) return uint8_t(sign | max_bits);  // saturate (infinity included)
+  constexpr int kMinExponent = 1 - kBias;           // of the smallest normal binade
   int exponent = 0;
   std::frexp(a, &exponent);  // a = m * 2^exponent, m in [0.5, 1): a's binade is 2^(exponent - 1)
   const int binade = std::max(exponent - 1, kMinExponent);

@@ -40,8 +40,8 @@ MEGATRON_OP(fp8_amax, void(Tensor& amax, const Tensor& x));
 MEGATRON_OP(fp8_quantize, void(Tensor& q, Tensor& amax, const Tensor& x, const Tensor& scale));
 // The update above for one tensor quantised to `fp8_dtype`: scale, scale_inv (1) and
 // amax_history (N) f32, all on one device; the recipe's algorithm and margin apply.
-MEGATRON_OP(fp8_update_scale, void(Tensor& scale, Tensor& scale_inv, Tensor& amax_history, DType fp8_dtype,
-                                   const Fp8Recipe& recipe));
+MEGATRON_OP(fp8_update_scale,
+            void(Tensor& scale, Tensor& scale_inv, Tensor& amax_history, DType fp8_dtype, const Fp8Recipe& recipe));
 // C = alpha * (a_scale_inv op(A)) (b_scale_inv op(B)) + beta * C, FP32 accumulation.
 // A, B: 2-D e4m3 / e5m2 (not both e5m2), scale_invs (1) f32; C: bf16, f16 or f32 (2-D).
 // On CUDA (cuBLASLt, compute capability 8.9 or newer) Hopper's rule holds: FP8 GEMMs take A

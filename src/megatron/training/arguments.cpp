@@ -168,11 +168,15 @@ std::vector<Flag> build_flag_table() {
        "With selective: core_attn (the attention op's output), mlp (the dense MLP's fc1), moe (a whole MoE "
        "layer), moe_act (the experts' activation); default: core_attn"},
       {"--bf16", Switch{FIELD(bf16), true}, parallel, "bf16 parameters and compute, fp32 master weights"},
-      {"--fp8-format", FIELD(model.fp8.fp8_format), parallel,
+      {"--fp8-format",
+       FIELD(model.fp8.fp8_format),
+       parallel,
        "FP8 GEMMs in every transformer layer's linear layers (needs --bf16 and a GPU of compute capability 8.9+): "
        "e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients); unset: no FP8",
        {"e4m3", "hybrid"}},
-      {"--fp8-recipe", FIELD(model.fp8.fp8_recipe), parallel,
+      {"--fp8-recipe",
+       FIELD(model.fp8.fp8_recipe),
+       parallel,
        "delayed (scales from an amax history, updated after each step) or tensorwise (each tensor's own amax); "
        "Megatron's blockwise, mxfp8 and custom are not built here",
        {"delayed", "tensorwise", "blockwise", "mxfp8", "custom"}},
@@ -180,7 +184,9 @@ std::vector<Flag> build_flag_table() {
        "Delayed scaling: scales are divided by 2^margin (headroom above the recorded amax)"},
       {"--fp8-amax-history-len", FIELD(model.fp8.fp8_amax_history_len), parallel,
        "Delayed scaling: steps of amax history each scale is computed from"},
-      {"--fp8-amax-compute-algo", FIELD(model.fp8.fp8_amax_compute_algo), parallel,
+      {"--fp8-amax-compute-algo",
+       FIELD(model.fp8.fp8_amax_compute_algo),
+       parallel,
        "Delayed scaling: the amax a scale comes from, the history's max or its most recent entry",
        {"most_recent", "max"}},
       {"--fp8-param-gather", Switch{FIELD(model.fp8.fp8_param_gather), true}, parallel,

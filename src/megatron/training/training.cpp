@@ -560,6 +560,7 @@ IterationResult TrainingLoop::train_step() {
   finalize_model_grads(ddp);
   timers.stop("all-grads-sync");
   model.update_expert_bias();                        // Megatron's aux-loss-free balancing, once per step
+  model.update_fp8_scales();                         // the delayed FP8 recipe's amax histories and scales
   const float loss_scale = optimizer->loss_scale();  // the step may change it
   timers.start("optimizer");
   const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());

@@ -40,8 +40,9 @@ std::vector<std::string> validate_fp8(const Fp8Config& f, int64_t num_layers) {
     e.push_back(concat("--fp8-margin ", f.fp8_margin,
                        " must lie in [0, 126]: the scale is divided by 2^margin; e.g. 0 (the default)"));
   if (f.fp8_param_gather)
-    e.push_back("--fp8-param-gather: FP8 parameters are not built here; drop the flag (parameters stay bf16 and "
-                "are all-gathered in bf16)");
+    e.push_back(
+        "--fp8-param-gather: FP8 parameters are not built here; drop the flag (parameters stay bf16 and "
+        "are all-gathered in bf16)");
   if (f.num_layers_at_start_in_bf16 < 0 || f.num_layers_at_end_in_bf16 < 0)
     e.push_back(concat("--num-layers-at-start-in-bf16 ", f.num_layers_at_start_in_bf16,
                        " and --num-layers-at-end-in-bf16 ", f.num_layers_at_end_in_bf16, " must be >= 0"));

@@ -25,11 +25,11 @@
 namespace megatron {
 
 struct Fp8Config {
-  std::string fp8_format;                              // "" (off), "e4m3" or "hybrid"
-  std::string fp8_recipe = "delayed";                  // delayed | tensorwise (Megatron's names)
-  int64_t fp8_margin = 0;                              // delayed only
-  int64_t fp8_amax_history_len = 1;                    // delayed only
-  std::string fp8_amax_compute_algo = "most_recent";   // delayed only: most_recent | max
+  std::string fp8_format;                             // "" (off), "e4m3" or "hybrid"
+  std::string fp8_recipe = "delayed";                 // delayed | tensorwise (Megatron's names)
+  int64_t fp8_margin = 0;                             // delayed only
+  int64_t fp8_amax_history_len = 1;                   // delayed only
+  std::string fp8_amax_compute_algo = "most_recent";  // delayed only: most_recent | max
   bool fp8_param_gather = false;
   bool first_last_layers_bf16 = false;
   int64_t num_layers_at_start_in_bf16 = 1;

@@ -1,9 +1,10 @@
 // The FP8 quantiser and the recipes' scale update on the CPU: the reference the CUDA kernels are
 // held to bit for bit. Rounding is core/dtype.h's (nearest even on the FP8 grid, saturating).
+#include "megatron/ops/checks/fp8.h"
+
 #include <bit>
 #include <cmath>
 
-#include "megatron/ops/checks/fp8.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 #include "megatron/ops/fp8.h"
 
@@ -45,9 +46,8 @@ namespace megatron::ops {
 
 void cpu::fp8_amax(Tensor& amax, const Tensor& x) {
   checks::check_fp8_amax(amax, x, check_cpu, check_cpu_floating);
-  dispatch_floating(x.dtype(), "fp8_amax", [&]<class T>(std::type_identity<T>) {
-    accumulate_amax(amax, amax_bits(x.data<T>(), x.numel()));
-  });
+  dispatch_floating(x.dtype(), "fp8_amax",
+                    [&]<class T>(std::type_identity<T>) { accumulate_amax(amax, amax_bits(x.data<T>(), x.numel())); });
 }
 
 void cpu::fp8_quantize(Tensor& q, Tensor& amax, const Tensor& x, const Tensor& scale) {
@@ -69,7 +69,8 @@ void cpu::fp8_update_scale(Tensor& scale, Tensor& scale_inv, Tensor& amax_histor
   const int64_t len = amax_history.numel();
   float amax = history[0];
   if (recipe.amax_compute_algo == AmaxComputeAlgo::max)
-    for (int64_t i = 1; i < len; ++i) amax = std::bit_cast<float>(std::max(magnitude_bits(amax), magnitude_bits(history[i])));
+    for (int64_t i = 1; i < len; ++i)
+      amax = std::bit_cast<float>(std::max(magnitude_bits(amax), magnitude_bits(history[i])));
   float& s = scale.data<float>()[0];
   // TE: sf = (fp8_max / amax) / 2^margin in f32, kept only where amax is finite and positive.
   if (std::isfinite(amax) && amax > 0.0f) s = (fp8_max(fp8_dtype) / amax) / std::ldexp(1.0f, int(recipe.margin));

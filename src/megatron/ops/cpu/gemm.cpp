@@ -3,7 +3,6 @@
 // float and rounded to the 16-bit output once at the end. f64 runs through dgemm for the gradient
 // checks. The GELU-fused variants apply the activation (or its derivative) to that float/double
 // accumulator before rounding, as the CUDA epilogues do.
-#include "megatron/ops/fp8.h"
 #include "megatron/ops/gemm.h"
 
 #include <cblas.h>
@@ -15,6 +14,7 @@
 #include "megatron/ops/checks/gemm.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 #include "megatron/ops/cpu/gelu.h"
+#include "megatron/ops/fp8.h"
 
 namespace megatron::ops::cpu {
 namespace {
@@ -251,8 +251,8 @@ void cpu::fp8_matmul(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, cons
   const auto [m, n, k] = checks::check_fp8_matmul(c, a, a_scale_inv, b, b_scale_inv, params, check_cpu);
   const std::vector<double> A = dequantized(a, a_scale_inv), B = dequantized(b, b_scale_inv);
   Output<double> out(c, params.beta != 0.0f);
-  blas_gemm(params.trans_a == Transpose::yes, params.trans_b == Transpose::yes, m, n, k, double(params.alpha),
-            A.data(), B.data(), double(params.beta), out.data());
+  blas_gemm(params.trans_a == Transpose::yes, params.trans_b == Transpose::yes, m, n, k, double(params.alpha), A.data(),
+            B.data(), double(params.beta), out.data());
   out.finish();
 }
 

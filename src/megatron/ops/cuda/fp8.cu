@@ -73,8 +73,8 @@ void cuda::fp8_amax(Tensor& amax, const Tensor& x) {
   checks::check_fp8_amax(amax, x, check_cuda, check_cuda_floating);
   if (x.numel() == 0) return;
   dispatch_storage(x.dtype(), "fp8_amax", [&]<class T>(std::type_identity<T>) {
-    amax_kernel<T><<<amax_grid(x.numel()), kThreads, 0, stream()>>>(device_data<float>(amax), device_data<T>(x),
-                                                                     x.numel());
+    amax_kernel<T>
+        <<<amax_grid(x.numel()), kThreads, 0, stream()>>>(device_data<float>(amax), device_data<T>(x), x.numel());
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -85,9 +85,9 @@ void cuda::fp8_quantize(Tensor& q, Tensor& amax, const Tensor& x, const Tensor& 
   const __nv_fp8_interpretation_t format = q.dtype() == DType::e4m3 ? __NV_E4M3 : __NV_E5M2;
   float* amax_ptr = amax.defined() ? device_data<float>(amax) : nullptr;
   dispatch_storage(x.dtype(), "fp8_quantize", [&]<class T>(std::type_identity<T>) {
-    quantize_kernel<T><<<amax_grid(x.numel()), kThreads, 0, stream()>>>(
-        static_cast<__nv_fp8_storage_t*>(q.raw()), amax_ptr, device_data<T>(x), device_data<float>(scale), x.numel(),
-        format);
+    quantize_kernel<T><<<amax_grid(x.numel()), kThreads, 0, stream()>>>(static_cast<__nv_fp8_storage_t*>(q.raw()),
+                                                                        amax_ptr, device_data<T>(x),
+                                                                        device_data<float>(scale), x.numel(), format);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -95,10 +95,9 @@ void cuda::fp8_quantize(Tensor& q, Tensor& amax, const Tensor& x, const Tensor& 
 void cuda::fp8_update_scale(Tensor& scale, Tensor& scale_inv, Tensor& amax_history, DType fp8_dtype,
                             const Fp8Recipe& recipe) {
   checks::check_fp8_update_scale(scale, scale_inv, amax_history, fp8_dtype, recipe, check_cuda);
-  update_scale_kernel<<<1, 1, 0, stream()>>>(device_data<float>(scale), device_data<float>(scale_inv),
-                                              device_data<float>(amax_history), amax_history.numel(),
-                                              fp8_max(fp8_dtype), recipe.amax_compute_algo == AmaxComputeAlgo::max,
-                                              std::ldexp(1.0f, int(recipe.margin)));
+  update_scale_kernel<<<1, 1, 0, stream()>>>(
+      device_data<float>(scale), device_data<float>(scale_inv), device_data<float>(amax_history), amax_history.numel(),
+      fp8_max(fp8_dtype), recipe.amax_compute_algo == AmaxComputeAlgo::max, std::ldexp(1.0f, int(recipe.margin)));
   CUDA_CHECK_LAUNCH();
 }
 

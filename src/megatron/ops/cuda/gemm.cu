@@ -190,8 +190,8 @@ bool try_lt_matmul(const LtProblem& p) {
   const MatrixLayout d = make_layout(p.d_type, p.m, p.n);
 
   const uint32_t align_a = alignment_of(p.a), align_b = alignment_of(p.b), align_d = alignment_of(p.d);
-  const PlanKey key{{p.m, p.n, p.k, p.trans_a, p.trans_b, p.a_type, p.b_type, p.d_type, epilogue, align_a, align_b, align_d,
-                     p.epilogue.bias != nullptr ? alignment_of(p.epilogue.bias) : 0,
+  const PlanKey key{{p.m, p.n, p.k, p.trans_a, p.trans_b, p.a_type, p.b_type, p.d_type, epilogue, align_a, align_b,
+                     align_d, p.epilogue.bias != nullptr ? alignment_of(p.epilogue.bias) : 0,
                      p.epilogue.aux != nullptr ? alignment_of(p.epilogue.aux) : 0, ctx.device()}};
   AlgoCache& cache = algo_cache();
   std::optional<cublasLtMatmulAlgo_t> algo;
@@ -324,7 +324,7 @@ Tensor transposed_fp8(const Tensor& t) {
   const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
   MEGATRON_CHECK(grid.y <= 65535, "fp8 transpose: " << rows << " rows exceed the kernel's grid; split the GEMM");
   transpose_bytes_kernel<<<grid, dim3(kTile, 8), 0, stream()>>>(static_cast<uint8_t*>(out.raw()),
-                                                                 static_cast<const uint8_t*>(t.raw()), rows, cols);
+                                                                static_cast<const uint8_t*>(t.raw()), rows, cols);
   CUDA_CHECK_LAUNCH();
   return out;
 }
@@ -466,10 +466,11 @@ void cuda::fp8_matmul(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, con
   const auto [m, n, k] = checks::check_fp8_matmul(c, a, a_scale_inv, b, b_scale_inv, params, check_cuda);
   // cuBLASLt's FP8 rules (16-byte leading dimensions of the FP8 operands and of C), which
   // Transformer Engine states as "dimensions divisible by 16".
-  MEGATRON_CHECK(k > 0 && n > 0 && k % 16 == 0 && n % 16 == 0,
-                 "fp8_matmul C (" << m << "," << n << ") with K = " << k << ": FP8 GEMMs on CUDA need K and C's column "
-                                  << "count to be positive multiples of 16; pad the sizes (hidden, FFN, heads x head dim, "
-                                  << "micro-batch x sequence tokens) to multiples of 16, or train in bf16");
+  MEGATRON_CHECK(
+      k > 0 && n > 0 && k % 16 == 0 && n % 16 == 0,
+      "fp8_matmul C (" << m << "," << n << ") with K = " << k << ": FP8 GEMMs on CUDA need K and C's column "
+                       << "count to be positive multiples of 16; pad the sizes (hidden, FFN, heads x head dim, "
+                       << "micro-batch x sequence tokens) to multiples of 16, or train in bf16");
   if (m == 0) return;
   // Hopper's TN rule: A (m,k) and B (n,k) as stored rows.
   const Tensor a_rows = params.trans_a == Transpose::yes ? transposed_fp8(a) : a;
