@@ -52,8 +52,8 @@ std::vector<double> loss_curve(const TransformerConfig& c, int steps) {
   return losses;
 }
 
-TransformerConfig tiny_bf16() {
-  TransformerConfig c = megatron::testing::llama_style(DType::bf16);
+TransformerConfig tiny_bf16(bool gpt2 = false) {
+  TransformerConfig c = gpt2 ? megatron::testing::gpt2_style(DType::bf16) : megatron::testing::llama_style(DType::bf16);
   c.num_layers = 3;
   c.hidden_size = 32;
   c.kv_channels = 8;
@@ -64,10 +64,11 @@ TransformerConfig tiny_bf16() {
   return c;
 }
 
-void expect_tracks_bf16(const Fp8Config& fp8) {
+// gpt2: the GPT-2 style (biases, the GELU MLP whose fused GEMMs FP8 runs unfused).
+void expect_tracks_bf16(const Fp8Config& fp8, bool gpt2 = false) {
   constexpr int kSteps = 120;
-  const std::vector<double> bf16 = loss_curve(tiny_bf16(), kSteps);
-  TransformerConfig c = tiny_bf16();
+  const std::vector<double> bf16 = loss_curve(tiny_bf16(gpt2), kSteps);
+  TransformerConfig c = tiny_bf16(gpt2);
   c.fp8 = fp8;
   const std::vector<double> fp8_curve = loss_curve(c, kSteps);
   // FP8 is in use: the first forward already differs from bf16's.
@@ -77,18 +78,20 @@ void expect_tracks_bf16(const Fp8Config& fp8) {
   EXPECT_LT(fp8_curve.back(), 0.5 * fp8_curve.front());
   // The bound: e4m3 keeps 4 significant bits (relative rounding error up to 2^-4 per element,
   // e5m2 2^-3 for gradients), against bf16's 2^-8; over a GEMM's K-term sums the errors largely
-  // cancel, and each step's loss is a mean over 64 tokens. Measured (printed below): the curves
-  // of the same data and initialisation differ by at most 0.75% at any step; 2% leaves room for
-  // another BLAS's summation order and stays a third of one e4m3 rounding's worst error (6.25%).
+  // cancel, and each step's loss is a mean over 64 tokens. |fp8 - bf16| <= 2% of the bf16 loss
+  // plus 0.002 (0.06% of the starting loss ln 24): measured (printed below) at most 0.75% for the
+  // LLaMA style; the GPT-2 style drifts by up to 0.0014 absolute late in training, where the loss of
+  // the memorised pattern is near 0.03 and a relative measure alone would read 2.6%.
   double worst = 0.0;
   for (int step = 0; step < kSteps; ++step) {
-    const double relative = std::abs(fp8_curve[size_t(step)] - bf16[size_t(step)]) / bf16[size_t(step)];
-    worst = std::max(worst, relative);
-    EXPECT_LT(relative, 0.02) << "step " << step << ": fp8 " << fp8_curve[size_t(step)] << ", bf16 "
-                              << bf16[size_t(step)];
+    const double gap = std::abs(fp8_curve[size_t(step)] - bf16[size_t(step)]);
+    worst = std::max(worst, gap / bf16[size_t(step)]);
+    EXPECT_LE(gap, 0.02 * bf16[size_t(step)] + 0.002)
+        << "step " << step << ": fp8 " << fp8_curve[size_t(step)] << ", bf16 " << bf16[size_t(step)];
   }
-  std::printf("fp8 %s/%s: loss %.4f -> %.4f (bf16 %.4f -> %.4f), largest relative gap %.4f\n", fp8.fp8_format.c_str(),
-              fp8.fp8_recipe.c_str(), fp8_curve.front(), fp8_curve.back(), bf16.front(), bf16.back(), worst);
+  std::printf("fp8 %s/%s%s: loss %.4f -> %.4f (bf16 %.4f -> %.4f), largest relative gap %.4f\n", fp8.fp8_format.c_str(),
+              fp8.fp8_recipe.c_str(), gpt2 ? " gpt2" : "", fp8_curve.front(), fp8_curve.back(), bf16.front(),
+              bf16.back(), worst);
 }
 
 }  // namespace
@@ -113,4 +116,11 @@ TEST(Fp8Training, FirstAndLastLayersInBf16) {
   fp8.fp8_format = "hybrid";
   fp8.first_last_layers_bf16 = true;
   expect_tracks_bf16(fp8);
+}
+
+TEST(Fp8Training, Gpt2StyleWithBiasesTracksBf16) {
+  Fp8Config fp8;
+  fp8.fp8_format = "hybrid";
+  fp8.fp8_amax_history_len = 4;
+  expect_tracks_bf16(fp8, /*gpt2=*/true);
 }
