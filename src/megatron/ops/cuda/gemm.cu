@@ -243,12 +243,6 @@ Tensor aligned_copy(const Tensor& t) {
   return copy;
 }
 
-// Row-major C (M,N) = alpha op(A) op(B) + beta C with op(A) (M,K), op(B) (K,N), and the epilogue,
-// which in row-major terms reads: BIAS adds a vector over C's columns (length N) to every row;
-// GELU_AUX* and DGELU take an (M,N) matrix like C; BGRADB writes the sums of op(A) over K
-// (length M, e.g. the column sums of dy for dy^T x). Returns false when the epilogue has no
-// algorithm (the caller runs it unfused). Operands at addresses cuBLASLt has no algorithm for
-// (views at odd element offsets) are copied to aligned blocks first.
 // FP8 operands' scale_invs ((1) f32 device tensors, or undefined for other dtypes).
 struct ScaleInvs {
   Tensor a, b;
@@ -261,6 +255,13 @@ cudaDataType operand_type(DType dtype) {
   return blas_type(dtype);
 }
 
+// Row-major C (M,N) = alpha op(A) op(B) + beta C with op(A) (M,K), op(B) (K,N), and the epilogue,
+// which in row-major terms reads: BIAS adds a vector over C's columns (length N) to every row;
+// GELU_AUX* and DGELU take an (M,N) matrix like C; BGRADB writes the sums of op(A) over K
+// (length M, e.g. the column sums of dy for dy^T x). Returns false when the epilogue has no
+// algorithm (the caller runs it unfused). Operands at addresses cuBLASLt has no algorithm for
+// (views at odd element offsets) are copied to aligned blocks first. FP8 operands come with
+// their scale_invs.
 bool row_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b, Tensor& c,
                     float alpha, float beta, const LtEpilogue& epilogue = {}, const ScaleInvs& scale_invs = {}) {
   LtProblem p;
