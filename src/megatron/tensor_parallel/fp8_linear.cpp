@@ -1,5 +1,7 @@
 #include "megatron/tensor_parallel/fp8_linear.h"
 
+#include <utility>
+
 #include "megatron/ops/activation.h"
 #include "megatron/ops/gemm.h"
 
@@ -19,7 +21,8 @@ void initialize(Fp8Linear::Operand& op, int64_t history_len, Device device) {
 }
 }  // namespace
 
-Fp8Linear::Fp8Linear(const ops::Fp8Recipe& recipe) : recipe_(recipe) {
+Fp8Linear::Fp8Linear(const ops::Fp8Recipe& recipe, std::vector<std::shared_ptr<Communicator>> amax_groups)
+    : recipe_(recipe), amax_groups_(std::move(amax_groups)) {
   input_.dtype = weight_.dtype = recipe.forward_dtype;
   grad_output_.dtype = recipe.backward_dtype;
 }
@@ -91,8 +94,16 @@ void Fp8Linear::gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbia
 
 void Fp8Linear::update_scales() {
   if (recipe_.scaling != ops::Fp8Scaling::delayed) return;
-  for (Operand* op : {&input_, &weight_, &grad_output_})
-    if (op->scale.defined()) ops::fp8_update_scale(op->scale, op->scale_inv, op->amax_history, op->dtype, recipe_);
+  std::vector<Operand*> used;
+  std::vector<Tensor> slots;  // each used operand's amax of this step, history[0]
+  for (Operand* op : {&input_, &weight_, &grad_output_}) {
+    if (!op->scale.defined()) continue;
+    used.push_back(op);
+    slots.push_back(op->amax_history.slice(0, 1));
+  }
+  for (const std::shared_ptr<Communicator>& group : amax_groups_)
+    if (group && group->size() > 1 && !slots.empty()) group->all_reduce_coalesced(slots, ReduceOp::max);
+  for (Operand* op : used) ops::fp8_update_scale(op->scale, op->scale_inv, op->amax_history, op->dtype, recipe_);
 }
 
 }  // namespace megatron::tensor_parallel

@@ -18,16 +18,23 @@
 // Not in the checkpoint: a resumed run starts from scale 1 and an empty history, as a fresh one
 // does, and rebuilds them within --fp8-amax-history-len steps (Transformer Engine's warm-up), so
 // a resumed FP8 run with delayed scaling is not bit-identical to an uninterrupted one.
-// Amaxes are this rank's own: not reduced over TP or DP (Transformer Engine reduces them over
-// both, so every rank casts with one scale).
+// Before the delayed update the step's amaxes are max-reduced over the amax groups (the layer's
+// TP group and DP x CP: Megatron's amax reduction group), so every rank of a layer's TP x DP x CP
+// group casts with one scale, and a TP shard with the whole tensor's: the single rank's FP8 values.
+#include <memory>
+#include <vector>
+
 #include "megatron/core/tensor.h"
 #include "megatron/ops/fp8.h"
+#include "megatron/parallel/comm.h"
 
 namespace megatron::tensor_parallel {
 
 class Fp8Linear {
  public:
-  explicit Fp8Linear(const ops::Fp8Recipe& recipe);
+  // amax_groups: the communicators the delayed recipe's amaxes are max-reduced over (null or
+  // single-rank ones are skipped).
+  Fp8Linear(const ops::Fp8Recipe& recipe, std::vector<std::shared_ptr<Communicator>> amax_groups);
   // y (N,out) = x (N,in) W (out,in)^T (+ bias), as ops::linear_forward.
   void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
   // y = gelu(pre), pre = x W^T (+ bias), as ops::linear_gelu_forward.
@@ -39,8 +46,9 @@ class Fp8Linear {
   // As ops::gelu_linear_backward: dpre = (dy W) * gelu'(pre), dW and db as above.
   void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
                             const Tensor& weight, const Tensor& pre);
-  // The delayed recipe's update of every operand seen since the last one (nothing under current
-  // scaling, whose scales are per cast).
+  // The delayed recipe's update of every operand seen since the last one, after the amax
+  // reduction (a collective over the amax groups: every rank of them calls it in the same order);
+  // nothing under current scaling, whose scales are per cast.
   void update_scales();
 
   // One operand's scaling state: (1), (1), (history length) f32 on the layer's device.
@@ -58,6 +66,7 @@ class Fp8Linear {
   // (N,1) ones like t's rows: the bias as a rank-1 GEMM, in the activations' dtype.
   const Tensor& ones_column(const Tensor& t);
   ops::Fp8Recipe recipe_;
+  std::vector<std::shared_ptr<Communicator>> amax_groups_;
   Operand input_, weight_, grad_output_;
   Tensor ones_;
 };
