@@ -711,3 +711,61 @@ TEST(ParseArgs, RecomputeFlags) {
   EXPECT_TRUE(contains(parse_error(with(with(four_layers, full), {"3"}), 2),
                        "--recompute-num-layers 3 must lie between 1 and the layers per pipeline rank (2"));
 }
+
+TEST(ParseArgs, Fp8Flags) {
+  // Megatron's defaults: off, delayed, margin 0, history 1, most_recent, first/last 1 layer each.
+  const TrainingArgs off = parse_training_args(minimal_argv());
+  EXPECT_FALSE(off.model.fp8.enabled());
+  EXPECT_EQ(off.model.fp8.fp8_recipe, "delayed");
+  EXPECT_EQ(off.model.fp8.fp8_margin, 0);
+  EXPECT_EQ(off.model.fp8.fp8_amax_history_len, 1);
+  EXPECT_EQ(off.model.fp8.fp8_amax_compute_algo, "most_recent");
+  EXPECT_EQ(off.model.fp8.num_layers_at_start_in_bf16, 1);
+  EXPECT_EQ(off.model.fp8.num_layers_at_end_in_bf16, 1);
+
+  const Argv hybrid = {"--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo",
+                       "max",    "--fp8-margin", "1"};
+  const TrainingArgs a = parse_training_args(with(minimal_argv(), hybrid));
+  const ops::Fp8Recipe recipe = a.model.fp8.recipe();
+  EXPECT_EQ(recipe.forward_dtype, DType::e4m3);
+  EXPECT_EQ(recipe.backward_dtype, DType::e5m2);
+  EXPECT_EQ(recipe.scaling, ops::Fp8Scaling::delayed);
+  EXPECT_EQ(recipe.amax_history_len, 16);
+  EXPECT_EQ(recipe.amax_compute_algo, ops::AmaxComputeAlgo::max);
+  EXPECT_EQ(recipe.margin, 1);
+  const ops::Fp8Recipe tensorwise =
+      parse_training_args(with(minimal_argv(), {"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"}))
+          .model.fp8.recipe();
+  EXPECT_EQ(tensorwise.backward_dtype, DType::e4m3);
+  EXPECT_EQ(tensorwise.scaling, ops::Fp8Scaling::current);
+
+  const auto error = [&](const Argv& extra) { return parse_error(with(minimal_argv(), extra)); };
+  EXPECT_TRUE(contains(error({"--fp8-format", "e4m3"}), "add --bf16"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--device", "cpu"}), "but --device is cpu"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e5m2"}), "--fp8-format 'e5m2': expected one of e4m3, hybrid"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise"}),
+                       "--fp8-recipe blockwise: Megatron's recipe, not built here"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-param-gather"}),
+                       "--fp8-param-gather: FP8 parameters are not built here"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-amax-history-len", "0"}),
+                       "--fp8-amax-history-len 0 must be >= 1"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise", "--fp8-margin", "2"}),
+                       "apply to --fp8-recipe delayed only"));
+  EXPECT_TRUE(contains(error({"--bf16", "--first-last-layers-bf16"}), "applies to FP8 training only"));
+  EXPECT_TRUE(contains(
+      error({"--bf16", "--fp8-format", "e4m3", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "2"}),
+      "exceed --num-layers 2"));
+}
+
+TEST(Fp8Config, FirstLastLayersBf16) {
+  Fp8Config f;
+  EXPECT_FALSE(f.layer_in_fp8(0, 4));  // FP8 off
+  f.fp8_format = "hybrid";
+  for (int64_t layer = 0; layer < 4; ++layer) EXPECT_TRUE(f.layer_in_fp8(layer, 4));
+  f.first_last_layers_bf16 = true;
+  f.num_layers_at_end_in_bf16 = 2;
+  EXPECT_FALSE(f.layer_in_fp8(0, 4));
+  EXPECT_TRUE(f.layer_in_fp8(1, 4));
+  EXPECT_FALSE(f.layer_in_fp8(2, 4));
+  EXPECT_FALSE(f.layer_in_fp8(3, 4));
+}

@@ -1,5 +1,9 @@
 #include "megatron/core/dtype.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "megatron/core/error.h"
 
 namespace megatron {
@@ -32,6 +36,64 @@ DType dtype_from_name(const std::string& name) {
   for (const auto& d : kDTypes)
     if (name == d.name) return d.dtype;
   MEGATRON_FAIL("unknown dtype '" << name << "'; expected one of f32, f64, bf16, f16, e4m3, e5m2, i32, i64, u16, u8");
+}
+
+template <int E>
+float fp8<E>::max() {
+  // e4m3 gives up its top mantissa code to NaN (1.75 * 2^8 = 448); e5m2 keeps IEEE's infinities
+  // (1.75 * 2^15 = 57344).
+  return E == 4 ? 448.0f : 57344.0f;
+}
+
+// Round to nearest even on the grid of the value's binade, with the smallest normal binade's
+// spacing below it (subnormals): a / quantum is exact in float, std::nearbyint rounds it under
+// the default ties-to-even mode.
+template <int E>
+uint8_t fp8<E>::from_float(float f) {
+  const uint8_t sign = (std::bit_cast<uint32_t>(f) >> 24) & 0x80u;
+  if (std::isnan(f)) return uint8_t(sign | 0x7fu);
+  const float a = std::fabs(f);
+  const uint8_t max_bits = E == 4 ? 0x7eu : 0x7bu;  // S.1111.110 and S.11110.11
+  if (a >= max()) return uint8_t(sign | max_bits);  // saturate (infinity included)
+  constexpr int kMinExponent = 1 - kBias;           // of the smallest normal binade
+  int exponent = 0;
+  std::frexp(a, &exponent);  // a = m * 2^exponent, m in [0.5, 1): a's binade is 2^(exponent - 1)
+  const int binade = std::max(exponent - 1, kMinExponent);
+  const float quantum = std::ldexp(1.0f, binade - kMantissaBits);
+  const float r = std::nearbyint(a / quantum) * quantum;  // at most max(): larger values saturated above
+  if (r == 0.0f) return sign;
+  std::frexp(r, &exponent);  // rounding may carry into the next binade
+  const int e = exponent - 1;
+  if (e < kMinExponent) return uint8_t(sign | uint32_t(r / std::ldexp(1.0f, kMinExponent - kMantissaBits)));
+  const uint32_t mantissa = uint32_t(r / std::ldexp(1.0f, e - kMantissaBits)) - (1u << kMantissaBits);
+  return uint8_t(sign | uint32_t(e + kBias) << kMantissaBits | mantissa);
+}
+
+template <int E>
+float fp8<E>::to_float(uint8_t bits) {
+  const bool negative = (bits & 0x80u) != 0;
+  const uint32_t exponent = (bits >> kMantissaBits) & ((1u << E) - 1u);
+  const uint32_t mantissa = bits & ((1u << kMantissaBits) - 1u);
+  float v = 0.0f;
+  if (E == 4 && exponent == 15u && mantissa == 7u) {
+    v = std::numeric_limits<float>::quiet_NaN();
+  } else if (E == 5 && exponent == 31u) {
+    v = mantissa == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent == 0) {
+    v = std::ldexp(float(mantissa), 1 - kBias - kMantissaBits);
+  } else {
+    v = std::ldexp(float(mantissa | (1u << kMantissaBits)), int(exponent) - kBias - kMantissaBits);
+  }
+  return negative ? -v : v;
+}
+
+template struct fp8<4>;
+template struct fp8<5>;
+
+float fp8_max(DType dtype) {
+  if (dtype == DType::e4m3) return fp8_e4m3::max();
+  MEGATRON_CHECK(dtype == DType::e5m2, "fp8_max: " << dtype_name(dtype) << " is not an FP8 dtype (e4m3 or e5m2)");
+  return fp8_e5m2::max();
 }
 
 uint16_t f16::from_float(float f) {

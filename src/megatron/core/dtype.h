@@ -42,6 +42,30 @@ struct f16 {
   static float to_float(uint16_t h);
 };
 
+// The two FP8 formats of Hopper's tensor cores (OCP FP8): e4m3 (bias 7, no infinities, max 448,
+// NaN = S.1111.111) and e5m2 (bias 15, IEEE-like, max 57344). Conversion from float rounds to
+// nearest even on the format's grid (subnormals included) and saturates: a finite value or an
+// infinity beyond the max becomes +-max, NaN becomes NaN (S.1111.111 in both). That is the
+// hardware's cvt.rn.satfinite, which the CUDA cast kernels use, so the two backends agree bit for
+// bit.
+template <int kExponentBits>
+struct fp8 {
+  static constexpr int kMantissaBits = 7 - kExponentBits;
+  static constexpr int kBias = (1 << (kExponentBits - 1)) - 1;
+  uint8_t bits = 0;
+  fp8() = default;
+  explicit fp8(float f) : bits(from_float(f)) {}
+  explicit operator float() const { return to_float(bits); }
+  static float max();  // 448 (e4m3) or 57344 (e5m2)
+  static uint8_t from_float(float f);
+  static float to_float(uint8_t bits);
+};
+using fp8_e4m3 = fp8<4>;
+using fp8_e5m2 = fp8<5>;
+
+// The largest finite value of an FP8 dtype (e4m3 or e5m2).
+float fp8_max(DType dtype);
+
 // Round a float through a storage type and back: how mixed precision is emulated on the CPU.
 inline float round_to_bf16(float f) { return float(bf16(f)); }
 
@@ -62,6 +86,14 @@ constexpr DType dtype_of<bf16>() {
 template <>
 constexpr DType dtype_of<f16>() {
   return DType::f16;
+}
+template <>
+constexpr DType dtype_of<fp8_e4m3>() {
+  return DType::e4m3;
+}
+template <>
+constexpr DType dtype_of<fp8_e5m2>() {
+  return DType::e5m2;
 }
 template <>
 constexpr DType dtype_of<int32_t>() {
@@ -91,6 +123,10 @@ struct compute_type<bf16> {
 };
 template <>
 struct compute_type<f16> {
+  using type = float;
+};
+template <int E>
+struct compute_type<fp8<E>> {
   using type = float;
 };
 template <class T>

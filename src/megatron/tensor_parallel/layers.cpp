@@ -32,6 +32,40 @@ void add_bias_backward(Tensor& dbias, const Tensor& dy, const Tensor& ones) {
   ops::matmul(db, rows_view(dy), ones, {.trans_a = ops::Transpose::yes, .beta = 1.0f});
 }
 
+// The layer's GEMMs: in FP8 when the layer has FP8 scaling state (fp8_linear.h), else the ops'.
+void linear_forward(Fp8Linear* fp8, Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (fp8 != nullptr)
+    fp8->linear_forward(y, x, weight, bias);
+  else
+    ops::linear_forward(y, x, weight, bias);
+}
+void linear_gelu_forward(Fp8Linear* fp8, Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight,
+                         const Tensor& bias) {
+  if (fp8 != nullptr)
+    fp8->linear_gelu_forward(y, pre, x, weight, bias);
+  else
+    ops::linear_gelu_forward(y, pre, x, weight, bias);
+}
+void linear_backward(Fp8Linear* fp8, Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                     const Tensor& weight) {
+  if (fp8 != nullptr)
+    fp8->linear_backward(dx, dweight, dbias, dy, x, weight);
+  else
+    ops::linear_backward(dx, dweight, dbias, dy, x, weight);
+}
+void gelu_linear_backward(Fp8Linear* fp8, Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy,
+                          const Tensor& x, const Tensor& weight, const Tensor& pre) {
+  if (fp8 != nullptr)
+    fp8->gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre);
+  else
+    ops::gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre);
+}
+
+// Megatron's amax reduction group, TP x DP x CP, as its two factors.
+std::unique_ptr<Fp8Linear> make_fp8(const std::optional<ops::Fp8Recipe>& recipe, const ParallelContext& ctx) {
+  return recipe ? std::make_unique<Fp8Linear>(*recipe, std::vector{ctx.tp, ctx.dp_cp}) : nullptr;
+}
+
 // The registry cuts the shards and the context's TP group communicates: one TP layout for both.
 void check_same_tp(const ParameterRegistry& registry, const ParallelContext& ctx, const std::string& name) {
   MEGATRON_CHECK(registry.tp_rank() == ctx.tp_rank() && registry.tp_size() == ctx.tp_size(),
@@ -44,7 +78,10 @@ void check_same_tp(const ParameterRegistry& registry, const ParallelContext& ctx
 ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx,
                                            const std::string& prefix, int64_t input_size, int64_t output_size,
                                            const Options& options)
-    : ctx_(&ctx), sequence_parallel_(ctx.sequence_parallel()), tp_comm_overlap_(ctx.tp_comm_overlap()) {
+    : ctx_(&ctx),
+      sequence_parallel_(ctx.sequence_parallel()),
+      tp_comm_overlap_(ctx.tp_comm_overlap()),
+      fp8_(make_fp8(options.fp8, ctx)) {
   check_same_tp(registry, ctx, prefix);
   const int tp = ctx.tp_size();
   MEGATRON_CHECK(output_size % tp == 0, prefix << ": output size " << output_size << " is not divisible by TP " << tp);
@@ -76,9 +113,9 @@ void ColumnParallelLinear::gemm_forward(const Tensor& input, Tensor& y, Tensor* 
   const Tensor bias = undefined_if_null(bias_, &Parameter::data);
   if (gelu_pre != nullptr) {
     Tensor pre2 = rows_view(*gelu_pre);
-    ops::linear_gelu_forward(y2, pre2, rows_view(input), weight_->data, bias);
+    linear_gelu_forward(fp8_.get(), y2, pre2, rows_view(input), weight_->data, bias);
   } else {
-    ops::linear_forward(y2, rows_view(input), weight_->data, bias);
+    linear_forward(fp8_.get(), y2, rows_view(input), weight_->data, bias);
   }
 }
 
@@ -111,7 +148,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved
   if (ctx_->tp_size() == 1) {
     Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
     Tensor dx2 = rows_view(dx);
-    ops::linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(saved.input), weight_->data);
+    linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(saved.input), weight_->data);
     return dx;
   }
   Pending gathered{saved.input, nullptr};
@@ -119,18 +156,22 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved
   Tensor dx = Tensor::empty({dy.dim(0), dy.dim(1), saved.input.dim(-1)}, dy.dtype(), dy.device());
   Tensor dx2 = rows_view(dx), no_weight_grad, no_bias_grad;
   // x is only read for dW: the gathered input passes its shape while it is still arriving.
-  ops::linear_backward(dx2, no_weight_grad, no_bias_grad, rows_view(dy), rows_view(gathered.result), weight_->data);
+  linear_backward(fp8_.get(), dx2, no_weight_grad, no_bias_grad, rows_view(dy), rows_view(gathered.result),
+                  weight_->data);
   const Tensor input = gathered.handle ? gathered.wait() : gathered.result;
   Pending reduced = sequence_parallel_ ? gather_from_sequence_parallel_backward_async(dx, *ctx_)
                                        : copy_to_tp_backward_async(dx, *ctx_);
   Tensor no_input_grad;
-  ops::linear_backward(no_input_grad, weight_->main_grad, dbias, rows_view(dy), rows_view(input), weight_->data);
+  linear_backward(fp8_.get(), no_input_grad, weight_->main_grad, dbias, rows_view(dy), rows_view(input), weight_->data);
   return reduced.wait();
 }
 
 RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                                      int64_t input_size, int64_t output_size, const Options& options)
-    : ctx_(&ctx), sequence_parallel_(ctx.sequence_parallel()), tp_comm_overlap_(ctx.tp_comm_overlap()) {
+    : ctx_(&ctx),
+      sequence_parallel_(ctx.sequence_parallel()),
+      tp_comm_overlap_(ctx.tp_comm_overlap()),
+      fp8_(make_fp8(options.fp8, ctx)) {
   check_same_tp(registry, ctx, prefix);
   weight_ = registry.add({.name = prefix + ".weight",
                           .global_shape = {output_size, input_size},
@@ -156,13 +197,13 @@ Tensor RowParallelLinear::forward(const Tensor& x, LinearSaved& saved) const {
     y = reduce_scatter_sequence_overlapped(
         {rows, x.dim(1), out_features}, x.dtype(), x.device(), *ctx_, [&](int c, Tensor& partial) {
           Tensor partial2 = rows_view(partial);
-          ops::linear_forward(partial2, rows_view(sequence_chunk(x, c, rows)), weight_->data, Tensor());
+          linear_forward(fp8_.get(), partial2, rows_view(sequence_chunk(x, c, rows)), weight_->data, Tensor());
         });
   } else {
     y = new_activation(x, out_features, x.dtype());
     Tensor y2 = rows_view(y);
-    ops::linear_forward(y2, rows_view(x), weight_->data,
-                        fused_bias ? undefined_if_null(bias_, &Parameter::data) : Tensor());
+    linear_forward(fp8_.get(), y2, rows_view(x), weight_->data,
+                   fused_bias ? undefined_if_null(bias_, &Parameter::data) : Tensor());
     if (sequence_parallel_)
       y = reduce_scatter_to_sequence_parallel_forward(y, *ctx_);
     else
@@ -195,14 +236,14 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, c
       Tensor dx_c = rows_view(sequence_chunk(dx, c, rows)), no_weight_grad, no_bias_grad;
       const Tensor x_c = rows_view(sequence_chunk(saved.input, c, rows));
       if (gelu_pre.defined())
-        ops::gelu_linear_backward(dx_c, no_weight_grad, no_bias_grad, rows_view(dy_c), x_c, weight_->data,
-                                  rows_view(sequence_chunk(gelu_pre, c, rows)));
+        gelu_linear_backward(fp8_.get(), dx_c, no_weight_grad, no_bias_grad, rows_view(dy_c), x_c, weight_->data,
+                             rows_view(sequence_chunk(gelu_pre, c, rows)));
       else
-        ops::linear_backward(dx_c, no_weight_grad, no_bias_grad, rows_view(dy_c), x_c, weight_->data);
+        linear_backward(fp8_.get(), dx_c, no_weight_grad, no_bias_grad, rows_view(dy_c), x_c, weight_->data);
     });
     Tensor no_input_grad, no_bias_grad;
-    ops::linear_backward(no_input_grad, weight_->main_grad, no_bias_grad, rows_view(dy_full), rows_view(saved.input),
-                         weight_->data);
+    linear_backward(fp8_.get(), no_input_grad, weight_->main_grad, no_bias_grad, rows_view(dy_full),
+                    rows_view(saved.input), weight_->data);
     return dx;
   }
   Tensor dy_full = dy;
@@ -214,10 +255,11 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, c
   Tensor dx2 = rows_view(dx);
   Tensor dbias = fused_bias ? undefined_if_null(bias_, &Parameter::main_grad) : Tensor();
   if (gelu_pre.defined()) {
-    ops::gelu_linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy_full), rows_view(saved.input), weight_->data,
-                              rows_view(gelu_pre));
+    gelu_linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, rows_view(dy_full), rows_view(saved.input),
+                         weight_->data, rows_view(gelu_pre));
   } else {
-    ops::linear_backward(dx2, weight_->main_grad, dbias, rows_view(dy_full), rows_view(saved.input), weight_->data);
+    linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, rows_view(dy_full), rows_view(saved.input),
+                    weight_->data);
   }
   return dx;
 }

@@ -21,11 +21,14 @@
 //     row-parallel layer's output gradient run as rings with one GEMM per sequence chunk between
 //     the steps (ring_overlap.h).
 // forward() fills a Saved struct with exactly what backward() needs.
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "megatron/core/activation_memory.h"
 #include "megatron/parallel/comm.h"
 #include "megatron/parameters/parameter_registry.h"
+#include "megatron/tensor_parallel/fp8_linear.h"
 
 namespace megatron::tensor_parallel {
 
@@ -39,8 +42,9 @@ class ColumnParallelLinear {
   struct Options {
     bool bias = true;
     float init_std = 0.02f;
-    int64_t partition_blocks = 1;        // 2 for fused [gate; up]
-    Parameter* shared_weight = nullptr;  // use this weight instead of registering one (tied output layer)
+    int64_t partition_blocks = 1;                      // 2 for fused [gate; up]
+    Parameter* shared_weight = nullptr;                // use this weight instead of registering one (tied output layer)
+    std::optional<ops::Fp8Recipe> fp8 = std::nullopt;  // the GEMMs in FP8 with this recipe (fp8_linear.h)
   };
   ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                        int64_t input_size, int64_t output_size, const Options& options);
@@ -49,6 +53,8 @@ class ColumnParallelLinear {
   Tensor forward(const Tensor& x, LinearSaved& saved, Tensor* gelu_pre = nullptr) const;
   Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx, x's shape
   int64_t output_size_per_partition() const { return output_per_partition_; }
+  // The FP8 scaling state of the GEMMs, or null when they run in bf16.
+  Fp8Linear* fp8() const { return fp8_.get(); }
 
  private:
   // y (and *gelu_pre) rows = the GEMM of input rows.
@@ -59,6 +65,8 @@ class ColumnParallelLinear {
   int64_t output_per_partition_;
   bool sequence_parallel_;  // input is the (S/TP,B,in) sequence shard
   bool tp_comm_overlap_;    // its all-gather as a ring beside the GEMM
+  // Scaling state the const forward and backward update (amaxes): held apart from the layer.
+  std::unique_ptr<Fp8Linear> fp8_;
 };
 
 class RowParallelLinear {
@@ -66,6 +74,7 @@ class RowParallelLinear {
   struct Options {
     bool bias = true;
     float init_std = 0.02f;
+    std::optional<ops::Fp8Recipe> fp8 = std::nullopt;  // the GEMMs in FP8 with this recipe (fp8_linear.h)
   };
   RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                     int64_t input_size, int64_t output_size, const Options& options);
@@ -74,6 +83,7 @@ class RowParallelLinear {
   // the GELU's backward is fused into the GEMM: returns the gradient of gelu_pre instead
   // (ops::gelu_linear_backward).
   Tensor backward(const Tensor& dy, const LinearSaved& saved, const Tensor& gelu_pre = Tensor()) const;
+  Fp8Linear* fp8() const { return fp8_.get(); }  // null when the GEMMs run in bf16
 
  private:
   // (N,1) ones in like's dtype and device, N = like's rows: the bias add after the reduction.
@@ -81,9 +91,10 @@ class RowParallelLinear {
   const ParallelContext* ctx_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
-  bool sequence_parallel_;  // output is the (S/TP,B,out) sequence shard
-  bool tp_comm_overlap_;    // the reduce-scatter (and dY's all-gather) as rings
-  mutable Tensor ones_;     // cache of ones_column()
+  bool sequence_parallel_;          // output is the (S/TP,B,out) sequence shard
+  bool tp_comm_overlap_;            // the reduce-scatter (and dY's all-gather) as rings
+  mutable Tensor ones_;             // cache of ones_column()
+  std::unique_ptr<Fp8Linear> fp8_;  // as ColumnParallelLinear's
 };
 
 class VocabParallelEmbedding {

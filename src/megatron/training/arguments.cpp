@@ -168,6 +168,35 @@ std::vector<Flag> build_flag_table() {
        "With selective: core_attn (the attention op's output), mlp (the dense MLP's fc1), moe (a whole MoE "
        "layer), moe_act (the experts' activation); default: core_attn"},
       {"--bf16", Switch{FIELD(bf16), true}, parallel, "bf16 parameters and compute, fp32 master weights"},
+      {"--fp8-format",
+       FIELD(model.fp8.fp8_format),
+       parallel,
+       "FP8 GEMMs in every transformer layer's linear layers (needs --bf16 and a GPU of compute capability 8.9+): "
+       "e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients); unset: no FP8",
+       {"e4m3", "hybrid"}},
+      {"--fp8-recipe",
+       FIELD(model.fp8.fp8_recipe),
+       parallel,
+       "delayed (scales from an amax history, updated after each step) or tensorwise (each tensor's own amax); "
+       "Megatron's blockwise, mxfp8 and custom are not built here",
+       {"delayed", "tensorwise", "blockwise", "mxfp8", "custom"}},
+      {"--fp8-margin", FIELD(model.fp8.fp8_margin), parallel,
+       "Delayed scaling: scales are divided by 2^margin (headroom above the recorded amax)"},
+      {"--fp8-amax-history-len", FIELD(model.fp8.fp8_amax_history_len), parallel,
+       "Delayed scaling: steps of amax history each scale is computed from"},
+      {"--fp8-amax-compute-algo",
+       FIELD(model.fp8.fp8_amax_compute_algo),
+       parallel,
+       "Delayed scaling: the amax a scale comes from, the history's max or its most recent entry",
+       {"most_recent", "max"}},
+      {"--fp8-param-gather", Switch{FIELD(model.fp8.fp8_param_gather), true}, parallel,
+       "FP8 parameters all-gathered in FP8 (Megatron's); not built here: refused"},
+      {"--first-last-layers-bf16", Switch{FIELD(model.fp8.first_last_layers_bf16), true}, parallel,
+       "Keep the GEMMs of the first and last layers in bf16 under FP8"},
+      {"--num-layers-at-start-in-bf16", FIELD(model.fp8.num_layers_at_start_in_bf16), parallel,
+       "With --first-last-layers-bf16: layers at the start kept in bf16"},
+      {"--num-layers-at-end-in-bf16", FIELD(model.fp8.num_layers_at_end_in_bf16), parallel,
+       "With --first-last-layers-bf16: layers at the end kept in bf16"},
       {"--fp16", Switch{FIELD(fp16), true}, parallel,
        "fp16 parameters and compute with loss scaling, fp32 master weights and gradients"},
       {"--loss-scale", FIELD(optimizer.loss_scale), parallel,
@@ -731,6 +760,16 @@ void check_data_parallel(const TrainingArgs& a, std::vector<std::string>& errors
 void check_mixed_precision(const TrainingArgs& a, std::vector<std::string>& errors) {
   const OptimizerArgs& o = a.optimizer;
   if (a.fp16 && a.bf16) errors.push_back("--fp16 and --bf16 are both given: choose one precision");
+  for (std::string& e : validate_fp8(a.model.fp8, a.model.num_layers)) errors.push_back(std::move(e));
+  if (a.model.fp8.enabled()) {
+    if (!a.bf16)
+      errors.push_back(concat("--fp8-format ", a.model.fp8.fp8_format,
+                              " runs the GEMMs in FP8 around bf16 activations and weights: add --bf16"));
+    if (a.device == "cpu")
+      errors.push_back(concat("--fp8-format ", a.model.fp8.fp8_format,
+                              " needs a GPU (FP8 tensor cores, compute capability 8.9+) but --device is cpu: run on a "
+                              "GPU, or drop --fp8-format"));
+  }
   if (a.fp16 && a.parallel.expert_model_parallel_size > 1)
     errors.push_back(concat("--fp16 with --expert-model-parallel-size ", a.parallel.expert_model_parallel_size,
                             ": expert parallelism does not train in fp16 (Megatron's rule); use --bf16"));

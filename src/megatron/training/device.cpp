@@ -1,15 +1,23 @@
 #include "megatron/training/device.h"
 
+#include "megatron/core/error.h"
 #include "megatron/core/logging.h"
 #include "megatron/core/memory.h"
 #include "megatron/cuda_runtime/device.h"
 
 namespace megatron {
 
-Device select_device(const std::string& requested, int local_rank) {
-  if (requested == "cpu") return Device::cpu();
-  if (requested == "auto" && !cuda::cuda_available()) return Device::cpu();
+Device select_device(const std::string& requested, int local_rank, bool fp8) {
+  const bool cpu = requested == "cpu" || (requested == "auto" && !cuda::cuda_available());
+  MEGATRON_CHECK(!(cpu && fp8), "--fp8-format needs a GPU with FP8 tensor cores (compute capability 8.9+), but this "
+                                    << (requested == "cpu" ? "run asks for --device cpu" : "process sees no GPU")
+                                    << ": run on a GPU, or drop --fp8-format");
+  if (cpu) return Device::cpu();
   const cuda::DeviceInfo info = cuda::init_device(local_rank);
+  MEGATRON_CHECK(!fp8 || info.sm_major * 10 + info.sm_minor >= 89,
+                 "--fp8-format needs FP8 tensor cores (compute capability 8.9+: Ada, Hopper or newer), but GPU "
+                     << info.index << " (" << info.name << ") is sm_" << info.sm_major << info.sm_minor
+                     << ": drop --fp8-format");
   LOG_INFO("> using GPU " << info.index << ": " << info.name << " (sm_" << info.sm_major << info.sm_minor << ", "
                           << info.total_memory / (1024 * 1024) << " MiB)");
   return Device::cuda(info.index);

@@ -553,6 +553,7 @@ IterationResult TrainingLoop::train_step() {
   finalize_model_grads(ddp);
   timers.stop("all-grads-sync");
   model.update_expert_bias();                        // Megatron's aux-loss-free balancing, once per step
+  model.update_fp8_scales();                         // the delayed FP8 recipe's amax histories and scales
   const float loss_scale = optimizer->loss_scale();  // the step may change it
   timers.start("optimizer");
   const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
@@ -692,7 +693,7 @@ void TrainingLoop::evaluate_after_training() {
 TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRuntime>& mpi) {
   const ScopedLogRank log_rank(mpi ? mpi->process().rank : 0);
   configure_cpu_threads(mpi.get());
-  const Device device = select_device(args.device, mpi ? mpi->process().local_rank : 0);
+  const Device device = select_device(args.device, mpi ? mpi->process().local_rank : 0, args.model.fp8.enabled());
   const ParallelState state =
       initialize_parallel(args.parallel.sizes(), {.device = device,
                                                   .timeout_seconds = 60.0 * args.distributed_timeout_minutes,

@@ -30,7 +30,7 @@ int64_t SelfAttention::query_groups_per_rank(const TransformerConfig& c, int tp)
 }
 
 SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
-                             const std::string& prefix)
+                             const std::string& prefix, const std::optional<ops::Fp8Recipe>& fp8)
     : prefix_(prefix),
       heads_local_(config.num_attention_heads / ctx.tp_size()),
       total_heads_(config.num_attention_heads),
@@ -49,10 +49,17 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
       cp_comm_type_(ctx.cp_comm_type),
       cp_a2a_(ctx.cp_a2a),
       cp_p2p_(ctx.cp_p2p),
-      linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
-                  {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std}),
+      linear_qkv_(
+          registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
+          {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std, .fp8 = fp8}),
       linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
-                   config.hidden_size, {.bias = config.add_bias_linear, .init_std = output_init_std(config)}) {}
+                   config.hidden_size,
+                   {.bias = config.add_bias_linear, .init_std = output_init_std(config), .fp8 = fp8}) {}
+
+void SelfAttention::update_fp8_scales() const {
+  for (tensor_parallel::Fp8Linear* fp8 : {linear_qkv_.fp8(), linear_proj_.fp8()})
+    if (fp8 != nullptr) fp8->update_scales();
+}
 
 void SelfAttention::Saved::count(ActivationMemory& m) const {
   qkv.count(m);

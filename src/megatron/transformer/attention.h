@@ -16,6 +16,7 @@
 // projection's backward, which reads the output. The op is deterministic, so the gradients are the
 // same bits.
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "megatron/core/activation_memory.h"
@@ -37,10 +38,13 @@ class SelfAttention {
     ops::AttentionParams attention;
     void count(ActivationMemory& m) const;
   };
+  // fp8: linear_qkv's and linear_proj's GEMMs in FP8 with this recipe (transformer/fp8_config.h).
   SelfAttention(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
-                const std::string& prefix);
+                const std::string& prefix, const std::optional<ops::Fp8Recipe>& fp8 = std::nullopt);
   Tensor forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;  // (S,B,H) -> (S,B,H)
   Tensor backward(const Tensor& dy, const Saved& saved) const;
+  // The delayed FP8 recipe's scale update, after each step (tensor_parallel/fp8_linear.h).
+  void update_fp8_scales() const;
 
  private:
   // forward with fwd.kv_cache: q, k, v of the new positions (RoPE at their offset), k and v

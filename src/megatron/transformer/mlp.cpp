@@ -7,17 +7,24 @@
 namespace megatron {
 
 MLP::MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
-         const std::string& prefix)
+         const std::string& prefix, const std::optional<ops::Fp8Recipe>& fp8)
     : swiglu_(config.swiglu),
       recompute_(config.recompute.recomputes("mlp")),
       linear_fc1_(registry, ctx, prefix + ".linear_fc1", config.hidden_size,
                   config.ffn_hidden_size * (config.swiglu ? 2 : 1),
                   {.bias = config.add_bias_linear,
                    .init_std = config.init_method_std,
-                   .partition_blocks = config.swiglu ? 2 : 1}),
+                   .partition_blocks = config.swiglu ? 2 : 1,
+                   .fp8 = fp8}),
       linear_fc2_(registry, ctx, prefix + ".linear_fc2", config.ffn_hidden_size, config.hidden_size,
                   {.bias = config.add_bias_linear,
-                   .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers))}) {}
+                   .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers)),
+                   .fp8 = fp8}) {}
+
+void MLP::update_fp8_scales() const {
+  for (tensor_parallel::Fp8Linear* fp8 : {linear_fc1_.fp8(), linear_fc2_.fp8()})
+    if (fp8 != nullptr) fp8->update_scales();
+}
 
 void MLP::Saved::count(ActivationMemory& m) const {
   fc1.count(m);

@@ -6,6 +6,7 @@
 // derivative; SwiGLU runs as its own kernels.
 // With --recompute-modules mlp (selective recomputation) fc1's output is not kept either: backward
 // runs fc1 again on its saved input, so the MLP keeps only that input.
+#include <optional>
 #include <string>
 
 #include "megatron/tensor_parallel/layers.h"
@@ -20,10 +21,13 @@ class MLP {
     Tensor fc1_out;                         // activation input (GELU: the pre-activation); empty when recomputed
     void count(ActivationMemory& m) const;
   };
+  // fp8: fc1's and fc2's GEMMs in FP8 with this recipe (transformer/fp8_config.h).
   MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
-      const std::string& prefix);
+      const std::string& prefix, const std::optional<ops::Fp8Recipe>& fp8 = std::nullopt);
   Tensor forward(const Tensor& x, Saved& saved) const;
   Tensor backward(const Tensor& dy, const Saved& saved) const;
+  // The delayed FP8 recipe's scale update, after each step (tensor_parallel/fp8_linear.h).
+  void update_fp8_scales() const;
 
  private:
   Tensor activation(const Tensor& fc1_out) const;

@@ -10,6 +10,7 @@
 
 #include "megatron/core/dtype.h"
 #include "megatron/parallel/parallel_args.h"
+#include "megatron/transformer/fp8_config.h"
 #include "megatron/transformer/moe/moe_config.h"
 #include "megatron/transformer/recompute_config.h"
 
@@ -56,6 +57,7 @@ struct TransformerConfig {
   DType params_dtype = DType::f32;  // --bf16 / --fp16; f64 only for CPU gradient checks
   MoEConfig moe;                    // mixture of experts; off unless --num-experts
   RecomputeConfig recompute;        // activation recomputation; off unless --recompute-*
+  Fp8Config fp8;                    // FP8 GEMMs; off unless --fp8-format
 };
 
 // Fills the fields Megatron derives, where they are still 0: ffn_hidden_size (4h, or

@@ -15,6 +15,12 @@ bool is_moe_layer(const TransformerConfig& config, int64_t layer_number) {
   return pattern[size_t(layer_number)];
 }
 
+// The recipe of this layer's GEMMs, or none when they stay in bf16 (--first-last-layers-bf16).
+std::optional<ops::Fp8Recipe> layer_fp8(const TransformerConfig& config, int64_t layer_number) {
+  if (!config.fp8.layer_in_fp8(layer_number, config.num_layers)) return std::nullopt;
+  return config.fp8.recipe();
+}
+
 // Dropout with p = 0 is the identity: no pass over the tensor at all (evaluation, and the
 // dropout-free recipes of LLaMA-style training).
 void dropout_in_place(Tensor& x, const ops::DropoutParams& p) {
@@ -36,15 +42,16 @@ TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelCo
       sequence_parallel_(ctx.sequence_parallel()),
       input_norm_(registry, ctx, config, prefix_ + ".self_attention.linear_qkv.layer_norm_weight",
                   prefix_ + ".self_attention.linear_qkv.layer_norm_bias"),
-      self_attention_(registry, ctx, config, prefix_ + ".self_attention"),
+      self_attention_(registry, ctx, config, prefix_ + ".self_attention", layer_fp8(config, layer_number)),
       // Megatron's MoE spec keeps the pre-MLP norm as its own module (no fused fc1 to carry it).
       pre_mlp_norm_(registry, ctx, config,
                     prefix_ + (is_moe_layer(config, layer_number) ? ".pre_mlp_layernorm.weight"
                                                                   : ".mlp.linear_fc1.layer_norm_weight"),
                     prefix_ + (is_moe_layer(config, layer_number) ? ".pre_mlp_layernorm.bias"
                                                                   : ".mlp.linear_fc1.layer_norm_bias")),
-      mlp_(is_moe_layer(config, layer_number) ? nullptr
-                                              : std::make_unique<MLP>(registry, ctx, config, prefix_ + ".mlp")),
+      mlp_(is_moe_layer(config, layer_number)
+               ? nullptr
+               : std::make_unique<MLP>(registry, ctx, config, prefix_ + ".mlp", layer_fp8(config, layer_number))),
       moe_(is_moe_layer(config, layer_number) ? std::make_unique<moe::MoELayer>(registry, ctx, config, prefix_ + ".mlp")
                                               : nullptr) {}
 
@@ -62,6 +69,11 @@ ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardC
   Tensor m = moe_ ? moe_->forward(mlp_input, fwd, saved.moe) : mlp_->forward(mlp_input, saved.mlp);
   dropout_in_place(m, saved.mlp_dropout);
   return {saved.norm2.input, m};  // out = h + m, added by the next norm
+}
+
+void TransformerLayer::update_fp8_scales() const {
+  self_attention_.update_fp8_scales();
+  if (mlp_) mlp_->update_fp8_scales();
 }
 
 void TransformerLayer::Saved::count(ActivationMemory& m) const {

@@ -37,6 +37,8 @@ class TransformerLayer {
   Tensor backward(const Tensor& dy, const Saved& saved) const;
   // The MoE layer in place of the MLP, or null for a dense layer.
   moe::MoELayer* moe() const { return moe_.get(); }
+  // The delayed FP8 recipe's scale update of the layer's GEMMs, after each step (none in bf16).
+  void update_fp8_scales() const;
 
  private:
   std::string prefix_;

@@ -310,6 +310,11 @@ std::vector<moe::MoELayer*> GPTModel::moe_layers() const {
   return layers;
 }
 
+void GPTModel::update_fp8_scales() const {
+  for (const auto& block : decoder_)
+    for (const auto& layer : block->layers()) layer->update_fp8_scales();
+}
+
 void GPTModel::update_expert_bias() {
   std::vector<moe::Router*> routers;
   for (moe::MoELayer* layer : moe_layers())

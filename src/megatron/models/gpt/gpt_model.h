@@ -149,6 +149,9 @@ class GPTModel {
   void update_expert_bias();
   // The MoE layers of this rank, first layer first.
   std::vector<moe::MoELayer*> moe_layers() const;
+  // Once per optimizer step: the delayed FP8 recipe's amax histories move on and the scales follow
+  // (tensor_parallel/fp8_linear.h); nothing for a bf16 model or under current scaling.
+  void update_fp8_scales() const;
 
  private:
   // Registration indices [begin, end) of the parameters one module registered.

@@ -35,6 +35,10 @@ void ModelChunks::update_expert_bias() {
   for (const auto& c : chunks_) c->update_expert_bias();
 }
 
+void ModelChunks::update_fp8_scales() const {
+  for (const auto& c : chunks_) c->update_fp8_scales();
+}
+
 int64_t ModelChunks::activation_bytes() const {
   int64_t bytes = 0;
   for (const auto& c : chunks_) bytes += c->activation_bytes();

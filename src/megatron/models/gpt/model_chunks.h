@@ -36,6 +36,8 @@ class ModelChunks {
   std::vector<moe::MoELayer*> moe_layers() const;
   // Each chunk's aux-loss-free balancing step (GPTModel::update_expert_bias), chunk 0's first.
   void update_expert_bias();
+  // Each chunk's FP8 scale update (GPTModel::update_fp8_scales).
+  void update_fp8_scales() const;
   // The bytes the chunks' last forwards kept for backward: one micro-batch through this rank.
   int64_t activation_bytes() const;
 

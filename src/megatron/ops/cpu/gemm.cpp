@@ -10,9 +10,11 @@
 #include <limits>
 #include <vector>
 
+#include "megatron/ops/checks/fp8.h"
 #include "megatron/ops/checks/gemm.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 #include "megatron/ops/cpu/gelu.h"
+#include "megatron/ops/fp8.h"
 
 namespace megatron::ops::cpu {
 namespace {
@@ -111,6 +113,17 @@ void check_cpu_gemm_dtype(const Tensor& t, const char* name) {
 }
 
 constexpr checks::GemmBackend kCpuGemm{check_cpu, check_cpu_gemm_dtype};
+
+// An FP8 operand's values times its scale_inv, exactly, in double (an FP8 value has 4 significant
+// bits and scale_invs are f32: their product fits a double's 53).
+std::vector<double> dequantized(const Tensor& t, const Tensor& scale_inv) {
+  const double s = double(scale_inv.data<float>()[0]);
+  std::vector<double> v(size_t(t.numel()));
+  const auto* bits = static_cast<const uint8_t*>(t.raw());
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = s * double(t.dtype() == DType::e4m3 ? fp8_e4m3::to_float(bits[i]) : fp8_e5m2::to_float(bits[i]));
+  return v;
+}
 
 // C (M,N) = alpha op(A) op(B) + beta C in C = float or double.
 template <class C>
@@ -229,6 +242,18 @@ void cpu::matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams
   } else {
     matmul_impl<float>(c, a, b, ta, tb, m, n, k, params);
   }
+}
+
+// The FP8 GEMM emulated: exact FP8 values, products summed in f64 (at least as precise as the
+// tensor cores' f32 accumulation), C rounded once.
+void cpu::fp8_matmul(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b, const Tensor& b_scale_inv,
+                     const MatmulParams& params) {
+  const auto [m, n, k] = checks::check_fp8_matmul(c, a, a_scale_inv, b, b_scale_inv, params, check_cpu);
+  const std::vector<double> A = dequantized(a, a_scale_inv), B = dequantized(b, b_scale_inv);
+  Output<double> out(c, params.beta != 0.0f);
+  blas_gemm(params.trans_a == Transpose::yes, params.trans_b == Transpose::yes, m, n, k, double(params.alpha), A.data(),
+            B.data(), double(params.beta), out.data());
+  out.finish();
 }
 
 void cpu::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {

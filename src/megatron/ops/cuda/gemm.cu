@@ -8,6 +8,12 @@
 // has no algorithm for an epilogue (odd sizes or alignments), the op runs unfused: a broadcast
 // bias, a deterministic column-sum kernel, the GELU kernels of activation.h; a warning names it.
 //
+// FP8 (ops/fp8.h): the same call with e4m3/e5m2 operands and their scale_inv pointers
+// (A_SCALE_POINTER, B_SCALE_POINTER: cuBLASLt multiplies the product by both), FP32 accumulation,
+// bf16/f16/f32 output. Hopper's tensor cores take FP8 only as "TN" (column-major op(A) = A^T,
+// op(B) = B: row-major C = A B^T), so fp8_matmul first makes transposed copies of operands given
+// the other way, as Transformer Engine keeps an FP8 tensor's transpose beside it.
+//
 // Row-major vs column-major: a row-major (r, c) matrix is a column-major (c, r) one, so row-major
 // C (M,N) = op(A) op(B) is computed as column-major C^T (N,M) = op(B)^T op(A)^T, i.e. cuBLASLt's
 // "A" is our B and its "B" is our A, with the same transpose flags.
@@ -25,11 +31,13 @@
 
 #include "megatron/core/logging.h"
 #include "megatron/ops/activation.h"
+#include "megatron/ops/checks/fp8.h"
 #include "megatron/ops/checks/gemm.h"
 #include "megatron/ops/cuda/blas_type.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/cuda/op_paths.h"
 #include "megatron/ops/elementwise.h"
+#include "megatron/ops/fp8.h"
 #include "megatron/ops/gemm.h"
 
 namespace megatron::ops::cuda {
@@ -116,8 +124,11 @@ struct LtProblem {
   const void* b = nullptr;
   void* d = nullptr;
   LtEpilogue epilogue;
-  cudaDataType ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
+  cudaDataType a_type = CUDA_R_32F, b_type = CUDA_R_32F, d_type = CUDA_R_32F;
   float alpha = 1.0f, beta = 0.0f;
+  // FP8 operands' scale_inv (one f32 each, on the device); null for other dtypes.
+  const float* a_scale_inv = nullptr;
+  const float* b_scale_inv = nullptr;
 };
 
 // Largest power of two (<= 256, cuBLASLt's default assumption) dividing the address.
@@ -129,7 +140,7 @@ uint32_t alignment_of(const void* p) {
 }
 
 struct PlanKey {
-  std::array<int64_t, 14> fields{};
+  std::array<int64_t, 15> fields{};
   bool operator==(const PlanKey&) const = default;
 };
 struct PlanKeyHash {
@@ -171,14 +182,16 @@ bool try_lt_matmul(const LtProblem& p) {
     set_desc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.epilogue.aux);
     set_desc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(p.m));
   }
+  if (p.a_scale_inv != nullptr) set_desc(raw_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.a_scale_inv);
+  if (p.b_scale_inv != nullptr) set_desc(raw_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.b_scale_inv);
 
-  const MatrixLayout a = make_layout(p.ab_type, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k);
-  const MatrixLayout b = make_layout(p.ab_type, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n);
+  const MatrixLayout a = make_layout(p.a_type, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k);
+  const MatrixLayout b = make_layout(p.b_type, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n);
   const MatrixLayout d = make_layout(p.d_type, p.m, p.n);
 
   const uint32_t align_a = alignment_of(p.a), align_b = alignment_of(p.b), align_d = alignment_of(p.d);
-  const PlanKey key{{p.m, p.n, p.k, p.trans_a, p.trans_b, p.ab_type, p.d_type, epilogue, align_a, align_b, align_d,
-                     p.epilogue.bias != nullptr ? alignment_of(p.epilogue.bias) : 0,
+  const PlanKey key{{p.m, p.n, p.k, p.trans_a, p.trans_b, p.a_type, p.b_type, p.d_type, epilogue, align_a, align_b,
+                     align_d, p.epilogue.bias != nullptr ? alignment_of(p.epilogue.bias) : 0,
                      p.epilogue.aux != nullptr ? alignment_of(p.epilogue.aux) : 0, ctx.device()}};
   AlgoCache& cache = algo_cache();
   std::optional<cublasLtMatmulAlgo_t> algo;
@@ -230,14 +243,27 @@ Tensor aligned_copy(const Tensor& t) {
   return copy;
 }
 
+// FP8 operands' scale_invs ((1) f32 device tensors, or undefined for other dtypes).
+struct ScaleInvs {
+  Tensor a, b;
+};
+
+// The cuBLASLt type of an operand: blas_type's, and the two FP8 formats.
+cudaDataType operand_type(DType dtype) {
+  if (dtype == DType::e4m3) return CUDA_R_8F_E4M3;
+  if (dtype == DType::e5m2) return CUDA_R_8F_E5M2;
+  return blas_type(dtype);
+}
+
 // Row-major C (M,N) = alpha op(A) op(B) + beta C with op(A) (M,K), op(B) (K,N), and the epilogue,
 // which in row-major terms reads: BIAS adds a vector over C's columns (length N) to every row;
 // GELU_AUX* and DGELU take an (M,N) matrix like C; BGRADB writes the sums of op(A) over K
 // (length M, e.g. the column sums of dy for dy^T x). Returns false when the epilogue has no
 // algorithm (the caller runs it unfused). Operands at addresses cuBLASLt has no algorithm for
-// (views at odd element offsets) are copied to aligned blocks first.
+// (views at odd element offsets) are copied to aligned blocks first. FP8 operands come with
+// their scale_invs.
 bool row_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b, Tensor& c,
-                    float alpha, float beta, const LtEpilogue& epilogue = {}) {
+                    float alpha, float beta, const LtEpilogue& epilogue = {}, const ScaleInvs& scale_invs = {}) {
   LtProblem p;
   p.trans_a = tb;
   p.trans_b = ta;
@@ -248,8 +274,11 @@ bool row_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Ten
   p.b = a.raw();
   p.d = c.raw();
   p.epilogue = epilogue;
-  p.ab_type = blas_type(a.dtype());
+  p.a_type = operand_type(b.dtype());
+  p.b_type = operand_type(a.dtype());
   p.d_type = blas_type(c.dtype());
+  if (scale_invs.a.defined()) p.b_scale_inv = device_data<float>(scale_invs.a);
+  if (scale_invs.b.defined()) p.a_scale_inv = device_data<float>(scale_invs.b);
   p.alpha = alpha;
   p.beta = beta;
   if (try_lt_matmul(p)) return true;
@@ -271,6 +300,35 @@ bool row_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Ten
 }
 
 // ---- small kernels -------------------------------------------------------------------------
+
+// FP8 transpose: out (cols, rows) = in (rows, cols)^T, bytes, through a 32x32 shared tile (reads
+// and writes both along rows). Blocks of 32x8 threads, 4 rows each.
+constexpr int kTile = 32;
+__global__ void transpose_bytes_kernel(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = int(threadIdx.y); i < kTile; i += int(blockDim.y)) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;  // out row c, column r
+    if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
+// A transposed copy of a 2-D FP8 tensor.
+Tensor transposed_fp8(const Tensor& t) {
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  Tensor out = Tensor::empty({cols, rows}, t.dtype(), t.device());
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
+  MEGATRON_CHECK(grid.y <= 65535, "fp8 transpose: " << rows << " rows exceed the kernel's grid; split the GEMM");
+  transpose_bytes_kernel<<<grid, dim3(kTile, 8), 0, stream()>>>(static_cast<uint8_t*>(out.raw()),
+                                                                static_cast<const uint8_t*>(t.raw()), rows, cols);
+  CUDA_CHECK_LAUNCH();
+  return out;
+}
 
 // y (rows, cols) = bias broadcast over rows: the start of the accumulator when the bias
 // epilogue is unavailable (the GEMM then adds with beta = 1, rounding once as the CPU does).
@@ -402,6 +460,23 @@ void cuda::matmul(Tensor& c, const Tensor& a, const Tensor& b, const MatmulParam
     return;
   }
   row_major_gemm(ta, tb, m, n, k, a, b, c, params.alpha, params.beta);
+}
+
+void cuda::fp8_matmul(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b, const Tensor& b_scale_inv,
+                      const MatmulParams& params) {
+  const auto [m, n, k] = checks::check_fp8_matmul(c, a, a_scale_inv, b, b_scale_inv, params, check_cuda);
+  // cuBLASLt's FP8 rules (16-byte leading dimensions of the FP8 operands and of C), which
+  // Transformer Engine states as "dimensions divisible by 16".
+  MEGATRON_CHECK(
+      k > 0 && n > 0 && k % 16 == 0 && n % 16 == 0,
+      "fp8_matmul C (" << m << "," << n << ") with K = " << k << ": FP8 GEMMs on CUDA need K and C's column "
+                       << "count to be positive multiples of 16; pad the sizes (hidden, FFN, heads x head dim, "
+                       << "micro-batch x sequence tokens) to multiples of 16, or train in bf16");
+  if (m == 0) return;
+  // Hopper's TN rule: A (m,k) and B (n,k) as stored rows.
+  const Tensor a_rows = params.trans_a == Transpose::yes ? transposed_fp8(a) : a;
+  const Tensor b_rows = params.trans_b == Transpose::yes ? b : transposed_fp8(b);
+  row_major_gemm(false, true, m, n, k, a_rows, b_rows, c, params.alpha, params.beta, {}, {a_scale_inv, b_scale_inv});
 }
 
 void cuda::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {

@@ -1,0 +1,21 @@
+#pragma once
+// Argument checks of the FP8 family (ops/fp8.h), shared by the CPU and CUDA backends.
+#include "megatron/ops/checks/common.h"
+#include "megatron/ops/checks/gemm.h"
+#include "megatron/ops/fp8.h"
+
+namespace megatron::ops::checks {
+
+bool is_fp8(DType dtype);
+// amax (1) f32 and x of the backend's floating dtypes (`x_dtype`), on the backend's device.
+void check_fp8_amax(const Tensor& amax, const Tensor& x, TensorCheck device, TensorCheck x_dtype);
+// q an FP8 tensor of x's shape, scale (1) f32, amax (1) f32 or undefined.
+void check_fp8_quantize(const Tensor& q, const Tensor& amax, const Tensor& x, const Tensor& scale, TensorCheck device,
+                        TensorCheck x_dtype);
+void check_fp8_update_scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax_history, DType fp8_dtype,
+                            const Fp8Recipe& recipe, TensorCheck device);
+// 2-D FP8 A and B (not both e5m2), (1) f32 scale_invs, C bf16/f16/f32 of op(A) op(B)'s shape.
+MatmulDims check_fp8_matmul(const Tensor& c, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                            const Tensor& b_scale_inv, const MatmulParams& params, TensorCheck device);
+
+}  // namespace megatron::ops::checks

@@ -1,0 +1,74 @@
+#pragma once
+// The GEMMs of one linear layer in FP8 (Transformer Engine's Linear under an FP8 recipe): the
+// same contracts as ops::linear_forward / linear_backward (and their GELU-fused forms, run unfused
+// here), with each GEMM operand quantised per tensor first (ops/fp8.h):
+//   forward   y  = x W^T (+ b)           x, W in the recipe's forward dtype (e4m3)
+//   backward  dx = dy W,  dW += dy^T x    dy in the backward dtype (e5m2 under hybrid), x and W as
+//             db += sum_rows(dy)          in forward (the bias and its gradient stay in bf16)
+// Outputs are bf16 (dW accumulates into the fp32 main grad), accumulation is FP32.
+//
+// Scaling state: one scale, scale_inv and amax history per operand (input, weight, output
+// gradient), on the layer's device, created at the first use. Under the delayed recipe a cast
+// uses the scale of earlier steps and records its tensor's amax (forward casts of x and W,
+// backward casts of dy; the backward's casts of x and W again use the same scale and record
+// nothing, so they reproduce the forward's FP8 values), and update_scales() runs the recipe's
+// update once per optimizer step (after every micro-batch's backward, so a step uses one scale
+// per operand whatever the pipeline schedule). Under current scaling (tensorwise) every cast takes
+// the scale of its own tensor's amax.
+// Not in the checkpoint: a resumed run starts from scale 1 and an empty history, as a fresh one
+// does, and rebuilds them within --fp8-amax-history-len steps (Transformer Engine's warm-up), so
+// a resumed FP8 run with delayed scaling is not bit-identical to an uninterrupted one.
+// Before the delayed update the step's amaxes are max-reduced over the amax groups (the layer's
+// TP group and DP x CP: Megatron's amax reduction group), so every rank of a layer's TP x DP x CP
+// group casts with one scale, and a TP shard with the whole tensor's: the single rank's FP8 values.
+#include <memory>
+#include <vector>
+
+#include "megatron/core/tensor.h"
+#include "megatron/ops/fp8.h"
+#include "megatron/parallel/comm.h"
+
+namespace megatron::tensor_parallel {
+
+class Fp8Linear {
+ public:
+  // amax_groups: the communicators the delayed recipe's amaxes are max-reduced over (null or
+  // single-rank ones are skipped).
+  Fp8Linear(const ops::Fp8Recipe& recipe, std::vector<std::shared_ptr<Communicator>> amax_groups);
+  // y (N,out) = x (N,in) W (out,in)^T (+ bias), as ops::linear_forward.
+  void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
+  // y = gelu(pre), pre = x W^T (+ bias), as ops::linear_gelu_forward.
+  void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias);
+  // As ops::linear_backward: dx overwritten (skipped when undefined), dW and db accumulated
+  // (skipped when undefined; x is read only for dW).
+  void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                       const Tensor& weight);
+  // As ops::gelu_linear_backward: dpre = (dy W) * gelu'(pre), dW and db as above.
+  void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                            const Tensor& weight, const Tensor& pre);
+  // The delayed recipe's update of every operand seen since the last one, after the amax
+  // reduction (a collective over the amax groups: every rank of them calls it in the same order);
+  // nothing under current scaling, whose scales are per cast.
+  void update_scales();
+
+  // One operand's scaling state: (1), (1), (history length) f32 on the layer's device.
+  struct Operand {
+    DType dtype = DType::e4m3;
+    Tensor scale, scale_inv, amax_history;
+  };
+  const Operand& input() const { return input_; }
+  const Operand& weight() const { return weight_; }
+  const Operand& grad_output() const { return grad_output_; }
+
+ private:
+  enum class Cast { record, again };  // a first cast in the step records its amax (delayed)
+  Tensor quantize(Operand& op, const Tensor& t, Cast cast);
+  // (N,1) ones like t's rows: the bias as a rank-1 GEMM, in the activations' dtype.
+  const Tensor& ones_column(const Tensor& t);
+  ops::Fp8Recipe recipe_;
+  std::vector<std::shared_ptr<Communicator>> amax_groups_;
+  Operand input_, weight_, grad_output_;
+  Tensor ones_;
+};
+
+}  // namespace megatron::tensor_parallel

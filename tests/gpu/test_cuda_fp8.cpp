@@ -1,0 +1,210 @@
+// FP8 on CUDA against the CPU oracle: the cast kernel bit for bit (the hardware's cvt.rn.satfinite
+// against core/dtype.h's rounding), amax and the recipes' scale update exactly, and the cuBLASLt
+// FP8 GEMM both against the CPU's emulation of it on the same FP8 bytes and against a BF16 GEMM of
+// the unquantised values, each within a derived bound.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gpu/cuda_test_util.h"
+#include "megatron/ops/fp8.h"
+#include "megatron/ops/gemm.h"
+
+using namespace megatron;
+using namespace megatron::test;
+using ops::MatmulParams;
+using ops::Transpose;
+
+namespace {
+
+class CudaFp8 : public CudaTest {};
+
+Tensor scalar(float v, Device device = Device::cpu()) { return Tensor::from_vector({v}, {1}).to(device); }
+
+// A host FP8 tensor of NaN codes (0x7F): an element the kernel forgets to write shows.
+Tensor nan_fp8(const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype);
+  std::memset(t.raw(), 0x7F, t.nbytes());
+  return t;
+}
+
+::testing::AssertionResult same_bytes(const Pair& out) {
+  const Tensor actual = out.gpu.to(Device::cpu());
+  const auto* a = static_cast<const uint8_t*>(actual.raw());
+  const auto* r = static_cast<const uint8_t*>(out.cpu.raw());
+  for (int64_t i = 0; i < actual.numel(); ++i)
+    if (a[i] != r[i])
+      return ::testing::AssertionFailure()
+             << "byte " << i << ": GPU 0x" << std::hex << int(a[i]) << ", CPU 0x" << int(r[i]);
+  return out.guards_intact();
+}
+
+// Values over the whole FP8 range and beyond: N(0,1) times 2^(i mod 48 - 24), so each format's
+// subnormals, normals and saturation all occur, plus the hand-worked ties and infinities.
+Tensor wide_values(int64_t n, DType dtype, uint64_t seed) {
+  const Tensor r = randn({n}, DType::f32, seed);
+  Tensor x = Tensor::empty({n}, DType::f32);
+  for (int64_t i = 0; i < n; ++i) x.set_item(i, std::ldexp(r.item(i), int(i % 48) - 24));
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special = {1.0625f,      1.1875f, 0x1p-10f, 3 * 0x1p-10f, 1.125f, 1.375f, 0x1p-17f,
+                                      3 * 0x1p-17f, 470.0f,  61440.0f, inf,          -inf,   0.0f,   -0.0f};
+  for (size_t i = 0; i < special.size() && int64_t(i) < n; ++i) x.set_item(int64_t(i), special[i]);
+  return x.to(dtype);
+}
+
+void check_cast(DType x_dtype, DType q_dtype, float scale, int64_t n, int64_t misalign) {
+  const Pair x = pair_of(wide_values(n, x_dtype, 11), misalign);
+  Pair q = pair_of(nan_fp8({n}, q_dtype), misalign);
+  Pair amax = pair_of(scalar(0.25f));
+  const Pair s = pair_of(scalar(scale));
+  ops::cpu::fp8_quantize(q.cpu, amax.cpu, x.cpu, s.cpu);
+  ops::cuda::fp8_quantize(q.gpu, amax.gpu, x.gpu, s.gpu);
+  EXPECT_TRUE(same_bytes(q)) << dtype_name(x_dtype) << " -> " << dtype_name(q_dtype) << ", scale " << scale;
+  EXPECT_TRUE(equals_cpu(amax));
+}
+
+}  // namespace
+
+TEST_F(CudaFp8, CastMatchesCpuBitForBit) {
+  for (DType q : {DType::e4m3, DType::e5m2})
+    for (DType x : {DType::f32, DType::bf16, DType::f16})
+      for (float scale : {1.0f, 3.7f, 0x1p-7f}) {
+        check_cast(x, q, scale, 4099, 0);
+        check_cast(x, q, scale, 1001, 1);  // odd size, misaligned view
+      }
+}
+
+TEST_F(CudaFp8, AmaxAndScaleUpdateMatchCpu) {
+  const Pair x = pair_of(wide_values(70000, DType::bf16, 3));
+  Pair amax = pair_of(scalar(0.5f));
+  ops::cpu::fp8_amax(amax.cpu, x.cpu);
+  ops::cuda::fp8_amax(amax.gpu, x.gpu);
+  EXPECT_TRUE(equals_cpu(amax));
+  for (const auto algo : {ops::AmaxComputeAlgo::most_recent, ops::AmaxComputeAlgo::max})
+    for (DType dtype : {DType::e4m3, DType::e5m2}) {
+      const ops::Fp8Recipe recipe{.amax_history_len = 5, .amax_compute_algo = algo, .margin = 2};
+      Pair scale = pair_of(scalar(3.0f)), scale_inv = pair_of(scalar(1.0f / 3.0f));
+      Pair history = pair_of(Tensor::from_vector({1.5f, 7.25f, 0.0f, 300.0f, 0.001f}, {5}));
+      for (int step = 0; step < 6; ++step) {
+        ops::cpu::fp8_update_scale(scale.cpu, scale_inv.cpu, history.cpu, dtype, recipe);
+        ops::cuda::fp8_update_scale(scale.gpu, scale_inv.gpu, history.gpu, dtype, recipe);
+        EXPECT_TRUE(equals_cpu(scale));
+        EXPECT_TRUE(equals_cpu(scale_inv));
+        EXPECT_TRUE(equals_cpu(history));
+      }
+    }
+}
+
+namespace {
+
+struct GemmCase {
+  DType a_dtype, b_dtype, out;
+  bool ta, tb;
+  int64_t m, n, k;
+  float beta;
+};
+
+// Current scaling of a bf16 operand on the GPU: scale = fp8_max / amax, then the cast.
+struct Quantized {
+  Tensor q, scale_inv;
+};
+Quantized quantize_on_gpu(const Tensor& x, DType dtype) {
+  Tensor history = Tensor::zeros({1}, DType::f32, gpu()), scale = scalar(1.0f, gpu()), scale_inv = scalar(1.0f, gpu()),
+         amax = history.slice(0, 1), none;
+  ops::cuda::fp8_amax(amax, x);
+  ops::cuda::fp8_update_scale(scale, scale_inv, history, dtype, {});
+  Tensor q = Tensor::empty(x.shape(), dtype, gpu());
+  ops::cuda::fp8_quantize(q, none, x, scale);
+  return {q, scale_inv};
+}
+
+// The unit roundoff of a format with p mantissa bits: 2^-(p+1); e4m3 2^-4, e5m2 2^-3.
+double fp8_unit_roundoff(DType dtype) { return dtype == DType::e4m3 ? 0x1p-4 : 0x1p-3; }
+
+void check_gemm(const GemmCase& c, uint64_t seed) {
+  const Shape a_shape = c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k};
+  const Shape b_shape = c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n};
+  const Pair a = random_pair(a_shape, DType::bf16, seed), b = random_pair(b_shape, DType::bf16, seed + 1);
+  Pair out = c.beta == 0.0f ? poisoned_pair({c.m, c.n}, c.out) : random_pair({c.m, c.n}, c.out, seed + 2);
+  const MatmulParams p{c.ta ? Transpose::yes : Transpose::no, c.tb ? Transpose::yes : Transpose::no, 1.0f, c.beta};
+  const Quantized qa = quantize_on_gpu(a.gpu, c.a_dtype), qb = quantize_on_gpu(b.gpu, c.b_dtype);
+  const Tensor c_before = out.cpu.clone();
+  ops::fp8_matmul(out.gpu, qa.q, qa.scale_inv, qb.q, qb.scale_inv, p);
+  const std::string what = std::string(dtype_name(c.a_dtype)) + " x " + dtype_name(c.b_dtype) + " -> " +
+                           dtype_name(c.out) + (c.ta ? ", A^T" : "") + (c.tb ? ", B^T" : "") +
+                           (c.beta != 0.0f ? ", accumulated" : "");
+
+  // (1) Against the CPU emulation on the same FP8 bytes and scales: only the accumulation differs
+  // (the tensor cores' f32, perhaps truncating, against f64), so the GEMM bound of
+  // test_cuda_gemm.cpp holds: 2 (K + 2) u32 S, S the product of the absolute values (+ |beta C|),
+  // then one rounding of a 16-bit output.
+  const Tensor aq = qa.q.to(Device::cpu()), bq = qb.q.to(Device::cpu());
+  const Tensor sa = qa.scale_inv.to(Device::cpu()), sb = qb.scale_inv.to(Device::cpu());
+  Tensor emulated = c_before.to(DType::f32);
+  ops::cpu::fp8_matmul(emulated, aq, sa, bq, sb, p);
+  // S from the dequantised values: |a_scale_inv A| |b_scale_inv B| through the emulated GEMM on
+  // absolute values (clearing the sign bit of an FP8 code takes its absolute value).
+  Tensor abs_aq = aq.clone(), abs_bq = bq.clone();
+  for (Tensor* t : {&abs_aq, &abs_bq})
+    for (int64_t i = 0; i < t->numel(); ++i) static_cast<uint8_t*>(t->raw())[i] &= 0x7F;
+  Tensor s = c.beta == 0.0f ? Tensor::zeros({c.m, c.n}, DType::f32) : abs_f64(c_before).to(DType::f32);
+  ops::cpu::fp8_matmul(s, abs_aq, sa, abs_bq, sb, {p.trans_a, p.trans_b, 1.0f, 1.0f});
+  const double u16 = c.out == DType::f32 ? 0.0 : unit_roundoff(c.out);
+  Tensor bound = Tensor::empty({c.m, c.n}, DType::f64);
+  for (int64_t i = 0; i < bound.numel(); ++i) {
+    const double e = 2.0 * double(c.k + 2) * kUnitRoundoffF32 * s.item(i);
+    bound.set_item(i, e * (1.0 + u16) + u16 * std::fabs(emulated.item(i)) + 1e-30);
+  }
+  EXPECT_TRUE(within_bound(out, emulated, bound)) << "vs CPU emulation, " << what;
+
+  // (2) Against the BF16 GEMM of the unquantised values (f64 on the CPU): each operand element is
+  // within u |x| + d of its FP8 value, u the format's unit roundoff (2^-4 e4m3, 2^-3 e5m2; e4m3
+  // keeps 3 mantissa bits) and d half the subnormal spacing over the scale (2^-10 or 2^-17 over
+  // scale, for elements below the smallest normal). Per product |ab - a'b'| <= (ua + ub + ua ub)
+  // |a||b| + d_a |b| (1 + ub) + d_b |a| (1 + ua) + d_a d_b, summed over K, plus (1)'s bound.
+  Tensor ref = f64(c_before);
+  ops::cpu::matmul(ref, f64(a.cpu), f64(b.cpu), p);
+  Tensor abs_ab = Tensor::zeros({c.m, c.n}, DType::f64);
+  ops::cpu::matmul(abs_ab, abs_f64(a.cpu), abs_f64(b.cpu), {p.trans_a, p.trans_b, 1.0f, 0.0f});
+  const double ua = fp8_unit_roundoff(c.a_dtype), ub = fp8_unit_roundoff(c.b_dtype);
+  const auto half_subnormal = [](DType d, const Tensor& scale_inv) {
+    return (d == DType::e4m3 ? 0x1p-10 : 0x1p-17) * scale_inv.item();
+  };
+  const double da = half_subnormal(c.a_dtype, sa), db = half_subnormal(c.b_dtype, sb);
+  const double max_a = max_abs(a.cpu), max_b = max_abs(b.cpu);
+  Tensor bound2 = Tensor::empty({c.m, c.n}, DType::f64);
+  for (int64_t i = 0; i < bound2.numel(); ++i) {
+    const double quantisation =
+        (ua + ub + ua * ub) * abs_ab.item(i) + double(c.k) * (da * max_b * (1 + ub) + db * max_a * (1 + ua) + da * db);
+    bound2.set_item(i, quantisation * (1.0 + u16) + bound.item(i));
+  }
+  EXPECT_TRUE(within_bound(out, ref, bound2)) << "vs BF16 reference, " << what;
+  // The typical error is far below that worst case: normwise about u / sqrt(3) per operand (a
+  // uniform rounding error), not u. Printed, so a regression towards the bound is visible.
+  std::printf("fp8 GEMM %s: normwise error vs BF16 %.4f (bound per element (ua + ub) = %.4f)\n", what.c_str(),
+              normwise_error(out.gpu.to(Device::cpu()), ref), ua + ub);
+}
+
+}  // namespace
+
+TEST_F(CudaFp8, GemmMatchesEmulationAndBf16Reference) {
+  uint64_t seed = 100;
+  const int64_t m = 64, n = 48, k = 96;
+  for (bool ta : {false, true})
+    for (bool tb : {true, false}) {
+      check_gemm({DType::e4m3, DType::e4m3, DType::bf16, ta, tb, m, n, k, 0.0f}, seed++);  // forward
+      check_gemm({DType::e5m2, DType::e4m3, DType::bf16, ta, tb, m, n, k, 0.0f}, seed++);  // hybrid dgrad
+    }
+  // The weight gradient: dy^T (e5m2) x (e4m3) accumulated into an f32 main grad.
+  check_gemm({DType::e5m2, DType::e4m3, DType::f32, true, false, m, n, k, 1.0f}, seed++);
+  // A model-sized GEMM (a llama-1b MLP tile).
+  check_gemm({DType::e4m3, DType::e4m3, DType::bf16, false, true, 256, 2048, 2048, 0.0f}, seed++);
+}
+
+TEST_F(CudaFp8, GemmRefusesSizesCublasLtCannotRun) {
+  Tensor a = Tensor::zeros({16, 24}, DType::e4m3, gpu()), b = Tensor::zeros({16, 24}, DType::e4m3, gpu());
+  Tensor c = Tensor::empty({16, 16}, DType::bf16, gpu()), s = scalar(1.0f, gpu());
+  EXPECT_TRUE(throws_error_naming([&] { ops::fp8_matmul(c, a, s, b, s, {.trans_b = Transpose::yes}); },
+                                  "need K and C's column count to be positive multiples of 16"));
+}

@@ -1,0 +1,178 @@
+// FP8 on the CPU: the e4m3/e5m2 rounding on hand-worked values (ties to even, subnormals,
+// saturation), the quantiser and its amax, the delayed and current scaling recipes step by step,
+// the emulated FP8 GEMM on exactly representable operands, and a linear layer's FP8 GEMMs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "megatron/core/dtype.h"
+#include "megatron/ops/fp8.h"
+#include "megatron/ops/gemm.h"
+#include "megatron/tensor_parallel/fp8_linear.h"
+
+using namespace megatron;
+
+namespace {
+
+std::vector<uint8_t> bits_of(const Tensor& q) {
+  const auto* p = static_cast<const uint8_t*>(q.raw());
+  return {p, p + q.numel()};
+}
+
+Tensor scalar(float v) { return Tensor::from_vector({v}, {1}); }
+
+}  // namespace
+
+// e4m3: bias 7, 3 mantissa bits; normals 2^-6 .. 448, subnormals k * 2^-9.
+TEST(Fp8Format, E4m3HandWorked) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(fp8_e4m3::from_float(1.0f), 0x38);     // 0.0111.000
+  EXPECT_EQ(fp8_e4m3::from_float(-2.0f), 0xC0);    // 1.1000.000
+  EXPECT_EQ(fp8_e4m3::from_float(-6.0f), 0xCC);    // -1.5 * 2^2: 1.1001.100
+  EXPECT_EQ(fp8_e4m3::from_float(1.0625f), 0x38);  // tie between 1 (000) and 1.125 (001): even, 1
+  EXPECT_EQ(fp8_e4m3::from_float(1.1875f), 0x3A);  // tie between 1.125 (001) and 1.25 (010): even, 1.25
+  EXPECT_EQ(fp8_e4m3::from_float(1.07f), 0x39);    // above the tie: 1.125
+  EXPECT_EQ(fp8_e4m3::from_float(448.0f), 0x7E);   // the max, 1.75 * 2^8
+  EXPECT_EQ(fp8_e4m3::from_float(470.0f), 0x7E);   // rounds towards 480 (the NaN code): saturates
+  EXPECT_EQ(fp8_e4m3::from_float(1e6f), 0x7E);
+  EXPECT_EQ(fp8_e4m3::from_float(inf), 0x7E);  // satfinite: infinity saturates too
+  EXPECT_EQ(fp8_e4m3::from_float(-inf), 0xFE);
+  EXPECT_EQ(fp8_e4m3::from_float(std::nanf("")), 0x7F);
+  EXPECT_EQ(fp8_e4m3::from_float(0x1p-6f), 0x08);        // smallest normal
+  EXPECT_EQ(fp8_e4m3::from_float(7 * 0x1p-9f), 0x07);    // largest subnormal
+  EXPECT_EQ(fp8_e4m3::from_float(0x1p-9f), 0x01);        // smallest subnormal
+  EXPECT_EQ(fp8_e4m3::from_float(0x1p-10f), 0x00);       // tie between 0 and 2^-9: even, 0
+  EXPECT_EQ(fp8_e4m3::from_float(-0x1p-10f), 0x80);      // the sign survives: -0
+  EXPECT_EQ(fp8_e4m3::from_float(3 * 0x1p-10f), 0x02);   // tie between 2^-9 (001) and 2^-8 (010): even
+  EXPECT_EQ(fp8_e4m3::from_float(15 * 0x1p-10f), 0x08);  // tie between 7 * 2^-9 and 2^-6: even, the normal
+  EXPECT_EQ(fp8_e4m3::to_float(0x7E), 448.0f);
+  EXPECT_EQ(fp8_e4m3::to_float(0x01), 0x1p-9f);
+  EXPECT_TRUE(std::isnan(fp8_e4m3::to_float(0xFF)));
+}
+
+// e5m2: bias 15, 2 mantissa bits; normals 2^-14 .. 57344, subnormals k * 2^-16, IEEE infinities.
+TEST(Fp8Format, E5m2HandWorked) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(fp8_e5m2::from_float(1.0f), 0x3C);      // 0.01111.00
+  EXPECT_EQ(fp8_e5m2::from_float(1.125f), 0x3C);    // tie between 1 (00) and 1.25 (01): even, 1
+  EXPECT_EQ(fp8_e5m2::from_float(1.375f), 0x3E);    // tie between 1.25 (01) and 1.5 (10): even, 1.5
+  EXPECT_EQ(fp8_e5m2::from_float(57344.0f), 0x7B);  // the max, 1.75 * 2^15
+  EXPECT_EQ(fp8_e5m2::from_float(60000.0f), 0x7B);
+  EXPECT_EQ(fp8_e5m2::from_float(inf), 0x7B);  // satfinite: no infinity comes out
+  EXPECT_EQ(fp8_e5m2::from_float(-1e30f), 0xFB);
+  EXPECT_EQ(fp8_e5m2::from_float(std::nanf("")), 0x7F);
+  EXPECT_EQ(fp8_e5m2::from_float(0x1p-14f), 0x04);  // smallest normal
+  EXPECT_EQ(fp8_e5m2::from_float(0x1p-16f), 0x01);  // smallest subnormal
+  EXPECT_EQ(fp8_e5m2::from_float(0x1p-17f), 0x00);  // tie: even, 0
+  EXPECT_EQ(fp8_e5m2::from_float(3 * 0x1p-17f), 0x02);
+  EXPECT_EQ(fp8_e5m2::to_float(0x7C), inf);
+  EXPECT_EQ(fp8_e5m2::to_float(0x7B), 57344.0f);
+}
+
+// Every finite code decodes to a value that encodes back to it.
+TEST(Fp8Format, EveryCodeRoundTrips) {
+  for (int code = 0; code < 256; ++code) {
+    const auto b = uint8_t(code);
+    const float e4 = fp8_e4m3::to_float(b), e5 = fp8_e5m2::to_float(b);
+    if (!std::isnan(e4)) {
+      EXPECT_EQ(fp8_e4m3::from_float(e4), b) << code;
+    }
+    if (std::isfinite(e5)) {
+      EXPECT_EQ(fp8_e5m2::from_float(e5), b) << code;
+    }
+  }
+}
+
+TEST(Fp8Ops, QuantizeScalesRoundsAndRecordsAmax) {
+  const Tensor x = Tensor::from_vector({1.0f, -3.0f, 0.5f, 1000.0f}, {4});
+  Tensor q = Tensor::empty({4}, DType::e4m3), amax = scalar(0.5f);
+  ops::fp8_quantize(q, amax, x, scalar(2.0f));
+  // 2, -6, 1 and 2000 (saturated to 448)
+  EXPECT_EQ(bits_of(q), (std::vector<uint8_t>{0x40, 0xCC, 0x38, 0x7E}));
+  EXPECT_EQ(amax.item(), 1000.0);
+  Tensor big = scalar(5000.0f);
+  ops::fp8_amax(big, x);
+  EXPECT_EQ(big.item(), 5000.0);  // a running max
+  Tensor nan_amax = scalar(1.0f);
+  ops::fp8_amax(nan_amax, Tensor::from_vector({1.0f, std::nanf("")}, {2}));
+  EXPECT_TRUE(std::isnan(nan_amax.item()));  // NaN reaches the scale update, which then keeps its scale
+}
+
+// History of 3, max, margin 1: scale = 448 / max(last 3 amaxes) / 2.
+TEST(Fp8Recipe, DelayedScalingFollowsTheHistoryWindow) {
+  const ops::Fp8Recipe recipe{.amax_history_len = 3, .amax_compute_algo = ops::AmaxComputeAlgo::max, .margin = 1};
+  Tensor scale = scalar(1.0f), scale_inv = scalar(1.0f), history = Tensor::zeros({3}, DType::f32);
+  const auto step = [&](float amax) {
+    history.set_item(0, amax);  // what the casts of the step recorded
+    ops::fp8_update_scale(scale, scale_inv, history, DType::e4m3, recipe);
+    return scale.item();
+  };
+  EXPECT_EQ(step(2.0f), 112.0);  // 448 / 2 / 2
+  EXPECT_EQ(scale_inv.item(), double(1.0f / 112.0f));
+  EXPECT_EQ(history.to_vector(), (std::vector<float>{0, 0, 2}));  // TE's roll by -1, then slot 0 cleared
+  EXPECT_EQ(step(8.0f), 28.0);
+  EXPECT_EQ(step(1.0f), 28.0);  // 8 is still in the window
+  EXPECT_EQ(step(1.0f), 28.0);
+  EXPECT_EQ(step(1.0f), 224.0);  // three steps later it has left
+  EXPECT_EQ(step(0.0f), 224.0);  // no amax: the scale stays
+  EXPECT_EQ(step(0.0f), 224.0);
+  EXPECT_EQ(step(0.0f), 224.0);
+  EXPECT_EQ(step(std::nanf("")), 224.0);  // nor does a NaN move it
+}
+
+TEST(Fp8Recipe, MostRecentAndE5m2) {
+  const ops::Fp8Recipe recipe{.amax_history_len = 2};
+  Tensor scale = scalar(1.0f), scale_inv = scalar(1.0f), history = Tensor::zeros({2}, DType::f32);
+  history.set_item(0, 8.0f);
+  ops::fp8_update_scale(scale, scale_inv, history, DType::e5m2, recipe);
+  EXPECT_EQ(scale.item(), 7168.0);  // 57344 / 8
+  history.set_item(0, 1.0f);
+  ops::fp8_update_scale(scale, scale_inv, history, DType::e5m2, recipe);
+  EXPECT_EQ(scale.item(), 57344.0);  // the most recent amax, although 8 is in the history
+}
+
+// C = (a_scale_inv A) (b_scale_inv B)^T on exactly representable values, so the expected C is exact.
+TEST(Fp8Ops, MatmulEmulationIsExactOnRepresentableValues) {
+  const Tensor a = Tensor::from_vector({1, 2, 3, -1, 0.5f, 4}, {2, 3});
+  const Tensor b = Tensor::from_vector({1, 1, 1, 2, -2, 0.25f}, {2, 3});
+  Tensor aq = Tensor::empty({2, 3}, DType::e4m3), bq = Tensor::empty({2, 3}, DType::e5m2), none;
+  ops::fp8_quantize(aq, none, a, scalar(1.0f));
+  ops::fp8_quantize(bq, none, b, scalar(1.0f));
+  Tensor c = Tensor::from_vector({1, 1, 1, 1}, {2, 2});
+  ops::fp8_matmul(c, aq, scalar(0.5f), bq, scalar(4.0f), {.trans_b = ops::Transpose::yes, .beta = 1.0f});
+  // A B^T = [[6, -1.25], [3.5, -2]], times 0.5 * 4, plus the old C
+  EXPECT_EQ(c.to_vector(), (std::vector<float>{13, -1.5f, 8, -3}));
+  // The same product from A^T stored (trans_a) and B stored untransposed, into bf16.
+  Tensor at = Tensor::empty({3, 2}, DType::e4m3), bt = Tensor::empty({3, 2}, DType::e5m2);
+  ops::fp8_quantize(at, none, Tensor::from_vector({1, -1, 2, 0.5f, 3, 4}, {3, 2}), scalar(1.0f));
+  ops::fp8_quantize(bt, none, Tensor::from_vector({1, 2, 1, -2, 1, 0.25f}, {3, 2}), scalar(1.0f));
+  Tensor c16 = Tensor::empty({2, 2}, DType::bf16);
+  ops::fp8_matmul(c16, at, scalar(0.5f), bt, scalar(4.0f), {.trans_a = ops::Transpose::yes});
+  EXPECT_EQ(c16.to_vector(), (std::vector<float>{12, -2.5f, 7, -4}));
+}
+
+// The layer's forward is the FP8 GEMM of its quantised operands; under delayed scaling the first
+// step casts with scale 1 and records the amaxes, and the update after it sets 448 / amax.
+TEST(Fp8Linear, DelayedScalingForwardAndUpdate) {
+  tensor_parallel::Fp8Linear fp8({.backward_dtype = DType::e5m2}, {});
+  const Tensor x = Tensor::from_vector({0.3f, -1.7f, 2.2f, 0.05f, -0.9f, 1.1f}, {2, 3}, DType::bf16);
+  const Tensor w = Tensor::from_vector({0.11f, 0.5f, -0.25f, 1.3f, -0.07f, 0.6f}, {2, 3}, DType::bf16);
+  Tensor y = Tensor::empty({2, 2}, DType::bf16), no_bias;
+  fp8.linear_forward(y, x, w, no_bias);
+  // Reference: each element rounded to e4m3 (scale 1), products summed exactly, rounded to bf16.
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 2; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < 3; ++k)
+        sum += double(float(fp8_e4m3(float(x.item(i * 3 + k))))) * double(float(fp8_e4m3(float(w.item(j * 3 + k)))));
+      EXPECT_EQ(y.item(i * 2 + j), double(round_to_bf16(float(sum)))) << i << "," << j;
+    }
+  EXPECT_EQ(fp8.input().amax_history.item(0), double(round_to_bf16(2.2f)));
+  EXPECT_EQ(fp8.weight().amax_history.item(0), double(round_to_bf16(1.3f)));
+  fp8.update_scales();
+  EXPECT_EQ(fp8.input().scale.item(), double(448.0f / round_to_bf16(2.2f)));
+  EXPECT_EQ(fp8.weight().scale.item(), double(448.0f / round_to_bf16(1.3f)));
+  EXPECT_FALSE(fp8.grad_output().scale.defined());  // no backward yet: no state
+}
