@@ -4,10 +4,10 @@
 #   DP = N                     (PP = 1, the baseline),
 #   PP = 2 x DP = N/2, PP = 4 x DP = N/4 (where they divide N), each with 1F1B and interleaved
 #   (--num-virtual-stages-per-pipeline-rank $VP, default 2; the preset's layers must divide by PP x VP);
-#   interleaved three ways: its sends and receives overlapped with compute (Megatron's default),
-#   blocking (--no-overlap-p2p-communication), and overlapped in groups of 2 x PP micro-batches
-#   (--microbatch-group-size-per-virtual-pipeline-stage, larger than the pipeline: only the
-#   overlapped path runs it);
+#   interleaved with blocking sends and receives (--no-overlap-p2p-communication): overlapped ones
+#   (Megatron's default, also in groups larger than the pipeline) hang on GPUs in this build and
+#   are refused there (docs/PERFORMANCE.md, Multi-GPU equivalence runs); their layouts stay in the
+#   loop below as overlap and groups, to be put back in the list when that is fixed;
 # with --use-distributed-optimizer --overlap-grad-reduce where DP > 1 (each model chunk's buckets
 # reduced during the cool-down), bf16, no dropout, mock data, 30 iterations timed over the log's
 # last interval (11-30), as bench_dp.sh and bench_tp.sh.
@@ -54,8 +54,7 @@ for run in "${runs[@]}"; do
   preset="${run%%:*}" mbs="${run##*:}"
   dp_tok=""
   # pp:v:p2p, p2p = overlap (the default), blocking, or groups (overlapped, groups of 2 x PP).
-  for layout_spec in 1:1:overlap 2:1:overlap 2:$vp:overlap 2:$vp:blocking 2:$vp:groups 4:1:overlap 4:$vp:overlap \
-    4:$vp:blocking 4:$vp:groups; do
+  for layout_spec in 1:1:overlap 2:1:overlap 2:$vp:blocking 4:1:overlap 4:$vp:blocking; do
     IFS=: read -r pp v p2p <<<"$layout_spec"
     [ $((gpus % pp)) -eq 0 ] || continue
     dp=$((gpus / pp)) micro=$((accumulation * pp))

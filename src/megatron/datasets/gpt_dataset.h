@@ -162,10 +162,9 @@ struct Batch {
 
 // Stacks the samples at `sample_indices` (one row each) and derives masks and positions as
 // Megatron's GPTDataset.__getitem__ does. The tensors are ordinary (pageable) host memory, also
-// for GPU runs: pinning needs cudaHostAlloc and cudaFreeHost, which wait for the whole device, and
-// the loader's worker assembles batches while a pipeline step runs, where a posted receive is a
-// kernel waiting for a peer that waits for this rank (interleaved PP hung that way on 2 H100s).
-// Their copies are a few hundred KiB per micro-batch.
+// for GPU runs: pinning needs cudaHostAlloc and cudaFreeHost, which wait for the whole device
+// (every collective and receive in flight, while the loader's worker runs beside a step and at each
+// batch's release); their copies are a few hundred KiB per micro-batch.
 Batch make_batch(const SampleSource& source, std::span<const int64_t> sample_indices, const BatchOptions& options);
 
 // ---- transitional entry points ----------------------------------------------------------------

@@ -275,6 +275,17 @@ bool should_save(const TrainingArgs& args, int64_t iteration) {
   return !args.save.empty() && args.save_interval > 0 && iteration % args.save_interval == 0;
 }
 
+// Overlapped pipeline sends and receives hang on NCCL (docs/PERFORMANCE.md, "Multi-GPU equivalence
+// runs": rank 0's host stops inside a CUDA call of its first forward while its first receive
+// waits); refused on GPUs until that is found, before any group or channel is built.
+void check_device_supports(const TrainingArgs& args, Device device) {
+  MEGATRON_CHECK(!(device.is_cuda() && args.pipeline_overlaps_p2p()),
+                 "the interleaved schedule overlaps its sends and receives by default (Megatron's "
+                 "--no-overlap-p2p-communication not given), which hangs on GPUs in this build (a known defect: "
+                 "docs/PERFORMANCE.md, Multi-GPU equivalence runs); add --no-overlap-p2p-communication (blocking "
+                 "sends and receives, groups of micro-batches at the default size)");
+}
+
 void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
   MEGATRON_CHECK(ctx.world->size() == args.world_size, "the arguments were derived for a world of "
                                                            << args.world_size << " ranks but this run has "
@@ -694,6 +705,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRunt
   const ScopedLogRank log_rank(mpi ? mpi->process().rank : 0);
   configure_cpu_threads(mpi.get());
   const Device device = select_device(args.device, mpi ? mpi->process().local_rank : 0, args.model.fp8.enabled());
+  check_device_supports(args, device);
   const ParallelState state =
       initialize_parallel(args.parallel.sizes(), {.device = device,
                                                   .timeout_seconds = 60.0 * args.distributed_timeout_minutes,
@@ -705,6 +717,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRunt
 
 TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups, Device device) {
   const ExitConditions exit_conditions(args, Clock::now());
+  check_device_supports(args, device);
   check_context(args, groups);
   const ScopedLogRank log_rank(groups.world->rank());
   check_run_directories(args, groups.world->rank());
