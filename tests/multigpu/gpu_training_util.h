@@ -48,6 +48,10 @@ struct Precision {
 // it moves by up to ~2e-3 between layouts, and the fp32 runs of the same layouts check it tightly.
 inline Precision bf16_precision() { return {"bf16", {"--bf16"}, 1e-3, false}; }
 
+// fp32 throughout: the loss and the gradient norm within 200 u (u = 2^-24) relative, as
+// test_multigpu_tp_training.cpp derives it for layouts that regroup fp32 sums.
+inline Precision fp32_precision() { return {"fp32", {}, 200 * 0x1p-24, true}; }
+
 // The test-name suffix of a precision (INSTANTIATE_TEST_SUITE_P's name generator), and how gtest
 // prints one.
 inline std::string precision_name(const ::testing::TestParamInfo<Precision>& param) { return param.param.name; }

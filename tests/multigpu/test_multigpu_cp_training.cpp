@@ -29,7 +29,6 @@ namespace megatron::testing {
 namespace {
 
 constexpr int kIterations = 20;
-const Precision kFp32{"fp32", {}, 200 * 0x1p-24, true};
 
 struct Layout {
   std::string name;
@@ -102,7 +101,7 @@ TEST_P(GpuCpTraining, EveryLayoutMatchesTheSingleGpuCurve) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, GpuCpTraining, ::testing::Values(kFp32, bf16_precision()), precision_name);
+INSTANTIATE_TEST_SUITE_P(Precisions, GpuCpTraining, ::testing::Values(fp32_precision(), bf16_precision()), precision_name);
 
 }  // namespace
 }  // namespace megatron::testing

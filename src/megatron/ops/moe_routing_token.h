@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "megatron/core/rng.h"  // MEGATRON_HD
 #include "megatron/ops/moe_routing.h"
@@ -220,6 +221,17 @@ MEGATRON_HD void route_token_backward(const T* l, const T* dprobs, const int32_t
     // d/dl of sum_t lse_t^2 / (every shard's tokens) = 2 lse softmax(l) / tokens.
     if (z_loss_weight > 0.0) d += z_loss_weight * 2.0 * lse * softmax_of(e) / all_tokens;
     dl[e] = T(d);
+  }
+}
+
+// Runs fn with the logits' element type (check_logits has allowed f32 and f64 only), for both
+// backends' host-side dispatch.
+template <class Fn>
+void dispatch_router(DType dtype, Fn&& fn) {
+  if (dtype == DType::f64) {
+    fn(std::type_identity<double>{});
+  } else {
+    fn(std::type_identity<float>{});
   }
 }
 

@@ -13,16 +13,6 @@ namespace {
 
 namespace detail = moe_routing_detail;
 
-// Runs fn with T the logits' type (check_logits has allowed f32 and f64 only).
-template <class Fn>
-void dispatch_router(DType dtype, Fn&& fn) {
-  if (dtype == DType::f64) {
-    fn(std::type_identity<double>{});
-  } else {
-    fn(std::type_identity<float>{});
-  }
-}
-
 template <class T>
 void route(T* probs, int32_t* topk, double* sums, const T* logits, const T* bias, int64_t T_, int64_t E,
            const TopKRouting& p) {
@@ -66,7 +56,7 @@ namespace megatron::ops {
 void cpu::moe_route(Tensor& probs, Tensor& topk_experts, Tensor& sums, const Tensor& logits, const Tensor& expert_bias,
                     const TopKRouting& routing) {
   checks::check_moe_route(probs, topk_experts, sums, logits, expert_bias, routing, check_cpu);
-  dispatch_router(logits.dtype(), [&]<class T>(std::type_identity<T>) {
+  detail::dispatch_router(logits.dtype(), [&]<class T>(std::type_identity<T>) {
     route<T>(probs.data<T>(), topk_experts.data<int32_t>(), sums.data<double>(), logits.data<T>(),
              expert_bias.defined() ? expert_bias.data<T>() : nullptr, logits.dim(0), logits.dim(1), routing);
   });
@@ -75,7 +65,7 @@ void cpu::moe_route(Tensor& probs, Tensor& topk_experts, Tensor& sums, const Ten
 void cpu::moe_route_plan(Tensor& row_token, Tensor& row_prob, Tensor& token_rows, Tensor& expert_offsets,
                          const Tensor& topk_experts, const Tensor& probs) {
   checks::check_moe_route_plan(row_token, row_prob, token_rows, expert_offsets, topk_experts, probs, check_cpu);
-  dispatch_router(probs.dtype(), [&]<class T>(std::type_identity<T>) {
+  detail::dispatch_router(probs.dtype(), [&]<class T>(std::type_identity<T>) {
     plan<T>(row_token.data<int32_t>(), row_prob.data<T>(), token_rows.data<int32_t>(),
             expert_offsets.data<int32_t>(), topk_experts.data<int32_t>(), probs.data<T>(), probs.dim(0),
             probs.dim(1), topk_experts.dim(1));
@@ -105,7 +95,7 @@ void cpu::moe_route_backward(Tensor& dlogits, const Tensor& dprobs, const Tensor
   const int64_t T_ = logits.dim(0), E = logits.dim(1), B = routing.balancing_sequences;
   const double* s = sums.data<double>();
   const double norm = B > 0 ? moe_routing_detail::balancing_norm(s[0], E, routing) : 0.0;
-  dispatch_router(logits.dtype(), [&]<class T>(std::type_identity<T>) {
+  detail::dispatch_router(logits.dtype(), [&]<class T>(std::type_identity<T>) {
     for (int64_t t = 0; t < T_; ++t)
       moe_routing_detail::route_token_backward(
           logits.data<T>() + t * E, dprobs.data<T>() + t * E, topk_experts.data<int32_t>() + t * routing.topk,

@@ -103,16 +103,6 @@ __global__ void backward_kernel(T* dlogits, const T* dprobs, const T* logits, co
                                  z_loss_weight, sums[0], dlogits + t * E);
 }
 
-// Runs fn with T the logits' type (check_logits has allowed f32 and f64 only).
-template <class Fn>
-void dispatch_router(DType dtype, Fn&& fn) {
-  if (dtype == DType::f64) {
-    fn(std::type_identity<double>{});
-  } else {
-    fn(std::type_identity<float>{});
-  }
-}
-
 template <class T>
 T* data_of(Tensor& t) {
   return static_cast<T*>(t.raw());
@@ -140,7 +130,7 @@ void cuda::moe_route(Tensor& probs, Tensor& topk_experts, Tensor& sums, const Te
     return;
   }
   Tensor contribution = Tensor::empty({T_, detail::contribution_size(E)}, DType::f64, logits.device());
-  dispatch_router(logits.dtype(), [&]<class T>(std::type_identity<T>) {
+  detail::dispatch_router(logits.dtype(), [&]<class T>(std::type_identity<T>) {
     route_kernel<T><<<grid_for(T_, kTokenThreads), kTokenThreads, 0, stream()>>>(
         data_of<T>(probs), data_of<int32_t>(topk_experts), data_of<double>(contribution), data_of<T>(logits),
         expert_bias.defined() ? data_of<T>(expert_bias) : nullptr, T_, E, routing);
@@ -162,7 +152,7 @@ void cuda::moe_route_plan(Tensor& row_token, Tensor& row_prob, Tensor& token_row
   offsets_kernel<<<1, 1, 0, stream()>>>(data_of<int32_t>(expert_offsets), E);
   CUDA_CHECK_LAUNCH();
   if (T_ == 0) return;
-  dispatch_router(probs.dtype(), [&]<class T>(std::type_identity<T>) {
+  detail::dispatch_router(probs.dtype(), [&]<class T>(std::type_identity<T>) {
     scatter_kernel<T><<<grid_for(T_ * E), kThreads, 0, stream()>>>(
         data_of<int32_t>(row_token), data_of<T>(row_prob), data_of<int32_t>(token_rows),
         data_of<int32_t>(expert_offsets), data_of<T>(probs), T_, E);
@@ -172,7 +162,7 @@ void cuda::moe_route_plan(Tensor& row_token, Tensor& row_prob, Tensor& token_row
 
 void cuda::moe_route_losses(Tensor& values, const Tensor& sums, const TopKRouting& routing) {
   checks::check_moe_route_losses(values, sums, routing, check_cuda);
-  dispatch_router(values.dtype(), [&]<class V>(std::type_identity<V>) {
+  detail::dispatch_router(values.dtype(), [&]<class V>(std::type_identity<V>) {
     losses_kernel<V><<<1, 1, 0, stream()>>>(data_of<V>(values), data_of<double>(sums), values.numel() - 2, routing);
     CUDA_CHECK_LAUNCH();
   });
@@ -184,7 +174,7 @@ void cuda::moe_route_backward(Tensor& dlogits, const Tensor& dprobs, const Tenso
   checks::check_moe_route_backward(dlogits, dprobs, logits, topk_experts, sums, routing, check_cuda);
   const int64_t T_ = logits.dim(0), E = logits.dim(1);
   if (T_ == 0) return;
-  dispatch_router(logits.dtype(), [&]<class T>(std::type_identity<T>) {
+  detail::dispatch_router(logits.dtype(), [&]<class T>(std::type_identity<T>) {
     backward_kernel<T><<<grid_for(T_, kTokenThreads), kTokenThreads, 0, stream()>>>(
         data_of<T>(dlogits), data_of<T>(dprobs), data_of<T>(logits), data_of<int32_t>(topk_experts),
         data_of<double>(sums), T_, E, routing, aux_loss_weight, z_loss_weight);
