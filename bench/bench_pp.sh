@@ -6,8 +6,7 @@
 #   (--num-virtual-stages-per-pipeline-rank $VP, default 2; the preset's layers must divide by PP x VP);
 #   interleaved with blocking sends and receives (--no-overlap-p2p-communication): overlapped ones
 #   (Megatron's default, also in groups larger than the pipeline) hang on GPUs in this build and
-#   are refused there (docs/PERFORMANCE.md, Multi-GPU equivalence runs); their layouts stay in the
-#   loop below as overlap and groups, to be put back in the list when that is fixed;
+#   are refused there (docs/PERFORMANCE.md, Multi-GPU equivalence runs);
 # with --use-distributed-optimizer --overlap-grad-reduce where DP > 1 (each model chunk's buckets
 # reduced during the cool-down), bf16, no dropout, mock data, 30 iterations timed over the log's
 # last interval (11-30), as bench_dp.sh and bench_tp.sh.
@@ -53,28 +52,21 @@ rc=0
 for run in "${runs[@]}"; do
   preset="${run%%:*}" mbs="${run##*:}"
   dp_tok=""
-  # pp:v:p2p, p2p = overlap (the default), blocking, or groups (overlapped, groups of 2 x PP).
-  for layout_spec in 1:1:overlap 2:1:overlap 2:$vp:blocking 4:1:overlap 4:$vp:blocking; do
-    IFS=: read -r pp v p2p <<<"$layout_spec"
+  # pp:v; interleaved layouts (v > 1) with blocking sends and receives (header).
+  for layout_spec in 1:1 2:1 2:$vp 4:1 4:$vp; do
+    IFS=: read -r pp v <<<"$layout_spec"
     [ $((gpus % pp)) -eq 0 ] || continue
     dp=$((gpus / pp)) micro=$((accumulation * pp))
     flags=(--pipeline-model-parallel-size "$pp")
     layout="DP $dp"
     [ "$pp" -gt 1 ] && layout="PP $pp x DP $dp (1F1B)"
     if [ "$v" -gt 1 ]; then
-      flags+=(--num-virtual-stages-per-pipeline-rank "$v")
-      layout="PP $pp x DP $dp (interleaved, $v chunks per rank, p2p overlapped)"
-      if [ "$p2p" = blocking ]; then
-        flags+=(--no-overlap-p2p-communication)
-        layout="PP $pp x DP $dp (interleaved, $v chunks per rank, p2p blocking)"
-      elif [ "$p2p" = groups ]; then
-        flags+=(--microbatch-group-size-per-virtual-pipeline-stage $((2 * pp)))
-        layout="PP $pp x DP $dp (interleaved, $v chunks per rank, p2p overlapped, groups of $((2 * pp)))"
-      fi
+      flags+=(--num-virtual-stages-per-pipeline-rank "$v" --no-overlap-p2p-communication)
+      layout="PP $pp x DP $dp (interleaved, $v chunks per rank, p2p blocking)"
     fi
     [ "$dp" -gt 1 ] && flags+=(--use-distributed-optimizer --overlap-grad-reduce) &&
       layout="$layout, dist-opt, overlapped grad reduce"
-    name="ours-$preset-pp$pp-v$v-$p2p-dp$dp"
+    name="ours-$preset-pp$pp-v$v-dp$dp"
     ours "$name" "$gpus" "$preset" "$mbs" "${flags[@]}"
     read_ours "$name" "$gpus"
     [ -n "$ms" ] || rc=1  # the run failed: its row shows "-"

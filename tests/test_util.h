@@ -3,12 +3,21 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "megatron/core/error.h"
 
 namespace megatron::testing {
+
+// A command line written as one string, split at whitespace (argument lists in tests).
+inline std::vector<std::string> words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> w;
+  for (std::string s; in >> s;) w.push_back(s);
+  return w;
+}
 
 // The message of the megatron::Error that fn throws, or "(no error)".
 inline std::string error_of(const std::function<void()>& fn) {

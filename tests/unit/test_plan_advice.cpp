@@ -9,16 +9,12 @@
 #include "megatron/planning/memory_plan.h"
 #include "megatron/training/arguments.h"
 
+#include "test_util.h"
+
 using namespace megatron;
+using megatron::testing::words;
 
 namespace {
-
-std::vector<std::string> words(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<std::string> w;
-  for (std::string s; in >> s;) w.push_back(s);
-  return w;
-}
 
 TEST(PlanAdvice, WithFlagsReplacesAFlagAndAllItsValues) {
   const std::vector<std::string> given =

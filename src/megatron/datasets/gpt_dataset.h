@@ -11,7 +11,6 @@
 // documents (section 3).
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
