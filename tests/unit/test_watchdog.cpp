@@ -94,6 +94,18 @@ TEST(WatchdogReport, NamesARankThatCalledAnotherCollective) {
   EXPECT_NE(all_lines(d).find("the ranks call different collectives"), std::string::npos) << all_lines(d);
 }
 
+// Each member of an all_to_all_v sends its own number of elements: no mismatch, and the silent
+// rank is the one missing (the CI failure of multirank_ep_training_kill_stop).
+TEST(WatchdogReport, AllToAllVCountsMayDifferBetweenRanks) {
+  CollectiveRecord stuck = stuck_dp(3);
+  stuck.op = "all_to_all_v", stuck.count = 1056;
+  const Diagnosis d =
+      diagnose(stuck, {at_dp(0, 3, "all_to_all_v", 1184), PeerStatus{2, false, {}, {}}, at_dp(3, 3, "all_to_all_v", 768)});
+  EXPECT_EQ(d.missing, (std::vector<int>{2}));
+  EXPECT_EQ(all_lines(d).find("different collectives"), std::string::npos) << all_lines(d);
+  EXPECT_NE(diagnose(stuck, {at_dp(0, 3, "all_to_all", 1056)}).missing, std::vector<int>{}) << "op still compared";
+}
+
 TEST(WatchdogReport, EveryoneArrivedMeansNoMissingRank) {
   const Diagnosis d = diagnose(stuck_dp(2), {at_dp(0, 2), at_dp(1, 3)});
   EXPECT_TRUE(d.missing.empty());

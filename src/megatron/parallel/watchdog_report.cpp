@@ -32,6 +32,13 @@ const CollectiveRecord* in_flight_on(const PeerStatus& p, const std::string& gro
   return nullptr;
 }
 
+// Whether two members' records of one seq describe the same call. An all_to_all_v's count is
+// what this rank sends, which differs between members by design (MoE token exchange).
+bool same_collective(const CollectiveRecord& a, const CollectiveRecord& b) {
+  const bool counts_must_match = a.op != "all_to_all_v";
+  return a.op == b.op && a.dtype == b.dtype && (!counts_must_match || a.count == b.count);
+}
+
 }  // namespace
 
 std::string encode_status(int world_rank, const CollectiveLog& log) {
@@ -105,7 +112,7 @@ Diagnosis diagnose(const CollectiveRecord& stuck, const std::vector<PeerStatus>&
       continue;
     }
     const CollectiveRecord* same = in_flight_on(p, stuck.group, false, stuck.seq);
-    if (same != nullptr && (same->op != stuck.op || same->count != stuck.count || same->dtype != stuck.dtype)) {
+    if (same != nullptr && !same_collective(*same, stuck)) {
       causes.push_back(p.world_rank);
       d.lines.push_back(concat(who, " issued ", stuck.group, " #", stuck.seq, " as ", record_name(*same),
                                " but this rank as ", record_name(stuck), ": the ranks call different collectives"));
