@@ -4,6 +4,7 @@
 // Megatron bounds them, and the bubble of a simulated run against the textbook formulas.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -148,12 +149,44 @@ TEST(PipelineSchedule, RanksFitTogetherWithoutDeadlock) {
   EXPECT_GT(larger_groups, 100);
 }
 
+TEST(PipelineSchedule, OverlappedSurvivesFirstUseWaitsOnGpus) {
+  // On a GPU the first forward and backward of a chunk may wait for the whole device (set-up
+  // calls), queued receive kernels included. Every overlapped shape, groups larger than P too,
+  // stays live when they do: each posted receive depends only on work the rank has posted.
+  int64_t overlapped = 0;
+  for (const ScheduleShape& s : valid_shapes())
+    if (s.overlap_p2p) {
+      ++overlapped;
+      EXPECT_NO_THROW(simulate(s, ActionCosts{}, ReceiveWait::kEveryPostedAtFirstUse)) << shape_string(s);
+    }
+  EXPECT_GT(overlapped, 500);
+  // The placement that hung on two GPUs (the first backward's gradient received first of all, a
+  // receive that needs rank 0's own forwards) deadlocks there as it did: each rank in its first
+  // forward, rank 0 waiting for that gradient, rank 1 for rank 0's first activation. It runs when
+  // only a compute action's own input is waited for (CPU ranks).
+  const ScheduleShape s{.pipeline_size = 2, .virtual_stages = 2, .microbatches = 4, .overlap_p2p = true};
+  std::vector<std::vector<Action>> hung{build_schedule(s, 0), build_schedule(s, 1)};
+  const auto first_grad = std::find_if(hung[0].begin(), hung[0].end(),
+                                       [](const Action& a) { return a.kind == ActionKind::kRecvGrad; });
+  ASSERT_NE(first_grad, hung[0].end());
+  std::rotate(hung[0].begin(), first_grad, first_grad + 1);
+  EXPECT_NO_THROW(simulate(s, hung, {}));
+  try {
+    simulate(s, hung, {}, ReceiveWait::kEveryPostedAtFirstUse);
+    ADD_FAILURE() << "no deadlock reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("deadlocks: rank 0 waits at F0.0; rank 1 waits at F0.0"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(PipelineSchedule, OverlappedPlacementPostsEachReceiveOneActionAhead) {
-  // 1F1B, P = 2, M = 2. Rank 0 computes F0 F1 B0 B1: the first backward's receive comes first of
-  // all, B1's after B0; its forwards read tokens and receive nothing. Rank 1 computes F0 B0 F1 B1:
+  // 1F1B, P = 2, M = 2. Rank 0 computes F0 F1 B0 B1: the first backward's receive follows the
+  // send of the forward it is the gradient of, B1's follows B0; its forwards read tokens and
+  // receive nothing. Rank 1 computes F0 B0 F1 B1:
   // F1's receive follows F0, and each send follows the action that made it.
   const ScheduleShape s{.pipeline_size = 2, .microbatches = 2, .overlap_p2p = true};
-  EXPECT_EQ(full_string(build_schedule(s, 0)), "recvG0.0<-1 F0.0 sendA0.0->1 F1.0 sendA1.0->1 B0.0 recvG1.0<-1 B1.0");
+  EXPECT_EQ(full_string(build_schedule(s, 0)), "F0.0 sendA0.0->1 recvG0.0<-1 F1.0 sendA1.0->1 B0.0 recvG1.0<-1 B1.0");
   EXPECT_EQ(full_string(build_schedule(s, 1)), "recvA0.0<-0 F0.0 recvA1.0<-0 B0.0 sendG0.0->0 F1.0 B1.0 sendG1.0->0");
   // Interleaved, P = 2, V = 2, M = 2: the steady pair (F, B) runs as two steps, the forward's
   // output sent before the backward beside it; rank 1 passes chunk 0's output to rank 0's chunk 1.

@@ -1,7 +1,9 @@
 #include "megatron/pipeline_parallel/schedule.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "megatron/core/error.h"
 #include "megatron/core/strings.h"
@@ -125,26 +127,47 @@ std::optional<Action> transfer_of(const ScheduleShape& s, int64_t rank, const Ac
 namespace {
 
 // The overlapped placement (header): every step one compute action, then its send and the receive
-// of the next action of its kind; the first forward's and first backward's receives first of all.
+// of the next action of its kind; the first forward's receive first of all. A gradient's receive
+// waits until this rank has sent the forward output it is the gradient of, so every receive posted
+// depends only on work already posted, which keeps the schedule live even when every compute
+// action waits for all posted receives (ReceiveWait::kEveryPosted; on a GPU, a host call that waits
+// for the whole device, queued receive kernels included).
 std::vector<Action> overlapped_schedule(const ScheduleShape& s, int64_t rank,
                                         const std::vector<std::vector<Action>>& steps) {
   std::vector<Action> compute;
   for (const std::vector<Action>& step : steps) compute.insert(compute.end(), step.begin(), step.end());
   std::vector<Action> actions;
+  std::set<std::pair<int64_t, int64_t>> forwarded;                // (micro-batch, chunk) forwards placed
+  std::map<std::pair<int64_t, int64_t>, Action> grads_waiting;  // gradient receives waiting for their forward
   auto receive_next = [&](size_t after, ActionKind kind) {
     for (size_t j = after; j < compute.size(); ++j)
       if (compute[j].kind == kind) {
-        if (auto recv = transfer_of(s, rank, compute[j], Transfer::kInput)) actions.push_back(*recv);
+        const std::optional<Action> recv = transfer_of(s, rank, compute[j], Transfer::kInput);
+        if (!recv) return;
+        const std::pair key{recv->microbatch, recv->chunk};
+        if (kind == ActionKind::kBackward && !forwarded.count(key))
+          grads_waiting.emplace(key, *recv);
+        else
+          actions.push_back(*recv);
         return;
       }
   };
   receive_next(0, ActionKind::kForward);
   receive_next(0, ActionKind::kBackward);
   for (size_t i = 0; i < compute.size(); ++i) {
-    actions.push_back(compute[i]);
-    if (auto send = transfer_of(s, rank, compute[i], Transfer::kOutput)) actions.push_back(*send);
-    receive_next(i + 1, compute[i].kind);
+    const Action& a = compute[i];
+    actions.push_back(a);
+    if (auto send = transfer_of(s, rank, a, Transfer::kOutput)) actions.push_back(*send);
+    if (a.kind == ActionKind::kForward) {
+      forwarded.emplace(a.microbatch, a.chunk);
+      if (auto waiting = grads_waiting.find({a.microbatch, a.chunk}); waiting != grads_waiting.end()) {
+        actions.push_back(waiting->second);
+        grads_waiting.erase(waiting);
+      }
+    }
+    receive_next(i + 1, a.kind);
   }
+  MEGATRON_CHECK(grads_waiting.empty(), "pipeline schedule: a backward's gradient receive without its forward");
   return actions;
 }
 

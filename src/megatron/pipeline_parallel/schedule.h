@@ -30,8 +30,11 @@
 // is its own step (the interleaved (F, B) pair too, so a forward's output leaves before the
 // backward beside it runs, as Megatron posts it), followed by its send and by the receive of the
 // next compute action of the same kind (forward or backward): each input is in transit while the
-// action before it computes. The first forward's and the first backward's receives come first of
-// all. Sends complete in the background, so groups larger than the pipeline (N > P) run.
+// action before it computes. The first forward's receive comes first of all; a gradient's receive
+// never before this rank has sent the forward output it is the gradient of, so every posted receive
+// waits only on work already posted (on a GPU, a set-up call in a chunk's first forward may wait
+// for the whole device, queued receives included: ReceiveWait in schedule_simulation.h). Sends
+// complete in the background, so groups larger than the pipeline (N > P) run.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -58,13 +59,15 @@ struct RankState {
   std::vector<size_t> slots;  // each posted operation's index in its channel
   // Overlapped: each posted receive by (micro-batch, chunk, activation?), as (its action, its slot).
   std::map<std::tuple<int64_t, int64_t, bool>, std::pair<Action, size_t>> receives;
+  std::set<std::pair<ActionKind, int64_t>> started;  // (compute kind, chunk) run at least once
   double time = 0, busy = 0;
 };
 
 class Simulation {
  public:
-  Simulation(const ScheduleShape& shape, const std::vector<std::vector<Action>>& per_rank, const ActionCosts& costs)
-      : shape_(shape), costs_(costs) {
+  Simulation(const ScheduleShape& shape, const std::vector<std::vector<Action>>& per_rank, const ActionCosts& costs,
+             ReceiveWait wait)
+      : shape_(shape), costs_(costs), wait_(wait) {
     for (const std::vector<Action>& actions : per_rank) {
       ranks_.emplace_back();
       ranks_.back().actions = actions;
@@ -116,17 +119,21 @@ class Simulation {
     return mine.size() - 1;
   }
 
-  // Overlapped: when compute action `a`'s input has arrived (its send and receive posted, plus
-  // the transfer); false while the send is not posted yet.
-  bool input_arrived(int64_t r, RankState& s, const Action& a, double& arrival) {
-    const bool forward = a.kind == ActionKind::kForward;
-    auto it = s.receives.find({a.microbatch, a.chunk, forward});
+  // Overlapped: when compute action `a` may start (its input, or every receive posted, has
+  // arrived: both ends posted, plus the transfer); false while a send it waits for is not posted.
+  bool inputs_arrived(int64_t r, RankState& s, const Action& a, double& arrival) {
     arrival = s.time;
-    if (it == s.receives.end()) return true;
-    const Channel& c = channel(r, it->second.first);
-    if (c.sends.size() <= it->second.second) return false;
-    arrival = std::max(s.time, std::max(c.recvs[it->second.second].time, c.sends[it->second.second].time) + costs_.p2p);
-    return true;
+    const auto arrived = [&](const std::pair<Action, size_t>& receive) {
+      const Channel& c = channel(r, receive.first);
+      if (c.sends.size() <= receive.second) return false;
+      arrival = std::max(arrival, std::max(c.recvs[receive.second].time, c.sends[receive.second].time) + costs_.p2p);
+      return true;
+    };
+    const bool first_use = !s.started.count({a.kind, a.chunk});
+    if (wait_ == ReceiveWait::kEveryPostedAtFirstUse && first_use)
+      return std::all_of(s.receives.begin(), s.receives.end(), [&](const auto& entry) { return arrived(entry.second); });
+    auto it = s.receives.find({a.microbatch, a.chunk, a.kind == ActionKind::kForward});
+    return it == s.receives.end() || arrived(it->second);
   }
 
   // Runs rank r as far as it can go; true if anything changed.
@@ -145,8 +152,9 @@ class Simulation {
       if (is_compute(a.kind)) {
         if (shape_.overlap_p2p) {
           double arrival = 0;
-          if (!input_arrived(r, s, a, arrival)) return progress;
+          if (!inputs_arrived(r, s, a, arrival)) return progress;
           s.time = arrival;
+          s.started.emplace(a.kind, a.chunk);
         }
         const double cost = costs_.compute(a.kind, shape_.virtual_stage(r, a.chunk));
         s.time += cost;
@@ -197,6 +205,7 @@ class Simulation {
 
   ScheduleShape shape_;
   ActionCosts costs_;
+  ReceiveWait wait_;
   std::vector<RankState> ranks_;
   std::map<std::tuple<int64_t, int64_t, bool>, Channel> channels_;  // (sender, receiver, activation?)
 };
@@ -204,16 +213,16 @@ class Simulation {
 }  // namespace
 
 SimulatedPipeline simulate(const ScheduleShape& shape, const std::vector<std::vector<Action>>& per_rank,
-                           const ActionCosts& costs) {
+                           const ActionCosts& costs, ReceiveWait wait) {
   MEGATRON_CHECK(int64_t(per_rank.size()) == shape.pipeline_size,
                  "pipeline simulation: " << per_rank.size() << " action lists for " << shape.pipeline_size << " ranks");
-  return Simulation(shape, per_rank, costs).run();
+  return Simulation(shape, per_rank, costs, wait).run();
 }
 
-SimulatedPipeline simulate(const ScheduleShape& shape, const ActionCosts& costs) {
+SimulatedPipeline simulate(const ScheduleShape& shape, const ActionCosts& costs, ReceiveWait wait) {
   std::vector<std::vector<Action>> per_rank;
   for (int64_t r = 0; r < shape.pipeline_size; ++r) per_rank.push_back(build_schedule(shape, r));
-  return simulate(shape, per_rank, costs);
+  return simulate(shape, per_rank, costs, wait);
 }
 
 }  // namespace megatron::pipeline_parallel

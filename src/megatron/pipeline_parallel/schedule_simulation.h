@@ -22,6 +22,17 @@ struct ActionCosts {
   double compute(ActionKind kind, int64_t stage) const;
 };
 
+// What a compute action of an overlapped schedule waits for before it starts.
+enum class ReceiveWait {
+  kOwnInput,  // the receive of its own input (MPI; NCCL while nothing waits for the whole device)
+  // The first forward and the first backward of each model chunk on a rank wait for every receive
+  // the rank has posted: on a GPU the first run of a kernel or plan sets things up (cuDNN's plans
+  // and their compiled kernels, a module's load, the caching allocator's growth), and a set-up call
+  // that waits for the whole device also waits for the receive kernels queued on the channels'
+  // streams, which complete only once their peers have sent.
+  kEveryPostedAtFirstUse,
+};
+
 struct SimulatedPipeline {
   std::vector<double> finish;           // per rank: when its last action ends
   std::vector<double> busy;             // per rank: time spent computing
@@ -41,11 +52,14 @@ int64_t peak_in_flight(const std::vector<Action>& actions);
 // of the two posting times plus costs.p2p. With shape.overlap_p2p nothing waits at a send or receive:
 // each is posted when the rank reaches it, and a compute action waits for its input to arrive (the
 // later of its receive's posting and its send's posting plus costs.p2p).
+// With ReceiveWait::kEveryPostedAtFirstUse the first run of each (kind, chunk) on a rank waits for
+// every receive the rank posted before it instead.
 // Throws, naming every stuck rank and what it waits on,
 // when the ranks deadlock; and when a send meets a receive of another micro-batch or stage.
 SimulatedPipeline simulate(const ScheduleShape& shape, const std::vector<std::vector<Action>>& per_rank,
-                           const ActionCosts& costs);
+                           const ActionCosts& costs, ReceiveWait wait = ReceiveWait::kOwnInput);
 // The same for build_schedule's lists.
-SimulatedPipeline simulate(const ScheduleShape& shape, const ActionCosts& costs);
+SimulatedPipeline simulate(const ScheduleShape& shape, const ActionCosts& costs,
+                           ReceiveWait wait = ReceiveWait::kOwnInput);
 
 }  // namespace megatron::pipeline_parallel

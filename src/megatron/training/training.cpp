@@ -275,9 +275,11 @@ bool should_save(const TrainingArgs& args, int64_t iteration) {
   return !args.save.empty() && args.save_interval > 0 && iteration % args.save_interval == 0;
 }
 
-// Overlapped pipeline sends and receives hang on NCCL (docs/PERFORMANCE.md, "Multi-GPU equivalence
-// runs": rank 0's host stops inside a CUDA call of its first forward while its first receive
-// waits); refused on GPUs until that is found, before any group or channel is built.
+// Overlapped pipeline sends and receives hung on NCCL (docs/PERFORMANCE.md, "Multi-GPU equivalence
+// runs": rank 0's host stopped inside a CUDA call of its first forward while its first receive
+// waited). The schedule's placement now keeps every posted receive behind work already posted (the
+// simulation's first-use waits reproduce the hang and pass with it), but until a GPU run confirms
+// it, refused on GPUs before any group or channel is built.
 void check_device_supports(const TrainingArgs& args, Device device) {
   MEGATRON_CHECK(!(device.is_cuda() && args.pipeline_overlaps_p2p()),
                  "the interleaved schedule overlaps its sends and receives by default (Megatron's "
