@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "megatron/parallel/nccl_communicator.h"
 #include "megatron/parallel/watchdog.h"
 #include "test_util.h"
+#include "unit/fsdp_pass_memory.h"
 
 using namespace megatron;
 
@@ -141,6 +143,25 @@ TEST_F(NcclComm, AnOperationHoldsItsTensorsUntilWaitedOn) {
   next.copy_from(twos);
   EXPECT_EQ(out.to_vector(), std::vector<float>(size_t(n), 1.0f)) << "the reuse overwrote the gather's input";
   EXPECT_EQ(flag, std::vector<float>{7.0f});
+}
+
+// The same, as Megatron FSDP meets it (unit/fsdp_pass_memory.h; CPU form test_fsdp_pass_memory):
+// a forward and backward of 16 one-bucket layers with the compute stream held by a sleeping host
+// callback throughout, so the host runs ahead of the GPU as in training, holds the few buckets FSDP
+// has in use, not one per layer the host has passed.
+TEST_F(NcclComm, FsdpHoldsAFewBucketsWhileTheHostRunsAhead) {
+  std::atomic<bool> stall_over{false};
+  auto sleep_then_set = [](void* p) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    static_cast<std::atomic<bool>*>(p)->store(true);
+  };
+  const megatron::testing::FsdpPassMemory m = megatron::testing::fsdp_pass_memory(
+      Device::cuda(0), comm_, 16, 1 << 18,
+      [&] { ASSERT_EQ(cudaLaunchHostFunc(cuda::current_stream(), sleep_then_set, &stall_over), cudaSuccess); });
+  EXPECT_FALSE(stall_over.load()) << "the pass outlasted the stall: the host did not run ahead";
+  // Exact: 1 MiB buckets are a size class of their own.
+  EXPECT_EQ(m.peak_above_start, megatron::testing::kFsdpBucketsAtPeak * m.bucket_bytes);
+  cuda::synchronize();
 }
 
 TEST_F(NcclComm, RejectsHostTensorsAndForeignDtypes) {
