@@ -1,8 +1,8 @@
 # shellcheck shell=bash disable=SC2154  # build, work, logs, iters, log_interval: the sourcing script's
 # Sourced by the multi-GPU benchmarks (bench_dp.sh, bench_tp.sh): one `megatron train` run of a
-# preset, on one GPU or under mpirun, and the figures of its metrics file. The sourcing script
-# sets build (the build directory), work (a scratch directory), logs (the file every run's log is
-# appended to), iters and log_interval.
+# preset, on one GPU or under mpirun, the figures of its metrics file, and what `megatron plan`
+# predicts for it. The sourcing script sets build (the build directory), work (a scratch
+# directory), logs (the file every run's log is appended to), iters and log_interval.
 
 field() { sed -nE "s/.*\"$1\": ?\"?([^,\"}]+).*/\1/p" | tail -1; }
 num() { awk -v v="$1" -v f="$2" 'BEGIN { if (v != "" && v + 0 == v) printf f, v; else print "-" }'; }
@@ -13,21 +13,38 @@ finish_run() {
   [ "$2" -eq 0 ] || { echo "$1 failed ($2):" >&2; tail -5 "$work/$1.log" >&2; }
 }
 
-# ours NAME NPROC PRESET MBS [flags...]: one `megatron train` run (bf16, no dropout, mock data) with
-# global batch NPROC x MBS x $accumulation (default 1); its metrics go to $work/NAME.jsonl.
-ours() {
-  local name=$1 np=$2 preset=$3 mbs=$4
-  shift 4
+# run_flags NPROC PRESET MBS [flags...]: sets the array run_flags to the command line of one run
+# (bf16, no dropout, mock data) with global batch NPROC x MBS x $accumulation (default 1).
+run_flags() {
+  local np=$1 preset=$2 mbs=$3
+  shift 3
   local vocab=32000
   case "$preset" in gpt2-*) vocab=50304 ;; llama-8b) vocab=128256 ;; esac
+  run_flags=(--model-preset "$preset" --micro-batch-size "$mbs" --global-batch-size $((np * mbs * ${accumulation:-1}))
+    --train-iters "$iters" --lr 1e-4 --bf16 --attention-dropout 0 --hidden-dropout 0 --mock-data
+    --tokenizer-type NullTokenizer --vocab-size "$vocab" --log-interval "$log_interval" --device cuda "$@")
+}
+
+# ours NAME NPROC PRESET MBS [flags...]: one `megatron train` run of run_flags' command line; its
+# metrics go to $work/NAME.jsonl.
+ours() {
+  local name=$1 np=$2
+  shift 2
+  run_flags "$np" "$@"
   local launch=()
   [ "$np" -gt 1 ] && launch=(mpirun --allow-run-as-root --bind-to none -np "$np" -x NCCL_NVLS_ENABLE=0 -x LD_LIBRARY_PATH
     ${CUDA_DEVICE_MAX_CONNECTIONS:+-x CUDA_DEVICE_MAX_CONNECTIONS})  # passed on when set (an experiment's knob)
-  "${launch[@]}" "$build/megatron" train --model-preset "$preset" --micro-batch-size "$mbs" \
-    --global-batch-size $((np * mbs * ${accumulation:-1})) --train-iters $iters --lr 1e-4 --bf16 --attention-dropout 0 \
-    --hidden-dropout 0 --mock-data --tokenizer-type NullTokenizer --vocab-size $vocab \
-    --log-interval $log_interval --metrics-file "$work/$name.jsonl" --device cuda "$@" > "$work/$name.log" 2>&1
+  "${launch[@]}" "$build/megatron" train "${run_flags[@]}" --metrics-file "$work/$name.jsonl" > "$work/$name.log" 2>&1
   finish_run "$name" $?
+}
+
+# read_plan NPROC PRESET MBS [flags...]: sets plan, the peak memory per GPU in GiB that `megatron
+# plan` predicts for ours' run of the same arguments (its largest stage), "" where plan failed.
+read_plan() {
+  run_flags "$@"
+  # shellcheck disable=SC2034  # read by the sourcing script
+  plan=$("$build/megatron" plan --plan-world-size "$1" "${run_flags[@]}" 2>/dev/null |
+    awk 'NF == 15 && $1 ~ /^[0-9]+$/ { print $15 }' | sort -g | tail -1 | awk '{ if ($1 != "") print $1 / 1024 }')
 }
 
 # Sets, from the last interval of run NAME on NPROC GPUs, "" where it failed: ms (per iteration),

@@ -5,16 +5,19 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
 #include <vector>
 
+#include "megatron/core/memory.h"
 #include "megatron/cuda_runtime/context.h"
 #include "megatron/cuda_runtime/device.h"
 #include "megatron/parallel/nccl_communicator.h"
 #include "megatron/parallel/watchdog.h"
 #include "test_util.h"
+#include "unit/fsdp_pass_memory.h"
 
 using namespace megatron;
 
@@ -101,6 +104,64 @@ TEST_F(NcclComm, HandlesOrderWithTheCallersStream) {
   EXPECT_EQ(got[0], 1.0f);
   EXPECT_EQ(got[size_t(n - 1)], 1.0f);
   EXPECT_TRUE(h->test());
+}
+
+// An operation holds its tensors until it is waited on and never after: a transient buffer freed
+// after the wait goes back to the allocator at once, while the GPU is still behind the host (a host
+// callback that sleeps holds the operation). Holding them until the host saw the operation complete
+// kept every gathered and full gradient bucket of a Megatron FSDP backward alive on GPUs (ZeRO-3's
+// peak above the distributed optimizer's, PERFORMANCE.md). The block's next user, queued on the
+// compute stream behind the wait, does not race the operation that still reads it.
+TEST_F(NcclComm, AnOperationHoldsItsTensorsUntilWaitedOn) {
+  const int64_t n = 1 << 20;  // 4 MiB of f32: a size class of its own, so the allocator counts it exactly
+  const size_t bytes = size_t(n) * sizeof(float);
+  const Device gpu0 = Device::cuda(0);
+  const Tensor ones = Tensor::from_vector(std::vector<float>(size_t(n), 1.0f), {n}).to(gpu0);
+  const Tensor twos = Tensor::from_vector(std::vector<float>(size_t(n), 2.0f), {n}).to(gpu0);
+  Tensor out = Tensor::zeros({n}, DType::f32, gpu0);
+  auto sleep_then_fill = [](void* p) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    static_cast<std::vector<float>*>(p)->assign(1, 7.0f);
+  };
+  std::vector<float> flag;
+  const size_t before = memory_stats(gpu0).current_bytes;
+  ASSERT_EQ(cudaLaunchHostFunc(cuda::current_stream(), sleep_then_fill, &flag), cudaSuccess);
+  CommHandlePtr h;
+  const void* block = nullptr;
+  {
+    Tensor in = Tensor::empty({n}, DType::f32, gpu0);
+    in.copy_from(ones);  // queued behind the callback
+    block = in.raw();
+    h = comm_->all_gather_async(out, in);
+  }
+  EXPECT_EQ(memory_stats(gpu0).current_bytes, before + bytes) << "the operation holds its input";
+  h->wait();
+  EXPECT_FALSE(h->test()) << "the gather must still be queued behind the sleeping callback";
+  EXPECT_EQ(memory_stats(gpu0).current_bytes, before) << "a waited operation still holds its input";
+  Tensor next = Tensor::empty({n}, DType::f32, gpu0);
+  EXPECT_EQ(next.raw(), block) << "the freed block is reused by the next request of its size";
+  next.copy_from(twos);
+  EXPECT_EQ(out.to_vector(), std::vector<float>(size_t(n), 1.0f)) << "the reuse overwrote the gather's input";
+  EXPECT_EQ(flag, std::vector<float>{7.0f});
+}
+
+// The same, as Megatron FSDP meets it (unit/fsdp_pass_memory.h; CPU form test_fsdp_pass_memory):
+// a forward and backward of 16 one-bucket layers with the compute stream held by a sleeping host
+// callback throughout, so the host runs ahead of the GPU as in training, holds the few buckets FSDP
+// has in use, not one per layer the host has passed.
+TEST_F(NcclComm, FsdpHoldsAFewBucketsWhileTheHostRunsAhead) {
+  std::atomic<bool> stall_over{false};
+  auto sleep_then_set = [](void* p) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    static_cast<std::atomic<bool>*>(p)->store(true);
+  };
+  const megatron::testing::FsdpPassMemory m = megatron::testing::fsdp_pass_memory(
+      Device::cuda(0), comm_, 16, 1 << 18,
+      [&] { ASSERT_EQ(cudaLaunchHostFunc(cuda::current_stream(), sleep_then_set, &stall_over), cudaSuccess); });
+  EXPECT_FALSE(stall_over.load()) << "the pass outlasted the stall: the host did not run ahead";
+  // Exact: 1 MiB buckets are a size class of their own.
+  EXPECT_EQ(m.peak_above_start, megatron::testing::kFsdpBucketsAtPeak * m.bucket_bytes);
+  cuda::synchronize();
 }
 
 TEST_F(NcclComm, RejectsHostTensorsAndForeignDtypes) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/memory.h"
 #include "megatron/parallel/collective_log.h"
 #include "megatron/parallel/text_collectives.h"
 #include "megatron/parallel/watchdog.h"
@@ -220,6 +221,20 @@ TEST_F(Collectives, DroppedHandleStillCompletes) {
   Tensor t = input(18, r_, 5);
   comm_->all_reduce_async(t, ReduceOp::sum).reset();
   for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(t.item(i), sum(18, i));
+}
+
+// comm.h's contract, which Megatron FSDP's peak relies on: the caller may drop a tensor before the
+// wait, the operation holds it until then and no longer (the CPU allocator's bytes in use show it).
+// The NCCL form, where the wait does not block the host: tests/gpu/test_nccl_comm.cpp.
+TEST_F(Collectives, AnOperationHoldsItsTensorsUntilWaitedOn) {
+  const int64_t n = 1 << 16;
+  Tensor gathered = Tensor::zeros({n_ * n}, DType::f32);
+  const size_t before = memory_stats(Device::cpu()).current_bytes;
+  CommHandlePtr h = comm_->all_gather_async(gathered, input(19, r_, n));  // the input's one reference
+  EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, before + size_t(n) * sizeof(float));
+  h->wait();
+  EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, before) << "a waited operation still holds its input";
+  for (int64_t i = 0; i < n_ * n; i += 997) ASSERT_EQ(gathered.item(i), value(19, int(i / n), i % n));
 }
 
 TEST_F(Collectives, WrongSizesFailOnEveryRankBeforeCommunicating) {

@@ -7,13 +7,13 @@
 //
 // Asynchronous forms return a CommHandle. wait() makes the result usable by what follows:
 //   - CPU (MPI): the data is in place when wait() returns.
-//   - CUDA (NCCL): the operation runs on the communicator's own stream after the work already
-//     queued on the caller's current stream; wait() makes the current stream wait for it
-//     without blocking the host (stream semantics, as torch.distributed's Work.wait()).
-// The blocking forms are the asynchronous ones followed by wait(). Tensors passed to an
-// operation must not be touched until its handle has been waited on; a handle destroyed
-// without wait() waits first. Every wait is bounded by the timeout (set_timeout): a stuck
-// operation ends the job with a report naming the rank that never arrived (watchdog.h).
+//   - CUDA (NCCL): the operation runs on the communicator's own stream after the work already queued on the
+//     caller's current stream; wait() makes the current stream wait for it without blocking the host (stream
+//     semantics, as torch.distributed's Work.wait()).
+// The blocking forms are the asynchronous ones followed by wait(). Tensors passed to an operation must not be
+// touched until its handle has been waited on; a handle destroyed without wait() waits first, and the operation
+// holds them until then, never after: memory freed after a wait is free at once. Every wait is bounded by the
+// timeout (set_timeout): a stuck operation ends the job with a report naming the rank that never arrived (watchdog.h).
 //
 // Coalesced forms run several tensors as one operation (one handle, one record in the
 // collective log, one NCCL group): the tensors may differ in size and dtype.

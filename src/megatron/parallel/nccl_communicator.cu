@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
 
 #include "megatron/core/strings.h"
@@ -92,20 +91,29 @@ bool event_done(const Event& e) {
   return true;
 }
 
+// Holds the operation's tensors until it is waited on (or dropped, which waits): from then on the
+// caller's current stream runs after the operation, and so does every later user of their memory,
+// since the caching allocator reuses a block only on the stream that allocated it, the compute
+// stream (allocator.h). Holding them any longer (until the host sees the operation complete) keeps
+// every transient buffer the host has queued past alive: Megatron FSDP's gathered and full
+// gradient buckets of a whole backward when the host runs ahead of the GPU.
 class NcclHandle final : public CommHandle {
  public:
-  explicit NcclHandle(std::shared_ptr<Event> done) : done_(std::move(done)) {}
+  NcclHandle(std::shared_ptr<Event> done, std::vector<Tensor> tensors)
+      : done_(std::move(done)), tensors_(std::move(tensors)) {}
   ~NcclHandle() override {
     if (!waited_) cudaStreamWaitEvent(cuda::current_stream(), done_->get(), 0);
   }
   void wait() override {
     CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), done_->get(), 0));
     waited_ = true;
+    tensors_.clear();
   }
   bool test() override { return event_done(*done_); }
 
  private:
   std::shared_ptr<Event> done_;
+  std::vector<Tensor> tensors_;  // released by wait(), after the destructor's wait otherwise
   bool waited_ = false;
 };
 
@@ -140,16 +148,11 @@ class NcclCommunicator final : public Communicator {
   CommHandlePtr barrier_async() override;
 
  private:
-  struct InFlight {
-    std::shared_ptr<Event> done;
-    std::vector<Tensor> tensors;
-  };
   void check_tensors(const char* op, std::span<const Tensor> tensors) const;
   // Records, orders after the current stream, enqueues in one NCCL group and hands the
-  // completion to the watchdog.
+  // completion to the watchdog; the handle holds `tensors` until it is waited on.
   CommHandlePtr issue(const std::string& op, bool p2p, std::vector<Tensor> tensors, const std::string& detail,
                       std::vector<int> peers, const std::function<void(cudaStream_t)>& enqueue);
-  void release_finished();
 
   std::string name_;
   std::vector<int> world_ranks_;
@@ -162,7 +165,6 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   Tensor barrier_word_;
-  std::deque<InFlight> in_flight_;  // completes in order: one stream
 };
 
 NcclCommunicator::NcclCommunicator(const std::string& name, MPI_Comm group, std::vector<int> world_ranks, Device device,
@@ -212,7 +214,6 @@ NcclCommunicator::NcclCommunicator(const std::string& name, MPI_Comm group, std:
 NcclCommunicator::~NcclCommunicator() {
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
-    in_flight_.clear();
     cudaStreamDestroy(stream_);
   }
   if (comm_ != nullptr) ncclCommDestroy(comm_);
@@ -225,14 +226,9 @@ void NcclCommunicator::check_tensors(const char* op, std::span<const Tensor> ten
                                                 << " but this communicator drives " << device_.str());
 }
 
-void NcclCommunicator::release_finished() {
-  while (!in_flight_.empty() && event_done(*in_flight_.front().done)) in_flight_.pop_front();
-}
-
 CommHandlePtr NcclCommunicator::issue(const std::string& op, bool p2p, std::vector<Tensor> tensors,
                                       const std::string& detail, std::vector<int> peers,
                                       const std::function<void(cudaStream_t)>& enqueue) {
-  release_finished();
   const DType dtype = tensors.empty() ? DType::f32 : tensors[0].dtype();
   const CollectiveRecord rec = watchdog_->log().begin(name_, p2p, op, total_numel(tensors), dtype, detail);
   auto ready = std::make_shared<Event>();
@@ -252,8 +248,7 @@ CommHandlePtr NcclCommunicator::issue(const std::string& op, bool p2p, std::vect
     CUDA_CHECK(cudaSetDevice(device));  // the watchdog thread's device
     return event_done(*done);
   });
-  in_flight_.push_back({done, std::move(tensors)});
-  return std::make_unique<NcclHandle>(done);
+  return std::make_unique<NcclHandle>(done, std::move(tensors));
 }
 
 CommHandlePtr NcclCommunicator::all_reduce_coalesced_async(std::span<Tensor> tensors, ReduceOp op) {

@@ -6,8 +6,11 @@
 // caller's current stream, makes its stream wait for it (the inputs are ready), enqueues the
 // NCCL call(s) in one NCCL group, and records a completion event. wait() makes the caller's
 // current stream wait for that event; the host never blocks. The watchdog polls the completion
-// event against the deadline, and the communicator keeps the tensors alive until it fires, so
-// the caching allocator never hands their memory to another user while NCCL still uses it.
+// event against the deadline. The handle keeps the tensors alive until wait() (or its destruction,
+// which waits) and not after: from then on every later user of their memory is queued on the
+// compute stream behind that wait (the caching allocator reuses a block on the stream that
+// allocated it), so a caller that frees a transient buffer after the wait frees it at once, however
+// far the host runs ahead of the GPU.
 //
 // Bootstrap: group rank 0 creates the ncclUniqueId and broadcasts it over the group's MPI
 // communicator. NVLink multicast (NVLS) stays off: NCCL reads that switch only from its
