@@ -156,7 +156,7 @@ TEST(Fp8Ops, MatmulEmulationIsExactOnRepresentableValues) {
 // The layer's forward is the FP8 GEMM of its quantised operands; under delayed scaling the first
 // step casts with scale 1 and records the amaxes, and the update after it sets 448 / amax.
 TEST(Fp8Linear, DelayedScalingForwardAndUpdate) {
-  tensor_parallel::Fp8Linear fp8({.backward_dtype = DType::e5m2}, {});
+  tensor_parallel::Fp8Linear fp8("linear", {.backward_dtype = DType::e5m2}, {});
   const Tensor x = Tensor::from_vector({0.3f, -1.7f, 2.2f, 0.05f, -0.9f, 1.1f}, {2, 3}, DType::bf16);
   const Tensor w = Tensor::from_vector({0.11f, 0.5f, -0.25f, 1.3f, -0.07f, 0.6f}, {2, 3}, DType::bf16);
   Tensor y = Tensor::empty({2, 2}, DType::bf16), no_bias;
