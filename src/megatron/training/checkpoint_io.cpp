@@ -299,7 +299,7 @@ void load_model_state(const CheckpointReader& reader, const CheckpointedModel& m
                                  << "--moe-router-enable-expert-bias); drop the flag or load a checkpoint that has it");
     router.set_expert_bias(common.at("moe_expert_bias").at(name).get<std::vector<double>>());
   }
-  load_fp8_recipe_state(reader, model.fp8_linears, registry, model.device);
+  load_fp8_recipe_state(reader, model.fp8_linears, model.config.fp8, registry, model.device);
 }
 
 // --keep-last-checkpoints, once a save is published: a failure to remove costs disk space, not

@@ -41,11 +41,10 @@ std::string joined(const std::vector<std::string>& names) {
   return out;
 }
 
-// Why a run leaves saved FP8 state unused, for the log.
-std::string why_unused(const std::vector<Fp8Linear*>& layers) {
-  if (layers.empty()) return "it trains without FP8, no --fp8-format";
-  if (std::none_of(layers.begin(), layers.end(), [](const Fp8Linear* l) { return delayed(*l); }))
-    return "--fp8-recipe tensorwise, which keeps no state between steps";
+// Why a run leaves saved FP8 state of layers it holds unused, for the log.
+std::string why_unused(const Fp8Config& fp8) {
+  if (!fp8.enabled()) return "it trains without FP8, no --fp8-format";
+  if (fp8.fp8_recipe != "delayed") return "--fp8-recipe " + fp8.fp8_recipe + ", which keeps no state between steps";
   return "they are bf16 layers here, --first-last-layers-bf16";
 }
 }  // namespace
@@ -70,7 +69,7 @@ std::vector<ShardedTensor> fp8_recipe_state(const std::vector<Fp8Linear*>& layer
   return out;
 }
 
-void load_fp8_recipe_state(const CheckpointReader& reader, const std::vector<Fp8Linear*>& layers,
+void load_fp8_recipe_state(const CheckpointReader& reader, const std::vector<Fp8Linear*>& layers, const Fp8Config& fp8,
                            const ParameterRegistry& registry, Device device) {
   const std::string& dir = reader.directory();
   std::vector<std::string> fresh;
@@ -120,7 +119,7 @@ void load_fp8_recipe_state(const CheckpointReader& reader, const std::vector<Fp8
   }
   if (!unused.empty())
     LOG_INFO("checkpoint " << dir << " holds the delayed FP8 recipe state of " << unused.size()
-                           << " linear layers this run does not scale with delayed FP8 (" << why_unused(layers)
+                           << " linear layers this run does not scale with delayed FP8 (" << why_unused(fp8)
                            << "): it is not loaded, as Megatron leaves it unused");
 }
 

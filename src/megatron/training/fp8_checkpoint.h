@@ -32,6 +32,7 @@
 #include "megatron/parallel/comm.h"
 #include "megatron/parameters/parameter_registry.h"
 #include "megatron/tensor_parallel/fp8_linear.h"
+#include "megatron/transformer/fp8_config.h"
 
 namespace megatron {
 
@@ -41,11 +42,11 @@ namespace megatron {
 std::vector<checkpointing::ShardedTensor> fp8_recipe_state(const std::vector<tensor_parallel::Fp8Linear*>& layers,
                                                            Optimizer::StateCopies copies, const ParallelContext& ctx);
 
-// Loads the state of `layers` (this rank's FP8 linear layers) from `reader`, onto `device`, by the
-// rules above. `registry`: this rank's parameters, which tell the layers it holds (<layer>.weight)
-// whose saved state it leaves unused.
+// Loads the state of `layers` (this rank's FP8 linear layers, built from `fp8`) from `reader`, onto
+// `device`, by the rules above. `registry`: this rank's parameters, which tell the layers it holds
+// (<layer>.weight) whose saved state it leaves unused.
 void load_fp8_recipe_state(const checkpointing::CheckpointReader& reader,
-                           const std::vector<tensor_parallel::Fp8Linear*>& layers, const ParameterRegistry& registry,
-                           Device device);
+                           const std::vector<tensor_parallel::Fp8Linear*>& layers, const Fp8Config& fp8,
+                           const ParameterRegistry& registry, Device device);
 
 }  // namespace megatron
