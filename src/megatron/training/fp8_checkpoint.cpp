@@ -111,8 +111,8 @@ void load_fp8_recipe_state(const CheckpointReader& reader, const std::vector<Fp8
 
   // Saved state of layers this rank holds (their weights are its parameters) but runs otherwise.
   std::vector<std::string> unused;
+  const std::string suffix = entry("", kScaleFwd);
   for (const std::string& name : reader.names()) {
-    const std::string suffix = std::string(kExtraState) + std::string(kScaleFwd);
     if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
     const std::string layer = name.substr(0, name.size() - suffix.size());
     if (!loaded.contains(layer) && registry.find(layer + ".weight") != nullptr) unused.push_back(layer);
