@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "e2e/e2e_util.h"
@@ -60,13 +61,24 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 
 bool bit_equal(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+// Settings a test sets on the parsed arguments: FP8, which the CLI refuses without a GPU, runs on
+// the CPU backend's exact emulation of the FP8 casts and GEMMs this way.
+using ArgsEdit = std::function<void(TrainingArgs&)>;
+
+TrainingSummary train(const std::vector<std::string>& argv, const ArgsEdit& edit) {
+  if (!edit) return pretrain(parse_training_args(argv));
+  TrainingArgs args = parse_training_args(argv);
+  edit(args);
+  return pretrain(args, ParallelContext::single_process(), Device::cpu());
+}
+
 // 20 iterations straight against 10, a checkpoint and 10 more: every loss bit for bit.
-void expect_resume_is_bit_exact(const std::vector<std::string>& flags, const TempDir& dir) {
-  const TrainingSummary straight = pretrain(parse_training_args(with(tiny_run("20"), flags)));
+void expect_resume_is_bit_exact(const std::vector<std::string>& flags, const TempDir& dir, const ArgsEdit& edit = {}) {
+  const TrainingSummary straight = train(with(tiny_run("20"), flags), edit);
   ASSERT_EQ(straight.train_losses.size(), 20u);
   const std::string ckpt = dir / "ckpt";
-  pretrain(parse_training_args(with(tiny_run("10"), with(flags, {"--save", ckpt, "--save-interval", "10"}))));
-  const TrainingSummary resumed = pretrain(parse_training_args(with(tiny_run("20"), with(flags, {"--load", ckpt}))));
+  train(with(tiny_run("10"), with(flags, {"--save", ckpt, "--save-interval", "10"})), edit);
+  const TrainingSummary resumed = train(with(tiny_run("20"), with(flags, {"--load", ckpt})), edit);
   ASSERT_EQ(resumed.train_losses.size(), 10u);
   for (size_t i = 0; i < 10; ++i) {
     EXPECT_TRUE(bit_equal(straight.train_losses[10 + i], resumed.train_losses[i]))
@@ -143,6 +155,29 @@ TEST(Training, Fp16ResumeWithDynamicLossScalingIsBitExact) {
   const auto state =
       checkpointing::CheckpointReader::open(dir / "ckpt", 10).common().at("grad_scaler").get<GradScalerState>();
   EXPECT_EQ(state, (GradScalerState{2097152.0f, 0, 1}));
+}
+
+// FP8 GEMMs (hybrid: e4m3 forward, e5m2 output gradients) under delayed scaling with a history
+// of 4 steps and its max: each step's scales come from the amaxes of the steps before, so every
+// FP8 linear layer's scales and amax histories must travel with the checkpoint, or the resumed run
+// casts its first steps with scale 1 and leaves the curve.
+TEST(Training, Fp8DelayedScalingResumeIsBitExact) {
+  TempDir dir;
+  expect_resume_is_bit_exact(with(kResumeFlags, {"--bf16"}), dir, [](TrainingArgs& args) {
+    args.model.fp8.fp8_format = "hybrid";
+    args.model.fp8.fp8_recipe = "delayed";
+    args.model.fp8.fp8_amax_history_len = 4;
+    args.model.fp8.fp8_amax_compute_algo = "max";
+  });
+  // Each of the 2 layers' 4 FP8 linear layers saved its state, named as Transformer Engine's.
+  const auto reader = checkpointing::CheckpointReader::open(dir / "ckpt", 10);
+  for (const char* layer :
+       {"self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"})
+    for (const std::string prefix : {"decoder.layers.0.", "decoder.layers.1."}) {
+      const std::string name = prefix + layer + "._extra_state.";
+      EXPECT_EQ(reader.info(name + "amax_history_fwd").global_shape, (Shape{4, 2})) << name;
+      EXPECT_EQ(reader.info(name + "scale_bwd").global_shape, (Shape{1})) << name;
+    }
 }
 
 // fp16 storage against the fp32 curve, with a loss scale (2^16) that never overflows here.

@@ -37,7 +37,8 @@
 // overflows instead of 18), while the GPU's gradients differ from the CPU's by about u.
 //
 // Activation recomputation is checked apart, GPU against GPU: its runs must equal, bit for bit,
-// the LLaMA run that keeps every activation (and that run repeated).
+// the LLaMA run that keeps every activation (and that run repeated); so is an FP8 run resumed from
+// its checkpoint, against the same run uninterrupted.
 //
 // The CPU side runs with a few OpenMP threads: its loops are short, and with one thread per core
 // fork-join costs more than it saves (the GPU image once took 660 ms per tiny CPU step).
@@ -56,6 +57,7 @@
 #include "megatron/ops/cuda/op_paths.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/training.h"
+#include "test_util.h"
 #include "unit/op_test_util.h"
 
 using namespace megatron;
@@ -304,6 +306,32 @@ TEST_F(GpuTraining, RecomputeIsBitIdenticalToKeepingEverything) {
                    "selective recompute");
 }
 
+// FP8 on the GPU (hybrid, delayed scaling over 16 steps with its max): every FP8 linear layer's
+// scales and amax histories go from the device into the checkpoint and back, so 20 steps straight
+// equal 10, a save and 10 more, bit for bit (the steps are deterministic, as the recompute test
+// above shows for bf16; FP8 casts and amaxes have no order-dependent sums). Without the saved state
+// the resumed run casts its first step with scale 1 (on the CPU that misses the curve by 1.6e-4).
+TEST_F(GpuTraining, Fp8DelayedScalingResumeIsBitExact) {
+  const auto iterations = [](std::vector<std::string> argv, int n) {
+    for (size_t i = 0; i + 1 < argv.size(); ++i)
+      if (argv[i] == "--train-iters") argv[i + 1] = std::to_string(n);
+    return argv;
+  };
+  const std::vector<std::string> base =
+      with(run_of(kLlama, "1e-4", kBf16), {"--device", "cuda", "--fp8-format", "hybrid", "--fp8-amax-history-len", "16",
+                                           "--fp8-amax-compute-algo", "max", "--lr-decay-iters", "20"});
+  megatron::testing::TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  const TrainingSummary straight = pretrain(parse_training_args(iterations(base, 20)));
+  pretrain(parse_training_args(with(iterations(base, 10), {"--save", ckpt, "--save-interval", "10"})));
+  const TrainingSummary resumed = pretrain(parse_training_args(with(iterations(base, 20), {"--load", ckpt})));
+  ASSERT_EQ(straight.train_losses.size(), 20u);
+  ASSERT_EQ(resumed.train_losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i)
+    EXPECT_EQ(std::memcmp(&resumed.train_losses[i], &straight.train_losses[10 + i], sizeof(double)), 0)
+        << "iteration " << 11 + i << ": " << resumed.train_losses[i] << " vs " << straight.train_losses[10 + i];
+}
+
 // --optimizer-cpu-offload on the GPU: the same LLaMA run with the whole optimizer state on the host
 // (and with half of it), its update on the CPU cores by the CPU AdamW op, against the run updating
 // on the device. The two AdamW implementations evaluate the same fp32 formula in their own order
@@ -317,7 +345,8 @@ TEST_F(GpuTraining, OptimizerCpuOffloadFollowsTheOnDeviceCurve) {
   BothRuns r;
   r.cpu = pretrain(parse_training_args(base));  // the reference: the update on the device
   for (const char* fraction : {"1.0", "0.5"}) {
-    r.gpu = pretrain(parse_training_args(with(base, {"--optimizer-cpu-offload", "--optimizer-offload-fraction", fraction})));
+    r.gpu = pretrain(
+        parse_training_args(with(base, {"--optimizer-cpu-offload", "--optimizer-offload-fraction", fraction})));
     expect_same_curves(r, kBf16Tolerance, std::string("LLaMA bf16, optimizer offload fraction ") + fraction);
   }
 }

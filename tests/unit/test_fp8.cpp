@@ -1,13 +1,16 @@
 // FP8 on the CPU: the e4m3/e5m2 rounding on hand-worked values (ties to even, subnormals,
 // saturation), the quantiser and its amax, the delayed and current scaling recipes step by step,
-// the emulated FP8 GEMM on exactly representable operands, and a linear layer's FP8 GEMMs.
+// the emulated FP8 GEMM on exactly representable operands, and a linear layer's FP8 GEMMs and the
+// recipe state it saves and loads.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "megatron/core/dtype.h"
+#include "megatron/core/error.h"
 #include "megatron/ops/fp8.h"
 #include "megatron/ops/gemm.h"
 #include "megatron/tensor_parallel/fp8_linear.h"
@@ -22,6 +25,35 @@ std::vector<uint8_t> bits_of(const Tensor& q) {
 }
 
 Tensor scalar(float v) { return Tensor::from_vector({v}, {1}); }
+
+// Values of both signs whose magnitude grows with the step, so every step records other amaxes.
+Tensor wave(const Shape& shape, int step, float phase) {
+  std::vector<float> v(size_t(shape_numel(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(1 + step) * std::sin(phase + 0.37f * float(i) + float(step));
+  return Tensor::from_vector(v, shape, DType::bf16);
+}
+
+struct StepOutputs {
+  Tensor y, dx, dweight;
+};
+
+// One optimizer step of a layer: forward, backward (dx and dW), then the recipe's update.
+StepOutputs fp8_step(tensor_parallel::Fp8Linear& fp8, int step) {
+  const Tensor x = wave({4, 16}, step, 0.1f), w = wave({16, 16}, step, 1.3f), dy = wave({4, 16}, step, 2.9f);
+  StepOutputs out{Tensor::empty({4, 16}, DType::bf16), Tensor::empty({4, 16}, DType::bf16),
+                  Tensor::zeros({16, 16}, DType::f32)};
+  Tensor no_bias;
+  fp8.linear_forward(out.y, x, w, no_bias);
+  fp8.linear_backward(out.dx, out.dweight, no_bias, dy, x, w);
+  fp8.update_scales();
+  return out;
+}
+
+void expect_same_bits(const StepOutputs& a, const StepOutputs& b, int step) {
+  EXPECT_EQ(a.y.to_vector(), b.y.to_vector()) << "step " << step;
+  EXPECT_EQ(a.dx.to_vector(), b.dx.to_vector()) << "step " << step;
+  EXPECT_EQ(a.dweight.to_vector(), b.dweight.to_vector()) << "step " << step;
+}
 
 }  // namespace
 
@@ -156,7 +188,7 @@ TEST(Fp8Ops, MatmulEmulationIsExactOnRepresentableValues) {
 // The layer's forward is the FP8 GEMM of its quantised operands; under delayed scaling the first
 // step casts with scale 1 and records the amaxes, and the update after it sets 448 / amax.
 TEST(Fp8Linear, DelayedScalingForwardAndUpdate) {
-  tensor_parallel::Fp8Linear fp8({.backward_dtype = DType::e5m2}, {});
+  tensor_parallel::Fp8Linear fp8("linear", {.backward_dtype = DType::e5m2}, {});
   const Tensor x = Tensor::from_vector({0.3f, -1.7f, 2.2f, 0.05f, -0.9f, 1.1f}, {2, 3}, DType::bf16);
   const Tensor w = Tensor::from_vector({0.11f, 0.5f, -0.25f, 1.3f, -0.07f, 0.6f}, {2, 3}, DType::bf16);
   Tensor y = Tensor::empty({2, 2}, DType::bf16), no_bias;
@@ -175,4 +207,76 @@ TEST(Fp8Linear, DelayedScalingForwardAndUpdate) {
   EXPECT_EQ(fp8.input().scale.item(), double(448.0f / round_to_bf16(2.2f)));
   EXPECT_EQ(fp8.weight().scale.item(), double(448.0f / round_to_bf16(1.3f)));
   EXPECT_FALSE(fp8.grad_output().scale.defined());  // no backward yet: no state
+}
+
+// The recipe state in Transformer Engine's layout (forward tensors input and weight as columns,
+// the output gradient apart) taken after 4 steps and loaded into a new layer: the next steps give
+// the same bits as the layer that kept it. A layer that starts afresh casts with scale 1 instead.
+TEST(Fp8Linear, RecipeStateResumesBitForBit) {
+  const ops::Fp8Recipe recipe{
+      .backward_dtype = DType::e5m2, .amax_history_len = 3, .amax_compute_algo = ops::AmaxComputeAlgo::max};
+  const std::string name = "decoder.layers.0.mlp.linear_fc1";
+  tensor_parallel::Fp8Linear straight(name, recipe, {});
+  for (int step = 0; step < 4; ++step) fp8_step(straight, step);
+  const tensor_parallel::Fp8Linear::RecipeState state = straight.recipe_state();
+  EXPECT_EQ(state.scale_fwd.to_vector(),
+            (std::vector<float>{float(straight.input().scale.item()), float(straight.weight().scale.item())}));
+  EXPECT_EQ(state.scale_bwd.to_vector(), (std::vector<float>{float(straight.grad_output().scale.item())}));
+  ASSERT_EQ(state.amax_history_fwd.shape(), (Shape{3, 2}));
+  ASSERT_EQ(state.amax_history_bwd.shape(), (Shape{3, 1}));
+  for (int64_t row = 0; row < 3; ++row) {
+    EXPECT_EQ(state.amax_history_fwd.item(row * 2), straight.input().amax_history.item(row)) << row;
+    EXPECT_EQ(state.amax_history_fwd.item(row * 2 + 1), straight.weight().amax_history.item(row)) << row;
+    EXPECT_EQ(state.amax_history_bwd.item(row), straight.grad_output().amax_history.item(row)) << row;
+  }
+  EXPECT_EQ(state.amax_history_fwd.item(0), 0.0);  // the current step's slot, cleared by the update
+  EXPECT_GT(state.amax_history_fwd.item(2 * 2), 0.0);
+
+  tensor_parallel::Fp8Linear resumed(name, recipe, {}), fresh(name, recipe, {});
+  resumed.load_recipe_state(state, Device::cpu());
+  EXPECT_EQ(resumed.input().scale_inv.item(), straight.input().scale_inv.item());
+  EXPECT_EQ(resumed.grad_output().scale_inv.item(), straight.grad_output().scale_inv.item());
+  for (int step = 4; step < 7; ++step) {
+    const StepOutputs kept = fp8_step(straight, step);
+    expect_same_bits(kept, fp8_step(resumed, step), step);
+    if (step == 4) {
+      EXPECT_NE(fp8_step(fresh, step).y.to_vector(), kept.y.to_vector());
+    }
+  }
+  // Before any cast a layer holds its starting state: scale 1, an empty history.
+  const tensor_parallel::Fp8Linear unused("linear", recipe, {});
+  EXPECT_EQ(unused.recipe_state().scale_fwd.to_vector(), (std::vector<float>{1, 1}));
+  EXPECT_EQ(unused.recipe_state().amax_history_bwd.to_vector(), (std::vector<float>{0, 0, 0}));
+}
+
+// A history saved with 3 steps loads into 2 and 5 as Transformer Engine's
+// adjust_amax_history_length resizes: rows [0, length) kept, zero rows appended; scale_inv = 1 / scale.
+TEST(Fp8Linear, LoadedHistoryOfAnotherLengthIsCutOrExtendedAsTransformerEngine) {
+  const tensor_parallel::Fp8Linear::RecipeState saved{
+      Tensor::from_vector({2, 4}, {2}), Tensor::from_vector({0, 0, 1, 2, 3, 4}, {3, 2}), Tensor::from_vector({8}, {1}),
+      Tensor::from_vector({0, 5, 6}, {3, 1})};
+  tensor_parallel::Fp8Linear shorter("linear", {.amax_history_len = 2}, {});
+  shorter.load_recipe_state(saved, Device::cpu());
+  EXPECT_EQ(shorter.input().amax_history.to_vector(), (std::vector<float>{0, 1}));
+  EXPECT_EQ(shorter.weight().amax_history.to_vector(), (std::vector<float>{0, 2}));
+  EXPECT_EQ(shorter.grad_output().amax_history.to_vector(), (std::vector<float>{0, 5}));
+  EXPECT_EQ(shorter.input().scale.item(), 2.0);
+  EXPECT_EQ(shorter.input().scale_inv.item(), 0.5);
+  EXPECT_EQ(shorter.weight().scale_inv.item(), 0.25);
+  EXPECT_EQ(shorter.grad_output().scale_inv.item(), 0.125);
+  tensor_parallel::Fp8Linear longer("linear", {.amax_history_len = 5}, {});
+  longer.load_recipe_state(saved, Device::cpu());
+  EXPECT_EQ(longer.input().amax_history.to_vector(), (std::vector<float>{0, 1, 3, 0, 0}));
+  EXPECT_EQ(longer.weight().amax_history.to_vector(), (std::vector<float>{0, 2, 4, 0, 0}));
+  EXPECT_EQ(longer.grad_output().amax_history.to_vector(), (std::vector<float>{0, 5, 6, 0, 0}));
+  // A state of another shape is refused, naming the layer.
+  tensor_parallel::Fp8Linear other("decoder.layers.1.self_attention.linear_proj", {}, {});
+  tensor_parallel::Fp8Linear::RecipeState three_scales = saved;
+  three_scales.scale_fwd = Tensor::from_vector({1, 2, 3}, {3});
+  try {
+    other.load_recipe_state(three_scales, Device::cpu());
+    ADD_FAILURE() << "a state with 3 forward scales was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("decoder.layers.1.self_attention.linear_proj"), std::string::npos) << e.what();
+  }
 }

@@ -1,7 +1,10 @@
 #include "megatron/tensor_parallel/fp8_linear.h"
 
+#include <algorithm>
+#include <initializer_list>
 #include <utility>
 
+#include "megatron/core/error.h"
 #include "megatron/ops/activation.h"
 #include "megatron/ops/gemm.h"
 
@@ -21,8 +24,9 @@ void initialize(Fp8Linear::Operand& op, int64_t history_len, Device device) {
 }
 }  // namespace
 
-Fp8Linear::Fp8Linear(const ops::Fp8Recipe& recipe, std::vector<std::shared_ptr<Communicator>> amax_groups)
-    : recipe_(recipe), amax_groups_(std::move(amax_groups)) {
+Fp8Linear::Fp8Linear(std::string name, const ops::Fp8Recipe& recipe,
+                     std::vector<std::shared_ptr<Communicator>> amax_groups)
+    : name_(std::move(name)), recipe_(recipe), amax_groups_(std::move(amax_groups)) {
   input_.dtype = weight_.dtype = recipe.forward_dtype;
   grad_output_.dtype = recipe.backward_dtype;
 }
@@ -92,18 +96,71 @@ void Fp8Linear::gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbia
   ops::gelu_backward(dpre, dact, pre);
 }
 
-void Fp8Linear::update_scales() {
-  if (recipe_.scaling != ops::Fp8Scaling::delayed) return;
-  std::vector<Operand*> used;
+void Fp8Linear::reduce_amaxes() {
   std::vector<Tensor> slots;  // each used operand's amax of this step, history[0]
-  for (Operand* op : {&input_, &weight_, &grad_output_}) {
-    if (!op->scale.defined()) continue;
-    used.push_back(op);
-    slots.push_back(op->amax_history.slice(0, 1));
-  }
+  for (Operand* op : {&input_, &weight_, &grad_output_})
+    if (op->scale.defined()) slots.push_back(op->amax_history.slice(0, 1));
   for (const std::shared_ptr<Communicator>& group : amax_groups_)
     if (group && group->size() > 1 && !slots.empty()) group->all_reduce_coalesced(slots, ReduceOp::max);
-  for (Operand* op : used) ops::fp8_update_scale(op->scale, op->scale_inv, op->amax_history, op->dtype, recipe_);
+}
+
+void Fp8Linear::update_scales() {
+  if (recipe_.scaling != ops::Fp8Scaling::delayed) return;
+  reduce_amaxes();
+  for (Operand* op : {&input_, &weight_, &grad_output_})
+    if (op->scale.defined()) ops::fp8_update_scale(op->scale, op->scale_inv, op->amax_history, op->dtype, recipe_);
+}
+
+Fp8Linear::RecipeState Fp8Linear::recipe_state() const {
+  const int64_t len = recipe_.amax_history_len;
+  // The operands' scales side by side (n), their histories as the columns of (len, n).
+  const auto pack = [len](std::initializer_list<const Operand*> operands, Tensor& scale, Tensor& history) {
+    const auto n = int64_t(operands.size());
+    scale = Tensor::empty({n}, DType::f32);
+    history = Tensor::zeros({len, n}, DType::f32);
+    int64_t column = 0;
+    for (const Operand* op : operands) {
+      scale.data<float>()[column] = 1.0f;  // not cast yet: the starting state
+      if (op->scale.defined()) {
+        const Tensor s = op->scale.to(Device::cpu()), h = op->amax_history.to(Device::cpu());
+        scale.data<float>()[column] = s.data<float>()[0];
+        for (int64_t row = 0; row < len; ++row) history.data<float>()[row * n + column] = h.data<float>()[row];
+      }
+      ++column;
+    }
+  };
+  RecipeState state;
+  pack({&input_, &weight_}, state.scale_fwd, state.amax_history_fwd);
+  pack({&grad_output_}, state.scale_bwd, state.amax_history_bwd);
+  return state;
+}
+
+void Fp8Linear::load_recipe_state(const RecipeState& state, Device device) {
+  const int64_t len = recipe_.amax_history_len;
+  const auto unpack = [&](std::initializer_list<Operand*> operands, const Tensor& scale, const Tensor& history,
+                          const char* direction) {
+    const auto n = int64_t(operands.size());
+    MEGATRON_CHECK(scale.shape() == Shape{n} && history.ndim() == 2 && history.dim(0) >= 1 && history.dim(1) == n,
+                   name_ << ": the FP8 recipe state of the " << direction << " tensors has scales "
+                         << shape_str(scale.shape()) << " and amax history " << shape_str(history.shape())
+                         << ", expected [" << n << "] and [history length, " << n << "]");
+    const Tensor s_host = scale.to(DType::f32), h_host = history.to(DType::f32);
+    const int64_t kept = std::min(len, history.dim(0));
+    int64_t column = 0;
+    for (Operand* op : operands) {
+      Tensor s = Tensor::empty({1}, DType::f32), s_inv = Tensor::empty({1}, DType::f32);
+      Tensor h = Tensor::zeros({len}, DType::f32);
+      s.data<float>()[0] = s_host.data<float>()[column];
+      s_inv.data<float>()[0] = 1.0f / s.data<float>()[0];  // as ops::fp8_update_scale sets it
+      for (int64_t row = 0; row < kept; ++row) h.data<float>()[row] = h_host.data<float>()[row * n + column];
+      op->scale = s.to(device);
+      op->scale_inv = s_inv.to(device);
+      op->amax_history = h.to(device);
+      ++column;
+    }
+  };
+  unpack({&input_, &weight_}, state.scale_fwd, state.amax_history_fwd, "forward");
+  unpack({&grad_output_}, state.scale_bwd, state.amax_history_bwd, "backward");
 }
 
 }  // namespace megatron::tensor_parallel

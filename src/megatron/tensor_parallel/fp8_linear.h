@@ -15,13 +15,14 @@
 // update once per optimizer step (after every micro-batch's backward, so a step uses one scale
 // per operand whatever the pipeline schedule). Under current scaling (tensorwise) every cast takes
 // the scale of its own tensor's amax.
-// Not in the checkpoint: a resumed run starts from scale 1 and an empty history, as a fresh one
-// does, and rebuilds them within --fp8-amax-history-len steps (Transformer Engine's warm-up), so
-// a resumed FP8 run with delayed scaling is not bit-identical to an uninterrupted one.
+// Checkpoints hold the delayed recipe's state (recipe_state(), training/fp8_checkpoint.h), so a
+// resumed run casts with the scales the uninterrupted one would have; current scaling carries
+// nothing from one step to the next.
 // Before the delayed update the step's amaxes are max-reduced over the amax groups (the layer's
 // TP group and DP x CP: Megatron's amax reduction group), so every rank of a layer's TP x DP x CP
 // group casts with one scale, and a TP shard with the whole tensor's: the single rank's FP8 values.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "megatron/core/tensor.h"
@@ -32,9 +33,12 @@ namespace megatron::tensor_parallel {
 
 class Fp8Linear {
  public:
-  // amax_groups: the communicators the delayed recipe's amaxes are max-reduced over (null or
-  // single-rank ones are skipped).
-  Fp8Linear(const ops::Fp8Recipe& recipe, std::vector<std::shared_ptr<Communicator>> amax_groups);
+  // name: the layer's module path (e.g. decoder.layers.0.mlp.linear_fc1), which names its state in
+  // checkpoints. amax_groups: the communicators the delayed recipe's amaxes are max-reduced over
+  // (null or single-rank ones are skipped).
+  Fp8Linear(std::string name, const ops::Fp8Recipe& recipe, std::vector<std::shared_ptr<Communicator>> amax_groups);
+  const std::string& name() const { return name_; }
+  const ops::Fp8Recipe& recipe() const { return recipe_; }
   // y (N,out) = x (N,in) W (out,in)^T (+ bias), as ops::linear_forward.
   void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
   // y = gelu(pre), pre = x W^T (+ bias), as ops::linear_gelu_forward.
@@ -50,12 +54,34 @@ class Fp8Linear {
   // reduction (a collective over the amax groups: every rank of them calls it in the same order);
   // nothing under current scaling, whose scales are per cast.
   void update_scales();
+  // The first half of update_scales(): history[0] of every used operand max-reduced over the amax
+  // groups (a collective, as update_scales). Idempotent until the next cast records an amax.
+  void reduce_amaxes();
 
   // One operand's scaling state: (1), (1), (history length) f32 on the layer's device.
   struct Operand {
     DType dtype = DType::e4m3;
     Tensor scale, scale_inv, amax_history;
   };
+
+  // What the delayed recipe carries from step to step, on the host, in the layout of Transformer
+  // Engine's _extra_state: the forward tensors (input, weight) and the backward's (output
+  // gradient), one column each (TE's order, without the output and input-gradient slots TE keeps
+  // unscaled for a Linear). History row 0 is the slot the current step's casts record into (zero
+  // right after an update), rows 1.. the earlier steps' amaxes in TE's rolled order, so the
+  // position in the ring is implicit. scale_inv is 1 / scale, rebuilt on load. An operand not cast
+  // yet has its starting state: scale 1, zero history.
+  struct RecipeState {
+    Tensor scale_fwd;         // (2) f32: input, weight
+    Tensor amax_history_fwd;  // (history length, 2) f32
+    Tensor scale_bwd;         // (1) f32: output gradient
+    Tensor amax_history_bwd;  // (history length, 1) f32
+  };
+  RecipeState recipe_state() const;
+  // Takes `state` (any history length) as this layer's, its tensors on `device`. A history of
+  // another length than the recipe's is cut or extended as Transformer Engine's
+  // adjust_amax_history_length does: rows [0, length) kept, zero rows appended.
+  void load_recipe_state(const RecipeState& state, Device device);
   const Operand& input() const { return input_; }
   const Operand& weight() const { return weight_; }
   const Operand& grad_output() const { return grad_output_; }
@@ -65,6 +91,7 @@ class Fp8Linear {
   Tensor quantize(Operand& op, const Tensor& t, Cast cast);
   // (N,1) ones like t's rows: the bias as a rank-1 GEMM, in the activations' dtype.
   const Tensor& ones_column(const Tensor& t);
+  std::string name_;
   ops::Fp8Recipe recipe_;
   std::vector<std::shared_ptr<Communicator>> amax_groups_;
   Operand input_, weight_, grad_output_;

@@ -62,8 +62,9 @@ void gelu_linear_backward(Fp8Linear* fp8, Tensor& dpre, Tensor& dweight, Tensor&
 }
 
 // Megatron's amax reduction group, TP x DP x CP, as its two factors.
-std::unique_ptr<Fp8Linear> make_fp8(const std::optional<ops::Fp8Recipe>& recipe, const ParallelContext& ctx) {
-  return recipe ? std::make_unique<Fp8Linear>(*recipe, std::vector{ctx.tp, ctx.dp_cp}) : nullptr;
+std::unique_ptr<Fp8Linear> make_fp8(const std::optional<ops::Fp8Recipe>& recipe, const ParallelContext& ctx,
+                                    const std::string& name) {
+  return recipe ? std::make_unique<Fp8Linear>(name, *recipe, std::vector{ctx.tp, ctx.dp_cp}) : nullptr;
 }
 
 // The registry cuts the shards and the context's TP group communicates: one TP layout for both.
@@ -81,7 +82,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
     : ctx_(&ctx),
       sequence_parallel_(ctx.sequence_parallel()),
       tp_comm_overlap_(ctx.tp_comm_overlap()),
-      fp8_(make_fp8(options.fp8, ctx)) {
+      fp8_(make_fp8(options.fp8, ctx, prefix)) {
   check_same_tp(registry, ctx, prefix);
   const int tp = ctx.tp_size();
   MEGATRON_CHECK(output_size % tp == 0, prefix << ": output size " << output_size << " is not divisible by TP " << tp);
@@ -171,7 +172,7 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const Parallel
     : ctx_(&ctx),
       sequence_parallel_(ctx.sequence_parallel()),
       tp_comm_overlap_(ctx.tp_comm_overlap()),
-      fp8_(make_fp8(options.fp8, ctx)) {
+      fp8_(make_fp8(options.fp8, ctx, prefix)) {
   check_same_tp(registry, ctx, prefix);
   weight_ = registry.add({.name = prefix + ".weight",
                           .global_shape = {output_size, input_size},

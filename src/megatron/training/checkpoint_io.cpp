@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "megatron/checkpointing/retention.h"
 #include "megatron/core/error.h"
@@ -15,6 +16,7 @@
 #include "megatron/core/progress.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/parallel/text_collectives.h"
+#include "megatron/training/fp8_checkpoint.h"
 
 namespace megatron {
 
@@ -77,12 +79,16 @@ std::vector<ShardedTensor> weight_shard_state(const ParameterRegistry& registry,
 
 std::vector<ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies,
                                        const ParallelContext& ctx) {
-  if (model.parameters.weights_sharded()) return weight_shard_state(model.parameters, copies);
   std::vector<ShardedTensor> out;
-  for (const auto& p : model.parameters.params())
-    if (copies == Optimizer::StateCopies::this_rank || is_saved_replica(*p, ctx))
-      for (const auto& slice : p->global_slices())
-        out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
+  if (model.parameters.weights_sharded()) {
+    out = weight_shard_state(model.parameters, copies);
+  } else {
+    for (const auto& p : model.parameters.params())
+      if (copies == Optimizer::StateCopies::this_rank || is_saved_replica(*p, ctx))
+        for (const auto& slice : p->global_slices())
+          out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
+  }
+  for (ShardedTensor& t : fp8_recipe_state(model.fp8_linears, copies, ctx)) out.push_back(std::move(t));
   return out;
 }
 
@@ -239,8 +245,9 @@ void load_vocabulary_slice(const CheckpointReader& reader, const std::string& na
   slice.local.copy_from(host);
 }
 
-// The model's state: every parameter's slices held here, and the MoE routers' expert biases
-// (Megatron's persistent buffers, so --finetune loads them too). One progress step per parameter:
+// The model's state: every parameter's slices held here, the MoE routers' expert biases
+// (Megatron's persistent buffers, so --finetune loads them too) and the FP8 layers' recipe state
+// (fp8_checkpoint.h; part of Megatron's model state dict as well). One progress step per parameter:
 // on `given`, else on a reporter of its own ("checkpoint '<dir>' load").
 void load_model_state(const CheckpointReader& reader, const CheckpointedModel& model, const std::string& load_dir,
                       ProgressReporter* given = nullptr) {
@@ -292,6 +299,7 @@ void load_model_state(const CheckpointReader& reader, const CheckpointedModel& m
                                  << "--moe-router-enable-expert-bias); drop the flag or load a checkpoint that has it");
     router.set_expert_bias(common.at("moe_expert_bias").at(name).get<std::vector<double>>());
   }
+  load_fp8_recipe_state(reader, model.fp8_linears, model.config.fp8, registry, model.device);
 }
 
 // --keep-last-checkpoints, once a save is published: a failure to remove costs disk space, not

@@ -74,19 +74,25 @@ std::optional<CheckpointChoice> checkpoint_to_load(const std::string& load_dir, 
 void check_checkpoint_directories(const TrainingArgs& args);
 
 // What a checkpoint holds of a model: every parameter of its registry (one GPTModel's, or every
-// chunk's of this pipeline rank) and its MoE routers' expert biases. Implicit: either is passed
-// where a checkpoint function takes a model.
+// chunk's of this pipeline rank), its MoE routers' expert biases and its FP8 linear layers' recipe
+// state (fp8_checkpoint.h). Implicit: either is passed where a checkpoint function takes a model.
 struct CheckpointedModel {
   CheckpointedModel(GPTModel& model)
-      : config(model.config()), parameters(model.parameters()), moe_layers(model.moe_layers()), device(model.device()) {}
+      : config(model.config()),
+        parameters(model.parameters()),
+        moe_layers(model.moe_layers()),
+        fp8_linears(model.fp8_linears()),
+        device(model.device()) {}
   CheckpointedModel(ModelChunks& chunks)
       : config(chunks.config()),
         parameters(chunks.parameters()),
         moe_layers(chunks.moe_layers()),
+        fp8_linears(chunks.fp8_linears()),
         device(chunks.device()) {}
   const TransformerConfig& config;
   ParameterRegistry& parameters;
   std::vector<moe::MoELayer*> moe_layers;
+  std::vector<tensor_parallel::Fp8Linear*> fp8_linears;
   Device device;
 };
 
@@ -148,9 +154,10 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
                              const std::vector<std::vector<checkpointing::ShardedTensor>>& shards_by_writer);
 
 // The pieces save_training_checkpoint writes, for other stores of the same state (per-rank local
-// checkpoints, local_checkpoint.h): this rank's weights (one_replica: one copy of every element
-// over the world, this_rank: all it holds) and common.json's state (iteration, data position,
-// scheduler, optimizer step, loss scaler, the run's flags).
+// checkpoints, local_checkpoint.h): this rank's weights and FP8 recipe state (one_replica: one
+// copy of every element over the world, a collective over the FP8 layers' amax groups; this_rank:
+// all it holds, no collective) and common.json's state (iteration, data position, scheduler,
+// optimizer step, loss scaler, the run's flags).
 std::vector<checkpointing::ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies,
                                                       const ParallelContext& ctx);
 nlohmann::json training_common_state(const TrainingArgs& args, const CheckpointedModel& model,

@@ -56,9 +56,11 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
                    config.hidden_size,
                    {.bias = config.add_bias_linear, .init_std = output_init_std(config), .fp8 = fp8}) {}
 
-void SelfAttention::update_fp8_scales() const {
+std::vector<tensor_parallel::Fp8Linear*> SelfAttention::fp8_linears() const {
+  std::vector<tensor_parallel::Fp8Linear*> layers;
   for (tensor_parallel::Fp8Linear* fp8 : {linear_qkv_.fp8(), linear_proj_.fp8()})
-    if (fp8 != nullptr) fp8->update_scales();
+    if (fp8 != nullptr) layers.push_back(fp8);
+  return layers;
 }
 
 void SelfAttention::Saved::count(ActivationMemory& m) const {

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "megatron/core/activation_memory.h"
 #include "megatron/ops/attention.h"
@@ -43,8 +44,8 @@ class SelfAttention {
                 const std::string& prefix, const std::optional<ops::Fp8Recipe>& fp8 = std::nullopt);
   Tensor forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;  // (S,B,H) -> (S,B,H)
   Tensor backward(const Tensor& dy, const Saved& saved) const;
-  // The delayed FP8 recipe's scale update, after each step (tensor_parallel/fp8_linear.h).
-  void update_fp8_scales() const;
+  // linear_qkv's and linear_proj's FP8 state, in that order; none in bf16.
+  std::vector<tensor_parallel::Fp8Linear*> fp8_linears() const;
 
  private:
   // forward with fwd.kv_cache: q, k, v of the new positions (RoPE at their offset), k and v

@@ -21,9 +21,11 @@ MLP::MLP(ParameterRegistry& registry, const ParallelContext& ctx, const Transfor
                    .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers)),
                    .fp8 = fp8}) {}
 
-void MLP::update_fp8_scales() const {
+std::vector<tensor_parallel::Fp8Linear*> MLP::fp8_linears() const {
+  std::vector<tensor_parallel::Fp8Linear*> layers;
   for (tensor_parallel::Fp8Linear* fp8 : {linear_fc1_.fp8(), linear_fc2_.fp8()})
-    if (fp8 != nullptr) fp8->update_scales();
+    if (fp8 != nullptr) layers.push_back(fp8);
+  return layers;
 }
 
 void MLP::Saved::count(ActivationMemory& m) const {

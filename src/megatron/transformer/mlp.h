@@ -8,6 +8,7 @@
 // runs fc1 again on its saved input, so the MLP keeps only that input.
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "megatron/tensor_parallel/layers.h"
 #include "megatron/transformer/transformer_config.h"
@@ -26,8 +27,8 @@ class MLP {
       const std::string& prefix, const std::optional<ops::Fp8Recipe>& fp8 = std::nullopt);
   Tensor forward(const Tensor& x, Saved& saved) const;
   Tensor backward(const Tensor& dy, const Saved& saved) const;
-  // The delayed FP8 recipe's scale update, after each step (tensor_parallel/fp8_linear.h).
-  void update_fp8_scales() const;
+  // linear_fc1's and linear_fc2's FP8 state, in that order; none in bf16.
+  std::vector<tensor_parallel::Fp8Linear*> fp8_linears() const;
 
  private:
   Tensor activation(const Tensor& fc1_out) const;

@@ -71,9 +71,11 @@ ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardC
   return {saved.norm2.input, m};  // out = h + m, added by the next norm
 }
 
-void TransformerLayer::update_fp8_scales() const {
-  self_attention_.update_fp8_scales();
-  if (mlp_) mlp_->update_fp8_scales();
+std::vector<tensor_parallel::Fp8Linear*> TransformerLayer::fp8_linears() const {
+  std::vector<tensor_parallel::Fp8Linear*> layers = self_attention_.fp8_linears();
+  if (mlp_)
+    for (tensor_parallel::Fp8Linear* fp8 : mlp_->fp8_linears()) layers.push_back(fp8);
+  return layers;
 }
 
 void TransformerLayer::Saved::count(ActivationMemory& m) const {

@@ -9,6 +9,7 @@
 // dropouts and residual adds work on the shard; dropout masks are indexed by global element.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "megatron/ops/dropout.h"
 #include "megatron/transformer/attention.h"
@@ -37,8 +38,8 @@ class TransformerLayer {
   Tensor backward(const Tensor& dy, const Saved& saved) const;
   // The MoE layer in place of the MLP, or null for a dense layer.
   moe::MoELayer* moe() const { return moe_.get(); }
-  // The delayed FP8 recipe's scale update of the layer's GEMMs, after each step (none in bf16).
-  void update_fp8_scales() const;
+  // The FP8 state of the layer's linear layers (attention's, then the dense MLP's); none in bf16.
+  std::vector<tensor_parallel::Fp8Linear*> fp8_linears() const;
 
  private:
   std::string prefix_;

@@ -311,8 +311,15 @@ std::vector<moe::MoELayer*> GPTModel::moe_layers() const {
 }
 
 void GPTModel::update_fp8_scales() const {
+  for (tensor_parallel::Fp8Linear* fp8 : fp8_linears()) fp8->update_scales();
+}
+
+std::vector<tensor_parallel::Fp8Linear*> GPTModel::fp8_linears() const {
+  std::vector<tensor_parallel::Fp8Linear*> layers;
   for (const auto& block : decoder_)
-    for (const auto& layer : block->layers()) layer->update_fp8_scales();
+    for (const auto& layer : block->layers())
+      for (tensor_parallel::Fp8Linear* fp8 : layer->fp8_linears()) layers.push_back(fp8);
+  return layers;
 }
 
 void GPTModel::update_expert_bias() {

@@ -152,6 +152,8 @@ class GPTModel {
   // Once per optimizer step: the delayed FP8 recipe's amax histories move on and the scales follow
   // (tensor_parallel/fp8_linear.h); nothing for a bf16 model or under current scaling.
   void update_fp8_scales() const;
+  // The FP8 state of this rank's linear layers, first layer first; none for a bf16 model.
+  std::vector<tensor_parallel::Fp8Linear*> fp8_linears() const;
 
  private:
   // Registration indices [begin, end) of the parameters one module registered.

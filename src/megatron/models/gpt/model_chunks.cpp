@@ -39,6 +39,13 @@ void ModelChunks::update_fp8_scales() const {
   for (const auto& c : chunks_) c->update_fp8_scales();
 }
 
+std::vector<tensor_parallel::Fp8Linear*> ModelChunks::fp8_linears() const {
+  std::vector<tensor_parallel::Fp8Linear*> layers;
+  for (const auto& c : chunks_)
+    for (tensor_parallel::Fp8Linear* fp8 : c->fp8_linears()) layers.push_back(fp8);
+  return layers;
+}
+
 int64_t ModelChunks::activation_bytes() const {
   int64_t bytes = 0;
   for (const auto& c : chunks_) bytes += c->activation_bytes();

@@ -38,6 +38,8 @@ class ModelChunks {
   void update_expert_bias();
   // Each chunk's FP8 scale update (GPTModel::update_fp8_scales).
   void update_fp8_scales() const;
+  // Every chunk's FP8 linear layers, chunk 0's first.
+  std::vector<tensor_parallel::Fp8Linear*> fp8_linears() const;
   // The bytes the chunks' last forwards kept for backward: one micro-batch through this rank.
   int64_t activation_bytes() const;
 
