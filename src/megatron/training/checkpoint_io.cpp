@@ -88,6 +88,17 @@ std::vector<ShardedTensor> model_state(const CheckpointedModel& model, Optimizer
         for (const auto& slice : p->global_slices())
           out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
   }
+  // The routers' expert biases (Megatron's persistent buffers decoder.layers.N.mlp.router.expert_bias):
+  // every rank of a stage holds the same (updated from counts summed over the stage's tokens), so
+  // TP rank 0 and DP x CP rank 0 of each stage save its layers' once, as f64 like the router keeps them.
+  if (copies == Optimizer::StateCopies::this_rank || (ctx.tp_rank() == 0 && ctx.dp_cp->rank() == 0))
+    for (const moe::MoELayer* layer : model.moe_layers) {
+      const std::vector<double>& bias = layer->router().expert_bias();
+      if (bias.empty()) continue;
+      Tensor t = Tensor::empty({int64_t(bias.size())}, DType::f64);
+      std::copy(bias.begin(), bias.end(), t.data<double>());
+      out.push_back({layer->router().expert_bias_name(), t.shape(), Shape{0}, t});
+    }
   for (ShardedTensor& t : fp8_recipe_state(model.fp8_linears, copies, ctx)) out.push_back(std::move(t));
   return out;
 }
@@ -289,11 +300,19 @@ void load_model_state(const CheckpointReader& reader, const CheckpointedModel& m
     progress.advance();
   }
   if (own) own->finish();
+  // Expert biases: tensors of the model state; checkpoints from before kept them in the common
+  // state, written by world rank 0 alone (complete only without PP).
   const nlohmann::json& common = reader.common();
   for (moe::MoELayer* layer : model.moe_layers) {
     moe::Router& router = layer->router();
     if (router.expert_bias().empty()) continue;
     const std::string& name = router.expert_bias_name();
+    if (reader.has(name)) {
+      Tensor bias = Tensor::empty(reader.info(name).global_shape, DType::f64);
+      reader.load(name, Shape{0}, bias);
+      router.set_expert_bias(std::vector<double>(bias.data<double>(), bias.data<double>() + bias.numel()));
+      continue;
+    }
     MEGATRON_CHECK(common.contains("moe_expert_bias") && common.at("moe_expert_bias").contains(name),
                    "checkpoint " << load_dir << " holds no " << name << " (saved without "
                                  << "--moe-router-enable-expert-bias); drop the flag or load a checkpoint that has it");
@@ -400,14 +419,9 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
   staging.finish(reports, common);
 }
 
-nlohmann::json training_common_state(const TrainingArgs& args, const CheckpointedModel& model,
-                                     const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
-                                     const TrainingProgress& progress) {
+nlohmann::json training_common_state(const TrainingArgs& args, const Optimizer* optimizer,
+                                     const OptimizerParamScheduler& scheduler, const TrainingProgress& progress) {
   nlohmann::json common = common_state(args, progress, scheduler.num_steps(), optimizer ? optimizer->step_count() : 0);
-  // Aux-loss-free routing: every rank holds the same expert biases (updated from all-reduced counts).
-  for (const moe::MoELayer* layer : model.moe_layers)
-    if (!layer->router().expert_bias().empty())
-      common["moe_expert_bias"][layer->router().expert_bias_name()] = layer->router().expert_bias();
   // Megatron keeps the scaler in the optimizer's state dict; every rank holds the same state.
   if (optimizer && !args.no_save_optim)
     if (const GradScaler* scaler = optimizer->grad_scaler()) common["grad_scaler"] = scaler->state();
@@ -424,7 +438,7 @@ TrainingCheckpointSave::TrainingCheckpointSave(const TrainingArgs& args, const C
       world_(ctx.world.get()),
       device_(model.device),
       options_(options),
-      common_(training_common_state(args, model, optimizer, scheduler, progress)) {
+      common_(training_common_state(args, optimizer, scheduler, progress)) {
   if (optimizer && !args.no_save_optim) optim_ = optimizer->sharded_state(Optimizer::StateCopies::one_replica);
   // One replica of the weights: DP rank 0 of each model-parallel slice, expert-DP rank 0 of each
   // EP rank for the experts.

@@ -160,9 +160,8 @@ void save_weights_checkpoint(const std::string& save_dir, const TrainingArgs& ar
 // optimizer step, loss scaler, the run's flags).
 std::vector<checkpointing::ShardedTensor> model_state(const CheckpointedModel& model, Optimizer::StateCopies copies,
                                                       const ParallelContext& ctx);
-nlohmann::json training_common_state(const TrainingArgs& args, const CheckpointedModel& model,
-                                     const Optimizer* optimizer, const OptimizerParamScheduler& scheduler,
-                                     const TrainingProgress& progress);
+nlohmann::json training_common_state(const TrainingArgs& args, const Optimizer* optimizer,
+                                     const OptimizerParamScheduler& scheduler, const TrainingProgress& progress);
 // Restores from an opened checkpoint what load_training_checkpoint restores from --load's.
 void restore_training_state(const checkpointing::CheckpointReader& reader, const TrainingArgs& args,
                             const CheckpointedModel& model, Optimizer* optimizer, OptimizerParamScheduler* scheduler,

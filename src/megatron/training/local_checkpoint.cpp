@@ -67,7 +67,7 @@ void save_local_checkpoint(const TrainingArgs& args, const CheckpointedModel& mo
                            const OptimizerParamScheduler& scheduler, const TrainingProgress& progress,
                            const ParallelContext& ctx) {
   const std::string dir = local_checkpoint_directory(args.non_persistent_local_ckpt_dir, ctx.world->rank());
-  nlohmann::json common = training_common_state(args, model, optimizer, scheduler, progress);
+  nlohmann::json common = training_common_state(args, optimizer, scheduler, progress);
   common[kWorldSizeKey] = ctx.world->size();
   std::vector<checkpointing::ShardedTensor> optim;
   if (optimizer && !args.no_save_optim) optim = optimizer->sharded_state(Optimizer::StateCopies::this_rank);
