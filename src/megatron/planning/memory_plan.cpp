@@ -41,6 +41,9 @@ struct RankBuffers {
   // Megatron FSDP: each unit's (bucket's) elements and this rank's shard of them, in buffer order
   // (the backward's: output layer first, embedding last).
   std::vector<int64_t> unit_numel, unit_shard_numel;
+  // The distributed optimizer without FSDP: this rank's shard of each model chunk's buckets
+  // reduced over a group of several ranks, the elements its gradient reduce-scatters return.
+  std::vector<int64_t> chunk_shard_numel;
 };
 
 RankBuffers rank_buffers(const TrainingArgs& args, const ParallelContext& ctx,
@@ -73,6 +76,14 @@ RankBuffers rank_buffers(const TrainingArgs& args, const ParallelContext& ctx,
   }
   const RankShards shards = rank_shards(layout, 0, 0);
   b.state_numel = shards.numel;
+  if (!ddp.shard_grads) {
+    b.chunk_shard_numel.assign(size_t(split.virtual_stages), 0);
+    for (size_t u = 0; u < layout.buckets.size(); ++u) {
+      const int64_t group = layout.buckets[u].expert_parallel ? ctx.expert_dp->size() : ctx.dp_cp->size();
+      if (group > 1)  // a group of one rank copies nothing (SingleRankCommunicator)
+        b.chunk_shard_numel[size_t(param_chunks[layout.buckets[u].params[0]])] += shards.in_shards[u].size();
+    }
+  }
   if (ddp.shard_grads)
     for (size_t u = 0; u < layout.buckets.size(); ++u) {
       b.unit_numel.push_back(layout.buckets[u].range.size());
@@ -170,43 +181,73 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   }
   const int64_t micro_batches = args.num_micro_batches();
   const int64_t pp = args.parallel.pipeline_model_parallel_size;
-  s.activations_per_micro_batch = kept_per_chunk[0];
-  s.activations = kept_per_chunk[0];
-  s.backward_working = working_per_chunk[0];
+  double all_chunks = 0;
+  for (double k : kept_per_chunk) all_chunks += k;
+  s.activations_per_micro_batch = all_chunks / double(split.virtual_stages);
+  // The schedule this rank runs (one micro-batch after another without a pipeline): each forward
+  // keeps its chunk's activations until its backward, which holds its working set on top; the peak
+  // is the largest such moment.
+  std::vector<pipeline_parallel::Action> actions;
   if (pp > 1) {
-    // The schedule this rank runs: each forward keeps its chunk's activations until its backward,
-    // which holds its working set on top; the peak is the largest such moment.
     const PipelineStepShape step = pipeline_step_shape(args, false);
-    const std::vector<pipeline_parallel::Action> actions = pipeline_parallel::build_schedule(
-        {.pipeline_size = pp,
-         .virtual_stages = split.virtual_stages,
-         .microbatches = micro_batches,
-         .microbatch_group_size = step.microbatch_group_size},
-        pp_rank);
-    double live = 0, peak = 0;
-    int64_t live_count = 0;
-    for (const pipeline_parallel::Action& action : actions) {
-      const size_t c = size_t(action.chunk);
-      if (action.kind == pipeline_parallel::ActionKind::kForward) {
-        live += kept_per_chunk[c];
-        ++live_count;
-      } else if (action.kind == pipeline_parallel::ActionKind::kBackward) {
-        if (live + working_per_chunk[c] > peak) {
-          peak = live + working_per_chunk[c];
-          s.activations = live;
-          s.backward_working = working_per_chunk[c];
-          s.in_flight = live_count;
-        }
-        live -= kept_per_chunk[c];
-        --live_count;
-      }
+    actions = pipeline_parallel::build_schedule({.pipeline_size = pp,
+                                                 .virtual_stages = split.virtual_stages,
+                                                 .microbatches = micro_batches,
+                                                 .microbatch_group_size = step.microbatch_group_size},
+                                                pp_rank);
+  } else {
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      actions.push_back({.kind = pipeline_parallel::ActionKind::kForward, .microbatch = m});
+      actions.push_back({.kind = pipeline_parallel::ActionKind::kBackward, .microbatch = m});
     }
-    double all_chunks = 0;
-    for (double k : kept_per_chunk) all_chunks += k;
-    s.activations_per_micro_batch = all_chunks / double(split.virtual_stages);
-    const double stream = double(shape.stream_tokens() * args.model.hidden_size) * double(dtype_size(params));
-    s.communication = 2 * stream;  // the activation sent on and the gradient received
   }
+  // The distributed optimizer's gradient reduce-scatters on the CPU backend: MPI forbids the
+  // in-place layout's aliased buffers, so each bucket reduces into a result the size of this rank's
+  // shard (mpi_communicator.cpp; NCCL reduces in place), held until finish_grad_sync waits for it
+  // after the step's last backward, or until a later bucket's start finds it complete (as the
+  // ranks' timing has it: counted held, the most). With --overlap-grad-reduce a chunk's buckets
+  // start during the backward of its last micro-batch, which still holds every activation that
+  // micro-batch saved (its Saved lives until the backward returns): counted from that backward's
+  // end, when it holds only the input gradient it returns. Without overlap they start after the
+  // last backward.
+  std::vector<double> reduction_results(size_t(split.virtual_stages), 0.0);
+  if (backend == PlanBackend::cpu)
+    for (size_t c = 0; c < buffers.chunk_shard_numel.size(); ++c)
+      reduction_results[c] = double(buffers.chunk_shard_numel[c]) * state_element;
+  // The residual stream's width in one micro-batch: a stage's input gradient, a pipeline message.
+  const double stream = double(shape.stream_tokens() * args.model.hidden_size) * double(dtype_size(params));
+  std::vector<int64_t> backwards_left(size_t(split.virtual_stages), micro_batches);
+  double live = 0, peak = 0, reducing = 0, reducing_at_peak = 0;
+  int64_t live_count = 0;
+  // A moment of the step: activations held, the running backward's working set, the reductions' results.
+  const auto consider = [&](double working, double results) {
+    if (live + working + results <= peak) return;
+    peak = live + working + results;
+    s.activations = live;
+    s.in_flight = live_count;
+    s.backward_working = working;
+    reducing_at_peak = results;
+  };
+  for (const pipeline_parallel::Action& action : actions) {
+    const size_t c = size_t(action.chunk);
+    if (action.kind == pipeline_parallel::ActionKind::kForward) {
+      live += kept_per_chunk[c];
+      ++live_count;
+    } else if (action.kind == pipeline_parallel::ActionKind::kBackward) {
+      consider(working_per_chunk[c], reducing);
+      if (--backwards_left[c] == 0 && args.overlap_grad_reduce && reduction_results[c] > 0) {
+        reducing += reduction_results[c];
+        consider(stream, reducing);
+      }
+      live -= kept_per_chunk[c];
+      --live_count;
+    }
+  }
+  if (!args.overlap_grad_reduce)
+    for (double r : reduction_results) reducing += r;
+  consider(0.0, reducing);
+  // Pipeline stages: the activation sent on and the gradient received.
+  s.communication = (pp > 1 ? 2 * stream : 0.0) + reducing_at_peak;
   s.communication += fsdp_units_in_flight(buffers, sharding, !args.model.untie_embeddings_and_output_weights,
                                           micro_batches, double(dtype_size(params)), state_element);
   if (backend == PlanBackend::cpu) {

@@ -19,6 +19,9 @@
 // Megatron FSDP (--use-megatron-fsdp): optim is the distributed optimizer; optim_grads keeps this
 // rank's shard of the gradients, optim_grads_params of the weights too, plus the units in flight at
 // the peak (fsdp_units_in_flight: gathered parameters, full gradients being reduce-scattered).
+// On the CPU backend the distributed optimizer's reduce-scatters return each bucket's shard in a
+// buffer of its own, held until the step's reductions are waited for: with --overlap-grad-reduce
+// from the end of the last micro-batch's backward, which still holds all its saved activations.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -48,7 +51,8 @@ struct StageMemory {
   double backward_working = 0;             // the running backward's gradients and copies
   double data_batches = 0;                 // the loader's batches of a step (CPU: in the same memory)
   double communication = 0;                // pipeline send/receive buffers; Megatron FSDP's units in flight
-                                           // (gathered parameters, full gradients reducing)
+                                           // (gathered parameters, full gradients reducing); on the
+                                           // CPU, the distributed optimizer's reduce-scatter results
   double allocator_slack = 0;              // CUDA's size-class rounding (none on the CPU)
   double set_up_peak = 0;                  // while DDP lays out the buffers
   double steady_peak() const;
