@@ -102,54 +102,48 @@ TEST(MoETraining, ExpertParallelMatchesTheSingleRankCurve) {
   }
 }
 
+constexpr double kCheckpointTolerance = 200 * 0x1p-24;
+constexpr int64_t kCheckpointIterations = 10;
+
+// The MoE model's uninterrupted single-rank curve, and a checkpoint of it at iteration 5 saved by
+// the layout `sizes` (its flags `save_flags`) into `dir`, whose first 5 losses are on that curve.
+TrainingSummary straight_and_saved(const ParallelSizes& sizes, const std::vector<std::string>& save_flags,
+                                   const std::string& dir, const std::string& layout) {
+  const TrainingSummary straight = train_single_rank(with(tiny_run(kCheckpointIterations), kMoE));
+  const ParallelState st = make_state(sizes, 60);
+  const TrainingSummary first =
+      train_on(st.ctx, with(with(tiny_run(5), kMoE), with(save_flags, {"--save", dir, "--save-interval", "5"})));
+  const std::vector<double> straight_5(straight.train_losses.begin(), straight.train_losses.begin() + 5);
+  expect_close(straight_5, first.train_losses, 0, kCheckpointTolerance, layout + " loss");
+  st.ctx.world->barrier();
+  return straight;
+}
+
 TEST(MoETraining, ExpertParallelCheckpointResumesAtAnotherEp) {
   const int world = world_size();
-  const double tolerance = 200 * 0x1p-24;
-  constexpr int64_t kIterations = 10;
-  const TrainingSummary straight = train_single_rank(with(tiny_run(kIterations), kMoE));
   std::unique_ptr<TempDir> owner;
-  std::string dir;
-  {
-    const ParallelState st = make_state({.ep = 2}, 60);
-    if (st.ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
-    dir = shared_directory(owner.get());
-    std::vector<std::string> save = with(ep_flags(2), {"--save", dir + "/ep2", "--save-interval", "5"});
-    if (world == 4) save.push_back("--use-distributed-optimizer");
-    const TrainingSummary first = train_on(st.ctx, with(with(tiny_run(5), kMoE), save));
-    const std::vector<double> straight_5(straight.train_losses.begin(), straight.train_losses.begin() + 5);
-    expect_close(straight_5, first.train_losses, 0, tolerance, "EP=2 loss");
-    st.ctx.world->barrier();
-  }
-  const TrainingSummary at_one = train_single_rank(with(with(tiny_run(kIterations), kMoE), {"--load", dir + "/ep2"}));
-  expect_same_curve(straight, at_one, 5, tolerance, true, "EP=2 -> EP=1");
+  if (make_state({}).ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
+  const std::string dir = shared_directory(owner.get()) + "/ep2";
+  std::vector<std::string> save = ep_flags(2);
+  if (world == 4) save.push_back("--use-distributed-optimizer");
+  const TrainingSummary straight = straight_and_saved({.ep = 2}, save, dir, "EP=2");
+  const std::vector<std::string> resume = with(with(tiny_run(kCheckpointIterations), kMoE), {"--load", dir});
+  expect_same_curve(straight, train_single_rank(resume), 5, kCheckpointTolerance, true, "EP=2 -> EP=1");
   if (world == 4) {
     const ParallelState st = make_state({.ep = 4}, 60);
-    const TrainingSummary at_four =
-        train_on(st.ctx, with(with(with(tiny_run(kIterations), kMoE), ep_flags(4)), {"--load", dir + "/ep2"}));
-    expect_same_curve(straight, at_four, 5, tolerance, true, "EP=2 -> EP=4");
+    expect_same_curve(straight, train_on(st.ctx, with(resume, ep_flags(4))), 5, kCheckpointTolerance, true,
+                      "EP=2 -> EP=4");
   }
   make_state({}).ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
 
 TEST(MoETraining, PipelineCheckpointResumesAtOneRank) {
-  const double tolerance = 200 * 0x1p-24;
-  constexpr int64_t kIterations = 10;
-  const TrainingSummary straight = train_single_rank(with(tiny_run(kIterations), kMoE));
   std::unique_ptr<TempDir> owner;
-  std::string dir;
-  {
-    const ParallelState st = make_state({.pp = 2}, 60);
-    if (st.ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
-    dir = shared_directory(owner.get());
-    const TrainingSummary first =
-        train_on(st.ctx, with(with(tiny_run(5), kMoE), {"--pipeline-model-parallel-size", "2", "--save", dir + "/pp2",
-                                                        "--save-interval", "5"}));
-    const std::vector<double> straight_5(straight.train_losses.begin(), straight.train_losses.begin() + 5);
-    expect_close(straight_5, first.train_losses, 0, tolerance, "PP=2 loss");
-    st.ctx.world->barrier();
-  }
-  const TrainingSummary at_one = train_single_rank(with(with(tiny_run(kIterations), kMoE), {"--load", dir + "/pp2"}));
-  expect_same_curve(straight, at_one, 5, tolerance, true, "PP=2 -> one rank");
+  if (make_state({}).ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
+  const std::string dir = shared_directory(owner.get()) + "/pp2";
+  const TrainingSummary straight = straight_and_saved({.pp = 2}, {"--pipeline-model-parallel-size", "2"}, dir, "PP=2");
+  const std::vector<std::string> resume = with(with(tiny_run(kCheckpointIterations), kMoE), {"--load", dir});
+  expect_same_curve(straight, train_single_rank(resume), 5, kCheckpointTolerance, true, "PP=2 -> one rank");
   make_state({}).ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
 
