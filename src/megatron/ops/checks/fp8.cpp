@@ -62,16 +62,7 @@ MatmulDims check_fp8_matmul(const Tensor& c, const Tensor& a, const Tensor& a_sc
   device(c, "fp8_matmul C");
   MEGATRON_CHECK(c.dtype() == DType::bf16 || c.dtype() == DType::f16 || c.dtype() == DType::f32,
                  "fp8_matmul C has dtype " << dtype_name(c.dtype()) << "; expected bf16, f16 or f32");
-  MEGATRON_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
-                 "fp8_matmul takes 2-D views; got A " << shape_str(a.shape()) << ", B " << shape_str(b.shape())
-                                                      << ", C " << shape_str(c.shape()));
-  const bool ta = params.trans_a == Transpose::yes, tb = params.trans_b == Transpose::yes;
-  const int64_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);
-  const int64_t kb = tb ? b.dim(1) : b.dim(0), n = tb ? b.dim(0) : b.dim(1);
-  MEGATRON_CHECK(k == kb,
-                 "fp8_matmul inner dimensions differ: op(A) is " << m << "x" << k << ", op(B) is " << kb << "x" << n);
-  check_shape(c, {m, n}, "fp8_matmul C");
-  return {m, n, k};
+  return check_matmul_dims(c, a, b, params, "fp8_matmul");
 }
 
 }  // namespace megatron::ops::checks

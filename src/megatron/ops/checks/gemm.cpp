@@ -1,5 +1,6 @@
 #include "megatron/ops/checks/gemm.h"
 
+#include <string>
 #include <utility>
 
 namespace megatron::ops::checks {
@@ -30,15 +31,20 @@ MatmulDims check_matmul(const Tensor& c, const Tensor& a, const Tensor& b, const
   check_dtype(b, a.dtype(), "matmul B");
   check_defined(c, "matmul C");
   check_gemm_output(c, a.dtype(), "matmul C", backend);
+  return check_matmul_dims(c, a, b, params, "matmul");
+}
+
+MatmulDims check_matmul_dims(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params,
+                             const char* op) {
   MEGATRON_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
-                 "matmul takes 2-D views; got A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << ", C "
-                                                  << shape_str(c.shape()) << " (use view() to flatten)");
+                 op << " takes 2-D views; got A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << ", C "
+                    << shape_str(c.shape()) << " (use view() to flatten)");
   const bool ta = params.trans_a == Transpose::yes, tb = params.trans_b == Transpose::yes;
   const int64_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);
   const int64_t kb = tb ? b.dim(1) : b.dim(0), n = tb ? b.dim(0) : b.dim(1);
   MEGATRON_CHECK(k == kb,
-                 "matmul inner dimensions differ: op(A) is " << m << "x" << k << ", op(B) is " << kb << "x" << n);
-  check_shape(c, {m, n}, "matmul C");
+                 op << " inner dimensions differ: op(A) is " << m << "x" << k << ", op(B) is " << kb << "x" << n);
+  check_shape(c, {m, n}, (std::string(op) + " C").c_str());
   return {m, n, k};
 }
 

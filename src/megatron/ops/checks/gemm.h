@@ -17,6 +17,10 @@ struct MatmulDims {
 };
 MatmulDims check_matmul(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params,
                         const GemmBackend& backend);
+// The dimensions of row-major C = op(A) op(B) for 2-D views, checked to fit; `op` names the op in
+// the messages (matmul, fp8_matmul).
+MatmulDims check_matmul_dims(const Tensor& c, const Tensor& a, const Tensor& b, const MatmulParams& params,
+                             const char* op);
 
 // x (n rows, in_features), weight (out_features, in_features).
 struct LinearDims {
