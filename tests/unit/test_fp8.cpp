@@ -132,6 +132,32 @@ TEST(Fp8Ops, QuantizeScalesRoundsAndRecordsAmax) {
   EXPECT_TRUE(std::isnan(nan_amax.item()));  // NaN reaches the scale update, which then keeps its scale
 }
 
+// The cast-transpose is the cast, transposed: against fp8_quantize's bytes read column by column,
+// with and without the untransposed copy, and the same amax either way.
+TEST(Fp8Ops, QuantizeTransposeIsTheCastTransposed) {
+  const int64_t rows = 5, cols = 3;
+  const Tensor x = wave({rows, cols}, 2, 0.4f);
+  Tensor q = Tensor::empty({rows, cols}, DType::e5m2), amax = scalar(0.0f);
+  ops::fp8_quantize(q, amax, x, scalar(3.0f));
+  const std::vector<uint8_t> cast = bits_of(q);
+  for (bool with_rows : {false, true}) {
+    Tensor q_rows = with_rows ? Tensor::empty({rows, cols}, DType::e5m2) : Tensor();
+    Tensor q_t = Tensor::empty({cols, rows}, DType::e5m2), amax_t = scalar(0.0f);
+    ops::fp8_quantize_transpose(q_rows, q_t, amax_t, x, scalar(3.0f));
+    const std::vector<uint8_t> t = bits_of(q_t);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(t[size_t(c * rows + r)], cast[size_t(r * cols + c)]) << r << "," << c;
+    if (with_rows) {
+      EXPECT_EQ(bits_of(q_rows), cast);
+    }
+    EXPECT_EQ(amax_t.item(), amax.item());
+  }
+  Tensor none, wrong = Tensor::empty({rows, cols}, DType::e5m2);
+  EXPECT_THROW(ops::fp8_quantize_transpose(none, wrong, none, x, scalar(1.0f)), Error);  // q_t not transposed
+  Tensor q_t = Tensor::empty({cols, rows}, DType::e5m2), q_e4m3 = Tensor::empty({rows, cols}, DType::e4m3);
+  EXPECT_THROW(ops::fp8_quantize_transpose(q_e4m3, q_t, none, x, scalar(1.0f)), Error);  // dtypes differ
+}
+
 // History of 3, max, margin 1: scale = 448 / max(last 3 amaxes) / 2.
 TEST(Fp8Recipe, DelayedScalingFollowsTheHistoryWindow) {
   const ops::Fp8Recipe recipe{.amax_history_len = 3, .amax_compute_algo = ops::AmaxComputeAlgo::max, .margin = 1};

@@ -31,21 +31,27 @@ Fp8Linear::Fp8Linear(std::string name, const ops::Fp8Recipe& recipe,
   grad_output_.dtype = recipe.backward_dtype;
 }
 
-Tensor Fp8Linear::quantize(Operand& op, const Tensor& t, Cast cast) {
+Fp8Linear::Codes Fp8Linear::quantize(Operand& op, const Tensor& t, Cast cast, Layout layout) {
   if (!op.scale.defined()) initialize(op, recipe_.amax_history_len, t.device());
-  Tensor q = Tensor::empty(t.shape(), op.dtype, t.device());
   Tensor amax = op.amax_history.slice(0, 1);  // the current step's slot
+  Tensor record;                              // where this cast's amax goes, if anywhere
   if (recipe_.scaling == ops::Fp8Scaling::current) {
     // The scale of this tensor: a pure function of it, so a backward cast again gives the same values.
     ops::fp8_amax(amax, t);
     ops::fp8_update_scale(op.scale, op.scale_inv, op.amax_history, op.dtype, recipe_);
-    Tensor no_amax;
-    ops::fp8_quantize(q, no_amax, t, op.scale);
-  } else {
-    Tensor record = cast == Cast::record ? amax : Tensor();
-    ops::fp8_quantize(q, record, t, op.scale);
+  } else if (cast == Cast::record) {
+    record = amax;
   }
-  return q;
+  Codes codes;
+  if (layout != Layout::transposed) codes.rows = Tensor::empty(t.shape(), op.dtype, t.device());
+  if (layout == Layout::rows) {
+    ops::fp8_quantize(codes.rows, record, t, op.scale);
+    return codes;
+  }
+  const int64_t features = t.dim(t.ndim() - 1), n = features == 0 ? 0 : t.numel() / features;
+  codes.transposed = Tensor::empty({features, n}, op.dtype, t.device());
+  ops::fp8_quantize_transpose(codes.rows, codes.transposed, record, t.view({n, features}), op.scale);
+  return codes;
 }
 
 const Tensor& Fp8Linear::ones_column(const Tensor& t) {
@@ -59,7 +65,8 @@ const Tensor& Fp8Linear::ones_column(const Tensor& t) {
 }
 
 void Fp8Linear::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  const Tensor xq = quantize(input_, x, Cast::record), wq = quantize(weight_, weight, Cast::record);
+  const Tensor xq = quantize(input_, x, Cast::record, Layout::rows).rows;
+  const Tensor wq = quantize(weight_, weight, Cast::record, Layout::rows).rows;
   // y (N,out) = x (N,in) W (out,in)^T: already the TN form FP8 tensor cores take.
   ops::fp8_matmul(y, xq, input_.scale_inv, wq, weight_.scale_inv, {.trans_b = ops::Transpose::yes});
   if (bias.defined()) ops::matmul(y, ones_column(x), bias.view({1, -1}), {.beta = 1.0f});
@@ -72,17 +79,19 @@ void Fp8Linear::linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, con
 
 void Fp8Linear::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
                                 const Tensor& weight) {
-  const Tensor dyq = quantize(grad_output_, dy, Cast::record);
+  const Layout dy_layout = !dweight.defined() ? Layout::rows : dx.defined() ? Layout::both : Layout::transposed;
+  const Codes dyq = quantize(grad_output_, dy, Cast::record, dy_layout);
   if (dx.defined()) {
-    // dx (N,in) = dy (N,out) W (out,in)
-    const Tensor wq = quantize(weight_, weight, Cast::again);
-    ops::fp8_matmul(dx, dyq, grad_output_.scale_inv, wq, weight_.scale_inv, {});
+    // dx (N,in) = dy (N,out) W (out,in), W given as the rows of W^T (in,out): the TN form.
+    const Tensor wq_t = quantize(weight_, weight, Cast::again, Layout::transposed).transposed;
+    ops::fp8_matmul(dx, dyq.rows, grad_output_.scale_inv, wq_t, weight_.scale_inv, {.trans_b = ops::Transpose::yes});
   }
   if (!dweight.defined()) return;
-  // dW (out,in) += dy^T (out,N) x (N,in), into the fp32 main grad; db += dy^T 1 (bf16 dy)
-  const Tensor xq = quantize(input_, x, Cast::again);
-  ops::fp8_matmul(dweight, dyq, grad_output_.scale_inv, xq, input_.scale_inv,
-                  {.trans_a = ops::Transpose::yes, .beta = 1.0f});
+  // dW (out,in) += dy^T (out,N) x (N,in) into the fp32 main grad, from the rows of dy^T and x^T;
+  // db += dy^T 1 (bf16 dy)
+  const Tensor xq_t = quantize(input_, x, Cast::again, Layout::transposed).transposed;
+  ops::fp8_matmul(dweight, dyq.transposed, grad_output_.scale_inv, xq_t, input_.scale_inv,
+                  {.trans_b = ops::Transpose::yes, .beta = 1.0f});
   if (dbias.defined()) {
     Tensor db = dbias.view({-1, 1});
     ops::matmul(db, dy, ones_column(dy), {.trans_a = ops::Transpose::yes, .beta = 1.0f});

@@ -5,7 +5,9 @@
 //   forward   y  = x W^T (+ b)           x, W in the recipe's forward dtype (e4m3)
 //   backward  dx = dy W,  dW += dy^T x    dy in the backward dtype (e5m2 under hybrid), x and W as
 //             db += sum_rows(dy)          in forward (the bias and its gradient stay in bf16)
-// Outputs are bf16 (dW accumulates into the fp32 main grad), accumulation is FP32.
+// Outputs are bf16 (dW accumulates into the fp32 main grad), accumulation is FP32. The backward
+// casts straight into the transposed layouts Hopper's FP8 GEMMs take (W^T, x^T and dy^T beside dy:
+// ops::fp8_quantize_transpose), so no GEMM copies an operand.
 //
 // Scaling state: one scale, scale_inv and amax history per operand (input, weight, output
 // gradient), on the layer's device, created at the first use. Under the delayed recipe a cast
@@ -88,7 +90,13 @@ class Fp8Linear {
 
  private:
   enum class Cast { record, again };  // a first cast in the step records its amax (delayed)
-  Tensor quantize(Operand& op, const Tensor& t, Cast cast);
+  enum class Layout { rows, transposed, both };
+  struct Codes {
+    Tensor rows;        // t's layout, (N, features)
+    Tensor transposed;  // (features, N)
+  };
+  // t cast to op's dtype, in the layouts asked for (t 2-D, or flattened to its last dimension).
+  Codes quantize(Operand& op, const Tensor& t, Cast cast, Layout layout);
   // (N,1) ones like t's rows: the bias as a rank-1 GEMM, in the activations' dtype.
   const Tensor& ones_column(const Tensor& t);
   std::string name_;

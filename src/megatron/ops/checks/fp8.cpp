@@ -35,6 +35,17 @@ void check_fp8_quantize(const Tensor& q, const Tensor& amax, const Tensor& x, co
   check_shape(q, x.shape(), "fp8_quantize q");
 }
 
+void check_fp8_quantize_transpose(const Tensor& q, const Tensor& q_t, const Tensor& amax, const Tensor& x,
+                                  const Tensor& scale, TensorCheck device, TensorCheck x_dtype) {
+  check_defined(x, "fp8_quantize_transpose x");
+  MEGATRON_CHECK(x.ndim() == 2, "fp8_quantize_transpose x has shape " << shape_str(x.shape()) << "; expected 2-D");
+  check_defined(q_t, "fp8_quantize_transpose q_t");
+  check_fp8_quantize(q_t, amax, x.view({x.dim(1), x.dim(0)}), scale, device, x_dtype);
+  if (!q.defined()) return;
+  check_fp8_quantize(q, amax, x, scale, device, x_dtype);
+  check_dtype(q, q_t.dtype(), "fp8_quantize_transpose q");
+}
+
 void check_fp8_update_scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax_history, DType fp8_dtype,
                             const Fp8Recipe& recipe, TensorCheck device) {
   check_scalar_f32(scale, "fp8_update_scale scale", device);

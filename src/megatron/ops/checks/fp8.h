@@ -12,6 +12,10 @@ void check_fp8_amax(const Tensor& amax, const Tensor& x, TensorCheck device, Ten
 // q an FP8 tensor of x's shape, scale (1) f32, amax (1) f32 or undefined.
 void check_fp8_quantize(const Tensor& q, const Tensor& amax, const Tensor& x, const Tensor& scale, TensorCheck device,
                         TensorCheck x_dtype);
+// x 2-D; q_t an FP8 tensor of x's transposed shape; q undefined or of x's shape and q_t's dtype;
+// scale and amax as in check_fp8_quantize.
+void check_fp8_quantize_transpose(const Tensor& q, const Tensor& q_t, const Tensor& amax, const Tensor& x,
+                                  const Tensor& scale, TensorCheck device, TensorCheck x_dtype);
 void check_fp8_update_scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax_history, DType fp8_dtype,
                             const Fp8Recipe& recipe, TensorCheck device);
 // 2-D FP8 A and B (not both e5m2), (1) f32 scale_invs, C bf16/f16/f32 of op(A) op(B)'s shape.

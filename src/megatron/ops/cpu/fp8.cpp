@@ -38,6 +38,14 @@ void quantize(Q* q, const T* x, int64_t n, float scale) {
   for (int64_t i = 0; i < n; ++i) q[i] = Q(float(load(x[i])) * scale);  // one f32 product, then the rounding
 }
 
+// q_t (cols, rows) = the cast of x (rows, cols), transposed.
+template <class Q, class T>
+void quantize_transposed(Q* q_t, const T* x, int64_t rows, int64_t cols, float scale) {
+#pragma omp parallel for if (worth_parallel(rows * cols))
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) q_t[c * rows + r] = Q(float(load(x[r * cols + c])) * scale);
+}
+
 }  // namespace
 
 }  // namespace megatron::ops::cpu
@@ -59,6 +67,20 @@ void cpu::fp8_quantize(Tensor& q, Tensor& amax, const Tensor& x, const Tensor& s
     else
       quantize(q.data<fp8_e5m2>(), x.data<T>(), x.numel(), s);
     if (amax.defined()) accumulate_amax(amax, amax_bits(x.data<T>(), x.numel()));
+  });
+}
+
+void cpu::fp8_quantize_transpose(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& x, const Tensor& scale) {
+  checks::check_fp8_quantize_transpose(q, q_t, amax, x, scale, check_cpu, check_cpu_floating);
+  if (q.defined()) cpu::fp8_quantize(q, amax, x, scale);
+  const float s = scale.data<float>()[0];
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  dispatch_floating(x.dtype(), "fp8_quantize_transpose", [&]<class T>(std::type_identity<T>) {
+    if (q_t.dtype() == DType::e4m3)
+      quantize_transposed(q_t.data<fp8_e4m3>(), x.data<T>(), rows, cols, s);
+    else
+      quantize_transposed(q_t.data<fp8_e5m2>(), x.data<T>(), rows, cols, s);
+    if (amax.defined() && !q.defined()) accumulate_amax(amax, amax_bits(x.data<T>(), x.numel()));
   });
 }
 
