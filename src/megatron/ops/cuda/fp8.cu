@@ -134,7 +134,7 @@ __global__ void update_scale_kernel(float* scale, float* scale_inv, float* histo
   }
   bits = block_reduce(bits, MaxOp{}, 0u);
   if (threadIdx.x != 0) return;
-  const float amax = use_max ? __uint_as_float(bits) : old[0];
+  const float amax = use_max && len > 1 ? __uint_as_float(bits) : old[0];  // the CPU's: one entry as it is
   if (isfinite(amax) && amax > 0.0f) *scale = __fdiv_rn(__fdiv_rn(fp8_max, amax), margin_factor);
   *scale_inv = __fdiv_rn(1.0f, *scale);
 }
