@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The one-GPU MoE benchmark: megatron-cpp trains the moe-1b-8x preset (llama-1b attention, every
 # MLP replaced by 8 SwiGLU experts of width 2816, top-2 softmax routing, aux loss 1e-2, dropless)
-# with --moe-grouped-gemm (every expert product one launch of our grouped kernel), then the PyTorch
+# with --moe-grouped-gemm (every expert product one launch of our grouped kernel) and without it
+# (one cuBLASLt GEMM per expert, Megatron's SequentialMLP), then the PyTorch
 # reference (bench/pytorch_reference.py: the same model, torch.compile, experts through
 # torch._grouped_mm, or a per-expert loop with a printed note where that is missing) on the same
 # GPU: same shape, micro-batch and sequence, bf16 over fp32 master weights, AdamW (lr 1e-4, weight
 # decay 0.01 on matrices), gradient clipping 1.0, mock tokens. Prints a markdown table with tokens/s,
 # TFLOP/s (Megatron's formula, top-k experts per token) and peak memory of each and the ratio.
 # Ours: 30 iterations, timed over the log's last interval of 10; the reference: 5 warm-up + 20 timed.
-# About 3-5 minutes on one H100/H200 (most of it torch.compile).
+# About 4-6 minutes on one H100/H200 (most of it torch.compile and our model's set-up).
 #
 # Usage: bench/bench_moe.sh [build_dir] [micro_batch]     (defaults: build/gpu, 4)
 #   MOE_REF_LOOP=1 adds a row for the reference with one matmul per expert (--experts loop).
-# Logs: $OUT (or /tmp/bench-moe): ours-moe.log, the metrics file, ref-*.err.
+# Logs: $OUT (or /tmp/bench-moe): ours-moe.log, ours-moe-loop.log, the metrics files, ref-*.err.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build/gpu}"
@@ -27,20 +28,24 @@ iters=30 log_interval=10
 
 source bench/train_runs.sh  # field, num, finish_run, ours, read_ours
 
-rows=()
-# ours: --profile-ops-iteration 5 prints the device time per op family of a warm-up step.
+# ours, two ways: --moe-grouped-gemm (every expert product one launch of our grouped kernel, the
+# routing's row offsets read on the device) and without it (Megatron's SequentialMLP: one cuBLASLt
+# GEMM per expert, the counts read to the host once per layer's forward, as Megatron's all-to-all
+# dispatcher does for its grouped GEMM). --profile-ops-iteration 5 prints the device time per op
+# family of a warm-up step.
 ours ours-moe 1 "$preset" "$mbs" --moe-grouped-gemm --profile-ops-iteration 5
 read_ours ours-moe 1
-o_tok=$tok
-o_row="| megatron-cpp (grouped kernel) | $mbs | $(num "$ms" %.1f) | $(num "$tok" %.0f) | $(num "$tf" %.1f) | $(num "$peak" %.2f) | (base) |"
+grouped=("$ms" "$tok" "$tf" "$peak")
+ours ours-moe-loop 1 "$preset" "$mbs" --profile-ops-iteration 5
+read_ours ours-moe-loop 1
+loop=("$ms" "$tok" "$tf" "$peak")
 
-reference() {  # NAME [flags...]: one reference run; prints its table row, ratio ours / it
+reference() {  # NAME [flags...]: one reference run; sets r_ms r_tok r_tf r_mem experts
   local name=$1
   shift
   local line
   line=$(timeout 420 python3 bench/pytorch_reference.py --preset "$preset" --micro-batch-size "$mbs" "$@" \
     2> "$out/$name.err" | tee "$out/$name.out" | tail -1)
-  local r_ms r_tok r_tf r_mem experts
   r_ms=$(echo "$line" | field ms_per_iteration)
   r_tok=$(echo "$line" | field tokens_per_second)
   r_tf=$(echo "$line" | field tflops_per_gpu)
@@ -48,22 +53,31 @@ reference() {  # NAME [flags...]: one reference run; prints its table row, ratio
   experts=$(echo "$line" | sed -nE 's/.*"experts": ?"([^"]+)".*/\1/p')
   [ -n "$r_ms" ] || { echo "$name failed:" >&2; tail -5 "$out/$name.err" >&2; }
   grep -h '^note:' "$out/$name.out" >&2
-  local ratio
-  ratio=$(awk -v a="$o_tok" -v b="$r_tok" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')
-  echo "| PyTorch + torch.compile (experts: ${experts:-?}) | $mbs | $(num "$r_ms" %.1f) | $(num "$r_tok" %.0f) | $(num "$r_tf" %.1f) | $(num "$r_mem" %.2f) | $ratio |"
 }
-rows+=("$(reference ref-grouped)")
-[ "${MOE_REF_LOOP:-0}" = 1 ] && rows+=("$(reference ref-loop --experts loop)")
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }'; }
+reference ref-grouped
+ref_tok=$r_tok
+rows=("| PyTorch + torch.compile (experts: ${experts:-?}) | $mbs | $(num "$r_ms" %.1f) | $(num "$r_tok" %.0f) | $(num "$r_tf" %.1f) | $(num "$r_mem" %.2f) | 1.00x |")
+if [ "${MOE_REF_LOOP:-0}" = 1 ]; then
+  reference ref-loop --experts loop
+  rows+=("| PyTorch + torch.compile (experts: ${experts:-?}) | $mbs | $(num "$r_ms" %.1f) | $(num "$r_tok" %.0f) | $(num "$r_tf" %.1f) | $(num "$r_mem" %.2f) | $(ratio "$r_tok" "$ref_tok") |")
+fi
+ours_row() {  # LABEL ms tok tf peak
+  echo "| $1 | $mbs | $(num "$2" %.1f) | $(num "$3" %.0f) | $(num "$4" %.1f) | $(num "$5" %.2f) | $(ratio "$3" "$ref_tok") |"
+}
+rows=("$(ours_row "megatron-cpp, --moe-grouped-gemm (our grouped kernel)" "${grouped[@]}")"
+  "$(ours_row "megatron-cpp, per-expert cuBLASLt loop" "${loop[@]}")" "${rows[@]}")
 
 echo
 echo "$(date -u +%F) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $preset, seq 2048, bf16"
-echo "| engine | mbs | ms/it | tokens/s | TFLOP/s | peak memory GiB | ours / this |"
+echo "| engine | mbs | ms/it | tokens/s | TFLOP/s | peak memory GiB | tokens/s vs the grouped_mm reference |"
 echo "|---|---|---|---|---|---|---|"
-echo "$o_row"
 printf '%s\n' "${rows[@]}"
 echo
-echo "ours: device time per op family in iteration 5 (a warm-up step, outside the timed interval)"
-sed -n '/per-op time of iteration/,/step (wall)/p' "$out/ours-moe.log" | tail -n +2
+for run in ours-moe ours-moe-loop; do
+  echo "$run: device time per op family in iteration 5 (a warm-up step, outside the timed interval)"
+  sed -n '/per-op time of iteration/,/step (wall)/p' "$out/$run.log" | tail -n +2
+done
 echo "ours: grouped GEMM fallback warnings (none expected: every expert product runs our kernel):"
 grep -i "grouped GEMM" "$out/ours-moe.log" | head -3
-[ -n "$o_tok" ]  # the exit status: ours ran (a failed reference shows "-" in its row)
+[ -n "${grouped[1]}" ] && [ -n "${loop[1]}" ]  # the exit status: ours ran (a failed reference shows "-")
