@@ -48,6 +48,10 @@ check "llama-tiny bf16" 1 --model-preset llama-tiny --micro-batch-size 4 --globa
 check "moe-tiny" 1 --model-preset moe-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000
 check "moe-tiny bf16 EP=2" 2 --model-preset moe-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
   --bf16 --expert-model-parallel-size 2
+# TP=2 with expert TP 1: every rank holds whole experts and routes on the device (the expert
+# TP x EP group is one rank), keeping the routing's logits and choices (the plan missed them).
+check "moe-tiny TP=2 SP expert TP=1" 2 --model-preset moe-tiny --micro-batch-size 4 --global-batch-size 8 \
+  --vocab-size 1000 --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1
 check "llama-tiny full recompute" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
   --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 check "tiny selective recompute" 1 --model-preset tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \

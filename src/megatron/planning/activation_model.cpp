@@ -77,10 +77,12 @@ int64_t expert_rows(const MoEConfig& moe, const LayerDims& d) { return d.Ts * mo
 // indices and weights, the (T,E) row map and probabilities, over the EP group's tokens), the
 // experts' input and fc1 output, their output, and the shared expert's MLP (its input is the
 // router's).
-int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep, int64_t tp) {
+int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep, int64_t expert_tp) {
   const int64_t N = expert_rows(moe, d), E = moe.num_moe_experts, group_tokens = d.Ts * ep;
   int64_t bytes = d.Ts * d.H * d.stats;
-  const bool device_routing = ep * tp == 1 && !moe.moe_expert_capacity_factor.has_value();
+  // The router routes on the device unless the expert TP x EP group exchanges tokens (or capacity
+  // drops them): MoELayer's exchange.
+  const bool device_routing = ep * expert_tp == 1 && !moe.moe_expert_capacity_factor.has_value();
   if (device_routing) bytes += d.Ts * E * d.stats + d.Ts * moe.moe_router_topk * 4;
   bytes += N * (4 + d.stats) + group_tokens * E * (4 + d.stats);
   bytes += N * d.H * d.e + N * moe.moe_ffn_hidden_size * d.fc1_factor * d.e + N * d.H * d.e;
@@ -142,7 +144,7 @@ ChunkActivations chunk_activations(const TransformerConfig& config, const pipeli
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.num_layers; ++i) {
     const bool is_moe = moe[size_t(i)];
     const int64_t saved = 2 * norm_saved(d) + attention_saved(d) +
-                          (is_moe ? moe_saved(config.moe, d, shape.ep, shape.tp) : mlp_saved(d, d.ffn));
+                          (is_moe ? moe_saved(config.moe, d, shape.ep, shape.expert_tp) : mlp_saved(d, d.ffn));
     a.layers.push_back({saved, layer_backward_working(config, is_moe, d, shape, backend)});
   }
   // Full recomputation (the engine's own segments): a checkpointed segment's layers keep nothing

@@ -26,6 +26,7 @@ struct ActivationShape {
   int64_t tp = 1;              // tensor-parallel size
   bool sequence_parallel = false;
   int64_t ep = 1;              // expert-parallel size
+  int64_t expert_tp = 1;       // expert tensor-parallel size (Megatron's default: tp)
   bool context_parallel = false;  // CP > 1: attention runs on split q, k, v
   int64_t tokens() const { return seq_length * micro_batch; }
   int64_t stream_tokens() const { return sequence_parallel ? tokens() / tp : tokens(); }

@@ -48,7 +48,9 @@ struct RankBuffers {
 
 RankBuffers rank_buffers(const TrainingArgs& args, const ParallelContext& ctx,
                          const pipeline_parallel::PipelineSplit& split) {
-  ParameterRegistry registry(ctx.tp_rank(), ctx.tp_size(), ctx.ep->rank(), int(ctx.ep->size()));
+  // The model's own split of every parameter (the expert TP's of experts too).
+  const std::unique_ptr<ParameterRegistry> model_registry = make_model_registry(ctx);
+  ParameterRegistry& registry = *model_registry;
   std::vector<std::unique_ptr<GPTModel>> chunks;
   std::vector<int64_t> param_chunks;  // as ModelChunks::param_chunks
   for (int64_t c = 0; c < split.virtual_stages; ++c) {
@@ -164,6 +166,7 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
                               .tp = args.parallel.tensor_model_parallel_size,
                               .sequence_parallel = ctx.sequence_parallel(),
                               .ep = args.parallel.expert_model_parallel_size,
+                              .expert_tp = args.parallel.sizes().expert_tp(),
                               .context_parallel = args.parallel.context_parallel_size > 1};
   // Per chunk: what one micro-batch keeps (saved tensors and device inputs) and the most its
   // backward holds on top.
