@@ -392,6 +392,42 @@ TEST(Fp8Linear, DelayedScalingForwardAndUpdate) {
   EXPECT_FALSE(fp8.grad_output().scale.defined());  // no backward yet: no state
 }
 
+// Under the blockwise recipe the layer's three GEMMs take the block casts Transformer Engine's
+// Float8BlockScaling takes: y from x's 1x128 tiles and W's 128x128 blocks, dx from dy's tiles and
+// W^T's blocks, dW from dy^T's and x^T's tiles along the tokens (e5m2 dy under hybrid), composed
+// here from the ops; the layer keeps no scaling state, so a second step with the same tensors
+// gives the same bits.
+TEST(Fp8Linear, BlockwiseGemmsTakeTheBlockCasts) {
+  tensor_parallel::Fp8Linear fp8("linear", {.backward_dtype = DType::e5m2, .scaling = ops::Fp8Scaling::blockwise}, {});
+  const int64_t n = 130, in = 140, out = 20;  // ragged tiles along every dimension
+  const Tensor x = wave({n, in}, 1, 0.2f), w = wave({out, in}, 2, 0.9f), dy = wave({n, out}, 3, 1.7f);
+  StepOutputs got{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
+                  Tensor::zeros({out, in}, DType::f32)};
+  Tensor no_bias;
+  fp8.linear_forward(got.y, x, w, no_bias);
+  fp8.linear_backward(got.dx, got.dweight, no_bias, dy, x, w);
+
+  const BlockCast xq = block_cast(x, Fp8BlockShape::tile_1x128), wq = block_cast(w, Fp8BlockShape::block_128x128);
+  const BlockCast dyq = block_cast(dy, Fp8BlockShape::tile_1x128, DType::e5m2);
+  const ops::MatmulParams tn{.trans_b = ops::Transpose::yes};
+  StepOutputs want{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
+                   Tensor::zeros({out, in}, DType::f32)};
+  ops::fp8_matmul_blockwise(want.y, xq.q, xq.scale_inv, Fp8BlockShape::tile_1x128, wq.q, wq.scale_inv,
+                            Fp8BlockShape::block_128x128, tn);
+  ops::fp8_matmul_blockwise(want.dx, dyq.q, dyq.scale_inv, Fp8BlockShape::tile_1x128, wq.q_t, wq.scale_inv_t,
+                            Fp8BlockShape::block_128x128, tn);
+  ops::fp8_matmul_blockwise(want.dweight, dyq.q_t, dyq.scale_inv_t, Fp8BlockShape::tile_1x128, xq.q_t,
+                            xq.scale_inv_t, Fp8BlockShape::tile_1x128, tn);
+  expect_same_bits(got, want, 0);
+  EXPECT_FALSE(fp8.input().scale.defined());  // no state
+  fp8.update_scales();                         // nothing to update
+  StepOutputs again{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
+                    Tensor::zeros({out, in}, DType::f32)};
+  fp8.linear_forward(again.y, x, w, no_bias);
+  fp8.linear_backward(again.dx, again.dweight, no_bias, dy, x, w);
+  expect_same_bits(again, want, 1);
+}
+
 // The recipe state in Transformer Engine's layout (forward tensors input and weight as columns,
 // the output gradient apart) taken after 4 steps and loaded into a new layer: the next steps give
 // the same bits as the layer that kept it. A layer that starts afresh casts with scale 1 instead.
