@@ -22,7 +22,9 @@
 // outer size R with K contiguous: VEC128 holds ceil(K/128) x round_up(R, 4) scales, R fastest
 // (column-major R x ceil(K/128)); BLK128x128 holds ceil(R/128) x round_up(ceil(K/128), 4), the
 // K blocks fastest. A row-major (R, K) operand is that column-major K x R one, so ops/fp8.h's
-// fp8_block_scale_shape is exactly this layout and the scales go to cuBLASLt as they are. cuBLAS
+// fp8_block_scale_shape is exactly this layout and the scales go to cuBLASLt as they are (PyTorch's
+// torch._scaled_mm, on the same cuBLASLt modes, asks the same: 1x128 scales (M, K/128)
+// outer-dim-major, 128x128 scales (M/128, K/128) with 16-byte aligned row strides). cuBLAS
 // lists VEC128 x VEC128, VEC128 x BLK128x128 and BLK128x128 x VEC128 (not both 2-D), which are
 // also the pairs Transformer Engine's Float8BlockScaling asserts.
 //
