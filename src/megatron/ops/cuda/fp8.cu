@@ -157,30 +157,68 @@ __device__ __forceinline__ float block_scale(unsigned amax_bits, float fp8_max) 
 constexpr int kTileWarps = kThreads / 32;
 constexpr int kLanesPerTile = int(kFp8BlockSize) / 32;  // elements per lane of a 1x128 tile
 
-// 1x128 tiles of the (R, C) matrix whose element (r, c) is x[r * row_stride + c * col_stride]
-// (x itself, or x^T), one warp per tile: q (R, C) and scale_inv (scale_ld per tile column).
-template <class T>
-__global__ void quantize_tiles_kernel(__nv_fp8_storage_t* q, float* scale_inv, const T* x, int64_t R, int64_t C,
-                                      int64_t row_stride, int64_t col_stride, int64_t scale_ld, float fp8_max,
-                                      __nv_fp8_interpretation_t format) {
-  const int lane = int(threadIdx.x) % 32;
-  const int64_t r = int64_t(blockIdx.y) * kTileWarps + int(threadIdx.x) / 32, c0 = int64_t(blockIdx.x) * kFp8BlockSize;
-  if (r >= R) return;  // a whole warp: the shuffles below stay full
-  float v[kLanesPerTile];
+// One 1x128 tile per warp: v holds the tile's elements lane + 32 j (0 past a ragged end); writes
+// their codes through store(element, code) and returns the tile's scale_inv.
+template <class Store>
+__device__ __forceinline__ float cast_tile(const float (&v)[kLanesPerTile], int lane, float fp8_max,
+                                           __nv_fp8_interpretation_t format, Store store) {
   unsigned bits = 0;
 #pragma unroll
-  for (int j = 0; j < kLanesPerTile; ++j) {
-    const int64_t c = c0 + lane + 32 * j;
-    v[j] = c < C ? to_float(x[r * row_stride + c * col_stride]) : 0.0f;
-    bits = max(bits, magnitude_bits(v[j]));
-  }
+  for (int j = 0; j < kLanesPerTile; ++j) bits = max(bits, magnitude_bits(v[j]));
   const float scale = block_scale(warp_reduce(bits, MaxOp{}), fp8_max);
+#pragma unroll
+  for (int j = 0; j < kLanesPerTile; ++j) store(lane + 32 * j, cast_fp8(v[j], scale, format));
+  return __fdiv_rn(1.0f, scale);
+}
+
+// The 1x128 tiles of x (rows, cols) along its rows, one warp per tile: q (rows, cols) and its
+// scale_inv (scale_ld per tile column).
+template <class T>
+__global__ void quantize_tiles_kernel(__nv_fp8_storage_t* q, float* scale_inv, const T* x, int64_t rows, int64_t cols,
+                                      int64_t scale_ld, float fp8_max, __nv_fp8_interpretation_t format) {
+  const int lane = int(threadIdx.x) % 32;
+  const int64_t r = int64_t(blockIdx.y) * kTileWarps + int(threadIdx.x) / 32, c0 = int64_t(blockIdx.x) * kFp8BlockSize;
+  if (r >= rows) return;  // a whole warp: the shuffles stay full
+  float v[kLanesPerTile];
 #pragma unroll
   for (int j = 0; j < kLanesPerTile; ++j) {
     const int64_t c = c0 + lane + 32 * j;
-    if (c < C) q[r * C + c] = cast_fp8(v[j], scale, format);
+    v[j] = c < cols ? to_float(x[r * cols + c]) : 0.0f;
   }
-  if (lane == 0) scale_inv[int64_t(blockIdx.x) * scale_ld + r] = __fdiv_rn(1.0f, scale);
+  const float inv = cast_tile(v, lane, fp8_max, format, [&](int i, __nv_fp8_storage_t code) {
+    if (c0 + i < cols) q[r * cols + c0 + i] = code;
+  });
+  if (lane == 0) scale_inv[int64_t(blockIdx.x) * scale_ld + r] = inv;
+}
+
+// The 1x128 tiles of x^T: q_t (cols, rows), each tile 128 rows of one column of x. A block reads
+// x's rows [r0, r0 + 128) x columns [c0, c0 + 32) into shared memory along the rows (coalesced),
+// then each warp casts 4 of those columns as tiles and writes them as q_t rows (coalesced).
+constexpr int kTransposedTileColumns = 32;
+template <class T>
+__global__ void quantize_transposed_tiles_kernel(__nv_fp8_storage_t* q_t, float* scale_inv, const T* x, int64_t rows,
+                                                 int64_t cols, int64_t scale_ld, float fp8_max,
+                                                 __nv_fp8_interpretation_t format) {
+  __shared__ float tile[kFp8BlockSize][kTransposedTileColumns + 1];  // +1: no bank conflicts down a column
+  const int64_t r0 = int64_t(blockIdx.y) * kFp8BlockSize, c0 = int64_t(blockIdx.x) * kTransposedTileColumns;
+  for (int i = int(threadIdx.x); i < kFp8BlockSize * kTransposedTileColumns; i += blockDim.x) {
+    const int rr = i / kTransposedTileColumns, cc = i % kTransposedTileColumns;
+    const int64_t r = r0 + rr, c = c0 + cc;
+    tile[rr][cc] = r < rows && c < cols ? to_float(x[r * cols + c]) : 0.0f;
+  }
+  __syncthreads();
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  for (int cc = warp; cc < kTransposedTileColumns; cc += kTileWarps) {
+    const int64_t c = c0 + cc;  // the q_t row
+    if (c >= cols) break;       // the same for the whole warp
+    float v[kLanesPerTile];
+#pragma unroll
+    for (int j = 0; j < kLanesPerTile; ++j) v[j] = tile[lane + 32 * j][cc];
+    const float inv = cast_tile(v, lane, fp8_max, format, [&](int i, __nv_fp8_storage_t code) {
+      if (r0 + i < rows) q_t[c * rows + r0 + i] = code;
+    });
+    if (lane == 0) scale_inv[int64_t(blockIdx.y) * scale_ld + c] = inv;
+  }
 }
 
 // One 128x128 block of x (rows, cols) per thread block: its amax, then its codes into q (rows,
@@ -210,18 +248,26 @@ __global__ void quantize_blocks_kernel(__nv_fp8_storage_t* q, float* q_scale_inv
   if (q_t_scale_inv != nullptr) q_t_scale_inv[int64_t(blockIdx.x) * q_t_scale_ld + blockIdx.y] = inv;
 }
 
-// The tiles of (R, C) as quantize_tiles_kernel reads them, after zeroing the scales' padding.
+// x's 1x128 tiles into q (transposed: false) or x^T's into q (transposed: true), after zeroing
+// the scales' padding.
 template <class T>
-void launch_tiles(Tensor& q, Tensor& scale_inv, const T* x, int64_t R, int64_t C, int64_t row_stride,
-                  int64_t col_stride, __nv_fp8_interpretation_t format) {
+void launch_tiles(Tensor& q, Tensor& scale_inv, const T* x, int64_t rows, int64_t cols, bool transposed,
+                  __nv_fp8_interpretation_t format) {
   CUDA_CHECK(cudaMemsetAsync(scale_inv.raw(), 0, size_t(scale_inv.numel()) * sizeof(float), stream()));
-  if (R == 0 || C == 0) return;
-  const dim3 grid(unsigned(ceil_div(C, kFp8BlockSize)), unsigned(ceil_div(R, kTileWarps)));
-  MEGATRON_CHECK(grid.y <= 65535 && grid.x <= 65535,
-                 "fp8_quantize_blockwise: (" << R << "," << C << ") exceeds the 1x128 kernel's grid; split the tensor");
-  quantize_tiles_kernel<T><<<grid, kThreads, 0, stream()>>>(static_cast<__nv_fp8_storage_t*>(q.raw()),
-                                                             device_data<float>(scale_inv), x, R, C, row_stride,
-                                                             col_stride, scale_inv.dim(1), fp8_max(q.dtype()), format);
+  if (rows == 0 || cols == 0) return;
+  auto* codes = static_cast<__nv_fp8_storage_t*>(q.raw());
+  const float max_value = fp8_max(q.dtype());
+  if (transposed) {
+    const dim3 grid(unsigned(ceil_div(cols, kTransposedTileColumns)), unsigned(ceil_div(rows, kFp8BlockSize)));
+    MEGATRON_CHECK(grid.y <= 65535, "fp8_quantize_blockwise: " << rows << " rows exceed the kernel's grid; split x");
+    quantize_transposed_tiles_kernel<T><<<grid, kThreads, 0, stream()>>>(
+        codes, device_data<float>(scale_inv), x, rows, cols, scale_inv.dim(1), max_value, format);
+  } else {
+    const dim3 grid(unsigned(ceil_div(cols, kFp8BlockSize)), unsigned(ceil_div(rows, kTileWarps)));
+    MEGATRON_CHECK(grid.y <= 65535, "fp8_quantize_blockwise: " << rows << " rows exceed the kernel's grid; split x");
+    quantize_tiles_kernel<T><<<grid, kThreads, 0, stream()>>>(codes, device_data<float>(scale_inv), x, rows, cols,
+                                                               scale_inv.dim(1), max_value, format);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
@@ -300,9 +346,9 @@ void cuda::fp8_quantize_blockwise(Tensor& q, Tensor& q_scale_inv, Tensor& q_t, T
   dispatch_storage(x.dtype(), "fp8_quantize_blockwise", [&]<class T>(std::type_identity<T>) {
     const T* xs = device_data<T>(x);
     if (blocks == Fp8BlockShape::tile_1x128) {
-      if (q.defined()) launch_tiles(q, q_scale_inv, xs, rows, cols, cols, 1, fp8_format(dtype));
+      if (q.defined()) launch_tiles(q, q_scale_inv, xs, rows, cols, false, fp8_format(dtype));
       // x^T's tiles run down x's columns (the token dimension).
-      if (q_t.defined()) launch_tiles(q_t, q_t_scale_inv, xs, cols, rows, 1, cols, fp8_format(dtype));
+      if (q_t.defined()) launch_tiles(q_t, q_t_scale_inv, xs, rows, cols, true, fp8_format(dtype));
       return;
     }
     for (Tensor* scales : {&q_scale_inv, &q_t_scale_inv})
