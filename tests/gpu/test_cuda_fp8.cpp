@@ -1,7 +1,8 @@
 // FP8 on CUDA against the CPU oracle: the cast kernel bit for bit (the hardware's cvt.rn.satfinite
 // against core/dtype.h's rounding), amax and the recipes' scale update exactly, and the cuBLASLt
 // FP8 GEMM both against the CPU's emulation of it on the same FP8 bytes and against a BF16 GEMM of
-// the unquantised values, each within a derived bound.
+// the unquantised values, each within a derived bound; the same for the blockwise recipe's cast
+// (codes and block scales bit for bit) and its block-scaled GEMM.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -238,4 +239,153 @@ TEST_F(CudaFp8, GemmRefusesSizesCublasLtCannotRun) {
   Tensor c = Tensor::empty({16, 16}, DType::bf16, gpu()), s = scalar(1.0f, gpu());
   EXPECT_TRUE(throws_error_naming([&] { ops::fp8_matmul(c, a, s, b, s, {.trans_b = Transpose::yes}); },
                                   "need K and C's column count to be positive multiples of 16"));
+}
+
+// ---- blockwise ----
+
+namespace {
+
+using ops::Fp8BlockShape;
+
+const char* block_name(Fp8BlockShape blocks) { return blocks == Fp8BlockShape::tile_1x128 ? "1x128" : "128x128"; }
+
+// An f32 host tensor of NaNs: a scale (or padding) the kernel forgets to write shows.
+Tensor nan_f32(const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  t.fill(std::numeric_limits<double>::quiet_NaN());
+  return t;
+}
+
+}  // namespace
+
+// The blockwise cast against the CPU, bit for bit: codes of both layouts and every scale_inv
+// (padding included) for both block shapes, three input dtypes, both formats; shapes of whole
+// blocks, ragged ones, fewer than 8 rows (a partial tile-kernel block), a zero row; values over the
+// whole range with infinities (a block whose amax is infinite keeps scale 1).
+TEST_F(CudaFp8, BlockwiseCastMatchesCpuBitForBit) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{256, 384}, {130, 200}, {7, 129}, {300, 16}})
+    for (const Fp8BlockShape blocks : {Fp8BlockShape::tile_1x128, Fp8BlockShape::block_128x128})
+      for (DType x_dtype : {DType::f32, DType::bf16, DType::f16})
+        for (DType q_dtype : {DType::e4m3, DType::e5m2}) {
+          Tensor host = wide_values(rows * cols, DType::f32, 9).view({rows, cols});
+          for (int64_t c = 0; c < cols; ++c) host.set_item(3 * cols + c, 0.0);  // a zero row: scale 1
+          const Pair x = pair_of(host.to(x_dtype));
+          Pair q = pair_of(nan_fp8({rows, cols}, q_dtype)), q_t = pair_of(nan_fp8({cols, rows}, q_dtype));
+          Pair s = pair_of(nan_f32(ops::fp8_block_scale_shape(rows, cols, blocks)));
+          Pair s_t = pair_of(nan_f32(ops::fp8_block_scale_shape(cols, rows, blocks)));
+          ops::cpu::fp8_quantize_blockwise(q.cpu, s.cpu, q_t.cpu, s_t.cpu, x.cpu, blocks);
+          ops::cuda::fp8_quantize_blockwise(q.gpu, s.gpu, q_t.gpu, s_t.gpu, x.gpu, blocks);
+          const std::string what = std::to_string(rows) + "x" + std::to_string(cols) + " " + block_name(blocks) + " " +
+                                   dtype_name(x_dtype) + " -> " + dtype_name(q_dtype);
+          EXPECT_TRUE(same_bytes(q)) << what;
+          EXPECT_TRUE(same_bytes(q_t)) << what;
+          EXPECT_TRUE(equals_cpu(s)) << what;
+          EXPECT_TRUE(equals_cpu(s_t)) << what;
+        }
+  // One layout only: the other stays unwritten.
+  const Pair x = random_pair({128, 256}, DType::bf16, 4);
+  Pair q_t = pair_of(nan_fp8({256, 128}, DType::e4m3));
+  Pair s_t = pair_of(nan_f32(ops::fp8_block_scale_shape(256, 128, Fp8BlockShape::tile_1x128)));
+  Tensor none;
+  ops::cpu::fp8_quantize_blockwise(none, none, q_t.cpu, s_t.cpu, x.cpu, Fp8BlockShape::tile_1x128);
+  ops::cuda::fp8_quantize_blockwise(none, none, q_t.gpu, s_t.gpu, x.gpu, Fp8BlockShape::tile_1x128);
+  EXPECT_TRUE(same_bytes(q_t));
+  EXPECT_TRUE(equals_cpu(s_t));
+}
+
+namespace {
+
+struct BlockGemmCase {
+  DType a_dtype, b_dtype, out;
+  Fp8BlockShape a_blocks, b_blocks;
+  int64_t m, n, k;
+  float beta;
+};
+
+// check_gemm's two comparisons for the block-scaled GEMM C = A B^T (+ beta C), A (m,k) and B (n,k)
+// cast on the GPU in their blocks: (1) against the CPU emulation on the same bytes and block
+// scales, within check_gemm's accumulation bound (2^-13 S for Hopper's ~14-bit in-MMA sums, which
+// cuBLASLt promotes to f32 at least once per 128-long K block to apply the scales, plus the f32
+// bound, plus the output's rounding); (2) against the BF16 GEMM of the unquantised values (f64),
+// each element within u |x| + d of its FP8 value, d half the subnormal spacing times the largest
+// block scale_inv of its operand (a block's own scale_inv bounds its elements' d).
+void check_block_gemm(const BlockGemmCase& c, uint64_t seed) {
+  const Pair a = random_pair({c.m, c.k}, DType::bf16, seed), b = random_pair({c.n, c.k}, DType::bf16, seed + 1);
+  Pair out = c.beta == 0.0f ? poisoned_pair({c.m, c.n}, c.out) : random_pair({c.m, c.n}, c.out, seed + 2);
+  const auto cast = [](const Tensor& x, DType dtype, Fp8BlockShape blocks) {
+    std::pair<Tensor, Tensor> q{Tensor::empty(x.shape(), dtype, gpu()),
+                                Tensor::empty(ops::fp8_block_scale_shape(x.dim(0), x.dim(1), blocks), DType::f32, gpu())};
+    Tensor none, none_scale;
+    ops::cuda::fp8_quantize_blockwise(q.first, q.second, none, none_scale, x, blocks);
+    return q;
+  };
+  const auto [qa, sa_gpu] = cast(a.gpu, c.a_dtype, c.a_blocks);
+  const auto [qb, sb_gpu] = cast(b.gpu, c.b_dtype, c.b_blocks);
+  const MatmulParams p{.trans_b = Transpose::yes, .beta = c.beta};
+  const Tensor c_before = out.cpu.clone();
+  ops::fp8_matmul_blockwise(out.gpu, qa, sa_gpu, c.a_blocks, qb, sb_gpu, c.b_blocks, p);
+  const std::string what = std::string(dtype_name(c.a_dtype)) + " " + block_name(c.a_blocks) + " x " +
+                           dtype_name(c.b_dtype) + " " + block_name(c.b_blocks) + " -> " + dtype_name(c.out) + " (" +
+                           std::to_string(c.m) + "," + std::to_string(c.n) + "," + std::to_string(c.k) + ")" +
+                           (c.beta != 0.0f ? ", accumulated" : "");
+
+  const Tensor aq = qa.to(Device::cpu()), bq = qb.to(Device::cpu());
+  const Tensor sa = sa_gpu.to(Device::cpu()), sb = sb_gpu.to(Device::cpu());
+  Tensor emulated = c_before.to(DType::f32);
+  ops::cpu::fp8_matmul_blockwise(emulated, aq, sa, c.a_blocks, bq, sb, c.b_blocks, p);
+  Tensor abs_aq = aq.clone(), abs_bq = bq.clone();
+  for (Tensor* t : {&abs_aq, &abs_bq})
+    for (int64_t i = 0; i < t->numel(); ++i) static_cast<uint8_t*>(t->raw())[i] &= 0x7F;
+  Tensor s = c.beta == 0.0f ? Tensor::zeros({c.m, c.n}, DType::f32) : abs_f64(c_before).to(DType::f32);
+  ops::cpu::fp8_matmul_blockwise(s, abs_aq, sa, c.a_blocks, abs_bq, sb, c.b_blocks, {.trans_b = Transpose::yes, .beta = 1.0f});
+  const double u16 = c.out == DType::f32 ? 0.0 : unit_roundoff(c.out);
+  Tensor bound = Tensor::empty({c.m, c.n}, DType::f64);
+  for (int64_t i = 0; i < bound.numel(); ++i) {
+    const double e = (0x1p-13 + 2.0 * double(c.k + 2) * kUnitRoundoffF32) * s.item(i);
+    bound.set_item(i, e * (1.0 + u16) + u16 * std::fabs(emulated.item(i)) + 1e-30);
+  }
+  EXPECT_TRUE(within_bound(out, emulated, bound)) << "vs CPU emulation, " << what;
+
+  Tensor ref = f64(c_before);
+  ops::cpu::matmul(ref, f64(a.cpu), f64(b.cpu), p);
+  Tensor abs_ab = Tensor::zeros({c.m, c.n}, DType::f64);
+  ops::cpu::matmul(abs_ab, abs_f64(a.cpu), abs_f64(b.cpu), {.trans_b = Transpose::yes});
+  const double ua = fp8_unit_roundoff(c.a_dtype), ub = fp8_unit_roundoff(c.b_dtype);
+  const auto half_subnormal = [](DType d, const Tensor& scale_inv) {
+    return (d == DType::e4m3 ? 0x1p-10 : 0x1p-17) * max_abs(scale_inv);
+  };
+  const double da = half_subnormal(c.a_dtype, sa), db = half_subnormal(c.b_dtype, sb);
+  const double max_a = max_abs(a.cpu), max_b = max_abs(b.cpu);
+  Tensor bound2 = Tensor::empty({c.m, c.n}, DType::f64);
+  for (int64_t i = 0; i < bound2.numel(); ++i) {
+    const double quantisation =
+        (ua + ub + ua * ub) * abs_ab.item(i) + double(c.k) * (da * max_b * (1 + ub) + db * max_a * (1 + ua) + da * db);
+    bound2.set_item(i, quantisation * (1.0 + u16) + bound.item(i));
+  }
+  EXPECT_TRUE(within_bound(out, ref, bound2)) << "vs BF16 reference, " << what;
+  std::printf("blockwise fp8 GEMM %s: normwise error vs BF16 %.4f\n", what.c_str(),
+              normwise_error(out.gpu.to(Device::cpu()), ref));
+}
+
+}  // namespace
+
+// The three GEMMs of a blockwise Fp8Linear (forward, hybrid dgrad, wgrad into an f32 main grad)
+// and cuBLASLt's third pair (128x128 A, 1x128 B), at sizes of whole 128 blocks, and a model-sized
+// one (a llama-1b MLP tile).
+TEST_F(CudaFp8, BlockwiseGemmMatchesEmulationAndBf16Reference) {
+  const Fp8BlockShape tile = Fp8BlockShape::tile_1x128, block = Fp8BlockShape::block_128x128;
+  uint64_t seed = 300;
+  check_block_gemm({DType::e4m3, DType::e4m3, DType::bf16, tile, block, 256, 384, 512, 0.0f}, seed++);
+  check_block_gemm({DType::e5m2, DType::e4m3, DType::bf16, tile, block, 256, 384, 512, 0.0f}, seed++);
+  check_block_gemm({DType::e5m2, DType::e4m3, DType::f32, tile, tile, 256, 384, 512, 1.0f}, seed++);
+  check_block_gemm({DType::e4m3, DType::e4m3, DType::bf16, block, tile, 384, 256, 512, 0.0f}, seed++);
+  check_block_gemm({DType::e4m3, DType::e4m3, DType::bf16, tile, block, 256, 2048, 2048, 0.0f}, seed++);
+}
+
+// Sizes that are not multiples of 128 (ragged last blocks, K and N multiples of 16 as every FP8
+// GEMM here needs): the scales' layout covers them; whether cuBLASLt runs them is what this asks.
+TEST_F(CudaFp8, BlockwiseGemmOnRaggedBlocks) {
+  const Fp8BlockShape tile = Fp8BlockShape::tile_1x128, block = Fp8BlockShape::block_128x128;
+  check_block_gemm({DType::e4m3, DType::e4m3, DType::bf16, tile, block, 200, 144, 272, 0.0f}, 400);
+  check_block_gemm({DType::e5m2, DType::e4m3, DType::f32, tile, tile, 200, 144, 272, 1.0f}, 401);
 }

@@ -738,13 +738,23 @@ TEST(ParseArgs, Fp8Flags) {
           .model.fp8.recipe();
   EXPECT_EQ(tensorwise.backward_dtype, DType::e4m3);
   EXPECT_EQ(tensorwise.scaling, ops::Fp8Scaling::current);
+  const ops::Fp8Recipe blockwise =
+      parse_training_args(with(minimal_argv(), {"--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "blockwise"}))
+          .model.fp8.recipe();
+  EXPECT_EQ(blockwise.scaling, ops::Fp8Scaling::blockwise);
+  EXPECT_EQ(blockwise.forward_dtype, DType::e4m3);
+  EXPECT_EQ(blockwise.backward_dtype, DType::e5m2);  // hybrid, as Transformer Engine's Float8BlockScaling takes it
+  EXPECT_EQ(blockwise.amax_history_len, 1);
 
   const auto error = [&](const Argv& extra) { return parse_error(with(minimal_argv(), extra)); };
   EXPECT_TRUE(contains(error({"--fp8-format", "e4m3"}), "add --bf16"));
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--device", "cpu"}), "but --device is cpu"));
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e5m2"}), "--fp8-format 'e5m2': expected one of e4m3, hybrid"));
-  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise"}),
-                       "--fp8-recipe blockwise: Megatron's recipe, not built here"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"}),
+                       "--fp8-recipe mxfp8: Megatron's recipe, not built here"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise",
+                              "--fp8-amax-history-len", "16"}),
+                       "apply to --fp8-recipe delayed only: blockwise scales each 1x128 tile"));
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-param-gather"}),
                        "--fp8-param-gather: FP8 parameters are not built here"));
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-amax-history-len", "0"}),

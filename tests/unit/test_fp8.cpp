@@ -211,6 +211,163 @@ TEST(Fp8Ops, MatmulEmulationIsExactOnRepresentableValues) {
   EXPECT_EQ(c16.to_vector(), (std::vector<float>{12, -2.5f, 7, -4}));
 }
 
+// ---- blockwise ----
+
+namespace {
+
+using ops::Fp8BlockShape;
+
+struct BlockCast {
+  Tensor q, scale_inv, q_t, scale_inv_t;
+};
+
+// x (rows, cols) cast in `blocks`, both layouts, into `dtype`.
+BlockCast block_cast(const Tensor& x, Fp8BlockShape blocks, DType dtype = DType::e4m3) {
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  BlockCast out{Tensor::empty({rows, cols}, dtype),
+                Tensor::empty(ops::fp8_block_scale_shape(rows, cols, blocks), DType::f32),
+                Tensor::empty({cols, rows}, dtype),
+                Tensor::empty(ops::fp8_block_scale_shape(cols, rows, blocks), DType::f32)};
+  ops::fp8_quantize_blockwise(out.q, out.scale_inv, out.q_t, out.scale_inv_t, x, blocks);
+  return out;
+}
+
+Tensor transposed(const Tensor& x) {
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  std::vector<float> t(size_t(rows * cols));
+  const std::vector<float> v = x.to_vector();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = v[size_t(r * cols + c)];
+  return Tensor::from_vector(t, {cols, rows}, x.dtype());
+}
+
+// The scale a block of amax `amax` gets, worked independently of the op: the largest power of
+// two not above fp8_max / amax.
+double pow2_scale(double amax, double max_value) { return std::exp2(std::floor(std::log2(max_value / amax))); }
+
+}  // namespace
+
+// Hand-worked 1x128 tiles of a (2, 200) tensor: a full tile and a ragged one (72 elements) per row.
+TEST(Fp8Blockwise, TileScalesAreThePowerOfTwoBelowFp8MaxOverAmax) {
+  std::vector<float> v(400, 0.0f);
+  v[0] = 3.0f;      // row 0, tile 0: amax 3 -> 448 / 3 = 149.3 -> scale 128
+  v[1] = -1.0f;     //   -> -128, exact
+  v[2] = 0.01f;     //   -> 1.28: e4m3 rounds to 1.25
+  // row 0, tile 1 (columns 128..199): all zero -> scale 1, codes 0
+  v[200] = 448.0f;  // row 1, tile 0: amax 448 -> scale 1
+  v[200 + 130] = 0.001f;  // row 1, tile 1 (ragged): 448 / 0.001 = 448000 -> 2^18 = 262144
+  const Tensor x = Tensor::from_vector(v, {2, 200});
+  const BlockCast e4m3 = block_cast(x, Fp8BlockShape::tile_1x128);
+  // (ceil(200 / 128), round_up(2, 4)) = (2, 4): [tile column, row], padding 0.
+  EXPECT_EQ(e4m3.scale_inv.shape(), (Shape{2, 4}));
+  EXPECT_EQ(e4m3.scale_inv.to_vector(), (std::vector<float>{0x1p-7f, 1.0f, 0, 0, 1.0f, 0x1p-18f, 0, 0}));
+  const std::vector<uint8_t> codes = bits_of(e4m3.q);
+  EXPECT_EQ(codes[0], fp8_e4m3::from_float(384.0f));
+  EXPECT_EQ(codes[1], fp8_e4m3::from_float(-128.0f));
+  EXPECT_EQ(fp8_e4m3::to_float(codes[2]), 1.25f);
+  EXPECT_EQ(codes[150], 0x00);
+  EXPECT_EQ(codes[200], 0x7E);  // 448: the block's largest element never saturates past the max
+  EXPECT_EQ(fp8_e4m3::to_float(codes[330]), 256.0f);  // 262.144 on the grid of 32 above 256
+  // e5m2: 57344 / 3 = 19114.7 -> 2^14.
+  const BlockCast e5m2 = block_cast(x, Fp8BlockShape::tile_1x128, DType::e5m2);
+  EXPECT_EQ(e5m2.scale_inv.to_vector()[0], 0x1p-14f);
+}
+
+// The transposed 1x128 tiles run along x's rows (the token dimension): q_t is exactly the
+// row-wise cast of x^T (other tiles than q's, so not q transposed), ragged in both directions.
+TEST(Fp8Blockwise, TransposedTilesAreTheCastOfTheTranspose) {
+  const Tensor x = wave({130, 3}, 4, 0.2f);
+  const BlockCast direct = block_cast(x, Fp8BlockShape::tile_1x128);
+  const BlockCast of_transpose = block_cast(transposed(x), Fp8BlockShape::tile_1x128);
+  EXPECT_EQ(direct.scale_inv_t.shape(), (Shape{2, 4}));
+  EXPECT_EQ(bits_of(direct.q_t), bits_of(of_transpose.q));
+  EXPECT_EQ(direct.scale_inv_t.to_vector(), of_transpose.scale_inv.to_vector());
+  // Each of x's rows is one ragged tile of 3 elements: its own scale.
+  for (int64_t r = 0; r < 130; ++r) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < 3; ++c) amax = std::max(amax, std::abs(float(x.item(r * 3 + c))));
+    EXPECT_EQ(direct.scale_inv.item(r), 1.0 / pow2_scale(amax, 448.0)) << "row " << r;
+  }
+}
+
+// 128x128 blocks of a (130, 260) tensor (2 x 3 blocks, ragged at the ends): each block's scale
+// from its own amax; q_t is q transposed with the scales transposed (a 2-D block is the same
+// block either way).
+TEST(Fp8Blockwise, BlockScalesAndTheirTranspose) {
+  const int64_t rows = 130, cols = 260;
+  std::vector<float> v(size_t(rows * cols));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.7f * float(i)) * float(1 + (i % 7));
+  v[5 * cols + 200] = 1000.0f;  // block (0, 1) holds an outlier
+  const Tensor x = Tensor::from_vector(v, {rows, cols});
+  const BlockCast cast = block_cast(x, Fp8BlockShape::block_128x128);
+  EXPECT_EQ(cast.scale_inv.shape(), (Shape{2, 4}));    // (ceil(130/128), round_up(ceil(260/128), 4))
+  EXPECT_EQ(cast.scale_inv_t.shape(), (Shape{3, 4}));  // (ceil(260/128), round_up(ceil(130/128), 4))
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 4; ++j) {
+      double expected = 0.0;  // padding
+      if (j < 3) {
+        float amax = 0.0f;
+        for (int64_t r = 128 * i; r < std::min(rows, 128 * i + 128); ++r)
+          for (int64_t c = 128 * j; c < std::min(cols, 128 * j + 128); ++c)
+            amax = std::max(amax, std::abs(v[size_t(r * cols + c)]));
+        expected = 1.0 / pow2_scale(amax, 448.0);
+        EXPECT_EQ(cast.scale_inv_t.item(j * 4 + i), expected) << i << "," << j;
+      }
+      EXPECT_EQ(cast.scale_inv.item(i * 4 + j), expected) << i << "," << j;
+    }
+  EXPECT_EQ(cast.scale_inv.item(1), 1.0 / 0.25);  // 448 / 1000 -> 2^-2
+  const std::vector<uint8_t> q = bits_of(cast.q), q_t = bits_of(cast.q_t);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(q_t[size_t(c * rows + r)], q[size_t(r * cols + c)]) << r << "," << c;
+}
+
+// The block-scaled GEMM against an f64 GEMM of the dequantised operands (every FP8 value times its
+// block's scale_inv, indexed here from the documented layout): the emulation sums in f64 too, so
+// only C's final f32 rounding separates them (relative 2^-24; 1e-6 allows it with margin).
+TEST(Fp8Blockwise, MatmulIsTheGemmOfTheDequantisedOperands) {
+  const int64_t m = 5, n = 140, k = 300;  // ragged K and B-row blocks
+  const Tensor a = wave({m, k}, 1, 0.3f), b = wave({n, k}, 2, 1.1f);
+  const auto dequantised = [](const BlockCast& cast, Fp8BlockShape blocks) {
+    const int64_t rows = cast.q.dim(0), cols = cast.q.dim(1), ld = cast.scale_inv.dim(1);
+    const std::vector<uint8_t> codes = bits_of(cast.q);
+    std::vector<double> out(codes.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t scale_index = blocks == Fp8BlockShape::tile_1x128 ? (c / 128) * ld + r : (r / 128) * ld + c / 128;
+        out[size_t(r * cols + c)] =
+            double(fp8_e4m3::to_float(codes[size_t(r * cols + c)])) * cast.scale_inv.item(scale_index);
+      }
+    return out;
+  };
+  for (const Fp8BlockShape b_blocks : {Fp8BlockShape::tile_1x128, Fp8BlockShape::block_128x128}) {
+    const BlockCast aq = block_cast(a, Fp8BlockShape::tile_1x128), bq = block_cast(b, b_blocks);
+    const std::vector<double> A = dequantised(aq, Fp8BlockShape::tile_1x128), B = dequantised(bq, b_blocks);
+    Tensor c = Tensor::from_vector(std::vector<float>(size_t(m * n), 0.5f), {m, n});
+    ops::fp8_matmul_blockwise(c, aq.q, aq.scale_inv, Fp8BlockShape::tile_1x128, bq.q, bq.scale_inv, b_blocks,
+                              {.trans_b = ops::Transpose::yes, .alpha = 2.0f, .beta = 1.0f});
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 0.5;
+        for (int64_t p = 0; p < k; ++p) ref += 2.0 * A[size_t(i * k + p)] * B[size_t(j * k + p)];
+        ASSERT_NEAR(c.item(i * n + j), ref, 1e-6 * std::abs(ref) + 1e-30) << i << "," << j;
+      }
+  }
+  // The rules: TN only, not both 128x128, scales of the documented shape.
+  const BlockCast wq = block_cast(b, Fp8BlockShape::block_128x128);
+  Tensor c = Tensor::empty({n, n}, DType::f32);
+  EXPECT_THROW(ops::fp8_matmul_blockwise(c, wq.q, wq.scale_inv, Fp8BlockShape::block_128x128, wq.q, wq.scale_inv,
+                                         Fp8BlockShape::block_128x128, {.trans_b = ops::Transpose::yes}),
+               Error);
+  const BlockCast aq = block_cast(a, Fp8BlockShape::tile_1x128);
+  Tensor cm = Tensor::empty({m, n}, DType::f32);
+  EXPECT_THROW(ops::fp8_matmul_blockwise(cm, aq.q, aq.scale_inv, Fp8BlockShape::tile_1x128, wq.q, wq.scale_inv,
+                                         Fp8BlockShape::block_128x128, {}),
+               Error);
+  EXPECT_THROW(ops::fp8_matmul_blockwise(cm, aq.q, aq.scale_inv, Fp8BlockShape::tile_1x128, wq.q, aq.scale_inv,
+                                         Fp8BlockShape::block_128x128, {.trans_b = ops::Transpose::yes}),
+               Error);
+}
+
 // The layer's forward is the FP8 GEMM of its quantised operands; under delayed scaling the first
 // step casts with scale 1 and records the amaxes, and the update after it sets 448 / amax.
 TEST(Fp8Linear, DelayedScalingForwardAndUpdate) {
@@ -233,6 +390,42 @@ TEST(Fp8Linear, DelayedScalingForwardAndUpdate) {
   EXPECT_EQ(fp8.input().scale.item(), double(448.0f / round_to_bf16(2.2f)));
   EXPECT_EQ(fp8.weight().scale.item(), double(448.0f / round_to_bf16(1.3f)));
   EXPECT_FALSE(fp8.grad_output().scale.defined());  // no backward yet: no state
+}
+
+// Under the blockwise recipe the layer's three GEMMs take the block casts Transformer Engine's
+// Float8BlockScaling takes: y from x's 1x128 tiles and W's 128x128 blocks, dx from dy's tiles and
+// W^T's blocks, dW from dy^T's and x^T's tiles along the tokens (e5m2 dy under hybrid), composed
+// here from the ops; the layer keeps no scaling state, so a second step with the same tensors
+// gives the same bits.
+TEST(Fp8Linear, BlockwiseGemmsTakeTheBlockCasts) {
+  tensor_parallel::Fp8Linear fp8("linear", {.backward_dtype = DType::e5m2, .scaling = ops::Fp8Scaling::blockwise}, {});
+  const int64_t n = 130, in = 140, out = 20;  // ragged tiles along every dimension
+  const Tensor x = wave({n, in}, 1, 0.2f), w = wave({out, in}, 2, 0.9f), dy = wave({n, out}, 3, 1.7f);
+  StepOutputs got{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
+                  Tensor::zeros({out, in}, DType::f32)};
+  Tensor no_bias;
+  fp8.linear_forward(got.y, x, w, no_bias);
+  fp8.linear_backward(got.dx, got.dweight, no_bias, dy, x, w);
+
+  const BlockCast xq = block_cast(x, Fp8BlockShape::tile_1x128), wq = block_cast(w, Fp8BlockShape::block_128x128);
+  const BlockCast dyq = block_cast(dy, Fp8BlockShape::tile_1x128, DType::e5m2);
+  const ops::MatmulParams tn{.trans_b = ops::Transpose::yes};
+  StepOutputs want{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
+                   Tensor::zeros({out, in}, DType::f32)};
+  ops::fp8_matmul_blockwise(want.y, xq.q, xq.scale_inv, Fp8BlockShape::tile_1x128, wq.q, wq.scale_inv,
+                            Fp8BlockShape::block_128x128, tn);
+  ops::fp8_matmul_blockwise(want.dx, dyq.q, dyq.scale_inv, Fp8BlockShape::tile_1x128, wq.q_t, wq.scale_inv_t,
+                            Fp8BlockShape::block_128x128, tn);
+  ops::fp8_matmul_blockwise(want.dweight, dyq.q_t, dyq.scale_inv_t, Fp8BlockShape::tile_1x128, xq.q_t,
+                            xq.scale_inv_t, Fp8BlockShape::tile_1x128, tn);
+  expect_same_bits(got, want, 0);
+  EXPECT_FALSE(fp8.input().scale.defined());  // no state
+  fp8.update_scales();                         // nothing to update
+  StepOutputs again{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
+                    Tensor::zeros({out, in}, DType::f32)};
+  fp8.linear_forward(again.y, x, w, no_bias);
+  fp8.linear_backward(again.dx, again.dweight, no_bias, dy, x, w);
+  expect_same_bits(again, want, 1);
 }
 
 // The recipe state in Transformer Engine's layout (forward tensors input and weight as columns,

@@ -15,14 +15,27 @@
 //             then history[0] = 0), so the history holds the last N steps' amaxes.
 //   current (Megatron's tensorwise): fp8_amax into a history of length 1, fp8_update_scale with
 //             margin 0, then the cast: the scale of this very tensor.
+//   blockwise (Megatron's blockwise, Transformer Engine's Float8BlockScaling, DeepSeek-V3's
+//             recipe): current scaling with one f32 scale per block instead of per tensor, from
+//             that block's own amax (fp8_quantize_blockwise): activations and output gradients in
+//             1x128 tiles along the GEMM's reduction dimension, weights in 128x128 blocks. Nothing
+//             is carried from one step to the next.
 #include "megatron/core/tensor.h"
 #include "megatron/ops/gemm.h"
 #include "megatron/ops/op.h"
 
 namespace megatron::ops {
 
-enum class Fp8Scaling { delayed, current };
+enum class Fp8Scaling { delayed, current, blockwise };
 enum class AmaxComputeAlgo { most_recent, max };
+
+// The blocks of the blockwise recipe, of a 2-D tensor (rows, cols) whose cols are the GEMM's
+// reduction dimension K. A last block along either dimension may be ragged (fewer elements).
+enum class Fp8BlockShape {
+  tile_1x128,     // 128 consecutive elements of one row (activations, output gradients)
+  block_128x128,  // 128 rows x 128 columns (weights)
+};
+inline constexpr int64_t kFp8BlockSize = 128;
 
 struct Fp8Recipe {
   DType forward_dtype = DType::e4m3;   // activations and weights
@@ -56,5 +69,39 @@ MEGATRON_OP(fp8_update_scale,
 // The CPU emulates it: the FP8 values exactly, products summed in f64, one rounding to C.
 MEGATRON_OP(fp8_matmul, void(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                              const Tensor& b_scale_inv, const MatmulParams& params));
+
+// ---- blockwise scaling ----
+// A block's scale is Transformer Engine's (compute_scale_from_amax with power_2_scale on and
+// amax_epsilon 0, the Float8BlockScaling defaults): amax = max |x| over the block; scale = 1 when
+// amax is 0, infinite or NaN, else fp8_max / amax in f32 (FLT_MAX if that overflows), then its
+// mantissa cleared, i.e. rounded down to a power of two (so q * scale_inv is exact and the
+// block's largest element never saturates). scale_inv = 1 / scale.
+//
+// The scale_inv tensor of a (rows, cols) tensor is f32, in the layout cuBLASLt's block-scaled
+// GEMMs read (Transformer Engine's "GEMM-ready" layout; the padding is written as 0):
+//   1x128:    (ceil(cols / 128), round_up(rows, 4)); [j, r] is the scale_inv of row r's elements
+//             [128 j, 128 j + 128): one column of scales per tile column, rows contiguous.
+//   128x128:  (ceil(rows / 128), round_up(ceil(cols / 128), 4)); [i, j] is the block of rows
+//             [128 i, ...) and columns [128 j, ...), its column blocks contiguous.
+Shape fp8_block_scale_shape(int64_t rows, int64_t cols, Fp8BlockShape blocks);
+// Quantises a 2-D x (rows, cols) into the layouts the recipe's GEMMs take, from one pass over x:
+//   q (rows, cols) and q_scale_inv: x in `blocks` along cols (skipped when q is undefined);
+//   q_t (cols, rows) and q_t_scale_inv: x^T in the same block shape along x's rows (skipped when
+//     q_t is undefined). For 1x128 tiles these are other tiles (128 consecutive rows of one column
+//     of x: the token dimension of the weight-gradient GEMM), so q_t is not q's transpose; a
+//     128x128 block is the same block either way, so q_t is q transposed, scales transposed.
+// q, q_t: e4m3 or e5m2 (one dtype); x: f32, bf16, f16 (f64 on the CPU).
+MEGATRON_OP(fp8_quantize_blockwise, void(Tensor& q, Tensor& q_scale_inv, Tensor& q_t, Tensor& q_t_scale_inv,
+                                         const Tensor& x, Fp8BlockShape blocks));
+// C (M,N) = alpha A B^T + beta C with block scales: A (M,K) and B (N,K), both quantised along K
+// by fp8_quantize_blockwise (`a_blocks`, `b_blocks`; not both 128x128, which neither cuBLASLt nor
+// Transformer Engine multiplies), params.trans_a no and trans_b yes (Hopper's TN form, the only
+// one: a block-scaled operand cannot be transposed after its cast). C: bf16, f16 or f32.
+// On CUDA: cuBLASLt's VEC128_32F / BLK128x128_32F scale modes (compute capability 9.0). The CPU
+// emulates it: each FP8 value times its block's scale_inv, exactly, products summed in f64, one
+// rounding to C.
+MEGATRON_OP(fp8_matmul_blockwise,
+            void(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, Fp8BlockShape a_blocks, const Tensor& b,
+                 const Tensor& b_scale_inv, Fp8BlockShape b_blocks, const MatmulParams& params));
 
 }  // namespace megatron::ops

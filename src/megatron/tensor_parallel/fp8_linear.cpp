@@ -29,9 +29,11 @@ Fp8Linear::Fp8Linear(std::string name, const ops::Fp8Recipe& recipe,
     : name_(std::move(name)), recipe_(recipe), amax_groups_(std::move(amax_groups)) {
   input_.dtype = weight_.dtype = recipe.forward_dtype;
   grad_output_.dtype = recipe.backward_dtype;
+  weight_.blocks = ops::Fp8BlockShape::block_128x128;  // Transformer Engine's w_block_scaling_dim 2
 }
 
 Fp8Linear::Codes Fp8Linear::quantize(Operand& op, const Tensor& t, Cast cast, Layout layout) {
+  if (recipe_.scaling == ops::Fp8Scaling::blockwise) return quantize_blockwise(op, t, layout);
   if (!op.scale.defined()) initialize(op, recipe_.amax_history_len, t.device());
   Tensor amax = op.amax_history.slice(0, 1);  // the current step's slot
   Tensor record;                              // where this cast's amax goes, if anywhere
@@ -43,15 +45,39 @@ Fp8Linear::Codes Fp8Linear::quantize(Operand& op, const Tensor& t, Cast cast, La
     record = amax;
   }
   Codes codes;
-  if (layout != Layout::transposed) codes.rows = Tensor::empty(t.shape(), op.dtype, t.device());
+  codes.rows.scale_inv = codes.transposed.scale_inv = op.scale_inv;
+  if (layout != Layout::transposed) codes.rows.codes = Tensor::empty(t.shape(), op.dtype, t.device());
   if (layout == Layout::rows) {
-    ops::fp8_quantize(codes.rows, record, t, op.scale);
+    ops::fp8_quantize(codes.rows.codes, record, t, op.scale);
     return codes;
   }
   const int64_t features = t.dim(t.ndim() - 1), n = features == 0 ? 0 : t.numel() / features;
-  codes.transposed = Tensor::empty({features, n}, op.dtype, t.device());
-  ops::fp8_quantize_transpose(codes.rows, codes.transposed, record, t.view({n, features}), op.scale);
+  codes.transposed.codes = Tensor::empty({features, n}, op.dtype, t.device());
+  ops::fp8_quantize_transpose(codes.rows.codes, codes.transposed.codes, record, t.view({n, features}), op.scale);
   return codes;
+}
+
+Fp8Linear::Codes Fp8Linear::quantize_blockwise(const Operand& op, const Tensor& t, Layout layout) const {
+  const int64_t features = t.dim(t.ndim() - 1), n = features == 0 ? 0 : t.numel() / features;
+  const auto make = [&](int64_t rows, int64_t cols) {
+    return Quantized{Tensor::empty({rows, cols}, op.dtype, t.device()),
+                     Tensor::empty(ops::fp8_block_scale_shape(rows, cols, op.blocks), DType::f32, t.device())};
+  };
+  Codes codes;
+  if (layout != Layout::transposed) codes.rows = make(n, features);
+  if (layout != Layout::rows) codes.transposed = make(features, n);
+  ops::fp8_quantize_blockwise(codes.rows.codes, codes.rows.scale_inv, codes.transposed.codes,
+                              codes.transposed.scale_inv, t.view({n, features}), op.blocks);
+  return codes;
+}
+
+void Fp8Linear::gemm(Tensor& c, const Quantized& a, const Operand& a_op, const Quantized& b, const Operand& b_op,
+                     float beta) const {
+  const ops::MatmulParams params{.trans_b = ops::Transpose::yes, .beta = beta};
+  if (recipe_.scaling == ops::Fp8Scaling::blockwise)
+    ops::fp8_matmul_blockwise(c, a.codes, a.scale_inv, a_op.blocks, b.codes, b.scale_inv, b_op.blocks, params);
+  else
+    ops::fp8_matmul(c, a.codes, a.scale_inv, b.codes, b.scale_inv, params);
 }
 
 const Tensor& Fp8Linear::ones_column(const Tensor& t) {
@@ -65,10 +91,10 @@ const Tensor& Fp8Linear::ones_column(const Tensor& t) {
 }
 
 void Fp8Linear::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  const Tensor xq = quantize(input_, x, Cast::record, Layout::rows).rows;
-  const Tensor wq = quantize(weight_, weight, Cast::record, Layout::rows).rows;
+  const Quantized xq = quantize(input_, x, Cast::record, Layout::rows).rows;
+  const Quantized wq = quantize(weight_, weight, Cast::record, Layout::rows).rows;
   // y (N,out) = x (N,in) W (out,in)^T: already the TN form FP8 tensor cores take.
-  ops::fp8_matmul(y, xq, input_.scale_inv, wq, weight_.scale_inv, {.trans_b = ops::Transpose::yes});
+  gemm(y, xq, input_, wq, weight_, 0.0f);
   if (bias.defined()) ops::matmul(y, ones_column(x), bias.view({1, -1}), {.beta = 1.0f});
 }
 
@@ -83,15 +109,14 @@ void Fp8Linear::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, cons
   const Codes dyq = quantize(grad_output_, dy, Cast::record, dy_layout);
   if (dx.defined()) {
     // dx (N,in) = dy (N,out) W (out,in), W given as the rows of W^T (in,out): the TN form.
-    const Tensor wq_t = quantize(weight_, weight, Cast::again, Layout::transposed).transposed;
-    ops::fp8_matmul(dx, dyq.rows, grad_output_.scale_inv, wq_t, weight_.scale_inv, {.trans_b = ops::Transpose::yes});
+    const Quantized wq_t = quantize(weight_, weight, Cast::again, Layout::transposed).transposed;
+    gemm(dx, dyq.rows, grad_output_, wq_t, weight_, 0.0f);
   }
   if (!dweight.defined()) return;
   // dW (out,in) += dy^T (out,N) x (N,in) into the fp32 main grad, from the rows of dy^T and x^T;
   // db += dy^T 1 (bf16 dy)
-  const Tensor xq_t = quantize(input_, x, Cast::again, Layout::transposed).transposed;
-  ops::fp8_matmul(dweight, dyq.transposed, grad_output_.scale_inv, xq_t, input_.scale_inv,
-                  {.trans_b = ops::Transpose::yes, .beta = 1.0f});
+  const Quantized xq_t = quantize(input_, x, Cast::again, Layout::transposed).transposed;
+  gemm(dweight, dyq.transposed, grad_output_, xq_t, input_, 1.0f);
   if (dbias.defined()) {
     Tensor db = dbias.view({-1, 1});
     ops::matmul(db, dy, ones_column(dy), {.trans_a = ops::Transpose::yes, .beta = 1.0f});

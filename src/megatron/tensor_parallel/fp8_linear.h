@@ -16,7 +16,13 @@
 // nothing, so they reproduce the forward's FP8 values), and update_scales() runs the recipe's
 // update once per optimizer step (after every micro-batch's backward, so a step uses one scale
 // per operand whatever the pipeline schedule). Under current scaling (tensorwise) every cast takes
-// the scale of its own tensor's amax.
+// the scale of its own tensor's amax. Under blockwise scaling every cast takes one scale per block
+// of its own values (ops::fp8_quantize_blockwise): x and dy in 1x128 tiles along each GEMM's
+// reduction dimension, W in 128x128 blocks; the weight-gradient GEMM's x^T and dy^T are cast from
+// the bf16 tensors in tiles along the token dimension (Transformer Engine's columnwise usage),
+// and W^T is W's blocks transposed. Nothing is carried between steps and no amax is reduced
+// (each scale is local to its block; a TP shard's blocks are the whole tensor's where shard
+// boundaries fall on multiples of 128).
 // Checkpoints hold the delayed recipe's state (recipe_state(), training/fp8_checkpoint.h), so a
 // resumed run casts with the scales the uninterrupted one would have; current scaling carries
 // nothing from one step to the next.
@@ -63,7 +69,8 @@ class Fp8Linear {
   // One operand's scaling state: (1), (1), (history length) f32 on the layer's device.
   struct Operand {
     DType dtype = DType::e4m3;
-    Tensor scale, scale_inv, amax_history;
+    ops::Fp8BlockShape blocks = ops::Fp8BlockShape::tile_1x128;  // the blockwise recipe's blocks
+    Tensor scale, scale_inv, amax_history;                         // per-tensor recipes only
   };
 
   // What the delayed recipe carries from step to step, on the host, in the layout of Transformer
@@ -91,12 +98,20 @@ class Fp8Linear {
  private:
   enum class Cast { record, again };  // a first cast in the step records its amax (delayed)
   enum class Layout { rows, transposed, both };
+  // One layout of a cast operand: its codes and their scale_inv (op's (1) scale_inv, or block scales).
+  struct Quantized {
+    Tensor codes, scale_inv;
+  };
   struct Codes {
-    Tensor rows;        // t's layout, (N, features)
-    Tensor transposed;  // (features, N)
+    Quantized rows;        // t's layout, (N, features)
+    Quantized transposed;  // (features, N)
   };
   // t cast to op's dtype, in the layouts asked for (t 2-D, or flattened to its last dimension).
   Codes quantize(Operand& op, const Tensor& t, Cast cast, Layout layout);
+  Codes quantize_blockwise(const Operand& op, const Tensor& t, Layout layout) const;
+  // c (M,N) = a (M,K) b (N,K)^T + beta c: the recipe's FP8 GEMM of two casts.
+  void gemm(Tensor& c, const Quantized& a, const Operand& a_op, const Quantized& b, const Operand& b_op,
+            float beta) const;
   // (N,1) ones like t's rows: the bias as a rank-1 GEMM, in the activations' dtype.
   const Tensor& ones_column(const Tensor& t);
   std::string name_;

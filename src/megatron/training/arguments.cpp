@@ -177,8 +177,9 @@ std::vector<Flag> build_flag_table() {
       {"--fp8-recipe",
        FIELD(model.fp8.fp8_recipe),
        parallel,
-       "delayed (scales from an amax history, updated after each step) or tensorwise (each tensor's own amax); "
-       "Megatron's blockwise, mxfp8 and custom are not built here",
+       "delayed (scales from an amax history, updated after each step), tensorwise (each tensor's own amax) or "
+       "blockwise (each 1x128 tile's / 128x128 weight block's own amax, DeepSeek-V3 style); Megatron's mxfp8 and "
+       "custom are not built here",
        {"delayed", "tensorwise", "blockwise", "mxfp8", "custom"}},
       {"--fp8-margin", FIELD(model.fp8.fp8_margin), parallel,
        "Delayed scaling: scales are divided by 2^margin (headroom above the recorded amax)"},

@@ -7,7 +7,7 @@
 
 namespace megatron {
 
-Device select_device(const std::string& requested, int local_rank, bool fp8) {
+Device select_device(const std::string& requested, int local_rank, bool fp8, bool fp8_blockwise) {
   const bool cpu = requested == "cpu" || (requested == "auto" && !cuda::cuda_available());
   MEGATRON_CHECK(!(cpu && fp8), "--fp8-format needs a GPU with FP8 tensor cores (compute capability 8.9+), but this "
                                     << (requested == "cpu" ? "run asks for --device cpu" : "process sees no GPU")
@@ -18,6 +18,12 @@ Device select_device(const std::string& requested, int local_rank, bool fp8) {
                  "--fp8-format needs FP8 tensor cores (compute capability 8.9+: Ada, Hopper or newer), but GPU "
                      << info.index << " (" << info.name << ") is sm_" << info.sm_major << info.sm_minor
                      << ": drop --fp8-format");
+  // cuBLASLt's 1x128 / 128x128 block-scaled FP8 GEMMs (VEC128_32F, BLK128x128_32F) exist for
+  // compute capability 9.0 only (Blackwell's block scaling is MXFP8's).
+  MEGATRON_CHECK(!fp8_blockwise || info.sm_major == 9,
+                 "--fp8-recipe blockwise needs Hopper (compute capability 9.0: cuBLASLt's block-scaled FP8 GEMMs), "
+                 "but GPU " << info.index << " (" << info.name << ") is sm_" << info.sm_major << info.sm_minor
+                            << ": use --fp8-recipe tensorwise or delayed");
   LOG_INFO("> using GPU " << info.index << ": " << info.name << " (sm_" << info.sm_major << info.sm_minor << ", "
                           << info.total_memory / (1024 * 1024) << " MiB)");
   return Device::cuda(info.index);

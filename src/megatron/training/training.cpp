@@ -706,7 +706,8 @@ void TrainingLoop::evaluate_after_training() {
 TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRuntime>& mpi) {
   const ScopedLogRank log_rank(mpi ? mpi->process().rank : 0);
   configure_cpu_threads(mpi.get());
-  const Device device = select_device(args.device, mpi ? mpi->process().local_rank : 0, args.model.fp8.enabled());
+  const Device device = select_device(args.device, mpi ? mpi->process().local_rank : 0, args.model.fp8.enabled(),
+                                      args.model.fp8.enabled() && args.model.fp8.fp8_recipe == "blockwise");
   check_device_supports(args, device);
   const ParallelState state =
       initialize_parallel(args.parallel.sizes(), {.device = device,

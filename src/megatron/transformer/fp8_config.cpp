@@ -12,9 +12,13 @@ bool Fp8Config::layer_in_fp8(int64_t layer_number, int64_t num_layers) const {
 
 ops::Fp8Recipe Fp8Config::recipe() const {
   const bool delayed = fp8_recipe == "delayed";
+  // hybrid gives e5m2 output gradients under every recipe: Transformer Engine's Float8BlockScaling
+  // takes fp8_format E4M3 (its default) or HYBRID as the per-tensor recipes do.
   return {.forward_dtype = DType::e4m3,
           .backward_dtype = fp8_format == "hybrid" ? DType::e5m2 : DType::e4m3,
-          .scaling = delayed ? ops::Fp8Scaling::delayed : ops::Fp8Scaling::current,
+          .scaling = delayed                     ? ops::Fp8Scaling::delayed
+                     : fp8_recipe == "blockwise" ? ops::Fp8Scaling::blockwise
+                                                 : ops::Fp8Scaling::current,
           .amax_history_len = delayed ? fp8_amax_history_len : 1,
           .amax_compute_algo =
               delayed && fp8_amax_compute_algo == "max" ? ops::AmaxComputeAlgo::max : ops::AmaxComputeAlgo::most_recent,
@@ -25,11 +29,11 @@ std::vector<std::string> validate_fp8(const Fp8Config& f, int64_t num_layers) {
   std::vector<std::string> e;
   if (!f.fp8_format.empty() && f.fp8_format != "e4m3" && f.fp8_format != "hybrid")
     e.push_back(concat("--fp8-format ", f.fp8_format, ": expected e4m3 or hybrid (Megatron's formats)"));
-  if (f.fp8_recipe == "blockwise" || f.fp8_recipe == "mxfp8" || f.fp8_recipe == "custom") {
+  if (f.fp8_recipe == "mxfp8" || f.fp8_recipe == "custom") {
     e.push_back(concat("--fp8-recipe ", f.fp8_recipe,
-                       ": Megatron's recipe, not built here; use delayed (the default) or tensorwise"));
-  } else if (f.fp8_recipe != "delayed" && f.fp8_recipe != "tensorwise") {
-    e.push_back(concat("--fp8-recipe ", f.fp8_recipe, ": expected delayed or tensorwise"));
+                       ": Megatron's recipe, not built here; use delayed (the default), tensorwise or blockwise"));
+  } else if (f.fp8_recipe != "delayed" && f.fp8_recipe != "tensorwise" && f.fp8_recipe != "blockwise") {
+    e.push_back(concat("--fp8-recipe ", f.fp8_recipe, ": expected delayed, tensorwise or blockwise"));
   }
   if (f.fp8_amax_compute_algo != "most_recent" && f.fp8_amax_compute_algo != "max")
     e.push_back(concat("--fp8-amax-compute-algo ", f.fp8_amax_compute_algo, ": expected most_recent or max"));
@@ -55,16 +59,19 @@ std::vector<std::string> validate_fp8(const Fp8Config& f, int64_t num_layers) {
       e.push_back("--first-last-layers-bf16 applies to FP8 training only: add --fp8-format, or drop it");
     return e;
   }
-  // Settings of the delayed recipe that tensorwise (current scaling) has no use for: refused rather
-  // than ignored, so a run never seems to follow a setting it does not.
-  if (f.fp8_recipe == "tensorwise") {
+  // Settings of the delayed recipe that current scaling (tensorwise, blockwise) has no use for:
+  // refused rather than ignored (Megatron passes them to Transformer Engine's DelayedScaling only),
+  // so a run never seems to follow a setting it does not.
+  if (f.fp8_recipe == "tensorwise" || f.fp8_recipe == "blockwise") {
     const Fp8Config defaults;
     if (f.fp8_margin != defaults.fp8_margin || f.fp8_amax_history_len != defaults.fp8_amax_history_len ||
         f.fp8_amax_compute_algo != defaults.fp8_amax_compute_algo)
       e.push_back(concat("--fp8-margin ", f.fp8_margin, ", --fp8-amax-history-len ", f.fp8_amax_history_len,
                          " and --fp8-amax-compute-algo ", f.fp8_amax_compute_algo,
-                         " apply to --fp8-recipe delayed only: tensorwise scales each tensor by its own amax; drop "
-                         "them or use delayed"));
+                         " apply to --fp8-recipe delayed only: ", f.fp8_recipe,
+                         f.fp8_recipe == "tensorwise" ? " scales each tensor by its own amax"
+                                                      : " scales each 1x128 tile or 128x128 block by its own amax",
+                         "; drop them or use delayed"));
   }
   return e;
 }

@@ -4,12 +4,14 @@
 //
 //   --fp8-format e4m3|hybrid      on when given: e4m3 for every GEMM operand, or hybrid (e4m3 in
 //                                 forward, e5m2 for the output gradient in backward)
-//   --fp8-recipe delayed|tensorwise   delayed: each operand's scale comes from an amax history of
-//                                 --fp8-amax-history-len steps (max or most_recent of it,
+//   --fp8-recipe delayed|tensorwise|blockwise   delayed: each operand's scale comes from an amax
+//                                 history of --fp8-amax-history-len steps (max or most_recent of it,
 //                                 --fp8-amax-compute-algo), scale = fp8_max / amax / 2^--fp8-margin,
 //                                 updated after every step; tensorwise: current scaling, from this
-//                                 tensor's own amax. blockwise, mxfp8 and custom are Megatron's, not
-//                                 built here: refused.
+//                                 tensor's own amax; blockwise: current scaling per 1x128 tile
+//                                 (activations, gradients) or 128x128 block (weights), power-of-2
+//                                 scales (Transformer Engine's Float8BlockScaling; ops/fp8.h).
+//                                 mxfp8 and custom are Megatron's, not built here: refused.
 //   --fp8-param-gather            FP8 parameters: not built, refused.
 //   --first-last-layers-bf16      the first --num-layers-at-start-in-bf16 and the last
 //                                 --num-layers-at-end-in-bf16 layers keep their GEMMs in bf16.
@@ -26,7 +28,7 @@ namespace megatron {
 
 struct Fp8Config {
   std::string fp8_format;                             // "" (off), "e4m3" or "hybrid"
-  std::string fp8_recipe = "delayed";                 // delayed | tensorwise (Megatron's names)
+  std::string fp8_recipe = "delayed";                 // delayed | tensorwise | blockwise (Megatron's names)
   int64_t fp8_margin = 0;                             // delayed only
   int64_t fp8_amax_history_len = 1;                   // delayed only
   std::string fp8_amax_compute_algo = "most_recent";  // delayed only: most_recent | max

@@ -22,4 +22,15 @@ void check_fp8_update_scale(const Tensor& scale, const Tensor& scale_inv, const 
 MatmulDims check_fp8_matmul(const Tensor& c, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                             const Tensor& b_scale_inv, const MatmulParams& params, TensorCheck device);
 
+// x 2-D; q (x's shape) and q_t (transposed) FP8 of one dtype, at least one defined, each with a
+// defined f32 scale_inv of fp8_block_scale_shape's shape.
+void check_fp8_quantize_blockwise(const Tensor& q, const Tensor& q_scale_inv, const Tensor& q_t,
+                                  const Tensor& q_t_scale_inv, const Tensor& x, Fp8BlockShape blocks,
+                                  TensorCheck device, TensorCheck x_dtype);
+// As check_fp8_matmul, with block scale_invs of A's and B's shapes, A (M,K) and B (N,K) (trans_a
+// no, trans_b yes), and not both 128x128.
+MatmulDims check_fp8_matmul_blockwise(const Tensor& c, const Tensor& a, const Tensor& a_scale_inv,
+                                      Fp8BlockShape a_blocks, const Tensor& b, const Tensor& b_scale_inv,
+                                      Fp8BlockShape b_blocks, const MatmulParams& params, TensorCheck device);
+
 }  // namespace megatron::ops::checks

@@ -2,8 +2,10 @@
 // held to bit for bit. Rounding is core/dtype.h's (nearest even on the FP8 grid, saturating).
 #include "megatron/ops/checks/fp8.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 
 #include "megatron/ops/cpu/dispatch_dtype.h"
 #include "megatron/ops/fp8.h"
@@ -46,6 +48,50 @@ void quantize_transposed(Q* q_t, const T* x, int64_t rows, int64_t cols, float s
     for (int64_t r = 0; r < rows; ++r) q_t[c * rows + r] = Q(float(load(x[r * cols + c])) * scale);
 }
 
+// A block's scale from its amax: Transformer Engine's compute_scale_from_amax with power_2_scale
+// on and amax_epsilon 0 (ops/fp8.h). The CUDA kernel computes the same f32 operations.
+float block_scale(float amax, float fp8_max) {
+  if (std::isinf(amax) || std::isnan(amax) || amax == 0.0f) return 1.0f;
+  float scale = fp8_max / amax;
+  if (std::isinf(scale)) scale = std::numeric_limits<float>::max();
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(scale) & 0xFF800000u);  // sign and exponent: a power of 2
+}
+
+// q (R, C) = x's elements (r, c) at x[r * row_stride + c * col_stride], cast block by block, and
+// the blocks' scale_invs in fp8_block_scale_shape(R, C, blocks)'s layout (padding 0).
+template <class Q, class T>
+void quantize_blocks(Q* q, float* scale_inv, const T* x, int64_t R, int64_t C, int64_t row_stride, int64_t col_stride,
+                     Fp8BlockShape blocks, float fp8_max_value) {
+  const int64_t block_rows = blocks == Fp8BlockShape::tile_1x128 ? 1 : kFp8BlockSize;
+  const Shape scale_shape = fp8_block_scale_shape(R, C, blocks);
+  std::fill(scale_inv, scale_inv + shape_numel(scale_shape), 0.0f);
+  const int64_t row_blocks = (R + block_rows - 1) / block_rows, col_blocks = (C + kFp8BlockSize - 1) / kFp8BlockSize;
+#pragma omp parallel for if (worth_parallel(R * C))
+  for (int64_t block = 0; block < row_blocks * col_blocks; ++block) {
+    const int64_t rb = block / col_blocks, cb = block % col_blocks;
+    const int64_t r0 = rb * block_rows, r1 = std::min(R, r0 + block_rows);
+    const int64_t c0 = cb * kFp8BlockSize, c1 = std::min(C, c0 + kFp8BlockSize);
+    uint32_t amax = 0;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c)
+        amax = std::max(amax, magnitude_bits(float(load(x[r * row_stride + c * col_stride]))));
+    const float scale = block_scale(std::bit_cast<float>(amax), fp8_max_value);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) q[r * C + c] = Q(float(load(x[r * row_stride + c * col_stride])) * scale);
+    scale_inv[blocks == Fp8BlockShape::tile_1x128 ? cb * scale_shape[1] + r0 : rb * scale_shape[1] + cb] = 1.0f / scale;
+  }
+}
+
+template <class T>
+void quantize_blocks_into(Tensor& q, Tensor& scale_inv, const T* x, int64_t R, int64_t C, int64_t row_stride,
+                          int64_t col_stride, Fp8BlockShape blocks) {
+  const float max_value = fp8_max(q.dtype());
+  if (q.dtype() == DType::e4m3)
+    quantize_blocks(q.data<fp8_e4m3>(), scale_inv.data<float>(), x, R, C, row_stride, col_stride, blocks, max_value);
+  else
+    quantize_blocks(q.data<fp8_e5m2>(), scale_inv.data<float>(), x, R, C, row_stride, col_stride, blocks, max_value);
+}
+
 }  // namespace
 
 }  // namespace megatron::ops::cpu
@@ -81,6 +127,17 @@ void cpu::fp8_quantize_transpose(Tensor& q, Tensor& q_t, Tensor& amax, const Ten
     else
       quantize_transposed(q_t.data<fp8_e5m2>(), x.data<T>(), rows, cols, s);
     if (amax.defined() && !q.defined()) accumulate_amax(amax, amax_bits(x.data<T>(), x.numel()));
+  });
+}
+
+void cpu::fp8_quantize_blockwise(Tensor& q, Tensor& q_scale_inv, Tensor& q_t, Tensor& q_t_scale_inv, const Tensor& x,
+                                 Fp8BlockShape blocks) {
+  checks::check_fp8_quantize_blockwise(q, q_scale_inv, q_t, q_t_scale_inv, x, blocks, check_cpu, check_cpu_floating);
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  dispatch_floating(x.dtype(), "fp8_quantize_blockwise", [&]<class T>(std::type_identity<T>) {
+    if (q.defined()) quantize_blocks_into(q, q_scale_inv, x.data<T>(), rows, cols, cols, 1, blocks);
+    // x^T: its row c is x's column c, its blocks run along x's rows.
+    if (q_t.defined()) quantize_blocks_into(q_t, q_t_scale_inv, x.data<T>(), cols, rows, 1, cols, blocks);
   });
 }
 

@@ -125,6 +125,25 @@ std::vector<double> dequantized(const Tensor& t, const Tensor& scale_inv) {
   return v;
 }
 
+// A blockwise-scaled FP8 operand (rows, cols) dequantised exactly in double: each value times its
+// block's scale_inv (ops/fp8.h's layout).
+std::vector<double> dequantized_blocks(const Tensor& t, const Tensor& scale_inv, Fp8BlockShape blocks) {
+  const int64_t rows = t.dim(0), cols = t.dim(1), ld = scale_inv.dim(1);
+  const float* s = scale_inv.data<float>();
+  const auto* bits = static_cast<const uint8_t*>(t.raw());
+  std::vector<double> v(size_t(t.numel()));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t cb = c / kFp8BlockSize;
+      const float block_scale_inv =
+          blocks == Fp8BlockShape::tile_1x128 ? s[cb * ld + r] : s[(r / kFp8BlockSize) * ld + cb];
+      const uint8_t code = bits[r * cols + c];
+      const float value = t.dtype() == DType::e4m3 ? fp8_e4m3::to_float(code) : fp8_e5m2::to_float(code);
+      v[size_t(r * cols + c)] = double(block_scale_inv) * double(value);
+    }
+  return v;
+}
+
 // C (M,N) = alpha op(A) op(B) + beta C in C = float or double.
 template <class C>
 void matmul_impl(Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
@@ -253,6 +272,19 @@ void cpu::fp8_matmul(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, cons
   Output<double> out(c, params.beta != 0.0f);
   blas_gemm(params.trans_a == Transpose::yes, params.trans_b == Transpose::yes, m, n, k, double(params.alpha), A.data(),
             B.data(), double(params.beta), out.data());
+  out.finish();
+}
+
+// The block-scaled FP8 GEMM emulated as fp8_matmul: exact dequantised values, f64 sums, C rounded once.
+void cpu::fp8_matmul_blockwise(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, Fp8BlockShape a_blocks,
+                               const Tensor& b, const Tensor& b_scale_inv, Fp8BlockShape b_blocks,
+                               const MatmulParams& params) {
+  const auto [m, n, k] =
+      checks::check_fp8_matmul_blockwise(c, a, a_scale_inv, a_blocks, b, b_scale_inv, b_blocks, params, check_cpu);
+  const std::vector<double> A = dequantized_blocks(a, a_scale_inv, a_blocks);
+  const std::vector<double> B = dequantized_blocks(b, b_scale_inv, b_blocks);
+  Output<double> out(c, params.beta != 0.0f);
+  blas_gemm(false, true, m, n, k, double(params.alpha), A.data(), B.data(), double(params.beta), out.data());
   out.finish();
 }
 

@@ -4,8 +4,12 @@
 // then merged with atomicMax on the magnitudes' bit patterns (order-independent, so deterministic;
 // NaN sorts above infinity, as on the CPU). The kernels move x in 16-byte packs where it is aligned
 // (the casts are bandwidth-bound). The scale update is one block over a copy of the history, so
-// the roll writes in parallel what it reads.
+// the roll writes in parallel what it reads. The blockwise cast (fp8_quantize_blockwise) computes
+// each block's amax and scale exactly as the CPU does (the f32 division rounded to nearest, the
+// mantissa cleared), so its codes and scale_invs match the CPU's bit for bit too.
 #include <cuda_fp8.h>
+
+#include <cfloat>
 
 #include "megatron/ops/checks/fp8.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
@@ -139,6 +143,134 @@ __global__ void update_scale_kernel(float* scale, float* scale_inv, float* histo
   *scale_inv = __fdiv_rn(1.0f, *scale);
 }
 
+// ---- blockwise ----
+
+// The block's scale from its amax's bit pattern: cpu/fp8.cpp's block_scale in the same f32 steps.
+__device__ __forceinline__ float block_scale(unsigned amax_bits, float fp8_max) {
+  const float amax = __uint_as_float(amax_bits);
+  if (isinf(amax) || isnan(amax) || amax == 0.0f) return 1.0f;
+  float scale = __fdiv_rn(fp8_max, amax);
+  if (isinf(scale)) scale = FLT_MAX;
+  return __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
+}
+
+constexpr int kTileWarps = kThreads / 32;
+constexpr int kLanesPerTile = int(kFp8BlockSize) / 32;  // elements per lane of a 1x128 tile
+
+// One 1x128 tile per warp: v holds the tile's elements lane + 32 j (0 past a ragged end); writes
+// their codes through store(element, code) and returns the tile's scale_inv.
+template <class Store>
+__device__ __forceinline__ float cast_tile(const float (&v)[kLanesPerTile], int lane, float fp8_max,
+                                           __nv_fp8_interpretation_t format, Store store) {
+  unsigned bits = 0;
+#pragma unroll
+  for (int j = 0; j < kLanesPerTile; ++j) bits = max(bits, magnitude_bits(v[j]));
+  const float scale = block_scale(warp_reduce(bits, MaxOp{}), fp8_max);
+#pragma unroll
+  for (int j = 0; j < kLanesPerTile; ++j) store(lane + 32 * j, cast_fp8(v[j], scale, format));
+  return __fdiv_rn(1.0f, scale);
+}
+
+// The 1x128 tiles of x (rows, cols) along its rows, one warp per tile: q (rows, cols) and its
+// scale_inv (scale_ld per tile column).
+template <class T>
+__global__ void quantize_tiles_kernel(__nv_fp8_storage_t* q, float* scale_inv, const T* x, int64_t rows, int64_t cols,
+                                      int64_t scale_ld, float fp8_max, __nv_fp8_interpretation_t format) {
+  const int lane = int(threadIdx.x) % 32;
+  const int64_t r = int64_t(blockIdx.y) * kTileWarps + int(threadIdx.x) / 32, c0 = int64_t(blockIdx.x) * kFp8BlockSize;
+  if (r >= rows) return;  // a whole warp: the shuffles stay full
+  float v[kLanesPerTile];
+#pragma unroll
+  for (int j = 0; j < kLanesPerTile; ++j) {
+    const int64_t c = c0 + lane + 32 * j;
+    v[j] = c < cols ? to_float(x[r * cols + c]) : 0.0f;
+  }
+  const float inv = cast_tile(v, lane, fp8_max, format, [&](int i, __nv_fp8_storage_t code) {
+    if (c0 + i < cols) q[r * cols + c0 + i] = code;
+  });
+  if (lane == 0) scale_inv[int64_t(blockIdx.x) * scale_ld + r] = inv;
+}
+
+// The 1x128 tiles of x^T: q_t (cols, rows), each tile 128 rows of one column of x. A block reads
+// x's rows [r0, r0 + 128) x columns [c0, c0 + 32) into shared memory along the rows (coalesced),
+// then each warp casts 4 of those columns as tiles and writes them as q_t rows (coalesced).
+constexpr int kTransposedTileColumns = 32;
+template <class T>
+__global__ void quantize_transposed_tiles_kernel(__nv_fp8_storage_t* q_t, float* scale_inv, const T* x, int64_t rows,
+                                                 int64_t cols, int64_t scale_ld, float fp8_max,
+                                                 __nv_fp8_interpretation_t format) {
+  __shared__ float tile[kFp8BlockSize][kTransposedTileColumns + 1];  // +1: no bank conflicts down a column
+  const int64_t r0 = int64_t(blockIdx.y) * kFp8BlockSize, c0 = int64_t(blockIdx.x) * kTransposedTileColumns;
+  for (int i = int(threadIdx.x); i < kFp8BlockSize * kTransposedTileColumns; i += blockDim.x) {
+    const int rr = i / kTransposedTileColumns, cc = i % kTransposedTileColumns;
+    const int64_t r = r0 + rr, c = c0 + cc;
+    tile[rr][cc] = r < rows && c < cols ? to_float(x[r * cols + c]) : 0.0f;
+  }
+  __syncthreads();
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  for (int cc = warp; cc < kTransposedTileColumns; cc += kTileWarps) {
+    const int64_t c = c0 + cc;  // the q_t row
+    if (c >= cols) break;       // the same for the whole warp
+    float v[kLanesPerTile];
+#pragma unroll
+    for (int j = 0; j < kLanesPerTile; ++j) v[j] = tile[lane + 32 * j][cc];
+    const float inv = cast_tile(v, lane, fp8_max, format, [&](int i, __nv_fp8_storage_t code) {
+      if (r0 + i < rows) q_t[c * rows + r0 + i] = code;
+    });
+    if (lane == 0) scale_inv[int64_t(blockIdx.y) * scale_ld + c] = inv;
+  }
+}
+
+// One 128x128 block of x (rows, cols) per thread block: its amax, then its codes into q (rows,
+// cols) and q_t (cols, rows) where given, its scale_inv at [i, j] of q's scales and [j, i] of q_t's.
+template <class T>
+__global__ void quantize_blocks_kernel(__nv_fp8_storage_t* q, float* q_scale_inv, int64_t q_scale_ld,
+                                       __nv_fp8_storage_t* q_t, float* q_t_scale_inv, int64_t q_t_scale_ld, const T* x,
+                                       int64_t rows, int64_t cols, float fp8_max, __nv_fp8_interpretation_t format) {
+  constexpr int64_t B = kFp8BlockSize;
+  const int64_t r0 = int64_t(blockIdx.y) * B, c0 = int64_t(blockIdx.x) * B;
+  unsigned bits = 0;
+  for (int64_t i = threadIdx.x; i < B * B; i += blockDim.x) {
+    const int64_t r = r0 + i / B, c = c0 + i % B;
+    if (r < rows && c < cols) bits = max(bits, magnitude_bits(to_float(x[r * cols + c])));
+  }
+  const float scale = block_scale(block_reduce(bits, MaxOp{}, 0u), fp8_max);
+  for (int64_t i = threadIdx.x; i < B * B; i += blockDim.x) {
+    const int64_t r = r0 + i / B, c = c0 + i % B;
+    if (r >= rows || c >= cols) continue;
+    const __nv_fp8_storage_t code = cast_fp8(to_float(x[r * cols + c]), scale, format);
+    if (q != nullptr) q[r * cols + c] = code;
+    if (q_t != nullptr) q_t[c * rows + r] = code;
+  }
+  if (threadIdx.x != 0) return;
+  const float inv = __fdiv_rn(1.0f, scale);
+  if (q_scale_inv != nullptr) q_scale_inv[int64_t(blockIdx.y) * q_scale_ld + blockIdx.x] = inv;
+  if (q_t_scale_inv != nullptr) q_t_scale_inv[int64_t(blockIdx.x) * q_t_scale_ld + blockIdx.y] = inv;
+}
+
+// x's 1x128 tiles into q (transposed: false) or x^T's into q (transposed: true), after zeroing
+// the scales' padding.
+template <class T>
+void launch_tiles(Tensor& q, Tensor& scale_inv, const T* x, int64_t rows, int64_t cols, bool transposed,
+                  __nv_fp8_interpretation_t format) {
+  CUDA_CHECK(cudaMemsetAsync(scale_inv.raw(), 0, size_t(scale_inv.numel()) * sizeof(float), stream()));
+  if (rows == 0 || cols == 0) return;
+  auto* codes = static_cast<__nv_fp8_storage_t*>(q.raw());
+  const float max_value = fp8_max(q.dtype());
+  if (transposed) {
+    const dim3 grid(unsigned(ceil_div(cols, kTransposedTileColumns)), unsigned(ceil_div(rows, kFp8BlockSize)));
+    MEGATRON_CHECK(grid.y <= 65535, "fp8_quantize_blockwise: " << rows << " rows exceed the kernel's grid; split x");
+    quantize_transposed_tiles_kernel<T><<<grid, kThreads, 0, stream()>>>(
+        codes, device_data<float>(scale_inv), x, rows, cols, scale_inv.dim(1), max_value, format);
+  } else {
+    const dim3 grid(unsigned(ceil_div(cols, kFp8BlockSize)), unsigned(ceil_div(rows, kTileWarps)));
+    MEGATRON_CHECK(grid.y <= 65535, "fp8_quantize_blockwise: " << rows << " rows exceed the kernel's grid; split x");
+    quantize_tiles_kernel<T><<<grid, kThreads, 0, stream()>>>(codes, device_data<float>(scale_inv), x, rows, cols,
+                                                               scale_inv.dim(1), max_value, format);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
 void check_cuda_floating(const Tensor& t, const char* name) {
   dispatch_storage(t.dtype(), name, []<class T>(std::type_identity<T>) {});
 }
@@ -202,6 +334,35 @@ void cuda::fp8_quantize_transpose(Tensor& q, Tensor& q_t, Tensor& amax, const Te
     quantize_transpose_kernel<T><<<grid, kTransposeThreads, 0, stream()>>>(
         codes, codes_t, amax.defined() ? device_data<float>(amax) : nullptr, xs, device_data<float>(scale), rows, cols,
         load_vectors, store_vectors, fp8_format(q_t.dtype()));
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void cuda::fp8_quantize_blockwise(Tensor& q, Tensor& q_scale_inv, Tensor& q_t, Tensor& q_t_scale_inv,
+                                  const Tensor& x, Fp8BlockShape blocks) {
+  checks::check_fp8_quantize_blockwise(q, q_scale_inv, q_t, q_t_scale_inv, x, blocks, check_cuda, check_cuda_floating);
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  const DType dtype = q.defined() ? q.dtype() : q_t.dtype();
+  dispatch_storage(x.dtype(), "fp8_quantize_blockwise", [&]<class T>(std::type_identity<T>) {
+    const T* xs = device_data<T>(x);
+    if (blocks == Fp8BlockShape::tile_1x128) {
+      if (q.defined()) launch_tiles(q, q_scale_inv, xs, rows, cols, false, fp8_format(dtype));
+      // x^T's tiles run down x's columns (the token dimension).
+      if (q_t.defined()) launch_tiles(q_t, q_t_scale_inv, xs, rows, cols, true, fp8_format(dtype));
+      return;
+    }
+    for (Tensor* scales : {&q_scale_inv, &q_t_scale_inv})
+      if (scales->defined())
+        CUDA_CHECK(cudaMemsetAsync(scales->raw(), 0, size_t(scales->numel()) * sizeof(float), stream()));
+    if (rows == 0 || cols == 0) return;
+    const dim3 grid(unsigned(ceil_div(cols, kFp8BlockSize)), unsigned(ceil_div(rows, kFp8BlockSize)));
+    MEGATRON_CHECK(grid.y <= 65535, "fp8_quantize_blockwise: " << rows << " rows exceed the 128x128 kernel's grid");
+    quantize_blocks_kernel<T><<<grid, kThreads, 0, stream()>>>(
+        q.defined() ? static_cast<__nv_fp8_storage_t*>(q.raw()) : nullptr,
+        q.defined() ? device_data<float>(q_scale_inv) : nullptr, q.defined() ? q_scale_inv.dim(1) : 0,
+        q_t.defined() ? static_cast<__nv_fp8_storage_t*>(q_t.raw()) : nullptr,
+        q_t.defined() ? device_data<float>(q_t_scale_inv) : nullptr, q_t.defined() ? q_t_scale_inv.dim(1) : 0, xs,
+        rows, cols, fp8_max(dtype), fp8_format(dtype));
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -13,6 +13,20 @@
 // bf16/f16/f32 output. Hopper's tensor cores take FP8 only as "TN" (column-major op(A) = A^T,
 // op(B) = B: row-major C = A B^T), so fp8_matmul first makes transposed copies of operands given
 // the other way, as Transformer Engine keeps an FP8 tensor's transpose beside it.
+// Blockwise FP8 (fp8_matmul_blockwise) is the same call with A_SCALE_MODE / B_SCALE_MODE set to
+// CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F (1x128 tiles) or ..._BLK128x128_32F (128x128 blocks),
+// cuBLAS 12.9+ on compute capability 9.0, where the scale pointers point to f32 tensors, not
+// scalars. The layouts cuBLAS documents for them (cuBLAS docs, "cublasLtMatmulMatrixScale_t" and
+// "1D/2D block scaling factors layout"; the same as Transformer Engine's "GEMM-ready" scales,
+// docs/features/low_precision_training/fp8_blockwise_scaling), for a column-major operand of
+// outer size R with K contiguous: VEC128 holds ceil(K/128) x round_up(R, 4) scales, R fastest
+// (column-major R x ceil(K/128)); BLK128x128 holds ceil(R/128) x round_up(ceil(K/128), 4), the
+// K blocks fastest. A row-major (R, K) operand is that column-major K x R one, so ops/fp8.h's
+// fp8_block_scale_shape is exactly this layout and the scales go to cuBLASLt as they are (PyTorch's
+// torch._scaled_mm, on the same cuBLASLt modes, asks the same: 1x128 scales (M, K/128)
+// outer-dim-major, 128x128 scales (M/128, K/128) with 16-byte aligned row strides). cuBLAS
+// lists VEC128 x VEC128, VEC128 x BLK128x128 and BLK128x128 x VEC128 (not both 2-D), which are
+// also the pairs Transformer Engine's Float8BlockScaling asserts.
 //
 // Row-major vs column-major: a row-major (r, c) matrix is a column-major (c, r) one, so row-major
 // C (M,N) = op(A) op(B) is computed as column-major C^T (N,M) = op(B)^T op(A)^T, i.e. cuBLASLt's
@@ -129,6 +143,9 @@ struct LtProblem {
   // FP8 operands' scale_inv (one f32 each, on the device); null for other dtypes.
   const float* a_scale_inv = nullptr;
   const float* b_scale_inv = nullptr;
+  // What those point to: CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F (one f32), or blockwise scales.
+  cublasLtMatmulMatrixScale_t a_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  cublasLtMatmulMatrixScale_t b_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 };
 
 // Largest power of two (<= 256, cuBLASLt's default assumption) dividing the address.
@@ -140,7 +157,7 @@ uint32_t alignment_of(const void* p) {
 }
 
 struct PlanKey {
-  std::array<int64_t, 15> fields{};
+  std::array<int64_t, 17> fields{};
   bool operator==(const PlanKey&) const = default;
 };
 struct PlanKeyHash {
@@ -184,6 +201,10 @@ bool try_lt_matmul(const LtProblem& p) {
   }
   if (p.a_scale_inv != nullptr) set_desc(raw_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.a_scale_inv);
   if (p.b_scale_inv != nullptr) set_desc(raw_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.b_scale_inv);
+  if (p.a_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
+    set_desc(raw_desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, p.a_scale_mode);
+  if (p.b_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
+    set_desc(raw_desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, p.b_scale_mode);
 
   const MatrixLayout a = make_layout(p.a_type, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k);
   const MatrixLayout b = make_layout(p.b_type, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n);
@@ -192,7 +213,8 @@ bool try_lt_matmul(const LtProblem& p) {
   const uint32_t align_a = alignment_of(p.a), align_b = alignment_of(p.b), align_d = alignment_of(p.d);
   const PlanKey key{{p.m, p.n, p.k, p.trans_a, p.trans_b, p.a_type, p.b_type, p.d_type, epilogue, align_a, align_b,
                      align_d, p.epilogue.bias != nullptr ? alignment_of(p.epilogue.bias) : 0,
-                     p.epilogue.aux != nullptr ? alignment_of(p.epilogue.aux) : 0, ctx.device()}};
+                     p.epilogue.aux != nullptr ? alignment_of(p.epilogue.aux) : 0, ctx.device(), p.a_scale_mode,
+                     p.b_scale_mode}};
   AlgoCache& cache = algo_cache();
   std::optional<cublasLtMatmulAlgo_t> algo;
   {
@@ -243,9 +265,12 @@ Tensor aligned_copy(const Tensor& t) {
   return copy;
 }
 
-// FP8 operands' scale_invs ((1) f32 device tensors, or undefined for other dtypes).
+// FP8 operands' scale_invs ((1) f32 device tensors, or undefined for other dtypes), or their
+// block scales (fp8_block_scale_shape's layout) with the matching modes.
 struct ScaleInvs {
   Tensor a, b;
+  cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  cublasLtMatmulMatrixScale_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 };
 
 // The cuBLASLt type of an operand: blas_type's, and the two FP8 formats.
@@ -279,6 +304,8 @@ bool row_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Ten
   p.d_type = blas_type(c.dtype());
   if (scale_invs.a.defined()) p.b_scale_inv = device_data<float>(scale_invs.a);
   if (scale_invs.b.defined()) p.a_scale_inv = device_data<float>(scale_invs.b);
+  p.a_scale_mode = scale_invs.b_mode;  // cuBLASLt's A is our B (row-major C^T = B A^T)
+  p.b_scale_mode = scale_invs.a_mode;
   p.alpha = alpha;
   p.beta = beta;
   if (try_lt_matmul(p)) return true;
@@ -477,6 +504,25 @@ void cuda::fp8_matmul(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, con
   const Tensor a_rows = params.trans_a == Transpose::yes ? transposed_fp8(a) : a;
   const Tensor b_rows = params.trans_b == Transpose::yes ? b : transposed_fp8(b);
   row_major_gemm(false, true, m, n, k, a_rows, b_rows, c, params.alpha, params.beta, {}, {a_scale_inv, b_scale_inv});
+}
+
+void cuda::fp8_matmul_blockwise(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, Fp8BlockShape a_blocks,
+                                const Tensor& b, const Tensor& b_scale_inv, Fp8BlockShape b_blocks,
+                                const MatmulParams& params) {
+  const auto [m, n, k] =
+      checks::check_fp8_matmul_blockwise(c, a, a_scale_inv, a_blocks, b, b_scale_inv, b_blocks, params, check_cuda);
+  MEGATRON_CHECK(
+      k > 0 && n > 0 && k % 16 == 0 && n % 16 == 0,
+      "fp8_matmul_blockwise C (" << m << "," << n << ") with K = " << k << ": FP8 GEMMs on CUDA need K and C's "
+                                 << "column count to be positive multiples of 16; pad the sizes (hidden, FFN, heads x "
+                                 << "head dim, micro-batch x sequence tokens) to multiples of 16, or train in bf16");
+  if (m == 0) return;
+  const auto mode = [](Fp8BlockShape blocks) {
+    return blocks == Fp8BlockShape::tile_1x128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  };
+  row_major_gemm(false, true, m, n, k, a, b, c, params.alpha, params.beta, {},
+                 {a_scale_inv, b_scale_inv, mode(a_blocks), mode(b_blocks)});
 }
 
 void cuda::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
