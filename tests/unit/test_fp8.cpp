@@ -431,6 +431,39 @@ TEST(Fp8Linear, BlockwiseGemmsTakeTheBlockCasts) {
 // The recipe state in Transformer Engine's layout (forward tensors input and weight as columns,
 // the output gradient apart) taken after 4 steps and loaded into a new layer: the next steps give
 // the same bits as the layer that kept it. A layer that starts afresh casts with scale 1 instead.
+// The weight's casts are kept through an optimizer step and made again after update_scales(): a
+// second micro-batch on the same weight gives the bytes a layer casting afresh gives (same
+// scales: the step's), and after the step a changed weight is cast anew (a kept cast would give
+// the old weight's products). Per recipe: delayed (history 3, max), tensorwise, blockwise.
+TEST(Fp8Linear, WeightCastsAreKeptWithinAStepAndMadeAgainAfter) {
+  const ops::Fp8Recipe delayed{
+      .backward_dtype = DType::e5m2, .amax_history_len = 3, .amax_compute_algo = ops::AmaxComputeAlgo::max};
+  for (const ops::Fp8Recipe& recipe :
+       {delayed, ops::Fp8Recipe{.scaling = ops::Fp8Scaling::current},
+        ops::Fp8Recipe{.backward_dtype = DType::e5m2, .scaling = ops::Fp8Scaling::blockwise}}) {
+    const auto micro_batch = [](tensor_parallel::Fp8Linear& fp8, const Tensor& w, int i, Tensor& dweight) {
+      const Tensor x = wave({4, 16}, i, 0.1f), dy = wave({4, 16}, i, 2.9f);
+      StepOutputs out{Tensor::empty({4, 16}, DType::bf16), Tensor::empty({4, 16}, DType::bf16), dweight};
+      Tensor no_bias;
+      fp8.linear_forward(out.y, x, w, no_bias);
+      fp8.linear_backward(out.dx, out.dweight, no_bias, dy, x, w);
+      return out;
+    };
+    const Tensor w1 = wave({16, 16}, 1, 1.3f), w2 = wave({16, 16}, 5, 0.4f);
+    tensor_parallel::Fp8Linear kept("linear", recipe, {}), fresh("linear", recipe, {});
+    // Each micro-batch's dW into its own zeroed buffer, so the two layers' are comparable.
+    Tensor grad0 = Tensor::zeros({16, 16}, DType::f32), grad1 = Tensor::zeros({16, 16}, DType::f32);
+    Tensor fresh_grad = Tensor::zeros({16, 16}, DType::f32);
+    micro_batch(kept, w1, 0, grad0);
+    expect_same_bits(micro_batch(kept, w1, 1, grad1), micro_batch(fresh, w1, 1, fresh_grad), 1);
+    kept.update_scales();  // the step's end; the optimizer would change the weight now
+    tensor_parallel::Fp8Linear after("linear", recipe, {});
+    after.load_recipe_state(kept.recipe_state(), Device::cpu());  // the scales of the next step
+    Tensor next_grad = Tensor::zeros({16, 16}, DType::f32), after_grad = Tensor::zeros({16, 16}, DType::f32);
+    expect_same_bits(micro_batch(kept, w2, 2, next_grad), micro_batch(after, w2, 2, after_grad), 2);
+  }
+}
+
 TEST(Fp8Linear, RecipeStateResumesBitForBit) {
   const ops::Fp8Recipe recipe{
       .backward_dtype = DType::e5m2, .amax_history_len = 3, .amax_compute_algo = ops::AmaxComputeAlgo::max};

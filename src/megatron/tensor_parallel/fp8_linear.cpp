@@ -71,6 +71,18 @@ Fp8Linear::Codes Fp8Linear::quantize_blockwise(const Operand& op, const Tensor& 
   return codes;
 }
 
+const Fp8Linear::Quantized& Fp8Linear::weight_cast(const Tensor& weight, Layout layout) {
+  // The forward's cast records the weight's amax (delayed); the backward's casts it again.
+  if (layout == Layout::rows) {
+    if (!weight_casts_.rows.codes.defined())
+      weight_casts_.rows = quantize(weight_, weight, Cast::record, Layout::rows).rows;
+    return weight_casts_.rows;
+  }
+  if (!weight_casts_.transposed.codes.defined())
+    weight_casts_.transposed = quantize(weight_, weight, Cast::again, Layout::transposed).transposed;
+  return weight_casts_.transposed;
+}
+
 void Fp8Linear::gemm(Tensor& c, const Quantized& a, const Operand& a_op, const Quantized& b, const Operand& b_op,
                      float beta) const {
   const ops::MatmulParams params{.trans_b = ops::Transpose::yes, .beta = beta};
@@ -92,7 +104,7 @@ const Tensor& Fp8Linear::ones_column(const Tensor& t) {
 
 void Fp8Linear::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Quantized xq = quantize(input_, x, Cast::record, Layout::rows).rows;
-  const Quantized wq = quantize(weight_, weight, Cast::record, Layout::rows).rows;
+  const Quantized& wq = weight_cast(weight, Layout::rows);
   // y (N,out) = x (N,in) W (out,in)^T: already the TN form FP8 tensor cores take.
   gemm(y, xq, input_, wq, weight_, 0.0f);
   if (bias.defined()) ops::matmul(y, ones_column(x), bias.view({1, -1}), {.beta = 1.0f});
@@ -109,7 +121,7 @@ void Fp8Linear::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, cons
   const Codes dyq = quantize(grad_output_, dy, Cast::record, dy_layout);
   if (dx.defined()) {
     // dx (N,in) = dy (N,out) W (out,in), W given as the rows of W^T (in,out): the TN form.
-    const Quantized wq_t = quantize(weight_, weight, Cast::again, Layout::transposed).transposed;
+    const Quantized& wq_t = weight_cast(weight, Layout::transposed);
     gemm(dx, dyq.rows, grad_output_, wq_t, weight_, 0.0f);
   }
   if (!dweight.defined()) return;
@@ -139,6 +151,7 @@ void Fp8Linear::reduce_amaxes() {
 }
 
 void Fp8Linear::update_scales() {
+  weight_casts_ = Codes{};  // the optimizer changes the weights next
   if (recipe_.scaling != ops::Fp8Scaling::delayed) return;
   reduce_amaxes();
   for (Operand* op : {&input_, &weight_, &grad_output_})
@@ -170,6 +183,7 @@ Fp8Linear::RecipeState Fp8Linear::recipe_state() const {
 }
 
 void Fp8Linear::load_recipe_state(const RecipeState& state, Device device) {
+  weight_casts_ = Codes{};  // cast with the loaded scale from now on
   const int64_t len = recipe_.amax_history_len;
   const auto unpack = [&](std::initializer_list<Operand*> operands, const Tensor& scale, const Tensor& history,
                           const char* direction) {

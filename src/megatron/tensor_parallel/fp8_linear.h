@@ -23,6 +23,12 @@
 // and W^T is W's blocks transposed. Nothing is carried between steps and no amax is reduced
 // (each scale is local to its block; a TP shard's blocks are the whole tensor's where shard
 // boundaries fall on multiples of 128).
+// The weight is cast once per optimizer step and layout (Transformer Engine's FP8 weight cache for
+// micro-batches after the first): W for the forward and W^T for the backward are kept from their
+// first cast until update_scales(), which the training loop calls once per step before the
+// optimizer changes the weights; within a step neither the weights nor their scale change, so the
+// kept casts are the bytes a fresh cast would give. The cost: one byte per weight element per
+// layout held through the step.
 // Checkpoints hold the delayed recipe's state (recipe_state(), training/fp8_checkpoint.h), so a
 // resumed run casts with the scales the uninterrupted one would have; current scaling carries
 // nothing from one step to the next.
@@ -58,9 +64,10 @@ class Fp8Linear {
   // As ops::gelu_linear_backward: dpre = (dy W) * gelu'(pre), dW and db as above.
   void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
                             const Tensor& weight, const Tensor& pre);
-  // The delayed recipe's update of every operand seen since the last one, after the amax
+  // The end of an optimizer step's casts, before the weights change: drops the step's weight casts,
+  // then runs the delayed recipe's update of every operand seen since the last one, after the amax
   // reduction (a collective over the amax groups: every rank of them calls it in the same order);
-  // nothing under current scaling, whose scales are per cast.
+  // no update under current or blockwise scaling, whose scales are per cast.
   void update_scales();
   // The first half of update_scales(): history[0] of every used operand max-reduced over the amax
   // groups (a collective, as update_scales). Idempotent until the next cast records an amax.
@@ -109,6 +116,8 @@ class Fp8Linear {
   // t cast to op's dtype, in the layouts asked for (t 2-D, or flattened to its last dimension).
   Codes quantize(Operand& op, const Tensor& t, Cast cast, Layout layout);
   Codes quantize_blockwise(const Operand& op, const Tensor& t, Layout layout) const;
+  // The step's cast of `weight` in `layout` (rows or transposed), made at its first use.
+  const Quantized& weight_cast(const Tensor& weight, Layout layout);
   // c (M,N) = a (M,K) b (N,K)^T + beta c: the recipe's FP8 GEMM of two casts.
   void gemm(Tensor& c, const Quantized& a, const Operand& a_op, const Quantized& b, const Operand& b_op,
             float beta) const;
@@ -118,6 +127,7 @@ class Fp8Linear {
   ops::Fp8Recipe recipe_;
   std::vector<std::shared_ptr<Communicator>> amax_groups_;
   Operand input_, weight_, grad_output_;
+  Codes weight_casts_;  // this step's, either layout undefined until first used
   Tensor ones_;
 };
 
