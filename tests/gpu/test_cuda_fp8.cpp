@@ -5,6 +5,7 @@
 // (codes and block scales bit for bit) and its block-scaled GEMM.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -109,20 +110,20 @@ TEST_F(CudaFp8, AmaxAndScaleUpdateMatchCpu) {
   EXPECT_TRUE(equals_cpu(amax));
   // Histories of 1, 5 (hand-picked) and 1024 (Megatron's usual length: the block's threads loop).
   for (const int64_t len : {1, 5, 1024})
-  for (const auto algo : {ops::AmaxComputeAlgo::most_recent, ops::AmaxComputeAlgo::max})
-    for (DType dtype : {DType::e4m3, DType::e5m2}) {
-      const ops::Fp8Recipe recipe{.amax_history_len = len, .amax_compute_algo = algo, .margin = 2};
-      Pair scale = pair_of(scalar(3.0f)), scale_inv = pair_of(scalar(1.0f / 3.0f));
-      Pair history = pair_of(len == 5 ? Tensor::from_vector({1.5f, 7.25f, 0.0f, 300.0f, 0.001f}, {5})
-                                      : randn({len}, DType::f32, 17));
-      for (int step = 0; step < 6; ++step) {
-        ops::cpu::fp8_update_scale(scale.cpu, scale_inv.cpu, history.cpu, dtype, recipe);
-        ops::cuda::fp8_update_scale(scale.gpu, scale_inv.gpu, history.gpu, dtype, recipe);
-        EXPECT_TRUE(equals_cpu(scale));
-        EXPECT_TRUE(equals_cpu(scale_inv));
-        EXPECT_TRUE(equals_cpu(history));
+    for (const auto algo : {ops::AmaxComputeAlgo::most_recent, ops::AmaxComputeAlgo::max})
+      for (DType dtype : {DType::e4m3, DType::e5m2}) {
+        const ops::Fp8Recipe recipe{.amax_history_len = len, .amax_compute_algo = algo, .margin = 2};
+        Pair scale = pair_of(scalar(3.0f)), scale_inv = pair_of(scalar(1.0f / 3.0f));
+        Pair history = pair_of(len == 5 ? Tensor::from_vector({1.5f, 7.25f, 0.0f, 300.0f, 0.001f}, {5})
+                                        : randn({len}, DType::f32, 17));
+        for (int step = 0; step < 6; ++step) {
+          ops::cpu::fp8_update_scale(scale.cpu, scale_inv.cpu, history.cpu, dtype, recipe);
+          ops::cuda::fp8_update_scale(scale.gpu, scale_inv.gpu, history.gpu, dtype, recipe);
+          EXPECT_TRUE(equals_cpu(scale));
+          EXPECT_TRUE(equals_cpu(scale_inv));
+          EXPECT_TRUE(equals_cpu(history));
+        }
       }
-    }
 }
 
 namespace {
@@ -151,6 +152,77 @@ Quantized quantize_on_gpu(const Tensor& x, DType dtype) {
 // The unit roundoff of a format with p mantissa bits: 2^-(p+1); e4m3 2^-4, e5m2 2^-3.
 double fp8_unit_roundoff(DType dtype) { return dtype == DType::e4m3 ? 0x1p-4 : 0x1p-3; }
 
+// An FP8 GEMM C = op(A) op(B) (+ beta C) the GPU ran, for the two comparisons below.
+struct Fp8Gemm {
+  DType a_dtype, b_dtype, out;
+  int64_t k;
+  float beta;
+  MatmulParams params;
+  Tensor a, b;                              // the unquantised bf16 operands (CPU)
+  Tensor a_codes, b_codes;                  // their FP8 casts, read back from the GPU
+  double a_scale_inv_max, b_scale_inv_max;  // the largest scale_inv of each (per tensor: the one)
+  // The CPU's emulation of the GEMM on codes of A and B with their scales: c = op(A) op(B) + c
+  // under `params` (alpha 1, beta 1).
+  std::function<void(Tensor& c, const Tensor& a_codes, const Tensor& b_codes, const MatmulParams& params)> emulate;
+};
+
+// (1) Against the CPU emulation on the same FP8 bytes and scales: only the accumulation differs.
+// Hopper's FP8 tensor cores add the products inside each MMA at about 14 bits, not f32 (the
+// DeepSeek-V3 report, section 3.3.2; measured here: 1.5e-3 where the f32 bound allowed 9e-4),
+// and cuBLASLt (fast accumulation off) adds those partial sums in f32 (block-scaled: at least once
+// per 128-long K block, to apply the scales). Each partial is within 2^-14 of its products'
+// absolute sum, so together within 2^-14 S, S the product of the absolute values (+ |beta C|);
+// doubled for margin, plus test_cuda_gemm.cpp's f32 bound 2 (K + 2) u32 S, then one rounding of a
+// 16-bit output.
+// (2) Against the BF16 GEMM of the unquantised values (f64 on the CPU): each operand element is
+// within u |x| + d of its FP8 value, u the format's unit roundoff (2^-4 e4m3, 2^-3 e5m2; e4m3
+// keeps 3 mantissa bits) and d half the subnormal spacing over the scale (2^-10 or 2^-17 times
+// the largest scale_inv of its operand, for elements below the smallest normal). Per product
+// |ab - a'b'| <= (ua + ub + ua ub) |a||b| + d_a |b| (1 + ub) + d_b |a| (1 + ua) + d_a d_b, summed
+// over K, plus (1)'s bound.
+void expect_within_fp8_gemm_bounds(const Pair& out, const Tensor& c_before, const Fp8Gemm& g, const std::string& what) {
+  const int64_t m = c_before.dim(0), n = c_before.dim(1);
+  const MatmulParams& p = g.params;
+  Tensor emulated = c_before.to(DType::f32);
+  g.emulate(emulated, g.a_codes, g.b_codes, {p.trans_a, p.trans_b, 1.0f, g.beta});
+  // S from the dequantised values: |a_scale_inv A| |b_scale_inv B| through the emulated GEMM on
+  // absolute values (clearing the sign bit of an FP8 code takes its absolute value).
+  Tensor abs_aq = g.a_codes.clone(), abs_bq = g.b_codes.clone();
+  for (Tensor* t : {&abs_aq, &abs_bq})
+    for (int64_t i = 0; i < t->numel(); ++i) static_cast<uint8_t*>(t->raw())[i] &= 0x7F;
+  Tensor s = g.beta == 0.0f ? Tensor::zeros({m, n}, DType::f32) : abs_f64(c_before).to(DType::f32);
+  g.emulate(s, abs_aq, abs_bq, {p.trans_a, p.trans_b, 1.0f, 1.0f});
+  const double u16 = g.out == DType::f32 ? 0.0 : unit_roundoff(g.out);
+  Tensor bound = Tensor::empty({m, n}, DType::f64);
+  for (int64_t i = 0; i < bound.numel(); ++i) {
+    const double e = (0x1p-13 + 2.0 * double(g.k + 2) * kUnitRoundoffF32) * s.item(i);
+    bound.set_item(i, e * (1.0 + u16) + u16 * std::fabs(emulated.item(i)) + 1e-30);
+  }
+  EXPECT_TRUE(within_bound(out, emulated, bound)) << "vs CPU emulation, " << what;
+
+  Tensor ref = f64(c_before);
+  ops::cpu::matmul(ref, f64(g.a), f64(g.b), {p.trans_a, p.trans_b, 1.0f, g.beta});
+  Tensor abs_ab = Tensor::zeros({m, n}, DType::f64);
+  ops::cpu::matmul(abs_ab, abs_f64(g.a), abs_f64(g.b), {p.trans_a, p.trans_b, 1.0f, 0.0f});
+  const double ua = fp8_unit_roundoff(g.a_dtype), ub = fp8_unit_roundoff(g.b_dtype);
+  const auto half_subnormal = [](DType d, double scale_inv) {
+    return (d == DType::e4m3 ? 0x1p-10 : 0x1p-17) * scale_inv;
+  };
+  const double da = half_subnormal(g.a_dtype, g.a_scale_inv_max), db = half_subnormal(g.b_dtype, g.b_scale_inv_max);
+  const double max_a = max_abs(g.a), max_b = max_abs(g.b);
+  Tensor bound2 = Tensor::empty({m, n}, DType::f64);
+  for (int64_t i = 0; i < bound2.numel(); ++i) {
+    const double quantisation =
+        (ua + ub + ua * ub) * abs_ab.item(i) + double(g.k) * (da * max_b * (1 + ub) + db * max_a * (1 + ua) + da * db);
+    bound2.set_item(i, quantisation * (1.0 + u16) + bound.item(i));
+  }
+  EXPECT_TRUE(within_bound(out, ref, bound2)) << "vs BF16 reference, " << what;
+  // The typical error is far below that worst case: normwise about u / sqrt(3) per operand (a
+  // uniform rounding error), not u. Printed, so a regression towards the bound is visible.
+  std::printf("fp8 GEMM %s: normwise error vs BF16 %.4f (bound per element (ua + ub) = %.4f)\n", what.c_str(),
+              normwise_error(out.gpu.to(Device::cpu()), ref), ua + ub);
+}
+
 void check_gemm(const GemmCase& c, uint64_t seed) {
   const Shape a_shape = c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k};
   const Shape b_shape = c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n};
@@ -164,58 +236,23 @@ void check_gemm(const GemmCase& c, uint64_t seed) {
                            dtype_name(c.out) + (c.ta ? ", A^T" : "") + (c.tb ? ", B^T" : "") +
                            (c.beta != 0.0f ? ", accumulated" : "");
 
-  // (1) Against the CPU emulation on the same FP8 bytes and scales: only the accumulation differs.
-  // Hopper's FP8 tensor cores add the products inside each MMA at about 14 bits, not f32 (the
-  // DeepSeek-V3 report, section 3.3.2; measured here: 1.5e-3 where the f32 bound allowed 9e-4),
-  // and cuBLASLt (fast accumulation off) adds those partial sums in f32. Each partial is within
-  // 2^-14 of its products' absolute sum, so together within 2^-14 S, S the product of the absolute
-  // values (+ |beta C|); doubled for margin, plus test_cuda_gemm.cpp's f32 bound 2 (K + 2) u32 S,
-  // then one rounding of a 16-bit output.
-  const Tensor aq = qa.q.to(Device::cpu()), bq = qb.q.to(Device::cpu());
   const Tensor sa = qa.scale_inv.to(Device::cpu()), sb = qb.scale_inv.to(Device::cpu());
-  Tensor emulated = c_before.to(DType::f32);
-  ops::cpu::fp8_matmul(emulated, aq, sa, bq, sb, p);
-  // S from the dequantised values: |a_scale_inv A| |b_scale_inv B| through the emulated GEMM on
-  // absolute values (clearing the sign bit of an FP8 code takes its absolute value).
-  Tensor abs_aq = aq.clone(), abs_bq = bq.clone();
-  for (Tensor* t : {&abs_aq, &abs_bq})
-    for (int64_t i = 0; i < t->numel(); ++i) static_cast<uint8_t*>(t->raw())[i] &= 0x7F;
-  Tensor s = c.beta == 0.0f ? Tensor::zeros({c.m, c.n}, DType::f32) : abs_f64(c_before).to(DType::f32);
-  ops::cpu::fp8_matmul(s, abs_aq, sa, abs_bq, sb, {p.trans_a, p.trans_b, 1.0f, 1.0f});
-  const double u16 = c.out == DType::f32 ? 0.0 : unit_roundoff(c.out);
-  Tensor bound = Tensor::empty({c.m, c.n}, DType::f64);
-  for (int64_t i = 0; i < bound.numel(); ++i) {
-    const double e = (0x1p-13 + 2.0 * double(c.k + 2) * kUnitRoundoffF32) * s.item(i);
-    bound.set_item(i, e * (1.0 + u16) + u16 * std::fabs(emulated.item(i)) + 1e-30);
-  }
-  EXPECT_TRUE(within_bound(out, emulated, bound)) << "vs CPU emulation, " << what;
-
-  // (2) Against the BF16 GEMM of the unquantised values (f64 on the CPU): each operand element is
-  // within u |x| + d of its FP8 value, u the format's unit roundoff (2^-4 e4m3, 2^-3 e5m2; e4m3
-  // keeps 3 mantissa bits) and d half the subnormal spacing over the scale (2^-10 or 2^-17 over
-  // scale, for elements below the smallest normal). Per product |ab - a'b'| <= (ua + ub + ua ub)
-  // |a||b| + d_a |b| (1 + ub) + d_b |a| (1 + ua) + d_a d_b, summed over K, plus (1)'s bound.
-  Tensor ref = f64(c_before);
-  ops::cpu::matmul(ref, f64(a.cpu), f64(b.cpu), p);
-  Tensor abs_ab = Tensor::zeros({c.m, c.n}, DType::f64);
-  ops::cpu::matmul(abs_ab, abs_f64(a.cpu), abs_f64(b.cpu), {p.trans_a, p.trans_b, 1.0f, 0.0f});
-  const double ua = fp8_unit_roundoff(c.a_dtype), ub = fp8_unit_roundoff(c.b_dtype);
-  const auto half_subnormal = [](DType d, const Tensor& scale_inv) {
-    return (d == DType::e4m3 ? 0x1p-10 : 0x1p-17) * scale_inv.item();
-  };
-  const double da = half_subnormal(c.a_dtype, sa), db = half_subnormal(c.b_dtype, sb);
-  const double max_a = max_abs(a.cpu), max_b = max_abs(b.cpu);
-  Tensor bound2 = Tensor::empty({c.m, c.n}, DType::f64);
-  for (int64_t i = 0; i < bound2.numel(); ++i) {
-    const double quantisation =
-        (ua + ub + ua * ub) * abs_ab.item(i) + double(c.k) * (da * max_b * (1 + ub) + db * max_a * (1 + ua) + da * db);
-    bound2.set_item(i, quantisation * (1.0 + u16) + bound.item(i));
-  }
-  EXPECT_TRUE(within_bound(out, ref, bound2)) << "vs BF16 reference, " << what;
-  // The typical error is far below that worst case: normwise about u / sqrt(3) per operand (a
-  // uniform rounding error), not u. Printed, so a regression towards the bound is visible.
-  std::printf("fp8 GEMM %s: normwise error vs BF16 %.4f (bound per element (ua + ub) = %.4f)\n", what.c_str(),
-              normwise_error(out.gpu.to(Device::cpu()), ref), ua + ub);
+  const Fp8Gemm g{c.a_dtype,
+                  c.b_dtype,
+                  c.out,
+                  c.k,
+                  c.beta,
+                  p,
+                  a.cpu,
+                  b.cpu,
+                  qa.q.to(Device::cpu()),
+                  qb.q.to(Device::cpu()),
+                  sa.item(),
+                  sb.item(),
+                  [&](Tensor& out_c, const Tensor& a_codes, const Tensor& b_codes, const MatmulParams& params) {
+                    ops::cpu::fp8_matmul(out_c, a_codes, sa, b_codes, sb, params);
+                  }};
+  expect_within_fp8_gemm_bounds(out, c_before, g, what);
 }
 
 }  // namespace
@@ -302,19 +339,16 @@ struct BlockGemmCase {
   float beta;
 };
 
-// check_gemm's two comparisons for the block-scaled GEMM C = A B^T (+ beta C), A (m,k) and B (n,k)
-// cast on the GPU in their blocks: (1) against the CPU emulation on the same bytes and block
-// scales, within check_gemm's accumulation bound (2^-13 S for Hopper's ~14-bit in-MMA sums, which
-// cuBLASLt promotes to f32 at least once per 128-long K block to apply the scales, plus the f32
-// bound, plus the output's rounding); (2) against the BF16 GEMM of the unquantised values (f64),
-// each element within u |x| + d of its FP8 value, d half the subnormal spacing times the largest
-// block scale_inv of its operand (a block's own scale_inv bounds its elements' d).
+// The block-scaled GEMM C = A B^T (+ beta C), A (m,k) and B (n,k) cast on the GPU in their blocks,
+// held to expect_within_fp8_gemm_bounds's two comparisons (its d from the largest block scale_inv
+// of each operand, which bounds every block's own).
 void check_block_gemm(const BlockGemmCase& c, uint64_t seed) {
   const Pair a = random_pair({c.m, c.k}, DType::bf16, seed), b = random_pair({c.n, c.k}, DType::bf16, seed + 1);
   Pair out = c.beta == 0.0f ? poisoned_pair({c.m, c.n}, c.out) : random_pair({c.m, c.n}, c.out, seed + 2);
   const auto cast = [](const Tensor& x, DType dtype, Fp8BlockShape blocks) {
-    std::pair<Tensor, Tensor> q{Tensor::empty(x.shape(), dtype, gpu()),
-                                Tensor::empty(ops::fp8_block_scale_shape(x.dim(0), x.dim(1), blocks), DType::f32, gpu())};
+    std::pair<Tensor, Tensor> q{
+        Tensor::empty(x.shape(), dtype, gpu()),
+        Tensor::empty(ops::fp8_block_scale_shape(x.dim(0), x.dim(1), blocks), DType::f32, gpu())};
     Tensor none, none_scale;
     ops::cuda::fp8_quantize_blockwise(q.first, q.second, none, none_scale, x, blocks);
     return q;
@@ -329,42 +363,23 @@ void check_block_gemm(const BlockGemmCase& c, uint64_t seed) {
                            std::to_string(c.m) + "," + std::to_string(c.n) + "," + std::to_string(c.k) + ")" +
                            (c.beta != 0.0f ? ", accumulated" : "");
 
-  const Tensor aq = qa.to(Device::cpu()), bq = qb.to(Device::cpu());
   const Tensor sa = sa_gpu.to(Device::cpu()), sb = sb_gpu.to(Device::cpu());
-  Tensor emulated = c_before.to(DType::f32);
-  ops::cpu::fp8_matmul_blockwise(emulated, aq, sa, c.a_blocks, bq, sb, c.b_blocks, p);
-  Tensor abs_aq = aq.clone(), abs_bq = bq.clone();
-  for (Tensor* t : {&abs_aq, &abs_bq})
-    for (int64_t i = 0; i < t->numel(); ++i) static_cast<uint8_t*>(t->raw())[i] &= 0x7F;
-  Tensor s = c.beta == 0.0f ? Tensor::zeros({c.m, c.n}, DType::f32) : abs_f64(c_before).to(DType::f32);
-  ops::cpu::fp8_matmul_blockwise(s, abs_aq, sa, c.a_blocks, abs_bq, sb, c.b_blocks, {.trans_b = Transpose::yes, .beta = 1.0f});
-  const double u16 = c.out == DType::f32 ? 0.0 : unit_roundoff(c.out);
-  Tensor bound = Tensor::empty({c.m, c.n}, DType::f64);
-  for (int64_t i = 0; i < bound.numel(); ++i) {
-    const double e = (0x1p-13 + 2.0 * double(c.k + 2) * kUnitRoundoffF32) * s.item(i);
-    bound.set_item(i, e * (1.0 + u16) + u16 * std::fabs(emulated.item(i)) + 1e-30);
-  }
-  EXPECT_TRUE(within_bound(out, emulated, bound)) << "vs CPU emulation, " << what;
-
-  Tensor ref = f64(c_before);
-  ops::cpu::matmul(ref, f64(a.cpu), f64(b.cpu), p);
-  Tensor abs_ab = Tensor::zeros({c.m, c.n}, DType::f64);
-  ops::cpu::matmul(abs_ab, abs_f64(a.cpu), abs_f64(b.cpu), {.trans_b = Transpose::yes});
-  const double ua = fp8_unit_roundoff(c.a_dtype), ub = fp8_unit_roundoff(c.b_dtype);
-  const auto half_subnormal = [](DType d, const Tensor& scale_inv) {
-    return (d == DType::e4m3 ? 0x1p-10 : 0x1p-17) * max_abs(scale_inv);
-  };
-  const double da = half_subnormal(c.a_dtype, sa), db = half_subnormal(c.b_dtype, sb);
-  const double max_a = max_abs(a.cpu), max_b = max_abs(b.cpu);
-  Tensor bound2 = Tensor::empty({c.m, c.n}, DType::f64);
-  for (int64_t i = 0; i < bound2.numel(); ++i) {
-    const double quantisation =
-        (ua + ub + ua * ub) * abs_ab.item(i) + double(c.k) * (da * max_b * (1 + ub) + db * max_a * (1 + ua) + da * db);
-    bound2.set_item(i, quantisation * (1.0 + u16) + bound.item(i));
-  }
-  EXPECT_TRUE(within_bound(out, ref, bound2)) << "vs BF16 reference, " << what;
-  std::printf("blockwise fp8 GEMM %s: normwise error vs BF16 %.4f\n", what.c_str(),
-              normwise_error(out.gpu.to(Device::cpu()), ref));
+  const Fp8Gemm g{c.a_dtype,
+                  c.b_dtype,
+                  c.out,
+                  c.k,
+                  c.beta,
+                  p,
+                  a.cpu,
+                  b.cpu,
+                  qa.to(Device::cpu()),
+                  qb.to(Device::cpu()),
+                  max_abs(sa),
+                  max_abs(sb),
+                  [&](Tensor& out_c, const Tensor& a_codes, const Tensor& b_codes, const MatmulParams& params) {
+                    ops::cpu::fp8_matmul_blockwise(out_c, a_codes, sa, c.a_blocks, b_codes, sb, c.b_blocks, params);
+                  }};
+  expect_within_fp8_gemm_bounds(out, c_before, g, "blockwise " + what);
 }
 
 }  // namespace

@@ -146,7 +146,8 @@ TEST(Fp8Ops, QuantizeTransposeIsTheCastTransposed) {
     ops::fp8_quantize_transpose(q_rows, q_t, amax_t, x, scalar(3.0f));
     const std::vector<uint8_t> t = bits_of(q_t);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(t[size_t(c * rows + r)], cast[size_t(r * cols + c)]) << r << "," << c;
+      for (int64_t c = 0; c < cols; ++c)
+        EXPECT_EQ(t[size_t(c * rows + r)], cast[size_t(r * cols + c)]) << r << "," << c;
     if (with_rows) {
       EXPECT_EQ(bits_of(q_rows), cast);
     }
@@ -224,10 +225,9 @@ struct BlockCast {
 // x (rows, cols) cast in `blocks`, both layouts, into `dtype`.
 BlockCast block_cast(const Tensor& x, Fp8BlockShape blocks, DType dtype = DType::e4m3) {
   const int64_t rows = x.dim(0), cols = x.dim(1);
-  BlockCast out{Tensor::empty({rows, cols}, dtype),
-                Tensor::empty(ops::fp8_block_scale_shape(rows, cols, blocks), DType::f32),
-                Tensor::empty({cols, rows}, dtype),
-                Tensor::empty(ops::fp8_block_scale_shape(cols, rows, blocks), DType::f32)};
+  BlockCast out{
+      Tensor::empty({rows, cols}, dtype), Tensor::empty(ops::fp8_block_scale_shape(rows, cols, blocks), DType::f32),
+      Tensor::empty({cols, rows}, dtype), Tensor::empty(ops::fp8_block_scale_shape(cols, rows, blocks), DType::f32)};
   ops::fp8_quantize_blockwise(out.q, out.scale_inv, out.q_t, out.scale_inv_t, x, blocks);
   return out;
 }
@@ -250,11 +250,11 @@ double pow2_scale(double amax, double max_value) { return std::exp2(std::floor(s
 // Hand-worked 1x128 tiles of a (2, 200) tensor: a full tile and a ragged one (72 elements) per row.
 TEST(Fp8Blockwise, TileScalesAreThePowerOfTwoBelowFp8MaxOverAmax) {
   std::vector<float> v(400, 0.0f);
-  v[0] = 3.0f;      // row 0, tile 0: amax 3 -> 448 / 3 = 149.3 -> scale 128
-  v[1] = -1.0f;     //   -> -128, exact
-  v[2] = 0.01f;     //   -> 1.28: e4m3 rounds to 1.25
+  v[0] = 3.0f;   // row 0, tile 0: amax 3 -> 448 / 3 = 149.3 -> scale 128
+  v[1] = -1.0f;  //   -> -128, exact
+  v[2] = 0.01f;  //   -> 1.28: e4m3 rounds to 1.25
   // row 0, tile 1 (columns 128..199): all zero -> scale 1, codes 0
-  v[200] = 448.0f;  // row 1, tile 0: amax 448 -> scale 1
+  v[200] = 448.0f;        // row 1, tile 0: amax 448 -> scale 1
   v[200 + 130] = 0.001f;  // row 1, tile 1 (ragged): 448 / 0.001 = 448000 -> 2^18 = 262144
   const Tensor x = Tensor::from_vector(v, {2, 200});
   const BlockCast e4m3 = block_cast(x, Fp8BlockShape::tile_1x128);
@@ -266,7 +266,7 @@ TEST(Fp8Blockwise, TileScalesAreThePowerOfTwoBelowFp8MaxOverAmax) {
   EXPECT_EQ(codes[1], fp8_e4m3::from_float(-128.0f));
   EXPECT_EQ(fp8_e4m3::to_float(codes[2]), 1.25f);
   EXPECT_EQ(codes[150], 0x00);
-  EXPECT_EQ(codes[200], 0x7E);  // 448: the block's largest element never saturates past the max
+  EXPECT_EQ(codes[200], 0x7E);                        // 448: the block's largest element never saturates past the max
   EXPECT_EQ(fp8_e4m3::to_float(codes[330]), 256.0f);  // 262.144 on the grid of 32 above 256
   // e5m2: 57344 / 3 = 19114.7 -> 2^14.
   const BlockCast e5m2 = block_cast(x, Fp8BlockShape::tile_1x128, DType::e5m2);
@@ -416,11 +416,11 @@ TEST(Fp8Linear, BlockwiseGemmsTakeTheBlockCasts) {
                             Fp8BlockShape::block_128x128, tn);
   ops::fp8_matmul_blockwise(want.dx, dyq.q, dyq.scale_inv, Fp8BlockShape::tile_1x128, wq.q_t, wq.scale_inv_t,
                             Fp8BlockShape::block_128x128, tn);
-  ops::fp8_matmul_blockwise(want.dweight, dyq.q_t, dyq.scale_inv_t, Fp8BlockShape::tile_1x128, xq.q_t,
-                            xq.scale_inv_t, Fp8BlockShape::tile_1x128, tn);
+  ops::fp8_matmul_blockwise(want.dweight, dyq.q_t, dyq.scale_inv_t, Fp8BlockShape::tile_1x128, xq.q_t, xq.scale_inv_t,
+                            Fp8BlockShape::tile_1x128, tn);
   expect_same_bits(got, want, 0);
   EXPECT_FALSE(fp8.input().scale.defined());  // no state
-  fp8.update_scales();                         // nothing to update
+  fp8.update_scales();                        // nothing to update
   StepOutputs again{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
                     Tensor::zeros({out, in}, DType::f32)};
   fp8.linear_forward(again.y, x, w, no_bias);

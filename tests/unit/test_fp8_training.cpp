@@ -84,8 +84,8 @@ void expect_tracks_bf16(const Fp8Config& fp8, bool gpt2 = false) {
   // e5m2 2^-3 for gradients), against bf16's 2^-8; over a GEMM's K-term sums the errors largely
   // cancel, and each step's loss is a mean over 64 tokens. |fp8 - bf16| <= 2% of the bf16 loss
   // plus 0.002 (0.06% of the starting loss ln 24): measured (printed below) at most 0.9% for the
-  // LLaMA style (0.87% blockwise, 0.75% tensorwise); the GPT-2 style drifts by up to 0.0014 absolute late in training, where the loss of
-  // the memorised pattern is near 0.03 and a relative measure alone would read 2.6%.
+  // LLaMA style (0.87% blockwise, 0.75% tensorwise); the GPT-2 style drifts by up to 0.0014 absolute late in training,
+  // where the loss of the memorised pattern is near 0.03 and a relative measure alone would read 2.6%.
   double worst = 0.0;
   for (int step = 0; step < kSteps; ++step) {
     const double gap = std::abs(fp8_curve[size_t(step)] - bf16[size_t(step)]);

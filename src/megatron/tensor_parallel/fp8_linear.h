@@ -77,7 +77,7 @@ class Fp8Linear {
   struct Operand {
     DType dtype = DType::e4m3;
     ops::Fp8BlockShape blocks = ops::Fp8BlockShape::tile_1x128;  // the blockwise recipe's blocks
-    Tensor scale, scale_inv, amax_history;                         // per-tensor recipes only
+    Tensor scale, scale_inv, amax_history;                       // per-tensor recipes only
   };
 
   // What the delayed recipe carries from step to step, on the host, in the layout of Transformer

@@ -22,8 +22,9 @@ Device select_device(const std::string& requested, int local_rank, bool fp8, boo
   // compute capability 9.0 only (Blackwell's block scaling is MXFP8's).
   MEGATRON_CHECK(!fp8_blockwise || info.sm_major == 9,
                  "--fp8-recipe blockwise needs Hopper (compute capability 9.0: cuBLASLt's block-scaled FP8 GEMMs), "
-                 "but GPU " << info.index << " (" << info.name << ") is sm_" << info.sm_major << info.sm_minor
-                            << ": use --fp8-recipe tensorwise or delayed");
+                 "but GPU "
+                     << info.index << " (" << info.name << ") is sm_" << info.sm_major << info.sm_minor
+                     << ": use --fp8-recipe tensorwise or delayed");
   LOG_INFO("> using GPU " << info.index << ": " << info.name << " (sm_" << info.sm_major << info.sm_minor << ", "
                           << info.total_memory / (1024 * 1024) << " MiB)");
   return Device::cuda(info.index);

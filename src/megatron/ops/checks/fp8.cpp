@@ -112,11 +112,9 @@ void check_fp8_quantize_blockwise(const Tensor& q, const Tensor& q_scale_inv, co
   x_dtype(x, "fp8_quantize_blockwise x");
   MEGATRON_CHECK(x.ndim() == 2, "fp8_quantize_blockwise x has shape " << shape_str(x.shape()) << "; expected 2-D");
   MEGATRON_CHECK(q.defined() || q_t.defined(), "fp8_quantize_blockwise: q and q_t are both undefined; nothing to do");
-  if (q.defined())
-    check_block_scaled(q, q_scale_inv, x.shape(), blocks, "fp8_quantize_blockwise q", device);
+  if (q.defined()) check_block_scaled(q, q_scale_inv, x.shape(), blocks, "fp8_quantize_blockwise q", device);
   if (q_t.defined())
-    check_block_scaled(q_t, q_t_scale_inv, {x.dim(1), x.dim(0)}, blocks,
-                       "fp8_quantize_blockwise q_t", device);
+    check_block_scaled(q_t, q_t_scale_inv, {x.dim(1), x.dim(0)}, blocks, "fp8_quantize_blockwise q_t", device);
   if (q.defined() && q_t.defined()) check_dtype(q_t, q.dtype(), "fp8_quantize_blockwise q_t");
 }
 

@@ -110,8 +110,10 @@ __global__ void quantize_transpose_kernel(__nv_fp8_storage_t* q, __nv_fp8_storag
     }
     *reinterpret_cast<Fp8Pack<kSeg>*>(&tile[line][seg]) = out;
   }
-  if (amax != nullptr) merge_amax(amax, bits);  // its __syncthreads also orders the tile
-  else __syncthreads();
+  if (amax != nullptr)
+    merge_amax(amax, bits);  // its __syncthreads also orders the tile
+  else
+    __syncthreads();
   for (int line = line0; line < kTransposeTile; line += kLines) {
     const int64_t c = c0 + line, r = r0 + seg;  // q_t row c, columns r .. r + 7
     if (c >= cols) break;
@@ -260,13 +262,13 @@ void launch_tiles(Tensor& q, Tensor& scale_inv, const T* x, int64_t rows, int64_
   if (transposed) {
     const dim3 grid(unsigned(ceil_div(cols, kTransposedTileColumns)), unsigned(ceil_div(rows, kFp8BlockSize)));
     MEGATRON_CHECK(grid.y <= 65535, "fp8_quantize_blockwise: " << rows << " rows exceed the kernel's grid; split x");
-    quantize_transposed_tiles_kernel<T><<<grid, kThreads, 0, stream()>>>(
-        codes, device_data<float>(scale_inv), x, rows, cols, scale_inv.dim(1), max_value, format);
+    quantize_transposed_tiles_kernel<T><<<grid, kThreads, 0, stream()>>>(codes, device_data<float>(scale_inv), x, rows,
+                                                                         cols, scale_inv.dim(1), max_value, format);
   } else {
     const dim3 grid(unsigned(ceil_div(cols, kFp8BlockSize)), unsigned(ceil_div(rows, kTileWarps)));
     MEGATRON_CHECK(grid.y <= 65535, "fp8_quantize_blockwise: " << rows << " rows exceed the kernel's grid; split x");
     quantize_tiles_kernel<T><<<grid, kThreads, 0, stream()>>>(codes, device_data<float>(scale_inv), x, rows, cols,
-                                                               scale_inv.dim(1), max_value, format);
+                                                              scale_inv.dim(1), max_value, format);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -308,8 +310,8 @@ void cuda::fp8_quantize(Tensor& q, Tensor& amax, const Tensor& x, const Tensor& 
       quantize_kernel<T, V><<<amax_grid(ceil_div(n, V)), kThreads, 0, stream()>>>(
           codes, amax_ptr, xs, device_data<float>(scale), n, fp8_format(q.dtype()));
     } else {
-      quantize_kernel<T, 1><<<amax_grid(n), kThreads, 0, stream()>>>(codes, amax_ptr, xs, device_data<float>(scale),
-                                                                      n, fp8_format(q.dtype()));
+      quantize_kernel<T, 1><<<amax_grid(n), kThreads, 0, stream()>>>(codes, amax_ptr, xs, device_data<float>(scale), n,
+                                                                     fp8_format(q.dtype()));
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -321,7 +323,7 @@ void cuda::fp8_quantize_transpose(Tensor& q, Tensor& q_t, Tensor& amax, const Te
   if (rows == 0 || cols == 0) return;
   const dim3 grid(unsigned(ceil_div(cols, kTransposeTile)), unsigned(ceil_div(rows, kTransposeTile)));
   MEGATRON_CHECK(grid.y <= 65535, "fp8_quantize_transpose: " << rows << " rows exceed the kernel's grid of "
-                                                              << 65535 * kTransposeTile << "; split the tensor");
+                                                             << 65535 * kTransposeTile << "; split the tensor");
   auto* codes = q.defined() ? static_cast<__nv_fp8_storage_t*>(q.raw()) : nullptr;
   auto* codes_t = static_cast<__nv_fp8_storage_t*>(q_t.raw());
   const auto aligned8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % kSeg == 0; };
@@ -338,8 +340,8 @@ void cuda::fp8_quantize_transpose(Tensor& q, Tensor& q_t, Tensor& amax, const Te
   });
 }
 
-void cuda::fp8_quantize_blockwise(Tensor& q, Tensor& q_scale_inv, Tensor& q_t, Tensor& q_t_scale_inv,
-                                  const Tensor& x, Fp8BlockShape blocks) {
+void cuda::fp8_quantize_blockwise(Tensor& q, Tensor& q_scale_inv, Tensor& q_t, Tensor& q_t_scale_inv, const Tensor& x,
+                                  Fp8BlockShape blocks) {
   checks::check_fp8_quantize_blockwise(q, q_scale_inv, q_t, q_t_scale_inv, x, blocks, check_cuda, check_cuda_floating);
   const int64_t rows = x.dim(0), cols = x.dim(1);
   const DType dtype = q.defined() ? q.dtype() : q_t.dtype();
@@ -361,8 +363,8 @@ void cuda::fp8_quantize_blockwise(Tensor& q, Tensor& q_scale_inv, Tensor& q_t, T
         q.defined() ? static_cast<__nv_fp8_storage_t*>(q.raw()) : nullptr,
         q.defined() ? device_data<float>(q_scale_inv) : nullptr, q.defined() ? q_scale_inv.dim(1) : 0,
         q_t.defined() ? static_cast<__nv_fp8_storage_t*>(q_t.raw()) : nullptr,
-        q_t.defined() ? device_data<float>(q_t_scale_inv) : nullptr, q_t.defined() ? q_t_scale_inv.dim(1) : 0, xs,
-        rows, cols, fp8_max(dtype), fp8_format(dtype));
+        q_t.defined() ? device_data<float>(q_t_scale_inv) : nullptr, q_t.defined() ? q_t_scale_inv.dim(1) : 0, xs, rows,
+        cols, fp8_max(dtype), fp8_format(dtype));
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -511,11 +511,11 @@ void cuda::fp8_matmul_blockwise(Tensor& c, const Tensor& a, const Tensor& a_scal
                                 const MatmulParams& params) {
   const auto [m, n, k] =
       checks::check_fp8_matmul_blockwise(c, a, a_scale_inv, a_blocks, b, b_scale_inv, b_blocks, params, check_cuda);
-  MEGATRON_CHECK(
-      k > 0 && n > 0 && k % 16 == 0 && n % 16 == 0,
-      "fp8_matmul_blockwise C (" << m << "," << n << ") with K = " << k << ": FP8 GEMMs on CUDA need K and C's "
-                                 << "column count to be positive multiples of 16; pad the sizes (hidden, FFN, heads x "
-                                 << "head dim, micro-batch x sequence tokens) to multiples of 16, or train in bf16");
+  MEGATRON_CHECK(k > 0 && n > 0 && k % 16 == 0 && n % 16 == 0,
+                 "fp8_matmul_blockwise C ("
+                     << m << "," << n << ") with K = " << k << ": FP8 GEMMs on CUDA need K and C's "
+                     << "column count to be positive multiples of 16; pad the sizes (hidden, FFN, heads x "
+                     << "head dim, micro-batch x sequence tokens) to multiples of 16, or train in bf16");
   if (m == 0) return;
   const auto mode = [](Fp8BlockShape blocks) {
     return blocks == Fp8BlockShape::tile_1x128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
