@@ -6,7 +6,8 @@
 # with DEVICE=cuda both are `megatron train` on the GPU.
 # Usage: bench/bench_fp8_curve.sh BUILD_DIR DATA_DIR
 #   DATA_DIR: demo.sh's work directory (fortunes_text_document.{bin,idx}, tokenizer.json).
-#   ITERS (default 1000), DEVICE (cpu|cuda, default cpu); the two runs go side by side, one
+#   FP8_FLAGS (default the delayed hybrid recipe above; e.g. "--fp8-format e4m3 --fp8-recipe
+#   blockwise"), ITERS (default 1000), DEVICE (cpu|cuda, default cpu); the two runs go side by side, one
 #   OpenMP thread each, on the CPU.
 set -euo pipefail
 build=${1:?build directory}
@@ -21,7 +22,8 @@ flags=(--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128
   --data-path "$data/fortunes_text_document" --split 95,5,0
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$data/tokenizer.json"
   --log-interval 1 --eval-interval 100 --eval-iters 4 --bf16 --device "$device")
-fp8=(--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max)
+# shellcheck disable=SC2206  # FP8_FLAGS is a flag list, split on spaces
+fp8=(${FP8_FLAGS:---fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max})
 fp8_program=("$build/megatron" train)
 [ "$device" = cpu ] && fp8_program=("$build/fp8_emulated_curve")
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
