@@ -64,8 +64,9 @@ MEGATRON_OP(fp8_update_scale,
 // A, B: 2-D e4m3 / e5m2 (not both e5m2), scale_invs (1) f32; C: bf16, f16 or f32 (2-D).
 // On CUDA (cuBLASLt, compute capability 8.9 or newer) Hopper's rule holds: FP8 GEMMs take A
 // row-major and B transposed (C = A B^T); other transposes are served by transposed copies (a
-// caller that has fp8_quantize_transpose's layouts passes them and none is made). K and C's column count must be
-// multiples of 16 there. The CPU emulates it: the FP8 values exactly, products summed in f64, one rounding to C.
+// caller that has fp8_quantize_transpose's layouts passes them and none is made). K and C's
+// column count must be multiples of 16 there. The CPU emulates it: the FP8 values exactly,
+// products summed in f64, one rounding to C.
 MEGATRON_OP(fp8_matmul, void(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                              const Tensor& b_scale_inv, const MatmulParams& params));
 

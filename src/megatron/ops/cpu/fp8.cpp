@@ -34,6 +34,15 @@ void accumulate_amax(Tensor& amax, uint32_t bits) {
   a = std::bit_cast<float>(std::max(magnitude_bits(a), bits));
 }
 
+// fn(std::type_identity<Q>) with Q the host type of an FP8 dtype (e4m3 or e5m2, as checked).
+template <class Fn>
+void dispatch_fp8(DType dtype, Fn&& fn) {
+  if (dtype == DType::e4m3)
+    fn(std::type_identity<fp8_e4m3>{});
+  else
+    fn(std::type_identity<fp8_e5m2>{});
+}
+
 template <class Q, class T>
 void quantize(Q* q, const T* x, int64_t n, float scale) {
 #pragma omp parallel for if (worth_parallel(n))
@@ -86,10 +95,9 @@ template <class T>
 void quantize_blocks_into(Tensor& q, Tensor& scale_inv, const T* x, int64_t R, int64_t C, int64_t row_stride,
                           int64_t col_stride, Fp8BlockShape blocks) {
   const float max_value = fp8_max(q.dtype());
-  if (q.dtype() == DType::e4m3)
-    quantize_blocks(q.data<fp8_e4m3>(), scale_inv.data<float>(), x, R, C, row_stride, col_stride, blocks, max_value);
-  else
-    quantize_blocks(q.data<fp8_e5m2>(), scale_inv.data<float>(), x, R, C, row_stride, col_stride, blocks, max_value);
+  dispatch_fp8(q.dtype(), [&]<class Q>(std::type_identity<Q>) {
+    quantize_blocks(q.data<Q>(), scale_inv.data<float>(), x, R, C, row_stride, col_stride, blocks, max_value);
+  });
 }
 
 }  // namespace
@@ -108,10 +116,7 @@ void cpu::fp8_quantize(Tensor& q, Tensor& amax, const Tensor& x, const Tensor& s
   checks::check_fp8_quantize(q, amax, x, scale, check_cpu, check_cpu_floating);
   const float s = scale.data<float>()[0];
   dispatch_floating(x.dtype(), "fp8_quantize", [&]<class T>(std::type_identity<T>) {
-    if (q.dtype() == DType::e4m3)
-      quantize(q.data<fp8_e4m3>(), x.data<T>(), x.numel(), s);
-    else
-      quantize(q.data<fp8_e5m2>(), x.data<T>(), x.numel(), s);
+    dispatch_fp8(q.dtype(), [&]<class Q>(std::type_identity<Q>) { quantize(q.data<Q>(), x.data<T>(), x.numel(), s); });
     if (amax.defined()) accumulate_amax(amax, amax_bits(x.data<T>(), x.numel()));
   });
 }
@@ -122,10 +127,9 @@ void cpu::fp8_quantize_transpose(Tensor& q, Tensor& q_t, Tensor& amax, const Ten
   const float s = scale.data<float>()[0];
   const int64_t rows = x.dim(0), cols = x.dim(1);
   dispatch_floating(x.dtype(), "fp8_quantize_transpose", [&]<class T>(std::type_identity<T>) {
-    if (q_t.dtype() == DType::e4m3)
-      quantize_transposed(q_t.data<fp8_e4m3>(), x.data<T>(), rows, cols, s);
-    else
-      quantize_transposed(q_t.data<fp8_e5m2>(), x.data<T>(), rows, cols, s);
+    dispatch_fp8(q_t.dtype(), [&]<class Q>(std::type_identity<Q>) {
+      quantize_transposed(q_t.data<Q>(), x.data<T>(), rows, cols, s);
+    });
     if (amax.defined() && !q.defined()) accumulate_amax(amax, amax_bits(x.data<T>(), x.numel()));
   });
 }
