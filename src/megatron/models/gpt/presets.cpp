@@ -70,7 +70,6 @@ void apply_moe(const MoEPresetShape& m, TransformerConfig& config) {
   moe.moe_router_topk = m.topk;
   moe.moe_ffn_hidden_size = m.expert_ffn;
   moe.moe_shared_expert_intermediate_size = m.shared_expert_ffn;
-  moe.moe_grouped_gemm = true;
   if (!m.deepseek_routing) {
     moe.moe_aux_loss_coeff = 1e-2;  // Megatron's Mixtral recipe
     return;
