@@ -133,6 +133,7 @@ struct GemmCase {
   bool ta, tb;
   int64_t m, n, k;
   float beta;
+  bool fast_accumulation = false;
 };
 
 // Current scaling of a bf16 operand on the GPU: scale = fp8_max / amax, then the cast.
@@ -173,7 +174,8 @@ struct Fp8Gemm {
 // per 128-long K block, to apply the scales). Each partial is within 2^-14 of its products'
 // absolute sum, so together within 2^-14 S, S the product of the absolute values (+ |beta C|);
 // doubled for margin, plus test_cuda_gemm.cpp's f32 bound 2 (K + 2) u32 S, then one rounding of a
-// 16-bit output.
+// 16-bit output. With fast accumulation (the forward's) the running sum itself goes through that
+// ~14-bit addition once per MMA K step of 32: within ceil(K / 32) 2^-14 S, doubled as above.
 // (2) Against the BF16 GEMM of the unquantised values (f64 on the CPU): each operand element is
 // within u |x| + d of its FP8 value, u the format's unit roundoff (2^-4 e4m3, 2^-3 e5m2; e4m3
 // keeps 3 mantissa bits) and d half the subnormal spacing over the scale (2^-10 or 2^-17 times
@@ -195,7 +197,8 @@ void expect_within_fp8_gemm_bounds(const Pair& out, const Tensor& c_before, cons
   const double u16 = g.out == DType::f32 ? 0.0 : unit_roundoff(g.out);
   Tensor bound = Tensor::empty({m, n}, DType::f64);
   for (int64_t i = 0; i < bound.numel(); ++i) {
-    const double e = (0x1p-13 + 2.0 * double(g.k + 2) * kUnitRoundoffF32) * s.item(i);
+    const double mma = p.fp8_fast_accumulation ? double((g.k + 31) / 32) * 0x1p-13 : 0x1p-13;
+    const double e = (mma + 2.0 * double(g.k + 2) * kUnitRoundoffF32) * s.item(i);
     bound.set_item(i, e * (1.0 + u16) + u16 * std::fabs(emulated.item(i)) + 1e-30);
   }
   EXPECT_TRUE(within_bound(out, emulated, bound)) << "vs CPU emulation, " << what;
@@ -228,13 +231,14 @@ void check_gemm(const GemmCase& c, uint64_t seed) {
   const Shape b_shape = c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n};
   const Pair a = random_pair(a_shape, DType::bf16, seed), b = random_pair(b_shape, DType::bf16, seed + 1);
   Pair out = c.beta == 0.0f ? poisoned_pair({c.m, c.n}, c.out) : random_pair({c.m, c.n}, c.out, seed + 2);
-  const MatmulParams p{c.ta ? Transpose::yes : Transpose::no, c.tb ? Transpose::yes : Transpose::no, 1.0f, c.beta};
+  const MatmulParams p{c.ta ? Transpose::yes : Transpose::no, c.tb ? Transpose::yes : Transpose::no, 1.0f, c.beta,
+                       c.fast_accumulation};
   const Quantized qa = quantize_on_gpu(a.gpu, c.a_dtype), qb = quantize_on_gpu(b.gpu, c.b_dtype);
   const Tensor c_before = out.cpu.clone();
   ops::fp8_matmul(out.gpu, qa.q, qa.scale_inv, qb.q, qb.scale_inv, p);
   const std::string what = std::string(dtype_name(c.a_dtype)) + " x " + dtype_name(c.b_dtype) + " -> " +
                            dtype_name(c.out) + (c.ta ? ", A^T" : "") + (c.tb ? ", B^T" : "") +
-                           (c.beta != 0.0f ? ", accumulated" : "");
+                           (c.beta != 0.0f ? ", accumulated" : "") + (c.fast_accumulation ? ", fast accumulation" : "");
 
   const Tensor sa = qa.scale_inv.to(Device::cpu()), sb = qb.scale_inv.to(Device::cpu());
   const Fp8Gemm g{c.a_dtype,
@@ -269,7 +273,11 @@ TEST_F(CudaFp8, GemmMatchesEmulationAndBf16Reference) {
   check_gemm({DType::e5m2, DType::e4m3, DType::f32, true, false, m, n, k, 1.0f}, seed++);
   // A model-sized GEMM (a llama-1b MLP tile).
   check_gemm({DType::e4m3, DType::e4m3, DType::bf16, false, true, 256, 2048, 2048, 0.0f}, seed++);
+  // The forward's fast accumulation (Fp8Linear's fprop), short and model-sized K.
+  check_gemm({DType::e4m3, DType::e4m3, DType::bf16, false, true, m, n, k, 0.0f, true}, seed++);
+  check_gemm({DType::e4m3, DType::e4m3, DType::bf16, false, true, 256, 2048, 2048, 0.0f, true}, seed++);
 }
+
 
 TEST_F(CudaFp8, GemmRefusesSizesCublasLtCannotRun) {
   Tensor a = Tensor::zeros({16, 24}, DType::e4m3, gpu()), b = Tensor::zeros({16, 24}, DType::e4m3, gpu());

@@ -121,8 +121,9 @@ PathCounts path_counts() {
 }
 
 // Which way the op goes for these operands (grouped_gemm.cu): our kernel for 16-bit operands with
-// widths a multiple of 8 on 16-byte aligned memory, one launch per product.
-enum class Expect { our_kernel, cublas_way };
+// widths a multiple of 8 on 16-byte aligned memory, one launch per product; one cuBLASLt GEMM per
+// expert for host counts of at least kPerExpertGemmRows rows per expert.
+enum class Expect { our_kernel, cublas_way, per_expert };
 
 void check_forward_and_backward(DType dtype, const std::vector<int64_t>& counts, int64_t in, int64_t out,
                                 Expect path = Expect::our_kernel, int64_t misalign = 0) {
@@ -163,6 +164,9 @@ void check_forward_and_backward(DType dtype, const std::vector<int64_t>& counts,
   if (path == Expect::our_kernel) {
     EXPECT_EQ(after.mma - before.mma, 3) << shape << ": forward, dgrad and wgrad, one launch of our kernel each";
     EXPECT_EQ(after.cublas - before.cublas + after.per_expert - before.per_expert, 0) << shape;
+  } else if (path == Expect::per_expert) {
+    EXPECT_EQ(after.mma - before.mma + after.cublas - before.cublas, 0) << shape;
+    EXPECT_EQ(after.per_expert - before.per_expert, 2) << shape << ": the forward's loop and the backward's";
   } else {
     EXPECT_EQ(after.mma - before.mma, 0) << shape << ": our kernel does not take these operands";
     EXPECT_GT(after.cublas - before.cublas + after.per_expert - before.per_expert, 0) << shape;
@@ -196,6 +200,14 @@ TEST_F(CudaGroupedGemm, MatchesTheCpuReferenceWithEmptyAndUnevenExperts) {
 
 // The expert widths of the moe-1b-8x preset (hidden 2048, moe-ffn-hidden-size 2816, SwiGLU):
 // fc1 (2048 -> 2 x 2816) and fc2 (2816 -> 2048), few rows per expert to keep the f64 CPU oracle short.
+// Host counts of many rows per expert (kPerExpertGemmRows on average) take one cuBLASLt GEMM per
+// expert; just below, our kernel.
+TEST_F(CudaGroupedGemm, ManyRowsPerExpertGoOneLibraryGemmPerExpert) {
+  const int64_t rows = ops::kPerExpertGemmRows;
+  check_forward_and_backward(DType::bf16, {2 * rows - 40, 0, 40}, 64, 72, Expect::per_expert);
+  check_forward_and_backward(DType::bf16, {rows + 1, rows - 2}, 64, 72, Expect::our_kernel);
+}
+
 TEST_F(CudaGroupedGemm, MatchesTheCpuReferenceAtTheMoEPresetWidths) {
   const std::vector<int64_t> counts{0, 130, 1, 0, 64, 9, 0, 37};
   check_forward_and_backward(DType::bf16, counts, 2048, 2 * 2816);
@@ -218,6 +230,15 @@ TEST_F(CudaGroupedGemm, MoreThan256ExpertsGoTheCublasWay) {
   check_forward_and_backward(DType::bf16, std::vector<int64_t>(257, 1), 24, 40, Expect::cublas_way);
 }
 
+// The counts as the device routing gives them: row offsets on the GPU.
+ops::ExpertRows rows_on_device(const std::vector<int64_t>& counts) {
+  const int64_t E = int64_t(counts.size());
+  Tensor offsets = Tensor::empty({E + 1}, DType::i32);
+  offsets.set_item(0, 0.0);
+  for (int64_t e = 0; e < E; ++e) offsets.set_item(e + 1, offsets.item(e) + double(counts[size_t(e)]));
+  return ops::ExpertRows::on_device(offsets.to(gpu()));
+}
+
 // Rows given as device offsets (the device routing's plan, ops/moe_routing.h): our kernel builds
 // its tile table on the device and runs on a bounding grid, the cuBLAS way reads the counts back;
 // either computes what the host counts give, bit for bit (the same tiles do the same arithmetic).
@@ -226,10 +247,7 @@ void check_device_offsets_equal_host_counts(DType dtype, const std::vector<int64
   const int64_t N = total(counts), E = int64_t(counts.size());
   const std::string shape = std::string(dtype_name(dtype)) + " (" + std::to_string(E) + " experts, " +
                             std::to_string(N) + " rows, in " + std::to_string(in) + ", out " + std::to_string(out) + ")";
-  Tensor offsets = Tensor::empty({E + 1}, DType::i32);
-  offsets.set_item(0, 0.0);
-  for (int64_t e = 0; e < E; ++e) offsets.set_item(e + 1, offsets.item(e) + double(counts[size_t(e)]));
-  const ops::ExpertRows on_device = ops::ExpertRows::on_device(offsets.to(gpu()));
+  const ops::ExpertRows on_device = rows_on_device(counts);
   const Pair x = random_pair({N, in}, dtype, 21), w = random_pair({E, out, in}, dtype, 22, 0.5);
   const Pair dy = random_pair({N, out}, dtype, 23), dw0 = random_pair({E, out, in}, DType::f32, 24);
 
@@ -274,7 +292,10 @@ TEST_F(CudaGroupedGemm, EqualsThePerExpertLoopAndReportsSpeed) {
       ops::cuda::linear_forward(y_e, x.gpu.slice(begin, begin + counts[size_t(e)]), w.gpu.select(e), Tensor());
     }
   };
-  const auto run_grouped = [&] { ops::cuda::grouped_linear_forward(grouped, x.gpu, w.gpu, counts); };
+  // Our kernel, as device routing runs it (row offsets on the device): with these host counts the
+  // op would take the per-expert loop itself (kPerExpertGemmRows).
+  const ops::ExpertRows on_device = rows_on_device(counts);
+  const auto run_grouped = [&] { ops::cuda::grouped_linear_forward(grouped, x.gpu, w.gpu, on_device); };
   run_loop();
   run_grouped();
   // Both sum the same 2048 products in fp32 and round once to bf16, in different orders. With s, s'

@@ -14,6 +14,7 @@
 #include "megatron/ops/fp8.h"
 #include "megatron/ops/gemm.h"
 #include "megatron/tensor_parallel/fp8_linear.h"
+#include "op_test_util.h"
 
 using namespace megatron;
 
@@ -210,6 +211,14 @@ TEST(Fp8Ops, MatmulEmulationIsExactOnRepresentableValues) {
   Tensor c16 = Tensor::empty({2, 2}, DType::bf16);
   ops::fp8_matmul(c16, at, scalar(0.5f), bt, scalar(4.0f), {.trans_a = ops::Transpose::yes});
   EXPECT_EQ(c16.to_vector(), (std::vector<float>{12, -2.5f, 7, -4}));
+  // Fast accumulation changes only how the tensor cores add; the emulation's sum is exact either way.
+  Tensor fast = Tensor::empty({2, 2}, DType::bf16);
+  ops::fp8_matmul(fast, at, scalar(0.5f), bt, scalar(4.0f), {.trans_a = ops::Transpose::yes, .fp8_fast_accumulation = true});
+  EXPECT_EQ(fast.to_vector(), c16.to_vector());
+  // Other GEMMs refuse it.
+  EXPECT_TRUE(test::throws_error_naming(
+      [&] { ops::matmul(c, a, b, {.trans_b = ops::Transpose::yes, .fp8_fast_accumulation = true}); },
+      "fp8_fast_accumulation applies to fp8_matmul only"));
 }
 
 // ---- blockwise ----
@@ -366,6 +375,13 @@ TEST(Fp8Blockwise, MatmulIsTheGemmOfTheDequantisedOperands) {
   EXPECT_THROW(ops::fp8_matmul_blockwise(cm, aq.q, aq.scale_inv, Fp8BlockShape::tile_1x128, wq.q, aq.scale_inv,
                                          Fp8BlockShape::block_128x128, {.trans_b = ops::Transpose::yes}),
                Error);
+  EXPECT_TRUE(test::throws_error_naming(
+      [&] {
+        ops::fp8_matmul_blockwise(cm, aq.q, aq.scale_inv, Fp8BlockShape::tile_1x128, wq.q, wq.scale_inv,
+                                  Fp8BlockShape::block_128x128,
+                                  {.trans_b = ops::Transpose::yes, .fp8_fast_accumulation = true});
+      },
+      "fp8_fast_accumulation applies to per-tensor scaled fp8_matmul only"));
 }
 
 // The layer's forward is the FP8 GEMM of its quantised operands; under delayed scaling the first

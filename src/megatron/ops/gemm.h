@@ -13,6 +13,11 @@ struct MatmulParams {
   Transpose trans_b = Transpose::no;
   float alpha = 1.0f;
   float beta = 0.0f;
+  // fp8_matmul only: the tensor cores sum the products in their own accumulator without promoting
+  // partial sums to fp32 at intervals (cuBLASLt's FAST_ACCUM; Transformer Engine's forward GEMMs,
+  // whose use_split_accumulator is off). Faster, and less exact for long K; the CPU's emulation
+  // sums exactly either way. The other GEMMs refuse it.
+  bool fp8_fast_accumulation = false;
 };
 
 // C = alpha * op(A) @ op(B) + beta * C      (2-D views; C may be f32 while A, B are bf16/f16)

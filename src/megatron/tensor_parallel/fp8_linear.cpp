@@ -83,13 +83,13 @@ const Fp8Linear::Quantized& Fp8Linear::weight_cast(const Tensor& weight, Layout 
   return weight_casts_.transposed;
 }
 
-void Fp8Linear::gemm(Tensor& c, const Quantized& a, const Operand& a_op, const Quantized& b, const Operand& b_op,
-                     float beta) const {
-  const ops::MatmulParams params{.trans_b = ops::Transpose::yes, .beta = beta};
+void Fp8Linear::gemm(Gemm which, Tensor& c, const Quantized& a, const Operand& a_op, const Quantized& b,
+                     const Operand& b_op, float beta) const {
+  ops::MatmulParams params{.trans_b = ops::Transpose::yes, .beta = beta};
   if (recipe_.scaling == ops::Fp8Scaling::blockwise)
-    ops::fp8_matmul_blockwise(c, a.codes, a.scale_inv, a_op.blocks, b.codes, b.scale_inv, b_op.blocks, params);
-  else
-    ops::fp8_matmul(c, a.codes, a.scale_inv, b.codes, b.scale_inv, params);
+    return ops::fp8_matmul_blockwise(c, a.codes, a.scale_inv, a_op.blocks, b.codes, b.scale_inv, b_op.blocks, params);
+  params.fp8_fast_accumulation = which == Gemm::fprop;
+  ops::fp8_matmul(c, a.codes, a.scale_inv, b.codes, b.scale_inv, params);
 }
 
 const Tensor& Fp8Linear::ones_column(const Tensor& t) {
@@ -106,7 +106,7 @@ void Fp8Linear::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight,
   const Quantized xq = quantize(input_, x, Cast::record, Layout::rows).rows;
   const Quantized& wq = weight_cast(weight, Layout::rows);
   // y (N,out) = x (N,in) W (out,in)^T: already the TN form FP8 tensor cores take.
-  gemm(y, xq, input_, wq, weight_, 0.0f);
+  gemm(Gemm::fprop, y, xq, input_, wq, weight_, 0.0f);
   if (bias.defined()) ops::matmul(y, ones_column(x), bias.view({1, -1}), {.beta = 1.0f});
 }
 
@@ -122,13 +122,13 @@ void Fp8Linear::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, cons
   if (dx.defined()) {
     // dx (N,in) = dy (N,out) W (out,in), W given as the rows of W^T (in,out): the TN form.
     const Quantized& wq_t = weight_cast(weight, Layout::transposed);
-    gemm(dx, dyq.rows, grad_output_, wq_t, weight_, 0.0f);
+    gemm(Gemm::dgrad, dx, dyq.rows, grad_output_, wq_t, weight_, 0.0f);
   }
   if (!dweight.defined()) return;
   // dW (out,in) += dy^T (out,N) x (N,in) into the fp32 main grad, from the rows of dy^T and x^T;
   // db += dy^T 1 (bf16 dy)
   const Quantized xq_t = quantize(input_, x, Cast::again, Layout::transposed).transposed;
-  gemm(dweight, dyq.transposed, grad_output_, xq_t, input_, 1.0f);
+  gemm(Gemm::wgrad, dweight, dyq.transposed, grad_output_, xq_t, input_, 1.0f);
   if (dbias.defined()) {
     Tensor db = dbias.view({-1, 1});
     ops::matmul(db, dy, ones_column(dy), {.trans_a = ops::Transpose::yes, .beta = 1.0f});

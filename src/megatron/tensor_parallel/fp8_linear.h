@@ -118,8 +118,11 @@ class Fp8Linear {
   Codes quantize_blockwise(const Operand& op, const Tensor& t, Layout layout) const;
   // The step's cast of `weight` in `layout` (rows or transposed), made at its first use.
   const Quantized& weight_cast(const Tensor& weight, Layout layout);
-  // c (M,N) = a (M,K) b (N,K)^T + beta c: the recipe's FP8 GEMM of two casts.
-  void gemm(Tensor& c, const Quantized& a, const Operand& a_op, const Quantized& b, const Operand& b_op,
+  // c (M,N) = a (M,K) b (N,K)^T + beta c: the recipe's FP8 GEMM of two casts. The forward GEMM
+  // (fprop) of a per-tensor recipe uses fast accumulation, as Transformer Engine's does; the
+  // backward's keep fp32 promotion (TE's split accumulator for dgrad and wgrad).
+  enum class Gemm { fprop, dgrad, wgrad };
+  void gemm(Gemm which, Tensor& c, const Quantized& a, const Operand& a_op, const Quantized& b, const Operand& b_op,
             float beta) const;
   // (N,1) ones like t's rows: the bias as a rank-1 GEMM, in the activations' dtype.
   const Tensor& ones_column(const Tensor& t);

@@ -128,6 +128,9 @@ MatmulDims check_fp8_matmul_blockwise(const Tensor& c, const Tensor& a, const Te
   MEGATRON_CHECK(!(a_blocks == Fp8BlockShape::block_128x128 && b_blocks == Fp8BlockShape::block_128x128),
                  "fp8_matmul_blockwise: A and B are both in 128x128 blocks, which neither cuBLASLt nor Transformer "
                  "Engine multiplies; quantise one of them in 1x128 tiles");
+  MEGATRON_CHECK(!params.fp8_fast_accumulation,
+                 "fp8_matmul_blockwise: fp8_fast_accumulation applies to per-tensor scaled fp8_matmul only (a "
+                 "block-scaled GEMM applies its scales to fp32 partial sums of each 128-wide K block)");
   MEGATRON_CHECK(a.defined() && b.defined() && a.ndim() == 2 && b.ndim() == 2,
                  "fp8_matmul_blockwise takes defined 2-D A and B");
   check_block_scaled(a, a_scale_inv, a.shape(), a_blocks, "fp8_matmul_blockwise A", device);

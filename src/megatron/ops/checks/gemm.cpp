@@ -31,6 +31,7 @@ MatmulDims check_matmul(const Tensor& c, const Tensor& a, const Tensor& b, const
   check_dtype(b, a.dtype(), "matmul B");
   check_defined(c, "matmul C");
   check_gemm_output(c, a.dtype(), "matmul C", backend);
+  MEGATRON_CHECK(!params.fp8_fast_accumulation, "matmul: fp8_fast_accumulation applies to fp8_matmul only");
   return check_matmul_dims(c, a, b, params, "matmul");
 }
 

@@ -146,6 +146,7 @@ struct LtProblem {
   // What those point to: CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F (one f32), or blockwise scales.
   cublasLtMatmulMatrixScale_t a_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   cublasLtMatmulMatrixScale_t b_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  bool fast_accumulation = false;  // FP8 only: MatmulParams::fp8_fast_accumulation
 };
 
 // Largest power of two (<= 256, cuBLASLt's default assumption) dividing the address.
@@ -157,7 +158,7 @@ uint32_t alignment_of(const void* p) {
 }
 
 struct PlanKey {
-  std::array<int64_t, 17> fields{};
+  std::array<int64_t, 18> fields{};
   bool operator==(const PlanKey&) const = default;
 };
 struct PlanKeyHash {
@@ -205,6 +206,7 @@ bool try_lt_matmul(const LtProblem& p) {
     set_desc(raw_desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, p.a_scale_mode);
   if (p.b_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
     set_desc(raw_desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, p.b_scale_mode);
+  if (p.fast_accumulation) set_desc(raw_desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t(1));
 
   const MatrixLayout a = make_layout(p.a_type, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k);
   const MatrixLayout b = make_layout(p.b_type, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n);
@@ -214,7 +216,7 @@ bool try_lt_matmul(const LtProblem& p) {
   const PlanKey key{{p.m, p.n, p.k, p.trans_a, p.trans_b, p.a_type, p.b_type, p.d_type, epilogue, align_a, align_b,
                      align_d, p.epilogue.bias != nullptr ? alignment_of(p.epilogue.bias) : 0,
                      p.epilogue.aux != nullptr ? alignment_of(p.epilogue.aux) : 0, ctx.device(), p.a_scale_mode,
-                     p.b_scale_mode}};
+                     p.b_scale_mode, p.fast_accumulation}};
   AlgoCache& cache = algo_cache();
   std::optional<cublasLtMatmulAlgo_t> algo;
   {
@@ -271,6 +273,7 @@ struct ScaleInvs {
   Tensor a, b;
   cublasLtMatmulMatrixScale_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   cublasLtMatmulMatrixScale_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  bool fast_accumulation = false;
 };
 
 // The cuBLASLt type of an operand: blas_type's, and the two FP8 formats.
@@ -306,6 +309,7 @@ bool row_major_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Ten
   if (scale_invs.b.defined()) p.a_scale_inv = device_data<float>(scale_invs.b);
   p.a_scale_mode = scale_invs.b_mode;  // cuBLASLt's A is our B (row-major C^T = B A^T)
   p.b_scale_mode = scale_invs.a_mode;
+  p.fast_accumulation = scale_invs.fast_accumulation;
   p.alpha = alpha;
   p.beta = beta;
   if (try_lt_matmul(p)) return true;
@@ -503,7 +507,8 @@ void cuda::fp8_matmul(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, con
   // Hopper's TN rule: A (m,k) and B (n,k) as stored rows.
   const Tensor a_rows = params.trans_a == Transpose::yes ? transposed_fp8(a) : a;
   const Tensor b_rows = params.trans_b == Transpose::yes ? b : transposed_fp8(b);
-  row_major_gemm(false, true, m, n, k, a_rows, b_rows, c, params.alpha, params.beta, {}, {a_scale_inv, b_scale_inv});
+  row_major_gemm(false, true, m, n, k, a_rows, b_rows, c, params.alpha, params.beta, {},
+                 {.a = a_scale_inv, .b = b_scale_inv, .fast_accumulation = params.fp8_fast_accumulation});
 }
 
 void cuda::fp8_matmul_blockwise(Tensor& c, const Tensor& a, const Tensor& a_scale_inv, Fp8BlockShape a_blocks,

@@ -12,6 +12,8 @@
 //     NOT_SUPPORTED, as CUDA 13 does for bf16 -> bf16) or the operands are not 16-byte aligned
 //     (its kernels fault on those), the op runs the per-expert cuBLASLt loop of gemm.h instead
 //     (cuBLASLt picks its kernels by alignment) and warns once.
+// Host counts with many rows per expert (kPerExpertGemmRows) run the per-expert cuBLASLt loop
+// too: there one library GEMM per expert outruns our one launch.
 // Rows given as device offsets (routing on the device): our kernel builds its tile table on the
 // device; the cuBLAS ways read the counts back first (a wait for the device, on f32 and odd
 // shapes only).
@@ -89,13 +91,44 @@ bool run_grouped(const std::vector<Problem>& problems, DType ab_dtype, DType c_d
 }
 
 void warn_fallback(const char* what) {
-  count_op_path(OpPath::grouped_gemm_per_expert);
   static std::once_flag once;
   std::call_once(once, [what] {
     LOG_WARN("cuBLAS's grouped GEMM takes no " << what
                                               << " operands of this shape or alignment (or has no kernel for the type); "
                                                  "the experts run one cuBLASLt GEMM each");
   });
+}
+
+// Host counts of many rows per expert: one cuBLASLt GEMM per expert beats one launch of ours.
+bool per_expert_gemms_pay(const ExpertRows& rows, int64_t total_rows) {
+  return !rows.offsets.defined() && rows.experts() > 0 && total_rows >= kPerExpertGemmRows * rows.experts();
+}
+
+// The per-expert loop of gemm.h's linear ops over the experts with rows.
+void per_expert_forward(Tensor& y, const Tensor& x, const Tensor& weight, const std::vector<int64_t>& counts) {
+  count_op_path(OpPath::grouped_gemm_per_expert);
+  int64_t begin = 0;
+  for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
+    if (counts[e] == 0) continue;
+    Tensor y_e = y.slice(begin, begin + counts[e]);
+    cuda::linear_forward(y_e, x.slice(begin, begin + counts[e]), weight.select(int64_t(e)), Tensor());
+  }
+}
+
+// dx and dweight as grouped_linear_backward; either undefined is skipped.
+void per_expert_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Tensor& x, const Tensor& weight,
+                         const std::vector<int64_t>& counts) {
+  count_op_path(OpPath::grouped_gemm_per_expert);
+  int64_t begin = 0;
+  for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
+    if (counts[e] == 0) continue;
+    const int64_t end = begin + counts[e];
+    Tensor dx_e = dx.defined() ? dx.slice(begin, end) : Tensor();
+    Tensor dw_e = dweight.defined() ? dweight.select(int64_t(e)) : Tensor();
+    Tensor no_bias;
+    if (dx_e.defined() || dw_e.defined())
+      cuda::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), weight.select(int64_t(e)));
+  }
 }
 
 const char* element(const Tensor& t, int64_t row) {
@@ -179,6 +212,7 @@ namespace megatron::ops {
 
 void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const ExpertRows& rows) {
   checks::check_grouped_linear_forward(y, x, weight, rows, check_cuda);
+  if (per_expert_gemms_pay(rows, x.dim(0))) return per_expert_forward(y, x, weight, rows.counts);
   if (mma_applies(x, weight, rows, {&y, &x, &weight})) {
     MmaRows mma_rows(rows, x.dim(0), x.device());
     dispatch_mma(x.dtype(), [&]<class T>(std::type_identity<T>) { forward_mma<T>(y, x, weight, mma_rows); });
@@ -196,17 +230,13 @@ void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weig
   }
   if (run_grouped(problems, x.dtype(), y.dtype(), 0.0f, x.device())) return;
   warn_fallback(dtype_name(x.dtype()));
-  begin = 0;
-  for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
-    if (counts[e] == 0) continue;
-    Tensor y_e = y.slice(begin, begin + counts[e]);
-    cuda::linear_forward(y_e, x.slice(begin, begin + counts[e]), weight.select(int64_t(e)), Tensor());
-  }
+  per_expert_forward(y, x, weight, counts);
 }
 
 void cuda::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Tensor& x, const Tensor& weight,
                                    const ExpertRows& rows) {
   checks::check_grouped_linear_backward(dx, dweight, dy, x, weight, rows, check_cuda);
+  if (per_expert_gemms_pay(rows, x.dim(0))) return per_expert_backward(dx, dweight, dy, x, weight, rows.counts);
   if (mma_applies(x, weight, rows, {&dx, &dweight, &dy, &x, &weight})) {
     MmaRows mma_rows(rows, x.dim(0), x.device());
     dispatch_mma(x.dtype(), [&]<class T>(std::type_identity<T>) {
@@ -236,16 +266,8 @@ void cuda::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy
   const bool dw_done = run_grouped(dw_problems, x.dtype(), DType::f32, 1.0f, x.device());
   if (dx_done && dw_done) return;
   warn_fallback(dtype_name(x.dtype()));
-  begin = 0;
-  for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
-    if (counts[e] == 0) continue;
-    const int64_t end = begin + counts[e];
-    Tensor dx_e = dx.defined() && !dx_done ? dx.slice(begin, end) : Tensor();
-    Tensor dw_e = dweight.defined() && !dw_done ? dweight.select(int64_t(e)) : Tensor();
-    Tensor no_bias;
-    if (dx_e.defined() || dw_e.defined())
-      cuda::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), weight.select(int64_t(e)));
-  }
+  Tensor dx_left = dx_done ? Tensor() : dx, dw_left = dw_done ? Tensor() : dweight;
+  per_expert_backward(dx_left, dw_left, dy, x, weight, counts);
 }
 
 }  // namespace megatron::ops

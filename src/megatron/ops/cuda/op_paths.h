@@ -24,7 +24,7 @@ enum class OpPath {
   grouped_gemm_mma,         // one product of the MoE experts' GEMMs (grouped_gemm.h) in one launch
                             // of our bf16/f16 tensor-core kernel (grouped_gemm_kernels.cuh)
   grouped_gemm_cublas,      // ... in one cuBLAS grouped launch (f32, or shapes our kernel does not take)
-  grouped_gemm_per_expert,  // ... one cuBLASLt GEMM per expert (cuBLAS had no grouped kernel)
+  grouped_gemm_per_expert,  // ... one cuBLASLt GEMM per expert (many rows each, or no grouped kernel)
 };
 inline constexpr int kOpPaths = int(OpPath::grouped_gemm_per_expert) + 1;
 

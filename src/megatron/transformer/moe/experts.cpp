@@ -75,9 +75,12 @@ Tensor Experts::activation(const Tensor& fc1_out) const {
 Tensor Experts::forward(const Tensor& rows, const ops::ExpertRows& expert_rows, Saved& saved) const {
   const int64_t N = rows.dim(0);
   saved.input = rows;
-  // The per-expert loop needs the counts on the host: read once here (device offsets) for the
-  // forward and the backward.
-  saved.expert_rows = grouped_gemm_ ? expert_rows : ops::ExpertRows(expert_rows.host_counts());
+  // The per-expert loop needs the counts on the host, and so does the grouped op's per-expert
+  // library path for large experts (grouped_gemm.h): read once here (device offsets) for the
+  // forward and the backward, as Megatron's dispatcher reads them for its grouped GEMM.
+  const bool large_experts = N >= ops::kPerExpertGemmRows * expert_rows.experts();
+  saved.expert_rows =
+      grouped_gemm_ && !large_experts ? expert_rows : ops::ExpertRows(expert_rows.host_counts());
   saved.fc1_out = Tensor::empty({N, fc1_->local_shape[1]}, rows.dtype(), rows.device());
   experts_linear(saved.fc1_out, rows, *fc1_, saved.expert_rows);
   const Tensor act = activation(saved.fc1_out);
