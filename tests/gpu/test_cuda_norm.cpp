@@ -103,6 +103,79 @@ TEST_F(CudaNorm, ParameterGradientsAreDeterministic) {
   }
 }
 
+// The backward at training sizes, each case against the CPU op in f64 (the bounds of
+// ForwardAndBackwardMatchCpuF64) and run twice more for bitwise-equal parameter gradients:
+//   llama-3b's rows (4096 x 3072 bf16 RMSNorm, the fused add): 16-byte packs, whole row chunks;
+//   LayerNorm with C = 3000 (not a multiple of the pack: the scalar path) and N = 4100 (a last,
+//   partial chunk of rows);
+//   C = 70000 RMSNorm bf16 and C = 30000 LayerNorm f32: more dweight (and dbias) sums than a
+//   block's shared memory holds (C floats each), summed in the partials buffer instead.
+TEST_F(CudaNorm, BackwardAtTrainingSizesMatchesCpuAndIsDeterministic) {
+  struct Case {
+    int64_t N, C;
+    NormKind kind;
+    DType dt;
+    bool add;  // add_norm_backward (dh given) rather than norm_backward
+  };
+  const Case cases[] = {{4096, 3072, NormKind::rmsnorm, DType::bf16, true},
+                        {4100, 3000, NormKind::layernorm, DType::bf16, false},
+                        {3, 70000, NormKind::rmsnorm, DType::bf16, true},
+                        {5, 30000, NormKind::layernorm, DType::f32, false}};
+  uint64_t seed = 900;
+  for (const Case& s : cases) {
+    const bool ln = s.kind == NormKind::layernorm;
+    const NormParams p{s.kind, 1e-5f};
+    const std::string what = std::string(ln ? "layernorm " : "rmsnorm ") + dtype_name(s.dt) +
+                             " N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) + (s.add ? " add" : "");
+    const Pair x = random_pair({s.N, s.C}, s.dt, ++seed, 2.0), w = random_pair({s.C}, s.dt, ++seed);
+    const Pair b = random_pair({s.C}, s.dt, ++seed), dy = random_pair({s.N, s.C}, s.dt, ++seed);
+    const Pair dh = random_pair({s.N, s.C}, s.dt, ++seed);
+    const uint64_t dw_seed = ++seed, db_seed = ++seed;
+    Pair y = poisoned_pair({s.N, s.C}, s.dt), dx = poisoned_pair({s.N, s.C}, s.dt);
+    Pair mean = poisoned_pair({s.N}, DType::f32), rstd = poisoned_pair({s.N}, DType::f32);
+    Tensor gpu_mean = ln ? mean.gpu : Tensor();
+    ops::cuda::norm_forward(y.gpu, gpu_mean, rstd.gpu, x.gpu, w.gpu, ln ? b.gpu : Tensor(), p);
+    // Parameter gradients accumulate onto the same random start in every run.
+    const auto backward = [&](Pair& dw, Pair& db) {
+      Tensor gpu_db = ln ? db.gpu : Tensor();
+      if (s.add) {
+        ops::cuda::add_norm_backward(dx.gpu, dw.gpu, gpu_db, dy.gpu, dh.gpu, x.gpu, w.gpu, gpu_mean, rstd.gpu, p);
+      } else {
+        ops::cuda::norm_backward(dx.gpu, dw.gpu, gpu_db, dy.gpu, x.gpu, w.gpu, gpu_mean, rstd.gpu, p);
+      }
+    };
+    Pair dw = random_pair({s.C}, DType::f32, dw_seed), db = random_pair({s.C}, DType::f32, db_seed);
+    backward(dw, db);
+
+    Tensor ry = poisoned({s.N, s.C}, DType::f64), rdx = poisoned({s.N, s.C}, DType::f64);
+    Tensor rmean = ln ? poisoned({s.N}, DType::f64) : Tensor(), rrstd = poisoned({s.N}, DType::f64);
+    Tensor rdw = f64(dw.cpu), rdb = ln ? f64(db.cpu) : Tensor();
+    const Tensor xr = f64(x.cpu), wr = f64(w.cpu);
+    ops::cpu::norm_forward(ry, rmean, rrstd, xr, wr, optional_f64(b, ln), p);
+    if (s.add) {
+      ops::cpu::add_norm_backward(rdx, rdw, rdb, f64(dy.cpu), f64(dh.cpu), xr, wr, rmean, rrstd, p);
+    } else {
+      ops::cpu::norm_backward(rdx, rdw, rdb, f64(dy.cpu), xr, wr, rmean, rrstd, p);
+    }
+    // As in ForwardAndBackwardMatchCpuF64: dx one rounding of the output dtype on top of the f32
+    // statistics (2C + 8 roundings for f32 outputs), dweight N row terms more in f32.
+    const double u = unit_roundoff(s.dt), factor = s.dt == DType::f32 ? 2.0 * double(s.C) + 8 : 2.0;
+    EXPECT_TRUE(matches(dx, rdx, u, factor)) << what << " dx";
+    EXPECT_TRUE(matches(dw, rdw, kUnitRoundoffF32, 2.0 * double(s.C) + 8 + double(s.N))) << what << " dw";
+    if (ln) {
+      EXPECT_TRUE(matches(db, rdb, kUnitRoundoffF32, double(s.N))) << what << " db";
+    }
+    for (int run = 1; run < 3; ++run) {
+      Pair again_w = random_pair({s.C}, DType::f32, dw_seed), again_b = random_pair({s.C}, DType::f32, db_seed);
+      backward(again_w, again_b);
+      EXPECT_EQ(again_w.gpu.to_vector(), dw.gpu.to_vector()) << what << " dw, run " << run;
+      if (ln) {
+        EXPECT_EQ(again_b.gpu.to_vector(), db.gpu.to_vector()) << what << " db, run " << run;
+      }
+    }
+  }
+}
+
 TEST_F(CudaNorm, RejectsF64AndCpuTensors) {
   const NormParams p{NormKind::rmsnorm, 1e-5f};
   Tensor x = Tensor::zeros({4, 8}, DType::f64, gpu()), w = Tensor::zeros({8}, DType::f64, gpu());

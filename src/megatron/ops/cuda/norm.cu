@@ -1,7 +1,8 @@
-// LayerNorm and RMSNorm on CUDA. Forward and the dx part of backward run one warp per row with
-// 16-byte loads and float accumulation; the row is read again from L1 for each pass rather than
-// held in registers, so any C works. dweight/dbias are reduced deterministically without float
-// atomics: per-(row chunk, channel) partial sums, then a second kernel sums the chunks in order.
+// LayerNorm and RMSNorm on CUDA, computing in float with 16-byte loads where rows allow. Forward:
+// one warp per row; the row is read again from L1 for each pass rather than held in registers, so
+// any C works. Backward: one kernel per chunk of rows writes dx and deterministic per-chunk
+// dweight/dbias partial sums (no float atomics), reading each row from HBM once; a second kernel
+// sums the chunks in a fixed order (the design is described above the backward kernel).
 // The fused residual add (add_norm_*) runs the same kernels with their residual pointers given.
 #include "megatron/ops/checks/norm.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
@@ -10,7 +11,7 @@
 namespace megatron::ops::cuda {
 namespace {
 
-constexpr int kRowsPerBlock = 8;  // warps per block in the row kernels
+constexpr int kRowsPerBlock = 8;  // warps per block in the forward kernel
 
 // y (N,C) = (x - mean) * rstd * w + b; mean (N) only for LayerNorm (nullptr for RMSNorm), rstd (N).
 // Two passes over the row as on the CPU: the mean, then the variance about it. With residual (and
@@ -71,94 +72,150 @@ __global__ void norm_forward_kernel(T* y, float* mean, float* rstd, const T* x, 
   }
 }
 
-// dx, one warp per row. With xhat = (x - m) rstd and g = dy * w:
+// ---- backward ------------------------------------------------------------------------------
+// One kernel writes dx and the parameter-gradient partials, so dy and x (and dh) are read from HBM
+// once. A block takes a chunk of consecutive rows and walks them in order with all its threads on
+// one row at a time: thread t owns packs t, t + blockDim, ... of every row (a channel set fixed for
+// the block's life), so it sums dy xhat (and dy) over the chunk's rows for channels no other thread
+// touches: in row order, with no atomics and no reduction across warps, the same on every run. The
+// sums live in shared memory (C floats each) rather than registers so that one code path serves
+// every C: a warp per row with register sums would need C/32 of them a lane for dweight alone (96
+// at hidden 3072, 192 with dbias). Where C floats exceed the block's shared memory (C above ~58K,
+// ~29K with dbias) the same code sums in the chunk's slot of the partials buffer instead (L2).
+// Sums are kept as [k][p] (element k of pack p), so a warp's 32 consecutive packs hit 32 banks;
+// the partials buffer keeps that order and norm_param_reduce_kernel maps it back to channels.
+//
+// dx, with xhat = (x - m) rstd and g = dy * w:
 //   LayerNorm: dx = rstd (g - mean(g) - xhat mean(g xhat));  RMSNorm: dx = rstd (g - xhat mean(g xhat))
-// plus dh (the residual stream's gradient) when given, added before rounding.
+// plus dh (the residual stream's gradient) when given, added before rounding. The two row sums
+// are reduced over the block (one __syncthreads a row); the second pass reads the row again from
+// L1. To keep HBM latency off that chain, the first pass prefetches dh into L1 and the second the
+// next row's x and dy (packed path only: a scalar thread would prefetch the same line many times).
+
+// Rows per block: N = 4096 gives 256 blocks of up to kMaxBackwardThreads for 132 SMs, while the
+// partials (chunks x C floats, written and read once) stay a few percent of the rows' bytes.
+constexpr int64_t kRowsPerChunk = 16;
+constexpr int kMaxBackwardThreads = 512;
+
+template <int V, class T>
+__device__ __forceinline__ void prefetch_l1(const T* p) {
+  if constexpr (V > 1) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 template <class T, int V>
-__global__ void norm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* w, const float* mean,
-                                        const float* rstd, int64_t N, int C, const T* dh) {
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
-  if (row >= N) return;
-  const int lane = int(threadIdx.x) % 32;
-  const bool rms = mean == nullptr;
-  const float m = rms ? 0.0f : mean[row], s = rstd[row];
-  const T* xr = x + row * C;
-  const T* dyr = dy + row * C;
-  float g_sum = 0.0f, gx_sum = 0.0f;
-  for (int c = lane * V; c < C; c += 32 * V) {
-    float xv[V], dv[V], wv[V];
-    load_pack<V>(xr + c, xv);
-    load_pack<V>(dyr + c, dv);
-    load_pack<V>(w + c, wv);
+__global__ void __launch_bounds__(kMaxBackwardThreads)
+    norm_backward_kernel(T* dx, float* part_w, float* part_b, bool sums_in_shared, const T* dy, const T* x, const T* w,
+                         const float* mean, const float* rstd, int64_t N, int C, const T* dh) {
+  extern __shared__ float shared_sums[];  // dw sums [V][packs], then db sums when part_b is given
+  __shared__ float2 warp_sums[2][32];     // per warp (sum g, sum g xhat); two so rows alternate
+  const int packs = C / V, tid = int(threadIdx.x), threads = int(blockDim.x);
+  const int lane = tid % 32, warp = tid / 32, warps = threads / 32;
+  const bool rms = mean == nullptr, with_bias = part_b != nullptr;
+  const int64_t chunk = blockIdx.x;
+  float* sum_w = sums_in_shared ? shared_sums : part_w + chunk * C;
+  float* sum_b = sums_in_shared ? shared_sums + C : (with_bias ? part_b + chunk * C : nullptr);
+  for (int p = tid; p < packs; p += threads) {
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float g = dv[k] * wv[k];
-      g_sum += g;
-      gx_sum += g * (xv[k] - m) * s;
+      sum_w[k * packs + p] = 0.0f;
+      if (with_bias) sum_b[k * packs + p] = 0.0f;
     }
   }
-  const float g_mean = rms ? 0.0f : warp_reduce(g_sum, SumOp{}) / float(C);
-  const float gx_mean = warp_reduce(gx_sum, SumOp{}) / float(C);
-  T* dxr = dx + row * C;
-  for (int c = lane * V; c < C; c += 32 * V) {
-    float xv[V], dv[V], wv[V], skip[V] = {};
-    load_pack<V>(xr + c, xv);
-    load_pack<V>(dyr + c, dv);
-    load_pack<V>(w + c, wv);
-    if (dh != nullptr) load_pack<V>(dh + row * C + c, skip);
+  const int64_t first = chunk * kRowsPerChunk, end = min(N, first + kRowsPerChunk);
+  for (int64_t row = first; row < end; ++row) {
+    const float m = rms ? 0.0f : mean[row], s = rstd[row];
+    const T* xr = x + row * C;
+    const T* dyr = dy + row * C;
+    const T* dhr = dh != nullptr ? dh + row * C : nullptr;
+    float g_sum = 0.0f, gx_sum = 0.0f;
+    for (int p = tid; p < packs; p += threads) {
+      const int c = p * V;
+      float xv[V], dv[V], wv[V];
+      load_pack<V>(xr + c, xv);
+      load_pack<V>(dyr + c, dv);
+      load_pack<V>(w + c, wv);
+      if (dhr != nullptr) prefetch_l1<V>(dhr + c);
 #pragma unroll
-    for (int k = 0; k < V; ++k) dv[k] = s * (dv[k] * wv[k] - g_mean - (xv[k] - m) * s * gx_mean) + skip[k];
-    store_pack<V>(dxr + c, dv);
+      for (int k = 0; k < V; ++k) {
+        const float g = dv[k] * wv[k];
+        g_sum += g;
+        gx_sum += g * (xv[k] - m) * s;
+      }
+    }
+    // Warp sums, then the warps' in a fixed order by every thread. A warp reaching the next row's
+    // write of the other buffer has passed this row's barrier, and a third row's write (this
+    // buffer again) waits on the next row's barrier, which every thread reaches after reading.
+    const int buffer = int((row - first) % 2);
+    g_sum = warp_reduce(g_sum, SumOp{});
+    gx_sum = warp_reduce(gx_sum, SumOp{});
+    if (lane == 0) warp_sums[buffer][warp] = make_float2(g_sum, gx_sum);
+    __syncthreads();
+    float g_total = 0.0f, gx_total = 0.0f;
+    for (int i = 0; i < warps; ++i) {
+      g_total += warp_sums[buffer][i].x;
+      gx_total += warp_sums[buffer][i].y;
+    }
+    const float g_mean = rms ? 0.0f : g_total / float(C), gx_mean = gx_total / float(C);
+    T* dxr = dx + row * C;
+    const bool next_row = row + 1 < end;
+    for (int p = tid; p < packs; p += threads) {
+      const int c = p * V;
+      float xv[V], dv[V], wv[V], skip[V] = {};
+      load_pack<V>(xr + c, xv);
+      load_pack<V>(dyr + c, dv);
+      load_pack<V>(w + c, wv);
+      if (dhr != nullptr) load_pack<V>(dhr + c, skip);
+      if (next_row) {
+        prefetch_l1<V>(xr + C + c);
+        prefetch_l1<V>(dyr + C + c);
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float xhat = (xv[k] - m) * s;
+        sum_w[k * packs + p] += dv[k] * xhat;
+        if (with_bias) sum_b[k * packs + p] += dv[k];
+        dv[k] = s * (dv[k] * wv[k] - g_mean - xhat * gx_mean) + skip[k];
+      }
+      store_pack<V>(dxr + c, dv);
+    }
+  }
+  if (!sums_in_shared) return;
+  // Each thread copies the entries it wrote: no barrier needed.
+  for (int p = tid; p < packs; p += threads) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      part_w[chunk * C + k * packs + p] = sum_w[k * packs + p];
+      if (with_bias) part_b[chunk * C + k * packs + p] = sum_b[k * packs + p];
+    }
   }
 }
 
-// Parameter-gradient partials: block (kColsPerBlock channels) x (kRowLanes row lanes) sums the
-// rows of one chunk of kRowsPerChunk rows for its channels, in a fixed order:
-//   part_w[chunk][c] = sum_n dy xhat,  part_b[chunk][c] = sum_n dy   (n in the chunk)
-constexpr int kColsPerBlock = 32;
-constexpr int kRowLanes = 8;
-constexpr int64_t kRowsPerChunk = 128;
-
-template <class T>
-__global__ void norm_param_partials_kernel(float* part_w, float* part_b, const T* dy, const T* x, const float* mean,
-                                           const float* rstd, int64_t N, int C) {
-  __shared__ float sw[kRowLanes][kColsPerBlock], sb[kRowLanes][kColsPerBlock];
-  const int tx = int(threadIdx.x) % kColsPerBlock, ty = int(threadIdx.x) / kColsPerBlock;
-  const int c = int(blockIdx.x) * kColsPerBlock + tx;
-  const int64_t chunk = blockIdx.y;
-  const int64_t end = min(N, (chunk + 1) * kRowsPerChunk);
-  float dw = 0.0f, db = 0.0f;
-  if (c < C) {
-    for (int64_t n = chunk * kRowsPerChunk + ty; n < end; n += kRowLanes) {
-      const float g = to_float(dy[n * C + c]);
-      const float m = mean != nullptr ? mean[n] : 0.0f;
-      dw += g * (to_float(x[n * C + c]) - m) * rstd[n];
-      db += g;
-    }
-  }
-  sw[ty][tx] = dw;
-  sb[ty][tx] = db;
-  __syncthreads();
-  if (ty == 0 && c < C) {
-    for (int k = 1; k < kRowLanes; ++k) {
-      dw += sw[k][tx];
-      db += sb[k][tx];
-    }
-    part_w[chunk * C + c] = dw;
-    part_b[chunk * C + c] = db;
-  }
-}
-
-// dweight[c] += sum over chunks of part_w[chunk][c] (and dbias likewise when given), chunks in order.
+// dweight[c] += sum over chunks of part_w[chunk][i] (and dbias likewise when given), chunks in a
+// fixed order: lane ty of a block of kReduceLanes x 32 threads sums chunks ty, ty + kReduceLanes,
+// ... in order, then lane 0 adds the lanes' sums in order. i = k * packs + p is channel p V + k
+// (the backward kernel's layout).
+constexpr int kReduceLanes = 8;
 __global__ void norm_param_reduce_kernel(float* dweight, float* dbias, const float* part_w, const float* part_b,
-                                         int64_t chunks, int C) {
-  const int c = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
-  if (c >= C) return;
+                                         int64_t chunks, int C, int V) {
+  __shared__ float lane_w[kReduceLanes][32], lane_b[kReduceLanes][32];
+  const int tx = int(threadIdx.x) % 32, ty = int(threadIdx.x) / 32;
+  const int i = int(blockIdx.x) * 32 + tx;
   float dw = 0.0f, db = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) {
-    dw += part_w[k * C + c];
-    db += part_b[k * C + c];
+  if (i < C) {
+    for (int64_t k = ty; k < chunks; k += kReduceLanes) {
+      dw += part_w[k * C + i];
+      if (part_b != nullptr) db += part_b[k * C + i];
+    }
   }
+  lane_w[ty][tx] = dw;
+  lane_b[ty][tx] = db;
+  __syncthreads();
+  if (ty != 0 || i >= C) return;
+  for (int k = 1; k < kReduceLanes; ++k) {
+    dw += lane_w[k][tx];
+    db += lane_b[k][tx];
+  }
+  const int packs = C / V, c = (i % packs) * V + i / packs;
   dweight[c] += dw;
   if (dbias != nullptr) dbias[c] += db;
 }
@@ -221,6 +278,34 @@ void launch_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x,
   });
 }
 
+// Dynamic shared memory a block of norm_backward_kernel<T, V> may use: the device's opt-in limit
+// less the kernel's static shared memory, raised to once per kernel (one process drives one GPU).
+template <class T, int V>
+int64_t backward_shared_limit() {
+  static const int limit = [] {
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                      megatron::cuda::current_context().device()));
+    cudaFuncAttributes attributes{};
+    CUDA_CHECK(cudaFuncGetAttributes(&attributes, norm_backward_kernel<T, V>));
+    const int dynamic = optin - int(attributes.sharedSizeBytes);
+    CUDA_CHECK(cudaFuncSetAttribute(norm_backward_kernel<T, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    return dynamic;
+  }();
+  return limit;
+}
+
+template <class T, int V>
+void launch_backward_kernel(T* dx, float* part_w, float* part_b, const T* dy, const T* x, const T* w, const float* mean,
+                            const float* rstd, int64_t N, int C, const T* dh, int64_t chunks) {
+  const int64_t packs = C / V;
+  const int threads = int(std::clamp<int64_t>(ceil_div(packs, 32) * 32, 32, kMaxBackwardThreads));
+  const int64_t shared_bytes = int64_t(C) * int64_t(sizeof(float)) * (part_b != nullptr ? 2 : 1);
+  const bool in_shared = shared_bytes <= backward_shared_limit<T, V>();
+  norm_backward_kernel<T, V><<<unsigned(chunks), threads, in_shared ? size_t(shared_bytes) : 0, stream()>>>(
+      dx, part_w, part_b, in_shared, dy, x, w, mean, rstd, N, C, dh);
+}
+
 void launch_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
                           const Tensor& weight, const Tensor& mean, const Tensor& rstd, int64_t N, const Tensor& dh,
                           const char* op) {
@@ -234,27 +319,23 @@ void launch_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tens
     const T* dhp = data_or_null<T>(dh);
     const float* mp = data_or_null<float>(mean);
     const float* sp = rstd.data<float>();
-    const auto blocks = unsigned(ceil_div(N, kRowsPerBlock));
+    const int64_t chunks = ceil_div(N, kRowsPerChunk);
+    MEGATRON_CHECK(chunks < (int64_t(1) << 31), op << ": " << N << " rows exceed the grid's 2^31 - 1 blocks of "
+                                                   << kRowsPerChunk << " rows; split the batch");
+    const bool with_bias = dbias.defined();
+    Tensor partials = Tensor::empty({with_bias ? 2 : 1, chunks, C}, DType::f32, x.device());
+    float* part_w = partials.data<float>();
+    float* part_b = with_bias ? part_w + chunks * C : nullptr;
+    int V = 1;
     if (rows_vectorizable<T>(C, {dxp, dyp, xp, wp, dhp})) {
-      norm_backward_dx_kernel<T, kPack<T>>
-          <<<blocks, kRowsPerBlock * 32, 0, stream()>>>(dxp, dyp, xp, wp, mp, sp, N, C, dhp);
+      V = kPack<T>;
+      launch_backward_kernel<T, kPack<T>>(dxp, part_w, part_b, dyp, xp, wp, mp, sp, N, C, dhp, chunks);
     } else {
-      norm_backward_dx_kernel<T, 1><<<blocks, kRowsPerBlock * 32, 0, stream()>>>(dxp, dyp, xp, wp, mp, sp, N, C, dhp);
+      launch_backward_kernel<T, 1>(dxp, part_w, part_b, dyp, xp, wp, mp, sp, N, C, dhp, chunks);
     }
     CUDA_CHECK_LAUNCH();
-
-    const int64_t chunks = ceil_div(N, kRowsPerChunk);
-    MEGATRON_CHECK(chunks < 65536, op << ": " << N << " rows exceed the " << 65535 * kRowsPerChunk
-                                      << " the parameter-gradient grid covers; split the batch");
-    Tensor partials = Tensor::empty({2, chunks, C}, DType::f32, x.device());
-    float* part_w = partials.data<float>();
-    float* part_b = part_w + chunks * C;
-    const dim3 grid(unsigned(ceil_div(C, kColsPerBlock)), unsigned(chunks));
-    norm_param_partials_kernel<T>
-        <<<grid, kColsPerBlock * kRowLanes, 0, stream()>>>(part_w, part_b, dyp, xp, mp, sp, N, C);
-    CUDA_CHECK_LAUNCH();
-    norm_param_reduce_kernel<<<unsigned(ceil_div(C, kThreads)), kThreads, 0, stream()>>>(
-        dweight.data<float>(), data_or_null<float>(dbias), part_w, part_b, chunks, C);
+    norm_param_reduce_kernel<<<unsigned(ceil_div(C, 32)), kReduceLanes * 32, 0, stream()>>>(
+        dweight.data<float>(), data_or_null<float>(dbias), part_w, part_b, chunks, C, V);
     CUDA_CHECK_LAUNCH();
   });
 }
