@@ -11,9 +11,10 @@
 // chunk by its true positions and the core attention is the ring over the CP group
 // (context_parallel/ring_attention.h) or, with --cp-comm-type a2a, the all-to-all over heads
 // (all_to_all_attention.h); both keep the op's contract, so Saved holds the same q, k, v, out, lse.
-// Without CP no copies are made: RoPE rotates the projection's query and key heads in place
-// (ops::rope_forward_qkv), the attention reads them there (attention_forward_qkv), and backward
-// rotates the fused gradient back in place.
+// Without CP the layer makes no copies: RoPE rotates the projection's query and key heads in place
+// (ops::rope_forward_qkv), the attention op reads q, k, v from it (attention_forward_qkv; in place
+// where the backend can, else it splits them itself), and backward rotates the fused gradient
+// back in place.
 // With --recompute-modules core_attn (selective recomputation) the attention op's output and
 // log-sum-exp are not kept: backward runs the op again on the saved q, k, v before the output
 // projection's backward, which reads the output. The op is deterministic, so the gradients are the
