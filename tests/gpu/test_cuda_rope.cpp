@@ -85,8 +85,7 @@ struct QkvCase {
     const int64_t channel = i % c.D, head = (i / c.D) % (r + 2);
     if ((head == r + 1 || channel >= rot_dim) && actual.item(i) != input.item(i))
       return ::testing::AssertionFailure() << "element " << i << " (head " << head << " of its group, channel "
-                                           << channel << ") changed from " << input.item(i) << " to "
-                                           << actual.item(i);
+                                           << channel << ") changed from " << input.item(i) << " to " << actual.item(i);
   }
   return ::testing::AssertionSuccess();
 }

@@ -209,14 +209,18 @@ TEST(RopeQkv, EqualsSplitRopeMergeBitForBit) {
 TEST(RopeQkv, HandWorkedGroupOfTwoQueryHeads) {
   // One position at offset 1, G = 1, NH = 2, D = 4: heads [q0, q1, k, v]. Pairs (0, 2) turn by
   // inv_freq[0] = 1 radian, pairs (1, 3) by inv_freq[1] = 1/100 (the float32 0.01f).
-  Tensor qkv = Tensor::from_vector({1, 0, 0, 0,  /* q0 */ 0, 0, 1, 0, /* q1 */ 0, 1, 0, 0, /* k */
-                                    1, 2, 3, 4 /* v */},
+  Tensor qkv = Tensor::from_vector({1, 0, 0, 0,   // q0
+                                    0, 0, 1, 0,   // q1
+                                    0, 1, 0, 0,   // k
+                                    1, 2, 3, 4},  // v
                                    {1, 1, 1, 16}, DType::f64);
   const RopeParams p{10000.0f, 1.0f, false, 1};
   ops::rope_forward_qkv(qkv, 2, p);
   const double c1 = std::cos(1.0), s1 = std::sin(1.0), c2 = std::cos(double(0.01f)), s2 = std::sin(double(0.01f));
-  const double expected[] = {c1, 0, s1, 0, /* q0: (1, 0) -> (cos, sin) */ -s1, 0, c1, 0, /* q1: (0, 1) */
-                             0,  c2, 0, s2, /* k: its second pair */ 1,  2, 3, 4 /* v untouched */};
+  const double expected[] = {c1,  0,  s1, 0,   // q0: (1, 0) turns to (cos 1, sin 1)
+                             -s1, 0,  c1, 0,   // q1: (0, 1) turns to (-sin 1, cos 1)
+                             0,   c2, 0,  s2,  // k: its second pair (1, 0) turns by 0.01f
+                             1,   2,  3,  4};  // v: untouched
   for (int64_t i = 0; i < 16; ++i) EXPECT_DOUBLE_EQ(qkv.item(i), expected[i]) << "channel " << i;
   // The inverse rotation gives the input back (an orthogonal map; a rounding or two in f64).
   ops::rope_backward_qkv(qkv, 2, p);

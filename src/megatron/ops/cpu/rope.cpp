@@ -37,8 +37,8 @@ void rotation_tables(std::vector<A>& cos_t, std::vector<A>& sin_t, int64_t S, in
 // r query heads and the key head rotated. One loop for both, so the fused op is split + rope +
 // merge to the bit.
 template <class T>
-void rope_kernel(T* y, const T* x, int64_t S, int64_t sets, int64_t rotated, int64_t stored, int64_t D,
-                 int64_t rot_dim, const RopeParams& p, bool inverse) {
+void rope_kernel(T* y, const T* x, int64_t S, int64_t sets, int64_t rotated, int64_t stored, int64_t D, int64_t rot_dim,
+                 const RopeParams& p, bool inverse) {
   using A = compute_t<T>;
   std::vector<A> cos_t, sin_t;
   rotation_tables(cos_t, sin_t, S, rot_dim, p);
