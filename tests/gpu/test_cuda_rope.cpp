@@ -1,5 +1,6 @@
 // CUDA RoPE against the CPU op run in f64 on the same (bf16-exact) inputs: rotary percent,
-// interleaved pairs, position offset, in place, every output poisoned.
+// interleaved pairs, position offset, in place, every output poisoned; and the in-place rotation
+// of a fused QKV projection's query and key heads (rope_*_qkv) the same way.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -66,4 +67,71 @@ TEST_F(CudaRope, RejectsOddRotaryDimAndF64) {
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::rope_forward(y, x, {10000.0f, 0.5f, false, 0}); }, "even"));
   Tensor x64 = Tensor::zeros({2, 1, 1, 8}, DType::f64, gpu()), y64 = Tensor::zeros({2, 1, 1, 8}, DType::f64, gpu());
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::rope_forward(y64, x64, {}); }, "f64"));
+}
+
+namespace {
+
+struct QkvCase {
+  int64_t S, B, NH, G, D;
+  RopeParams p;
+  int64_t misalign;  // elements off 16-byte alignment: the kernel's one-channel packs
+};
+
+// Channels the fused op must not write: every channel of the value heads, and those past rot_dim
+// of the query and key heads. Their bits equal the input's.
+::testing::AssertionResult untouched_channels_equal(const Tensor& actual, const Tensor& input, const QkvCase& c) {
+  const int64_t r = c.NH / c.G, rot_dim = int64_t(double(c.D) * double(c.p.percent));
+  for (int64_t i = 0; i < input.numel(); ++i) {
+    const int64_t channel = i % c.D, head = (i / c.D) % (r + 2);
+    if ((head == r + 1 || channel >= rot_dim) && actual.item(i) != input.item(i))
+      return ::testing::AssertionFailure() << "element " << i << " (head " << head << " of its group, channel "
+                                           << channel << ") changed from " << input.item(i) << " to " << actual.item(i);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace
+
+TEST_F(CudaRope, FusedQkvMatchesCpuF64) {
+  const QkvCase cases[] = {
+      {33, 2, 24, 8, 128, {500000.0f, 1.0f, false, 0, 32.0f}, 0},  // Llama-3.2-3B's heads: 16-byte packs
+      {17, 3, 4, 4, 64, {10000.0f, 1.0f, true, 5}, 0},             // MHA, interleaved packs
+      {20, 1, 8, 1, 128, {10000.0f, 0.5f, false, 4000}, 0},        // one kv head, partial rotation
+      {9, 2, 6, 3, 24, {10000.0f, 1.0f, false, 2}, 0},             // half 12: one-channel packs in bf16
+      {9, 2, 6, 2, 12, {10000.0f, 0.5f, true, 3}, 0},              // rot_dim 6 of 12, interleaved pairs
+      {11, 2, 6, 2, 64, {10000.0f, 1.0f, false, 0}, 1},            // misaligned: one-channel packs
+      {11, 2, 6, 2, 64, {10000.0f, 1.0f, true, 0}, 1},             // misaligned, interleaved pairs
+  };
+  uint64_t seed = 900;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (const QkvCase& c : cases) {
+      const Shape shape{c.S, c.B, c.G, (c.NH / c.G + 2) * c.D};
+      for (const bool inverse : {false, true}) {
+        const std::string what = std::string(dtype_name(dt)) + " NH=" + std::to_string(c.NH) +
+                                 " G=" + std::to_string(c.G) + " D=" + std::to_string(c.D) +
+                                 " percent=" + std::to_string(c.p.percent) + (c.p.interleaved ? " interleaved" : "") +
+                                 " misalign=" + std::to_string(c.misalign) + (inverse ? " backward" : " forward");
+        Pair qkv = random_pair(shape, dt, ++seed, 1.0, c.misalign);
+        Tensor ref = f64(qkv.cpu);
+        if (inverse) {
+          ops::cuda::rope_backward_qkv(qkv.gpu, c.NH, c.p);
+          ops::cpu::rope_backward_qkv(ref, c.NH, c.p);
+        } else {
+          ops::cuda::rope_forward_qkv(qkv.gpu, c.NH, c.p);
+          ops::cpu::rope_forward_qkv(ref, c.NH, c.p);
+        }
+        // The rope kernel's arithmetic (same float angles, cosf/sinf, two products and a sum), so
+        // the separate op's tolerance and its reason (factor_for above) carry over.
+        EXPECT_TRUE(matches(qkv, ref, unit_roundoff(dt), factor_for(dt))) << what;
+        EXPECT_TRUE(untouched_channels_equal(qkv.gpu.to(Device::cpu()), qkv.cpu, c)) << what;
+      }
+    }
+  }
+}
+
+TEST_F(CudaRope, FusedQkvRejectsBadLayout) {
+  Tensor qkv = Tensor::zeros({2, 1, 2, 5 * 8}, DType::bf16, gpu());  // NH = 6 over G = 2
+  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::rope_forward_qkv(qkv, 8, {}); }, "rope qkv"));
+  Tensor qkv64 = Tensor::zeros({2, 1, 2, 5 * 8}, DType::f64, gpu());
+  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::rope_backward_qkv(qkv64, 6, {}); }, "f64"));
 }

@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
 #include <vector>
 
+#include "megatron/ops/attention.h"
 #include "megatron/ops/rope.h"
 #include "op_test_util.h"
 
@@ -162,4 +164,75 @@ TEST(Rope, LlamaThreeScalingMatchesKnownAnswers) {
   }
   const RopeParams unscaled{.base = 500000.0f};
   EXPECT_NEAR(ops::rope_inv_freq(30, 128, unscaled), 0.00213111954, 1e-6 * 0.00213111954);
+}
+
+namespace {
+
+// Split + rope of q and k + merge, through the separate ops: the definition of rope_*_qkv.
+Tensor rope_qkv_by_split(const Tensor& qkv, int64_t num_heads, const RopeParams& p, bool inverse) {
+  ops::SplitQkv s = ops::empty_split_qkv(qkv, num_heads);
+  ops::qkv_split(s.q, s.k, s.v, qkv);
+  for (Tensor* t : {&s.q, &s.k}) inverse ? ops::rope_backward(*t, *t, p) : ops::rope_forward(*t, *t, p);
+  Tensor merged = poisoned(qkv.shape(), qkv.dtype());
+  ops::qkv_merge(merged, s.q, s.k, s.v);
+  return merged;
+}
+
+}  // namespace
+
+// The fused op runs the separate op's per-head loop on the query and key heads in place, so it
+// equals split + rope + merge bit for bit: GQA (r = 3), MHA (r = 1) and one kv head (r = 4), every
+// rotary variant and Llama-3's scaling, forward and backward, f32, bf16 and f64.
+TEST(RopeQkv, EqualsSplitRopeMergeBitForBit) {
+  const int64_t S = 6, B = 2, D = 8;
+  const std::pair<int64_t, int64_t> heads_groups[] = {{6, 2}, {3, 3}, {4, 1}};
+  std::vector<RopeParams> variants(std::begin(kVariants), std::end(kVariants));
+  variants.push_back({.base = 500000.0f, .position_offset = 9000, .scaling_factor = 8.0f});
+  uint64_t seed = 20;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    for (const auto& [NH, G] : heads_groups) {
+      for (const RopeParams& p : variants) {
+        for (const bool inverse : {false, true}) {
+          const Tensor qkv = randn({S, B, G, (NH / G + 2) * D}, dt, ++seed);
+          const Tensor expected = rope_qkv_by_split(qkv, NH, p, inverse);
+          Tensor fused = qkv.clone();
+          inverse ? ops::rope_backward_qkv(fused, NH, p) : ops::rope_forward_qkv(fused, NH, p);
+          EXPECT_TRUE(all_close(fused, expected, 0.0, 0.0))
+              << dtype_name(dt) << " NH " << NH << " G " << G << " percent " << p.percent << " interleaved "
+              << p.interleaved << " offset " << p.position_offset << (inverse ? " backward" : " forward");
+        }
+      }
+    }
+  }
+}
+
+TEST(RopeQkv, HandWorkedGroupOfTwoQueryHeads) {
+  // One position at offset 1, G = 1, NH = 2, D = 4: heads [q0, q1, k, v]. Pairs (0, 2) turn by
+  // inv_freq[0] = 1 radian, pairs (1, 3) by inv_freq[1] = 1/100 (the float32 0.01f).
+  Tensor qkv = Tensor::from_vector({1, 0, 0, 0,   // q0
+                                    0, 0, 1, 0,   // q1
+                                    0, 1, 0, 0,   // k
+                                    1, 2, 3, 4},  // v
+                                   {1, 1, 1, 16}, DType::f64);
+  const RopeParams p{10000.0f, 1.0f, false, 1};
+  ops::rope_forward_qkv(qkv, 2, p);
+  const double c1 = std::cos(1.0), s1 = std::sin(1.0), c2 = std::cos(double(0.01f)), s2 = std::sin(double(0.01f));
+  const double expected[] = {c1,  0,  s1, 0,   // q0: (1, 0) turns to (cos 1, sin 1)
+                             -s1, 0,  c1, 0,   // q1: (0, 1) turns to (-sin 1, cos 1)
+                             0,   c2, 0,  s2,  // k: its second pair (1, 0) turns by 0.01f
+                             1,   2,  3,  4};  // v: untouched
+  for (int64_t i = 0; i < 16; ++i) EXPECT_DOUBLE_EQ(qkv.item(i), expected[i]) << "channel " << i;
+  // The inverse rotation gives the input back (an orthogonal map; a rounding or two in f64).
+  ops::rope_backward_qkv(qkv, 2, p);
+  const double input[] = {1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 1, 2, 3, 4};
+  for (int64_t i = 0; i < 16; ++i) EXPECT_NEAR(qkv.item(i), input[i], 1e-15) << "channel " << i;
+}
+
+TEST(RopeQkv, RejectsBadArguments) {
+  Tensor qkv = Tensor::zeros({2, 1, 2, 5 * 8}, DType::f32);  // NH = 6 over G = 2: (3 + 2) * 8
+  EXPECT_TRUE(throws_error_naming([&] { ops::rope_forward_qkv(qkv, 8, {}); }, "rope qkv"));  // needs 6 * HS
+  EXPECT_TRUE(throws_error_naming([&] { ops::rope_forward_qkv(qkv, 5, {}); }, "NH % G"));
+  EXPECT_TRUE(throws_error_naming([&] { ops::rope_backward_qkv(qkv, 6, {10000.0f, 0.375f, false, 0}); }, "even"));
+  Tensor flat = Tensor::zeros({2, 1, 40}, DType::f32);
+  EXPECT_TRUE(throws_error_naming([&] { ops::rope_backward_qkv(flat, 6, {}); }, "rope dqkv"));
 }

@@ -31,4 +31,13 @@ float rope_inv_freq(int64_t j, int64_t rot_dim, const RopeParams& params);
 MEGATRON_OP(rope_forward, void(Tensor& y, const Tensor& x, const RopeParams& params));
 MEGATRON_OP(rope_backward, void(Tensor& dx, const Tensor& dy, const RopeParams& params));
 
+// The same rotation, in place, of the query and key heads of a fused QKV projection
+// qkv (S,B,G,(r+2)*D), r = num_heads / G, in the layout qkv_split reads (ops/attention.h): each
+// group's r query heads, then its key head, are rotated as rope_forward (rope_backward for the
+// gradient dqkv) rotates q and k; the value heads are untouched. Equal, bit for bit on the CPU, to
+// split + rope of q and k + merge, without the copies: the attention then reads the rotated
+// projection in place (attention_forward_qkv).
+MEGATRON_OP(rope_forward_qkv, void(Tensor& qkv, int64_t num_heads, const RopeParams& params));
+MEGATRON_OP(rope_backward_qkv, void(Tensor& dqkv, int64_t num_heads, const RopeParams& params));
+
 }  // namespace megatron::ops

@@ -23,7 +23,7 @@ struct LayerDims {
   int64_t e;               // bytes of an activation element (the params dtype)
   int64_t stats;           // bytes of a norm statistic, an lse or a routing weight: f32 (f64 runs: f64)
   bool layer_norm;         // LayerNorm keeps a mean beside rstd
-  bool fused_attention;    // q, k, v read in place from the projection: no RoPE, no CP
+  bool fused_attention;    // q, k, v read in place from the projection (RoPE turns it in place): no CP
   bool dropout;            // hidden dropout in training: its gradient is a new tensor
   bool recompute_core_attn, recompute_mlp;
 };
@@ -42,7 +42,7 @@ LayerDims layer_dims(const TransformerConfig& c, const ActivationShape& s) {
   d.e = int64_t(dtype_size(c.params_dtype));
   d.stats = c.params_dtype == DType::f64 ? 8 : 4;
   d.layer_norm = c.normalization == Normalization::LayerNorm;
-  d.fused_attention = c.position_embedding_type != PositionEmbeddingType::rope && !s.context_parallel;
+  d.fused_attention = !s.context_parallel;
   d.dropout = c.hidden_dropout > 0.0f;
   d.recompute_core_attn = c.recompute.recomputes("core_attn");
   d.recompute_mlp = c.recompute.recomputes("mlp");
@@ -95,7 +95,8 @@ int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep, int64_t 
 //   MLP: the activation rebuilt for fc2, fc2's input gradient, fc1's output gradient and fc1's input
 //     gradient (T rows before an SP reduce-scatter); fc1's output again when mlp is recomputed.
 //   attention: dh and its dropout gradient, the output projection's input gradient, dqkv and the
-//     split q, k, v gradients (and, on the CPU's fused path, the split q, k, v themselves); the op's
+//     split q, k, v gradients (and, where the fused op splits by definition, the split q, k, v
+//     themselves: on the CPU, and on CUDA unless cuDNN reads the MHA layout in place); the op's
 //     output and lse again when core_attn is recomputed.
 int64_t layer_backward_working(const TransformerConfig& c, bool moe_layer, const LayerDims& d, const ActivationShape& s,
                                PlanBackend backend) {
@@ -111,7 +112,8 @@ int64_t layer_backward_working(const TransformerConfig& c, bool moe_layer, const
     mlp = (c.swiglu ? act + fc1 + full : std::max(2 * act, act + full)) + (d.recompute_mlp ? fc1 : 0);
   }
   const int64_t out = d.T * d.heads * d.head_dim * d.e;
-  const int64_t splits = d.fused_attention ? (backend == PlanBackend::cpu ? 2 : 0) : 1;
+  const bool in_place = d.fused_attention && backend == PlanBackend::cuda && d.groups == d.heads;
+  const int64_t splits = in_place ? 0 : d.fused_attention ? 2 : 1;
   int64_t attention = stream + (d.dropout ? stream : 0) + out + d.T * d.qkv * d.e * (1 + splits);
   if (d.recompute_core_attn) attention += out + d.T * d.heads * d.stats;
   return incoming + std::max(mlp, attention);

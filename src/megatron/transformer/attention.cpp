@@ -85,8 +85,11 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
                      .window = window_,
                      .max_seqlen = fwd.max_seqlen};
   if (fwd.kv_cache) return forward_cached(qkv, fwd, saved);
-  if (!rope_ && !cp_) {
-    saved.fused = qkv;  // q, k, v read in place from the projection where the backend can
+  if (!cp_) {
+    // q, k, v read in place from the projection where the backend can; RoPE turns its query and
+    // key heads in place (the projection's output is this layer's own, kept for nothing else).
+    saved.fused = qkv;
+    if (rope_) ops::rope_forward_qkv(saved.fused, heads_local_, rope_params_);
   } else {
     ops::SplitQkv split = ops::empty_split_qkv(qkv, heads_local_);
     saved.q = split.q;
@@ -144,19 +147,14 @@ void SelfAttention::core_attention_backward(ops::SplitQkv& d, const Tensor& dout
   ops::attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out, saved.lse, saved.attention);
 }
 
-// Without CP the positions are 0..S-1; with it, the two chunks' true positions. `inverse`: the
-// backward rotation.
+// The two CP chunks' true positions. `inverse`: the backward rotation.
 void SelfAttention::rotate(Tensor& x, bool inverse) const {
-  const auto rope = [&](Tensor& rows, const ops::RopeParams& at) {
-    inverse ? ops::rope_backward(rows, rows, at) : ops::rope_forward(rows, rows, at);
-  };
-  if (!cp_) return rope(x, rope_params_);
   const context_parallel::CpChunks c = context_parallel::cp_chunks(x.dim(0) * cp_->size(), cp_->size(), cp_->rank());
   for (int half = 0; half < 2; ++half) {
     Tensor rows = x.slice(half * c.length, (half + 1) * c.length);
     ops::RopeParams at = rope_params_;
     at.position_offset = c.start(half);
-    rope(rows, at);
+    inverse ? ops::rope_backward(rows, rows, at) : ops::rope_forward(rows, rows, at);
   }
 }
 
@@ -206,6 +204,7 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& given) const {
       Tensor::empty({S, B, groups_local_, (heads_local_ / groups_local_ + 2) * head_dim_}, dy.dtype(), dy.device());
   if (saved.fused.defined()) {
     ops::attention_backward_qkv(dqkv, dout, saved.fused, saved.out, saved.lse, heads_local_, saved.attention);
+    if (rope_) ops::rope_backward_qkv(dqkv, heads_local_, rope_params_);
     return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);
   }
   ops::SplitQkv d = ops::empty_split_qkv(dqkv, heads_local_);

@@ -7,10 +7,14 @@
 // input and output are sequence shards; attention itself sees the whole sequence (the QKV
 // projection gathers it). Under context parallelism (a CP group of more than one rank) the
 // sequence is this rank's two chunks of Megatron's load-balanced split
-// (context_parallel/load_balance.h): RoPE rotates each chunk by its true positions and the core
-// attention is the ring over the CP group (context_parallel/ring_attention.h) or, with
-// --cp-comm-type a2a, the all-to-all over heads (all_to_all_attention.h); both keep the op's
-// contract, so Saved holds the same q, k, v, out, lse.
+// (context_parallel/load_balance.h): q, k, v are split out of the projection, RoPE rotates each
+// chunk by its true positions and the core attention is the ring over the CP group
+// (context_parallel/ring_attention.h) or, with --cp-comm-type a2a, the all-to-all over heads
+// (all_to_all_attention.h); both keep the op's contract, so Saved holds the same q, k, v, out, lse.
+// Without CP the layer makes no copies: RoPE rotates the projection's query and key heads in place
+// (ops::rope_forward_qkv), the attention op reads q, k, v from it (attention_forward_qkv; in place
+// where the backend can, else it splits them itself), and backward rotates the fused gradient
+// back in place.
 // With --recompute-modules core_attn (selective recomputation) the attention op's output and
 // log-sum-exp are not kept: backward runs the op again on the saved q, k, v before the output
 // projection's backward, which reads the output. The op is deterministic, so the gradients are the
@@ -33,8 +37,8 @@ class SelfAttention {
  public:
   struct Saved {
     tensor_parallel::LinearSaved qkv, proj;
-    Tensor q, k, v;   // with RoPE, after it: (S,B,NH_local,d), (S,B,G_local,d)
-    Tensor fused;     // without RoPE, instead of q, k, v: the projection (S,B,G_local,(NH/G+2)*d)
+    Tensor q, k, v;   // under CP (after RoPE): (S,B,NH_local,d), (S,B,G_local,d)
+    Tensor fused;     // without CP, instead of q, k, v: the projection (S,B,G_local,(NH/G+2)*d), after RoPE
     Tensor out, lse;  // empty when recomputed (core_attn)
     ops::AttentionParams attention;
     void count(ActivationMemory& m) const;
@@ -55,8 +59,8 @@ class SelfAttention {
   // projection): fills saved.out and saved.lse; and its backward on the separate q, k, v.
   void core_attention(Saved& saved) const;
   void core_attention_backward(ops::SplitQkv& d, const Tensor& dout, const Saved& saved) const;
-  // RoPE of q or k (S,B,heads,d) in place at the positions this rank holds (both CP chunks'), or
-  // with `inverse` its backward on their gradients.
+  // Under CP: RoPE of q or k (S,B,heads,d) in place at the positions this rank holds (both
+  // chunks'), or with `inverse` its backward on their gradients.
   void rotate(Tensor& x, bool inverse) const;
 
   static int64_t query_groups_per_rank(const TransformerConfig& c, int tp);

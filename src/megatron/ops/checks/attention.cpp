@@ -53,22 +53,6 @@ void check_lse(const Tensor& lse, const AttentionDims& d, DType q_dtype, TensorC
   check_dtype(lse, accum_dtype(q_dtype), "attention lse");
 }
 
-// qkv's dims: (S,B,G,(NH/G + 2)*HS) for NH = num_heads query heads.
-AttentionDims fused_qkv_dims(const Tensor& qkv, int64_t num_heads, TensorCheck device) {
-  check_defined(qkv, "attention qkv");
-  device(qkv, "attention qkv");
-  MEGATRON_CHECK(qkv.ndim() == 4, "attention qkv must be (S,B,G,(NH/G+2)*HS), got " << shape_str(qkv.shape()));
-  const int64_t G = qkv.dim(2);
-  MEGATRON_CHECK(num_heads > 0 && G > 0 && num_heads % G == 0,
-                 "attention: " << num_heads << " query heads cannot be grouped over the " << G << " kv heads of qkv "
-                               << shape_str(qkv.shape()) << "; NH % G must be 0");
-  const int64_t slots = num_heads / G + 2;  // r query heads, one key head, one value head per group
-  MEGATRON_CHECK(qkv.dim(3) % slots == 0, "attention qkv " << shape_str(qkv.shape())
-                                                           << ": the last dim must be (NH/G + 2)*HS = " << slots
-                                                           << "*HS for NH = " << num_heads);
-  return AttentionDims{qkv.dim(0), qkv.dim(1), num_heads, G, qkv.dim(3) / slots};
-}
-
 }  // namespace
 
 AttentionDims check_attention_qkv(const Tensor& q, const Tensor& k, const Tensor& v, TensorCheck device) {
@@ -112,6 +96,21 @@ AttentionDims check_attention_backward(const Tensor& dq, const Tensor& dk, const
   return d;
 }
 
+AttentionDims check_fused_qkv_layout(const Tensor& qkv, int64_t num_heads, const char* name, TensorCheck device) {
+  check_defined(qkv, name);
+  device(qkv, name);
+  MEGATRON_CHECK(qkv.ndim() == 4, name << " must be (S,B,G,(NH/G+2)*HS), got " << shape_str(qkv.shape()));
+  const int64_t G = qkv.dim(2);
+  MEGATRON_CHECK(num_heads > 0 && G > 0 && num_heads % G == 0,
+                 name << ": " << num_heads << " query heads cannot be grouped over the " << G << " kv heads of "
+                      << shape_str(qkv.shape()) << "; NH % G must be 0");
+  const int64_t slots = num_heads / G + 2;  // r query heads, one key head, one value head per group
+  MEGATRON_CHECK(qkv.dim(3) % slots == 0, name << " " << shape_str(qkv.shape())
+                                               << ": the last dim must be (NH/G + 2)*HS = " << slots
+                                               << "*HS for NH = " << num_heads);
+  return AttentionDims{qkv.dim(0), qkv.dim(1), num_heads, G, qkv.dim(3) / slots};
+}
+
 AttentionDims check_qkv_fused(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
                               TensorCheck device) {
   const AttentionDims d = check_attention_qkv(q, k, v, device);
@@ -122,7 +121,7 @@ AttentionDims check_qkv_fused(const Tensor& qkv, const Tensor& q, const Tensor& 
 
 AttentionDims check_attention_forward_qkv(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t num_heads,
                                           const AttentionParams& params, const AttentionBackend& backend) {
-  const AttentionDims d = fused_qkv_dims(qkv, num_heads, backend.device);
+  const AttentionDims d = check_fused_qkv_layout(qkv, num_heads, "attention qkv", backend.device);
   check_params(params, d, backend.device);
   check_4d(out, {d.S, d.B, d.NH, d.HS}, qkv.dtype(), "attention out", backend.device);
   backend.q_dtype(qkv, "attention_forward_qkv");
@@ -133,7 +132,7 @@ AttentionDims check_attention_forward_qkv(const Tensor& out, const Tensor& lse, 
 AttentionDims check_attention_backward_qkv(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                            const Tensor& lse, int64_t num_heads, const AttentionParams& params,
                                            const AttentionBackend& backend) {
-  const AttentionDims d = fused_qkv_dims(qkv, num_heads, backend.device);
+  const AttentionDims d = check_fused_qkv_layout(qkv, num_heads, "attention qkv", backend.device);
   check_params(params, d, backend.device);
   check_4d(out, {d.S, d.B, d.NH, d.HS}, qkv.dtype(), "attention out", backend.device);
   check_4d(dout, {d.S, d.B, d.NH, d.HS}, qkv.dtype(), "attention dout", backend.device);

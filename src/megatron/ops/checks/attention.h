@@ -25,6 +25,9 @@ AttentionDims check_attention_backward(const Tensor& dq, const Tensor& dk, const
                                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                        const Tensor& lse, const AttentionParams& params,
                                        const AttentionBackend& backend);
+// qkv (S,B,G,(NH/G + 2)*HS) for NH = num_heads query heads: defined, on the backend's device, its
+// last dim whole groups of NH/G + 2 heads; errors say `name`. Returns its dims.
+AttentionDims check_fused_qkv_layout(const Tensor& qkv, int64_t num_heads, const char* name, TensorCheck device);
 // qkv (S,B,G,(NH/G + 2)*HS) against q, k, v (qkv_split, qkv_merge).
 AttentionDims check_qkv_fused(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, TensorCheck device);
 // Fused-QKV attention: qkv (S,B,G,(NH/G + 2)*HS) with NH = num_heads, out and dout (S,B,NH,HS),

@@ -14,4 +14,13 @@ struct RopeDims {
 RopeDims check_rope(const Tensor& y, const Tensor& x, const RopeParams& p, const char* op, const char* y_name,
                     const char* x_name, TensorCheck device);
 
+// qkv (S,B,G,(r+2)*D) with r = num_heads / G query heads per group; the first rot_dim channels of
+// each query and key head rotate.
+struct RopeQkvDims {
+  int64_t S, B, G, r, D, rot_dim;
+};
+// rope_forward_qkv / rope_backward_qkv (op) on qkv, named qkv_name in errors.
+RopeQkvDims check_rope_qkv(const Tensor& qkv, int64_t num_heads, const RopeParams& p, const char* op,
+                           const char* qkv_name, TensorCheck device);
+
 }  // namespace megatron::ops::checks

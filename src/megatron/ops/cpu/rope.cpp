@@ -32,19 +32,24 @@ void rotation_tables(std::vector<A>& cos_t, std::vector<A>& sin_t, int64_t S, in
 // Rotates each pair (x1, x2) by +angle (forward) or -angle (backward, the inverse rotation):
 //   y1 = x1 cos - x2 sin,   y2 = x2 cos + x1 sin
 // Pairs are (j, j + rot_dim/2), or (2j, 2j+1) when interleaved. Channels >= rot_dim are copied.
+// Heads of D channels: position s holds `sets` sets of `stored` heads, of which the first `rotated`
+// rotate: (S,B,H,D) is sets = B*H with one head each; the fused qkv is sets = B*G of r+2 heads, the
+// r query heads and the key head rotated. One loop for both, so the fused op is split + rope +
+// merge to the bit.
 template <class T>
-void rope_kernel(T* y, const T* x, int64_t S, int64_t B, int64_t H, int64_t D, int64_t rot_dim, const RopeParams& p,
-                 bool inverse) {
+void rope_kernel(T* y, const T* x, int64_t S, int64_t sets, int64_t rotated, int64_t stored, int64_t D, int64_t rot_dim,
+                 const RopeParams& p, bool inverse) {
   using A = compute_t<T>;
   std::vector<A> cos_t, sin_t;
   rotation_tables(cos_t, sin_t, S, rot_dim, p);
   const int64_t half = rot_dim / 2;
   const A sign = inverse ? A(-1) : A(1);
-#pragma omp parallel for if (worth_parallel(S * B * H * D))
+#pragma omp parallel for if (worth_parallel(S * sets * rotated * D))
   for (int64_t s = 0; s < S; ++s) {
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const T* xr = x + (s * B * H + bh) * D;
-      T* yr = y + (s * B * H + bh) * D;
+    for (int64_t head = 0; head < sets * rotated; ++head) {
+      const int64_t offset = ((s * sets + head / rotated) * stored + head % rotated) * D;
+      const T* xr = x + offset;
+      T* yr = y + offset;
       for (int64_t j = 0; j < half; ++j) {
         const int64_t i1 = p.interleaved ? 2 * j : j;
         const int64_t i2 = p.interleaved ? 2 * j + 1 : j + half;
@@ -60,10 +65,17 @@ void rope_kernel(T* y, const T* x, int64_t S, int64_t B, int64_t H, int64_t D, i
 
 void rope_apply(Tensor& y, const Tensor& x, const RopeParams& p, bool inverse, const char* op, const char* y_name,
                 const char* x_name) {
-  const checks::RopeDims dims = checks::check_rope(y, x, p, op, y_name, x_name, check_cpu);
-  const int64_t S = dims.S, B = dims.B, H = dims.H, D = dims.D, rot_dim = dims.rot_dim;
+  const checks::RopeDims d = checks::check_rope(y, x, p, op, y_name, x_name, check_cpu);
   dispatch_floating(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
-    rope_kernel<T>(y.data<T>(), x.data<T>(), S, B, H, D, rot_dim, p, inverse);
+    rope_kernel<T>(y.data<T>(), x.data<T>(), d.S, d.B * d.H, 1, 1, d.D, d.rot_dim, p, inverse);
+  });
+}
+
+void rope_apply_qkv(Tensor& qkv, int64_t num_heads, const RopeParams& p, bool inverse, const char* op,
+                    const char* qkv_name) {
+  const checks::RopeQkvDims d = checks::check_rope_qkv(qkv, num_heads, p, op, qkv_name, check_cpu);
+  dispatch_floating(qkv.dtype(), op, [&]<class T>(std::type_identity<T>) {
+    rope_kernel<T>(qkv.data<T>(), qkv.data<T>(), d.S, d.B * d.G, d.r + 1, d.r + 2, d.D, d.rot_dim, p, inverse);
   });
 }
 
@@ -80,6 +92,14 @@ void cpu::rope_forward(Tensor& y, const Tensor& x, const RopeParams& params) {
 
 void cpu::rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params) {
   rope_apply(dx, dy, params, true, "rope_backward", "rope dx", "rope dy");
+}
+
+void cpu::rope_forward_qkv(Tensor& qkv, int64_t num_heads, const RopeParams& params) {
+  rope_apply_qkv(qkv, num_heads, params, false, "rope_forward_qkv", "rope qkv");
+}
+
+void cpu::rope_backward_qkv(Tensor& dqkv, int64_t num_heads, const RopeParams& params) {
+  rope_apply_qkv(dqkv, num_heads, params, true, "rope_backward_qkv", "rope dqkv");
 }
 
 }  // namespace megatron::ops

@@ -1,7 +1,9 @@
-// Rotary position embedding on CUDA, one thread per rotated pair or passed-through channel.
+// Rotary position embedding on CUDA: of separate tensors one thread per rotated pair or
+// passed-through channel; of a fused QKV projection (rope_*_qkv) in place, a block per position.
 // inv_freq is computed on the host with the CPU op's exact float expression and passed by value
 // in the kernel parameters, so the angles (a float multiply, IEEE on both sides) match the CPU
 // bit for bit; cos and sin then differ from the host libm by an ulp or two at most.
+#include <algorithm>
 #include <cmath>
 
 #include "megatron/ops/checks/rope.h"
@@ -49,16 +51,102 @@ __global__ void rope_kernel(T* y, const T* x, int64_t S, int64_t BH, int D, int 
   }
 }
 
+// The elements [p, p + V) as floats: one 16-byte access where V fills whole ones, else V scalars
+// (the fallback packs: one channel, or one interleaved pair).
+template <int V, class T>
+__device__ __forceinline__ void load_channels(const T* p, float (&v)[V]) {
+  if constexpr ((V * sizeof(T)) % kVecBytes == 0) {
+    load_floats<V>(p, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = to_float(p[i]);
+  }
+}
+template <int V, class T>
+__device__ __forceinline__ void store_channels(T* p, const float (&v)[V]) {
+  if constexpr ((V * sizeof(T)) % kVecBytes == 0) {
+    store_floats<V>(p, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = from_float<T>(v[i]);
+  }
+}
+
+// The fused qkv (S, sets, stored heads of D) rotated in place: the first `rotated` heads of each
+// set (a group's r query heads and its key head); the value heads are never read. A block takes
+// one position at a time (grid-stride over S): its threads first put the cos and sin of that
+// position's half angles in shared memory, once for all its B x G x (r+1) heads, then walk the
+// heads in V-channel packs, consecutive threads on consecutive packs of a head and then the next
+// head, so the accesses are coalesced. Non-interleaved, a pack is V consecutive pairs j (x1 at j,
+// x2 at half + j); interleaved, V consecutive channels: V/2 pairs (2j, 2j+1). Same angle, cos, sin
+// and products as rope_kernel; sign < 0 rotates back.
+template <class T, int V, bool kInterleaved>
+__global__ void rope_qkv_kernel(T* qkv, int64_t S, int64_t sets, int rotated, int stored, int D, int half,
+                                int64_t position_offset, float sign, const __grid_constant__ InvFreq inv_freq) {
+  extern __shared__ float rotation[];  // cos of the half angles, then sign * sin
+  float* cos_t = rotation;
+  float* sin_t = rotation + half;
+  const int packs = (kInterleaved ? 2 * half : half) / V;  // per head
+  const int64_t items = sets * rotated * packs;
+  for (int64_t s = blockIdx.x; s < S; s += gridDim.x) {
+    __syncthreads();  // every thread is done with the previous position's table
+    for (int j = int(threadIdx.x); j < half; j += int(blockDim.x)) {
+      const float angle = float(position_offset + s) * inv_freq.v[j];
+      cos_t[j] = cosf(angle);
+      sin_t[j] = sign * sinf(angle);
+    }
+    __syncthreads();
+    T* position = qkv + s * sets * stored * D;
+    for (int64_t item = threadIdx.x; item < items; item += blockDim.x) {
+      const int pack = int(item % packs);
+      const int64_t head = item / packs;
+      T* h = position + ((head / rotated) * stored + head % rotated) * D;
+      if constexpr (kInterleaved) {
+        float x[V];
+        load_channels<V>(h + pack * V, x);
+#pragma unroll
+        for (int i = 0; i < V / 2; ++i) {
+          const int j = pack * (V / 2) + i;
+          const float c = cos_t[j], sn = sin_t[j];
+          const float x1 = x[2 * i], x2 = x[2 * i + 1];
+          x[2 * i] = x1 * c - x2 * sn;
+          x[2 * i + 1] = x2 * c + x1 * sn;
+        }
+        store_channels<V>(h + pack * V, x);
+      } else {
+        float first[V], second[V];
+        load_channels<V>(h + pack * V, first);
+        load_channels<V>(h + half + pack * V, second);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const int j = pack * V + i;
+          const float c = cos_t[j], sn = sin_t[j];
+          const float x1 = first[i], x2 = second[i];
+          first[i] = x1 * c - x2 * sn;
+          second[i] = x2 * c + x1 * sn;
+        }
+        store_channels<V>(h + pack * V, first);
+        store_channels<V>(h + half + pack * V, second);
+      }
+    }
+  }
+}
+
+// inv_freq[j < rot_dim / 2] in float32: the CPU op's function (rope_inv_freq), on the host.
+InvFreq inv_freq_table(int64_t rot_dim, const RopeParams& p, const char* op) {
+  MEGATRON_CHECK(rot_dim / 2 <= kMaxHalf, op << ": rotary dim " << rot_dim << " exceeds the CUDA kernel's limit of "
+                                             << 2 * kMaxHalf << "; raise kMaxHalf in ops/cuda/rope.cu");
+  InvFreq inv_freq{};
+  for (int64_t j = 0; j < rot_dim / 2; ++j) inv_freq.v[j] = rope_inv_freq(j, rot_dim, p);
+  return inv_freq;
+}
+
 void rope_apply(Tensor& y, const Tensor& x, const RopeParams& p, bool inverse, const char* op, const char* y_name,
                 const char* x_name) {
   const checks::RopeDims dims = checks::check_rope(y, x, p, op, y_name, x_name, check_cuda);
   const int64_t S = dims.S, B = dims.B, H = dims.H, D = dims.D, rot_dim = dims.rot_dim;
-  MEGATRON_CHECK(rot_dim / 2 <= kMaxHalf, op << ": rotary dim " << rot_dim << " exceeds the CUDA kernel's limit of "
-                                             << 2 * kMaxHalf << "; raise kMaxHalf in ops/cuda/rope.cu");
+  const InvFreq inv_freq = inv_freq_table(rot_dim, p, op);
   if (x.numel() == 0) return;
-  // inv_freq in float32: the CPU op's function (rope_inv_freq), evaluated on the host.
-  InvFreq inv_freq{};
-  for (int64_t j = 0; j < rot_dim / 2; ++j) inv_freq.v[j] = rope_inv_freq(j, rot_dim, p);
   dispatch_storage(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
     const int half = int(rot_dim / 2);
     const int64_t items = S * B * H * (D - half);
@@ -66,6 +154,40 @@ void rope_apply(Tensor& y, const Tensor& x, const RopeParams& p, bool inverse, c
                                                                S, B * H, int(D), half, p.position_offset, p.interleaved,
                                                                inverse ? -1.0f : 1.0f, inv_freq);
     CUDA_CHECK_LAUNCH();
+  });
+}
+
+template <class T, int V, bool kInterleaved>
+void launch_rope_qkv(Tensor& qkv, const checks::RopeQkvDims& d, const RopeParams& p, bool inverse,
+                     const InvFreq& inv_freq) {
+  const int half = int(d.rot_dim / 2);
+  const int64_t items = d.B * d.G * (d.r + 1) * ((kInterleaved ? 2 * half : half) / V);  // per position
+  // Enough threads for one position's packs, in whole warps, up to kThreads.
+  const int threads = int(std::clamp<int64_t>(ceil_div(items, 32) * 32, 32, kThreads));
+  const auto blocks = unsigned(std::min<int64_t>(d.S, kMaxGridBlocks));
+  const size_t table_bytes = 2 * size_t(half) * sizeof(float);
+  rope_qkv_kernel<T, V, kInterleaved><<<blocks, threads, table_bytes, stream()>>>(
+      static_cast<T*>(qkv.raw()), d.S, d.B * d.G, int(d.r + 1), int(d.r + 2), int(d.D), half, p.position_offset,
+      inverse ? -1.0f : 1.0f, inv_freq);
+  CUDA_CHECK_LAUNCH();
+}
+
+void rope_apply_qkv(Tensor& qkv, int64_t num_heads, const RopeParams& p, bool inverse, const char* op,
+                    const char* qkv_name) {
+  const checks::RopeQkvDims d = checks::check_rope_qkv(qkv, num_heads, p, op, qkv_name, check_cuda);
+  const InvFreq inv_freq = inv_freq_table(d.rot_dim, p, op);
+  if (qkv.numel() == 0 || d.rot_dim == 0) return;
+  dispatch_storage(qkv.dtype(), op, [&]<class T>(std::type_identity<T>) {
+    constexpr int kV = kPack<T>;
+    // 16-byte packs when every head starts on a 16-byte boundary and the packs tile the rotated
+    // channels (each half of them, non-interleaved); else one channel (one interleaved pair).
+    const int64_t tiled = p.interleaved ? d.rot_dim : d.rot_dim / 2;
+    const bool packed = is_aligned16(qkv.raw()) && d.D % kV == 0 && tiled % kV == 0;
+    if (p.interleaved)
+      return packed ? launch_rope_qkv<T, kV, true>(qkv, d, p, inverse, inv_freq)
+                    : launch_rope_qkv<T, 2, true>(qkv, d, p, inverse, inv_freq);
+    return packed ? launch_rope_qkv<T, kV, false>(qkv, d, p, inverse, inv_freq)
+                  : launch_rope_qkv<T, 1, false>(qkv, d, p, inverse, inv_freq);
   });
 }
 
@@ -82,6 +204,14 @@ void cuda::rope_forward(Tensor& y, const Tensor& x, const RopeParams& params) {
 
 void cuda::rope_backward(Tensor& dx, const Tensor& dy, const RopeParams& params) {
   rope_apply(dx, dy, params, true, "rope_backward", "rope dx", "rope dy");
+}
+
+void cuda::rope_forward_qkv(Tensor& qkv, int64_t num_heads, const RopeParams& params) {
+  rope_apply_qkv(qkv, num_heads, params, false, "rope_forward_qkv", "rope qkv");
+}
+
+void cuda::rope_backward_qkv(Tensor& dqkv, int64_t num_heads, const RopeParams& params) {
+  rope_apply_qkv(dqkv, num_heads, params, true, "rope_backward_qkv", "rope dqkv");
 }
 
 }  // namespace megatron::ops
