@@ -278,7 +278,6 @@ TEST_F(CudaFp8, GemmMatchesEmulationAndBf16Reference) {
   check_gemm({DType::e4m3, DType::e4m3, DType::bf16, false, true, 256, 2048, 2048, 0.0f, true}, seed++);
 }
 
-
 TEST_F(CudaFp8, GemmRefusesSizesCublasLtCannotRun) {
   Tensor a = Tensor::zeros({16, 24}, DType::e4m3, gpu()), b = Tensor::zeros({16, 24}, DType::e4m3, gpu());
   Tensor c = Tensor::empty({16, 16}, DType::bf16, gpu()), s = scalar(1.0f, gpu());

@@ -213,7 +213,8 @@ TEST(Fp8Ops, MatmulEmulationIsExactOnRepresentableValues) {
   EXPECT_EQ(c16.to_vector(), (std::vector<float>{12, -2.5f, 7, -4}));
   // Fast accumulation changes only how the tensor cores add; the emulation's sum is exact either way.
   Tensor fast = Tensor::empty({2, 2}, DType::bf16);
-  ops::fp8_matmul(fast, at, scalar(0.5f), bt, scalar(4.0f), {.trans_a = ops::Transpose::yes, .fp8_fast_accumulation = true});
+  ops::fp8_matmul(fast, at, scalar(0.5f), bt, scalar(4.0f),
+                  {.trans_a = ops::Transpose::yes, .fp8_fast_accumulation = true});
   EXPECT_EQ(fast.to_vector(), c16.to_vector());
   // Other GEMMs refuse it.
   EXPECT_TRUE(test::throws_error_naming(

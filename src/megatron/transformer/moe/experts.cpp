@@ -79,8 +79,7 @@ Tensor Experts::forward(const Tensor& rows, const ops::ExpertRows& expert_rows, 
   // library path for large experts (grouped_gemm.h): read once here (device offsets) for the
   // forward and the backward, as Megatron's dispatcher reads them for its grouped GEMM.
   const bool large_experts = N >= ops::kPerExpertGemmRows * expert_rows.experts();
-  saved.expert_rows =
-      grouped_gemm_ && !large_experts ? expert_rows : ops::ExpertRows(expert_rows.host_counts());
+  saved.expert_rows = grouped_gemm_ && !large_experts ? expert_rows : ops::ExpertRows(expert_rows.host_counts());
   saved.fc1_out = Tensor::empty({N, fc1_->local_shape[1]}, rows.dtype(), rows.device());
   experts_linear(saved.fc1_out, rows, *fc1_, saved.expert_rows);
   const Tensor act = activation(saved.fc1_out);
