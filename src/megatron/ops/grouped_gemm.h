@@ -40,8 +40,8 @@ struct ExpertRows {
 // With counts on the host and at least this many rows per expert on average, CUDA runs one
 // cuBLASLt GEMM per expert instead of one launch of its grouped kernel: at moe-1b-8x's 2048-row
 // experts cuBLASLt's Hopper kernels ran 730-740 TFLOP/s per expert against the kernel's 320-360
-// (H100, 2026-11-28), and a training step 145 against 187 ms. A caller holding device offsets
-// reads the counts back (one wait) when it expects this many rows (moe/experts.cpp).
+// (H100, 2026-11-28), and a training step 145 against 187 ms. A caller holding only device
+// offsets reads the counts back (one wait) to take this path.
 constexpr int64_t kPerExpertGemmRows = 1024;
 
 // y (N,out): rows of e = x rows of e (N_e,in) @ weight[e]^T
