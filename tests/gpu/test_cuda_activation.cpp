@@ -1,11 +1,15 @@
 // CUDA GELU and SwiGLU against the CPU op run in f64 on the same (bf16-exact) inputs, on the
-// 16-byte-pack and scalar paths, with every output poisoned.
+// 16-byte-pack and scalar paths, with every output poisoned; SwiGLU with its output cast to FP8
+// against the unfused CUDA pair bit for bit, and against the CPU within one FP8 code.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "gpu/cuda_test_util.h"
 #include "megatron/ops/activation.h"
+#include "megatron/ops/fp8.h"
 
 using namespace megatron;
 using namespace megatron::test;
@@ -62,6 +66,79 @@ TEST_F(CudaActivation, SwigluMatchesCpuF64) {
       EXPECT_TRUE(matches(dx, rdx, unit_roundoff(dt), factor_for(dt))) << what << " dx";
     }
   }
+}
+
+namespace {
+
+// Bytes of two FP8 tensors (host copies): identical, or (near) every code within one step of the
+// other's (FP8 codes of one sign are ordered as integers).
+::testing::AssertionResult fp8_codes(const Tensor& actual, const Tensor& ref, bool exact) {
+  const Tensor a = actual.to(Device::cpu()), r = ref.to(Device::cpu());
+  const auto* pa = static_cast<const uint8_t*>(a.raw());
+  const auto* pr = static_cast<const uint8_t*>(r.raw());
+  int64_t differing = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (pa[i] == pr[i]) continue;
+    ++differing;
+    const bool one_step = (pa[i] & 0x80) == (pr[i] & 0x80) && std::abs(int(pa[i] & 0x7f) - int(pr[i] & 0x7f)) == 1;
+    if (exact || !one_step)
+      return ::testing::AssertionFailure()
+             << "code " << i << ": 0x" << std::hex << int(pa[i]) << " against 0x" << int(pr[i]);
+  }
+  // expf and the CPU's exp may round a bf16 result across a tie; rarely.
+  if (differing * 100 > a.numel())
+    return ::testing::AssertionFailure() << differing << " of " << a.numel() << " codes differ by one step";
+  return ::testing::AssertionSuccess();
+}
+
+Tensor fp8_scalar(float v) { return Tensor::from_vector({v}, {1}).to(gpu()); }
+
+}  // namespace
+
+// The fused casts write what swiglu_forward / swiglu_backward followed by fp8_quantize_transpose
+// write (the contract: the activation rounded to its dtype, then cast), bit for bit on the GPU, on
+// the vector path (F a multiple of 8), ragged tiles, the scalar path (F = 13; backward segments
+// that would straddle the gate/up boundary, F = 20), rows not multiples of 8; and the CPU's fused
+// op within one code (its exp differs from the GPU's expf in the last float bit).
+TEST_F(CudaActivation, SwigluWithFp8CastMatchesTheUnfusedPair) {
+  uint64_t seed = 500;
+  for (const auto& [N, F] : {std::pair<int64_t, int64_t>{128, 64}, {70, 40}, {9, 13}, {64, 20}, {200, 512}})
+    for (DType dt : {DType::bf16, DType::f32})
+      for (DType q_dtype : {DType::e4m3, DType::e5m2}) {
+        const std::string what =
+            std::to_string(N) + "x" + std::to_string(F) + " " + dtype_name(dt) + " -> " + dtype_name(q_dtype);
+        const Pair x = random_pair({N, 2 * F}, dt, ++seed, 3.0);
+        const Pair dy = random_pair({N, F}, dt, ++seed, 1.0);
+        const Tensor scale = fp8_scalar(37.0f);
+        for (bool backward : {false, true}) {
+          const int64_t cols = backward ? 2 * F : F;
+          Tensor q = Tensor::empty({N, cols}, q_dtype, gpu()), q_t = Tensor::empty({cols, N}, q_dtype, gpu());
+          Tensor uq = Tensor::empty({N, cols}, q_dtype, gpu()), uq_t = Tensor::empty({cols, N}, q_dtype, gpu());
+          Tensor amax = fp8_scalar(0.0f), unfused_amax = fp8_scalar(0.0f), y = Tensor::empty({N, cols}, dt, gpu());
+          if (backward) {
+            ops::cuda::swiglu_backward_fp8(q, q_t, amax, dy.gpu, x.gpu, scale);
+            ops::cuda::swiglu_backward(y, dy.gpu, x.gpu);
+          } else {
+            ops::cuda::swiglu_forward_fp8(q, q_t, amax, x.gpu, scale);
+            ops::cuda::swiglu_forward(y, x.gpu);
+          }
+          ops::cuda::fp8_quantize_transpose(uq, uq_t, unfused_amax, y, scale);
+          const std::string which = what + (backward ? " backward" : " forward");
+          EXPECT_TRUE(fp8_codes(q, uq, true)) << which;
+          EXPECT_TRUE(fp8_codes(q_t, uq_t, true)) << which;
+          EXPECT_EQ(amax.item(), unfused_amax.item()) << which;
+
+          Tensor cq = Tensor::empty({N, cols}, q_dtype), cq_t = Tensor::empty({cols, N}, q_dtype);
+          Tensor camax = Tensor::from_vector({0.0f}, {1}), cscale = Tensor::from_vector({37.0f}, {1});
+          if (backward)
+            ops::cpu::swiglu_backward_fp8(cq, cq_t, camax, dy.cpu, x.cpu, cscale);
+          else
+            ops::cpu::swiglu_forward_fp8(cq, cq_t, camax, x.cpu, cscale);
+          EXPECT_TRUE(fp8_codes(q, cq, false)) << which << " against the CPU";
+          EXPECT_TRUE(fp8_codes(q_t, cq_t, false)) << which << " against the CPU";
+          EXPECT_NEAR(amax.item(), camax.item(), 1e-2 * camax.item()) << which;
+        }
+      }
 }
 
 TEST_F(CudaActivation, RejectsF64AndBadShapes) {

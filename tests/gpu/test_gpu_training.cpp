@@ -306,6 +306,31 @@ TEST_F(GpuTraining, RecomputeIsBitIdenticalToKeepingEverything) {
                    "selective recompute");
 }
 
+// FP8 (hybrid, delayed) on the GPU: keeping everything runs SwiGLU's FP8-cast kernels (fc2's input
+// and fc1's output gradient never stored in bf16) and reads the forward's x^T casts in backward;
+// recomputing the MLP takes the unfused kernels and the layers' own casts, and full recompute
+// reruns the forward's casts. The fused kernels write the unfused pair's bytes, so every loss and
+// gradient norm is bit for bit the same.
+TEST_F(GpuTraining, Fp8RecomputeIsBitIdenticalToKeepingEverything) {
+  const std::vector<std::string> base = with(
+      run_of(kLlama, "1e-4", kBf16),
+      {"--device", "cuda", "--fp8-format", "hybrid", "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "max"});
+  const TrainingSummary kept = pretrain(parse_training_args(base));
+  for (const auto& [what, flags] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"selective recompute", {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"}},
+           {"full recompute",
+            {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}}}) {
+    const TrainingSummary s = pretrain(parse_training_args(with(base, flags)));
+    ASSERT_EQ(s.train_losses.size(), kept.train_losses.size()) << what;
+    for (size_t i = 0; i < kept.train_losses.size(); ++i) {
+      EXPECT_EQ(std::memcmp(&s.train_losses[i], &kept.train_losses[i], sizeof(double)), 0)
+          << what << " iteration " << i + 1 << ": loss " << s.train_losses[i] << " vs " << kept.train_losses[i];
+      EXPECT_EQ(std::memcmp(&s.grad_norms[i], &kept.grad_norms[i], sizeof(double)), 0)
+          << what << " iteration " << i + 1 << ": grad norm " << s.grad_norms[i] << " vs " << kept.grad_norms[i];
+    }
+  }
+}
+
 // FP8 on the GPU (hybrid, delayed scaling over 16 steps with its max): every FP8 linear layer's
 // scales and amax histories go from the device into the checkpoint and back, so 20 steps straight
 // equal 10, a save and 10 more, bit for bit (the steps are deterministic, as the recompute test

@@ -481,6 +481,78 @@ TEST(Fp8Linear, WeightCastsAreKeptWithinAStepAndMadeAgainAfter) {
   }
 }
 
+// The forward's cast of x^T kept for the backward (x_t) gives the gradients of the backward's own
+// re-cast of x, also when another micro-batch's forward runs in between (a pipeline schedule's
+// order: under current scaling that forward rewrites the operand's scale, which the kept cast must
+// not follow). With the cast kept the backward does not read x. Per recipe.
+TEST(Fp8Linear, KeptInputCastGivesTheGradientsOfARecast) {
+  const ops::Fp8Recipe delayed{
+      .backward_dtype = DType::e5m2, .amax_history_len = 3, .amax_compute_algo = ops::AmaxComputeAlgo::max};
+  for (const ops::Fp8Recipe& recipe :
+       {delayed, ops::Fp8Recipe{.scaling = ops::Fp8Scaling::current},
+        ops::Fp8Recipe{.backward_dtype = DType::e5m2, .scaling = ops::Fp8Scaling::blockwise}}) {
+    const int64_t n = 130, in = 144, out = 16;  // ragged 1x128 tiles along the tokens
+    const Tensor x0 = wave({n, in}, 0, 0.1f), x1 = wave({n, in}, 6, 0.7f), w = wave({out, in}, 1, 1.3f);
+    const Tensor dy = wave({n, out}, 2, 2.9f);
+    Tensor no_bias;
+    const auto outputs = [&] {
+      return StepOutputs{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
+                         Tensor::zeros({out, in}, DType::f32)};
+    };
+    tensor_parallel::Fp8Linear recast("linear", recipe, {}), kept("linear", recipe, {});
+    StepOutputs want = outputs(), got = outputs(), other = outputs();
+    recast.linear_forward(want.y, x0, w, no_bias);
+    recast.linear_backward(want.dx, want.dweight, no_bias, dy, x0, w);
+    tensor_parallel::Fp8Linear::Quantized x0_t, x1_t;
+    kept.linear_forward(got.y, x0, w, no_bias, &x0_t);
+    kept.linear_forward(other.y, x1, w, no_bias, &x1_t);  // the next micro-batch's forward
+    ASSERT_EQ(x0_t.codes.shape(), (Shape{in, n}));
+    kept.linear_backward(got.dx, got.dweight, no_bias, dy, Tensor(), w, &x0_t);
+    expect_same_bits(got, want, 0);
+  }
+}
+
+// A producer's fused cast (Fp8Linear::cast_input / cast_grad_output) records the amaxes the
+// layer's own casts record and, given the casts of the tensors, the GEMMs give the bits of the
+// layer fed the tensors (delayed recipe, the only one that fuses; the others refuse).
+TEST(Fp8Linear, FusedCastsGiveTheLayersOwnCasts) {
+  const ops::Fp8Recipe recipe{
+      .backward_dtype = DType::e5m2, .amax_history_len = 3, .amax_compute_algo = ops::AmaxComputeAlgo::max};
+  const int64_t n = 24, in = 32, out = 16;
+  const Tensor w = wave({out, in}, 1, 1.3f);
+  tensor_parallel::Fp8Linear plain("linear", recipe, {}), fused("linear", recipe, {});
+  for (int step = 0; step < 3; ++step) {  // later steps cast with the updated scales
+    const Tensor x = wave({n, in}, step, 0.1f), dy = wave({n, out}, step, 2.9f);
+    Tensor no_bias;
+    StepOutputs want{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
+                     Tensor::zeros({out, in}, DType::f32)};
+    StepOutputs got{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
+                    Tensor::zeros({out, in}, DType::f32)};
+    plain.linear_forward(want.y, x, w, no_bias);
+    plain.linear_backward(want.dx, want.dweight, no_bias, dy, x, w);
+    const auto cast_of = [](const Tensor& t) {
+      return [&t](Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& scale) {
+        ops::fp8_quantize_transpose(q, q_t, amax, t, scale);
+      };
+    };
+    const tensor_parallel::Fp8Linear::Casts xq = fused.cast_input(n, in, Device::cpu(), cast_of(x));
+    fused.linear_forward(got.y, xq, w, no_bias);
+    const tensor_parallel::Fp8Linear::Casts dyq = fused.cast_grad_output(n, out, Device::cpu(), cast_of(dy));
+    fused.linear_backward(got.dx, got.dweight, dyq, Tensor(), w, &xq.transposed);
+    expect_same_bits(got, want, step);
+    EXPECT_EQ(fused.input().amax_history.to_vector(), plain.input().amax_history.to_vector()) << step;
+    EXPECT_EQ(fused.grad_output().amax_history.to_vector(), plain.grad_output().amax_history.to_vector()) << step;
+    plain.update_scales();
+    fused.update_scales();
+    EXPECT_EQ(fused.input().scale.item(), plain.input().scale.item()) << step;
+  }
+  for (ops::Fp8Scaling scaling : {ops::Fp8Scaling::current, ops::Fp8Scaling::blockwise}) {
+    tensor_parallel::Fp8Linear other("linear", {.scaling = scaling}, {});
+    EXPECT_FALSE(other.fuses_casts());
+    EXPECT_THROW(other.cast_input(n, in, Device::cpu(), [](Tensor&, Tensor&, Tensor&, const Tensor&) {}), Error);
+  }
+}
+
 TEST(Fp8Linear, RecipeStateResumesBitForBit) {
   const ops::Fp8Recipe recipe{
       .backward_dtype = DType::e5m2, .amax_history_len = 3, .amax_compute_algo = ops::AmaxComputeAlgo::max};

@@ -145,6 +145,28 @@ TEST_P(RecomputeGradients, AreBitIdenticalToKeepingEverything) {
 
 INSTANTIATE_TEST_SUITE_P(Styles, RecomputeGradients, ::testing::Bool());
 
+// FP8 layers keep the forward's casts of x^T for the weight-gradient GEMMs, and under the delayed
+// recipe SwiGLU writes fc2's input and fc1's output gradient as FP8 casts directly; recomputing
+// the MLP (or the whole layer) takes the other path, the bf16 activation cast by the layer, and
+// selective core_attn drops the out projection's kept cast. Gradients are bit-identical across
+// them, per recipe.
+TEST(RecomputeGradients, Fp8AreBitIdenticalToKeepingEverything) {
+  for (const std::string recipe : {"delayed", "tensorwise", "blockwise"}) {
+    TransformerConfig config = megatron::testing::llama_style(DType::f32);
+    config.fp8.fp8_format = "hybrid";
+    config.fp8.fp8_recipe = recipe;
+    const Pass kept = run(config, {});
+    for (const auto& [what, recompute] :
+         std::vector<std::pair<std::string, RecomputeConfig>>{{"selective mlp", selective({"mlp"})},
+                                                              {"selective core_attn", selective({})},
+                                                              {"full uniform 1", full("uniform", 1)}}) {
+      const Pass again = run(config, recompute);
+      expect_bit_identical(kept, again, recipe + ", " + what);
+      EXPECT_LT(again.activation_bytes, kept.activation_bytes) << recipe << ", " << what;
+    }
+  }
+}
+
 // MoE layers (0 and 2 of 3) with sigmoid routing, an expert bias, the aux and z losses, a shared
 // expert and the grouped GEMM: full recomputation reruns their routing and experts, the moe module
 // keeps only an MoE layer's input, moe_act names what the experts always do (keep fc1's output,

@@ -32,7 +32,7 @@ Fp8Linear::Fp8Linear(std::string name, const ops::Fp8Recipe& recipe,
   weight_.blocks = ops::Fp8BlockShape::block_128x128;  // Transformer Engine's w_block_scaling_dim 2
 }
 
-Fp8Linear::Codes Fp8Linear::quantize(Operand& op, const Tensor& t, Cast cast, Layout layout) {
+Fp8Linear::Casts Fp8Linear::quantize(Operand& op, const Tensor& t, Cast cast, Layout layout) {
   if (recipe_.scaling == ops::Fp8Scaling::blockwise) return quantize_blockwise(op, t, layout);
   if (!op.scale.defined()) initialize(op, recipe_.amax_history_len, t.device());
   Tensor amax = op.amax_history.slice(0, 1);  // the current step's slot
@@ -44,7 +44,7 @@ Fp8Linear::Codes Fp8Linear::quantize(Operand& op, const Tensor& t, Cast cast, La
   } else if (cast == Cast::record) {
     record = amax;
   }
-  Codes codes;
+  Casts codes;
   codes.rows.scale_inv = codes.transposed.scale_inv = op.scale_inv;
   if (layout != Layout::transposed) codes.rows.codes = Tensor::empty(t.shape(), op.dtype, t.device());
   if (layout == Layout::rows) {
@@ -57,13 +57,13 @@ Fp8Linear::Codes Fp8Linear::quantize(Operand& op, const Tensor& t, Cast cast, La
   return codes;
 }
 
-Fp8Linear::Codes Fp8Linear::quantize_blockwise(const Operand& op, const Tensor& t, Layout layout) const {
+Fp8Linear::Casts Fp8Linear::quantize_blockwise(const Operand& op, const Tensor& t, Layout layout) const {
   const int64_t features = t.dim(t.ndim() - 1), n = features == 0 ? 0 : t.numel() / features;
   const auto make = [&](int64_t rows, int64_t cols) {
     return Quantized{Tensor::empty({rows, cols}, op.dtype, t.device()),
                      Tensor::empty(ops::fp8_block_scale_shape(rows, cols, op.blocks), DType::f32, t.device())};
   };
-  Codes codes;
+  Casts codes;
   if (layout != Layout::transposed) codes.rows = make(n, features);
   if (layout != Layout::rows) codes.transposed = make(features, n);
   ops::fp8_quantize_blockwise(codes.rows.codes, codes.rows.scale_inv, codes.transposed.codes,
@@ -102,43 +102,78 @@ const Tensor& Fp8Linear::ones_column(const Tensor& t) {
   return ones_;
 }
 
-void Fp8Linear::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  const Quantized xq = quantize(input_, x, Cast::record, Layout::rows).rows;
-  const Quantized& wq = weight_cast(weight, Layout::rows);
-  // y (N,out) = x (N,in) W (out,in)^T: already the TN form FP8 tensor cores take.
-  gemm(Gemm::fprop, y, xq, input_, wq, weight_, 0.0f);
-  if (bias.defined()) ops::matmul(y, ones_column(x), bias.view({1, -1}), {.beta = 1.0f});
+Fp8Linear::Casts Fp8Linear::fused_cast(Operand& op, int64_t rows, int64_t features, Device device,
+                                       const FusedCast& cast) {
+  MEGATRON_CHECK(fuses_casts(), name_ << ": a cast fused into its producer needs the delayed recipe's scale, known "
+                                         "before the tensor; this layer's recipe takes the scale from the tensor");
+  if (!op.scale.defined()) initialize(op, recipe_.amax_history_len, device);
+  Casts casts;
+  casts.rows = {Tensor::empty({rows, features}, op.dtype, device), op.scale_inv};
+  casts.transposed = {Tensor::empty({features, rows}, op.dtype, device), op.scale_inv};
+  Tensor amax = op.amax_history.slice(0, 1);  // the current step's slot, as quantize's Cast::record
+  cast(casts.rows.codes, casts.transposed.codes, amax, op.scale);
+  return casts;
 }
 
-void Fp8Linear::linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  linear_forward(pre, x, weight, bias);
+Fp8Linear::Casts Fp8Linear::cast_input(int64_t rows, int64_t features, Device device, const FusedCast& cast) {
+  return fused_cast(input_, rows, features, device, cast);
+}
+
+Fp8Linear::Casts Fp8Linear::cast_grad_output(int64_t rows, int64_t features, Device device, const FusedCast& cast) {
+  return fused_cast(grad_output_, rows, features, device, cast);
+}
+
+void Fp8Linear::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias, Quantized* x_t) {
+  const Casts xq = quantize(input_, x, Cast::record, x_t != nullptr ? Layout::both : Layout::rows);
+  if (x_t != nullptr) {
+    *x_t = xq.transposed;
+    // Current scaling rewrites the operand's scale_inv at its next cast (another micro-batch's
+    // forward may run before this one's backward): the kept cast keeps its own.
+    if (recipe_.scaling == ops::Fp8Scaling::current) x_t->scale_inv = xq.transposed.scale_inv.clone();
+  }
+  linear_forward(y, xq, weight, bias);
+}
+
+void Fp8Linear::linear_forward(Tensor& y, const Casts& x, const Tensor& weight, const Tensor& bias) {
+  const Quantized& wq = weight_cast(weight, Layout::rows);
+  // y (N,out) = x (N,in) W (out,in)^T: already the TN form FP8 tensor cores take.
+  gemm(Gemm::fprop, y, x.rows, input_, wq, weight_, 0.0f);
+  if (bias.defined()) ops::matmul(y, ones_column(y), bias.view({1, -1}), {.beta = 1.0f});
+}
+
+void Fp8Linear::linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    Quantized* x_t) {
+  linear_forward(pre, x, weight, bias, x_t);
   ops::gelu_forward(y, pre);
 }
 
-void Fp8Linear::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                                const Tensor& weight) {
-  const Layout dy_layout = !dweight.defined() ? Layout::rows : dx.defined() ? Layout::both : Layout::transposed;
-  const Codes dyq = quantize(grad_output_, dy, Cast::record, dy_layout);
+void Fp8Linear::linear_backward(Tensor& dx, Tensor& dweight, const Casts& dy, const Tensor& x, const Tensor& weight,
+                                const Quantized* x_t) {
   if (dx.defined()) {
     // dx (N,in) = dy (N,out) W (out,in), W given as the rows of W^T (in,out): the TN form.
     const Quantized& wq_t = weight_cast(weight, Layout::transposed);
-    gemm(Gemm::dgrad, dx, dyq.rows, grad_output_, wq_t, weight_, 0.0f);
+    gemm(Gemm::dgrad, dx, dy.rows, grad_output_, wq_t, weight_, 0.0f);
   }
   if (!dweight.defined()) return;
-  // dW (out,in) += dy^T (out,N) x (N,in) into the fp32 main grad, from the rows of dy^T and x^T;
-  // db += dy^T 1 (bf16 dy)
-  const Quantized xq_t = quantize(input_, x, Cast::again, Layout::transposed).transposed;
-  gemm(Gemm::wgrad, dweight, dyq.transposed, grad_output_, xq_t, input_, 1.0f);
-  if (dbias.defined()) {
+  // dW (out,in) += dy^T (out,N) x (N,in) into the fp32 main grad, from the rows of dy^T and x^T.
+  const Quantized xq_t = x_t != nullptr ? *x_t : quantize(input_, x, Cast::again, Layout::transposed).transposed;
+  gemm(Gemm::wgrad, dweight, dy.transposed, grad_output_, xq_t, input_, 1.0f);
+}
+
+void Fp8Linear::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                                const Tensor& weight, const Quantized* x_t) {
+  const Layout dy_layout = !dweight.defined() ? Layout::rows : dx.defined() ? Layout::both : Layout::transposed;
+  linear_backward(dx, dweight, quantize(grad_output_, dy, Cast::record, dy_layout), x, weight, x_t);
+  if (dweight.defined() && dbias.defined()) {  // db += dy^T 1 (bf16 dy)
     Tensor db = dbias.view({-1, 1});
     ops::matmul(db, dy, ones_column(dy), {.trans_a = ops::Transpose::yes, .beta = 1.0f});
   }
 }
 
 void Fp8Linear::gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                                     const Tensor& weight, const Tensor& pre) {
+                                     const Tensor& weight, const Tensor& pre, const Quantized* x_t) {
   Tensor dact = Tensor::empty(dpre.shape(), dpre.dtype(), dpre.device());
-  linear_backward(dact, dweight, dbias, dy, x, weight);
+  linear_backward(dact, dweight, dbias, dy, x, weight, x_t);
   ops::gelu_backward(dpre, dact, pre);
 }
 
@@ -151,7 +186,7 @@ void Fp8Linear::reduce_amaxes() {
 }
 
 void Fp8Linear::update_scales() {
-  weight_casts_ = Codes{};  // the optimizer changes the weights next
+  weight_casts_ = Casts{};  // the optimizer changes the weights next
   if (recipe_.scaling != ops::Fp8Scaling::delayed) return;
   reduce_amaxes();
   for (Operand* op : {&input_, &weight_, &grad_output_})
@@ -183,7 +218,7 @@ Fp8Linear::RecipeState Fp8Linear::recipe_state() const {
 }
 
 void Fp8Linear::load_recipe_state(const RecipeState& state, Device device) {
-  weight_casts_ = Codes{};  // cast with the loaded scale from now on
+  weight_casts_ = Casts{};  // cast with the loaded scale from now on
   const int64_t len = recipe_.amax_history_len;
   const auto unpack = [&](std::initializer_list<Operand*> operands, const Tensor& scale, const Tensor& history,
                           const char* direction) {

@@ -5,9 +5,13 @@
 //   forward   y  = x W^T (+ b)           x, W in the recipe's forward dtype (e4m3)
 //   backward  dx = dy W,  dW += dy^T x    dy in the backward dtype (e5m2 under hybrid), x and W as
 //             db += sum_rows(dy)          in forward (the bias and its gradient stay in bf16)
-// Outputs are bf16 (dW accumulates into the fp32 main grad), accumulation is FP32. The backward
-// casts straight into the transposed layouts Hopper's FP8 GEMMs take (W^T, x^T and dy^T beside dy:
-// ops::fp8_quantize_transpose), so no GEMM copies an operand.
+// Outputs are bf16 (dW accumulates into the fp32 main grad), accumulation is FP32. The casts go
+// straight into the transposed layouts Hopper's FP8 GEMMs take (W^T, x^T and dy^T beside dy:
+// ops::fp8_quantize_transpose), so no GEMM copies an operand. The forward may cast x in both
+// layouts from one read and hand x^T's cast to the caller to keep for the backward (Transformer
+// Engine saves its FP8 input the same way): the backward then needs neither x nor its re-cast.
+// A kernel that produces x or dy may write their casts itself (cast_input / cast_grad_output,
+// delayed recipe only): SwiGLU's FP8 forms (ops/activation.h) feed fc2 and fc1's backward so.
 //
 // Scaling state: one scale, scale_inv and amax history per operand (input, weight, output
 // gradient), on the layer's device, created at the first use. Under the delayed recipe a cast
@@ -35,6 +39,7 @@
 // Before the delayed update the step's amaxes are max-reduced over the amax groups (the layer's
 // TP group and DP x CP: Megatron's amax reduction group), so every rank of a layer's TP x DP x CP
 // group casts with one scale, and a TP shard with the whole tensor's: the single rank's FP8 values.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,17 +58,51 @@ class Fp8Linear {
   Fp8Linear(std::string name, const ops::Fp8Recipe& recipe, std::vector<std::shared_ptr<Communicator>> amax_groups);
   const std::string& name() const { return name_; }
   const ops::Fp8Recipe& recipe() const { return recipe_; }
-  // y (N,out) = x (N,in) W (out,in)^T (+ bias), as ops::linear_forward.
-  void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias);
-  // y = gelu(pre), pre = x W^T (+ bias), as ops::linear_gelu_forward.
-  void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias);
+  // One layout of a tensor cast to FP8: its codes and the scale_inv they stand for ((1), or the
+  // blockwise recipe's block scales).
+  struct Quantized {
+    Tensor codes, scale_inv;
+  };
+  // A tensor cast in the layouts the GEMMs take: rows (N, features) and transposed (features, N),
+  // either undefined where not made.
+  struct Casts {
+    Quantized rows, transposed;
+  };
+
+  // y (N,out) = x (N,in) W (out,in)^T (+ bias), as ops::linear_forward. With x_t given, x is cast
+  // in both layouts from one read and *x_t takes x^T's cast, the weight-gradient GEMM's operand,
+  // for linear_backward: the backward then neither re-casts x nor needs it.
+  void linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias, Quantized* x_t = nullptr);
+  // The same with x already cast (cast_input; x.rows is read).
+  void linear_forward(Tensor& y, const Casts& x, const Tensor& weight, const Tensor& bias);
+  // y = gelu(pre), pre = x W^T (+ bias), as ops::linear_gelu_forward; x_t as in linear_forward.
+  void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                           Quantized* x_t = nullptr);
   // As ops::linear_backward: dx overwritten (skipped when undefined), dW and db accumulated
-  // (skipped when undefined; x is read only for dW).
+  // (skipped when undefined). x is read only for dW, and not at all when x_t (linear_forward's
+  // cast of x^T) is given.
   void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                       const Tensor& weight);
+                       const Tensor& weight, const Quantized* x_t = nullptr);
+  // The same with dy already cast (cast_grad_output; the layouts the defined outputs need: rows for
+  // dx, transposed for dW); no bias gradient, which needs dy itself.
+  void linear_backward(Tensor& dx, Tensor& dweight, const Casts& dy, const Tensor& x, const Tensor& weight,
+                       const Quantized* x_t);
   // As ops::gelu_linear_backward: dpre = (dy W) * gelu'(pre), dW and db as above.
   void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                            const Tensor& weight, const Tensor& pre);
+                            const Tensor& weight, const Tensor& pre, const Quantized* x_t = nullptr);
+
+  // Casts made by the kernel that produces the tensor (ops::swiglu_forward_fp8 and the like, which
+  // never store it in bf16): the FusedCast writes an (N, features) tensor's codes q (N, features)
+  // and q_t (features, N) at `scale` and max-accumulates its amax into `amax`, as
+  // ops::fp8_quantize_transpose would from the tensor. Only the delayed recipe can fuse: its scale
+  // is known before the tensor is (current and blockwise scaling take theirs from the tensor).
+  using FusedCast = std::function<void(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& scale)>;
+  bool fuses_casts() const { return recipe_.scaling == ops::Fp8Scaling::delayed; }
+  // The layer's input x (rows, features) or output gradient dy cast by `cast` in both layouts,
+  // recording the amax as the layer's own cast of the tensor would; the tensors on `device`.
+  Casts cast_input(int64_t rows, int64_t features, Device device, const FusedCast& cast);
+  Casts cast_grad_output(int64_t rows, int64_t features, Device device, const FusedCast& cast);
+
   // The end of an optimizer step's casts, before the weights change: drops the step's weight casts,
   // then runs the delayed recipe's update of every operand seen since the last one, after the amax
   // reduction (a collective over the amax groups: every rank of them calls it in the same order);
@@ -105,17 +144,10 @@ class Fp8Linear {
  private:
   enum class Cast { record, again };  // a first cast in the step records its amax (delayed)
   enum class Layout { rows, transposed, both };
-  // One layout of a cast operand: its codes and their scale_inv (op's (1) scale_inv, or block scales).
-  struct Quantized {
-    Tensor codes, scale_inv;
-  };
-  struct Codes {
-    Quantized rows;        // t's layout, (N, features)
-    Quantized transposed;  // (features, N)
-  };
   // t cast to op's dtype, in the layouts asked for (t 2-D, or flattened to its last dimension).
-  Codes quantize(Operand& op, const Tensor& t, Cast cast, Layout layout);
-  Codes quantize_blockwise(const Operand& op, const Tensor& t, Layout layout) const;
+  Casts quantize(Operand& op, const Tensor& t, Cast cast, Layout layout);
+  Casts quantize_blockwise(const Operand& op, const Tensor& t, Layout layout) const;
+  Casts fused_cast(Operand& op, int64_t rows, int64_t features, Device device, const FusedCast& cast);
   // The step's cast of `weight` in `layout` (rows or transposed), made at its first use.
   const Quantized& weight_cast(const Tensor& weight, Layout layout);
   // c (M,N) = a (M,K) b (N,K)^T + beta c: the recipe's FP8 GEMM of two casts. The forward GEMM
@@ -130,7 +162,7 @@ class Fp8Linear {
   ops::Fp8Recipe recipe_;
   std::vector<std::shared_ptr<Communicator>> amax_groups_;
   Operand input_, weight_, grad_output_;
-  Codes weight_casts_;  // this step's, either layout undefined until first used
+  Casts weight_casts_;  // this step's, either layout undefined until first used
   Tensor ones_;
 };
 

@@ -10,10 +10,6 @@ namespace megatron::tensor_parallel {
 namespace {
 Tensor rows_view(const Tensor& t) { return t.view({-1, t.dim(-1)}); }  // (S,B,C) -> (N,C)
 
-Tensor new_activation(const Tensor& like, int64_t last_dim, DType dtype) {
-  return Tensor::empty({like.dim(0), like.dim(1), last_dim}, dtype, like.device());
-}
-
 // Rows [c*rows, (c+1)*rows) of dim 0: sequence chunk c of an (S,B,C) tensor.
 Tensor sequence_chunk(const Tensor& t, int c, int64_t rows) { return t.slice(c * rows, (c + 1) * rows); }
 
@@ -33,33 +29,48 @@ void add_bias_backward(Tensor& dbias, const Tensor& dy, const Tensor& ones) {
 }
 
 // The layer's GEMMs: in FP8 when the layer has FP8 scaling state (fp8_linear.h), else the ops'.
-void linear_forward(Fp8Linear* fp8, Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+// x_t: where to keep (forward) or where to find (backward) the FP8 cast of x^T, null for none;
+// the bf16 GEMMs have none.
+using Quantized = Fp8Linear::Quantized;
+void linear_forward(Fp8Linear* fp8, Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                    Quantized* x_t) {
   if (fp8 != nullptr)
-    fp8->linear_forward(y, x, weight, bias);
+    fp8->linear_forward(y, x, weight, bias, x_t);
   else
     ops::linear_forward(y, x, weight, bias);
 }
 void linear_gelu_forward(Fp8Linear* fp8, Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight,
-                         const Tensor& bias) {
+                         const Tensor& bias, Quantized* x_t) {
   if (fp8 != nullptr)
-    fp8->linear_gelu_forward(y, pre, x, weight, bias);
+    fp8->linear_gelu_forward(y, pre, x, weight, bias, x_t);
   else
     ops::linear_gelu_forward(y, pre, x, weight, bias);
 }
-void linear_backward(Fp8Linear* fp8, Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                     const Tensor& weight) {
-  if (fp8 != nullptr)
-    fp8->linear_backward(dx, dweight, dbias, dy, x, weight);
-  else
-    ops::linear_backward(dx, dweight, dbias, dy, x, weight);
+// dy as a tensor (rows) or as its casts (exactly one given); x may be undefined where x_t is given.
+void linear_backward(Fp8Linear* fp8, Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor* dy,
+                     const Fp8Activation* dy_cast, const Tensor& x, const Tensor& weight, const Quantized* x_t) {
+  if (dy_cast != nullptr) {
+    MEGATRON_CHECK(!dbias.defined(), "an FP8-cast output gradient gives no bias gradient");
+    fp8->linear_backward(dx, dweight, dy_cast->casts, x, weight, x_t);
+  } else if (fp8 != nullptr) {
+    fp8->linear_backward(dx, dweight, dbias, rows_view(*dy), x, weight, x_t);
+  } else {
+    ops::linear_backward(dx, dweight, dbias, rows_view(*dy), x, weight);
+  }
 }
 void gelu_linear_backward(Fp8Linear* fp8, Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy,
-                          const Tensor& x, const Tensor& weight, const Tensor& pre) {
+                          const Tensor& x, const Tensor& weight, const Tensor& pre, const Quantized* x_t) {
   if (fp8 != nullptr)
-    fp8->gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre);
+    fp8->gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre, x_t);
   else
     ops::gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre);
 }
+
+// x^T's saved cast where the forward made one, else null; x's rows where it is kept.
+const Quantized* saved_input_t(const LinearSaved& saved) {
+  return saved.input_t.codes.defined() ? &saved.input_t : nullptr;
+}
+Tensor rows_or_undefined(const Tensor& t) { return t.defined() ? rows_view(t) : Tensor(); }
 
 // Megatron's amax reduction group, TP x DP x CP, as its two factors.
 std::unique_ptr<Fp8Linear> make_fp8(const std::optional<ops::Fp8Recipe>& recipe, const ParallelContext& ctx,
@@ -109,14 +120,14 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
                           .weight_decay = false});
 }
 
-void ColumnParallelLinear::gemm_forward(const Tensor& input, Tensor& y, Tensor* gelu_pre) const {
+void ColumnParallelLinear::gemm_forward(const Tensor& input, Tensor& y, Tensor* gelu_pre, Quantized* input_t) const {
   Tensor y2 = rows_view(y);
   const Tensor bias = undefined_if_null(bias_, &Parameter::data);
   if (gelu_pre != nullptr) {
     Tensor pre2 = rows_view(*gelu_pre);
-    linear_gelu_forward(fp8_.get(), y2, pre2, rows_view(input), weight_->data, bias);
+    linear_gelu_forward(fp8_.get(), y2, pre2, rows_view(input), weight_->data, bias, input_t);
   } else {
-    linear_forward(fp8_.get(), y2, rows_view(input), weight_->data, bias);
+    linear_forward(fp8_.get(), y2, rows_view(input), weight_->data, bias, input_t);
   }
 }
 
@@ -129,7 +140,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearSaved& saved, Tensor
     all_gather_sequence_overlapped(x, *ctx_, [&](int c, const Tensor& input) {
       Tensor y_c = sequence_chunk(y, c, x.dim(0));
       Tensor pre_c = gelu_pre != nullptr ? sequence_chunk(*gelu_pre, c, x.dim(0)) : Tensor();
-      gemm_forward(input, y_c, gelu_pre != nullptr ? &pre_c : nullptr);
+      gemm_forward(input, y_c, gelu_pre != nullptr ? &pre_c : nullptr, nullptr);
     });
     return y;
   }
@@ -138,32 +149,49 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearSaved& saved, Tensor
     input = gather_from_sequence_parallel_forward(x, *ctx_);
   else
     copy_to_tp_forward(x, *ctx_);
-  gemm_forward(input, y, gelu_pre);
+  // Under SP the backward gathers the input shard again (keeping a cast of the whole gathered
+  // input would cost more than the shard), so only the unsharded input's cast is kept.
+  gemm_forward(input, y, gelu_pre, fp8_ && !sequence_parallel_ ? &saved.input_t : nullptr);
   return y;
+}
+
+Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved) const {
+  return backward(&dy, nullptr, saved);
+}
+Tensor ColumnParallelLinear::backward(const Fp8Activation& dy, const LinearSaved& saved) const {
+  MEGATRON_CHECK(takes_fp8_grad_output(),
+                 "ColumnParallelLinear: an FP8-cast output gradient needs an FP8 layer "
+                 "under the delayed recipe without bias");
+  return backward(nullptr, &dy, saved);
 }
 
 // With TP: dX first, then dW (and db) while dX's reduction runs; under SP, dX also hides the
 // input's re-gather, which only dW needs.
-Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved) const {
-  Tensor dbias = undefined_if_null(bias_, &Parameter::main_grad);
+Tensor ColumnParallelLinear::backward(const Tensor* dy, const Fp8Activation* dy_cast, const LinearSaved& saved) const {
+  const Shape& dy_shape = dy != nullptr ? dy->shape() : dy_cast->shape;
+  const DType dtype = dy != nullptr ? dy->dtype() : dy_cast->dtype;
+  // dx (S,B,in): the whole sequence under SP too, reduce-scattered after.
+  Tensor dx = Tensor::empty({dy_shape[0], dy_shape[1], weight_->local_shape[1]}, dtype, weight_->data.device());
+  Tensor dx2 = rows_view(dx), dbias = undefined_if_null(bias_, &Parameter::main_grad);
+  const Quantized* input_t = saved_input_t(saved);
   if (ctx_->tp_size() == 1) {
-    Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
-    Tensor dx2 = rows_view(dx);
-    linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, rows_view(dy), rows_view(saved.input), weight_->data);
+    linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, dy, dy_cast, rows_or_undefined(saved.input),
+                    weight_->data, input_t);
     return dx;
   }
   Pending gathered{saved.input, nullptr};
   if (sequence_parallel_) gathered = gather_from_sequence_parallel_forward_async(saved.input, *ctx_);
-  Tensor dx = Tensor::empty({dy.dim(0), dy.dim(1), saved.input.dim(-1)}, dy.dtype(), dy.device());
-  Tensor dx2 = rows_view(dx), no_weight_grad, no_bias_grad;
-  // x is only read for dW: the gathered input passes its shape while it is still arriving.
-  linear_backward(fp8_.get(), dx2, no_weight_grad, no_bias_grad, rows_view(dy), rows_view(gathered.result),
-                  weight_->data);
+  Tensor no_weight_grad, no_bias_grad;
+  // x is only read for dW: the gathered input passes its shape (bf16 GEMMs check it) while it is
+  // still arriving.
+  linear_backward(fp8_.get(), dx2, no_weight_grad, no_bias_grad, dy, dy_cast, rows_or_undefined(gathered.result),
+                  weight_->data, nullptr);
   const Tensor input = gathered.handle ? gathered.wait() : gathered.result;
   Pending reduced = sequence_parallel_ ? gather_from_sequence_parallel_backward_async(dx, *ctx_)
                                        : copy_to_tp_backward_async(dx, *ctx_);
   Tensor no_input_grad;
-  linear_backward(fp8_.get(), no_input_grad, weight_->main_grad, dbias, rows_view(dy), rows_view(input), weight_->data);
+  linear_backward(fp8_.get(), no_input_grad, weight_->main_grad, dbias, dy, dy_cast, rows_or_undefined(input),
+                  weight_->data, input_t);
   return reduced.wait();
 }
 
@@ -188,30 +216,47 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const Parallel
                           .sequence_parallel = sequence_parallel_});
 }
 
+Tensor RowParallelLinear::forward(const Tensor& x, LinearSaved& saved) const { return forward(&x, nullptr, saved); }
+Tensor RowParallelLinear::forward(const Fp8Activation& x, LinearSaved& saved) const {
+  MEGATRON_CHECK(takes_fp8_input(),
+                 "RowParallelLinear: an FP8-cast input needs an FP8 layer under the delayed recipe "
+                 "without --tp-comm-overlap");
+  return forward(nullptr, &x, saved);
+}
+
 // At TP=1 the bias fuses into the GEMM; with TP>1 it is added after the reduction, once.
-Tensor RowParallelLinear::forward(const Tensor& x, LinearSaved& saved) const {
+Tensor RowParallelLinear::forward(const Tensor* x, const Fp8Activation* x_cast, LinearSaved& saved) const {
   const bool fused_bias = ctx_->tp_size() == 1;
   const int64_t out_features = weight_->local_shape[0];
   Tensor y;
   if (tp_comm_overlap_) {
-    const int64_t rows = sequence_shard_rows(x, *ctx_);
+    const int64_t rows = sequence_shard_rows(*x, *ctx_);
     y = reduce_scatter_sequence_overlapped(
-        {rows, x.dim(1), out_features}, x.dtype(), x.device(), *ctx_, [&](int c, Tensor& partial) {
+        {rows, x->dim(1), out_features}, x->dtype(), x->device(), *ctx_, [&](int c, Tensor& partial) {
           Tensor partial2 = rows_view(partial);
-          linear_forward(fp8_.get(), partial2, rows_view(sequence_chunk(x, c, rows)), weight_->data, Tensor());
+          linear_forward(fp8_.get(), partial2, rows_view(sequence_chunk(*x, c, rows)), weight_->data, Tensor(),
+                         nullptr);
         });
+    saved.input = *x;
   } else {
-    y = new_activation(x, out_features, x.dtype());
+    const Shape& shape = x != nullptr ? x->shape() : x_cast->shape;
+    y = Tensor::empty({shape[0], shape[1], out_features}, x != nullptr ? x->dtype() : x_cast->dtype,
+                      weight_->data.device());
     Tensor y2 = rows_view(y);
-    linear_forward(fp8_.get(), y2, rows_view(x), weight_->data,
-                   fused_bias ? undefined_if_null(bias_, &Parameter::data) : Tensor());
+    const Tensor bias = fused_bias ? undefined_if_null(bias_, &Parameter::data) : Tensor();
+    if (x_cast != nullptr) {
+      fp8_->linear_forward(y2, x_cast->casts, weight_->data, bias);
+      saved.input_t = x_cast->casts.transposed;
+    } else {
+      linear_forward(fp8_.get(), y2, rows_view(*x), weight_->data, bias, fp8_ ? &saved.input_t : nullptr);
+      saved.input = *x;
+    }
     if (sequence_parallel_)
       y = reduce_scatter_to_sequence_parallel_forward(y, *ctx_);
     else
       reduce_from_tp_forward(y, *ctx_);
   }
   if (bias_ && !fused_bias) add_bias_forward(y, bias_->data, ones_column(y));
-  saved.input = x;
   return y;
 }
 
@@ -238,13 +283,13 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, c
       const Tensor x_c = rows_view(sequence_chunk(saved.input, c, rows));
       if (gelu_pre.defined())
         gelu_linear_backward(fp8_.get(), dx_c, no_weight_grad, no_bias_grad, rows_view(dy_c), x_c, weight_->data,
-                             rows_view(sequence_chunk(gelu_pre, c, rows)));
+                             rows_view(sequence_chunk(gelu_pre, c, rows)), nullptr);
       else
-        linear_backward(fp8_.get(), dx_c, no_weight_grad, no_bias_grad, rows_view(dy_c), x_c, weight_->data);
+        linear_backward(fp8_.get(), dx_c, no_weight_grad, no_bias_grad, &dy_c, nullptr, x_c, weight_->data, nullptr);
     });
     Tensor no_input_grad, no_bias_grad;
-    linear_backward(fp8_.get(), no_input_grad, weight_->main_grad, no_bias_grad, rows_view(dy_full),
-                    rows_view(saved.input), weight_->data);
+    linear_backward(fp8_.get(), no_input_grad, weight_->main_grad, no_bias_grad, &dy_full, nullptr,
+                    rows_view(saved.input), weight_->data, nullptr);
     return dx;
   }
   Tensor dy_full = dy;
@@ -252,15 +297,16 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, c
     dy_full = reduce_scatter_to_sequence_parallel_backward(dy, *ctx_);
   else
     reduce_from_tp_backward(dy, *ctx_);
-  Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
+  Tensor dx = Tensor::empty({dy_full.dim(0), dy_full.dim(1), weight_->local_shape[1]}, dy.dtype(), dy.device());
   Tensor dx2 = rows_view(dx);
   Tensor dbias = fused_bias ? undefined_if_null(bias_, &Parameter::main_grad) : Tensor();
+  const Tensor x = rows_or_undefined(saved.input);
   if (gelu_pre.defined()) {
-    gelu_linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, rows_view(dy_full), rows_view(saved.input),
-                         weight_->data, rows_view(gelu_pre));
+    gelu_linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, rows_view(dy_full), x, weight_->data,
+                         rows_view(gelu_pre), saved_input_t(saved));
   } else {
-    linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, rows_view(dy_full), rows_view(saved.input),
-                    weight_->data);
+    linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, &dy_full, nullptr, x, weight_->data,
+                    saved_input_t(saved));
   }
   return dx;
 }

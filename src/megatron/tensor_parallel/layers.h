@@ -32,9 +32,24 @@
 
 namespace megatron::tensor_parallel {
 
+// An activation or gradient handed to an FP8 layer already cast by the kernel that produced it
+// (Fp8Linear::cast_input / cast_grad_output): the (S,B,C) tensor it stands for, by shape and dtype.
+struct Fp8Activation {
+  Shape shape;
+  DType dtype;
+  Fp8Linear::Casts casts;
+};
+
 struct LinearSaved {
   Tensor input;  // (S,B,in_local), or the (S/TP,B,in) shard of a column-parallel layer under SP
-  void count(ActivationMemory& m) const { m.add(input); }
+  // FP8 layers whose whole input each rank's GEMM reads at once (no SP gather, no --tp-comm-overlap
+  // chunks): the forward's cast of x^T, the weight-gradient GEMM's operand. Where it is defined
+  // backward reads neither `input` nor a re-cast of it, so the owner may drop `input`.
+  Fp8Linear::Quantized input_t;
+  void count(ActivationMemory& m) const {
+    m.add(input);
+    m.add(input_t.codes);
+  }
 };
 
 class ColumnParallelLinear {
@@ -52,13 +67,20 @@ class ColumnParallelLinear {
   // returns gelu(x W^T + b) and sets *gelu_pre to x W^T + b (ops::linear_gelu_forward).
   Tensor forward(const Tensor& x, LinearSaved& saved, Tensor* gelu_pre = nullptr) const;
   Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx, x's shape
+  // The same with dy cast by its producer: for layers where takes_fp8_grad_output().
+  Tensor backward(const Fp8Activation& dy, const LinearSaved& saved) const;
+  // Whether backward takes an Fp8Activation: FP8 under the delayed recipe, no bias (its gradient
+  // needs dy itself).
+  bool takes_fp8_grad_output() const { return fp8_ && fp8_->fuses_casts() && bias_ == nullptr; }
   int64_t output_size_per_partition() const { return output_per_partition_; }
   // The FP8 scaling state of the GEMMs, or null when they run in bf16.
   Fp8Linear* fp8() const { return fp8_.get(); }
 
  private:
-  // y (and *gelu_pre) rows = the GEMM of input rows.
-  void gemm_forward(const Tensor& input, Tensor& y, Tensor* gelu_pre) const;
+  // y (and *gelu_pre) rows = the GEMM of input rows; *input_t as LinearSaved's.
+  void gemm_forward(const Tensor& input, Tensor& y, Tensor* gelu_pre, Fp8Linear::Quantized* input_t) const;
+  // dy given as a tensor or as its casts (exactly one).
+  Tensor backward(const Tensor* dy, const Fp8Activation* dy_cast, const LinearSaved& saved) const;
   const ParallelContext* ctx_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
@@ -79,6 +101,11 @@ class RowParallelLinear {
   RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                     int64_t input_size, int64_t output_size, const Options& options);
   Tensor forward(const Tensor& x, LinearSaved& saved) const;  // (S,B,in/TP) -> (S,B,out)
+  // The same with x cast by its producer: for layers where takes_fp8_input().
+  Tensor forward(const Fp8Activation& x, LinearSaved& saved) const;
+  // Whether forward takes an Fp8Activation: FP8 under the delayed recipe, the GEMM not chunked by
+  // --tp-comm-overlap.
+  bool takes_fp8_input() const { return fp8_ && fp8_->fuses_casts() && !tp_comm_overlap_; }
   // Returns dx (S,B,in/TP). With gelu_pre given (fc2 of a GELU MLP, whose input was gelu(gelu_pre))
   // the GELU's backward is fused into the GEMM: returns the gradient of gelu_pre instead
   // (ops::gelu_linear_backward).
@@ -86,6 +113,8 @@ class RowParallelLinear {
   Fp8Linear* fp8() const { return fp8_.get(); }  // null when the GEMMs run in bf16
 
  private:
+  // x given as a tensor or as its casts (exactly one).
+  Tensor forward(const Tensor* x, const Fp8Activation* x_cast, LinearSaved& saved) const;
   // (N,1) ones in like's dtype and device, N = like's rows: the bias add after the reduction.
   const Tensor& ones_column(const Tensor& like) const;
   const ParallelContext* ctx_;

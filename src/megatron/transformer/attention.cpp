@@ -71,6 +71,7 @@ void SelfAttention::Saved::count(ActivationMemory& m) const {
 
 Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
   const Tensor projected = linear_qkv_.forward(x, saved.qkv);  // (S,B,...): the whole sequence under SP too
+  if (saved.qkv.input_t.codes.defined()) saved.qkv.input = Tensor();  // backward reads the FP8 cast of x^T
   const int64_t S = projected.dim(0), B = projected.dim(1);
   const Tensor qkv = projected.view({S, B, groups_local_, -1});
   saved.attention = {.causal = true,
@@ -103,7 +104,10 @@ Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved&
   }
   core_attention(saved);
   const Tensor y = linear_proj_.forward(saved.out.view({S, B, -1}), saved.proj);
-  if (recompute_) saved.out = saved.lse = saved.proj.input = Tensor();
+  if (recompute_) {
+    saved.out = saved.lse = Tensor();
+    saved.proj = {};
+  }
   return y;
 }
 

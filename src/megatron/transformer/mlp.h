@@ -1,9 +1,11 @@
 #pragma once
 // The dense MLP: fc1 column-parallel (fused [gate; up] with SwiGLU), activation, fc2
 // row-parallel. The activation output is not kept for backward: it is recomputed from the
-// saved fc1 output (selective recomputation of the cheapest tensor to rebuild). GELU is fused
-// into the GEMMs (ops/gemm.h): fc1's epilogue applies it, fc2's input-gradient GEMM applies its
-// derivative; SwiGLU runs as its own kernels.
+// saved fc1 output (selective recomputation of the cheapest tensor to rebuild), or, in FP8, fc2
+// keeps the forward's cast of its x^T instead (a byte an element, and no recompute). GELU is
+// fused into the GEMMs (ops/gemm.h): fc1's epilogue applies it, fc2's input-gradient GEMM applies
+// its derivative; SwiGLU runs as its own kernels, which under the delayed FP8 recipe write their
+// outputs as the FP8 casts the next GEMM reads (ops::swiglu_forward_fp8 / swiglu_backward_fp8).
 // With --recompute-modules mlp (selective recomputation) fc1's output is not kept either: backward
 // runs fc1 again on its saved input, so the MLP keeps only that input.
 #include <optional>
@@ -18,7 +20,7 @@ namespace megatron {
 class MLP {
  public:
   struct Saved {
-    tensor_parallel::LinearSaved fc1, fc2;  // fc2.input is left empty: recomputed in backward
+    tensor_parallel::LinearSaved fc1, fc2;  // fc2.input is left empty: recomputed or cast kept
     Tensor fc1_out;                         // activation input (GELU: the pre-activation); empty when recomputed
     void count(ActivationMemory& m) const;
   };
@@ -32,6 +34,8 @@ class MLP {
 
  private:
   Tensor activation(const Tensor& fc1_out) const;
+  // Whether SwiGLU's forward writes fc2's FP8 input casts directly (see forward).
+  bool fuses_fp8_activation() const;
   // fc1 and the activation of x: returns the activation, fills fc1's Saved and fc1_out.
   Tensor fc1_and_activation(const Tensor& x, tensor_parallel::LinearSaved& fc1, Tensor& fc1_out) const;
   bool swiglu_;

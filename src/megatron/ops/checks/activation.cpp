@@ -1,5 +1,7 @@
 #include "megatron/ops/checks/activation.h"
 
+#include "megatron/ops/checks/fp8.h"
+
 namespace megatron::ops::checks {
 namespace {
 
@@ -44,6 +46,21 @@ SwigluDims check_swiglu_backward(const Tensor& dx, const Tensor& dy, const Tenso
   const SwigluDims dims = swiglu_dims(x, device);
   check_like(dy, x, with_last_dim(x.shape(), dims.features), "swiglu dy", device);
   check_like(dx, x, x.shape(), "swiglu dx", device);
+  return dims;
+}
+
+SwigluDims check_swiglu_forward_fp8(const Tensor& q, const Tensor& q_t, const Tensor& amax, const Tensor& x,
+                                    const Tensor& scale, TensorCheck device) {
+  const SwigluDims dims = swiglu_dims(x, device);
+  check_fp8_casts(q, q_t, amax, scale, dims.rows, dims.features, "swiglu_forward_fp8", device);
+  return dims;
+}
+
+SwigluDims check_swiglu_backward_fp8(const Tensor& q, const Tensor& q_t, const Tensor& amax, const Tensor& dy,
+                                     const Tensor& x, const Tensor& scale, TensorCheck device) {
+  const SwigluDims dims = swiglu_dims(x, device);
+  check_like(dy, x, with_last_dim(x.shape(), dims.features), "swiglu dy", device);
+  check_fp8_casts(q, q_t, amax, scale, dims.rows, 2 * dims.features, "swiglu_backward_fp8", device);
   return dims;
 }
 

@@ -36,6 +36,21 @@ void check_fp8_quantize(const Tensor& q, const Tensor& amax, const Tensor& x, co
   check_shape(q, x.shape(), "fp8_quantize q");
 }
 
+void check_fp8_casts(const Tensor& q, const Tensor& q_t, const Tensor& amax, const Tensor& scale, int64_t rows,
+                     int64_t cols, const char* op, TensorCheck device) {
+  const std::string name = op;
+  if (amax.defined()) check_scalar_f32(amax, (name + " amax").c_str(), device);
+  check_scalar_f32(scale, (name + " scale").c_str(), device);
+  check_defined(q_t, (name + " q_t").c_str());
+  device(q_t, (name + " q_t").c_str());
+  MEGATRON_CHECK(is_fp8(q_t.dtype()), op << " q_t has dtype " << dtype_name(q_t.dtype()) << "; expected e4m3 or e5m2");
+  check_shape(q_t, {cols, rows}, (name + " q_t").c_str());
+  if (!q.defined()) return;
+  device(q, (name + " q").c_str());
+  check_dtype(q, q_t.dtype(), (name + " q").c_str());
+  check_shape(q, {rows, cols}, (name + " q").c_str());
+}
+
 void check_fp8_quantize_transpose(const Tensor& q, const Tensor& q_t, const Tensor& amax, const Tensor& x,
                                   const Tensor& scale, TensorCheck device, TensorCheck x_dtype) {
   check_defined(x, "fp8_quantize_transpose x");

@@ -16,6 +16,11 @@ void check_fp8_quantize(const Tensor& q, const Tensor& amax, const Tensor& x, co
 // scale and amax as in check_fp8_quantize.
 void check_fp8_quantize_transpose(const Tensor& q, const Tensor& q_t, const Tensor& amax, const Tensor& x,
                                   const Tensor& scale, TensorCheck device, TensorCheck x_dtype);
+// The outputs of a cast of a (rows, cols) tensor in both layouts (fp8_quantize_transpose and the
+// producers fused with it, as ops::swiglu_forward_fp8): q_t (cols, rows) FP8, q undefined or
+// (rows, cols) of q_t's dtype, amax (1) f32 or undefined, scale (1) f32. `op` names the caller.
+void check_fp8_casts(const Tensor& q, const Tensor& q_t, const Tensor& amax, const Tensor& scale, int64_t rows,
+                     int64_t cols, const char* op, TensorCheck device);
 void check_fp8_update_scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax_history, DType fp8_dtype,
                             const Fp8Recipe& recipe, TensorCheck device);
 // 2-D FP8 A and B (not both e5m2), (1) f32 scale_invs, C bf16/f16/f32 of op(A) op(B)'s shape.

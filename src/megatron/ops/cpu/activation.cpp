@@ -6,6 +6,7 @@
 #include "megatron/ops/checks/activation.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 #include "megatron/ops/cpu/gelu.h"
+#include "megatron/ops/fp8.h"
 
 namespace megatron::ops::cpu {
 namespace {
@@ -95,6 +96,22 @@ void cpu::swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
   dispatch_floating(x.dtype(), "swiglu_backward", [&]<class T>(std::type_identity<T>) {
     swiglu_backward_kernel<T>(dx.data<T>(), dy.data<T>(), x.data<T>(), N, F);
   });
+}
+
+// The reference composes the unfused ops: the contract's definition.
+void cpu::swiglu_forward_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& x, const Tensor& scale) {
+  const checks::SwigluDims dims = checks::check_swiglu_forward_fp8(q, q_t, amax, x, scale, check_cpu);
+  Tensor y = Tensor::empty({dims.rows, dims.features}, x.dtype());
+  cpu::swiglu_forward(y, x);
+  cpu::fp8_quantize_transpose(q, q_t, amax, y, scale);
+}
+
+void cpu::swiglu_backward_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& dy, const Tensor& x,
+                              const Tensor& scale) {
+  const checks::SwigluDims dims = checks::check_swiglu_backward_fp8(q, q_t, amax, dy, x, scale, check_cpu);
+  Tensor dx = Tensor::empty({dims.rows, 2 * dims.features}, x.dtype());
+  cpu::swiglu_backward(dx, dy, x);
+  cpu::fp8_quantize_transpose(q, q_t, amax, dx, scale);
 }
 
 }  // namespace megatron::ops

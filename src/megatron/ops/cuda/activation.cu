@@ -1,8 +1,12 @@
 // GELU (tanh approximation) and SwiGLU on CUDA: elementwise grid-stride kernels over 16-byte
 // packs when every pointer allows it, scalars otherwise. Arithmetic in float with the accurate
 // tanhf/expf (not the fast intrinsics), so results track the CPU reference to float rounding.
+// The FP8-cast forms run SwiGLU as the source of the FP8 cast-transpose (fp8_cast_transpose.cuh):
+// the same arithmetic and rounding as the kernels here, then the cast.
 #include "megatron/ops/activation.h"
 #include "megatron/ops/checks/activation.h"
+#include "megatron/ops/checks/fp8.h"
+#include "megatron/ops/cuda/fp8_cast_transpose.cuh"
 #include "megatron/ops/cuda/kernel_util.cuh"
 
 namespace megatron::ops::cuda {
@@ -24,6 +28,14 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// silu(g) up
+__device__ __forceinline__ float swiglu(float g, float u) { return g * sigmoid(g) * u; }
+// silu'(g) = sig(g) (1 + g (1 - sig(g)));  dgate = dy up silu'(g);  dup = dy silu(g)
+__device__ __forceinline__ float swiglu_dgate(float d, float g, float u) {
+  const float sg = sigmoid(g);
+  return d * u * sg * (1.0f + g * (1.0f - sg));
+}
+__device__ __forceinline__ float swiglu_dup(float d, float g) { return d * g * sigmoid(g); }
 
 // n / V packs of V elements (n % V == 0).
 template <class T, int V>
@@ -61,12 +73,11 @@ __global__ void swiglu_forward_kernel(T* y, const T* x, int64_t N, int64_t F) {
     load_pack<V>(x + n * 2 * F + f, g);
     load_pack<V>(x + n * 2 * F + F + f, u);
 #pragma unroll
-    for (int k = 0; k < V; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];
+    for (int k = 0; k < V; ++k) g[k] = swiglu(g[k], u[k]);
     store_pack<V>(y + i, g);
   }
 }
 
-// silu'(g) = sig(g) (1 + g (1 - sig(g)));  dgate = dy up silu'(g);  dup = dy silu(g)
 template <class T, int V>
 __global__ void swiglu_backward_kernel(T* dx, const T* dy, const T* x, int64_t N, int64_t F) {
   for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < N * F;
@@ -78,15 +89,62 @@ __global__ void swiglu_backward_kernel(T* dx, const T* dy, const T* x, int64_t N
     load_pack<V>(dy + i, d);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float sg = sigmoid(g[k]);
-      const float dgate = d[k] * u[k] * sg * (1.0f + g[k] * (1.0f - sg));
-      u[k] = d[k] * g[k] * sg;
+      const float dgate = swiglu_dgate(d[k], g[k], u[k]);
+      u[k] = swiglu_dup(d[k], g[k]);
       g[k] = dgate;
     }
     store_pack<V>(dx + n * 2 * F + f, g);
     store_pack<V>(dx + n * 2 * F + F + f, u);
   }
 }
+
+// Rounded to T as the unfused kernels' stores round, so the fused casts see the same values.
+template <class T>
+__device__ __forceinline__ float as_stored(float v) {
+  return to_float(from_float<T>(v));
+}
+
+// swiglu_forward's y (N, F) element by element, for the FP8 cast (fp8::launch_cast_transpose).
+template <class T>
+struct SwigluSource {
+  const T* x;  // (N, 2F)
+  int64_t F;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[8]) const {
+    float u[8];
+    load_floats<8>(x + r * 2 * F + c, v);
+    load_floats<8>(x + r * 2 * F + F + c, u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = as_stored<T>(swiglu(v[k], u[k]));
+  }
+  __device__ __forceinline__ float load1(int64_t r, int64_t c) const {
+    return as_stored<T>(swiglu(to_float(x[r * 2 * F + c]), to_float(x[r * 2 * F + F + c])));
+  }
+};
+
+// swiglu_backward's dx (N, 2F) element by element: columns [0, F) dgate, [F, 2F) dup. An 8-wide
+// segment lies in one half (F a multiple of 8 where load8 is used).
+template <class T>
+struct SwigluGradSource {
+  const T* dy;  // (N, F)
+  const T* x;   // (N, 2F)
+  int64_t F;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[8]) const {
+    const bool gate = c < F;
+    const int64_t f = gate ? c : c - F;
+    float g[8], u[8];
+    load_floats<8>(dy + r * F + f, v);
+    load_floats<8>(x + r * 2 * F + f, g);
+    if (gate) load_floats<8>(x + r * 2 * F + F + f, u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = as_stored<T>(gate ? swiglu_dgate(v[k], g[k], u[k]) : swiglu_dup(v[k], g[k]));
+  }
+  __device__ __forceinline__ float load1(int64_t r, int64_t c) const {
+    const bool gate = c < F;
+    const int64_t f = gate ? c : c - F;
+    const float d = to_float(dy[r * F + f]), g = to_float(x[r * 2 * F + f]);
+    return as_stored<T>(gate ? swiglu_dgate(d, g, to_float(x[r * 2 * F + F + f])) : swiglu_dup(d, g));
+  }
+};
 
 // 16-byte packs when `count` (the innermost run of contiguous elements) is whole packs and every
 // pointer is 16-byte aligned.
@@ -168,6 +226,27 @@ void cuda::swiglu_backward(Tensor& dx, const Tensor& dy, const Tensor& x) {
       swiglu_backward_kernel<T, 1><<<grid_for(N * F), kThreads, 0, stream()>>>(dxp, dyp, xp, N, F);
     }
     CUDA_CHECK_LAUNCH();
+  });
+}
+
+void cuda::swiglu_forward_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& x, const Tensor& scale) {
+  const checks::SwigluDims dims = checks::check_swiglu_forward_fp8(q, q_t, amax, x, scale, check_cuda);
+  dispatch_storage(x.dtype(), "swiglu_forward_fp8", [&]<class T>(std::type_identity<T>) {
+    const T* xp = static_cast<const T*>(x.raw());
+    fp8::launch_cast_transpose(SwigluSource<T>{xp, dims.features}, packable<T>(dims.features, {xp}), q, q_t, amax,
+                               scale, dims.rows, dims.features, "swiglu_forward_fp8");
+  });
+}
+
+void cuda::swiglu_backward_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& dy, const Tensor& x,
+                               const Tensor& scale) {
+  const checks::SwigluDims dims = checks::check_swiglu_backward_fp8(q, q_t, amax, dy, x, scale, check_cuda);
+  dispatch_storage(x.dtype(), "swiglu_backward_fp8", [&]<class T>(std::type_identity<T>) {
+    const T* dyp = static_cast<const T*>(dy.raw());
+    const T* xp = static_cast<const T*>(x.raw());
+    fp8::launch_cast_transpose(SwigluGradSource<T>{dyp, xp, dims.features},
+                               packable<T>(dims.features, {dyp, xp}) && dims.features % fp8::kSeg == 0, q, q_t, amax,
+                               scale, dims.rows, 2 * dims.features, "swiglu_backward_fp8");
   });
 }
 

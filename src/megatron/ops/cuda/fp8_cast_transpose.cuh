@@ -1,0 +1,122 @@
+#pragma once
+// The FP8 cast's device pieces, shared by the FP8 family (fp8.cu) and the producers that fuse
+// their output's cast (activation.cu's SwiGLU): the saturating cast, amax accumulation, and the
+// cast-transpose kernel over any elementwise source (Transformer Engine's cast-transpose and its
+// activation-fused forms). A fused producer computes each element as its own kernel would, rounds
+// it to the activations' dtype as its store would, then casts: the bytes of the unfused pair.
+#include <cuda_fp8.h>
+
+#include "megatron/ops/cuda/kernel_util.cuh"
+
+namespace megatron::ops::cuda::fp8 {
+
+inline __nv_fp8_interpretation_t format_of(DType dtype) { return dtype == DType::e4m3 ? __NV_E4M3 : __NV_E5M2; }
+
+__device__ __forceinline__ unsigned magnitude_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+// Every thread's running max of magnitude bits, merged over the block, then into amax.
+__device__ __forceinline__ void merge_amax(float* amax, unsigned bits) {
+  bits = block_reduce(bits, MaxOp{}, 0u);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax), bits);
+}
+
+// V FP8 codes stored as one access.
+template <int V>
+struct alignas(V) Pack {
+  __nv_fp8_storage_t code[V];
+};
+
+__device__ __forceinline__ __nv_fp8_storage_t cast(float v, float s, __nv_fp8_interpretation_t format) {
+  return __nv_cvt_float_to_fp8(__fmul_rn(v, s), __NV_SATFINITE, format);  // no FMA contraction
+}
+
+// A tensor at hand as a source: x (rows, cols).
+template <class T>
+struct PlainSource {
+  const T* x;
+  int64_t cols;
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[8]) const {
+    load_floats<8>(x + r * cols + c, v);
+  }
+  __device__ __forceinline__ float load1(int64_t r, int64_t c) const { return to_float(x[r * cols + c]); }
+};
+
+// Cast-transpose of a source's (rows, cols) elements in 64 x 64 tiles: each thread casts 8
+// adjacent elements of a row (source.load8: one 16-byte load for 16-bit x), writes them to q (if
+// any) and to a shared tile, then writes 8 adjacent codes of a q_t row from the tile's column.
+// Vector accesses where the rows allow, element by element (source.load1) at ragged edges.
+constexpr int kTile = 64, kTileThreads = 256, kSeg = 8;
+template <class Source>
+__global__ void cast_transpose_kernel(Source source, __nv_fp8_storage_t* q, __nv_fp8_storage_t* q_t, float* amax,
+                                      const float* scale, int64_t rows, int64_t cols, bool load_vectors,
+                                      bool store_vectors, __nv_fp8_interpretation_t format) {
+  __shared__ alignas(8) __nv_fp8_storage_t tile[kTile][kTile + kSeg];
+  const float s = *scale;
+  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
+  const int seg = int(threadIdx.x) % kSeg * kSeg, line0 = int(threadIdx.x) / kSeg;
+  constexpr int kLines = kTileThreads / kSeg;  // 32 rows (or q_t rows) per pass
+  unsigned bits = 0;
+  for (int line = line0; line < kTile; line += kLines) {
+    const int64_t r = r0 + line, c = c0 + seg;
+    if (r >= rows) break;
+    Pack<kSeg> out;
+    if (load_vectors && c + kSeg <= cols) {
+      float v[kSeg];
+      source.load8(r, c, v);
+#pragma unroll
+      for (int j = 0; j < kSeg; ++j) {
+        bits = max(bits, magnitude_bits(v[j]));
+        out.code[j] = cast(v[j], s, format);
+      }
+      if (q != nullptr) *reinterpret_cast<Pack<kSeg>*>(q + r * cols + c) = out;
+    } else {
+      for (int j = 0; j < kSeg && c + j < cols; ++j) {
+        const float v = source.load1(r, c + j);
+        bits = max(bits, magnitude_bits(v));
+        out.code[j] = cast(v, s, format);
+        if (q != nullptr) q[r * cols + c + j] = out.code[j];
+      }
+    }
+    *reinterpret_cast<Pack<kSeg>*>(&tile[line][seg]) = out;
+  }
+  if (amax != nullptr)
+    merge_amax(amax, bits);  // its __syncthreads also orders the tile
+  else
+    __syncthreads();
+  for (int line = line0; line < kTile; line += kLines) {
+    const int64_t c = c0 + line, r = r0 + seg;  // q_t row c, columns r .. r + 7
+    if (c >= cols) break;
+    if (store_vectors && r + kSeg <= rows) {
+      Pack<kSeg> out;
+#pragma unroll
+      for (int j = 0; j < kSeg; ++j) out.code[j] = tile[seg + j][line];
+      *reinterpret_cast<Pack<kSeg>*>(q_t + c * rows + r) = out;
+    } else {
+      for (int j = 0; j < kSeg && r + j < rows; ++j) q_t[c * rows + r + j] = tile[seg + j][line];
+    }
+  }
+}
+
+// Launches the cast-transpose of `source`'s (rows, cols) elements into q (when defined) and q_t,
+// amax (when defined) and scale as ops::fp8_quantize_transpose. source_vectors: whether every
+// 8-element segment of a row that starts at a multiple of 8 may be read by source.load8.
+template <class Source>
+void launch_cast_transpose(const Source& source, bool source_vectors, Tensor& q, Tensor& q_t, Tensor& amax,
+                           const Tensor& scale, int64_t rows, int64_t cols, const char* op) {
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid(unsigned(ceil_div(cols, kTile)), unsigned(ceil_div(rows, kTile)));
+  MEGATRON_CHECK(grid.y <= 65535,
+                 op << ": " << rows << " rows exceed the kernel's grid of " << 65535 * kTile << "; split the tensor");
+  auto* codes = q.defined() ? static_cast<__nv_fp8_storage_t*>(q.raw()) : nullptr;
+  auto* codes_t = static_cast<__nv_fp8_storage_t*>(q_t.raw());
+  const auto aligned8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % kSeg == 0; };
+  // Every row's 8-element segments on 8-byte boundaries of q and q_t.
+  const bool load_vectors = source_vectors && cols % kSeg == 0 && aligned8(codes);
+  const bool store_vectors = rows % kSeg == 0 && aligned8(codes_t);
+  cast_transpose_kernel<Source><<<grid, kTileThreads, 0, stream()>>>(
+      source, codes, codes_t, amax.defined() ? static_cast<float*>(amax.raw()) : nullptr,
+      static_cast<const float*>(scale.raw()), rows, cols, load_vectors, store_vectors, format_of(q_t.dtype()));
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace megatron::ops::cuda::fp8
