@@ -1,11 +1,14 @@
 // CUDA RoPE against the CPU op run in f64 on the same (bf16-exact) inputs: rotary percent,
 // interleaved pairs, position offset, in place, every output poisoned; and the in-place rotation
-// of a fused QKV projection's query and key heads (rope_*_qkv) the same way.
+// of a fused QKV projection's query and key heads (rope_*_qkv) the same way; its backward with the
+// FP8 cast fused (rope_backward_qkv_fp8) against the unfused CUDA pair bit for bit.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 #include "gpu/cuda_test_util.h"
+#include "megatron/ops/fp8.h"
 #include "megatron/ops/rope.h"
 
 using namespace megatron;
@@ -134,4 +137,46 @@ TEST_F(CudaRope, FusedQkvRejectsBadLayout) {
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::rope_forward_qkv(qkv, 8, {}); }, "rope qkv"));
   Tensor qkv64 = Tensor::zeros({2, 1, 2, 5 * 8}, DType::f64, gpu());
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::rope_backward_qkv(qkv64, 6, {}); }, "f64"));
+}
+
+// The backward's FP8-cast form writes what rope_backward_qkv followed by fp8_quantize_transpose of
+// its (S*B, G*(r+2)*D) rows writes, bit for bit (the same angles, cosf/sinf and explicitly rounded
+// products; the fused kernel's vector path where D and half are multiples of 8, its element path
+// otherwise), leaving dqkv as it was.
+TEST_F(CudaRope, FusedQkvBackwardWithFp8CastMatchesTheUnfusedPair) {
+  const QkvCase cases[] = {
+      {33, 2, 24, 8, 128, {500000.0f, 1.0f, false, 0, 32.0f}, 0},  // Llama-3.2-3B's heads: vectors
+      {17, 3, 4, 4, 64, {10000.0f, 1.0f, true, 5}, 0},             // MHA, interleaved vectors
+      {20, 1, 8, 1, 128, {10000.0f, 0.5f, false, 4000}, 0},        // one kv head, partial rotation
+      {9, 2, 6, 3, 24, {10000.0f, 1.0f, false, 2}, 0},             // half 12: the element path
+      {9, 2, 6, 2, 12, {10000.0f, 0.5f, true, 3}, 0},              // rot_dim 6 of 12, interleaved
+  };
+  uint64_t seed = 1300;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (DType q_dtype : {DType::e4m3, DType::e5m2})
+      for (const QkvCase& c : cases) {
+        const Shape shape{c.S, c.B, c.G, (c.NH / c.G + 2) * c.D};
+        const int64_t rows = c.S * c.B, cols = shape_numel(shape) / rows;
+        const std::string what = std::string(dtype_name(dt)) + " -> " + dtype_name(q_dtype) +
+                                 " NH=" + std::to_string(c.NH) + " G=" + std::to_string(c.G) +
+                                 " D=" + std::to_string(c.D) + (c.p.interleaved ? " interleaved" : "");
+        const Tensor dqkv = randn(shape, dt, ++seed).to(gpu());
+        const Tensor before = dqkv.to(Device::cpu());
+        const Tensor scale = Tensor::from_vector({300.0f}, {1}).to(gpu());
+        Tensor q = Tensor::empty({rows, cols}, q_dtype, gpu()), q_t = Tensor::empty({cols, rows}, q_dtype, gpu());
+        Tensor amax = Tensor::zeros({1}, DType::f32, gpu());
+        ops::cuda::rope_backward_qkv_fp8(q, q_t, amax, dqkv, c.NH, c.p, scale);
+        Tensor turned = dqkv.clone();
+        ops::cuda::rope_backward_qkv(turned, c.NH, c.p);
+        Tensor uq = Tensor::empty({rows, cols}, q_dtype, gpu()), uq_t = Tensor::empty({cols, rows}, q_dtype, gpu());
+        Tensor unfused_amax = Tensor::zeros({1}, DType::f32, gpu());
+        ops::cuda::fp8_quantize_transpose(uq, uq_t, unfused_amax, turned.view({rows, cols}), scale);
+        for (const auto& [got, want] : {std::pair<const Tensor*, const Tensor*>{&q, &uq}, {&q_t, &uq_t}}) {
+          const Tensor g = got->to(Device::cpu()), w = want->to(Device::cpu());
+          EXPECT_EQ(std::memcmp(g.raw(), w.raw(), g.nbytes()), 0) << what;
+        }
+        EXPECT_EQ(amax.item(), unfused_amax.item()) << what;
+        const Tensor after = dqkv.to(Device::cpu());
+        EXPECT_EQ(std::memcmp(after.raw(), before.raw(), after.nbytes()), 0) << what << ": dqkv changed";
+      }
 }

@@ -39,5 +39,11 @@ MEGATRON_OP(rope_backward, void(Tensor& dx, const Tensor& dy, const RopeParams& 
 // projection in place (attention_forward_qkv).
 MEGATRON_OP(rope_forward_qkv, void(Tensor& qkv, int64_t num_heads, const RopeParams& params));
 MEGATRON_OP(rope_backward_qkv, void(Tensor& dqkv, int64_t num_heads, const RopeParams& params));
+// rope_backward_qkv's result cast to FP8 for the QKV projection's backward, dqkv left as it is:
+// the bytes of rope_backward_qkv (in dqkv's dtype) followed by ops::fp8_quantize_transpose(q,
+// q_t, amax, result viewed as (S*B, G*(r+2)*D), scale), without the result ever stored (the
+// activation-fused casts of ops/activation.h; the delayed FP8 recipe's).
+MEGATRON_OP(rope_backward_qkv_fp8, void(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& dqkv, int64_t num_heads,
+                                        const RopeParams& params, const Tensor& scale));
 
 }  // namespace megatron::ops

@@ -208,6 +208,18 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& given) const {
       Tensor::empty({S, B, groups_local_, (heads_local_ / groups_local_ + 2) * head_dim_}, dy.dtype(), dy.device());
   if (saved.fused.defined()) {
     ops::attention_backward_qkv(dqkv, dout, saved.fused, saved.out, saved.lse, heads_local_, saved.attention);
+    if (rope_ && linear_qkv_.takes_fp8_grad_output()) {
+      // RoPE's backward writes the projection's output gradient as the FP8 casts its backward reads.
+      const int64_t width = dqkv.numel() / (S * B);
+      const tensor_parallel::Fp8Activation d{
+          {S, B, width}, dqkv.dtype(),
+          linear_qkv_.fp8()->cast_grad_output(S * B, width, dqkv.device(),
+                                              [&](Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& scale) {
+                                                ops::rope_backward_qkv_fp8(q, q_t, amax, dqkv, heads_local_,
+                                                                           rope_params_, scale);
+                                              })};
+      return linear_qkv_.backward(d, saved.qkv);
+    }
     if (rope_) ops::rope_backward_qkv(dqkv, heads_local_, rope_params_);
     return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);
   }

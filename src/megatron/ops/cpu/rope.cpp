@@ -5,7 +5,9 @@
 #include <cmath>
 #include <vector>
 
+#include "megatron/ops/checks/fp8.h"
 #include "megatron/ops/checks/rope.h"
+#include "megatron/ops/fp8.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 
 namespace megatron::ops::cpu {
@@ -100,6 +102,16 @@ void cpu::rope_forward_qkv(Tensor& qkv, int64_t num_heads, const RopeParams& par
 
 void cpu::rope_backward_qkv(Tensor& dqkv, int64_t num_heads, const RopeParams& params) {
   rope_apply_qkv(dqkv, num_heads, params, true, "rope_backward_qkv", "rope dqkv");
+}
+
+// The reference composes the unfused ops: the contract's definition.
+void cpu::rope_backward_qkv_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& dqkv, int64_t num_heads,
+                                const RopeParams& params, const Tensor& scale) {
+  Tensor rotated = dqkv.clone();
+  cpu::rope_backward_qkv(rotated, num_heads, params);
+  const Tensor rows = rotated.view({rotated.dim(0) * rotated.dim(1), -1});
+  checks::check_fp8_casts(q, q_t, amax, scale, rows.dim(0), rows.dim(1), "rope_backward_qkv_fp8", check_cpu);
+  cpu::fp8_quantize_transpose(q, q_t, amax, rows, scale);
 }
 
 }  // namespace megatron::ops

@@ -31,9 +31,10 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
 // silu(g) up
 __device__ __forceinline__ float swiglu(float g, float u) { return g * sigmoid(g) * u; }
 // silu'(g) = sig(g) (1 + g (1 - sig(g)));  dgate = dy up silu'(g);  dup = dy silu(g)
+// (The fused multiply-add written out, so the unfused kernel and the fused cast's source round alike.)
 __device__ __forceinline__ float swiglu_dgate(float d, float g, float u) {
   const float sg = sigmoid(g);
-  return d * u * sg * (1.0f + g * (1.0f - sg));
+  return d * u * sg * __fmaf_rn(g, 1.0f - sg, 1.0f);
 }
 __device__ __forceinline__ float swiglu_dup(float d, float g) { return d * g * sigmoid(g); }
 
@@ -98,12 +99,6 @@ __global__ void swiglu_backward_kernel(T* dx, const T* dy, const T* x, int64_t N
   }
 }
 
-// Rounded to T as the unfused kernels' stores round, so the fused casts see the same values.
-template <class T>
-__device__ __forceinline__ float as_stored(float v) {
-  return to_float(from_float<T>(v));
-}
-
 // swiglu_forward's y (N, F) element by element, for the FP8 cast (fp8::launch_cast_transpose).
 template <class T>
 struct SwigluSource {
@@ -114,10 +109,10 @@ struct SwigluSource {
     load_floats<8>(x + r * 2 * F + c, v);
     load_floats<8>(x + r * 2 * F + F + c, u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = as_stored<T>(swiglu(v[k], u[k]));
+    for (int k = 0; k < 8; ++k) v[k] = fp8::as_stored<T>(swiglu(v[k], u[k]));
   }
   __device__ __forceinline__ float load1(int64_t r, int64_t c) const {
-    return as_stored<T>(swiglu(to_float(x[r * 2 * F + c]), to_float(x[r * 2 * F + F + c])));
+    return fp8::as_stored<T>(swiglu(to_float(x[r * 2 * F + c]), to_float(x[r * 2 * F + F + c])));
   }
 };
 
@@ -136,13 +131,13 @@ struct SwigluGradSource {
     load_floats<8>(x + r * 2 * F + f, g);
     if (gate) load_floats<8>(x + r * 2 * F + F + f, u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = as_stored<T>(gate ? swiglu_dgate(v[k], g[k], u[k]) : swiglu_dup(v[k], g[k]));
+    for (int k = 0; k < 8; ++k) v[k] = fp8::as_stored<T>(gate ? swiglu_dgate(v[k], g[k], u[k]) : swiglu_dup(v[k], g[k]));
   }
   __device__ __forceinline__ float load1(int64_t r, int64_t c) const {
     const bool gate = c < F;
     const int64_t f = gate ? c : c - F;
     const float d = to_float(dy[r * F + f]), g = to_float(x[r * 2 * F + f]);
-    return as_stored<T>(gate ? swiglu_dgate(d, g, to_float(x[r * 2 * F + F + f])) : swiglu_dup(d, g));
+    return fp8::as_stored<T>(gate ? swiglu_dgate(d, g, to_float(x[r * 2 * F + F + f])) : swiglu_dup(d, g));
   }
 };
 

@@ -30,6 +30,12 @@ __device__ __forceinline__ __nv_fp8_storage_t cast(float v, float s, __nv_fp8_in
   return __nv_cvt_float_to_fp8(__fmul_rn(v, s), __NV_SATFINITE, format);  // no FMA contraction
 }
 
+// v rounded to T as a kernel's store rounds it: what a fused source hands the cast.
+template <class T>
+__device__ __forceinline__ float as_stored(float v) {
+  return to_float(from_float<T>(v));
+}
+
 // A tensor at hand as a source: x (rows, cols).
 template <class T>
 struct PlainSource {

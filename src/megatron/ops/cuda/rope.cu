@@ -2,11 +2,15 @@
 // passed-through channel; of a fused QKV projection (rope_*_qkv) in place, a block per position.
 // inv_freq is computed on the host with the CPU op's exact float expression and passed by value
 // in the kernel parameters, so the angles (a float multiply, IEEE on both sides) match the CPU
-// bit for bit; cos and sin then differ from the host libm by an ulp or two at most.
+// bit for bit; cos and sin then differ from the host libm by an ulp or two at most. The backward of
+// the fused projection can also run as the source of the FP8 cast-transpose
+// (rope_backward_qkv_fp8), with the same arithmetic.
 #include <algorithm>
 #include <cmath>
 
+#include "megatron/ops/checks/fp8.h"
 #include "megatron/ops/checks/rope.h"
+#include "megatron/ops/cuda/fp8_cast_transpose.cuh"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/rope.h"
 
@@ -19,6 +23,16 @@ constexpr int kMaxHalf = 512;
 struct InvFreq {
   float v[kMaxHalf];
 };
+
+// A pair (x1, x2) turned by the angle of (c, sn): y1 = x1 c - x2 sn, y2 = x2 c + x1 sn, each
+// product and sum rounded as written (no contraction into FMAs), so every kernel here and the
+// fused cast's source compute the same bits.
+__device__ __forceinline__ float turned_first(float x1, float x2, float c, float sn) {
+  return __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
+}
+__device__ __forceinline__ float turned_second(float x1, float x2, float c, float sn) {
+  return __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+}
 
 // x, y (S, B*H, D). Item (row, k): k < half rotates pair k, half <= k < half + (D - rot_dim)
 // copies channel rot_dim + (k - half). Pairs are (j, j + half), or (2j, 2j+1) when interleaved:
@@ -46,8 +60,8 @@ __global__ void rope_kernel(T* y, const T* x, int64_t S, int64_t BH, int D, int 
     const int i1 = interleaved ? 2 * k : k;
     const int i2 = interleaved ? 2 * k + 1 : k + half;
     const float x1 = to_float(xr[i1]), x2 = to_float(xr[i2]);
-    yr[i1] = from_float<T>(x1 * c - x2 * sn);
-    yr[i2] = from_float<T>(x2 * c + x1 * sn);
+    yr[i1] = from_float<T>(turned_first(x1, x2, c, sn));
+    yr[i2] = from_float<T>(turned_second(x1, x2, c, sn));
   }
 }
 
@@ -109,8 +123,8 @@ __global__ void rope_qkv_kernel(T* qkv, int64_t S, int64_t sets, int rotated, in
           const int j = pack * (V / 2) + i;
           const float c = cos_t[j], sn = sin_t[j];
           const float x1 = x[2 * i], x2 = x[2 * i + 1];
-          x[2 * i] = x1 * c - x2 * sn;
-          x[2 * i + 1] = x2 * c + x1 * sn;
+          x[2 * i] = turned_first(x1, x2, c, sn);
+          x[2 * i + 1] = turned_second(x1, x2, c, sn);
         }
         store_channels<V>(h + pack * V, x);
       } else {
@@ -122,8 +136,8 @@ __global__ void rope_qkv_kernel(T* qkv, int64_t S, int64_t sets, int rotated, in
           const int j = pack * V + i;
           const float c = cos_t[j], sn = sin_t[j];
           const float x1 = first[i], x2 = second[i];
-          first[i] = x1 * c - x2 * sn;
-          second[i] = x2 * c + x1 * sn;
+          first[i] = turned_first(x1, x2, c, sn);
+          second[i] = turned_second(x1, x2, c, sn);
         }
         store_channels<V>(h + pack * V, first);
         store_channels<V>(h + half + pack * V, second);
@@ -131,6 +145,68 @@ __global__ void rope_qkv_kernel(T* qkv, int64_t S, int64_t sets, int rotated, in
     }
   }
 }
+
+// rope_backward_qkv's result element by element, rounded to T as its kernel stores it, for the
+// FP8 cast (fp8::launch_cast_transpose): dqkv as rows (S*B) of `cols` = sets x stored heads of D
+// channels; the first `rotated` heads of a set turn back by their position's angles (the same
+// angle, cos, sin and products as rope_qkv_kernel with sign -1), the rest and the channels past
+// rot_dim pass through. load8 (vectors): a segment lies in one head and, non-interleaved, in one
+// half of its rotated channels (D and half, or rot_dim interleaved, multiples of 8).
+template <class T>
+struct RopeGradSource {
+  const T* dqkv;
+  int64_t B, cols, position_offset;
+  int D, half, rotated, stored;
+  bool interleaved;
+  InvFreq inv_freq;
+
+  __device__ __forceinline__ bool turns(int64_t c) const {
+    return int((c / D) % stored) < rotated && int(c % D) < 2 * half;
+  }
+  __device__ __forceinline__ void rotation(int64_t r, int j, float& c, float& sn) const {
+    const float angle = float(position_offset + r / B) * inv_freq.v[j];
+    c = cosf(angle);
+    sn = -1.0f * sinf(angle);
+  }
+  __device__ __forceinline__ float load1(int64_t r, int64_t c) const {
+    const T* row = dqkv + r * cols;
+    if (!turns(c)) return to_float(row[c]);
+    const int ch = int(c % D);
+    const bool first = interleaved ? ch % 2 == 0 : ch < half;
+    const int j = interleaved ? ch / 2 : (first ? ch : ch - half);
+    const T* head = row + (c - ch);
+    const float x1 = to_float(head[interleaved ? 2 * j : j]), x2 = to_float(head[interleaved ? 2 * j + 1 : j + half]);
+    float cs, sn;
+    rotation(r, j, cs, sn);
+    return fp8::as_stored<T>(first ? turned_first(x1, x2, cs, sn) : turned_second(x1, x2, cs, sn));
+  }
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[8]) const {
+    const T* row = dqkv + r * cols;
+    load_floats<8>(row + c, v);
+    if (!turns(c)) return;
+    const int ch = int(c % D);
+    if (interleaved) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float cs, sn;
+        rotation(r, ch / 2 + i, cs, sn);
+        const float x1 = v[2 * i], x2 = v[2 * i + 1];
+        v[2 * i] = fp8::as_stored<T>(turned_first(x1, x2, cs, sn));
+        v[2 * i + 1] = fp8::as_stored<T>(turned_second(x1, x2, cs, sn));
+      }
+      return;
+    }
+    const bool first = ch < half;
+    float partner[8];
+    load_floats<8>(row + (first ? c + half : c - half), partner);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float cs, sn;
+      rotation(r, (first ? ch : ch - half) + k, cs, sn);
+      v[k] = fp8::as_stored<T>(first ? turned_first(v[k], partner[k], cs, sn) : turned_second(partner[k], v[k], cs, sn));
+    }
+  }
+};
 
 // inv_freq[j < rot_dim / 2] in float32: the CPU op's function (rope_inv_freq), on the host.
 InvFreq inv_freq_table(int64_t rot_dim, const RopeParams& p, const char* op) {
@@ -212,6 +288,24 @@ void cuda::rope_forward_qkv(Tensor& qkv, int64_t num_heads, const RopeParams& pa
 
 void cuda::rope_backward_qkv(Tensor& dqkv, int64_t num_heads, const RopeParams& params) {
   rope_apply_qkv(dqkv, num_heads, params, true, "rope_backward_qkv", "rope dqkv");
+}
+
+void cuda::rope_backward_qkv_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& dqkv, int64_t num_heads,
+                                 const RopeParams& params, const Tensor& scale) {
+  const char* op = "rope_backward_qkv_fp8";
+  const checks::RopeQkvDims d = checks::check_rope_qkv(dqkv, num_heads, params, op, "rope dqkv", check_cuda);
+  const int64_t rows = d.S * d.B, cols = d.G * (d.r + 2) * d.D;
+  checks::check_fp8_casts(q, q_t, amax, scale, rows, cols, op, check_cuda);
+  const InvFreq inv_freq = inv_freq_table(d.rot_dim, params, op);
+  dispatch_storage(dqkv.dtype(), op, [&]<class T>(std::type_identity<T>) {
+    const T* x = static_cast<const T*>(dqkv.raw());
+    const int half = int(d.rot_dim / 2);
+    const bool vectors = is_aligned16(x) && (cols * int64_t(sizeof(T))) % kVecBytes == 0 && d.D % fp8::kSeg == 0 &&
+                         (params.interleaved ? 2 * half : half) % fp8::kSeg == 0;
+    const RopeGradSource<T> source{x,        d.B,       cols,           params.position_offset, int(d.D), half,
+                                   int(d.r + 1), int(d.r + 2), params.interleaved, inv_freq};
+    fp8::launch_cast_transpose(source, vectors, q, q_t, amax, scale, rows, cols, op);
+  });
 }
 
 }  // namespace megatron::ops
