@@ -97,9 +97,9 @@ Tensor fp8_scalar(float v) { return Tensor::from_vector({v}, {1}).to(gpu()); }
 
 // The fused casts write what swiglu_forward / swiglu_backward followed by fp8_quantize_transpose
 // write (the contract: the activation rounded to its dtype, then cast), bit for bit on the GPU, on
-// the vector path (F a multiple of 8), ragged tiles, the scalar path (F = 13; backward segments
-// that would straddle the gate/up boundary, F = 20), rows not multiples of 8; and the CPU's fused
-// op within one code (its exp differs from the GPU's expf in the last float bit).
+// the vector path (F a multiple of 8), ragged tiles, the element path (F = 13 and 20), rows not
+// multiples of 8 (the backward casts dgate and dup, its two column blocks, from one read); and the
+// CPU's fused op within one code (its exp differs from the GPU's expf in the last float bit).
 TEST_F(CudaActivation, SwigluWithFp8CastMatchesTheUnfusedPair) {
   uint64_t seed = 500;
   for (const auto& [N, F] : {std::pair<int64_t, int64_t>{128, 64}, {70, 40}, {9, 13}, {64, 20}, {200, 512}})

@@ -2,8 +2,9 @@
 // and setting, the bytes the plan says one micro-batch keeps for backward equal, to the byte, what a
 // forward of the built model counts in its Saved structs (GPTModel::activation_bytes): dense GPT-2
 // and LLaMA styles, f32 and bf16, MoE (top-2 in f32 and bf16, and DeepSeek routing with a shared expert), full
-// recomputation (uniform 1 and 2, block 1), selective recomputation of core_attn, mlp and both, and
-// pipeline stages (first: embedding, no loss; last: stage input, loss). Exact: both count the same
+// recomputation (uniform 1 and 2, block 1), selective recomputation of core_attn, mlp and both,
+// pipeline stages (first: embedding, no loss; last: stage input, loss), and FP8 (each recipe, bf16
+// first and last layers, with recomputation and MoE). Exact: both count the same
 // tensors' bytes, so any difference is a module the plan does not know.
 #include <gtest/gtest.h>
 
@@ -12,8 +13,8 @@
 #include "megatron/core/rng.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/planning/activation_model.h"
+#include "megatron/planning/memory_plan.h"
 #include "megatron/training/arguments.h"
-
 #include "test_util.h"
 
 using namespace megatron;
@@ -33,9 +34,11 @@ class PlanActivations : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PlanActivations, EqualWhatTheModelsSavedStructsHold) {
   const Case& c = GetParam();
-  const TrainingArgs args = parse_training_args(
-      words(c.flags + " --micro-batch-size 2 --seq-length 32 --train-iters 1 --lr 1e-3 --mock-data "
-                      "--tokenizer-type NullTokenizer --vocab-size 100 --device cpu"));
+  const TrainingArgs args =
+      parse_training_args(words(c.flags +
+                                " --micro-batch-size 2 --seq-length 32 --train-iters 1 --lr 1e-3 --mock-data "
+                                "--tokenizer-type NullTokenizer --vocab-size 100" +
+                                (c.flags.find("--device") == std::string::npos ? " --device cpu" : "")));
   const ParallelContext ctx = model_context(ParallelContext::single_process(), args.parallel);
   GPTModel model(args.model, ctx, Device::cpu(), c.stage);
   model.parameters().initialize(1);
@@ -64,6 +67,7 @@ TEST_P(PlanActivations, EqualWhatTheModelsSavedStructsHold) {
 }
 
 const std::string kLlama = "--model-preset llama-tiny --num-layers 3";
+const std::string kFp8Llama = kLlama + " --device cuda --bf16";
 INSTANTIATE_TEST_SUITE_P(
     Presets, PlanActivations,
     ::testing::Values(
@@ -73,17 +77,63 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"moe", "--model-preset moe-tiny", {}}, Case{"moe_bf16", "--model-preset moe-tiny --bf16", {}},
         Case{"deepseek_shared_expert", "--model-preset deepseek-tiny", {}},
         Case{"moe_every_other_layer", "--model-preset moe-tiny --num-layers 4 --moe-layer-freq 2", {}},
-        Case{"full_uniform_1", kLlama + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1", {}},
-        Case{"full_uniform_2", kLlama + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 2", {}},
-        Case{"full_block_1", kLlama + " --recompute-granularity full --recompute-method block --recompute-num-layers 1", {}},
-        Case{"gpt2_full_block_2", "--model-preset tiny --num-layers 3 --recompute-granularity full --recompute-method block "
-                                  "--recompute-num-layers 2", {}},
+        Case{"full_uniform_1",
+             kLlama + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+             {}},
+        Case{"full_uniform_2",
+             kLlama + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 2",
+             {}},
+        Case{"full_block_1",
+             kLlama + " --recompute-granularity full --recompute-method block --recompute-num-layers 1",
+             {}},
+        Case{"gpt2_full_block_2",
+             "--model-preset tiny --num-layers 3 --recompute-granularity full --recompute-method block "
+             "--recompute-num-layers 2",
+             {}},
         Case{"selective_core_attn", kLlama + " --recompute-granularity selective", {}},
         Case{"selective_mlp", kLlama + " --recompute-granularity selective --recompute-modules mlp", {}},
-        Case{"gpt2_selective_both", "--model-preset tiny --recompute-granularity selective --recompute-modules core_attn mlp", {}},
+        Case{"gpt2_selective_both",
+             "--model-preset tiny --recompute-granularity selective --recompute-modules core_attn mlp",
+             {}},
         Case{"first_stage", kLlama, pipeline_parallel::StageLayers{0, 2, true, false}},
         Case{"last_stage", kLlama, pipeline_parallel::StageLayers{2, 1, false, true}},
-        Case{"gpt2_middle_stage", "--model-preset tiny --num-layers 3", pipeline_parallel::StageLayers{1, 1, false, false}}),
+        Case{"gpt2_middle_stage", "--model-preset tiny --num-layers 3",
+             pipeline_parallel::StageLayers{1, 1, false, false}},
+        // FP8 layers keep x^T casts in place of inputs (and of fc2's rebuilt input); the delayed
+        // recipe's fused SwiGLU casts keep the same; first and last layers in bf16 keep the bf16 ones.
+        // (FP8 flags are a GPU run's; the model is built on the CPU here, which emulates FP8.)
+        Case{"fp8_delayed", kFp8Llama + " --fp8-format hybrid", {}},
+        Case{"fp8_tensorwise", kFp8Llama + " --fp8-format e4m3 --fp8-recipe tensorwise", {}},
+        Case{"fp8_blockwise_gpt2",
+             "--model-preset tiny --num-layers 3 --device cuda --bf16 --fp8-format hybrid --fp8-recipe blockwise",
+             {}},
+        Case{"fp8_first_last_bf16",
+             "--model-preset llama-tiny --num-layers 4 --device cuda --bf16 --fp8-format hybrid "
+             "--first-last-layers-bf16",
+             {}},
+        Case{"fp8_selective_mlp",
+             kFp8Llama + " --fp8-format hybrid --recompute-granularity selective --recompute-modules mlp",
+             {}},
+        Case{"fp8_selective_core_attn", kFp8Llama + " --fp8-format hybrid --recompute-granularity selective", {}},
+        Case{"fp8_full_block_1",
+             kFp8Llama + " --fp8-format hybrid --recompute-granularity full --recompute-method block "
+                         "--recompute-num-layers 1",
+             {}},
+        Case{"fp8_moe", "--model-preset moe-tiny --device cuda --bf16 --fp8-format hybrid", {}}),
     [](const ::testing::TestParamInfo<Case>& param_info) { return param_info.param.name; });
+
+// The FP8 layers' weights cast once per step and kept (W and W^T, a byte an element each) count
+// with the weights: llama-tiny, 4 layers, the first and last in bf16, so 2 FP8 layers of
+// qkv 128 x 64 (2 groups x (2 + 2) heads x 16), proj 64 x 64, fc1 352 x 64, fc2 64 x 176 elements:
+// 46080 a layer, 2 x 2 x 46080 bytes.
+TEST(PlanMemory, Fp8WeightCastsCountWithTheWeights) {
+  const std::string run =
+      "--model-preset llama-tiny --num-layers 4 --device cuda --bf16 --micro-batch-size 2 "
+      "--train-iters 1 --lr 1e-3 --mock-data --tokenizer-type NullTokenizer --vocab-size 100";
+  const auto weights = [](const std::string& flags) {
+    return planning::plan_memory(parse_training_args(words(flags)), planning::PlanBackend::cuda).stages[0].weights;
+  };
+  EXPECT_EQ(weights(run + " --fp8-format hybrid --first-last-layers-bf16") - weights(run), 2.0 * 2 * 46080);
+}
 
 }  // namespace

@@ -26,6 +26,7 @@ struct LayerDims {
   bool fused_attention;    // q, k, v read in place from the projection (RoPE turns it in place): no CP
   bool dropout;            // hidden dropout in training: its gradient is a new tensor
   bool recompute_core_attn, recompute_mlp;
+  bool sequence_parallel, tp_comm_overlap;
 };
 
 LayerDims layer_dims(const TransformerConfig& c, const ActivationShape& s) {
@@ -46,25 +47,41 @@ LayerDims layer_dims(const TransformerConfig& c, const ActivationShape& s) {
   d.dropout = c.hidden_dropout > 0.0f;
   d.recompute_core_attn = c.recompute.recomputes("core_attn");
   d.recompute_mlp = c.recompute.recomputes("mlp");
+  d.sequence_parallel = s.sequence_parallel;
+  d.tp_comm_overlap = s.tp_comm_overlap;
   return d;
 }
+
+// FP8 layers keep the forward's cast of a linear layer's x^T (a byte an element) for its backward
+// (tensor_parallel::LinearSaved::input_t): column-parallel layers where their whole input is at
+// hand (no SP), row-parallel ones unless --tp-comm-overlap chunks them. Where it is kept the owner
+// drops the bf16 input (the QKV projection's, fc1's unless mlp is recomputed).
+bool keeps_column_cast(const LayerDims& d, bool fp8) { return fp8 && !d.sequence_parallel; }
+bool keeps_row_cast(const LayerDims& d, bool fp8) { return fp8 && !d.tp_comm_overlap; }
 
 // A norm keeps its input (the residual sum) and its statistics.
 int64_t norm_saved(const LayerDims& d) { return d.Ts * d.H * d.e + d.Ts * d.stats * (d.layer_norm ? 2 : 1); }
 
-// SelfAttention::Saved: the projection's input, q, k and v (or the fused projection), the op's output
-// and lse (unless core_attn is recomputed; the output projection's input is that output).
-int64_t attention_saved(const LayerDims& d) {
-  int64_t bytes = d.Ts * d.H * d.e + d.T * d.qkv * d.e;
-  if (!d.recompute_core_attn) bytes += d.T * d.heads * d.head_dim * d.e + d.T * d.heads * d.stats;
+// SelfAttention::Saved: the projection's input (or its FP8 cast), q, k and v (or the fused
+// projection), the op's output and lse (unless core_attn is recomputed; the output projection's
+// input is that output, and its FP8 cast beside it).
+int64_t attention_saved(const LayerDims& d, bool fp8) {
+  int64_t bytes = (keeps_column_cast(d, fp8) ? d.T * d.H : d.Ts * d.H * d.e) + d.T * d.qkv * d.e;
+  if (!d.recompute_core_attn) {
+    bytes += d.T * d.heads * d.head_dim * d.e + d.T * d.heads * d.stats;
+    if (keeps_row_cast(d, fp8)) bytes += d.T * d.heads * d.head_dim;
+  }
   return bytes;
 }
 
 // MLP::Saved: fc1's input and output (fc2's input is rebuilt from fc1's output; with mlp recomputed,
-// fc1's output too).
-int64_t mlp_saved(const LayerDims& d, int64_t ffn, bool saves_input = true) {
-  int64_t bytes = saves_input ? d.Ts * d.H * d.e : 0;
-  if (!d.recompute_mlp) bytes += d.T * ffn * d.fc1_factor * d.e;
+// fc1's output too). In FP8 without recompute: the casts of fc1's input (in place of it) and of
+// fc2's input (in place of rebuilding it).
+int64_t mlp_saved(const LayerDims& d, int64_t ffn, bool saves_input = true, bool fp8 = false) {
+  if (d.recompute_mlp) return saves_input ? d.Ts * d.H * d.e : 0;
+  int64_t bytes = d.T * ffn * d.fc1_factor * d.e;
+  if (saves_input) bytes += keeps_column_cast(d, fp8) ? d.T * d.H : d.Ts * d.H * d.e;
+  if (keeps_row_cast(d, fp8)) bytes += d.T * ffn;
   return bytes;
 }
 
@@ -145,8 +162,10 @@ ChunkActivations chunk_activations(const TransformerConfig& config, const pipeli
   const int64_t stream = d.Ts * d.H * d.e;
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.num_layers; ++i) {
     const bool is_moe = moe[size_t(i)];
-    const int64_t saved = 2 * norm_saved(d) + attention_saved(d) +
-                          (is_moe ? moe_saved(config.moe, d, shape.ep, shape.expert_tp) : mlp_saved(d, d.ffn));
+    const bool fp8 = config.fp8.enabled() && config.fp8.layer_in_fp8(i, config.num_layers);
+    const int64_t saved =
+        2 * norm_saved(d) + attention_saved(d, fp8) +
+        (is_moe ? moe_saved(config.moe, d, shape.ep, shape.expert_tp) : mlp_saved(d, d.ffn, true, fp8));
     a.layers.push_back({saved, layer_backward_working(config, is_moe, d, shape, backend)});
   }
   // Full recomputation (the engine's own segments): a checkpointed segment's layers keep nothing

@@ -8,7 +8,8 @@
 // Tokens per micro-batch T = (seq_length / CP) x micro_batch_size; under sequence parallelism the
 // residual stream, the norms and the inputs of column-parallel layers hold T / TP of them. MoE layers
 // are planned dropless: each token's top-k rows reach the experts (under expert parallelism, the
-// average over the EP group; a skewed routing holds more on the busy rank).
+// average over the EP group; a skewed routing holds more on the busy rank). FP8 layers keep their
+// linear layers' x^T casts (tensor_parallel/layers.h).
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct ActivationShape {
   int64_t micro_batch = 0;     // B
   int64_t tp = 1;              // tensor-parallel size
   bool sequence_parallel = false;
+  bool tp_comm_overlap = false;  // row-parallel GEMMs chunked along the sequence (FP8 keeps no casts there)
   int64_t ep = 1;              // expert-parallel size
   int64_t expert_tp = 1;       // expert tensor-parallel size (Megatron's default: tp)
   bool context_parallel = false;  // CP > 1: attention runs on split q, k, v

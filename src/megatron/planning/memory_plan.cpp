@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "megatron/core/dtype.h"
@@ -38,6 +39,7 @@ struct RankBuffers {
   int64_t numel = 0;        // elements of the param and grad buffers
   int64_t state_numel = 0;  // elements the optimizer keeps state for (the shard with the distributed optimizer)
   int64_t registry_numel = 0;  // before DDP's layout: registration order, 16-element alignment
+  int64_t fp8_weight_numel = 0;  // elements of the FP8 linear layers' weights (cast once per step, kept)
   // Megatron FSDP: each unit's (bucket's) elements and this rank's shard of them, in buffer order
   // (the backward's: output layer first, embedding last).
   std::vector<int64_t> unit_numel, unit_shard_numel;
@@ -59,8 +61,14 @@ RankBuffers rank_buffers(const TrainingArgs& args, const ParallelContext& ctx,
     param_chunks.resize(registry.params().size(), c);
   }
   RankBuffers b;
-  for (const auto& p : registry.params())
+  std::set<std::string> fp8_weights;
+  for (const auto& chunk : chunks)
+    for (const tensor_parallel::Fp8Linear* linear : chunk->fp8_linears())
+      fp8_weights.insert(linear->name() + ".weight");
+  for (const auto& p : registry.params()) {
     b.registry_numel += (shape_numel(p->local_shape) + kParamAlignment - 1) / kParamAlignment * kParamAlignment;
+    if (fp8_weights.count(p->spec.name) != 0) b.fp8_weight_numel += shape_numel(p->local_shape);
+  }
   const DataParallelSharding sharding = sharding_of(args);
   const DdpConfig ddp{.overlap_grad_reduce = args.overlap_grad_reduce,
                       .use_distributed_optimizer = args.use_distributed_optimizer,
@@ -148,6 +156,10 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   const double whole_weights = double(buffers.numel) * double(dtype_size(params));
   const double whole_gradients = double(buffers.numel) * state_element;
   s.weights = shard_params ? double(buffers.state_numel) * double(dtype_size(params)) : whole_weights;
+  // FP8 layers' weights cast once per optimizer step and kept through it, W and W^T, a byte an
+  // element each (tensor_parallel/fp8_linear.h; the blockwise recipe's block scales are left out:
+  // 8 bytes a 128 x 128 block).
+  s.weights += 2.0 * double(buffers.fp8_weight_numel);
   s.gradients = shard_grads ? double(buffers.state_numel) * state_element : whole_gradients;
   const bool separate_master = params != DType::f32 && params != DType::f64;
   const double fraction = args.optimizer.optimizer_cpu_offload ? args.optimizer.optimizer_offload_fraction : 0.0;
@@ -165,6 +177,7 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
                               .micro_batch = args.micro_batch_size,
                               .tp = args.parallel.tensor_model_parallel_size,
                               .sequence_parallel = ctx.sequence_parallel(),
+                              .tp_comm_overlap = ctx.tp_comm_overlap(),
                               .ep = args.parallel.expert_model_parallel_size,
                               .expert_tp = args.parallel.sizes().expert_tp(),
                               .context_parallel = args.parallel.context_parallel_size > 1};

@@ -34,7 +34,7 @@ namespace megatron::planning {
 struct StageMemory {
   int64_t pipeline_rank = 0;
   int64_t parameters = 0;         // elements this rank holds (its TP and EP shard, padded)
-  double weights = 0;             // bytes
+  double weights = 0;             // bytes; in FP8 with the step's weight casts (W and W^T, a byte each)
   double gradients = 0;           // fp32 main gradients
   double optimizer_state = 0;     // master weights (16-bit runs) and Adam moments, or this rank's shard of them,
                                   // on the device (less what --optimizer-cpu-offload moves to the host)

@@ -102,42 +102,44 @@ __global__ void swiglu_backward_kernel(T* dx, const T* dy, const T* x, int64_t N
 // swiglu_forward's y (N, F) element by element, for the FP8 cast (fp8::launch_cast_transpose).
 template <class T>
 struct SwigluSource {
+  static constexpr int kOutputs = 1;
   const T* x;  // (N, 2F)
   int64_t F;
-  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[8]) const {
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[1][8]) const {
     float u[8];
-    load_floats<8>(x + r * 2 * F + c, v);
+    load_floats<8>(x + r * 2 * F + c, v[0]);
     load_floats<8>(x + r * 2 * F + F + c, u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = fp8::as_stored<T>(swiglu(v[k], u[k]));
+    for (int k = 0; k < 8; ++k) v[0][k] = fp8::as_stored<T>(swiglu(v[0][k], u[k]));
   }
-  __device__ __forceinline__ float load1(int64_t r, int64_t c) const {
-    return fp8::as_stored<T>(swiglu(to_float(x[r * 2 * F + c]), to_float(x[r * 2 * F + F + c])));
+  __device__ __forceinline__ void load1(int64_t r, int64_t c, float (&v)[1]) const {
+    v[0] = fp8::as_stored<T>(swiglu(to_float(x[r * 2 * F + c]), to_float(x[r * 2 * F + F + c])));
   }
 };
 
-// swiglu_backward's dx (N, 2F) element by element: columns [0, F) dgate, [F, 2F) dup. An 8-wide
-// segment lies in one half (F a multiple of 8 where load8 is used).
+// swiglu_backward's dx (N, 2F) as two column blocks, dgate (columns [0, F)) and dup ([F, 2F)),
+// each element of both from one read of dy, gate and up.
 template <class T>
 struct SwigluGradSource {
+  static constexpr int kOutputs = 2;
   const T* dy;  // (N, F)
   const T* x;   // (N, 2F)
   int64_t F;
-  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[8]) const {
-    const bool gate = c < F;
-    const int64_t f = gate ? c : c - F;
-    float g[8], u[8];
-    load_floats<8>(dy + r * F + f, v);
-    load_floats<8>(x + r * 2 * F + f, g);
-    if (gate) load_floats<8>(x + r * 2 * F + F + f, u);
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[2][8]) const {
+    float d[8], g[8], u[8];
+    load_floats<8>(dy + r * F + c, d);
+    load_floats<8>(x + r * 2 * F + c, g);
+    load_floats<8>(x + r * 2 * F + F + c, u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = fp8::as_stored<T>(gate ? swiglu_dgate(v[k], g[k], u[k]) : swiglu_dup(v[k], g[k]));
+    for (int k = 0; k < 8; ++k) {
+      v[0][k] = fp8::as_stored<T>(swiglu_dgate(d[k], g[k], u[k]));
+      v[1][k] = fp8::as_stored<T>(swiglu_dup(d[k], g[k]));
+    }
   }
-  __device__ __forceinline__ float load1(int64_t r, int64_t c) const {
-    const bool gate = c < F;
-    const int64_t f = gate ? c : c - F;
-    const float d = to_float(dy[r * F + f]), g = to_float(x[r * 2 * F + f]);
-    return fp8::as_stored<T>(gate ? swiglu_dgate(d, g, to_float(x[r * 2 * F + F + f])) : swiglu_dup(d, g));
+  __device__ __forceinline__ void load1(int64_t r, int64_t c, float (&v)[2]) const {
+    const float d = to_float(dy[r * F + c]), g = to_float(x[r * 2 * F + c]);
+    v[0] = fp8::as_stored<T>(swiglu_dgate(d, g, to_float(x[r * 2 * F + F + c])));
+    v[1] = fp8::as_stored<T>(swiglu_dup(d, g));
   }
 };
 
@@ -239,9 +241,8 @@ void cuda::swiglu_backward_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Tenso
   dispatch_storage(x.dtype(), "swiglu_backward_fp8", [&]<class T>(std::type_identity<T>) {
     const T* dyp = static_cast<const T*>(dy.raw());
     const T* xp = static_cast<const T*>(x.raw());
-    fp8::launch_cast_transpose(SwigluGradSource<T>{dyp, xp, dims.features},
-                               packable<T>(dims.features, {dyp, xp}) && dims.features % fp8::kSeg == 0, q, q_t, amax,
-                               scale, dims.rows, 2 * dims.features, "swiglu_backward_fp8");
+    fp8::launch_cast_transpose(SwigluGradSource<T>{dyp, xp, dims.features}, packable<T>(dims.features, {dyp, xp}), q,
+                               q_t, amax, scale, dims.rows, dims.features, "swiglu_backward_fp8");
   });
 }
 

@@ -36,28 +36,40 @@ __device__ __forceinline__ float as_stored(float v) {
   return to_float(from_float<T>(v));
 }
 
-// A tensor at hand as a source: x (rows, cols).
+// A source hands the cast the elements of kOutputs column blocks of a (rows, kOutputs * cols)
+// tensor, block o being columns [o * cols, (o + 1) * cols), one element of each block at a time:
+//   load8(r, c, v): v[o][j] = element (r, o * cols + c + j), j < 8 (c a multiple of 8; only where
+//                   the launch allows vectors);
+//   load1(r, c, v): v[o] = element (r, o * cols + c).
+// A producer whose blocks share their inputs (SwiGLU's backward: dgate and dup from the same dy,
+// gate and up) reads each input once so.
+
+// A tensor at hand: x (rows, cols).
 template <class T>
 struct PlainSource {
+  static constexpr int kOutputs = 1;
   const T* x;
   int64_t cols;
-  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[8]) const {
-    load_floats<8>(x + r * cols + c, v);
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[1][8]) const {
+    load_floats<8>(x + r * cols + c, v[0]);
   }
-  __device__ __forceinline__ float load1(int64_t r, int64_t c) const { return to_float(x[r * cols + c]); }
+  __device__ __forceinline__ void load1(int64_t r, int64_t c, float (&v)[1]) const { v[0] = to_float(x[r * cols + c]); }
 };
 
-// Cast-transpose of a source's (rows, cols) elements in 64 x 64 tiles: each thread casts 8
-// adjacent elements of a row (source.load8: one 16-byte load for 16-bit x), writes them to q (if
-// any) and to a shared tile, then writes 8 adjacent codes of a q_t row from the tile's column.
-// Vector accesses where the rows allow, element by element (source.load1) at ragged edges.
+// Cast-transpose of a source's elements in 64 x 64 tiles, one tile of each of its column blocks
+// per thread block: each thread casts 8 adjacent elements of a row (source.load8: 16-byte loads
+// for 16-bit inputs), writes them to q (if any) and to shared tiles, then writes 8 adjacent codes
+// of a q_t row from a tile's column. Vector accesses where the rows allow, element by element
+// (source.load1) at ragged edges. cols: the columns of one block.
 constexpr int kTile = 64, kTileThreads = 256, kSeg = 8;
 template <class Source>
 __global__ void cast_transpose_kernel(Source source, __nv_fp8_storage_t* q, __nv_fp8_storage_t* q_t, float* amax,
                                       const float* scale, int64_t rows, int64_t cols, bool load_vectors,
                                       bool store_vectors, __nv_fp8_interpretation_t format) {
-  __shared__ alignas(8) __nv_fp8_storage_t tile[kTile][kTile + kSeg];
+  constexpr int kOut = Source::kOutputs;
+  __shared__ alignas(8) __nv_fp8_storage_t tile[kOut][kTile][kTile + kSeg];
   const float s = *scale;
+  const int64_t ld = kOut * cols;  // q's row length
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   const int seg = int(threadIdx.x) % kSeg * kSeg, line0 = int(threadIdx.x) / kSeg;
   constexpr int kLines = kTileThreads / kSeg;  // 32 rows (or q_t rows) per pass
@@ -65,47 +77,60 @@ __global__ void cast_transpose_kernel(Source source, __nv_fp8_storage_t* q, __nv
   for (int line = line0; line < kTile; line += kLines) {
     const int64_t r = r0 + line, c = c0 + seg;
     if (r >= rows) break;
-    Pack<kSeg> out;
+    Pack<kSeg> out[kOut];
     if (load_vectors && c + kSeg <= cols) {
-      float v[kSeg];
+      float v[kOut][kSeg];
       source.load8(r, c, v);
 #pragma unroll
-      for (int j = 0; j < kSeg; ++j) {
-        bits = max(bits, magnitude_bits(v[j]));
-        out.code[j] = cast(v[j], s, format);
+      for (int o = 0; o < kOut; ++o) {
+#pragma unroll
+        for (int j = 0; j < kSeg; ++j) {
+          bits = max(bits, magnitude_bits(v[o][j]));
+          out[o].code[j] = cast(v[o][j], s, format);
+        }
+        if (q != nullptr) *reinterpret_cast<Pack<kSeg>*>(q + r * ld + o * cols + c) = out[o];
       }
-      if (q != nullptr) *reinterpret_cast<Pack<kSeg>*>(q + r * cols + c) = out;
     } else {
       for (int j = 0; j < kSeg && c + j < cols; ++j) {
-        const float v = source.load1(r, c + j);
-        bits = max(bits, magnitude_bits(v));
-        out.code[j] = cast(v, s, format);
-        if (q != nullptr) q[r * cols + c + j] = out.code[j];
+        float v[kOut];
+        source.load1(r, c + j, v);
+#pragma unroll
+        for (int o = 0; o < kOut; ++o) {
+          bits = max(bits, magnitude_bits(v[o]));
+          out[o].code[j] = cast(v[o], s, format);
+          if (q != nullptr) q[r * ld + o * cols + c + j] = out[o].code[j];
+        }
       }
     }
-    *reinterpret_cast<Pack<kSeg>*>(&tile[line][seg]) = out;
+#pragma unroll
+    for (int o = 0; o < kOut; ++o) *reinterpret_cast<Pack<kSeg>*>(&tile[o][line][seg]) = out[o];
   }
   if (amax != nullptr)
-    merge_amax(amax, bits);  // its __syncthreads also orders the tile
+    merge_amax(amax, bits);  // its __syncthreads also orders the tiles
   else
     __syncthreads();
   for (int line = line0; line < kTile; line += kLines) {
-    const int64_t c = c0 + line, r = r0 + seg;  // q_t row c, columns r .. r + 7
+    const int64_t c = c0 + line, r = r0 + seg;  // q_t rows o * cols + c, columns r .. r + 7
     if (c >= cols) break;
-    if (store_vectors && r + kSeg <= rows) {
-      Pack<kSeg> out;
 #pragma unroll
-      for (int j = 0; j < kSeg; ++j) out.code[j] = tile[seg + j][line];
-      *reinterpret_cast<Pack<kSeg>*>(q_t + c * rows + r) = out;
-    } else {
-      for (int j = 0; j < kSeg && r + j < rows; ++j) q_t[c * rows + r + j] = tile[seg + j][line];
+    for (int o = 0; o < kOut; ++o) {
+      __nv_fp8_storage_t* dst = q_t + (o * cols + c) * rows + r;
+      if (store_vectors && r + kSeg <= rows) {
+        Pack<kSeg> out;
+#pragma unroll
+        for (int j = 0; j < kSeg; ++j) out.code[j] = tile[o][seg + j][line];
+        *reinterpret_cast<Pack<kSeg>*>(dst) = out;
+      } else {
+        for (int j = 0; j < kSeg && r + j < rows; ++j) dst[j] = tile[o][seg + j][line];
+      }
     }
   }
 }
 
-// Launches the cast-transpose of `source`'s (rows, cols) elements into q (when defined) and q_t,
-// amax (when defined) and scale as ops::fp8_quantize_transpose. source_vectors: whether every
-// 8-element segment of a row that starts at a multiple of 8 may be read by source.load8.
+// Launches the cast-transpose of `source`'s (rows, Source::kOutputs * cols) elements into q (when
+// defined) and q_t, amax (when defined) and scale as ops::fp8_quantize_transpose. source_vectors:
+// whether source.load8 may read every 8-element segment of a block's row that starts at a
+// multiple of 8.
 template <class Source>
 void launch_cast_transpose(const Source& source, bool source_vectors, Tensor& q, Tensor& q_t, Tensor& amax,
                            const Tensor& scale, int64_t rows, int64_t cols, const char* op) {

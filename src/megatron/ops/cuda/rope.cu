@@ -146,29 +146,38 @@ __global__ void rope_qkv_kernel(T* qkv, int64_t S, int64_t sets, int rotated, in
   }
 }
 
+// The cos and sign * sin of every position's half angles: table (2, S, half), as rope_qkv_kernel
+// puts them in shared memory (the same expressions, so the same bits).
+__global__ void rotation_table_kernel(float* table, int64_t S, int half, int64_t position_offset, float sign,
+                                      const __grid_constant__ InvFreq inv_freq) {
+  const int64_t n = S * half;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float angle = float(position_offset + i / half) * inv_freq.v[i % half];
+    table[i] = cosf(angle);
+    table[n + i] = sign * sinf(angle);
+  }
+}
+
 // rope_backward_qkv's result element by element, rounded to T as its kernel stores it, for the
 // FP8 cast (fp8::launch_cast_transpose): dqkv as rows (S*B) of `cols` = sets x stored heads of D
-// channels; the first `rotated` heads of a set turn back by their position's angles (the same
-// angle, cos, sin and products as rope_qkv_kernel with sign -1), the rest and the channels past
+// channels; the first `rotated` heads of a set turn back by their position's angles (cos and sin
+// from rotation_table_kernel, the products of rope_qkv_kernel), the rest and the channels past
 // rot_dim pass through. load8 (vectors): a segment lies in one head and, non-interleaved, in one
 // half of its rotated channels (D and half, or rot_dim interleaved, multiples of 8).
 template <class T>
 struct RopeGradSource {
+  static constexpr int kOutputs = 1;
   const T* dqkv;
-  int64_t B, cols, position_offset;
+  const float* cos_t;  // (S, half)
+  const float* sin_t;  // (S, half), negated: the backward's rotation
+  int64_t B, cols;
   int D, half, rotated, stored;
   bool interleaved;
-  InvFreq inv_freq;
 
   __device__ __forceinline__ bool turns(int64_t c) const {
     return int((c / D) % stored) < rotated && int(c % D) < 2 * half;
   }
-  __device__ __forceinline__ void rotation(int64_t r, int j, float& c, float& sn) const {
-    const float angle = float(position_offset + r / B) * inv_freq.v[j];
-    c = cosf(angle);
-    sn = -1.0f * sinf(angle);
-  }
-  __device__ __forceinline__ float load1(int64_t r, int64_t c) const {
+  __device__ __forceinline__ float load(int64_t r, int64_t c) const {
     const T* row = dqkv + r * cols;
     if (!turns(c)) return to_float(row[c]);
     const int ch = int(c % D);
@@ -176,34 +185,36 @@ struct RopeGradSource {
     const int j = interleaved ? ch / 2 : (first ? ch : ch - half);
     const T* head = row + (c - ch);
     const float x1 = to_float(head[interleaved ? 2 * j : j]), x2 = to_float(head[interleaved ? 2 * j + 1 : j + half]);
-    float cs, sn;
-    rotation(r, j, cs, sn);
+    const int64_t at = (r / B) * half + j;
+    const float cs = cos_t[at], sn = sin_t[at];
     return fp8::as_stored<T>(first ? turned_first(x1, x2, cs, sn) : turned_second(x1, x2, cs, sn));
   }
-  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[8]) const {
+  __device__ __forceinline__ void load1(int64_t r, int64_t c, float (&v)[1]) const { v[0] = load(r, c); }
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[1][8]) const {
     const T* row = dqkv + r * cols;
-    load_floats<8>(row + c, v);
+    load_floats<8>(row + c, v[0]);
     if (!turns(c)) return;
     const int ch = int(c % D);
+    const float* cs = cos_t + (r / B) * half;
+    const float* sn = sin_t + (r / B) * half;
     if (interleaved) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        float cs, sn;
-        rotation(r, ch / 2 + i, cs, sn);
-        const float x1 = v[2 * i], x2 = v[2 * i + 1];
-        v[2 * i] = fp8::as_stored<T>(turned_first(x1, x2, cs, sn));
-        v[2 * i + 1] = fp8::as_stored<T>(turned_second(x1, x2, cs, sn));
+        const int j = ch / 2 + i;
+        const float x1 = v[0][2 * i], x2 = v[0][2 * i + 1];
+        v[0][2 * i] = fp8::as_stored<T>(turned_first(x1, x2, cs[j], sn[j]));
+        v[0][2 * i + 1] = fp8::as_stored<T>(turned_second(x1, x2, cs[j], sn[j]));
       }
       return;
     }
     const bool first = ch < half;
+    const int j0 = first ? ch : ch - half;
     float partner[8];
     load_floats<8>(row + (first ? c + half : c - half), partner);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      float cs, sn;
-      rotation(r, (first ? ch : ch - half) + k, cs, sn);
-      v[k] = fp8::as_stored<T>(first ? turned_first(v[k], partner[k], cs, sn) : turned_second(partner[k], v[k], cs, sn));
+      const float x = v[0][k], p = partner[k], c_k = cs[j0 + k], s_k = sn[j0 + k];
+      v[0][k] = fp8::as_stored<T>(first ? turned_first(x, p, c_k, s_k) : turned_second(p, x, c_k, s_k));
     }
   }
 };
@@ -297,13 +308,20 @@ void cuda::rope_backward_qkv_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Ten
   const int64_t rows = d.S * d.B, cols = d.G * (d.r + 2) * d.D;
   checks::check_fp8_casts(q, q_t, amax, scale, rows, cols, op, check_cuda);
   const InvFreq inv_freq = inv_freq_table(d.rot_dim, params, op);
+  const int half = int(d.rot_dim / 2);
+  Tensor table = Tensor::empty({2, d.S, std::max(half, 1)}, DType::f32, dqkv.device());
+  if (half > 0 && d.S > 0) {
+    rotation_table_kernel<<<grid_for(d.S * half), kThreads, 0, stream()>>>(static_cast<float*>(table.raw()), d.S, half,
+                                                                           params.position_offset, -1.0f, inv_freq);
+    CUDA_CHECK_LAUNCH();
+  }
+  const float* cos_t = static_cast<const float*>(table.raw());
   dispatch_storage(dqkv.dtype(), op, [&]<class T>(std::type_identity<T>) {
     const T* x = static_cast<const T*>(dqkv.raw());
-    const int half = int(d.rot_dim / 2);
     const bool vectors = is_aligned16(x) && (cols * int64_t(sizeof(T))) % kVecBytes == 0 && d.D % fp8::kSeg == 0 &&
                          (params.interleaved ? 2 * half : half) % fp8::kSeg == 0;
-    const RopeGradSource<T> source{x,        d.B,       cols,           params.position_offset, int(d.D), half,
-                                   int(d.r + 1), int(d.r + 2), params.interleaved, inv_freq};
+    const RopeGradSource<T> source{x,        cos_t, cos_t + d.S * half, d.B,          cols,
+                                   int(d.D), half,  int(d.r + 1),       int(d.r + 2), params.interleaved};
     fp8::launch_cast_transpose(source, vectors, q, q_t, amax, scale, rows, cols, op);
   });
 }
