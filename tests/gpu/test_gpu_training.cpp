@@ -285,25 +285,29 @@ TEST_F(GpuTraining, Fp16WithDynamicLossScalingMatchesTheCpu) {
 // its algorithm per shape, cuDNN's and our attention forwards are deterministic), so every loss and
 // gradient norm equals the run that keeps all activations, bit for bit; the baseline run twice
 // shows the steps themselves are deterministic, which that comparison needs.
+namespace {
+// Every loss and gradient norm of `s` equal to `kept`'s, bit for bit.
+void expect_bit_identical(const TrainingSummary& s, const TrainingSummary& kept, const std::string& what) {
+  ASSERT_EQ(s.train_losses.size(), kept.train_losses.size()) << what;
+  for (size_t i = 0; i < kept.train_losses.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&s.train_losses[i], &kept.train_losses[i], sizeof(double)), 0)
+        << what << " iteration " << i + 1 << ": loss " << s.train_losses[i] << " vs " << kept.train_losses[i];
+    EXPECT_EQ(std::memcmp(&s.grad_norms[i], &kept.grad_norms[i], sizeof(double)), 0)
+        << what << " iteration " << i + 1 << ": grad norm " << s.grad_norms[i] << " vs " << kept.grad_norms[i];
+  }
+}
+const std::vector<std::string> kFullRecompute = {"--recompute-granularity", "full", "--recompute-method", "uniform",
+                                                 "--recompute-num-layers",  "1"};
+const std::vector<std::string> kSelectiveRecompute = {"--recompute-granularity", "selective", "--recompute-modules",
+                                                      "core_attn", "mlp"};
+}  // namespace
+
 TEST_F(GpuTraining, RecomputeIsBitIdenticalToKeepingEverything) {
   const std::vector<std::string> base = with(run_of(kLlama, "1e-4", kBf16), {"--device", "cuda"});
   const TrainingSummary kept = pretrain(parse_training_args(base));
-  const auto expect_identical = [&](const TrainingSummary& s, const std::string& what) {
-    ASSERT_EQ(s.train_losses.size(), kept.train_losses.size()) << what;
-    for (size_t i = 0; i < kept.train_losses.size(); ++i) {
-      EXPECT_EQ(std::memcmp(&s.train_losses[i], &kept.train_losses[i], sizeof(double)), 0)
-          << what << " iteration " << i + 1 << ": loss " << s.train_losses[i] << " vs " << kept.train_losses[i];
-      EXPECT_EQ(std::memcmp(&s.grad_norms[i], &kept.grad_norms[i], sizeof(double)), 0)
-          << what << " iteration " << i + 1 << ": grad norm " << s.grad_norms[i] << " vs " << kept.grad_norms[i];
-    }
-  };
-  expect_identical(pretrain(parse_training_args(base)), "the same run again");
-  expect_identical(pretrain(parse_training_args(with(base, {"--recompute-granularity", "full", "--recompute-method",
-                                                            "uniform", "--recompute-num-layers", "1"}))),
-                   "full recompute");
-  expect_identical(pretrain(parse_training_args(with(
-                       base, {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"}))),
-                   "selective recompute");
+  expect_bit_identical(pretrain(parse_training_args(base)), kept, "the same run again");
+  expect_bit_identical(pretrain(parse_training_args(with(base, kFullRecompute))), kept, "full recompute");
+  expect_bit_identical(pretrain(parse_training_args(with(base, kSelectiveRecompute))), kept, "selective recompute");
 }
 
 // FP8 (hybrid, delayed) on the GPU: keeping everything runs SwiGLU's FP8-cast kernels (fc2's input
@@ -316,19 +320,8 @@ TEST_F(GpuTraining, Fp8RecomputeIsBitIdenticalToKeepingEverything) {
       run_of(kLlama, "1e-4", kBf16),
       {"--device", "cuda", "--fp8-format", "hybrid", "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "max"});
   const TrainingSummary kept = pretrain(parse_training_args(base));
-  for (const auto& [what, flags] : std::vector<std::pair<std::string, std::vector<std::string>>>{
-           {"selective recompute", {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"}},
-           {"full recompute",
-            {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}}}) {
-    const TrainingSummary s = pretrain(parse_training_args(with(base, flags)));
-    ASSERT_EQ(s.train_losses.size(), kept.train_losses.size()) << what;
-    for (size_t i = 0; i < kept.train_losses.size(); ++i) {
-      EXPECT_EQ(std::memcmp(&s.train_losses[i], &kept.train_losses[i], sizeof(double)), 0)
-          << what << " iteration " << i + 1 << ": loss " << s.train_losses[i] << " vs " << kept.train_losses[i];
-      EXPECT_EQ(std::memcmp(&s.grad_norms[i], &kept.grad_norms[i], sizeof(double)), 0)
-          << what << " iteration " << i + 1 << ": grad norm " << s.grad_norms[i] << " vs " << kept.grad_norms[i];
-    }
-  }
+  expect_bit_identical(pretrain(parse_training_args(with(base, kSelectiveRecompute))), kept, "selective recompute");
+  expect_bit_identical(pretrain(parse_training_args(with(base, kFullRecompute))), kept, "full recompute");
 }
 
 // FP8 on the GPU (hybrid, delayed scaling over 16 steps with its max): every FP8 linear layer's
