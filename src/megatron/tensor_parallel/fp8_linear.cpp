@@ -72,15 +72,10 @@ Fp8Linear::Casts Fp8Linear::quantize_blockwise(const Operand& op, const Tensor& 
 }
 
 const Fp8Linear::Quantized& Fp8Linear::weight_cast(const Tensor& weight, Layout layout) {
-  // The forward's cast records the weight's amax (delayed); the backward's casts it again.
-  if (layout == Layout::rows) {
-    if (!weight_casts_.rows.codes.defined())
-      weight_casts_.rows = quantize(weight_, weight, Cast::record, Layout::rows).rows;
-    return weight_casts_.rows;
-  }
-  if (!weight_casts_.transposed.codes.defined())
-    weight_casts_.transposed = quantize(weight_, weight, Cast::again, Layout::transposed).transposed;
-  return weight_casts_.transposed;
+  // Both layouts from one read of the weight at its first use in the step, the forward's (which
+  // records the weight's amax under the delayed recipe); the backward's W^T is then at hand.
+  if (!weight_casts_.rows.codes.defined()) weight_casts_ = quantize(weight_, weight, Cast::record, Layout::both);
+  return layout == Layout::rows ? weight_casts_.rows : weight_casts_.transposed;
 }
 
 void Fp8Linear::gemm(Gemm which, Tensor& c, const Quantized& a, const Operand& a_op, const Quantized& b,

@@ -27,12 +27,12 @@
 // and W^T is W's blocks transposed. Nothing is carried between steps and no amax is reduced
 // (each scale is local to its block; a TP shard's blocks are the whole tensor's where shard
 // boundaries fall on multiples of 128).
-// The weight is cast once per optimizer step and layout (Transformer Engine's FP8 weight cache for
-// micro-batches after the first): W for the forward and W^T for the backward are kept from their
-// first cast until update_scales(), which the training loop calls once per step before the
-// optimizer changes the weights; within a step neither the weights nor their scale change, so the
-// kept casts are the bytes a fresh cast would give. The cost: one byte per weight element per
-// layout held through the step.
+// The weight is cast once per optimizer step (Transformer Engine's FP8 weight cache for
+// micro-batches after the first): W for the forward and W^T for the backward, both from one read at
+// the weight's first use, are kept until update_scales(), which the training loop calls once per
+// step before the optimizer changes the weights; within a step neither the weights nor their scale
+// change, so the kept casts are the bytes a fresh cast would give. The cost: one byte per weight
+// element per layout held through the step.
 // Checkpoints hold the delayed recipe's state (recipe_state(), training/fp8_checkpoint.h), so a
 // resumed run casts with the scales the uninterrupted one would have; current scaling carries
 // nothing from one step to the next.
@@ -148,7 +148,7 @@ class Fp8Linear {
   Casts quantize(Operand& op, const Tensor& t, Cast cast, Layout layout);
   Casts quantize_blockwise(const Operand& op, const Tensor& t, Layout layout) const;
   Casts fused_cast(Operand& op, int64_t rows, int64_t features, Device device, const FusedCast& cast);
-  // The step's cast of `weight` in `layout` (rows or transposed), made at its first use.
+  // The step's cast of `weight` in `layout` (rows or transposed); both made at the first use.
   const Quantized& weight_cast(const Tensor& weight, Layout layout);
   // c (M,N) = a (M,K) b (N,K)^T + beta c: the recipe's FP8 GEMM of two casts. The forward GEMM
   // (fprop) of a per-tensor recipe uses fast accumulation, as Transformer Engine's does; the
