@@ -212,12 +212,12 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& given) const {
       // RoPE's backward writes the projection's output gradient as the FP8 casts its backward reads.
       const int64_t width = dqkv.numel() / (S * B);
       const tensor_parallel::Fp8Activation d{
-          {S, B, width}, dqkv.dtype(),
-          linear_qkv_.fp8()->cast_grad_output(S * B, width, dqkv.device(),
-                                              [&](Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& scale) {
-                                                ops::rope_backward_qkv_fp8(q, q_t, amax, dqkv, heads_local_,
-                                                                           rope_params_, scale);
-                                              })};
+          {S, B, width},
+          dqkv.dtype(),
+          linear_qkv_.fp8()->cast_grad_output(
+              S * B, width, dqkv.device(), [&](Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& scale) {
+                ops::rope_backward_qkv_fp8(q, q_t, amax, dqkv, heads_local_, rope_params_, scale);
+              })};
       return linear_qkv_.backward(d, saved.qkv);
     }
     if (rope_) ops::rope_backward_qkv(dqkv, heads_local_, rope_params_);

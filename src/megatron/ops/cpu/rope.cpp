@@ -7,8 +7,8 @@
 
 #include "megatron/ops/checks/fp8.h"
 #include "megatron/ops/checks/rope.h"
-#include "megatron/ops/fp8.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
+#include "megatron/ops/fp8.h"
 
 namespace megatron::ops::cpu {
 namespace {
