@@ -55,11 +55,9 @@ void check_fp8_quantize_transpose(const Tensor& q, const Tensor& q_t, const Tens
                                   const Tensor& scale, TensorCheck device, TensorCheck x_dtype) {
   check_defined(x, "fp8_quantize_transpose x");
   MEGATRON_CHECK(x.ndim() == 2, "fp8_quantize_transpose x has shape " << shape_str(x.shape()) << "; expected 2-D");
-  check_defined(q_t, "fp8_quantize_transpose q_t");
-  check_fp8_quantize(q_t, amax, x.view({x.dim(1), x.dim(0)}), scale, device, x_dtype);
-  if (!q.defined()) return;
-  check_fp8_quantize(q, amax, x, scale, device, x_dtype);
-  check_dtype(q, q_t.dtype(), "fp8_quantize_transpose q");
+  device(x, "fp8_quantize_transpose x");
+  x_dtype(x, "fp8_quantize_transpose x");
+  check_fp8_casts(q, q_t, amax, scale, x.dim(0), x.dim(1), "fp8_quantize_transpose", device);
 }
 
 void check_fp8_update_scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax_history, DType fp8_dtype,

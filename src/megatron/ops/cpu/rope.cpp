@@ -107,11 +107,13 @@ void cpu::rope_backward_qkv(Tensor& dqkv, int64_t num_heads, const RopeParams& p
 // The reference composes the unfused ops: the contract's definition.
 void cpu::rope_backward_qkv_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& dqkv, int64_t num_heads,
                                 const RopeParams& params, const Tensor& scale) {
+  const checks::RopeQkvDims d =
+      checks::check_rope_qkv(dqkv, num_heads, params, "rope_backward_qkv_fp8", "rope dqkv", check_cpu);
+  const int64_t rows = d.S * d.B;
+  checks::check_fp8_casts(q, q_t, amax, scale, rows, d.G * (d.r + 2) * d.D, "rope_backward_qkv_fp8", check_cpu);
   Tensor rotated = dqkv.clone();
   cpu::rope_backward_qkv(rotated, num_heads, params);
-  const Tensor rows = rotated.view({rotated.dim(0) * rotated.dim(1), -1});
-  checks::check_fp8_casts(q, q_t, amax, scale, rows.dim(0), rows.dim(1), "rope_backward_qkv_fp8", check_cpu);
-  cpu::fp8_quantize_transpose(q, q_t, amax, rows, scale);
+  cpu::fp8_quantize_transpose(q, q_t, amax, rotated.view({rows, -1}), scale);
 }
 
 }  // namespace megatron::ops
