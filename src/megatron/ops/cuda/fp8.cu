@@ -58,19 +58,25 @@ __global__ void quantize_kernel(__nv_fp8_storage_t* q, float* amax, const T* x, 
   if (amax != nullptr) merge_amax(amax, bits);
 }
 
-// The recipe's update (ops/fp8.h) in the CPU reference's arithmetic, one block: amax from `old`
-// (a copy of the history), the roll written into `history`.
-__global__ void update_scale_kernel(float* scale, float* scale_inv, float* history, const float* old, int64_t len,
-                                    float fp8_max, bool use_max, float margin_factor) {
+// The recipe's update (ops/fp8.h) in the CPU reference's arithmetic, one block, in place: the
+// history is rolled a chunk of blockDim entries at a time, each chunk's reads (entries i + 1)
+// before its writes (entries i), and a later chunk reads only entries no earlier one wrote, so no
+// copy of the history is needed; entry 0 is read by every thread before the first write.
+__global__ void update_scale_kernel(float* scale, float* scale_inv, float* history, int64_t len, float fp8_max,
+                                    bool use_max, float margin_factor) {
+  const float first = history[0];
   unsigned bits = 0;
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
-    if (use_max) bits = max(bits, magnitude_bits(old[i]));
+  for (int64_t base = 0; base < len; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
     // TE's roll by -1 (each entry moves down one, the first to the end), then history[0] = 0.
-    history[i] = i == 0 ? 0.0f : old[i + 1 < len ? i + 1 : 0];
+    const float next = i < len ? (i + 1 < len ? history[i + 1] : first) : 0.0f;
+    if (use_max) bits = max(bits, magnitude_bits(next));  // over i: every old entry once
+    __syncthreads();
+    if (i < len) history[i] = i == 0 ? 0.0f : next;
   }
   bits = block_reduce(bits, MaxOp{}, 0u);
   if (threadIdx.x != 0) return;
-  const float amax = use_max && len > 1 ? __uint_as_float(bits) : old[0];  // the CPU's: one entry as it is
+  const float amax = use_max && len > 1 ? __uint_as_float(bits) : first;  // the CPU's: one entry as it is
   if (isfinite(amax) && amax > 0.0f) *scale = __fdiv_rn(__fdiv_rn(fp8_max, amax), margin_factor);
   *scale_inv = __fdiv_rn(1.0f, *scale);
 }
@@ -289,10 +295,9 @@ void cuda::fp8_quantize_blockwise(Tensor& q, Tensor& q_scale_inv, Tensor& q_t, T
 void cuda::fp8_update_scale(Tensor& scale, Tensor& scale_inv, Tensor& amax_history, DType fp8_dtype,
                             const Fp8Recipe& recipe) {
   checks::check_fp8_update_scale(scale, scale_inv, amax_history, fp8_dtype, recipe, check_cuda);
-  const Tensor old = amax_history.clone();  // read while the roll rewrites the history
   update_scale_kernel<<<1, kThreads, 0, stream()>>>(
       device_data<float>(scale), device_data<float>(scale_inv), device_data<float>(amax_history),
-      device_data<float>(old), amax_history.numel(), fp8_max(fp8_dtype),
+      amax_history.numel(), fp8_max(fp8_dtype),
       recipe.amax_compute_algo == AmaxComputeAlgo::max, std::ldexp(1.0f, int(recipe.margin)));
   CUDA_CHECK_LAUNCH();
 }

@@ -73,32 +73,45 @@ __global__ void cast_transpose_kernel(Source source, __nv_fp8_storage_t* q, __nv
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   const int seg = int(threadIdx.x) % kSeg * kSeg, line0 = int(threadIdx.x) / kSeg;
   constexpr int kLines = kTileThreads / kSeg;  // 32 rows (or q_t rows) per pass
+  constexpr int kPasses = kTile / kLines;
+  const int64_t col = c0 + seg;  // the first of this thread's 8 columns
+  // Every pass's loads issued before any is used, so each thread keeps all its reads in flight
+  // at once (the kernel is bound by the memory's latency x the bytes in flight).
+  const bool vectors = load_vectors && col + kSeg <= cols;
+  float v[kPasses][kOut][kSeg];
+  if (vectors) {
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t r = r0 + line0 + p * kLines;
+      if (r < rows) source.load8(r, col, v[p]);
+    }
+  }
   unsigned bits = 0;
-  for (int line = line0; line < kTile; line += kLines) {
-    const int64_t r = r0 + line, c = c0 + seg;
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int line = line0 + p * kLines;
+    const int64_t r = r0 + line;
     if (r >= rows) break;
     Pack<kSeg> out[kOut];
-    if (load_vectors && c + kSeg <= cols) {
-      float v[kOut][kSeg];
-      source.load8(r, c, v);
+    if (vectors) {
 #pragma unroll
       for (int o = 0; o < kOut; ++o) {
 #pragma unroll
         for (int j = 0; j < kSeg; ++j) {
-          bits = max(bits, magnitude_bits(v[o][j]));
-          out[o].code[j] = cast(v[o][j], s, format);
+          bits = max(bits, magnitude_bits(v[p][o][j]));
+          out[o].code[j] = cast(v[p][o][j], s, format);
         }
-        if (q != nullptr) *reinterpret_cast<Pack<kSeg>*>(q + r * ld + o * cols + c) = out[o];
+        if (q != nullptr) *reinterpret_cast<Pack<kSeg>*>(q + r * ld + o * cols + col) = out[o];
       }
     } else {
-      for (int j = 0; j < kSeg && c + j < cols; ++j) {
-        float v[kOut];
-        source.load1(r, c + j, v);
+      for (int j = 0; j < kSeg && col + j < cols; ++j) {
+        float e[kOut];
+        source.load1(r, col + j, e);
 #pragma unroll
         for (int o = 0; o < kOut; ++o) {
-          bits = max(bits, magnitude_bits(v[o]));
-          out[o].code[j] = cast(v[o], s, format);
-          if (q != nullptr) q[r * ld + o * cols + c + j] = out[o].code[j];
+          bits = max(bits, magnitude_bits(e[o]));
+          out[o].code[j] = cast(e[o], s, format);
+          if (q != nullptr) q[r * ld + o * cols + col + j] = out[o].code[j];
         }
       }
     }

@@ -7,6 +7,7 @@
 // (rope_backward_qkv_fp8), with the same arithmetic.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "megatron/ops/checks/fp8.h"
 #include "megatron/ops/checks/rope.h"
@@ -170,51 +171,62 @@ struct RopeGradSource {
   const T* dqkv;
   const float* cos_t;  // (S, half)
   const float* sin_t;  // (S, half), negated: the backward's rotation
-  int64_t B, cols;
-  int D, half, rotated, stored;
+  // 32-bit indices (the launch checks rows and cols fit): a 64-bit division per element costs
+  // more than the element's bytes.
+  int B, cols, D, half, rotated, stored;
   bool interleaved;
 
-  __device__ __forceinline__ bool turns(int64_t c) const {
-    return int((c / D) % stored) < rotated && int(c % D) < 2 * half;
+  // Column c's channel within its head, or -1 where c passes through unturned.
+  __device__ __forceinline__ int turned_channel(int c) const {
+    const int head = c / D, ch = c - head * D;
+    return head % stored < rotated && ch < 2 * half ? ch : -1;
   }
-  __device__ __forceinline__ float load(int64_t r, int64_t c) const {
+  __device__ __forceinline__ void load1(int64_t r, int64_t c, float (&v)[1]) const {
     const T* row = dqkv + r * cols;
-    if (!turns(c)) return to_float(row[c]);
-    const int ch = int(c % D);
+    const int ch = turned_channel(int(c));
+    if (ch < 0) {
+      v[0] = to_float(row[c]);
+      return;
+    }
     const bool first = interleaved ? ch % 2 == 0 : ch < half;
     const int j = interleaved ? ch / 2 : (first ? ch : ch - half);
     const T* head = row + (c - ch);
     const float x1 = to_float(head[interleaved ? 2 * j : j]), x2 = to_float(head[interleaved ? 2 * j + 1 : j + half]);
-    const int64_t at = (r / B) * half + j;
+    const int at = int(r) / B * half + j;
     const float cs = cos_t[at], sn = sin_t[at];
-    return fp8::as_stored<T>(first ? turned_first(x1, x2, cs, sn) : turned_second(x1, x2, cs, sn));
+    v[0] = fp8::as_stored<T>(first ? turned_first(x1, x2, cs, sn) : turned_second(x1, x2, cs, sn));
   }
-  __device__ __forceinline__ void load1(int64_t r, int64_t c, float (&v)[1]) const { v[0] = load(r, c); }
+  // The angles [j, j + N) of row r's position, as 16-byte loads (j and half multiples of 4).
+  template <int N>
+  __device__ __forceinline__ void angles(int64_t r, int j, float (&cs)[N], float (&sn)[N]) const {
+    const int at = int(r) / B * half + j;
+    load_floats<N>(cos_t + at, cs);
+    load_floats<N>(sin_t + at, sn);
+  }
   __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[1][8]) const {
     const T* row = dqkv + r * cols;
     load_floats<8>(row + c, v[0]);
-    if (!turns(c)) return;
-    const int ch = int(c % D);
-    const float* cs = cos_t + (r / B) * half;
-    const float* sn = sin_t + (r / B) * half;
+    const int ch = turned_channel(int(c));
+    if (ch < 0) return;
     if (interleaved) {
+      float cs[4], sn[4];
+      angles(r, ch / 2, cs, sn);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int j = ch / 2 + i;
         const float x1 = v[0][2 * i], x2 = v[0][2 * i + 1];
-        v[0][2 * i] = fp8::as_stored<T>(turned_first(x1, x2, cs[j], sn[j]));
-        v[0][2 * i + 1] = fp8::as_stored<T>(turned_second(x1, x2, cs[j], sn[j]));
+        v[0][2 * i] = fp8::as_stored<T>(turned_first(x1, x2, cs[i], sn[i]));
+        v[0][2 * i + 1] = fp8::as_stored<T>(turned_second(x1, x2, cs[i], sn[i]));
       }
       return;
     }
     const bool first = ch < half;
-    const int j0 = first ? ch : ch - half;
-    float partner[8];
+    float partner[8], cs[8], sn[8];
     load_floats<8>(row + (first ? c + half : c - half), partner);
+    angles(r, first ? ch : ch - half, cs, sn);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const float x = v[0][k], p = partner[k], c_k = cs[j0 + k], s_k = sn[j0 + k];
-      v[0][k] = fp8::as_stored<T>(first ? turned_first(x, p, c_k, s_k) : turned_second(p, x, c_k, s_k));
+      const float x = v[0][k], p = partner[k];
+      v[0][k] = fp8::as_stored<T>(first ? turned_first(x, p, cs[k], sn[k]) : turned_second(p, x, cs[k], sn[k]));
     }
   }
 };
@@ -308,6 +320,8 @@ void cuda::rope_backward_qkv_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Ten
   const int64_t rows = d.S * d.B, cols = d.G * (d.r + 2) * d.D;
   checks::check_fp8_casts(q, q_t, amax, scale, rows, cols, op, check_cuda);
   const InvFreq inv_freq = inv_freq_table(d.rot_dim, params, op);
+  MEGATRON_CHECK(rows <= INT32_MAX && cols <= INT32_MAX,
+                 op << ": dqkv of " << rows << " x " << cols << " exceeds the kernel's 32-bit indices; split the batch");
   const int half = int(d.rot_dim / 2);
   Tensor table = Tensor::empty({2, d.S, std::max(half, 1)}, DType::f32, dqkv.device());
   if (half > 0 && d.S > 0) {
@@ -320,8 +334,8 @@ void cuda::rope_backward_qkv_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Ten
     const T* x = static_cast<const T*>(dqkv.raw());
     const bool vectors = is_aligned16(x) && (cols * int64_t(sizeof(T))) % kVecBytes == 0 && d.D % fp8::kSeg == 0 &&
                          (params.interleaved ? 2 * half : half) % fp8::kSeg == 0;
-    const RopeGradSource<T> source{x,        cos_t, cos_t + d.S * half, d.B,          cols,
-                                   int(d.D), half,  int(d.r + 1),       int(d.r + 2), params.interleaved};
+    const RopeGradSource<T> source{x,        cos_t,        cos_t + d.S * half, int(d.B),     int(cols),
+                                   int(d.D), half,         int(d.r + 1),       int(d.r + 2), params.interleaved};
     fp8::launch_cast_transpose(source, vectors, q, q_t, amax, scale, rows, cols, op);
   });
 }
