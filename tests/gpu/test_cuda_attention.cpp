@@ -809,7 +809,8 @@ TEST(CudnnAttentionShape, BucketsPackedDocuments) {
   EXPECT_EQ(rows.S, 300);
 }
 
-// MHA on cuDNN reads qkv and writes dqkv in place; GQA, dropout and head dim 32 split and merge.
+// cuDNN reads k and v from qkv and writes dk and dv into dqkv in place, q and dq too for MHA (GQA's
+// through a copy); dropout and head dim 32 split and merge around our kernels.
 TEST_F(CudaAttention, FusedQkvMatchesCpuF64) {
   struct FusedCase {
     Dims d;
@@ -823,10 +824,15 @@ TEST_F(CudaAttention, FusedQkvMatchesCpuF64) {
   };
   uint64_t seed = 5000;
   for (const FusedCase& c : cases) {
-    for (bool causal : {true, false}) check_fused_case(c.d, c.dt, causal, c.dropout, seed += 10);
+    for (bool causal : {true, false}) {
+      const int64_t before = ops::cuda::op_path_count(OpPath::attention_backward_cudnn);
+      check_fused_case(c.d, c.dt, causal, c.dropout, seed += 10);
+      const bool cudnn = c.dropout == 0.0f && c.d.HS != 32;  // GQA as well as MHA
+      EXPECT_EQ(ops::cuda::op_path_count(OpPath::attention_backward_cudnn), before + (cudnn ? 1 : 0)) << c.d.str();
+    }
   }
-  // Packed documents in one row: MHA on cuDNN's ragged batch in place (the operands' token stride
-  // is qkv's, 3 NH HS), GQA split and merged around it.
+  // Packed documents in one row: on cuDNN's ragged batch, k and v (and MHA's q) in place (the
+  // operands' token stride is qkv's, G (r + 2) HS).
   for (const Dims& d : {Dims{200, 1, 4, 4, 64}, Dims{200, 1, 4, 2, 128}}) {
     for (bool causal : {true, false}) {
       const int64_t before = ops::cuda::op_path_count(OpPath::attention_backward_cudnn_packed);
@@ -876,15 +882,17 @@ TEST_F(CudaAttention, RoutesToCudnnWhereItApplies) {
     EXPECT_TRUE(same_bits(out.gpu, want.gpu));
     EXPECT_TRUE(same_bits(lse.gpu, want_lse.gpu));
   }
-  // The fused MHA layout runs in place on cuDNN.
-  const Dims m{64, 2, 4, 4, 64};
+  // The fused layout runs on cuDNN: MHA in place, GQA with k and v in place (q through a copy).
   const AttentionParams p{true, 0.125f, 0.0f, 5, 6};
-  const Tensor qkv = Tensor::zeros(m.qkv_shape(), DType::bf16, gpu()),
-               out = Tensor::zeros(m.q_shape(), DType::bf16, gpu());
-  const char* base = static_cast<const char*>(qkv.raw());
-  EXPECT_TRUE(
-      ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_fused_mha(m.S, m.B, m.NH, m.HS, DType::bf16, p), p,
-                                         {out.raw(), base, base + 128, base + 256}));
+  for (const Dims& m : {Dims{64, 2, 4, 4, 64}, Dims{64, 2, 4, 2, 64}}) {
+    const Tensor qkv = Tensor::zeros(m.qkv_shape(), DType::bf16, gpu()),
+                 out = Tensor::zeros(m.q_shape(), DType::bf16, gpu());
+    const char* base = static_cast<const char*>(qkv.raw());
+    const int64_t r = m.NH / m.G;
+    EXPECT_TRUE(ops::cuda::cudnn_attention_applies(ops::cuda::cudnn_attention_fused(m.checks(), DType::bf16, p), p,
+                                                   {out.raw(), base, base + r * 128, base + (r + 1) * 128}))
+        << m.str();
+  }
   // Document masking (segment ids) keeps our kernels even where everything else suits cuDNN.
   const Dims d{16, 1, 2, 2, 64};
   AttentionParams segmented{true, 0.125f, 0.0f, 5, 6};

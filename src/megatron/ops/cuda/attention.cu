@@ -50,7 +50,9 @@ __global__ void qkv_copy_kernel(U* qkv, U* q, U* k, U* v, int64_t SB, int G, int
     const int64_t fused_head = idx / head_units, u = idx % head_units;
     const int64_t sbg = fused_head / (r + 2), t = fused_head % (r + 2);
     const QkvHead h = qkv_head(sbg / G, sbg % G, t, G, r);  // h.fused == fused_head
-    U* head = (h.tensor == 0 ? q : h.tensor == 1 ? k : v) + h.separate * head_units;
+    U* tensor = h.tensor == 0 ? q : h.tensor == 1 ? k : v;
+    if (tensor == nullptr) continue;  // not copied (copy_query_heads)
+    U* head = tensor + h.separate * head_units;
     if (to_qkv) {
       qkv[idx] = head[u];
     } else {
@@ -70,9 +72,9 @@ void launch_qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, const Dims& d
   CUDA_CHECK_LAUNCH();
 }
 
-// Byte copies between qkv and q, k, v, so any dtype works (as on the CPU).
-void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
-  const Dims d = attention_detail::cuda_dims(checks::check_qkv_fused(qkv, q, k, v, check_cuda), q);
+// Byte copies between qkv and q, k, v, so any dtype works (as on the CPU); k and v may be
+// undefined (not copied). The caller has checked the shapes.
+void copy_heads(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, const Dims& d, bool to_qkv) {
   if (qkv.numel() == 0) return;
   const size_t head_bytes = size_t(d.HS) * q.element_size();
   const bool whole_words = head_bytes % 16 == 0 && is_aligned16(qkv.raw()) && is_aligned16(q.raw()) &&
@@ -94,11 +96,33 @@ void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
                                           << " bytes, which the copy kernel does not handle");
 }
 
-// Addresses of q, k, v inside the fused MHA qkv (S,B,NH,3*HS): each head is [q | k | v].
-std::array<char*, 3> fused_heads(const Tensor& qkv, int64_t HS) {
+void qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, bool to_qkv) {
+  copy_heads(qkv, q, k, v, attention_detail::cuda_dims(checks::check_qkv_fused(qkv, q, k, v, check_cuda), q), to_qkv);
+}
+
+// q, k, v of the fused projection qkv (S,B,G,(r+2)*HS), r = NH/G query heads a group, where
+// cuDNN reads them (cudnn_attention_fused): k and v in place; q too for MHA (r = 1). GQA's query
+// heads are not one stride apart (a group's r heads, then the next group's), so they go through
+// `copy` (S,B,NH,HS), which q then points at (place_query_heads_apart).
+struct FusedOperands {
+  Tensor copy;
+  char *q, *k, *v;
+};
+FusedOperands fused_operands(const Tensor& qkv, const checks::AttentionDims& d) {
   char* base = static_cast<char*>(const_cast<void*>(qkv.raw()));
-  const int64_t head = HS * int64_t(qkv.element_size());
-  return {base, base + head, base + 2 * head};
+  const int64_t r = d.NH / d.G, head = d.HS * int64_t(qkv.element_size());
+  return {Tensor(), base, base + r * head, base + (r + 1) * head};
+}
+void place_query_heads_apart(FusedOperands& f, const checks::AttentionDims& d, const Tensor& like) {
+  if (d.NH == d.G) return;
+  f.copy = Tensor::empty({d.S, d.B, d.NH, d.HS}, like.dtype(), like.device());
+  f.q = static_cast<char*>(f.copy.raw());
+}
+// GQA's query heads between the fused tensor and f.copy (to_fused: into the fused tensor).
+void copy_query_heads(Tensor& fused, FusedOperands& f, const checks::AttentionDims& d, bool to_fused) {
+  if (!f.copy.defined()) return;
+  Tensor none;
+  copy_heads(fused, f.copy, none, none, attention_detail::cuda_dims(d, f.copy), to_fused);
 }
 }  // namespace
 
@@ -145,11 +169,13 @@ void cuda::attention_forward_qkv(Tensor& out, Tensor& lse, const Tensor& qkv, in
                                  const AttentionParams& params) {
   const checks::AttentionDims d =
       checks::check_attention_forward_qkv(out, lse, qkv, num_heads, params, attention_detail::kCudaAttention);
-  if (d.G == d.NH && qkv.numel() > 0) {
-    const CudnnAttention a = cudnn_attention_fused_mha(d.S, d.B, d.NH, d.HS, qkv.dtype(), params);
-    const auto [q, k, v] = fused_heads(qkv, d.HS);
-    if (cudnn_attention_applies(a, params, {out.raw(), lse.raw(), q, k, v}))
-      return cudnn_attention_forward(a, out.raw(), lse.data<float>(), q, k, v, params.cu_seqlens);
+  const CudnnAttention a = cudnn_attention_fused(d, qkv.dtype(), params);
+  FusedOperands f = fused_operands(qkv, d);
+  if (qkv.numel() > 0 && cudnn_attention_applies(a, params, {out.raw(), lse.raw(), qkv.raw(), f.k, f.v})) {
+    Tensor source = qkv;  // read only (copy_heads takes the fused side mutable for the merge)
+    place_query_heads_apart(f, d, qkv);
+    copy_query_heads(source, f, d, false);
+    return cudnn_attention_forward(a, out.raw(), lse.data<float>(), f.q, f.k, f.v, params.cu_seqlens);
   }
   attention_forward_qkv_by_definition(out, lse, qkv, num_heads, params);
 }
@@ -158,13 +184,18 @@ void cuda::attention_backward_qkv(Tensor& dqkv, const Tensor& dout, const Tensor
                                   const Tensor& lse, int64_t num_heads, const AttentionParams& params) {
   const checks::AttentionDims d = checks::check_attention_backward_qkv(dqkv, dout, qkv, out, lse, num_heads, params,
                                                                        attention_detail::kCudaAttention);
-  if (d.G == d.NH && qkv.numel() > 0) {
-    const CudnnAttention a = cudnn_attention_fused_mha(d.S, d.B, d.NH, d.HS, qkv.dtype(), params);
-    const auto [q, k, v] = fused_heads(qkv, d.HS);
-    const auto [dq, dk, dv] = fused_heads(dqkv, d.HS);
-    if (cudnn_attention_applies(a, params, {dq, dk, dv, dout.raw(), q, k, v, out.raw(), lse.raw()}))
-      return cudnn_attention_backward(a, dq, dk, dv, dout.raw(), q, k, v, out.raw(), lse.data<float>(),
-                                      params.cu_seqlens);
+  const CudnnAttention a = cudnn_attention_fused(d, qkv.dtype(), params);
+  FusedOperands f = fused_operands(qkv, d), df = fused_operands(dqkv, d);
+  if (qkv.numel() > 0 &&
+      cudnn_attention_applies(a, params,
+                              {dqkv.raw(), df.k, df.v, dout.raw(), qkv.raw(), f.k, f.v, out.raw(), lse.raw()})) {
+    Tensor source = qkv;
+    place_query_heads_apart(f, d, qkv);
+    place_query_heads_apart(df, d, dqkv);
+    copy_query_heads(source, f, d, false);
+    cudnn_attention_backward(a, df.q, df.k, df.v, dout.raw(), f.q, f.k, f.v, out.raw(), lse.data<float>(),
+                             params.cu_seqlens);
+    return copy_query_heads(dqkv, df, d, true);  // dq into its heads of dqkv
   }
   attention_backward_qkv_by_definition(dqkv, dout, qkv, out, lse, num_heads, params);
 }

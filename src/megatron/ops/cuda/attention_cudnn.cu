@@ -482,22 +482,13 @@ CudnnAttention cudnn_attention_separate(const checks::AttentionDims& d, DType dt
                      params);
 }
 
-CudnnAttention cudnn_attention_fused_mha(int64_t S, int64_t B, int64_t NH, int64_t HS, DType dtype,
-                                         const AttentionParams& params) {
-  const std::array<int64_t, 3> fused = {NH * 3 * HS, 3 * HS, B * NH * 3 * HS};
-  return packed_form(CudnnAttention{.B = B,
-                                    .NH = NH,
-                                    .G = NH,
-                                    .S = S,
-                                    .HS = HS,
-                                    .dtype = dtype,
-                                    .causal = params.causal,
-                                    .softmax_scale = params.softmax_scale,
-                                    .q_strides = fused,
-                                    .k_strides = fused,
-                                    .v_strides = fused,
-                                    .out_strides = {NH * HS, HS, B * NH * HS}},
-                     params);
+CudnnAttention cudnn_attention_fused(const checks::AttentionDims& d, DType dtype, const AttentionParams& params) {
+  CudnnAttention a = cudnn_attention_separate(d, dtype, params);
+  const int64_t head = (d.NH / d.G + 2) * d.HS;  // a group's [q.. | k | v] in qkv
+  const std::array<int64_t, 3> fused = {d.G * head, head, d.B * d.G * head};
+  a.k_strides = a.v_strides = fused;
+  if (d.NH == d.G) a.q_strides = fused;
+  return a;
 }
 
 bool cudnn_attention_applies(const CudnnAttention& a, const AttentionParams& params,

@@ -13,9 +13,10 @@
 // The backward reads the forward's lse and out, so it is exact w.r.t. our contract whichever
 // kernels produced them. GQA: dk, dv are summed over each group's query heads inside the graph.
 //
-// Operands are addressed through strides, never copied: separate tensors (q, out (S,B,NH,HS);
-// k, v (S,B,G,HS)) or q, k, v read in place from the fused MHA projection (S,B,NH,3*HS), each
-// head [q | k | v], with dq, dk, dv written in place into dqkv. lse (B,NH,S) f32.
+// Operands are addressed through strides: separate tensors (q, out (S,B,NH,HS); k, v (S,B,G,HS))
+// or read in place from the fused projection (S,B,G,(r+2)*HS), each group [r query heads | k | v]:
+// k and v (and dk, dv written in place into dqkv) always, q and dq too for MHA (r = 1); GQA's
+// query heads go through a (S,B,NH,HS) copy. lse (B,NH,S) f32.
 //
 // Packed documents (AttentionParams::cu_seqlens) run as cuDNN's ragged batch, TransformerEngine's
 // THD form of the same graphs: the documents are the batch (B = their number, S = the longest),
@@ -64,10 +65,10 @@ struct CudnnAttention {
 // q, out (S,B,NH,HS); k, v (S,B,G,HS): separate tensors. Both forms take the packed documents'
 // ragged batch where params.cu_seqlens is given (its document count is read from its shape).
 CudnnAttention cudnn_attention_separate(const checks::AttentionDims& d, DType dtype, const AttentionParams& params);
-// q, k, v inside the fused MHA projection qkv (S,B,NH,3*HS) at element offsets 0, HS, 2*HS; out
-// (S,B,NH,HS).
-CudnnAttention cudnn_attention_fused_mha(int64_t S, int64_t B, int64_t NH, int64_t HS, DType dtype,
-                                         const AttentionParams& params);
+// k and v inside the fused projection qkv (S,B,G,(NH/G+2)*HS) at element offsets r*HS and
+// (r+1)*HS of each group (r = NH/G); q there too (offset 0) for MHA (r = 1), else separate
+// (S,B,NH,HS) (a group's query heads are not one stride apart); out (S,B,NH,HS).
+CudnnAttention cudnn_attention_fused(const checks::AttentionDims& d, DType dtype, const AttentionParams& params);
 
 // The routing decision of the CUDA attention ops: true when `a` runs on cuDNN. Rules: bf16 or f16;
 // head dim 64 or 128 (the ones measured; others keep our kernels); no attention dropout (our mask
@@ -90,7 +91,8 @@ bool cudnn_attention_applies(const CudnnAttention& a, const AttentionParams& par
                              std::initializer_list<const void*> operands);
 
 // The graphs above; require cudnn_attention_applies(a, ...). Addresses are those of the operands'
-// first elements (for the fused layout: qkv, qkv + HS, qkv + 2*HS, and the same in dqkv);
+// first elements (for the fused layout: qkv or GQA's query copy, then qkv + r*HS and qkv + (r+1)*HS;
+// the same for dqkv);
 // cu_seqlens is params.cu_seqlens (on the GPU) where `a` is packed, else undefined.
 void cudnn_attention_forward(const CudnnAttention& a, void* out, float* lse, const void* q, const void* k,
                              const void* v, const Tensor& cu_seqlens);
