@@ -296,9 +296,8 @@ void cuda::fp8_update_scale(Tensor& scale, Tensor& scale_inv, Tensor& amax_histo
                             const Fp8Recipe& recipe) {
   checks::check_fp8_update_scale(scale, scale_inv, amax_history, fp8_dtype, recipe, check_cuda);
   update_scale_kernel<<<1, kThreads, 0, stream()>>>(
-      device_data<float>(scale), device_data<float>(scale_inv), device_data<float>(amax_history),
-      amax_history.numel(), fp8_max(fp8_dtype),
-      recipe.amax_compute_algo == AmaxComputeAlgo::max, std::ldexp(1.0f, int(recipe.margin)));
+      device_data<float>(scale), device_data<float>(scale_inv), device_data<float>(amax_history), amax_history.numel(),
+      fp8_max(fp8_dtype), recipe.amax_compute_algo == AmaxComputeAlgo::max, std::ldexp(1.0f, int(recipe.margin)));
   CUDA_CHECK_LAUNCH();
 }
 

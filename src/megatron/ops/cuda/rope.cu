@@ -320,8 +320,8 @@ void cuda::rope_backward_qkv_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Ten
   const int64_t rows = d.S * d.B, cols = d.G * (d.r + 2) * d.D;
   checks::check_fp8_casts(q, q_t, amax, scale, rows, cols, op, check_cuda);
   const InvFreq inv_freq = inv_freq_table(d.rot_dim, params, op);
-  MEGATRON_CHECK(rows <= INT32_MAX && cols <= INT32_MAX,
-                 op << ": dqkv of " << rows << " x " << cols << " exceeds the kernel's 32-bit indices; split the batch");
+  MEGATRON_CHECK(rows <= INT32_MAX && cols <= INT32_MAX, op << ": dqkv of " << rows << " x " << cols
+                                                            << " exceeds the kernel's 32-bit indices; split the batch");
   const int half = int(d.rot_dim / 2);
   Tensor table = Tensor::empty({2, d.S, std::max(half, 1)}, DType::f32, dqkv.device());
   if (half > 0 && d.S > 0) {
@@ -334,8 +334,8 @@ void cuda::rope_backward_qkv_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Ten
     const T* x = static_cast<const T*>(dqkv.raw());
     const bool vectors = is_aligned16(x) && (cols * int64_t(sizeof(T))) % kVecBytes == 0 && d.D % fp8::kSeg == 0 &&
                          (params.interleaved ? 2 * half : half) % fp8::kSeg == 0;
-    const RopeGradSource<T> source{x,        cos_t,        cos_t + d.S * half, int(d.B),     int(cols),
-                                   int(d.D), half,         int(d.r + 1),       int(d.r + 2), params.interleaved};
+    const RopeGradSource<T> source{x,        cos_t, cos_t + d.S * half, int(d.B),     int(cols),
+                                   int(d.D), half,  int(d.r + 1),       int(d.r + 2), params.interleaved};
     fp8::launch_cast_transpose(source, vectors, q, q_t, amax, scale, rows, cols, op);
   });
 }
