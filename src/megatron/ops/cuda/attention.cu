@@ -61,13 +61,16 @@ __global__ void qkv_copy_kernel(U* qkv, U* q, U* k, U* v, int64_t SB, int G, int
   }
 }
 
+// A tensor's data, or null where it is undefined (a head not copied).
+void* raw_or_null(Tensor& t) { return t.defined() ? t.raw() : nullptr; }
+
 template <class U>
 void launch_qkv_copy(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, const Dims& d, bool to_qkv) {
   const int64_t head_units = int64_t(d.HS) * int64_t(q.element_size()) / int64_t(sizeof(U));
   const int64_t SB = int64_t(d.S) * d.B;
   const int64_t total = SB * d.G * (d.group_size() + 2) * head_units;
   qkv_copy_kernel<U><<<grid_for(total), kThreads, 0, stream()>>>(static_cast<U*>(qkv.raw()), static_cast<U*>(q.raw()),
-                                                                 static_cast<U*>(k.raw()), static_cast<U*>(v.raw()), SB,
+                                                                 static_cast<U*>(raw_or_null(k)), static_cast<U*>(raw_or_null(v)), SB,
                                                                  d.G, d.group_size(), head_units, to_qkv);
   CUDA_CHECK_LAUNCH();
 }
@@ -78,7 +81,7 @@ void copy_heads(Tensor& qkv, Tensor& q, Tensor& k, Tensor& v, const Dims& d, boo
   if (qkv.numel() == 0) return;
   const size_t head_bytes = size_t(d.HS) * q.element_size();
   const bool whole_words = head_bytes % 16 == 0 && is_aligned16(qkv.raw()) && is_aligned16(q.raw()) &&
-                           is_aligned16(k.raw()) && is_aligned16(v.raw());
+                           is_aligned16(raw_or_null(k)) && is_aligned16(raw_or_null(v));
   if (whole_words) return launch_qkv_copy<uint4>(qkv, q, k, v, d, to_qkv);
   switch (q.element_size()) {
     case 1:
