@@ -126,6 +126,34 @@ TEST_F(CudaFp8, AmaxAndScaleUpdateMatchCpu) {
       }
 }
 
+// 70 tensors in one call (two launches: 64 a batch), of both dtypes, some histories without an
+// amax: the same bytes as the CPU's update of each.
+TEST_F(CudaFp8, BatchedScaleUpdateMatchesCpu) {
+  const ops::Fp8Recipe recipe{.amax_history_len = 1024, .amax_compute_algo = ops::AmaxComputeAlgo::max, .margin = 1};
+  std::vector<Tensor> scales[2], scale_invs[2], histories[2];  // [0] CPU, [1] GPU
+  std::vector<DType> dtypes;
+  for (int i = 0; i < 70; ++i) {
+    const Tensor history = i % 7 == 3 ? Tensor::zeros({1024}, DType::f32) : randn({1024}, DType::f32, 100 + i);
+    const Tensor scale = scalar(float(i + 1)), scale_inv = scalar(1.0f / float(i + 1));
+    for (int side = 0; side < 2; ++side) {
+      const Device device = side == 0 ? Device::cpu() : gpu();
+      scales[side].push_back(scale.to(device).clone());
+      scale_invs[side].push_back(scale_inv.to(device).clone());
+      histories[side].push_back(history.to(device).clone());
+    }
+    dtypes.push_back(i % 2 == 0 ? DType::e4m3 : DType::e5m2);
+  }
+  for (int step = 0; step < 3; ++step) {
+    ops::cpu::fp8_update_scales(scales[0], scale_invs[0], histories[0], dtypes, recipe);
+    ops::cuda::fp8_update_scales(scales[1], scale_invs[1], histories[1], dtypes, recipe);
+  }
+  for (size_t i = 0; i < dtypes.size(); ++i) {  // finite values: equal floats are equal bytes
+    EXPECT_EQ(scales[1][i].to(Device::cpu()).to_vector(), scales[0][i].to_vector()) << i;
+    EXPECT_EQ(scale_invs[1][i].to(Device::cpu()).to_vector(), scale_invs[0][i].to_vector()) << i;
+    EXPECT_EQ(histories[1][i].to(Device::cpu()).to_vector(), histories[0][i].to_vector()) << i;
+  }
+}
+
 namespace {
 
 struct GemmCase {

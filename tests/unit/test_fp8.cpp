@@ -193,6 +193,25 @@ TEST(Fp8Recipe, MostRecentAndE5m2) {
   EXPECT_EQ(scale.item(), 57344.0);  // the most recent amax, although 8 is in the history
 }
 
+// The batched update is the single one per entry: each entry's own dtype, history and scale.
+TEST(Fp8Recipe, BatchedUpdateIsTheUpdateOfEachTensor) {
+  const ops::Fp8Recipe recipe{.amax_history_len = 2, .amax_compute_algo = ops::AmaxComputeAlgo::max};
+  std::vector<Tensor> scales{scalar(1.0f), scalar(5.0f), scalar(7.0f)};
+  std::vector<Tensor> scale_invs{scalar(1.0f), scalar(0.2f), scalar(1.0f / 7.0f)};
+  std::vector<Tensor> histories{Tensor::from_vector({8.0f, 2.0f}, {2}), Tensor::from_vector({0.0f, 0.0f}, {2}),
+                                Tensor::from_vector({1.0f, 4.0f}, {2})};
+  const std::vector<DType> dtypes{DType::e5m2, DType::e4m3, DType::e4m3};
+  ops::fp8_update_scales(scales, scale_invs, histories, dtypes, recipe);
+  EXPECT_EQ(scales[0].item(), 7168.0);  // 57344 / max(8, 2)
+  EXPECT_EQ(scales[1].item(), 5.0);     // no amax: kept
+  EXPECT_EQ(scales[2].item(), 112.0);   // 448 / max(1, 4)
+  EXPECT_EQ(scale_invs[2].item(), double(1.0f / 112.0f));
+  EXPECT_EQ(histories[0].to_vector(), (std::vector<float>{0, 8}));
+  EXPECT_EQ(histories[2].to_vector(), (std::vector<float>{0, 1}));
+  std::vector<DType> too_few{DType::e4m3};
+  EXPECT_THROW(ops::fp8_update_scales(scales, scale_invs, histories, too_few, recipe), Error);
+}
+
 // C = (a_scale_inv A) (b_scale_inv B)^T on exactly representable values, so the expected C is exact.
 TEST(Fp8Ops, MatmulEmulationIsExactOnRepresentableValues) {
   const Tensor a = Tensor::from_vector({1, 2, 3, -1, 0.5f, 4}, {2, 3});

@@ -20,6 +20,8 @@
 //             that block's own amax (fp8_quantize_blockwise): activations and output gradients in
 //             1x128 tiles along the GEMM's reduction dimension, weights in 128x128 blocks. Nothing
 //             is carried from one step to the next.
+#include <vector>
+
 #include "megatron/core/tensor.h"
 #include "megatron/ops/gemm.h"
 #include "megatron/ops/op.h"
@@ -60,6 +62,12 @@ MEGATRON_OP(fp8_quantize_transpose, void(Tensor& q, Tensor& q_t, Tensor& amax, c
 // amax_history (N) f32, all on one device; the recipe's algorithm and margin apply.
 MEGATRON_OP(fp8_update_scale,
             void(Tensor& scale, Tensor& scale_inv, Tensor& amax_history, DType fp8_dtype, const Fp8Recipe& recipe));
+// fp8_update_scale of many tensors at once (entry i: scales[i], scale_invs[i], amax_histories[i],
+// fp8_dtypes[i]; the vectors of one length), all on one device: on CUDA one launch per 64 of them
+// instead of one each (the delayed recipe updates every FP8 operand of the model after a step).
+MEGATRON_OP(fp8_update_scales,
+            void(std::vector<Tensor>& scales, std::vector<Tensor>& scale_invs, std::vector<Tensor>& amax_histories,
+                 const std::vector<DType>& fp8_dtypes, const Fp8Recipe& recipe));
 // C = alpha * (a_scale_inv op(A)) (b_scale_inv op(B)) + beta * C, FP32 accumulation.
 // A, B: 2-D e4m3 / e5m2 (not both e5m2), scale_invs (1) f32; C: bf16, f16 or f32 (2-D).
 // On CUDA (cuBLASLt, compute capability 8.9 or newer) Hopper's rule holds: FP8 GEMMs take A

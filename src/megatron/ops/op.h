@@ -14,21 +14,27 @@
 // definition that matches no declaration is an error. Signatures carry no default arguments (a
 // function type cannot), so callers pass every argument.
 #include <type_traits>
+#include <vector>
 
 #include "megatron/core/tensor.h"
 #include "megatron/ops/profiler.h"
 
 namespace megatron::ops {
 
-// The device an op runs on: that of its first defined tensor argument. An op's tensors share one
-// device (each backend checks the others), and leading outputs may be undefined (linear_backward
-// without dX).
+// The device an op runs on: that of its first defined tensor argument (a Tensor, or an element of
+// a std::vector<Tensor>: the batched ops). An op's tensors share one device (each backend checks
+// the others), and leading outputs may be undefined (linear_backward without dX).
 template <class... Args>
 Device op_device(const Args&... args) {
   const Tensor* first = nullptr;
   const auto consider = [&first](const auto& arg) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, Tensor>)
+    using Arg = std::decay_t<decltype(arg)>;
+    if constexpr (std::is_same_v<Arg, Tensor>) {
       if (first == nullptr && arg.defined()) first = &arg;
+    } else if constexpr (std::is_same_v<Arg, std::vector<Tensor>>) {
+      for (const Tensor& t : arg)
+        if (first == nullptr && t.defined()) first = &t;
+    }
   };
   (consider(args), ...);
   return first != nullptr ? first->device() : Device::cpu();

@@ -180,12 +180,30 @@ void Fp8Linear::reduce_amaxes() {
     if (group && group->size() > 1 && !slots.empty()) group->all_reduce_coalesced(slots, ReduceOp::max);
 }
 
-void Fp8Linear::update_scales() {
-  weight_casts_ = Casts{};  // the optimizer changes the weights next
-  if (recipe_.scaling != ops::Fp8Scaling::delayed) return;
-  reduce_amaxes();
-  for (Operand* op : {&input_, &weight_, &grad_output_})
-    if (op->scale.defined()) ops::fp8_update_scale(op->scale, op->scale_inv, op->amax_history, op->dtype, recipe_);
+void Fp8Linear::update_scales() { update_fp8_scales({this}); }
+
+void update_fp8_scales(const std::vector<Fp8Linear*>& layers) {
+  std::vector<Tensor> scales, scale_invs, histories;
+  std::vector<DType> dtypes;
+  for (Fp8Linear* layer : layers) {
+    layer->weight_casts_ = Fp8Linear::Casts{};  // the optimizer changes the weights next
+    if (layer->recipe_.scaling != ops::Fp8Scaling::delayed) continue;
+    const ops::Fp8Recipe& first = layers.front()->recipe_;
+    MEGATRON_CHECK(layer->recipe_.amax_history_len == first.amax_history_len &&
+                       layer->recipe_.amax_compute_algo == first.amax_compute_algo &&
+                       layer->recipe_.margin == first.margin,
+                   "update_fp8_scales: " << layer->name_ << "'s delayed recipe differs from " << layers.front()->name_
+                                         << "'s; update them apart");
+    layer->reduce_amaxes();
+    for (Fp8Linear::Operand* op : {&layer->input_, &layer->weight_, &layer->grad_output_}) {
+      if (!op->scale.defined()) continue;
+      scales.push_back(op->scale);
+      scale_invs.push_back(op->scale_inv);
+      histories.push_back(op->amax_history);
+      dtypes.push_back(op->dtype);
+    }
+  }
+  if (!scales.empty()) ops::fp8_update_scales(scales, scale_invs, histories, dtypes, layers.front()->recipe_);
 }
 
 Fp8Linear::RecipeState Fp8Linear::recipe_state() const {

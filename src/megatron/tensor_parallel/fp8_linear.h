@@ -106,7 +106,8 @@ class Fp8Linear {
   // The end of an optimizer step's casts, before the weights change: drops the step's weight casts,
   // then runs the delayed recipe's update of every operand seen since the last one, after the amax
   // reduction (a collective over the amax groups: every rank of them calls it in the same order);
-  // no update under current or blockwise scaling, whose scales are per cast.
+  // no update under current or blockwise scaling, whose scales are per cast. update_fp8_scales
+  // does the same for many layers at once.
   void update_scales();
   // The first half of update_scales(): history[0] of every used operand max-reduced over the amax
   // groups (a collective, as update_scales). Idempotent until the next cast records an amax.
@@ -142,6 +143,7 @@ class Fp8Linear {
   const Operand& grad_output() const { return grad_output_; }
 
  private:
+  friend void update_fp8_scales(const std::vector<Fp8Linear*>& layers);
   enum class Cast { record, again };  // a first cast in the step records its amax (delayed)
   enum class Layout { rows, transposed, both };
   // t cast to op's dtype, in the layouts asked for (t 2-D, or flattened to its last dimension).
@@ -165,5 +167,10 @@ class Fp8Linear {
   Casts weight_casts_;  // this step's, either layout undefined until first used
   Tensor ones_;
 };
+
+// Fp8Linear::update_scales() of every layer (all of one recipe), the amax reductions layer by
+// layer, then the delayed recipe's updates of all their operands as one batched op
+// (ops::fp8_update_scales): the model's end of a step, a launch or a few instead of one per operand.
+void update_fp8_scales(const std::vector<Fp8Linear*>& layers);
 
 }  // namespace megatron::tensor_parallel

@@ -310,9 +310,7 @@ std::vector<moe::MoELayer*> GPTModel::moe_layers() const {
   return layers;
 }
 
-void GPTModel::update_fp8_scales() const {
-  for (tensor_parallel::Fp8Linear* fp8 : fp8_linears()) fp8->update_scales();
-}
+void GPTModel::update_fp8_scales() const { tensor_parallel::update_fp8_scales(fp8_linears()); }
 
 std::vector<tensor_parallel::Fp8Linear*> GPTModel::fp8_linears() const {
   std::vector<tensor_parallel::Fp8Linear*> layers;

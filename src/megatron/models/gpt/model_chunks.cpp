@@ -35,9 +35,7 @@ void ModelChunks::update_expert_bias() {
   for (const auto& c : chunks_) c->update_expert_bias();
 }
 
-void ModelChunks::update_fp8_scales() const {
-  for (const auto& c : chunks_) c->update_fp8_scales();
-}
+void ModelChunks::update_fp8_scales() const { tensor_parallel::update_fp8_scales(fp8_linears()); }
 
 std::vector<tensor_parallel::Fp8Linear*> ModelChunks::fp8_linears() const {
   std::vector<tensor_parallel::Fp8Linear*> layers;

@@ -36,7 +36,7 @@ class ModelChunks {
   std::vector<moe::MoELayer*> moe_layers() const;
   // Each chunk's aux-loss-free balancing step (GPTModel::update_expert_bias), chunk 0's first.
   void update_expert_bias();
-  // Each chunk's FP8 scale update (GPTModel::update_fp8_scales).
+  // Every chunk's FP8 scale update (GPTModel::update_fp8_scales), as one batched op.
   void update_fp8_scales() const;
   // Every chunk's FP8 linear layers, chunk 0's first.
   std::vector<tensor_parallel::Fp8Linear*> fp8_linears() const;

@@ -72,6 +72,18 @@ void check_fp8_update_scale(const Tensor& scale, const Tensor& scale_inv, const 
                  "fp8_update_scale: margin " << recipe.margin << " must lie in [0, 127)");
 }
 
+void check_fp8_update_scales(const std::vector<Tensor>& scales, const std::vector<Tensor>& scale_invs,
+                             const std::vector<Tensor>& amax_histories, const std::vector<DType>& fp8_dtypes,
+                             const Fp8Recipe& recipe, TensorCheck device) {
+  MEGATRON_CHECK(scale_invs.size() == scales.size() && amax_histories.size() == scales.size() &&
+                     fp8_dtypes.size() == scales.size(),
+                 "fp8_update_scales: " << scales.size() << " scales, " << scale_invs.size() << " scale_invs, "
+                                       << amax_histories.size() << " amax histories and " << fp8_dtypes.size()
+                                       << " dtypes; expected one of each per tensor");
+  for (size_t i = 0; i < scales.size(); ++i)
+    check_fp8_update_scale(scales[i], scale_invs[i], amax_histories[i], fp8_dtypes[i], recipe, device);
+}
+
 MatmulDims check_fp8_matmul(const Tensor& c, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                             const Tensor& b_scale_inv, const MatmulParams& params, TensorCheck device) {
   for (const auto& [t, name] : {std::pair{&a, "fp8_matmul A"}, std::pair{&b, "fp8_matmul B"}}) {

@@ -1,5 +1,7 @@
 #pragma once
 // Argument checks of the FP8 family (ops/fp8.h), shared by the CPU and CUDA backends.
+#include <vector>
+
 #include "megatron/ops/checks/common.h"
 #include "megatron/ops/checks/gemm.h"
 #include "megatron/ops/fp8.h"
@@ -23,6 +25,10 @@ void check_fp8_casts(const Tensor& q, const Tensor& q_t, const Tensor& amax, con
                      int64_t cols, const char* op, TensorCheck device);
 void check_fp8_update_scale(const Tensor& scale, const Tensor& scale_inv, const Tensor& amax_history, DType fp8_dtype,
                             const Fp8Recipe& recipe, TensorCheck device);
+// fp8_update_scales: the vectors of one length, each entry as check_fp8_update_scale's.
+void check_fp8_update_scales(const std::vector<Tensor>& scales, const std::vector<Tensor>& scale_invs,
+                             const std::vector<Tensor>& amax_histories, const std::vector<DType>& fp8_dtypes,
+                             const Fp8Recipe& recipe, TensorCheck device);
 // 2-D FP8 A and B (not both e5m2), (1) f32 scale_invs, C bf16/f16/f32 of op(A) op(B)'s shape.
 MatmulDims check_fp8_matmul(const Tensor& c, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
                             const Tensor& b_scale_inv, const MatmulParams& params, TensorCheck device);

@@ -165,4 +165,12 @@ void cpu::fp8_update_scale(Tensor& scale, Tensor& scale_inv, Tensor& amax_histor
   history[0] = 0.0f;
 }
 
+void cpu::fp8_update_scales(std::vector<Tensor>& scales, std::vector<Tensor>& scale_invs,
+                            std::vector<Tensor>& amax_histories, const std::vector<DType>& fp8_dtypes,
+                            const Fp8Recipe& recipe) {
+  checks::check_fp8_update_scales(scales, scale_invs, amax_histories, fp8_dtypes, recipe, check_cpu);
+  for (size_t i = 0; i < scales.size(); ++i)
+    cpu::fp8_update_scale(scales[i], scale_invs[i], amax_histories[i], fp8_dtypes[i], recipe);
+}
+
 }  // namespace megatron::ops

@@ -9,7 +9,9 @@
 // mantissa cleared), so its codes and scale_invs match the CPU's bit for bit too.
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <vector>
 
 #include "megatron/ops/checks/fp8.h"
 #include "megatron/ops/cuda/fp8_cast_transpose.cuh"
@@ -58,12 +60,21 @@ __global__ void quantize_kernel(__nv_fp8_storage_t* q, float* amax, const T* x, 
   if (amax != nullptr) merge_amax(amax, bits);
 }
 
-// The recipe's update (ops/fp8.h) in the CPU reference's arithmetic, one block, in place: the
-// history is rolled a chunk of blockDim entries at a time, each chunk's reads (entries i + 1)
-// before its writes (entries i), and a later chunk reads only entries no earlier one wrote, so no
-// copy of the history is needed; entry 0 is read by every thread before the first write.
-__global__ void update_scale_kernel(float* scale, float* scale_inv, float* history, int64_t len, float fp8_max,
-                                    bool use_max, float margin_factor) {
+// The recipe's update (ops/fp8.h) in the CPU reference's arithmetic of up to kScaleBatch tensors,
+// one block each (the batch travels in the kernel's parameters), in place: the history is rolled
+// a chunk of blockDim entries at a time, each chunk's reads (entries i + 1) before its writes
+// (entries i), and a later chunk reads only entries no earlier one wrote, so no copy of the
+// history is needed; entry 0 is read by every thread before the first write.
+constexpr int kScaleBatch = 64;
+struct ScaleBatch {
+  float* scale[kScaleBatch];
+  float* scale_inv[kScaleBatch];
+  float* history[kScaleBatch];
+  float fp8_max[kScaleBatch];
+};
+__global__ void update_scales_kernel(const __grid_constant__ ScaleBatch batch, int64_t len, bool use_max,
+                                     float margin_factor) {
+  float* history = batch.history[blockIdx.x];
   const float first = history[0];
   unsigned bits = 0;
   for (int64_t base = 0; base < len; base += blockDim.x) {
@@ -76,9 +87,10 @@ __global__ void update_scale_kernel(float* scale, float* scale_inv, float* histo
   }
   bits = block_reduce(bits, MaxOp{}, 0u);
   if (threadIdx.x != 0) return;
+  float* scale = batch.scale[blockIdx.x];
   const float amax = use_max && len > 1 ? __uint_as_float(bits) : first;  // the CPU's: one entry as it is
-  if (isfinite(amax) && amax > 0.0f) *scale = __fdiv_rn(__fdiv_rn(fp8_max, amax), margin_factor);
-  *scale_inv = __fdiv_rn(1.0f, *scale);
+  if (isfinite(amax) && amax > 0.0f) *scale = __fdiv_rn(__fdiv_rn(batch.fp8_max[blockIdx.x], amax), margin_factor);
+  *batch.scale_inv[blockIdx.x] = __fdiv_rn(1.0f, *scale);
 }
 
 // ---- blockwise ----
@@ -292,13 +304,30 @@ void cuda::fp8_quantize_blockwise(Tensor& q, Tensor& q_scale_inv, Tensor& q_t, T
   });
 }
 
+void cuda::fp8_update_scales(std::vector<Tensor>& scales, std::vector<Tensor>& scale_invs,
+                             std::vector<Tensor>& amax_histories, const std::vector<DType>& fp8_dtypes,
+                             const Fp8Recipe& recipe) {
+  checks::check_fp8_update_scales(scales, scale_invs, amax_histories, fp8_dtypes, recipe, check_cuda);
+  for (size_t first = 0; first < scales.size(); first += kScaleBatch) {
+    const size_t n = std::min(scales.size() - first, size_t(kScaleBatch));
+    ScaleBatch batch{};
+    for (size_t i = 0; i < n; ++i) {
+      batch.scale[i] = device_data<float>(scales[first + i]);
+      batch.scale_inv[i] = device_data<float>(scale_invs[first + i]);
+      batch.history[i] = device_data<float>(amax_histories[first + i]);
+      batch.fp8_max[i] = fp8_max(fp8_dtypes[first + i]);
+    }
+    update_scales_kernel<<<unsigned(n), kThreads, 0, stream()>>>(batch, recipe.amax_history_len,
+                                                                 recipe.amax_compute_algo == AmaxComputeAlgo::max,
+                                                                 std::ldexp(1.0f, int(recipe.margin)));
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
 void cuda::fp8_update_scale(Tensor& scale, Tensor& scale_inv, Tensor& amax_history, DType fp8_dtype,
                             const Fp8Recipe& recipe) {
-  checks::check_fp8_update_scale(scale, scale_inv, amax_history, fp8_dtype, recipe, check_cuda);
-  update_scale_kernel<<<1, kThreads, 0, stream()>>>(
-      device_data<float>(scale), device_data<float>(scale_inv), device_data<float>(amax_history), amax_history.numel(),
-      fp8_max(fp8_dtype), recipe.amax_compute_algo == AmaxComputeAlgo::max, std::ldexp(1.0f, int(recipe.margin)));
-  CUDA_CHECK_LAUNCH();
+  std::vector<Tensor> scales{scale}, scale_invs{scale_inv}, histories{amax_history};
+  cuda::fp8_update_scales(scales, scale_invs, histories, {fp8_dtype}, recipe);
 }
 
 }  // namespace megatron::ops
