@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every CPU test: unit, end-to-end and multi-rank (mpirun) in the release build, then the
-# unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (only their programs built). GPU tests (label gpu)
-# run on a GPU machine through scripts/gpu-check.sh.
+# unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (only their programs
+# built). GPU tests (label gpu) run on a GPU machine through scripts/gpu-check.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
