@@ -2,10 +2,12 @@
 // scalar paths, every output poisoned, parameter gradients accumulated and deterministic.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 #include "gpu/cuda_test_util.h"
 #include "megatron/ops/elementwise.h"
+#include "megatron/ops/fp8.h"
 #include "megatron/ops/norm.h"
 
 using namespace megatron;
@@ -236,5 +238,46 @@ TEST_F(CudaNorm, AddNormMatchesCpu) {
         }
       }
     }
+  }
+}
+
+// norm_forward_fp8 writes what norm_forward's y followed by fp8_quantize_transpose writes, bit for
+// bit on the GPU, from the statistics add_norm_forward computes without y: the vector path (C a
+// multiple of 8), the element path (C = 99), rows not multiples of 8 or 64, a misaligned row.
+TEST_F(CudaNorm, Fp8CastOfTheOutputMatchesTheUnfusedPair) {
+  uint64_t seed = 900;
+  for (NormKind kind : {NormKind::layernorm, NormKind::rmsnorm}) {
+    const NormParams p{kind, 1e-5f};
+    const bool ln = kind == NormKind::layernorm;
+    for (DType dt : {DType::bf16, DType::f32})
+      for (const Shape2& s : kShapes)
+        for (DType q_dtype : {DType::e4m3, DType::e5m2}) {
+          const std::string what = std::string(ln ? "layernorm " : "rmsnorm ") + dtype_name(dt) + " -> " +
+                                   dtype_name(q_dtype) + " N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
+                                   " misalign=" + std::to_string(s.misalign);
+          const Pair x = random_pair({s.N, s.C}, dt, ++seed, 2.0, s.misalign);
+          const Pair r = random_pair({s.N, s.C}, dt, ++seed, 2.0, s.misalign);
+          const Pair w = random_pair({s.C}, dt, ++seed, 1.0, s.misalign);
+          const Pair b = random_pair({s.C}, dt, ++seed, 1.0, s.misalign);
+          const Tensor bias = ln ? b.gpu : Tensor();
+          Tensor h = Tensor::empty({s.N, s.C}, dt, gpu()), y = Tensor::empty({s.N, s.C}, dt, gpu()), none;
+          Tensor mean = ln ? Tensor::empty({s.N}, DType::f32, gpu()) : Tensor();
+          Tensor rstd = Tensor::empty({s.N}, DType::f32, gpu());
+          ops::cuda::add_norm_forward(h, none, mean, rstd, x.gpu, r.gpu, w.gpu, bias, p);
+          ops::cuda::norm_forward(y, mean, rstd, h, w.gpu, bias, p);
+          const Tensor scale = Tensor::from_vector({37.0f}, {1}).to(gpu());
+          Tensor q = Tensor::empty({s.N, s.C}, q_dtype, gpu()), q_t = Tensor::empty({s.C, s.N}, q_dtype, gpu());
+          Tensor uq = Tensor::empty({s.N, s.C}, q_dtype, gpu()), uq_t = Tensor::empty({s.C, s.N}, q_dtype, gpu());
+          Tensor amax = Tensor::zeros({1}, DType::f32, gpu()), unfused_amax = Tensor::zeros({1}, DType::f32, gpu());
+          ops::cuda::norm_forward_fp8(q, q_t, amax, h, w.gpu, bias, mean, rstd, p, scale);
+          ops::cuda::fp8_quantize_transpose(uq, uq_t, unfused_amax, y, scale);
+          const auto same = [](const Tensor& actual, const Tensor& want) {
+            const Tensor ha = actual.to(Device::cpu()), hb = want.to(Device::cpu());
+            return std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+          };
+          EXPECT_TRUE(same(q, uq)) << what << " q";
+          EXPECT_TRUE(same(q_t, uq_t)) << what << " q_t";
+          EXPECT_EQ(amax.item(), unfused_amax.item()) << what;
+        }
   }
 }

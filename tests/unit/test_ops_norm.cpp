@@ -1,9 +1,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
+#include "megatron/core/error.h"
 #include "megatron/ops/elementwise.h"
+#include "megatron/ops/fp8.h"
 #include "megatron/ops/norm.h"
 #include "op_test_util.h"
 
@@ -210,6 +214,45 @@ TEST(AddNorm, ForwardIsTheAddThenTheNormBitwise) {
       EXPECT_TRUE(all_close(fused.rstd, rstd, 0.0, 0.0)) << what << " rstd";
       if (ln) {
         EXPECT_TRUE(all_close(fused.mean, mean, 0.0, 0.0)) << what << " mean";
+      }
+    }
+  }
+}
+
+// Without y the norms compute the same statistics (and h), and norm_forward_fp8 casts from them
+// the bytes fp8_quantize_transpose casts from the norm's y (an independent path: the cast of a
+// stored y). Amaxes accumulate into what was there.
+TEST(NormFp8, StatisticsAloneThenTheCastAreTheNormThenTheCast) {
+  for (const NormParams& p : {kLayerNorm, kRmsNorm}) {
+    const bool ln = p.kind == NormKind::layernorm;
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const std::string what = std::string(ln ? "layernorm " : "rmsnorm ") + dtype_name(dt);
+      const Tensor x = randn({kN, kC}, dt, 50, 2.0), r = randn({kN, kC}, dt, 51, 2.0);
+      const Tensor w = randn({kC}, dt, 52), b = ln ? randn({kC}, dt, 53) : Tensor();
+      Tensor h = poisoned(x.shape(), dt), y = poisoned(x.shape(), dt), none;
+      Tensor mean = ln ? poisoned({kN}, stat_dtype(dt)) : Tensor(), rstd = poisoned({kN}, stat_dtype(dt));
+      ops::add_norm_forward(h, y, mean, rstd, x, r, w, b, p);
+      Tensor h2 = poisoned(x.shape(), dt), mean2 = ln ? poisoned({kN}, stat_dtype(dt)) : Tensor();
+      Tensor rstd2 = poisoned({kN}, stat_dtype(dt));
+      ops::add_norm_forward(h2, none, mean2, rstd2, x, r, w, b, p);
+      EXPECT_TRUE(all_close(h2, h, 0.0, 0.0)) << what << " h";
+      EXPECT_TRUE(all_close(rstd2, rstd, 0.0, 0.0)) << what << " rstd";
+      if (ln) {
+        EXPECT_TRUE(all_close(mean2, mean, 0.0, 0.0)) << what << " mean";
+      }
+      for (DType q_dtype : {DType::e4m3, DType::e5m2}) {
+        const Tensor scale = Tensor::from_vector({37.0f}, {1});
+        Tensor q = Tensor::empty({kN, kC}, q_dtype), q_t = Tensor::empty({kC, kN}, q_dtype);
+        Tensor uq = Tensor::empty({kN, kC}, q_dtype), uq_t = Tensor::empty({kC, kN}, q_dtype);
+        Tensor amax = Tensor::from_vector({0.5f}, {1}), unfused_amax = Tensor::from_vector({0.5f}, {1});
+        ops::norm_forward_fp8(q, q_t, amax, h2, w, b, mean2, rstd2, p, scale);
+        ops::fp8_quantize_transpose(uq, uq_t, unfused_amax, y, scale);
+        EXPECT_EQ(std::memcmp(q.raw(), uq.raw(), q.nbytes()), 0) << what;
+        EXPECT_EQ(std::memcmp(q_t.raw(), uq_t.raw(), q_t.nbytes()), 0) << what;
+        EXPECT_EQ(amax.item(), unfused_amax.item()) << what;
+        EXPECT_GT(amax.item(), 0.5) << what;              // the norm's output, not the initial 0.5
+        Tensor wrong = Tensor::empty({kN, kC}, q_dtype);  // q_t not transposed
+        EXPECT_THROW(ops::norm_forward_fp8(none, wrong, amax, h2, w, b, mean2, rstd2, p, scale), Error) << what;
       }
     }
   }

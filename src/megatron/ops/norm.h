@@ -17,15 +17,24 @@ struct NormParams {
   float eps = 1e-5f;
 };
 
+// y undefined: only the statistics (mean, rstd), for norm_forward_fp8 to normalise from.
 MEGATRON_OP(norm_forward, void(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
                                const Tensor& bias, const NormParams& params));
+// norm_forward's y from the statistics it computed (mean, rstd of x; for add_norm_forward x is its
+// h), cast to FP8 for the next GEMM (Transformer Engine's LayerNorm-fused cast): the bytes of y in
+// x's dtype followed by ops::fp8_quantize_transpose(q, q_t, amax, y, scale), without y ever stored;
+// q, q_t, amax and scale as ops::swiglu_forward_fp8's.
+MEGATRON_OP(norm_forward_fp8,
+            void(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                 const Tensor& mean, const Tensor& rstd, const NormParams& params, const Tensor& scale));
 MEGATRON_OP(norm_backward,
             void(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight,
                  const Tensor& mean, const Tensor& rstd, const NormParams& params));
 
 // Fused residual add + norm (Megatron/TE's fused add + LayerNorm/RMSNorm), for pre-norm layers:
 //   add_norm_forward:  h = x + residual (rounded to x's dtype and written: the stream's next
-//                      residual), y = norm(h); one pass instead of an add and a norm.
+//                      residual), y = norm(h); one pass instead of an add and a norm (y undefined:
+//                      h and the statistics only).
 MEGATRON_OP(add_norm_forward,
             void(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& residual,
                  const Tensor& weight, const Tensor& bias, const NormParams& params));

@@ -155,6 +155,17 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, LinearSaved& saved, Tensor
   return y;
 }
 
+Tensor ColumnParallelLinear::forward(const Fp8Activation& x, LinearSaved& saved) const {
+  MEGATRON_CHECK(takes_fp8_input(),
+                 "ColumnParallelLinear: an FP8-cast input needs an FP8 layer under the delayed recipe "
+                 "without sequence parallelism or --tp-comm-overlap");
+  Tensor y = Tensor::empty({x.shape[0], x.shape[1], output_per_partition_}, x.dtype, weight_->data.device());
+  Tensor y2 = rows_view(y);
+  fp8_->linear_forward(y2, x.casts, weight_->data, undefined_if_null(bias_, &Parameter::data));
+  saved.input_t = x.casts.transposed;  // the backward's x^T; x itself is never stored
+  return y;
+}
+
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearSaved& saved) const {
   return backward(&dy, nullptr, saved);
 }

@@ -66,6 +66,12 @@ class ColumnParallelLinear {
   // (S,B,in) -> (S,B,out/TP). With gelu_pre (fc1 of a GELU MLP) the GELU is fused into the GEMM:
   // returns gelu(x W^T + b) and sets *gelu_pre to x W^T + b (ops::linear_gelu_forward).
   Tensor forward(const Tensor& x, LinearSaved& saved, Tensor* gelu_pre = nullptr) const;
+  // The same with x cast by its producer (a norm: ops::norm_forward_fp8), for layers where
+  // takes_fp8_input(); no GELU fusion.
+  Tensor forward(const Fp8Activation& x, LinearSaved& saved) const;
+  // Whether forward takes an Fp8Activation: FP8 under the delayed recipe, the whole input at hand
+  // (no SP gather, no --tp-comm-overlap chunks).
+  bool takes_fp8_input() const { return fp8_ && fp8_->fuses_casts() && !sequence_parallel_ && !tp_comm_overlap_; }
   Tensor backward(const Tensor& dy, const LinearSaved& saved) const;  // returns dx, x's shape
   // The same with dy cast by its producer: for layers where takes_fp8_grad_output().
   Tensor backward(const Fp8Activation& dy, const LinearSaved& saved) const;

@@ -72,6 +72,14 @@ void SelfAttention::Saved::count(ActivationMemory& m) const {
 Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
   const Tensor projected = linear_qkv_.forward(x, saved.qkv);  // (S,B,...): the whole sequence under SP too
   if (saved.qkv.input_t.codes.defined()) saved.qkv.input = Tensor();  // backward reads the FP8 cast of x^T
+  return attend(projected, fwd, saved);
+}
+
+Tensor SelfAttention::forward(const tensor_parallel::Fp8Activation& x, const ForwardContext& fwd, Saved& saved) const {
+  return attend(linear_qkv_.forward(x, saved.qkv), fwd, saved);
+}
+
+Tensor SelfAttention::attend(const Tensor& projected, const ForwardContext& fwd, Saved& saved) const {
   const int64_t S = projected.dim(0), B = projected.dim(1);
   const Tensor qkv = projected.view({S, B, groups_local_, -1});
   saved.attention = {.causal = true,

@@ -47,6 +47,11 @@ class SelfAttention {
   SelfAttention(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                 const std::string& prefix, const std::optional<ops::Fp8Recipe>& fp8 = std::nullopt);
   Tensor forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const;  // (S,B,H) -> (S,B,H)
+  // The same with x as its FP8 casts (Norm's FP8 forward), where input_fp8() is defined.
+  Tensor forward(const tensor_parallel::Fp8Activation& x, const ForwardContext& fwd, Saved& saved) const;
+  // The QKV projection's FP8 state where it takes its input as FP8 casts
+  // (ColumnParallelLinear::takes_fp8_input), else null.
+  tensor_parallel::Fp8Linear* input_fp8() const { return linear_qkv_.takes_fp8_input() ? linear_qkv_.fp8() : nullptr; }
   Tensor backward(const Tensor& dy, const Saved& saved) const;
   // linear_qkv's and linear_proj's FP8 state, in that order; none in bf16.
   std::vector<tensor_parallel::Fp8Linear*> fp8_linears() const;
@@ -55,6 +60,8 @@ class SelfAttention {
   // forward with fwd.kv_cache: q, k, v of the new positions (RoPE at their offset), k and v
   // appended to the cache, attention of the new queries over every cached key.
   Tensor forward_cached(const Tensor& qkv, const ForwardContext& fwd, Saved& saved) const;
+  // forward after the QKV projection.
+  Tensor attend(const Tensor& projected, const ForwardContext& fwd, Saved& saved) const;
   // The attention op (the ring or the all-to-all under CP) on saved's q, k, v (or the fused
   // projection): fills saved.out and saved.lse; and its backward on the separate q, k, v.
   void core_attention(Saved& saved) const;

@@ -57,19 +57,28 @@ Tensor MLP::fc1_and_activation(const Tensor& x, tensor_parallel::LinearSaved& fc
 // writes: the activation is never stored in bf16, and its x^T cast is kept for fc2's backward.
 bool MLP::fuses_fp8_activation() const { return swiglu_ && !recompute_ && linear_fc2_.takes_fp8_input(); }
 
+Tensor MLP::fc2_of_fp8_swiglu(const Tensor& fc1_out, Saved& saved) const {
+  saved.fc1_out = fc1_out;
+  const Tensor fc1_rows = fc1_out.view({-1, fc1_out.dim(-1)});
+  const int64_t F = fc1_rows.dim(1) / 2;
+  const tensor_parallel::Fp8Activation act{
+      {fc1_out.dim(0), fc1_out.dim(1), F},
+      fc1_out.dtype(),
+      linear_fc2_.fp8()->cast_input(fc1_rows.dim(0), F, fc1_out.device(),
+                                    [&](Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& scale) {
+                                      ops::swiglu_forward_fp8(q, q_t, amax, fc1_rows, scale);
+                                    })};
+  return linear_fc2_.forward(act, saved.fc2);
+}
+
+Tensor MLP::forward(const tensor_parallel::Fp8Activation& x, Saved& saved) const {
+  MEGATRON_CHECK(input_fp8() != nullptr, "MLP: an FP8-cast input needs SwiGLU's FP8 path and an FP8 fc1 that takes it");
+  return fc2_of_fp8_swiglu(linear_fc1_.forward(x, saved.fc1), saved);
+}
+
 Tensor MLP::forward(const Tensor& x, Saved& saved) const {
   if (fuses_fp8_activation()) {
-    saved.fc1_out = linear_fc1_.forward(x, saved.fc1);
-    const Tensor fc1_rows = saved.fc1_out.view({-1, saved.fc1_out.dim(-1)});
-    const int64_t F = fc1_rows.dim(1) / 2;
-    const tensor_parallel::Fp8Activation act{
-        {saved.fc1_out.dim(0), saved.fc1_out.dim(1), F},
-        saved.fc1_out.dtype(),
-        linear_fc2_.fp8()->cast_input(fc1_rows.dim(0), F, x.device(),
-                                      [&](Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& scale) {
-                                        ops::swiglu_forward_fp8(q, q_t, amax, fc1_rows, scale);
-                                      })};
-    const Tensor y = linear_fc2_.forward(act, saved.fc2);
+    const Tensor y = fc2_of_fp8_swiglu(linear_fc1_.forward(x, saved.fc1), saved);
     if (saved.fc1.input_t.codes.defined()) saved.fc1.input = Tensor();  // backward reads its cast
     return y;
   }

@@ -28,6 +28,14 @@ class MLP {
   MLP(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
       const std::string& prefix, const std::optional<ops::Fp8Recipe>& fp8 = std::nullopt);
   Tensor forward(const Tensor& x, Saved& saved) const;
+  // The same with x as its FP8 casts (Norm's FP8 forward), where input_fp8() is defined.
+  Tensor forward(const tensor_parallel::Fp8Activation& x, Saved& saved) const;
+  // fc1's FP8 state where it takes its input as FP8 casts: SwiGLU's FP8 path (see forward) with fc1
+  // able to (ColumnParallelLinear::takes_fp8_input); else null (GELU fuses into fc1's bf16 output,
+  // and a recomputed MLP keeps its bf16 input to run fc1 again).
+  tensor_parallel::Fp8Linear* input_fp8() const {
+    return fuses_fp8_activation() && linear_fc1_.takes_fp8_input() ? linear_fc1_.fp8() : nullptr;
+  }
   Tensor backward(const Tensor& dy, const Saved& saved) const;
   // linear_fc1's and linear_fc2's FP8 state, in that order; none in bf16.
   std::vector<tensor_parallel::Fp8Linear*> fp8_linears() const;
@@ -36,6 +44,8 @@ class MLP {
   Tensor activation(const Tensor& fc1_out) const;
   // Whether SwiGLU's forward writes fc2's FP8 input casts directly (see forward).
   bool fuses_fp8_activation() const;
+  // fc2 of SwiGLU(fc1_out) through SwiGLU's FP8 casts (fuses_fp8_activation); saves fc1_out.
+  Tensor fc2_of_fp8_swiglu(const Tensor& fc1_out, Saved& saved) const;
   // fc1 and the activation of x: returns the activation, fills fc1's Saved and fc1_out.
   Tensor fc1_and_activation(const Tensor& x, tensor_parallel::LinearSaved& fc1, Tensor& fc1_out) const;
   bool swiglu_;

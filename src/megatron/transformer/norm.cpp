@@ -24,14 +24,13 @@ Norm::Norm(ParameterRegistry& registry, const ParallelContext& ctx, const Transf
                           .sequence_parallel = ctx.sequence_parallel()});
 }
 
-Tensor Norm::forward(const ResidualStream& x, Saved& saved) const {
+// y2 (rows) = norm(x), or only the statistics where y2 is undefined; saved as forward's.
+void Norm::normalize(const ResidualStream& x, Tensor& y2, Saved& saved) const {
   const Tensor& r = x.residual;
   const int64_t n = r.numel() / r.dim(-1);
-  Tensor y = Tensor::empty(r.shape(), r.dtype(), r.device());
   saved.rstd = Tensor::empty({n}, stats_dtype(r.dtype()), r.device());
   saved.mean = bias_ ? Tensor::empty({n}, stats_dtype(r.dtype()), r.device()) : Tensor();
   const Tensor bias = bias_ ? bias_->data : Tensor();
-  Tensor y2 = rows(y);
   if (x.delta.defined()) {
     saved.input = Tensor::empty(r.shape(), r.dtype(), r.device());
     Tensor h2 = rows(saved.input);
@@ -40,7 +39,25 @@ Tensor Norm::forward(const ResidualStream& x, Saved& saved) const {
     saved.input = r;
     ops::norm_forward(y2, saved.mean, saved.rstd, rows(r), weight_->data, bias, params_);
   }
+}
+
+Tensor Norm::forward(const ResidualStream& x, Saved& saved) const {
+  Tensor y = Tensor::empty(x.residual.shape(), x.residual.dtype(), x.residual.device());
+  Tensor y2 = rows(y);
+  normalize(x, y2, saved);
   return y;
+}
+
+tensor_parallel::Fp8Activation Norm::forward(const ResidualStream& x, Saved& saved,
+                                             tensor_parallel::Fp8Linear& consumer) const {
+  Tensor statistics_only;
+  normalize(x, statistics_only, saved);
+  const Tensor h2 = rows(saved.input), bias = bias_ ? bias_->data : Tensor();
+  return {saved.input.shape(), saved.input.dtype(),
+          consumer.cast_input(
+              h2.dim(0), h2.dim(1), h2.device(), [&](Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& scale) {
+                ops::norm_forward_fp8(q, q_t, amax, h2, weight_->data, bias, saved.mean, saved.rstd, params_, scale);
+              })};
 }
 
 Tensor Norm::backward(const Tensor& dy, const Saved& saved, const Tensor& dresidual) const {

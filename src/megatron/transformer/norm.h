@@ -9,6 +9,7 @@
 #include "megatron/ops/norm.h"
 #include "megatron/parallel/comm.h"
 #include "megatron/parameters/parameter_registry.h"
+#include "megatron/tensor_parallel/layers.h"
 #include "megatron/transformer/residual_stream.h"
 #include "megatron/transformer/transformer_config.h"
 
@@ -29,12 +30,18 @@ class Norm {
   // y = norm(x.residual + x.delta), the addition fused into the norm when x defers one; the sum
   // (the stream's next residual) is saved.input. (S,B,C) -> (S,B,C)
   Tensor forward(const ResidualStream& x, Saved& saved) const;
+  // The same with y handed to `consumer`, the next GEMM's FP8 state (a layer whose forward takes
+  // an Fp8Activation), as the casts of its input: made from the stream's value and the norm's
+  // statistics (ops::norm_forward_fp8), y is never stored in bf16.
+  tensor_parallel::Fp8Activation forward(const ResidualStream& x, Saved& saved,
+                                         tensor_parallel::Fp8Linear& consumer) const;
   // Returns the gradient of the norm's input: the norm's backward plus dresidual, the gradient
   // that reached the same tensor along the residual stream (undefined: none, as for the final norm),
   // summed in the same pass.
   Tensor backward(const Tensor& dy, const Saved& saved, const Tensor& dresidual = Tensor()) const;
 
  private:
+  void normalize(const ResidualStream& x, Tensor& y2, Saved& saved) const;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   ops::NormParams params_;

@@ -63,10 +63,20 @@ ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardC
   saved.mlp_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".mlp_bda"), offset};
 
   // norm1 materialises x (saved.norm1.input) if x arrived as a pair; norm2 computes h = x + a.
-  Tensor a = self_attention_.forward(input_norm_.forward(x, saved.norm1), fwd, saved.attention);
+  // Where the next GEMM takes FP8 input (the delayed recipe), a norm hands it the casts of its
+  // output instead of the output (Norm's FP8 forward).
+  tensor_parallel::Fp8Linear* qkv_fp8 = self_attention_.input_fp8();
+  Tensor a = qkv_fp8 ? self_attention_.forward(input_norm_.forward(x, saved.norm1, *qkv_fp8), fwd, saved.attention)
+                     : self_attention_.forward(input_norm_.forward(x, saved.norm1), fwd, saved.attention);
   dropout_in_place(a, saved.attention_dropout);
-  const Tensor mlp_input = pre_mlp_norm_.forward({saved.norm1.input, a}, saved.norm2);
-  Tensor m = moe_ ? moe_->forward(mlp_input, fwd, saved.moe) : mlp_->forward(mlp_input, saved.mlp);
+  const ResidualStream h{saved.norm1.input, a};
+  Tensor m;
+  if (moe_)
+    m = moe_->forward(pre_mlp_norm_.forward(h, saved.norm2), fwd, saved.moe);
+  else if (tensor_parallel::Fp8Linear* fc1_fp8 = mlp_->input_fp8())
+    m = mlp_->forward(pre_mlp_norm_.forward(h, saved.norm2, *fc1_fp8), saved.mlp);
+  else
+    m = mlp_->forward(pre_mlp_norm_.forward(h, saved.norm2), saved.mlp);
   dropout_in_place(m, saved.mlp_dropout);
   return {saved.norm2.input, m};  // out = h + m, added by the next norm
 }

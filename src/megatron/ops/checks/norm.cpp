@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "megatron/ops/checks/fp8.h"
+
 namespace megatron::ops::checks {
 namespace {
 
@@ -39,14 +41,24 @@ NormDims check_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& r
   MEGATRON_CHECK(params.eps > 0.0f, "norm eps must be positive, got " << params.eps);
   backend.x_dtype(x, "norm_forward");
   const DType stat = accum_dtype(x.dtype());
-  backend.device(y, "norm y");
-  check_shape(y, x.shape(), "norm y");
-  check_dtype(y, x.dtype(), "norm y");
+  if (y.defined()) {  // undefined: the statistics only
+    backend.device(y, "norm y");
+    check_shape(y, x.shape(), "norm y");
+    check_dtype(y, x.dtype(), "norm y");
+  }
   check_param(weight, C, x.dtype(), "norm weight", backend.device);
   if (bias.defined()) check_param(bias, C, x.dtype(), "norm bias", backend.device);
   if (mean.defined()) check_param(mean, N, stat, "norm mean", backend.device);
   check_param(rstd, N, stat, "norm rstd", backend.device);
   return {N, C};
+}
+
+NormDims check_norm_forward_fp8(const Tensor& q, const Tensor& q_t, const Tensor& amax, const Tensor& x,
+                                const Tensor& weight, const Tensor& bias, const Tensor& mean, const Tensor& rstd,
+                                const NormParams& params, const Tensor& scale, const NormBackend& backend) {
+  const NormDims dims = check_norm_forward(Tensor(), mean, rstd, x, weight, bias, params, backend);
+  check_fp8_casts(q, q_t, amax, scale, dims.rows, dims.channels, "norm_forward_fp8", backend.device);
+  return dims;
 }
 
 NormDims check_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,

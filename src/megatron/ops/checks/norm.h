@@ -19,6 +19,11 @@ struct NormDims {
 NormDims check_norm_forward(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                             const Tensor& weight, const Tensor& bias, const NormParams& params,
                             const NormBackend& backend);
+// norm_forward_fp8: x, weight, bias and the statistics as norm_forward's (y undefined), the casts
+// as checks::check_fp8_casts'.
+NormDims check_norm_forward_fp8(const Tensor& q, const Tensor& q_t, const Tensor& amax, const Tensor& x,
+                                const Tensor& weight, const Tensor& bias, const Tensor& mean, const Tensor& rstd,
+                                const NormParams& params, const Tensor& scale, const NormBackend& backend);
 NormDims check_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dy,
                              const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                              const NormParams& params, const NormBackend& backend);

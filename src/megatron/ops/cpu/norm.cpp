@@ -8,12 +8,23 @@
 
 #include "megatron/ops/checks/norm.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
+#include "megatron/ops/fp8.h"
 
 namespace megatron::ops::cpu {
 namespace {
 
+// y = (x - m) * rstd * w + b of one row, from its statistics.
+template <class T>
+void normalize_row(T* yr, const T* xr, const T* w, const T* b, compute_t<T> m, compute_t<T> s, int64_t C) {
+  using A = compute_t<T>;
+  for (int64_t c = 0; c < C; ++c) {
+    const A bias = b != nullptr ? load(b[c]) : A(0);
+    yr[c] = store<T>((load(xr[c]) - m) * s * load(w[c]) + bias);
+  }
+}
+
 // With residual (and h) given, the row normalised is h = x + residual, rounded to T and stored
-// first (add_norm_forward); otherwise x.
+// first (add_norm_forward); otherwise x. y null: the statistics only.
 template <class T>
 void norm_forward_kernel(T* y, compute_t<T>* mean, compute_t<T>* rstd, const T* x, const T* w, const T* b, int64_t N,
                          int64_t C, bool rms, float eps, const T* residual, T* h) {
@@ -21,7 +32,6 @@ void norm_forward_kernel(T* y, compute_t<T>* mean, compute_t<T>* rstd, const T* 
 #pragma omp parallel for if (worth_parallel(N * C))
   for (int64_t n = 0; n < N; ++n) {
     const T* xr = x + n * C;
-    T* yr = y + n * C;
     if (residual != nullptr) {
       T* hr = h + n * C;
       for (int64_t c = 0; c < C; ++c) hr[c] = store<T>(load(xr[c]) + load(residual[n * C + c]));
@@ -40,11 +50,7 @@ void norm_forward_kernel(T* y, compute_t<T>* mean, compute_t<T>* rstd, const T* 
     }
     var /= A(C);
     const A s = A(1) / std::sqrt(var + A(eps));
-    // y = (x - m) * rstd * w + b
-    for (int64_t c = 0; c < C; ++c) {
-      const A bias = b != nullptr ? load(b[c]) : A(0);
-      yr[c] = store<T>((load(xr[c]) - m) * s * load(w[c]) + bias);
-    }
+    if (y != nullptr) normalize_row(y + n * C, xr, w, b, m, s, C);
     if (mean != nullptr) mean[n] = m;
     rstd[n] = s;
   }
@@ -123,10 +129,28 @@ void cpu::norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, c
   const checks::NormDims dims = checks::check_norm_forward(y, mean, rstd, x, weight, bias, params, kCpuNorm);
   const int64_t N = dims.rows, C = dims.channels;
   dispatch_floating(x.dtype(), "norm_forward", [&]<class T>(std::type_identity<T>) {
-    norm_forward_kernel<T>(y.data<T>(), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(), x.data<T>(),
+    norm_forward_kernel<T>(data_or_null<T>(y), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(), x.data<T>(),
                            weight.data<T>(), data_or_null<T>(bias), N, C, params.kind == NormKind::rmsnorm, params.eps,
                            nullptr, nullptr);
   });
+}
+
+void cpu::norm_forward_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& x, const Tensor& weight,
+                           const Tensor& bias, const Tensor& mean, const Tensor& rstd, const NormParams& params,
+                           const Tensor& scale) {
+  const checks::NormDims dims =
+      checks::check_norm_forward_fp8(q, q_t, amax, x, weight, bias, mean, rstd, params, scale, kCpuNorm);
+  const int64_t N = dims.rows, C = dims.channels;
+  Tensor y = Tensor::empty({N, C}, x.dtype());
+  dispatch_floating(x.dtype(), "norm_forward_fp8", [&]<class T>(std::type_identity<T>) {
+    const auto* m = data_or_null<compute_t<T>>(mean);
+    const auto* s = rstd.data<compute_t<T>>();
+#pragma omp parallel for if (worth_parallel(N * C))
+    for (int64_t n = 0; n < N; ++n)
+      normalize_row(y.data<T>() + n * C, x.data<T>() + n * C, weight.data<T>(), data_or_null<T>(bias),
+                    m != nullptr ? m[n] : compute_t<T>(0), s[n], C);
+  });
+  cpu::fp8_quantize_transpose(q, q_t, amax, y, scale);
 }
 
 void cpu::norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
@@ -147,7 +171,7 @@ void cpu::add_norm_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, con
       checks::check_add_norm_forward(h, y, mean, rstd, x, residual, weight, bias, params, kCpuNorm);
   const int64_t N = dims.rows, C = dims.channels;
   dispatch_floating(x.dtype(), "add_norm_forward", [&]<class T>(std::type_identity<T>) {
-    norm_forward_kernel<T>(y.data<T>(), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(), x.data<T>(),
+    norm_forward_kernel<T>(data_or_null<T>(y), data_or_null<compute_t<T>>(mean), rstd.data<compute_t<T>>(), x.data<T>(),
                            weight.data<T>(), data_or_null<T>(bias), N, C, params.kind == NormKind::rmsnorm, params.eps,
                            residual.data<T>(), h.data<T>());
   });

@@ -4,7 +4,10 @@
 // dweight/dbias partial sums (no float atomics), reading each row from HBM once; a second kernel
 // sums the chunks in a fixed order (the design is described above the backward kernel).
 // The fused residual add (add_norm_*) runs the same kernels with their residual pointers given.
+// The output's FP8 cast (norm_forward_fp8) normalises from the forward's statistics as the source
+// of the cast-transpose kernel, with the forward's arithmetic.
 #include "megatron/ops/checks/norm.h"
+#include "megatron/ops/cuda/fp8_cast_transpose.cuh"
 #include "megatron/ops/cuda/kernel_util.cuh"
 #include "megatron/ops/norm.h"
 
@@ -13,7 +16,14 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // warps per block in the forward kernel
 
-// y (N,C) = (x - mean) * rstd * w + b; mean (N) only for LayerNorm (nullptr for RMSNorm), rstd (N).
+// One output element, y = (x - m) * s * w + b, rounded step by step as written (the product with w
+// and the bias add fused), so the forward and the FP8 cast's source compute the same bits.
+__device__ __forceinline__ float normalized(float x, float m, float s, float w, float b) {
+  return __fmaf_rn(__fmul_rn(__fsub_rn(x, m), s), w, b);
+}
+
+// y (N,C) = (x - mean) * rstd * w + b; mean (N) only for LayerNorm (nullptr for RMSNorm), rstd (N);
+// y null: the statistics only.
 // Two passes over the row as on the CPU: the mean, then the variance about it. With residual (and
 // h) given, the row normalised is h = x + residual, rounded to T and stored by a first pass; the
 // later passes read it back (each lane its own packs, so no synchronisation), from L1/L2.
@@ -56,15 +66,14 @@ __global__ void norm_forward_kernel(T* y, float* mean, float* rstd, const T* x, 
   }
   var = warp_reduce(var, SumOp{}) / float(C);
   const float s = 1.0f / sqrtf(var + eps);
-  T* yr = y + row * C;
-  for (int c = lane * V; c < C; c += 32 * V) {
+  for (int c = lane * V; y != nullptr && c < C; c += 32 * V) {
     float v[V], wv[V], bv[V] = {};
     load_pack<V>(xr + c, v);
     load_pack<V>(w + c, wv);
     if (b != nullptr) load_pack<V>(b + c, bv);
 #pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = (v[k] - m) * s * wv[k] + bv[k];
-    store_pack<V>(yr + c, v);
+    for (int k = 0; k < V; ++k) v[k] = normalized(v[k], m, s, wv[k], bv[k]);
+    store_pack<V>(y + row * C + c, v);
   }
   if (lane == 0) {
     if (mean != nullptr) mean[row] = m;
@@ -252,6 +261,33 @@ int channels_of(const Tensor& x) {
   return int(C);
 }
 
+// The norm's output from its statistics, element by element, rounded to T as the forward stores
+// it: the source of norm_forward_fp8's cast (fp8::launch_cast_transpose).
+template <class T>
+struct NormSource {
+  static constexpr int kOutputs = 1;
+  const T* x;  // (N, C)
+  const T* w;
+  const T* b;         // null without bias
+  const float* mean;  // null for RMSNorm
+  const float* rstd;
+  int64_t C;
+  __device__ __forceinline__ float load_one(int64_t r, float x_rc, float w_c, float b_c) const {
+    return fp8::as_stored<T>(normalized(x_rc, mean != nullptr ? mean[r] : 0.0f, rstd[r], w_c, b_c));
+  }
+  __device__ __forceinline__ void load1(int64_t r, int64_t c, float (&v)[1]) const {
+    v[0] = load_one(r, to_float(x[r * C + c]), to_float(w[c]), b != nullptr ? to_float(b[c]) : 0.0f);
+  }
+  __device__ __forceinline__ void load8(int64_t r, int64_t c, float (&v)[1][8]) const {
+    float xv[8], wv[8], bv[8] = {};
+    load_floats<8>(x + r * C + c, xv);
+    load_floats<8>(w + c, wv);
+    if (b != nullptr) load_floats<8>(b + c, bv);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[0][k] = load_one(r, xv[k], wv[k], bv[k]);
+  }
+};
+
 // Launchers shared by the plain and the fused (add_norm_*) ops; the checks are done.
 void launch_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& weight,
                          const Tensor& bias, const NormParams& params, int64_t N, const Tensor& residual, Tensor& h,
@@ -259,7 +295,7 @@ void launch_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x,
   const int C = channels_of(x);
   dispatch_storage(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
     if (N == 0) return;
-    T* yp = static_cast<T*>(y.raw());
+    T* yp = data_or_null<T>(y);
     const T* xp = static_cast<const T*>(x.raw());
     const T* wp = static_cast<const T*>(weight.raw());
     const T* bp = data_or_null<T>(bias);
@@ -352,6 +388,23 @@ void cuda::norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, 
   const int64_t N = checks::check_norm_forward(y, mean, rstd, x, weight, bias, params, kCudaNorm).rows;
   Tensor no_h;
   launch_norm_forward(y, mean, rstd, x, weight, bias, params, N, Tensor(), no_h, "norm_forward");
+}
+
+void cuda::norm_forward_fp8(Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& x, const Tensor& weight,
+                            const Tensor& bias, const Tensor& mean, const Tensor& rstd, const NormParams& params,
+                            const Tensor& scale) {
+  const checks::NormDims dims =
+      checks::check_norm_forward_fp8(q, q_t, amax, x, weight, bias, mean, rstd, params, scale, kCudaNorm);
+  dispatch_storage(x.dtype(), "norm_forward_fp8", [&]<class T>(std::type_identity<T>) {
+    const NormSource<T> source{static_cast<const T*>(x.raw()),
+                               static_cast<const T*>(weight.raw()),
+                               data_or_null<T>(bias),
+                               data_or_null<float>(mean),
+                               rstd.data<float>(),
+                               dims.channels};
+    fp8::launch_cast_transpose(source, rows_vectorizable<T>(dims.channels, {source.x, source.w, source.b}), q, q_t,
+                               amax, scale, dims.rows, dims.channels, "norm_forward_fp8");
+  });
 }
 
 void cuda::norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
