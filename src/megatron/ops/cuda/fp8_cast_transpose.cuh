@@ -191,10 +191,11 @@ __global__ void __launch_bounds__(Tile::template threads<Source::kOutputs>())
 // defined) and q_t, amax (when defined) and scale as ops::fp8_quantize_transpose. source_vectors:
 // whether source.load8 may read every 8-element segment of a block's row that starts at a
 // multiple of 8.
-template <class Source, class Tile = DefaultCastTile>
+template <class Source>
 void launch_cast_transpose(const Source& source, bool source_vectors, Tensor& q, Tensor& q_t, Tensor& amax,
                            const Tensor& scale, int64_t rows, int64_t cols, const char* op) {
   if (rows == 0 || cols == 0) return;
+  using Tile = DefaultCastTile;  // the lab (bench/kernels/cast_transpose.cu) times the others
   const dim3 grid(unsigned(ceil_div(cols, Tile::kCols)), unsigned(ceil_div(rows, Tile::kRows)));
   MEGATRON_CHECK(grid.y <= 65535, op << ": " << rows << " rows exceed the kernel's grid of " << 65535 * Tile::kRows
                                      << "; split the tensor");
