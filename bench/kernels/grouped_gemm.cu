@@ -156,7 +156,8 @@ void run_problem(const Problem& pr) {
       Tensor dx_e = dx.defined() ? dx.slice(begin, end) : Tensor(), dw_e = dw.defined() ? dw.select(e) : Tensor();
       if (y_e.defined()) ops::cuda::linear_forward(y_e, x.slice(begin, end), w.select(e), Tensor());
       if (dx_e.defined() || dw_e.defined())
-        ops::cuda::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), w.select(e));
+        ops::cuda::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), w.select(e),
+                                   ops::GradWrite::accumulate);
     }
   };
   Tensor none;

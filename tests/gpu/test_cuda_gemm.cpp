@@ -161,7 +161,8 @@ TEST_F(CudaGemm, LinearForwardBiasOffAlignment) {
 namespace {
 
 ::testing::AssertionResult run_linear_backward(DType dtype, const Shape& x_shape, int64_t out_features, bool with_dx,
-                                               bool with_db, uint64_t seed) {
+                                               bool with_db, uint64_t seed,
+                                               ops::GradWrite write = ops::GradWrite::accumulate) {
   const int64_t in_features = x_shape.back();
   Shape dy_shape = x_shape;
   dy_shape.back() = out_features;
@@ -171,18 +172,22 @@ namespace {
   Pair w = random_pair({out_features, in_features}, dtype, seed + 1);
   Pair dy = random_pair(dy_shape, dtype, seed + 2);
   Pair dx = with_dx ? poisoned_pair(x_shape, dtype) : Pair{};
-  // Parameter gradients accumulate: they start from random main-grad contents.
-  Pair dw = random_pair({out_features, in_features}, DType::f32, seed + 3);
+  // Parameter gradients accumulate: they start from random main-grad contents; an overwritten
+  // weight gradient starts as NaN, which must never be read.
+  const bool overwrite = write == ops::GradWrite::overwrite;
+  Pair dw = overwrite ? poisoned_pair({out_features, in_features}, DType::f32)
+                      : random_pair({out_features, in_features}, DType::f32, seed + 3);
   Pair db = with_db ? random_pair({out_features}, DType::f32, seed + 4) : Pair{};
 
-  Tensor dx_ref = with_dx ? zeros64(x_shape) : Tensor(), dw_ref = f64(dw.cpu),
+  Tensor dx_ref = with_dx ? zeros64(x_shape) : Tensor(), dw_ref = overwrite ? zeros64(w.cpu.shape()) : f64(dw.cpu),
          db_ref = with_db ? f64(db.cpu) : Tensor();
-  ops::cpu::linear_backward(dx_ref, dw_ref, db_ref, f64(dy.cpu), f64(x.cpu), f64(w.cpu));
-  Tensor dx_abs = with_dx ? zeros64(x_shape) : Tensor(), dw_abs = abs_f64(dw.cpu);
+  ops::cpu::linear_backward(dx_ref, dw_ref, db_ref, f64(dy.cpu), f64(x.cpu), f64(w.cpu), ops::GradWrite::accumulate);
+  Tensor dx_abs = with_dx ? zeros64(x_shape) : Tensor(), dw_abs = overwrite ? zeros64(w.cpu.shape()) : abs_f64(dw.cpu);
   Tensor db_abs = with_db ? abs_f64(db.cpu) : Tensor();
-  ops::cpu::linear_backward(dx_abs, dw_abs, db_abs, abs_f64(dy.cpu), abs_f64(x.cpu), abs_f64(w.cpu));
+  ops::cpu::linear_backward(dx_abs, dw_abs, db_abs, abs_f64(dy.cpu), abs_f64(x.cpu), abs_f64(w.cpu),
+                            ops::GradWrite::accumulate);
 
-  ops::cuda::linear_backward(dx.gpu, dw.gpu, db.gpu, dy.gpu, x.gpu, w.gpu);
+  ops::cuda::linear_backward(dx.gpu, dw.gpu, db.gpu, dy.gpu, x.gpu, w.gpu, write);
   const std::string what = std::string(" (linear_backward ") + dtype_name(dtype) + " x " + shape_str(x_shape) +
                            " out " + std::to_string(out_features) + ")";
   if (with_dx) {
@@ -211,6 +216,15 @@ TEST_F(CudaGemm, LinearBackwardAccumulatesIntoFp32MainGrads) {
   }
 }
 
+// The first weight gradient of a step into a main grad that was not zeroed (beta 0: the NaN it
+// held is never read), with and without the bias gradient's epilogue.
+TEST_F(CudaGemm, LinearBackwardOverwritesTheWeightGradientWhenAsked) {
+  uint64_t seed = 700;
+  for (const DType dtype : {DType::f32, DType::bf16})
+    for (const bool with_db : {true, false})
+      EXPECT_TRUE(run_linear_backward(dtype, {16, 8, 128}, 96, true, with_db, seed += 5, ops::GradWrite::overwrite));
+}
+
 TEST_F(CudaGemm, LinearBackwardOptionalOutputsSkipped) {
   EXPECT_TRUE(run_linear_backward(DType::bf16, {6, 2, 16}, 24, false, false, 600));
   EXPECT_TRUE(run_linear_backward(DType::bf16, {6, 2, 16}, 24, true, false, 610));
@@ -223,8 +237,8 @@ TEST_F(CudaGemm, LinearBackwardDgradAloneEqualsTheFullCall) {
   Pair dy = random_pair({6, 2, 24}, DType::bf16, 632);
   Pair dx_full = poisoned_pair({6, 2, 16}, DType::bf16), dx_alone = poisoned_pair({6, 2, 16}, DType::bf16);
   Tensor dw = Tensor::zeros({24, 16}, DType::f32, gpu()), none;
-  ops::cuda::linear_backward(dx_full.gpu, dw, none, dy.gpu, x.gpu, w.gpu);
-  ops::cuda::linear_backward(dx_alone.gpu, none, none, dy.gpu, x.gpu, w.gpu);
+  ops::cuda::linear_backward(dx_full.gpu, dw, none, dy.gpu, x.gpu, w.gpu, ops::GradWrite::accumulate);
+  ops::cuda::linear_backward(dx_alone.gpu, none, none, dy.gpu, x.gpu, w.gpu, ops::GradWrite::accumulate);
   const Tensor a = dx_full.gpu.to(Device::cpu()), b = dx_alone.gpu.to(Device::cpu());
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.item(i), b.item(i)) << i;
 }
@@ -302,15 +316,17 @@ struct GeluCase {
   Pair db = with_bias ? random_pair({c.out}, DType::f32, seed + 4) : Pair{};
 
   Tensor dpre_ref = zeros64({c.rows, c.in}), dw_ref = f64(dw.cpu), db_ref = with_bias ? f64(db.cpu) : Tensor();
-  ops::cpu::gelu_linear_backward(dpre_ref, dw_ref, db_ref, f64(dy.cpu), f64(x.cpu), f64(w.cpu), f64(pre.cpu));
+  ops::cpu::gelu_linear_backward(dpre_ref, dw_ref, db_ref, f64(dy.cpu), f64(x.cpu), f64(w.cpu), f64(pre.cpu),
+                                 ops::GradWrite::accumulate);
   // dact = dy W and its absolute-value bound S, from linear_backward on the CPU.
   Tensor dact = zeros64({c.rows, c.in}), dact_abs = zeros64({c.rows, c.in});
   Tensor dw_abs = abs_f64(dw.cpu), db_abs = with_bias ? abs_f64(db.cpu) : Tensor();
   Tensor scratch_w = zeros64({c.out, c.in}), no_db;
-  ops::cpu::linear_backward(dact, scratch_w, no_db, f64(dy.cpu), f64(x.cpu), f64(w.cpu));
-  ops::cpu::linear_backward(dact_abs, dw_abs, db_abs, abs_f64(dy.cpu), abs_f64(x.cpu), abs_f64(w.cpu));
+  ops::cpu::linear_backward(dact, scratch_w, no_db, f64(dy.cpu), f64(x.cpu), f64(w.cpu), ops::GradWrite::accumulate);
+  ops::cpu::linear_backward(dact_abs, dw_abs, db_abs, abs_f64(dy.cpu), abs_f64(x.cpu), abs_f64(w.cpu),
+                            ops::GradWrite::accumulate);
 
-  ops::cuda::gelu_linear_backward(dpre.gpu, dw.gpu, db.gpu, dy.gpu, x.gpu, w.gpu, pre.gpu);
+  ops::cuda::gelu_linear_backward(dpre.gpu, dw.gpu, db.gpu, dy.gpu, x.gpu, w.gpu, pre.gpu, ops::GradWrite::accumulate);
   const std::string what = std::string(" (gelu_linear_backward ") + dtype_name(c.dtype) + " " + std::to_string(c.rows) +
                            "x" + std::to_string(c.in) + " <- " + std::to_string(c.out) + (with_bias ? " bias)" : ")");
   const bool half = c.dtype != DType::f32;
@@ -360,7 +376,7 @@ TEST_F(CudaGemm, LinearBackwardBiasGradientLargeRowsDeterministic) {
   std::vector<float> first;
   for (int run = 0; run < 2; ++run) {
     Tensor dw = Tensor::zeros({192, 64}, DType::f32, gpu()), db = Tensor::zeros({192}, DType::f32, gpu()), no_dx;
-    ops::cuda::linear_backward(no_dx, dw, db, dy.gpu, x.gpu, w.gpu);
+    ops::cuda::linear_backward(no_dx, dw, db, dy.gpu, x.gpu, w.gpu, ops::GradWrite::accumulate);
     if (run == 0) {
       first = db.to_vector();
     } else {

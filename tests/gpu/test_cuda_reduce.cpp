@@ -102,7 +102,7 @@ TEST_F(CudaReduce, CountsTheInfOfAnOverflowingF16Store) {
   Pair dy = pair_of(dy_host);
   Pair dx = poisoned_pair({2, in}, DType::f16);
   Pair dw = pair_of(Tensor::zeros({out, in}, DType::f32)), db = pair_of(Tensor::zeros({out}, DType::f32));
-  ops::cuda::linear_backward(dx.gpu, dw.gpu, db.gpu, dy.gpu, xs.gpu, w.gpu);
+  ops::cuda::linear_backward(dx.gpu, dw.gpu, db.gpu, dy.gpu, xs.gpu, w.gpu, ops::GradWrite::accumulate);
   Pair dw_count = accumulator(0.0), db_count = accumulator(0.0);
   ops::cuda::count_nonfinite(dw_count.gpu, dw.gpu);
   ops::cuda::count_nonfinite(db_count.gpu, db.gpu);

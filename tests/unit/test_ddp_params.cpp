@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "megatron/core/memory.h"
 #include "megatron/core/rng.h"
+#include "megatron/distributed/ddp.h"
 #include "megatron/models/gpt/gpt_model.h"
 #include "megatron/ops/profiler.h"
 #include "megatron/parameters/parameter_registry.h"
@@ -202,6 +204,58 @@ TEST(DdpParams, ModelReportsEachGradientOnceWhenFinal) {
     };
     EXPECT_LT(first_of("decoder.layers.2."), first_of("decoder.layers.1."));
     EXPECT_LT(first_of("decoder.layers.1."), first_of("decoder.layers.0."));
+  }
+}
+
+// The training step's zeroing (DDP::zero_grad) leaves the linear layers' weight gradients for
+// their first gradient of the step to overwrite: two micro-batches on a buffer that held NaN give
+// the gradients of a zeroed buffer bit for bit, and a step whose backward reaches no parameter
+// still reduces zeros.
+TEST(DdpParams, LazilyZeroedGradientsEqualZeroedOnes) {
+  for (const bool untied : {false, true}) {
+    const ParallelContext ctx = ParallelContext::single_process();
+    GPTModel model(tiny_config(untied), ctx);
+    ParameterRegistry& reg = model.parameters();
+    DistributedDataParallel ddp(reg, ctx, {});
+    reg.initialize(5);
+    const TinyBatch batch;
+    const auto two_micro_batches = [&] {
+      for (const uint64_t step : {0, 1})
+        model.forward_backward(batch.tokens, batch.tokens, batch.mask, 0.1f,
+                               {.training = true, .seed = 1, .step = step});
+      ddp.finish_grad_sync();
+    };
+    ddp.zero_grad();
+    reg.zero_grads();  // every gradient zeroed: the reference
+    two_micro_batches();
+    const std::vector<float> want = reg.grad_buffer().to_vector();
+
+    reg.grad_buffer().fill(std::numeric_limits<float>::quiet_NaN());
+    ddp.zero_grad();
+    int left = 0;
+    for (const auto& p : reg.params()) {
+      const std::string& name = p->spec.name;
+      const bool linear_weight =
+          (name.find(".linear_") != std::string::npos && name.ends_with(".weight")) || name == "output_layer.weight";
+      EXPECT_EQ(p->grad_overwrite_pending, linear_weight) << p->spec.name;
+      const std::vector<float> g = p->main_grad.to_vector();
+      if (linear_weight) {
+        ++left;
+        EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return std::isnan(v); })) << p->spec.name;
+      } else {
+        EXPECT_EQ(g, std::vector<float>(g.size(), 0.0f)) << p->spec.name;
+      }
+    }
+    EXPECT_EQ(left, 4 * 3 + (untied ? 1 : 0));  // QKV, projection, fc1 and fc2 of 3 layers (+ output)
+    two_micro_batches();
+    EXPECT_EQ(reg.grad_buffer().to_vector(), want);
+
+    reg.grad_buffer().fill(std::numeric_limits<float>::quiet_NaN());
+    ddp.zero_grad();
+    ddp.finish_grad_sync();  // no backward: the left gradients are zeroed as their buckets reduce
+    const std::vector<float> none = reg.grad_buffer().to_vector();
+    EXPECT_EQ(none, std::vector<float>(none.size(), 0.0f));
+    for (const auto& p : reg.params()) EXPECT_FALSE(p->grad_overwrite_pending) << p->spec.name;
   }
 }
 

@@ -45,7 +45,7 @@ StepOutputs fp8_step(tensor_parallel::Fp8Linear& fp8, int step) {
                   Tensor::zeros({16, 16}, DType::f32)};
   Tensor no_bias;
   fp8.linear_forward(out.y, x, w, no_bias);
-  fp8.linear_backward(out.dx, out.dweight, no_bias, dy, x, w);
+  fp8.linear_backward(out.dx, out.dweight, no_bias, dy, x, w, ops::GradWrite::accumulate);
   fp8.update_scales();
   return out;
 }
@@ -441,7 +441,7 @@ TEST(Fp8Linear, BlockwiseGemmsTakeTheBlockCasts) {
                   Tensor::zeros({out, in}, DType::f32)};
   Tensor no_bias;
   fp8.linear_forward(got.y, x, w, no_bias);
-  fp8.linear_backward(got.dx, got.dweight, no_bias, dy, x, w);
+  fp8.linear_backward(got.dx, got.dweight, no_bias, dy, x, w, ops::GradWrite::accumulate);
 
   const BlockCast xq = block_cast(x, Fp8BlockShape::tile_1x128), wq = block_cast(w, Fp8BlockShape::block_128x128);
   const BlockCast dyq = block_cast(dy, Fp8BlockShape::tile_1x128, DType::e5m2);
@@ -460,7 +460,7 @@ TEST(Fp8Linear, BlockwiseGemmsTakeTheBlockCasts) {
   StepOutputs again{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
                     Tensor::zeros({out, in}, DType::f32)};
   fp8.linear_forward(again.y, x, w, no_bias);
-  fp8.linear_backward(again.dx, again.dweight, no_bias, dy, x, w);
+  fp8.linear_backward(again.dx, again.dweight, no_bias, dy, x, w, ops::GradWrite::accumulate);
   expect_same_bits(again, want, 1);
 }
 
@@ -482,7 +482,7 @@ TEST(Fp8Linear, WeightCastsAreKeptWithinAStepAndMadeAgainAfter) {
       StepOutputs out{Tensor::empty({4, 16}, DType::bf16), Tensor::empty({4, 16}, DType::bf16), dweight};
       Tensor no_bias;
       fp8.linear_forward(out.y, x, w, no_bias);
-      fp8.linear_backward(out.dx, out.dweight, no_bias, dy, x, w);
+      fp8.linear_backward(out.dx, out.dweight, no_bias, dy, x, w, ops::GradWrite::accumulate);
       return out;
     };
     const Tensor w1 = wave({16, 16}, 1, 1.3f), w2 = wave({16, 16}, 5, 0.4f);
@@ -521,12 +521,12 @@ TEST(Fp8Linear, KeptInputCastGivesTheGradientsOfARecast) {
     tensor_parallel::Fp8Linear recast("linear", recipe, {}), kept("linear", recipe, {});
     StepOutputs want = outputs(), got = outputs(), other = outputs();
     recast.linear_forward(want.y, x0, w, no_bias);
-    recast.linear_backward(want.dx, want.dweight, no_bias, dy, x0, w);
+    recast.linear_backward(want.dx, want.dweight, no_bias, dy, x0, w, ops::GradWrite::accumulate);
     tensor_parallel::Fp8Linear::Quantized x0_t, x1_t;
     kept.linear_forward(got.y, x0, w, no_bias, &x0_t);
     kept.linear_forward(other.y, x1, w, no_bias, &x1_t);  // the next micro-batch's forward
     ASSERT_EQ(x0_t.codes.shape(), (Shape{in, n}));
-    kept.linear_backward(got.dx, got.dweight, no_bias, dy, Tensor(), w, &x0_t);
+    kept.linear_backward(got.dx, got.dweight, no_bias, dy, Tensor(), w, ops::GradWrite::accumulate, &x0_t);
     expect_same_bits(got, want, 0);
   }
 }
@@ -548,7 +548,7 @@ TEST(Fp8Linear, FusedCastsGiveTheLayersOwnCasts) {
     StepOutputs got{Tensor::empty({n, out}, DType::bf16), Tensor::empty({n, in}, DType::bf16),
                     Tensor::zeros({out, in}, DType::f32)};
     plain.linear_forward(want.y, x, w, no_bias);
-    plain.linear_backward(want.dx, want.dweight, no_bias, dy, x, w);
+    plain.linear_backward(want.dx, want.dweight, no_bias, dy, x, w, ops::GradWrite::accumulate);
     const auto cast_of = [](const Tensor& t) {
       return [&t](Tensor& q, Tensor& q_t, Tensor& amax, const Tensor& scale) {
         ops::fp8_quantize_transpose(q, q_t, amax, t, scale);
@@ -557,7 +557,7 @@ TEST(Fp8Linear, FusedCastsGiveTheLayersOwnCasts) {
     const tensor_parallel::Fp8Linear::Casts xq = fused.cast_input(n, in, Device::cpu(), cast_of(x));
     fused.linear_forward(got.y, xq, w, no_bias);
     const tensor_parallel::Fp8Linear::Casts dyq = fused.cast_grad_output(n, out, Device::cpu(), cast_of(dy));
-    fused.linear_backward(got.dx, got.dweight, dyq, Tensor(), w, &xq.transposed);
+    fused.linear_backward(got.dx, got.dweight, dyq, Tensor(), w, ops::GradWrite::accumulate, &xq.transposed);
     expect_same_bits(got, want, step);
     EXPECT_EQ(fused.input().amax_history.to_vector(), plain.input().amax_history.to_vector()) << step;
     EXPECT_EQ(fused.grad_output().amax_history.to_vector(), plain.grad_output().amax_history.to_vector()) << step;

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "megatron/ops/activation.h"
 #include "megatron/ops/gemm.h"
 #include "op_test_util.h"
@@ -36,7 +38,7 @@ struct LinearGrads {
 LinearGrads run_linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w) {
   const DType acc = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   LinearGrads g{poisoned(x.shape(), x.dtype()), Tensor::zeros(w.shape(), acc), Tensor::zeros({w.dim(0)}, acc)};
-  ops::linear_backward(g.dx, g.dw, g.db, dy, x, w);
+  ops::linear_backward(g.dx, g.dw, g.db, dy, x, w, ops::GradWrite::accumulate);
   return g;
 }
 
@@ -105,7 +107,7 @@ TEST(Linear, GradientsMatchFiniteDifferences) {
     };
     Tensor dx = poisoned(x.shape(), DType::f64), dw = Tensor::zeros(w.shape(), DType::f64);
     Tensor db = with_bias ? Tensor::zeros({kOut}, DType::f64) : Tensor();
-    ops::linear_backward(dx, dw, db, r, x, w);  // dL/dy = R
+    ops::linear_backward(dx, dw, db, r, x, w, ops::GradWrite::accumulate);  // dL/dy = R
     EXPECT_TRUE(grad_close(dx, numeric_grad(x, loss))) << "dx, bias " << with_bias;
     EXPECT_TRUE(grad_close(dw, numeric_grad(w, loss))) << "dw, bias " << with_bias;
     if (with_bias) {
@@ -144,12 +146,34 @@ TEST(Linear, ParameterGradientsAccumulateActivationGradientsOverwrite) {
 
   Tensor dx = filled(x.shape(), DType::f32, 123.0);
   Tensor dw = Tensor::zeros(w.shape(), DType::f32), db = Tensor::zeros({kOut}, DType::f32);
-  ops::linear_backward(dx, dw, db, dy, x, w);
-  ops::linear_backward(dx, dw, db, dy, x, w);
+  ops::linear_backward(dx, dw, db, dy, x, w, ops::GradWrite::accumulate);
+  ops::linear_backward(dx, dw, db, dy, x, w, ops::GradWrite::accumulate);
   // Same arithmetic twice: the second call adds exactly the first result again (G + G = 2G exactly).
   for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_EQ(dw.item(i), 2.0 * once.dw.item(i)) << "dw " << i;
   for (int64_t i = 0; i < db.numel(); ++i) ASSERT_EQ(db.item(i), 2.0 * once.db.item(i)) << "db " << i;
   for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_EQ(dx.item(i), once.dx.item(i)) << "dx " << i;
+}
+
+// GradWrite::overwrite: dW is written over whatever the main grad held (NaN here, never read),
+// equal to accumulating into zeros; db still accumulates. Also the GELU-fused form.
+TEST(Linear, OverwrittenWeightGradientIgnoresTheOldValues) {
+  const Tensor x = randn({kS * kB, kIn}, DType::f32, 36), w = randn({kOut, kIn}, DType::f32, 37);
+  const Tensor dy = randn({kS * kB, kOut}, DType::f32, 38);
+  const LinearGrads once = run_linear_backward(dy, x, w);
+  Tensor dx = Tensor::empty(x.shape(), DType::f32), dw = filled(w.shape(), DType::f32, std::nan(""));
+  Tensor db = filled({kOut}, DType::f32, 1.0);
+  ops::linear_backward(dx, dw, db, dy, x, w, ops::GradWrite::overwrite);
+  for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_EQ(dw.item(i), once.dw.item(i)) << "dw " << i;
+  for (int64_t i = 0; i < db.numel(); ++i) ASSERT_EQ(db.item(i), float(1.0 + once.db.item(i))) << "db " << i;
+
+  const Tensor pre = randn({kS * kB, kIn}, DType::f32, 39);
+  Tensor gelu_x = Tensor::empty(pre.shape(), DType::f32);
+  ops::gelu_forward(gelu_x, pre);
+  Tensor dpre = Tensor::empty(pre.shape(), DType::f32), no_db;
+  Tensor dw_zeroed = Tensor::zeros(w.shape(), DType::f32), dw_nan = filled(w.shape(), DType::f32, std::nan(""));
+  ops::gelu_linear_backward(dpre, dw_zeroed, no_db, dy, gelu_x, w, pre, ops::GradWrite::accumulate);
+  ops::gelu_linear_backward(dpre, dw_nan, no_db, dy, gelu_x, w, pre, ops::GradWrite::overwrite);
+  EXPECT_EQ(dw_nan.to_vector(), dw_zeroed.to_vector());
 }
 
 // A TP layer splits its backward: dX first (its collective starts), then dW and db. The two halves
@@ -161,13 +185,14 @@ TEST(Linear, DgradAndWgradInSeparateCallsEqualOneCall) {
   Tensor dx = filled(x.shape(), DType::f32, 123.0);
   Tensor dw = Tensor::zeros(w.shape(), DType::f32), db = Tensor::zeros({kOut}, DType::f32);
   Tensor none;
-  ops::linear_backward(dx, none, none, dy, x, w);
+  ops::linear_backward(dx, none, none, dy, x, w, ops::GradWrite::accumulate);
   for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_EQ(dw.item(i), 0.0) << "dw untouched " << i;
-  ops::linear_backward(none, dw, db, dy, x, w);
+  ops::linear_backward(none, dw, db, dy, x, w, ops::GradWrite::accumulate);
   for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_EQ(dx.item(i), once.dx.item(i)) << "dx " << i;
   for (int64_t i = 0; i < dw.numel(); ++i) ASSERT_EQ(dw.item(i), once.dw.item(i)) << "dw " << i;
   for (int64_t i = 0; i < db.numel(); ++i) ASSERT_EQ(db.item(i), once.db.item(i)) << "db " << i;
-  EXPECT_TRUE(throws_error_naming([&] { ops::linear_backward(dx, none, db, dy, x, w); }, "linear dbias"));
+  EXPECT_TRUE(throws_error_naming([&] { ops::linear_backward(dx, none, db, dy, x, w, ops::GradWrite::accumulate); },
+                                  "linear dbias"));
 }
 
 TEST(Linear, HalfWeightGradientAccumulatesIntoF32MainGrad) {
@@ -177,7 +202,7 @@ TEST(Linear, HalfWeightGradientAccumulatesIntoF32MainGrad) {
     const Tensor main_grad0 = randn({kOut, kIn}, DType::f32, 43, 1000.0);
     Tensor main_grad = main_grad0.clone();
     Tensor no_dx, no_db;  // undefined: skipped
-    ops::linear_backward(no_dx, main_grad, no_db, dy, x, w);
+    ops::linear_backward(no_dx, main_grad, no_db, dy, x, w, ops::GradWrite::accumulate);
     const Tensor fresh = run_linear_backward(dy, x, w).dw;
     // main_grad = old + dy^T x: one f32 addition on top of the fresh gradient (terms ~1000).
     Tensor expected = Tensor::empty(main_grad.shape(), DType::f64);
@@ -197,7 +222,7 @@ TEST(Linear, RejectsBadShapesAndDtypes) {
   Tensor dw_bf16 = Tensor::zeros(w.shape(), DType::bf16);  // main grads are f32
   EXPECT_TRUE(throws_error_naming(
       [&] {
-        ops::linear_backward(dx, dw_bf16, db, randn({4, kOut}, DType::f32, 5), x, w);
+        ops::linear_backward(dx, dw_bf16, db, randn({4, kOut}, DType::f32, 5), x, w, ops::GradWrite::accumulate);
       },
       "linear dweight"));
 }
@@ -255,7 +280,7 @@ TEST(GeluLinear, GradientsMatchFiniteDifferences) {
     };
     Tensor dpre = poisoned(pre.shape(), DType::f64), dw = Tensor::zeros(w.shape(), DType::f64);
     Tensor db = with_bias ? Tensor::zeros({kOut}, DType::f64) : Tensor();
-    ops::gelu_linear_backward(dpre, dw, db, r, gelu_of_pre(), w, pre);
+    ops::gelu_linear_backward(dpre, dw, db, r, gelu_of_pre(), w, pre, ops::GradWrite::accumulate);
     EXPECT_TRUE(grad_close(dpre, numeric_grad(pre, loss))) << "dpre, bias " << with_bias;
     EXPECT_TRUE(grad_close(dw, numeric_grad(w, loss))) << "dw, bias " << with_bias;
     if (with_bias) {
@@ -274,10 +299,10 @@ TEST(GeluLinear, LowerPrecisionMatchesF64) {
     // The reference takes the same (rounded) x, so dw and db compare the arithmetic alone.
     Tensor dpre64 = poisoned(pre.shape(), DType::f64), dw64 = Tensor::zeros(w.shape(), DType::f64);
     Tensor db64 = Tensor::zeros({kOut}, DType::f64);
-    ops::gelu_linear_backward(dpre64, dw64, db64, dy, x.to(DType::f64), w, pre64);
+    ops::gelu_linear_backward(dpre64, dw64, db64, dy, x.to(DType::f64), w, pre64, ops::GradWrite::accumulate);
     Tensor dpre = poisoned(pre.shape(), dt), dw = Tensor::zeros(w.shape(), DType::f32);
     Tensor db = Tensor::zeros({kOut}, DType::f32);
-    ops::gelu_linear_backward(dpre, dw, db, dy.to(dt), x, w.to(dt), pre);
+    ops::gelu_linear_backward(dpre, dw, db, dy.to(dt), x, w.to(dt), pre, ops::GradWrite::accumulate);
     // dpre: a K = 6 term dot product in f32, times gelu'(pre) (<= 1.13, itself a few f32 roundings
     // from tanh and the polynomial), then for 16-bit one rounding: factor 16 for f32, 2 for 16-bit.
     const double factor = dt == DType::f32 ? 16.0 : 2.0;
@@ -295,8 +320,10 @@ TEST(LinearGelu, RejectsBadPreActivations) {
   Tensor pre_bf16 = Tensor::empty({4, kIn}, DType::bf16), dpre = Tensor::empty({4, kIn}, DType::f32);
   Tensor dw = Tensor::zeros(w.shape(), DType::f32), no_db;
   const Tensor dy = randn({4, kOut}, DType::f32, 3);
-  EXPECT_TRUE(
-      throws_error_naming([&] { ops::gelu_linear_backward(dpre, dw, no_db, dy, x, w, pre_bf16); }, "linear pre"));
+  EXPECT_TRUE(throws_error_naming(
+      [&] { ops::gelu_linear_backward(dpre, dw, no_db, dy, x, w, pre_bf16, ops::GradWrite::accumulate); },
+      "linear pre"));
   Tensor no_dpre;
-  EXPECT_TRUE(throws_error_naming([&] { ops::gelu_linear_backward(no_dpre, dw, no_db, dy, x, w, x); }, "linear dpre"));
+  EXPECT_TRUE(throws_error_naming(
+      [&] { ops::gelu_linear_backward(no_dpre, dw, no_db, dy, x, w, x, ops::GradWrite::accumulate); }, "linear dpre"));
 }

@@ -39,7 +39,8 @@ void check(DType dtype, double rel) {
     Tensor y_e = y_loop.slice(begin, end), dx_e = dx_loop.slice(begin, end), dw_e = dw_loop.select(int64_t(e));
     Tensor no_bias;
     ops::linear_forward(y_e, x.slice(begin, end), w.select(int64_t(e)), Tensor());
-    ops::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), w.select(int64_t(e)));
+    ops::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), w.select(int64_t(e)),
+                         ops::GradWrite::accumulate);
   }
   expect_close(y, y_loop, rel);
   expect_close(dx, dx_loop, rel);

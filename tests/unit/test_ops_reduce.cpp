@@ -66,7 +66,7 @@ TEST(Reduce, CountsTheInfOfAnOverflowingF16Store) {
   dy.set_item(1, std::numeric_limits<double>::infinity());
   Tensor dx = poisoned({2, in}, DType::f16), dw = Tensor::zeros({out, in}, DType::f32);
   Tensor db = Tensor::zeros({out}, DType::f32);
-  ops::linear_backward(dx, dw, db, dy, xs, w);
+  ops::linear_backward(dx, dw, db, dy, xs, w, ops::GradWrite::accumulate);
   acc.zero();
   ops::count_nonfinite(acc, dw);
   EXPECT_EQ(acc.item(0), double(in));

@@ -105,7 +105,7 @@ void DistributedDataParallel::zero_grad() {
   for (size_t b = 0; b < grad_work_.size(); ++b)
     MEGATRON_CHECK(grad_work_[b] == nullptr,
                    "zero_grad() while the reduction of bucket " << b << " is in flight; call finish_grad_sync() first");
-  registry_->zero_grads();
+  registry_->zero_grads_lazily();
   if (fsdp_) fsdp_->zero_grad();
   std::fill(param_ready_.begin(), param_ready_.end(), false);
   std::fill(bucket_ready_.begin(), bucket_ready_.end(), 0);
@@ -123,6 +123,7 @@ void DistributedDataParallel::on_grad_ready(const Parameter& p) {
 
 void DistributedDataParallel::start_bucket(size_t b) {
   MEGATRON_CHECK(!bucket_started_[b], "bucket " << b << " was started twice in one step");
+  registry_->zero_unwritten_grads(layout_.buckets[b].params);  // no gradient this step: zero
   const Range range = layout_.buckets[b].range;
   Tensor grads = registry_->grad_buffer().slice(range.begin, range.end);
   Communicator& group = layout_.buckets[b].expert_parallel ? *expert_group_ : *group_;

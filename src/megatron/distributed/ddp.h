@@ -14,7 +14,10 @@
 // summed over the group (Megatron's default, not an averaging collective): all-reduce without the
 // distributed optimizer; reduce-scatter with it, after which shard r of each bucket on rank r holds the
 // reduced gradient (the rest of the buffer is stale). Gradient accumulation: micro-batches before
-// the last only accumulate; nothing is communicated until the last one.
+// the last only accumulate; nothing is communicated until the last one. zero_grad() zeroes all but
+// the linear layers' weight gradients, whose first gradient of the step overwrites the buffer
+// (ParameterRegistry::zero_grads_lazily: no memset of ~90% of the buffer, no read of zeros); a
+// bucket zeroes those its backward never wrote before it reduces.
 //
 // Expert-parallel parameters (MoE experts split over EP) sit in buckets of their own, summed over
 // the expert-data-parallel group instead, still scaled 1/R: each EP rank holds other experts, and

@@ -1,12 +1,17 @@
 #pragma once
 // GEMM and the linear layer built on it. Backward overwrites dX and accumulates dW, db into the
-// fp32 main grad.
+// fp32 main grad (or writes dW over it: GradWrite).
 #include "megatron/core/tensor.h"
 #include "megatron/ops/op.h"
 
 namespace megatron::ops {
 
 enum class Transpose : bool { no = false, yes = true };
+
+// How a backward op writes a weight gradient: added to the main grad, or over it (the first
+// gradient of a step into a main grad that was not zeroed; its old values are never read, so
+// they may be anything, NaN included).
+enum class GradWrite : bool { accumulate = false, overwrite = true };
 
 struct MatmulParams {
   Transpose trans_a = Transpose::no;
@@ -26,11 +31,13 @@ MEGATRON_OP(matmul, void(Tensor& c, const Tensor& a, const Tensor& b, const Matm
 // Y (N,out) = X (N,in) @ W(out,in)^T (+ b)
 MEGATRON_OP(linear_forward, void(Tensor& y, const Tensor& x, const Tensor& weight, const Tensor& bias));
 // dX  = dY @ W           (overwrites; skipped when dX undefined)
-// dW += dY^T @ X         (accumulates into the fp32 main grad; skipped when dW undefined: a TP
-//                         layer computes dX first, then dW while dX's collective runs)
-// db += sum_rows(dY)     (accumulates; skipped when db undefined; needs dW)
-MEGATRON_OP(linear_backward,
-            void(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x, const Tensor& weight));
+// dW += dY^T @ X         (accumulates into the fp32 main grad, or overwrites it with
+//                         GradWrite::overwrite; skipped when dW undefined: a TP layer computes
+//                         dX first, then dW while dX's collective runs)
+// db += sum_rows(dY)     (accumulates, whatever dweight_write says; skipped when db undefined;
+//                         needs dW)
+MEGATRON_OP(linear_backward, void(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
+                                  const Tensor& weight, GradWrite dweight_write));
 
 // The MLP's GELU fused into its GEMMs (GELU as in activation.h; cuBLASLt epilogues on CUDA).
 // fc1 of a GELU MLP: pre (N,out) = X W^T (+ b),  Y = gelu(pre). Y is the GELU of the unrounded
@@ -42,6 +49,6 @@ MEGATRON_OP(linear_gelu_forward,
 //   dpre = (dY @ W) * gelu'(pre)   (overwrites; dY @ W is not rounded first)
 //   dW += dY^T @ X, db += sum_rows(dY)   (as linear_backward, dW optional)
 MEGATRON_OP(gelu_linear_backward, void(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                                       const Tensor& weight, const Tensor& pre));
+                                       const Tensor& weight, const Tensor& pre, GradWrite dweight_write));
 
 }  // namespace megatron::ops

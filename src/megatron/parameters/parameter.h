@@ -5,6 +5,7 @@
 // that owns the parameters and their flat buffers is parameter_registry.h.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatron/core/tensor.h"
@@ -37,6 +38,11 @@ struct ParamSpec {
   // bucket of its own, so both ends shard it alike, and summed over the embedding group after the
   // DP reduction (finalize_model_grads.h).
   bool shared_embedding = false;
+  // The one module that writes this parameter's gradient writes the first one of a step over the
+  // main grad instead of adding it (a linear layer's weight-gradient GEMM with beta 0), so
+  // ParameterRegistry::zero_grads() leaves it: no memset of it each step, and that GEMM reads no
+  // zeros.
+  bool first_grad_overwrites = false;
 };
 
 // This TP rank's shape of the parameter `spec` describes: the global shape with partition_dim
@@ -54,6 +60,13 @@ struct Parameter {
   Tensor data;                // compute copy (params dtype), view into the parameter buffer
   Tensor main_grad;           // accumulation buffer (f32, or f64), view into the gradient buffer
   int64_t buffer_offset = 0;  // element offset of this parameter in the flat buffers
+  // Set by ParameterRegistry::zero_grads() for a spec.first_grad_overwrites parameter in place of
+  // zeroing main_grad: its next gradient overwrites main_grad (take_grad_overwrite()).
+  bool grad_overwrite_pending = false;
+
+  // Whether the gradient about to be written overwrites main_grad (once after zero_grads()) or
+  // adds to it; for the module that writes it.
+  bool take_grad_overwrite() { return std::exchange(grad_overwrite_pending, false); }
 
   // The part of a flat buffer (same layout as the parameter buffer) that belongs to this parameter.
   Tensor view_of(const Tensor& flat_buffer) const {

@@ -156,7 +156,34 @@ void ParameterRegistry::initialize(uint64_t seed) {
 }
 
 void ParameterRegistry::zero_grads() {
-  if (grad_buffer_.defined()) grad_buffer_.zero();
+  if (!grad_buffer_.defined()) return;
+  grad_buffer_.zero();
+  for (const auto& p : params_) p->grad_overwrite_pending = false;
+}
+
+void ParameterRegistry::zero_grads_lazily() {
+  if (!grad_buffer_.defined()) return;
+  // The buffer less the marked parameters, in as few runs as their placement allows (the gaps
+  // between parameters are zeroed with their neighbours).
+  std::vector<std::pair<int64_t, int64_t>> kept;
+  for (const auto& p : params_) {
+    p->grad_overwrite_pending = p->spec.first_grad_overwrites;
+    if (p->grad_overwrite_pending) kept.emplace_back(p->buffer_offset, p->buffer_offset + shape_numel(p->local_shape));
+  }
+  std::sort(kept.begin(), kept.end());
+  int64_t begin = 0;
+  for (const auto& [start, end] : kept) {
+    if (start > begin) grad_buffer_.slice(begin, start).zero();
+    begin = std::max(begin, end);
+  }
+  if (grad_buffer_.numel() > begin) grad_buffer_.slice(begin, grad_buffer_.numel()).zero();
+}
+
+void ParameterRegistry::zero_unwritten_grads(const std::vector<size_t>& params) {
+  for (size_t i : params) {
+    Parameter& p = *params_.at(i);
+    if (p.take_grad_overwrite()) p.main_grad.zero();
+  }
 }
 
 Parameter* ParameterRegistry::find(const std::string& name) const {

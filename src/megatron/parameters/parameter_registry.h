@@ -68,7 +68,16 @@ class ParameterRegistry {
   // Initialises every parameter from (seed, name, global element index): independent of TP
   // layout and of registration order.
   void initialize(uint64_t seed);
+  // Zeroes every main gradient.
   void zero_grads();
+  // The training step's zeroing (DDP::zero_grad): zeroes the main gradients except those of
+  // spec.first_grad_overwrites parameters, which it marks instead for their next gradient to
+  // overwrite them (Parameter::take_grad_overwrite). Those the backward never wrote must go
+  // through zero_unwritten_grads() before anything reads them.
+  void zero_grads_lazily();
+  // Zeroes the main gradients of those of `params` (registration indices) still marked by
+  // zero_grads_lazily(): parameters this step's backward did not reach.
+  void zero_unwritten_grads(const std::vector<size_t>& params);
   // Moves parameter i (registration order) to element offsets[i] of new flat buffers of `numel`
   // elements, keeping its value and (GradsOnMove::keep) its main gradient; gaps hold zeros. Offsets
   // are multiples of the 16-element alignment and the parameters may not overlap.

@@ -143,22 +143,23 @@ void Fp8Linear::linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, con
 }
 
 void Fp8Linear::linear_backward(Tensor& dx, Tensor& dweight, const Casts& dy, const Tensor& x, const Tensor& weight,
-                                const Quantized* x_t) {
+                                ops::GradWrite dweight_write, const Quantized* x_t) {
   if (dx.defined()) {
     // dx (N,in) = dy (N,out) W (out,in), W given as the rows of W^T (in,out): the TN form.
     const Quantized& wq_t = weight_cast(weight, Layout::transposed);
     gemm(Gemm::dgrad, dx, dy.rows, grad_output_, wq_t, weight_, 0.0f);
   }
   if (!dweight.defined()) return;
-  // dW (out,in) += dy^T (out,N) x (N,in) into the fp32 main grad, from the rows of dy^T and x^T.
+  // dW (out,in) += dy^T (out,N) x (N,in) into the fp32 main grad (or =), from the rows of dy^T and x^T.
   const Quantized xq_t = x_t != nullptr ? *x_t : quantize(input_, x, Cast::again, Layout::transposed).transposed;
-  gemm(Gemm::wgrad, dweight, dy.transposed, grad_output_, xq_t, input_, 1.0f);
+  gemm(Gemm::wgrad, dweight, dy.transposed, grad_output_, xq_t, input_,
+       dweight_write == ops::GradWrite::overwrite ? 0.0f : 1.0f);
 }
 
 void Fp8Linear::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                                const Tensor& weight, const Quantized* x_t) {
+                                const Tensor& weight, ops::GradWrite dweight_write, const Quantized* x_t) {
   const Layout dy_layout = !dweight.defined() ? Layout::rows : dx.defined() ? Layout::both : Layout::transposed;
-  linear_backward(dx, dweight, quantize(grad_output_, dy, Cast::record, dy_layout), x, weight, x_t);
+  linear_backward(dx, dweight, quantize(grad_output_, dy, Cast::record, dy_layout), x, weight, dweight_write, x_t);
   if (dweight.defined() && dbias.defined()) {  // db += dy^T 1 (bf16 dy)
     Tensor db = dbias.view({-1, 1});
     ops::matmul(db, dy, ones_column(dy), {.trans_a = ops::Transpose::yes, .beta = 1.0f});
@@ -166,9 +167,10 @@ void Fp8Linear::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, cons
 }
 
 void Fp8Linear::gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                                     const Tensor& weight, const Tensor& pre, const Quantized* x_t) {
+                                     const Tensor& weight, const Tensor& pre, ops::GradWrite dweight_write,
+                                     const Quantized* x_t) {
   Tensor dact = Tensor::empty(dpre.shape(), dpre.dtype(), dpre.device());
-  linear_backward(dact, dweight, dbias, dy, x, weight, x_t);
+  linear_backward(dact, dweight, dbias, dy, x, weight, dweight_write, x_t);
   ops::gelu_backward(dpre, dact, pre);
 }
 

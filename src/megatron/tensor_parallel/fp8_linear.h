@@ -78,18 +78,19 @@ class Fp8Linear {
   // y = gelu(pre), pre = x W^T (+ bias), as ops::linear_gelu_forward; x_t as in linear_forward.
   void linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias,
                            Quantized* x_t = nullptr);
-  // As ops::linear_backward: dx overwritten (skipped when undefined), dW and db accumulated
-  // (skipped when undefined). x is read only for dW, and not at all when x_t (linear_forward's
-  // cast of x^T) is given.
+  // As ops::linear_backward: dx overwritten (skipped when undefined), dW accumulated or
+  // overwritten as dweight_write says and db accumulated (each skipped when undefined). x is read
+  // only for dW, and not at all when x_t (linear_forward's cast of x^T) is given.
   void linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                       const Tensor& weight, const Quantized* x_t = nullptr);
+                       const Tensor& weight, ops::GradWrite dweight_write, const Quantized* x_t = nullptr);
   // The same with dy already cast (cast_grad_output; the layouts the defined outputs need: rows for
   // dx, transposed for dW); no bias gradient, which needs dy itself.
   void linear_backward(Tensor& dx, Tensor& dweight, const Casts& dy, const Tensor& x, const Tensor& weight,
-                       const Quantized* x_t);
+                       ops::GradWrite dweight_write, const Quantized* x_t);
   // As ops::gelu_linear_backward: dpre = (dy W) * gelu'(pre), dW and db as above.
   void gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                            const Tensor& weight, const Tensor& pre, const Quantized* x_t = nullptr);
+                            const Tensor& weight, const Tensor& pre, ops::GradWrite dweight_write,
+                            const Quantized* x_t = nullptr);
 
   // Casts made by the kernel that produces the tensor (ops::swiglu_forward_fp8 and the like, which
   // never store it in bf16): the FusedCast writes an (N, features) tensor's codes q (N, features)

@@ -47,23 +47,33 @@ void linear_gelu_forward(Fp8Linear* fp8, Tensor& y, Tensor& pre, const Tensor& x
     ops::linear_gelu_forward(y, pre, x, weight, bias);
 }
 // dy as a tensor (rows) or as its casts (exactly one given); x may be undefined where x_t is given.
-void linear_backward(Fp8Linear* fp8, Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor* dy,
+// weight_grad: the weight's main grad and how to write it (weight_grad_of), or undefined: dx only.
+struct WeightGrad {
+  Tensor grad;
+  ops::GradWrite write = ops::GradWrite::accumulate;
+};
+// The weight's main grad as this backward writes it: over the buffer when zero_grads_lazily left
+// it for this layer's first gradient of the step, added after.
+WeightGrad weight_grad_of(Parameter& weight) {
+  return {weight.main_grad, weight.take_grad_overwrite() ? ops::GradWrite::overwrite : ops::GradWrite::accumulate};
+}
+void linear_backward(Fp8Linear* fp8, Tensor& dx, WeightGrad dweight, Tensor& dbias, const Tensor* dy,
                      const Fp8Activation* dy_cast, const Tensor& x, const Tensor& weight, const Quantized* x_t) {
   if (dy_cast != nullptr) {
     MEGATRON_CHECK(!dbias.defined(), "an FP8-cast output gradient gives no bias gradient");
-    fp8->linear_backward(dx, dweight, dy_cast->casts, x, weight, x_t);
+    fp8->linear_backward(dx, dweight.grad, dy_cast->casts, x, weight, dweight.write, x_t);
   } else if (fp8 != nullptr) {
-    fp8->linear_backward(dx, dweight, dbias, rows_view(*dy), x, weight, x_t);
+    fp8->linear_backward(dx, dweight.grad, dbias, rows_view(*dy), x, weight, dweight.write, x_t);
   } else {
-    ops::linear_backward(dx, dweight, dbias, rows_view(*dy), x, weight);
+    ops::linear_backward(dx, dweight.grad, dbias, rows_view(*dy), x, weight, dweight.write);
   }
 }
-void gelu_linear_backward(Fp8Linear* fp8, Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy,
+void gelu_linear_backward(Fp8Linear* fp8, Tensor& dpre, WeightGrad dweight, Tensor& dbias, const Tensor& dy,
                           const Tensor& x, const Tensor& weight, const Tensor& pre, const Quantized* x_t) {
   if (fp8 != nullptr)
-    fp8->gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre, x_t);
+    fp8->gelu_linear_backward(dpre, dweight.grad, dbias, dy, x, weight, pre, dweight.write, x_t);
   else
-    ops::gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre);
+    ops::gelu_linear_backward(dpre, dweight.grad, dbias, dy, x, weight, pre, dweight.write);
 }
 
 // x^T's saved cast where the forward made one, else null; x's rows where it is kept.
@@ -109,7 +119,8 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
                             .global_shape = {output_size, input_size},
                             .partition_dim = 0,
                             .partition_blocks = options.partition_blocks,
-                            .init_std = options.init_std});
+                            .init_std = options.init_std,
+                            .first_grad_overwrites = true});
   }
   if (options.bias)
     bias_ = registry.add({.name = prefix + ".bias",
@@ -186,22 +197,22 @@ Tensor ColumnParallelLinear::backward(const Tensor* dy, const Fp8Activation* dy_
   Tensor dx2 = rows_view(dx), dbias = undefined_if_null(bias_, &Parameter::main_grad);
   const Quantized* input_t = saved_input_t(saved);
   if (ctx_->tp_size() == 1) {
-    linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, dy, dy_cast, rows_or_undefined(saved.input),
+    linear_backward(fp8_.get(), dx2, weight_grad_of(*weight_), dbias, dy, dy_cast, rows_or_undefined(saved.input),
                     weight_->data, input_t);
     return dx;
   }
   Pending gathered{saved.input, nullptr};
   if (sequence_parallel_) gathered = gather_from_sequence_parallel_forward_async(saved.input, *ctx_);
-  Tensor no_weight_grad, no_bias_grad;
+  Tensor no_bias_grad;
   // x is only read for dW: the gathered input passes its shape (bf16 GEMMs check it) while it is
   // still arriving.
-  linear_backward(fp8_.get(), dx2, no_weight_grad, no_bias_grad, dy, dy_cast, rows_or_undefined(gathered.result),
-                  weight_->data, nullptr);
+  linear_backward(fp8_.get(), dx2, {}, no_bias_grad, dy, dy_cast, rows_or_undefined(gathered.result), weight_->data,
+                  nullptr);
   const Tensor input = gathered.handle ? gathered.wait() : gathered.result;
   Pending reduced = sequence_parallel_ ? gather_from_sequence_parallel_backward_async(dx, *ctx_)
                                        : copy_to_tp_backward_async(dx, *ctx_);
   Tensor no_input_grad;
-  linear_backward(fp8_.get(), no_input_grad, weight_->main_grad, dbias, dy, dy_cast, rows_or_undefined(input),
+  linear_backward(fp8_.get(), no_input_grad, weight_grad_of(*weight_), dbias, dy, dy_cast, rows_or_undefined(input),
                   weight_->data, input_t);
   return reduced.wait();
 }
@@ -216,7 +227,8 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const Parallel
   weight_ = registry.add({.name = prefix + ".weight",
                           .global_shape = {output_size, input_size},
                           .partition_dim = 1,
-                          .init_std = options.init_std});
+                          .init_std = options.init_std,
+                          .first_grad_overwrites = true});
   // Replicated; under SP each rank's gradient covers its sequence shard only, so it is summed
   // over TP before the optimizer (finalize_model_grads).
   if (options.bias)
@@ -290,16 +302,16 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, c
     Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
     const int64_t rows = dy.dim(0);
     const Tensor dy_full = all_gather_sequence_overlapped(dy, *ctx_, [&](int c, const Tensor& dy_c) {
-      Tensor dx_c = rows_view(sequence_chunk(dx, c, rows)), no_weight_grad, no_bias_grad;
+      Tensor dx_c = rows_view(sequence_chunk(dx, c, rows)), no_bias_grad;
       const Tensor x_c = rows_view(sequence_chunk(saved.input, c, rows));
       if (gelu_pre.defined())
-        gelu_linear_backward(fp8_.get(), dx_c, no_weight_grad, no_bias_grad, rows_view(dy_c), x_c, weight_->data,
+        gelu_linear_backward(fp8_.get(), dx_c, {}, no_bias_grad, rows_view(dy_c), x_c, weight_->data,
                              rows_view(sequence_chunk(gelu_pre, c, rows)), nullptr);
       else
-        linear_backward(fp8_.get(), dx_c, no_weight_grad, no_bias_grad, &dy_c, nullptr, x_c, weight_->data, nullptr);
+        linear_backward(fp8_.get(), dx_c, {}, no_bias_grad, &dy_c, nullptr, x_c, weight_->data, nullptr);
     });
     Tensor no_input_grad, no_bias_grad;
-    linear_backward(fp8_.get(), no_input_grad, weight_->main_grad, no_bias_grad, &dy_full, nullptr,
+    linear_backward(fp8_.get(), no_input_grad, weight_grad_of(*weight_), no_bias_grad, &dy_full, nullptr,
                     rows_view(saved.input), weight_->data, nullptr);
     return dx;
   }
@@ -313,10 +325,10 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, c
   Tensor dbias = fused_bias ? undefined_if_null(bias_, &Parameter::main_grad) : Tensor();
   const Tensor x = rows_or_undefined(saved.input);
   if (gelu_pre.defined()) {
-    gelu_linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, rows_view(dy_full), x, weight_->data,
+    gelu_linear_backward(fp8_.get(), dx2, weight_grad_of(*weight_), dbias, rows_view(dy_full), x, weight_->data,
                          rows_view(gelu_pre), saved_input_t(saved));
   } else {
-    linear_backward(fp8_.get(), dx2, weight_->main_grad, dbias, &dy_full, nullptr, x, weight_->data,
+    linear_backward(fp8_.get(), dx2, weight_grad_of(*weight_), dbias, &dy_full, nullptr, x, weight_->data,
                     saved_input_t(saved));
   }
   return dx;

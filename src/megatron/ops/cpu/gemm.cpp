@@ -298,9 +298,10 @@ void cpu::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, const
 }
 
 void cpu::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                          const Tensor& weight) {
+                          const Tensor& weight, GradWrite dweight_write) {
   const auto [n, out_features, in_features] =
       checks::check_linear_backward(dx, dweight, dbias, dy, x, weight, kCpuGemm);
+  if (dweight_write == GradWrite::overwrite && dweight.defined()) dweight.zero();  // then the same sums
   if (x.dtype() == DType::f64) {
     linear_backward_impl<double>(dx, dweight, dbias, dy, x, weight, n, out_features, in_features);
   } else {
@@ -318,9 +319,10 @@ void cpu::linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Ten
 }
 
 void cpu::gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                               const Tensor& weight, const Tensor& pre) {
+                               const Tensor& weight, const Tensor& pre, GradWrite dweight_write) {
   const auto [n, out_features, in_features] =
       checks::check_gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre, kCpuGemm);
+  if (dweight_write == GradWrite::overwrite && dweight.defined()) dweight.zero();
   if (x.dtype() == DType::f64) {
     gelu_linear_backward_impl<double>(dpre, dweight, dbias, dy, x, weight, pre, n, out_features, in_features);
   } else {

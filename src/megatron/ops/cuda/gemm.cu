@@ -448,22 +448,29 @@ bool gelu_epilogue_applies(const Tensor& out, const Tensor& aux, int64_t row_len
   return fits;
 }
 
-// dW (out,in) += dy^T (out,N) @ x (N,in) straight into the fp32 main grad, and db += the column
+// dW (out,in) += dy^T (out,N) @ x (N,in) straight into the fp32 main grad (= with
+// GradWrite::overwrite: beta 0, so cuBLASLt never reads the old values), and db += the column
 // sums of dy: from the same GEMM through the BGRADB epilogue (into a scratch vector, added to
 // db), else from the column-sum kernel.
 void weight_and_bias_grads(Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                           const checks::LinearDims& dims) {
+                           const checks::LinearDims& dims, GradWrite dweight_write) {
   const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
-  if (!dweight.defined() || n == 0 || out_features == 0) return;  // dx only, or nothing to accumulate
+  if (!dweight.defined()) return;  // dx only
+  const bool overwrite = dweight_write == GradWrite::overwrite;
+  if (n == 0 || out_features == 0) {  // nothing to accumulate: an overwritten dW is zero
+    if (overwrite) dweight.zero();
+    return;
+  }
+  const float beta = overwrite ? 0.0f : 1.0f;
   if (in_features > 0 && dbias.defined()) {
     Tensor db_step = Tensor::empty({out_features}, DType::f32, dy.device());
-    if (row_major_gemm(true, false, out_features, in_features, n, dy, x, dweight, 1.0f, 1.0f,
+    if (row_major_gemm(true, false, out_features, in_features, n, dy, x, dweight, 1.0f, beta,
                        {CUBLASLT_EPILOGUE_BGRADB, db_step.raw(), nullptr})) {
       add_scaled(dbias, db_step, 1.0f);
       return;
     }
   }
-  if (in_features > 0) row_major_gemm(true, false, out_features, in_features, n, dy, x, dweight, 1.0f, 1.0f);
+  if (in_features > 0) row_major_gemm(true, false, out_features, in_features, n, dy, x, dweight, 1.0f, beta);
   if (dbias.defined()) {
     dispatch_storage(dy.dtype(), "linear_backward", [&]<class T>(std::type_identity<T>) {
       bias_grad<T>(device_data<float>(dbias), device_data<T>(dy), n, out_features, dy.device());
@@ -553,7 +560,7 @@ void cuda::linear_forward(Tensor& y, const Tensor& x, const Tensor& weight, cons
 }
 
 void cuda::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                           const Tensor& weight) {
+                           const Tensor& weight, GradWrite dweight_write) {
   const checks::LinearDims dims = checks::check_linear_backward(dx, dweight, dbias, dy, x, weight, kCudaGemm);
   const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
   if (dx.defined() && n > 0 && in_features > 0) {
@@ -564,7 +571,7 @@ void cuda::linear_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Ten
       row_major_gemm(false, false, n, in_features, out_features, dy, weight, dx, 1.0f, 0.0f);
     }
   }
-  weight_and_bias_grads(dweight, dbias, dy, x, dims);
+  weight_and_bias_grads(dweight, dbias, dy, x, dims, dweight_write);
 }
 
 void cuda::linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -583,7 +590,7 @@ void cuda::linear_gelu_forward(Tensor& y, Tensor& pre, const Tensor& x, const Te
 }
 
 void cuda::gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
-                                const Tensor& weight, const Tensor& pre) {
+                                const Tensor& weight, const Tensor& pre, GradWrite dweight_write) {
   const checks::LinearDims dims =
       checks::check_gelu_linear_backward(dpre, dweight, dbias, dy, x, weight, pre, kCudaGemm);
   const int64_t n = dims.n, out_features = dims.out_features, in_features = dims.in_features;
@@ -599,7 +606,7 @@ void cuda::gelu_linear_backward(Tensor& dpre, Tensor& dweight, Tensor& dbias, co
       gelu_backward(dpre, dact, pre);
     }
   }
-  weight_and_bias_grads(dweight, dbias, dy, x, dims);
+  weight_and_bias_grads(dweight, dbias, dy, x, dims, dweight_write);
 }
 
 }  // namespace megatron::ops

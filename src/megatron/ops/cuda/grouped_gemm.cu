@@ -127,7 +127,8 @@ void per_expert_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Te
     Tensor dw_e = dweight.defined() ? dweight.select(int64_t(e)) : Tensor();
     Tensor no_bias;
     if (dx_e.defined() || dw_e.defined())
-      cuda::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), weight.select(int64_t(e)));
+      cuda::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), weight.select(int64_t(e)),
+                            ops::GradWrite::accumulate);
   }
 }
 

@@ -57,7 +57,7 @@ void Experts::experts_linear_backward(Tensor& dx, const Tensor& dy, const Tensor
       Tensor dw_e = weight.main_grad.select(int64_t(e));
       Tensor no_bias;
       ops::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end),
-                           weight.data.select(int64_t(e)));
+                           weight.data.select(int64_t(e)), ops::GradWrite::accumulate);
     }
     begin = end;
   }

@@ -119,7 +119,8 @@ Tensor Router::backward(const Tensor& dprobs, const Saved& saved, DType x_dtype)
   }
   Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
   Tensor no_bias;
-  ops::linear_backward(dx, weight_->main_grad, no_bias, dlogits, saved.input, weight_in_router_dtype());
+  ops::linear_backward(dx, weight_->main_grad, no_bias, dlogits, saved.input, weight_in_router_dtype(),
+                       ops::GradWrite::accumulate);
   return in_dtype(dx, x_dtype);
 }
 
