@@ -74,6 +74,29 @@ TEST_F(CudaAdamW, StepMatchesCpuBitwise) {
   }
 }
 
+// Masters kept as remainders beside bf16 parameters: random low halves (any u16) and parameters
+// joined, updated, split, as the CPU does.
+TEST_F(CudaAdamW, RemainderStepMatchesCpuBitwise) {
+  uint64_t seed = 500;
+  for (const int64_t n : {int64_t(1), int64_t(9), int64_t(1003), int64_t(1 << 16) + 3}) {
+    for (const int64_t misalign : {0, 1}) {
+      Tensor remainders = Tensor::empty({n}, DType::u16);
+      for (int64_t i = 0; i < n; ++i) remainders.data<uint16_t>()[i] = uint16_t((i * 40503u + seed) & 0xffffu);
+      State s = make_state(n, DType::bf16, true, misalign, seed += 5);
+      s.model = random_pair({n}, DType::bf16, seed + 4, 1.0, misalign);
+      Pair rem = pair_of(remainders, misalign);
+      const ops::AdamWParams p{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3};
+      ops::cpu::adamw_step(rem.cpu, s.exp_avg.cpu, s.exp_avg_sq.cpu, s.grad.cpu, s.model.cpu, p);
+      ops::cuda::adamw_step(rem.gpu, s.exp_avg.gpu, s.exp_avg_sq.gpu, s.grad.gpu, s.model.gpu, p);
+      const std::string what = "n=" + std::to_string(n) + " misalign=" + std::to_string(misalign);
+      EXPECT_TRUE(equals_cpu(rem)) << "remainders " << what;
+      EXPECT_TRUE(equals_cpu(s.model)) << "bf16 parameters " << what;
+      EXPECT_TRUE(equals_cpu(s.exp_avg)) << "exp_avg " << what;
+      EXPECT_TRUE(equals_cpu(s.exp_avg_sq)) << "exp_avg_sq " << what;
+    }
+  }
+}
+
 TEST_F(CudaAdamW, RejectsNonF32State) {
   Tensor master = Tensor::zeros({4}, DType::bf16, gpu());
   Tensor f = Tensor::zeros({4}, DType::f32, gpu());
@@ -81,4 +104,6 @@ TEST_F(CudaAdamW, RejectsNonF32State) {
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::adamw_step(master, f, f, f, none, {}); }, "adamw master"));
   Tensor m = Tensor::zeros({4}, DType::f32, gpu()), short_grad = Tensor::zeros({3}, DType::f32, gpu());
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::adamw_step(m, f, f, short_grad, none, {}); }, "adamw grad"));
+  Tensor remainders = Tensor::zeros({4}, DType::u16, gpu());
+  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::adamw_step(remainders, f, f, f, none, {}); }, "remainders"));
 }

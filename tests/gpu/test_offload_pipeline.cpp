@@ -38,7 +38,7 @@ Layout uneven_pieces() {
 struct Model {
   Tensor params, grads;
   std::unique_ptr<AdamWState> state;
-  Model(const Layout& l, Device device, DType params_dtype, const OffloadOptions& offload) {
+  Model(const Layout& l, Device device, DType params_dtype, const AdamWStateOptions& offload) {
     params = randn({l.numel}, params_dtype, 1).to(device);
     grads = Tensor::zeros({l.numel}, DType::f32, device);
     std::vector<AdamWState::Piece> pieces;

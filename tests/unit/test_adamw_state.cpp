@@ -6,9 +6,11 @@
 // show as different values here.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <vector>
 
+#include "megatron/core/param_remainder.h"
 #include "megatron/optimizer/adamw_state.h"
 #include "megatron/optimizer/offload_copies.h"
 
@@ -28,7 +30,7 @@ struct Model {
   Tensor params, grads;  // the flat buffers
   std::unique_ptr<AdamWState> state;
 
-  Model(DType params_dtype, const OffloadOptions& offload) {
+  Model(DType params_dtype, const AdamWStateOptions& offload) {
     std::vector<float> init(static_cast<size_t>(kNumel));
     for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(0.37f * float(i));
     params = Tensor::from_vector(init, {kNumel}, params_dtype);
@@ -87,4 +89,55 @@ TEST(AdamWStateOffload, CpuCopiesLandOnlyWhenAWaitCoversThem) {
   EXPECT_EQ(b.to_vector(), (std::vector<float>{0, 0}));
   copies.compute_waits(second);
   EXPECT_EQ(b.to_vector(), (std::vector<float>{3, 4}));
+}
+
+// --use-precision-aware-optimizer: masters kept as remainders beside bf16 parameters (on the
+// device part; an offloaded part keeps f32) take the same updates as f32 masters, bit for bit, in
+// half the bytes; a checkpoint's f32 masters load into them exactly.
+TEST(AdamWStateRemainders, MastersEqualTheF32MastersInHalfTheBytes) {
+  const auto masters_of = [](const Model& m) {
+    std::vector<float> all;
+    for (const Range& r : kPieces)
+      for (float x : m.state->master_values(r.begin, r.end).to_vector()) all.push_back(x);
+    return all;
+  };
+  for (double fraction : {0.0, 0.5}) {
+    SCOPED_TRACE("offload fraction " + std::to_string(fraction));
+    const bool offload = fraction > 0.0;
+    Model reference(DType::bf16, {.cpu_offload = offload, .offload_fraction = fraction});
+    Model remainders(DType::bf16,
+                     {.cpu_offload = offload, .offload_fraction = fraction, .store_param_remainders = true});
+    // The offloaded part ([0, host_end): f32 masters and moments, 12 bytes an element) keeps f32.
+    const int64_t host_end = int64_t(reference.state->host_bytes() / 12);
+    EXPECT_EQ(remainders.state->host_bytes(), reference.state->host_bytes());
+    EXPECT_EQ(reference.state->device_bytes() - remainders.state->device_bytes(), size_t(2 * (kNumel - host_end)));
+    for (int64_t t = 1; t <= 4; ++t) {
+      reference.step(t);
+      remainders.step(t);
+      const std::vector<float> want = masters_of(reference), got = masters_of(remainders);
+      ASSERT_EQ(want.size(), got.size());
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i])) << "master " << i << " step " << t;
+      for (const Range& r : kPieces) {
+        EXPECT_EQ(reference.state->exp_avg(r.begin, r.end).to_vector(),
+                  remainders.state->exp_avg(r.begin, r.end).to_vector());
+      }
+    }
+    // Loading a checkpoint's masters (the reference's) into a fresh state overrules its parameters.
+    Model loaded(DType::bf16, {.cpu_offload = offload, .offload_fraction = fraction, .store_param_remainders = true});
+    for (const Range& r : kPieces) {
+      const Tensor saved = reference.state->master_values(r.begin, r.end).clone();
+      loaded.state->load_master(r.begin, r.end, [&](Tensor& t) { t.copy_from(saved); });
+    }
+    const std::vector<float> want = masters_of(reference), got = masters_of(loaded);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i])) << "loaded master " << i;
+    for (const Range& r : kPieces) {
+      if (r.begin < host_end) continue;  // offloaded masters load into their f32 copy alone
+      for (int64_t i = r.begin; i < r.end; ++i) {
+        const float master = float(reference.state->master_values(i, i + 1).item(0));
+        EXPECT_EQ(loaded.params.data<bf16>()[i].bits, split_master(master).param) << "parameter " << i;
+      }
+    }
+  }
 }

@@ -14,11 +14,7 @@
 #include <random>
 #include <string_view>
 
-#if defined(__CUDACC__)
-#define MEGATRON_HD __host__ __device__ inline
-#else
-#define MEGATRON_HD inline
-#endif
+#include "megatron/core/host_device.h"
 
 namespace megatron {
 

@@ -23,12 +23,12 @@ std::vector<AdamWState::Piece> shard_pieces(DistributedDataParallel& ddp) {
 
 DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const ParallelContext& ctx,
                                            const AdamWHyper& hyper, std::unique_ptr<GradScaler> grad_scaler,
-                                           const OffloadOptions& offload)
+                                           const AdamWStateOptions& state_options)
     : Optimizer(ddp.registry(), hyper, ctx.world, std::move(grad_scaler)),
       ddp_(&ddp),
       // f32 state (f64 for f64 models), as the main grads.
       state_(shard_pieces(ddp), ddp.shards().numel, ddp.registry().device(), ddp.registry().params_dtype(),
-             ddp.registry().grad_dtype(), offload) {}
+             ddp.registry().grad_dtype(), state_options) {}
 
 double DistributedOptimizer::global_grad_norm() const {
   // The shards of the group's ranks tile every parameter once; a parameter replicated across TP
@@ -79,7 +79,7 @@ std::vector<checkpointing::ShardedTensor> DistributedOptimizer::sharded_state(St
     };
     add("exp_avg", state_.exp_avg(r.in_shards.begin, r.in_shards.end));
     add("exp_avg_sq", state_.exp_avg_sq(r.in_shards.begin, r.in_shards.end));
-    if (state_.master_in_checkpoint()) add("fp32_param", state_.master(r.in_shards.begin, r.in_shards.end));
+    if (state_.master_in_checkpoint()) add("fp32_param", state_.master_values(r.in_shards.begin, r.in_shards.end));
   }
   return out;
 }
@@ -96,7 +96,8 @@ void DistributedOptimizer::load_state(const checkpointing::CheckpointReader& rea
     };
     load("exp_avg", state_.exp_avg(r.in_shards.begin, r.in_shards.end));
     load("exp_avg_sq", state_.exp_avg_sq(r.in_shards.begin, r.in_shards.end));
-    if (state_.master_in_checkpoint()) load("fp32_param", state_.master(r.in_shards.begin, r.in_shards.end));
+    if (state_.master_in_checkpoint())
+      state_.load_master(r.in_shards.begin, r.in_shards.end, [&](Tensor& t) { load("fp32_param", t); });
   }
   // Masters that equal the parameters (loaded before the optimizer) are rebuilt from them.
   if (!state_.master_in_checkpoint()) state_.reload_master();

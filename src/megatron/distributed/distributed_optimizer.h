@@ -31,7 +31,7 @@ class DistributedOptimizer final : public Optimizer {
   // ddp must use the distributed optimizer layout and outlive this object; ctx.world carries the
   // overflow flag.
   DistributedOptimizer(DistributedDataParallel& ddp, const ParallelContext& ctx, const AdamWHyper& hyper,
-                       std::unique_ptr<GradScaler> grad_scaler = nullptr, const OffloadOptions& offload = {});
+                       std::unique_ptr<GradScaler> grad_scaler = nullptr, const AdamWStateOptions& state_options = {});
 
   // This rank's shards only: about 1/DP of the replicated optimizer's state.
   size_t state_bytes() const override { return state_.device_bytes(); }

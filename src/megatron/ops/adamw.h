@@ -6,6 +6,8 @@
 // master, grad, exp_avg, exp_avg_sq: same numel, f32 (or all f64). step t >= 1.
 // model_param: the compute copy (bf16/f16/f32/f64) written from the updated master; may be undefined
 // when the master *is* the model parameter.
+// Or master u16: the masters' remainders beside bf16 model_param (core/param_remainder.h), the pair
+// read as the f32 master and written back split; the same update, bit for bit, as an f32 master.
 #include <cstdint>
 
 #include "megatron/core/tensor.h"

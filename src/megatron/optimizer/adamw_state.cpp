@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "megatron/core/error.h"
+#include "megatron/core/param_remainder.h"
 #include "megatron/cuda_runtime/pinned_memory.h"
 
 namespace megatron {
@@ -26,15 +27,15 @@ ops::AdamWParams with_decay(ops::AdamWParams p, bool decay, float weight_decay) 
 }  // namespace
 
 AdamWState::AdamWState(std::vector<Piece> pieces, int64_t numel, Device device, DType params_dtype, DType state_dtype,
-                       const OffloadOptions& offload)
+                       const AdamWStateOptions& options)
     : pieces_(std::move(pieces)) {
-  MEGATRON_CHECK(offload.offload_fraction >= 0.0 && offload.offload_fraction <= 1.0,
-                 "--optimizer-offload-fraction " << offload.offload_fraction << " must be in [0, 1]");
+  MEGATRON_CHECK(options.offload_fraction >= 0.0 && options.offload_fraction <= 1.0,
+                 "--optimizer-offload-fraction " << options.offload_fraction << " must be in [0, 1]");
   device_master_ = params_dtype != state_dtype;
-  if (offload.cpu_offload) {
+  if (options.cpu_offload) {
     int64_t total = 0, taken = 0;
     for (const Piece& p : pieces_) total += p.end - p.begin;
-    while (host_pieces_ < pieces_.size() && double(taken) < offload.offload_fraction * double(total)) {
+    while (host_pieces_ < pieces_.size() && double(taken) < options.offload_fraction * double(total)) {
       taken += pieces_[host_pieces_].end - pieces_[host_pieces_].begin;
       ++host_pieces_;
     }
@@ -48,15 +49,17 @@ AdamWState::AdamWState(std::vector<Piece> pieces, int64_t numel, Device device, 
   }
   device_.first = host_end_;
   const int64_t on_device = numel - host_end_;
-  if (device_master_) device_.master = Tensor::zeros({on_device}, state_dtype, device);
+  // Remainders complete bf16 parameters to f32 masters (the bits of neither f16 nor f32 do).
+  const bool remainders = options.store_param_remainders && params_dtype == DType::bf16 && state_dtype == DType::f32;
+  if (device_master_) device_.master = Tensor::zeros({on_device}, remainders ? DType::u16 : state_dtype, device);
   device_.exp_avg = Tensor::zeros({on_device}, state_dtype, device);
   device_.exp_avg_sq = Tensor::zeros({on_device}, state_dtype, device);
   reload_master();
 
   // The pipeline's chunks: segments of at most chunk_elements, packed in order.
-  MEGATRON_CHECK(offload.chunk_elements > 0,
-                 "offload chunk of " << offload.chunk_elements << " elements: must be positive");
-  const int64_t chunk_elements = offload.chunk_elements;
+  MEGATRON_CHECK(options.chunk_elements > 0,
+                 "offload chunk of " << options.chunk_elements << " elements: must be positive");
+  const int64_t chunk_elements = options.chunk_elements;
   int64_t in_chunk = chunk_elements;
   for (size_t i = 0; i < host_pieces_; ++i)
     for (int64_t b = pieces_[i].begin; b < pieces_[i].end;) {
@@ -85,11 +88,46 @@ Tensor AdamWState::view(const Tensor& t, const Part& part, int64_t begin, int64_
   return t.slice(begin - part.first, end - part.first);
 }
 
-Tensor AdamWState::master(int64_t begin, int64_t end) const {
+Tensor AdamWState::param_range(int64_t begin, int64_t end) const {
+  for (const Piece& p : pieces_)
+    if (p.begin <= begin && end <= p.end) return p.param.slice(begin - p.begin, end - p.begin);
+  MEGATRON_FAIL("elements [" << begin << ", " << end << ") lie in no one piece of the optimizer's index space");
+}
+
+Tensor AdamWState::master_values(int64_t begin, int64_t end) const {
   const Part& part = part_of(begin);
   MEGATRON_CHECK(part.master.defined(), "elements [" << begin << ", " << end << ") keep no master weights apart "
                                                      << "from the parameters (they are their own master)");
-  return view(part.master, part, begin, end);
+  if (!remainders_at(begin)) return view(part.master, part, begin, end);
+  const Tensor params = param_range(begin, end).to(Device::cpu());
+  const Tensor rems = view(part.master, part, begin, end).to(Device::cpu());
+  Tensor masters = Tensor::empty({end - begin}, DType::f32);
+  const bf16* p = params.data<bf16>();
+  const uint16_t* r = rems.data<uint16_t>();
+  float* m = masters.data<float>();
+  for (int64_t i = 0; i < end - begin; ++i) m[i] = join_master_value(p[i].bits, r[i]);
+  return masters;
+}
+
+void AdamWState::load_master(int64_t begin, int64_t end, const std::function<void(Tensor&)>& read) {
+  const Part& part = part_of(begin);
+  MEGATRON_CHECK(part.master.defined(), "elements [" << begin << ", " << end << ") keep no master weights apart "
+                                                     << "from the parameters (they are their own master)");
+  Tensor target = remainders_at(begin) ? Tensor::empty({end - begin}, DType::f32) : view(part.master, part, begin, end);
+  read(target);
+  if (!remainders_at(begin)) return;
+  Tensor params = Tensor::empty({end - begin}, DType::bf16), rems = Tensor::empty({end - begin}, DType::u16);
+  const float* m = target.data<float>();
+  bf16* p = params.data<bf16>();
+  uint16_t* r = rems.data<uint16_t>();
+  for (int64_t i = 0; i < end - begin; ++i) {
+    const SplitMaster split = split_master(m[i]);
+    p[i].bits = split.param;
+    r[i] = split.remainder;
+  }
+  Tensor param_view = param_range(begin, end), rem_view = view(part.master, part, begin, end);
+  param_view.copy_from(params);
+  rem_view.copy_from(rems);
 }
 
 Tensor AdamWState::exp_avg(int64_t begin, int64_t end) const {
@@ -107,7 +145,11 @@ void AdamWState::reload_master() {
     const Part& part = part_of(p.begin);
     if (!part.master.defined()) continue;
     Tensor m = view(part.master, part, p.begin, p.end);
-    m.copy_from(p.param);
+    if (remainders_at(p.begin)) {
+      m.zero();  // the bf16 parameters are the masters exactly
+    } else {
+      m.copy_from(p.param);
+    }
   }
 }
 

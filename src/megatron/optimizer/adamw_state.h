@@ -9,6 +9,10 @@
 // GPU) and are updated on the CPU cores by the CPU backend's AdamW op (OpenMP). The master weights
 // of offloaded pieces are always kept apart: the model's copy lives on the device.
 //
+// With --use-precision-aware-optimizer the device's f32 masters of bf16 parameters are kept as
+// 16-bit remainders (core/param_remainder.h): 2 bytes an element instead of 4, the same updates bit
+// for bit, the bf16 parameters rounded to nearest with ties away from zero.
+//
 // step() overlaps the copies with the updates. Per chunk of pieces the offloaded update is a
 // pipeline on two staging slots whose copies run on a copy stream (offload_copies.h): while the
 // CPU updates chunk k, the stream copies the parameters of chunk k-1 up and the gradients of chunk
@@ -19,6 +23,7 @@
 // buffers are separate CPU buffers and the same code runs, copies deferred until a wait: the op and
 // its inputs are the same, so the update is the same bits as without offload.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,13 +34,17 @@
 
 namespace megatron {
 
-struct OffloadOptions {
+struct AdamWStateOptions {
   bool cpu_offload = false;       // --optimizer-cpu-offload
   double offload_fraction = 1.0;  // --optimizer-offload-fraction: share of the elements offloaded
   // Elements per pipeline chunk (no flag): 64 Mi (256 MiB of fp32 gradients per staging slot), large
   // enough that each copy runs at full link speed, small enough that the first copy and the last,
   // which nothing overlaps, are short. Tests make it small to run many chunks on a small model.
   int64_t chunk_elements = int64_t(64) << 20;
+  // --use-precision-aware-optimizer (store_param_remainders): the f32 masters of bf16 parameters on
+  // the device kept as 16-bit remainders beside them (core/param_remainder.h); offloaded masters
+  // stay f32 in host memory.
+  bool store_param_remainders = false;
 };
 
 class AdamWState {
@@ -52,16 +61,22 @@ class AdamWState {
   // `params_dtype`. `state_dtype`: f32 (f64 for f64 models). The master weights are kept apart when
   // the parameters are in another dtype, or offloaded; they start as the pieces' parameters.
   AdamWState(std::vector<Piece> pieces, int64_t numel, Device device, DType params_dtype, DType state_dtype,
-             const OffloadOptions& offload);
+             const AdamWStateOptions& options);
 
   // AdamW on every piece; `base` without weight decay, `weight_decay` applied where a piece wants it.
   void step(const ops::AdamWParams& base, float weight_decay);
 
   // Views of the state for elements [begin, end) of one piece (for checkpoints): on the host or the
-  // device, as the piece's state lives. master() only where master weights are kept apart.
-  Tensor master(int64_t begin, int64_t end) const;
+  // device, as the piece's state lives.
   Tensor exp_avg(int64_t begin, int64_t end) const;
   Tensor exp_avg_sq(int64_t begin, int64_t end) const;
+  // The master weights of [begin, end) in state_dtype, where they are kept apart: a view of the
+  // state, or, kept as remainders, a host tensor joined from them and the parameters.
+  Tensor master_values(int64_t begin, int64_t end) const;
+  // Loads the master weights of [begin, end): `read` fills the state_dtype tensor it is handed (a
+  // view of the state; kept as remainders, a host tensor then split into the parameters, which the
+  // masters overrule, and the remainders).
+  void load_master(int64_t begin, int64_t end, const std::function<void(Tensor&)>& read);
   // Whether the master weights differ from the model's parameters (another dtype), so checkpoints
   // keep them; otherwise they equal the parameters after every step (offloaded f32 copies too) and
   // are rebuilt from them on load.
@@ -80,6 +95,10 @@ class AdamWState {
   };
   const Part& part_of(int64_t begin) const { return begin < host_end_ ? host_ : device_; }
   Tensor view(const Tensor& t, const Part& part, int64_t begin, int64_t end) const;
+  // Whether [begin, end) keeps its masters as remainders (device_.master is u16).
+  bool remainders_at(int64_t begin) const { return begin >= host_end_ && device_.master.dtype() == DType::u16; }
+  // The model's parameters for [begin, end), inside one piece.
+  Tensor param_range(int64_t begin, int64_t end) const;
   void step_on_device(const ops::AdamWParams& base, float weight_decay);
   void step_offloaded(const ops::AdamWParams& base, float weight_decay);
 
@@ -88,7 +107,7 @@ class AdamWState {
   int64_t host_end_ = 0;    // their index range is [0, host_end_)
   bool device_master_ = false;
   Part host_, device_;
-  // The offloaded elements in chunks of at most OffloadOptions::chunk_elements, each a run of segments (a piece,
+  // The offloaded elements in chunks of at most AdamWStateOptions::chunk_elements, each a run of segments (a piece,
   // or a part of a large one) packed into a staging slot: gradients (state dtype) and parameters
   // (the model's dtype), two slots of each for the pipeline.
   struct Segment {

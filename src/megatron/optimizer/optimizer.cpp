@@ -76,12 +76,12 @@ std::vector<AdamWState::Piece> parameter_pieces(ParameterRegistry& registry) {
 }  // namespace
 
 AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper,
-                               std::unique_ptr<GradScaler> grad_scaler, const OffloadOptions& offload)
+                               std::unique_ptr<GradScaler> grad_scaler, const AdamWStateOptions& state_options)
     : Optimizer(registry, hyper, ctx.mp, std::move(grad_scaler)),
       ctx_(&ctx),
       // f32 state (f64 for f64 models), as the main grads.
       state_(parameter_pieces(registry), registry.param_buffer().numel(), registry.device(), registry.params_dtype(),
-             registry.grad_dtype(), offload) {}
+             registry.grad_dtype(), state_options) {}
 
 double AdamWOptimizer::global_grad_norm() const {
   // Megatron's get_grad_norm_fp32: every parameter once (a tied weight is one parameter; a
@@ -133,7 +133,7 @@ std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state(StateCop
     };
     add("exp_avg", state_.exp_avg(begin, end));
     add("exp_avg_sq", state_.exp_avg_sq(begin, end));
-    if (state_.master_in_checkpoint()) add("fp32_param", state_.master(begin, end));
+    if (state_.master_in_checkpoint()) add("fp32_param", state_.master_values(begin, end));
   }
   return out;
 }
@@ -147,7 +147,7 @@ void AdamWOptimizer::load_state(const checkpointing::CheckpointReader& reader) {
     };
     load("exp_avg", state_.exp_avg(begin, end));
     load("exp_avg_sq", state_.exp_avg_sq(begin, end));
-    if (state_.master_in_checkpoint()) load("fp32_param", state_.master(begin, end));
+    if (state_.master_in_checkpoint()) state_.load_master(begin, end, [&](Tensor& t) { load("fp32_param", t); });
   }
   // Masters that equal the parameters (loaded before the optimizer) are rebuilt from them.
   if (!state_.master_in_checkpoint()) state_.reload_master();

@@ -115,7 +115,7 @@ class AdamWOptimizer final : public Optimizer {
   using Hyper = AdamWHyper;
   // Every rank of the data-parallel group holds the whole state; only DP rank 0 saves it.
   AdamWOptimizer(ParameterRegistry& registry, const ParallelContext& ctx, const Hyper& hyper,
-                 std::unique_ptr<GradScaler> grad_scaler = nullptr, const OffloadOptions& offload = {});
+                 std::unique_ptr<GradScaler> grad_scaler = nullptr, const AdamWStateOptions& state_options = {});
 
   size_t state_bytes() const override { return state_.device_bytes(); }
   size_t host_state_bytes() const override { return state_.host_bytes(); }

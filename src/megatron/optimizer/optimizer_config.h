@@ -4,6 +4,7 @@
 // that fill these fields live in training/arguments.cpp; the optimizer never reads flags.
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace megatron {
 
@@ -40,10 +41,21 @@ struct OptimizerArgs {
   int64_t hysteresis = 2;           // overflows absorbed before the scale first halves
 
   // Optimizer CPU offload (optimizer/adamw_state.h), Megatron's flags and defaults. Megatron also
-  // asks for --use-precision-aware-optimizer, whose code path its offload reuses; ours keeps the fp32
-  // state apart from the parameters by construction, so no such flag exists here.
+  // asks for --use-precision-aware-optimizer, whose code path its offload reuses; ours offloads
+  // without it.
   bool optimizer_cpu_offload = false;
   double optimizer_offload_fraction = 1.0;
+
+  // Megatron's precision-aware optimizer: with bf16 parameters the f32 master weights on the device
+  // are kept as 16-bit remainders beside them (store_param_remainders, on unless
+  // --no-store-param-remainders; optimizer/adamw_state.h). The state dtypes stay f32: the dtype
+  // flags are taken with Megatron's choices and refused for any other value.
+  bool use_precision_aware_optimizer = false;
+  bool store_param_remainders = true;
+  std::string main_grads_dtype = "fp32";
+  std::string main_params_dtype = "fp32";
+  std::string exp_avg_dtype = "fp32";
+  std::string exp_avg_sq_dtype = "fp32";
 };
 
 }  // namespace megatron

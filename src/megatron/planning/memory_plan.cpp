@@ -165,10 +165,15 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   const double fraction = args.optimizer.optimizer_cpu_offload ? args.optimizer.optimizer_offload_fraction : 0.0;
   const double offloaded = fraction * double(buffers.state_numel);
   const double kept = double(buffers.state_numel) - offloaded;
-  s.optimizer_state = kept * state_element * (separate_master ? 3.0 : 2.0);
+  // The moments, and the masters where they are kept apart: 2 bytes an element as remainders beside
+  // bf16 weights (--use-precision-aware-optimizer), else a whole state element.
+  const bool remainders =
+      params == DType::bf16 && args.optimizer.use_precision_aware_optimizer && args.optimizer.store_param_remainders;
+  const double master_element = separate_master ? (remainders ? 2.0 : state_element) : 0.0;
+  s.optimizer_state = kept * (2.0 * state_element + master_element);
   if (offloaded > 0) {
     // Two staging slots, each up to one pipeline chunk of gradients and of parameters.
-    const double slot = std::min(offloaded, double(OffloadOptions{}.chunk_elements));
+    const double slot = std::min(offloaded, double(AdamWStateOptions{}.chunk_elements));
     const double host = offloaded * state_element * 3.0 + 2.0 * slot * (state_element + double(dtype_size(params)));
     (backend == PlanBackend::cpu ? s.optimizer_state : s.host_optimizer) += host;
   }

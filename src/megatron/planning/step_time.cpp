@@ -80,7 +80,8 @@ StepTime plan_step_time(const TrainingArgs& args) {
   const double device_update = params_per_rank * (1.0 - offloaded) * 30.0 / (hw.adamw_tbps * 1e12);
   const double host_update = offloaded_elements * 30.0 / (hw.host_adamw_gbps * 1e9);
   const double copy_per_element = (4.0 + e) / (hw.pcie_gbps * 1e9);
-  const double unoverlapped = std::min(offloaded_elements, double(OffloadOptions{}.chunk_elements)) * copy_per_element;
+  const double unoverlapped =
+      std::min(offloaded_elements, double(AdamWStateOptions{}.chunk_elements)) * copy_per_element;
   t.optimizer_ms =
       1e3 * (std::max({device_update, host_update, offloaded_elements * copy_per_element}) + unoverlapped);
   // Gradient all-reduce (fp32) over DP, exposed unless overlapped with backward; TP's per-layer

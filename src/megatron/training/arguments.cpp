@@ -317,6 +317,31 @@ std::vector<Flag> build_flag_table() {
       {"--optimizer-offload-fraction", FIELD(optimizer.optimizer_offload_fraction), optimizer,
        "With --optimizer-cpu-offload, the share of the optimizer state offloaded (whole parameters, in buffer "
        "order)"},
+      {"--use-precision-aware-optimizer", Switch{FIELD(optimizer.use_precision_aware_optimizer), true}, optimizer,
+       "With --bf16: keep the fp32 master weights on the device as 16-bit remainders beside the bf16 weights "
+       "(2 bytes a parameter less; bf16 weights round ties away from zero)"},
+      {"--no-store-param-remainders", Switch{FIELD(optimizer.store_param_remainders), false}, optimizer,
+       "With --use-precision-aware-optimizer: keep whole fp32 master weights"},
+      {"--main-grads-dtype",
+       FIELD(optimizer.main_grads_dtype),
+       optimizer,
+       "Main gradients' dtype with --use-precision-aware-optimizer (fp32 only here)",
+       {"fp32", "bf16"}},
+      {"--main-params-dtype",
+       FIELD(optimizer.main_params_dtype),
+       optimizer,
+       "Master weights' dtype with --use-precision-aware-optimizer (fp32 only here)",
+       {"fp32", "fp16"}},
+      {"--exp-avg-dtype",
+       FIELD(optimizer.exp_avg_dtype),
+       optimizer,
+       "Adam's first moment's dtype with --use-precision-aware-optimizer (fp32 only here)",
+       {"fp32", "fp16", "bf16", "fp8"}},
+      {"--exp-avg-sq-dtype",
+       FIELD(optimizer.exp_avg_sq_dtype),
+       optimizer,
+       "Adam's second moment's dtype with --use-precision-aware-optimizer (fp32 only here)",
+       {"fp32", "fp16", "bf16", "fp8"}},
       {"--data-path", FIELD(data.data_path), data,
        "Dataset prefixes (PREFIX.bin/.idx), optionally weighted: [w1] p1 [w2] p2 ..."},
       {"--split", FIELD(data.split), data, "Train/valid/test weights of --data-path, e.g. 969,30,1"},
@@ -652,6 +677,14 @@ void check_optimizer(const OptimizerArgs& o, std::vector<std::string>& errors) {
   if (!(o.optimizer_offload_fraction >= 0.0 && o.optimizer_offload_fraction <= 1.0))
     errors.push_back(concat("--optimizer-offload-fraction ", o.optimizer_offload_fraction,
                             " must lie in [0, 1]: the share of the optimizer state kept on the host, e.g. 1.0"));
+  for (const auto& [value, flag] :
+       {std::pair{&o.main_grads_dtype, "--main-grads-dtype"}, std::pair{&o.main_params_dtype, "--main-params-dtype"},
+        std::pair{&o.exp_avg_dtype, "--exp-avg-dtype"}, std::pair{&o.exp_avg_sq_dtype, "--exp-avg-sq-dtype"}}) {
+    if (*value != "fp32")
+      errors.push_back(concat(flag, " ", *value,
+                              ": only fp32 optimizer state is built here (Megatron's lower-precision state is not); "
+                              "drop the flag"));
+  }
 }
 
 void check_data(const TrainingArgs& a, std::vector<std::string>& errors) {

@@ -398,7 +398,12 @@ void log_layout(const TrainingArgs& args, const ParallelContext& ctx, const Dist
                                             << (ddp.config().shard_grads ? " between uses (this rank's shards)" : ""));
   LOG_INFO("> optimizer state: " << std::fixed << std::setprecision(1) << state_mib(optimizer) << " MiB per rank ("
                                  << (args.use_distributed_optimizer ? "this rank's shard of the " : "")
-                                 << "master weights and Adam moments)");
+                                 << "master weights"
+                                 << (args.bf16 && args.optimizer.use_precision_aware_optimizer &&
+                                             args.optimizer.store_param_remainders
+                                         ? " as remainders beside the bf16 weights"
+                                         : "")
+                                 << " and Adam moments)");
   if (optimizer.host_state_bytes() > 0)
     LOG_INFO("> optimizer CPU offload: " << std::fixed << std::setprecision(1)
                                          << double(optimizer.host_state_bytes()) / (1024.0 * 1024.0)
@@ -409,11 +414,13 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainingArgs& args, ModelChunks&
                                           const ParallelContext& ctx) {
   const AdamWHyper hyper{args.optimizer.adam_beta1, args.optimizer.adam_beta2, args.optimizer.adam_eps,
                          args.optimizer.clip_grad};
-  const OffloadOptions offload{.cpu_offload = args.optimizer.optimizer_cpu_offload,
-                                .offload_fraction = args.optimizer.optimizer_offload_fraction};
+  const AdamWStateOptions state_options{
+      .cpu_offload = args.optimizer.optimizer_cpu_offload,
+      .offload_fraction = args.optimizer.optimizer_offload_fraction,
+      .store_param_remainders = args.optimizer.use_precision_aware_optimizer && args.optimizer.store_param_remainders};
   if (args.use_distributed_optimizer)
-    return std::make_unique<DistributedOptimizer>(ddp, ctx, hyper, grad_scaler_for(args), offload);
-  return std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args), offload);
+    return std::make_unique<DistributedOptimizer>(ddp, ctx, hyper, grad_scaler_for(args), state_options);
+  return std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args), state_options);
 }
 
 // What one training iteration leaves for its logging.

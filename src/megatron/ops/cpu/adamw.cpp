@@ -1,32 +1,63 @@
 // AdamW on the CPU: one pass over the flat master / moment / grad buffers in float (double for
-// f64 masters), then the compute copy is rounded from the updated master.
+// f64 masters), then the compute copy is rounded from the updated master; masters kept as
+// remainders are joined, updated and split in the one pass.
 #include "megatron/ops/adamw.h"
 
 #include <cmath>
 
+#include "megatron/core/param_remainder.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 #include "megatron/ops/elementwise.h"
 
 namespace megatron::ops::cpu {
 namespace {
 
+// Constants of one step in the masters' type. Bias corrections in double, as torch computes them on
+// the host.
+template <class A>
+struct Constants {
+  A lr, b1, b2, eps, wd, grad_scale, bc1, bc2;
+  explicit Constants(const AdamWParams& p)
+      : lr(A(p.lr)),
+        b1(A(p.beta1)),
+        b2(A(p.beta2)),
+        eps(A(p.eps)),
+        wd(A(p.weight_decay)),
+        grad_scale(A(p.grad_scale)),
+        bc1(A(1.0 - std::pow(double(p.beta1), double(p.step)))),
+        bc2(A(1.0 - std::pow(double(p.beta2), double(p.step)))) {}
+};
+
+// One element: the moments in place; returns the updated master.
+template <class A>
+A adamw_update(A master, A& exp_avg, A& exp_avg_sq, A grad, const Constants<A>& c) {
+  // g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+  // p = p - lr (m / bc1 / (sqrt(v / bc2) + eps) + wd p),  bc = 1 - beta^t
+  const A g = grad * c.grad_scale;
+  const A m = c.b1 * exp_avg + (A(1) - c.b1) * g;
+  const A v = c.b2 * exp_avg_sq + (A(1) - c.b2) * g * g;
+  exp_avg = m;
+  exp_avg_sq = v;
+  return master - c.lr * (m / c.bc1 / (std::sqrt(v / c.bc2) + c.eps) + c.wd * master);
+}
+
 template <class A>
 void adamw_kernel(A* master, A* exp_avg, A* exp_avg_sq, const A* grad, int64_t n, const AdamWParams& p) {
-  // Bias corrections in double, as torch computes them on the host.
-  const A bc1 = A(1.0 - std::pow(double(p.beta1), double(p.step)));
-  const A bc2 = A(1.0 - std::pow(double(p.beta2), double(p.step)));
-  const A lr = A(p.lr), b1 = A(p.beta1), b2 = A(p.beta2), eps = A(p.eps), wd = A(p.weight_decay);
-  const A grad_scale = A(p.grad_scale);
+  const Constants<A> c(p);
+#pragma omp parallel for if (worth_parallel(n))
+  for (int64_t i = 0; i < n; ++i) master[i] = adamw_update(master[i], exp_avg[i], exp_avg_sq[i], grad[i], c);
+}
+
+// Masters kept as remainders beside the bf16 parameters (core/param_remainder.h).
+void adamw_remainder_kernel(uint16_t* remainder, bf16* param, float* exp_avg, float* exp_avg_sq, const float* grad,
+                            int64_t n, const AdamWParams& p) {
+  const Constants<float> c(p);
 #pragma omp parallel for if (worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
-    // g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
-    // p = p - lr (m / bc1 / (sqrt(v / bc2) + eps) + wd p),  bc = 1 - beta^t
-    const A g = grad[i] * grad_scale;
-    const A m = b1 * exp_avg[i] + (A(1) - b1) * g;
-    const A v = b2 * exp_avg_sq[i] + (A(1) - b2) * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    master[i] -= lr * (m / bc1 / (std::sqrt(v / bc2) + eps) + wd * master[i]);
+    const float master = join_master_value(param[i].bits, remainder[i]);
+    const SplitMaster updated = split_master(adamw_update(master, exp_avg[i], exp_avg_sq[i], grad[i], c));
+    param[i].bits = updated.param;
+    remainder[i] = updated.remainder;
   }
 }
 
@@ -41,15 +72,21 @@ void cpu::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const 
                      const AdamWParams& params) {
   check_defined(master, "adamw master");
   check_cpu(master, "adamw master");
-  MEGATRON_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::f64,
-                 "adamw master has dtype " << dtype_name(master.dtype()) << "; master weights are f32 (or f64)");
+  const bool remainders = master.dtype() == DType::u16;
+  MEGATRON_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::f64 || remainders,
+                 "adamw master has dtype "
+                     << dtype_name(master.dtype())
+                     << "; master weights are f32 (or f64), or u16 remainders of bf16 parameters");
+  const DType state_dtype = remainders ? DType::f32 : master.dtype();
   for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&exp_avg, "adamw exp_avg"},
                                 {&exp_avg_sq, "adamw exp_avg_sq"},
                                 {&grad, "adamw grad"}}) {
     check_cpu(*t, name);
     check_numel(*t, master.numel(), name);
-    check_dtype(*t, master.dtype(), name);
+    check_dtype(*t, state_dtype, name);
   }
+  MEGATRON_CHECK(!remainders || (model_param.defined() && model_param.dtype() == DType::bf16),
+                 "adamw masters kept as u16 remainders need the bf16 parameters they complete");
   if (model_param.defined()) {
     check_cpu(model_param, "adamw model_param");
     check_numel(model_param, master.numel(), "adamw model_param");
@@ -57,6 +94,11 @@ void cpu::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const 
   MEGATRON_CHECK(params.step >= 1, "adamw step " << params.step << " must be >= 1 (steps count from 1)");
   MEGATRON_CHECK(params.beta1 >= 0.0f && params.beta1 < 1.0f && params.beta2 >= 0.0f && params.beta2 < 1.0f,
                  "adamw betas (" << params.beta1 << ", " << params.beta2 << ") must be in [0, 1)");
+  if (remainders) {
+    adamw_remainder_kernel(master.data<uint16_t>(), model_param.data<bf16>(), exp_avg.data<float>(),
+                           exp_avg_sq.data<float>(), grad.data<float>(), master.numel(), params);
+    return;
+  }
   if (master.dtype() == DType::f64) {
     adamw_kernel<double>(master.data<double>(), exp_avg.data<double>(), exp_avg_sq.data<double>(), grad.data<double>(),
                          master.numel(), params);

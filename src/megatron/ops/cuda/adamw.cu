@@ -1,17 +1,19 @@
-// AdamW on CUDA: one pass over the flat f32 master / moment / grad buffers, 4 elements per thread
+// AdamW on CUDA: one pass over the flat f32 master / moment / grad buffers, 8 elements per thread
 // step through 16-byte accesses when every buffer is 16-byte aligned, writing the compute copy
 // (bf16 / f32 / f16) from the updated master in the same pass, so no second kernel reads the
-// master again. The update is written in the reference's order with explicit rounding and IEEE
+// master again; or, masters kept as remainders, joining and splitting them with the bf16
+// parameters in the same pass. The update is written in the reference's order with explicit rounding and IEEE
 // division and square root, so it rounds as the CPU does (no fused multiply-adds).
 #include <cmath>
 
+#include "megatron/core/param_remainder.h"
 #include "megatron/ops/adamw.h"
 #include "megatron/ops/cuda/kernel_util.cuh"
 
 namespace megatron::ops::cuda {
 namespace {
 
-constexpr int kVec = 4;  // one 16-byte access of the f32 buffers
+constexpr int kVec = 8;  // two 16-byte accesses of the f32 buffers, one of 16-bit ones
 
 struct AdamWConstants {
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
@@ -31,9 +33,66 @@ __device__ __forceinline__ float adamw_update(float& master, float& m, float& v,
   return master;
 }
 
-// P is the compute copy's type; write_model is false when there is none (model_param undefined).
-template <bool kVector, bool kWriteModel, class P>
-__global__ void adamw_kernel(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, P* model, int64_t n,
+// Where a kernel reads and writes the masters: an f32 buffer, and the compute copy of type P
+// written from it (kWriteModel; none when the master is the parameter)...
+template <bool kWriteModel, class P>
+struct F32Masters {
+  float* master;
+  P* model;
+  __device__ __forceinline__ void load(int64_t i, float (&p)[kVec]) const { load_floats<kVec>(master + i, p); }
+  __device__ __forceinline__ void store(int64_t i, const float (&p)[kVec]) const {
+    store_floats<kVec>(master + i, p);
+    if constexpr (kWriteModel) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) model[i + j] = from_float<P>(p[j]);
+    }
+  }
+  __device__ __forceinline__ float load1(int64_t i) const { return master[i]; }
+  __device__ __forceinline__ void store1(int64_t i, float p) const {
+    master[i] = p;
+    if constexpr (kWriteModel) model[i] = from_float<P>(p);
+  }
+  bool aligned() const { return is_aligned16(master); }
+};
+
+// ...or the bf16 parameters' bits and the masters' remainders (core/param_remainder.h): 16 bytes
+// of each per kVec elements.
+struct RemainderMasters {
+  uint16_t* remainder;
+  uint16_t* param;
+  __device__ __forceinline__ void load(int64_t i, float (&p)[kVec]) const {
+    const uint4 r = *reinterpret_cast<const uint4*>(remainder + i), q = *reinterpret_cast<const uint4*>(param + i);
+    const uint16_t* rs = reinterpret_cast<const uint16_t*>(&r);
+    const uint16_t* qs = reinterpret_cast<const uint16_t*>(&q);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) p[j] = __uint_as_float(join_master(qs[j], rs[j]));
+  }
+  __device__ __forceinline__ void store(int64_t i, const float (&p)[kVec]) const {
+    uint4 r, q;
+    uint16_t* rs = reinterpret_cast<uint16_t*>(&r);
+    uint16_t* qs = reinterpret_cast<uint16_t*>(&q);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const SplitMaster s = split_master(__float_as_uint(p[j]));
+      qs[j] = s.param;
+      rs[j] = s.remainder;
+    }
+    *reinterpret_cast<uint4*>(remainder + i) = r;
+    *reinterpret_cast<uint4*>(param + i) = q;
+  }
+  __device__ __forceinline__ float load1(int64_t i) const {
+    return __uint_as_float(join_master(param[i], remainder[i]));
+  }
+  __device__ __forceinline__ void store1(int64_t i, float p) const {
+    const SplitMaster s = split_master(__float_as_uint(p));
+    param[i] = s.param;
+    remainder[i] = s.remainder;
+  }
+  bool aligned() const { return is_aligned16(remainder) && is_aligned16(param); }
+};
+
+template <bool kVector, class Masters>
+__global__ void adamw_kernel(Masters masters, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t n,
                              AdamWConstants c) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -43,39 +102,35 @@ __global__ void adamw_kernel(float* master, float* exp_avg, float* exp_avg_sq, c
     for (int64_t k = tid; k < chunks; k += stride) {
       const int64_t i = k * kVec;
       float p[kVec], m[kVec], v[kVec], g[kVec];
-      load_floats<kVec>(master + i, p);
+      masters.load(i, p);
       load_floats<kVec>(exp_avg + i, m);
       load_floats<kVec>(exp_avg_sq + i, v);
       load_floats<kVec>(grad + i, g);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) adamw_update(p[j], m[j], v[j], g[j], c);
-      store_floats<kVec>(master + i, p);
+      masters.store(i, p);
       store_floats<kVec>(exp_avg + i, m);
       store_floats<kVec>(exp_avg_sq + i, v);
-      if constexpr (kWriteModel) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) model[i + j] = from_float<P>(p[j]);
-      }
     }
     done = chunks * kVec;
   }
   for (int64_t i = done + tid; i < n; i += stride) {
-    const float p = adamw_update(master[i], exp_avg[i], exp_avg_sq[i], grad[i], c);
-    if constexpr (kWriteModel) model[i] = from_float<P>(p);
+    float p = masters.load1(i);
+    adamw_update(p, exp_avg[i], exp_avg_sq[i], grad[i], c);
+    masters.store1(i, p);
   }
 }
 
-template <bool kWriteModel, class P>
-void launch_adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, P* model, int64_t n,
+template <class Masters>
+void launch_adamw(const Masters& masters, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t n,
                   const AdamWConstants& c) {
   if (n == 0) return;
-  const bool vector = is_aligned16(master) && is_aligned16(exp_avg) && is_aligned16(exp_avg_sq) && is_aligned16(grad);
+  const bool vector = masters.aligned() && is_aligned16(exp_avg) && is_aligned16(exp_avg_sq) && is_aligned16(grad);
   if (vector) {
-    adamw_kernel<true, kWriteModel>
-        <<<grid_for(ceil_div(n, kVec)), kThreads, 0, stream()>>>(master, exp_avg, exp_avg_sq, grad, model, n, c);
+    adamw_kernel<true>
+        <<<grid_for(ceil_div(n, kVec)), kThreads, 0, stream()>>>(masters, exp_avg, exp_avg_sq, grad, n, c);
   } else {
-    adamw_kernel<false, kWriteModel>
-        <<<grid_for(n), kThreads, 0, stream()>>>(master, exp_avg, exp_avg_sq, grad, model, n, c);
+    adamw_kernel<false><<<grid_for(n), kThreads, 0, stream()>>>(masters, exp_avg, exp_avg_sq, grad, n, c);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -90,8 +145,10 @@ namespace megatron::ops {
 void cuda::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
                       const AdamWParams& params) {
   check_cuda(master, "adamw master");
-  MEGATRON_CHECK(master.dtype() == DType::f32,
-                 "adamw master has dtype " << dtype_name(master.dtype()) << "; master weights on CUDA are f32");
+  const bool remainders = master.dtype() == DType::u16;
+  MEGATRON_CHECK(master.dtype() == DType::f32 || remainders,
+                 "adamw master has dtype " << dtype_name(master.dtype())
+                                           << "; master weights on CUDA are f32, or u16 remainders of bf16 parameters");
   for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&exp_avg, "adamw exp_avg"},
                                 {&exp_avg_sq, "adamw exp_avg_sq"},
                                 {&grad, "adamw grad"}}) {
@@ -103,6 +160,8 @@ void cuda::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const
     check_cuda(model_param, "adamw model_param");
     check_numel(model_param, master.numel(), "adamw model_param");
   }
+  MEGATRON_CHECK(!remainders || (model_param.defined() && model_param.dtype() == DType::bf16),
+                 "adamw masters kept as u16 remainders need the bf16 parameters they complete");
   MEGATRON_CHECK(params.step >= 1, "adamw step " << params.step << " must be >= 1 (steps count from 1)");
   MEGATRON_CHECK(params.beta1 >= 0.0f && params.beta1 < 1.0f && params.beta2 >= 0.0f && params.beta2 < 1.0f,
                  "adamw betas (" << params.beta1 << ", " << params.beta2 << ") must be in [0, 1)");
@@ -115,14 +174,19 @@ void cuda::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const
                          params.grad_scale,
                          float(1.0 - std::pow(double(params.beta1), double(params.step))),
                          float(1.0 - std::pow(double(params.beta2), double(params.step)))};
-  float* p = device_data<float>(master);
   float* m = device_data<float>(exp_avg);
   float* v = device_data<float>(exp_avg_sq);
   const float* g = device_data<float>(grad);
   const int64_t n = master.numel();
-  if (!model_param.defined()) return launch_adamw<false>(p, m, v, g, static_cast<float*>(nullptr), n, c);
+  if (remainders) {
+    return launch_adamw(
+        RemainderMasters{static_cast<uint16_t*>(master.raw()), static_cast<uint16_t*>(model_param.raw())}, m, v, g, n,
+        c);
+  }
+  float* p = device_data<float>(master);
+  if (!model_param.defined()) return launch_adamw(F32Masters<false, float>{p, nullptr}, m, v, g, n, c);
   dispatch_storage(model_param.dtype(), "adamw model_param", [&]<class P>(std::type_identity<P>) {
-    launch_adamw<true>(p, m, v, g, device_data<P>(model_param), n, c);
+    launch_adamw(F32Masters<true, P>{p, device_data<P>(model_param)}, m, v, g, n, c);
   });
 }
 
