@@ -300,6 +300,9 @@ const std::vector<std::string> kFullRecompute = {"--recompute-granularity", "ful
                                                  "--recompute-num-layers",  "1"};
 const std::vector<std::string> kSelectiveRecompute = {"--recompute-granularity", "selective", "--recompute-modules",
                                                       "core_attn", "mlp"};
+// The norms' outputs rebuilt by the plain norm kernel where the forward ran the fused add + norm.
+const std::vector<std::string> kLayernormRecompute = {"--recompute-granularity", "selective", "--recompute-modules",
+                                                      "layernorm"};
 }  // namespace
 
 TEST_F(GpuTraining, RecomputeIsBitIdenticalToKeepingEverything) {
@@ -308,6 +311,7 @@ TEST_F(GpuTraining, RecomputeIsBitIdenticalToKeepingEverything) {
   expect_bit_identical(pretrain(parse_training_args(base)), kept, "the same run again");
   expect_bit_identical(pretrain(parse_training_args(with(base, kFullRecompute))), kept, "full recompute");
   expect_bit_identical(pretrain(parse_training_args(with(base, kSelectiveRecompute))), kept, "selective recompute");
+  expect_bit_identical(pretrain(parse_training_args(with(base, kLayernormRecompute))), kept, "layernorm recompute");
 }
 
 // FP8 (hybrid, delayed) on the GPU: keeping everything runs SwiGLU's FP8-cast kernels (fc2's input

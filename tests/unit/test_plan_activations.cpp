@@ -2,7 +2,7 @@
 // and setting, the bytes the plan says one micro-batch keeps for backward equal, to the byte, what a
 // forward of the built model counts in its Saved structs (GPTModel::activation_bytes): dense GPT-2
 // and LLaMA styles, f32 and bf16, MoE (top-2 in f32 and bf16, and DeepSeek routing with a shared expert), full
-// recomputation (uniform 1 and 2, block 1), selective recomputation of core_attn, mlp and both,
+// recomputation (uniform 1 and 2, block 1), selective recomputation of core_attn, mlp, both, and layernorm,
 // pipeline stages (first: embedding, no loss; last: stage input, loss), and FP8 (each recipe, bf16
 // first and last layers, with recomputation and MoE). Exact: both count the same
 // tensors' bytes, so any difference is a module the plan does not know.
@@ -95,6 +95,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gpt2_selective_both",
              "--model-preset tiny --recompute-granularity selective --recompute-modules core_attn mlp",
              {}},
+        Case{"selective_layernorm", kLlama + " --recompute-granularity selective --recompute-modules layernorm", {}},
+        Case{"gpt2_selective_mlp_layernorm",
+             "--model-preset tiny --recompute-granularity selective --recompute-modules mlp layernorm",
+             {}},
+        Case{"moe_selective_layernorm",
+             "--model-preset moe-tiny --num-layers 4 --moe-layer-freq 2 --recompute-granularity selective "
+             "--recompute-modules layernorm",
+             {}},
         Case{"first_stage", kLlama, pipeline_parallel::StageLayers{0, 2, true, false}},
         Case{"last_stage", kLlama, pipeline_parallel::StageLayers{2, 1, false, true}},
         Case{"gpt2_middle_stage", "--model-preset tiny --num-layers 3",
@@ -115,6 +123,9 @@ INSTANTIATE_TEST_SUITE_P(
              kFp8Llama + " --fp8-format hybrid --recompute-granularity selective --recompute-modules mlp",
              {}},
         Case{"fp8_selective_core_attn", kFp8Llama + " --fp8-format hybrid --recompute-granularity selective", {}},
+        Case{"fp8_selective_mlp_layernorm",
+             kFp8Llama + " --fp8-format hybrid --recompute-granularity selective --recompute-modules mlp layernorm",
+             {}},
         Case{"fp8_full_block_1",
              kFp8Llama + " --fp8-format hybrid --recompute-granularity full --recompute-method block "
                          "--recompute-num-layers 1",

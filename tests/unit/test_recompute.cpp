@@ -132,10 +132,15 @@ TEST_P(RecomputeGradients, AreBitIdenticalToKeepingEverything) {
       GetParam() ? megatron::testing::llama_style(DType::f32) : megatron::testing::gpt2_style(DType::f32);
   const Pass kept = run(config, {});
   const std::vector<std::pair<std::string, RecomputeConfig>> settings = {
-      {"full uniform 1", full("uniform", 1)},       {"full uniform 2", full("uniform", 2)},
-      {"full uniform 3", full("uniform", 3)},       {"full block 2", full("block", 2)},
-      {"selective core_attn", selective({})},       {"selective mlp", selective({"mlp"})},
-      {"selective core_attn mlp", selective({"core_attn", "mlp"})}};
+      {"full uniform 1", full("uniform", 1)},
+      {"full uniform 2", full("uniform", 2)},
+      {"full uniform 3", full("uniform", 3)},
+      {"full block 2", full("block", 2)},
+      {"selective core_attn", selective({})},
+      {"selective mlp", selective({"mlp"})},
+      {"selective core_attn mlp", selective({"core_attn", "mlp"})},
+      {"selective layernorm", selective({"layernorm"})},
+      {"selective core_attn mlp layernorm", selective({"core_attn", "mlp", "layernorm"})}};
   for (const auto& [what, recompute] : settings) {
     const Pass again = run(config, recompute);
     expect_bit_identical(kept, again, what);
@@ -156,10 +161,11 @@ TEST(RecomputeGradients, Fp8AreBitIdenticalToKeepingEverything) {
     config.fp8.fp8_format = "hybrid";
     config.fp8.fp8_recipe = recipe;
     const Pass kept = run(config, {});
-    for (const auto& [what, recompute] :
-         std::vector<std::pair<std::string, RecomputeConfig>>{{"selective mlp", selective({"mlp"})},
-                                                              {"selective core_attn", selective({})},
-                                                              {"full uniform 1", full("uniform", 1)}}) {
+    for (const auto& [what, recompute] : std::vector<std::pair<std::string, RecomputeConfig>>{
+             {"selective mlp", selective({"mlp"})},
+             {"selective core_attn", selective({})},
+             {"selective mlp layernorm", selective({"mlp", "layernorm"})},
+             {"full uniform 1", full("uniform", 1)}}) {
       const Pass again = run(config, recompute);
       expect_bit_identical(kept, again, recipe + ", " + what);
       EXPECT_LT(again.activation_bytes, kept.activation_bytes) << recipe << ", " << what;
@@ -187,9 +193,13 @@ TEST(RecomputeGradients, MoEAreBitIdenticalToKeepingEverything) {
   ASSERT_EQ(kept.moe_layers, 2);
   ASSERT_EQ(kept.expert_loads.size(), 8u);
   const std::vector<std::pair<std::string, RecomputeConfig>> settings = {
-      {"full uniform 1", full("uniform", 1)},     {"full uniform 3", full("uniform", 3)},
-      {"full block 2", full("block", 2)},         {"selective moe", selective({"moe"})},
-      {"selective moe_act", selective({"moe_act"})}, {"selective core_attn moe", selective({"core_attn", "moe"})}};
+      {"full uniform 1", full("uniform", 1)},
+      {"full uniform 3", full("uniform", 3)},
+      {"full block 2", full("block", 2)},
+      {"selective moe", selective({"moe"})},
+      {"selective moe_act", selective({"moe_act"})},
+      {"selective core_attn moe", selective({"core_attn", "moe"})},
+      {"selective layernorm", selective({"layernorm"})}};
   for (const auto& [what, recompute] : settings) {
     const Pass again = run(config, recompute);
     expect_bit_identical(kept, again, what);
@@ -223,6 +233,8 @@ TEST(Recompute, ActivationMemoryDropsByWhatIsNoLongerSaved) {
   const int64_t kept = run(config, {}).activation_bytes;
   EXPECT_EQ(kept - run(config, selective({})).activation_bytes, layers * (T * H + 48) * 4);
   EXPECT_EQ(kept - run(config, selective({"mlp"})).activation_bytes, layers * T * F * 4);
+  // layernorm: the QKV projection's and fc1's inputs, the two norms' outputs (T·H each).
+  EXPECT_EQ(kept - run(config, selective({"layernorm"})).activation_bytes, layers * 2 * T * H * 4);
   EXPECT_EQ(kept - run(config, full("uniform", 3)).activation_bytes, (layers * per_layer + final_norm - T * H) * 4);
   // uniform 1: every layer's input is kept: the embedding's output, then each pair (h, m) the
   // layer before returned (h is that layer's pre-MLP norm input; m its MLP output, T·H each).

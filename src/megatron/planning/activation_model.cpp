@@ -25,7 +25,7 @@ struct LayerDims {
   bool layer_norm;         // LayerNorm keeps a mean beside rstd
   bool fused_attention;    // q, k, v read in place from the projection (RoPE turns it in place): no CP
   bool dropout;            // hidden dropout in training: its gradient is a new tensor
-  bool recompute_core_attn, recompute_mlp;
+  bool recompute_core_attn, recompute_mlp, recompute_layernorm;
   bool sequence_parallel, tp_comm_overlap;
 };
 
@@ -47,6 +47,7 @@ LayerDims layer_dims(const TransformerConfig& c, const ActivationShape& s) {
   d.dropout = c.hidden_dropout > 0.0f;
   d.recompute_core_attn = c.recompute.recomputes("core_attn");
   d.recompute_mlp = c.recompute.recomputes("mlp");
+  d.recompute_layernorm = c.recompute.recomputes("layernorm");
   d.sequence_parallel = s.sequence_parallel;
   d.tp_comm_overlap = s.tp_comm_overlap;
   return d;
@@ -62,11 +63,18 @@ bool keeps_row_cast(const LayerDims& d, bool fp8) { return fp8 && !d.tp_comm_ove
 // A norm keeps its input (the residual sum) and its statistics.
 int64_t norm_saved(const LayerDims& d) { return d.Ts * d.H * d.e + d.Ts * d.stats * (d.layer_norm ? 2 : 1); }
 
+// A column-parallel layer's input from a norm: its FP8 cast where kept, else the bf16 norm output
+// unless layernorm recompute drops it (TransformerLayer rebuilds it in backward).
+int64_t norm_output_kept(const LayerDims& d, bool fp8) {
+  if (keeps_column_cast(d, fp8)) return d.T * d.H;
+  return d.recompute_layernorm ? 0 : d.Ts * d.H * d.e;
+}
+
 // SelfAttention::Saved: the projection's input (or its FP8 cast), q, k and v (or the fused
 // projection), the op's output and lse (unless core_attn is recomputed; the output projection's
 // input is that output, and its FP8 cast beside it).
 int64_t attention_saved(const LayerDims& d, bool fp8) {
-  int64_t bytes = (keeps_column_cast(d, fp8) ? d.T * d.H : d.Ts * d.H * d.e) + d.T * d.qkv * d.e;
+  int64_t bytes = norm_output_kept(d, fp8) + d.T * d.qkv * d.e;
   if (!d.recompute_core_attn) {
     bytes += d.T * d.heads * d.head_dim * d.e + d.T * d.heads * d.stats;
     if (keeps_row_cast(d, fp8)) bytes += d.T * d.heads * d.head_dim;
@@ -78,9 +86,9 @@ int64_t attention_saved(const LayerDims& d, bool fp8) {
 // fc1's output too). In FP8 without recompute: the casts of fc1's input (in place of it) and of
 // fc2's input (in place of rebuilding it).
 int64_t mlp_saved(const LayerDims& d, int64_t ffn, bool saves_input = true, bool fp8 = false) {
-  if (d.recompute_mlp) return saves_input ? d.Ts * d.H * d.e : 0;
+  if (d.recompute_mlp) return saves_input && !d.recompute_layernorm ? d.Ts * d.H * d.e : 0;
   int64_t bytes = d.T * ffn * d.fc1_factor * d.e;
-  if (saves_input) bytes += keeps_column_cast(d, fp8) ? d.T * d.H : d.Ts * d.H * d.e;
+  if (saves_input) bytes += norm_output_kept(d, fp8);
   if (keeps_row_cast(d, fp8)) bytes += d.T * ffn;
   return bytes;
 }
@@ -117,6 +125,7 @@ int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep, int64_t 
 //     split q, k, v gradients (and, where the fused op splits by definition, the split q, k, v
 //     themselves: on the CPU, and on CUDA unless cuDNN reads the MHA layout in place); the op's
 //     output and lse again when core_attn is recomputed.
+//   Both: the norm's output rebuilt when layernorm is recomputed.
 int64_t layer_backward_working(const TransformerConfig& c, bool moe_layer, const LayerDims& d, const ActivationShape& s,
                                PlanBackend backend) {
   const int64_t stream = d.Ts * d.H * d.e, full = d.T * d.H * d.e;
@@ -130,11 +139,16 @@ int64_t layer_backward_working(const TransformerConfig& c, bool moe_layer, const
     const int64_t act = d.T * d.ffn * d.e, fc1 = d.T * d.ffn * d.fc1_factor * d.e;
     mlp = (c.swiglu ? act + fc1 + full : std::max(2 * act, act + full)) + (d.recompute_mlp ? fc1 : 0);
   }
+  // layernorm recompute rebuilds a norm's output for the phase that reads it (an MoE layer keeps its
+  // MLP input; counted without telling whether an FP8 layer kept a cast instead).
+  const int64_t rebuilt = d.recompute_layernorm ? stream : 0;
+  if (!moe_layer) mlp += rebuilt;
   const int64_t out = d.T * d.heads * d.head_dim * d.e;
   const bool in_place = d.fused_attention && backend == PlanBackend::cuda && d.groups == d.heads;
   const int64_t splits = in_place ? 0 : d.fused_attention ? 2 : 1;
   int64_t attention = stream + (d.dropout ? stream : 0) + out + d.T * d.qkv * d.e * (1 + splits);
   if (d.recompute_core_attn) attention += out + d.T * d.heads * d.stats;
+  attention += rebuilt;
   return incoming + std::max(mlp, attention);
 }
 

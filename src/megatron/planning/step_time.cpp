@@ -57,7 +57,9 @@ StepTime plan_step_time(const TrainingArgs& args) {
   // Causal: half of the 2 x 2 x S x S x NH x d of QK^T and PV per sequence.
   const double attention_flops = attention_passes * L * 2.0 * tokens * double(c.seq_length) * NH * d;
   const double e = double(dtype_size(c.params_dtype));
-  const double elementwise_bytes = tokens * L * (H + F) * e * hw.elementwise_passes;
+  double elementwise_bytes = tokens * L * (H + F) * e * hw.elementwise_passes;
+  // layernorm recompute: each layer's two norms read their input and write their output again.
+  if (!c.recompute.full() && c.recompute.recomputes("layernorm")) elementwise_bytes += tokens * L * 4.0 * H * e;
   const double ranks = double(args.world_size);
 
   StepTime t;
@@ -77,7 +79,13 @@ StepTime plan_step_time(const TrainingArgs& args) {
   // copy down and the last one's copy up, which nothing overlaps.
   const double offloaded = args.optimizer.optimizer_cpu_offload ? args.optimizer.optimizer_offload_fraction : 0.0;
   const double offloaded_elements = params_per_rank * offloaded;
-  const double device_update = params_per_rank * (1.0 - offloaded) * 30.0 / (hw.adamw_tbps * 1e12);
+  // AdamW's bytes an element on the device: f32 gradient, master and moments read, master, moments
+  // and the 16-bit weight written (30); masters as remainders beside bf16 weights read and write the
+  // weight and a 16-bit remainder instead of the f32 master (28).
+  const bool remainders = c.params_dtype == DType::bf16 && args.optimizer.use_precision_aware_optimizer &&
+                          args.optimizer.store_param_remainders;
+  const double device_update =
+      params_per_rank * (1.0 - offloaded) * (remainders ? 28.0 : 30.0) / (hw.adamw_tbps * 1e12);
   const double host_update = offloaded_elements * 30.0 / (hw.host_adamw_gbps * 1e9);
   const double copy_per_element = (4.0 + e) / (hw.pcie_gbps * 1e9);
   const double unoverlapped =

@@ -166,7 +166,8 @@ std::vector<Flag> build_flag_table() {
        "With full: layers per group (uniform) or layers recomputed per pipeline stage (block)"},
       {"--recompute-modules", FIELD(model.recompute.recompute_modules), recompute,
        "With selective: core_attn (the attention op's output), mlp (the dense MLP's fc1), moe (a whole MoE "
-       "layer), moe_act (the experts' activation); default: core_attn"},
+       "layer), moe_act (the experts' activation), layernorm (the pre-attention and pre-MLP norms' outputs); "
+       "default: core_attn"},
       {"--bf16", Switch{FIELD(bf16), true}, parallel, "bf16 parameters and compute, fp32 master weights"},
       {"--fp8-format",
        FIELD(model.fp8.fp8_format),

@@ -60,6 +60,11 @@ tensor_parallel::Fp8Activation Norm::forward(const ResidualStream& x, Saved& sav
               })};
 }
 
+Tensor Norm::recompute(const Saved& saved) const {
+  Saved again;
+  return forward(ResidualStream{saved.input, Tensor()}, again);
+}
+
 Tensor Norm::backward(const Tensor& dy, const Saved& saved, const Tensor& dresidual) const {
   Tensor dx = Tensor::empty(saved.input.shape(), saved.input.dtype(), saved.input.device());
   Tensor dx2 = rows(dx);

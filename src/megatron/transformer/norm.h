@@ -35,6 +35,9 @@ class Norm {
   // statistics (ops::norm_forward_fp8), y is never stored in bf16.
   tensor_parallel::Fp8Activation forward(const ResidualStream& x, Saved& saved,
                                          tensor_parallel::Fp8Linear& consumer) const;
+  // y again from what forward saved (--recompute-modules layernorm): the same op on the same stored
+  // stream value, so the forward's bits.
+  Tensor recompute(const Saved& saved) const;
   // Returns the gradient of the norm's input: the norm's backward plus dresidual, the gradient
   // that reached the same tensor along the residual stream (undefined: none, as for the final norm),
   // summed in the same pass.

@@ -8,8 +8,8 @@ namespace megatron {
 
 namespace {
 // What --recompute-modules may name here, and Megatron's other names (refused, not built).
-const std::vector<std::string> kBuiltModules = {"core_attn", "mlp", "moe", "moe_act"};
-const std::vector<std::string> kMegatronOnlyModules = {"layernorm", "mla_up_proj", "shared_experts"};
+const std::vector<std::string> kBuiltModules = {"core_attn", "mlp", "moe", "moe_act", "layernorm"};
+const std::vector<std::string> kMegatronOnlyModules = {"mla_up_proj", "shared_experts"};
 
 bool contains(const std::vector<std::string>& list, const std::string& item) {
   return std::find(list.begin(), list.end(), item) != list.end();

@@ -40,6 +40,7 @@ TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelCo
       ctx_(&ctx),
       hidden_dropout_(config.hidden_dropout),
       sequence_parallel_(ctx.sequence_parallel()),
+      recompute_norms_(config.recompute.recomputes("layernorm")),
       input_norm_(registry, ctx, config, prefix_ + ".self_attention.linear_qkv.layer_norm_weight",
                   prefix_ + ".self_attention.linear_qkv.layer_norm_bias"),
       self_attention_(registry, ctx, config, prefix_ + ".self_attention", layer_fp8(config, layer_number)),
@@ -68,6 +69,14 @@ ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardC
   tensor_parallel::Fp8Linear* qkv_fp8 = self_attention_.input_fp8();
   Tensor a = qkv_fp8 ? self_attention_.forward(input_norm_.forward(x, saved.norm1, *qkv_fp8), fwd, saved.attention)
                      : self_attention_.forward(input_norm_.forward(x, saved.norm1), fwd, saved.attention);
+  // Where a norm's output is kept in bf16 by the GEMM it feeds (an FP8 GEMM keeps casts instead),
+  // layernorm recompute drops it: backward normalises the saved stream value again.
+  const auto drop = [this](Tensor& kept) {
+    if (!recompute_norms_ || !kept.defined()) return false;
+    kept = Tensor();
+    return true;
+  };
+  saved.qkv_input_dropped = drop(saved.attention.qkv.input);
   dropout_in_place(a, saved.attention_dropout);
   const ResidualStream h{saved.norm1.input, a};
   Tensor m;
@@ -77,6 +86,7 @@ ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardC
     m = mlp_->forward(pre_mlp_norm_.forward(h, saved.norm2, *fc1_fp8), saved.mlp);
   else
     m = mlp_->forward(pre_mlp_norm_.forward(h, saved.norm2), saved.mlp);
+  if (mlp_) saved.fc1_input_dropped = drop(saved.mlp.fc1.input);  // an MoE layer keeps its own copies
   dropout_in_place(m, saved.mlp_dropout);
   return {saved.norm2.input, m};  // out = h + m, added by the next norm
 }
@@ -100,10 +110,27 @@ Tensor TransformerLayer::backward(const Tensor& dy, const Saved& saved) const {
   // Residual stream: the gradient reaching h is dy (skip path) plus what flows back through the
   // MLP and norm2; the norm's backward adds the two in one pass. Likewise for x.
   const Tensor dm = dropout_grad(dy, saved.mlp_dropout);
-  Tensor dh =
-      pre_mlp_norm_.backward(moe_ ? moe_->backward(dm, saved.moe) : mlp_->backward(dm, saved.mlp), saved.norm2, dy);
-  return input_norm_.backward(self_attention_.backward(dropout_grad(dh, saved.attention_dropout), saved.attention),
-                              saved.norm1, dh);
+  Tensor dmlp_input;
+  if (moe_) {
+    dmlp_input = moe_->backward(dm, saved.moe);
+  } else if (saved.fc1_input_dropped) {
+    MLP::Saved mlp = saved.mlp;
+    mlp.fc1.input = pre_mlp_norm_.recompute(saved.norm2);
+    dmlp_input = mlp_->backward(dm, mlp);
+  } else {
+    dmlp_input = mlp_->backward(dm, saved.mlp);
+  }
+  Tensor dh = pre_mlp_norm_.backward(dmlp_input, saved.norm2, dy);
+  const Tensor da = dropout_grad(dh, saved.attention_dropout);
+  Tensor dattention_input;
+  if (saved.qkv_input_dropped) {
+    SelfAttention::Saved attention = saved.attention;
+    attention.qkv.input = input_norm_.recompute(saved.norm1);
+    dattention_input = self_attention_.backward(da, attention);
+  } else {
+    dattention_input = self_attention_.backward(da, saved.attention);
+  }
+  return input_norm_.backward(dattention_input, saved.norm1, dh);
 }
 
 }  // namespace megatron

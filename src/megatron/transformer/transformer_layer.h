@@ -28,6 +28,9 @@ class TransformerLayer {
     MLP::Saved mlp;                                     // a dense layer's MLP
     moe::MoELayer::Saved moe;                           // an MoE layer's experts
     ops::DropoutParams attention_dropout, mlp_dropout;  // masks are regenerated, not stored
+    // --recompute-modules layernorm: the norms' outputs the next layers held (the QKV projection's
+    // and a dense fc1's bf16 input) were dropped; backward rebuilds them from norm1 and norm2.
+    bool qkv_input_dropped = false, fc1_input_dropped = false;
     void count(ActivationMemory& m) const;
   };
   // layer_number: global, 0-based (checkpoint names use global indices, as Megatron HEAD).
@@ -46,6 +49,7 @@ class TransformerLayer {
   const ParallelContext* ctx_;
   float hidden_dropout_;
   bool sequence_parallel_;
+  bool recompute_norms_;  // --recompute-modules layernorm
   Norm input_norm_;
   SelfAttention self_attention_;
   Norm pre_mlp_norm_;
