@@ -69,4 +69,17 @@ TEST(PlanAdvice, ListsChangesThatFitSmallestFirst) {
             std::string::npos);
 }
 
+// bf16 weights: the precision-aware optimizer alone (2 bytes a master less) is advice where it
+// fits, and is not offered again where it is given.
+TEST(PlanAdvice, OffersThePrecisionAwareOptimizerForBf16Weights) {
+  const std::string run = std::string(kRun) + " --bf16";
+  const double with_remainders = peak_gib(planning::with_flags(words(run), {{"--use-precision-aware-optimizer"}}));
+  ASSERT_LT(with_remainders, peak_gib(words(run)));
+  const std::string advice = planning::fit_advice(words(run), 1, with_remainders + 0.001, planning::PlanBackend::cpu);
+  EXPECT_NE(advice.find("GiB: --use-precision-aware-optimizer\n"), std::string::npos) << advice;
+  const std::string given = planning::fit_advice(words(run + " --use-precision-aware-optimizer"), 1,
+                                                 0.9 * with_remainders, planning::PlanBackend::cpu);
+  EXPECT_EQ(given.find("GiB: --use-precision-aware-optimizer\n"), std::string::npos) << given;
+}
+
 }  // namespace

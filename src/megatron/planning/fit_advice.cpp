@@ -58,8 +58,11 @@ std::string fit_advice(const std::vector<std::string>& train_args, int64_t world
   const Change selective{{"--recompute-granularity", "selective"}, {"--recompute-modules", "core_attn", "mlp"}};
   const Change full{{"--recompute-granularity", "full"}, {"--recompute-method", "uniform"}, {"--recompute-num-layers", "1"}};
   // Offload moves state off a GPU (on the CPU backend it is the same memory); the distributed
-  // optimizer shards over DP > 1 only.
+  // optimizer shards over DP > 1 only; the precision-aware optimizer keeps bf16 weights' masters in
+  // 2 bytes.
   std::vector<Change> memory_changes;
+  if (given.model.params_dtype == DType::bf16 && !given.optimizer.use_precision_aware_optimizer)
+    memory_changes.push_back({{"--use-precision-aware-optimizer"}});
   if (backend == PlanBackend::cuda) memory_changes.push_back({{"--optimizer-cpu-offload"}});
   if (given.data_parallel_size > 1) memory_changes.push_back({{"--use-distributed-optimizer"}});
   std::vector<Change> layouts;
@@ -101,9 +104,10 @@ std::string fit_advice(const std::vector<std::string>& train_args, int64_t world
   }
   std::sort(fits.begin(), fits.end());
   if (fits.empty())
-    out << "  none of recomputation, optimizer offload, the distributed optimizer, TP/PP up to 8 or a smaller "
-        << "micro-batch fits at "
-        << world_size << " rank(s): launch more ranks (--plan-world-size) or a device with more memory\n";
+    out << "  none of recomputation, the precision-aware optimizer, optimizer offload, the distributed optimizer, "
+        << "TP/PP up to 8 or a smaller "
+        << "micro-batch fits at " << world_size
+        << " rank(s): launch more ranks (--plan-world-size) or a device with more memory\n";
   for (const auto& [p, change] : fits) {
     std::snprintf(line, sizeof line, "  %.2f GiB: ", p / kGiB);
     out << line << change << "\n";
