@@ -8,32 +8,14 @@
 # (all, and 40% of each rank's shard), and a checkpoint saved with offload at iteration 2 resumed
 # without it (the f32 master is rebuilt from the saved weights).
 # usage: optimizer_offload_test.sh MEGATRON MPIRUN [MPIRUN FLAGS...]
-set -u
-megatron=$1
-shift
-mpirun=("$@")
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
 base="--model-preset llama-tiny --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --log-interval 1 --device cpu
   --mock-data --tokenizer-type NullTokenizer --vocab-size 1000 --save-interval 2"
-status=0
-run() {  # name ranks flags...
-  local name=$1 ranks=$2
-  shift 2
-  local launch=()
-  [ "$ranks" -gt 1 ] && launch=("${mpirun[@]}" -np "$ranks")
-  rm -rf "$dir/$name"
-  # shellcheck disable=SC2086
-  timeout -k 5 120 "${launch[@]}" "$megatron" train $base "$@" --save "$dir/$name" --metrics-file "$dir/$name.jsonl" \
-    >"$dir/$name.log" 2>&1 || { echo "FAIL: $name: $(tail -5 "$dir/$name.log")"; status=1; }
-}
+source "$(dirname "$0")/cpu_training_runs.sh"
 curve() { grep -o '"\(lm_loss\|grad_norm\)": *[^,}]*' "$1" | tr '\n' ' '; }
 same() {  # reference run, offloaded run
   local a=$1 b=$2 why=""
   [ "$(curve "$dir/$a.jsonl")" == "$(curve "$dir/$b.jsonl")" ] || why="loss or grad-norm curves differ"
-  for f in "$dir/$a"/iter_0000004/model_rank_*.safetensors; do
-    cmp -s "$f" "$dir/$b/iter_0000004/$(basename "$f")" || why="$why weights $(basename "$f") differ"
-  done
+  same_weights "$a" "$b" 4 || why="$why weights of iteration 4 differ"
   grep -q 'optimizer CPU offload' "$dir/$b.log" || why="$why (the run did not offload)"
   if [ -n "$why" ]; then
     echo "FAIL: $b against $a: $why"
@@ -58,15 +40,11 @@ same dist dist_offload
 same dist dist_offload_part
 # Saved with offload at iteration 2 (--exit-interval stops the run there), resumed without it to 4.
 run resumed 1 --train-iters 4 --exit-interval 2 --optimizer-cpu-offload
-# shellcheck disable=SC2086
-timeout -k 5 120 "$megatron" train $base --train-iters 4 --load "$dir/resumed" --save "$dir/resumed" \
-  >"$dir/resumed_2.log" 2>&1 || { echo "FAIL: resume: $(tail -5 "$dir/resumed_2.log")"; status=1; }
-for f in "$dir/f32"/iter_0000004/model_rank_*.safetensors; do
-  if cmp -s "$f" "$dir/resumed/iter_0000004/$(basename "$f")"; then
-    echo "ok: saved with offload, resumed without: the weights of iteration 4 equal the uninterrupted run's"
-  else
-    echo "FAIL: saved with offload, resumed without: $(basename "$f") differs at iteration 4"
-    status=1
-  fi
-done
+run resumed 1 --train-iters 4 --load "$dir/resumed"
+if same_weights f32 resumed 4; then
+  echo "ok: saved with offload, resumed without: the weights of iteration 4 equal the uninterrupted run's"
+else
+  echo "FAIL: saved with offload, resumed without: the weights of iteration 4 differ"
+  status=1
+fi
 exit $status

@@ -8,24 +8,9 @@
 # bit (its f32 masters come back from the checkpoint through the remainders); a DP=2 checkpoint
 # with the flag resumes at DP=1 without it (the masters, saved as f32, load into f32 masters).
 # usage: precision_aware_optimizer_test.sh MEGATRON MPIRUN [MPIRUN FLAGS...]
-set -u
-megatron=$1
-shift
-mpirun=("$@")
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
 base="--model-preset llama-tiny --micro-batch-size 2 --global-batch-size 8 --lr 1e-3 --log-interval 1 --device cpu
   --mock-data --tokenizer-type NullTokenizer --vocab-size 1000 --save-interval 2 --bf16 --use-distributed-optimizer"
-status=0
-run() {  # name ranks flags...
-  local name=$1 ranks=$2
-  shift 2
-  local launch=()
-  [ "$ranks" -gt 1 ] && launch=("${mpirun[@]}" -np "$ranks")
-  # shellcheck disable=SC2086
-  timeout -k 5 120 "${launch[@]}" "$megatron" train $base "$@" --metrics-file "$dir/$name.jsonl" \
-    >>"$dir/$name.log" 2>&1 || { echo "FAIL: $name: $(tail -5 "$dir/$name.log")"; status=1; }
-}
+source "$(dirname "$0")/cpu_training_runs.sh"
 losses() { grep -o '"lm_loss": *[^,}]*' "$1" | sed 's/.*: *//'; }
 close() {  # reference run, flagged run
   local worst
@@ -39,27 +24,25 @@ close() {  # reference run, flagged run
   fi
   grep -q 'as remainders beside the bf16 weights' "$dir/$2.log" || { echo "FAIL: $2 kept no remainders"; status=1; }
 }
-run plain 1 --train-iters 4 --save "$dir/plain"
-run flagged 1 --train-iters 4 --save "$dir/flagged" --use-precision-aware-optimizer
+run plain 1 --train-iters 4
+run flagged 1 --train-iters 4 --use-precision-aware-optimizer
 close plain flagged
-run dist 2 --train-iters 4 --save "$dir/dist"
-run dist_flagged 2 --train-iters 4 --save "$dir/dist_flagged" --use-precision-aware-optimizer
+run dist 2 --train-iters 4
+run dist_flagged 2 --train-iters 4 --use-precision-aware-optimizer
 close dist dist_flagged
 
 # Saved with the flag at iteration 2 (--exit-interval stops the run there), resumed with it to 4.
-run resumed 1 --train-iters 4 --exit-interval 2 --save "$dir/resumed" --use-precision-aware-optimizer
-run resumed 1 --train-iters 4 --load "$dir/resumed" --save "$dir/resumed" --use-precision-aware-optimizer
-for f in "$dir/flagged"/iter_0000004/model_rank_*.safetensors; do
-  if cmp -s "$f" "$dir/resumed/iter_0000004/$(basename "$f")"; then
-    echo "ok: saved and resumed with the flag: the weights of iteration 4 equal the uninterrupted run's"
-  else
-    echo "FAIL: saved and resumed with the flag: $(basename "$f") differs at iteration 4"
-    status=1
-  fi
-done
+run resumed 1 --train-iters 4 --exit-interval 2 --use-precision-aware-optimizer
+run resumed 1 --train-iters 4 --load "$dir/resumed" --use-precision-aware-optimizer
+if same_weights flagged resumed 4; then
+  echo "ok: saved and resumed with the flag: the weights of iteration 4 equal the uninterrupted run's"
+else
+  echo "FAIL: saved and resumed with the flag: the weights of iteration 4 differ"
+  status=1
+fi
 
 # The DP=2 run's checkpoint of iteration 2, resumed at DP=1 without the flag.
-run dp1 1 --train-iters 4 --load "$dir/dist_flagged" --ckpt-step 2 --save "$dir/dp1"
+run dp1 1 --train-iters 4 --load "$dir/dist_flagged" --ckpt-step 2
 tail_loss() { losses "$1" | tail -1; }
 if [ -n "$(tail_loss "$dir/dp1.jsonl")" ] && awk -v a="$(tail_loss "$dir/dp1.jsonl")" -v b="$(tail_loss "$dir/dist_flagged.jsonl")" \
   'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d <= 1e-2) }'; then
