@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2154  # base: the sourcing script's
 # Sourced by the multirank tests that train on CPU ranks, with their arguments (MEGATRON MPIRUN
 # [MPIRUN FLAGS...]): sets megatron, mpirun, a scratch dir removed on exit and status (0 until a
-# check fails), and defines
+# check fails), and defines (for tests that train with a $base command line)
 #   run NAME RANKS FLAGS...: `megatron train $base FLAGS`, on RANKS ranks under mpirun when more
 #     than one, saving to $dir/NAME, metrics in $dir/NAME.jsonl, log appended to $dir/NAME.log; a
 #     failure is reported and sets status;

@@ -5,14 +5,8 @@
 # its measured peak (the CPU allocator's peak of every byte handed out: the metrics file's
 # peak_memory_mib, or, per stage, the first iteration's "memory per pipeline stage" line).
 # usage: plan_vs_measured_test.sh MEGATRON MPIRUN [MPIRUN FLAGS...]
-set -u
-megatron=$1
-shift
-mpirun=("$@")
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+source "$(dirname "$0")/cpu_training_runs.sh"  # megatron, mpirun, dir, status
 common="--train-iters 2 --lr 1e-3 --log-interval 1 --device cpu --mock-data --tokenizer-type NullTokenizer"
-status=0
 printf '%-34s %-6s %12s %12s %8s\n' "run" "stage" "plan MiB" "measured MiB" "diff"
 check() {  # name ranks flags...
   local name=$1 ranks=$2
@@ -56,6 +50,8 @@ check "llama-tiny full recompute" 1 --model-preset llama-tiny --micro-batch-size
   --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 check "tiny selective recompute" 1 --model-preset tiny --micro-batch-size 4 --global-batch-size 8 --vocab-size 1000 \
   --recompute-granularity selective --recompute-modules core_attn mlp
+check "llama-tiny bf16 precision-aware layernorm" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 \
+  --vocab-size 1000 --bf16 --use-precision-aware-optimizer --recompute-granularity selective --recompute-modules layernorm
 check "llama-tiny bf16 offload 0.5" 1 --model-preset llama-tiny --micro-batch-size 4 --global-batch-size 8 \
   --vocab-size 1000 --bf16 --optimizer-cpu-offload --optimizer-offload-fraction 0.5
 check "llama-tiny PP=2" 2 --model-preset llama-tiny --micro-batch-size 2 --global-batch-size 8 --vocab-size 1000 \
