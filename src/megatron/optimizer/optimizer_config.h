@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "megatron/core/dtype.h"
+
 namespace megatron {
 
 enum class LrDecayStyle { constant, linear, cosine, inverse_square_root, WSD };
@@ -56,6 +58,12 @@ struct OptimizerArgs {
   std::string main_params_dtype = "fp32";
   std::string exp_avg_dtype = "fp32";
   std::string exp_avg_sq_dtype = "fp32";
+
+  // Whether the masters of parameters in `params_dtype` are kept as remainders: bf16 only (the bits
+  // of neither f16 nor f32 are the top of an f32).
+  bool keeps_param_remainders(DType params_dtype) const {
+    return use_precision_aware_optimizer && store_param_remainders && params_dtype == DType::bf16;
+  }
 };
 
 }  // namespace megatron

@@ -167,9 +167,8 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   const double kept = double(buffers.state_numel) - offloaded;
   // The moments, and the masters where they are kept apart: 2 bytes an element as remainders beside
   // bf16 weights (--use-precision-aware-optimizer), else a whole state element.
-  const bool remainders =
-      params == DType::bf16 && args.optimizer.use_precision_aware_optimizer && args.optimizer.store_param_remainders;
-  const double master_element = separate_master ? (remainders ? 2.0 : state_element) : 0.0;
+  const double master_element =
+      separate_master ? (args.optimizer.keeps_param_remainders(params) ? 2.0 : state_element) : 0.0;
   s.optimizer_state = kept * (2.0 * state_element + master_element);
   if (offloaded > 0) {
     // Two staging slots, each up to one pipeline chunk of gradients and of parameters.

@@ -82,10 +82,8 @@ StepTime plan_step_time(const TrainingArgs& args) {
   // AdamW's bytes an element on the device: f32 gradient, master and moments read, master, moments
   // and the 16-bit weight written (30); masters as remainders beside bf16 weights read and write the
   // weight and a 16-bit remainder instead of the f32 master (28).
-  const bool remainders = c.params_dtype == DType::bf16 && args.optimizer.use_precision_aware_optimizer &&
-                          args.optimizer.store_param_remainders;
-  const double device_update =
-      params_per_rank * (1.0 - offloaded) * (remainders ? 28.0 : 30.0) / (hw.adamw_tbps * 1e12);
+  const double adamw_bytes = args.optimizer.keeps_param_remainders(c.params_dtype) ? 28.0 : 30.0;
+  const double device_update = params_per_rank * (1.0 - offloaded) * adamw_bytes / (hw.adamw_tbps * 1e12);
   const double host_update = offloaded_elements * 30.0 / (hw.host_adamw_gbps * 1e9);
   const double copy_per_element = (4.0 + e) / (hw.pcie_gbps * 1e9);
   const double unoverlapped =

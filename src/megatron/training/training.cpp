@@ -399,8 +399,7 @@ void log_layout(const TrainingArgs& args, const ParallelContext& ctx, const Dist
   LOG_INFO("> optimizer state: " << std::fixed << std::setprecision(1) << state_mib(optimizer) << " MiB per rank ("
                                  << (args.use_distributed_optimizer ? "this rank's shard of the " : "")
                                  << "master weights"
-                                 << (args.bf16 && args.optimizer.use_precision_aware_optimizer &&
-                                             args.optimizer.store_param_remainders
+                                 << (args.optimizer.keeps_param_remainders(args.model.params_dtype)
                                          ? " as remainders beside the bf16 weights"
                                          : "")
                                  << " and Adam moments)");
@@ -417,7 +416,7 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainingArgs& args, ModelChunks&
   const AdamWStateOptions state_options{
       .cpu_offload = args.optimizer.optimizer_cpu_offload,
       .offload_fraction = args.optimizer.optimizer_offload_fraction,
-      .store_param_remainders = args.optimizer.use_precision_aware_optimizer && args.optimizer.store_param_remainders};
+      .store_param_remainders = args.optimizer.keeps_param_remainders(args.model.params_dtype)};
   if (args.use_distributed_optimizer)
     return std::make_unique<DistributedOptimizer>(ddp, ctx, hyper, grad_scaler_for(args), state_options);
   return std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args), state_options);
