@@ -369,7 +369,8 @@ def main():
             "preset": a.preset, "micro_batch_size": B, "gpus": world,
             "ms_per_iteration": round(ms, 2), "tokens_per_second": round(B * S / (ms * 1e-3)),
             "tflops_per_gpu": round(tflops, 1), "mfu_percent": round(100 * tflops / 989.0, 1),
-            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "loss": round(loss.item(), 4),
+            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2), "loss": round(loss.item(), 4),
             "optimizer_state_mib": round(state_bytes / 2**20, 1), "torch": torch.__version__,
             "variant": a.variant, "choices": c,
         }), flush=True)

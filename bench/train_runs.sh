@@ -48,8 +48,9 @@ read_plan() {
 }
 
 # Sets, from the last interval of run NAME on NPROC GPUs, "" where it failed: ms (per iteration),
-# tok (tokens/s per GPU), tf (TFLOP/s/GPU), and in GiB per GPU: peak (memory), opt (optimizer
-# state), act (activations one micro-batch keeps for backward).
+# tok (tokens/s per GPU), tf (TFLOP/s/GPU), and in GiB per GPU: peak (memory in tensors), reserved
+# (what the allocator holds from the device), opt (optimizer state), act (activations one
+# micro-batch keeps for backward).
 read_ours() {
   local last
   last=$(grep '"kind":"train"' "$work/$1.jsonl" 2>/dev/null | tail -1)
@@ -57,6 +58,7 @@ read_ours() {
   tok=$(echo "$last" | field tokens_per_second | awk -v n="$2" '{ if ($1 != "") print $1 / n }')
   tf=$(echo "$last" | field tflops_per_gpu)
   peak=$(echo "$last" | field peak_memory_mib | awk '{ if ($1 != "") print $1 / 1024 }')
+  reserved=$(echo "$last" | field reserved_memory_mib | awk '{ if ($1 != "") print $1 / 1024 }')
   opt=$(echo "$last" | field optimizer_state_mib | awk '{ if ($1 != "") print $1 / 1024 }')
   act=$(echo "$last" | field activation_memory_mib | awk '{ if ($1 != "") print $1 / 1024 }')
 }

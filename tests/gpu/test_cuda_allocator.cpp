@@ -68,6 +68,39 @@ TEST_F(CudaAllocator, FreedBlockIsHandedOutAgain) {
   EXPECT_EQ(cuda::memory_stats().device_allocations, mallocs);
 }
 
+TEST(CudaBlockSize, LargeRequestsCostTheirSizeRoundedTo512Bytes) {
+  EXPECT_EQ(cuda::block_size(1000), cuda::size_class(1000));
+  EXPECT_EQ(cuda::block_size(cuda::kLargeRequest), cuda::kLargeRequest);
+  EXPECT_EQ(cuda::block_size(cuda::kLargeRequest + 1), cuda::kLargeRequest + 512);
+  const size_t grads = size_t(11255808000);  // llama-3b's fp32 main gradients: a size class adds 530 MiB
+  EXPECT_EQ(cuda::block_size(grads), grads);
+  EXPECT_GT(cuda::size_class(grads), grads + (size_t(500) << 20));
+}
+
+TEST_F(CudaAllocator, LargeBlocksAreCutFromSegmentsAndFreedMemoryServesOtherSizes) {
+  cuda::empty_cache();
+  const cuda::CudaMemoryStats before = cuda::memory_stats();
+  void* first = nullptr;
+  {
+    Tensor big = gpu_bytes(int64_t(64) << 20);
+    first = big.raw();
+    EXPECT_EQ(cuda::memory_stats().current_bytes, before.current_bytes + (size_t(64) << 20)) << "no size class";
+  }
+  const size_t mallocs = cuda::memory_stats().device_allocations;
+  // Three requests of another size fit in the freed 64 MiB: cut from it, one after the other.
+  std::vector<Tensor> parts;
+  for (int i = 0; i < 3; ++i) parts.push_back(gpu_bytes(int64_t(20) << 20));
+  EXPECT_EQ(parts[0].raw(), first);
+  EXPECT_EQ(static_cast<char*>(parts[1].raw()), static_cast<char*>(first) + (size_t(20) << 20));
+  EXPECT_EQ(cuda::memory_stats().device_allocations, mallocs) << "served from the freed block, no cudaMalloc";
+  for (Tensor& t : parts) t.zero();
+  parts.clear();
+  Tensor whole = gpu_bytes(int64_t(64) << 20);
+  EXPECT_EQ(whole.raw(), first) << "the parts merged back into one block";
+  whole.zero();
+  cuda::synchronize();
+}
+
 TEST_F(CudaAllocator, TracksCurrentAndPeak) {
   cuda::reset_peak_memory();
   const cuda::CudaMemoryStats before = cuda::memory_stats();
@@ -77,13 +110,13 @@ TEST_F(CudaAllocator, TracksCurrentAndPeak) {
   {
     Tensor b = gpu_bytes(int64_t(b_bytes));
     const cuda::CudaMemoryStats both = cuda::memory_stats();
-    EXPECT_EQ(both.current_bytes, before.current_bytes + cuda::size_class(a_bytes) + cuda::size_class(b_bytes));
+    EXPECT_EQ(both.current_bytes, before.current_bytes + cuda::block_size(a_bytes) + cuda::block_size(b_bytes));
     EXPECT_EQ(both.peak_bytes, both.current_bytes);
     EXPECT_GE(both.reserved_bytes, both.current_bytes);
   }
   const cuda::CudaMemoryStats one = cuda::memory_stats();
-  EXPECT_EQ(one.current_bytes, before.current_bytes + cuda::size_class(a_bytes));
-  EXPECT_EQ(one.peak_bytes, before.current_bytes + cuda::size_class(a_bytes) + cuda::size_class(b_bytes));
+  EXPECT_EQ(one.current_bytes, before.current_bytes + cuda::block_size(a_bytes));
+  EXPECT_EQ(one.peak_bytes, before.current_bytes + cuda::block_size(a_bytes) + cuda::block_size(b_bytes));
   cuda::reset_peak_memory();
   EXPECT_EQ(cuda::memory_stats().peak_bytes, one.current_bytes);
 }

@@ -36,8 +36,11 @@ float grad_value(int rank, const Parameter& p, int64_t i, int micro = 0) {
   return value(100 + p.index * 10 + uint64_t(micro), rank, i);
 }
 
+// As a backward writes them: each parameter reported before its gradient is written (DDP gives its
+// bucket memory then).
 void fill_grads(ParameterRegistry& reg, int rank, int micro = 0) {
   for (const auto& p : reg.params()) {
+    reg.before_backward(*p);
     Tensor g = p->main_grad;
     for (int64_t i = 0; i < g.numel(); ++i) g.set_item(i, g.item(i) + grad_value(rank, *p, i, micro));
   }
@@ -201,7 +204,7 @@ TEST_F(Ddp, OverflowInOneRanksShardSkipsTheStepOnEveryRank) {
     ddp.finish_grad_sync();
     if (overflow && r_ == n_ - 1) {
       const Range& shard = ddp.shards().in_buffer.back();
-      reg.grad_buffer().slice(shard.begin, shard.end).set_item(0, std::numeric_limits<float>::infinity());
+      reg.grad_slice(shard.begin, shard.end).set_item(0, std::numeric_limits<float>::infinity());
     }
     const OptimizerStepResult result = opt.step(1e-2, 0.0);
     EXPECT_EQ(result.skipped, overflow);
@@ -257,6 +260,7 @@ TEST(DdpExpertParallel, ExpertGradientsAreSummedOverExpertDataParallelAndScaledB
     ddp.zero_grad();
     for (const auto& p : reg.params()) {
       const int rank = p->spec.expert_parallel ? st.ctx.expert_dp->rank() : st.ctx.dp_cp->rank();
+      reg.before_backward(*p);
       for (int64_t i = 0; i < p->main_grad.numel(); ++i) p->main_grad.set_item(i, grad_of(*p, rank, i));
     }
     report_backward(reg);
@@ -293,6 +297,7 @@ TEST(DdpExpertParallel, DistributedOptimizerShardsExpertsAndTheNormCountsEachExp
   const auto fill = [&](ParameterRegistry& reg, int step) {
     for (const auto& p : reg.params()) {
       const int rank = p->spec.expert_parallel ? st.ctx.expert_dp->rank() : st.ctx.dp_cp->rank();
+      reg.before_backward(*p);
       for (int64_t i = 0; i < p->main_grad.numel(); ++i) p->main_grad.set_item(i, grad_of(*p, ep_rank, rank, i, step));
     }
   };

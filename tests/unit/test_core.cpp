@@ -2,10 +2,13 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "megatron/core/dtype.h"
+#include "megatron/core/memory.h"
 #include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
+#include "test_util.h"
 
 using namespace megatron;
 
@@ -44,6 +47,23 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_THROW(t.view({5, -1}), Error);
   EXPECT_THROW(t.slice(2, 5), Error);
   EXPECT_THROW(t.data<bf16>(), Error);
+}
+
+TEST(Tensor, ReleasedMemoryIsGivenBackAndViewsWorkAgainOnceReacquired) {
+  Tensor buffer = Tensor::zeros({1 << 20}, DType::f32);
+  Tensor view = buffer.slice(1000, 2000);
+  const size_t held = memory_stats(Device::cpu()).current_bytes;
+  buffer.release_memory();
+  EXPECT_FALSE(view.memory_held());
+  EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, held - buffer.nbytes()) << "the views keep no memory";
+  EXPECT_NE(megatron::testing::error_of([&] { view.item(0); }).find("memory was released"), std::string::npos);
+  buffer.release_memory();  // a second release is a no-op
+  buffer.reacquire_memory();
+  EXPECT_TRUE(view.memory_held());
+  EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, held);
+  view.fill(2.0);
+  EXPECT_EQ(buffer.item(1500), 2.0) << "the view sees the new memory";
+  EXPECT_NE(megatron::testing::error_of([&] { view.release_memory(); }).find("on a view"), std::string::npos);
 }
 
 TEST(Tensor, ConvertingCopy) {

@@ -173,6 +173,39 @@ TEST(DdpParams, SetLayoutDroppingGradsHoldsOneGradBuffer) {
   EXPECT_EQ(memory_stats(Device::cpu()).peak_bytes, others + std::max(old_buffer + new_buffer, 2 * new_buffer));
 }
 
+// split_grads (DDP's buckets): one zeroed part per range, the main grads pointing into them, never
+// the flat buffer and the parts at once; a parameter straddling two parts and a slice crossing a
+// part's end are errors; a released part's memory is given back and comes back lazily zeroed.
+TEST(DdpParams, SplitGradsMakesOnePartPerRange) {
+  ParameterRegistry r;
+  r.add({.name = "a", .global_shape = {300, 50}});
+  r.add({.name = "b", .global_shape = {700}, .first_grad_overwrites = true});
+  r.add({.name = "c", .global_shape = {40}});
+  r.allocate(DType::f32);  // a at 0, b at 15008, c at 15712; 15760 elements
+  EXPECT_NE(error_of([&] { r.split_grads({15100, 15760}); }).find("b straddles gradient parts"), std::string::npos);
+  r.params()[0]->main_grad.fill(1.5);
+  const size_t before = memory_stats(Device::cpu()).current_bytes;
+  reset_peak_memory(DeviceType::cpu);
+  r.split_grads({15008, 15760});
+  EXPECT_EQ(memory_stats(Device::cpu()).peak_bytes, before) << "the flat buffer went before the parts came";
+  ASSERT_EQ(r.grad_parts(), 2u);
+  EXPECT_EQ(r.grad_part_of(*r.params()[2]), 1u);
+  EXPECT_EQ(r.params()[0]->main_grad.to_vector(), std::vector<float>(15000, 0.0f));
+  r.params()[2]->main_grad.fill(2.0);
+  EXPECT_EQ(r.grad_slice(15712, 15752).to_vector(), std::vector<float>(40, 2.0f));
+  EXPECT_NE(error_of([&] { r.grad_slice(15000, 15010); }).find("crosses the end of gradient part 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { r.grad_buffer(); }).find("split into 2 parts"), std::string::npos);
+
+  r.release_grads(1);
+  EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, before - (15760 - 15008) * 4);
+  EXPECT_TRUE(r.grads_held(0));
+  EXPECT_FALSE(r.grads_held(1));
+  r.acquire_grads(1);
+  EXPECT_TRUE(r.params()[1]->grad_overwrite_pending) << "b's first gradient overwrites";
+  EXPECT_EQ(r.params()[2]->main_grad.to_vector(), std::vector<float>(40, 0.0f)) << "c zeroed";
+}
+
 // Each parameter is reported once per backward, in backward order, and its gradient does not
 // change after it is reported: what lets DDP start reducing it.
 TEST(DdpParams, ModelReportsEachGradientOnceWhenFinal) {
@@ -207,55 +240,80 @@ TEST(DdpParams, ModelReportsEachGradientOnceWhenFinal) {
   }
 }
 
-// The training step's zeroing (DDP::zero_grad) leaves the linear layers' weight gradients for
-// their first gradient of the step to overwrite: two micro-batches on a buffer that held NaN give
-// the gradients of a zeroed buffer bit for bit, and a step whose backward reaches no parameter
-// still reduces zeros.
-TEST(DdpParams, LazilyZeroedGradientsEqualZeroedOnes) {
+// The training step's gradients (DDP over buckets): zero_grad() gives every bucket's memory back;
+// the backward takes a bucket's memory when it first reaches one of its parameters, zeroed except
+// the linear layers' weight gradients, which their first gradient of the step overwrites. Two
+// micro-batches, in two steps (the second on memory the first step's gradients left behind), give
+// bit for bit the gradients of a model without DDP whose flat buffer was zeroed; the buckets of the
+// first layers take no memory until the backward reaches them; and a step whose backward reaches
+// no parameter still reduces zeros.
+TEST(DdpParams, BucketGradientsTakeMemoryFromTheBackwardToTheStepAndEqualZeroedOnes) {
   for (const bool untied : {false, true}) {
     const ParallelContext ctx = ParallelContext::single_process();
+    const TinyBatch batch;
+    const auto two_micro_batches = [&](GPTModel& m) {
+      for (const uint64_t step : {0, 1})
+        m.forward_backward(batch.tokens, batch.tokens, batch.mask, 0.1f, {.training = true, .seed = 1, .step = step});
+    };
+    GPTModel reference(tiny_config(untied), ctx);
+    reference.parameters().initialize(5);
+    reference.parameters().zero_grads();
+    two_micro_batches(reference);
+
     GPTModel model(tiny_config(untied), ctx);
     ParameterRegistry& reg = model.parameters();
-    DistributedDataParallel ddp(reg, ctx, {});
+    DistributedDataParallel ddp(reg, ctx, {.bucket_size = 1000});
     reg.initialize(5);
-    const TinyBatch batch;
-    const auto two_micro_batches = [&] {
-      for (const uint64_t step : {0, 1})
-        model.forward_backward(batch.tokens, batch.tokens, batch.mask, 0.1f,
-                               {.training = true, .seed = 1, .step = step});
-      ddp.finish_grad_sync();
-    };
-    ddp.zero_grad();
-    reg.zero_grads();  // every gradient zeroed: the reference
-    two_micro_batches();
-    const std::vector<float> want = reg.grad_buffer().to_vector();
+    const size_t buckets = ddp.layout().buckets.size();
+    ASSERT_GE(buckets, 4u) << "buckets of about 1000 elements without overlap";
+    ASSERT_EQ(reg.grad_parts(), buckets);
+    int64_t grad_bytes = 0;
+    for (const Tensor& part : reg.grad_buffers()) grad_bytes += int64_t(part.nbytes());
 
-    reg.grad_buffer().fill(std::numeric_limits<float>::quiet_NaN());
+    // Which buckets hold memory when the backward reports the first gradient final.
+    std::vector<bool> held_at_first_report;
+    reg.set_grad_ready_hook([&](const Parameter&) {
+      if (!held_at_first_report.empty()) return;
+      for (size_t b = 0; b < buckets; ++b) held_at_first_report.push_back(reg.grads_held(b));
+    });
+    for (int step = 0; step < 2; ++step) {
+      const size_t before = memory_stats(Device::cpu()).current_bytes;
+      ddp.zero_grad();
+      EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, before - size_t(grad_bytes)) << "all given back";
+      for (size_t b = 0; b < buckets; ++b) EXPECT_FALSE(reg.grads_held(b)) << b;
+      EXPECT_NE(error_of([&] { reg.params()[0]->main_grad.item(0); }).find("memory was released"), std::string::npos);
+      held_at_first_report.clear();
+      two_micro_batches(model);
+      ddp.finish_grad_sync();
+      ASSERT_EQ(held_at_first_report.size(), buckets);
+      EXPECT_TRUE(held_at_first_report[reg.grad_part_of(*reg.find("decoder.layers.2.mlp.linear_fc2.weight"))]);
+      EXPECT_FALSE(held_at_first_report[reg.grad_part_of(*reg.find("decoder.layers.0.mlp.linear_fc1.weight"))])
+          << "the first layer's bucket, before the backward reached it";
+      for (size_t i = 0; i < reg.params().size(); ++i)
+        EXPECT_EQ(reg.params()[i]->main_grad.to_vector(), reference.parameters().params()[i]->main_grad.to_vector())
+            << reg.params()[i]->spec.name << " in step " << step;
+    }
+
+    // Acquired, a bucket marks its linear layers' weight gradients instead of zeroing them.
     ddp.zero_grad();
-    int left = 0;
+    for (size_t b = 0; b < buckets; ++b) reg.acquire_grads(b);
+    int marked = 0;
     for (const auto& p : reg.params()) {
       const std::string& name = p->spec.name;
       const bool linear_weight =
           (name.find(".linear_") != std::string::npos && name.ends_with(".weight")) || name == "output_layer.weight";
-      EXPECT_EQ(p->grad_overwrite_pending, linear_weight) << p->spec.name;
-      const std::vector<float> g = p->main_grad.to_vector();
-      if (linear_weight) {
-        ++left;
-        EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return std::isnan(v); })) << p->spec.name;
-      } else {
-        EXPECT_EQ(g, std::vector<float>(g.size(), 0.0f)) << p->spec.name;
-      }
+      EXPECT_EQ(p->grad_overwrite_pending, linear_weight) << name;
+      marked += p->grad_overwrite_pending;
     }
-    EXPECT_EQ(left, 4 * 3 + (untied ? 1 : 0));  // QKV, projection, fc1 and fc2 of 3 layers (+ output)
-    two_micro_batches();
-    EXPECT_EQ(reg.grad_buffer().to_vector(), want);
+    EXPECT_EQ(marked, 4 * 3 + (untied ? 1 : 0));  // QKV, projection, fc1 and fc2 of 3 layers (+ output)
 
-    reg.grad_buffer().fill(std::numeric_limits<float>::quiet_NaN());
     ddp.zero_grad();
-    ddp.finish_grad_sync();  // no backward: the left gradients are zeroed as their buckets reduce
-    const std::vector<float> none = reg.grad_buffer().to_vector();
-    EXPECT_EQ(none, std::vector<float>(none.size(), 0.0f));
-    for (const auto& p : reg.params()) EXPECT_FALSE(p->grad_overwrite_pending) << p->spec.name;
+    ddp.finish_grad_sync();  // no backward: the buckets are acquired and reduce zeros
+    for (const auto& p : reg.params()) {
+      const std::vector<float> g = p->main_grad.to_vector();
+      EXPECT_EQ(g, std::vector<float>(g.size(), 0.0f)) << p->spec.name;
+      EXPECT_FALSE(p->grad_overwrite_pending) << p->spec.name;
+    }
   }
 }
 

@@ -83,11 +83,30 @@ int64_t Tensor::dim(int i) const {
 
 void* Tensor::raw() {
   MEGATRON_CHECK(defined(), "access to an undefined tensor");
+  MEGATRON_CHECK(!storage_->memory_released, "access to a tensor whose memory was released (Tensor::release_memory)");
   return static_cast<char*>(storage_->data) + offset_;
 }
 const void* Tensor::raw() const {
   MEGATRON_CHECK(defined(), "access to an undefined tensor");
+  MEGATRON_CHECK(!storage_->memory_released, "access to a tensor whose memory was released (Tensor::release_memory)");
   return static_cast<const char*>(storage_->data) + offset_;
+}
+
+void Tensor::release_memory() {
+  MEGATRON_CHECK(defined() && offset_ == 0 && nbytes() == storage_->bytes && storage_->release != nullptr,
+                 "release_memory() on a view or on memory owned elsewhere; call it on the tensor Tensor::empty made");
+  if (storage_->memory_released) return;
+  if (storage_->data != nullptr) storage_->release(storage_->data, storage_->bytes, storage_->device);
+  storage_->data = nullptr;
+  storage_->memory_released = true;
+}
+
+void Tensor::reacquire_memory() {
+  MEGATRON_CHECK(defined() && offset_ == 0 && nbytes() == storage_->bytes && storage_->release != nullptr,
+                 "reacquire_memory() on a view or on memory owned elsewhere; call it on the tensor Tensor::empty made");
+  if (!storage_->memory_released) return;
+  storage_->data = allocator_for(storage_->device).allocate(storage_->bytes, storage_->device);
+  storage_->memory_released = false;
 }
 
 void Tensor::check_type(DType requested) const {

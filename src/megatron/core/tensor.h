@@ -36,6 +36,7 @@ struct Storage {
   size_t bytes = 0;
   Device device;
   void (*release)(void* data, size_t bytes, Device device) = nullptr;
+  bool memory_released = false;  // Tensor::release_memory(): no memory until reacquire_memory()
   Storage() = default;
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -97,6 +98,15 @@ class Tensor {
   std::vector<float> to_vector() const;
 
   bool same_storage(const Tensor& other) const { return storage_ == other.storage_; }
+
+  // Memory a buffer needs only part of the time (the main gradients, between the optimizer step
+  // and the next backward): release_memory() gives the memory of this tensor's storage back while
+  // every view of it stays a valid object; reading or writing any of them is an error until
+  // reacquire_memory() gives the storage new memory (contents undefined). Called on the tensor
+  // that owns the whole storage (Tensor::empty's result, not a view or a from_blob).
+  void release_memory();
+  void reacquire_memory();
+  bool memory_held() const { return defined() && !storage_->memory_released; }
 
  private:
   void check_type(DType requested) const;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "megatron/cuda_runtime/allocator.h"
+#include "megatron/cuda_runtime/block_pool.h"
 #include "megatron/cuda_runtime/context.h"
 #include "megatron/cuda_runtime/cuda_check.h"
 
@@ -18,6 +19,8 @@ namespace {
 
 constexpr size_t kMinBlock = 512;
 constexpr size_t kStepsPerPowerOfTwo = 8;
+// Large segments are obtained in multiples of this (the driver's own granularity for big requests).
+constexpr size_t kSegmentGranularity = size_t(2) << 20;
 
 struct Block {
   size_t size = 0;  // its size class
@@ -25,10 +28,13 @@ struct Block {
 };
 
 struct DeviceCache {
-  std::unordered_map<void*, Block> in_use;
-  std::map<std::pair<StreamHandle, size_t>, std::vector<void*>> free_blocks;  // (stream, size class)
+  std::unordered_map<void*, Block> in_use;                                    // small blocks handed out
+  std::map<std::pair<StreamHandle, size_t>, std::vector<void*>> free_blocks;  // small, (stream, size class)
+  BlockPool large;                                                            // requests of kLargeRequest bytes or more
   CudaMemoryStats stats;
 };
+
+BlockPool::StreamKey key_of(StreamHandle stream) { return reinterpret_cast<BlockPool::StreamKey>(stream); }
 
 // One cache per device, for the whole process. Deliberately never destroyed: tensors with static
 // storage duration may be released after every other static object, and the driver reclaims
@@ -58,9 +64,10 @@ void require_current(Device device, const char* what) {
                                                << current << "; one process drives one GPU (init_device)");
 }
 
-// Gives every cached block of `cache` back to the driver. The caller holds the mutex.
+// Gives every cached small block and every wholly free large segment of `cache` back to the
+// driver. The caller holds the mutex.
 void release_cached(DeviceCache& cache) {
-  if (cache.free_blocks.empty()) return;
+  if (cache.free_blocks.empty() && cache.large.free_blocks() == 0) return;
   CUDA_CHECK(cudaDeviceSynchronize());  // stream-ordered frees: their last users must be done
   for (auto& [key, blocks] : cache.free_blocks) {
     for (void* p : blocks) {
@@ -70,6 +77,11 @@ void release_cached(DeviceCache& cache) {
     }
   }
   cache.free_blocks.clear();
+  for (const BlockPool::Segment& segment : cache.large.take_free_segments()) {
+    CUDA_CHECK(cudaFree(reinterpret_cast<void*>(segment.base)));
+    cache.stats.reserved_bytes -= segment.bytes;
+    ++cache.stats.device_frees;
+  }
 }
 
 double mib(size_t bytes) { return double(bytes) / double(1 << 20); }
@@ -86,35 +98,61 @@ double mib(size_t bytes) { return double(bytes) / double(1 << 20); }
                    "sequences / a smaller model per GPU)");
 }
 
+// cudaMalloc with one retry after the cache is emptied; out of memory is a clear error.
+void* device_malloc(DeviceCache& cache, size_t bytes, size_t request, int device) {
+  void* p = nullptr;
+  cudaError_t status = cudaMalloc(&p, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // the failure is not sticky; clear it before retrying
+    release_cached(cache);
+    status = cudaMalloc(&p, bytes);
+  }
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    out_of_memory(request, bytes, device, cache.stats);
+  }
+  CUDA_CHECK(status);
+  cache.stats.reserved_bytes += bytes;
+  ++cache.stats.device_allocations;
+  return p;
+}
+
+// A large block: from the stream's free blocks, or from a new segment of its own.
+void* allocate_large(DeviceCache& cache, size_t bytes, StreamHandle stream, int device) {
+  const size_t block = block_size(bytes);
+  std::optional<BlockPool::Address> at = cache.large.allocate(block, key_of(stream));
+  if (!at) {
+    const size_t segment = (block + kSegmentGranularity - 1) / kSegmentGranularity * kSegmentGranularity;
+    void* p = device_malloc(cache, segment, bytes, device);
+    cache.large.add_segment(reinterpret_cast<BlockPool::Address>(p), segment, key_of(stream));
+    at = cache.large.allocate(block, key_of(stream));
+  }
+  return reinterpret_cast<void*>(*at);
+}
+
 void* cache_allocate(size_t bytes, Device device) {
   require_current(device, "allocation");
-  const size_t cls = size_class(bytes);
   const StreamHandle stream = current_stream();
   Caches& c = caches();
   std::lock_guard<std::mutex> lock(c.mutex);
   DeviceCache& cache = c.at(device.index);
   void* p = nullptr;
-  auto it = cache.free_blocks.find({stream, cls});
-  if (it != cache.free_blocks.end() && !it->second.empty()) {
-    p = it->second.back();
-    it->second.pop_back();
+  size_t held = 0;
+  if (bytes >= kLargeRequest) {
+    p = allocate_large(cache, bytes, stream, device.index);
+    held = cache.large.block_bytes(reinterpret_cast<BlockPool::Address>(p));
   } else {
-    cudaError_t status = cudaMalloc(&p, cls);
-    if (status == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // the failure is not sticky; clear it before retrying
-      release_cached(cache);
-      status = cudaMalloc(&p, cls);
+    held = size_class(bytes);
+    auto it = cache.free_blocks.find({stream, held});
+    if (it != cache.free_blocks.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+    } else {
+      p = device_malloc(cache, held, bytes, device.index);
     }
-    if (status == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      out_of_memory(bytes, cls, device.index, cache.stats);
-    }
-    CUDA_CHECK(status);
-    cache.stats.reserved_bytes += cls;
-    ++cache.stats.device_allocations;
+    cache.in_use.emplace(p, Block{held, stream});
   }
-  cache.in_use.emplace(p, Block{cls, stream});
-  cache.stats.current_bytes += cls;
+  cache.stats.current_bytes += held;
   cache.stats.peak_bytes = std::max(cache.stats.peak_bytes, cache.stats.current_bytes);
   return p;
 }
@@ -125,6 +163,11 @@ void cache_release(void* p, size_t, Device device) {
   Caches& c = caches();
   std::lock_guard<std::mutex> lock(c.mutex);
   DeviceCache& cache = c.at(device.index);
+  const auto address = reinterpret_cast<BlockPool::Address>(p);
+  if (cache.large.holds(address)) {
+    cache.stats.current_bytes -= cache.large.release(address);
+    return;
+  }
   auto it = cache.in_use.find(p);
   MEGATRON_CHECK(it != cache.in_use.end(),
                  "release of " << p << " on " << device.str() << ", which the CUDA caching allocator did not hand out");
@@ -152,10 +195,15 @@ MemoryStats cache_stats(Device device) {
   std::lock_guard<std::mutex> lock(c.mutex);
   const DeviceCache& cache = c.at(device.index);
   const CudaMemoryStats& s = cache.stats;
-  return {s.current_bytes, s.peak_bytes, s.reserved_bytes, cache.in_use.size()};
+  return {s.current_bytes, s.peak_bytes, s.reserved_bytes, cache.in_use.size() + cache.large.used_blocks()};
 }
 
 }  // namespace
+
+size_t block_size(size_t bytes) {
+  if (bytes < kLargeRequest) return size_class(bytes);
+  return (bytes + kMinBlock - 1) / kMinBlock * kMinBlock;
+}
 
 size_t size_class(size_t bytes) {
   if (bytes <= kMinBlock) return kMinBlock;

@@ -1,13 +1,16 @@
 #pragma once
 // The caching device allocator behind every CUDA tensor (registered by init_device).
 //
-// Requests are rounded up to a size class (size_class) and served from blocks cached per
-// (stream, size class). A freed block goes back to the cache at once, without synchronising:
-// the next allocation that reuses it runs on the same stream, so the stream orders the old
-// user's kernels before the new user's (stream-ordered reuse). All ops launch on the compute
-// stream (context.h), so in training every block is reused; only the first step calls
-// cudaMalloc and no step calls cudaFree. When cudaMalloc fails, the cache is emptied (after a
-// device synchronisation) and the request tried once more before an out-of-memory error.
+// Small requests (below kLargeRequest) are rounded up to a size class (size_class) and served
+// from blocks cached per (stream, size class). Large ones are rounded up to 512 bytes and cut from
+// segments obtained in 2 MiB multiples by best fit, split and merged when freed (block_pool.h), so
+// a buffer held all run costs its size and freed memory serves any later large request of its
+// stream that fits. A freed block goes back to the cache at once, without
+// synchronising: the next allocation that reuses it runs on the same stream, so the stream orders the old user's
+// kernels before the new user's (stream-ordered reuse). All ops launch on the compute stream (context.h), so in
+// training every block is reused; only the first steps call cudaMalloc and no step calls cudaFree. When cudaMalloc
+// fails, the cache is emptied (after a device synchronisation) and the request tried once more before an out-of-memory
+// error.
 //
 // memset_zero and copy are queued on the current stream; a copy to the host synchronises it
 // so the host sees the data when copy returns.
@@ -34,9 +37,16 @@ void reset_peak_memory();
 // Returns every cached (unused) block of the current device to the driver. Synchronises it.
 void empty_cache();
 
-// Bytes actually reserved for a request: at least 512, and above 4 KiB rounded up to one of eight
-// steps per power of two, so rounding wastes at most 12.5% and repeated shapes share blocks.
+// Requests of this many bytes or more are large.
+inline constexpr size_t kLargeRequest = size_t(1) << 20;
+
+// A small request's size class: at least 512, and above 4 KiB rounded up to one of eight steps
+// per power of two, so rounding wastes at most 12.5% and repeated shapes share blocks.
 size_t size_class(size_t bytes);
+// Bytes a request is rounded up to: its size class when small, a multiple of 512 when large (the
+// block handed out may still be up to BlockPool::kMinSplit larger, when a free block's remainder
+// is too small to split off).
+size_t block_size(size_t bytes);
 
 // The allocator in the form core/memory.h registers.
 DeviceAllocator caching_allocator();

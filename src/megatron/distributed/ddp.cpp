@@ -19,9 +19,11 @@ BufferLayout ddp_buffer_layout(const ParameterRegistry& registry, const DdpConfi
     const bool alone = p->spec.shared_embedding && config.use_distributed_optimizer;
     bucket_group.push_back(alone ? -1 : config.param_chunks.empty() ? 0 : config.param_chunks[p->index]);
   }
-  // FSDP: one bucket per module, whatever the bucket size.
-  const int64_t bucket_size = !config.overlap_grad_reduce || config.shard_grads ? 0
-                              : config.bucket_size > 0                          ? config.bucket_size
+  // FSDP: one bucket per module, whatever the bucket size. Otherwise buckets of bucket_size with or
+  // without overlap: each bucket's gradients take memory only from the backward that first writes
+  // them to the step (ddp.h), so one bucket for everything would hold them all through the backward.
+  const int64_t bucket_size = config.shard_grads       ? 0
+                              : config.bucket_size > 0 ? config.bucket_size
                                                        : default_ddp_bucket_size(group_size);
   return make_buffer_layout(numels, {.shard_group_size = group_size,
                                      .bucket_size = bucket_size,
@@ -57,8 +59,13 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
   // Gradients start at zero (zero_grad begins every step), so the move need not hold two gradient buffers.
   registry.set_layout(layout_.param_offsets(), layout_.numel, ParameterRegistry::GradsOnMove::drop);
   if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank(), expert_group_->rank());
-  if (config.shard_grads)
+  if (config.shard_grads) {
     fsdp_ = std::make_unique<FullyShardedBuffers>(registry, layout_, shards_, group_, config.shard_params);
+  } else {
+    std::vector<int64_t> bucket_ends;
+    for (const BucketLayout& bucket : layout_.buckets) bucket_ends.push_back(bucket.range.end);
+    registry.split_grads(bucket_ends);
+  }
 
   const size_t buckets = layout_.buckets.size();
   param_ready_.assign(registry.params().size(), false);
@@ -83,6 +90,9 @@ void DistributedDataParallel::install_hooks() {
     }
   } else {
     registry.set_grad_ready_hook([this](const Parameter& p) { on_grad_ready(p); });
+    // A bucket's gradients take memory when the backward first reaches one of its parameters.
+    registry.set_before_backward_hook(
+        [this](const Parameter& p) { registry_->acquire_grads(layout_.param_bucket[p.index]); });
   }
   if (config_.overlap_param_gather)
     registry.set_before_forward_hook([this](const Parameter& p) { on_before_forward(p); });
@@ -105,8 +115,12 @@ void DistributedDataParallel::zero_grad() {
   for (size_t b = 0; b < grad_work_.size(); ++b)
     MEGATRON_CHECK(grad_work_[b] == nullptr,
                    "zero_grad() while the reduction of bucket " << b << " is in flight; call finish_grad_sync() first");
-  registry_->zero_grads_lazily();
-  if (fsdp_) fsdp_->zero_grad();
+  if (fsdp_) {
+    registry_->zero_grads_lazily();
+    fsdp_->zero_grad();
+  } else {
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) registry_->release_grads(b);
+  }
   std::fill(param_ready_.begin(), param_ready_.end(), false);
   std::fill(bucket_ready_.begin(), bucket_ready_.end(), 0);
   std::fill(bucket_started_.begin(), bucket_started_.end(), false);
@@ -123,16 +137,17 @@ void DistributedDataParallel::on_grad_ready(const Parameter& p) {
 
 void DistributedDataParallel::start_bucket(size_t b) {
   MEGATRON_CHECK(!bucket_started_[b], "bucket " << b << " was started twice in one step");
+  registry_->acquire_grads(b);                                 // zeroed if no backward reached the bucket in this step
   registry_->zero_unwritten_grads(layout_.buckets[b].params);  // no gradient this step: zero
   const Range range = layout_.buckets[b].range;
-  Tensor grads = registry_->grad_buffer().slice(range.begin, range.end);
+  Tensor grads = registry_->grad_slice(range.begin, range.end);
   Communicator& group = layout_.buckets[b].expert_parallel ? *expert_group_ : *group_;
   // 1/DP for expert buckets too (see ddp.h).
   const int64_t R = group_->size();
   if (R > 1) ops::scale(grads, grads, float(1.0 / double(R)));
   if (config_.use_distributed_optimizer) {
     const Range shard = shards_.in_buffer[b];
-    Tensor out = registry_->grad_buffer().slice(shard.begin, shard.end);
+    Tensor out = registry_->grad_slice(shard.begin, shard.end);
     grad_work_[b] = group.reduce_scatter_async(out, grads, ReduceOp::sum);
   } else {
     grad_work_[b] = group.all_reduce_async(grads, ReduceOp::sum);
@@ -218,12 +233,12 @@ void DistributedDataParallel::wait_param_gather_of(size_t b, std::optional<size_
 Tensor DistributedDataParallel::grad_shard(size_t bucket) const {
   if (fsdp_) return fsdp_->grad_shard(bucket);
   const Range r = shards().in_buffer[bucket];
-  return registry_->grad_buffer().slice(r.begin, r.end);
+  return registry_->grad_slice(r.begin, r.end);
 }
 
 Tensor DistributedDataParallel::grad_of(const ShardParamRange& r) const {
   if (fsdp_) return fsdp_->grad_of(r);
-  return registry_->grad_buffer().slice(r.in_buffer.begin, r.in_buffer.end);
+  return registry_->grad_slice(r.in_buffer.begin, r.in_buffer.end);
 }
 
 Tensor DistributedDataParallel::param_of(const ShardParamRange& r) const {
@@ -245,7 +260,9 @@ std::vector<Tensor> DistributedDataParallel::sequence_parallel_grads() const {
 
 HeldBytes DistributedDataParallel::held_bytes() const {
   if (fsdp_) return fsdp_->held_bytes();
-  const auto weights = int64_t(registry_->param_buffer().nbytes()), grads = int64_t(registry_->grad_buffer().nbytes());
+  int64_t grads = 0;  // from the backward to the step (between steps none)
+  for (const Tensor& part : registry_->grad_buffers()) grads += int64_t(part.nbytes());
+  const auto weights = int64_t(registry_->param_buffer().nbytes());
   return {weights, weights, grads, grads};
 }
 

@@ -14,10 +14,18 @@
 // summed over the group (Megatron's default, not an averaging collective): all-reduce without the
 // distributed optimizer; reduce-scatter with it, after which shard r of each bucket on rank r holds the
 // reduced gradient (the rest of the buffer is stale). Gradient accumulation: micro-batches before
-// the last only accumulate; nothing is communicated until the last one. zero_grad() zeroes all but
-// the linear layers' weight gradients, whose first gradient of the step overwrites the buffer
-// (ParameterRegistry::zero_grads_lazily: no memset of ~90% of the buffer, no read of zeros); a
-// bucket zeroes those its backward never wrote before it reduces.
+// the last only accumulate; nothing is communicated until the last one.
+//
+// Gradient memory (without FSDP): each bucket's gradients are a buffer of their own
+// (ParameterRegistry::split_grads). zero_grad() gives every bucket's memory back; the backward
+// takes a bucket's memory when it first reaches one of its parameters (the registry's
+// before_backward()), zeroed except the linear layers' weight gradients, whose first gradient of
+// the step overwrites them (no memset of ~90% of the buffer, no read of zeros); a bucket the
+// backward never reached is taken, zeroed, before it reduces. So the gradients cost memory from the
+// backward to the optimizer step only, as PyTorch's set_to_none gradients do: not during the
+// forward, and during the backward only as far as it got, while it frees the activations it read
+// (GPTModel::stage_backward). Megatron keeps them all along. Buckets have bucket_size elements with
+// or without --overlap-grad-reduce (without it they still reduce together, after the backward).
 //
 // Expert-parallel parameters (MoE experts split over EP) sit in buckets of their own, summed over
 // the expert-data-parallel group instead, still scaled 1/R: each EP rank holds other experts, and
@@ -28,7 +36,7 @@
 // in backward order, and the registry's grad_ready() notifications during the last micro-batch's
 // backward start each bucket's collective (asynchronously) as soon as all its parameters are
 // final. finish_grad_sync() starts any bucket still waiting and waits for every one. Without
-// overlap there is one bucket, reduced by finish_grad_sync().
+// overlap finish_grad_sync() starts them all.
 //
 // With the distributed optimizer the word embedding tied across pipeline stages
 // (ParamSpec::shared_embedding) sits in a bucket of its own, padded alike on both ends, so the
@@ -70,7 +78,7 @@ struct DdpConfig {
   bool overlap_grad_reduce = false;
   bool use_distributed_optimizer = false;
   bool overlap_param_gather = false;  // with the distributed optimizer: the optimizer does not wait
-  int64_t bucket_size = 0;            // elements, with overlap; 0: Megatron's max(4e7, 1e6 * DP)
+  int64_t bucket_size = 0;            // elements; 0: Megatron's max(4e7, 1e6 * DP)
   // Per parameter (registration order) the model chunk holding it (ModelChunks::param_chunks);
   // empty: one chunk. A bucket never spans two chunks (Megatron gives each chunk its own buffers),
   // so each chunk's buckets start reducing once its own backward of the last micro-batch is done,

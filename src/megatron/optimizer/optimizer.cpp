@@ -90,12 +90,11 @@ double AdamWOptimizer::global_grad_norm() const {
   // model-parallel group. The DP replicas hold identical reduced grads and are not summed; the
   // experts (and their expert TP shards) of other ranks are other parameters, summed over
   // Megatron's expert model-parallel group (expert TP x EP x PP).
-  const Tensor& grads = registry_->grad_buffer();
-  Tensor dense = Tensor::zeros({1}, grads.dtype(), grads.device());
-  Tensor expert = Tensor::zeros({1}, grads.dtype(), grads.device());
+  Tensor dense = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
+  Tensor expert = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
   const bool split_experts = registry_->ep_size() > 1 || registry_->expert_tp_size() != registry_->tp_size();
   if (!holds_duplicates_ && !split_experts) {
-    ops::sum_squares(dense, grads);
+    for (const Tensor& grads : registry_->grad_buffers()) ops::sum_squares(dense, grads);
   } else {
     for (const auto& p : registry_->params())
       if (!p->is_duplicate()) ops::sum_squares(split_experts && p->spec.expert_parallel ? expert : dense, p->main_grad);
@@ -115,7 +114,9 @@ ops::AdamWParams Optimizer::step_params(double lr, float grad_scale) const {
           .step = step_count()};
 }
 
-void AdamWOptimizer::count_nonfinite_grads(Tensor& acc) const { ops::count_nonfinite(acc, registry_->grad_buffer()); }
+void AdamWOptimizer::count_nonfinite_grads(Tensor& acc) const {
+  for (const Tensor& grads : registry_->grad_buffers()) ops::count_nonfinite(acc, grads);
+}
 
 void AdamWOptimizer::update(double lr, double weight_decay, float grad_scale) {
   state_.step(step_params(lr, grad_scale), float(weight_decay));

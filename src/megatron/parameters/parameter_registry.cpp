@@ -60,7 +60,8 @@ void ParameterRegistry::allocate(DType params_dtype, Device device) {
   for (const auto& p : params_) total += round_up(shape_numel(p->local_shape), kParamAlignment);
   const DType grad_dtype = params_dtype == DType::f64 ? DType::f64 : DType::f32;
   param_buffer_ = Tensor::zeros({total}, params_dtype, device);
-  grad_buffer_ = Tensor::zeros({total}, grad_dtype, device);
+  grad_parts_ = {Tensor::zeros({total}, grad_dtype, device)};
+  grad_part_begins_ = {0};
   params_dtype_ = params_dtype;
   grad_dtype_ = grad_dtype;
   device_ = device;
@@ -69,14 +70,87 @@ void ParameterRegistry::allocate(DType params_dtype, Device device) {
     const int64_t n = shape_numel(p->local_shape);
     p->buffer_offset = offset;
     p->data = p->view_of(param_buffer_);
-    p->main_grad = p->view_of(grad_buffer_);
     offset += round_up(n, kParamAlignment);
+  }
+  point_main_grads();
+}
+
+void ParameterRegistry::point_main_grads() {
+  for (const auto& p : params_) {
+    if (grad_parts_.empty()) {
+      p->main_grad = Tensor();
+      continue;
+    }
+    const size_t k = grad_part_of(*p);
+    const int64_t begin = p->buffer_offset - grad_part_begins_[k];
+    p->main_grad = grad_parts_[k].slice(begin, begin + shape_numel(p->local_shape)).view(p->local_shape);
   }
 }
 
+const Tensor& ParameterRegistry::grad_buffer() const {
+  static const Tensor kDropped;
+  MEGATRON_CHECK(grad_parts_.size() <= 1, "the main gradients are split into "
+                                              << grad_parts_.size() << " parts (split_grads); read them "
+                                              << "with grad_slice() or grad_buffers()");
+  return grad_parts_.empty() ? kDropped : grad_parts_[0];
+}
+
+size_t ParameterRegistry::grad_part_of(const Parameter& p) const {
+  MEGATRON_CHECK(!grad_parts_.empty(), p.spec.name << ": the main-gradient buffer was dropped");
+  const auto it = std::upper_bound(grad_part_begins_.begin(), grad_part_begins_.end(), p.buffer_offset);
+  return size_t(it - grad_part_begins_.begin()) - 1;
+}
+
+Tensor ParameterRegistry::grad_slice(int64_t begin, int64_t end) const {
+  MEGATRON_CHECK(!grad_parts_.empty(), "grad_slice(): the main-gradient buffer was dropped");
+  const auto it = std::upper_bound(grad_part_begins_.begin(), grad_part_begins_.end(), begin);
+  const size_t k = size_t(it - grad_part_begins_.begin()) - 1;
+  const int64_t first = grad_part_begins_[k];
+  MEGATRON_CHECK(begin <= end && end - first <= grad_parts_[k].numel(),
+                 "grad_slice(" << begin << ", " << end << ") crosses the end of gradient part " << k << " at "
+                               << first + grad_parts_[k].numel());
+  return grad_parts_[k].slice(begin - first, end - first);
+}
+
+void ParameterRegistry::split_grads(const std::vector<int64_t>& ends) {
+  MEGATRON_CHECK(grad_parts_.size() == 1, "split_grads() needs the one flat gradient buffer");
+  const int64_t numel = grad_parts_[0].numel();
+  const DType dtype = grad_parts_[0].dtype();
+  MEGATRON_CHECK(!ends.empty() && ends.back() == numel,
+                 "split_grads(): the parts must end at the buffer's end, " << numel);
+  std::vector<int64_t> begins;
+  int64_t begin = 0;
+  for (int64_t end : ends) {
+    MEGATRON_CHECK(end > begin, "split_grads(): part ends must increase (" << end << " after " << begin << ")");
+    begins.push_back(begin);
+    begin = end;
+  }
+  for (const auto& p : params_) {
+    const auto it = std::upper_bound(ends.begin(), ends.end(), p->buffer_offset);
+    MEGATRON_CHECK(p->buffer_offset + shape_numel(p->local_shape) <= *it,
+                   p->spec.name << " straddles gradient parts (elements " << p->buffer_offset << " to "
+                                << p->buffer_offset + shape_numel(p->local_shape) << ", a part ends at " << *it << ")");
+  }
+  // The flat buffer goes before the parts come, so the two are never held together.
+  for (const auto& p : params_) p->main_grad = Tensor();
+  grad_parts_.clear();
+  for (size_t k = 0; k < ends.size(); ++k) grad_parts_.push_back(Tensor::zeros({ends[k] - begins[k]}, dtype, device_));
+  grad_part_begins_ = std::move(begins);
+  point_main_grads();
+}
+
+void ParameterRegistry::release_grads(size_t part) { grad_parts_.at(part).release_memory(); }
+
+void ParameterRegistry::acquire_grads(size_t part) {
+  if (grads_held(part)) return;
+  grad_parts_[part].reacquire_memory();
+  zero_grads_lazily(part);
+}
+
 void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t numel, GradsOnMove grads_on_move) {
-  MEGATRON_CHECK(param_buffer_.defined() && grad_buffer_.defined(),
-                 "set_layout() needs allocated buffers; call allocate() first (and not after drop_buffers())");
+  MEGATRON_CHECK(param_buffer_.defined() && grad_parts_.size() == 1,
+                 "set_layout() needs allocated, unsplit buffers; call allocate() first (and not after drop_buffers() "
+                 "or split_grads())");
   MEGATRON_CHECK(offsets.size() == params_.size(),
                  "set_layout(): " << offsets.size() << " offsets for " << params_.size() << " parameters");
   std::vector<std::pair<int64_t, size_t>> starts;
@@ -94,11 +168,11 @@ void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t 
     MEGATRON_CHECK(starts[k].first + shape_numel(a.local_shape) <= starts[k + 1].first,
                    a.spec.name << " and " << params_[starts[k + 1].second]->spec.name << " overlap in the new layout");
   }
-  const DType grad_dtype = grad_buffer_.dtype();
+  const DType grad_dtype = grad_parts_[0].dtype();
   const bool keep_grads = grads_on_move == GradsOnMove::keep;
   if (!keep_grads) {
     for (const auto& p : params_) p->main_grad = Tensor();
-    grad_buffer_ = Tensor();
+    grad_parts_.clear();
   }
   Tensor params = Tensor::zeros({numel}, param_buffer_.dtype(), param_buffer_.device());
   Tensor grads = keep_grads ? Tensor::zeros({numel}, grad_dtype, params.device()) : Tensor();
@@ -115,11 +189,10 @@ void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t 
     }
   }
   param_buffer_ = params;
-  if (!keep_grads) {
-    grads = Tensor::zeros({numel}, grad_dtype, params.device());
-    for (const auto& p : params_) p->main_grad = p->view_of(grads);
-  }
-  grad_buffer_ = grads;
+  if (!keep_grads) grads = Tensor::zeros({numel}, grad_dtype, params.device());
+  grad_parts_ = {grads};
+  grad_part_begins_ = {0};
+  point_main_grads();
 }
 
 void ParameterRegistry::drop_buffers(bool params, bool grads) {
@@ -128,7 +201,10 @@ void ParameterRegistry::drop_buffers(bool params, bool grads) {
     if (grads) p->main_grad = Tensor();
   }
   if (params) param_buffer_ = Tensor();
-  if (grads) grad_buffer_ = Tensor();
+  if (grads) {
+    grad_parts_.clear();
+    grad_part_begins_.clear();
+  }
 }
 
 void ParameterRegistry::initialize(uint64_t seed) {
@@ -156,27 +232,35 @@ void ParameterRegistry::initialize(uint64_t seed) {
 }
 
 void ParameterRegistry::zero_grads() {
-  if (!grad_buffer_.defined()) return;
-  grad_buffer_.zero();
+  for (Tensor& part : grad_parts_)
+    if (part.memory_held()) part.zero();  // a released part is zeroed when acquired
   for (const auto& p : params_) p->grad_overwrite_pending = false;
 }
 
 void ParameterRegistry::zero_grads_lazily() {
-  if (!grad_buffer_.defined()) return;
-  // The buffer less the marked parameters, in as few runs as their placement allows (the gaps
+  for (size_t k = 0; k < grad_parts_.size(); ++k)
+    if (grads_held(k)) zero_grads_lazily(k);
+}
+
+void ParameterRegistry::zero_grads_lazily(size_t part) {
+  // The part less its marked parameters, in as few runs as their placement allows (the gaps
   // between parameters are zeroed with their neighbours).
+  const Tensor& grads = grad_parts_[part];
+  const int64_t first = grad_part_begins_[part];
   std::vector<std::pair<int64_t, int64_t>> kept;
   for (const auto& p : params_) {
+    if (p->buffer_offset < first || p->buffer_offset >= first + grads.numel()) continue;
     p->grad_overwrite_pending = p->spec.first_grad_overwrites;
-    if (p->grad_overwrite_pending) kept.emplace_back(p->buffer_offset, p->buffer_offset + shape_numel(p->local_shape));
+    if (p->grad_overwrite_pending)
+      kept.emplace_back(p->buffer_offset - first, p->buffer_offset - first + shape_numel(p->local_shape));
   }
   std::sort(kept.begin(), kept.end());
   int64_t begin = 0;
   for (const auto& [start, end] : kept) {
-    if (start > begin) grad_buffer_.slice(begin, start).zero();
+    if (start > begin) grads.slice(begin, start).zero();
     begin = std::max(begin, end);
   }
-  if (grad_buffer_.numel() > begin) grad_buffer_.slice(begin, grad_buffer_.numel()).zero();
+  if (grads.numel() > begin) grads.slice(begin, grads.numel()).zero();
 }
 
 void ParameterRegistry::zero_unwritten_grads(const std::vector<size_t>& params) {

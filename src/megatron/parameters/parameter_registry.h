@@ -7,7 +7,12 @@
 // Storage: all parameters of a model live in one flat buffer of the compute dtype, and all
 // main gradients in one flat fp32 buffer (f64 when the parameters are f64, for gradient
 // checks); each Parameter holds views into both. allocate() lays them out in registration
-// order; DDP may move them into its bucket layout with set_layout().
+// order; DDP may move them into its bucket layout with set_layout(), and split the gradients into
+// one buffer per bucket (split_grads) whose memory it gives back after each step and takes again
+// when the next backward first writes the bucket (release_grads, acquire_grads): the gradients
+// then cost memory only from the backward to the optimizer step, as PyTorch's set_to_none
+// gradients do, not during the forward, where the activations peak. Element offsets
+// (Parameter::buffer_offset) count over the whole buffer either way.
 //
 // Progress notifications, one listener each (DDP), so communication can overlap compute:
 //   - forward: a model calls before_forward(p) for each parameter of a module before that
@@ -87,6 +92,20 @@ class ParameterRegistry {
   enum class GradsOnMove { keep, drop };
   void set_layout(const std::vector<int64_t>& offsets, int64_t numel, GradsOnMove grads = GradsOnMove::keep);
 
+  // Splits the main gradients into consecutive parts ending at `ends` (increasing, the last the
+  // buffer's size; no parameter may straddle two), all zero: the flat buffer is dropped first, so
+  // the two are never held together (DDP splits before any backward).
+  void split_grads(const std::vector<int64_t>& ends);
+  size_t grad_parts() const { return grad_parts_.size(); }
+  size_t grad_part_of(const Parameter& p) const;
+  // Gives part `part`'s memory back; every view of it (main_grad, grad_slice) stays valid but may
+  // not be read or written until acquire_grads(part).
+  void release_grads(size_t part);
+  // Gives a released part memory again, zeroed as zero_grads_lazily() zeroes (the linear layers'
+  // weight gradients are marked to be overwritten instead); nothing when it holds memory.
+  void acquire_grads(size_t part);
+  bool grads_held(size_t part) const { return grad_parts_.at(part).memory_held(); }
+
   // Drops the flat parameter buffer (with `params`) and the main-grad buffer (with `grads`) and
   // every parameter's views of them: Megatron FSDP keeps only shards, and points the views at
   // gathered buckets while a module uses them.
@@ -130,7 +149,12 @@ class ParameterRegistry {
   DType grad_dtype() const { return grad_dtype_; }
   Device device() const { return device_; }
   Tensor& param_buffer() { return param_buffer_; }
-  Tensor& grad_buffer() { return grad_buffer_; }
+  // The flat main-gradient buffer (undefined once dropped); an error once split_grads() split it.
+  const Tensor& grad_buffer() const;
+  // Main gradients of elements [begin, end) of the buffer, which must lie in one part.
+  Tensor grad_slice(int64_t begin, int64_t end) const;
+  // Every part of the main-gradient buffer in order (the flat buffer alone until split; none once dropped).
+  const std::vector<Tensor>& grad_buffers() const { return grad_parts_; }
   int64_t num_local_elements() const { return param_buffer_.numel(); }
 
  private:
@@ -141,8 +165,14 @@ class ParameterRegistry {
   int expert_tp_rank_;
   int expert_tp_size_;
   std::vector<std::unique_ptr<Parameter>> params_;
+  // Zeroes part `part` as zero_grads_lazily() does.
+  void zero_grads_lazily(size_t part);
+  // Points every parameter's main_grad into its part.
+  void point_main_grads();
+
   Tensor param_buffer_;
-  Tensor grad_buffer_;
+  std::vector<Tensor> grad_parts_;  // the main gradients: the flat buffer, or its parts after split_grads()
+  std::vector<int64_t> grad_part_begins_;
   DType params_dtype_ = DType::f32, grad_dtype_ = DType::f32;
   Device device_ = Device::cpu();
   ParamHook before_forward_hook_;

@@ -213,7 +213,9 @@ ChunkActivations chunk_activations(const TransformerConfig& config, const pipeli
     a.final_norm_and_loss = (last_layer_recomputed ? 0 : norm_saved(d)) + stream + d.T * vocab * d.e + d.T * d.stats;
     if (last_layer_recomputed) a.layers.back().backward_working += norm_saved(d);
     a.inputs += 2 * 4 * d.T;                         // labels and loss mask, sequence-major
-    a.loss_working = 2 * d.T * d.H * d.e + stream;  // the output layer's input gradient (and SP's gather)
+    // The output layer's input gradient; under SP also the gathered input its weight gradient reads
+    // and the reduce-scattered result.
+    a.loss_working = d.T * d.H * d.e + (shape.sequence_parallel ? d.T * d.H * d.e + stream : 0);
   }
   return a;
 }

@@ -46,6 +46,10 @@ struct RankBuffers {
   // The distributed optimizer without FSDP: this rank's shard of each model chunk's buckets
   // reduced over a group of several ranks, the elements its gradient reduce-scatters return.
   std::vector<int64_t> chunk_shard_numel;
+  // Without FSDP, per model chunk and part of its backward (GPTModel::backward_param_order: the
+  // output layer, each layer from the last, the embeddings), the elements of the buckets that part
+  // reaches first: the gradients take memory bucket by bucket during a chunk's first backward of a step.
+  std::vector<std::vector<int64_t>> chunk_phase_grad_numel;
 };
 
 RankBuffers rank_buffers(const TrainingArgs& args, const ParallelContext& ctx,
@@ -80,6 +84,20 @@ RankBuffers rank_buffers(const TrainingArgs& args, const ParallelContext& ctx,
                       .shard_params = sharding == DataParallelSharding::optim_grads_params};
   const BufferLayout layout = ddp_buffer_layout(registry, ddp, ctx.dp_cp->size(), ctx.expert_dp->size());
   b.numel = layout.numel;
+  if (!ddp.shard_grads) {
+    std::vector<size_t> phase_of(registry.params().size(), 0);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const std::vector<std::vector<size_t>> order = chunks[c]->backward_param_order();
+      for (size_t k = 0; k < order.size(); ++k)
+        for (size_t i : order[k]) phase_of[i] = k;
+      b.chunk_phase_grad_numel.emplace_back(order.size(), 0);
+    }
+    for (const BucketLayout& bucket : layout.buckets) {
+      size_t first = phase_of[bucket.params.front()];
+      for (size_t i : bucket.params) first = std::min(first, phase_of[i]);
+      b.chunk_phase_grad_numel[size_t(param_chunks[bucket.params[0]])][first] += bucket.range.size();
+    }
+  }
   if (!ddp.use_distributed_optimizer) {
     b.state_numel = layout.numel;
     return b;
@@ -160,7 +178,7 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   // element each (tensor_parallel/fp8_linear.h; the blockwise recipe's block scales are left out:
   // 8 bytes a 128 x 128 block).
   s.weights += 2.0 * double(buffers.fp8_weight_numel);
-  s.gradients = shard_grads ? double(buffers.state_numel) * state_element : whole_gradients;
+  const double fsdp_gradients = double(buffers.state_numel) * state_element;  // FSDP's shard, held all along
   const bool separate_master = params != DType::f32 && params != DType::f64;
   const double fraction = args.optimizer.optimizer_cpu_offload ? args.optimizer.optimizer_offload_fraction : 0.0;
   const double offloaded = fraction * double(buffers.state_numel);
@@ -185,9 +203,14 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
                               .ep = args.parallel.expert_model_parallel_size,
                               .expert_tp = args.parallel.sizes().expert_tp(),
                               .context_parallel = args.parallel.context_parallel_size > 1};
-  // Per chunk: what one micro-batch keeps (saved tensors and device inputs) and the most its
-  // backward holds on top.
-  std::vector<double> kept_per_chunk, working_per_chunk;
+  // Per chunk: what one micro-batch keeps (saved tensors and device inputs), and its backward in the
+  // parts of GPTModel::backward_param_order: what each holds on top of the saved while it runs, and
+  // frees when done (the backward gives back each part's saved tensors once read).
+  std::vector<double> kept_per_chunk;
+  struct BackwardPart {
+    double working = 0, freed = 0;
+  };
+  std::vector<std::vector<BackwardPart>> backward_parts;
   for (int64_t c = 0; c < split.virtual_stages; ++c) {
     const pipeline_parallel::StageLayers stage = split.stage(pp_rank, c);
     const ChunkActivations a = chunk_activations(args.model, stage, shape, backend);
@@ -197,7 +220,11 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
     const double inputs =
         double(a.inputs) - (backend == PlanBackend::cpu && stage.embedding ? 4.0 * double(shape.tokens()) : 0.0);
     kept_per_chunk.push_back(double(a.counted()) + inputs);
-    working_per_chunk.push_back(double(a.backward_working()));
+    std::vector<BackwardPart> parts{{double(a.loss_working), double(a.final_norm_and_loss)}};
+    for (size_t i = a.layers.size(); i-- > 0;)
+      parts.push_back({double(a.layers[i].backward_working), double(a.layers[i].saved)});
+    parts.push_back({0.0, 0.0});  // the embeddings; the rest goes when the backward returns
+    backward_parts.push_back(std::move(parts));
   }
   const int64_t micro_batches = args.num_micro_batches();
   const int64_t pp = args.parallel.pipeline_model_parallel_size;
@@ -226,10 +253,9 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   // shard (mpi_communicator.cpp; NCCL reduces in place), held until finish_grad_sync waits for it
   // after the step's last backward, or until a later bucket's start finds it complete (as the
   // ranks' timing has it: counted held, the most). With --overlap-grad-reduce a chunk's buckets
-  // start during the backward of its last micro-batch, which still holds every activation that
-  // micro-batch saved (its Saved lives until the backward returns): counted from that backward's
-  // end, when it holds only the input gradient it returns. Without overlap they start after the
-  // last backward.
+  // start during the backward of its last micro-batch as it frees that micro-batch's activations
+  // layer by layer: counted from that backward's end, when it holds only the input gradient it
+  // returns. Without overlap they start after the last backward.
   std::vector<double> reduction_results(size_t(split.virtual_stages), 0.0);
   if (backend == PlanBackend::cpu)
     for (size_t c = 0; c < buffers.chunk_shard_numel.size(); ++c)
@@ -239,12 +265,18 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   std::vector<int64_t> backwards_left(size_t(split.virtual_stages), micro_batches);
   double live = 0, peak = 0, reducing = 0, reducing_at_peak = 0;
   int64_t live_count = 0;
-  // A moment of the step: activations held, the running backward's working set, the reductions' results.
-  const auto consider = [&](double working, double results) {
-    if (live + working + results <= peak) return;
-    peak = live + working + results;
-    s.activations = live;
-    s.in_flight = live_count;
+  // The main gradients held: FSDP's shards all along; otherwise each chunk's buckets from its first
+  // backward of the step on (ddp.h: given back after the step, taken as the backward reaches them).
+  double grads = shard_grads ? fsdp_gradients : 0.0;
+  std::vector<bool> grads_taken(size_t(split.virtual_stages), shard_grads);
+  // A moment of the step: activations held (by `count` forwards), the gradients, the running
+  // backward's working set, the reductions' results.
+  const auto consider = [&](double held, int64_t count, double gradients, double working, double results) {
+    if (held + gradients + working + results <= peak) return;
+    peak = held + gradients + working + results;
+    s.activations = held;
+    s.in_flight = count;
+    s.gradients = gradients;
     s.backward_working = working;
     reducing_at_peak = results;
   };
@@ -254,18 +286,29 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
       live += kept_per_chunk[c];
       ++live_count;
     } else if (action.kind == pipeline_parallel::ActionKind::kBackward) {
-      consider(working_per_chunk[c], reducing);
+      // Each part of the backward: the buckets it reaches first (in the chunk's first backward of the
+      // step), its working set on top of what is still saved, then its saved tensors freed.
+      double held = live;
+      for (size_t k = 0; k < backward_parts[c].size(); ++k) {
+        if (!grads_taken[c]) grads += double(buffers.chunk_phase_grad_numel[c][k]) * state_element;
+        consider(held, live_count, grads, backward_parts[c][k].working, reducing);
+        held -= backward_parts[c][k].freed;
+      }
+      grads_taken[c] = true;
+      // The backward's end: its activations gone, the input gradient it returns held.
+      const double after = live - kept_per_chunk[c];
+      consider(after, live_count - 1, grads, stream, reducing);
       if (--backwards_left[c] == 0 && args.overlap_grad_reduce && reduction_results[c] > 0) {
         reducing += reduction_results[c];
-        consider(stream, reducing);
+        consider(after, live_count - 1, grads, stream, reducing);
       }
-      live -= kept_per_chunk[c];
+      live = after;
       --live_count;
     }
   }
   if (!args.overlap_grad_reduce)
     for (double r : reduction_results) reducing += r;
-  consider(0.0, reducing);
+  consider(0.0, 0, grads, 0.0, reducing);
   // Pipeline stages: the activation sent on and the gradient received.
   s.communication = (pp > 1 ? 2 * stream : 0.0) + reducing_at_peak;
   s.communication += fsdp_units_in_flight(buffers, sharding, !args.model.untie_embeddings_and_output_weights,
@@ -281,7 +324,7 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   // buffers, the gradients dropped), then DDP's buffers, and with FSDP its shards taken from them
   // before they are dropped.
   const double registry_weights = double(buffers.registry_numel) * double(dtype_size(params));
-  const double fsdp_shards = (shard_grads ? s.gradients : 0.0) + (shard_params ? s.weights : 0.0);
+  const double fsdp_shards = (shard_grads ? fsdp_gradients : 0.0) + (shard_params ? s.weights : 0.0);
   s.set_up_peak = std::max({registry_weights + double(buffers.registry_numel) * state_element,
                             registry_weights + whole_weights, whole_weights + whole_gradients + fsdp_shards});
   return s;

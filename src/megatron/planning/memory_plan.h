@@ -10,7 +10,9 @@
 // forwards held plus the running backward's working set).
 //
 // Peak = weights + gradients + optimizer state + activations of the micro-batches in flight + the
-// working set of the backward that is running + communication buffers + allocator slack, or the
+// working set of the backward that is running + communication buffers + allocator slack at the
+// step's largest moment, where the gradients are the buckets held then (without FSDP each model
+// chunk's buckets take memory during its first backward of the step: distributed/ddp.h), or the
 // set-up's peak where larger (DDP moving the parameters into its layout holds the registry's and
 // its own parameter buffers at once, the gradients once: ParameterRegistry::GradsOnMove::drop).
 // With --optimizer-cpu-offload the offloaded share of the optimizer state (optimizer/adamw_state.h:
@@ -35,7 +37,7 @@ struct StageMemory {
   int64_t pipeline_rank = 0;
   int64_t parameters = 0;         // elements this rank holds (its TP and EP shard, padded)
   double weights = 0;             // bytes; in FP8 with the step's weight casts (W and W^T, a byte each)
-  double gradients = 0;           // fp32 main gradients
+  double gradients = 0;           // fp32 main gradients held at the peak (FSDP: this rank's shards)
   double optimizer_state = 0;     // master weights (16-bit runs) and Adam moments, or this rank's shard of them,
                                   // on the device (less what --optimizer-cpu-offload moves to the host)
   double host_optimizer = 0;      // the offloaded state and its staging slots in host memory (CUDA runs)

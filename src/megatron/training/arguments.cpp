@@ -268,7 +268,8 @@ std::vector<Flag> build_flag_table() {
        "for each module's use (optim_grads_params, ZeRO-3)",
        {"no_shard", "optim", "optim_grads", "optim_grads_params"}},
       {"--ddp-bucket-size", FIELD(ddp_bucket_size), parallel,
-       "Gradient bucket size in elements with --overlap-grad-reduce; derived: max(40000000, 1000000 * DP)"},
+       "Gradient bucket size in elements (also without --overlap-grad-reduce: each bucket's gradients take memory "
+       "when the backward reaches it); derived: max(40000000, 1000000 * DP)"},
       {"--distributed-timeout-minutes", FIELD(distributed_timeout_minutes), parallel,
        "A collective waiting longer than this ends the job, naming the rank that never arrived"},
       {"--micro-batch-size", FIELD(micro_batch_size), training, "Sequences per micro-batch per rank; required"},

@@ -79,6 +79,7 @@ void MetricsFile::write_training(const IterationStats& s) {
                       {"skipped_iterations", s.skipped_iterations},
                       {"nan_iterations", s.nan_iterations},
                       {"peak_memory_mib", s.peak_memory_mib},
+                      {"reserved_memory_mib", s.reserved_memory_mib},
                       {"optimizer_state_mib", s.optimizer_state_mib},
                       {"activation_memory_mib", s.activation_memory_mib}};
   if (s.load_balancing_loss) {

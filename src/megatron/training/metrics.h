@@ -23,6 +23,7 @@ struct IterationStats {
   int64_t skipped_iterations = 0;   // in the interval since the previous log line
   int64_t nan_iterations = 0;       // skipped iterations with a non-finite loss, in the interval
   double peak_memory_mib = 0.0;
+  double reserved_memory_mib = 0.0;    // what the allocator holds from the device (in use plus cached); JSON only
   double optimizer_state_mib = 0.0;    // this rank's optimizer buffers (Optimizer::state_bytes); JSON only
   double activation_memory_mib = 0.0;  // one micro-batch's activations kept for backward on this rank; JSON only
   // MoE models only: the routers' losses (unweighted, as Megatron logs them), averaged over the MoE

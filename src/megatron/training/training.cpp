@@ -647,6 +647,7 @@ void TrainingLoop::record(const IterationResult& it) {
     st.loss_scale = optimizer->loss_scale();  // after this step's update, as Megatron logs it
     st.grad_norm = it.step.grad_norm;
     st.peak_memory_mib = peak_memory_mib(device);
+    st.reserved_memory_mib = double(memory_stats(device).reserved_bytes) / (1024.0 * 1024.0);
     interval.close(st, it.loss, ctx.world->size());
     st.optimizer_state_mib = optimizer_state_mib;
     st.activation_memory_mib = activation_mib;

@@ -186,6 +186,20 @@ ResidualStream GPTModel::forward_segment(const LayerSegment& segment, const Resi
   return stream;
 }
 
+std::vector<std::vector<size_t>> GPTModel::backward_param_order() const {
+  const auto indices = [](const ParamSpan& span) {
+    std::vector<size_t> out;
+    for (size_t i = span.begin; i < span.end; ++i) out.push_back(i);
+    return out;
+  };
+  std::vector<std::vector<size_t>> order{indices(output_params_)};
+  if (stage_.loss && !config_.untie_embeddings_and_output_weights)
+    order[0].push_back(word_embeddings_->weight()->index);
+  for (size_t i = layer_params_.size(); i-- > 0;) order.push_back(indices(layer_params_[i]));
+  order.push_back(stage_.embedding ? indices(embedding_params_) : std::vector<size_t>{});
+  return order;
+}
+
 void GPTModel::report(Notification notify, const ParamSpan& span) const {
   for (size_t i = span.begin; i < span.end; ++i) (registry_->*notify)(*registry_->params()[i]);
 }
@@ -261,6 +275,10 @@ Tensor GPTModel::stage_backward(const Tensor& output_grad, float loss_grad_scale
     report_output(&ParameterRegistry::before_backward);
     d = output_layer_->backward(saved.logits, saved.output);
     report(&ParameterRegistry::grad_ready, output_params_);
+    // What a backward has read goes at once, as autograd frees a node's saved tensors: the
+    // activations shrink while the gradient buckets DDP takes during the backward grow.
+    saved.logits = Tensor();
+    saved.output = {};
   }
   for (size_t s = layer_segments_.size(); s-- > 0;) {
     const LayerSegment& segment = layer_segments_[s];
@@ -274,10 +292,13 @@ Tensor GPTModel::stage_backward(const Tensor& output_grad, float loss_grad_scale
     }
     for (int64_t i = segment.end; i-- > segment.begin;) {
       report(&ParameterRegistry::before_backward, layer_params_[size_t(i)]);
-      d = decoder_[size_t(i)]->backward(
-          d, recomputed.empty() ? saved.layers[size_t(i)] : recomputed[size_t(i - segment.begin)]);
+      TransformerBlock::Saved& layer =
+          recomputed.empty() ? saved.layers[size_t(i)] : recomputed[size_t(i - segment.begin)];
+      d = decoder_[size_t(i)]->backward(d, layer);
+      layer = {};
       report(&ParameterRegistry::grad_ready, layer_params_[size_t(i)]);
     }
+    saved.layer_checkpoints[s] = {};
   }
   if (!stage_.embedding) {
     report(&ParameterRegistry::grad_ready, embedding_params_);  // a tied last stage's copy of the word embedding

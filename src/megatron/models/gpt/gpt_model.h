@@ -154,6 +154,11 @@ class GPTModel {
   void update_fp8_scales() const;
   // The FP8 state of this rank's linear layers, first layer first; none for a bf16 model.
   std::vector<tensor_parallel::Fp8Linear*> fp8_linears() const;
+  // The parameters (registry indices) each part of stage_backward reports before it writes their
+  // gradients, in its order: the output layer (with a tied word embedding; empty on stages without
+  // the loss), each layer from the last, the embeddings (empty on stages without them). megatron
+  // plan times the gradient buckets' memory with it.
+  std::vector<std::vector<size_t>> backward_param_order() const;
 
  private:
   // Registration indices [begin, end) of the parameters one module registered.

@@ -1,0 +1,147 @@
+// The caching allocator's large-block bookkeeping (cuda_runtime/block_pool.h) on made-up
+// addresses: best fit, splitting, merging with free neighbours only within a segment, streams kept
+// apart, whole free segments handed back, and a long random run against a brute-force model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <string>
+
+#include "megatron/cuda_runtime/block_pool.h"
+#include "test_util.h"
+
+namespace megatron::cuda {
+namespace {
+
+constexpr size_t MiB = size_t(1) << 20;
+constexpr BlockPool::StreamKey kCompute = 1, kSide = 2;
+
+TEST(BlockPool, SplitsASegmentAndMergesItBackWhenFreed) {
+  BlockPool pool;
+  pool.add_segment(0x1000000, 10 * MiB, kCompute);
+  const auto a = pool.allocate(3 * MiB, kCompute);
+  const auto b = pool.allocate(4 * MiB, kCompute);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(*a, 0x1000000u);
+  EXPECT_EQ(*b, 0x1000000u + 3 * MiB) << "the remainder of the split serves the next request";
+  EXPECT_EQ(pool.block_bytes(*a), 3 * MiB);
+  EXPECT_EQ(pool.free_bytes(), 3 * MiB);
+  EXPECT_FALSE(pool.allocate(4 * MiB, kCompute)) << "3 MiB free: a 4 MiB request needs a new segment";
+  EXPECT_EQ(pool.release(*a), 3 * MiB);
+  EXPECT_EQ(pool.free_blocks(), 2u) << "a's block and the tail are not neighbours";
+  EXPECT_EQ(pool.release(*b), 4 * MiB);
+  EXPECT_EQ(pool.free_blocks(), 1u) << "b merges with both neighbours";
+  EXPECT_EQ(pool.free_bytes(), 10 * MiB);
+  EXPECT_EQ(*pool.allocate(10 * MiB, kCompute), 0x1000000u) << "the whole segment again";
+}
+
+TEST(BlockPool, TakesTheSmallestFreeBlockThatFits) {
+  BlockPool pool;
+  pool.add_segment(0x10000000, 8 * MiB, kCompute);
+  pool.add_segment(0x20000000, 5 * MiB, kCompute);
+  pool.add_segment(0x30000000, 6 * MiB, kCompute);
+  EXPECT_EQ(*pool.allocate(5 * MiB, kCompute), 0x20000000u);
+  EXPECT_EQ(*pool.allocate(5 * MiB + 512, kCompute), 0x30000000u);
+  EXPECT_EQ(pool.block_bytes(0x30000000), 6 * MiB) << "a remainder below 1 MiB is not split off";
+  EXPECT_EQ(*pool.allocate(MiB, kCompute), 0x10000000u);
+}
+
+TEST(BlockPool, NeverMergesAcrossSegmentsOrHandsOutAnotherStreamsMemory) {
+  BlockPool pool;
+  pool.add_segment(0x1000000, 2 * MiB, kCompute);
+  pool.add_segment(0x1000000 + 2 * MiB, 2 * MiB, kCompute);  // adjacent addresses, two segments
+  const auto a = pool.allocate(2 * MiB, kCompute), b = pool.allocate(2 * MiB, kCompute);
+  ASSERT_TRUE(a && b);
+  pool.release(*a);
+  pool.release(*b);
+  EXPECT_EQ(pool.free_blocks(), 2u);
+  EXPECT_FALSE(pool.allocate(3 * MiB, kCompute)) << "two 2 MiB segments are not one 4 MiB block";
+  EXPECT_FALSE(pool.allocate(MiB, kSide)) << "the compute stream's blocks are not the side stream's";
+  pool.add_segment(0x9000000, 2 * MiB, kSide);
+  EXPECT_EQ(*pool.allocate(MiB, kSide), 0x9000000u);
+}
+
+TEST(BlockPool, HandsBackOnlyWholeFreeSegments) {
+  BlockPool pool;
+  pool.add_segment(0x1000000, 4 * MiB, kCompute);
+  pool.add_segment(0x2000000, 4 * MiB, kCompute);
+  const auto held = pool.allocate(4 * MiB, kCompute);
+  const auto part = pool.allocate(2 * MiB, kCompute);
+  ASSERT_TRUE(held && part);
+  pool.release(*part);
+  const std::vector<BlockPool::Segment> taken = pool.take_free_segments();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].base, *part);
+  EXPECT_EQ(taken[0].bytes, 4 * MiB);
+  EXPECT_EQ(pool.reserved_bytes(), 4 * MiB);
+  EXPECT_EQ(pool.free_bytes(), 0u);
+  EXPECT_TRUE(pool.holds(*held));
+}
+
+TEST(BlockPool, ReleaseOfForeignMemoryIsAnError) {
+  BlockPool pool;
+  pool.add_segment(0x1000000, 4 * MiB, kCompute);
+  EXPECT_NE(testing::error_of([&] { pool.release(0x1000000); }).find("did not hand out"), std::string::npos)
+      << "a free block is not a handed-out one";
+  EXPECT_NE(testing::error_of([&] { pool.release(0x5); }).find("did not hand out"), std::string::npos);
+}
+
+// Random allocations and frees against a model that knows which bytes are in use: blocks never
+// overlap, stay inside their stream's segments, and the pool's free bytes are the segments' bytes
+// minus the used blocks' (nothing leaks through splitting and merging). Freeing everything leaves
+// one free block per segment.
+TEST(BlockPool, RandomUseKeepsBlocksDisjointAndMergesEverythingBack) {
+  BlockPool pool;
+  std::mt19937_64 rng(7);
+  std::map<BlockPool::Address, std::pair<size_t, BlockPool::StreamKey>> used;  // address -> (bytes, stream)
+  std::map<BlockPool::Address, std::pair<size_t, BlockPool::StreamKey>> segments;
+  BlockPool::Address next_segment = 0x100000000;
+  for (int step = 0; step < 5000; ++step) {
+    const BlockPool::StreamKey stream = rng() % 4 == 0 ? kSide : kCompute;
+    if (used.empty() || rng() % 3 != 0) {
+      const size_t bytes = (1 + rng() % 64) * MiB / 4 + (rng() % 2) * 512;
+      auto at = pool.allocate(bytes, stream);
+      if (!at) {
+        const size_t segment = (bytes + 2 * MiB - 1) / (2 * MiB) * (2 * MiB) + (rng() % 3) * 2 * MiB;
+        pool.add_segment(next_segment, segment, stream);
+        segments[next_segment] = {segment, stream};
+        next_segment += segment;  // adjacent segments: merging must still respect their bounds
+        at = pool.allocate(bytes, stream);
+      }
+      ASSERT_TRUE(at);
+      const size_t got = pool.block_bytes(*at);
+      ASSERT_GE(got, bytes);
+      ASSERT_LT(got - bytes, BlockPool::kMinSplit);
+      auto seg = segments.upper_bound(*at);
+      ASSERT_NE(seg, segments.begin());
+      --seg;
+      ASSERT_EQ(seg->second.second, stream) << "a block of another stream's segment";
+      ASSERT_LE(*at + got, seg->first + seg->second.first) << "a block past its segment's end";
+      auto after = used.lower_bound(*at);
+      if (after != used.end()) {
+        ASSERT_LE(*at + got, after->first) << "overlap";
+      }
+      if (after != used.begin()) {
+        auto before = std::prev(after);
+        ASSERT_LE(before->first + before->second.first, *at) << "overlap";
+      }
+      used[*at] = {got, stream};
+    } else {
+      auto victim = used.begin();
+      std::advance(victim, rng() % used.size());
+      ASSERT_EQ(pool.release(victim->first), victim->second.first);
+      used.erase(victim);
+    }
+    size_t in_use = 0;
+    for (const auto& [at, block] : used) in_use += block.first;
+    ASSERT_EQ(pool.free_bytes() + in_use, pool.reserved_bytes()) << "step " << step;
+  }
+  for (const auto& [at, block] : used) pool.release(at);
+  EXPECT_EQ(pool.free_blocks(), segments.size());
+  EXPECT_EQ(pool.take_free_segments().size(), segments.size());
+  EXPECT_EQ(pool.reserved_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace megatron::cuda
