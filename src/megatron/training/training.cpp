@@ -392,10 +392,11 @@ void log_layout(const TrainingArgs& args, const ParallelContext& ctx, const Dist
                                          ? concat(", Megatron FSDP sharding ", args.data_parallel_sharding_strategy)
                                          : std::string()));
   const HeldBytes held = ddp.held_bytes();
-  LOG_INFO("> weights and main gradients: " << std::fixed << std::setprecision(1)
-                                            << double(held.weights) / (1024.0 * 1024.0) << " MiB and "
-                                            << double(held.grads) / (1024.0 * 1024.0) << " MiB held per rank"
-                                            << (ddp.config().shard_grads ? " between uses (this rank's shards)" : ""));
+  LOG_INFO("> weights and main gradients: "
+           << std::fixed << std::setprecision(1) << double(held.weights) / (1024.0 * 1024.0) << " MiB and "
+           << double(held.grads) / (1024.0 * 1024.0) << " MiB held per rank"
+           << (ddp.config().shard_grads ? " between uses (this rank's shards)"
+                                        : " (the gradients from the backward to the step)"));
   LOG_INFO("> optimizer state: " << std::fixed << std::setprecision(1) << state_mib(optimizer) << " MiB per rank ("
                                  << (args.use_distributed_optimizer ? "this rank's shard of the " : "")
                                  << "master weights"
