@@ -24,7 +24,7 @@
 namespace megatron::cuda {
 
 struct CudaMemoryStats {
-  size_t current_bytes = 0;       // in blocks handed out to tensors (size classes, not requests)
+  size_t current_bytes = 0;       // in blocks handed out to tensors (as rounded, block_size, not requests)
   size_t peak_bytes = 0;          // highest current_bytes since start or reset_peak_memory()
   size_t reserved_bytes = 0;      // obtained from cudaMalloc and held: in use plus cached
   size_t device_allocations = 0;  // cudaMalloc calls so far (flat in the steady state)

@@ -160,12 +160,6 @@ int64_t ChunkActivations::counted() const {
   return bytes;
 }
 
-int64_t ChunkActivations::backward_working() const {
-  int64_t most = loss_working;
-  for (const LayerMemory& l : layers) most = std::max(most, l.backward_working);
-  return most;
-}
-
 ChunkActivations chunk_activations(const TransformerConfig& config, const pipeline_parallel::StageLayers& stage,
                                    const ActivationShape& shape, PlanBackend backend) {
   const LayerDims d = layer_dims(config, shape);

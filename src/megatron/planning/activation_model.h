@@ -49,8 +49,6 @@ struct ChunkActivations {
   int64_t loss_working = 0;  // the loss's backward on top of the saved: the output layer's input gradient
   // What GPTModel::activation_bytes reports for this chunk.
   int64_t counted() const;
-  // The most a backward through this chunk holds on top of its saved activations.
-  int64_t backward_working() const;
 };
 
 ChunkActivations chunk_activations(const TransformerConfig& config, const pipeline_parallel::StageLayers& stage,

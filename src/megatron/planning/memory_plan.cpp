@@ -20,10 +20,11 @@ namespace megatron::planning {
 
 namespace {
 
-// CUDA's caching allocator rounds each request up to one of eight size classes per power of two
-// (cuda_runtime/allocator.h), wasting 0 to 12.5% of a block: the many activation and gradient
-// tensors of a step lose about half of that on average. The flat buffers are few and large, and
-// their rounding is counted with them.
+// CUDA's caching allocator (cuda_runtime/allocator.h) rounds requests under 1 MiB up to one of eight
+// size classes per power of two (0 to 12.5% of a block), and larger ones to 512 bytes, though a
+// block cut from a free one keeps a remainder under 1 MiB. Counted as 6.25% of the step's
+// transients, an upper estimate for models whose activations are mostly large: llama-3b's plan
+// with it (33 MiB) is within 0.1% of the peak an H100 measured (docs/PERFORMANCE.md, 2026-12-06).
 constexpr double kCudaRoundingOfTransients = 0.0625;
 
 double mib(double bytes) { return bytes / (1024.0 * 1024.0); }

@@ -55,7 +55,7 @@ struct StageMemory {
   double communication = 0;                // pipeline send/receive buffers; Megatron FSDP's units in flight
                                            // (gathered parameters, full gradients reducing); on the
                                            // CPU, the distributed optimizer's reduce-scatter results
-  double allocator_slack = 0;              // CUDA's size-class rounding (none on the CPU)
+  double allocator_slack = 0;              // CUDA's rounding of the transients (none on the CPU)
   double set_up_peak = 0;                  // while DDP lays out the buffers
   double steady_peak() const;
   double peak() const;
