@@ -330,19 +330,13 @@ TEST_F(GpuTraining, Fp8RecomputeIsBitIdenticalToKeepingEverything) {
 
 namespace {
 // Hybrid FP8, delayed scaling over 16 steps with its max, on the GPU.
-const std::vector<std::string> kFp8Delayed = {"--device",
-                                              "cuda",
-                                              "--fp8-format",
-                                              "hybrid",
-                                              "--fp8-amax-history-len",
-                                              "16",
-                                              "--fp8-amax-compute-algo",
-                                              "max",
-                                              "--lr-decay-iters",
-                                              "20"};
+const std::vector<std::string> kFp8Delayed = {
+    "--device", "cuda", "--fp8-format", "hybrid", "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "max"};
 
-// `base` run 20 steps straight, and 10, a save and 10 more: equal bit for bit.
-void expect_resume_bit_exact(const std::vector<std::string>& base, const std::string& what) {
+// `run` for 20 steps straight, and 10, a save and 10 more (one schedule: --lr-decay-iters 20): equal
+// bit for bit.
+void expect_resume_bit_exact(const std::vector<std::string>& run, const std::string& what) {
+  const std::vector<std::string> base = with(run, {"--lr-decay-iters", "20"});
   const auto iterations = [](std::vector<std::string> argv, int n) {
     for (size_t i = 0; i + 1 < argv.size(); ++i)
       if (argv[i] == "--train-iters") argv[i + 1] = std::to_string(n);
