@@ -7,7 +7,8 @@
 //     masters at its layer's scale, and the parameter buffer shrinks by a byte per such weight;
 //   - the single rank's run tracks the run that keeps those weights in bf16 (the same casts, of
 //     the masters instead of their bf16 rounding);
-//   - DP=2 follows the single rank's curve with the flag;
+//   - DP=2 (its gathers overlapped with the forward or not, bit for bit) and TP=2 with SP follow
+//     the single rank's curve with the flag;
 //   - saved and resumed at the same layout it continues bit for bit, and a DP=2 checkpoint resumes
 //     on one rank on the saving run's curve.
 #include <algorithm>
@@ -160,6 +161,28 @@ void expect_curves(Recipe recipe) {
   const double dp_gap = worst_gap(single, wide, 0);
   EXPECT_LE(dp_gap, kDpBound) << name << " DP=2";
   std::printf("%s: DP=2 against one rank, largest relative loss difference %.2e\n", name.c_str(), dp_gap);
+  {
+    // The gathers overlapped with the next forward (each FP8 bucket waited for just before its
+    // weights are read): the same steps, bit for bit.
+    const ParallelState st = make_state({}, 60);
+    const TrainingSummary overlapped =
+        train(st.ctx, with(run_args(12), {"--overlap-grad-reduce", "--overlap-param-gather"}), recipe);
+    EXPECT_EQ(overlapped.train_losses, wide.train_losses) << name << " DP=2 with --overlap-param-gather";
+  }
+  {
+    // TP=2 with SP: each rank casts its shard of every weight. The delayed recipe's amaxes are
+    // max-reduced over TP as well, so its casts are the single rank's (DP=2's bound); tensorwise
+    // scales each shard by its own amax, with or without the flag, so it is held to TP=2's run
+    // without the flag (the flag's bound, 1e-3).
+    const ParallelState st = make_state({.tp = 2}, 60);
+    const std::vector<std::string> tp_run = with(run_args(12), tp_flags(2, true, false));
+    const TrainingSummary tp = train(st.ctx, tp_run, recipe);
+    const bool delayed = recipe == Recipe::delayed;
+    const double tp_gap = worst_gap(delayed ? single : train(st.ctx, tp_run, recipe, false), tp, 0);
+    EXPECT_LE(tp_gap, delayed ? kDpBound : 1e-3) << name << " TP=2";
+    std::printf("%s: TP=2 against %s, largest relative loss difference %.2e\n", name.c_str(),
+                delayed ? "one rank" : "TP=2 with bf16 weights", tp_gap);
+  }
 
   const ParallelState st = make_state({}, 60);
   if (st.ctx.world->rank() == 0) {
