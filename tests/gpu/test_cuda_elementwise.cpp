@@ -2,6 +2,8 @@
 // a single float operation (or none) into the output, and the CUDA kernels round every step
 // explicitly (no fused multiply-add), so results must be bitwise equal to the CPU's on x86-64,
 // whose baseline has no FMA for the compiler to contract into.
+#include <cstring>
+
 #include "gpu/cuda_test_util.h"
 #include "megatron/ops/elementwise.h"
 
@@ -124,6 +126,22 @@ TEST_F(CudaElementwise, Transpose01AnyRowWidth) {
     ops::cuda::transpose01(out.gpu, in.gpu);
     EXPECT_TRUE(equals_cpu(out)) << shape_str(c.shape) << " " << dtype_name(c.dtype);
   }
+}
+
+// 2-D matrices of one-element rows go through shared-memory tiles: ragged edges, every element width.
+TEST_F(CudaElementwise, Transpose01OfMatricesMatchesTheCpuByteForByte) {
+  for (const DType dtype : {DType::e4m3, DType::bf16, DType::f32})
+    for (const Shape& shape : {Shape{257, 129}, Shape{32, 96}, Shape{1, 70}, Shape{4096, 3}}) {
+      Tensor in = Tensor::empty(shape, dtype);
+      auto* bytes = static_cast<uint8_t*>(in.raw());
+      for (size_t b = 0; b < in.nbytes(); ++b) bytes[b] = uint8_t((b * 131 + 7) % 251);
+      Tensor out_cpu = Tensor::empty({shape[1], shape[0]}, dtype), out_gpu = out_cpu.to(gpu());
+      ops::cpu::transpose01(out_cpu, in);
+      ops::cuda::transpose01(out_gpu, in.to(gpu()));
+      const Tensor back = out_gpu.to(Device::cpu());
+      EXPECT_EQ(std::memcmp(back.raw(), out_cpu.raw(), out_cpu.nbytes()), 0)
+          << shape_str(shape) << " " << dtype_name(dtype);
+    }
 }
 
 TEST_F(CudaElementwise, RejectsF64AndCpuTensors) {

@@ -328,30 +328,57 @@ TEST_F(GpuTraining, Fp8RecomputeIsBitIdenticalToKeepingEverything) {
   expect_bit_identical(pretrain(parse_training_args(with(base, kFullRecompute))), kept, "full recompute");
 }
 
+namespace {
+// Hybrid FP8, delayed scaling over 16 steps with its max, on the GPU.
+const std::vector<std::string> kFp8Delayed = {
+    "--device", "cuda", "--fp8-format", "hybrid", "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "max"};
+
+// `run` for 20 steps straight, and 10, a save and 10 more (one schedule: --lr-decay-iters 20): equal
+// bit for bit.
+void expect_resume_bit_exact(const std::vector<std::string>& run, const std::string& what) {
+  const std::vector<std::string> base = with(run, {"--lr-decay-iters", "20"});
+  const auto iterations = [](std::vector<std::string> argv, int n) {
+    for (size_t i = 0; i + 1 < argv.size(); ++i)
+      if (argv[i] == "--train-iters") argv[i + 1] = std::to_string(n);
+    return argv;
+  };
+  megatron::testing::TempDir dir;
+  const std::string ckpt = dir / "ckpt";
+  const TrainingSummary straight = pretrain(parse_training_args(iterations(base, 20)));
+  pretrain(parse_training_args(with(iterations(base, 10), {"--save", ckpt, "--save-interval", "10"})));
+  const TrainingSummary resumed = pretrain(parse_training_args(with(iterations(base, 20), {"--load", ckpt})));
+  ASSERT_EQ(straight.train_losses.size(), 20u) << what;
+  ASSERT_EQ(resumed.train_losses.size(), 10u) << what;
+  for (size_t i = 0; i < 10; ++i)
+    EXPECT_EQ(std::memcmp(&resumed.train_losses[i], &straight.train_losses[10 + i], sizeof(double)), 0)
+        << what << " iteration " << 11 + i << ": " << resumed.train_losses[i] << " vs "
+        << straight.train_losses[10 + i];
+}
+}  // namespace
+
 // FP8 on the GPU (hybrid, delayed scaling over 16 steps with its max): every FP8 linear layer's
 // scales and amax histories go from the device into the checkpoint and back, so 20 steps straight
 // equal 10, a save and 10 more, bit for bit (the steps are deterministic, as the recompute test
 // above shows for bf16; FP8 casts and amaxes have no order-dependent sums). Without the saved state
 // the resumed run casts its first step with scale 1 (on the CPU that misses the curve by 1.6e-4).
 TEST_F(GpuTraining, Fp8DelayedScalingResumeIsBitExact) {
-  const auto iterations = [](std::vector<std::string> argv, int n) {
-    for (size_t i = 0; i + 1 < argv.size(); ++i)
-      if (argv[i] == "--train-iters") argv[i + 1] = std::to_string(n);
-    return argv;
-  };
+  expect_resume_bit_exact(with(run_of(kLlama, "1e-4", kBf16), kFp8Delayed), "FP8");
+}
+
+// --fp8-param-gather on the GPU: the distributed optimizer casts the FP8 layers' weights from its
+// f32 masters into FP8 codes the GEMMs take as they are (distributed/fp8_params.h). The run follows
+// the one that keeps those weights in bf16 within the bf16 tolerance (the same casts of values a
+// bf16 rounding apart: a weight at an FP8 rounding boundary may round the other way; on the CPU the
+// two curves part by 1.9e-4 in 12 steps), and resumes from a checkpoint bit for bit (the masters
+// cast again at the restored scales).
+TEST_F(GpuTraining, Fp8ParamGatherTracksBf16WeightsAndResumesBitExact) {
   const std::vector<std::string> base =
-      with(run_of(kLlama, "1e-4", kBf16), {"--device", "cuda", "--fp8-format", "hybrid", "--fp8-amax-history-len", "16",
-                                           "--fp8-amax-compute-algo", "max", "--lr-decay-iters", "20"});
-  megatron::testing::TempDir dir;
-  const std::string ckpt = dir / "ckpt";
-  const TrainingSummary straight = pretrain(parse_training_args(iterations(base, 20)));
-  pretrain(parse_training_args(with(iterations(base, 10), {"--save", ckpt, "--save-interval", "10"})));
-  const TrainingSummary resumed = pretrain(parse_training_args(with(iterations(base, 20), {"--load", ckpt})));
-  ASSERT_EQ(straight.train_losses.size(), 20u);
-  ASSERT_EQ(resumed.train_losses.size(), 10u);
-  for (size_t i = 0; i < 10; ++i)
-    EXPECT_EQ(std::memcmp(&resumed.train_losses[i], &straight.train_losses[10 + i], sizeof(double)), 0)
-        << "iteration " << 11 + i << ": " << resumed.train_losses[i] << " vs " << straight.train_losses[10 + i];
+      with(run_of(kLlama, "1e-4", kBf16), with(kFp8Delayed, {"--use-distributed-optimizer"}));
+  BothRuns r;
+  r.cpu = pretrain(parse_training_args(base));  // the reference: the weights in bf16
+  r.gpu = pretrain(parse_training_args(with(base, {"--fp8-param-gather"})));
+  expect_same_curves(r, kBf16Tolerance, "LLaMA FP8 with --fp8-param-gather against bf16 weights");
+  expect_resume_bit_exact(with(base, {"--fp8-param-gather"}), "FP8 with --fp8-param-gather");
 }
 
 // --optimizer-cpu-offload on the GPU: the same LLaMA run with the whole optimizer state on the host

@@ -758,8 +758,19 @@ TEST(ParseArgs, Fp8Flags) {
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise",
                               "--fp8-amax-history-len", "16"}),
                        "apply to --fp8-recipe delayed only: blockwise scales each 1x128 tile"));
+  // --fp8-param-gather: on the distributed optimizer's f32 masters, per-tensor recipes, FP8 runs only.
+  EXPECT_TRUE(parse_training_args(with(minimal_argv(), {"--bf16", "--fp8-format", "e4m3", "--fp8-param-gather",
+                                                        "--use-distributed-optimizer"}))
+                  .model.fp8.fp8_param_gather);
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-param-gather"}),
-                       "--fp8-param-gather: FP8 parameters are not built here"));
+                       "--fp8-param-gather needs --use-distributed-optimizer"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise", "--fp8-param-gather",
+                              "--use-distributed-optimizer"}),
+                       "--fp8-param-gather with --fp8-recipe blockwise: FP8 parameters are built for the per-tensor"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-param-gather", "--use-distributed-optimizer",
+                              "--use-precision-aware-optimizer"}),
+                       "--fp8-param-gather with --use-precision-aware-optimizer: FP8 parameters keep f32 masters"));
+  EXPECT_TRUE(contains(error({"--bf16", "--fp8-param-gather"}), "--fp8-param-gather applies to FP8 training only"));
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-amax-history-len", "0"}),
                        "--fp8-amax-history-len 0 must be >= 1"));
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise", "--fp8-margin", "2"}),

@@ -115,6 +115,38 @@ TEST(DdpLayout, ExpertParallelParametersGetTheirOwnBuckets) {
             std::string::npos);
 }
 
+// FP8 parameters (--fp8-param-gather) p1 (20) and p3 (30) get buckets of their own after the
+// others, so each bucket is gathered in one dtype; with the distributed optimizer (R = 2, 64-element
+// starts, buckets padded to 128): p2 [0,5) p0 [64,74) -> [0,128) | p3 [128,158) p1 [192,212) -> [128,256).
+TEST(DdpLayout, Fp8ParametersGetTheirOwnBuckets) {
+  const std::vector<bool> fp8 = {false, true, false, true};
+  const BufferLayout d =
+      make_buffer_layout({10, 20, 5, 30}, {.shard_group_size = 2, .distributed_optimizer = true, .fp8 = fp8});
+  EXPECT_EQ(d.params, (std::vector<Range>{{64, 74}, {192, 212}, {0, 5}, {128, 158}}));
+  ASSERT_EQ(d.buckets.size(), 2u);
+  EXPECT_EQ(d.buckets[0].range, (Range{0, 128}));
+  EXPECT_EQ(d.buckets[0].params, indices({2, 0}));
+  EXPECT_FALSE(d.buckets[0].fp8);
+  EXPECT_EQ(d.buckets[1].range, (Range{128, 256}));
+  EXPECT_EQ(d.buckets[1].params, indices({3, 1}));
+  EXPECT_TRUE(d.buckets[1].fp8);
+  // A bucket size (40) closes buckets within each kind: p2 [0,5) p0 [16,26) end the other pass in
+  // a bucket of 26; then p4 [32,82), p3 [96,126) and p1 [128,148) each fill one (56, 44, 22).
+  const BufferLayout small =
+      make_buffer_layout({10, 20, 5, 30, 50}, {.bucket_size = 40, .fp8 = {false, true, false, true, true}});
+  ASSERT_EQ(small.buckets.size(), 4u);
+  EXPECT_EQ(small.buckets[0].params, indices({2, 0}));
+  EXPECT_FALSE(small.buckets[0].fp8);
+  EXPECT_EQ(small.buckets[1].params, indices({4}));
+  EXPECT_EQ(small.buckets[2].params, indices({3}));
+  EXPECT_EQ(small.buckets[3].params, indices({1}));
+  EXPECT_TRUE(small.buckets[1].fp8 && small.buckets[2].fp8 && small.buckets[3].fp8);
+  EXPECT_NE(error_of([&] {
+              make_buffer_layout({10, 20}, {.fp8 = {true}});
+            }).find("FP8 flags for 1 parameters, but 2"),
+            std::string::npos);
+}
+
 // Distributed optimizer, R = 2: 64-element starts and the bucket end padded to lcm(2,128) = 128.
 //   p2 (30) [0,30)  p1 (150) [64,214)  p0 (100) [256,356); bucket [0,384), shards of 192.
 // Rank 0 owns [0,192): p2 whole, p1's first 128 elements. Rank 1 owns [192,384): p1's last 22,

@@ -206,6 +206,42 @@ TEST(DdpParams, SplitGradsMakesOnePartPerRange) {
   EXPECT_EQ(r.params()[2]->main_grad.to_vector(), std::vector<float>(40, 0.0f)) << "c zeroed";
 }
 
+// split_params (--fp8-param-gather): parts in the compute dtype keep their values, FP8 parts start
+// as zero codes and hold exactly the FP8 parameters; slices cross no part's end.
+TEST(DdpParams, SplitParamsKeepsComputeValuesAndGivesFp8ParametersCodes) {
+  ParameterRegistry r;
+  r.add({.name = "a", .global_shape = {30, 5}});
+  Parameter* b = r.add({.name = "b", .global_shape = {70}});
+  r.add({.name = "c", .global_shape = {40}});
+  ops::Fp8TensorScaling scaling;
+  b->fp8 = Parameter::Fp8Weight{{}, &scaling};
+  r.allocate(DType::bf16);  // a at 0, b at 160, c at 240; 288 elements
+  r.initialize(3);
+  const std::vector<float> a = r.params()[0]->data.to_vector(), c = r.params()[2]->data.to_vector();
+  EXPECT_NE(error_of([&] {
+              r.split_params({160, 288}, {DType::bf16, DType::e4m3});
+            }).find("c would be held in e4m3: only FP8 parameters"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              r.split_params({160, 288}, {DType::bf16, DType::bf16});
+            }).find("b is an FP8 parameter but its part is bf16"),
+            std::string::npos);
+  r.split_params({160, 240, 288}, {DType::bf16, DType::e4m3, DType::bf16});
+  ASSERT_EQ(r.param_buffers().size(), 3u);
+  EXPECT_EQ(r.param_buffers()[1].nbytes(), 80u) << "a byte an element";
+  EXPECT_TRUE(b->held_in_fp8());
+  EXPECT_EQ(b->data.shape(), (Shape{70}));
+  EXPECT_EQ(r.params()[0]->data.to_vector(), a);
+  EXPECT_EQ(r.params()[2]->data.to_vector(), c);
+  EXPECT_EQ(r.param_slice(240, 280).to_vector(), c);
+  EXPECT_EQ(r.param_slice(160, 230).dtype(), DType::e4m3);
+  EXPECT_NE(
+      error_of([&] { r.param_slice(150, 170); }).find("param_slice(150, 170) crosses the end of parameter part 0"),
+      std::string::npos);
+  EXPECT_NE(error_of([&] { r.param_buffer(); }).find("split into 3 parts"), std::string::npos);
+  EXPECT_EQ(r.num_local_elements(), 288);
+}
+
 // Each parameter is reported once per backward, in backward order, and its gradient does not
 // change after it is reported: what lets DDP start reducing it.
 TEST(DdpParams, ModelReportsEachGradientOnceWhenFinal) {

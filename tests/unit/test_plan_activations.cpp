@@ -145,6 +145,11 @@ TEST(PlanMemory, Fp8WeightCastsCountWithTheWeights) {
     return planning::plan_memory(parse_training_args(words(flags)), planning::PlanBackend::cuda).stages[0].weights;
   };
   EXPECT_EQ(weights(run + " --fp8-format hybrid --first-last-layers-bf16") - weights(run), 2.0 * 2 * 46080);
+  // --fp8-param-gather: W is the parameter's codes (a byte where bf16 took two) and only W^T is made
+  // per step, so the FP8 weights cost what their bf16 copies did (the buckets' padding aside: the
+  // distributed optimizer's layout puts them in buckets of their own, 64-element starts).
+  const std::string distributed = run + " --use-distributed-optimizer --fp8-format hybrid --first-last-layers-bf16";
+  EXPECT_NEAR(weights(distributed + " --fp8-param-gather"), weights(distributed) - 2.0 * 2 * 46080, 2.0 * 4096);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 DType dtype_from_name(const std::string& name);  // throws on unknown names
 bool dtype_is_floating(DType dtype);
+inline bool dtype_is_fp8(DType dtype) { return dtype == DType::e4m3 || dtype == DType::e5m2; }
 
 // bfloat16: the top 16 bits of an IEEE float. Conversion rounds to nearest even; NaN stays NaN.
 struct bf16 {

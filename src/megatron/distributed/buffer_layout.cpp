@@ -32,6 +32,8 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
   MEGATRON_CHECK(options.bucket_group.empty() || options.bucket_group.size() == param_numels.size(),
                  "bucket groups for " << options.bucket_group.size() << " parameters, but " << param_numels.size()
                                       << " parameters");
+  MEGATRON_CHECK(options.fp8.empty() || options.fp8.size() == param_numels.size(),
+                 "FP8 flags for " << options.fp8.size() << " parameters, but " << param_numels.size() << " parameters");
   MEGATRON_CHECK(options.expert_shard_group_size >= 1,
                  "expert-data-parallel group size " << options.expert_shard_group_size << " must be at least 1");
   const int64_t align = options.distributed_optimizer ? kDistOptParamAlignment : kParamAlignment;
@@ -40,6 +42,7 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
     return options.distributed_optimizer ? std::lcm(R, kDistOptBucketMultiple) : int64_t(1);
   };
   const auto is_expert = [&](size_t i) { return !options.expert_parallel.empty() && options.expert_parallel[i]; };
+  const auto is_fp8 = [&](size_t i) { return !options.fp8.empty() && options.fp8[i]; };
   const auto group = [&](size_t i) { return options.bucket_group.empty() ? 0 : options.bucket_group[i]; };
   BufferLayout layout;
   layout.shard_group_size = options.shard_group_size;
@@ -58,33 +61,27 @@ BufferLayout make_buffer_layout(const std::vector<int64_t>& param_numels, const 
     bucket = {};
     return bucket_start;
   };
-  for (const bool expert : {false, true}) {
-    bucket.expert_parallel = expert;
-    std::vector<size_t> order;  // this kind's parameters in buffer order
-    for (size_t i = param_numels.size(); i-- > 0;)
-      if (is_expert(i) == expert) order.push_back(i);
-    for (size_t k = 0; k < order.size(); ++k) {
-      const size_t i = order[k];
-      MEGATRON_CHECK(param_numels[i] > 0, "parameter " << i << " has " << param_numels[i] << " elements");
-      if (!bucket.params.empty() && group(bucket.params.back()) != group(i)) {
-        param_start = close_bucket();
+  for (const bool expert : {false, true})
+    for (const bool fp8 : {false, true}) {
+      std::vector<size_t> order;  // this kind's parameters in buffer order
+      for (size_t i = param_numels.size(); i-- > 0;)
+        if (is_expert(i) == expert && is_fp8(i) == fp8) order.push_back(i);
+      for (size_t k = 0; k < order.size(); ++k) {
+        const size_t i = order[k];
+        MEGATRON_CHECK(param_numels[i] > 0, "parameter " << i << " has " << param_numels[i] << " elements");
+        if (!bucket.params.empty() && group(bucket.params.back()) != group(i)) param_start = close_bucket();
         bucket.expert_parallel = expert;
+        bucket.fp8 = fp8;
+        param_start = round_up(param_start, align);
+        param_end = param_start + param_numels[i];
+        layout.params[i] = {param_start, param_end};
+        layout.param_bucket[i] = layout.buckets.size();
+        bucket.params.push_back(i);
+        const bool full = options.bucket_size > 0 && param_end - bucket_start >= options.bucket_size;
+        param_start = full ? close_bucket() : param_end;
       }
-      param_start = round_up(param_start, align);
-      param_end = param_start + param_numels[i];
-      layout.params[i] = {param_start, param_end};
-      layout.param_bucket[i] = layout.buckets.size();
-      bucket.params.push_back(i);
-      const bool full = options.bucket_size > 0 && param_end - bucket_start >= options.bucket_size;
-      if (full) {
-        param_start = close_bucket();
-        bucket.expert_parallel = expert;
-      } else {
-        param_start = param_end;
-      }
+      if (!bucket.params.empty()) param_start = close_bucket();
     }
-    if (!bucket.params.empty()) param_start = close_bucket();
-  }
   layout.numel = bucket_start;
   return layout;
 }

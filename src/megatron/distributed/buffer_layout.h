@@ -14,7 +14,9 @@
 // A bucket also closes before a parameter of another bucket group (options.bucket_group).
 // Expert-parallel parameters (MoE experts, split over EP) are reduced over the expert-data-parallel
 // group instead, so they get buckets of their own after the dense ones (Megatron keeps them in a
-// separate buffer), padded for that group's size.
+// separate buffer), padded for that group's size. FP8 parameters (--fp8-param-gather) get buckets of
+// their own after the others of their kind (Megatron keeps a buffer per parameter dtype), so a
+// bucket's parameters are gathered in one dtype.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -37,6 +39,7 @@ struct BufferLayoutOptions {
   // each model chunk's buckets its own, the shared embedding alone; Megatron FSDP: each module's
   // bucket its own, gathered one at a time); empty: one group.
   std::vector<int64_t> bucket_group = {};
+  std::vector<bool> fp8 = {};  // per parameter, registration order: held in FP8; empty: none is
 };
 
 struct BucketLayout {
@@ -44,6 +47,7 @@ struct BucketLayout {
   int64_t numel_unpadded = 0;    // up to the end of its last parameter
   std::vector<size_t> params;    // registration indices, in buffer order
   bool expert_parallel = false;  // holds expert-parallel parameters only (reduced over expert DP)
+  bool fp8 = false;              // holds FP8 parameters only
 };
 
 struct BufferLayout {

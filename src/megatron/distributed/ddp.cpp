@@ -11,10 +11,11 @@ int64_t default_ddp_bucket_size(int64_t group_size) { return std::max<int64_t>(4
 BufferLayout ddp_buffer_layout(const ParameterRegistry& registry, const DdpConfig& config, int64_t group_size,
                                int64_t expert_group_size) {
   std::vector<int64_t> numels, bucket_group;
-  std::vector<bool> expert_parallel;
+  std::vector<bool> expert_parallel, fp8;
   for (const auto& p : registry.params()) {
     numels.push_back(shape_numel(p->local_shape));
     expert_parallel.push_back(p->spec.expert_parallel);
+    fp8.push_back(p->fp8.has_value());
     // Chunks count from 0; the shared embedding's group, -1, is its alone.
     const bool alone = p->spec.shared_embedding && config.use_distributed_optimizer;
     bucket_group.push_back(alone ? -1 : config.param_chunks.empty() ? 0 : config.param_chunks[p->index]);
@@ -30,7 +31,8 @@ BufferLayout ddp_buffer_layout(const ParameterRegistry& registry, const DdpConfi
                                      .distributed_optimizer = config.use_distributed_optimizer,
                                      .expert_parallel = expert_parallel,
                                      .expert_shard_group_size = expert_group_size,
-                                     .bucket_group = config.shard_grads ? fsdp_units(registry) : bucket_group});
+                                     .bucket_group = config.shard_grads ? fsdp_units(registry) : bucket_group,
+                                     .fp8 = fp8});
 }
 
 DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, const ParallelContext& ctx,
@@ -54,6 +56,11 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
                      << "with initialize_parallel");
   MEGATRON_CHECK(!has_experts || !config.shard_grads,
                  "Megatron FSDP with expert-parallel parameters (MoE) is not built; use --use-distributed-optimizer");
+  const bool has_fp8_params =
+      std::any_of(registry.params().begin(), registry.params().end(), [](const auto& p) { return p->fp8.has_value(); });
+  MEGATRON_CHECK(!has_fp8_params || (config.use_distributed_optimizer && !config.shard_grads),
+                 "FP8 parameters (--fp8-param-gather) need --use-distributed-optimizer, which casts them, without "
+                 "Megatron FSDP (not built with FP8 parameters here)");
   expert_group_ = has_experts ? ctx.expert_dp : group_;
   layout_ = ddp_buffer_layout(registry, config, group_->size(), expert_group_->size());
   // Gradients start at zero (zero_grad begins every step), so the move need not hold two gradient buffers.
@@ -216,8 +223,8 @@ void DistributedDataParallel::on_before_forward(const Parameter& p) {
 
 void DistributedDataParallel::start_param_gather_of(size_t b, std::optional<size_t> param) {
   const Range range = layout_.buckets[b].range, shard = shards_.in_buffer[b];
-  Tensor full = registry_->param_buffer().slice(range.begin, range.end);
-  const Tensor mine = registry_->param_buffer().slice(shard.begin, shard.end);
+  Tensor full = registry_->param_slice(range.begin, range.end);
+  const Tensor mine = registry_->param_slice(shard.begin, shard.end);
   Communicator& group = layout_.buckets[b].expert_parallel ? *expert_group_ : *group_;
   param_work_[b] = group.all_gather_async(full, mine);
   param_gather_events_.push_back({ParamGatherEvent::Kind::start, b, param});
@@ -243,7 +250,7 @@ Tensor DistributedDataParallel::grad_of(const ShardParamRange& r) const {
 
 Tensor DistributedDataParallel::param_of(const ShardParamRange& r) const {
   if (config_.shard_params) return fsdp_->param_of(r);
-  return registry_->param_buffer().slice(r.in_buffer.begin, r.in_buffer.end);
+  return registry_->param_slice(r.in_buffer.begin, r.in_buffer.end);
 }
 
 std::vector<Tensor> DistributedDataParallel::sequence_parallel_grads() const {
@@ -262,7 +269,8 @@ HeldBytes DistributedDataParallel::held_bytes() const {
   if (fsdp_) return fsdp_->held_bytes();
   int64_t grads = 0;  // from the backward to the step (between steps none)
   for (const Tensor& part : registry_->grad_buffers()) grads += int64_t(part.nbytes());
-  const auto weights = int64_t(registry_->param_buffer().nbytes());
+  int64_t weights = 0;
+  for (const Tensor& part : registry_->param_buffers()) weights += int64_t(part.nbytes());
   return {weights, weights, grads, grads};
 }
 

@@ -62,6 +62,7 @@
 //
 // Every rank must notify the same parameters in the same order (the model's forward and backward
 // do), so the buckets' collectives are issued in the same order everywhere.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -105,6 +106,10 @@ class DistributedDataParallel {
   Communicator& group() const { return *group_; }
   // Whether some buckets hold expert-parallel parameters (sharded over expert DP).
   bool has_expert_buckets() const { return !layout_.buckets.empty() && layout_.buckets.back().expert_parallel; }
+  // Whether some buckets hold FP8 parameters (--fp8-param-gather), which the distributed optimizer casts.
+  bool has_fp8_buckets() const {
+    return std::any_of(layout_.buckets.begin(), layout_.buckets.end(), [](const BucketLayout& b) { return b.fp8; });
+  }
   const ParallelContext& context() const { return ctx_; }
   ParameterRegistry& registry() const { return *registry_; }
 

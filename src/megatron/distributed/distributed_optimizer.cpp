@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "megatron/distributed/fp8_params.h"
 #include "megatron/ops/adamw.h"
 #include "megatron/ops/reduce.h"
 
@@ -28,7 +29,46 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const P
       ddp_(&ddp),
       // f32 state (f64 for f64 models), as the main grads.
       state_(shard_pieces(ddp), ddp.shards().numel, ddp.registry().device(), ddp.registry().params_dtype(),
-             ddp.registry().grad_dtype(), state_options) {}
+             ddp.registry().grad_dtype(), state_options) {
+  if (ddp.has_fp8_buckets()) hold_params_in_fp8();
+}
+
+void DistributedOptimizer::hold_params_in_fp8() {
+  ParameterRegistry& registry = ddp_->registry();
+  std::vector<int64_t> ends;
+  std::vector<DType> dtypes;
+  for (const BucketLayout& bucket : ddp_->layout().buckets) {
+    const DType dtype =
+        bucket.fp8 ? registry.params()[bucket.params.front()]->fp8->scaling->dtype : registry.params_dtype();
+    if (!dtypes.empty() && dtypes.back() == dtype) {
+      ends.back() = bucket.range.end;
+    } else {
+      ends.push_back(bucket.range.end);
+      dtypes.push_back(dtype);
+    }
+  }
+  // The gradients (all zero before the first step) give their memory back first: the split holds
+  // the old buffer and the new parts together, beside the optimizer state.
+  ddp_->zero_grad();
+  registry.split_params(ends, dtypes);
+  std::vector<Tensor> params;
+  for (const ShardParamRange& r : ddp_->shards().params) params.push_back(ddp_->param_of(r));
+  state_.set_params(params);  // the pieces' old views held the flat buffer
+  for (const auto& p : registry.params())
+    if (p->fp8) fp8_params_.push_back(p.get());
+  cast_fp8_params();
+  ddp_->start_param_gather();
+  ddp_->finish_param_gather();
+}
+
+void DistributedOptimizer::cast_fp8_params() {
+  std::vector<Fp8ParamShard> shards;
+  for (const ShardParamRange& r : ddp_->shards().params) {
+    const Parameter& p = *registry_->params()[r.param];
+    if (p.fp8) shards.push_back({&p, state_.master_values(r.in_shards.begin, r.in_shards.end), ddp_->param_of(r)});
+  }
+  cast_fp8_param_shards(shards, fp8_params_, &ddp_->group());
+}
 
 double DistributedOptimizer::global_grad_norm() const {
   // The shards of the group's ranks tile every parameter once; a parameter replicated across TP
@@ -61,6 +101,7 @@ void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {
 
 void DistributedOptimizer::update(double lr, double weight_decay, float grad_scale) {
   state_.step(step_params(lr, grad_scale), float(weight_decay));
+  if (!fp8_params_.empty()) cast_fp8_params();
   ddp_->start_param_gather();
   if (!ddp_->config().overlap_param_gather) ddp_->finish_param_gather();
 }
@@ -101,8 +142,23 @@ void DistributedOptimizer::load_state(const checkpointing::CheckpointReader& rea
   }
   // Masters that equal the parameters (loaded before the optimizer) are rebuilt from them.
   if (!state_.master_in_checkpoint()) state_.reload_master();
+  if (fp8_params_.empty()) return;
+  // The FP8 weights again from the masters, at the scale the checkpoint restored; each rank's
+  // shard amax joins the restored history[0] (one rank's shard's) as in the run that saved it.
+  cast_fp8_params();
+  ddp_->start_param_gather();
+  ddp_->finish_param_gather();
 }
 
-void DistributedOptimizer::reload_master_from_model() { state_.reload_master(); }
+void DistributedOptimizer::reload_master_from_model() {
+  state_.reload_master();
+  // FP8 parameters: the masters from the values their codes stand for.
+  for (const ShardParamRange& r : ddp_->shards().params) {
+    const Parameter& p = *registry_->params()[r.param];
+    if (!p.fp8) continue;
+    Tensor master = state_.master_values(r.in_shards.begin, r.in_shards.end);
+    master.copy_from(fp8_param_values(p, ddp_->param_of(r), master.dtype()));
+  }
+}
 
 }  // namespace megatron

@@ -11,7 +11,8 @@
 //   1. global grad norm: sum of squares over this rank's shards, all-reduced over the group;
 //   2. clip coefficient, then AdamW on every owned parameter range (weight decay per parameter);
 //   3. the updated master values are written into this rank's shards of the compute-dtype
-//      parameter buffer, and DDP all-gathers every bucket (waited on here unless
+//      parameter buffer (cast into FP8 codes for FP8 parameters, --fp8-param-gather:
+//      distributed/fp8_params.h), and DDP all-gathers every bucket (waited on here unless
 //      --overlap-param-gather, when the next forward waits for each bucket just before it reads
 //      it; ddp.h).
 // A non-finite norm skips the update on every rank alike (the norm is global); a skipped step
@@ -45,8 +46,16 @@ class DistributedOptimizer final : public Optimizer {
   double global_grad_norm() const override;
   void update(double lr, double weight_decay, float grad_scale) override;
 
+  // --fp8-param-gather: the parameter buffer split by dtype (FP8 buckets in their weights' FP8
+  // dtype, after the masters were taken from the compute-dtype values), then the first cast and
+  // gather (distributed/fp8_params.h).
+  void hold_params_in_fp8();
+  // This rank's shards of the FP8 parameters cast from their masters (not gathered).
+  void cast_fp8_params();
+
   DistributedDataParallel* ddp_;
   AdamWState state_;  // this rank's shards, concatenated (RankShards::numel); offloaded in part or whole
+  std::vector<const Parameter*> fp8_params_;  // every FP8 parameter of the registry, registration order
 };
 
 }  // namespace megatron

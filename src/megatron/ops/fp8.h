@@ -48,6 +48,19 @@ struct Fp8Recipe {
   int64_t margin = 0;
 };
 
+// One tensor's scaling state under a per-tensor recipe (delayed, current), f32 on its device:
+// scale (1), scale_inv (1) and amax_history (the recipe's history length; current scaling: 1),
+// undefined until fp8_scaling_start. dtype: what the tensor is cast to; blocks: its block shape
+// under the blockwise recipe, which keeps no state from one cast to the next.
+struct Fp8TensorScaling {
+  DType dtype = DType::e4m3;
+  Fp8BlockShape blocks = Fp8BlockShape::tile_1x128;
+  Tensor scale, scale_inv, amax_history;
+};
+// Starts `s` on `device` as Transformer Engine starts a tensor's: scale 1 and an empty history of
+// `history_len`; nothing when it has started.
+void fp8_scaling_start(Fp8TensorScaling& s, int64_t history_len, Device device);
+
 // amax (1) f32 = max(amax, max |x|)        x: f32, bf16, f16 (f64 on the CPU)
 MEGATRON_OP(fp8_amax, void(Tensor& amax, const Tensor& x));
 // q = saturate(round(x * scale)) in q's dtype (e4m3 or e5m2), x's shape; scale (1) f32 read on the

@@ -140,10 +140,25 @@ Tensor AdamWState::exp_avg_sq(int64_t begin, int64_t end) const {
   return view(part.exp_avg_sq, part, begin, end);
 }
 
+void AdamWState::set_params(const std::vector<Tensor>& params) {
+  MEGATRON_CHECK(params.size() == pieces_.size(),
+                 "set_params(): " << params.size() << " parameter tensors for " << pieces_.size() << " pieces");
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    Piece& p = pieces_[i];
+    MEGATRON_CHECK(params[i].numel() == p.end - p.begin, "set_params(): piece " << i << " has " << p.end - p.begin
+                                                                                << " elements, its new parameters "
+                                                                                << params[i].numel());
+    MEGATRON_CHECK(!dtype_is_fp8(params[i].dtype()) || (i >= host_pieces_ && device_master_ && !remainders_at(p.begin)),
+                   "FP8 parameters (--fp8-param-gather) need f32 masters on the device: not built with "
+                   "--optimizer-cpu-offload or --use-precision-aware-optimizer");
+    p.param = params[i];
+  }
+}
+
 void AdamWState::reload_master() {
   for (const Piece& p : pieces_) {
     const Part& part = part_of(p.begin);
-    if (!part.master.defined()) continue;
+    if (!part.master.defined() || dtype_is_fp8(p.param.dtype())) continue;
     Tensor m = view(part.master, part, p.begin, p.end);
     if (remainders_at(p.begin)) {
       m.zero();  // the bf16 parameters are the masters exactly
@@ -174,7 +189,7 @@ void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay
     Piece& p = pieces_[i];
     Tensor m = view(device_.exp_avg, device_, p.begin, p.end), v = view(device_.exp_avg_sq, device_, p.begin, p.end);
     Tensor master = device_master_ ? view(device_.master, device_, p.begin, p.end) : p.param;
-    Tensor model_copy = device_master_ ? p.param : Tensor();
+    Tensor model_copy = device_master_ && !dtype_is_fp8(p.param.dtype()) ? p.param : Tensor();
     ops::adamw_step(master, m, v, p.grad, model_copy, with_decay(base, p.weight_decay, weight_decay));
   }
 }

@@ -65,6 +65,11 @@ class AdamWState {
 
   // AdamW on every piece; `base` without weight decay, `weight_decay` applied where a piece wants it.
   void step(const ops::AdamWParams& base, float weight_decay);
+  // Points the pieces at other parameter tensors (one each, in order, of the same lengths; the
+  // masters stay): the distributed optimizer's once it holds some in FP8 (distributed/fp8_params.h).
+  // A piece of FP8 codes keeps f32 masters on the device, which step() updates without writing
+  // the codes and reload_master() leaves: their holder casts them and rebuilds them.
+  void set_params(const std::vector<Tensor>& params);
 
   // Views of the state for elements [begin, end) of one piece (for checkpoints): on the host or the
   // device, as the piece's state lives.

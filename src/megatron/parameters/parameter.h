@@ -4,11 +4,13 @@
 // DDP buffers, the optimizer, checkpoint sharding and initialisation all read it. The registry
 // that owns the parameters and their flat buffers is parameter_registry.h.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "megatron/core/tensor.h"
+#include "megatron/ops/fp8.h"
 
 namespace megatron {
 
@@ -60,6 +62,17 @@ struct Parameter {
   Tensor data;                // compute copy (params dtype), view into the parameter buffer
   Tensor main_grad;           // accumulation buffer (f32, or f64), view into the gradient buffer
   int64_t buffer_offset = 0;  // element offset of this parameter in the flat buffers
+  // --fp8-param-gather: the FP8 layer that owns this weight holds it as FP8 codes (Megatron's FP8
+  // parameters), set before the layout is made. Once the distributed optimizer has cast it
+  // (ParameterRegistry::split_params, distributed/fp8_params.h), `data` holds the codes in
+  // scaling->dtype, standing for codes x scaling->scale_inv; until then the compute copy.
+  struct Fp8Weight {
+    ops::Fp8Recipe recipe;                     // delayed or current (tensorwise) scaling
+    ops::Fp8TensorScaling* scaling = nullptr;  // the owning layer's weight state (Fp8Linear::weight_scaling)
+  };
+  std::optional<Fp8Weight> fp8;
+  // Whether data holds FP8 codes now (an FP8 parameter the distributed optimizer has cast).
+  bool held_in_fp8() const { return fp8 && data.defined() && dtype_is_fp8(data.dtype()); }
   // Set by ParameterRegistry::zero_grads() for a spec.first_grad_overwrites parameter in place of
   // zeroing main_grad: its next gradient overwrites main_grad (take_grad_overwrite()).
   bool grad_overwrite_pending = false;

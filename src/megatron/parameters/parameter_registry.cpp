@@ -9,6 +9,46 @@ namespace megatron {
 
 namespace {
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// The part of `begins` (increasing part starts) holding element `offset`.
+size_t part_at(const std::vector<int64_t>& begins, int64_t offset) {
+  const auto it = std::upper_bound(begins.begin(), begins.end(), offset);
+  return size_t(it - begins.begin()) - 1;
+}
+
+// Elements [begin, end) of the buffer split into `parts` starting at `begins`, inside one part.
+// `function` and `what` name the caller and the buffer in errors.
+Tensor slice_of(const std::vector<Tensor>& parts, const std::vector<int64_t>& begins, int64_t begin, int64_t end,
+                const char* function, const char* what) {
+  MEGATRON_CHECK(!parts.empty(), function << "(): the " << what << " buffer was dropped");
+  const size_t k = part_at(begins, begin);
+  const int64_t first = begins[k];
+  MEGATRON_CHECK(begin <= end && end - first <= parts[k].numel(),
+                 function << "(" << begin << ", " << end << ") crosses the end of " << what << " part " << k << " at "
+                          << first + parts[k].numel());
+  return parts[k].slice(begin - first, end - first);
+}
+
+// Checks part ends for splitting a buffer of `numel` elements: increasing, the last at its end, no
+// parameter straddling two; returns the parts' begins.
+std::vector<int64_t> part_begins(const std::vector<int64_t>& ends, int64_t numel,
+                                 const std::vector<std::unique_ptr<Parameter>>& params, const char* what) {
+  MEGATRON_CHECK(!ends.empty() && ends.back() == numel, what << ": the parts must end at the buffer's end, " << numel);
+  std::vector<int64_t> begins;
+  int64_t begin = 0;
+  for (int64_t end : ends) {
+    MEGATRON_CHECK(end > begin, what << ": part ends must increase (" << end << " after " << begin << ")");
+    begins.push_back(begin);
+    begin = end;
+  }
+  for (const auto& p : params) {
+    const auto it = std::upper_bound(ends.begin(), ends.end(), p->buffer_offset);
+    MEGATRON_CHECK(p->buffer_offset + shape_numel(p->local_shape) <= *it,
+                   p->spec.name << " straddles " << what << " parts (elements " << p->buffer_offset << " to "
+                                << p->buffer_offset + shape_numel(p->local_shape) << ", a part ends at " << *it << ")");
+  }
+  return begins;
+}
 }  // namespace
 
 ParameterRegistry::ParameterRegistry(int tp_rank, int tp_size, int ep_rank, int ep_size, int expert_tp_rank,
@@ -33,7 +73,7 @@ ParameterRegistry::ParameterRegistry(int tp_rank, int tp_size, int ep_rank, int 
 
 Parameter* ParameterRegistry::add(ParamSpec spec) {
   MEGATRON_CHECK(find(spec.name) == nullptr, "parameter " << spec.name << " registered twice");
-  MEGATRON_CHECK(!param_buffer_.defined(), "parameter " << spec.name << " registered after allocate()");
+  MEGATRON_CHECK(param_parts_.empty(), "parameter " << spec.name << " registered after allocate()");
   auto p = std::make_unique<Parameter>();
   // Experts split over expert TP, the rest over TP.
   p->tp_rank = spec.expert_parallel ? expert_tp_rank_ : tp_rank_;
@@ -59,7 +99,8 @@ void ParameterRegistry::allocate(DType params_dtype, Device device) {
   int64_t total = 0;
   for (const auto& p : params_) total += round_up(shape_numel(p->local_shape), kParamAlignment);
   const DType grad_dtype = params_dtype == DType::f64 ? DType::f64 : DType::f32;
-  param_buffer_ = Tensor::zeros({total}, params_dtype, device);
+  param_parts_ = {Tensor::zeros({total}, params_dtype, device)};
+  param_part_begins_ = {0};
   grad_parts_ = {Tensor::zeros({total}, grad_dtype, device)};
   grad_part_begins_ = {0};
   params_dtype_ = params_dtype;
@@ -69,7 +110,7 @@ void ParameterRegistry::allocate(DType params_dtype, Device device) {
   for (const auto& p : params_) {
     const int64_t n = shape_numel(p->local_shape);
     p->buffer_offset = offset;
-    p->data = p->view_of(param_buffer_);
+    p->data = p->view_of(param_parts_[0]);
     offset += round_up(n, kParamAlignment);
   }
   point_main_grads();
@@ -97,40 +138,60 @@ const Tensor& ParameterRegistry::grad_buffer() const {
 
 size_t ParameterRegistry::grad_part_of(const Parameter& p) const {
   MEGATRON_CHECK(!grad_parts_.empty(), p.spec.name << ": the main-gradient buffer was dropped");
-  const auto it = std::upper_bound(grad_part_begins_.begin(), grad_part_begins_.end(), p.buffer_offset);
-  return size_t(it - grad_part_begins_.begin()) - 1;
+  return part_at(grad_part_begins_, p.buffer_offset);
 }
 
 Tensor ParameterRegistry::grad_slice(int64_t begin, int64_t end) const {
-  MEGATRON_CHECK(!grad_parts_.empty(), "grad_slice(): the main-gradient buffer was dropped");
-  const auto it = std::upper_bound(grad_part_begins_.begin(), grad_part_begins_.end(), begin);
-  const size_t k = size_t(it - grad_part_begins_.begin()) - 1;
-  const int64_t first = grad_part_begins_[k];
-  MEGATRON_CHECK(begin <= end && end - first <= grad_parts_[k].numel(),
-                 "grad_slice(" << begin << ", " << end << ") crosses the end of gradient part " << k << " at "
-                               << first + grad_parts_[k].numel());
-  return grad_parts_[k].slice(begin - first, end - first);
+  return slice_of(grad_parts_, grad_part_begins_, begin, end, "grad_slice", "gradient");
+}
+
+Tensor& ParameterRegistry::param_buffer() {
+  static Tensor dropped;
+  MEGATRON_CHECK(param_parts_.size() <= 1, "the parameters are split into " << param_parts_.size()
+                                                                            << " parts (split_params); read them "
+                                                                            << "with param_slice() or param_buffers()");
+  if (param_parts_.empty()) return dropped = Tensor();
+  return param_parts_[0];
+}
+
+Tensor ParameterRegistry::param_slice(int64_t begin, int64_t end) const {
+  return slice_of(param_parts_, param_part_begins_, begin, end, "param_slice", "parameter");
+}
+
+void ParameterRegistry::split_params(const std::vector<int64_t>& ends, const std::vector<DType>& dtypes) {
+  MEGATRON_CHECK(param_parts_.size() == 1, "split_params() needs the one flat parameter buffer");
+  MEGATRON_CHECK(ends.size() == dtypes.size(),
+                 "split_params(): " << ends.size() << " part ends but " << dtypes.size() << " dtypes");
+  std::vector<int64_t> begins = part_begins(ends, param_parts_[0].numel(), params_, "parameter");
+  for (const auto& p : params_) {
+    const DType dtype = dtypes[part_at(begins, p->buffer_offset)];
+    MEGATRON_CHECK(dtype == params_dtype_ || (dtype_is_fp8(dtype) && p->fp8),
+                   p->spec.name << " would be held in " << dtype_name(dtype)
+                                << ": only FP8 parameters (Parameter::fp8) "
+                                << "take another dtype than the compute dtype " << dtype_name(params_dtype_));
+    MEGATRON_CHECK(!p->fp8 || dtype_is_fp8(dtype),
+                   p->spec.name << " is an FP8 parameter but its part is " << dtype_name(dtype));
+  }
+  std::vector<Tensor> parts;
+  for (size_t k = 0; k < ends.size(); ++k) {
+    Tensor part = Tensor::zeros({ends[k] - begins[k]}, dtypes[k], device_);
+    if (dtypes[k] == params_dtype_) part.copy_from(param_parts_[0].slice(begins[k], ends[k]));
+    parts.push_back(part);
+  }
+  param_parts_ = std::move(parts);
+  param_part_begins_ = std::move(begins);
+  for (const auto& p : params_) {
+    const int64_t begin = p->buffer_offset - param_part_begins_[part_at(param_part_begins_, p->buffer_offset)];
+    p->data = param_parts_[part_at(param_part_begins_, p->buffer_offset)]
+                  .slice(begin, begin + shape_numel(p->local_shape))
+                  .view(p->local_shape);
+  }
 }
 
 void ParameterRegistry::split_grads(const std::vector<int64_t>& ends) {
   MEGATRON_CHECK(grad_parts_.size() == 1, "split_grads() needs the one flat gradient buffer");
-  const int64_t numel = grad_parts_[0].numel();
   const DType dtype = grad_parts_[0].dtype();
-  MEGATRON_CHECK(!ends.empty() && ends.back() == numel,
-                 "split_grads(): the parts must end at the buffer's end, " << numel);
-  std::vector<int64_t> begins;
-  int64_t begin = 0;
-  for (int64_t end : ends) {
-    MEGATRON_CHECK(end > begin, "split_grads(): part ends must increase (" << end << " after " << begin << ")");
-    begins.push_back(begin);
-    begin = end;
-  }
-  for (const auto& p : params_) {
-    const auto it = std::upper_bound(ends.begin(), ends.end(), p->buffer_offset);
-    MEGATRON_CHECK(p->buffer_offset + shape_numel(p->local_shape) <= *it,
-                   p->spec.name << " straddles gradient parts (elements " << p->buffer_offset << " to "
-                                << p->buffer_offset + shape_numel(p->local_shape) << ", a part ends at " << *it << ")");
-  }
+  std::vector<int64_t> begins = part_begins(ends, grad_parts_[0].numel(), params_, "gradient");
   // The flat buffer goes before the parts come, so the two are never held together.
   for (const auto& p : params_) p->main_grad = Tensor();
   grad_parts_.clear();
@@ -148,7 +209,7 @@ void ParameterRegistry::acquire_grads(size_t part) {
 }
 
 void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t numel, GradsOnMove grads_on_move) {
-  MEGATRON_CHECK(param_buffer_.defined() && grad_parts_.size() == 1,
+  MEGATRON_CHECK(param_parts_.size() == 1 && grad_parts_.size() == 1,
                  "set_layout() needs allocated, unsplit buffers; call allocate() first (and not after drop_buffers() "
                  "or split_grads())");
   MEGATRON_CHECK(offsets.size() == params_.size(),
@@ -174,7 +235,7 @@ void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t 
     for (const auto& p : params_) p->main_grad = Tensor();
     grad_parts_.clear();
   }
-  Tensor params = Tensor::zeros({numel}, param_buffer_.dtype(), param_buffer_.device());
+  Tensor params = Tensor::zeros({numel}, params_dtype_, device_);
   Tensor grads = keep_grads ? Tensor::zeros({numel}, grad_dtype, params.device()) : Tensor();
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
@@ -188,7 +249,8 @@ void ParameterRegistry::set_layout(const std::vector<int64_t>& offsets, int64_t 
       p.main_grad = main_grad;
     }
   }
-  param_buffer_ = params;
+  param_parts_ = {params};
+  param_part_begins_ = {0};
   if (!keep_grads) grads = Tensor::zeros({numel}, grad_dtype, params.device());
   grad_parts_ = {grads};
   grad_part_begins_ = {0};
@@ -200,7 +262,10 @@ void ParameterRegistry::drop_buffers(bool params, bool grads) {
     if (params) p->data = Tensor();
     if (grads) p->main_grad = Tensor();
   }
-  if (params) param_buffer_ = Tensor();
+  if (params) {
+    param_parts_.clear();
+    param_part_begins_.clear();
+  }
   if (grads) {
     grad_parts_.clear();
     grad_part_begins_.clear();
@@ -208,10 +273,11 @@ void ParameterRegistry::drop_buffers(bool params, bool grads) {
 }
 
 void ParameterRegistry::initialize(uint64_t seed) {
-  MEGATRON_CHECK(param_buffer_.defined(), "initialize() needs the parameter buffer; call it before sharding");
+  MEGATRON_CHECK(param_parts_.size() == 1, "initialize() needs the flat parameter buffer; call it before sharding");
+  Tensor& param_buffer = param_parts_[0];
   // Values are drawn on the host in parallel (each element is independent), then stored in
   // the parameter dtype and copied to the buffer's device in one go.
-  Tensor host = device_.is_cpu() ? param_buffer_ : Tensor::zeros(param_buffer_.shape(), params_dtype());
+  Tensor host = device_.is_cpu() ? param_buffer : Tensor::zeros(param_buffer.shape(), params_dtype());
   for (const auto& p : params_) {
     const int64_t n = p->data.numel();
     std::vector<float> values(static_cast<size_t>(n));
@@ -228,7 +294,7 @@ void ParameterRegistry::initialize(uint64_t seed) {
     Tensor dst = p->view_of(host);
     ops::cast(dst, Tensor::from_blob(values.data(), p->local_shape, DType::f32));
   }
-  if (!host.same_storage(param_buffer_)) param_buffer_.copy_from(host);
+  if (!host.same_storage(param_buffer)) param_buffer.copy_from(host);
 }
 
 void ParameterRegistry::zero_grads() {

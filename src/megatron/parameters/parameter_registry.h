@@ -4,7 +4,8 @@
 // TP: a registry belongs to one TP rank of one TP group; its rank and size are given once, at
 // construction, and every parameter registered is that rank's shard (parameter.h).
 //
-// Storage: all parameters of a model live in one flat buffer of the compute dtype, and all
+// Storage: all parameters of a model live in one flat buffer of the compute dtype (split in parts,
+// some in FP8, under --fp8-param-gather: split_params), and all
 // main gradients in one flat fp32 buffer (f64 when the parameters are f64, for gradient
 // checks); each Parameter holds views into both. allocate() lays them out in registration
 // order; DDP may move them into its bucket layout with set_layout(), and split the gradients into
@@ -106,6 +107,13 @@ class ParameterRegistry {
   void acquire_grads(size_t part);
   bool grads_held(size_t part) const { return grad_parts_.at(part).memory_held(); }
 
+  // --fp8-param-gather: splits the parameter buffer into consecutive parts ending at `ends`
+  // (increasing, the last the buffer's size; no parameter may straddle two), part k in dtypes[k]:
+  // a part in the compute dtype keeps its values, a part in an FP8 dtype starts as zero codes for
+  // its holder (the distributed optimizer) to cast. The parameters of FP8 parts are exactly those
+  // with Parameter::fp8 set.
+  void split_params(const std::vector<int64_t>& ends, const std::vector<DType>& dtypes);
+
   // Drops the flat parameter buffer (with `params`) and the main-grad buffer (with `grads`) and
   // every parameter's views of them: Megatron FSDP keeps only shards, and points the views at
   // gathered buckets while a module uses them.
@@ -148,14 +156,21 @@ class ParameterRegistry {
   DType params_dtype() const { return params_dtype_; }
   DType grad_dtype() const { return grad_dtype_; }
   Device device() const { return device_; }
-  Tensor& param_buffer() { return param_buffer_; }
+  // The flat parameter buffer (undefined once dropped); an error once split_params() split it.
+  Tensor& param_buffer();
+  // Parameters of elements [begin, end) of the buffer, which must lie in one part.
+  Tensor param_slice(int64_t begin, int64_t end) const;
+  // Every part of the parameter buffer in order (the flat buffer alone until split; none once dropped).
+  const std::vector<Tensor>& param_buffers() const { return param_parts_; }
   // The flat main-gradient buffer (undefined once dropped); an error once split_grads() split it.
   const Tensor& grad_buffer() const;
   // Main gradients of elements [begin, end) of the buffer, which must lie in one part.
   Tensor grad_slice(int64_t begin, int64_t end) const;
   // Every part of the main-gradient buffer in order (the flat buffer alone until split; none once dropped).
   const std::vector<Tensor>& grad_buffers() const { return grad_parts_; }
-  int64_t num_local_elements() const { return param_buffer_.numel(); }
+  int64_t num_local_elements() const {
+    return param_parts_.empty() ? 0 : param_part_begins_.back() + param_parts_.back().numel();
+  }
 
  private:
   int tp_rank_;
@@ -170,7 +185,8 @@ class ParameterRegistry {
   // Points every parameter's main_grad into its part.
   void point_main_grads();
 
-  Tensor param_buffer_;
+  std::vector<Tensor> param_parts_;  // the parameters: the flat buffer, or its parts after split_params()
+  std::vector<int64_t> param_part_begins_;
   std::vector<Tensor> grad_parts_;  // the main gradients: the flat buffer, or its parts after split_grads()
   std::vector<int64_t> grad_part_begins_;
   DType params_dtype_ = DType::f32, grad_dtype_ = DType::f32;

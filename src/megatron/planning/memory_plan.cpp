@@ -177,8 +177,10 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   s.weights = shard_params ? double(buffers.state_numel) * double(dtype_size(params)) : whole_weights;
   // FP8 layers' weights cast once per optimizer step and kept through it, W and W^T, a byte an
   // element each (tensor_parallel/fp8_linear.h; the blockwise recipe's block scales are left out:
-  // 8 bytes a 128 x 128 block).
-  s.weights += 2.0 * double(buffers.fp8_weight_numel);
+  // 8 bytes a 128 x 128 block). With --fp8-param-gather W is the parameter itself, held as its
+  // codes instead of in the compute dtype (distributed/fp8_params.h), and W^T is made per step.
+  const double fp8_weights = double(buffers.fp8_weight_numel);
+  s.weights += args.model.fp8.fp8_param_gather ? fp8_weights * (2.0 - double(dtype_size(params))) : 2.0 * fp8_weights;
   const double fsdp_gradients = double(buffers.state_numel) * state_element;  // FSDP's shard, held all along
   const bool separate_master = params != DType::f32 && params != DType::f64;
   const double fraction = args.optimizer.optimizer_cpu_offload ? args.optimizer.optimizer_offload_fraction : 0.0;
@@ -326,8 +328,12 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   // before they are dropped.
   const double registry_weights = double(buffers.registry_numel) * double(dtype_size(params));
   const double fsdp_shards = (shard_grads ? fsdp_gradients : 0.0) + (shard_params ? s.weights : 0.0);
-  s.set_up_peak = std::max({registry_weights + double(buffers.registry_numel) * state_element,
-                            registry_weights + whole_weights, whole_weights + whole_gradients + fsdp_shards});
+  // --fp8-param-gather: the distributed optimizer splits the parameter buffer by dtype beside its
+  // state, the old buffer and the new parts together (the gradients given back first).
+  const double fp8_split = args.model.fp8.fp8_param_gather ? 2.0 * whole_weights + s.optimizer_state : 0.0;
+  s.set_up_peak =
+      std::max({registry_weights + double(buffers.registry_numel) * state_element, registry_weights + whole_weights,
+                whole_weights + whole_gradients + fsdp_shards, fp8_split});
   return s;
 }
 

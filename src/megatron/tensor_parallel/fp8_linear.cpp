@@ -6,23 +6,10 @@
 
 #include "megatron/core/error.h"
 #include "megatron/ops/activation.h"
+#include "megatron/ops/elementwise.h"
 #include "megatron/ops/gemm.h"
 
 namespace megatron::tensor_parallel {
-
-namespace {
-// A fresh operand on `device`: scale 1 (Transformer Engine's start) and an empty history.
-Tensor one_on(Device device) {
-  Tensor one = Tensor::empty({1}, DType::f32);
-  one.fill(1.0);
-  return one.to(device);  // a CPU tensor stays itself: each call makes its own
-}
-void initialize(Fp8Linear::Operand& op, int64_t history_len, Device device) {
-  op.scale = one_on(device);
-  op.scale_inv = one_on(device);
-  op.amax_history = Tensor::zeros({history_len}, DType::f32, device);
-}
-}  // namespace
 
 Fp8Linear::Fp8Linear(std::string name, const ops::Fp8Recipe& recipe,
                      std::vector<std::shared_ptr<Communicator>> amax_groups)
@@ -34,7 +21,7 @@ Fp8Linear::Fp8Linear(std::string name, const ops::Fp8Recipe& recipe,
 
 Fp8Linear::Casts Fp8Linear::quantize(Operand& op, const Tensor& t, Cast cast, Layout layout) {
   if (recipe_.scaling == ops::Fp8Scaling::blockwise) return quantize_blockwise(op, t, layout);
-  if (!op.scale.defined()) initialize(op, recipe_.amax_history_len, t.device());
+  ops::fp8_scaling_start(op, recipe_.amax_history_len, t.device());
   Tensor amax = op.amax_history.slice(0, 1);  // the current step's slot
   Tensor record;                              // where this cast's amax goes, if anywhere
   if (recipe_.scaling == ops::Fp8Scaling::current) {
@@ -72,9 +59,22 @@ Fp8Linear::Casts Fp8Linear::quantize_blockwise(const Operand& op, const Tensor& 
 }
 
 const Fp8Linear::Quantized& Fp8Linear::weight_cast(const Tensor& weight, Layout layout) {
-  // Both layouts from one read of the weight at its first use in the step, the forward's (which
-  // records the weight's amax under the delayed recipe); the backward's W^T is then at hand.
-  if (!weight_casts_.rows.codes.defined()) weight_casts_ = quantize(weight_, weight, Cast::record, Layout::both);
+  if (dtype_is_fp8(weight.dtype())) {  // an FP8 parameter: already cast, with weight_'s scale
+    MEGATRON_CHECK(weight.dtype() == weight_.dtype && recipe_.scaling != ops::Fp8Scaling::blockwise,
+                   name_ << ": an FP8 weight of " << dtype_name(weight.dtype())
+                         << " under a recipe that casts weights to " << dtype_name(weight_.dtype)
+                         << (recipe_.scaling == ops::Fp8Scaling::blockwise ? " in blocks" : ""));
+    if (!weight_casts_.transposed.codes.defined()) {
+      Tensor codes_t = Tensor::empty({weight.dim(1), weight.dim(0)}, weight.dtype(), weight.device());
+      ops::transpose01(codes_t, weight);
+      weight_casts_.rows = {weight, weight_.scale_inv};
+      weight_casts_.transposed = {codes_t, weight_.scale_inv};
+    }
+  } else if (!weight_casts_.rows.codes.defined()) {
+    // Both layouts from one read of the weight at its first use in the step, the forward's (which
+    // records the weight's amax under the delayed recipe); the backward's W^T is then at hand.
+    weight_casts_ = quantize(weight_, weight, Cast::record, Layout::both);
+  }
   return layout == Layout::rows ? weight_casts_.rows : weight_casts_.transposed;
 }
 
@@ -101,7 +101,7 @@ Fp8Linear::Casts Fp8Linear::fused_cast(Operand& op, int64_t rows, int64_t featur
                                        const FusedCast& cast) {
   MEGATRON_CHECK(fuses_casts(), name_ << ": a cast fused into its producer needs the delayed recipe's scale, known "
                                          "before the tensor; this layer's recipe takes the scale from the tensor");
-  if (!op.scale.defined()) initialize(op, recipe_.amax_history_len, device);
+  ops::fp8_scaling_start(op, recipe_.amax_history_len, device);
   Casts casts;
   casts.rows = {Tensor::empty({rows, features}, op.dtype, device), op.scale_inv};
   casts.transposed = {Tensor::empty({features, rows}, op.dtype, device), op.scale_inv};

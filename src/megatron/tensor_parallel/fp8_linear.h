@@ -27,6 +27,11 @@
 // and W^T is W's blocks transposed. Nothing is carried between steps and no amax is reduced
 // (each scale is local to its block; a TP shard's blocks are the whole tensor's where shard
 // boundaries fall on multiples of 128).
+// An FP8 parameter (--fp8-param-gather, Parameter::fp8) comes as its codes in the forward dtype,
+// cast by the distributed optimizer from the f32 masters with this layer's weight scale (the
+// scale a cast in the forward would take: the delayed recipe's of earlier steps, or the current
+// one of the whole weight) and its amax recorded there (distributed/fp8_params.h): the forward
+// takes the codes as they are and the backward their transpose, made at the first use in the step.
 // The weight is cast once per optimizer step (Transformer Engine's FP8 weight cache for
 // micro-batches after the first): W for the forward and W^T for the backward, both from one read at
 // the weight's first use, are kept until update_scales(), which the training loop calls once per
@@ -115,11 +120,7 @@ class Fp8Linear {
   void reduce_amaxes();
 
   // One operand's scaling state: (1), (1), (history length) f32 on the layer's device.
-  struct Operand {
-    DType dtype = DType::e4m3;
-    ops::Fp8BlockShape blocks = ops::Fp8BlockShape::tile_1x128;  // the blockwise recipe's blocks
-    Tensor scale, scale_inv, amax_history;                       // per-tensor recipes only
-  };
+  using Operand = ops::Fp8TensorScaling;
 
   // What the delayed recipe carries from step to step, on the host, in the layout of Transformer
   // Engine's _extra_state: the forward tensors (input, weight) and the backward's (output
@@ -142,6 +143,9 @@ class Fp8Linear {
   const Operand& input() const { return input_; }
   const Operand& weight() const { return weight_; }
   const Operand& grad_output() const { return grad_output_; }
+  // The weight's state, for an FP8 parameter's holder (--fp8-param-gather: the distributed
+  // optimizer casts the weight into its codes with this scale and records its amax here).
+  Operand& weight_scaling() { return weight_; }
 
  private:
   friend void update_fp8_scales(const std::vector<Fp8Linear*>& layers);

@@ -88,6 +88,13 @@ std::unique_ptr<Fp8Linear> make_fp8(const std::optional<ops::Fp8Recipe>& recipe,
   return recipe ? std::make_unique<Fp8Linear>(name, *recipe, std::vector{ctx.tp, ctx.dp_cp}) : nullptr;
 }
 
+// --fp8-param-gather: the weight held as FP8 codes cast with the layer's weight scale.
+void hold_in_fp8(Parameter& weight, Fp8Linear* fp8, bool fp8_param) {
+  if (!fp8_param) return;
+  MEGATRON_CHECK(fp8 != nullptr, weight.spec.name << ": an FP8 parameter needs the layer's GEMMs in FP8");
+  weight.fp8 = Parameter::Fp8Weight{fp8->recipe(), &fp8->weight_scaling()};
+}
+
 // The registry cuts the shards and the context's TP group communicates: one TP layout for both.
 void check_same_tp(const ParameterRegistry& registry, const ParallelContext& ctx, const std::string& name) {
   MEGATRON_CHECK(registry.tp_rank() == ctx.tp_rank() && registry.tp_size() == ctx.tp_size(),
@@ -121,7 +128,10 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterRegistry& registry, const Pa
                             .partition_blocks = options.partition_blocks,
                             .init_std = options.init_std,
                             .first_grad_overwrites = true});
+    hold_in_fp8(*weight_, fp8_.get(), options.fp8_param);
   }
+  MEGATRON_CHECK(!options.fp8_param || options.shared_weight == nullptr,
+                 prefix << ": a shared weight stays in the compute dtype; no FP8 parameter");
   if (options.bias)
     bias_ = registry.add({.name = prefix + ".bias",
                           .global_shape = {output_size},
@@ -229,6 +239,7 @@ RowParallelLinear::RowParallelLinear(ParameterRegistry& registry, const Parallel
                           .partition_dim = 1,
                           .init_std = options.init_std,
                           .first_grad_overwrites = true});
+  hold_in_fp8(*weight_, fp8_.get(), options.fp8_param);
   // Replicated; under SP each rank's gradient covers its sequence shard only, so it is summed
   // over TP before the optimizer (finalize_model_grads).
   if (options.bias)

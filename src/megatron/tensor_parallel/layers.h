@@ -60,6 +60,7 @@ class ColumnParallelLinear {
     int64_t partition_blocks = 1;                      // 2 for fused [gate; up]
     Parameter* shared_weight = nullptr;                // use this weight instead of registering one (tied output layer)
     std::optional<ops::Fp8Recipe> fp8 = std::nullopt;  // the GEMMs in FP8 with this recipe (fp8_linear.h)
+    bool fp8_param = false;  // --fp8-param-gather: the weight held as FP8 codes (Parameter::fp8); with fp8
   };
   ColumnParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                        int64_t input_size, int64_t output_size, const Options& options);
@@ -103,6 +104,7 @@ class RowParallelLinear {
     bool bias = true;
     float init_std = 0.02f;
     std::optional<ops::Fp8Recipe> fp8 = std::nullopt;  // the GEMMs in FP8 with this recipe (fp8_linear.h)
+    bool fp8_param = false;                            // as ColumnParallelLinear's
   };
   RowParallelLinear(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& prefix,
                     int64_t input_size, int64_t output_size, const Options& options);

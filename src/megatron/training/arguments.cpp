@@ -806,6 +806,24 @@ void check_mixed_precision(const TrainingArgs& a, std::vector<std::string>& erro
                               " needs a GPU (FP8 tensor cores, compute capability 8.9+) but --device is cpu: run on a "
                               "GPU, or drop --fp8-format"));
   }
+  if (a.model.fp8.enabled() && a.model.fp8.fp8_param_gather) {
+    // The distributed optimizer casts the FP8 weights from its f32 masters (distributed/fp8_params.h).
+    if (!a.use_distributed_optimizer)
+      errors.push_back(
+          "--fp8-param-gather needs --use-distributed-optimizer (Megatron's rule): its masters are cast into the "
+          "FP8 weights after each step; add it");
+    if (a.use_megatron_fsdp && a.data_parallel_sharding_strategy != "optim" &&
+        a.data_parallel_sharding_strategy != "no_shard")
+      errors.push_back(concat("--fp8-param-gather with --data-parallel-sharding-strategy ",
+                              a.data_parallel_sharding_strategy,
+                              ": FP8 parameters are not built with sharded gradients or parameters here; use "
+                              "--data-parallel-sharding-strategy optim, or drop --fp8-param-gather"));
+    if (o.optimizer_cpu_offload || o.use_precision_aware_optimizer)
+      errors.push_back(concat("--fp8-param-gather with ",
+                              o.optimizer_cpu_offload ? "--optimizer-cpu-offload" : "--use-precision-aware-optimizer",
+                              ": FP8 parameters keep f32 masters on the device and are not built with it here; drop "
+                              "one of the two"));
+  }
   if (a.fp16 && a.parallel.expert_model_parallel_size > 1)
     errors.push_back(concat("--fp16 with --expert-model-parallel-size ", a.parallel.expert_model_parallel_size,
                             ": expert parallelism does not train in fp16 (Megatron's rule); use --bf16"));

@@ -15,6 +15,7 @@
 #include "megatron/core/logging.h"
 #include "megatron/core/progress.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
+#include "megatron/distributed/fp8_params.h"
 #include "megatron/parallel/text_collectives.h"
 #include "megatron/training/fp8_checkpoint.h"
 
@@ -84,9 +85,14 @@ std::vector<ShardedTensor> model_state(const CheckpointedModel& model, Optimizer
     out = weight_shard_state(model.parameters, copies);
   } else {
     for (const auto& p : model.parameters.params())
-      if (copies == Optimizer::StateCopies::this_rank || is_saved_replica(*p, ctx))
-        for (const auto& slice : p->global_slices())
+      if (copies == Optimizer::StateCopies::this_rank || is_saved_replica(*p, ctx)) {
+        // An FP8 parameter (--fp8-param-gather) is saved as the values its codes stand for, in the
+        // compute dtype: the checkpoint's weights read the same for every consumer.
+        const Tensor values =
+            p->held_in_fp8() ? fp8_param_values(*p, p->data, model.parameters.params_dtype()) : p->data;
+        for (const auto& slice : p->global_slices_of(values))
           out.push_back({p->spec.name, p->spec.global_shape, slice.global_offset, slice.local});
+      }
   }
   // The routers' expert biases (Megatron's persistent buffers decoder.layers.N.mlp.router.expert_bias):
   // every rank of a stage holds the same (updated from counts summed over the stage's tokens), so
@@ -267,6 +273,7 @@ void load_model_state(const CheckpointReader& reader, const CheckpointedModel& m
     own.emplace("checkpoint '" + reader.directory() + "' load", int64_t(model.parameters.params().size()), "tensors");
   ProgressReporter& progress = given ? *given : *own;
   const ParameterRegistry& registry = model.parameters;
+  std::vector<Fp8ParamShard> fp8_values;  // FP8 parameters: the values read, whole, and the codes
   for (const auto& p : registry.params()) {
     const std::optional<int64_t> stored_rows = changed_vocabulary_rows(reader, *p, model.config.true_vocab_size);
     if (registry.weights_sharded()) {
@@ -291,12 +298,16 @@ void load_model_state(const CheckpointReader& reader, const CheckpointedModel& m
                              << p->spec.global_shape[0] << " (--true-vocab-size " << model.config.true_vocab_size
                              << " padded for another TP): padding rows are "
                              << (*stored_rows > p->spec.global_shape[0] ? "dropped" : "added as zeros"));
-    for (auto& slice : p->global_slices()) {
+    // An FP8 parameter's values are cast into its codes once its layer's scale is restored.
+    Tensor values =
+        p->held_in_fp8() ? Tensor::empty(p->local_shape, registry.params_dtype(), p->data.device()) : p->data;
+    for (auto& slice : p->global_slices_of(values)) {
       if (stored_rows)
         load_vocabulary_slice(reader, p->spec.name, *stored_rows, slice);
       else
         reader.load(p->spec.name, slice.global_offset, slice.local);
     }
+    if (p->held_in_fp8()) fp8_values.push_back({p.get(), values.view({-1}), p->data.view({-1})});
     progress.advance();
   }
   if (own) own->finish();
@@ -319,6 +330,11 @@ void load_model_state(const CheckpointReader& reader, const CheckpointedModel& m
     router.set_expert_bias(common.at("moe_expert_bias").at(name).get<std::vector<double>>());
   }
   load_fp8_recipe_state(reader, model.fp8_linears, model.config.fp8, registry, model.device);
+  // Cast at the restored scales without recording an amax: the restored history already holds it
+  // (a resumed distributed optimizer casts again from its masters: DistributedOptimizer::load_state).
+  std::vector<const Parameter*> fp8_params;
+  for (const Fp8ParamShard& s : fp8_values) fp8_params.push_back(s.param);
+  cast_fp8_param_shards(fp8_values, fp8_params, nullptr, false);
 }
 
 // --keep-last-checkpoints, once a save is published: a failure to remove costs disk space, not

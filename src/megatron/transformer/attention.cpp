@@ -49,12 +49,17 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
       cp_comm_type_(ctx.cp_comm_type),
       cp_a2a_(ctx.cp_a2a),
       cp_p2p_(ctx.cp_p2p),
-      linear_qkv_(
-          registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
-          {.bias = config.add_bias_linear || config.add_qkv_bias, .init_std = config.init_method_std, .fp8 = fp8}),
+      linear_qkv_(registry, ctx, prefix + ".linear_qkv", config.hidden_size, qkv_size(config),
+                  {.bias = config.add_bias_linear || config.add_qkv_bias,
+                   .init_std = config.init_method_std,
+                   .fp8 = fp8,
+                   .fp8_param = fp8 && config.fp8.fp8_param_gather}),
       linear_proj_(registry, ctx, prefix + ".linear_proj", config.num_attention_heads * config.kv_channels,
                    config.hidden_size,
-                   {.bias = config.add_bias_linear, .init_std = output_init_std(config), .fp8 = fp8}) {}
+                   {.bias = config.add_bias_linear,
+                    .init_std = output_init_std(config),
+                    .fp8 = fp8,
+                    .fp8_param = fp8 && config.fp8.fp8_param_gather}) {}
 
 std::vector<tensor_parallel::Fp8Linear*> SelfAttention::fp8_linears() const {
   std::vector<tensor_parallel::Fp8Linear*> layers;

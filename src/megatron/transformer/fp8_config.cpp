@@ -43,10 +43,10 @@ std::vector<std::string> validate_fp8(const Fp8Config& f, int64_t num_layers) {
   if (f.fp8_margin < 0 || f.fp8_margin > 126)
     e.push_back(concat("--fp8-margin ", f.fp8_margin,
                        " must lie in [0, 126]: the scale is divided by 2^margin; e.g. 0 (the default)"));
-  if (f.fp8_param_gather)
+  if (f.fp8_param_gather && f.fp8_recipe == "blockwise")
     e.push_back(
-        "--fp8-param-gather: FP8 parameters are not built here; drop the flag (parameters stay bf16 and "
-        "are all-gathered in bf16)");
+        "--fp8-param-gather with --fp8-recipe blockwise: FP8 parameters are built for the per-tensor recipes "
+        "(delayed, tensorwise) here; use one of them, or drop --fp8-param-gather (the weights then stay bf16)");
   if (f.num_layers_at_start_in_bf16 < 0 || f.num_layers_at_end_in_bf16 < 0)
     e.push_back(concat("--num-layers-at-start-in-bf16 ", f.num_layers_at_start_in_bf16,
                        " and --num-layers-at-end-in-bf16 ", f.num_layers_at_end_in_bf16, " must be >= 0"));
@@ -57,6 +57,8 @@ std::vector<std::string> validate_fp8(const Fp8Config& f, int64_t num_layers) {
   if (!f.enabled()) {
     if (f.first_last_layers_bf16)
       e.push_back("--first-last-layers-bf16 applies to FP8 training only: add --fp8-format, or drop it");
+    if (f.fp8_param_gather)
+      e.push_back("--fp8-param-gather applies to FP8 training only: add --fp8-format, or drop it");
     return e;
   }
   // Settings of the delayed recipe that current scaling (tensorwise, blockwise) has no use for:

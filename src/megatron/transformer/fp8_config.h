@@ -12,7 +12,9 @@
 //                                 (activations, gradients) or 128x128 block (weights), power-of-2
 //                                 scales (Transformer Engine's Float8BlockScaling; ops/fp8.h).
 //                                 mxfp8 and custom are Megatron's, not built here: refused.
-//   --fp8-param-gather            FP8 parameters: not built, refused.
+//   --fp8-param-gather            the FP8 layers' weights held as FP8 codes, cast from the
+//                                 distributed optimizer's masters and all-gathered in FP8
+//                                 (distributed/fp8_params.h); delayed and tensorwise recipes.
 //   --first-last-layers-bf16      the first --num-layers-at-start-in-bf16 and the last
 //                                 --num-layers-at-end-in-bf16 layers keep their GEMMs in bf16.
 // What runs in FP8: the four GEMMs of every (FP8) layer's attention and dense MLP (linear_qkv,

@@ -15,11 +15,13 @@ MLP::MLP(ParameterRegistry& registry, const ParallelContext& ctx, const Transfor
                   {.bias = config.add_bias_linear,
                    .init_std = config.init_method_std,
                    .partition_blocks = config.swiglu ? 2 : 1,
-                   .fp8 = fp8}),
+                   .fp8 = fp8,
+                   .fp8_param = fp8 && config.fp8.fp8_param_gather}),
       linear_fc2_(registry, ctx, prefix + ".linear_fc2", config.ffn_hidden_size, config.hidden_size,
                   {.bias = config.add_bias_linear,
                    .init_std = config.init_method_std / std::sqrt(2.0f * float(config.num_layers)),
-                   .fp8 = fp8}) {}
+                   .fp8 = fp8,
+                   .fp8_param = fp8 && config.fp8.fp8_param_gather}) {}
 
 std::vector<tensor_parallel::Fp8Linear*> MLP::fp8_linears() const {
   std::vector<tensor_parallel::Fp8Linear*> layers;

@@ -14,8 +14,6 @@ void check_scalar_f32(const Tensor& t, const char* name, TensorCheck device) {
 
 }  // namespace
 
-bool is_fp8(DType dtype) { return dtype == DType::e4m3 || dtype == DType::e5m2; }
-
 void check_fp8_amax(const Tensor& amax, const Tensor& x, TensorCheck device, TensorCheck x_dtype) {
   check_scalar_f32(amax, "fp8 amax", device);
   check_defined(x, "fp8 x");
@@ -32,7 +30,8 @@ void check_fp8_quantize(const Tensor& q, const Tensor& amax, const Tensor& x, co
   x_dtype(x, "fp8_quantize x");
   check_defined(q, "fp8_quantize q");
   device(q, "fp8_quantize q");
-  MEGATRON_CHECK(is_fp8(q.dtype()), "fp8_quantize q has dtype " << dtype_name(q.dtype()) << "; expected e4m3 or e5m2");
+  MEGATRON_CHECK(dtype_is_fp8(q.dtype()),
+                 "fp8_quantize q has dtype " << dtype_name(q.dtype()) << "; expected e4m3 or e5m2");
   check_shape(q, x.shape(), "fp8_quantize q");
 }
 
@@ -43,7 +42,8 @@ void check_fp8_casts(const Tensor& q, const Tensor& q_t, const Tensor& amax, con
   check_scalar_f32(scale, (name + " scale").c_str(), device);
   check_defined(q_t, (name + " q_t").c_str());
   device(q_t, (name + " q_t").c_str());
-  MEGATRON_CHECK(is_fp8(q_t.dtype()), op << " q_t has dtype " << dtype_name(q_t.dtype()) << "; expected e4m3 or e5m2");
+  MEGATRON_CHECK(dtype_is_fp8(q_t.dtype()),
+                 op << " q_t has dtype " << dtype_name(q_t.dtype()) << "; expected e4m3 or e5m2");
   check_shape(q_t, {cols, rows}, (name + " q_t").c_str());
   if (!q.defined()) return;
   device(q, (name + " q").c_str());
@@ -67,7 +67,7 @@ void check_fp8_update_scale(const Tensor& scale, const Tensor& scale_inv, const 
   check_numel(amax_history, recipe.amax_history_len, "fp8_update_scale amax_history");
   device(amax_history, "fp8_update_scale amax_history");
   check_dtype(amax_history, DType::f32, "fp8_update_scale amax_history");
-  MEGATRON_CHECK(is_fp8(fp8_dtype), "fp8_update_scale: " << dtype_name(fp8_dtype) << " is not e4m3 or e5m2");
+  MEGATRON_CHECK(dtype_is_fp8(fp8_dtype), "fp8_update_scale: " << dtype_name(fp8_dtype) << " is not e4m3 or e5m2");
   MEGATRON_CHECK(recipe.margin >= 0 && recipe.margin < 127,
                  "fp8_update_scale: margin " << recipe.margin << " must lie in [0, 127)");
 }
@@ -89,7 +89,8 @@ MatmulDims check_fp8_matmul(const Tensor& c, const Tensor& a, const Tensor& a_sc
   for (const auto& [t, name] : {std::pair{&a, "fp8_matmul A"}, std::pair{&b, "fp8_matmul B"}}) {
     check_defined(*t, name);
     device(*t, name);
-    MEGATRON_CHECK(is_fp8(t->dtype()), name << " has dtype " << dtype_name(t->dtype()) << "; expected e4m3 or e5m2");
+    MEGATRON_CHECK(dtype_is_fp8(t->dtype()),
+                   name << " has dtype " << dtype_name(t->dtype()) << "; expected e4m3 or e5m2");
   }
   MEGATRON_CHECK(!(a.dtype() == DType::e5m2 && b.dtype() == DType::e5m2),
                  "fp8_matmul: A and B are both e5m2, which FP8 tensor cores do not multiply; quantise one to e4m3");
@@ -111,7 +112,7 @@ void check_block_scaled(const Tensor& q, const Tensor& scale_inv, const Shape& s
                         const std::string& name, TensorCheck device) {
   check_defined(q, name.c_str());
   device(q, name.c_str());
-  MEGATRON_CHECK(is_fp8(q.dtype()), name << " has dtype " << dtype_name(q.dtype()) << "; expected e4m3 or e5m2");
+  MEGATRON_CHECK(dtype_is_fp8(q.dtype()), name << " has dtype " << dtype_name(q.dtype()) << "; expected e4m3 or e5m2");
   check_shape(q, shape, name.c_str());
   const std::string scale_name = name + " scale_inv";
   check_defined(scale_inv, scale_name.c_str());

@@ -111,6 +111,33 @@ void launch_transpose01(void* out, const void* in, int64_t d0, int64_t d1, size_
   CUDA_CHECK_LAUNCH();
 }
 
+// out (D1,D0) = in (D0,D1) of one-element rows through a shared-memory tile, so both the reads and
+// the writes are coalesced (the word-moving kernel above reads a 2-D matrix's columns with a stride
+// of a row): FP8 weights' transposes (tensor_parallel/fp8_linear.h) among others.
+constexpr int kTile = 32, kTileRows = 8;
+template <class T>
+__global__ void transpose2d_tiled_kernel(T* out, const T* in, int64_t d0, int64_t d1) {
+  __shared__ T tile[kTile][kTile + 1];
+  const int64_t i0 = int64_t(blockIdx.y) * kTile, j0 = int64_t(blockIdx.x) * kTile;
+  for (int k = int(threadIdx.y); k < kTile; k += kTileRows) {
+    const int64_t i = i0 + k, j = j0 + threadIdx.x;
+    if (i < d0 && j < d1) tile[k][threadIdx.x] = in[i * d1 + j];
+  }
+  __syncthreads();
+  for (int k = int(threadIdx.y); k < kTile; k += kTileRows) {
+    const int64_t j = j0 + k, i = i0 + threadIdx.x;
+    if (j < d1 && i < d0) out[j * d0 + i] = tile[threadIdx.x][k];
+  }
+}
+
+template <class T>
+void launch_transpose2d_tiled(void* out, const void* in, int64_t d0, int64_t d1) {
+  const dim3 grid(unsigned((d1 + kTile - 1) / kTile), unsigned((d0 + kTile - 1) / kTile));
+  transpose2d_tiled_kernel<T>
+      <<<grid, dim3(kTile, kTileRows), 0, stream()>>>(static_cast<T*>(out), static_cast<const T*>(in), d0, d1);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 }  // namespace megatron::ops::cuda
@@ -160,6 +187,11 @@ void cuda::transpose01(Tensor& out, const Tensor& in) {
   const int64_t d0 = in.dim(0), d1 = in.dim(1);
   if (in.numel() == 0) return;
   const size_t row_bytes = size_t(in.numel() / (d0 * d1)) * in.element_size();
+  if (row_bytes == in.element_size() && (d0 + kTile - 1) / kTile <= 65535) {  // a 2-D matrix: tiles
+    if (row_bytes == 1) return launch_transpose2d_tiled<uint8_t>(dst, src, d0, d1);
+    if (row_bytes == 2) return launch_transpose2d_tiled<uint16_t>(dst, src, d0, d1);
+    if (row_bytes == 4) return launch_transpose2d_tiled<uint32_t>(dst, src, d0, d1);
+  }
   // The widest word that divides the row and both base addresses.
   const uintptr_t common = uintptr_t(row_bytes) | reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
   if (common % 16 == 0) return launch_transpose01<uint4>(dst, src, d0, d1, row_bytes);
