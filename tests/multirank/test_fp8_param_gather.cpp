@@ -132,8 +132,12 @@ void expect_weights_held_in_fp8(Recipe recipe) {
 void expect_curves(Recipe recipe) {
   const std::string name = recipe_name(recipe);
   const TrainingSummary plain = train(ParallelContext::single_process(), run_args(12), recipe, false);
+  ::testing::internal::CaptureStdout();
   const TrainingSummary single = train(ParallelContext::single_process(), run_args(12), recipe);
+  const std::string log = ::testing::internal::GetCapturedStdout();
   ASSERT_EQ(single.train_losses.size(), 12u);
+  // The log says so: 2 layers x 4 linear layers.
+  EXPECT_NE(log.find("> FP8 parameters (--fp8-param-gather): 8 weights"), std::string::npos) << log;
   // The same casts of values a bf16 rounding apart: a weight near the midpoint of two FP8 values
   // may round the other way, 2^-4 of itself, so the curves part slowly. Bound 1e-3 relative
   // (measured when this was written: 1.9e-4 delayed, 7.4e-5 tensorwise).

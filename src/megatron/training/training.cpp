@@ -397,6 +397,16 @@ void log_layout(const TrainingArgs& args, const ParallelContext& ctx, const Dist
            << double(held.grads) / (1024.0 * 1024.0) << " MiB held per rank"
            << (ddp.config().shard_grads ? " between uses (this rank's shards)"
                                         : " (the gradients from the backward to the step)"));
+  int64_t fp8_weights = 0, fp8_elements = 0;
+  for (const auto& p : ddp.registry().params())
+    if (p->held_in_fp8()) {
+      ++fp8_weights;
+      fp8_elements += p->data.numel();
+    }
+  if (fp8_weights > 0)
+    LOG_INFO("> FP8 parameters (--fp8-param-gather): " << fp8_weights << " weights, " << fp8_elements
+                                                       << " elements, held as FP8 codes cast from the masters after "
+                                                       << "each step and gathered in FP8");
   LOG_INFO("> optimizer state: " << std::fixed << std::setprecision(1) << state_mib(optimizer) << " MiB per rank ("
                                  << (args.use_distributed_optimizer ? "this rank's shard of the " : "")
                                  << "master weights"
