@@ -9,8 +9,9 @@
 //     the masters instead of their bf16 rounding);
 //   - DP=2 (its gathers overlapped with the forward or not, bit for bit) and TP=2 with SP follow
 //     the single rank's curve with the flag;
-//   - saved and resumed at the same layout it continues bit for bit, and a DP=2 checkpoint resumes
-//     on one rank on the saving run's curve.
+//   - saved and resumed at the same layout it continues bit for bit, a DP=2 checkpoint resumes
+//     on one rank on the saving run's curve, and checkpoints cross between runs with and without
+//     the flag.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -207,6 +208,22 @@ void expect_curves(Recipe recipe) {
     EXPECT_LE(resume_gap, kDpBound) << name << " DP=2 -> DP=1";
     std::printf("%s: DP=2 checkpoint resumed on one rank, largest relative loss difference %.2e\n", name.c_str(),
                 resume_gap);
+    // The checkpoints read the same without the flag (the weights' values in bf16, the masters
+    // f32) and with it from one saved without it: within the flag's bound of the saving run.
+    const TrainingSummary unflagged =
+        train(ParallelContext::single_process(), with(run_args(12), {"--load", dir + "/dp", "--ckpt-step", "6"}),
+              recipe, false);
+    const double unflagged_gap = worst_gap(wide, unflagged, 6, 6);
+    EXPECT_LE(unflagged_gap, 1e-3) << name << " resumed without the flag";
+    train(ParallelContext::single_process(),
+          with(run_args(12), {"--save", dir + "/plain", "--save-interval", "6", "--exit-interval", "6"}), recipe,
+          false);
+    const TrainingSummary flagged =
+        train(ParallelContext::single_process(), with(run_args(12), {"--load", dir + "/plain"}), recipe);
+    const double flagged_gap = worst_gap(plain, flagged, 6, 6);
+    EXPECT_LE(flagged_gap, 1e-3) << name << " a checkpoint without the flag resumed with it";
+    std::printf("%s: resumed without the flag %.2e, a checkpoint without it resumed with it %.2e\n", name.c_str(),
+                unflagged_gap, flagged_gap);
   }
   st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
