@@ -146,7 +146,7 @@ TEST_F(Ddp, ReduceScatterLeavesEachRankItsShardsAndGatherRestoresParameters) {
 
   // Each rank writes the values of its shards only (small integers, exact in bf16); the
   // all-gather must assemble them everywhere.
-  reg.param_buffer().fill(-100);
+  Tensor(reg.param_buffer()).fill(-100);  // a view: fills the buffer
   for (const ShardParamRange& s : ddp.shards().params)
     for (int64_t i = s.in_param.begin; i < s.in_param.end; ++i)
       reg.params()[s.param]->data.set_item(i, value(7, int(s.param), i));

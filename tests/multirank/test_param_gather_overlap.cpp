@@ -50,7 +50,7 @@ void add_params(ParameterRegistry& reg) {
 // Each rank writes its shards of every parameter as value(7, param, i) and the rest as -100;
 // after its bucket's gather, every element holds value(7, param, i).
 void write_own_shards(ParameterRegistry& reg, const DistributedDataParallel& ddp) {
-  reg.param_buffer().fill(-100);
+  Tensor(reg.param_buffer()).fill(-100);  // a view: fills the buffer
   for (const ShardParamRange& s : ddp.shards().params)
     for (int64_t i = s.in_param.begin; i < s.in_param.end; ++i)
       reg.params()[s.param]->data.set_item(i, value(7, int(s.param), i));

@@ -377,7 +377,8 @@ TEST(DdpParams, ModelReportsEachParameterJustBeforeTheForwardReadsIt) {
     const TinyBatch batch;
     const LossSums expected = model.evaluate(batch.tokens, batch.tokens, batch.mask);
     const Tensor values = reg.param_buffer().clone();
-    reg.param_buffer().fill(std::numeric_limits<double>::quiet_NaN());
+    Tensor params = reg.param_buffer();  // a view: filling it fills the buffer
+    params.fill(std::numeric_limits<double>::quiet_NaN());
 
     ops::OpProfiler& profiler = ops::OpProfiler::instance();
     std::vector<std::string> order;

@@ -62,8 +62,9 @@ Tensor fp8_param_values(const Parameter& param, const Tensor& codes, DType dtype
   const bool e4m3 = host.dtype() == DType::e4m3;
   Tensor values = Tensor::empty(host.shape(), DType::f32);
   float* v = values.data<float>();
-  for (int64_t i = 0; i < values.numel(); ++i)
-    v[i] = (e4m3 ? fp8_e4m3::to_float(q[i]) : fp8_e5m2::to_float(q[i])) * scale_inv;
+  const int64_t n = values.numel();
+#pragma omp parallel for schedule(static)  // a checkpoint's weights: billions of elements
+  for (int64_t i = 0; i < n; ++i) v[i] = (e4m3 ? fp8_e4m3::to_float(q[i]) : fp8_e5m2::to_float(q[i])) * scale_inv;
   return dtype == DType::f32 ? values : values.to(dtype);
 }
 

@@ -145,13 +145,12 @@ Tensor ParameterRegistry::grad_slice(int64_t begin, int64_t end) const {
   return slice_of(grad_parts_, grad_part_begins_, begin, end, "grad_slice", "gradient");
 }
 
-Tensor& ParameterRegistry::param_buffer() {
-  static Tensor dropped;
+const Tensor& ParameterRegistry::param_buffer() const {
+  static const Tensor kDropped;
   MEGATRON_CHECK(param_parts_.size() <= 1, "the parameters are split into " << param_parts_.size()
                                                                             << " parts (split_params); read them "
                                                                             << "with param_slice() or param_buffers()");
-  if (param_parts_.empty()) return dropped = Tensor();
-  return param_parts_[0];
+  return param_parts_.empty() ? kDropped : param_parts_[0];
 }
 
 Tensor ParameterRegistry::param_slice(int64_t begin, int64_t end) const {

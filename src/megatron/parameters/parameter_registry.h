@@ -157,7 +157,7 @@ class ParameterRegistry {
   DType grad_dtype() const { return grad_dtype_; }
   Device device() const { return device_; }
   // The flat parameter buffer (undefined once dropped); an error once split_params() split it.
-  Tensor& param_buffer();
+  const Tensor& param_buffer() const;
   // Parameters of elements [begin, end) of the buffer, which must lie in one part.
   Tensor param_slice(int64_t begin, int64_t end) const;
   // Every part of the parameter buffer in order (the flat buffer alone until split; none once dropped).

@@ -61,9 +61,9 @@ Fp8Linear::Casts Fp8Linear::quantize_blockwise(const Operand& op, const Tensor& 
 const Fp8Linear::Quantized& Fp8Linear::weight_cast(const Tensor& weight, Layout layout) {
   if (dtype_is_fp8(weight.dtype())) {  // an FP8 parameter: already cast, with weight_'s scale
     MEGATRON_CHECK(weight.dtype() == weight_.dtype && recipe_.scaling != ops::Fp8Scaling::blockwise,
-                   name_ << ": an FP8 weight of " << dtype_name(weight.dtype())
-                         << " under a recipe that casts weights to " << dtype_name(weight_.dtype)
-                         << (recipe_.scaling == ops::Fp8Scaling::blockwise ? " in blocks" : ""));
+                   name_ << ": an FP8 weight of " << dtype_name(weight.dtype()) << " needs a per-tensor recipe that "
+                         << "casts weights to it; this layer's casts them to " << dtype_name(weight_.dtype)
+                         << (recipe_.scaling == ops::Fp8Scaling::blockwise ? " in 128x128 blocks" : ""));
     if (!weight_casts_.transposed.codes.defined()) {
       Tensor codes_t = Tensor::empty({weight.dim(1), weight.dim(0)}, weight.dtype(), weight.device());
       ops::transpose01(codes_t, weight);
