@@ -192,7 +192,8 @@ std::vector<Flag> build_flag_table() {
        "Delayed scaling: the amax a scale comes from, the history's max or its most recent entry",
        {"most_recent", "max"}},
       {"--fp8-param-gather", Switch{FIELD(model.fp8.fp8_param_gather), true}, parallel,
-       "FP8 parameters all-gathered in FP8 (Megatron's); not built here: refused"},
+       "The FP8 layers' weights held as FP8 codes, cast from the f32 masters after each update and "
+       "all-gathered in FP8 (needs --use-distributed-optimizer; delayed or tensorwise recipe)"},
       {"--first-last-layers-bf16", Switch{FIELD(model.fp8.first_last_layers_bf16), true}, parallel,
        "Keep the GEMMs of the first and last layers in bf16 under FP8"},
       {"--num-layers-at-start-in-bf16", FIELD(model.fp8.num_layers_at_start_in_bf16), parallel,
