@@ -3,6 +3,7 @@
 // bias corrections come from the same double expression, so master, moments and the compute copy
 // must be bitwise equal to the CPU's (x86-64 has no FMA for the CPU compiler to contract into).
 #include <cmath>
+#include <cstring>
 
 #include "gpu/cuda_test_util.h"
 #include "megatron/ops/adamw.h"
@@ -95,6 +96,36 @@ TEST_F(CudaAdamW, RemainderStepMatchesCpuBitwise) {
       EXPECT_TRUE(equals_cpu(s.exp_avg_sq)) << "exp_avg_sq " << what;
     }
   }
+}
+
+// FP8 codes cast in the update (--fp8-param-gather, the delayed recipe): the CPU's update and then
+// its fp8_quantize, byte for byte, and the same amax (an earlier amax kept where it is larger).
+TEST_F(CudaAdamW, Fp8CodesStepMatchesTheCpuUpdateAndCast) {
+  uint64_t seed = 900;
+  for (const int64_t n : {int64_t(1), int64_t(9), int64_t(1003), int64_t(1 << 16) + 3})
+    for (const int64_t misalign : {0, 1})
+      for (const DType dtype : {DType::e4m3, DType::e5m2})
+        for (const double earlier_amax : {0.0, 100.0}) {
+          State s = make_state(n, DType::f32, false, misalign, seed += 5);
+          Tensor codes_cpu = Tensor::zeros({n}, dtype), codes_gpu = Tensor::zeros({n}, dtype, gpu());
+          Tensor amax = Tensor::empty({1}, DType::f32), scale = Tensor::empty({1}, DType::f32);
+          amax.fill(earlier_amax);
+          scale.fill(96.0);  // 1.3 x 96 reaches e4m3's saturation at 448 for the largest masters
+          Pair amaxes = pair_of(amax), scales = pair_of(scale);
+          const ops::AdamWParams p{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3};
+          ops::cpu::adamw_step_fp8(s.master.cpu, s.exp_avg.cpu, s.exp_avg_sq.cpu, s.grad.cpu, codes_cpu, amaxes.cpu,
+                                   scales.cpu, p);
+          ops::cuda::adamw_step_fp8(s.master.gpu, s.exp_avg.gpu, s.exp_avg_sq.gpu, s.grad.gpu, codes_gpu, amaxes.gpu,
+                                    scales.gpu, p);
+          const std::string what = "n=" + std::to_string(n) + " misalign=" + std::to_string(misalign) + " " +
+                                   dtype_name(dtype) + " earlier amax " + std::to_string(earlier_amax);
+          EXPECT_TRUE(equals_cpu(s.master)) << "master " << what;
+          EXPECT_TRUE(equals_cpu(s.exp_avg)) << "exp_avg " << what;
+          EXPECT_TRUE(equals_cpu(s.exp_avg_sq)) << "exp_avg_sq " << what;
+          EXPECT_TRUE(equals_cpu(amaxes)) << "amax " << what;
+          const Tensor back = codes_gpu.to(Device::cpu());
+          EXPECT_EQ(std::memcmp(back.raw(), codes_cpu.raw(), size_t(n)), 0) << "codes " << what;
+        }
 }
 
 TEST_F(CudaAdamW, RejectsNonF32State) {

@@ -51,11 +51,19 @@ void DistributedOptimizer::hold_params_in_fp8() {
   // the old buffer and the new parts together, beside the optimizer state.
   ddp_->zero_grad();
   registry.split_params(ends, dtypes);
-  std::vector<Tensor> params;
-  for (const ShardParamRange& r : ddp_->shards().params) params.push_back(ddp_->param_of(r));
-  state_.set_params(params);  // the pieces' old views held the flat buffer
   for (const auto& p : registry.params())
     if (p->fp8) fp8_params_.push_back(p.get());
+  // The delayed recipe's scale is known before the update, so AdamW casts the codes in its pass
+  // (ops::adamw_step_fp8); tensorwise needs the updated weight's amax first: a pass of its own.
+  fp8_cast_in_update_ = fp8_params_.front()->fp8->recipe.scaling == ops::Fp8Scaling::delayed;
+  std::vector<Tensor> params;
+  std::vector<ops::Fp8TensorScaling*> fp8_casts;
+  for (const ShardParamRange& r : ddp_->shards().params) {
+    params.push_back(ddp_->param_of(r));
+    const Parameter& p = *registry.params()[r.param];
+    fp8_casts.push_back(p.fp8 && fp8_cast_in_update_ ? p.fp8->scaling : nullptr);
+  }
+  state_.set_params(params, fp8_casts);  // the pieces' old views held the flat buffer
   cast_fp8_params();
   ddp_->start_param_gather();
   ddp_->finish_param_gather();
@@ -101,7 +109,7 @@ void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {
 
 void DistributedOptimizer::update(double lr, double weight_decay, float grad_scale) {
   state_.step(step_params(lr, grad_scale), float(weight_decay));
-  if (!fp8_params_.empty()) cast_fp8_params();
+  if (!fp8_params_.empty() && !fp8_cast_in_update_) cast_fp8_params();
   ddp_->start_param_gather();
   if (!ddp_->config().overlap_param_gather) ddp_->finish_param_gather();
 }

@@ -56,6 +56,7 @@ class DistributedOptimizer final : public Optimizer {
   DistributedDataParallel* ddp_;
   AdamWState state_;  // this rank's shards, concatenated (RankShards::numel); offloaded in part or whole
   std::vector<const Parameter*> fp8_params_;  // every FP8 parameter of the registry, registration order
+  bool fp8_cast_in_update_ = false;           // AdamW casts them (the delayed recipe)
 };
 
 }  // namespace megatron

@@ -9,7 +9,10 @@
 // cast_master_weights_to_fp8):
 //   delayed:  the weight's scale of earlier steps (update_fp8_scales runs before the optimizer
 //             step); the shard's amax goes into the weight's amax_history[0], which the layer
-//             max-reduces over TP x DP x CP at the next update, as it would its forward cast's;
+//             max-reduces over TP x DP x CP at the next update, as it would its forward cast's.
+//             The scale being known before the update, AdamW casts in its own pass after a step
+//             (ops::adamw_step_fp8, AdamWState::set_params' fp8_casts); cast_fp8_param_shards
+//             casts at the start and after a checkpoint's load;
 //   current (tensorwise): the scale of the whole (TP-local) weight's amax, the max of the shards'
 //             over the data-parallel group, margin 0.
 // The blockwise recipe is not built with FP8 parameters (validate_fp8 refuses it). The masters

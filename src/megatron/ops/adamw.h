@@ -27,5 +27,12 @@ struct AdamWParams {
 
 MEGATRON_OP(adamw_step, void(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                              Tensor& model_param, const AdamWParams& params));
+// adamw_step of f32 masters whose compute copy is FP8 codes (--fp8-param-gather under the delayed
+// recipe, whose scale is known before the update: distributed/fp8_params.h): codes (e4m3 or e5m2,
+// the masters' numel) = the updated masters cast at codes_scale ((1) f32, read on the device) and
+// codes_amax ((1) f32) = max(codes_amax, max |updated master|), the bytes and amax of fp8_quantize
+// after adamw_step, from one pass.
+MEGATRON_OP(adamw_step_fp8, void(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& codes,
+                                 Tensor& codes_amax, const Tensor& codes_scale, const AdamWParams& params));
 
 }  // namespace megatron::ops

@@ -140,9 +140,11 @@ Tensor AdamWState::exp_avg_sq(int64_t begin, int64_t end) const {
   return view(part.exp_avg_sq, part, begin, end);
 }
 
-void AdamWState::set_params(const std::vector<Tensor>& params) {
+void AdamWState::set_params(const std::vector<Tensor>& params, const std::vector<ops::Fp8TensorScaling*>& fp8_casts) {
   MEGATRON_CHECK(params.size() == pieces_.size(),
                  "set_params(): " << params.size() << " parameter tensors for " << pieces_.size() << " pieces");
+  MEGATRON_CHECK(fp8_casts.empty() || fp8_casts.size() == pieces_.size(),
+                 "set_params(): " << fp8_casts.size() << " FP8 casts for " << pieces_.size() << " pieces");
   for (size_t i = 0; i < pieces_.size(); ++i) {
     Piece& p = pieces_[i];
     MEGATRON_CHECK(params[i].numel() == p.end - p.begin, "set_params(): piece " << i << " has " << p.end - p.begin
@@ -152,6 +154,10 @@ void AdamWState::set_params(const std::vector<Tensor>& params) {
                    "FP8 parameters (--fp8-param-gather) need f32 masters on the device: not built with "
                    "--optimizer-cpu-offload or --use-precision-aware-optimizer");
     p.param = params[i];
+    p.fp8_cast = fp8_casts.empty() ? nullptr : fp8_casts[i];
+    MEGATRON_CHECK(
+        p.fp8_cast == nullptr || dtype_is_fp8(p.param.dtype()),
+        "set_params(): piece " << i << " is cast to FP8 but its parameters are " << dtype_name(p.param.dtype()));
   }
 }
 
@@ -189,8 +195,14 @@ void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay
     Piece& p = pieces_[i];
     Tensor m = view(device_.exp_avg, device_, p.begin, p.end), v = view(device_.exp_avg_sq, device_, p.begin, p.end);
     Tensor master = device_master_ ? view(device_.master, device_, p.begin, p.end) : p.param;
+    const ops::AdamWParams params = with_decay(base, p.weight_decay, weight_decay);
+    if (p.fp8_cast != nullptr) {
+      Tensor amax = p.fp8_cast->amax_history.slice(0, 1);
+      ops::adamw_step_fp8(master, m, v, p.grad, p.param, amax, p.fp8_cast->scale, params);
+      continue;
+    }
     Tensor model_copy = device_master_ && !dtype_is_fp8(p.param.dtype()) ? p.param : Tensor();
-    ops::adamw_step(master, m, v, p.grad, model_copy, with_decay(base, p.weight_decay, weight_decay));
+    ops::adamw_step(master, m, v, p.grad, model_copy, params);
   }
 }
 

@@ -30,6 +30,7 @@
 #include "megatron/core/dtype.h"
 #include "megatron/core/tensor.h"
 #include "megatron/ops/adamw.h"
+#include "megatron/ops/fp8.h"
 #include "megatron/optimizer/offload_copies.h"
 
 namespace megatron {
@@ -55,6 +56,7 @@ class AdamWState {
     int64_t begin = 0, end = 0;
     Tensor grad, param;
     bool weight_decay = true;
+    ops::Fp8TensorScaling* fp8_cast = nullptr;  // set_params' fp8_casts
   };
   // `pieces` in increasing order, not overlapping, inside [0, numel), possibly none (a
   // distributed-optimizer shard of padding only); the model's parameters live on `device` in
@@ -67,9 +69,12 @@ class AdamWState {
   void step(const ops::AdamWParams& base, float weight_decay);
   // Points the pieces at other parameter tensors (one each, in order, of the same lengths; the
   // masters stay): the distributed optimizer's once it holds some in FP8 (distributed/fp8_params.h).
-  // A piece of FP8 codes keeps f32 masters on the device, which step() updates without writing
-  // the codes and reload_master() leaves: their holder casts them and rebuilds them.
-  void set_params(const std::vector<Tensor>& params);
+  // A piece of FP8 codes keeps f32 masters on the device, which reload_master() leaves (their
+  // holder rebuilds them); step() casts its codes in the update where fp8_casts names the piece's
+  // scaling state (the delayed recipe, whose scale is known before the update: its scale, its
+  // amax recorded in amax_history[0]; ops::adamw_step_fp8), and otherwise leaves them to their
+  // holder. fp8_casts: empty, or one entry per piece (null: none).
+  void set_params(const std::vector<Tensor>& params, const std::vector<ops::Fp8TensorScaling*>& fp8_casts = {});
 
   // Views of the state for elements [begin, end) of one piece (for checkpoints): on the host or the
   // device, as the piece's state lives.

@@ -8,6 +8,7 @@
 #include "megatron/core/param_remainder.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 #include "megatron/ops/elementwise.h"
+#include "megatron/ops/fp8.h"
 
 namespace megatron::ops::cpu {
 namespace {
@@ -107,6 +108,17 @@ void cpu::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const 
                         master.numel(), params);
   }
   if (model_param.defined()) cast(model_param, master);
+}
+
+void cpu::adamw_step_fp8(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& codes,
+                         Tensor& codes_amax, const Tensor& codes_scale, const AdamWParams& params) {
+  check_defined(master, "adamw_fp8 master");
+  check_dtype(master, DType::f32, "adamw_fp8 master");
+  check_numel(codes, master.numel(), "adamw_fp8 codes");
+  // The update, then the cast: the reference the one-pass CUDA kernel must equal byte for byte.
+  Tensor no_model;
+  adamw_step(master, exp_avg, exp_avg_sq, grad, no_model, params);
+  fp8_quantize(codes, codes_amax, master, codes_scale);
 }
 
 }  // namespace megatron::ops

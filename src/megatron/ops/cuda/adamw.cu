@@ -8,6 +8,7 @@
 
 #include "megatron/core/param_remainder.h"
 #include "megatron/ops/adamw.h"
+#include "megatron/ops/cuda/fp8_cast_transpose.cuh"
 #include "megatron/ops/cuda/kernel_util.cuh"
 
 namespace megatron::ops::cuda {
@@ -35,12 +36,15 @@ __device__ __forceinline__ float adamw_update(float& master, float& m, float& v,
 
 // Where a kernel reads and writes the masters: an f32 buffer, and the compute copy of type P
 // written from it (kWriteModel; none when the master is the parameter)...
+// A policy's store also takes the thread's running max of the stored masters' magnitude bits, which
+// a policy with kRecordsAmax merges into its amax at the kernel's end.
 template <bool kWriteModel, class P>
 struct F32Masters {
+  static constexpr bool kRecordsAmax = false;
   float* master;
   P* model;
   __device__ __forceinline__ void load(int64_t i, float (&p)[kVec]) const { load_floats<kVec>(master + i, p); }
-  __device__ __forceinline__ void store(int64_t i, const float (&p)[kVec]) const {
+  __device__ __forceinline__ void store(int64_t i, const float (&p)[kVec], unsigned& /*amax_bits*/) const {
     store_floats<kVec>(master + i, p);
     if constexpr (kWriteModel) {
 #pragma unroll
@@ -48,16 +52,47 @@ struct F32Masters {
     }
   }
   __device__ __forceinline__ float load1(int64_t i) const { return master[i]; }
-  __device__ __forceinline__ void store1(int64_t i, float p) const {
+  __device__ __forceinline__ void store1(int64_t i, float p, unsigned& /*amax_bits*/) const {
     master[i] = p;
     if constexpr (kWriteModel) model[i] = from_float<P>(p);
   }
   bool aligned() const { return is_aligned16(master); }
 };
 
+// ...or f32 masters and the FP8 codes cast from them at *scale (ops::adamw_step_fp8), their
+// magnitudes' max recorded as fp8_quantize records it...
+struct Fp8CodesMasters {
+  static constexpr bool kRecordsAmax = true;
+  float* master;
+  __nv_fp8_storage_t* codes;
+  const float* scale;
+  float* amax;
+  __nv_fp8_interpretation_t format;
+  __device__ __forceinline__ void load(int64_t i, float (&p)[kVec]) const { load_floats<kVec>(master + i, p); }
+  __device__ __forceinline__ void store(int64_t i, const float (&p)[kVec], unsigned& amax_bits) const {
+    store_floats<kVec>(master + i, p);
+    const float s = *scale;
+    fp8::Pack<kVec> pack;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      pack.code[j] = fp8::cast(p[j], s, format);
+      amax_bits = max(amax_bits, fp8::magnitude_bits(p[j]));
+    }
+    *reinterpret_cast<fp8::Pack<kVec>*>(codes + i) = pack;
+  }
+  __device__ __forceinline__ float load1(int64_t i) const { return master[i]; }
+  __device__ __forceinline__ void store1(int64_t i, float p, unsigned& amax_bits) const {
+    master[i] = p;
+    codes[i] = fp8::cast(p, *scale, format);
+    amax_bits = max(amax_bits, fp8::magnitude_bits(p));
+  }
+  bool aligned() const { return is_aligned16(master) && reinterpret_cast<uintptr_t>(codes) % kVec == 0; }
+};
+
 // ...or the bf16 parameters' bits and the masters' remainders (core/param_remainder.h): 16 bytes
 // of each per kVec elements.
 struct RemainderMasters {
+  static constexpr bool kRecordsAmax = false;
   uint16_t* remainder;
   uint16_t* param;
   __device__ __forceinline__ void load(int64_t i, float (&p)[kVec]) const {
@@ -67,7 +102,7 @@ struct RemainderMasters {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) p[j] = __uint_as_float(join_master(qs[j], rs[j]));
   }
-  __device__ __forceinline__ void store(int64_t i, const float (&p)[kVec]) const {
+  __device__ __forceinline__ void store(int64_t i, const float (&p)[kVec], unsigned& /*amax_bits*/) const {
     uint4 r, q;
     uint16_t* rs = reinterpret_cast<uint16_t*>(&r);
     uint16_t* qs = reinterpret_cast<uint16_t*>(&q);
@@ -83,7 +118,7 @@ struct RemainderMasters {
   __device__ __forceinline__ float load1(int64_t i) const {
     return __uint_as_float(join_master(param[i], remainder[i]));
   }
-  __device__ __forceinline__ void store1(int64_t i, float p) const {
+  __device__ __forceinline__ void store1(int64_t i, float p, unsigned& /*amax_bits*/) const {
     const SplitMaster s = split_master(__float_as_uint(p));
     param[i] = s.param;
     remainder[i] = s.remainder;
@@ -97,6 +132,7 @@ __global__ void adamw_kernel(Masters masters, float* exp_avg, float* exp_avg_sq,
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t done = 0;
+  unsigned amax_bits = 0;
   if constexpr (kVector) {
     const int64_t chunks = n / kVec;
     for (int64_t k = tid; k < chunks; k += stride) {
@@ -108,7 +144,7 @@ __global__ void adamw_kernel(Masters masters, float* exp_avg, float* exp_avg_sq,
       load_floats<kVec>(grad + i, g);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) adamw_update(p[j], m[j], v[j], g[j], c);
-      masters.store(i, p);
+      masters.store(i, p, amax_bits);
       store_floats<kVec>(exp_avg + i, m);
       store_floats<kVec>(exp_avg_sq + i, v);
     }
@@ -117,8 +153,38 @@ __global__ void adamw_kernel(Masters masters, float* exp_avg, float* exp_avg_sq,
   for (int64_t i = done + tid; i < n; i += stride) {
     float p = masters.load1(i);
     adamw_update(p, exp_avg[i], exp_avg_sq[i], grad[i], c);
-    masters.store1(i, p);
+    masters.store1(i, p, amax_bits);
   }
+  if constexpr (Masters::kRecordsAmax) fp8::merge_amax(masters.amax, amax_bits);
+}
+
+// The state's checks (f32 masters or u16 remainders, f32 moments and gradients beside them) and
+// the step's constants, the bias corrections in double on the host as torch and the CPU reference
+// compute them.
+AdamWConstants checked_constants(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                                 const Tensor& grad, const AdamWParams& params) {
+  check_cuda(master, "adamw master");
+  MEGATRON_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::u16,
+                 "adamw master has dtype " << dtype_name(master.dtype())
+                                           << "; master weights on CUDA are f32, or u16 remainders of bf16 parameters");
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&exp_avg, "adamw exp_avg"},
+                                {&exp_avg_sq, "adamw exp_avg_sq"},
+                                {&grad, "adamw grad"}}) {
+    check_cuda(*t, name);
+    check_numel(*t, master.numel(), name);
+    check_dtype(*t, DType::f32, name);
+  }
+  MEGATRON_CHECK(params.step >= 1, "adamw step " << params.step << " must be >= 1 (steps count from 1)");
+  MEGATRON_CHECK(params.beta1 >= 0.0f && params.beta1 < 1.0f && params.beta2 >= 0.0f && params.beta2 < 1.0f,
+                 "adamw betas (" << params.beta1 << ", " << params.beta2 << ") must be in [0, 1)");
+  return {params.lr,
+          params.beta1,
+          params.beta2,
+          params.eps,
+          params.weight_decay,
+          params.grad_scale,
+          float(1.0 - std::pow(double(params.beta1), double(params.step))),
+          float(1.0 - std::pow(double(params.beta2), double(params.step)))};
 }
 
 template <class Masters>
@@ -144,36 +210,14 @@ namespace megatron::ops {
 
 void cuda::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
                       const AdamWParams& params) {
-  check_cuda(master, "adamw master");
   const bool remainders = master.dtype() == DType::u16;
-  MEGATRON_CHECK(master.dtype() == DType::f32 || remainders,
-                 "adamw master has dtype " << dtype_name(master.dtype())
-                                           << "; master weights on CUDA are f32, or u16 remainders of bf16 parameters");
-  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&exp_avg, "adamw exp_avg"},
-                                {&exp_avg_sq, "adamw exp_avg_sq"},
-                                {&grad, "adamw grad"}}) {
-    check_cuda(*t, name);
-    check_numel(*t, master.numel(), name);
-    check_dtype(*t, DType::f32, name);
-  }
   if (model_param.defined()) {
     check_cuda(model_param, "adamw model_param");
     check_numel(model_param, master.numel(), "adamw model_param");
   }
   MEGATRON_CHECK(!remainders || (model_param.defined() && model_param.dtype() == DType::bf16),
                  "adamw masters kept as u16 remainders need the bf16 parameters they complete");
-  MEGATRON_CHECK(params.step >= 1, "adamw step " << params.step << " must be >= 1 (steps count from 1)");
-  MEGATRON_CHECK(params.beta1 >= 0.0f && params.beta1 < 1.0f && params.beta2 >= 0.0f && params.beta2 < 1.0f,
-                 "adamw betas (" << params.beta1 << ", " << params.beta2 << ") must be in [0, 1)");
-  // Bias corrections in double on the host, as torch and the CPU reference compute them.
-  const AdamWConstants c{params.lr,
-                         params.beta1,
-                         params.beta2,
-                         params.eps,
-                         params.weight_decay,
-                         params.grad_scale,
-                         float(1.0 - std::pow(double(params.beta1), double(params.step))),
-                         float(1.0 - std::pow(double(params.beta2), double(params.step)))};
+  const AdamWConstants c = checked_constants(master, exp_avg, exp_avg_sq, grad, params);
   float* m = device_data<float>(exp_avg);
   float* v = device_data<float>(exp_avg_sq);
   const float* g = device_data<float>(grad);
@@ -188,6 +232,26 @@ void cuda::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const
   dispatch_storage(model_param.dtype(), "adamw model_param", [&]<class P>(std::type_identity<P>) {
     launch_adamw(F32Masters<true, P>{p, device_data<P>(model_param)}, m, v, g, n, c);
   });
+}
+
+void cuda::adamw_step_fp8(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& codes,
+                          Tensor& codes_amax, const Tensor& codes_scale, const AdamWParams& params) {
+  check_cuda(codes, "adamw_fp8 codes");
+  check_numel(codes, master.numel(), "adamw_fp8 codes");
+  MEGATRON_CHECK(dtype_is_fp8(codes.dtype()),
+                 "adamw_fp8 codes have dtype " << dtype_name(codes.dtype()) << "; expected e4m3 or e5m2");
+  for (const auto& [t, name] :
+       {std::pair<const Tensor*, const char*>{&codes_amax, "adamw_fp8 amax"}, {&codes_scale, "adamw_fp8 scale"}}) {
+    check_cuda(*t, name);
+    check_numel(*t, 1, name);
+    check_dtype(*t, DType::f32, name);
+  }
+  check_dtype(master, DType::f32, "adamw_fp8 master");
+  const AdamWConstants c = checked_constants(master, exp_avg, exp_avg_sq, grad, params);
+  launch_adamw(
+      Fp8CodesMasters{device_data<float>(master), static_cast<__nv_fp8_storage_t*>(codes.raw()),
+                      device_data<float>(codes_scale), device_data<float>(codes_amax), fp8::format_of(codes.dtype())},
+      device_data<float>(exp_avg), device_data<float>(exp_avg_sq), device_data<float>(grad), master.numel(), c);
 }
 
 }  // namespace megatron::ops
