@@ -66,6 +66,20 @@ TEST(Tensor, ReleasedMemoryIsGivenBackAndViewsWorkAgainOnceReacquired) {
   EXPECT_NE(megatron::testing::error_of([&] { view.release_memory(); }).find("on a view"), std::string::npos);
 }
 
+TEST(Tensor, ReleasedFromTheStartTakesMemoryOnlyWhenReacquired) {
+  const size_t held = memory_stats(Device::cpu()).current_bytes;
+  Tensor buffer = Tensor::released({1 << 20}, DType::f32);
+  Tensor view = buffer.slice(10, 20);
+  EXPECT_EQ(buffer.shape(), (Shape{1 << 20}));
+  EXPECT_FALSE(view.memory_held());
+  EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, held);
+  EXPECT_NE(megatron::testing::error_of([&] { view.item(0); }).find("memory was released"), std::string::npos);
+  buffer.reacquire_memory();
+  EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, held + buffer.nbytes());
+  view.fill(3.0);
+  EXPECT_EQ(buffer.item(15), 3.0);
+}
+
 TEST(Tensor, ConvertingCopy) {
   Tensor a = Tensor::from_vector({1.0f, 2.5f, -3.0f}, {3});
   Tensor b = a.to(DType::bf16);

@@ -173,9 +173,10 @@ TEST(DdpParams, SetLayoutDroppingGradsHoldsOneGradBuffer) {
   EXPECT_EQ(memory_stats(Device::cpu()).peak_bytes, others + std::max(old_buffer + new_buffer, 2 * new_buffer));
 }
 
-// split_grads (DDP's buckets): one zeroed part per range, the main grads pointing into them, never
-// the flat buffer and the parts at once; a parameter straddling two parts and a slice crossing a
-// part's end are errors; a released part's memory is given back and comes back lazily zeroed.
+// split_grads (DDP's buckets): one part per range, the main grads pointing into them, the parts
+// released until first acquired (zeroed then), never the flat buffer and the parts at once; a
+// parameter straddling two parts and a slice crossing a part's end are errors; a released part's
+// memory is given back and comes back lazily zeroed.
 TEST(DdpParams, SplitGradsMakesOnePartPerRange) {
   ParameterRegistry r;
   r.add({.name = "a", .global_shape = {300, 50}});
@@ -188,8 +189,15 @@ TEST(DdpParams, SplitGradsMakesOnePartPerRange) {
   reset_peak_memory(DeviceType::cpu);
   r.split_grads({15008, 15760});
   EXPECT_EQ(memory_stats(Device::cpu()).peak_bytes, before) << "the flat buffer went before the parts came";
+  EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, before - 15760 * 4) << "the parts take memory when acquired";
   ASSERT_EQ(r.grad_parts(), 2u);
+  EXPECT_FALSE(r.grads_held(0));
+  EXPECT_FALSE(r.grads_held(1));
+  EXPECT_NE(error_of([&] { r.params()[0]->main_grad.to_vector(); }).find("released"), std::string::npos);
   EXPECT_EQ(r.grad_part_of(*r.params()[2]), 1u);
+  r.acquire_grads(0);
+  r.acquire_grads(1);
+  EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, before);
   EXPECT_EQ(r.params()[0]->main_grad.to_vector(), std::vector<float>(15000, 0.0f));
   r.params()[2]->main_grad.fill(2.0);
   EXPECT_EQ(r.grad_slice(15712, 15752).to_vector(), std::vector<float>(40, 2.0f));
@@ -312,10 +320,12 @@ TEST(DdpParams, BucketGradientsTakeMemoryFromTheBackwardToTheStepAndEqualZeroedO
       if (!held_at_first_report.empty()) return;
       for (size_t b = 0; b < buckets; ++b) held_at_first_report.push_back(reg.grads_held(b));
     });
+    for (size_t b = 0; b < buckets; ++b) EXPECT_FALSE(reg.grads_held(b)) << "bucket " << b << " held before a backward";
     for (int step = 0; step < 2; ++step) {
       const size_t before = memory_stats(Device::cpu()).current_bytes;
       ddp.zero_grad();
-      EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, before - size_t(grad_bytes)) << "all given back";
+      const size_t held = step == 0 ? 0 : size_t(grad_bytes);  // the set-up took none
+      EXPECT_EQ(memory_stats(Device::cpu()).current_bytes, before - held) << "all given back";
       for (size_t b = 0; b < buckets; ++b) EXPECT_FALSE(reg.grads_held(b)) << b;
       EXPECT_NE(error_of([&] { reg.params()[0]->main_grad.item(0); }).find("memory was released"), std::string::npos);
       held_at_first_report.clear();

@@ -30,7 +30,7 @@ Storage::~Storage() {
   if (release != nullptr && data != nullptr) release(data, bytes, device);
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+Tensor Tensor::released(const Shape& shape, DType dtype, Device device) {
   Tensor t;
   t.shape_ = shape;
   t.numel_ = shape_numel(shape);
@@ -38,10 +38,15 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   auto storage = std::make_shared<Storage>();
   storage->bytes = t.nbytes();
   storage->device = device;
-  const DeviceAllocator& alloc = allocator_for(device);
-  storage->data = alloc.allocate(storage->bytes, device);
-  storage->release = alloc.release;
+  storage->release = allocator_for(device).release;
+  storage->memory_released = true;
   t.storage_ = std::move(storage);
+  return t;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  Tensor t = released(shape, dtype, device);
+  t.reacquire_memory();
   return t;
 }
 

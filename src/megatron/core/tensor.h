@@ -49,6 +49,9 @@ class Tensor {
 
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
+  // A tensor as empty() makes it, but released from the start (release_memory): no memory until
+  // reacquire_memory(), so a buffer first needed later never leaves a hole where it was.
+  static Tensor released(const Shape& shape, DType dtype, Device device = Device::cpu());
   // Wraps memory owned elsewhere; the caller keeps it alive for the tensor's lifetime.
   static Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device = Device::cpu());
   // CPU tensor holding the given values, converted to dtype.

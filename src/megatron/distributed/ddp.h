@@ -17,7 +17,8 @@
 // the last only accumulate; nothing is communicated until the last one.
 //
 // Gradient memory (without FSDP): each bucket's gradients are a buffer of their own
-// (ParameterRegistry::split_grads). zero_grad() gives every bucket's memory back; the backward
+// (ParameterRegistry::split_grads), released from the start. zero_grad() gives every bucket's
+// memory back; the backward
 // takes a bucket's memory when it first reaches one of its parameters (the registry's
 // before_backward()), zeroed except the linear layers' weight gradients, whose first gradient of
 // the step overwrites them (no memset of ~90% of the buffer, no read of zeros); a bucket the

@@ -191,10 +191,13 @@ void ParameterRegistry::split_grads(const std::vector<int64_t>& ends) {
   MEGATRON_CHECK(grad_parts_.size() == 1, "split_grads() needs the one flat gradient buffer");
   const DType dtype = grad_parts_[0].dtype();
   std::vector<int64_t> begins = part_begins(ends, grad_parts_[0].numel(), params_, "gradient");
-  // The flat buffer goes before the parts come, so the two are never held together.
+  // The flat buffer goes before the parts come, and they come released: memory taken at set-up
+  // and given back at the first zero_grad would leave a hole the size of every gradient where the
+  // optimizer state, allocated next, cannot go (the CUDA allocator would keep it reserved).
   for (const auto& p : params_) p->main_grad = Tensor();
   grad_parts_.clear();
-  for (size_t k = 0; k < ends.size(); ++k) grad_parts_.push_back(Tensor::zeros({ends[k] - begins[k]}, dtype, device_));
+  for (size_t k = 0; k < ends.size(); ++k)
+    grad_parts_.push_back(Tensor::released({ends[k] - begins[k]}, dtype, device_));
   grad_part_begins_ = std::move(begins);
   point_main_grads();
 }

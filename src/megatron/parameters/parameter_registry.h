@@ -94,8 +94,9 @@ class ParameterRegistry {
   void set_layout(const std::vector<int64_t>& offsets, int64_t numel, GradsOnMove grads = GradsOnMove::keep);
 
   // Splits the main gradients into consecutive parts ending at `ends` (increasing, the last the
-  // buffer's size; no parameter may straddle two), all zero: the flat buffer is dropped first, so
-  // the two are never held together (DDP splits before any backward).
+  // buffer's size; no parameter may straddle two), all released until acquire_grads (zeroed then):
+  // the flat buffer is dropped first, so the two are never held together (DDP splits before any
+  // backward, which takes each part when it first reaches it).
   void split_grads(const std::vector<int64_t>& ends);
   size_t grad_parts() const { return grad_parts_.size(); }
   size_t grad_part_of(const Parameter& p) const;
