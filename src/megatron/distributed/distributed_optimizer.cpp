@@ -47,9 +47,8 @@ void DistributedOptimizer::hold_params_in_fp8() {
       dtypes.push_back(dtype);
     }
   }
-  // The gradients (all zero before the first step) give their memory back first: the split holds
-  // the old buffer and the new parts together, beside the optimizer state.
-  ddp_->zero_grad();
+  // The gradients hold no memory here (DDP starts them released), so the split's moment holds only
+  // the old parameter buffer and its new parts beside the optimizer state.
   registry.split_params(ends, dtypes);
   for (const auto& p : registry.params())
     if (p->fp8) fp8_params_.push_back(p.get());
