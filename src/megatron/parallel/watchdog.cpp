@@ -182,7 +182,8 @@ void Watchdog::fire(const Watched& w) {
   print_block(head.str());
 
   std::vector<std::string> texts(w.peers.size());
-  if (side_ != MPI_COMM_NULL && !w.peers.empty()) texts = ask_peers(w.peers, std::clamp(w.timeout / 2, 2.0, 30.0));
+  const double window = std::clamp(w.timeout / 2, 2.0, 30.0), asked_at = log_.now();
+  if (side_ != MPI_COMM_NULL && !w.peers.empty()) texts = ask_peers(w.peers, window);
   std::vector<PeerStatus> statuses;
   for (size_t i = 0; i < w.peers.size(); ++i) {
     PeerStatus s{w.peers[i], false, {}, {}};
@@ -199,7 +200,18 @@ void Watchdog::fire(const Watched& w) {
   for (const std::string& line : diagnose(w.record, statuses).lines) tail << me << line << "\n";
   tail << me << "aborting the job\n";
   print_block(tail.str());
-  if (side_ != MPI_COMM_NULL) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (side_ != MPI_COMM_NULL) {
+    // The launcher resumes stopped ranks as it ends the job (Open MPI's mpirun sends SIGCONT before
+    // SIGTERM), and a rank stopped by SIGSTOP would then answer the queries of ranks still asking as
+    // if it had been running, and be cleared by their diagnoses. So the abort waits two windows from
+    // this rank's question, answering the others meanwhile: ranks stuck about together have all
+    // heard from the stopped rank's silence by then.
+    while (log_.now() < asked_at + 2 * window) {
+      serve_queries();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   std::_Exit(1);
 }
 

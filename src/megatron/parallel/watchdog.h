@@ -19,7 +19,9 @@
 //  - The timed-out rank prints the diagnosis (each peer's state and "missing rank(s): ...": the
 //    peers that did not answer, had not issued the operation, or issued a different one), then
 //    aborts the job with MPI_Abort: a rank that gave up on a collective cannot take part in
-//    collectives again, and MPI_Finalize could wait for the missing rank forever.
+//    collectives again, and MPI_Finalize could wait for the missing rank forever. The abort comes
+//    two reply windows after the question: ending the job resumes stopped ranks (mpirun's SIGCONT
+//    before SIGTERM), which would otherwise answer the ranks still asking as if they had run.
 // Ranks that time out together each print their own record before the first abort ends the
 // job, so the log shows which rank never arrived at which operation.
 //
