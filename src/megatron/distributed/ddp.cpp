@@ -66,12 +66,17 @@ DistributedDataParallel::DistributedDataParallel(ParameterRegistry& registry, co
   // Gradients start at zero (zero_grad begins every step), so the move need not hold two gradient buffers.
   registry.set_layout(layout_.param_offsets(), layout_.numel, ParameterRegistry::GradsOnMove::drop);
   if (config.use_distributed_optimizer) shards_ = rank_shards(layout_, group_->rank(), expert_group_->rank());
+  MEGATRON_CHECK(!config.release_weights_after_backward || (!config.shard_grads && !has_fp8_params),
+                 "released weights between the backward and the step need whole parameter buckets in the compute "
+                 "dtype: not built with Megatron FSDP or FP8 parameters (--fp8-param-gather)");
   if (config.shard_grads) {
     fsdp_ = std::make_unique<FullyShardedBuffers>(registry, layout_, shards_, group_, config.shard_params);
   } else {
     std::vector<int64_t> bucket_ends;
     for (const BucketLayout& bucket : layout_.buckets) bucket_ends.push_back(bucket.range.end);
     registry.split_grads(bucket_ends);
+    if (config.release_weights_after_backward)
+      registry.split_params(bucket_ends, std::vector<DType>(bucket_ends.size(), registry.params_dtype()));
   }
 
   const size_t buckets = layout_.buckets.size();
@@ -134,12 +139,14 @@ void DistributedDataParallel::zero_grad() {
 }
 
 void DistributedDataParallel::on_grad_ready(const Parameter& p) {
-  if (!config_.overlap_grad_reduce || !last_micro_batch_) return;
+  if (!last_micro_batch_ || !(config_.overlap_grad_reduce || config_.release_weights_after_backward)) return;
   MEGATRON_CHECK(!param_ready_[p.index], p.spec.name << " was reported ready twice in one backward pass; "
                                                      << "each parameter's gradient is final once");
   param_ready_[p.index] = true;
   const size_t b = layout_.param_bucket[p.index];
-  if (++bucket_ready_[b] == layout_.buckets[b].params.size()) start_bucket(b);
+  if (++bucket_ready_[b] < layout_.buckets[b].params.size()) return;
+  if (config_.overlap_grad_reduce) start_bucket(b);
+  if (config_.release_weights_after_backward) registry_->release_params(b);
 }
 
 void DistributedDataParallel::start_bucket(size_t b) {

@@ -28,6 +28,16 @@
 // (GPTModel::stage_backward). Megatron keeps them all along. Buckets have bucket_size elements with
 // or without --overlap-grad-reduce (without it they still reduce together, after the backward).
 //
+// Weight memory (release_weights_after_backward, when the optimizer keeps f32 masters apart from
+// 16-bit weights, on the device): the parameters are split into the same buckets, and a bucket's
+// weights give their memory back once the last micro-batch's backward has reported all its
+// parameters ready (the registry's grad_ready()); the optimizer step takes it again just before
+// its update writes them from the masters, and gives the bucket's gradients back after
+// (Optimizer::update_parts). So the end of the backward, where every gradient is held, no longer
+// holds every weight too: 2 bytes an element less at the step's peak, about what fp32 parameters
+// without a separate copy (PyTorch's AMP) hold. A parameter never reported ready keeps its bucket's
+// weights. A read of a released weight is an error (Tensor::release_memory), not a stale value.
+//
 // Expert-parallel parameters (MoE experts split over EP) sit in buckets of their own, summed over
 // the expert-data-parallel group instead, still scaled 1/R: each EP rank holds other experts, and
 // an expert's gradient there already sums the tokens of the whole EP group (Megatron's
@@ -90,6 +100,9 @@ struct DdpConfig {
   // both need use_distributed_optimizer, the parameters the gradients.
   bool shard_grads = false;
   bool shard_params = false;
+  // The weights of each bucket released from its last backward of a step to the optimizer's update,
+  // which rewrites them from its masters (see above); not with FSDP's or FP8 parameters.
+  bool release_weights_after_backward = false;
 };
 
 class DistributedDataParallel {

@@ -107,10 +107,24 @@ void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {
 }
 
 void DistributedOptimizer::update(double lr, double weight_decay, float grad_scale) {
-  state_.step(step_params(lr, grad_scale), float(weight_decay));
+  update_parts(state_, part_ranges(), step_params(lr, grad_scale), float(weight_decay));
   if (!fp8_params_.empty() && !fp8_cast_in_update_) cast_fp8_params();
   ddp_->start_param_gather();
   if (!ddp_->config().overlap_param_gather) ddp_->finish_param_gather();
+}
+
+// Released weights come back from this rank's masters for its shards and from the others' for
+// the rest of each bucket: the gather a step makes, though nothing changed.
+void DistributedOptimizer::keep_params() {
+  if (!restore_released_params(state_, part_ranges())) return;
+  ddp_->start_param_gather();
+  ddp_->finish_param_gather();
+}
+
+Optimizer::PartRanges DistributedOptimizer::part_ranges() const {
+  PartRanges parts;
+  for (const Range& shard : ddp_->shards().in_shards) parts.emplace_back(shard.begin, shard.end);
+  return parts;
 }
 
 std::vector<checkpointing::ShardedTensor> DistributedOptimizer::sharded_state(StateCopies copies) const {

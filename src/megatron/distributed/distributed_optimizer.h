@@ -45,6 +45,9 @@ class DistributedOptimizer final : public Optimizer {
   void count_nonfinite_grads(Tensor& acc) const override;
   double global_grad_norm() const override;
   void update(double lr, double weight_decay, float grad_scale) override;
+  void keep_params() override;
+  // Each bucket's shard in the concatenated shards (the state's index space), for update_parts.
+  PartRanges part_ranges() const;
 
   // --fp8-param-gather: the parameter buffer split by dtype (FP8 buckets in their weights' FP8
   // dtype, after the masters were taken from the compute-dtype values), then the first cast and

@@ -6,6 +6,7 @@
 #include "megatron/core/error.h"
 #include "megatron/core/param_remainder.h"
 #include "megatron/cuda_runtime/pinned_memory.h"
+#include "megatron/ops/elementwise.h"
 
 namespace megatron {
 
@@ -186,12 +187,40 @@ void AdamWState::step(const ops::AdamWParams& base, float weight_decay) {
   // The copies start after the gradients are complete; the device's kernels are queued before the
   // host blocks in the offloaded pipeline, so they run while it does.
   if (copies_) copies_->after_compute();
-  step_on_device(base, weight_decay);
+  step_on_device(base, weight_decay, {host_pieces_, pieces_.size()});
   step_offloaded(base, weight_decay);
 }
 
-void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay) {
-  for (size_t i = host_pieces_; i < pieces_.size(); ++i) {
+void AdamWState::step(const ops::AdamWParams& base, float weight_decay, int64_t begin, int64_t end) {
+  step_on_device(base, weight_decay, device_pieces_in(begin, end));
+}
+
+void AdamWState::write_params_from_masters(int64_t begin, int64_t end) {
+  const auto [first, last] = device_pieces_in(begin, end);
+  for (size_t i = first; i < last; ++i) {
+    Piece& p = pieces_[i];
+    MEGATRON_CHECK(device_master_ && !remainders_at(p.begin) && !dtype_is_fp8(p.param.dtype()),
+                   "write_params_from_masters(): elements [" << p.begin << ", " << p.end << ") keep no f32 masters "
+                                                             << "apart from their " << dtype_name(p.param.dtype())
+                                                             << " parameters");
+    ops::cast(p.param, view(device_.master, device_, p.begin, p.end));
+  }
+}
+
+std::pair<size_t, size_t> AdamWState::device_pieces_in(int64_t begin, int64_t end) const {
+  MEGATRON_CHECK(begin >= host_end_, "elements [" << begin << ", " << end << ") are updated in host memory "
+                                                  << "(--optimizer-cpu-offload), all together, not by range");
+  size_t first = host_pieces_;
+  while (first < pieces_.size() && pieces_[first].end <= begin) ++first;
+  size_t last = first;
+  while (last < pieces_.size() && pieces_[last].begin < end) ++last;
+  MEGATRON_CHECK(first == last || (pieces_[first].begin >= begin && pieces_[last - 1].end <= end),
+                 "elements [" << begin << ", " << end << ") cut a piece of the optimizer's index space");
+  return {first, last};
+}
+
+void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay, std::pair<size_t, size_t> pieces) {
+  for (size_t i = pieces.first; i < pieces.second; ++i) {
     Piece& p = pieces_[i];
     Tensor m = view(device_.exp_avg, device_, p.begin, p.end), v = view(device_.exp_avg_sq, device_, p.begin, p.end);
     Tensor master = device_master_ ? view(device_.master, device_, p.begin, p.end) : p.param;

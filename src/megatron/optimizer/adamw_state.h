@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "megatron/core/dtype.h"
@@ -67,6 +68,13 @@ class AdamWState {
 
   // AdamW on every piece; `base` without weight decay, `weight_decay` applied where a piece wants it.
   void step(const ops::AdamWParams& base, float weight_decay);
+  // AdamW on the pieces inside the index range [begin, end), which may cut no piece and hold none
+  // offloaded: an update part by part (Optimizer::update_parts).
+  void step(const ops::AdamWParams& base, float weight_decay, int64_t begin, int64_t end);
+  // The parameters of the pieces inside [begin, end) written from their masters, which must be kept
+  // apart on the device in f32 (not as remainders, not for FP8 codes): after an update, what that
+  // update wrote, bit for bit (ops::cast rounds as AdamW's copy does).
+  void write_params_from_masters(int64_t begin, int64_t end);
   // Points the pieces at other parameter tensors (one each, in order, of the same lengths; the
   // masters stay): the distributed optimizer's once it holds some in FP8 (distributed/fp8_params.h).
   // A piece of FP8 codes keeps f32 masters on the device, which reload_master() leaves (their
@@ -109,7 +117,9 @@ class AdamWState {
   bool remainders_at(int64_t begin) const { return begin >= host_end_ && device_.master.dtype() == DType::u16; }
   // The model's parameters for [begin, end), inside one piece.
   Tensor param_range(int64_t begin, int64_t end) const;
-  void step_on_device(const ops::AdamWParams& base, float weight_decay);
+  // The pieces inside [begin, end) as an index range of pieces_ (none cut), all on the device.
+  std::pair<size_t, size_t> device_pieces_in(int64_t begin, int64_t end) const;
+  void step_on_device(const ops::AdamWParams& base, float weight_decay, std::pair<size_t, size_t> pieces);
   void step_offloaded(const ops::AdamWParams& base, float weight_decay);
 
   std::vector<Piece> pieces_;

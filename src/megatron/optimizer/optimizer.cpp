@@ -44,6 +44,7 @@ OptimizerStepResult Optimizer::step(double lr, double weight_decay) {
     const bool found_inf = count.item(0) > 0.0;
     grad_scaler_->update(found_inf);
     if (found_inf) {
+      keep_params();
       result.skipped = true;
       return result;
     }
@@ -51,6 +52,7 @@ OptimizerStepResult Optimizer::step(double lr, double weight_decay) {
   const double grad_norm = global_grad_norm() * inv_scale;
   result.grad_norm = grad_norm;
   if (!std::isfinite(grad_norm)) {
+    keep_params();
     result.skipped = true;
     return result;
   }
@@ -59,6 +61,40 @@ OptimizerStepResult Optimizer::step(double lr, double weight_decay) {
   ++step_count_;
   update(lr, weight_decay, float(clip_coeff * inv_scale));
   return result;
+}
+
+void Optimizer::update_parts(AdamWState& state, const PartRanges& parts, const ops::AdamWParams& params,
+                             float weight_decay) const {
+  const size_t n = registry_->param_buffers().size();
+  bool released = false;
+  for (size_t k = 0; k < n; ++k) released = released || !registry_->params_held(k);
+  if (!released) {
+    state.step(params, weight_decay);
+    return;
+  }
+  MEGATRON_CHECK(parts.size() == n && registry_->grad_parts() == n,
+                 "released weights need the parameters and gradients in the same parts (DDP's buckets): "
+                     << n << " parameter parts, " << registry_->grad_parts() << " gradient parts, " << parts.size()
+                     << " ranges of the optimizer's state");
+  for (size_t k = 0; k < n; ++k) {
+    const bool part_released = !registry_->params_held(k);
+    if (part_released) registry_->acquire_params(k);
+    state.step(params, weight_decay, parts[k].first, parts[k].second);
+    if (part_released) registry_->release_grads(k);
+  }
+}
+
+bool Optimizer::restore_released_params(AdamWState& state, const PartRanges& parts) const {
+  bool restored = false;
+  for (size_t k = 0; k < registry_->param_buffers().size(); ++k) {
+    if (registry_->params_held(k)) continue;
+    MEGATRON_CHECK(k < parts.size(), "parameter part " << k << " was released but the optimizer's state has "
+                                                       << parts.size() << " part ranges");
+    registry_->acquire_params(k);
+    state.write_params_from_masters(parts[k].first, parts[k].second);
+    restored = true;
+  }
+  return restored;
 }
 
 namespace {
@@ -80,7 +116,7 @@ AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContex
     : Optimizer(registry, hyper, ctx.mp, std::move(grad_scaler)),
       ctx_(&ctx),
       // f32 state (f64 for f64 models), as the main grads.
-      state_(parameter_pieces(registry), registry.param_buffer().numel(), registry.device(), registry.params_dtype(),
+      state_(parameter_pieces(registry), registry.num_local_elements(), registry.device(), registry.params_dtype(),
              registry.grad_dtype(), state_options) {}
 
 double AdamWOptimizer::global_grad_norm() const {
@@ -119,7 +155,18 @@ void AdamWOptimizer::count_nonfinite_grads(Tensor& acc) const {
 }
 
 void AdamWOptimizer::update(double lr, double weight_decay, float grad_scale) {
-  state_.step(step_params(lr, grad_scale), float(weight_decay));
+  update_parts(state_, part_ranges(), step_params(lr, grad_scale), float(weight_decay));
+}
+
+void AdamWOptimizer::keep_params() { restore_released_params(state_, part_ranges()); }
+
+Optimizer::PartRanges AdamWOptimizer::part_ranges() const {
+  PartRanges parts;
+  for (size_t k = 0; k < registry_->param_buffers().size(); ++k) {
+    const int64_t begin = registry_->param_part_begin(k);
+    parts.emplace_back(begin, begin + registry_->param_buffers()[k].numel());
+  }
+  return parts;
 }
 
 std::vector<checkpointing::ShardedTensor> AdamWOptimizer::sharded_state(StateCopies copies) const {

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatron/checkpointing/checkpoint.h"
@@ -90,6 +91,19 @@ class Optimizer {
   // AdamW's arguments for this step, without weight decay (each piece of the state adds its own).
   ops::AdamWParams step_params(double lr, float grad_scale) const;
 
+  // Index ranges [begin, end) of an optimizer's state, one per part of the registry's buffers.
+  using PartRanges = std::vector<std::pair<int64_t, int64_t>>;
+  // AdamW on `state`: one update of everything, unless DDP released some parts' weights after the
+  // backward (DdpConfig::release_weights_after_backward). Then part by part, parts[k] the state's
+  // range of the registry's parameter and gradient part k: a released part takes its weights again
+  // just before its update writes them from the masters, and gives its gradients back after it, so
+  // at no moment does the step hold every weight beside every gradient.
+  void update_parts(AdamWState& state, const PartRanges& parts, const ops::AdamWParams& params,
+                    float weight_decay) const;
+  // A skipped step's parameters: the released parts' weights taken again and written from the
+  // unchanged masters, so they are what they were. Returns whether any part was released.
+  bool restore_released_params(AdamWState& state, const PartRanges& parts) const;
+
   ParameterRegistry* registry_;
   AdamWHyper hyper_;
   // Whether a parameter this rank holds is a duplicate (Parameter::is_duplicate: a replica of TP
@@ -104,6 +118,8 @@ class Optimizer {
   virtual double global_grad_norm() const = 0;
   // AdamW over this rank's parameters with step step_count_; grad_scale multiplies the main grads.
   virtual void update(double lr, double weight_decay, float grad_scale) = 0;
+  // A skipped step: the parameters as they were (restore_released_params).
+  virtual void keep_params() = 0;
 
   std::shared_ptr<Communicator> found_inf_group_;
   std::unique_ptr<GradScaler> grad_scaler_;
@@ -127,6 +143,9 @@ class AdamWOptimizer final : public Optimizer {
   void count_nonfinite_grads(Tensor& acc) const override;
   double global_grad_norm() const override;
   void update(double lr, double weight_decay, float grad_scale) override;
+  void keep_params() override;
+  // The registry's parameter parts in the flat buffer's elements (the state's index space).
+  PartRanges part_ranges() const;
 
   const ParallelContext* ctx_;
   AdamWState state_;  // indexed by the flat buffer's elements

@@ -187,6 +187,10 @@ void ParameterRegistry::split_params(const std::vector<int64_t>& ends, const std
   }
 }
 
+void ParameterRegistry::release_params(size_t part) { param_parts_.at(part).release_memory(); }
+
+void ParameterRegistry::acquire_params(size_t part) { param_parts_.at(part).reacquire_memory(); }
+
 void ParameterRegistry::split_grads(const std::vector<int64_t>& ends) {
   MEGATRON_CHECK(grad_parts_.size() == 1, "split_grads() needs the one flat gradient buffer");
   const DType dtype = grad_parts_[0].dtype();

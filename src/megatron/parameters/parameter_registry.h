@@ -114,6 +114,14 @@ class ParameterRegistry {
   // its holder (the distributed optimizer) to cast. The parameters of FP8 parts are exactly those
   // with Parameter::fp8 set.
   void split_params(const std::vector<int64_t>& ends, const std::vector<DType>& dtypes);
+  // The element offset in the buffer where parameter part `part` begins.
+  int64_t param_part_begin(size_t part) const { return param_part_begins_.at(part); }
+  // Gives parameter part `part`'s memory back (DDP's release_weights_after_backward: the optimizer
+  // step rewrites the values from the masters); every view stays valid but may not be read or
+  // written until acquire_params(part), which gives it memory again, contents undefined.
+  void release_params(size_t part);
+  void acquire_params(size_t part);
+  bool params_held(size_t part) const { return param_parts_.at(part).memory_held(); }
 
   // Drops the flat parameter buffer (with `params`) and the main-grad buffer (with `grads`) and
   // every parameter's views of them: Megatron FSDP keeps only shards, and points the views at

@@ -51,6 +51,10 @@ struct RankBuffers {
   // output layer, each layer from the last, the embeddings), the elements of the buckets that part
   // reaches first: the gradients take memory bucket by bucket during a chunk's first backward of a step.
   std::vector<std::vector<int64_t>> chunk_phase_grad_numel;
+  // The same by the part that reaches each bucket last: where its weights are released in the
+  // chunk's last backward of the step (TrainingArgs::releases_weights_after_backward).
+  std::vector<std::vector<int64_t>> chunk_phase_done_numel;
+  int64_t largest_bucket_numel = 0;
 };
 
 RankBuffers rank_buffers(const TrainingArgs& args, const ParallelContext& ctx,
@@ -92,11 +96,18 @@ RankBuffers rank_buffers(const TrainingArgs& args, const ParallelContext& ctx,
       for (size_t k = 0; k < order.size(); ++k)
         for (size_t i : order[k]) phase_of[i] = k;
       b.chunk_phase_grad_numel.emplace_back(order.size(), 0);
+      b.chunk_phase_done_numel.emplace_back(order.size(), 0);
     }
     for (const BucketLayout& bucket : layout.buckets) {
-      size_t first = phase_of[bucket.params.front()];
-      for (size_t i : bucket.params) first = std::min(first, phase_of[i]);
-      b.chunk_phase_grad_numel[size_t(param_chunks[bucket.params[0]])][first] += bucket.range.size();
+      size_t first = phase_of[bucket.params.front()], last = first;
+      for (size_t i : bucket.params) {
+        first = std::min(first, phase_of[i]);
+        last = std::max(last, phase_of[i]);
+      }
+      const size_t chunk = size_t(param_chunks[bucket.params[0]]);
+      b.chunk_phase_grad_numel[chunk][first] += bucket.range.size();
+      b.chunk_phase_done_numel[chunk][last] += bucket.range.size();
+      b.largest_bucket_numel = std::max(b.largest_bucket_numel, bucket.range.size());
     }
   }
   if (!ddp.use_distributed_optimizer) {
@@ -272,15 +283,20 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   // backward of the step on (ddp.h: given back after the step, taken as the backward reaches them).
   double grads = shard_grads ? fsdp_gradients : 0.0;
   std::vector<bool> grads_taken(size_t(split.virtual_stages), shard_grads);
+  // The weights released from each bucket's last backward to its update (ddp.h), bytes.
+  const bool releases = args.releases_weights_after_backward();
+  const double param_element = double(dtype_size(params));
+  double released = 0;
   // A moment of the step: activations held (by `count` forwards), the gradients, the running
-  // backward's working set, the reductions' results.
+  // backward's working set, the reductions' results, the weights released.
   const auto consider = [&](double held, int64_t count, double gradients, double working, double results) {
-    if (held + gradients + working + results <= peak) return;
-    peak = held + gradients + working + results;
+    if (held + gradients + working + results - released <= peak) return;
+    peak = held + gradients + working + results - released;
     s.activations = held;
     s.in_flight = count;
     s.gradients = gradients;
     s.backward_working = working;
+    s.weights_released = released;
     reducing_at_peak = results;
   };
   for (const pipeline_parallel::Action& action : actions) {
@@ -292,10 +308,12 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
       // Each part of the backward: the buckets it reaches first (in the chunk's first backward of the
       // step), its working set on top of what is still saved, then its saved tensors freed.
       double held = live;
+      const bool last_backward = backwards_left[c] == 1;
       for (size_t k = 0; k < backward_parts[c].size(); ++k) {
         if (!grads_taken[c]) grads += double(buffers.chunk_phase_grad_numel[c][k]) * state_element;
         consider(held, live_count, grads, backward_parts[c][k].working, reducing);
         held -= backward_parts[c][k].freed;
+        if (releases && last_backward) released += double(buffers.chunk_phase_done_numel[c][k]) * param_element;
       }
       grads_taken[c] = true;
       // The backward's end: its activations gone, the input gradient it returns held.
@@ -312,6 +330,12 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   if (!args.overlap_grad_reduce)
     for (double r : reduction_results) reducing += r;
   consider(0.0, 0, grads, 0.0, reducing);
+  // The update's first part takes its weights again before any part gives its gradients back
+  // (Optimizer::update_parts); counted as the largest bucket's, an upper estimate.
+  if (releases) {
+    released -= std::min(released, double(buffers.largest_bucket_numel) * param_element);
+    consider(0.0, 0, grads, 0.0, reducing);
+  }
   // Pipeline stages: the activation sent on and the gradient received.
   s.communication = (pp > 1 ? 2 * stream : 0.0) + reducing_at_peak;
   s.communication += fsdp_units_in_flight(buffers, sharding, !args.model.untie_embeddings_and_output_weights,
@@ -331,17 +355,20 @@ StageMemory plan_stage(const TrainingArgs& args, int64_t pp_rank, PlanBackend ba
   // --fp8-param-gather: the distributed optimizer splits the parameter buffer by dtype beside its
   // state, the old buffer and the new parts together (the gradients given back first).
   const double fp8_split = args.model.fp8.fp8_param_gather ? 2.0 * whole_weights + s.optimizer_state : 0.0;
+  // Released weights: DDP splits the parameter buffer into its buckets, the old buffer and the new
+  // parts together (before the optimizer, the gradients released).
+  const double release_split = releases ? 2.0 * whole_weights : 0.0;
   s.set_up_peak =
       std::max({registry_weights + double(buffers.registry_numel) * state_element, registry_weights + whole_weights,
-                whole_weights + whole_gradients + fsdp_shards, fp8_split});
+                whole_weights + whole_gradients + fsdp_shards, fp8_split, release_split});
   return s;
 }
 
 }  // namespace
 
 double StageMemory::steady_peak() const {
-  return weights + gradients + optimizer_state + activations + backward_working + data_batches + communication +
-         allocator_slack;
+  return weights - weights_released + gradients + optimizer_state + activations + backward_working + data_batches +
+         communication + allocator_slack;
 }
 
 double StageMemory::peak() const { return std::max(steady_peak(), set_up_peak); }
@@ -365,19 +392,21 @@ std::string format_memory_plan(const MemoryPlan& plan) {
   char line[512];
   out << "memory per rank (MiB), " << (plan.backend == PlanBackend::cuda ? "CUDA" : "CPU") << " backend, "
       << plan.world_size << " rank(s); peak = the larger of set-up and the sum of the columns from weights to slack "
-      << "(act = act/mb x the micro-batches in flight); host: offloaded optimizer state, not on the device:\n";
+      << "(act = act/mb x the micro-batches in flight; weights: held then); host: offloaded optimizer state, not on "
+         "the device:\n";
   std::snprintf(line, sizeof line, "%-6s %12s %10s %10s %10s %10s %6s %10s %10s %8s %8s %8s %10s %10s %10s\n",
                 "stage", "parameters", "weights", "grads", "optimizer", "act/mb", "x", "act", "bwd work", "data", "comm",
                 "slack", "set-up", "host", "peak");
   out << line;
   for (const StageMemory& s : plan.stages) {
-    std::snprintf(line, sizeof line,
-                  "%-6lld %12lld %10.2f %10.2f %10.2f %10.2f %6lld %10.2f %10.2f %8.2f %8.2f %8.2f %10.2f %10.2f %10.2f\n",
-                  static_cast<long long>(s.pipeline_rank), static_cast<long long>(s.parameters), mib(s.weights),
-                  mib(s.gradients), mib(s.optimizer_state), mib(s.activations_per_micro_batch),
-                  static_cast<long long>(s.in_flight), mib(s.activations), mib(s.backward_working), mib(s.data_batches),
-                  mib(s.communication), mib(s.allocator_slack), mib(s.set_up_peak), mib(s.host_optimizer),
-                  mib(s.peak()));
+    std::snprintf(
+        line, sizeof line,
+        "%-6lld %12lld %10.2f %10.2f %10.2f %10.2f %6lld %10.2f %10.2f %8.2f %8.2f %8.2f %10.2f %10.2f %10.2f\n",
+        static_cast<long long>(s.pipeline_rank), static_cast<long long>(s.parameters),
+        mib(s.weights - s.weights_released), mib(s.gradients), mib(s.optimizer_state),
+        mib(s.activations_per_micro_batch), static_cast<long long>(s.in_flight), mib(s.activations),
+        mib(s.backward_working), mib(s.data_batches), mib(s.communication), mib(s.allocator_slack), mib(s.set_up_peak),
+        mib(s.host_optimizer), mib(s.peak()));
     out << line;
   }
   for (const StageMemory& s : plan.stages) {

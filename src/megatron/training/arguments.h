@@ -126,6 +126,15 @@ struct TrainingArgs {
   int64_t global_batch_size_at(int64_t consumed_samples) const;
   // Number of micro-batches per step on this DP rank.
   int64_t num_micro_batches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
+  // Whether DDP releases each bucket's weights from its last backward to the optimizer's update
+  // (DdpConfig::release_weights_after_backward): wherever the optimizer rewrites 16-bit weights from
+  // f32 masters it keeps apart on the device; not with the precision-aware optimizer's remainders
+  // (the weights are part of the masters), optimizer CPU offload, FP8 parameters or Megatron FSDP.
+  bool releases_weights_after_backward() const {
+    return (model.params_dtype == DType::bf16 || model.params_dtype == DType::f16) &&
+           !optimizer.keeps_param_remainders(model.params_dtype) && !optimizer.optimizer_cpu_offload &&
+           !model.fp8.fp8_param_gather && !use_megatron_fsdp;
+  }
   // Whether the pipeline's sends and receives overlap compute: --overlap-p2p-communication (on
   // unless --no-overlap-p2p-communication) with the interleaved schedule only, as Megatron keeps it.
   bool pipeline_overlaps_p2p() const;

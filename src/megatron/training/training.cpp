@@ -333,7 +333,8 @@ DdpConfig ddp_config(const TrainingArgs& args, const ModelChunks& model) {
           .param_chunks = model.param_chunks(),
           .shard_grads =
               sharding == DataParallelSharding::optim_grads || sharding == DataParallelSharding::optim_grads_params,
-          .shard_params = sharding == DataParallelSharding::optim_grads_params};
+          .shard_params = sharding == DataParallelSharding::optim_grads_params,
+          .release_weights_after_backward = args.releases_weights_after_backward()};
 }
 
 // The dataset index is built (and cached) by rank 0 first, then read by the others, as Megatron
@@ -396,7 +397,10 @@ void log_layout(const TrainingArgs& args, const ParallelContext& ctx, const Dist
            << std::fixed << std::setprecision(1) << double(held.weights) / (1024.0 * 1024.0) << " MiB and "
            << double(held.grads) / (1024.0 * 1024.0) << " MiB held per rank"
            << (ddp.config().shard_grads ? " between uses (this rank's shards)"
-                                        : " (the gradients from the backward to the step)"));
+                                        : " (the gradients from the backward to the step)")
+           << (ddp.config().release_weights_after_backward
+                   ? "; each bucket's weights released from its last backward to the optimizer's update"
+                   : ""));
   int64_t fp8_weights = 0, fp8_elements = 0;
   for (const auto& p : ddp.registry().params())
     if (p->held_in_fp8()) {
