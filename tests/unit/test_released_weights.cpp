@@ -17,23 +17,18 @@
 #include "megatron/optimizer/grad_scaler.h"
 #include "megatron/optimizer/optimizer.h"
 #include "test_util.h"
+#include "tiny_models.h"
 
 using namespace megatron;
 using megatron::testing::error_of;
 
 namespace {
 
+// GPT-2 style (tied output layer) or LLaMA style (untied), 3 layers: buckets of about 1000
+// elements give several.
 TransformerConfig tiny_config(DType dtype, bool untied) {
-  TransformerConfig c;
+  TransformerConfig c = untied ? megatron::testing::llama_style(dtype) : megatron::testing::gpt2_style(dtype);
   c.num_layers = 3;
-  c.hidden_size = 16;
-  c.num_attention_heads = c.num_query_groups = 4;
-  c.kv_channels = 4;
-  c.ffn_hidden_size = 32;
-  c.vocab_size = c.padded_vocab_size = 24;
-  c.max_position_embeddings = c.seq_length = 6;
-  c.untie_embeddings_and_output_weights = untied;
-  c.params_dtype = dtype;
   return c;
 }
 
