@@ -101,6 +101,26 @@ TEST_F(CudaAllocator, LargeBlocksAreCutFromSegmentsAndFreedMemoryServesOtherSize
   cuda::synchronize();
 }
 
+// The pattern of a training step: activations freed during the backward serve the larger
+// gradient bucket it takes, and the reverse in the next forward, without new device memory (the
+// blocks lie side by side in one preferred segment and merge when freed).
+TEST_F(CudaAllocator, ManyFreedBlocksServeOneLargerRequestAndTheReverse) {
+  cuda::empty_cache();
+  std::vector<Tensor> activations;
+  for (int i = 0; i < 8; ++i) activations.push_back(gpu_bytes(int64_t(100) << 20));
+  const cuda::CudaMemoryStats forward = cuda::memory_stats();
+  activations.clear();
+  Tensor bucket = gpu_bytes(int64_t(700) << 20);
+  EXPECT_EQ(cuda::memory_stats().device_allocations, forward.device_allocations) << "cut from the freed activations";
+  bucket = Tensor();
+  for (int i = 0; i < 8; ++i) activations.push_back(gpu_bytes(int64_t(100) << 20));
+  const cuda::CudaMemoryStats again = cuda::memory_stats();
+  EXPECT_EQ(again.device_allocations, forward.device_allocations);
+  EXPECT_EQ(again.reserved_bytes, forward.reserved_bytes);
+  for (Tensor& t : activations) t.zero();
+  cuda::synchronize();
+}
+
 TEST_F(CudaAllocator, TracksCurrentAndPeak) {
   cuda::reset_peak_memory();
   const cuda::CudaMemoryStats before = cuda::memory_stats();

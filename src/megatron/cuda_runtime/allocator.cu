@@ -19,8 +19,6 @@ namespace {
 
 constexpr size_t kMinBlock = 512;
 constexpr size_t kStepsPerPowerOfTwo = 8;
-// Large segments are obtained in multiples of this (the driver's own granularity for big requests).
-constexpr size_t kSegmentGranularity = size_t(2) << 20;
 
 struct Block {
   size_t size = 0;  // its size class
@@ -117,13 +115,25 @@ void* device_malloc(DeviceCache& cache, size_t bytes, size_t request, int device
   return p;
 }
 
-// A large block: from the stream's free blocks, or from a new segment of its own.
+// A large block: from the stream's free blocks, or from a new segment of the preferred size
+// (BlockPool::segment_bytes), or, when the device has no room for that, of the least that fits
+// (emptying the cache first if need be).
 void* allocate_large(DeviceCache& cache, size_t bytes, StreamHandle stream, int device) {
   const size_t block = block_size(bytes);
   std::optional<BlockPool::Address> at = cache.large.allocate(block, key_of(stream));
   if (!at) {
-    const size_t segment = (block + kSegmentGranularity - 1) / kSegmentGranularity * kSegmentGranularity;
-    void* p = device_malloc(cache, segment, bytes, device);
+    size_t segment = BlockPool::segment_bytes(block);
+    void* p = nullptr;
+    const cudaError_t status = cudaMalloc(&p, segment);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky: clear it before the fitting request
+      segment = BlockPool::fitting_segment_bytes(block);
+      p = device_malloc(cache, segment, bytes, device);
+    } else {
+      CUDA_CHECK(status);
+      cache.stats.reserved_bytes += segment;
+      ++cache.stats.device_allocations;
+    }
     cache.large.add_segment(reinterpret_cast<BlockPool::Address>(p), segment, key_of(stream));
     at = cache.large.allocate(block, key_of(stream));
   }

@@ -2,12 +2,12 @@
 // The caching device allocator behind every CUDA tensor (registered by init_device).
 //
 // Small requests (below kLargeRequest) are rounded up to a size class (size_class) and served
-// from blocks cached per (stream, size class). Large ones are rounded up to 512 bytes and cut from
-// segments obtained in 2 MiB multiples by best fit, split and merged when freed (block_pool.h), so
-// a buffer held all run costs its size and freed memory serves any later large request of its
-// stream that fits. A freed block goes back to the cache at once, without
-// synchronising: the next allocation that reuses it runs on the same stream, so the stream orders the old user's
-// kernels before the new user's (stream-ordered reuse). All ops launch on the compute stream (context.h), so in
+// from blocks cached per (stream, size class). Large ones are rounded up to 512 bytes and cut by
+// best fit from segments of at least 1 GiB (2 MiB multiples; one that just fits when the device
+// lacks room), split and merged when freed (block_pool.h), so a buffer held all run costs its size
+// and freed memory serves any later large request of its stream that fits. A freed block goes back to the cache at
+// once, without synchronising: the next allocation that reuses it runs on the same stream, so the stream orders the old
+// user's kernels before the new user's (stream-ordered reuse). All ops launch on the compute stream (context.h), so in
 // training every block is reused; only the first steps call cudaMalloc and no step calls cudaFree. When cudaMalloc
 // fails, the cache is emptied (after a device synchronisation) and the request tried once more before an out-of-memory
 // error.

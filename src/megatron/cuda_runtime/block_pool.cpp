@@ -1,10 +1,17 @@
 #include "megatron/cuda_runtime/block_pool.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "megatron/core/error.h"
 
 namespace megatron::cuda {
+
+size_t BlockPool::fitting_segment_bytes(size_t block) {
+  return (block + kSegmentGranularity - 1) / kSegmentGranularity * kSegmentGranularity;
+}
+
+size_t BlockPool::segment_bytes(size_t block) { return std::max(fitting_segment_bytes(block), kPreferredSegment); }
 
 void BlockPool::insert_free(Address at, const Block& block) { free_.emplace(block.stream, block.bytes, at); }
 
