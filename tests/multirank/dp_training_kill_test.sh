@@ -4,8 +4,8 @@
 # 2-core machine running 4 ranks does not time out a healthy collective). Once the
 # first checkpoint is published, rank 2 is stopped (`stop`: SIGSTOP, a hung process) or killed
 # (`kill`: SIGKILL, a dead one). The job must fail (not exit 0) well within the guard, with output
-# naming rank 2, and the last published checkpoint must stay loadable: a single process resumes
-# from it.
+# naming rank 2 and no other rank, and the last published checkpoint must stay loadable: a single
+# process resumes from it.
 # $LAYOUT_FLAGS, when set, are added to the 4-rank run (PP=4, or EP=4 with experts); the single
 # process still resumes, whatever layout saved.
 # usage: dp_training_kill_test.sh stop|kill MEGATRON MPIRUN [MPIRUN FLAGS...]
@@ -67,6 +67,10 @@ cat "$dir/log"
 [ "$rc" -ne 0 ] || fail "the job exited 0 although rank 2 was lost"
 [ "$elapsed" -lt 45 ] || fail "the job took ${elapsed} s to fail; the watchdog timeout is 6 s"
 grep -E -q 'missing rank\(s\): 2$' "$dir/log" || fail "no watchdog report names rank 2 as the missing rank"
+# Ranks that wait on rank 2 only through others (a pipeline's first stage, held in the embedding
+# all-reduce by the last) follow the chain of waits to it: no report blames a live rank.
+others=$(grep -E 'missing rank\(s\):' "$dir/log" | grep -vE 'missing rank\(s\): 2$')
+[ -z "$others" ] || fail "a watchdog report names another rank than 2: $others"
 
 # The last published checkpoint loads (here at DP=1, without the distributed optimizer) and
 # training goes on from it.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lost-rank acceptance test: runs lost_rank.cpp on 4 ranks, where rank 2 stops answering or dies
 # in step 3, and checks that the job fails (not exit 0), ends well within the guard (no hang), and
-# that the output names rank 2 as the missing rank.
+# that the output names rank 2 as the missing rank, and no other.
 # usage: lost_rank_test.sh stop|exit PROGRAM [--arg PROGRAM_ARG]... MPIRUN [MPIRUN FLAGS...]
 set -u
 mode=$1
@@ -31,4 +31,8 @@ fail() {
 [ "$rc" -ne 0 ] || fail "the job exited 0 although rank 2 was lost"
 [ "$elapsed" -lt 40 ] || fail "the job took ${elapsed} s to fail; the watchdog timeout is 3 s"
 grep -E -q 'missing rank\(s\): 2$' "$log" || fail "no watchdog report names rank 2 as the missing rank"
+# Ranks that wait on rank 2 only through others follow the chain of waits to it: no report blames
+# a live rank.
+others=$(grep -E 'missing rank\(s\):' "$log" | grep -vE 'missing rank\(s\): 2$')
+[ -z "$others" ] || fail "a watchdog report names another rank than 2: $others"
 echo "PASS ($mode): exit code $rc after ${elapsed} s, rank 2 named"

@@ -1,5 +1,6 @@
 #include "megatron/parallel/collective_checks.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace megatron {
@@ -120,6 +121,14 @@ int64_t total_numel(std::span<const Tensor> tensors) {
   int64_t n = 0;
   for (const Tensor& t : tensors) n += t.numel();
   return n;
+}
+
+std::vector<int> p2p_world_peers(const Communicator& comm, std::span<const P2POp> ops) {
+  std::vector<int> peers;
+  for (const P2POp& op : ops) peers.push_back(comm.world_ranks()[size_t(op.peer)]);
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  return peers;
 }
 
 }  // namespace megatron

@@ -4,6 +4,7 @@
 // operation, the tensor, the rule and the fix.
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "megatron/parallel/comm.h"
 
@@ -28,5 +29,9 @@ bool overlaps(const Tensor& a, const Tensor& b);
 
 // Elements over all tensors (the count a coalesced call records).
 int64_t total_numel(std::span<const Tensor> tensors);
+// The world ranks a point-to-point batch talks to, each once: whom the watchdog asks when it is
+// stuck (and follows further when they wait on others). The NCCL communicator still asks its
+// whole group (not yet run on several GPUs with this).
+std::vector<int> p2p_world_peers(const Communicator& comm, std::span<const P2POp> ops);
 
 }  // namespace megatron

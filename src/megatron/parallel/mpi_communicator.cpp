@@ -356,9 +356,8 @@ CommHandlePtr MpiCommunicator::batch_p2p_async(std::span<const P2POp> ops) {
   check_devices(*this, "batch_p2p", tensors, DeviceType::cpu);
   auto work = std::make_unique<Work>();
   work->record = record("batch_p2p", tensors, detail, true);
-  // The whole group is asked on a timeout, not only this batch's peers: in a pipeline the peer may
-  // itself wait on a rank further along, which is the one to name.
-  work->peers = others_;
+  // A peer that itself waits on a rank further along is followed there by the watchdog.
+  work->peers = p2p_world_peers(*this, ops);
   for (const P2POp& op : ops) {
     Tensor t = op.tensor;
     const int n = mpi_count(name_, "batch_p2p", t.numel());

@@ -118,7 +118,7 @@ void Watchdog::serve_queries() {
     MPI_CHECK(MPI_Test(&query_request_, &arrived, &status), "watchdog");
     if (!arrived) break;
     auto reply = std::make_unique<ReplySend>();
-    reply->text = encode_status(world_rank_, log_);
+    reply->text = encode_status(world_rank_, log_, waits_on());
     reply->text.resize(std::min<size_t>(reply->text.size(), kReplyCapacity));
     // A querier that died makes this send fail; that is its problem, not this rank's.
     if (MPI_Isend(reply->text.data(), int(reply->text.size()), MPI_CHAR, status.MPI_SOURCE, kReplyTag, side_,
@@ -131,6 +131,15 @@ void Watchdog::serve_queries() {
     if (MPI_Test(&r->request, &sent, MPI_STATUS_IGNORE) != MPI_SUCCESS) r->request = MPI_REQUEST_NULL;
   }
   std::erase_if(replies_, [](const auto& r) { return r->request == MPI_REQUEST_NULL; });
+}
+
+std::vector<int> Watchdog::waits_on() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int> ranks;
+  for (const Watched& w : watched_) ranks.insert(ranks.end(), w.peers.begin(), w.peers.end());
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
 }
 
 // Errors are not thrown here: the job is already failing, and an unreachable peer is an answer.
@@ -181,31 +190,44 @@ void Watchdog::fire(const Watched& w) {
   for (const CollectiveRecord& r : records) head << me << "  " << format_record(r, now) << "\n";
   print_block(head.str());
 
-  std::vector<std::string> texts(w.peers.size());
-  const double window = std::clamp(w.timeout / 2, 2.0, 30.0), asked_at = log_.now();
-  if (side_ != MPI_COMM_NULL && !w.peers.empty()) texts = ask_peers(w.peers, window);
-  std::vector<PeerStatus> statuses;
-  for (size_t i = 0; i < w.peers.size(); ++i) {
-    PeerStatus s{w.peers[i], false, {}, {}};
-    if (!texts[i].empty()) {
-      try {
-        s = decode_status(texts[i]);
-      } catch (const Error& e) {
-        print_block(me + "unreadable answer from rank " + std::to_string(w.peers[i]) + ": " + e.what() + "\n");
+  const double window = std::clamp(w.timeout / 2, 2.0, 30.0);
+  double asked_at = log_.now();
+  const auto ask = [&](const std::vector<int>& ranks) {
+    std::vector<std::string> texts(ranks.size());
+    if (side_ != MPI_COMM_NULL && !ranks.empty()) texts = ask_peers(ranks, window);
+    asked_at = log_.now();
+    std::vector<PeerStatus> statuses;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      PeerStatus s{ranks[i], false, {}, {}, {}};
+      if (!texts[i].empty()) {
+        try {
+          s = decode_status(texts[i]);
+        } catch (const Error& e) {
+          print_block(me + "unreadable answer from rank " + std::to_string(ranks[i]) + ": " + e.what() + "\n");
+        }
       }
+      statuses.push_back(s);
     }
-    statuses.push_back(s);
+    return statuses;
+  };
+  const std::vector<PeerStatus> statuses = ask(w.peers);
+  // Peers waiting elsewhere are followed to where their waits end; each round asks only ranks no
+  // one asked before, so this ends within the world's size.
+  std::vector<PeerStatus> followed;
+  for (std::vector<int> next; !(next = ranks_to_follow(w.record, statuses, followed, world_rank_)).empty();) {
+    const std::vector<PeerStatus> more = ask(next);
+    followed.insert(followed.end(), more.begin(), more.end());
   }
   std::ostringstream tail;
-  for (const std::string& line : diagnose(w.record, statuses).lines) tail << me << line << "\n";
+  for (const std::string& line : diagnose(w.record, statuses, followed).lines) tail << me << line << "\n";
   tail << me << "aborting the job\n";
   print_block(tail.str());
   if (side_ != MPI_COMM_NULL) {
     // The launcher resumes stopped ranks as it ends the job (Open MPI's mpirun sends SIGCONT before
     // SIGTERM), and a rank stopped by SIGSTOP would then answer the queries of ranks still asking as
     // if it had been running, and be cleared by their diagnoses. So the abort waits two windows from
-    // this rank's question, answering the others meanwhile: ranks stuck about together have all
-    // heard from the stopped rank's silence by then.
+    // this rank's last question, answering the others meanwhile: ranks stuck about together have
+    // all heard from the stopped rank's silence by then.
     while (log_.now() < asked_at + 2 * window) {
       serve_queries();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -16,11 +16,15 @@
 //    within one poll interval with its progress per group and its operations in flight
 //    (watchdog_report.h), whatever its main thread is doing: waiting, computing, or stuck in
 //    another group. A rank that does not answer is stopped or dead.
+//  - Answers name the ranks the answering rank's watched operations wait on. A peer that waits
+//    elsewhere (behind, inside another operation) is followed: the ranks it waits on are asked in
+//    turn, until the chains end at ranks that are silent or have nothing in flight.
 //  - The timed-out rank prints the diagnosis (each peer's state and "missing rank(s): ...": the
-//    peers that did not answer, had not issued the operation, or issued a different one), then
+//    peers that did not answer, had not issued the operation, or issued a different one, and the
+//    ends of the chains that hold the others), then
 //    aborts the job with MPI_Abort: a rank that gave up on a collective cannot take part in
 //    collectives again, and MPI_Finalize could wait for the missing rank forever. The abort comes
-//    two reply windows after the question: ending the job resumes stopped ranks (mpirun's SIGCONT
+//    two reply windows after its last question: ending the job resumes stopped ranks (mpirun's SIGCONT
 //    before SIGTERM), which would otherwise answer the ranks still asking as if they had run.
 // Ranks that time out together each print their own record before the first abort ends the
 // job, so the log shows which rank never arrived at which operation.
@@ -102,6 +106,8 @@ class Watchdog {
   // Prints the report for `w` and ends the job.
   [[noreturn]] void fire(const Watched& w);
   std::vector<std::string> ask_peers(const std::vector<int>& peers, double window);
+  // The world ranks the watched operations wait on, for this rank's answers.
+  std::vector<int> waits_on();
 
   WatchdogOptions options_;
   CollectiveLog log_;
