@@ -9,19 +9,22 @@
 // flight from the pipeline schedule the run executes (build_schedule: the largest moment of the
 // forwards held plus the running backward's working set).
 //
-// Peak = weights (less those released then) + gradients + optimizer state + activations of the micro-batches in flight
-// + the working set of the backward that is running + communication buffers + allocator slack at the step's largest
-// moment, where the gradients are the buckets held then (without FSDP each model chunk's buckets take memory during its
-// first backward of the step: distributed/ddp.h), or the set-up's peak where larger (DDP moving the parameters into its
-// layout holds the registry's and its own parameter buffers at once, the gradients once:
-// ParameterRegistry::GradsOnMove::drop). With --optimizer-cpu-offload the offloaded share of the optimizer state
-// (optimizer/adamw_state.h: master weights always kept apart there, two staging slots of up to 64 Mi elements) is host
-// memory: on a GPU it leaves the device; on the CPU backend it is the same memory and still counted. Megatron FSDP
-// (--use-megatron-fsdp): optim is the distributed optimizer; optim_grads keeps this rank's shard of the gradients,
-// optim_grads_params of the weights too, plus the units in flight at the peak (fsdp_units_in_flight: gathered
-// parameters, full gradients being reduce-scattered). On the CPU backend the distributed optimizer's reduce-scatters
-// return each bucket's shard in a buffer of its own, held until the step's reductions are waited for: with
-// --overlap-grad-reduce from the end of the last micro-batch's backward, which still holds all its saved activations.
+// Peak = weights (less those released then) + gradients + optimizer state + activations of the
+// micro-batches in flight + the working set of the backward that is running + communication buffers
+// + allocator slack at the step's largest moment, where the gradients are the buckets held then
+// (without FSDP each model chunk's buckets take memory during its first backward of the step:
+// distributed/ddp.h), or the set-up's peak where larger (DDP moving the parameters into its layout
+// holds the registry's and its own parameter buffers at once, the gradients once:
+// ParameterRegistry::GradsOnMove::drop). With --optimizer-cpu-offload the offloaded share of the
+// optimizer state (optimizer/adamw_state.h: master weights always kept apart there, two staging
+// slots of up to 64 Mi elements) is host memory: on a GPU it leaves the device; on the CPU backend
+// it is the same memory and still counted. Megatron FSDP (--use-megatron-fsdp): optim is the
+// distributed optimizer; optim_grads keeps this rank's shard of the gradients, optim_grads_params
+// of the weights too, plus the units in flight at the peak (fsdp_units_in_flight: gathered
+// parameters, full gradients being reduce-scattered). On the CPU backend the distributed
+// optimizer's reduce-scatters return each bucket's shard in a buffer of its own, held until the
+// step's reductions are waited for: with --overlap-grad-reduce from the end of the last
+// micro-batch's backward, which still holds all its saved activations.
 #include <cstdint>
 #include <string>
 #include <vector>
