@@ -349,10 +349,13 @@ void run_layout(Style style, const Layout& layout, DType dtype) {
 // FP8 (emulated on CPU ranks, hybrid format, delayed scaling) under every layout: the FP8 GEMMs
 // run on TP shards, SP chunks and ring-overlapped chunks. The amaxes are max-reduced over TP and
 // DP x CP before each update (tensor_parallel/fp8_linear.h), so every rank casts with the single
-// rank's scales and, under TP alone, the layouts cast the single rank's FP8 values: the loss
-// follows the single-rank FP8 curve to f32 roundoff (measured at most 1.2e-7 relative; bound
-// 1e-5, the fp32 loss tolerance above; with each rank scaling by its own amax the same layouts
-// measured 5.8e-4). With DP the first step differs: it casts with scale 1 before any amax is
+// rank's scales and, under TP alone, the layouts cast the single rank's FP8 values up to f32
+// roundoff: a value within roundoff of an FP8 rounding boundary (the TP ranks' partial sums add in
+// another order) casts one FP8 step the other way, and from there the two runs drift apart.
+// Measured: at most 1.2e-7 relative on most machines; on an AMD EPYC (OpenBLAS's Zen kernels) GPT
+// TP=4 with SP stayed within 7e-7 for 12 iterations, then drifted to 6.4e-5 by iteration 18.
+// Bound 2e-4: a third of what each rank scaling by its own amax (the bug this guards against)
+// measured, 5.8e-4. With DP the first step differs: it casts with scale 1 before any amax is
 // known, and a DP rank's output gradient is DP times the single rank's (its loss is averaged over
 // its own micro-batches), so its small values round differently; the curve then stays within
 // 0.1% (measured); bound 0.5%.
@@ -377,7 +380,7 @@ void run_fp8_layout(Style style, const Layout& layout) {
     const LossSums s1 = single.forward_backward(global_batch);
     const LossSums sp = sum_over(*ctx.dp_cp, parallel.forward_backward(mine));
     const double loss1 = s1.loss_sum / s1.num_tokens, loss = sp.loss_sum / sp.num_tokens;
-    EXPECT_LE(std::abs(loss - loss1), (dp > 1 ? 5e-3 : 1e-5) * loss1)
+    EXPECT_LE(std::abs(loss - loss1), (dp > 1 ? 5e-3 : 2e-4) * loss1)
         << name << " iteration " << it << ": " << loss << ", single rank " << loss1;
     worst = std::max(worst, std::abs(loss - loss1) / loss1);
     single.model().update_fp8_scales();
