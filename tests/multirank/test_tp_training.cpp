@@ -354,8 +354,9 @@ void run_layout(Style style, const Layout& layout, DType dtype) {
 // another order) casts one FP8 step the other way, and from there the two runs drift apart.
 // Measured: at most 1.2e-7 relative on most machines; on an AMD EPYC (OpenBLAS's Zen kernels) GPT
 // TP=4 with SP stayed within 7e-7 for 12 iterations, then drifted to 6.4e-5 by iteration 18.
-// Bound 2e-4: a third of what each rank scaling by its own amax (the bug this guards against)
-// measured, 5.8e-4. With DP the first step differs: it casts with scale 1 before any amax is
+// Bound 2e-4: below what each rank scaling by its own amax (the bug this guards against) gives,
+// measured by skipping the amax reduction: 5.8e-4 earlier; 5.4e-4 (GPT) and 6.4e-4 (LLaMA) on
+// that AMD EPYC. With DP the first step differs: it casts with scale 1 before any amax is
 // known, and a DP rank's output gradient is DP times the single rank's (its loss is averaged over
 // its own micro-batches), so its small values round differently; the curve then stays within
 // 0.1% (measured); bound 0.5%.
