@@ -191,10 +191,14 @@ void run_problem(const Problem& pr) {
   Tensor dw = dw0.clone();
   print_row(shape, "fwd", "(library)", median_ms([&] { ops::cuda::grouped_linear_forward(y, x, w, counts); }), flops,
             NAN);
-  print_row(shape, "dgrad", "(library)",
-            median_ms([&] { ops::cuda::grouped_linear_backward(dx, none, dy, x, w, counts); }), flops, NAN);
-  print_row(shape, "wgrad", "(library)",
-            median_ms([&] { ops::cuda::grouped_linear_backward(none, dw, dy, x, w, counts); }), flops, NAN);
+  print_row(shape, "dgrad", "(library)", median_ms([&] {
+              ops::cuda::grouped_linear_backward(dx, none, dy, x, w, counts, ops::GradWrite::accumulate);
+            }),
+            flops, NAN);
+  print_row(shape, "wgrad", "(library)", median_ms([&] {
+              ops::cuda::grouped_linear_backward(none, dw, dy, x, w, counts, ops::GradWrite::accumulate);
+            }),
+            flops, NAN);
   std::fflush(stdout);
 }
 

@@ -148,25 +148,44 @@ void check_forward_and_backward(DType dtype, const std::vector<int64_t>& counts,
   // backward: dx (K = out) overwritten, dW (K = rows of the expert, at most N, + the old value)
   // accumulated in f32
   Pair dx = poisoned_pair({N, in}, dtype), dw = random_pair({E, out, in}, DType::f32, 4);
-  ops::cuda::grouped_linear_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, counts);
+  ops::cuda::grouped_linear_backward(dx.gpu, dw.gpu, dy.gpu, x.gpu, w.gpu, counts, ops::GradWrite::accumulate);
   ASSERT_TRUE(completed("backward (dgrad and wgrad), " + shape));
   Tensor dx_ref = Tensor::empty({N, in}, DType::f64), dx_abs = Tensor::empty({N, in}, DType::f64);
   Tensor dw_ref = f64(dw.cpu), dw_abs = abs_f64(dw.cpu);
-  ops::cpu::grouped_linear_backward(dx_ref, dw_ref, f64(dy.cpu), f64(x.cpu), f64(w.cpu), counts);
-  ops::cpu::grouped_linear_backward(dx_abs, dw_abs, abs_f64(dy.cpu), abs_f64(x.cpu), abs_f64(w.cpu), counts);
+  ops::cpu::grouped_linear_backward(dx_ref, dw_ref, f64(dy.cpu), f64(x.cpu), f64(w.cpu), counts,
+                                    ops::GradWrite::accumulate);
+  ops::cpu::grouped_linear_backward(dx_abs, dw_abs, abs_f64(dy.cpu), abs_f64(x.cpu), abs_f64(w.cpu), counts,
+                                    ops::GradWrite::accumulate);
   expect_within_bound_per_expert("dgrad dx = dy W, " + shape, dx, dx_ref, bound_of(dx_abs, dx_ref, out, dtype),
                                  parts_by_rows(counts), counts);
   expect_within_bound_per_expert("wgrad dW += dy^T x, " + shape, dw, dw_ref,
                                  bound_of(dw_abs, dw_ref, N + 1, DType::f32), parts_by_matrix(counts.size(), out),
                                  counts);
 
+  // wgrad over a NaN-poisoned dW (GradWrite::overwrite, the step's first gradient): every element
+  // written, the experts without rows with zeros.
+  Pair dw_over = poisoned_pair({E, out, in}, DType::f32);
+  Tensor no_dx, no_dx_ref;
+  ops::cuda::grouped_linear_backward(no_dx, dw_over.gpu, dy.gpu, x.gpu, w.gpu, counts, ops::GradWrite::overwrite);
+  ASSERT_TRUE(completed("backward (wgrad over the old values), " + shape));
+  Tensor dw_over_ref = Tensor::empty(dw_ref.shape(), DType::f64),
+         dw_over_abs = Tensor::empty(dw_ref.shape(), DType::f64);
+  ops::cpu::grouped_linear_backward(no_dx_ref, dw_over_ref, f64(dy.cpu), f64(x.cpu), f64(w.cpu), counts,
+                                    ops::GradWrite::overwrite);
+  ops::cpu::grouped_linear_backward(no_dx_ref, dw_over_abs, abs_f64(dy.cpu), abs_f64(x.cpu), abs_f64(w.cpu), counts,
+                                    ops::GradWrite::overwrite);
+  expect_within_bound_per_expert("wgrad dW = dy^T x, " + shape, dw_over, dw_over_ref,
+                                 bound_of(dw_over_abs, dw_over_ref, N, DType::f32), parts_by_matrix(counts.size(), out),
+                                 counts);
+
   const PathCounts after = path_counts();
   if (path == Expect::our_kernel) {
-    EXPECT_EQ(after.mma - before.mma, 3) << shape << ": forward, dgrad and wgrad, one launch of our kernel each";
+    EXPECT_EQ(after.mma - before.mma, 4) << shape
+                                         << ": forward, dgrad and wgrad (twice), one launch of our kernel each";
     EXPECT_EQ(after.cublas - before.cublas + after.per_expert - before.per_expert, 0) << shape;
   } else if (path == Expect::per_expert) {
     EXPECT_EQ(after.mma - before.mma + after.cublas - before.cublas, 0) << shape;
-    EXPECT_EQ(after.per_expert - before.per_expert, 2) << shape << ": the forward's loop and the backward's";
+    EXPECT_EQ(after.per_expert - before.per_expert, 3) << shape << ": the forward's loop and the two backwards'";
   } else {
     EXPECT_EQ(after.mma - before.mma, 0) << shape << ": our kernel does not take these operands";
     EXPECT_GT(after.cublas - before.cublas + after.per_expert - before.per_expert, 0) << shape;
@@ -257,8 +276,8 @@ void check_device_offsets_equal_host_counts(DType dtype, const std::vector<int64
   ops::cuda::grouped_linear_forward(y_device, x.gpu, w.gpu, on_device);
   Tensor dx_host = Tensor::empty({N, in}, dtype, gpu()), dx_device = Tensor::empty({N, in}, dtype, gpu());
   Tensor dw_host = dw0.gpu.clone(), dw_device = dw0.gpu.clone();
-  ops::cuda::grouped_linear_backward(dx_host, dw_host, dy.gpu, x.gpu, w.gpu, counts);
-  ops::cuda::grouped_linear_backward(dx_device, dw_device, dy.gpu, x.gpu, w.gpu, on_device);
+  ops::cuda::grouped_linear_backward(dx_host, dw_host, dy.gpu, x.gpu, w.gpu, counts, ops::GradWrite::accumulate);
+  ops::cuda::grouped_linear_backward(dx_device, dw_device, dy.gpu, x.gpu, w.gpu, on_device, ops::GradWrite::accumulate);
   ASSERT_TRUE(completed("device offsets, " + shape));
   const auto same = [](const Tensor& a, const Tensor& b) {
     const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());

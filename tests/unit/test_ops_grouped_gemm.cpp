@@ -31,20 +31,26 @@ void check(DType dtype, double rel) {
   Tensor dx = poisoned({kRows, kIn}, dtype), dx_loop = poisoned({kRows, kIn}, dtype);
   const DType acc = dtype == DType::f64 ? DType::f64 : DType::f32;
   Tensor dw = randn({4, kOut, kIn}, acc, 4), dw_loop = dw.clone();
-  ops::grouped_linear_backward(dx, dw, dy, x, w, kCounts);
+  ops::grouped_linear_backward(dx, dw, dy, x, w, kCounts, ops::GradWrite::accumulate);
+  // Written over NaNs (the step's first gradient): the loop's from zeros, expert 1 (no rows) zero.
+  Tensor no_dx, dw_over = poisoned(dw.shape(), acc), dw_over_loop = Tensor::zeros(dw.shape(), acc);
+  ops::grouped_linear_backward(no_dx, dw_over, dy, x, w, kCounts, ops::GradWrite::overwrite);
   int64_t begin = 0;
   for (size_t e = 0; e < kCounts.size(); begin += kCounts[e], ++e) {
     const int64_t end = begin + kCounts[e];
     if (end == begin) continue;
     Tensor y_e = y_loop.slice(begin, end), dx_e = dx_loop.slice(begin, end), dw_e = dw_loop.select(int64_t(e));
-    Tensor no_bias;
+    Tensor no_bias, dw_over_e = dw_over_loop.select(int64_t(e));
     ops::linear_forward(y_e, x.slice(begin, end), w.select(int64_t(e)), Tensor());
     ops::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), w.select(int64_t(e)),
                          ops::GradWrite::accumulate);
+    ops::linear_backward(no_dx, dw_over_e, no_bias, dy.slice(begin, end), x.slice(begin, end), w.select(int64_t(e)),
+                         ops::GradWrite::overwrite);
   }
   expect_close(y, y_loop, rel);
   expect_close(dx, dx_loop, rel);
   expect_close(dw, dw_loop, dtype == DType::f64 ? rel : 1e-6);  // f32 main grads: float sums of 6 terms
+  expect_close(dw_over, dw_over_loop, dtype == DType::f64 ? rel : 1e-6);
 }
 
 }  // namespace
@@ -76,8 +82,8 @@ TEST(OpsGroupedGemm, RowOffsetsEqualCounts) {
   EXPECT_TRUE(all_close(y_offsets, y_counts, 0.0, 0.0));
   Tensor dx_counts = Tensor::empty({10, kIn}, DType::f64), dx_offsets = Tensor::empty({10, kIn}, DType::f64);
   Tensor dw_counts = Tensor::zeros(w.shape(), DType::f64), dw_offsets = Tensor::zeros(w.shape(), DType::f64);
-  ops::grouped_linear_backward(dx_counts, dw_counts, dy, x, w, counts);
-  ops::grouped_linear_backward(dx_offsets, dw_offsets, dy, x, w, rows);
+  ops::grouped_linear_backward(dx_counts, dw_counts, dy, x, w, counts, ops::GradWrite::accumulate);
+  ops::grouped_linear_backward(dx_offsets, dw_offsets, dy, x, w, rows, ops::GradWrite::accumulate);
   EXPECT_TRUE(all_close(dx_offsets, dx_counts, 0.0, 0.0));
   EXPECT_TRUE(all_close(dw_offsets, dw_counts, 0.0, 0.0));
 }

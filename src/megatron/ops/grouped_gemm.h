@@ -6,10 +6,12 @@
 // those in place; the cuBLAS path (f32, other shapes) and the CPU read them on the host (on CUDA a
 // copy back that waits for the device). One call covers every expert (one cuBLAS grouped launch on CUDA); the
 // per-expert loop of linear ops (gemm.h) computes the same. As gemm.h, backward overwrites dX and
-// accumulates dW into the fp32 main grad; an expert without rows adds nothing.
+// accumulates dW into the fp32 main grad (an expert without rows adds nothing) or writes dW over
+// it (GradWrite::overwrite: an expert without rows gets zeros).
 #include <vector>
 
 #include "megatron/core/tensor.h"
+#include "megatron/ops/gemm.h"
 #include "megatron/ops/op.h"
 
 namespace megatron::ops {
@@ -48,8 +50,9 @@ constexpr int64_t kPerExpertGemmRows = 1024;
 MEGATRON_OP(grouped_linear_forward,
             void(Tensor& y, const Tensor& x, const Tensor& weight, const ExpertRows& rows));
 // dx (N,in): rows of e = dy rows of e @ weight[e]       (overwrites; skipped when dx undefined)
-// dweight (E,out,in): [e] += dy_e^T @ x_e               (accumulates; skipped when undefined)
+// dweight (E,out,in): [e] += dy_e^T @ x_e               (or = with GradWrite::overwrite; skipped
+//                                                       when undefined)
 MEGATRON_OP(grouped_linear_backward, void(Tensor& dx, Tensor& dweight, const Tensor& dy, const Tensor& x,
-                                          const Tensor& weight, const ExpertRows& rows));
+                                          const Tensor& weight, const ExpertRows& rows, GradWrite dweight_write));
 
 }  // namespace megatron::ops

@@ -25,7 +25,7 @@ struct LayerDims {
   bool layer_norm;         // LayerNorm keeps a mean beside rstd
   bool fused_attention;    // q, k, v read in place from the projection (RoPE turns it in place): no CP
   bool dropout;            // hidden dropout in training: its gradient is a new tensor
-  bool recompute_core_attn, recompute_mlp, recompute_layernorm;
+  bool recompute_core_attn, recompute_mlp, recompute_moe_act, recompute_layernorm;
   bool sequence_parallel, tp_comm_overlap;
 };
 
@@ -47,6 +47,7 @@ LayerDims layer_dims(const TransformerConfig& c, const ActivationShape& s) {
   d.dropout = c.hidden_dropout > 0.0f;
   d.recompute_core_attn = c.recompute.recomputes("core_attn");
   d.recompute_mlp = c.recompute.recomputes("mlp");
+  d.recompute_moe_act = c.recompute.recomputes("moe_act");
   d.recompute_layernorm = c.recompute.recomputes("layernorm");
   d.sequence_parallel = s.sequence_parallel;
   d.tp_comm_overlap = s.tp_comm_overlap;
@@ -100,8 +101,8 @@ int64_t expert_rows(const MoEConfig& moe, const LayerDims& d) { return d.Ts * mo
 // f64 runs: a 16-bit run keeps an f32 copy of it) (and, routing on the device: one rank of experts,
 // dropless, its logits and top-k choices; the probabilities are the plan's), the dispatch plan (row
 // indices and weights, the (T,E) row map and probabilities, over the EP group's tokens), the
-// experts' input and fc1 output, their output, and the shared expert's MLP (its input is the
-// router's).
+// experts' input, fc1 output and activation output (unless moe_act is recomputed), their output,
+// and the shared expert's MLP (its input is the router's).
 int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep, int64_t expert_tp) {
   const int64_t N = expert_rows(moe, d), E = moe.num_moe_experts, group_tokens = d.Ts * ep;
   int64_t bytes = d.Ts * d.H * d.stats;
@@ -111,13 +112,15 @@ int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep, int64_t 
   if (device_routing) bytes += d.Ts * E * d.stats + d.Ts * moe.moe_router_topk * 4;
   bytes += N * (4 + d.stats) + group_tokens * E * (4 + d.stats);
   bytes += N * d.H * d.e + N * moe.moe_ffn_hidden_size * d.fc1_factor * d.e + N * d.H * d.e;
+  if (!d.recompute_moe_act) bytes += N * moe.moe_ffn_hidden_size * d.e;
   if (moe.moe_shared_expert_intermediate_size > 0) bytes += mlp_saved(d, moe.moe_shared_expert_intermediate_size, false);
   return bytes;
 }
 
 // The tensors a layer's backward holds at once, beyond the saved ones, at the larger of its two
 // phases. Both hold the incoming gradient, and dropout's gradient beside it.
-//   MLP: the activation rebuilt for fc2, fc2's input gradient, fc1's output gradient and fc1's input
+//   MLP: the activation rebuilt for fc2 (by the experts only under moe_act), fc2's input gradient, fc1's output
+//   gradient and fc1's input
 //     gradient (T rows before an SP reduce-scatter); fc1's output again when mlp is recomputed. FP8
 //     keeps the same at the larger phase: fc2's input is not rebuilt (its cast is kept), and fc1's
 //     output gradient under the delayed recipe is its two casts, as many bytes as bf16.
@@ -134,7 +137,7 @@ int64_t layer_backward_working(const TransformerConfig& c, bool moe_layer, const
   int64_t mlp = 0;
   if (moe_layer) {
     const int64_t N = expert_rows(c.moe, d), F = c.moe.moe_ffn_hidden_size;
-    mlp = 2 * N * d.H * d.e + N * F * (2 + d.fc1_factor) * d.e + full;
+    mlp = 2 * N * d.H * d.e + N * F * (1 + d.fc1_factor) * d.e + full + (d.recompute_moe_act ? N * F * d.e : 0);
   } else {
     const int64_t act = d.T * d.ffn * d.e, fc1 = d.T * d.ffn * d.fc1_factor * d.e;
     mlp = (c.swiglu ? act + fc1 + full : std::max(2 * act, act + full)) + (d.recompute_mlp ? fc1 : 0);

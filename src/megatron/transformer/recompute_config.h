@@ -17,8 +17,8 @@
 //     mlp:       a dense MLP keeps only its input; backward recomputes fc1 and the activation;
 //     moe:       an MoE layer (router, token exchange, experts, shared expert) keeps only its input
 //                and its routing's statistics; backward runs its forward again, exchanges included;
-//     moe_act:   the experts' activation: they keep only fc1's output and recompute it in backward
-//                always (as the dense MLP), which is what Megatron's moe_act saves.
+//     moe_act:   the experts' activation output (fc2's input): dropped and recomputed in backward
+//                from fc1's output, which the experts keep anyway.
 // A recomputed forward (full, or moe) counts no expert-bias loads or routing statistics again
 // (ForwardContext::recompute).
 // Recomputation reruns the same kernels on the same inputs (dropout masks are counter-based), so

@@ -74,8 +74,9 @@ void cpu::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weigh
 }
 
 void cpu::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                  const ExpertRows& rows) {
+                                  const ExpertRows& rows, GradWrite dweight_write) {
   checks::check_grouped_linear_backward(dx, dweight, dy, x, weight, rows, check_cpu);
+  if (dweight.defined() && dweight_write == GradWrite::overwrite) dweight.zero();
   const std::vector<int64_t> counts = rows.host_counts();
   dispatch_floating(x.dtype(), "grouped_linear_backward", [&]<class T>(std::type_identity<T>) {
     if (dx.defined())

@@ -115,10 +115,19 @@ void per_expert_forward(Tensor& y, const Tensor& x, const Tensor& weight, const 
   }
 }
 
+// An overwriting backward gives the experts without rows (whose GEMMs are skipped) zero weight
+// gradients.
+void zero_experts_without_rows(Tensor& dweight, const std::vector<int64_t>& counts, GradWrite dweight_write) {
+  if (!dweight.defined() || dweight_write != GradWrite::overwrite) return;
+  for (size_t e = 0; e < counts.size(); ++e)
+    if (counts[e] == 0) dweight.select(int64_t(e)).zero();
+}
+
 // dx and dweight as grouped_linear_backward; either undefined is skipped.
 void per_expert_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                         const std::vector<int64_t>& counts) {
+                         const std::vector<int64_t>& counts, GradWrite dweight_write) {
   count_op_path(OpPath::grouped_gemm_per_expert);
+  zero_experts_without_rows(dweight, counts, dweight_write);
   int64_t begin = 0;
   for (size_t e = 0; e < counts.size(); begin += counts[e], ++e) {
     if (counts[e] == 0) continue;
@@ -128,7 +137,7 @@ void per_expert_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Te
     Tensor no_bias;
     if (dx_e.defined() || dw_e.defined())
       cuda::linear_backward(dx_e, dw_e, no_bias, dy.slice(begin, end), x.slice(begin, end), weight.select(int64_t(e)),
-                            ops::GradWrite::accumulate);
+                            dweight_write);
   }
 }
 
@@ -235,10 +244,13 @@ void cuda::grouped_linear_forward(Tensor& y, const Tensor& x, const Tensor& weig
 }
 
 void cuda::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                   const ExpertRows& rows) {
+                                   const ExpertRows& rows, GradWrite dweight_write) {
   checks::check_grouped_linear_backward(dx, dweight, dy, x, weight, rows, check_cuda);
-  if (per_expert_gemms_pay(rows, x.dim(0))) return per_expert_backward(dx, dweight, dy, x, weight, rows.counts);
+  if (per_expert_gemms_pay(rows, x.dim(0)))
+    return per_expert_backward(dx, dweight, dy, x, weight, rows.counts, dweight_write);
   if (mma_applies(x, weight, rows, {&dx, &dweight, &dy, &x, &weight})) {
+    // Our kernel only accumulates (its rows may be known on the device only).
+    if (dweight.defined() && dweight_write == GradWrite::overwrite) dweight.zero();
     MmaRows mma_rows(rows, x.dim(0), x.device());
     dispatch_mma(x.dtype(), [&]<class T>(std::type_identity<T>) {
       if (dx.defined()) dgrad_mma<T>(dx, dy, weight, mma_rows);
@@ -264,11 +276,13 @@ void cuda::grouped_linear_backward(Tensor& dx, Tensor& dweight, const Tensor& dy
                              element(dy, begin), const_cast<char*>(element(dweight, int64_t(e) * out))});
   }
   const bool dx_done = run_grouped(dx_problems, x.dtype(), x.dtype(), 0.0f, x.device());
-  const bool dw_done = run_grouped(dw_problems, x.dtype(), DType::f32, 1.0f, x.device());
+  const bool overwrite = dweight_write == GradWrite::overwrite;
+  const bool dw_done = run_grouped(dw_problems, x.dtype(), DType::f32, overwrite ? 0.0f : 1.0f, x.device());
+  if (dw_done) zero_experts_without_rows(dweight, counts, dweight_write);
   if (dx_done && dw_done) return;
   warn_fallback(dtype_name(x.dtype()));
   Tensor dx_left = dx_done ? Tensor() : dx, dw_left = dw_done ? Tensor() : dweight;
-  per_expert_backward(dx_left, dw_left, dy, x, weight, counts);
+  per_expert_backward(dx_left, dw_left, dy, x, weight, counts, dweight_write);
 }
 
 }  // namespace megatron::ops

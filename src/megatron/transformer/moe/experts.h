@@ -9,8 +9,9 @@
 // the token exchange adds (moe_layer.h). Rows arrive grouped by expert
 // (token_dispatcher.h): expert e runs on its rows' count of consecutive rows, known on the host
 // or only as device offsets (device routing; the per-expert GEMM loop reads them back once per
-// forward, the grouped GEMM need not). The activation is
-// recomputed in backward from the saved fc1 output, as the dense MLP.
+// forward, the grouped GEMM need not). The activation's output (fc2's input) is kept for backward,
+// as Megatron's experts keep it, or under --recompute-modules moe_act recomputed there from the
+// saved fc1 output.
 #include <string>
 #include <vector>
 
@@ -26,10 +27,12 @@ class Experts {
   struct Saved {
     Tensor input;    // (N,H) the dispatched rows
     Tensor fc1_out;  // (N, F or 2F)
+    Tensor act;      // (N, F) fc2's input; undefined under moe_act recomputation
     ops::ExpertRows expert_rows{std::vector<int64_t>{}};
     void count(ActivationMemory& m) const {
       m.add(input);
       m.add(fc1_out);
+      m.add(act);
     }
   };
   Experts(ParameterRegistry& registry, const TransformerConfig& config, const std::string& prefix);
@@ -42,12 +45,13 @@ class Experts {
   // out rows of expert e = in rows of e @ weight[e]^T, for every expert with rows: one grouped
   // GEMM (--moe-grouped-gemm), or one GEMM per expert (Megatron's SequentialMLP).
   void experts_linear(Tensor& out, const Tensor& in, const Parameter& weight, const ops::ExpertRows& rows) const;
-  // dx rows of e = dy rows of e @ weight[e]; grad[e] += dy^T x over e's rows.
-  void experts_linear_backward(Tensor& dx, const Tensor& dy, const Tensor& x, const Parameter& weight,
+  // dx rows of e = dy rows of e @ weight[e]; grad[e] += dy^T x over e's rows (= for the step's first).
+  void experts_linear_backward(Tensor& dx, const Tensor& dy, const Tensor& x, Parameter& weight,
                                const ops::ExpertRows& rows) const;
   Tensor activation(const Tensor& fc1_out) const;
   bool swiglu_;
   bool grouped_gemm_;
+  bool recompute_act_;  // --recompute-modules moe_act
   Parameter* fc1_;
   Parameter* fc2_;
 };
