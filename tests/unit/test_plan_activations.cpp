@@ -99,6 +99,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gpt2_selective_mlp_layernorm",
              "--model-preset tiny --recompute-granularity selective --recompute-modules mlp layernorm",
              {}},
+        Case{"moe_selective_moe_act",
+             "--model-preset moe-tiny --recompute-granularity selective --recompute-modules moe_act",
+             {}},
         Case{"moe_selective_layernorm",
              "--model-preset moe-tiny --num-layers 4 --moe-layer-freq 2 --recompute-granularity selective "
              "--recompute-modules layernorm",
