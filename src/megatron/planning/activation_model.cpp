@@ -119,11 +119,11 @@ int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep, int64_t 
 
 // The tensors a layer's backward holds at once, beyond the saved ones, at the larger of its two
 // phases. Both hold the incoming gradient, and dropout's gradient beside it.
-//   MLP: the activation rebuilt for fc2 (by the experts only under moe_act), fc2's input gradient, fc1's output
-//   gradient and fc1's input
-//     gradient (T rows before an SP reduce-scatter); fc1's output again when mlp is recomputed. FP8
-//     keeps the same at the larger phase: fc2's input is not rebuilt (its cast is kept), and fc1's
-//     output gradient under the delayed recipe is its two casts, as many bytes as bf16.
+//   MLP: the activation rebuilt for fc2 (by the experts only under moe_act), fc2's input
+//     gradient, fc1's output gradient and fc1's input gradient (T rows before an SP
+//     reduce-scatter); fc1's output again when mlp is recomputed. FP8 keeps the same at the larger
+//     phase: fc2's input is not rebuilt (its cast is kept), and fc1's output gradient under the
+//     delayed recipe is its two casts, as many bytes as bf16.
 //   attention: dh and its dropout gradient, the output projection's input gradient, dqkv and the
 //     split q, k, v gradients (and, where the fused op splits by definition, the split q, k, v
 //     themselves: on the CPU, and on CUDA unless cuDNN reads the MHA layout in place); the op's

@@ -91,10 +91,6 @@ void with_pack(bool packs, Fn&& fn) {
   }
 }
 
-// Launches kernel<T, kPack<T>> over packs when the rows are packable, else kernel<T, 1>.
-template <class T, template <class, int> class Kernel>
-struct Launch;
-
 }  // namespace
 }  // namespace megatron::ops::cuda
 
