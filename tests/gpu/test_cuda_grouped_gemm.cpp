@@ -228,6 +228,18 @@ TEST_F(CudaGroupedGemm, ManyRowsPerExpertGoOneLibraryGemmPerExpert) {
   check_forward_and_backward(DType::bf16, {rows + 1, rows - 2}, 64, 72, Expect::our_kernel);
 }
 
+// The experts' row counts change every step; a GEMM of a row count not seen before runs the
+// algorithm cuBLASLt chose for another count of its size class (gemm.cu), which must change no
+// result. 1032 to 1072 rows share the class 1025-1152 (8 classes per power of two).
+TEST_F(CudaGroupedGemm, RowCountsOfOneSizeClassShareAnAlgorithm) {
+  const int64_t reused = ops::cuda::op_path_count(OpPath::gemm_algo_of_size_class);
+  const int64_t rows = ops::kPerExpertGemmRows;
+  check_forward_and_backward(DType::bf16, {rows + 8, rows + 24}, 72, 80, Expect::per_expert);
+  check_forward_and_backward(DType::bf16, {rows + 40, rows + 48}, 72, 80, Expect::per_expert);
+  EXPECT_GT(ops::cuda::op_path_count(OpPath::gemm_algo_of_size_class) - reused, 0)
+      << "GEMMs of new row counts in a size class seen before asked cuBLASLt's heuristic again";
+}
+
 TEST_F(CudaGroupedGemm, MatchesTheCpuReferenceAtTheMoEPresetWidths) {
   const std::vector<int64_t> counts{0, 130, 1, 0, 64, 9, 0, 37};
   check_forward_and_backward(DType::bf16, counts, 2048, 2 * 2816);

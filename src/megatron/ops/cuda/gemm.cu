@@ -34,8 +34,13 @@
 //
 // Algorithms come from cuBLASLt's heuristic, queried once per (device, shape, transposes,
 // dtypes, epilogue, pointer alignments) and cached; descriptors are rebuilt per call (a few
-// host microseconds, and no shared mutable state between threads).
+// host microseconds, and no shared mutable state between threads). Shapes that change from call
+// to call (the MoE experts' rows, one GEMM per expert) would ask the heuristic on nearly every
+// call, which costs far more host time than the launch; so a shape not seen before first tries
+// the algorithm found for another shape of its size class (each of m, n, k rounded up to 8 steps
+// per octave), checked for the exact problem with cublasLtMatmulAlgoCheck.
 #include <array>
+#include <bit>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -161,6 +166,13 @@ struct PlanKey {
   std::array<int64_t, 18> fields{};
   bool operator==(const PlanKey&) const = default;
 };
+// v rounded up to its size class: the top four bits kept, 8 classes per power of two (8 to 16 exact).
+int64_t size_class(int64_t v) {
+  if (v <= 16) return v;
+  const int shift = int(std::bit_width(uint64_t(v))) - 4;
+  return ((v + (int64_t(1) << shift) - 1) >> shift) << shift;
+}
+
 struct PlanKeyHash {
   size_t operator()(const PlanKey& key) const {
     size_t h = 0;
@@ -170,9 +182,11 @@ struct PlanKeyHash {
 };
 
 // Heuristic results per problem class; nullopt records "no algorithm" so it is not asked again.
+// by_size_class: the first algorithm found in each size class (a PlanKey with m, n, k classed).
 struct AlgoCache {
   std::mutex mutex;
   std::unordered_map<PlanKey, std::optional<cublasLtMatmulAlgo_t>, PlanKeyHash> algos;
+  std::unordered_map<PlanKey, cublasLtMatmulAlgo_t, PlanKeyHash> by_size_class;
 };
 AlgoCache& algo_cache() {
   static AlgoCache cache;
@@ -217,14 +231,27 @@ bool try_lt_matmul(const LtProblem& p) {
                      align_d, p.epilogue.bias != nullptr ? alignment_of(p.epilogue.bias) : 0,
                      p.epilogue.aux != nullptr ? alignment_of(p.epilogue.aux) : 0, ctx.device(), p.a_scale_mode,
                      p.b_scale_mode, p.fast_accumulation}};
+  PlanKey class_key = key;
+  for (size_t i = 0; i < 3; ++i) class_key.fields[i] = size_class(key.fields[i]);
   AlgoCache& cache = algo_cache();
-  std::optional<cublasLtMatmulAlgo_t> algo;
+  std::optional<cublasLtMatmulAlgo_t> algo, of_class;
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
     auto it = cache.algos.find(key);
     if (it != cache.algos.end()) {
       algo = it->second;
       if (!algo) return refuse();
+    } else if (auto c = cache.by_size_class.find(class_key); c != cache.by_size_class.end()) {
+      of_class = c->second;
+    }
+  }
+  if (!algo && of_class) {
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(ctx.blas_lt(), raw_desc, a.get(), b.get(), d.get(), d.get(), &*of_class, &check) ==
+            CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= ctx.blas_workspace_bytes()) {
+      algo = of_class;
+      count_op_path(OpPath::gemm_algo_of_size_class);
     }
   }
   if (!algo) {
@@ -250,6 +277,7 @@ bool try_lt_matmul(const LtProblem& p) {
     }
     std::lock_guard<std::mutex> lock(cache.mutex);
     cache.algos[key] = algo;
+    if (algo) cache.by_size_class.try_emplace(class_key, *algo);
   }
   if (!algo) return refuse();
   CUBLAS_CHECK(cublasLtMatmul(ctx.blas_lt(), raw_desc, &p.alpha, p.a, a.get(), p.b, b.get(), &p.beta, p.d, d.get(), p.d,

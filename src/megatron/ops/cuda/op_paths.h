@@ -25,8 +25,10 @@ enum class OpPath {
                             // of our bf16/f16 tensor-core kernel (grouped_gemm_kernels.cuh)
   grouped_gemm_cublas,      // ... in one cuBLAS grouped launch (f32, or shapes our kernel does not take)
   grouped_gemm_per_expert,  // ... one cuBLASLt GEMM per expert (many rows each, or no grouped kernel)
+  gemm_algo_of_size_class,  // a GEMM of a shape not seen before on the algorithm cuBLASLt chose for
+                            // another shape of its size class (gemm.cu), checked for this one
 };
-inline constexpr int kOpPaths = int(OpPath::grouped_gemm_per_expert) + 1;
+inline constexpr int kOpPaths = int(OpPath::gemm_algo_of_size_class) + 1;
 
 void count_op_path(OpPath path);
 int64_t op_path_count(OpPath path);
