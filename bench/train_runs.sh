@@ -14,14 +14,17 @@ finish_run() {
 }
 
 # run_flags NPROC PRESET MBS [flags...]: sets the array run_flags to the command line of one run
-# (bf16, no dropout, mock data) with global batch NPROC x MBS x $accumulation (default 1).
+# (bf16, no dropout) with global batch NPROC x MBS x $accumulation (default 1), on Megatron's mock
+# data or, where $data_path is set, on that dataset (all of it for training).
 run_flags() {
   local np=$1 preset=$2 mbs=$3
   shift 3
   local vocab=32000
   case "$preset" in gpt2-*) vocab=50304 ;; llama-8b) vocab=128256 ;; esac
+  local data=(--mock-data)
+  [ -n "${data_path:-}" ] && data=(--data-path "$data_path" --split 100,0,0)
   run_flags=(--model-preset "$preset" --micro-batch-size "$mbs" --global-batch-size $((np * mbs * ${accumulation:-1}))
-    --train-iters "$iters" --lr 1e-4 --bf16 --attention-dropout 0 --hidden-dropout 0 --mock-data
+    --train-iters "$iters" --lr 1e-4 --bf16 --attention-dropout 0 --hidden-dropout 0 "${data[@]}"
     --tokenizer-type NullTokenizer --vocab-size "$vocab" --log-interval "$log_interval" --device cuda "$@")
 }
 
