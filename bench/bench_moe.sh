@@ -50,15 +50,15 @@ load() {  # NAME: "min/max" tokens per expert of run NAME's last log interval
 
 # ours with --moe-grouped-gemm on the random ids and on Megatron's mock data, and (MOE_LOOP=1)
 # without it (Megatron's SequentialMLP: one cuBLASLt GEMM per expert, the counts read to the host
-# once per layer's forward). --profile-ops-iteration 25 prints the device time per op family of a
-# step of the timed interval.
+# once per layer's forward). --profile-ops-iteration 15 prints the device time per op family of a
+# step between the warm-up and the timed interval (21-30).
 data_path="$out/random_text_document"
-ours ours-moe 1 "$preset" "$mbs" --moe-grouped-gemm --profile-ops-iteration 25
+ours ours-moe 1 "$preset" "$mbs" --moe-grouped-gemm --profile-ops-iteration 15
 read_ours ours-moe 1
 grouped=("$ms" "$tok" "$tf" "$peak" "$(load ours-moe)")
 runs=(ours-moe)
 if [ "${MOE_LOOP:-0}" = 1 ]; then
-  ours ours-moe-loop 1 "$preset" "$mbs" --profile-ops-iteration 25
+  ours ours-moe-loop 1 "$preset" "$mbs" --profile-ops-iteration 15
   read_ours ours-moe-loop 1
   loop=("$ms" "$tok" "$tf" "$peak" "$(load ours-moe-loop)")
   runs+=(ours-moe-loop)
@@ -106,7 +106,7 @@ echo "|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
 for run in "${runs[@]}"; do
-  echo "$run: device time per op family in iteration 25 (in the timed interval)"
+  echo "$run: device time per op family in iteration 15 (after ten steps, before the timed interval)"
   sed -n '/per-op time of iteration/,/step (wall)/p' "$out/$run.log" | tail -n +2
 done
 echo "ours: grouped GEMM fallback warnings (none expected):"
