@@ -33,15 +33,9 @@ logs="$out/bench-moe-logs.txt"
 : > "$logs"
 iters=30 log_interval=10
 
-source bench/train_runs.sh  # field, num, finish_run, ours, read_ours
+source bench/train_runs.sh  # field, num, finish_run, random_ids_dataset, ours, read_ours
 
-# 64 documents of 8192 uniform random ids below the NullTokenizer's EOD (32000 - 1): 255 samples
-# of 2049 tokens, more than the 120 the 30 iterations read.
-awk -v docs=64 -v len=8192 -v ids=31999 'BEGIN { srand(1234); for (d = 0; d < docs; d++) {
-  printf "{\"text\": \""; for (i = 0; i < len; i++) printf "%s%d", (i ? " " : ""), int(rand() * ids); print "\"}" } }' \
-  > "$out/random.jsonl"
-"$build/megatron" preprocess-data --input "$out/random.jsonl" --output-prefix "$out/random" \
-  --tokenizer-type NullTokenizer --vocab-size 32000 > "$out/preprocess.log" 2>&1 || { cat "$out/preprocess.log"; exit 1; }
+random_ids_dataset "$out/random" || exit 1
 
 load() {  # NAME: "min/max" tokens per expert of run NAME's last log interval
   grep '"kind":"train"' "$work/$1.jsonl" 2>/dev/null | tail -1 |
