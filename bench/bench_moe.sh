@@ -7,8 +7,13 @@
 # reference (bench/pytorch_reference.py: the same model, torch.compile, experts through
 # torch._grouped_mm, or a per-expert loop with a printed note where that is missing) on the same
 # GPU: same shape, micro-batch and sequence, bf16 over fp32 master weights, AdamW (lr 1e-4, weight
-# decay 0.01 on matrices), gradient clipping 1.0, mock tokens. Prints a markdown table with tokens/s,
-# TFLOP/s (Megatron's formula, top-k experts per token) and peak memory of each and the ratio.
+# decay 0.01 on matrices), gradient clipping 1.0. Both train on uniform random token ids (ours from
+# a dataset this script writes, the reference from torch.randint), since the routing, and so the
+# experts' GEMM shapes, depend on the data: on Megatron's mock data (every document counting 1, 2,
+# 3, ...) our routing collapses within ten steps (0/8192 tokens per expert), a row of its own
+# here. Prints a markdown table with tokens/s, TFLOP/s (Megatron's formula, top-k experts per
+# token), peak memory, the expert load (min/max tokens per expert over the layers: ours over the
+# last log interval, the reference on its last batch) and the ratio.
 # Ours: 30 iterations, timed over the log's last interval of 10; the reference: 5 warm-up + 20 timed.
 # About 4-6 minutes on one H100/H200 (most of it torch.compile and our model's set-up).
 #
@@ -28,23 +33,36 @@ logs="$out/bench-moe-logs.txt"
 : > "$logs"
 iters=30 log_interval=10
 
-source bench/train_runs.sh  # field, num, finish_run, ours, read_ours
+source bench/train_runs.sh  # field, num, finish_run, random_ids_dataset, ours, read_ours
 
-# ours with --moe-grouped-gemm, and (MOE_LOOP=1) without it (Megatron's SequentialMLP: one
-# cuBLASLt GEMM per expert, the counts read to the host once per layer's forward).
-# --profile-ops-iteration 5 prints the device time per op family of a warm-up step.
-ours ours-moe 1 "$preset" "$mbs" --moe-grouped-gemm --profile-ops-iteration 5
+random_ids_dataset "$out/random" || exit 1
+
+load() {  # NAME: "min/max" tokens per expert of run NAME's last log interval
+  grep '"kind":"train"' "$work/$1.jsonl" 2>/dev/null | tail -1 |
+    sed -nE 's/.*"max_tokens_per_expert":([0-9]+).*"min_tokens_per_expert":([0-9]+).*/\2\/\1/p'
+}
+
+# ours with --moe-grouped-gemm on the random ids and on Megatron's mock data, and (MOE_LOOP=1)
+# without it (Megatron's SequentialMLP: one cuBLASLt GEMM per expert, the counts read to the host
+# once per layer's forward). --profile-ops-iteration 15 prints the device time per op family of a
+# step between the warm-up and the timed interval (21-30).
+data_path="$out/random_text_document"
+ours ours-moe 1 "$preset" "$mbs" --moe-grouped-gemm --profile-ops-iteration 15
 read_ours ours-moe 1
-grouped=("$ms" "$tok" "$tf" "$peak")
+grouped=("$ms" "$tok" "$tf" "$peak" "$(load ours-moe)")
 runs=(ours-moe)
 if [ "${MOE_LOOP:-0}" = 1 ]; then
-  ours ours-moe-loop 1 "$preset" "$mbs" --profile-ops-iteration 5
+  ours ours-moe-loop 1 "$preset" "$mbs" --profile-ops-iteration 15
   read_ours ours-moe-loop 1
-  loop=("$ms" "$tok" "$tf" "$peak")
+  loop=("$ms" "$tok" "$tf" "$peak" "$(load ours-moe-loop)")
   runs+=(ours-moe-loop)
 fi
+data_path=""
+ours ours-moe-mock 1 "$preset" "$mbs" --moe-grouped-gemm
+read_ours ours-moe-mock 1
+mock=("$ms" "$tok" "$tf" "$peak" "$(load ours-moe-mock)")
 
-reference() {  # NAME [flags...]: one reference run; sets r_ms r_tok r_tf r_mem experts
+reference() {  # NAME [flags...]: one reference run; sets r_ms r_tok r_tf r_mem r_load experts
   local name=$1
   shift
   local line
@@ -54,6 +72,7 @@ reference() {  # NAME [flags...]: one reference run; sets r_ms r_tok r_tf r_mem 
   r_tok=$(echo "$line" | field tokens_per_second)
   r_tf=$(echo "$line" | field tflops_per_gpu)
   r_mem=$(echo "$line" | field peak_memory_gib)
+  r_load=$(echo "$line" | sed -nE 's/.*"tokens_per_expert_min_max": ?\[([0-9]+), ?([0-9]+)\].*/\1\/\2/p')
   experts=$(echo "$line" | sed -nE 's/.*"experts": ?"([^"]+)".*/\1/p')
   [ -n "$r_ms" ] || { echo "$name failed:" >&2; tail -5 "$out/$name.err" >&2; }
   grep -h '^note:' "$out/$name.out" >&2
@@ -61,26 +80,27 @@ reference() {  # NAME [flags...]: one reference run; sets r_ms r_tok r_tf r_mem 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }'; }
 reference ref-grouped
 ref_tok=$r_tok
-rows=("| PyTorch + torch.compile (experts: ${experts:-?}) | $mbs | $(num "$r_ms" %.1f) | $(num "$r_tok" %.0f) | $(num "$r_tf" %.1f) | $(num "$r_mem" %.2f) | 1.00x |")
+rows=("| PyTorch + torch.compile (experts: ${experts:-?}), random ids | $mbs | $(num "$r_ms" %.1f) | $(num "$r_tok" %.0f) | $(num "$r_tf" %.1f) | $(num "$r_mem" %.2f) | ${r_load:--} | 1.00x |")
 if [ "${MOE_REF_LOOP:-0}" = 1 ]; then
   reference ref-loop --experts loop
-  rows+=("| PyTorch + torch.compile (experts: ${experts:-?}) | $mbs | $(num "$r_ms" %.1f) | $(num "$r_tok" %.0f) | $(num "$r_tf" %.1f) | $(num "$r_mem" %.2f) | $(ratio "$r_tok" "$ref_tok") |")
+  rows+=("| PyTorch + torch.compile (experts: ${experts:-?}), random ids | $mbs | $(num "$r_ms" %.1f) | $(num "$r_tok" %.0f) | $(num "$r_tf" %.1f) | $(num "$r_mem" %.2f) | ${r_load:--} | $(ratio "$r_tok" "$ref_tok") |")
 fi
-ours_row() {  # LABEL ms tok tf peak
-  echo "| $1 | $mbs | $(num "$2" %.1f) | $(num "$3" %.0f) | $(num "$4" %.1f) | $(num "$5" %.2f) | $(ratio "$3" "$ref_tok") |"
+ours_row() {  # LABEL ms tok tf peak load
+  echo "| $1 | $mbs | $(num "$2" %.1f) | $(num "$3" %.0f) | $(num "$4" %.1f) | $(num "$5" %.2f) | ${6:--} | $(ratio "$3" "$ref_tok") |"
 }
-ours_rows=("$(ours_row "megatron-cpp, --moe-grouped-gemm" "${grouped[@]}")")
-[ "${MOE_LOOP:-0}" = 1 ] && ours_rows+=("$(ours_row "megatron-cpp, per-expert loop (no --moe-grouped-gemm)" "${loop[@]}")")
+ours_rows=("$(ours_row "megatron-cpp, --moe-grouped-gemm, random ids" "${grouped[@]}")")
+[ "${MOE_LOOP:-0}" = 1 ] && ours_rows+=("$(ours_row "megatron-cpp, per-expert loop (no --moe-grouped-gemm), random ids" "${loop[@]}")")
+ours_rows+=("$(ours_row "megatron-cpp, --moe-grouped-gemm, Megatron's mock data" "${mock[@]}")")
 rows=("${ours_rows[@]}" "${rows[@]}")
 
 echo
 echo "$(date -u +%F) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $preset, seq 2048, bf16"
-echo "| engine | mbs | ms/it | tokens/s | TFLOP/s | peak memory GiB | tokens/s vs the grouped_mm reference |"
-echo "|---|---|---|---|---|---|---|"
+echo "| engine | mbs | ms/it | tokens/s | TFLOP/s | peak memory GiB | tokens per expert min/max | tokens/s vs the grouped_mm reference |"
+echo "|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
 for run in "${runs[@]}"; do
-  echo "$run: device time per op family in iteration 5 (a warm-up step, outside the timed interval)"
+  echo "$run: device time per op family in iteration 15 (after ten steps, before the timed interval)"
   sed -n '/per-op time of iteration/,/step (wall)/p' "$out/$run.log" | tail -n +2
 done
 echo "ours: grouped GEMM fallback warnings (none expected):"

@@ -140,6 +140,8 @@ class MoE(nn.Module):
         # the layout torch._grouped_mm reads without a copy.
         self.w1 = nn.Parameter(torch.empty(E, 2 * F_, h))
         self.w2 = nn.Parameter(torch.empty(E, h, F_))
+        self.record_load = False  # set outside the compiled steps: keep the tokens per expert (load)
+        self.load = None
 
     def experts(self, x, w, counts, offsets):
         if self.grouped:
@@ -162,6 +164,8 @@ class MoE(nn.Module):
         counts_t = F.one_hot(flat, self.E).sum(0)  # static shape: no graph break under torch.compile
         offsets = counts_t.cumsum(0).to(torch.int32)
         counts = None if self.grouped else counts_t.tolist()
+        if self.record_load:
+            self.load = counts_t.detach()
         h1 = self.experts(tokens, self.w1, counts, offsets)
         gate, up = h1.chunk(2, dim=-1)
         y = self.experts(F.silu(gate) * up, self.w2, counts, offsets)
@@ -296,6 +300,20 @@ def configure_backends(c):
         inductor_config.coordinate_descent_tuning = True
 
 
+def expert_load(model, batch):
+    """[min, max] tokens per expert over every MoE layer for the trained model on the last step's batch,
+    as megatron-cpp logs "tokens per expert (min/max)": one forward outside the compiled graph."""
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    for m in moes:
+        m.record_load = True
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        getattr(model, "module", model)(batch[:, :-1], batch[:, 1:])
+    loads = torch.stack([m.load for m in moes])
+    for m in moes:
+        m.record_load = False
+    return [int(loads.min()), int(loads.max())]
+
+
 def main():
     a, c = parse_args()
     p = PRESETS[a.preset]
@@ -330,7 +348,9 @@ def main():
         step_model = torch.compile(model, fullgraph=world == 1 and not expert_loop, mode=mode)
     B, S, V = a.micro_batch_size, p["seq"], p["vocab"]
     gen = torch.Generator(device=dev).manual_seed(rank)
-    data = [torch.randint(0, V, (B, S + 1), device=dev, generator=gen) for _ in range(4)]
+    # A fresh batch of uniform random tokens every step, as bench_moe.sh gives megatron-cpp: the
+    # MoE routing (and so the experts' GEMM shapes) depends on what the model has seen.
+    data = [torch.randint(0, V, (B, S + 1), device=dev, generator=gen) for _ in range(a.warmup + a.iters)]
 
     def step(i):
         if cudagraphs:
@@ -352,7 +372,7 @@ def main():
     torch.cuda.reset_peak_memory_stats()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for i in range(a.iters):
+    for i in range(a.warmup, a.warmup + a.iters):
         loss = step(i)
     end.record()
     torch.cuda.synchronize()
@@ -363,14 +383,17 @@ def main():
     state_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
     for s in opt.state.values():
         state_bytes += sum(s[k].numel() * s[k].element_size() for k in ("exp_avg", "exp_avg_sq"))
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    peak_reserved_gib = torch.cuda.max_memory_reserved() / 2**30
+    load = expert_load(model, data[-1]) if "experts" in p else None
     if rank == 0:
         print(json.dumps({
             "engine": "pytorch" + ("" if a.no_compile else "+compile") + ("+ddp" if world > 1 else ""),
             "preset": a.preset, "micro_batch_size": B, "gpus": world,
             "ms_per_iteration": round(ms, 2), "tokens_per_second": round(B * S / (ms * 1e-3)),
             "tflops_per_gpu": round(tflops, 1), "mfu_percent": round(100 * tflops / 989.0, 1),
-            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2), "loss": round(loss.item(), 4),
+            "peak_memory_gib": round(peak_gib, 2), "peak_reserved_gib": round(peak_reserved_gib, 2),
+            "loss": round(loss.item(), 4), **({"tokens_per_expert_min_max": load} if load else {}),
             "optimizer_state_mib": round(state_bytes / 2**20, 1), "torch": torch.__version__,
             "variant": a.variant, "choices": c,
         }), flush=True)

@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2154  # build, work, logs, iters, log_interval: the sourcing script's
-# Sourced by the multi-GPU benchmarks (bench_dp.sh, bench_tp.sh): one `megatron train` run of a
+# Sourced by the benchmarks of ours (bench_dp.sh, bench_tp.sh, bench_moe.sh): one `megatron train` run of a
 # preset, on one GPU or under mpirun, the figures of its metrics file, and what `megatron plan`
 # predicts for it. The sourcing script sets build (the build directory), work (a scratch
 # directory), logs (the file every run's log is appended to), iters and log_interval.
@@ -14,15 +14,29 @@ finish_run() {
 }
 
 # run_flags NPROC PRESET MBS [flags...]: sets the array run_flags to the command line of one run
-# (bf16, no dropout, mock data) with global batch NPROC x MBS x $accumulation (default 1).
+# (bf16, no dropout) with global batch NPROC x MBS x $accumulation (default 1), on Megatron's mock
+# data or, where $data_path is set, on that dataset (all of it for training).
 run_flags() {
   local np=$1 preset=$2 mbs=$3
   shift 3
   local vocab=32000
   case "$preset" in gpt2-*) vocab=50304 ;; llama-8b) vocab=128256 ;; esac
+  local data=(--mock-data)
+  [ -n "${data_path:-}" ] && data=(--data-path "$data_path" --split 100,0,0)
   run_flags=(--model-preset "$preset" --micro-batch-size "$mbs" --global-batch-size $((np * mbs * ${accumulation:-1}))
-    --train-iters "$iters" --lr 1e-4 --bf16 --attention-dropout 0 --hidden-dropout 0 --mock-data
+    --train-iters "$iters" --lr 1e-4 --bf16 --attention-dropout 0 --hidden-dropout 0 "${data[@]}"
     --tokenizer-type NullTokenizer --vocab-size "$vocab" --log-interval "$log_interval" --device cuda "$@")
+}
+
+# random_ids_dataset PREFIX: writes PREFIX_text_document.{bin,idx}, 64 documents of 8192 uniform
+# random ids below the NullTokenizer's EOD (32000 - 1), for runs that must see the token
+# distribution of the PyTorch reference's torch.randint batches: 255 samples of 2049 tokens.
+random_ids_dataset() {
+  awk -v docs=64 -v len=8192 -v ids=31999 'BEGIN { srand(1234); for (d = 0; d < docs; d++) {
+    printf "{\"text\": \""; for (i = 0; i < len; i++) printf "%s%d", (i ? " " : ""), int(rand() * ids); print "\"}" } }' \
+    > "$1.jsonl"
+  "$build/megatron" preprocess-data --input "$1.jsonl" --output-prefix "$1" --tokenizer-type NullTokenizer \
+    --vocab-size 32000 > "$1.preprocess.log" 2>&1 || { cat "$1.preprocess.log" >&2; return 1; }
 }
 
 # ours NAME NPROC PRESET MBS [flags...]: one `megatron train` run of run_flags' command line; its

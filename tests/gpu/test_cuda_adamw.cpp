@@ -4,6 +4,7 @@
 // must be bitwise equal to the CPU's (x86-64 has no FMA for the CPU compiler to contract into).
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "gpu/cuda_test_util.h"
 #include "megatron/ops/adamw.h"
@@ -26,13 +27,14 @@ struct State {
   Pair master, exp_avg, exp_avg_sq, grad, model;
 };
 
-State make_state(int64_t n, DType model_dtype, bool with_model, int64_t misalign, uint64_t seed) {
+State make_state(int64_t n, DType model_dtype, bool with_model, int64_t misalign, uint64_t seed,
+                 int64_t model_misalign = 0) {
   State s;
   s.master = random_pair({n}, DType::f32, seed, 1.0, misalign);
   s.exp_avg = random_pair({n}, DType::f32, seed + 1, 0.1);
   s.exp_avg_sq = pair_of(squares({n}, seed + 2));
   s.grad = random_pair({n}, DType::f32, seed + 3);
-  if (with_model) s.model = poisoned_pair({n}, model_dtype);
+  if (with_model) s.model = poisoned_pair({n}, model_dtype, model_misalign);
   return s;
 }
 
@@ -47,9 +49,10 @@ TEST_F(CudaAdamW, StepMatchesCpuBitwise) {
   uint64_t seed = 10;
   for (const int64_t n : sizes) {
     for (const auto& model : models) {
-      for (const int64_t misalign : {0, 1}) {
+      // The master's and the compute copy's 16-byte alignment each choose vector or scalar access.
+      for (const auto& [misalign, model_misalign] : {std::pair<int64_t, int64_t>{0, 0}, {1, 0}, {0, 1}, {1, 1}}) {
         for (const int64_t step : {1, 7}) {
-          State s = make_state(n, model.dtype, model.defined, misalign, seed += 5);
+          State s = make_state(n, model.dtype, model.defined, misalign, seed += 5, model_misalign);
           ops::AdamWParams p;
           p.lr = 3e-3f;
           p.beta1 = 0.9f;
@@ -60,9 +63,10 @@ TEST_F(CudaAdamW, StepMatchesCpuBitwise) {
           p.step = step;
           ops::cpu::adamw_step(s.master.cpu, s.exp_avg.cpu, s.exp_avg_sq.cpu, s.grad.cpu, s.model.cpu, p);
           ops::cuda::adamw_step(s.master.gpu, s.exp_avg.gpu, s.exp_avg_sq.gpu, s.grad.gpu, s.model.gpu, p);
-          const std::string what = "n=" + std::to_string(n) +
-                                   " model=" + (model.defined ? dtype_name(model.dtype) : "none") +
-                                   " misalign=" + std::to_string(misalign) + " step=" + std::to_string(step);
+          const std::string what =
+              "n=" + std::to_string(n) + " model=" + (model.defined ? dtype_name(model.dtype) : "none") +
+              " misalign=" + std::to_string(misalign) + " model_misalign=" + std::to_string(model_misalign) +
+              " step=" + std::to_string(step);
           EXPECT_TRUE(equals_cpu(s.master)) << "master " << what;
           EXPECT_TRUE(equals_cpu(s.exp_avg)) << "exp_avg " << what;
           EXPECT_TRUE(equals_cpu(s.exp_avg_sq)) << "exp_avg_sq " << what;

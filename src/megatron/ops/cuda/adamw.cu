@@ -43,12 +43,17 @@ struct F32Masters {
   static constexpr bool kRecordsAmax = false;
   float* master;
   P* model;
+  bool model_aligned;  // the copy starts on a 16-byte boundary: written in 16-byte stores too
   __device__ __forceinline__ void load(int64_t i, float (&p)[kVec]) const { load_floats<kVec>(master + i, p); }
   __device__ __forceinline__ void store(int64_t i, const float (&p)[kVec], unsigned& /*amax_bits*/) const {
     store_floats<kVec>(master + i, p);
     if constexpr (kWriteModel) {
+      if (model_aligned) {
+        store_floats<kVec>(model + i, p);
+      } else {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) model[i + j] = from_float<P>(p[j]);
+        for (int j = 0; j < kVec; ++j) model[i + j] = from_float<P>(p[j]);
+      }
     }
   }
   __device__ __forceinline__ float load1(int64_t i) const { return master[i]; }
@@ -228,9 +233,9 @@ void cuda::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const
         c);
   }
   float* p = device_data<float>(master);
-  if (!model_param.defined()) return launch_adamw(F32Masters<false, float>{p, nullptr}, m, v, g, n, c);
+  if (!model_param.defined()) return launch_adamw(F32Masters<false, float>{p, nullptr, false}, m, v, g, n, c);
   dispatch_storage(model_param.dtype(), "adamw model_param", [&]<class P>(std::type_identity<P>) {
-    launch_adamw(F32Masters<true, P>{p, device_data<P>(model_param)}, m, v, g, n, c);
+    launch_adamw(F32Masters<true, P>{p, device_data<P>(model_param), is_aligned16(model_param.raw())}, m, v, g, n, c);
   });
 }
 
