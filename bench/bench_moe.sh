@@ -11,11 +11,13 @@
 # a dataset this script writes, the reference from torch.randint), since the routing, and so the
 # experts' GEMM shapes, depend on the data: on Megatron's mock data (every document counting 1, 2,
 # 3, ...) our routing collapses within ten steps (0/8192 tokens per expert), a row of its own
-# here. Prints a markdown table with tokens/s, TFLOP/s (Megatron's formula, top-k experts per
-# token), peak memory, the expert load (min/max tokens per expert over the layers: ours over the
-# last log interval, the reference on its last batch) and the ratio.
+# here. The routing also depends on what each model has learnt, so a second pair runs with
+# --moe-router-force-load-balancing (Megatron's benchmark aid: random router logits) on both
+# sides: the same balanced load. Prints a markdown table with tokens/s, TFLOP/s (Megatron's
+# formula, top-k experts per token), peak memory, the expert load (min/max tokens per expert over
+# the layers: ours over the last log interval, the reference on its last batch) and the ratio.
 # Ours: 30 iterations, timed over the log's last interval of 10; the reference: 5 warm-up + 20 timed.
-# About 4-6 minutes on one H100/H200 (most of it torch.compile and our model's set-up).
+# About 6-8 minutes on one H100/H200 (most of it torch.compile and our model's set-up).
 #
 # Usage: bench/bench_moe.sh [build_dir] [micro_batch]     (defaults: build/gpu, 4)
 #   MOE_REF_LOOP=1 adds a row for the reference with one matmul per expert (--experts loop);
@@ -57,6 +59,11 @@ if [ "${MOE_LOOP:-0}" = 1 ]; then
   loop=("$ms" "$tok" "$tf" "$peak" "$(load ours-moe-loop)")
   runs+=(ours-moe-loop)
 fi
+# The routing depends on what each engine has learnt; --moe-router-force-load-balancing
+# (Megatron's benchmark aid, random router logits) gives both the same balanced load.
+ours ours-moe-balanced 1 "$preset" "$mbs" --moe-grouped-gemm --moe-router-force-load-balancing
+read_ours ours-moe-balanced 1
+balanced=("$ms" "$tok" "$tf" "$peak" "$(load ours-moe-balanced)")
 data_path=""
 ours ours-moe-mock 1 "$preset" "$mbs" --moe-grouped-gemm
 read_ours ours-moe-mock 1
@@ -78,24 +85,28 @@ reference() {  # NAME [flags...]: one reference run; sets r_ms r_tok r_tf r_mem 
   grep -h '^note:' "$out/$name.out" >&2
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }'; }
+row() {  # LABEL ms tok tf peak load REF_TOK: one table row, its tokens/s against REF_TOK's
+  echo "| $1 | $mbs | $(num "$2" %.1f) | $(num "$3" %.0f) | $(num "$4" %.1f) | $(num "$5" %.2f) | ${6:--} | $(ratio "$3" "$7") |"
+}
+ref_row() { row "PyTorch + torch.compile (experts: ${experts:-?}), $1" "$r_ms" "$r_tok" "$r_tf" "$r_mem" "$r_load" "$2"; }
 reference ref-grouped
 ref_tok=$r_tok
-rows=("| PyTorch + torch.compile (experts: ${experts:-?}), random ids | $mbs | $(num "$r_ms" %.1f) | $(num "$r_tok" %.0f) | $(num "$r_tf" %.1f) | $(num "$r_mem" %.2f) | ${r_load:--} | 1.00x |")
+rows=("$(row "megatron-cpp, --moe-grouped-gemm, random ids" "${grouped[@]}" "$ref_tok")")
+[ "${MOE_LOOP:-0}" = 1 ] &&
+  rows+=("$(row "megatron-cpp, per-expert loop (no --moe-grouped-gemm), random ids" "${loop[@]}" "$ref_tok")")
+rows+=("$(row "megatron-cpp, --moe-grouped-gemm, Megatron's mock data" "${mock[@]}" "$ref_tok")")
+rows+=("$(ref_row "random ids" "$ref_tok")")
 if [ "${MOE_REF_LOOP:-0}" = 1 ]; then
   reference ref-loop --experts loop
-  rows+=("| PyTorch + torch.compile (experts: ${experts:-?}), random ids | $mbs | $(num "$r_ms" %.1f) | $(num "$r_tok" %.0f) | $(num "$r_tf" %.1f) | $(num "$r_mem" %.2f) | ${r_load:--} | $(ratio "$r_tok" "$ref_tok") |")
+  rows+=("$(ref_row "random ids" "$ref_tok")")
 fi
-ours_row() {  # LABEL ms tok tf peak load
-  echo "| $1 | $mbs | $(num "$2" %.1f) | $(num "$3" %.0f) | $(num "$4" %.1f) | $(num "$5" %.2f) | ${6:--} | $(ratio "$3" "$ref_tok") |"
-}
-ours_rows=("$(ours_row "megatron-cpp, --moe-grouped-gemm, random ids" "${grouped[@]}")")
-[ "${MOE_LOOP:-0}" = 1 ] && ours_rows+=("$(ours_row "megatron-cpp, per-expert loop (no --moe-grouped-gemm), random ids" "${loop[@]}")")
-ours_rows+=("$(ours_row "megatron-cpp, --moe-grouped-gemm, Megatron's mock data" "${mock[@]}")")
-rows=("${ours_rows[@]}" "${rows[@]}")
+reference ref-balanced --moe-router-force-load-balancing
+rows+=("$(row "megatron-cpp, --moe-grouped-gemm, random ids, forced balance" "${balanced[@]}" "$r_tok")")
+rows+=("$(ref_row "random ids, forced balance" "$r_tok")")
 
 echo
 echo "$(date -u +%F) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $preset, seq 2048, bf16"
-echo "| engine | mbs | ms/it | tokens/s | TFLOP/s | peak memory GiB | tokens per expert min/max | tokens/s vs the grouped_mm reference |"
+echo "| engine | mbs | ms/it | tokens/s | TFLOP/s | peak memory GiB | tokens per expert min/max | tokens/s vs the grouped_mm reference of the same routing |"
 echo "|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo

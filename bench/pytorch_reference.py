@@ -135,6 +135,7 @@ class MoE(nn.Module):
         h, E, F_ = p["hidden"], p["experts"], p["expert_ffn"]
         self.E, self.k, self.coeff, self.F = E, p["topk"], p["aux_loss_coeff"], F_
         self.grouped = c["experts"] == "grouped_mm"
+        self.force_load_balancing = p.get("force_load_balancing", False)
         self.router = nn.Linear(h, E, bias=False)
         # (E, out, in) stacks, as megatron-cpp's experts; used transposed: (E, in, out) column-major,
         # the layout torch._grouped_mm reads without a copy.
@@ -152,6 +153,8 @@ class MoE(nn.Module):
         B, S, H = x.shape
         t = x.reshape(-1, H)
         logits = F.linear(t.float(), self.router.weight.float())  # the router in fp32
+        if self.force_load_balancing:  # Megatron's RandomSTE: N(0,1) logits, gradient straight through
+            logits = logits + (torch.randn_like(logits) - logits).detach()
         top_logits, top_idx = logits.topk(self.k, dim=-1)
         probs = top_logits.softmax(dim=-1)
         scores = logits.softmax(dim=-1)
@@ -267,12 +270,16 @@ def parse_args():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--moe-router-force-load-balancing", action="store_true",
+                    help="MoE presets: route on random N(0,1) logits (Megatron's benchmark aid), a balanced load")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="tuned",
                     help="the choices' defaults: tuned (the reference) or legacy (before the variant search)")
     for key, values in CHOICES.items():
         ap.add_argument("--" + key.replace("_", "-"), choices=values, default=None,
                         help=f"overrides the variant's {key}")
     a = ap.parse_args()
+    if a.moe_router_force_load_balancing and "experts" not in PRESETS[a.preset]:
+        ap.error(f"--moe-router-force-load-balancing needs a MoE preset; {a.preset} has no experts (use moe-1b-8x)")
     choices = dict(VARIANTS[a.variant])
     for key in CHOICES:
         value = getattr(a, key)
@@ -316,7 +323,7 @@ def expert_load(model, batch):
 
 def main():
     a, c = parse_args()
-    p = PRESETS[a.preset]
+    p = dict(PRESETS[a.preset], force_load_balancing=a.moe_router_force_load_balancing)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = 0
     if world > 1:
@@ -395,7 +402,7 @@ def main():
             "peak_memory_gib": round(peak_gib, 2), "peak_reserved_gib": round(peak_reserved_gib, 2),
             "loss": round(loss.item(), 4), **({"tokens_per_expert_min_max": load} if load else {}),
             "optimizer_state_mib": round(state_bytes / 2**20, 1), "torch": torch.__version__,
-            "variant": a.variant, "choices": c,
+            "variant": a.variant, "choices": c, "moe_router_force_load_balancing": a.moe_router_force_load_balancing,
         }), flush=True)
     if world > 1:
         torch.distributed.destroy_process_group()

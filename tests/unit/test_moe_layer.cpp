@@ -123,6 +123,56 @@ TEST(MoELayer, ExpertBiasUpdateFollowsTheTokenCounts) {
   EXPECT_EQ(again, bias);
 }
 
+// --moe-router-force-load-balancing (Megatron's RandomSTE): identical tokens, which otherwise all
+// choose the same 2 of 4 experts, are spread over all four by random N(0,1) logits, drawn anew
+// for each micro-batch and again the same for the same one; the routing's gradient still reaches
+// the router's weight (straight through).
+TEST(MoELayer, ForceLoadBalancingRoutesOnRandomLogits) {
+  TransformerConfig c = moe_model();
+  c.params_dtype = DType::f32;
+  c.hidden_dropout = 0.0f;
+  c.seq_length = 512;
+  c.max_position_embeddings = 512;
+  ParallelContext ctx = ParallelContext::single_process();
+  const int64_t B = 2, T = B * c.seq_length, k = c.moe.moe_router_topk;
+  Tensor tokens = Tensor::zeros({B, c.seq_length}, DType::i32), mask = Tensor::empty({B, c.seq_length}, DType::f32);
+  mask.fill(1.0);
+  double loss = 0.0;  // of the last loads() call
+  const auto loads = [&](GPTModel& model, uint64_t step) {
+    model.parameters().zero_grads();
+    loss = model.forward_backward(tokens, tokens, mask, 1.0f, {.training = true, .seed = 5, .step = step}).loss_sum;
+    const moe::MoEStats::Values v = model.moe_stats().values();
+    return std::pair{v.min_tokens_per_expert, v.max_tokens_per_expert};
+  };
+  {
+    GPTModel model(c, ctx);
+    model.parameters().initialize(3);
+    EXPECT_EQ(loads(model, 0), std::pair(int64_t(0), T)) << "identical tokens, the router's own logits";
+  }
+  c.moe.moe_router_force_load_balancing = true;
+  ASSERT_TRUE(validate(c).empty()) << validate(c).front();
+  GPTModel model(c, ctx);
+  model.parameters().initialize(3);
+  // T k / E = 512 tokens per expert on average; a binomial count's standard deviation is below 20,
+  // so 64 either way is more than 3 of them.
+  const auto [lo, hi] = loads(model, 0);
+  const int64_t mean = T * k / c.moe.num_moe_experts;
+  EXPECT_GE(lo, mean - 64);
+  EXPECT_LE(hi, mean + 64);
+  const Parameter* router = nullptr;
+  for (const auto& p : model.parameters().params())
+    if (p->spec.name.find("router.weight") != std::string::npos) router = p.get();
+  ASSERT_NE(router, nullptr);
+  const std::vector<float> grad = router->main_grad.to_vector();
+  EXPECT_TRUE(std::any_of(grad.begin(), grad.end(), [](float g) { return g != 0.0f; }))
+      << "no gradient reached the router's weight";
+  const double first = loss;
+  EXPECT_EQ(loads(model, 0), std::pair(lo, hi));
+  EXPECT_EQ(loss, first) << "the same micro-batch draws the same logits";
+  loads(model, 1);
+  EXPECT_NE(loss, first) << "the next micro-batch draws new ones";
+}
+
 TEST(MoELayer, ParameterCountMatchesTheRegistry) {
   // num_parameters (the formula the log and `plan` use) against what the model registers.
   TransformerConfig c = moe_model();

@@ -132,6 +132,9 @@ std::vector<Flag> build_flag_table() {
        "Aux-loss-free balancing: a per-expert bias on the routing scores (sigmoid routing)"},
       {"--moe-router-bias-update-rate", FIELD(model.moe.moe_router_bias_update_rate), moe,
        "Step of the expert bias per iteration"},
+      {"--moe-router-force-load-balancing", Switch{FIELD(model.moe.moe_router_force_load_balancing), true}, moe,
+       "Benchmarks only: route on random N(0,1) logits, so the experts' load is balanced whatever the router "
+       "learnt (their gradient goes to the router's logits unchanged)"},
       {"--moe-expert-capacity-factor", FIELD(model.moe.moe_expert_capacity_factor), moe,
        "Tokens each expert keeps, as a multiple of its fair share; unset: dropless"},
       {"--moe-token-drop-policy",

@@ -35,8 +35,8 @@ struct ForwardContext {
   // too (kv_cache.h); null in training and evaluation.
   KvCache* kv_cache = nullptr;
 
-  // Stream id of one dropout site for this step.
-  uint64_t dropout_stream(const std::string& site) const {
+  // Stream id of one random site (a dropout mask, a router's random logits) for this step.
+  uint64_t random_stream(const std::string& site) const {
     return stream_id(site) ^ (step * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull);
   }
   float dropout_p(float configured) const { return training ? configured : 0.0f; }

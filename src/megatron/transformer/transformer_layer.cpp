@@ -60,8 +60,8 @@ ResidualStream TransformerLayer::forward(const ResidualStream& x, const ForwardC
   const float p = fwd.dropout_p(hidden_dropout_);
   // Under SP x is this rank's sequence shard: its elements are drawn at their global indices.
   const uint64_t offset = sequence_parallel_ ? tensor_parallel::sequence_shard_offset(x.residual, *ctx_) : 0;
-  saved.attention_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".self_attn_bda"), offset};
-  saved.mlp_dropout = {p, fwd.seed, fwd.dropout_stream(prefix_ + ".mlp_bda"), offset};
+  saved.attention_dropout = {p, fwd.seed, fwd.random_stream(prefix_ + ".self_attn_bda"), offset};
+  saved.mlp_dropout = {p, fwd.seed, fwd.random_stream(prefix_ + ".mlp_bda"), offset};
 
   // norm1 materialises x (saved.norm1.input) if x arrived as a pair; norm2 computes h = x + a.
   // Where the next GEMM takes FP8 input (the delayed recipe), a norm hands it the casts of its

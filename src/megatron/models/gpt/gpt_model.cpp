@@ -122,7 +122,7 @@ Tensor GPTModel::embed(const MicroBatch& mb, const ForwardContext& fwd, Saved& s
     }
     ops::embedding_forward(h, saved.positions, position_embeddings_->data, {.accumulate = true});
   }
-  saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.dropout_stream("embedding"),
+  saved.embedding_dropout = {fwd.dropout_p(config_.hidden_dropout), fwd.seed, fwd.random_stream("embedding"),
                              ctx_->sequence_parallel() ? tensor_parallel::sequence_shard_offset(h, *ctx_) : 0};
   if (saved.embedding_dropout.p > 0.0f) ops::dropout_forward(h, h, saved.embedding_dropout);
   report(&ParameterRegistry::after_forward, embedding_params_);

@@ -30,6 +30,9 @@ struct MoEConfig {
   std::optional<double> moe_z_loss_coeff;
   bool moe_router_enable_expert_bias = false;  // aux-loss-free balancing (sigmoid routing)
   double moe_router_bias_update_rate = 1e-3;
+  // Megatron's benchmark aid: route on random N(0,1) logits (gradients pass straight through to the
+  // router's), a balanced load whatever the model has learnt.
+  bool moe_router_force_load_balancing = false;
   std::optional<double> moe_expert_capacity_factor;  // unset: dropless
   TokenDropPolicy moe_token_drop_policy = TokenDropPolicy::probs;
   bool moe_pad_expert_input_to_capacity = false;

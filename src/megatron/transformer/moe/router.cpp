@@ -5,6 +5,7 @@
 #include "megatron/ops/elementwise.h"
 #include "megatron/ops/gemm.h"
 #include "megatron/ops/moe_routing.h"
+#include "megatron/ops/random.h"
 
 namespace megatron::moe {
 namespace {
@@ -40,6 +41,7 @@ Router::Router(ParameterRegistry& registry, const ParallelContext& ctx, const Tr
       bias_update_rate_(config.moe.moe_router_bias_update_rate),
       expert_bias_name_(prefix + ".expert_bias") {
   if (config.moe.moe_router_enable_expert_bias) expert_bias_.assign(size_t(num_experts_), 0.0);
+  if (config.moe.moe_router_force_load_balancing) random_logits_site_ = prefix + ".random_logits";
 }
 
 Tensor Router::weight_in_router_dtype() const { return in_dtype(weight_->data, router_dtype(weight_->data.dtype())); }
@@ -49,6 +51,15 @@ void Router::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) c
   saved.input = in_dtype(x, router_dtype(x.dtype()));
   Tensor logits = Tensor::empty({T, num_experts_}, saved.input.dtype(), x.device());
   ops::linear_forward(logits, saved.input, weight_in_router_dtype(), Tensor());
+  if (!random_logits_site_.empty()) {
+    // Megatron's RandomSTE: the routing sees fresh N(0,1) logits and backward hands their gradient
+    // to the router's output as it is. Drawn per micro-batch (fwd.step; recomputation draws the
+    // same) and per global token under sequence parallelism.
+    const uint64_t first_token = sequence_shards_ ? uint64_t(sequence_shards_->rank() * T) : 0;
+    ops::fill_normal(logits, {.seed = fwd.seed,
+                              .stream = fwd.random_stream(random_logits_site_),
+                              .offset = first_token * uint64_t(num_experts_)});
+  }
   if (routes_on_host_)
     route_on_host(logits, saved);
   else

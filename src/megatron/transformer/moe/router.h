@@ -92,6 +92,7 @@ class Router {
   bool routes_on_host_;
   double bias_update_rate_;
   std::string expert_bias_name_;
+  std::string random_logits_site_;           // --moe-router-force-load-balancing: its random site; empty: off
   std::vector<double> expert_bias_;          // empty unless enabled
   mutable Tensor expert_bias_on_device_;     // its copy in the router's dtype; undefined until used
   mutable Tensor tokens_since_update_;       // (E) router dtype on the device; training forwards add their loads
