@@ -166,7 +166,8 @@ struct PlanKey {
   std::array<int64_t, 18> fields{};
   bool operator==(const PlanKey&) const = default;
 };
-// v rounded up to its size class: the top four bits kept, 8 classes per power of two (8 to 16 exact).
+// v rounded up to its size class: up to 16 each value is its own; above, v rounded up to its top
+// four bits (8 classes per power of two: 2048 stays, 2049..2304 become 2304).
 int64_t size_class(int64_t v) {
   if (v <= 16) return v;
   const int shift = int(std::bit_width(uint64_t(v))) - 4;
