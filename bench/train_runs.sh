@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2154  # build, work, logs, iters, log_interval: the sourcing script's
-# Sourced by the benchmarks of ours (bench_dp.sh, bench_tp.sh, bench_moe.sh): one `megatron train` run of a
-# preset, on one GPU or under mpirun, the figures of its metrics file, and what `megatron plan`
+# Sourced by the benchmarks (bench_dp.sh, bench_tp.sh, bench_moe.sh): one `megatron train` run of
+# a preset, on one GPU or under mpirun, the figures of its metrics file, and what `megatron plan`
 # predicts for it. The sourcing script sets build (the build directory), work (a scratch
 # directory), logs (the file every run's log is appended to), iters and log_interval.
 
@@ -30,7 +30,8 @@ run_flags() {
 
 # random_ids_dataset PREFIX: writes PREFIX_text_document.{bin,idx}, 64 documents of 8192 uniform
 # random ids below the NullTokenizer's EOD (32000 - 1), for runs that must see the token
-# distribution of the PyTorch reference's torch.randint batches: 255 samples of 2049 tokens.
+# distribution of the PyTorch reference's torch.randint batches (which also draw id 31999, one in
+# 32000): 255 samples of 2049 tokens.
 random_ids_dataset() {
   awk -v docs=64 -v len=8192 -v ids=31999 'BEGIN { srand(1234); for (d = 0; d < docs; d++) {
     printf "{\"text\": \""; for (i = 0; i < len; i++) printf "%s%d", (i ? " " : ""), int(rand() * ids); print "\"}" } }' \
