@@ -132,6 +132,77 @@ TEST_F(CudaAdamW, Fp8CodesStepMatchesTheCpuUpdateAndCast) {
         }
 }
 
+// Many pieces in one op: each piece's CPU adamw_step (its own weight decay) bit for bit, across
+// more pieces than one launch takes (kMaxPieces, 256), pieces of 0 to 3 chunks (8192 elements a
+// chunk) and every vector tail, begins off 16-byte boundaries (scalar access for that piece), and
+// compute copies of two dtypes in one call (one launch group each). The state between pieces and
+// the copies' unused elements must stay as they were (the CPU reference leaves them).
+TEST_F(CudaAdamW, PiecesMatchTheCpuPieceByPiece) {
+  const int64_t sizes[] = {1, 7, 8, 9, 3072, 0, 8191, 8192, 8193, 20000, 16, 5};
+  constexpr int kPieces = 300;
+  enum class Masters { f32, remainders, none };
+  for (const Masters kind : {Masters::f32, Masters::remainders, Masters::none}) {
+    // Piece k: begin after a gap of k % 3 elements (1 and 2 leave the next begin unaligned).
+    std::vector<int64_t> begins, counts;
+    int64_t numel = 0;
+    for (int k = 0; k < kPieces; ++k) {
+      numel += k % 3;
+      begins.push_back(numel);
+      counts.push_back(sizes[size_t(k) % std::size(sizes)]);
+      numel += counts.back();
+    }
+    uint64_t seed = 2000 + uint64_t(kind) * 100;
+    Pair exp_avg = random_pair({numel}, DType::f32, seed, 0.1), exp_avg_sq = pair_of(squares({numel}, seed + 1));
+    Pair master;
+    if (kind == Masters::f32) master = random_pair({numel}, DType::f32, seed + 2);
+    if (kind == Masters::remainders) {
+      Tensor r = Tensor::empty({numel}, DType::u16);
+      for (int64_t i = 0; i < numel; ++i) r.data<uint16_t>()[i] = uint16_t((i * 40503u + seed) & 0xffffu);
+      master = pair_of(r);
+    }
+    // Gradients and compute copies: one buffer each, the pieces' views at their own offsets.
+    Pair grads = random_pair({numel}, DType::f32, seed + 3);
+    const DType first = kind == Masters::none ? DType::f32 : DType::bf16;
+    const DType second = kind == Masters::f32 ? DType::f16 : first;
+    Pair models[2] = {random_pair({numel}, first, seed + 4), random_pair({numel}, second, seed + 5)};
+    std::vector<ops::AdamWPiece> pieces;
+    ops::AdamWParams p{3e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.5f, 4};
+    for (int k = 0; k < kPieces; ++k) {
+      const int64_t b = begins[size_t(k)], e = b + counts[size_t(k)];
+      Pair& model = models[k % 2];
+      const float decay = k % 4 < 2 ? 0.1f : 0.0f;
+      pieces.push_back({b, grads.gpu.slice(b, e), model.gpu.slice(b, e), decay});
+      Tensor cpu_master = kind == Masters::none ? model.cpu.slice(b, e) : master.cpu.slice(b, e);
+      Tensor m = exp_avg.cpu.slice(b, e), v = exp_avg_sq.cpu.slice(b, e), copy = model.cpu.slice(b, e), none;
+      ops::AdamWParams own = p;
+      own.weight_decay = decay;
+      ops::cpu::adamw_step(cpu_master, m, v, grads.cpu.slice(b, e), kind == Masters::none ? none : copy, own);
+    }
+    Tensor no_master;
+    ops::cuda::adamw_step_pieces(kind == Masters::none ? no_master : master.gpu, exp_avg.gpu, exp_avg_sq.gpu, pieces,
+                                 p);
+    const std::string what = kind == Masters::f32 ? "f32 masters" : kind == Masters::remainders ? "remainders" : "none";
+    if (kind != Masters::none) {
+      EXPECT_TRUE(equals_cpu(master)) << "masters, " << what;
+    }
+    EXPECT_TRUE(equals_cpu(exp_avg)) << "exp_avg, " << what;
+    EXPECT_TRUE(equals_cpu(exp_avg_sq)) << "exp_avg_sq, " << what;
+    EXPECT_TRUE(equals_cpu(models[0])) << "copies of the even pieces, " << what;
+    EXPECT_TRUE(equals_cpu(models[1])) << "copies of the odd pieces, " << what;
+  }
+}
+
+TEST_F(CudaAdamW, PiecesRejectAPieceOutsideTheState) {
+  Tensor state = Tensor::zeros({16}, DType::f32, gpu()), grad = Tensor::zeros({8}, DType::f32, gpu());
+  Tensor copy = Tensor::zeros({8}, DType::bf16, gpu()), fp8 = Tensor::zeros({8}, DType::e4m3, gpu());
+  std::vector<ops::AdamWPiece> outside{{12, grad, copy, 0.0f}};
+  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::adamw_step_pieces(state, state, state, outside, {}); },
+                                  "lies outside the state's 16 elements"));
+  std::vector<ops::AdamWPiece> codes{{0, grad, fp8, 0.0f}};
+  EXPECT_TRUE(
+      throws_error_naming([&] { ops::cuda::adamw_step_pieces(state, state, state, codes, {}); }, "adamw_step_fp8"));
+}
+
 TEST_F(CudaAdamW, RejectsNonF32State) {
   Tensor master = Tensor::zeros({4}, DType::bf16, gpu());
   Tensor f = Tensor::zeros({4}, DType::f32, gpu());

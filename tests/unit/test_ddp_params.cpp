@@ -395,7 +395,7 @@ TEST(DdpParams, ModelReportsEachParameterJustBeforeTheForwardReadsIt) {
     std::vector<int64_t> ops_before;  // ops run since the previous report
     reg.set_before_forward_hook([&](const Parameter& p) {
       int64_t calls = 0;
-      for (const ops::OpTiming& t : profiler.stop()) calls += t.calls;
+      for (const ops::OpTiming& t : profiler.stop().ops) calls += t.calls;
       order.push_back(p.spec.name);
       ops_before.push_back(calls);
       reg.params()[p.index]->data.copy_from(p.view_of(values));

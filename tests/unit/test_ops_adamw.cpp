@@ -162,3 +162,43 @@ TEST(AdamW, RejectsBadArguments) {
   EXPECT_TRUE(throws_error_naming([&] { ops::adamw_step(remainders, s.m, s.v, grad, none, {}); }, "remainders"));
   EXPECT_TRUE(throws_error_naming([&] { ops::adamw_step(remainders, s.m, s.v, grad, f32_params, {}); }, "remainders"));
 }
+
+// Pieces of one flat state, each with its own gradient, compute copy and weight decay: every
+// element follows torch's formula by hand with its piece's decay, the bf16 copy is its master
+// rounded, and the elements between pieces keep their state.
+TEST(AdamW, PiecesUpdateEachPieceWithItsOwnDecayAndLeaveTheGaps) {
+  // Elements 0-1: piece A (decay 0.1); 2: a gap; 3-5: piece B (no decay).
+  const std::vector<float> masters{1.0f, -0.5f, 7.0f, 0.25f, 2.0f, -3.0f};
+  State s = make_state(masters, DType::f32);
+  Tensor grad_a = Tensor::from_vector({0.5f, -1.0f}, {2}), grad_b = Tensor::from_vector({3.0f, 0.1f, -2.0f}, {3});
+  Tensor copy_a = Tensor::zeros({2}, DType::bf16), copy_b = Tensor::zeros({3}, DType::bf16);
+  std::vector<ops::AdamWPiece> pieces{{0, grad_a, copy_a, 0.1f}, {3, grad_b, copy_b, 0.0f}};
+  const AdamWParams params{.lr = 0.01f, .weight_decay = 0.5f /* unused: each piece's own */, .step = 1};
+  ops::adamw_step_pieces(s.master, s.m, s.v, pieces, params);
+  const struct {
+    int64_t element;
+    const Tensor* grad;
+    int64_t index;
+    float decay;
+    const Tensor* copy;
+  } expected[] = {{0, &grad_a, 0, 0.1f, &copy_a},
+                  {1, &grad_a, 1, 0.1f, &copy_a},
+                  {3, &grad_b, 0, 0.0f, &copy_b},
+                  {4, &grad_b, 1, 0.0f, &copy_b},
+                  {5, &grad_b, 2, 0.0f, &copy_b}};
+  for (const auto& e : expected) {
+    HandAdam hand{masters[size_t(e.element)]};
+    AdamWParams own = params;
+    own.weight_decay = e.decay;
+    hand.step(e.grad->item(e.index), own);
+    EXPECT_NEAR(s.master.item(e.element), hand.p, 1e-6) << "element " << e.element;
+    EXPECT_NEAR(s.m.item(e.element), hand.m, 1e-7) << "element " << e.element;
+    EXPECT_EQ(e.copy->item(e.index), double(float(bf16(float(s.master.item(e.element)))))) << "element " << e.element;
+  }
+  EXPECT_EQ(s.master.item(2), 7.0);
+  EXPECT_EQ(s.m.item(2), 0.0);
+  EXPECT_EQ(s.v.item(2), 0.0);
+  std::vector<ops::AdamWPiece> outside{{4, grad_b, copy_b, 0.0f}};
+  EXPECT_TRUE(throws_error_naming([&] { ops::adamw_step_pieces(s.master, s.m, s.v, outside, params); },
+                                  "lies outside the state's 6 elements"));
+}

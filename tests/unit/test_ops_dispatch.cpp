@@ -3,7 +3,9 @@
 // the op profiler under the op's name. A probe op declared here records which backend ran.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "megatron/ops/norm.h"
@@ -60,10 +62,39 @@ TEST(OpDispatch, TheProfilerTimesEachCallUnderTheOpsName) {
   ops::OpProfiler::instance().start();
   for (int i = 0; i < 3; ++i) ops::dispatch_probe(out, x, &ran_on);
   ops::dispatch_probe.backend(Device::cpu())(out, x, &ran_on);  // a backend called directly is not timed
-  const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop();
+  const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop().ops;
   ASSERT_EQ(timings.size(), 1u);
   EXPECT_EQ(timings[0].op, "dispatch_probe");
   EXPECT_EQ(timings[0].calls, 3);
+}
+
+// The host clock times CPU ops, so a sleep between two ops is a gap of at least its length, put
+// on the pair around it; an op timed inside another (nested scopes) leaves no gap of its own.
+TEST(OpDispatch, TheProfilerPutsTheIdleTimeBetweenOpsOnThePairAroundIt) {
+  using Scope = ops::OpProfiler::Scope;
+  static constexpr double kSleepMs = 20.0;
+  const auto sleep = [] { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(kSleepMs)); };
+  ops::OpProfiler::instance().start();
+  {
+    Scope outer("outer", Device::cpu());
+    Scope inner("inner", Device::cpu());
+  }
+  sleep();
+  { Scope next("next", Device::cpu()); }
+  sleep();
+  { Scope next("next", Device::cpu()); }
+  const ops::OpProfile profile = ops::OpProfiler::instance().stop();
+  ASSERT_EQ(profile.ops.size(), 3u);
+  ASSERT_EQ(profile.gaps.size(), 2u) << ops::format_op_profile(profile, 0.0);
+  for (const ops::OpGap& g : profile.gaps) {
+    EXPECT_EQ(g.after, "next");
+    EXPECT_EQ(g.calls, 1);
+    EXPECT_GE(g.milliseconds, kSleepMs);
+  }
+  // The outer scope ended last (scopes close inner first), so the first gap follows it.
+  EXPECT_TRUE((profile.gaps[0].before == "outer") != (profile.gaps[1].before == "outer"));
+  EXPECT_NE(profile.gaps[0].before, "inner");
+  EXPECT_NE(profile.gaps[1].before, "inner");
 }
 
 }  // namespace

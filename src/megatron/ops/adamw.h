@@ -9,6 +9,7 @@
 // Or master u16: the masters' remainders beside bf16 model_param (core/param_remainder.h), the pair
 // read as the f32 master and written back split; the same update, bit for bit, as an f32 master.
 #include <cstdint>
+#include <vector>
 
 #include "megatron/core/tensor.h"
 #include "megatron/ops/op.h"
@@ -27,6 +28,22 @@ struct AdamWParams {
 
 MEGATRON_OP(adamw_step, void(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                              Tensor& model_param, const AdamWParams& params));
+
+// One piece of a multi-tensor step: elements [begin, begin + grad.numel()) of the flat master and
+// moment buffers, updated from `grad` into `model_param` as adamw_step updates them, with its own
+// weight decay.
+struct AdamWPiece {
+  int64_t begin = 0;
+  Tensor grad, model_param;
+  float weight_decay = 0.0f;
+};
+// adamw_step of every piece (params.weight_decay unused: each piece's own), the same bits as one
+// adamw_step per piece. master: the flat f32 masters or u16 remainders, each piece's model_param
+// then its compute copy (bf16 for remainders); or undefined, each piece's f32 model_param then
+// its own master. On CUDA one launch covers many pieces of one compute-copy dtype (apex's
+// multi_tensor_apply): no launch per small tensor (a norm's weight), no tail per large one.
+MEGATRON_OP(adamw_step_pieces, void(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq,
+                                    std::vector<AdamWPiece>& pieces, const AdamWParams& params));
 // adamw_step of f32 masters whose compute copy is FP8 codes (--fp8-param-gather under the delayed
 // recipe, whose scale is known before the update: distributed/fp8_params.h): codes (e4m3 or e5m2,
 // the masters' numel) = the updated masters cast at codes_scale ((1) f32, read on the device) and

@@ -220,19 +220,31 @@ std::pair<size_t, size_t> AdamWState::device_pieces_in(int64_t begin, int64_t en
 }
 
 void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay, std::pair<size_t, size_t> pieces) {
+  // The pieces with a 16-bit or f32 compute copy (or none apart from the master) in one op; FP8
+  // codes piece by piece, each with its own scale and amax.
+  std::vector<ops::AdamWPiece> together;
   for (size_t i = pieces.first; i < pieces.second; ++i) {
     Piece& p = pieces_[i];
+    const float decay = p.weight_decay ? weight_decay : 0.0f;
+    if (!dtype_is_fp8(p.param.dtype())) {
+      together.push_back({p.begin - device_.first, p.grad, p.param, decay});
+      continue;
+    }
     Tensor m = view(device_.exp_avg, device_, p.begin, p.end), v = view(device_.exp_avg_sq, device_, p.begin, p.end);
-    Tensor master = device_master_ ? view(device_.master, device_, p.begin, p.end) : p.param;
+    Tensor master = view(device_.master, device_, p.begin, p.end);
     const ops::AdamWParams params = with_decay(base, p.weight_decay, weight_decay);
     if (p.fp8_cast != nullptr) {
       Tensor amax = p.fp8_cast->amax_history.slice(0, 1);
       ops::adamw_step_fp8(master, m, v, p.grad, p.param, amax, p.fp8_cast->scale, params);
-      continue;
+    } else {
+      Tensor no_copy;  // the holder casts the codes
+      ops::adamw_step(master, m, v, p.grad, no_copy, params);
     }
-    Tensor model_copy = device_master_ && !dtype_is_fp8(p.param.dtype()) ? p.param : Tensor();
-    ops::adamw_step(master, m, v, p.grad, model_copy, params);
   }
+  if (together.empty()) return;
+  Tensor no_master;
+  ops::adamw_step_pieces(device_master_ ? device_.master : no_master, device_.exp_avg, device_.exp_avg_sq, together,
+                         base);
 }
 
 // Chunk k's gradients go down into slot k % 2, the host updates them into the slot's parameters,

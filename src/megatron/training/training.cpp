@@ -594,10 +594,10 @@ IterationResult TrainingLoop::train_step() {
   timers.stop("optimizer");
   nan_check.optimizer_step(step, loss_scale, progress.iteration + 1);
   if (profile) {
-    const std::vector<ops::OpTiming> timings = ops::OpProfiler::instance().stop();
+    const ops::OpProfile timings = ops::OpProfiler::instance().stop();
     const double step_ms = 1e3 * std::chrono::duration<double>(Clock::now() - t0).count();
     LOG_INFO("per-op time of iteration " << progress.iteration + 1 << ":\n"
-                                         << ops::format_op_timings(timings, step_ms));
+                                         << ops::format_op_profile(timings, step_ms));
   }
   iteration_sums = sum_over(*ctx.dp_cp, iteration_sums, device);
   const double loss = iteration_sums.loss_sum / std::max(1.0, iteration_sums.num_tokens);

@@ -110,6 +110,22 @@ void cpu::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const 
   if (model_param.defined()) cast(model_param, master);
 }
 
+void cpu::adamw_step_pieces(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, std::vector<AdamWPiece>& pieces,
+                            const AdamWParams& params) {
+  for (const AdamWPiece& piece : pieces) {
+    const int64_t end = piece.begin + piece.grad.numel();
+    MEGATRON_CHECK(piece.begin >= 0 && end <= exp_avg.numel(), "adamw piece [" << piece.begin << ", " << end
+                                                                               << ") lies outside the state's "
+                                                                               << exp_avg.numel() << " elements");
+    Tensor m = exp_avg.slice(piece.begin, end), v = exp_avg_sq.slice(piece.begin, end);
+    Tensor model = piece.model_param, none;
+    Tensor masters = master.defined() ? master.slice(piece.begin, end) : model;
+    AdamWParams own = params;
+    own.weight_decay = piece.weight_decay;
+    adamw_step(masters, m, v, piece.grad, master.defined() ? model : none, own);
+  }
+}
+
 void cpu::adamw_step_fp8(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& codes,
                          Tensor& codes_amax, const Tensor& codes_scale, const AdamWParams& params) {
   check_defined(master, "adamw_fp8 master");

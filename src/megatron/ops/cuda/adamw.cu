@@ -131,17 +131,17 @@ struct RemainderMasters {
   bool aligned() const { return is_aligned16(remainder) && is_aligned16(param); }
 };
 
+// Elements [first, end) of one tensor (or piece), this thread's share: vectors of kVec from `first`
+// at `start`, `start + stride`, ..., then the last n % kVec one by one.
 template <bool kVector, class Masters>
-__global__ void adamw_kernel(Masters masters, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t n,
-                             AdamWConstants c) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  unsigned amax_bits = 0;
+__device__ __forceinline__ void adamw_elements(const Masters& masters, float* exp_avg, float* exp_avg_sq,
+                                               const float* grad, int64_t first, int64_t end, int64_t start,
+                                               int64_t stride, const AdamWConstants& c, unsigned& amax_bits) {
+  int64_t done = first;
   if constexpr (kVector) {
-    const int64_t chunks = n / kVec;
-    for (int64_t k = tid; k < chunks; k += stride) {
-      const int64_t i = k * kVec;
+    const int64_t groups = (end - first) / kVec;
+    for (int64_t k = start; k < groups; k += stride) {
+      const int64_t i = first + k * kVec;
       float p[kVec], m[kVec], v[kVec], g[kVec];
       masters.load(i, p);
       load_floats<kVec>(exp_avg + i, m);
@@ -153,32 +153,97 @@ __global__ void adamw_kernel(Masters masters, float* exp_avg, float* exp_avg_sq,
       store_floats<kVec>(exp_avg + i, m);
       store_floats<kVec>(exp_avg_sq + i, v);
     }
-    done = chunks * kVec;
+    done = first + groups * kVec;
   }
-  for (int64_t i = done + tid; i < n; i += stride) {
+  for (int64_t i = done + start; i < end; i += stride) {
     float p = masters.load1(i);
     adamw_update(p, exp_avg[i], exp_avg_sq[i], grad[i], c);
     masters.store1(i, p, amax_bits);
   }
+}
+
+template <bool kVector, class Masters>
+__global__ void adamw_kernel(Masters masters, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t n,
+                             AdamWConstants c) {
+  unsigned amax_bits = 0;
+  adamw_elements<kVector>(masters, exp_avg, exp_avg_sq, grad, 0, n, int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                          int64_t(gridDim.x) * blockDim.x, c, amax_bits);
   if constexpr (Masters::kRecordsAmax) fp8::merge_amax(masters.amax, amax_bits);
 }
 
-// The state's checks (f32 masters or u16 remainders, f32 moments and gradients beside them) and
-// the step's constants, the bias corrections in double on the host as torch and the CPU reference
-// compute them.
-AdamWConstants checked_constants(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                                 const Tensor& grad, const AdamWParams& params) {
-  check_cuda(master, "adamw master");
-  MEGATRON_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::u16,
-                 "adamw master has dtype " << dtype_name(master.dtype())
-                                           << "; master weights on CUDA are f32, or u16 remainders of bf16 parameters");
-  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&exp_avg, "adamw exp_avg"},
-                                {&exp_avg_sq, "adamw exp_avg_sq"},
-                                {&grad, "adamw grad"}}) {
-    check_cuda(*t, name);
-    check_numel(*t, master.numel(), name);
-    check_dtype(*t, DType::f32, name);
+// The pieces of one launch of adamw_step_pieces, passed as the kernel's parameter (CUDA 12.1's
+// 32 KB of parameters; kMaxPieces keeps it under 12): piece i covers chunks [chunk_start[i],
+// chunk_start[i + 1]) of kChunk elements, one thread block's work at a time.
+constexpr int kMaxPieces = 256;
+constexpr int64_t kChunk = int64_t(kVec) * kThreads * 4;
+struct PieceTable {
+  int count;
+  int64_t chunk_start[kMaxPieces + 1];
+  int64_t begin[kMaxPieces], numel[kMaxPieces];  // in the flat state
+  const float* grad[kMaxPieces];
+  void* model[kMaxPieces];
+  float weight_decay[kMaxPieces];
+  bool vector[kMaxPieces];  // every buffer of the piece 16-byte aligned
+};
+
+// The masters of one piece, from the flat buffer (if any) and the piece's compute copy: f32
+// masters (the flat buffer, or the f32 parameter itself where there is none) writing a copy of
+// type P (kWriteModel)...
+template <bool kWriteModel, class P>
+struct F32PieceMasters {
+  float* flat;  // null: the piece's parameter is its master
+  __device__ __forceinline__ F32Masters<kWriteModel, P> of(const PieceTable& t, int i) const {
+    if constexpr (kWriteModel) {
+      P* model = static_cast<P*>(t.model[i]);
+      return {flat + t.begin[i], model, is_aligned16(model)};
+    } else {
+      return {flat != nullptr ? flat + t.begin[i] : static_cast<float*>(t.model[i]), nullptr, false};
+    }
   }
+};
+
+// ...or remainders beside the bf16 parameters.
+struct RemainderPieceMasters {
+  uint16_t* flat;
+  __device__ __forceinline__ RemainderMasters of(const PieceTable& t, int i) const {
+    return {flat + t.begin[i], static_cast<uint16_t*>(t.model[i])};
+  }
+};
+
+// Chunk by chunk across the grid: each block finds its chunk's piece by binary search over the
+// table and updates that chunk's elements with the piece's weight decay.
+template <class PieceMasters>
+__global__ void __launch_bounds__(kThreads)
+    adamw_pieces_kernel(const __grid_constant__ PieceTable table, PieceMasters pieces, float* exp_avg,
+                        float* exp_avg_sq, AdamWConstants c) {
+  const int64_t chunks = table.chunk_start[table.count];
+  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    int lo = 0, hi = table.count - 1;  // the last piece whose first chunk is at or before `chunk`
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (table.chunk_start[mid] <= chunk)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int i = lo;
+    const int64_t first = (chunk - table.chunk_start[i]) * kChunk, end = min(table.numel[i], first + kChunk);
+    AdamWConstants own = c;
+    own.weight_decay = table.weight_decay[i];
+    const auto masters = pieces.of(table, i);
+    float* m = exp_avg + table.begin[i];
+    float* v = exp_avg_sq + table.begin[i];
+    unsigned amax_bits = 0;
+    if (table.vector[i])
+      adamw_elements<true>(masters, m, v, table.grad[i], first, end, threadIdx.x, blockDim.x, own, amax_bits);
+    else
+      adamw_elements<false>(masters, m, v, table.grad[i], first, end, threadIdx.x, blockDim.x, own, amax_bits);
+  }
+}
+
+// The step's constants, the bias corrections in double on the host as torch and the CPU reference
+// compute them.
+AdamWConstants constants_of(const AdamWParams& params) {
   MEGATRON_CHECK(params.step >= 1, "adamw step " << params.step << " must be >= 1 (steps count from 1)");
   MEGATRON_CHECK(params.beta1 >= 0.0f && params.beta1 < 1.0f && params.beta2 >= 0.0f && params.beta2 < 1.0f,
                  "adamw betas (" << params.beta1 << ", " << params.beta2 << ") must be in [0, 1)");
@@ -190,6 +255,29 @@ AdamWConstants checked_constants(const Tensor& master, const Tensor& exp_avg, co
           params.grad_scale,
           float(1.0 - std::pow(double(params.beta1), double(params.step))),
           float(1.0 - std::pow(double(params.beta2), double(params.step)))};
+}
+
+// The state's checks: f32 masters or u16 remainders, f32 moments (and gradients) beside them.
+void check_masters(const Tensor& master, const char* name) {
+  check_cuda(master, name);
+  MEGATRON_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::u16,
+                 name << " has dtype " << dtype_name(master.dtype())
+                      << "; master weights on CUDA are f32, or u16 remainders of bf16 parameters");
+}
+
+void check_f32_beside(const Tensor& t, int64_t numel, const char* name) {
+  check_cuda(t, name);
+  check_numel(t, numel, name);
+  check_dtype(t, DType::f32, name);
+}
+
+AdamWConstants checked_constants(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                                 const Tensor& grad, const AdamWParams& params) {
+  check_masters(master, "adamw master");
+  check_f32_beside(exp_avg, master.numel(), "adamw exp_avg");
+  check_f32_beside(exp_avg_sq, master.numel(), "adamw exp_avg_sq");
+  check_f32_beside(grad, master.numel(), "adamw grad");
+  return constants_of(params);
 }
 
 template <class Masters>
@@ -237,6 +325,78 @@ void cuda::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const
   dispatch_storage(model_param.dtype(), "adamw model_param", [&]<class P>(std::type_identity<P>) {
     launch_adamw(F32Masters<true, P>{p, device_data<P>(model_param), is_aligned16(model_param.raw())}, m, v, g, n, c);
   });
+}
+
+void cuda::adamw_step_pieces(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, std::vector<AdamWPiece>& pieces,
+                             const AdamWParams& params) {
+  const int64_t numel = exp_avg.numel();
+  check_f32_beside(exp_avg, numel, "adamw exp_avg");
+  check_f32_beside(exp_avg_sq, numel, "adamw exp_avg_sq");
+  const bool remainders = master.defined() && master.dtype() == DType::u16;
+  if (master.defined()) {
+    check_masters(master, "adamw master");
+    check_numel(master, numel, "adamw master");
+  }
+  AdamWConstants c = constants_of(params);
+  for (const AdamWPiece& piece : pieces) {
+    const int64_t n = piece.grad.numel();
+    MEGATRON_CHECK(piece.begin >= 0 && piece.begin + n <= numel,
+                   "adamw piece [" << piece.begin << ", " << piece.begin + n << ") lies outside the state's " << numel
+                                   << " elements");
+    check_f32_beside(piece.grad, n, "adamw piece grad");
+    check_defined(piece.model_param, "adamw piece model_param");
+    check_cuda(piece.model_param, "adamw piece model_param");
+    check_numel(piece.model_param, n, "adamw piece model_param");
+    MEGATRON_CHECK(!remainders || piece.model_param.dtype() == DType::bf16,
+                   "adamw masters kept as u16 remainders need the bf16 parameters they complete, not "
+                       << dtype_name(piece.model_param.dtype()));
+    MEGATRON_CHECK(
+        master.defined() || piece.model_param.dtype() == DType::f32,
+        "adamw pieces without flat masters are their own f32 masters, not " << dtype_name(piece.model_param.dtype()));
+    const DType copy = piece.model_param.dtype();
+    MEGATRON_CHECK(copy == DType::bf16 || copy == DType::f16 || copy == DType::f32,
+                   "adamw piece model_param has dtype " << dtype_name(copy)
+                                                        << "; pieces write bf16, f16 or f32 copies (FP8 codes: "
+                                                        << "adamw_step_fp8, piece by piece)");
+  }
+  float* m = device_data<float>(exp_avg);
+  float* v = device_data<float>(exp_avg_sq);
+  // One launch per compute-copy dtype and kMaxPieces pieces, in order.
+  const auto launch = [&](const auto& piece_masters, DType model_dtype) {
+    PieceTable table{};
+    const auto flush = [&] {
+      if (table.count == 0) return;
+      const int64_t chunks = table.chunk_start[table.count];
+      adamw_pieces_kernel<<<grid_for(chunks, /*threads=*/1), kThreads, 0, stream()>>>(table, piece_masters, m, v, c);
+      CUDA_CHECK_LAUNCH();
+      table.count = 0;
+    };
+    for (AdamWPiece& piece : pieces) {
+      const int64_t n = piece.grad.numel();
+      if (n == 0 || piece.model_param.dtype() != model_dtype) continue;
+      const int i = table.count++;
+      table.begin[i] = piece.begin;
+      table.numel[i] = n;
+      table.grad[i] = device_data<float>(piece.grad);
+      table.model[i] = piece.model_param.raw();
+      table.weight_decay[i] = piece.weight_decay;
+      const void* masters =
+          master.defined() ? static_cast<const char*>(master.raw()) + piece.begin * int64_t(dtype_size(master.dtype()))
+                           : piece.model_param.raw();
+      table.vector[i] = is_aligned16(masters) && is_aligned16(m + piece.begin) && is_aligned16(v + piece.begin) &&
+                        is_aligned16(table.grad[i]) && (!remainders || is_aligned16(table.model[i]));
+      table.chunk_start[i + 1] = table.chunk_start[i] + ceil_div(n, kChunk);
+      if (table.count == kMaxPieces) flush();
+    }
+    flush();
+  };
+  if (remainders) return launch(RemainderPieceMasters{static_cast<uint16_t*>(master.raw())}, DType::bf16);
+  if (!master.defined()) return launch(F32PieceMasters<false, float>{nullptr}, DType::f32);
+  for (const DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+    dispatch_storage(dtype, "adamw piece model_param", [&]<class P>(std::type_identity<P>) {
+      launch(F32PieceMasters<true, P>{device_data<float>(master)}, dtype);
+    });
+  }
 }
 
 void cuda::adamw_step_fp8(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& codes,
