@@ -112,7 +112,7 @@ printf '%s\n' "${rows[@]}"
 echo
 for run in "${runs[@]}"; do
   echo "$run: device time per op family in iteration 15 (after ten steps, before the timed interval)"
-  sed -n '/per-op time of iteration/,/step (wall)/p' "$out/$run.log" | tail -n +2
+  per_op_tables "$out/$run.log"
 done
 echo "ours: grouped GEMM fallback warnings (none expected):"
 grep -i "grouped GEMM" "$out/ours-moe.log" | head -3

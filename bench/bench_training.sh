@@ -13,7 +13,7 @@ mkdir -p "$out"
 iters=30        # ours: iterations 1-10 warm up, the log's last interval (11-30) is the measurement
 log_interval=10
 
-field() { sed -nE "s/.*\"$1\": ?\"?([^,\"}]+).*/\1/p" | tail -1; }
+source bench/train_runs.sh  # field, per_op_tables
 
 rows=()
 for run in "${runs[@]}"; do
@@ -58,5 +58,5 @@ for run in "${runs[@]}"; do
   preset="${run%%:*}"
   echo
   echo "ours, $preset: device time per op family in iteration 5 (a warm-up step, outside the timed interval)"
-  sed -n '/per-op time of iteration/,/step (wall)/p' "$out/ours-$preset.log" | tail -n +2
+  per_op_tables "$out/ours-$preset.log"
 done

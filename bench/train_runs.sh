@@ -1,11 +1,16 @@
 # shellcheck shell=bash disable=SC2154  # build, work, logs, iters, log_interval: the sourcing script's
-# Sourced by the benchmarks (bench_dp.sh, bench_tp.sh, bench_moe.sh): one `megatron train` run of
-# a preset, on one GPU or under mpirun, the figures of its metrics file, and what `megatron plan`
-# predicts for it. The sourcing script sets build (the build directory), work (a scratch
-# directory), logs (the file every run's log is appended to), iters and log_interval.
+# Sourced by the benchmarks (bench_dp.sh, bench_tp.sh, bench_moe.sh, bench_training.sh): one
+# `megatron train` run of a preset, on one GPU or under mpirun, the figures of its metrics file,
+# and what `megatron plan` predicts for it. The sourcing script sets build (the build directory),
+# work (a scratch directory), logs (the file every run's log is appended to), iters and
+# log_interval.
 
 field() { sed -nE "s/.*\"$1\": ?\"?([^,\"}]+).*/\1/p" | tail -1; }
 num() { awk -v v="$1" -v f="$2" 'BEGIN { if (v != "" && v + 0 == v) printf f, v; else print "-" }'; }
+
+# The op profiler's tables in a run's log (--profile-ops-iteration): time per op, then the idle
+# time between ops, up to the next log line.
+per_op_tables() { awk '/per-op time of iteration/ { on = 1; next } on && /^ \[|^=====/ { exit } on' "$1"; }
 
 # Appends run NAME's log to $logs; on failure, shows its tail.
 finish_run() {
