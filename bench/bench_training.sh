@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Training throughput of megatron-cpp beside the PyTorch reference (bench/pytorch_reference.py),
 # same model, batch and GPU, in one command. Prints a markdown table; full logs go to $OUT
-# (or /tmp/bench). Usage: bench/bench_training.sh [build_dir] [preset:micro_batch ...]
+# (or /tmp/bench), each finished row to $out/rows.md as it comes and each reference's output to
+# ref-PRESET.out, so a run cut short keeps what it measured.
+# Usage: bench/bench_training.sh [build_dir] [preset:micro_batch ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build/gpu}"
@@ -16,6 +18,7 @@ log_interval=10
 source bench/train_runs.sh  # field, per_op_tables
 
 rows=()
+rm -f "$out/rows.md"
 for run in "${runs[@]}"; do
   preset="${run%%:*}"; mbs="${run##*:}"
   case "$preset" in gpt2-*) vocab=50304 ;; llama-8b) vocab=128256 ;; *) vocab=32000 ;; esac
@@ -32,7 +35,9 @@ for run in "${runs[@]}"; do
   o_res=$(echo "$last" | field reserved_memory_mib)
   [ $ours_rc -eq 0 ] || { o_ms="FAIL($ours_rc)"; tail -5 "$out/ours-$preset.log"; }
 
-  ref=$(python3 bench/pytorch_reference.py --preset "$preset" --micro-batch-size "$mbs" 2> "$out/ref-$preset.err" | tail -1)
+  python3 bench/pytorch_reference.py --preset "$preset" --micro-batch-size "$mbs" > "$out/ref-$preset.out" \
+    2> "$out/ref-$preset.err"
+  ref=$(tail -1 "$out/ref-$preset.out")
   r_ms=$(echo "$ref" | field ms_per_iteration); r_tok=$(echo "$ref" | field tokens_per_second)
   r_tf=$(echo "$ref" | field tflops_per_gpu); r_mem=$(echo "$ref" | field peak_memory_gib)
   r_res=$(echo "$ref" | field peak_reserved_gib)
@@ -43,6 +48,7 @@ for run in "${runs[@]}"; do
   gib() { awk -v m="$1" 'BEGIN { if (m > 0) printf "%.2f", m / 1024; else print "-" }'; }
   fmt() { awk -v v="$1" -v f="$2" 'BEGIN { if (v + 0 == v && v != "") printf f, v; else print v }'; }
   rows+=("| $preset | $mbs | $(fmt "$o_ms" %.1f) | $(fmt "$o_tok" %.0f) | $(fmt "$o_tf" %.1f) | $mfu | $(gib "$o_mem") | $(gib "$o_res") | $(fmt "$r_ms" %.1f) | $(fmt "$r_tok" %.0f) | $(fmt "$r_tf" %.1f) | $rmfu | ${r_mem:--} | ${r_res:--} | $ratio |")
+  echo "${rows[-1]}" >> "$out/rows.md"  # a run cut short keeps the rows it finished
 done
 
 echo
