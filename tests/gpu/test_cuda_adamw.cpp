@@ -212,4 +212,6 @@ TEST_F(CudaAdamW, RejectsNonF32State) {
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::adamw_step(m, f, f, short_grad, none, {}); }, "adamw grad"));
   Tensor remainders = Tensor::zeros({4}, DType::u16, gpu());
   EXPECT_TRUE(throws_error_naming([&] { ops::cuda::adamw_step(remainders, f, f, f, none, {}); }, "remainders"));
+  // The CPU's rules (ops/checks/adamw.h): steps count from 1.
+  EXPECT_TRUE(throws_error_naming([&] { ops::cuda::adamw_step(m, f, f, f, none, {.step = 0}); }, "step"));
 }

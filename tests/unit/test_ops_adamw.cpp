@@ -161,6 +161,12 @@ TEST(AdamW, RejectsBadArguments) {
   Tensor remainders = Tensor::zeros({4}, DType::u16), f32_params = Tensor::zeros({4}, DType::f32);
   EXPECT_TRUE(throws_error_naming([&] { ops::adamw_step(remainders, s.m, s.v, grad, none, {}); }, "remainders"));
   EXPECT_TRUE(throws_error_naming([&] { ops::adamw_step(remainders, s.m, s.v, grad, f32_params, {}); }, "remainders"));
+  // FP8 codes are adamw_step_fp8's, alone or as a piece.
+  Tensor codes = Tensor::zeros({4}, DType::e4m3);
+  EXPECT_TRUE(throws_error_naming([&] { ops::adamw_step(s.master, s.m, s.v, grad, codes, {}); }, "adamw_step_fp8"));
+  std::vector<ops::AdamWPiece> fp8_piece{{0, grad, codes, 0.0f}};
+  EXPECT_TRUE(
+      throws_error_naming([&] { ops::adamw_step_pieces(s.master, s.m, s.v, fp8_piece, {}); }, "adamw_step_fp8"));
 }
 
 // Pieces of one flat state, each with its own gradient, compute copy and weight decay: every

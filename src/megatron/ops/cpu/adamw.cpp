@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "megatron/core/param_remainder.h"
+#include "megatron/ops/checks/adamw.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
 #include "megatron/ops/elementwise.h"
 #include "megatron/ops/fp8.h"
@@ -62,6 +63,20 @@ void adamw_remainder_kernel(uint16_t* remainder, bf16* param, float* exp_avg, fl
   }
 }
 
+void check_cpu_master_dtype(const Tensor& master, const char* name) {
+  MEGATRON_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::f64 || master.dtype() == DType::u16,
+                 name << " has dtype " << dtype_name(master.dtype())
+                      << "; master weights are f32 (or f64), or u16 remainders of bf16 parameters");
+}
+
+void check_cpu_copy_dtype(const Tensor& copy, const char* name) {
+  const DType d = copy.dtype();
+  MEGATRON_CHECK(d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16,
+                 name << " has dtype " << dtype_name(d) << "; the CPU writes f32, f64, bf16 or f16 copies");
+}
+
+constexpr checks::AdamWBackend kCpuAdamW{check_cpu, check_cpu_master_dtype, check_cpu_copy_dtype};
+
 }  // namespace
 
 }  // namespace megatron::ops::cpu
@@ -71,30 +86,8 @@ namespace megatron::ops {
 
 void cpu::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
                      const AdamWParams& params) {
-  check_defined(master, "adamw master");
-  check_cpu(master, "adamw master");
+  checks::check_adamw_step(master, exp_avg, exp_avg_sq, grad, model_param, params, kCpuAdamW);
   const bool remainders = master.dtype() == DType::u16;
-  MEGATRON_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::f64 || remainders,
-                 "adamw master has dtype "
-                     << dtype_name(master.dtype())
-                     << "; master weights are f32 (or f64), or u16 remainders of bf16 parameters");
-  const DType state_dtype = remainders ? DType::f32 : master.dtype();
-  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&exp_avg, "adamw exp_avg"},
-                                {&exp_avg_sq, "adamw exp_avg_sq"},
-                                {&grad, "adamw grad"}}) {
-    check_cpu(*t, name);
-    check_numel(*t, master.numel(), name);
-    check_dtype(*t, state_dtype, name);
-  }
-  MEGATRON_CHECK(!remainders || (model_param.defined() && model_param.dtype() == DType::bf16),
-                 "adamw masters kept as u16 remainders need the bf16 parameters they complete");
-  if (model_param.defined()) {
-    check_cpu(model_param, "adamw model_param");
-    check_numel(model_param, master.numel(), "adamw model_param");
-  }
-  MEGATRON_CHECK(params.step >= 1, "adamw step " << params.step << " must be >= 1 (steps count from 1)");
-  MEGATRON_CHECK(params.beta1 >= 0.0f && params.beta1 < 1.0f && params.beta2 >= 0.0f && params.beta2 < 1.0f,
-                 "adamw betas (" << params.beta1 << ", " << params.beta2 << ") must be in [0, 1)");
   if (remainders) {
     adamw_remainder_kernel(master.data<uint16_t>(), model_param.data<bf16>(), exp_avg.data<float>(),
                            exp_avg_sq.data<float>(), grad.data<float>(), master.numel(), params);
@@ -112,11 +105,9 @@ void cpu::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const 
 
 void cpu::adamw_step_pieces(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, std::vector<AdamWPiece>& pieces,
                             const AdamWParams& params) {
+  checks::check_adamw_step_pieces(master, exp_avg, exp_avg_sq, pieces, params, kCpuAdamW);
   for (const AdamWPiece& piece : pieces) {
     const int64_t end = piece.begin + piece.grad.numel();
-    MEGATRON_CHECK(piece.begin >= 0 && end <= exp_avg.numel(), "adamw piece [" << piece.begin << ", " << end
-                                                                               << ") lies outside the state's "
-                                                                               << exp_avg.numel() << " elements");
     Tensor m = exp_avg.slice(piece.begin, end), v = exp_avg_sq.slice(piece.begin, end);
     Tensor model = piece.model_param, none;
     Tensor masters = master.defined() ? master.slice(piece.begin, end) : model;
@@ -128,9 +119,7 @@ void cpu::adamw_step_pieces(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq,
 
 void cpu::adamw_step_fp8(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& codes,
                          Tensor& codes_amax, const Tensor& codes_scale, const AdamWParams& params) {
-  check_defined(master, "adamw_fp8 master");
-  check_dtype(master, DType::f32, "adamw_fp8 master");
-  check_numel(codes, master.numel(), "adamw_fp8 codes");
+  checks::check_adamw_step_fp8(master, exp_avg, exp_avg_sq, grad, codes, codes_amax, codes_scale, params, kCpuAdamW);
   // The update, then the cast: the reference the one-pass CUDA kernel must equal byte for byte.
   Tensor no_model;
   adamw_step(master, exp_avg, exp_avg_sq, grad, no_model, params);

@@ -8,6 +8,7 @@
 
 #include "megatron/core/param_remainder.h"
 #include "megatron/ops/adamw.h"
+#include "megatron/ops/checks/adamw.h"
 #include "megatron/ops/cuda/fp8_cast_transpose.cuh"
 #include "megatron/ops/cuda/kernel_util.cuh"
 
@@ -257,28 +258,19 @@ AdamWConstants constants_of(const AdamWParams& params) {
           float(1.0 - std::pow(double(params.beta2), double(params.step)))};
 }
 
-// The state's checks: f32 masters or u16 remainders, f32 moments (and gradients) beside them.
-void check_masters(const Tensor& master, const char* name) {
-  check_cuda(master, name);
+void check_cuda_master_dtype(const Tensor& master, const char* name) {
   MEGATRON_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::u16,
                  name << " has dtype " << dtype_name(master.dtype())
                       << "; master weights on CUDA are f32, or u16 remainders of bf16 parameters");
 }
 
-void check_f32_beside(const Tensor& t, int64_t numel, const char* name) {
-  check_cuda(t, name);
-  check_numel(t, numel, name);
-  check_dtype(t, DType::f32, name);
+void check_cuda_copy_dtype(const Tensor& copy, const char* name) {
+  const DType d = copy.dtype();
+  MEGATRON_CHECK(d == DType::bf16 || d == DType::f16 || d == DType::f32,
+                 name << " has dtype " << dtype_name(d) << "; CUDA writes bf16, f16 or f32 copies");
 }
 
-AdamWConstants checked_constants(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                                 const Tensor& grad, const AdamWParams& params) {
-  check_masters(master, "adamw master");
-  check_f32_beside(exp_avg, master.numel(), "adamw exp_avg");
-  check_f32_beside(exp_avg_sq, master.numel(), "adamw exp_avg_sq");
-  check_f32_beside(grad, master.numel(), "adamw grad");
-  return constants_of(params);
-}
+constexpr checks::AdamWBackend kCudaAdamW{check_cuda, check_cuda_master_dtype, check_cuda_copy_dtype};
 
 template <class Masters>
 void launch_adamw(const Masters& masters, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t n,
@@ -303,14 +295,9 @@ namespace megatron::ops {
 
 void cuda::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& model_param,
                       const AdamWParams& params) {
+  checks::check_adamw_step(master, exp_avg, exp_avg_sq, grad, model_param, params, kCudaAdamW);
   const bool remainders = master.dtype() == DType::u16;
-  if (model_param.defined()) {
-    check_cuda(model_param, "adamw model_param");
-    check_numel(model_param, master.numel(), "adamw model_param");
-  }
-  MEGATRON_CHECK(!remainders || (model_param.defined() && model_param.dtype() == DType::bf16),
-                 "adamw masters kept as u16 remainders need the bf16 parameters they complete");
-  const AdamWConstants c = checked_constants(master, exp_avg, exp_avg_sq, grad, params);
+  const AdamWConstants c = constants_of(params);
   float* m = device_data<float>(exp_avg);
   float* v = device_data<float>(exp_avg_sq);
   const float* g = device_data<float>(grad);
@@ -329,36 +316,9 @@ void cuda::adamw_step(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const
 
 void cuda::adamw_step_pieces(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, std::vector<AdamWPiece>& pieces,
                              const AdamWParams& params) {
-  const int64_t numel = exp_avg.numel();
-  check_f32_beside(exp_avg, numel, "adamw exp_avg");
-  check_f32_beside(exp_avg_sq, numel, "adamw exp_avg_sq");
+  checks::check_adamw_step_pieces(master, exp_avg, exp_avg_sq, pieces, params, kCudaAdamW);
   const bool remainders = master.defined() && master.dtype() == DType::u16;
-  if (master.defined()) {
-    check_masters(master, "adamw master");
-    check_numel(master, numel, "adamw master");
-  }
-  AdamWConstants c = constants_of(params);
-  for (const AdamWPiece& piece : pieces) {
-    const int64_t n = piece.grad.numel();
-    MEGATRON_CHECK(piece.begin >= 0 && piece.begin + n <= numel,
-                   "adamw piece [" << piece.begin << ", " << piece.begin + n << ") lies outside the state's " << numel
-                                   << " elements");
-    check_f32_beside(piece.grad, n, "adamw piece grad");
-    check_defined(piece.model_param, "adamw piece model_param");
-    check_cuda(piece.model_param, "adamw piece model_param");
-    check_numel(piece.model_param, n, "adamw piece model_param");
-    MEGATRON_CHECK(!remainders || piece.model_param.dtype() == DType::bf16,
-                   "adamw masters kept as u16 remainders need the bf16 parameters they complete, not "
-                       << dtype_name(piece.model_param.dtype()));
-    MEGATRON_CHECK(
-        master.defined() || piece.model_param.dtype() == DType::f32,
-        "adamw pieces without flat masters are their own f32 masters, not " << dtype_name(piece.model_param.dtype()));
-    const DType copy = piece.model_param.dtype();
-    MEGATRON_CHECK(copy == DType::bf16 || copy == DType::f16 || copy == DType::f32,
-                   "adamw piece model_param has dtype " << dtype_name(copy)
-                                                        << "; pieces write bf16, f16 or f32 copies (FP8 codes: "
-                                                        << "adamw_step_fp8, piece by piece)");
-  }
+  const AdamWConstants c = constants_of(params);
   float* m = device_data<float>(exp_avg);
   float* v = device_data<float>(exp_avg_sq);
   // One launch per compute-copy dtype and kMaxPieces pieces, in order.
@@ -401,18 +361,8 @@ void cuda::adamw_step_pieces(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq
 
 void cuda::adamw_step_fp8(Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, Tensor& codes,
                           Tensor& codes_amax, const Tensor& codes_scale, const AdamWParams& params) {
-  check_cuda(codes, "adamw_fp8 codes");
-  check_numel(codes, master.numel(), "adamw_fp8 codes");
-  MEGATRON_CHECK(dtype_is_fp8(codes.dtype()),
-                 "adamw_fp8 codes have dtype " << dtype_name(codes.dtype()) << "; expected e4m3 or e5m2");
-  for (const auto& [t, name] :
-       {std::pair<const Tensor*, const char*>{&codes_amax, "adamw_fp8 amax"}, {&codes_scale, "adamw_fp8 scale"}}) {
-    check_cuda(*t, name);
-    check_numel(*t, 1, name);
-    check_dtype(*t, DType::f32, name);
-  }
-  check_dtype(master, DType::f32, "adamw_fp8 master");
-  const AdamWConstants c = checked_constants(master, exp_avg, exp_avg_sq, grad, params);
+  checks::check_adamw_step_fp8(master, exp_avg, exp_avg_sq, grad, codes, codes_amax, codes_scale, params, kCudaAdamW);
+  const AdamWConstants c = constants_of(params);
   launch_adamw(
       Fp8CodesMasters{device_data<float>(master), static_cast<__nv_fp8_storage_t*>(codes.raw()),
                       device_data<float>(codes_scale), device_data<float>(codes_amax), fp8::format_of(codes.dtype())},
