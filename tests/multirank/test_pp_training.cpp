@@ -161,20 +161,18 @@ TEST(PpData, DocumentMaskingReachesTheMiddleStages) {
     builder.finalize();
   }
   const std::string dir = shared_directory(owner.get());
-  const int rank = int(make_state({}).ctx.world->rank());
   std::vector<std::string> run = tiny_pp_run(ModelStyle::llama, kIterations);
   std::erase(run, std::string("--mock-data"));
   run = with(run, {"--data-path", dir + "/docs", "--split", "90,10,0", "--reset-attention-mask"});
-  // Every rank runs the single-rank references, each with an index cache of its own.
-  const std::vector<std::string> single = with(run, {"--data-cache-path", dir + "/cache" + std::to_string(rank)});
-  std::vector<std::string> unmasked = single;
+  // Every rank runs the single-rank references; each process has an index cache of its own
+  // (tiny_model_run's mock_index_cache, which serves these data as well).
+  std::vector<std::string> unmasked = run;
   std::erase(unmasked, std::string("--reset-attention-mask"));
-  const TrainingSummary want = run_f64(ParallelContext::single_process(), single);
+  const TrainingSummary want = run_f64(ParallelContext::single_process(), run);
   EXPECT_NE(run_f64(ParallelContext::single_process(), unmasked).train_losses.front(), want.train_losses.front())
       << "document masking changes nothing on these data";
   const ParallelState st = make_state({.pp = 4}, 60);
-  const TrainingSummary s =
-      run_f64(st.ctx, with(run, {"--pipeline-model-parallel-size", "4", "--data-cache-path", dir + "/cache"}));
+  const TrainingSummary s = run_f64(st.ctx, with(run, {"--pipeline-model-parallel-size", "4"}));
   expect_same_curve(want, s, 0, 200 * 0x1p-53, /*compare_grad_norm=*/true, "PP=4 document masking");
   expect_close(want.valid_losses, s.valid_losses, 0, 200 * 0x1p-53, "PP=4 document masking validation loss");
   st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
