@@ -24,6 +24,23 @@ TEST(NumpyRandomState, KnownAnswersForSeed1234) {
   EXPECT_EQ(values, (std::vector<int64_t>{7, 2, 9, 1, 0, 8, 4, 5, 6, 3}));
 }
 
+// shuffle draws each swap's partner ahead of the swap (to prefetch it): the result must stay the
+// textbook loop's, for lengths below, at and above the lookahead and one past 2^20 (a progress call).
+TEST(NumpyRandomState, ShuffleEqualsTheTextbookLoop) {
+  for (const int64_t n : {0, 1, 2, 15, 16, 17, 33, 100000, (1 << 20) + 1}) {
+    std::vector<uint32_t> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    std::iota(got.begin(), got.end(), 0u);
+    std::iota(want.begin(), want.end(), 0u);
+    NumpyRandomState fast(42), plain(42);
+    int64_t progress_calls = 0;
+    fast.shuffle(std::span<uint32_t>(got), [&](int64_t) { ++progress_calls; });
+    for (int64_t i = n - 1; i >= 1; --i) std::swap(want[size_t(i)], want[size_t(plain.random_interval(uint64_t(i)))]);
+    EXPECT_EQ(got, want) << "n = " << n;
+    EXPECT_EQ(fast.next_u32(), plain.next_u32()) << "n = " << n << ": the streams drew different amounts";
+    EXPECT_EQ(progress_calls, n > (1 << 20) ? 1 : 0) << "n = " << n;
+  }
+}
+
 TEST(NumpyRandomState, SeedingAndOutputMatchStdMt19937) {
   // numpy seeds an integer with init_genrand, which is exactly how std::mt19937(seed) seeds;
   // 2000 outputs cross four twists.

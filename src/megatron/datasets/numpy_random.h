@@ -34,9 +34,21 @@ class NumpyRandomState {
   // report progress through it).
   template <class T, class OnProgress>
   void shuffle(std::span<T> values, OnProgress&& on_progress) {
+    // The partners j come from the stream alone, not from the values: each is drawn kLookahead
+    // swaps early and its element prefetched, so the random reads of a shuffle larger than the
+    // caches overlap instead of each waiting on memory. The stream is drawn in the same order.
+    constexpr int64_t kLookahead = 16;
     const int64_t n = int64_t(values.size());
-    for (int64_t i = n - 1; i >= 1; --i) {
+    std::array<int64_t, kLookahead> partners{};
+    const auto draw = [&](int64_t i) {
       const auto j = int64_t(random_interval(uint64_t(i)));
+      __builtin_prefetch(values.data() + j, 1);
+      partners[size_t(i % kLookahead)] = j;
+    };
+    for (int64_t i = n - 1; i >= 1 && i >= n - kLookahead; --i) draw(i);
+    for (int64_t i = n - 1; i >= 1; --i) {
+      const int64_t j = partners[size_t(i % kLookahead)];
+      if (i - kLookahead >= 1) draw(i - kLookahead);  // slot i % kLookahead read: its next owner
       std::swap(values[size_t(i)], values[size_t(j)]);
       if (((n - i) & ((int64_t(1) << 20) - 1)) == 0) on_progress(n - i);
     }
