@@ -107,9 +107,12 @@ TEST_F(CudaNorm, ParameterGradientsAreDeterministic) {
 
 // The backward at training sizes, each case against the CPU op in f64 (the bounds of
 // ForwardAndBackwardMatchCpuF64) and run twice more for bitwise-equal parameter gradients:
-//   llama-3b's rows (4096 x 3072 bf16 RMSNorm, the fused add): 16-byte packs, whole row chunks;
+//   llama-3b's rows (4096 x 3072 bf16 RMSNorm, the fused add): block teams, 16-byte packs, whole
+//   row chunks;
 //   LayerNorm with C = 3000 (not a multiple of the pack: the scalar path) and N = 4100 (a last,
 //   partial chunk of rows);
+//   gpt2-124m's rows (32768 x 768 bf16 LayerNorm, the fused add): warp teams, many rows a warp;
+//   C = 1001 RMSNorm, N = 777: warp teams on the scalar path, a last, partial chunk;
 //   C = 70000 RMSNorm bf16 and C = 30000 LayerNorm f32: more dweight (and dbias) sums than a
 //   block's shared memory holds (C floats each), summed in the partials buffer instead.
 TEST_F(CudaNorm, BackwardAtTrainingSizesMatchesCpuAndIsDeterministic) {
@@ -119,10 +122,11 @@ TEST_F(CudaNorm, BackwardAtTrainingSizesMatchesCpuAndIsDeterministic) {
     DType dt;
     bool add;  // add_norm_backward (dh given) rather than norm_backward
   };
-  const Case cases[] = {{4096, 3072, NormKind::rmsnorm, DType::bf16, true},
-                        {4100, 3000, NormKind::layernorm, DType::bf16, false},
-                        {3, 70000, NormKind::rmsnorm, DType::bf16, true},
-                        {5, 30000, NormKind::layernorm, DType::f32, false}};
+  const Case cases[] = {
+      {4096, 3072, NormKind::rmsnorm, DType::bf16, true},   {4100, 3000, NormKind::layernorm, DType::bf16, false},
+      {32768, 768, NormKind::layernorm, DType::bf16, true}, {777, 1001, NormKind::rmsnorm, DType::bf16, false},
+      {3, 70000, NormKind::rmsnorm, DType::bf16, true},     {5, 30000, NormKind::layernorm, DType::f32, false},
+  };
   uint64_t seed = 900;
   for (const Case& s : cases) {
     const bool ln = s.kind == NormKind::layernorm;

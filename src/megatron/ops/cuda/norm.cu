@@ -83,28 +83,39 @@ __global__ void norm_forward_kernel(T* y, float* mean, float* rstd, const T* x, 
 
 // ---- backward ------------------------------------------------------------------------------
 // One kernel writes dx and the parameter-gradient partials, so dy and x (and dh) are read from HBM
-// once. A block takes a chunk of consecutive rows and walks them in order with all its threads on
-// one row at a time: thread t owns packs t, t + blockDim, ... of every row (a channel set fixed for
-// the block's life), so it sums dy xhat (and dy) over the chunk's rows for channels no other thread
-// touches: in row order, with no atomics and no reduction across warps, the same on every run. The
-// sums live in shared memory (C floats each) rather than registers so that one code path serves
-// every C: a warp per row with register sums would need C/32 of them a lane for dweight alone (96
-// at hidden 3072, 192 with dbias). Where C floats exceed the block's shared memory (C above ~58K,
-// ~29K with dbias) the same code sums in the chunk's slot of the partials buffer instead (L2).
-// Sums are kept as [k][p] (element k of pack p), so a warp's 32 consecutive packs hit 32 banks;
-// the partials buffer keeps that order and norm_param_reduce_kernel maps it back to channels.
+// once. A block takes a chunk of consecutive rows; its rows go to teams of threads, a team walking
+// its rows in order with thread t of the team owning packs t, t + team, ... of every row, so it
+// sums dy xhat (and dy) over its team's rows for channels no other thread of the team touches. The
+// sums live in the team's own slice of shared memory (C floats, 2C with dbias) rather than
+// registers so that one code path serves every C (a lane would need C/32 registers for dweight
+// alone: 96 at hidden 3072, 192 with dbias); at the chunk's end the block adds its teams' slices in
+// team order into the chunk's partials. Fixed orders throughout, no atomics: the same bits on every
+// run. Sums are kept as [k][p] (element k of pack p), so a warp's 32 consecutive packs hit 32
+// banks; the partials buffer keeps that order and norm_param_reduce_kernel maps it back to
+// channels.
+//
+// Two team sizes, chosen by how many slices an SM holds (backward_layout):
+//  - a warp (narrow rows, e.g. gpt2's 768): a row's two sums are one warp reduction, with no
+//    barrier, the block's warps and the SM's blocks keeping that many rows in flight;
+//  - the block, one team (wide rows): a warp's slice per SM would leave too few warps resident (18
+//    at llama-3b's 3072), so the block's threads share one slice and the row's sums cross the warps
+//    through shared memory, one __syncthreads a row.
+// Where one slice exceeds the block's shared memory (C above ~58K, ~29K with dbias) the block, one
+// team, sums in the chunk's slot of the partials buffer instead (L2).
 //
 // dx, with xhat = (x - m) rstd and g = dy * w:
 //   LayerNorm: dx = rstd (g - mean(g) - xhat mean(g xhat));  RMSNorm: dx = rstd (g - xhat mean(g xhat))
-// plus dh (the residual stream's gradient) when given, added before rounding. The two row sums
-// are reduced over the block (one __syncthreads a row); the second pass reads the row again from
-// L1. To keep HBM latency off that chain, the first pass prefetches dh into L1 and the second the
-// next row's x and dy (packed path only: a scalar thread would prefetch the same line many times).
+// plus dh (the residual stream's gradient) when given, added before rounding. The second pass
+// reads the row again from L1/L2. To keep HBM latency off that chain, the first pass prefetches
+// dh into L1 and the second the team's next row's x and dy (packed path only: a scalar thread
+// would prefetch the same line many times).
 
-// Rows per block: N = 4096 gives 256 blocks of up to kMaxBackwardThreads for 132 SMs, while the
-// partials (chunks x C floats, written and read once) stay a few percent of the rows' bytes.
-constexpr int64_t kRowsPerChunk = 16;
 constexpr int kMaxBackwardThreads = 512;
+// Two such blocks a multiprocessor cap the kernel at 64 registers a thread, spilling none: left
+// free, the team code took 98 (bf16 packs; 118 with the pack loops unrolled), halving the warps
+// resident for the llamas' block teams (H100: add_norm_backward 4.09 -> 4.84 ms a llama-1b step).
+constexpr int kMinBackwardBlocksPerSM = 2;
+constexpr int kWarpTeamsPerBlock = 8;
 
 template <int V, class T>
 __device__ __forceinline__ void prefetch_l1(const T* p) {
@@ -112,32 +123,35 @@ __device__ __forceinline__ void prefetch_l1(const T* p) {
 }
 
 template <class T, int V>
-__global__ void __launch_bounds__(kMaxBackwardThreads)
-    norm_backward_kernel(T* dx, float* part_w, float* part_b, bool sums_in_shared, const T* dy, const T* x, const T* w,
-                         const float* mean, const float* rstd, int64_t N, int C, const T* dh) {
-  extern __shared__ float shared_sums[];  // dw sums [V][packs], then db sums when part_b is given
-  __shared__ float2 warp_sums[2][32];     // per warp (sum g, sum g xhat); two so rows alternate
-  const int packs = C / V, tid = int(threadIdx.x), threads = int(blockDim.x);
-  const int lane = tid % 32, warp = tid / 32, warps = threads / 32;
+__global__ void __launch_bounds__(kMaxBackwardThreads, kMinBackwardBlocksPerSM)
+    norm_backward_kernel(T* dx, float* part_w, float* part_b, bool sums_in_shared, bool warp_teams, const T* dy,
+                         const T* x, const T* w, const float* mean, const float* rstd, int64_t N, int C, const T* dh,
+                         int64_t rows_per_chunk) {
+  extern __shared__ float slices[];    // per team: dw sums [V][packs], then db sums when part_b is given
+  __shared__ float2 warp_sums[2][32];  // a block team's per-warp (sum g, sum g xhat); two so rows alternate
+  const int packs = C / V, tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int team_size = warp_teams ? 32 : int(blockDim.x), teams = int(blockDim.x) / team_size;
+  const int team = tid / team_size, t = tid % team_size, warps_per_team = team_size / 32;
   const bool rms = mean == nullptr, with_bias = part_b != nullptr;
-  const int64_t chunk = blockIdx.x;
-  float* sum_w = sums_in_shared ? shared_sums : part_w + chunk * C;
-  float* sum_b = sums_in_shared ? shared_sums + C : (with_bias ? part_b + chunk * C : nullptr);
-  for (int p = tid; p < packs; p += threads) {
+  const int64_t chunk = blockIdx.x, slice = int64_t(C) * (with_bias ? 2 : 1);
+  // One team per block where the sums are not in shared memory (the launcher's rule).
+  float* sum_w = sums_in_shared ? slices + team * slice : part_w + chunk * C;
+  float* sum_b = sums_in_shared ? sum_w + C : (with_bias ? part_b + chunk * C : nullptr);
+  for (int p = t; p < packs; p += team_size) {
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       sum_w[k * packs + p] = 0.0f;
       if (with_bias) sum_b[k * packs + p] = 0.0f;
     }
   }
-  const int64_t first = chunk * kRowsPerChunk, end = min(N, first + kRowsPerChunk);
-  for (int64_t row = first; row < end; ++row) {
+  const int64_t first = chunk * rows_per_chunk, end = min(N, first + rows_per_chunk);
+  for (int64_t row = first + team; row < end; row += teams) {
     const float m = rms ? 0.0f : mean[row], s = rstd[row];
     const T* xr = x + row * C;
     const T* dyr = dy + row * C;
     const T* dhr = dh != nullptr ? dh + row * C : nullptr;
     float g_sum = 0.0f, gx_sum = 0.0f;
-    for (int p = tid; p < packs; p += threads) {
+    for (int p = t; p < packs; p += team_size) {
       const int c = p * V;
       float xv[V], dv[V], wv[V];
       load_pack<V>(xr + c, xv);
@@ -151,23 +165,26 @@ __global__ void __launch_bounds__(kMaxBackwardThreads)
         gx_sum += g * (xv[k] - m) * s;
       }
     }
-    // Warp sums, then the warps' in a fixed order by every thread. A warp reaching the next row's
-    // write of the other buffer has passed this row's barrier, and a third row's write (this
-    // buffer again) waits on the next row's barrier, which every thread reaches after reading.
-    const int buffer = int((row - first) % 2);
+    // Every lane gets its warp's totals: the butterfly adds the same pairs in each lane.
     g_sum = warp_reduce(g_sum, SumOp{});
     gx_sum = warp_reduce(gx_sum, SumOp{});
-    if (lane == 0) warp_sums[buffer][warp] = make_float2(g_sum, gx_sum);
-    __syncthreads();
-    float g_total = 0.0f, gx_total = 0.0f;
-    for (int i = 0; i < warps; ++i) {
-      g_total += warp_sums[buffer][i].x;
-      gx_total += warp_sums[buffer][i].y;
+    if (!warp_teams) {
+      // Then the warps' in a fixed order by every thread. A warp reaching the next row's write of
+      // the other buffer has passed this row's barrier, and a third row's write (this buffer
+      // again) waits on the next row's barrier, which every thread reaches after reading.
+      const int buffer = int((row - first) % 2);
+      if (lane == 0) warp_sums[buffer][warp] = make_float2(g_sum, gx_sum);
+      __syncthreads();
+      g_sum = gx_sum = 0.0f;
+      for (int i = 0; i < warps_per_team; ++i) {
+        g_sum += warp_sums[buffer][i].x;
+        gx_sum += warp_sums[buffer][i].y;
+      }
     }
-    const float g_mean = rms ? 0.0f : g_total / float(C), gx_mean = gx_total / float(C);
+    const float g_mean = rms ? 0.0f : g_sum / float(C), gx_mean = gx_sum / float(C);
     T* dxr = dx + row * C;
-    const bool next_row = row + 1 < end;
-    for (int p = tid; p < packs; p += threads) {
+    const bool next_row = row + teams < end;
+    for (int p = t; p < packs; p += team_size) {
       const int c = p * V;
       float xv[V], dv[V], wv[V], skip[V] = {};
       load_pack<V>(xr + c, xv);
@@ -175,8 +192,8 @@ __global__ void __launch_bounds__(kMaxBackwardThreads)
       load_pack<V>(w + c, wv);
       if (dhr != nullptr) load_pack<V>(dhr + c, skip);
       if (next_row) {
-        prefetch_l1<V>(xr + C + c);
-        prefetch_l1<V>(dyr + C + c);
+        prefetch_l1<V>(xr + int64_t(teams) * C + c);
+        prefetch_l1<V>(dyr + int64_t(teams) * C + c);
       }
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -189,13 +206,15 @@ __global__ void __launch_bounds__(kMaxBackwardThreads)
     }
   }
   if (!sums_in_shared) return;
-  // Each thread copies the entries it wrote: no barrier needed.
-  for (int p = tid; p < packs; p += threads) {
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      part_w[chunk * C + k * packs + p] = sum_w[k * packs + p];
-      if (with_bias) part_b[chunk * C + k * packs + p] = sum_b[k * packs + p];
+  __syncthreads();  // every team's slice complete
+  for (int i = tid; i < C; i += int(blockDim.x)) {
+    float dw = 0.0f, db = 0.0f;
+    for (int v = 0; v < teams; ++v) {
+      dw += slices[v * slice + i];
+      if (with_bias) db += slices[v * slice + C + i];
     }
+    part_w[chunk * C + i] = dw;
+    if (with_bias) part_b[chunk * C + i] = db;
   }
 }
 
@@ -203,7 +222,7 @@ __global__ void __launch_bounds__(kMaxBackwardThreads)
 // fixed order: lane ty of a block of kReduceLanes x 32 threads sums chunks ty, ty + kReduceLanes,
 // ... in order, then lane 0 adds the lanes' sums in order. i = k * packs + p is channel p V + k
 // (the backward kernel's layout).
-constexpr int kReduceLanes = 8;
+constexpr int kReduceLanes = 32;
 __global__ void norm_param_reduce_kernel(float* dweight, float* dbias, const float* part_w, const float* part_b,
                                          int64_t chunks, int C, int V) {
   __shared__ float lane_w[kReduceLanes][32], lane_b[kReduceLanes][32];
@@ -314,14 +333,18 @@ void launch_norm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x,
   });
 }
 
+int device_attribute(cudaDeviceAttr attribute) {
+  int value = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, megatron::cuda::current_context().device()));
+  return value;
+}
+
 // Dynamic shared memory a block of norm_backward_kernel<T, V> may use: the device's opt-in limit
 // less the kernel's static shared memory, raised to once per kernel (one process drives one GPU).
 template <class T, int V>
 int64_t backward_shared_limit() {
   static const int limit = [] {
-    int optin = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                      megatron::cuda::current_context().device()));
+    const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     cudaFuncAttributes attributes{};
     CUDA_CHECK(cudaFuncGetAttributes(&attributes, norm_backward_kernel<T, V>));
     const int dynamic = optin - int(attributes.sharedSizeBytes);
@@ -331,15 +354,47 @@ int64_t backward_shared_limit() {
   return limit;
 }
 
+// How the backward splits N rows of C channels: teams of a warp or of the whole block, one block a
+// chunk of rows, the sums in shared memory or (one team a block) in the partials. Warp teams where
+// an SM holds at least kMinWarpTeamsPerSM of their slices; their chunks fill the GPU's resident
+// blocks once (every multiprocessor busy to the end). Block teams take kBlockTeamRows rows a chunk:
+// N = 4096 gives 256 blocks for 132 SMs, while the partials (chunks x C floats, written and read
+// once) stay a few percent of the rows' bytes.
+// Half an SM's warps; measured on an H100: 38 slices (gpt2's LayerNorm, C = 768) beat block teams, 28
+// (RMSNorm at llama-1b's 2048) and 18 (llama-3b's 3072) lost to them by a quarter and a third.
+constexpr int64_t kMinWarpTeamsPerSM = 32;
+constexpr int64_t kBlockTeamRows = 16;
+struct BackwardLayout {
+  bool warp_teams = false, sums_in_shared = true;
+  int threads = 32;
+  int64_t shared_bytes = 0, rows_per_chunk = 1, chunks = 0;
+};
+
 template <class T, int V>
-void launch_backward_kernel(T* dx, float* part_w, float* part_b, const T* dy, const T* x, const T* w, const float* mean,
-                            const float* rstd, int64_t N, int C, const T* dh, int64_t chunks) {
-  const int64_t packs = C / V;
-  const int threads = int(std::clamp<int64_t>(ceil_div(packs, 32) * 32, 32, kMaxBackwardThreads));
-  const int64_t shared_bytes = int64_t(C) * int64_t(sizeof(float)) * (part_b != nullptr ? 2 : 1);
-  const bool in_shared = shared_bytes <= backward_shared_limit<T, V>();
-  norm_backward_kernel<T, V><<<unsigned(chunks), threads, in_shared ? size_t(shared_bytes) : 0, stream()>>>(
-      dx, part_w, part_b, in_shared, dy, x, w, mean, rstd, N, C, dh);
+BackwardLayout backward_layout(int64_t N, int C, bool with_bias) {
+  static const int multiprocessors = device_attribute(cudaDevAttrMultiProcessorCount);
+  static const int shared_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+  const int64_t shared_limit = backward_shared_limit<T, V>();  // also raises the kernel's limit to it
+  BackwardLayout l;
+  const int64_t slice_bytes = int64_t(C) * int64_t(sizeof(float)) * (with_bias ? 2 : 1);
+  l.warp_teams = shared_per_sm / slice_bytes >= kMinWarpTeamsPerSM;
+  if (l.warp_teams) {
+    l.threads = kWarpTeamsPerBlock * 32;
+    l.shared_bytes = kWarpTeamsPerBlock * slice_bytes;
+    int resident = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, norm_backward_kernel<T, V>, l.threads,
+                                                             size_t(l.shared_bytes)));
+    const int64_t wave = multiprocessors * std::max(resident, 1);
+    l.rows_per_chunk =
+        ceil_div(std::max<int64_t>(ceil_div(N, wave), kWarpTeamsPerBlock), kWarpTeamsPerBlock) * kWarpTeamsPerBlock;
+  } else {
+    l.threads = int(std::clamp<int64_t>(ceil_div(C / V, 32) * 32, 32, kMaxBackwardThreads));
+    l.sums_in_shared = slice_bytes <= shared_limit;
+    l.shared_bytes = l.sums_in_shared ? slice_bytes : 0;
+    l.rows_per_chunk = kBlockTeamRows;
+  }
+  l.chunks = ceil_div(N, l.rows_per_chunk);
+  return l;
 }
 
 void launch_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tensor& dy, const Tensor& x,
@@ -355,24 +410,26 @@ void launch_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tens
     const T* dhp = data_or_null<T>(dh);
     const float* mp = data_or_null<float>(mean);
     const float* sp = rstd.data<float>();
-    const int64_t chunks = ceil_div(N, kRowsPerChunk);
-    MEGATRON_CHECK(chunks < (int64_t(1) << 31), op << ": " << N << " rows exceed the grid's 2^31 - 1 blocks of "
-                                                   << kRowsPerChunk << " rows; split the batch");
     const bool with_bias = dbias.defined();
-    Tensor partials = Tensor::empty({with_bias ? 2 : 1, chunks, C}, DType::f32, x.device());
-    float* part_w = partials.data<float>();
-    float* part_b = with_bias ? part_w + chunks * C : nullptr;
-    int V = 1;
+    const auto run = [&]<int V>(std::integral_constant<int, V>) {
+      const BackwardLayout l = backward_layout<T, V>(N, C, with_bias);
+      MEGATRON_CHECK(l.chunks < (int64_t(1) << 31), op << ": " << N << " rows exceed the grid's 2^31 - 1 blocks of "
+                                                       << l.rows_per_chunk << " rows; split the batch");
+      Tensor partials = Tensor::empty({with_bias ? 2 : 1, l.chunks, C}, DType::f32, x.device());
+      float* part_w = partials.data<float>();
+      float* part_b = with_bias ? part_w + l.chunks * C : nullptr;
+      norm_backward_kernel<T, V><<<unsigned(l.chunks), l.threads, size_t(l.shared_bytes), stream()>>>(
+          dxp, part_w, part_b, l.sums_in_shared, l.warp_teams, dyp, xp, wp, mp, sp, N, C, dhp, l.rows_per_chunk);
+      CUDA_CHECK_LAUNCH();
+      norm_param_reduce_kernel<<<unsigned(ceil_div(C, 32)), kReduceLanes * 32, 0, stream()>>>(
+          dweight.data<float>(), data_or_null<float>(dbias), part_w, part_b, l.chunks, C, V);
+      CUDA_CHECK_LAUNCH();
+    };
     if (rows_vectorizable<T>(C, {dxp, dyp, xp, wp, dhp})) {
-      V = kPack<T>;
-      launch_backward_kernel<T, kPack<T>>(dxp, part_w, part_b, dyp, xp, wp, mp, sp, N, C, dhp, chunks);
+      run(std::integral_constant<int, kPack<T>>{});
     } else {
-      launch_backward_kernel<T, 1>(dxp, part_w, part_b, dyp, xp, wp, mp, sp, N, C, dhp, chunks);
+      run(std::integral_constant<int, 1>{});
     }
-    CUDA_CHECK_LAUNCH();
-    norm_param_reduce_kernel<<<unsigned(ceil_div(C, 32)), kReduceLanes * 32, 0, stream()>>>(
-        dweight.data<float>(), data_or_null<float>(dbias), part_w, part_b, chunks, C, V);
-    CUDA_CHECK_LAUNCH();
   });
 }
 
