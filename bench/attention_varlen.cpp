@@ -32,60 +32,21 @@
 #include <string>
 #include <vector>
 
+#include "gpu_lab.h"
 #include "megatron/core/rng.h"
 #include "megatron/core/tensor.h"
 #include "megatron/cuda_runtime/device.h"
-#include "megatron/cuda_runtime/event_timer.h"
 #include "megatron/ops/attention.h"
 #include "megatron/ops/cuda/attention_cudnn.h"
 #include "megatron/ops/cuda/attention_flash.h"
 #include "megatron/ops/cuda/op_paths.h"
 
 using namespace megatron;
+using namespace megatron::bench;
 
 namespace {
 
 constexpr int64_t kRows = 1, kRowLength = 32768, kHeads = 32, kGroups = 8;
-
-// N(0,1) bf16 values on the GPU (never zeros: they can run faster than real data): a block of 2^20
-// random values repeated, which times the same as fresh ones and takes no time to draw.
-Tensor random_gpu(const Shape& shape, uint64_t seed) {
-  constexpr int64_t kBlock = int64_t(1) << 20;
-  std::vector<float> block(static_cast<size_t>(kBlock));
-  const CounterRng rng{seed, 1};
-  for (int64_t i = 0; i < kBlock; ++i) block[size_t(i)] = rng.normal(uint64_t(i));
-  Tensor host = Tensor::empty(shape, DType::f32);
-  float* p = host.data<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) p[i] = block[size_t(i % kBlock)];
-  return host.to(DType::bf16).to(Device::cuda(0));
-}
-
-// Median milliseconds of fn over 5 runs after 1, timed with events on the ops' stream.
-double median_ms(const std::function<void()>& fn) {
-  fn();
-  std::vector<double> times;
-  for (int i = 0; i < 5; ++i) {
-    cuda::event_timer_reset();
-    const int64_t start = cuda::event_timer_record();
-    fn();
-    const int64_t end = cuda::event_timer_record();
-    cuda::event_timer_synchronize();
-    times.push_back(cuda::event_timer_elapsed_ms(start, end));
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-// ||x - ref|| / ||ref||.
-double normwise_error(const Tensor& x, const Tensor& ref) {
-  const Tensor a = x.to(Device::cpu()).to(DType::f64), b = ref.to(Device::cpu()).to(DType::f64);
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    num += (a.data<double>()[i] - b.data<double>()[i]) * (a.data<double>()[i] - b.data<double>()[i]);
-    den += b.data<double>()[i] * b.data<double>()[i];
-  }
-  return std::sqrt(num / den);
-}
 
 // A packing: the lengths of the documents of each row, filling it exactly.
 struct Packing {
@@ -124,8 +85,7 @@ struct Pass {
 struct Inputs {
   Tensor q, k, v, dout;
 };
-// Random q, k, v, dout for (S,B) at head dim HS, made once per shape (drawing them takes longer
-// than the attention).
+// Random q, k, v, dout for (S,B) at head dim HS, made once per shape.
 const Inputs& inputs(int64_t S, int64_t B, int64_t HS) {
   static std::map<std::array<int64_t, 3>, Inputs> made;
   const std::array<int64_t, 3> key{S, B, HS};
@@ -149,14 +109,18 @@ Pass time_attention(int64_t S, int64_t B, int64_t HS, const ops::AttentionParams
   Tensor dq = Tensor::empty(qs, DType::bf16, gpu), dk = Tensor::empty(kvs, DType::bf16, gpu);
   Tensor dv = Tensor::empty(kvs, DType::bf16, gpu);
   const bool ours = kernels == Kernels::ours;
-  const double fwd = median_ms([&] {
-    if (ours) return ops::cuda::flash_attention_forward(out, lse, q, k, v, params);
-    ops::attention_forward(out, lse, q, k, v, params);
-  });
-  const double bwd = median_ms([&] {
-    if (ours) return ops::cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
-    ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
-  });
+  const double fwd = median_ms(
+      [&] {
+        if (ours) return ops::cuda::flash_attention_forward(out, lse, q, k, v, params);
+        ops::attention_forward(out, lse, q, k, v, params);
+      },
+      1, 5);
+  const double bwd = median_ms(
+      [&] {
+        if (ours) return ops::cuda::flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+        ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, params);
+      },
+      1, 5);
   if (out_copy) *out_copy = out.to(Device::cpu());
   return {fwd, bwd};
 }

@@ -7,52 +7,28 @@
 // counted out (they are C-sized, or chunks x C, small next to the rows).
 //
 // Build: ninja -C build/gpu norm_backward_bench. Run: build/gpu/norm_backward_bench
-#include <algorithm>
 #include <cstdio>
 #include <functional>
-#include <vector>
 
-#include "megatron/core/rng.h"
+#include "gpu_lab.h"
 #include "megatron/core/tensor.h"
 #include "megatron/cuda_runtime/device.h"
-#include "megatron/cuda_runtime/event_timer.h"
 #include "megatron/ops/norm.h"
 
 using namespace megatron;
+using namespace megatron::bench;
 
 namespace {
 
-// N(0,1) values rounded to dtype, on the GPU (random, not zeros, as training data).
-Tensor random_gpu(const Shape& shape, DType dtype, uint64_t seed) {
-  Tensor host = Tensor::empty(shape, DType::f32);
-  const CounterRng rng{seed, 1};
-  float* p = host.data<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) p[i] = rng.normal(uint64_t(i));
-  return host.to(dtype).to(Device::cuda(0));
-}
-
-double median_us(const std::function<void()>& fn) {
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<double> times;
-  for (int i = 0; i < 20; ++i) {
-    cuda::event_timer_reset();
-    const int64_t start = cuda::event_timer_record();
-    fn();
-    const int64_t end = cuda::event_timer_record();
-    cuda::event_timer_synchronize();
-    times.push_back(1e3 * cuda::event_timer_elapsed_ms(start, end));
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
+double median_us(const std::function<void()>& fn) { return 1e3 * median_ms(fn, 3, 20); }
 
 void run(const char* name, int64_t N, int64_t C, ops::NormKind kind) {
   const DType dt = DType::bf16;
   const Device gpu = Device::cuda(0);
   const bool ln = kind == ops::NormKind::layernorm;
   const ops::NormParams params{kind, 1e-5f};
-  const Tensor h = random_gpu({N, C}, dt, 1), dy = random_gpu({N, C}, dt, 2), dh = random_gpu({N, C}, dt, 3);
-  const Tensor w = random_gpu({C}, dt, 4), b = random_gpu({C}, dt, 5);
+  const Tensor h = random_gpu({N, C}, 1, dt), dy = random_gpu({N, C}, 2, dt), dh = random_gpu({N, C}, 3, dt);
+  const Tensor w = random_gpu({C}, 4, dt), b = random_gpu({C}, 5, dt);
   Tensor y = Tensor::empty({N, C}, dt, gpu), dx = Tensor::empty({N, C}, dt, gpu);
   Tensor mean = ln ? Tensor::empty({N}, DType::f32, gpu) : Tensor(), rstd = Tensor::empty({N}, DType::f32, gpu);
   Tensor dw = Tensor::zeros({C}, DType::f32, gpu), db = ln ? Tensor::zeros({C}, DType::f32, gpu) : Tensor();

@@ -19,14 +19,10 @@
 // head dim that attention_forward.cu / attention_backward.cu ship).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <functional>
-#include <string>
-#include <vector>
 
-#include "megatron/core/rng.h"
+#include "../gpu_lab.h"
 #include "megatron/core/tensor.h"
 #include "megatron/cuda_runtime/device.h"
 #include "megatron/ops/attention.h"
@@ -35,6 +31,7 @@
 #include "megatron/ops/cuda/attention_forward_kernels.cuh"
 
 using namespace megatron;
+using namespace megatron::bench;
 using namespace megatron::ops::cuda::attention_detail;
 using Bf16 = __nv_bfloat16;
 
@@ -83,54 +80,8 @@ struct Problem {
   float dropout;
 };
 
-// Random N(0,1) bf16 values on the GPU (never zeros: they can run faster than real data).
-Tensor random_gpu(const Shape& shape, uint64_t seed) {
-  Tensor host = Tensor::empty(shape, DType::f32);
-  const CounterRng rng{seed, 1};
-  float* p = host.data<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) p[i] = rng.normal(uint64_t(i));
-  return host.to(DType::bf16).to(Device::cuda(0));
-}
-
 // NaN in every element (all-ones bytes), so an element a kernel forgets to write fails the check.
 void poison(Tensor& t) { CUDA_CHECK(cudaMemset(t.raw(), 0xff, t.nbytes())); }
-
-// ||x - ref|| / ||ref||, NaN when x holds a NaN.
-double normwise_error(const Tensor& x, const Tensor& ref) {
-  const Tensor a = x.to(Device::cpu()).to(DType::f64), b = ref.to(Device::cpu()).to(DType::f64);
-  const double* pa = a.data<double>();
-  const double* pb = b.data<double>();
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    num += (pa[i] - pb[i]) * (pa[i] - pb[i]);
-    den += pb[i] * pb[i];
-  }
-  return std::sqrt(num / den);
-}
-
-// Median milliseconds of fn over `iters` runs after `warmup` runs, timed with events on the
-// ops' stream.
-double median_ms(const std::function<void()>& fn, int warmup = 3, int iters = 15) {
-  cudaStream_t stream = cuda::current_stream();
-  for (int i = 0; i < warmup; ++i) fn();
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    fn();
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 // The bf16 goal of the issue (normwise error <= 1e-2), for the verdict column.
 const char* verdict(std::initializer_list<double> errors) {
@@ -144,7 +95,7 @@ void run_problem(const Problem& pr) {
   const Device gpu = Device::cuda(0);
   const Tensor q = random_gpu(qs, 1), k = random_gpu(kvs, 2), v = random_gpu(kvs, 3), dout = random_gpu(qs, 4);
   const ops::AttentionParams p{pr.causal, float(1.0 / std::sqrt(double(pr.HS))), pr.dropout, 1, 2};
-  const Dims d = attention_dims(q, k, v);
+  const Dims d = cuda_dims(ops::checks::check_attention_qkv(q, k, v, ops::cuda::check_cuda), q, p);
   const double flops =
       4.0 * double(pr.B) * double(pr.NH) * double(pr.S) * double(pr.S) * double(pr.HS) * (pr.causal ? 0.5 : 1.0);
   char shape[96];

@@ -15,13 +15,10 @@
 // Run: build/attention_cudnn_bench
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <functional>
-#include <vector>
 
-#include "megatron/core/rng.h"
+#include "../gpu_lab.h"
 #include "megatron/core/tensor.h"
 #include "megatron/cuda_runtime/context.h"
 #include "megatron/cuda_runtime/cuda_check.h"
@@ -31,6 +28,7 @@
 #include "megatron/ops/cuda/attention_flash.h"
 
 using namespace megatron;
+using namespace megatron::bench;
 using megatron::ops::cuda::CudnnAttention;
 
 namespace {
@@ -40,50 +38,6 @@ struct Problem {
   int64_t B, S, NH, G, HS;
   bool causal;
 };
-
-// Random N(0,1) bf16 values on the GPU (never zeros: they can run faster than real data).
-Tensor random_gpu(const Shape& shape, uint64_t seed) {
-  Tensor host = Tensor::empty(shape, DType::f32);
-  const CounterRng rng{seed, 1};
-  float* p = host.data<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) p[i] = rng.normal(uint64_t(i));
-  return host.to(DType::bf16).to(Device::cuda(0));
-}
-
-// ||x - ref|| / ||ref||, NaN when x holds a NaN.
-double normwise_error(const Tensor& x, const Tensor& ref) {
-  const Tensor a = x.to(Device::cpu()).to(DType::f64), b = ref.to(Device::cpu()).to(DType::f64);
-  const double* pa = a.data<double>();
-  const double* pb = b.data<double>();
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    num += (pa[i] - pb[i]) * (pa[i] - pb[i]);
-    den += pb[i] * pb[i];
-  }
-  return std::sqrt(num / den);
-}
-
-double median_ms(const std::function<void()>& fn, int warmup = 3, int iters = 15) {
-  cudaStream_t stream = cuda::current_stream();
-  for (int i = 0; i < warmup; ++i) fn();
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    fn();
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 void run_problem(const Problem& pr) {
   const Shape qs{pr.S, pr.B, pr.NH, pr.HS}, kvs{pr.S, pr.B, pr.G, pr.HS}, ls{pr.B, pr.NH, pr.S};

@@ -18,22 +18,21 @@
 // Run: build/grouped_gemm_bench
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <string>
 #include <vector>
 
-#include "megatron/core/rng.h"
+#include "../gpu_lab.h"
+#include "grouped_gemm_wgmma.cuh"
 #include "megatron/core/tensor.h"
 #include "megatron/cuda_runtime/device.h"
 #include "megatron/ops/cuda/grouped_gemm_kernels.cuh"
 #include "megatron/ops/gemm.h"
 #include "megatron/ops/grouped_gemm.h"
-#include "grouped_gemm_wgmma.cuh"
 
 using namespace megatron;
+using namespace megatron::bench;
 using namespace megatron::ops::cuda::grouped_gemm_detail;
 using Bf16 = __nv_bfloat16;
 
@@ -67,51 +66,6 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(const_cast<void*>(t.raw()));
 }
 
-// Random N(0,1) values (scaled) in bf16 on the GPU (never zeros: they can run faster than real data).
-Tensor random_gpu(const Shape& shape, uint64_t seed, double scale, DType dtype = DType::bf16) {
-  Tensor host = Tensor::empty(shape, DType::f32);
-  const CounterRng rng{seed, 1};
-  float* p = host.data<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) p[i] = float(scale) * rng.normal(uint64_t(i));
-  return host.to(dtype).to(Device::cuda(0));
-}
-
-// ||x - ref|| / ||ref||, NaN when x holds a NaN.
-double normwise_error(const Tensor& x, const Tensor& ref) {
-  const Tensor a = x.to(Device::cpu()).to(DType::f64), b = ref.to(Device::cpu()).to(DType::f64);
-  const double* pa = a.data<double>();
-  const double* pb = b.data<double>();
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    num += (pa[i] - pb[i]) * (pa[i] - pb[i]);
-    den += pb[i] * pb[i];
-  }
-  return std::sqrt(num / den);
-}
-
-// Median milliseconds of fn over `iters` runs after `warmup` runs, timed with events on the ops' stream.
-double median_ms(const std::function<void()>& fn, int warmup = 3, int iters = 15) {
-  cudaStream_t stream = cuda::current_stream();
-  for (int i = 0; i < warmup; ++i) fn();
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    CUDA_CHECK(cudaEventRecord(start, stream));
-    fn();
-    CUDA_CHECK(cudaEventRecord(stop, stream));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  CUDA_CHECK(cudaEventDestroy(start));
-  CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
 // bf16 products of K up to a few thousand terms against another fp32-accumulating GEMM: both
 // round to bf16 once, so ~2^-8 normwise; 1e-2 flags a wrong result.
 const char* verdict(double error) { return error <= 1e-2 ? "ok" : "FAIL"; }
@@ -139,8 +93,9 @@ void run_problem(const Problem& pr) {
   const double flops = 2.0 * double(N) * double(in) * double(out);
   const std::string shape = std::string(pr.name) + " N" + std::to_string(N) + " " + std::to_string(in) + "->" +
                             std::to_string(out);
-  const Tensor x = random_gpu({N, in}, 1, 1.0), w = random_gpu({E, out, in}, 2, 0.02), dy = random_gpu({N, out}, 3, 1.0);
-  const Tensor dw0 = random_gpu({E, out, in}, 4, 1.0, DType::f32);
+  const Tensor x = random_gpu({N, in}, 1), w = random_gpu({E, out, in}, 2, DType::bf16, 0.02f),
+               dy = random_gpu({N, out}, 3);
+  const Tensor dw0 = random_gpu({E, out, in}, 4, DType::f32);
   cudaStream_t stream = cuda::current_stream();
   const std::vector<int64_t>& counts = pr.counts;
 
@@ -212,7 +167,7 @@ void run_wgmma_forward(const Problem& pr) {
   const double flops = 2.0 * double(N) * double(in) * double(out);
   const std::string shape = std::string(pr.name) + " N" + std::to_string(N) + " " + std::to_string(in) + "->" +
                             std::to_string(out);
-  const Tensor x = random_gpu({N, in}, 1, 1.0), w = random_gpu({E, out, in}, 2, 0.02);
+  const Tensor x = random_gpu({N, in}, 1), w = random_gpu({E, out, in}, 2, DType::bf16, 0.02f);
   Tensor y_ref = Tensor::empty({N, out}, DType::bf16, gpu), y = Tensor::empty({N, out}, DType::bf16, gpu);
   int64_t begin = 0;
   for (int64_t e = 0; e < E; begin += pr.counts[size_t(e)], ++e) {
