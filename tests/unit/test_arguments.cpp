@@ -206,8 +206,9 @@ TEST(ParseArgs, YamlProblems) {
 TEST(ParseArgs, FlagProblems) {
   EXPECT_TRUE(contains(parse_error(with(without("--hidden-size"), {"--hiden-size", "64"})),
                        "--hiden-size: unknown flag; did you mean --hidden-size?"));
-  const std::string unsupported = parse_error(with(minimal_argv(), {"--use-mcore-models"}));
-  EXPECT_TRUE(contains(unsupported, "--use-mcore-models: unknown flag"));
+  // Megatron's legacy (non-Core) models are not built: the flag choosing them is unknown.
+  const std::string unsupported = parse_error(with(minimal_argv(), {"--use-legacy-models"}));
+  EXPECT_TRUE(contains(unsupported, "--use-legacy-models: unknown flag"));
   EXPECT_TRUE(contains(parse_error(with(without("--hidden-size"), {"--hidden-size", "abc"})),
                        "--hidden-size 'abc': expected an integer"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--init-method-std", "x1"})),
@@ -792,4 +793,80 @@ TEST(Fp8Config, FirstLastLayersBf16) {
   EXPECT_TRUE(f.layer_in_fp8(1, 4));
   EXPECT_FALSE(f.layer_in_fp8(2, 4));
   EXPECT_FALSE(f.layer_in_fp8(3, 4));
+}
+
+// The implementation choices of a Megatron llama launch script (Megatron's examples and the
+// scripts users bring): accepted, recorded, and nothing else about the run differs.
+TEST(MegatronImplementationChoices, ALaunchScriptsChoicesParseAndChangeNothingElse) {
+  const Argv llama =
+      with(minimal_argv(), {"--position-embedding-type", "rope", "--swiglu", "--normalization", "RMSNorm",
+                            "--disable-bias-linear", "--untie-embeddings-and-output-weights"});
+  const Argv choices = {"--use-mcore-models",
+                        "--transformer-impl",
+                        "local",
+                        "--use-flash-attn",
+                        "--attention-backend",
+                        "flash",
+                        "--no-masked-softmax-fusion",
+                        "--no-bias-gelu-fusion",
+                        "--no-bias-swiglu-fusion",
+                        "--no-bias-dropout-fusion",
+                        "--no-rope-fusion",
+                        "--no-persist-layer-norm",
+                        "--no-gradient-accumulation-fusion",
+                        "--attention-softmax-in-fp32",
+                        "--distributed-backend",
+                        "gloo",
+                        "--manual-gc",
+                        "--manual-gc-interval",
+                        "100",
+                        "--empty-unused-memory-level",
+                        "1",
+                        "--use-cpu-initialization",
+                        "--use-rotary-position-embeddings",
+                        "--no-position-embedding"};
+  const TrainingArgs plain = parse_training_args(llama);
+  TrainingArgs given = parse_training_args(with(llama, choices));
+  EXPECT_EQ(given.implementation.transformer_impl, "local");
+  EXPECT_FALSE(given.implementation.gradient_accumulation_fusion);
+  EXPECT_EQ(given.implementation.empty_unused_memory_level, 1);
+
+  // One log line for each choice given, in the table's order, each naming its flag (and value).
+  const std::vector<std::string> lines = flags_without_effect(given);
+  ASSERT_EQ(lines.size(), 19u);  // every flag of `choices`
+  EXPECT_TRUE(contains(lines[0], "--use-mcore-models: Megatron's implementation choice, no effect: "));
+  EXPECT_TRUE(contains(lines[1], "--transformer-impl local: "));
+  EXPECT_TRUE(contains(lines[16], "--use-cpu-initialization: "));
+  EXPECT_TRUE(contains(lines[18], "--no-position-embedding: "));
+  EXPECT_TRUE(flags_without_effect(plain).empty());
+  // A choice given at Megatron's default is not named.
+  EXPECT_TRUE(
+      flags_without_effect(parse_training_args(with(llama, {"--transformer-impl", "transformer_engine"}))).empty());
+
+  // Apart from the choices themselves, every flag's value is the plain run's.
+  given.implementation = plain.implementation;
+  EXPECT_EQ(training_args_to_flags(given), training_args_to_flags(plain));
+}
+
+TEST(MegatronImplementationChoices, ValuesFollowMegatronsRules) {
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--transformer-impl", "inference_optimized"})),
+                       "--transformer-impl 'inference_optimized': expected one of transformer_engine, local"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--attention-backend", "cudnn"})),
+                       "expected one of auto, flash, fused, unfused, local"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--empty-unused-memory-level", "3"})),
+                       "--empty-unused-memory-level 3 must be 0, 1 or 2"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--manual-gc-interval", "-1"})),
+                       "--manual-gc-interval -1 must be >= 0"));
+  // The deprecated position-embedding spellings hold only beside rope, which they do not set.
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--use-rotary-position-embeddings"})),
+                       "--use-rotary-position-embeddings is Megatron's deprecated spelling of "
+                       "--position-embedding-type rope: add --position-embedding-type rope"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--no-position-embedding"})),
+                       "--no-position-embedding needs --position-embedding-type rope"));
+  EXPECT_TRUE(
+      contains(parse_error(with(minimal_argv(), {"--no-position-embedding", "--position-embedding-type", "none"})),
+               "--no-position-embedding needs --position-embedding-type rope"));
+  EXPECT_EQ(parse_error(with(minimal_argv(), {"--use-rotary-position-embeddings", "--no-position-embedding",
+                                              "--position-embedding-type", "rope"})),
+            "");
 }

@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 #include <string_view>
+#include <variant>
 
 #include "megatron/core/error.h"
 #include "megatron/core/strings.h"
@@ -32,6 +33,8 @@ using Flag = flags::Flag<TrainingArgs>;
 // from it: checkpoint_model_layer).
 constexpr const char* kModelSection = "model";
 constexpr const char* kMoESection = "mixture of experts";
+// Rows that set MegatronImplementationChoices: their help says why each changes nothing here.
+constexpr const char* kImplementationSection = "Megatron's implementation choices (accepted; no effect here)";
 
 std::vector<Flag> build_flag_table() {
   std::vector<std::string> presets;
@@ -46,6 +49,9 @@ std::vector<Flag> build_flag_table() {
   const char* data = "data";
   const char* checkpoint = "checkpointing";
   const char* logging = "logging and evaluation";
+  const char* impl = kImplementationSection;
+  const char* fused_attention = "Attention always runs fused kernels here: cuDNN's where they apply, ours elsewhere";
+  const char* fixed_fusions = "A kernel-fusion switch: the fusions here are fixed";
   return {
       {"--config", ConfigFile{}, "configuration",
        "YAML file of flag values (keys: flag names without the leading dashes, e.g. num_layers: 12); command-line "
@@ -441,6 +447,49 @@ std::vector<Flag> build_flag_table() {
        "How many slowest and fastest ranks the straggler report names"},
       {"--profile-ops-iteration", FIELD(profile_ops_iteration), logging,
        "Print how long each op family took in this iteration (GPU: device time); 0: never"},
+      {"--use-mcore-models", Switch{FIELD(implementation.use_mcore_models), true}, impl,
+       "Megatron-Core's models are the only ones here (Megatron ignores the flag too)"},
+      {"--transformer-impl",
+       FIELD(implementation.transformer_impl),
+       impl,
+       "One layer implementation here, whichever is named",
+       {"transformer_engine", "local"}},
+      {"--use-flash-attn", Switch{FIELD(implementation.use_flash_attn), true}, impl, fused_attention},
+      {"--attention-backend",
+       FIELD(implementation.attention_backend),
+       impl,
+       fused_attention,
+       {"auto", "flash", "fused", "unfused", "local"}},
+      {"--no-masked-softmax-fusion", Switch{FIELD(implementation.masked_softmax_fusion), false}, impl, fixed_fusions},
+      {"--no-bias-gelu-fusion", Switch{FIELD(implementation.bias_gelu_fusion), false}, impl, fixed_fusions},
+      {"--no-bias-swiglu-fusion", Switch{FIELD(implementation.bias_swiglu_fusion), false}, impl, fixed_fusions},
+      {"--no-bias-dropout-fusion", Switch{FIELD(implementation.bias_dropout_fusion), false}, impl, fixed_fusions},
+      {"--no-rope-fusion", Switch{FIELD(implementation.apply_rope_fusion), false}, impl, fixed_fusions},
+      {"--no-persist-layer-norm", Switch{FIELD(implementation.no_persist_layer_norm), true}, impl, fixed_fusions},
+      {"--no-gradient-accumulation-fusion", Switch{FIELD(implementation.gradient_accumulation_fusion), false}, impl,
+       "Weight gradients always accumulate into the fp32 main gradients inside the GEMM here (the fused path)"},
+      {"--attention-softmax-in-fp32", Switch{FIELD(implementation.attention_softmax_in_fp32), true}, impl,
+       "The attention softmax always runs in fp32 here"},
+      {"--distributed-backend",
+       FIELD(implementation.distributed_backend),
+       impl,
+       "GPU ranks always communicate through NCCL, CPU ranks through MPI",
+       {"nccl", "gloo"}},
+      {"--manual-gc", Switch{FIELD(implementation.manual_gc), true}, impl,
+       "Python's garbage collector: there is none here"},
+      {"--manual-gc-interval", FIELD(implementation.manual_gc_interval), impl,
+       "Python's garbage collector: there is none here"},
+      {"--empty-unused-memory-level", FIELD(implementation.empty_unused_memory_level), impl,
+       "PyTorch's cache emptying (0, 1 or 2): the caching allocator here keeps its memory for the next step"},
+      {"--use-cpu-initialization", Switch{FIELD(implementation.use_cpu_initialization), true}, impl,
+       "Weights are always drawn on the host here, by a counter-based generator: the same values on every device "
+       "and parallel layout"},
+      {"--use-rotary-position-embeddings", Switch{FIELD(implementation.use_rotary_position_embeddings), true}, impl,
+       "Megatron's deprecated spelling of --position-embedding-type rope: accepted beside that flag, which it "
+       "needs here"},
+      {"--no-position-embedding", Switch{FIELD(implementation.add_position_embedding), false}, impl,
+       "Megatron's deprecated switch: accepted with --position-embedding-type rope (no learned position table), "
+       "which it needs here as in Megatron"},
   };
 }
 
@@ -852,6 +901,28 @@ void check_mixed_precision(const TrainingArgs& a, std::vector<std::string>& erro
     errors.push_back(concat("--hysteresis ", o.hysteresis, " must be >= 1 overflow: e.g. 2 (the default)"));
 }
 
+// Megatron's implementation choices change nothing here, but their values follow Megatron's rules.
+void check_implementation_choices(const TrainingArgs& a, std::vector<std::string>& errors) {
+  const MegatronImplementationChoices& c = a.implementation;
+  if (c.empty_unused_memory_level < 0 || c.empty_unused_memory_level > 2)
+    errors.push_back(concat("--empty-unused-memory-level ", c.empty_unused_memory_level,
+                            " must be 0, 1 or 2 (as in Megatron; it has no effect here)"));
+  if (c.manual_gc_interval < 0)
+    errors.push_back(
+        concat("--manual-gc-interval ", c.manual_gc_interval, " must be >= 0 (as in Megatron; it has no effect here)"));
+  const bool rope = a.model.position_embedding_type == PositionEmbeddingType::rope;
+  // Megatron turns --use-rotary-position-embeddings into rope; flags here are never rewritten
+  // from one another, so the flag that chooses must be given.
+  if (c.use_rotary_position_embeddings && !rope)
+    errors.push_back(
+        "--use-rotary-position-embeddings is Megatron's deprecated spelling of --position-embedding-type rope: add "
+        "--position-embedding-type rope (or replace it with that)");
+  if (!c.add_position_embedding && !rope)
+    errors.push_back(
+        "--no-position-embedding needs --position-embedding-type rope (Megatron refuses it otherwise too): add that "
+        "for rotary embeddings, or write --position-embedding-type none for no position encoding");
+}
+
 void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
   if (!a.save.empty() && a.save_interval <= 0) {
     errors.push_back(concat("--save ", a.save, " needs --save-interval N (got ", a.save_interval,
@@ -1026,6 +1097,7 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   check_data_parallel(args, errors);
   check_mixed_precision(args, errors);
   check_run(args, errors);
+  check_implementation_choices(args, errors);
   return errors;
 }
 
@@ -1080,6 +1152,23 @@ TrainingArgs parse_training_args_from_flags(const std::vector<std::pair<std::str
 }
 
 std::string training_args_help() { return flag_table().help(); }
+
+std::vector<std::string> flags_without_effect(const TrainingArgs& args) {
+  const auto given = flag_table().to_flags(args), defaults = flag_table().to_flags(TrainingArgs{});
+  const auto value_of = [](const std::vector<std::pair<std::string, std::string>>& pairs, const std::string& name) {
+    return std::find_if(pairs.begin(), pairs.end(), [&](const auto& pair) { return pair.first == name; })->second;
+  };
+  std::vector<std::string> lines;
+  for (const Flag& flag : build_flag_table()) {
+    if (flag.section != kImplementationSection) continue;
+    const std::string value = value_of(given, flag.name);
+    if (value == value_of(defaults, flag.name)) continue;
+    const bool takes_value = !std::holds_alternative<Switch>(flag.field);
+    lines.push_back(concat(flag.name, takes_value ? " " + value : std::string(),
+                           ": Megatron's implementation choice, no effect: ", flag.help));
+  }
+  return lines;
+}
 
 std::vector<std::pair<std::string, std::string>> training_args_to_flags(const TrainingArgs& args) {
   return flag_table().to_flags(args);

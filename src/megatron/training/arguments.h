@@ -36,6 +36,35 @@ struct DataArgs {
   }
 };
 
+// Megatron's flags that choose among its implementations (Transformer Engine or local layers,
+// attention backends, kernel fusions, the process-group backend, Python's garbage collector,
+// where weights are initialized). There is one implementation of each here, so a Megatron launch
+// script's choices are accepted and change nothing; the run's log names each one given
+// (flags_without_effect). Defaults are Megatron's.
+struct MegatronImplementationChoices {
+  bool use_mcore_models = false;
+  std::string transformer_impl = "transformer_engine";  // transformer_engine | local
+  bool use_flash_attn = false;
+  std::string attention_backend = "auto";  // auto | flash | fused | unfused | local
+  bool masked_softmax_fusion = true;       // --no-masked-softmax-fusion clears the fusion switches
+  bool bias_gelu_fusion = true;
+  bool bias_swiglu_fusion = true;
+  bool bias_dropout_fusion = true;
+  bool apply_rope_fusion = true;
+  bool no_persist_layer_norm = false;
+  bool gradient_accumulation_fusion = true;
+  bool attention_softmax_in_fp32 = false;
+  std::string distributed_backend = "nccl";  // nccl | gloo
+  bool manual_gc = false;
+  int64_t manual_gc_interval = 0;
+  int64_t empty_unused_memory_level = 0;  // 0 | 1 | 2
+  bool use_cpu_initialization = false;
+  // Megatron's deprecated spellings of the position embedding, accepted where they agree with
+  // --position-embedding-type (which they do not set: one flag is never rewritten from another).
+  bool use_rotary_position_embeddings = false;
+  bool add_position_embedding = true;  // --no-position-embedding clears it
+};
+
 struct TrainingArgs {
   TransformerConfig model;
   ParallelArgs parallel;
@@ -56,6 +85,7 @@ struct TrainingArgs {
   int64_t data_parallel_size = 1;  // derived: world_size / (TP * CP * PP)
   int64_t seed = 1234;
   std::string device = "auto";  // auto | cpu | cuda
+  MegatronImplementationChoices implementation;
 
   // Data parallelism (reference/megatron-compat.md §9).
   bool use_distributed_optimizer = false;   // shard master weights and Adam state over DP
@@ -173,6 +203,10 @@ std::vector<std::pair<std::string, std::string>> tokenizer_flags(const datasets:
 
 // Help text generated from the flag table.
 std::string training_args_help();
+
+// One line for each of Megatron's implementation choices given a value other than its default:
+// the flag as given and why it changes nothing here (its help text).
+std::vector<std::string> flags_without_effect(const TrainingArgs& args);
 
 // The arguments as JSON-ready key/value text (for checkpoints and logs): flag name -> value,
 // one pair per table row except --config (its contents are already merged in).

@@ -753,6 +753,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
       pipeline_parallel::pipeline_split(args.parallel, args.model.num_layers);
   ModelChunks model(args.model, ctx, device, split);
   model.parameters().initialize(uint64_t(args.seed));
+  for (const std::string& line : flags_without_effect(args)) LOG_INFO("> " << line);
   log_model(args.model);
   DistributedDataParallel ddp(model.parameters(), ctx, ddp_config(args, model));
   const std::unique_ptr<Optimizer> optimizer = make_optimizer(args, model, ddp, ctx);
