@@ -206,9 +206,17 @@ TEST(ParseArgs, YamlProblems) {
 TEST(ParseArgs, FlagProblems) {
   EXPECT_TRUE(contains(parse_error(with(without("--hidden-size"), {"--hiden-size", "64"})),
                        "--hiden-size: unknown flag; did you mean --hidden-size?"));
-  // Megatron's legacy (non-Core) models are not built: the flag choosing them is unknown.
-  const std::string unsupported = parse_error(with(minimal_argv(), {"--use-legacy-models"}));
-  EXPECT_TRUE(contains(unsupported, "--use-legacy-models: unknown flag"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--use-mcore-modles"})),
+                       "--use-mcore-modles: unknown flag; did you mean --use-mcore-models?"));
+  // Megatron's flags for what is not built say so, with what to do instead, values and all.
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--ckpt-format", "torch_dist"})),
+                       "--ckpt-format: Megatron's flag, not built here: checkpoints here are per-rank safetensors"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--use-custom-fsdp"})),
+                       "--use-custom-fsdp: Megatron's flag, not built here: Megatron FSDP is --use-megatron-fsdp"));
+  YamlFile yaml("wandb_project: runs\n");
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--config", yaml.path()})),
+                       ": wandb_project: Megatron's flag, not built here: Weights & Biases logging: use "
+                       "--tensorboard-dir"));
   EXPECT_TRUE(contains(parse_error(with(without("--hidden-size"), {"--hidden-size", "abc"})),
                        "--hidden-size 'abc': expected an integer"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--init-method-std", "x1"})),
@@ -823,6 +831,7 @@ TEST(MegatronImplementationChoices, ALaunchScriptsChoicesParseAndChangeNothingEl
                         "--empty-unused-memory-level",
                         "1",
                         "--use-cpu-initialization",
+                        "--use-checkpoint-args",
                         "--use-rotary-position-embeddings",
                         "--no-position-embedding"};
   const TrainingArgs plain = parse_training_args(llama);
@@ -833,11 +842,11 @@ TEST(MegatronImplementationChoices, ALaunchScriptsChoicesParseAndChangeNothingEl
 
   // One log line for each choice given, in the table's order, each naming its flag (and value).
   const std::vector<std::string> lines = flags_without_effect(given);
-  ASSERT_EQ(lines.size(), 19u);  // every flag of `choices`
+  ASSERT_EQ(lines.size(), 20u);  // every flag of `choices`
   EXPECT_TRUE(contains(lines[0], "--use-mcore-models: Megatron's implementation choice, no effect: "));
   EXPECT_TRUE(contains(lines[1], "--transformer-impl local: "));
   EXPECT_TRUE(contains(lines[16], "--use-cpu-initialization: "));
-  EXPECT_TRUE(contains(lines[18], "--no-position-embedding: "));
+  EXPECT_TRUE(contains(lines[19], "--no-position-embedding: "));
   EXPECT_TRUE(flags_without_effect(plain).empty());
   // A choice given at Megatron's default is not named.
   EXPECT_TRUE(

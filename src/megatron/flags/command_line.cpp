@@ -64,6 +64,8 @@ std::string flag_name_for_key(const std::string& key) {
 }
 
 std::string unknown_flag(const CommandSyntax& syntax, const std::string& where, const std::string& name, bool yaml) {
+  for (const NotBuilt& megatron_flag : syntax.not_built)
+    if (megatron_flag.name == name) return concat(where, ": Megatron's flag, not built here: ", megatron_flag.instead);
   const FlagSyntax* close = closest_flag(syntax, name);
   const char* what = yaml ? "key" : "flag";
   if (close == nullptr) {

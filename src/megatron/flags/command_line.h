@@ -27,10 +27,18 @@ struct FlagSyntax {
   Arity arity;
 };
 
+// A flag of Megatron's that a subcommand knows it does not build, and what to do instead: named
+// so in the error rather than as an unknown flag.
+struct NotBuilt {
+  std::string name;  // "--ckpt-format"
+  std::string instead;
+};
+
 // Everything the reader needs to know of a subcommand's flags.
 struct CommandSyntax {
   std::string command;  // "megatron train", as messages name it
   std::vector<FlagSyntax> flags;
+  std::vector<NotBuilt> not_built;
 };
 
 // One flag's value from one source, before it is written into the options.

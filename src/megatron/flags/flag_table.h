@@ -106,7 +106,9 @@ class FlagTable {
   using Validate = std::vector<std::string> (*)(const Options&);
 
   // `command` names the subcommand in messages ("megatron train"); `intro` opens --help.
-  FlagTable(std::string command, std::string intro, std::vector<Flag<Options>> flags, Validate validate = nullptr);
+  // `not_built`: Megatron's flags the subcommand knows it lacks, each with what to do instead.
+  FlagTable(std::string command, std::string intro, std::vector<Flag<Options>> flags, Validate validate = nullptr,
+            std::vector<NotBuilt> not_built = {});
 
   const CommandSyntax& syntax() const { return syntax_; }
   // The row of a flag of this table; throws for any other name.
@@ -260,8 +262,11 @@ struct Reader {
 
 template <class Options>
 FlagTable<Options>::FlagTable(std::string command, std::string intro, std::vector<Flag<Options>> flags,
-                              Validate validate)
-    : intro_(std::move(intro)), flags_(std::move(flags)), validate_(validate), syntax_{std::move(command), {}} {
+                              Validate validate, std::vector<NotBuilt> not_built)
+    : intro_(std::move(intro)),
+      flags_(std::move(flags)),
+      validate_(validate),
+      syntax_{std::move(command), {}, std::move(not_built)} {
   for (const Flag<Options>& flag : flags_)
     syntax_.flags.push_back({flag.name, std::visit(detail::ArityOf<Options>{}, flag.field)});
 }

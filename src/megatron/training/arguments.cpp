@@ -484,6 +484,8 @@ std::vector<Flag> build_flag_table() {
       {"--use-cpu-initialization", Switch{FIELD(implementation.use_cpu_initialization), true}, impl,
        "Weights are always drawn on the host here, by a counter-based generator: the same values on every device "
        "and parallel layout"},
+      {"--use-checkpoint-args", Switch{FIELD(implementation.use_checkpoint_args), true}, impl,
+       "Always on here: a run that loads a checkpoint takes its model flags from it"},
       {"--use-rotary-position-embeddings", Switch{FIELD(implementation.use_rotary_position_embeddings), true}, impl,
        "Megatron's deprecated spelling of --position-embedding-type rope: accepted beside that flag, which it "
        "needs here"},
@@ -500,8 +502,36 @@ const char* const kTrainIntro =
     "Flags keep Megatron-LM's names. Values are taken, each overriding the one before, from the defaults,\n"
     "--model-preset, the --config YAML file and the command line. Unset derived values are computed.\n";
 
+// Megatron's flags for what is not built here, each with what to do instead (flags::NotBuilt).
+std::vector<flags::NotBuilt> megatron_flags_not_built() {
+  const std::string fsdp = "Megatron FSDP is --use-megatron-fsdp with --data-parallel-sharding-strategy: write that";
+  const std::string wandb =
+      "Weights & Biases logging: use --tensorboard-dir (TensorBoard event files) or --metrics-file (JSONL)";
+  return {
+      {"--use-legacy-models", "Megatron-Core's GPT model is the only model here; drop the flag"},
+      {"--ckpt-format",
+       "checkpoints here are per-rank safetensors shards with a metadata.json, loadable at any parallel layout "
+       "(as torch_dist); Megatron's torch, torch_dist and torch_dcp files are neither written nor read. Drop the "
+       "flag (megatron export-hf writes a Hugging Face model)"},
+      {"--qk-layernorm", "no norm on queries and keys: models that need one cannot be trained here yet"},
+      {"--apply-layernorm-1p", "norm weights are used as stored, not as 1 + w: drop the flag"},
+      {"--calculate-per-token-loss",
+       "each micro-batch's loss is its mean over its loss tokens, as Megatron's without the flag: drop it"},
+      {"--deterministic-mode", "GPU runs are not guaranteed bitwise reproducible here (CPU runs are): drop the flag"},
+      {"--log-params-norm", "drop the flag (the log line carries the gradient norm)"},
+      {"--log-num-zeros-in-grad", "drop the flag (the log line carries the gradient norm)"},
+      {"--distribute-saved-activations", "drop the flag; --sequence-parallel splits activations over the TP ranks"},
+      {"--use-custom-fsdp", fsdp},
+      {"--use-torch-fsdp2", fsdp},
+      {"--wandb-project", wandb},
+      {"--wandb-exp-name", wandb},
+      {"--wandb-save-dir", wandb},
+  };
+}
+
 const flags::FlagTable<TrainingArgs>& flag_table() {
-  static const flags::FlagTable<TrainingArgs> table("megatron train", kTrainIntro, build_flag_table());
+  static const flags::FlagTable<TrainingArgs> table("megatron train", kTrainIntro, build_flag_table(), nullptr,
+                                                    megatron_flags_not_built());
   return table;
 }
 

@@ -38,9 +38,9 @@ struct DataArgs {
 
 // Megatron's flags that choose among its implementations (Transformer Engine or local layers,
 // attention backends, kernel fusions, the process-group backend, Python's garbage collector,
-// where weights are initialized). There is one implementation of each here, so a Megatron launch
-// script's choices are accepted and change nothing; the run's log names each one given
-// (flags_without_effect). Defaults are Megatron's.
+// where weights are initialized), and --use-checkpoint-args, always on here. There is one
+// implementation of each here, so a Megatron launch script's choices are accepted and change
+// nothing; the run's log names each one given (flags_without_effect). Defaults are Megatron's.
 struct MegatronImplementationChoices {
   bool use_mcore_models = false;
   std::string transformer_impl = "transformer_engine";  // transformer_engine | local
@@ -59,6 +59,7 @@ struct MegatronImplementationChoices {
   int64_t manual_gc_interval = 0;
   int64_t empty_unused_memory_level = 0;  // 0 | 1 | 2
   bool use_cpu_initialization = false;
+  bool use_checkpoint_args = false;
   // Megatron's deprecated spellings of the position embedding, accepted where they agree with
   // --position-embedding-type (which they do not set: one flag is never rewritten from another).
   bool use_rotary_position_embeddings = false;
