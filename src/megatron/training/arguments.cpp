@@ -470,6 +470,23 @@ std::vector<Flag> build_flag_table() {
        "Weight gradients always accumulate into the fp32 main gradients inside the GEMM here (the fused path)"},
       {"--attention-softmax-in-fp32", Switch{FIELD(implementation.attention_softmax_in_fp32), true}, impl,
        "The attention softmax always runs in fp32 here"},
+      {"--cross-entropy-loss-fusion", Switch{FIELD(implementation.cross_entropy_loss_fusion), true}, impl,
+       fixed_fusions},
+      {"--cross-entropy-fusion-impl",
+       FIELD(implementation.cross_entropy_fusion_impl),
+       impl,
+       fixed_fusions,
+       {"native", "te"}},
+      {"--moe-permute-fusion", Switch{FIELD(implementation.moe_permute_fusion), true}, impl, fixed_fusions},
+      {"--accumulate-allreduce-grads-in-fp32", Switch{FIELD(implementation.accumulate_allreduce_grads_in_fp32), true},
+       impl, "Gradients always accumulate and reduce in fp32 here"},
+      {"--no-mmap-bin-files", Switch{FIELD(implementation.mmap_bin_files), false}, impl,
+       "The .bin files are always memory-mapped here: the same samples either way"},
+      {"--no-create-attention-mask-in-dataloader",
+       Switch{FIELD(implementation.create_attention_mask_in_dataloader), false}, impl,
+       "No attention mask tensor is built here: causal (and document) masking happens inside the attention kernels"},
+      {"--auto-detect-ckpt-format", Switch{FIELD(implementation.auto_detect_ckpt_format), true}, impl,
+       "There is one checkpoint format here"},
       {"--distributed-backend",
        FIELD(implementation.distributed_backend),
        impl,
@@ -940,6 +957,12 @@ void check_implementation_choices(const TrainingArgs& a, std::vector<std::string
   if (c.manual_gc_interval < 0)
     errors.push_back(
         concat("--manual-gc-interval ", c.manual_gc_interval, " must be >= 0 (as in Megatron; it has no effect here)"));
+  // Megatron's document masks (--reset-attention-mask) are built by its data loader, which the
+  // flag tells not to; here they are always applied.
+  if (!c.create_attention_mask_in_dataloader && a.data.reset_attention_mask)
+    errors.push_back(
+        "--no-create-attention-mask-in-dataloader with --reset-attention-mask: Megatron then builds no document "
+        "masks, while here --reset-attention-mask always masks documents: drop one of the two");
   const bool rope = a.model.position_embedding_type == PositionEmbeddingType::rope;
   // Megatron turns --use-rotary-position-embeddings into rope; flags here are never rewritten
   // from one another, so the flag that chooses must be given.

@@ -38,7 +38,8 @@ struct DataArgs {
 
 // Megatron's flags that choose among its implementations (Transformer Engine or local layers,
 // attention backends, kernel fusions, the process-group backend, Python's garbage collector,
-// where weights are initialized), and --use-checkpoint-args, always on here. There is one
+// where weights are initialized, how .bin files are read, the gradients' reduction dtype), and
+// --use-checkpoint-args and --auto-detect-ckpt-format, always on here. There is one
 // implementation of each here, so a Megatron launch script's choices are accepted and change
 // nothing; the run's log names each one given (flags_without_effect). Defaults are Megatron's.
 struct MegatronImplementationChoices {
@@ -54,6 +55,13 @@ struct MegatronImplementationChoices {
   bool no_persist_layer_norm = false;
   bool gradient_accumulation_fusion = true;
   bool attention_softmax_in_fp32 = false;
+  bool cross_entropy_loss_fusion = false;
+  std::string cross_entropy_fusion_impl = "native";  // native | te
+  bool moe_permute_fusion = false;
+  bool accumulate_allreduce_grads_in_fp32 = false;
+  bool mmap_bin_files = true;                       // --no-mmap-bin-files clears it
+  bool create_attention_mask_in_dataloader = true;  // --no-create-attention-mask-in-dataloader clears it
+  bool auto_detect_ckpt_format = false;
   std::string distributed_backend = "nccl";  // nccl | gloo
   bool manual_gc = false;
   int64_t manual_gc_interval = 0;
