@@ -116,7 +116,13 @@ TEST(PreprocessArgs, ErrorsNameTheFlag) {
     argv.insert(argv.end(), extra.begin(), extra.end());
     return error_of([&] { preprocess_flags().parse(argv); });
   };
-  EXPECT_NE(with({"--split-sentences"}).find("--split-sentences: unknown flag"), std::string::npos);
+  // tools/preprocess_data.py's flags for what is not built say so, with what to do instead.
+  EXPECT_NE(with({"--split-sentences"})
+                .find("--split-sentences: Megatron's flag, not built here: sentence splitting (NLTK) is not built"),
+            std::string::npos);
+  EXPECT_NE(
+      with({"--partitions", "8"}).find("--partitions: Megatron's flag, not built here: the input is read in order"),
+      std::string::npos);
   EXPECT_NE(with({"--workers"}).find("--workers needs a value"), std::string::npos);
   EXPECT_NE(with({"--workers", "two"}).find("--workers 'two': expected an integer"), std::string::npos);
   EXPECT_NE(with({"--workers", "0"}).find("--workers must be in [1, 1024]"), std::string::npos);

@@ -81,12 +81,27 @@ std::vector<std::string> validate(const PreprocessOptions& o) {
   return errors;
 }
 
+// tools/preprocess_data.py's flags for what is not built here, with what to do instead.
+std::vector<flags::NotBuilt> preprocess_flags_not_built() {
+  const std::string sentences = "sentence splitting (NLTK) is not built: each JSON value is tokenized whole";
+  return {
+      {"--split-sentences", sentences},
+      {"--keep-newlines", sentences},
+      {"--lang", sentences},
+      {"--partitions",
+       "the input is read in order and tokenized by --workers threads, in the order of Megatron's single "
+       "partition: drop the flag and raise --workers"},
+      {"--keep-sequential-samples", "the output always keeps the input's order here: drop the flag"},
+      {"--log-interval", "progress is printed as the run goes: drop the flag"},
+  };
+}
+
 const flags::FlagTable<PreprocessOptions>& preprocess_flags() {
   static const flags::FlagTable<PreprocessOptions> table(
       "megatron preprocess-data",
       "usage: megatron preprocess-data --input FILE.jsonl --output-prefix P --tokenizer-type T [flags]\n\n"
       "Tokenizes the JSON lines into Megatron's .bin/.idx files, one dataset per --json-keys key.\n",
-      preprocess_flag_rows(), validate);
+      preprocess_flag_rows(), validate, preprocess_flags_not_built());
   return table;
 }
 
