@@ -868,6 +868,14 @@ TEST(MegatronImplementationChoices, ALaunchScriptsChoicesParseAndChangeNothingEl
   EXPECT_EQ(training_args_to_flags(given), training_args_to_flags(plain));
 }
 
+TEST(ParseArgs, DataloaderTypeSingleOnly) {
+  EXPECT_EQ(parse_training_args(with(minimal_argv(), {"--dataloader-type", "single"})).data.dataloader_type, "single");
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--dataloader-type", "cyclic"})),
+                       "--dataloader-type cyclic is not built here: the loader is Megatron's single sampler"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--dataloader-type", "random"})),
+                       "--dataloader-type 'random': expected one of single, cyclic, external"));
+}
+
 TEST(MegatronImplementationChoices, ValuesFollowMegatronsRules) {
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--transformer-impl", "inference_optimized"})),
                        "--transformer-impl 'inference_optimized': expected one of transformer_engine, local"));

@@ -363,6 +363,12 @@ std::vector<Flag> build_flag_table() {
       {"--data-cache-path", FIELD(data.data_cache_path), data,
        "Where the dataset index cache lives; default: <first prefix's dir>/cache/GPTDataset_indices"},
       {"--num-workers", FIELD(data.num_workers), data, "Loader prefetch: 2 x this many batches ahead; 0: none"},
+      {"--dataloader-type",
+       FIELD(data.dataloader_type),
+       data,
+       "Megatron's sampler: single (each global batch the next samples of the dataset's order; the only one "
+       "built here)",
+       {"single", "cyclic", "external"}},
       {"--mid-level-dataset-surplus", FIELD(data.mid_level_dataset_surplus), data,
        "Extra samples each blended dataset builds, as a fraction"},
       {"--mock-data", Switch{FIELD(data.mock_data), true}, data, "Megatron's synthetic dataset instead of files"},
@@ -791,6 +797,11 @@ void check_optimizer(const OptimizerArgs& o, std::vector<std::string>& errors) {
 
 void check_data(const TrainingArgs& a, std::vector<std::string>& errors) {
   const DataArgs& d = a.data;
+  if (d.dataloader_type != "single")
+    errors.push_back(concat("--dataloader-type ", d.dataloader_type,
+                            " is not built here: the loader is Megatron's single sampler (each global batch the "
+                            "next samples of the dataset's order, resumed at the consumed samples); give single or "
+                            "drop the flag"));
   const bool has_path = !d.data_path.empty();
   const bool per_split = d.has_per_split_paths();
   if (d.mock_data && (has_path || per_split)) {

@@ -29,6 +29,7 @@ struct DataArgs {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   int64_t num_workers = 2;  // loader: batches prefetched = 2 * num_workers (0: none)
+  std::string dataloader_type = "single";  // Megatron's samplers: single (built), cyclic, external
   double mid_level_dataset_surplus = 0.005;
 
   bool has_per_split_paths() const {
