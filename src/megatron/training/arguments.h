@@ -48,7 +48,7 @@ struct MegatronImplementationChoices {
   std::string transformer_impl = "transformer_engine";  // transformer_engine | local
   bool use_flash_attn = false;
   std::string attention_backend = "auto";  // auto | flash | fused | unfused | local
-  bool masked_softmax_fusion = true;       // --no-masked-softmax-fusion clears the fusion switches
+  bool masked_softmax_fusion = true;       // each --no-*-fusion switch clears its own field
   bool bias_gelu_fusion = true;
   bool bias_swiglu_fusion = true;
   bool bias_dropout_fusion = true;
