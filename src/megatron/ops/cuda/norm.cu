@@ -110,27 +110,32 @@ __global__ void norm_forward_kernel(T* y, float* mean, float* rstd, const T* x, 
 // dh into L1 and the second the team's next row's x and dy (packed path only: a scalar thread
 // would prefetch the same line many times).
 
+// Each team size is its own instantiation, so each gets the registers that suit it. Block teams:
+// two blocks of up to 512 threads a multiprocessor cap them at 64 registers a thread, spilling
+// none; left free they took 98 (bf16 packs), halving the warps resident (H100: add_norm_backward
+// 4.09 -> 4.84 ms a llama-1b step). Warp teams (8 a block): their pack loops unrolled 4x keep
+// several packs' loads in flight a lane, worth more than the warps the registers cost (gpt2-124m
+// 2.14 against 2.50 ms rolled).
 constexpr int kMaxBackwardThreads = 512;
-// Two such blocks a multiprocessor cap the kernel at 64 registers a thread, spilling none: left
-// free, the team code took 98 (bf16 packs; 118 with the pack loops unrolled), halving the warps
-// resident for the llamas' block teams (H100: add_norm_backward 4.09 -> 4.84 ms a llama-1b step).
 constexpr int kMinBackwardBlocksPerSM = 2;
 constexpr int kWarpTeamsPerBlock = 8;
+constexpr int kWarpTeamPackUnroll = 4;
 
 template <int V, class T>
 __device__ __forceinline__ void prefetch_l1(const T* p) {
   if constexpr (V > 1) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
-template <class T, int V>
-__global__ void __launch_bounds__(kMaxBackwardThreads, kMinBackwardBlocksPerSM)
-    norm_backward_kernel(T* dx, float* part_w, float* part_b, bool sums_in_shared, bool warp_teams, const T* dy,
-                         const T* x, const T* w, const float* mean, const float* rstd, int64_t N, int C, const T* dh,
-                         int64_t rows_per_chunk) {
+template <class T, int V, bool kWarpTeams>
+__global__ void __launch_bounds__(kWarpTeams ? kWarpTeamsPerBlock * 32 : kMaxBackwardThreads,
+                                  kWarpTeams ? 1 : kMinBackwardBlocksPerSM)
+    norm_backward_kernel(T* dx, float* part_w, float* part_b, bool sums_in_shared, const T* dy, const T* x, const T* w,
+                         const float* mean, const float* rstd, int64_t N, int C, const T* dh, int64_t rows_per_chunk) {
+  constexpr int kPackUnroll = kWarpTeams ? kWarpTeamPackUnroll : 1;
   extern __shared__ float slices[];    // per team: dw sums [V][packs], then db sums when part_b is given
   __shared__ float2 warp_sums[2][32];  // a block team's per-warp (sum g, sum g xhat); two so rows alternate
   const int packs = C / V, tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int team_size = warp_teams ? 32 : int(blockDim.x), teams = int(blockDim.x) / team_size;
+  const int team_size = kWarpTeams ? 32 : int(blockDim.x), teams = int(blockDim.x) / team_size;
   const int team = tid / team_size, t = tid % team_size, warps_per_team = team_size / 32;
   const bool rms = mean == nullptr, with_bias = part_b != nullptr;
   const int64_t chunk = blockIdx.x, slice = int64_t(C) * (with_bias ? 2 : 1);
@@ -151,6 +156,7 @@ __global__ void __launch_bounds__(kMaxBackwardThreads, kMinBackwardBlocksPerSM)
     const T* dyr = dy + row * C;
     const T* dhr = dh != nullptr ? dh + row * C : nullptr;
     float g_sum = 0.0f, gx_sum = 0.0f;
+#pragma unroll kPackUnroll
     for (int p = t; p < packs; p += team_size) {
       const int c = p * V;
       float xv[V], dv[V], wv[V];
@@ -168,7 +174,7 @@ __global__ void __launch_bounds__(kMaxBackwardThreads, kMinBackwardBlocksPerSM)
     // Every lane gets its warp's totals: the butterfly adds the same pairs in each lane.
     g_sum = warp_reduce(g_sum, SumOp{});
     gx_sum = warp_reduce(gx_sum, SumOp{});
-    if (!warp_teams) {
+    if constexpr (!kWarpTeams) {
       // Then the warps' in a fixed order by every thread. A warp reaching the next row's write of
       // the other buffer has passed this row's barrier, and a third row's write (this buffer
       // again) waits on the next row's barrier, which every thread reaches after reading.
@@ -184,6 +190,7 @@ __global__ void __launch_bounds__(kMaxBackwardThreads, kMinBackwardBlocksPerSM)
     const float g_mean = rms ? 0.0f : g_sum / float(C), gx_mean = gx_sum / float(C);
     T* dxr = dx + row * C;
     const bool next_row = row + teams < end;
+#pragma unroll kPackUnroll
     for (int p = t; p < packs; p += team_size) {
       const int c = p * V;
       float xv[V], dv[V], wv[V], skip[V] = {};
@@ -339,16 +346,18 @@ int device_attribute(cudaDeviceAttr attribute) {
   return value;
 }
 
-// Dynamic shared memory a block of norm_backward_kernel<T, V> may use: the device's opt-in limit
-// less the kernel's static shared memory, raised to once per kernel (one process drives one GPU).
-template <class T, int V>
+// Dynamic shared memory a block of norm_backward_kernel<T, V, W> may use: the device's opt-in
+// limit less the kernel's static shared memory, raised to once per kernel (one process drives one
+// GPU).
+template <class T, int V, bool W>
 int64_t backward_shared_limit() {
   static const int limit = [] {
     const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     cudaFuncAttributes attributes{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attributes, norm_backward_kernel<T, V>));
+    CUDA_CHECK(cudaFuncGetAttributes(&attributes, norm_backward_kernel<T, V, W>));
     const int dynamic = optin - int(attributes.sharedSizeBytes);
-    CUDA_CHECK(cudaFuncSetAttribute(norm_backward_kernel<T, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(norm_backward_kernel<T, V, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     return dynamic;
   }();
   return limit;
@@ -374,22 +383,22 @@ template <class T, int V>
 BackwardLayout backward_layout(int64_t N, int C, bool with_bias) {
   static const int multiprocessors = device_attribute(cudaDevAttrMultiProcessorCount);
   static const int shared_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
-  const int64_t shared_limit = backward_shared_limit<T, V>();  // also raises the kernel's limit to it
   BackwardLayout l;
   const int64_t slice_bytes = int64_t(C) * int64_t(sizeof(float)) * (with_bias ? 2 : 1);
   l.warp_teams = shared_per_sm / slice_bytes >= kMinWarpTeamsPerSM;
   if (l.warp_teams) {
     l.threads = kWarpTeamsPerBlock * 32;
-    l.shared_bytes = kWarpTeamsPerBlock * slice_bytes;
+    l.shared_bytes = kWarpTeamsPerBlock * slice_bytes;  // a quarter of an SM's at most: within the limit
+    backward_shared_limit<T, V, true>();                // which this raises above the default 48 KB
     int resident = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, norm_backward_kernel<T, V>, l.threads,
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, norm_backward_kernel<T, V, true>, l.threads,
                                                              size_t(l.shared_bytes)));
     const int64_t wave = multiprocessors * std::max(resident, 1);
     l.rows_per_chunk =
         ceil_div(std::max<int64_t>(ceil_div(N, wave), kWarpTeamsPerBlock), kWarpTeamsPerBlock) * kWarpTeamsPerBlock;
   } else {
     l.threads = int(std::clamp<int64_t>(ceil_div(C / V, 32) * 32, 32, kMaxBackwardThreads));
-    l.sums_in_shared = slice_bytes <= shared_limit;
+    l.sums_in_shared = slice_bytes <= backward_shared_limit<T, V, false>();  // also raises the limit to it
     l.shared_bytes = l.sums_in_shared ? slice_bytes : 0;
     l.rows_per_chunk = kBlockTeamRows;
   }
@@ -418,8 +427,9 @@ void launch_norm_backward(Tensor& dx, Tensor& dweight, Tensor& dbias, const Tens
       Tensor partials = Tensor::empty({with_bias ? 2 : 1, l.chunks, C}, DType::f32, x.device());
       float* part_w = partials.data<float>();
       float* part_b = with_bias ? part_w + l.chunks * C : nullptr;
-      norm_backward_kernel<T, V><<<unsigned(l.chunks), l.threads, size_t(l.shared_bytes), stream()>>>(
-          dxp, part_w, part_b, l.sums_in_shared, l.warp_teams, dyp, xp, wp, mp, sp, N, C, dhp, l.rows_per_chunk);
+      const auto kernel = l.warp_teams ? norm_backward_kernel<T, V, true> : norm_backward_kernel<T, V, false>;
+      kernel<<<unsigned(l.chunks), l.threads, size_t(l.shared_bytes), stream()>>>(
+          dxp, part_w, part_b, l.sums_in_shared, dyp, xp, wp, mp, sp, N, C, dhp, l.rows_per_chunk);
       CUDA_CHECK_LAUNCH();
       norm_param_reduce_kernel<<<unsigned(ceil_div(C, 32)), kReduceLanes * 32, 0, stream()>>>(
           dweight.data<float>(), data_or_null<float>(dbias), part_w, part_b, l.chunks, C, V);
