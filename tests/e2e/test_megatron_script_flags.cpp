@@ -1,8 +1,9 @@
 // A Megatron launch script's implementation choices (--use-flash-attn, --transformer-impl, the
 // fusion switches, ...) run through the `megatron train` command: the log names each one once,
-// and the run's losses are the plain run's, bit for bit.
+// and the run's losses are the plain run's, bit for bit. --deterministic-mode's environment too.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -44,15 +45,15 @@ TEST(MegatronScriptFlags, ImplementationChoicesAreNamedAndChangeNoLoss) {
   const megatron::testing::RunResult plain =
       run_megatron(std::string(kLlamaRun) + "--metrics-file " + (dir / "plain.jsonl"));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  const megatron::testing::RunResult scripted = run_megatron(
-      std::string(kLlamaRun) + "--metrics-file " + (dir / "scripted.jsonl") +
-      " --use-mcore-models --transformer-impl local --use-flash-attn --no-masked-softmax-fusion "
-      "--no-gradient-accumulation-fusion --attention-softmax-in-fp32 --no-position-embedding");
+  const megatron::testing::RunResult scripted =
+      run_megatron(std::string(kLlamaRun) + "--metrics-file " + (dir / "scripted.jsonl") +
+                   " --use-mcore-models --transformer-impl local --use-flash-attn --no-masked-softmax-fusion "
+                   "--no-gradient-accumulation-fusion --attention-softmax-in-fp32 --no-position-embedding");
   ASSERT_EQ(scripted.exit_code, 0) << scripted.output;
 
-  for (const char* flag : {"--use-mcore-models:", "--transformer-impl local:", "--use-flash-attn:",
-                           "--no-masked-softmax-fusion:", "--no-gradient-accumulation-fusion:",
-                           "--attention-softmax-in-fp32:", "--no-position-embedding:"})
+  for (const char* flag :
+       {"--use-mcore-models:", "--transformer-impl local:", "--use-flash-attn:", "--no-masked-softmax-fusion:",
+        "--no-gradient-accumulation-fusion:", "--attention-softmax-in-fp32:", "--no-position-embedding:"})
     EXPECT_EQ(count(scripted.output, std::string("> ") + flag + " Megatron's implementation choice, no effect: "), 1)
         << flag << "\n"
         << scripted.output;
@@ -61,4 +62,38 @@ TEST(MegatronScriptFlags, ImplementationChoicesAreNamedAndChangeNoLoss) {
   const std::vector<double> expected = losses(dir / "plain.jsonl");
   ASSERT_EQ(expected.size(), 3u);
   EXPECT_EQ(losses(dir / "scripted.jsonl"), expected);
+}
+
+// --deterministic-mode through the command: the program sets NCCL_ALGO=Ring (the log says so), the
+// CPU run's losses are the plain run's bit for bit (the CPU ops always sum in a fixed order), and a
+// launcher's NCCL_ALGO=Tree stops the run before it starts, naming the variable and the fix.
+TEST(MegatronScriptFlags, DeterministicModeSetsRingAndRefusesTree) {
+  const TempDir dir;
+  const char* saved = std::getenv("NCCL_ALGO");
+  const std::string restore = saved ? saved : "";
+  unsetenv("NCCL_ALGO");
+  const megatron::testing::RunResult plain =
+      run_megatron(std::string(kLlamaRun) + "--metrics-file " + (dir / "plain.jsonl"));
+  const megatron::testing::RunResult deterministic = run_megatron(
+      std::string(kLlamaRun) + "--metrics-file " + (dir / "deterministic.jsonl") + " --deterministic-mode");
+  setenv("NCCL_ALGO", "Tree", 1);
+  const megatron::testing::RunResult tree = run_megatron(std::string(kLlamaRun) + "--deterministic-mode");
+  if (saved) {
+    setenv("NCCL_ALGO", restore.c_str(), 1);
+  } else {
+    unsetenv("NCCL_ALGO");
+  }
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(deterministic.exit_code, 0) << deterministic.output;
+  EXPECT_EQ(count(deterministic.output,
+                  "> deterministic mode: the embedding and attention backwards sum in a fixed "
+                  "order, NCCL_ALGO=Ring"),
+            1)
+      << deterministic.output;
+  const std::vector<double> expected = losses(dir / "plain.jsonl");
+  ASSERT_EQ(expected.size(), 3u);
+  EXPECT_EQ(losses(dir / "deterministic.jsonl"), expected);
+  EXPECT_NE(tree.exit_code, 0) << tree.output;
+  EXPECT_EQ(count(tree.output, "NCCL_ALGO=Tree beside --deterministic-mode"), 1) << tree.output;
+  EXPECT_EQ(count(tree.output, "building GPT model"), 0) << "the run started: " << tree.output;
 }

@@ -187,6 +187,8 @@ struct Case {
   // segment-id path on the same documents, of the lengths `packing` draws.
   bool packed = false;
   enum class Packing { mixed, uniform, long_tailed } packing = Packing::mixed;
+  // AttentionParams::deterministic: the backward then runs twice more and must repeat its bits.
+  bool deterministic = false;
 };
 
 // Segment ids (B,S) i32 of documents whose lengths `draw` gives (the last of a row cut short).
@@ -287,6 +289,14 @@ std::string case_name(const std::string& path, DType dt, const Dims& d, bool cau
          " dropout=" + std::to_string(dropout);
 }
 
+// The same bytes in two GPU tensors.
+::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  if (ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "the tensors differ; normwise " << normwise_error(ha, hb);
+}
+
 void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
   const Dims& d = c.d;
   AttentionParams p{causal, float(1.0 / std::sqrt(double(d.HS))), dropout, 77, stream_id("attention-test")};
@@ -298,6 +308,7 @@ void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
   p.window = c.window;
   if (c.key_segmented) p.key_segment_ids = hidden_keys(p.segment_ids, seed + 6);
   AttentionParams p_gpu = p;  // the same parameters with the segment ids on the GPU
+  p_gpu.deterministic = c.deterministic;
   if (c.segmented) p_gpu.segment_ids = p.segment_ids.to(gpu());
   if (c.key_segmented) p_gpu.key_segment_ids = p.key_segment_ids.to(gpu());
   if (c.packed) {  // the CPU oracle keeps the segment ids, the GPU gets the same documents packed
@@ -306,10 +317,10 @@ void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
     p_gpu.cu_seqlens = cu_seqlens.to(gpu());
     p_gpu.max_seqlen = ops::longest_document(cu_seqlens);  // as the model passes it
   }
-  const std::string what = case_name(path_name(c.path), c.dt, d, causal, dropout) + (c.segmented ? " segmented" : "") +
-                           " heads from " + std::to_string(c.head_offset) + " window " + std::to_string(c.window) +
-                           (c.key_segmented ? " key segments" : "") +
-                           (c.packed ? std::string(" packed ") + packing_name(c.packing) : "");
+  const std::string what =
+      case_name(path_name(c.path), c.dt, d, causal, dropout) + (c.segmented ? " segmented" : "") + " heads from " +
+      std::to_string(c.head_offset) + " window " + std::to_string(c.window) + (c.key_segmented ? " key segments" : "") +
+      (c.packed ? std::string(" packed ") + packing_name(c.packing) : "") + (c.deterministic ? " deterministic" : "");
   SCOPED_TRACE(what);
   const Pair q = random_pair(d.q_shape(), c.dt, seed, 1.0, c.misalign);
   const Pair k = random_pair(d.kv_shape(), c.dt, seed + 1, 1.0, c.misalign);
@@ -328,6 +339,14 @@ void check_case(const Case& c, bool causal, float dropout, uint64_t seed) {
   Pair dq = poisoned_pair(d.q_shape(), c.dt, c.misalign), dk = poisoned_pair(d.kv_shape(), c.dt, c.misalign);
   Pair dv = poisoned_pair(d.kv_shape(), c.dt, c.misalign);
   gpu_backward(c.path, dq.gpu, dk.gpu, dv.gpu, dout.gpu, q.gpu, k.gpu, v.gpu, out_in.gpu, lse_in.gpu, d, p_gpu);
+  for (int again = 0; c.deterministic && again < 2; ++again) {
+    Tensor dq2 = Tensor::empty(dq.gpu.shape(), c.dt, gpu()), dk2 = Tensor::empty(dk.gpu.shape(), c.dt, gpu());
+    Tensor dv2 = Tensor::empty(dv.gpu.shape(), c.dt, gpu());
+    gpu_backward(c.path, dq2, dk2, dv2, dout.gpu, q.gpu, k.gpu, v.gpu, out_in.gpu, lse_in.gpu, d, p_gpu);
+    EXPECT_TRUE(same_bits(dq2, dq.gpu)) << "dq, run " << again + 2;
+    EXPECT_TRUE(same_bits(dk2, dk.gpu)) << "dk, run " << again + 2;
+    EXPECT_TRUE(same_bits(dv2, dv.gpu)) << "dv, run " << again + 2;
+  }
   Tensor ref_dq = poisoned(d.q_shape(), DType::f64), ref_dk = poisoned(d.kv_shape(), DType::f64);
   Tensor ref_dv = poisoned(d.kv_shape(), DType::f64);
   const Tensor out64 = f64(gpu_out), lse64 = f64(gpu_lse);
@@ -395,14 +414,6 @@ void check_fused_case(const Dims& d, DType dt, bool causal, float dropout, uint6
   EXPECT_TRUE(close_to(lse, ref_lse, ones, ones, tol.F * kUnitRoundoffF32, DType::f32, what + " lse"));
   EXPECT_TRUE(close_to(out, ref_out, mag.out, mag.out_exposure, tol.out, dt, what + " out"));
   EXPECT_TRUE(close_to(dqkv, ref_dqkv, mag_dqkv, exposure_dqkv, tol.out, dt, what + " dqkv"));
-}
-
-// The same bytes in two GPU tensors.
-::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
-  if (ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0)
-    return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "the tensors differ; normwise " << normwise_error(ha, hb);
 }
 
 // ---- what one context-parallel rank computes over the ring (context_parallel/ring_attention.h) --
@@ -841,6 +852,28 @@ TEST_F(CudaAttention, FusedQkvMatchesCpuF64) {
       const int64_t ran = ops::cuda::cudnn_ragged_batch_supported() ? 1 : 0;
       EXPECT_EQ(ops::cuda::op_path_count(OpPath::attention_backward_cudnn_packed), before + ran) << d.str();
     }
+  }
+}
+
+// --deterministic-mode's backward: dq without float atomics, on cuDNN's dP-workspace graph (directly,
+// routed, packed documents) and on our generic kernels where the tensor-core ones would run
+// (Path::mma's inputs, with dropout and documents too). Long sequences, so dq sums many key
+// blocks, whose atomics would land in a varying order. Each case runs its backward three times
+// for the same bits, and within the file comment's tolerances of the CPU op in f64.
+TEST_F(CudaAttention, DeterministicBackwardRepeatsItsBitsAndMatchesCpuF64) {
+  using P = Case::Packing;
+  std::vector<Case> cases = {
+      {{1024, 2, 8, 2, 64}, DType::bf16, 0, Path::cudnn},     {{512, 2, 4, 4, 128}, DType::bf16, 0, Path::cudnn},
+      {{700, 2, 8, 2, 64}, DType::f16, 0, Path::routed},      {{512, 2, 4, 2, 64}, DType::bf16, 0, Path::mma},
+      {{300, 2, 4, 2, 128}, DType::bf16, 0, Path::mma, true},
+  };
+  if (ops::cuda::cudnn_ragged_batch_supported())
+    cases.push_back({{600, 1, 8, 2, 64}, DType::bf16, 0, Path::cudnn, false, 0, -1, false, true, P::mixed});
+  uint64_t seed = 9000;
+  for (Case c : cases) {
+    c.deterministic = true;
+    for (bool causal : {true, false}) check_case(c, causal, 0.0f, seed += 10);
+    if (c.path == Path::mma) check_case(c, true, 0.2f, seed += 10);
   }
 }
 

@@ -1,5 +1,6 @@
 // Embedding lookup on CUDA against the CPU op.
 //   forward: a copy (or one float addition, rounded once) per element: bitwise equal.
+//   backward (deterministic): each id's rows added in token order, as the CPU op: bitwise equal.
 //   backward: float atomics add a row's contributions in any order. A row receiving r additions
 //   onto its start value has error <= gamma_r (|start| + sum |dout|) < (r + 1) u32 (...) for
 //   recursive summation in any order; checked elementwise against the CPU op in f64, the |.| sums
@@ -78,6 +79,29 @@ TEST_F(CudaEmbedding, BackwardAccumulatesIntoFp32Rows) {
       ops::cuda::embedding_backward(dweight.gpu, dout.gpu, tokens.gpu, p);
       EXPECT_TRUE(within_bound(dweight, ref, bound))
           << dtype_name(dtype) << " B" << c.B << " S" << c.S << " C" << c.C << " V" << c.V << " most uses " << most;
+    }
+  }
+}
+
+// --deterministic-mode's backward adds each id's rows in token order, as the CPU op: the same f32
+// roundings, so the CPU op's bits. Heavily repeated ids (a few ids over thousands of tokens, the
+// order atomics would vary most), vocabulary masking, the scalar path (C = 13, a misaligned dout)
+// and 16-byte packs.
+TEST_F(CudaEmbedding, DeterministicBackwardEqualsTheCpuOpBitForBit) {
+  const Case cases[] = {{8, 512, 64, 5, 0}, {4, 1024, 768, 300, 100}, {3, 5, 13, 11, 4}, {16, 256, 96, 50, 10}};
+  uint64_t seed = 300;
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (const Case& c : cases) {
+      for (const int64_t misalign : {0, 1}) {
+        Pair tokens = pair_of(random_tokens(c.B, c.S, c.vocab_start + c.V + 3, seed++));
+        Pair dout = random_pair({c.S, c.B, c.C}, dtype, seed++, 1.0, misalign);
+        Pair dweight = random_pair({c.V, c.C}, DType::f32, seed++);
+        const ops::EmbeddingParams p{.vocab_start = c.vocab_start, .deterministic = true};
+        ops::cpu::embedding_backward(dweight.cpu, dout.cpu, tokens.cpu, p);
+        ops::cuda::embedding_backward(dweight.gpu, dout.gpu, tokens.gpu, p);
+        EXPECT_TRUE(equals_cpu(dweight)) << dtype_name(dtype) << " B" << c.B << " S" << c.S << " C" << c.C << " V"
+                                         << c.V << " start " << c.vocab_start << " misalign " << misalign;
+      }
     }
   }
 }

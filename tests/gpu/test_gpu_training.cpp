@@ -314,6 +314,24 @@ TEST_F(GpuTraining, RecomputeIsBitIdenticalToKeepingEverything) {
   expect_bit_identical(pretrain(parse_training_args(with(base, kLayernormRecompute))), kept, "layernorm recompute");
 }
 
+// --deterministic-mode on the GPT-2 style model (tied embeddings over 128 ids and 64 learned
+// positions: every id and position gathers several rows a micro-batch, in an order float atomics
+// would vary): the fixed-order embedding backward ran for both embeddings in every micro-batch and
+// every attention backward on cuDNN's graph without dq atomics; the curve follows the CPU's within
+// the bf16 tolerance, and the run repeated gives every loss and gradient norm bit for bit.
+TEST_F(GpuTraining, DeterministicModeRepeatsItsBitsAndMatchesTheCpu) {
+  const std::vector<std::string> run = with(run_of(kGpt2, "1e-3", kBf16), {"--deterministic-mode"});
+  const BothRuns r = train_on_both(run);
+  const std::string what = "GPT-2 style bf16, --deterministic-mode";
+  expect_same_curves(r, kBf16Tolerance, what);
+  expect_cudnn_attention(r.gpu_paths, what);
+  EXPECT_EQ(r.gpu_paths[OpPath::attention_backward_cudnn_deterministic], r.gpu_paths[OpPath::attention_backward_cudnn])
+      << what;
+  EXPECT_EQ(r.gpu_paths[OpPath::embedding_backward_in_token_order], 2 * 2 * kIterations) << what;
+  expect_bit_identical(pretrain(parse_training_args(with(run, {"--device", "cuda"}))), r.gpu,
+                       "the deterministic run again");
+}
+
 // FP8 (hybrid, delayed) on the GPU: keeping everything runs SwiGLU's FP8-cast kernels (fc2's input
 // and fc1's output gradient never stored in bf16) and reads the forward's x^T casts in backward;
 // recomputing the MLP takes the unfused kernels and the layers' own casts, and full recompute

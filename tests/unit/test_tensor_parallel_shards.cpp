@@ -198,8 +198,9 @@ TEST(TensorParallelShards, LayersRejectARegistryOfAnotherTpLayout) {
             std::string::npos);
   EXPECT_NE(error_of([&] { tensor_parallel::RowParallelLinear(whole, ctx, "fc2", 8, 8, {}); }).find(rule),
             std::string::npos);
-  EXPECT_NE(error_of([&] { tensor_parallel::VocabParallelEmbedding(whole, ctx, "emb", 8, 4, 0.02f); }).find(rule),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { tensor_parallel::VocabParallelEmbedding(whole, ctx, "emb", 8, 4, 0.02f, false); }).find(rule),
+      std::string::npos);
   ParameterRegistry shard(1, 2);
   const tensor_parallel::ColumnParallelLinear fc1(shard, ctx, "fc1", 6, 8, {});
   EXPECT_EQ(shard.find("fc1.weight")->local_shape, (Shape{4, 6}));

@@ -20,4 +20,9 @@ void set_tensor_parallel_defaults(int64_t tensor_model_parallel_size) {
     set_default("CUDA_DEVICE_MAX_CONNECTIONS", "1", "TP communication may overlap its GEMMs less");
 }
 
+void set_deterministic_defaults(bool deterministic_mode) {
+  if (deterministic_mode)
+    set_default("NCCL_ALGO", "Ring", "NCCL picks its algorithm, which may not sum in a fixed order");
+}
+
 }  // namespace megatron::tools

@@ -18,4 +18,9 @@ void set_nccl_defaults();
 // TP 2, 7% at TP 4; docs/PERFORMANCE.md). Set once the arguments are parsed, before training starts.
 void set_tensor_parallel_defaults(int64_t tensor_model_parallel_size);
 
+// NCCL_ALGO=Ring for a run with --deterministic-mode (Megatron's default there): a collective's
+// sums then run in a fixed order. Set once the arguments are parsed; pretrain checks a value the
+// launcher set (training/determinism.h).
+void set_deterministic_defaults(bool deterministic_mode);
+
 }  // namespace megatron::tools

@@ -16,13 +16,16 @@ std::string train_help() { return training_args_help(); }
 int train(const Args& args) {
   const ProcessInfo process = process_info_from_env();
   if (!process.launched()) {  // one process: TP is 1
-    pretrain(parse_training_args(args));
+    const TrainingArgs parsed = parse_training_args(args);
+    set_deterministic_defaults(parsed.model.deterministic_mode);
+    pretrain(parsed);
     return 0;
   }
   const auto mpi = std::make_shared<MpiRuntime>(process);
   try {
     const TrainingArgs parsed = parse_training_args(args, mpi->process().world_size);
     set_tensor_parallel_defaults(parsed.parallel.tensor_model_parallel_size);
+    set_deterministic_defaults(parsed.model.deterministic_mode);
     pretrain(parsed, mpi);
   } catch (const std::exception& e) {
     // Other ranks may wait for this one in a collective: report, then end the whole job.

@@ -23,6 +23,10 @@ struct AttentionParams {
   Tensor cu_seqlens{};       // packed documents (the variable-length path); undefined = one per sequence
   int64_t window = -1;       // sliding window: query i sees keys j >= i - window; -1 = unlimited
   int64_t max_seqlen = 0;    // with cu_seqlens: a bound on the documents' lengths; 0 = S (see below)
+  // The backward's bits the same on every run (Megatron's --deterministic-mode): the CPU op always
+  // is; on CUDA, dq is then summed without float atomics (cuDNN's dP-workspace kernels, or our
+  // generic kernels), at some speed and, on cuDNN, a (B,NH,S,S) 16-bit workspace.
+  bool deterministic = false;
 };
 
 // q (S,B,NH,HS); k, v (S,B,G,HS) with NH % G == 0; query head h reads kv group h / (NH/G).

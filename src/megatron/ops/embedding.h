@@ -8,6 +8,10 @@ namespace megatron::ops {
 struct EmbeddingParams {
   int64_t vocab_start = 0;
   bool accumulate = false;
+  // The backward's bits the same on every run (Megatron's --deterministic-mode). The CPU op always
+  // is; the CUDA op then adds each id's rows in token order, as the CPU op, equal to it bit for
+  // bit, instead of with float atomics in whatever order they land.
+  bool deterministic = false;
 };
 
 // out (S,B,C) [+]= weight[tokens(B,S)^T - vocab_start]

@@ -347,8 +347,8 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const LinearSaved& saved, c
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParameterRegistry& registry, const ParallelContext& ctx,
                                                const std::string& name, int64_t padded_vocab_size, int64_t hidden_size,
-                                               float init_std)
-    : ctx_(&ctx), sequence_parallel_(ctx.sequence_parallel()) {
+                                               float init_std, bool deterministic)
+    : ctx_(&ctx), sequence_parallel_(ctx.sequence_parallel()), deterministic_(deterministic) {
   check_same_tp(registry, ctx, name);
   weight_ = registry.add(
       {.name = name, .global_shape = {padded_vocab_size, hidden_size}, .partition_dim = 0, .init_std = init_std});
@@ -372,7 +372,8 @@ void VocabParallelEmbedding::backward(const Tensor& dout, const Tensor& tokens) 
     d = reduce_scatter_to_sequence_parallel_backward(dout, *ctx_);
   else
     reduce_from_tp_backward(dout, *ctx_);
-  ops::embedding_backward(weight_->main_grad, d, tokens, {.vocab_start = vocab_start_});
+  ops::embedding_backward(weight_->main_grad, d, tokens,
+                          {.vocab_start = vocab_start_, .deterministic = deterministic_});
 }
 
 }  // namespace megatron::tensor_parallel

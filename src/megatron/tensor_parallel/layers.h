@@ -136,8 +136,9 @@ class RowParallelLinear {
 
 class VocabParallelEmbedding {
  public:
+  // deterministic: the backward in a fixed order (ops::EmbeddingParams::deterministic).
   VocabParallelEmbedding(ParameterRegistry& registry, const ParallelContext& ctx, const std::string& name,
-                         int64_t padded_vocab_size, int64_t hidden_size, float init_std);
+                         int64_t padded_vocab_size, int64_t hidden_size, float init_std, bool deterministic);
   // tokens (B,S) i32 -> (S,B,C) in the weight's dtype; (S/TP,B,C) under sequence parallelism.
   Tensor forward(const Tensor& tokens) const;
   void backward(const Tensor& dout, const Tensor& tokens) const;
@@ -149,6 +150,7 @@ class VocabParallelEmbedding {
   Parameter* weight_;
   int64_t vocab_start_;
   bool sequence_parallel_;
+  bool deterministic_;
 };
 
 }  // namespace megatron::tensor_parallel

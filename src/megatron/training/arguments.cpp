@@ -292,6 +292,10 @@ std::vector<Flag> build_flag_table() {
       {"--train-samples", FIELD(train_samples), training,
        "Training samples, instead of --train-iters: train-samples / global-batch-size steps"},
       {"--seed", FIELD(seed), training, "Seed of initialization, dropout and data order"},
+      {"--deterministic-mode", Switch{FIELD(model.deterministic_mode), true}, training,
+       "GPU runs repeat their bits: the embedding and attention backwards sum in a fixed order (slower; cuDNN's "
+       "attention backward then holds a (B,heads,S,S) 16-bit workspace), NCCL_ALGO=Ring unless set to another "
+       "fixed-order algorithm. CPU runs always repeat their bits"},
       {"--no-check-for-nan-in-loss-and-grad", Switch{FIELD(check_for_nan_in_loss_and_grad), false}, training,
        "Skip steps with a non-finite loss or gradient instead of stopping the run"},
       {"--device", FIELD(device), training, "Where to run", {"auto", "cpu", "cuda"}},
@@ -540,7 +544,6 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
       {"--apply-layernorm-1p", "norm weights are used as stored, not as 1 + w: drop the flag"},
       {"--calculate-per-token-loss",
        "each micro-batch's loss is its mean over its loss tokens, as Megatron's without the flag: drop it"},
-      {"--deterministic-mode", "GPU runs are not guaranteed bitwise reproducible here (CPU runs are): drop the flag"},
       {"--log-params-norm", "drop the flag (the log line carries the gradient norm)"},
       {"--log-num-zeros-in-grad", "drop the flag (the log line carries the gradient norm)"},
       {"--distribute-saved-activations", "drop the flag; --sequence-parallel splits activations over the TP ranks"},

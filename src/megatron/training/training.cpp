@@ -35,6 +35,7 @@
 #include "megatron/training/async_checkpoint.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/context_parallel.h"
+#include "megatron/training/determinism.h"
 #include "megatron/training/device.h"
 #include "megatron/training/exit_conditions.h"
 #include "megatron/training/local_checkpoint.h"
@@ -728,6 +729,7 @@ void TrainingLoop::evaluate_after_training() {
 TrainingSummary pretrain(const TrainingArgs& args, const std::shared_ptr<MpiRuntime>& mpi) {
   const ScopedLogRank log_rank(mpi ? mpi->process().rank : 0);
   configure_cpu_threads(mpi.get());
+  if (args.model.deterministic_mode) check_deterministic_environment();
   const Device device = select_device(args.device, mpi ? mpi->process().local_rank : 0, args.model.fp8.enabled(),
                                       args.model.fp8.enabled() && args.model.fp8.fp8_recipe == "blockwise");
   check_device_supports(args, device);
@@ -754,6 +756,9 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
   ModelChunks model(args.model, ctx, device, split);
   model.parameters().initialize(uint64_t(args.seed));
   for (const std::string& line : flags_without_effect(args)) LOG_INFO("> " << line);
+  if (args.model.deterministic_mode)
+    LOG_INFO("> deterministic mode: the embedding and attention backwards sum in a fixed order"
+             << (std::getenv("NCCL_ALGO") != nullptr ? concat(", NCCL_ALGO=", std::getenv("NCCL_ALGO")) : ""));
   log_model(args.model);
   DistributedDataParallel ddp(model.parameters(), ctx, ddp_config(args, model));
   const std::unique_ptr<Optimizer> optimizer = make_optimizer(args, model, ddp, ctx);

@@ -40,6 +40,7 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
       attention_dropout_(config.attention_dropout),
       rope_(config.position_embedding_type == PositionEmbeddingType::rope),
       window_(config.window_size_left),
+      deterministic_(config.deterministic_mode),
       recompute_(config.recompute.recomputes("core_attn")),
       rope_params_{.base = config.rotary_base,
                    .percent = config.rotary_percent,
@@ -97,7 +98,8 @@ Tensor SelfAttention::attend(const Tensor& projected, const ForwardContext& fwd,
                      .segment_ids = fwd.segment_ids,
                      .cu_seqlens = fwd.cu_seqlens,
                      .window = window_,
-                     .max_seqlen = fwd.max_seqlen};
+                     .max_seqlen = fwd.max_seqlen,
+                     .deterministic = deterministic_};
   if (fwd.kv_cache) return forward_cached(qkv, fwd, saved);
   if (!cp_) {
     // q, k, v read in place from the projection where the backend can; RoPE turns its query and

@@ -77,6 +77,7 @@ class SelfAttention {
   float attention_dropout_;
   bool rope_;
   int64_t window_;  // sliding window (left size), -1: none
+  bool deterministic_;  // --deterministic-mode: the backward's dq summed without atomics
   bool recompute_;  // --recompute-modules core_attn
   ops::RopeParams rope_params_;
   std::shared_ptr<Communicator> cp_;  // the context-parallel group when it has more than one rank, else null

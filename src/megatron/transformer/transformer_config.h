@@ -55,6 +55,9 @@ struct TransformerConfig {
   float attention_dropout = 0.1f;
   float hidden_dropout = 0.1f;
   DType params_dtype = DType::f32;  // --bf16 / --fp16; f64 only for CPU gradient checks
+  // --deterministic-mode: the GPU ops whose sums land in a varying order (float atomics) take
+  // fixed-order kernels instead, so a run repeats its bits (the CPU ops always do).
+  bool deterministic_mode = false;
   MoEConfig moe;                    // mixture of experts; off unless --num-experts
   RecomputeConfig recompute;        // activation recomputation; off unless --recompute-*
   Fp8Config fp8;                    // FP8 GEMMs; off unless --fp8-format

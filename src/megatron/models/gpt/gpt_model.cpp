@@ -67,7 +67,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
   if (stage_.embedding || (stage_.loss && tied)) {
     word_embeddings_ = std::make_unique<tensor_parallel::VocabParallelEmbedding>(
         *registry_, ctx, "embedding.word_embeddings.weight", config.padded_vocab_size, config.hidden_size,
-        config.init_method_std);
+        config.init_method_std, config.deterministic_mode);
     // Marked before the buffers are laid out (allocate, below), where nothing has read it yet.
     word_embeddings_->weight()->spec.pipeline_copy = !stage_.embedding;
     word_embeddings_->weight()->spec.shared_embedding = tied && stage_.embedding != stage_.loss;
@@ -306,7 +306,9 @@ Tensor GPTModel::stage_backward(const Tensor& output_grad, float loss_grad_scale
   }
   report(&ParameterRegistry::before_backward, embedding_params_);
   if (saved.embedding_dropout.p > 0.0f) ops::dropout_backward(d, d, saved.embedding_dropout);
-  if (position_embeddings_) ops::embedding_backward(position_embeddings_->main_grad, d, saved.positions, {});
+  if (position_embeddings_)
+    ops::embedding_backward(position_embeddings_->main_grad, d, saved.positions,
+                            {.deterministic = config_.deterministic_mode});
   word_embeddings_->backward(d, saved.tokens);
   report(&ParameterRegistry::grad_ready, embedding_params_);
   return Tensor();

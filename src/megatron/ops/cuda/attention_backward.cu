@@ -33,7 +33,8 @@ void flash_attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
     if constexpr (kMmaType<T>) {
       const bool aligned = is_aligned16(a.dq) && is_aligned16(a.dk) && is_aligned16(a.dv) && is_aligned16(a.dout) &&
                            is_aligned16(a.q) && is_aligned16(a.k) && is_aligned16(a.v);
-      if (aligned && mma_head_dim(d.HS)) {
+      // The tensor-core kernels add dq with float atomics; the generic ones sum it in a fixed order.
+      if (aligned && mma_head_dim(d.HS) && !params.deterministic) {
         switch (d.HS) {
           case 16:
             return run_backward_mma<Backward16>(a, q.device());

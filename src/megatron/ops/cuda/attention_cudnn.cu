@@ -246,8 +246,9 @@ std::unique_ptr<CudnnPlan> backward_plan(const CudnnAttention& a, cudnnHandle_t 
   const CudnnTensor row_dot = g.tensor(kRowDot, CUDNN_DATA_FLOAT, sh.rows, sh.stats_strides, r.offsets(r.stats));
   // Packed: ragged like dq, and D like the stats (sized by the tokens; cudnn-frontend's
   // max_total_seq_len form).
-  const CudnnTensor dq_accum = r.on ? g.tensor(kDqAccum, CUDNN_DATA_FLOAT, sh.q_dims, sh.q_strides, &r.q)
-                                    : g.tensor(kDqAccum, CUDNN_DATA_FLOAT, sh.q_dims, sh.q_packed);
+  const CudnnTensor dq_accum = a.deterministic ? CudnnTensor{}
+                               : r.on          ? g.tensor(kDqAccum, CUDNN_DATA_FLOAT, sh.q_dims, sh.q_strides, &r.q)
+                                               : g.tensor(kDqAccum, CUDNN_DATA_FLOAT, sh.q_dims, sh.q_packed);
   const CudnnTensor scale = g.scalar(kScale, CUDNN_DATA_FLOAT);
   const CudnnTensor one = g.scalar(kOne, CUDNN_DATA_FLOAT);
   const CudnnTensor masked = uses_mask(a) ? g.scalar(kNegInf, CUDNN_DATA_FLOAT) : CudnnTensor{};
@@ -288,8 +289,12 @@ std::unique_ptr<CudnnPlan> backward_plan(const CudnnAttention& a, cudnnHandle_t 
   const CudnnTensor ds_t = g.reshape_virtual(ds, io, sh.scores, sh.scores_t_strides);
   group_sum(kDkHeads, ds_t, q, dk, a.k_strides, r.k);
   const CudnnTensor k = g.reshape_virtual(kt, io, sh.kv_dims, sh.k_strides, r.offsets(r.k));
-  g.matmul(ds, k, dq_accum, r.queries_over_keys());
-  g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
+  if (a.deterministic) {
+    g.matmul(ds, k, dq, r.queries_over_keys());
+  } else {
+    g.matmul(ds, k, dq_accum, r.queries_over_keys());
+    g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
+  }
   return g.build(handle, why);
 }
 
@@ -306,7 +311,8 @@ struct KeyHash {
     size_t h = std::hash<int>{}(key.device);
     const auto mix = [&h](int64_t v) { h = h * 1000003u ^ std::hash<int64_t>{}(v); };
     for (int64_t v : {a.B, a.NH, a.G, a.S, a.HS, int64_t(a.dtype), int64_t(a.causal),
-                      int64_t(std::bit_cast<uint32_t>(a.softmax_scale)), a.packed_rows, a.packed_row_length})
+                      int64_t(std::bit_cast<uint32_t>(a.softmax_scale)), a.packed_rows, a.packed_row_length,
+                      int64_t(a.deterministic)})
       mix(v);
     for (const auto* strides : {&a.q_strides, &a.k_strides, &a.v_strides, &a.out_strides})
       for (int64_t v : *strides) mix(v);
@@ -478,7 +484,8 @@ CudnnAttention cudnn_attention_separate(const checks::AttentionDims& d, DType dt
                                     .q_strides = {d.NH * d.HS, d.HS, d.B * d.NH * d.HS},
                                     .k_strides = {d.G * d.HS, d.HS, d.B * d.G * d.HS},
                                     .v_strides = {d.G * d.HS, d.HS, d.B * d.G * d.HS},
-                                    .out_strides = {d.NH * d.HS, d.HS, d.B * d.NH * d.HS}},
+                                    .out_strides = {d.NH * d.HS, d.HS, d.B * d.NH * d.HS},
+                                    .deterministic = params.deterministic},
                      params);
 }
 
@@ -564,8 +571,9 @@ void cudnn_attention_backward(const CudnnAttention& a, void* dq, void* dk, void*
   WorkspaceLayout layout;
   const int64_t plan_at = layout.add(plans.backward->workspace_bytes());
   const int64_t row_dot_at = layout.add((a.packed() ? RaggedArrays::stats_elements(a) : a.B * a.NH * a.S) * f32);
-  // The dq accumulator: (B,NH,S,HS) contiguous, or for packed documents ragged like dq (its span).
-  const int64_t dq_accum_bytes = (a.packed() ? q_span(a) : a.B * a.NH * a.S * a.HS) * f32;
+  // The dq accumulator: (B,NH,S,HS) contiguous, or for packed documents ragged like dq (its span);
+  // none in the deterministic graph.
+  const int64_t dq_accum_bytes = a.deterministic ? 0 : (a.packed() ? q_span(a) : a.B * a.NH * a.S * a.HS) * f32;
   const int64_t dq_accum_at = layout.add(dq_accum_bytes);
   // Packed GQA's per-query-head dk, dv (io dtype; f32-sized as cudnn-frontend sizes them).
   const int64_t heads_bytes =
@@ -581,7 +589,8 @@ void cudnn_attention_backward(const CudnnAttention& a, void* dq, void* dk, void*
   void* dq_accum = base + dq_accum_at;
   const cudaStream_t stream = megatron::cuda::current_stream();
   // cuDNN zeroes the dq accumulator itself from 9.6 on.
-  if (cudnn_version() < 90600) CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, size_t(dq_accum_bytes), stream));
+  if (cudnn_version() < 90600 && dq_accum_bytes > 0)
+    CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, size_t(dq_accum_bytes), stream));
   const float* stats = lse;
   if (a.packed()) {
     float* token_major = reinterpret_cast<float*>(base + ragged.stats);
@@ -589,7 +598,7 @@ void cudnn_attention_backward(const CudnnAttention& a, void* dq, void* dk, void*
     stats = token_major;
   }
   float scale = a.softmax_scale, one = 1.0f, masked = masked_score();
-  std::vector<int64_t> uids = {kQ, kK, kV, kOut, kDout, kLse, kDq, kDk, kDv, kRowDot, kDqAccum, kScale, kOne};
+  std::vector<int64_t> uids = {kQ, kK, kV, kOut, kDout, kLse, kDq, kDk, kDv, kRowDot, kScale, kOne};
   std::vector<void*> data = {const_cast<void*>(q),
                              const_cast<void*>(k),
                              const_cast<void*>(v),
@@ -600,9 +609,12 @@ void cudnn_attention_backward(const CudnnAttention& a, void* dq, void* dk, void*
                              dk,
                              dv,
                              row_dot,
-                             dq_accum,
                              &scale,
                              &one};
+  if (!a.deterministic) {
+    uids.push_back(kDqAccum);
+    data.push_back(dq_accum);
+  }
   if (uses_mask(a)) {
     uids.push_back(kNegInf);
     data.push_back(&masked);
@@ -614,6 +626,7 @@ void cudnn_attention_backward(const CudnnAttention& a, void* dq, void* dk, void*
   if (a.packed()) bind_ragged(a, cu_seqlens, ragged, base, uids, data);
   plans.backward->execute(ctx.cudnn(), stream, uids, data, base + plan_at);
   count_op_path(a.packed() ? OpPath::attention_backward_cudnn_packed : OpPath::attention_backward_cudnn);
+  if (a.deterministic) count_op_path(OpPath::attention_backward_cudnn_deterministic);
 }
 
 }  // namespace megatron::ops::cuda

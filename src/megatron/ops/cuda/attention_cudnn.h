@@ -9,7 +9,8 @@
 //   forward   s = scale q k^T (causal: s_ij = -inf for j > i); lse = max_j s + log sum_j exp(s - max)
 //             (cuDNN's softmax "stats"), p = exp(s - max) / sum; out = p v
 //   backward  D_i = sum_e dout_ie out_ie; p = exp(s - lse); dv = p^T dout; ds = p (dout v^T - D) scale;
-//             dk = ds^T q; dq = ds k (accumulated in f32 in the workspace, then rounded)
+//             dk = ds^T q; dq = ds k (accumulated in f32 in the workspace, then rounded; written
+//             directly where the run asks for the same bits every time: CudnnAttention::deterministic)
 // The backward reads the forward's lse and out, so it is exact w.r.t. our contract whichever
 // kernels produced them. GQA: dk, dv are summed over each group's query heads inside the graph.
 //
@@ -58,6 +59,10 @@ struct CudnnAttention {
   // Packed documents: the operands' own B and S, over which cu_seqlens runs (the batch stride
   // above is then a row's); 0 = a regular batch.
   int64_t packed_rows = 0, packed_row_length = 0;
+  // The backward writes dq straight from its matmul instead of through the f32 accumulator:
+  // cuDNN then runs its dP-workspace kernels, without atomics (cudnn-frontend's
+  // set_deterministic_algorithm on Hopper); they hold dP, (B,NH,S,S) 16-bit, in the workspace.
+  bool deterministic = false;
   bool packed() const { return packed_row_length > 0; }
   bool operator==(const CudnnAttention&) const = default;
 };

@@ -3,9 +3,17 @@
 //   forward:  one block per output row (grid-stride), 16-byte packs along C when rows are aligned.
 //   backward: dweight rows receive float atomicAdds. Atomics make the order of additions into a
 //             row that several tokens share vary from run to run, so dweight may differ in the
-//             last bits between runs (a deliberate trade: the embedding gradient is a small part
-//             of the step, and a deterministic version needs a sort of the token ids).
+//             last bits between runs. With params.deterministic, a stable radix sort of the rows
+//             by id instead gives each id's rows in token order, and one block adds them into
+//             its dweight row in that order: the CPU op's additions, so its bits on every run.
+//             Slower where one id holds many rows (its block adds them one after another), so
+//             only on request (Megatron's --deterministic-mode).
+#include <bit>
+#include <cub/device/device_radix_sort.cuh>
+#include <limits>
+
 #include "megatron/ops/cuda/kernel_util.cuh"
+#include "megatron/ops/cuda/op_paths.h"
 #include "megatron/ops/embedding.h"
 
 namespace megatron::ops::cuda {
@@ -69,6 +77,44 @@ __global__ void embedding_backward_kernel(float* dweight, const T* dout, const i
   }
 }
 
+// The deterministic backward's sort input: keys[r] = local row of token r = (s, b), or V when
+// another vocab-parallel rank owns it (sorted last, skipped); rows[r] = r.
+__global__ void embedding_sort_keys_kernel(int32_t* keys, int32_t* rows, const int32_t* tokens, int64_t B, int64_t S,
+                                           int64_t vocab_start, int64_t vocab_local) {
+  for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < S * B; r += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = local_row(tokens[(r % B) * S + r / B], vocab_start, vocab_local);
+    keys[r] = int32_t(row < 0 ? vocab_local : row);
+    rows[r] = int32_t(r);
+  }
+}
+
+// After the stable sort, a block per id (at its first sorted position) adds the id's dout rows, in
+// token order, into its dweight row: acc = acc + g, rounded each time, as the CPU op. V elements a
+// thread: one, or a 16-byte pack of dout.
+template <int V, class T>
+__global__ void embedding_backward_in_order_kernel(float* dweight, const T* dout, const int32_t* keys,
+                                                   const int32_t* rows, int64_t N, int64_t C, int64_t vocab_local) {
+  for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+    const int32_t id = keys[i];
+    if (id >= vocab_local || (i > 0 && keys[i - 1] == id)) continue;  // the same for the whole block
+    int64_t end = i + 1;
+    while (end < N && keys[end] == id) ++end;
+    float* d = dweight + int64_t(id) * C;
+    for (int64_t c = int64_t(threadIdx.x) * V; c < C; c += int64_t(blockDim.x) * V) {
+      float acc[V];
+      load_pack<V>(d + c, acc);
+#pragma unroll 4
+      for (int64_t j = i; j < end; ++j) {
+        float g[V];
+        load_pack<V>(dout + int64_t(rows[j]) * C + c, g);
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = __fadd_rn(acc[e], g[e]);
+      }
+      store_pack<V>(d + c, acc);
+    }
+  }
+}
+
 // Threads per row: enough for C in one or two passes, a multiple of the warp.
 int threads_for_row(int64_t C, int per_thread) {
   return int(std::clamp<int64_t>(ceil_div(ceil_div(C, per_thread), 32) * 32, 32, 256));
@@ -78,6 +124,44 @@ void check_tokens(const Tensor& tokens) {
   check_cuda(tokens, "embedding tokens");
   check_dtype(tokens, DType::i32, "embedding tokens");
   MEGATRON_CHECK(tokens.ndim() == 2, "embedding tokens must be (B,S), got " << shape_str(tokens.shape()));
+}
+
+// The deterministic backward (params.deterministic): sort, then add each id's rows in token order.
+void embedding_backward_in_order(Tensor& dweight, const Tensor& dout, const Tensor& tokens, int64_t vocab_start) {
+  const int64_t B = tokens.dim(0), S = tokens.dim(1), V = dweight.dim(0), C = dweight.dim(1), N = S * B;
+  MEGATRON_CHECK(N < std::numeric_limits<int32_t>::max() && V < std::numeric_limits<int32_t>::max(),
+                 "deterministic embedding backward: " << N << " tokens and " << V
+                                                      << " rows must each be below 2^31 (cub's sort indexes them "
+                                                         "as int32); use fewer tokens a micro-batch");
+  Tensor sort = Tensor::empty({4, N}, DType::i32, dweight.device());
+  int32_t* keys = device_data<int32_t>(sort);
+  int32_t* rows = keys + N;
+  int32_t* sorted_keys = keys + 2 * N;
+  int32_t* sorted_rows = keys + 3 * N;
+  embedding_sort_keys_kernel<<<unsigned(std::min<int64_t>(ceil_div(N, 256), kMaxGridBlocks)), 256, 0, stream()>>>(
+      keys, rows, device_data<int32_t>(tokens), B, S, vocab_start, V);
+  CUDA_CHECK_LAUNCH();
+  // Keys lie in [0, V]: only their low bit_width(V) bits are sorted on.
+  const int end_bit = std::max(1, int(std::bit_width(uint64_t(V))));
+  size_t temp_bytes = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, sorted_keys, rows, sorted_rows, int(N), 0,
+                                             end_bit, stream()));
+  Tensor temp = Tensor::empty({std::max<int64_t>(int64_t(temp_bytes), 1)}, DType::u8, dweight.device());
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, keys, sorted_keys, rows, sorted_rows, int(N), 0,
+                                             end_bit, stream()));
+  dispatch_storage(dout.dtype(), "embedding_backward", [&]<class T>(std::type_identity<T>) {
+    float* d = device_data<float>(dweight);
+    const T* g = device_data<T>(dout);
+    const bool vector = is_aligned16(d) && is_aligned16(g) && C % kPack<T> == 0;
+    const unsigned blocks = unsigned(std::min<int64_t>(N, kMaxGridBlocks));
+    const int threads = threads_for_row(C, vector ? kPack<T> : 1);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks, threads, 0, stream()>>>(d, g, sorted_keys, sorted_rows, N, C, V);
+      CUDA_CHECK_LAUNCH();
+    };
+    vector ? launch(embedding_backward_in_order_kernel<kPack<T>, T>) : launch(embedding_backward_in_order_kernel<1, T>);
+  });
+  count_op_path(OpPath::embedding_backward_in_token_order);
 }
 
 }  // namespace
@@ -128,6 +212,7 @@ void cuda::embedding_backward(Tensor& dweight, const Tensor& dout, const Tensor&
   check_shape(dout, {S, B, C}, "embedding dout");
   check_dtype(dweight, DType::f32, "embedding dweight");
   if (S * B == 0 || C == 0) return;
+  if (params.deterministic) return embedding_backward_in_order(dweight, dout, tokens, params.vocab_start);
   dispatch_storage(dout.dtype(), "embedding_backward", [&]<class T>(std::type_identity<T>) {
     const unsigned blocks = unsigned(std::min<int64_t>(S * B, kMaxGridBlocks));
     embedding_backward_kernel<T>
