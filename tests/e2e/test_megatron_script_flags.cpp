@@ -1,6 +1,7 @@
 // A Megatron launch script's implementation choices (--use-flash-attn, --transformer-impl, the
 // fusion switches, ...) run through the `megatron train` command: the log names each one once,
-// and the run's losses are the plain run's, bit for bit. --deterministic-mode's environment too.
+// and the run's losses are the plain run's, bit for bit. --deterministic-mode's environment and
+// --profile's backend too.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -96,4 +97,14 @@ TEST(MegatronScriptFlags, DeterministicModeSetsRingAndRefusesTree) {
   EXPECT_NE(tree.exit_code, 0) << tree.output;
   EXPECT_EQ(count(tree.output, "NCCL_ALGO=Tree beside --deterministic-mode"), 1) << tree.output;
   EXPECT_EQ(count(tree.output, "building GPT model"), 0) << "the run started: " << tree.output;
+}
+
+// --profile drives the CUDA profiler for nsys: on the CPU the command refuses it before the run
+// starts, naming what works on both backends.
+TEST(MegatronScriptFlags, ProfileIsRefusedOnTheCpu) {
+  const megatron::testing::RunResult r = run_megatron(std::string(kLlamaRun) + "--profile");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "--profile starts and stops the CUDA profiler (for nsys), and this run is on the CPU"), 1)
+      << r.output;
+  EXPECT_EQ(count(r.output, "building GPT model"), 0) << "the run started: " << r.output;
 }

@@ -764,9 +764,9 @@ TEST(ParseArgs, Fp8Flags) {
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e5m2"}), "--fp8-format 'e5m2': expected one of e4m3, hybrid"));
   EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"}),
                        "--fp8-recipe mxfp8: Megatron's recipe, not built here"));
-  EXPECT_TRUE(contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise",
-                              "--fp8-amax-history-len", "16"}),
-                       "apply to --fp8-recipe delayed only: blockwise scales each 1x128 tile"));
+  EXPECT_TRUE(
+      contains(error({"--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise", "--fp8-amax-history-len", "16"}),
+               "apply to --fp8-recipe delayed only: blockwise scales each 1x128 tile"));
   // --fp8-param-gather: on the distributed optimizer's f32 masters, per-tensor recipes, FP8 runs only.
   EXPECT_TRUE(parse_training_args(with(minimal_argv(), {"--bf16", "--fp8-format", "e4m3", "--fp8-param-gather",
                                                         "--use-distributed-optimizer"}))
@@ -874,6 +874,41 @@ TEST(ParseArgs, DataloaderTypeSingleOnly) {
                        "--dataloader-type cyclic is not built here: the loader is Megatron's single sampler"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--dataloader-type", "random"})),
                        "--dataloader-type 'random': expected one of single, cyclic, external"));
+}
+
+// Megatron's --profile: the capture range's defaults and rules; the PyTorch profiler's flags are
+// named as not built, with what to use instead.
+TEST(ParseArgs, ProfileFlags) {
+  const TrainingArgs plain = parse_training_args(minimal_argv());
+  EXPECT_FALSE(plain.profile);
+  EXPECT_EQ(plain.profile_step_start, 10);  // Megatron's defaults
+  EXPECT_EQ(plain.profile_step_end, 12);
+  EXPECT_TRUE(plain.profiles_rank(0));
+  const TrainingArgs two =
+      parse_training_args(with(minimal_argv(), {"--profile", "--profile-step-start", "3", "--profile-step-end", "5",
+                                                "--profile-ranks", "1", "3", "--tensor-model-parallel-size", "1"}),
+                          4);
+  EXPECT_TRUE(two.profile);
+  EXPECT_EQ(two.profile_step_start, 3);
+  EXPECT_EQ(two.profile_step_end, 5);
+  EXPECT_FALSE(two.profiles_rank(0));
+  EXPECT_TRUE(two.profiles_rank(1));
+  EXPECT_FALSE(two.profiles_rank(2));
+  EXPECT_TRUE(two.profiles_rank(3));
+  EXPECT_TRUE(
+      contains(parse_error(with(minimal_argv(), {"--profile", "--profile-step-start", "5", "--profile-step-end", "5"})),
+               "--profile-step-start 5 and --profile-step-end 5: --profile captures the iterations after"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--profile", "--profile-ranks", "0", "2"}), 2),
+                       "--profile-ranks 2: each must be a global rank, 0 to 1 in this run of 2 rank(s)"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--profile", "--profile-ranks", "x"})),
+                       "--profile-ranks x: each must be a global rank"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--profile-ranks", "0"})),
+                       "--profile-ranks is read only with --profile"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--profile", "--use-pytorch-profiler"})),
+                       "--use-pytorch-profiler: Megatron's flag, not built here: there is no PyTorch profiler: use "
+                       "--profile under nsys"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--record-memory-history"})),
+                       "--record-memory-history: Megatron's flag, not built here"));
 }
 
 TEST(MegatronImplementationChoices, ValuesFollowMegatronsRules) {

@@ -1,6 +1,7 @@
-// The runtime's every-build API (device.h, pinned_memory.h, event_timer.h, copy_stream.h) in a build without the
-// CUDA backend; compiled only then (CMakeLists.txt), the .cu files define it otherwise. No GPU is
-// ever available, and every request for GPU work fails naming the reason and the fix.
+// The runtime's every-build API (device.h, pinned_memory.h, event_timer.h, copy_stream.h,
+// profiler_capture.h) in a build without the CUDA backend; compiled only then (CMakeLists.txt), the
+// .cu files define it otherwise. No GPU is ever available, and every request for GPU work fails
+// naming the reason and the fix.
 #include <string>
 
 #include "megatron/core/error.h"
@@ -8,6 +9,7 @@
 #include "megatron/cuda_runtime/device.h"
 #include "megatron/cuda_runtime/event_timer.h"
 #include "megatron/cuda_runtime/pinned_memory.h"
+#include "megatron/cuda_runtime/profiler_capture.h"
 
 namespace megatron::cuda {
 
@@ -30,6 +32,9 @@ int64_t event_timer_record() { no_cuda_backend("a CUDA event"); }
 void event_timer_synchronize() { no_cuda_backend("a CUDA event"); }
 float event_timer_elapsed_ms(int64_t, int64_t) { no_cuda_backend("a CUDA event"); }
 void event_timer_reset() {}  // no events were ever pooled
+
+void profiler_capture_start() { no_cuda_backend("the CUDA profiler (--profile)"); }
+void profiler_capture_stop() { no_cuda_backend("the CUDA profiler (--profile)"); }
 
 // The constructor throws, so no CopyStream exists and its other members are never called.
 struct CopyStream::State {};

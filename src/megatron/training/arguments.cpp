@@ -457,6 +457,13 @@ std::vector<Flag> build_flag_table() {
        "How many slowest and fastest ranks the straggler report names"},
       {"--profile-ops-iteration", FIELD(profile_ops_iteration), logging,
        "Print how long each op family took in this iteration (GPU: device time); 0: never"},
+      {"--profile", Switch{FIELD(profile), true}, logging,
+       "Start the CUDA profiler after --profile-step-start iterations and stop it after --profile-step-end, for "
+       "nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop (GPU runs)"},
+      {"--profile-step-start", FIELD(profile_step_start), logging,
+       "Iterations done when --profile starts the CUDA profiler"},
+      {"--profile-step-end", FIELD(profile_step_end), logging, "Iterations done when --profile stops it"},
+      {"--profile-ranks", FIELD(profile_ranks), logging, "Global ranks --profile profiles; unset: every rank"},
       {"--use-mcore-models", Switch{FIELD(implementation.use_mcore_models), true}, impl,
        "Megatron-Core's models are the only ones here (Megatron ignores the flag too)"},
       {"--transformer-impl",
@@ -532,6 +539,12 @@ const char* const kTrainIntro =
 // Megatron's flags for what is not built here, each with what to do instead (flags::NotBuilt).
 std::vector<flags::NotBuilt> megatron_flags_not_built() {
   const std::string fsdp = "Megatron FSDP is --use-megatron-fsdp with --data-parallel-sharding-strategy: write that";
+  const std::string torch_profiler =
+      "there is no PyTorch profiler: use --profile under nsys (the CUDA profiler's capture range), or "
+      "--profile-ops-iteration N for the time of each op family";
+  const std::string memory_history =
+      "there is no PyTorch memory history: the log reports peak and reserved memory (--log-memory-to-tensorboard "
+      "too), and megatron plan predicts them";
   const std::string wandb =
       "Weights & Biases logging: use --tensorboard-dir (TensorBoard event files) or --metrics-file (JSONL)";
   return {
@@ -545,6 +558,16 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
       {"--calculate-per-token-loss",
        "each micro-batch's loss is its mean over its loss tokens, as Megatron's without the flag: drop it"},
       {"--log-params-norm", "drop the flag (the log line carries the gradient norm)"},
+      {"--use-pytorch-profiler", torch_profiler},
+      {"--pytorch-profiler-collect-shapes", torch_profiler},
+      {"--pytorch-profiler-collect-callstack", torch_profiler},
+      {"--pytorch-profiler-collect-chakra", torch_profiler},
+      {"--record-shapes", torch_profiler},
+      {"--nvtx-ranges",
+       "no NVTX ranges are emitted: nsys with --profile shows the kernels by name, and "
+       "--profile-ops-iteration N prints the time of each op family"},
+      {"--record-memory-history", memory_history},
+      {"--memory-snapshot-path", memory_history},
       {"--log-num-zeros-in-grad", "drop the flag (the log line carries the gradient norm)"},
       {"--distribute-saved-activations", "drop the flag; --sequence-parallel splits activations over the TP ranks"},
       {"--use-custom-fsdp", fsdp},
@@ -1037,6 +1060,19 @@ void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
                             " must be 0, 1 or 2 (Megatron's levels: 0 none, 1 the main timers, 2 all)"));
   if (a.straggler_minmax_count < 1)
     errors.push_back(concat("--straggler-minmax-count ", a.straggler_minmax_count, " must be >= 1"));
+  if (a.profile && !(a.profile_step_start >= 0 && a.profile_step_end > a.profile_step_start))
+    errors.push_back(concat("--profile-step-start ", a.profile_step_start, " and --profile-step-end ",
+                            a.profile_step_end,
+                            ": --profile captures the iterations after the start's and up to the end's, so they "
+                            "need 0 <= start < end, e.g. 10 and 12"));
+  for (const std::string& rank : a.profile_ranks) {
+    const std::optional<int64_t> r = flags::parse_int(rank);
+    if (!r || *r < 0 || (a.world_size > 0 && *r >= a.world_size))
+      errors.push_back(concat("--profile-ranks ", rank, ": each must be a global rank, 0 to ",
+                              a.world_size > 0 ? a.world_size - 1 : 0, " in this run of ", a.world_size, " rank(s)"));
+  }
+  if (!a.profile_ranks.empty() && !a.profile)
+    errors.push_back("--profile-ranks is read only with --profile: add --profile, or drop the ranks");
   if (a.tensorboard_log_interval <= 0)
     errors.push_back(concat("--tensorboard-log-interval ", a.tensorboard_log_interval, " must be positive: e.g. 1"));
   if (a.tensorboard_queue_size <= 0)
@@ -1219,6 +1255,12 @@ TrainingArgs parse_training_args_from_flags(const std::vector<std::pair<std::str
 }
 
 std::string training_args_help() { return flag_table().help(); }
+
+bool TrainingArgs::profiles_rank(int rank) const {
+  return profile_ranks.empty() || std::any_of(profile_ranks.begin(), profile_ranks.end(), [rank](const std::string& r) {
+           return flags::parse_int(r) == int64_t(rank);
+         });
+}
 
 std::vector<std::string> flags_without_effect(const TrainingArgs& args) {
   const auto given = flag_table().to_flags(args), defaults = flag_table().to_flags(TrainingArgs{});

@@ -127,6 +127,14 @@ struct TrainingArgs {
   bool log_memory_to_tensorboard = false;
   bool log_throughput = false;
   int64_t profile_ops_iteration = 0;  // print the per-op time of this iteration (0: never)
+  // Megatron's --profile: the CUDA profiler's capture range (nsys --capture-range=cudaProfilerApi)
+  // over iterations profile_step_start + 1 .. profile_step_end, on the global ranks in
+  // profile_ranks (as given; empty: every rank).
+  bool profile = false;
+  int64_t profile_step_start = 10;
+  int64_t profile_step_end = 12;
+  std::vector<std::string> profile_ranks{};
+  bool profiles_rank(int rank) const;
   // Megatron's timers and straggler report (training/timing_log.h).
   int64_t timing_log_level = 0;              // 0 | 1 | 2
   std::string timing_log_option = "minmax";  // minmax | max | all

@@ -14,6 +14,7 @@
 #include "megatron/core/logging.h"
 #include "megatron/core/memory.h"
 #include "megatron/core/strings.h"
+#include "megatron/cuda_runtime/profiler_capture.h"
 #include "megatron/datasets/blended_dataset.h"
 #include "megatron/datasets/data_loader.h"
 #include "megatron/datasets/gpt_dataset.h"
@@ -287,6 +288,9 @@ void check_device_supports(const TrainingArgs& args, Device device) {
                  "--no-overlap-p2p-communication not given), which hangs on GPUs in this build (a known defect: "
                  "docs/PERFORMANCE.md, Multi-GPU equivalence runs); add --no-overlap-p2p-communication (blocking "
                  "sends and receives, groups of micro-batches at the default size)");
+  MEGATRON_CHECK(!(args.profile && !device.is_cuda()),
+                 "--profile starts and stops the CUDA profiler (for nsys), and this run is on the CPU: drop it, or "
+                 "use --profile-ops-iteration N for the time of each op family (both backends)");
 }
 
 void check_context(const TrainingArgs& args, const ParallelContext& ctx) {
@@ -530,6 +534,13 @@ void TrainingLoop::save() {
 }
 
 IterationResult TrainingLoop::train_step() {
+  // Megatron's --profile: the capture range opens after profile_step_start iterations and closes
+  // after profile_step_end (the step below completes one).
+  const bool captures = args.profile && args.profiles_rank(ctx.world->rank());
+  if (captures && progress.iteration == args.profile_step_start) {
+    cuda::profiler_capture_start();
+    LOG_INFO("> --profile: the CUDA profiler started after iteration " << progress.iteration);
+  }
   const bool profile = progress.iteration + 1 == args.profile_ops_iteration;
   if (profile) ops::OpProfiler::instance().start();
   const auto t0 = Clock::now();
@@ -611,6 +622,10 @@ IterationResult TrainingLoop::train_step() {
     if (!std::isfinite(loss)) ++progress.nan_iterations;
   } else {
     scheduler.step(batch_size);
+  }
+  if (captures && progress.iteration == args.profile_step_end) {
+    cuda::profiler_capture_stop();
+    LOG_INFO("> --profile: the CUDA profiler stopped after iteration " << progress.iteration);
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return {loss, step, batch_size, micro, seconds};
