@@ -211,6 +211,10 @@ TEST(ParseArgs, FlagProblems) {
   // Megatron's flags for what is not built say so, with what to do instead, values and all.
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--ckpt-format", "torch_dist"})),
                        "--ckpt-format: Megatron's flag, not built here: checkpoints here are per-rank safetensors"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--decoupled-lr", "1e-4"})),
+                       "--decoupled-lr: Megatron's flag, not built here: one learning rate schedule"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--multi-latent-attention", "--q-lora-rank", "1536"})),
+                       "--multi-latent-attention: Megatron's flag, not built here: multi-latent attention"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--use-custom-fsdp"})),
                        "--use-custom-fsdp: Megatron's flag, not built here: Megatron FSDP is --use-megatron-fsdp"));
   YamlFile yaml("wandb_project: runs\n");
@@ -840,6 +844,18 @@ TEST(MegatronImplementationChoices, ALaunchScriptsChoicesParseAndChangeNothingEl
                         "1",
                         "--use-cpu-initialization",
                         "--use-checkpoint-args",
+                        "--init-model-with-meta-device",
+                        "--use-nccl-ub",
+                        "--disable-gloo-process-groups",
+                        "--disable-bf16-reduced-precision-matmul",
+                        "--cuda-graph-impl",
+                        "local",
+                        "--no-save-rng",
+                        "--no-load-rng",
+                        "--moe-router-dtype",
+                        "fp32",
+                        "--rope-type",
+                        "rope",
                         "--use-rotary-position-embeddings",
                         "--no-position-embedding"};
   const TrainingArgs plain = parse_training_args(llama);
@@ -920,6 +936,12 @@ TEST(MegatronImplementationChoices, ValuesFollowMegatronsRules) {
                        "--empty-unused-memory-level 3 must be 0, 1 or 2"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--manual-gc-interval", "-1"})),
                        "--manual-gc-interval -1 must be >= 0"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--moe-router-dtype", "fp64"})),
+                       "--moe-router-dtype fp64 is not built here: the router runs in fp32"));
+  EXPECT_TRUE(
+      contains(parse_error(with(minimal_argv(), {"--rope-type", "yarn"})), "--rope-type yarn is not built here"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--cuda-graph-impl", "graphs"})),
+                       "--cuda-graph-impl 'graphs': expected one of none, local, transformer_engine, full_iteration"));
   EXPECT_TRUE(contains(
       parse_error(with(minimal_argv(), {"--no-create-attention-mask-in-dataloader", "--reset-attention-mask"})),
       "--no-create-attention-mask-in-dataloader with --reset-attention-mask: Megatron then builds no document masks"));

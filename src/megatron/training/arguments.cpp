@@ -520,6 +520,37 @@ std::vector<Flag> build_flag_table() {
        "and parallel layout"},
       {"--use-checkpoint-args", Switch{FIELD(implementation.use_checkpoint_args), true}, impl,
        "Always on here: a run that loads a checkpoint takes its model flags from it"},
+      {"--init-model-with-meta-device", Switch{FIELD(implementation.init_model_with_meta_device), true}, impl,
+       "Megatron FSDP's deferred initialization: each rank here allocates only its shards already, and the values "
+       "do not depend on where they are drawn"},
+      {"--use-nccl-ub", Switch{FIELD(implementation.nccl_ub), true}, impl,
+       "NCCL user-buffer registration of the gradient buffers: a transport choice, the same sums"},
+      {"--disable-gloo-process-groups", Switch{FIELD(implementation.disable_gloo_process_groups), true}, impl,
+       "There are no gloo groups here: GPU ranks talk through NCCL, CPU ranks through MPI"},
+      {"--disable-bf16-reduced-precision-matmul",
+       Switch{FIELD(implementation.disable_bf16_reduced_precision_matmul), true}, impl,
+       "Every 16-bit GEMM here reduces in fp32 already"},
+      {"--cuda-graph-impl",
+       FIELD(implementation.cuda_graph_impl),
+       impl,
+       "No CUDA graphs are captured here (the host keeps the GPU busy: the GPU idles at most 1.2% of a step, "
+       "docs/PERFORMANCE.md); the same results either way",
+       {"none", "local", "transformer_engine", "full_iteration"}},
+      {"--no-save-rng", Switch{FIELD(implementation.save_rng), false}, impl,
+       "There is no RNG state to save: dropout masks are functions of --seed and the iteration"},
+      {"--no-load-rng", Switch{FIELD(implementation.load_rng), false}, impl,
+       "There is no RNG state to load: dropout masks are functions of --seed and the iteration, so a resumed run "
+       "draws the masks the uninterrupted run would"},
+      {"--moe-router-dtype",
+       FIELD(implementation.moe_router_dtype),
+       impl,
+       "The router's GEMM, softmax and top-k run in fp32 here, Megatron's fp32; fp64 is not built",
+       {"fp32", "fp64"}},
+      {"--rope-type",
+       FIELD(implementation.rope_type),
+       impl,
+       "RoPE here is Megatron's rope type (Llama-3.x scaling through --use-rope-scaling); yarn is not built",
+       {"rope", "yarn"}},
       {"--use-rotary-position-embeddings", Switch{FIELD(implementation.use_rotary_position_embeddings), true}, impl,
        "Megatron's deprecated spelling of --position-embedding-type rope: accepted beside that flag, which it "
        "needs here"},
@@ -539,6 +570,9 @@ const char* const kTrainIntro =
 // Megatron's flags for what is not built here, each with what to do instead (flags::NotBuilt).
 std::vector<flags::NotBuilt> megatron_flags_not_built() {
   const std::string fsdp = "Megatron FSDP is --use-megatron-fsdp with --data-parallel-sharding-strategy: write that";
+  const std::string decoupled_lr =
+      "one learning rate schedule for every parameter here (--lr, --min-lr); drop the flag";
+  const std::string mla = "multi-latent attention (DeepSeek-V2/V3) is not built: attention here is MHA or GQA";
   const std::string torch_profiler =
       "there is no PyTorch profiler: use --profile under nsys (the CUDA profiler's capture range), or "
       "--profile-ops-iteration N for the time of each op family";
@@ -568,6 +602,26 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
        "--profile-ops-iteration N prints the time of each op family"},
       {"--record-memory-history", memory_history},
       {"--memory-snapshot-path", memory_history},
+      {"--logging-level", "the log lines here are Megatron's prints, at one level: drop the flag"},
+      {"--decoupled-lr", decoupled_lr},
+      {"--decoupled-min-lr", decoupled_lr},
+      {"--grad-reduce-in-bf16", "gradients reduce in fp32 here: drop the flag"},
+      {"--num-distributed-optimizer-instances",
+       "the distributed optimizer shards over the whole data-parallel group here: drop the flag"},
+      {"--dist-ckpt-strictness",
+       "checkpoints load strictly here: every tensor of the model must be in the checkpoint, at the shapes the "
+       "metadata gives; drop the flag"},
+      {"--tiktoken-pattern",
+       "the TikTokenizer is not built: use a Hugging Face tokenizer.json "
+       "(--tokenizer-type HuggingFaceTokenizer)"},
+      {"--multi-latent-attention", mla},
+      {"--q-lora-rank", mla},
+      {"--kv-lora-rank", mla},
+      {"--qk-head-dim", mla},
+      {"--qk-pos-emb-head-dim", mla},
+      {"--v-head-dim", mla},
+      {"--mtp-num-layers", "multi-token prediction is not built: drop the flag"},
+      {"--mtp-loss-scaling-factor", "multi-token prediction is not built: drop the flag"},
       {"--log-num-zeros-in-grad", "drop the flag (the log line carries the gradient norm)"},
       {"--distribute-saved-activations", "drop the flag; --sequence-parallel splits activations over the TP ranks"},
       {"--use-custom-fsdp", fsdp},
@@ -994,6 +1048,14 @@ void check_implementation_choices(const TrainingArgs& a, std::vector<std::string
   if (c.manual_gc_interval < 0)
     errors.push_back(
         concat("--manual-gc-interval ", c.manual_gc_interval, " must be >= 0 (as in Megatron; it has no effect here)"));
+  if (c.rope_type == "yarn")
+    errors.push_back(
+        "--rope-type yarn is not built here: RoPE is Megatron's rope type (with --use-rope-scaling for Llama-3.x); "
+        "write rope or drop the flag");
+  if (c.moe_router_dtype == "fp64")
+    errors.push_back(
+        "--moe-router-dtype fp64 is not built here: the router runs in fp32 (Megatron's --moe-router-dtype fp32); "
+        "write fp32 or drop the flag");
   // Megatron's document masks (--reset-attention-mask) are built by its data loader, which the
   // flag tells not to; here they are always applied.
   if (!c.create_attention_mask_in_dataloader && a.data.reset_attention_mask)

@@ -69,6 +69,15 @@ struct MegatronImplementationChoices {
   int64_t empty_unused_memory_level = 0;  // 0 | 1 | 2
   bool use_cpu_initialization = false;
   bool use_checkpoint_args = false;
+  bool init_model_with_meta_device = false;
+  bool nccl_ub = false;  // --use-nccl-ub
+  bool disable_gloo_process_groups = false;
+  bool disable_bf16_reduced_precision_matmul = false;
+  std::string cuda_graph_impl = "none";  // none | local | transformer_engine | full_iteration
+  bool save_rng = true;                  // --no-save-rng clears it
+  bool load_rng = true;                  // --no-load-rng clears it
+  std::string moe_router_dtype;          // unset | fp32 (the router's precision here); fp64 is refused
+  std::string rope_type;                 // unset | rope (what RoPE is here); yarn is refused
   // Megatron's deprecated spellings of the position embedding, accepted where they agree with
   // --position-embedding-type (which they do not set: one flag is never rewritten from another).
   bool use_rotary_position_embeddings = false;
