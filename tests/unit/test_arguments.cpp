@@ -846,6 +846,8 @@ TEST(MegatronImplementationChoices, ALaunchScriptsChoicesParseAndChangeNothingEl
                         "--use-checkpoint-args",
                         "--init-model-with-meta-device",
                         "--use-nccl-ub",
+                        "--fsdp-double-buffer",
+                        "--fsdp-manual-registration",
                         "--disable-gloo-process-groups",
                         "--disable-bf16-reduced-precision-matmul",
                         "--cuda-graph-impl",
@@ -940,6 +942,8 @@ TEST(MegatronImplementationChoices, ValuesFollowMegatronsRules) {
                        "--moe-router-dtype fp64 is not built here: the router runs in fp32"));
   EXPECT_TRUE(
       contains(parse_error(with(minimal_argv(), {"--rope-type", "yarn"})), "--rope-type yarn is not built here"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--fsdp-manual-registration"})),
+                       "--fsdp-manual-registration registers NCCL user buffers, so Megatron requires --use-nccl-ub"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--cuda-graph-impl", "graphs"})),
                        "--cuda-graph-impl 'graphs': expected one of none, local, transformer_engine, full_iteration"));
   EXPECT_TRUE(contains(

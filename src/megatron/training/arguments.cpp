@@ -525,6 +525,10 @@ std::vector<Flag> build_flag_table() {
        "do not depend on where they are drawn"},
       {"--use-nccl-ub", Switch{FIELD(implementation.nccl_ub), true}, impl,
        "NCCL user-buffer registration of the gradient buffers: a transport choice, the same sums"},
+      {"--fsdp-double-buffer", Switch{FIELD(implementation.fsdp_double_buffer), true}, impl,
+       "Megatron FSDP's reuse of its gather buffers: the caching allocator here reuses them already"},
+      {"--fsdp-manual-registration", Switch{FIELD(implementation.fsdp_manual_registration), true}, impl,
+       "Megatron FSDP's NCCL user-buffer registration (with --use-nccl-ub, as in Megatron): a transport choice"},
       {"--disable-gloo-process-groups", Switch{FIELD(implementation.disable_gloo_process_groups), true}, impl,
        "There are no gloo groups here: GPU ranks talk through NCCL, CPU ranks through MPI"},
       {"--disable-bf16-reduced-precision-matmul",
@@ -1048,6 +1052,10 @@ void check_implementation_choices(const TrainingArgs& a, std::vector<std::string
   if (c.manual_gc_interval < 0)
     errors.push_back(
         concat("--manual-gc-interval ", c.manual_gc_interval, " must be >= 0 (as in Megatron; it has no effect here)"));
+  if (c.fsdp_manual_registration && !c.nccl_ub)
+    errors.push_back(
+        "--fsdp-manual-registration registers NCCL user buffers, so Megatron requires --use-nccl-ub "
+        "beside it: add it, or drop the flag (neither changes anything here)");
   if (c.rope_type == "yarn")
     errors.push_back(
         "--rope-type yarn is not built here: RoPE is Megatron's rope type (with --use-rope-scaling for Llama-3.x); "

@@ -71,6 +71,8 @@ struct MegatronImplementationChoices {
   bool use_checkpoint_args = false;
   bool init_model_with_meta_device = false;
   bool nccl_ub = false;  // --use-nccl-ub
+  bool fsdp_double_buffer = false;
+  bool fsdp_manual_registration = false;
   bool disable_gloo_process_groups = false;
   bool disable_bf16_reduced_precision_matmul = false;
   std::string cuda_graph_impl = "none";  // none | local | transformer_engine | full_iteration
