@@ -213,6 +213,11 @@ TEST(ParseArgs, FlagProblems) {
                        "--ckpt-format: Megatron's flag, not built here: checkpoints here are per-rank safetensors"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--decoupled-lr", "1e-4"})),
                        "--decoupled-lr: Megatron's flag, not built here: one learning rate schedule"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--softmax-type", "learnable"})),
+                       "--softmax-type: Megatron's flag, not built here: gpt-oss's attention sinks"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--megatron-fsdp-main-grads-dtype", "bf16"})),
+                       "--megatron-fsdp-main-grads-dtype: Megatron's flag, not built here: Megatron FSDP here keeps "
+                       "fp32"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--multi-latent-attention", "--q-lora-rank", "1536"})),
                        "--multi-latent-attention: Megatron's flag, not built here: multi-latent attention"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--use-custom-fsdp"})),
@@ -848,6 +853,8 @@ TEST(MegatronImplementationChoices, ALaunchScriptsChoicesParseAndChangeNothingEl
                         "--use-nccl-ub",
                         "--fsdp-double-buffer",
                         "--fsdp-manual-registration",
+                        "--megatron-fsdp-max-pool-double-buffer",
+                        "--fsdp-db-use-persist-buf-on-alloc-fail",
                         "--disable-gloo-process-groups",
                         "--disable-bf16-reduced-precision-matmul",
                         "--cuda-graph-impl",

@@ -529,6 +529,12 @@ std::vector<Flag> build_flag_table() {
        "Megatron FSDP's reuse of its gather buffers: the caching allocator here reuses them already"},
       {"--fsdp-manual-registration", Switch{FIELD(implementation.fsdp_manual_registration), true}, impl,
        "Megatron FSDP's NCCL user-buffer registration (with --use-nccl-ub, as in Megatron): a transport choice"},
+      {"--megatron-fsdp-max-pool-double-buffer",
+       Switch{FIELD(implementation.megatron_fsdp_max_pool_double_buffer), true}, impl,
+       "Megatron FSDP's allocator for its gather buffers: the caching allocator here serves them"},
+      {"--fsdp-db-use-persist-buf-on-alloc-fail",
+       Switch{FIELD(implementation.fsdp_db_use_persist_buf_on_alloc_fail), true}, impl,
+       "Megatron FSDP's fallback when a bucket outgrows its double buffer: the caching allocator here serves them"},
       {"--disable-gloo-process-groups", Switch{FIELD(implementation.disable_gloo_process_groups), true}, impl,
        "There are no gloo groups here: GPU ranks talk through NCCL, CPU ranks through MPI"},
       {"--disable-bf16-reduced-precision-matmul",
@@ -577,6 +583,12 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
   const std::string decoupled_lr =
       "one learning rate schedule for every parameter here (--lr, --min-lr); drop the flag";
   const std::string mla = "multi-latent attention (DeepSeek-V2/V3) is not built: attention here is MHA or GQA";
+  const std::string yarn = "YaRN RoPE scaling is not built: --use-rope-scaling gives Llama-3.x's frequency scaling";
+  const std::string gpt_oss =
+      "gpt-oss's attention sinks, alternating windows and clamped GLU are not built: attention here is softmax "
+      "attention (--window-size for sliding windows), the MLP GELU or SwiGLU";
+  const std::string fsdp_dtypes =
+      "Megatron FSDP here keeps fp32 main weights and gradients and reduces gradients in fp32: drop the flag";
   const std::string torch_profiler =
       "there is no PyTorch profiler: use --profile under nsys (the CUDA profiler's capture range), or "
       "--profile-ops-iteration N for the time of each op family";
@@ -625,6 +637,32 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
       {"--qk-pos-emb-head-dim", mla},
       {"--v-head-dim", mla},
       {"--mtp-num-layers", "multi-token prediction is not built: drop the flag"},
+      {"--rotary-scaling-factor", yarn},
+      {"--mscale", yarn},
+      {"--mscale-all-dim", yarn},
+      {"--softmax-type", gpt_oss},
+      {"--window-attn-skip-freq", gpt_oss},
+      {"--quick-geglu", gpt_oss},
+      {"--glu-linear-offset", gpt_oss},
+      {"--activation-func-clamp-value", gpt_oss},
+      {"--enable-gpt-oss", gpt_oss},
+      {"--megatron-fsdp-main-params-dtype", fsdp_dtypes},
+      {"--megatron-fsdp-main-grads-dtype", fsdp_dtypes},
+      {"--megatron-fsdp-grad-comm-dtype", fsdp_dtypes},
+      {"--outer-dp-sharding-strategy",
+       "hybrid sharding (HSDP) is not built: Megatron FSDP shards over the whole "
+       "data-parallel group here; drop the flag"},
+      {"--step-batch-size-schedule",
+       "the batch size grows here by Megatron's --rampup-batch-size START INCREMENT "
+       "SAMPLES: write that"},
+      {"--per-split-data-args-path",
+       "give the blends on the command line or in --config YAML: --train-data-path, "
+       "--valid-data-path, --test-data-path"},
+      {"--sft", "supervised fine-tuning data (conversations, prompt formats) is not built: pretraining data only"},
+      {"--moe-per-layer-logging", "the log carries the MoE losses summed over the layers: drop the flag"},
+      {"--moe-flex-dispatcher-backend",
+       "the flex token dispatcher (DeepEP, HybridEP) is not built: "
+       "--moe-token-dispatcher-type allgather or alltoall"},
       {"--mtp-loss-scaling-factor", "multi-token prediction is not built: drop the flag"},
       {"--log-num-zeros-in-grad", "drop the flag (the log line carries the gradient norm)"},
       {"--distribute-saved-activations", "drop the flag; --sequence-parallel splits activations over the TP ranks"},

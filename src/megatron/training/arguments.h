@@ -73,6 +73,8 @@ struct MegatronImplementationChoices {
   bool nccl_ub = false;  // --use-nccl-ub
   bool fsdp_double_buffer = false;
   bool fsdp_manual_registration = false;
+  bool megatron_fsdp_max_pool_double_buffer = false;
+  bool fsdp_db_use_persist_buf_on_alloc_fail = false;
   bool disable_gloo_process_groups = false;
   bool disable_bf16_reduced_precision_matmul = false;
   std::string cuda_graph_impl = "none";  // none | local | transformer_engine | full_iteration
