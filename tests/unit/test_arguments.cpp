@@ -856,6 +856,7 @@ TEST(MegatronImplementationChoices, ALaunchScriptsChoicesParseAndChangeNothingEl
                         "--megatron-fsdp-max-pool-double-buffer",
                         "--fsdp-db-use-persist-buf-on-alloc-fail",
                         "--disable-gloo-process-groups",
+                        "--enable-experimental",
                         "--disable-bf16-reduced-precision-matmul",
                         "--cuda-graph-impl",
                         "local",

@@ -537,6 +537,8 @@ std::vector<Flag> build_flag_table() {
        "Megatron FSDP's fallback when a bucket outgrows its double buffer: the caching allocator here serves them"},
       {"--disable-gloo-process-groups", Switch{FIELD(implementation.disable_gloo_process_groups), true}, impl,
        "There are no gloo groups here: GPU ranks talk through NCCL, CPU ranks through MPI"},
+      {"--enable-experimental", Switch{FIELD(implementation.enable_experimental), true}, impl,
+       "Megatron's gate for its experimental features: none of them is behind it here"},
       {"--disable-bf16-reduced-precision-matmul",
        Switch{FIELD(implementation.disable_bf16_reduced_precision_matmul), true}, impl,
        "Every 16-bit GEMM here reduces in fp32 already"},

@@ -76,6 +76,7 @@ struct MegatronImplementationChoices {
   bool megatron_fsdp_max_pool_double_buffer = false;
   bool fsdp_db_use_persist_buf_on_alloc_fail = false;
   bool disable_gloo_process_groups = false;
+  bool enable_experimental = false;
   bool disable_bf16_reduced_precision_matmul = false;
   std::string cuda_graph_impl = "none";  // none | local | transformer_engine | full_iteration
   bool save_rng = true;                  // --no-save-rng clears it
