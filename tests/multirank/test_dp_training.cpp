@@ -3,7 +3,7 @@
 // buckets, distributed optimizer, overlapped parameter gather; fp32, bf16 and fp16 with dynamic
 // loss scaling) gives the DP=1 loss curve of the same global batches, and a checkpoint saved at
 // DP=2 with the distributed optimizer resumes at the full world's DP size and at DP=1 on the same
-// curve.
+// curve. --calculate-per-token-loss's micro-batches equal one micro-batch of the whole batch.
 //
 // Tolerances, relative to the single-rank value. fp32 runs compare the loss and the gradient norm
 // (the norm catches what Adam hides: clipping and Adam's normalisation make gradients scaled by a
@@ -102,6 +102,36 @@ TEST_F(DpTraining, EveryLayoutMatchesTheSingleRankCurve) {
                  {s.end_valid_loss.value(), s.test_loss.value()}, 0, tolerance(precision),
                  name + " validation and test loss after training");
   }
+}
+
+// Megatron's --calculate-per-token-loss: the gradient of the global batch's loss sum over its loss
+// tokens. With --eod-mask-loss the micro-batches' token counts differ (a masked end of document),
+// so that gradient is the one of a single micro-batch holding the whole batch, not the mean of the
+// micro-batches' means. In f64 without dropout (its masks depend on the micro-batch shape): every
+// rank's micro-batches of one sequence with the flag, on one rank and on the DP ranks, follow the
+// single micro-batch of 8 within f64 rounding (1e-11, a few thousand u over 20 steps of sums of
+// 16-128 terms); without the flag the curve parts from it by more (the control that the counts
+// differ).
+TEST_F(DpTraining, PerTokenLossIsOneMicroBatchOfTheWholeBatch) {
+  std::vector<std::string> run = with(tiny_run(20), {"--eod-mask-loss"});
+  for (size_t i = 0; i + 1 < run.size(); ++i)
+    if (run[i] == "--hidden-dropout" || run[i] == "--attention-dropout") run[i + 1] = "0";
+  std::vector<std::string> whole = run;
+  for (size_t i = 0; i + 1 < whole.size(); ++i)
+    if (whole[i] == "--micro-batch-size") whole[i + 1] = "8";
+  const TrainingSummary reference = run_f64(ParallelContext::single_process(), whole);
+  const bool print = st_.ctx.world->rank() == 0;
+  const std::vector<std::string> per_token = with(run, {"--calculate-per-token-loss"});
+  expect_same_curve(reference, run_f64(ParallelContext::single_process(), per_token), 0, 1e-11, true,
+                    "one rank, 8 micro-batches, --calculate-per-token-loss");
+  expect_same_curve(reference, run_f64(st_.ctx, per_token), 0, 1e-11, true,
+                    "DP " + std::to_string(st_.ctx.world->size()) + ", --calculate-per-token-loss");
+  const TrainingSummary means = run_f64(st_.ctx, run);
+  double parted = 0;
+  for (size_t i = 0; i < means.grad_norms.size(); ++i)
+    parted = std::max(parted, std::abs(means.grad_norms[i] - reference.grad_norms[i]) / reference.grad_norms[i]);
+  EXPECT_GT(parted, 1e-6) << "without the flag the micro-batches' means should part from the whole batch's mean";
+  if (print) std::printf("per-token loss: the micro-batch means part from it by %.1e\n", parted);
 }
 
 // fp32 and bf16 (whose master weights are saved separately as fp32_param).

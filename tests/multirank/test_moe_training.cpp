@@ -137,6 +137,21 @@ TEST(MoETraining, ExpertParallelCheckpointResumesAtAnotherEp) {
   make_state({}).ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
 
+// --calculate-per-token-loss at PP = the world (2 or 4 stages of a 4-layer MoE model), f64: every
+// stage scales its MoE aux loss by the global batch's loss-token count, which only the stages that
+// read data count (the first and the last; PP=4's middle stages learn it from them), so the run
+// follows the single rank's with the flag within f64 rounding; a middle stage's aux-loss gradient
+// left unscaled moves the curve by far more.
+TEST(MoETraining, PerTokenLossOverThePipelineFollowsTheSingleRank) {
+  const int pp = world_size();
+  const ParallelState st = make_state({.pp = pp}, 30);
+  const std::vector<std::string> argv =
+      with(with(tiny_pp_run(ModelStyle::gpt, 10), kMoE), {"--calculate-per-token-loss", "--eod-mask-loss"});
+  const TrainingSummary single = run(ParallelContext::single_process(), argv, DType::f64);
+  const TrainingSummary s = run(st.ctx, with(argv, {"--pipeline-model-parallel-size", std::to_string(pp)}), DType::f64);
+  expect_same_curve(single, s, 0, 1e-10, true, "MoE PP=" + std::to_string(pp) + " --calculate-per-token-loss");
+}
+
 TEST(MoETraining, PipelineCheckpointResumesAtOneRank) {
   std::unique_ptr<TempDir> owner;
   if (make_state({}).ctx.world->rank() == 0) owner = std::make_unique<TempDir>();

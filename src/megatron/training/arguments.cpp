@@ -292,6 +292,9 @@ std::vector<Flag> build_flag_table() {
       {"--train-samples", FIELD(train_samples), training,
        "Training samples, instead of --train-iters: train-samples / global-batch-size steps"},
       {"--seed", FIELD(seed), training, "Seed of initialization, dropout and data order"},
+      {"--calculate-per-token-loss", Switch{FIELD(calculate_per_token_loss), true}, training,
+       "The step's gradient is that of the global batch's loss sum over its number of loss tokens; unset: of the "
+       "mean of each micro-batch's per-token mean"},
       {"--deterministic-mode", Switch{FIELD(model.deterministic_mode), true}, training,
        "GPU runs repeat their bits: the embedding and attention backwards sum in a fixed order (slower; cuDNN's "
        "attention backward then holds a (B,heads,S,S) 16-bit workspace), NCCL_ALGO=Ring unless set to another "
@@ -607,8 +610,6 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
        "flag (megatron export-hf writes a Hugging Face model)"},
       {"--qk-layernorm", "no norm on queries and keys: models that need one cannot be trained here yet"},
       {"--apply-layernorm-1p", "norm weights are used as stored, not as 1 + w: drop the flag"},
-      {"--calculate-per-token-loss",
-       "each micro-batch's loss is its mean over its loss tokens, as Megatron's without the flag: drop it"},
       {"--log-params-norm", "drop the flag (the log line carries the gradient norm)"},
       {"--use-pytorch-profiler", torch_profiler},
       {"--pytorch-profiler-collect-shapes", torch_profiler},

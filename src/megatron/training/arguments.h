@@ -100,6 +100,9 @@ struct TrainingArgs {
   bool bf16 = false;              // --bf16: params_dtype bf16 (derived into model.params_dtype)
   bool fp16 = false;              // --fp16: params_dtype f16 with loss scaling
   int64_t world_size = 1;         // from the launcher, not a flag
+  // Megatron's --calculate-per-token-loss: each step's loss is the global batch's loss sum over its
+  // loss tokens, not the mean of each micro-batch's mean.
+  bool calculate_per_token_loss = false;
   int64_t micro_batch_size = 0;   // required
   int64_t global_batch_size = 0;  // derived: micro_batch_size * data_parallel_size
   int64_t train_iters = 0;        // this or train_samples is required

@@ -550,6 +550,7 @@ IterationResult TrainingLoop::train_step() {
   const int64_t micro_batches_before = progress.consumed_train_samples / (args.micro_batch_size * dp_size);
   ddp.zero_grad();
   std::vector<MicroBatchRun> runs;
+  std::vector<double> loss_tokens;  // each micro-batch's, over its whole sequences
   timers.start("forward-backward");
   for (int64_t m = 0; m < micro; ++m) {
     timers.start("batch-generator");
@@ -570,6 +571,30 @@ IterationResult TrainingLoop::train_step() {
                              .step = uint64_t((micro_batches_before + m) * dp_size + dp_rank),
                              .aux_loss_grad_scale = float(double(optimizer->loss_scale()) / double(micro))};
     runs.push_back({.batch = context_parallel_part(batch, *ctx.cp), .fwd = fwd, .loss_grad_scale = grad_scale});
+    loss_tokens.push_back(tokens);
+  }
+  // Megatron's --calculate-per-token-loss: the gradient of the global batch's loss sum over its
+  // number of loss tokens (Megatron divides the DP-summed gradients by it; here every micro-batch,
+  // and the MoE aux loss, is scaled by DP x CP over it, which the DP x CP average undoes).
+  if (args.calculate_per_token_loss) {
+    double local = 0.0;
+    for (double t : loss_tokens) local += t;
+    double global = sum_over(*ctx.dp, {.num_tokens = local}, device).num_tokens;
+    // Every stage that reads data counts the same tokens, the others none; the MoE layers of every
+    // stage need the count for their aux loss.
+    if (ctx.pp->size() > 1) {
+      Tensor host = Tensor::empty({1}, DType::f64);
+      host.data<double>()[0] = global;
+      Tensor count = host.to(device);
+      ctx.pp->all_reduce(count, ReduceOp::max);
+      global = count.item(0);
+    }
+    const double scale =
+        global > 0 ? double(optimizer->loss_scale()) * double(dp_size) * double(ctx.cp->size()) / global : 0.0;
+    for (MicroBatchRun& run : runs) {
+      run.loss_grad_scale = float(scale);
+      run.fwd.aux_loss_grad_scale = float(scale);
+    }
   }
   // With --overlap-param-gather the forward waits for each bucket of the previous step's
   // parameter all-gather just before it reads it (DDP listens to the model's notifications).
