@@ -154,13 +154,15 @@ struct IntervalMoEStats {
   }
 };
 
-LossSums sum_over(Communicator& group, const LossSums& local, Device device) {
+// Both sums reduced over `group` (elementwise: sum, or max where every rank holds the same value
+// or none).
+LossSums reduce_over(Communicator& group, const LossSums& local, Device device, ReduceOp op = ReduceOp::sum) {
   if (group.size() == 1) return local;
   Tensor host = Tensor::empty({2}, DType::f64);
   host.data<double>()[0] = local.loss_sum;
   host.data<double>()[1] = local.num_tokens;
   Tensor sums = host.to(device);
-  group.all_reduce(sums, ReduceOp::sum);
+  group.all_reduce(sums, op);
   return {sums.item(0), sums.item(1)};
 }
 
@@ -213,7 +215,7 @@ Evaluation evaluate(ModelChunks& model, datasets::DataLoader* loader, const char
     total.loss_sum += s.loss_sum;
     total.num_tokens += s.num_tokens;
   }
-  total = sum_over(*ctx.dp_cp, total, model.device());
+  total = reduce_over(*ctx.dp_cp, total, model.device());
   return {total.loss_sum / std::max(1.0, total.num_tokens), args.eval_iters * args.global_batch_size};
 }
 
@@ -559,41 +561,35 @@ IterationResult TrainingLoop::train_step() {
     double tokens = 0;
     if (batch.loss_mask.defined())
       for (float v : batch.loss_mask.to_vector()) tokens += v;
-    // Megatron's default loss: the mean over each micro-batch's tokens, averaged over
-    // micro-batches, times the loss scale (1 without loss scaling). Under context parallelism
-    // `tokens` counts the whole sequences and the gradients are averaged over DP x CP, so each
-    // CP rank's share is scaled by CP (Megatron's loss * cp_size).
-    const float grad_scale =
-        tokens > 0 ? float(double(optimizer->loss_scale()) * double(ctx.cp->size()) / (tokens * double(micro))) : 0.0f;
+    loss_tokens.push_back(tokens);
     // The micro-batch's index in the global batch, so dropout masks do not depend on the DP size.
     const ForwardContext fwd{.training = true,
                              .seed = uint64_t(args.seed),
-                             .step = uint64_t((micro_batches_before + m) * dp_size + dp_rank),
-                             .aux_loss_grad_scale = float(double(optimizer->loss_scale()) / double(micro))};
-    runs.push_back({.batch = context_parallel_part(batch, *ctx.cp), .fwd = fwd, .loss_grad_scale = grad_scale});
-    loss_tokens.push_back(tokens);
+                             .step = uint64_t((micro_batches_before + m) * dp_size + dp_rank)};
+    runs.push_back({.batch = context_parallel_part(batch, *ctx.cp), .fwd = fwd});
   }
-  // Megatron's --calculate-per-token-loss: the gradient of the global batch's loss sum over its
-  // number of loss tokens (Megatron divides the DP-summed gradients by it; here every micro-batch,
-  // and the MoE aux loss, is scaled by DP x CP over it, which the DP x CP average undoes).
+  // The loss gradient's scale, times the loss scale (1 without loss scaling). Megatron's default
+  // loss: the mean over each micro-batch's tokens, averaged over micro-batches. Under context
+  // parallelism `tokens` counts the whole sequences and the gradients are averaged over DP x CP, so
+  // each CP rank's share is scaled by CP (Megatron's loss * cp_size). --calculate-per-token-loss:
+  // the global batch's loss sum over its number of loss tokens (Megatron divides the DP-summed
+  // gradients by it; here every micro-batch, and the MoE aux loss, is scaled by DP x CP over it,
+  // which the DP x CP average undoes).
+  const double scale_of_loss = optimizer->loss_scale(), cp_size = double(ctx.cp->size());
   if (args.calculate_per_token_loss) {
     double local = 0.0;
     for (double t : loss_tokens) local += t;
-    double global = sum_over(*ctx.dp, {.num_tokens = local}, device).num_tokens;
     // Every stage that reads data counts the same tokens, the others none; the MoE layers of every
     // stage need the count for their aux loss.
-    if (ctx.pp->size() > 1) {
-      Tensor host = Tensor::empty({1}, DType::f64);
-      host.data<double>()[0] = global;
-      Tensor count = host.to(device);
-      ctx.pp->all_reduce(count, ReduceOp::max);
-      global = count.item(0);
-    }
-    const double scale =
-        global > 0 ? double(optimizer->loss_scale()) * double(dp_size) * double(ctx.cp->size()) / global : 0.0;
-    for (MicroBatchRun& run : runs) {
-      run.loss_grad_scale = float(scale);
-      run.fwd.aux_loss_grad_scale = float(scale);
+    const double global =
+        reduce_over(*ctx.pp, reduce_over(*ctx.dp, {.num_tokens = local}, device), device, ReduceOp::max).num_tokens;
+    const double scale = global > 0 ? scale_of_loss * double(dp_size) * cp_size / global : 0.0;
+    for (MicroBatchRun& run : runs) run.loss_grad_scale = run.fwd.aux_loss_grad_scale = float(scale);
+  } else {
+    for (size_t m = 0; m < runs.size(); ++m) {
+      const double tokens = loss_tokens[m];
+      runs[m].loss_grad_scale = tokens > 0 ? float(scale_of_loss * cp_size / (tokens * double(micro))) : 0.0f;
+      runs[m].fwd.aux_loss_grad_scale = float(scale_of_loss / double(micro));
     }
   }
   // With --overlap-param-gather the forward waits for each bucket of the previous step's
@@ -636,7 +632,7 @@ IterationResult TrainingLoop::train_step() {
     LOG_INFO("per-op time of iteration " << progress.iteration + 1 << ":\n"
                                          << ops::format_op_profile(timings, step_ms));
   }
-  iteration_sums = sum_over(*ctx.dp_cp, iteration_sums, device);
+  iteration_sums = reduce_over(*ctx.dp_cp, iteration_sums, device);
   const double loss = iteration_sums.loss_sum / std::max(1.0, iteration_sums.num_tokens);
   ++progress.iteration;
   progress.consumed_train_samples += batch_size;
