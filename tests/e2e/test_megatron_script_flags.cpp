@@ -1,7 +1,7 @@
 // A Megatron launch script's implementation choices (--use-flash-attn, --transformer-impl, the
 // fusion switches, ...) run through the `megatron train` command: the log names each one once,
 // and the run's losses are the plain run's, bit for bit. --deterministic-mode's environment and
-// --profile's backend too.
+// --profile's backend too; --decoupled-lr reaching the optimizer.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -107,4 +107,25 @@ TEST(MegatronScriptFlags, ProfileIsRefusedOnTheCpu) {
   EXPECT_EQ(count(r.output, "--profile starts and stops the CUDA profiler (for nsys), and this run is on the CPU"), 1)
       << r.output;
   EXPECT_EQ(count(r.output, "building GPT model"), 0) << "the run started: " << r.output;
+}
+
+// --decoupled-lr through the command: at --lr's own value (and --min-lr's end, the default) the
+// run is the plain run bit for bit; at another value the first loss, taken before any update, is
+// the same and the later ones move (the embedding and output layer stepped at their own rate).
+TEST(MegatronScriptFlags, DecoupledLrReachesTheEmbeddingAndOutputLayer) {
+  const TempDir dir;
+  const auto run = [&](const std::string& name, const std::string& flags) {
+    const megatron::testing::RunResult r =
+        run_megatron(std::string(kLlamaRun) + "--metrics-file " + (dir / name) + " " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return losses(dir / name);
+  };
+  const std::vector<double> plain = run("plain.jsonl", "");
+  ASSERT_EQ(plain.size(), 3u);
+  EXPECT_EQ(run("same.jsonl", "--decoupled-lr 1e-3"), plain);
+  const std::vector<double> decoupled = run("decoupled.jsonl", "--decoupled-lr 1e-2 --decoupled-min-lr 1e-4");
+  ASSERT_EQ(decoupled.size(), 3u);
+  EXPECT_EQ(decoupled[0], plain[0]);
+  EXPECT_NE(decoupled[1], plain[1]);
+  EXPECT_NE(decoupled[2], plain[2]);
 }

@@ -44,7 +44,7 @@ struct Model {
     std::vector<AdamWState::Piece> pieces;
     for (size_t i = 0; i < l.pieces.size(); ++i) {
       const auto [b, e] = l.pieces[i];
-      pieces.push_back({b, e, grads.slice(b, e), params.slice(b, e), i % 3 != 0});
+      pieces.push_back({b, e, grads.slice(b, e), params.slice(b, e), i % 3 != 0, /*decoupled_lr=*/i % 4 == 1});
     }
     state = std::make_unique<AdamWState>(pieces, l.numel, device, params_dtype, DType::f32, offload);
   }
@@ -72,9 +72,10 @@ TEST_F(OffloadPipeline, ChunkedCopiesOnTheCopyStreamEqualTheHostUpdateBitForBit)
       const Tensor g = randn({layout.numel}, DType::f32, 100 + uint64_t(t));
       reference.grads.copy_from(g);
       offloaded.grads.copy_from(g);
-      const ops::AdamWParams p{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_scale = 0.7f, .step = t};
-      reference.state->step(p, 0.1f);
-      offloaded.state->step(p, 0.1f);
+      const ops::AdamWParams p{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_scale = 0.7f, .step = t};
+      const StepRates rates{1e-3f, 0.1f, 4e-4f};
+      reference.state->step(p, rates);
+      offloaded.state->step(p, rates);
       // Read on the compute stream, which waits for the last upload without the host waiting.
       EXPECT_EQ(differing(reference.params, offloaded.params), 0) << "parameters after step " << t;
       for (const auto& [b, e] : layout.pieces)

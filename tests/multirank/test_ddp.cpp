@@ -24,7 +24,7 @@ namespace {
 // buckets, completed by the notifications d, c / b / a.
 void add_params(ParameterRegistry& reg, DType dtype) {
   reg.add({.name = "a", .global_shape = {40}});
-  reg.add({.name = "b", .global_shape = {7, 9}});
+  reg.add({.name = "b", .global_shape = {7, 9}, .embedding_or_output = true});  // at --decoupled-lr's rate
   reg.add({.name = "c", .global_shape = {100}});
   reg.add({.name = "d", .global_shape = {5}, .weight_decay = false});
   reg.allocate(dtype);
@@ -160,7 +160,7 @@ TEST_F(Ddp, ReduceScatterLeavesEachRankItsShardsAndGatherRestoresParameters) {
 // Same gradients, same hyper-parameters: the distributed optimizer's shards reproduce the
 // replicated AdamW bit for bit (both apply the same elementwise update). The gradients are
 // multiples of 1/R, so even the norm, summed per shard then over ranks, is exact, and clipping
-// matches too.
+// matches too. "b" steps at a decoupled learning rate (--decoupled-lr), which each shard of it must take.
 TEST_F(Ddp, DistributedOptimizerUpdatesLikeReplicatedAdamW) {
   for (const DType dtype : {DType::f32, DType::bf16})
     for (const double clip : {0.0, 1.0}) {
@@ -177,7 +177,8 @@ TEST_F(Ddp, DistributedOptimizerUpdatesLikeReplicatedAdamW) {
           fill_grads(ddp->registry(), r_, step);
           ddp->finish_grad_sync();
         }
-        const OptimizerStepResult a = ref.step(1e-2, 0.1), b = dist.step(1e-2, 0.1);
+        const StepRates rates{1e-2f, 0.1f, 3e-3f};
+        const OptimizerStepResult a = ref.step(rates), b = dist.step(rates);
         // The norm of integers over R ranks: sums of squares in fp32 are exact up to 2^24.
         EXPECT_EQ(a.grad_norm, b.grad_norm) << dtype_name(dtype) << " step " << step;
         for (size_t k = 0; k < ref_reg.params().size(); ++k)
@@ -206,7 +207,7 @@ TEST_F(Ddp, OverflowInOneRanksShardSkipsTheStepOnEveryRank) {
       const Range& shard = ddp.shards().in_buffer.back();
       reg.grad_slice(shard.begin, shard.end).set_item(0, std::numeric_limits<float>::infinity());
     }
-    const OptimizerStepResult result = opt.step(1e-2, 0.0);
+    const OptimizerStepResult result = opt.step({1e-2, 0.0});
     EXPECT_EQ(result.skipped, overflow);
     EXPECT_EQ(opt.step_count(), overflow ? 0 : 1);
     EXPECT_EQ(opt.loss_scale(), 512.0f);  // halved by the overflow (hysteresis 1), kept by the clean step
@@ -326,7 +327,7 @@ TEST(DdpExpertParallel, DistributedOptimizerShardsExpertsAndTheNormCountsEachExp
           for (int r = 0; r < (p->spec.expert_parallel ? edp : dp); ++r) sum += grad_of(*p, ep, r, i, step);
           norm2 += (sum / dp) * (sum / dp);
         }
-    const OptimizerStepResult a = ref.step(1e-2, 0.1), b = dist.step(1e-2, 0.1);
+    const OptimizerStepResult a = ref.step({1e-2, 0.1}), b = dist.step({1e-2, 0.1});
     ASSERT_TRUE(a.grad_norm.has_value());
     EXPECT_DOUBLE_EQ(*a.grad_norm, std::sqrt(norm2)) << "step " << step;
     EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;

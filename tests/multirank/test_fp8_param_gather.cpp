@@ -124,7 +124,7 @@ void expect_weights_held_in_fp8(Recipe recipe) {
     model.forward_backward(tokens, labels, mask, 1.0f / float(S), {.training = true, .step = uint64_t(step)});
     ddp.finish_grad_sync();
     model.update_fp8_scales();
-    optimizer.step(1e-2, 0.0);
+    optimizer.step({1e-2, 0.0});
     check("after a step");
   }
 }

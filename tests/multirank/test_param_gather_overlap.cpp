@@ -184,7 +184,7 @@ TEST_F(ParamGatherOverlap, GptForwardWaitsForEachBucketInTurn) {
         }
       }
       ddp.finish_grad_sync();
-      optimizer.step(1e-2, 0.1);
+      optimizer.step({1e-2, 0.1});
       if (overlap) {
         EXPECT_EQ(ddp.param_gather_events(), std::vector<Event>{start(n - 1)});
       }

@@ -193,7 +193,7 @@ class Replica {
     finalize_model_grads(*ddp_);
     return sums;
   }
-  double step() { return optimizer_->step(3e-3, 0.01).grad_norm.value(); }  // never skipped: no loss scaling
+  double step() { return optimizer_->step({3e-3, 0.01}).grad_norm.value(); }  // never skipped: no loss scaling
 
   GPTModel& model() { return *model_; }
 

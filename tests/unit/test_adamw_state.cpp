@@ -22,29 +22,35 @@ namespace {
 struct Range {
   int64_t begin, end;
   bool decay;
+  bool decoupled_lr = false;
 };
-const std::vector<Range> kPieces{{0, 5, true}, {8, 25, false}, {32, 35, true}, {40, 70, true}, {72, 79, false}};
+// The first piece and the fourth at --decoupled-lr's rate (the embedding, the output layer); the
+// first lies in the offloaded part at every fraction below, the fourth on the device at 0.5.
+const std::vector<Range> kPieces{
+    {0, 5, true, true}, {8, 25, false}, {32, 35, true}, {40, 70, true, true}, {72, 79, false}};
 constexpr int64_t kNumel = 80;
 
 struct Model {
   Tensor params, grads;  // the flat buffers
   std::unique_ptr<AdamWState> state;
 
-  Model(DType params_dtype, const AdamWStateOptions& offload) {
+  // ignore_decoupled: every piece at the learning rate `lr` (the reference of the decoupled test).
+  Model(DType params_dtype, const AdamWStateOptions& offload, bool ignore_decoupled = false) {
     std::vector<float> init(static_cast<size_t>(kNumel));
     for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(0.37f * float(i));
     params = Tensor::from_vector(init, {kNumel}, params_dtype);
     grads = Tensor::zeros({kNumel}, DType::f32);
     std::vector<AdamWState::Piece> pieces;
     for (const Range& r : kPieces)
-      pieces.push_back({r.begin, r.end, grads.slice(r.begin, r.end), params.slice(r.begin, r.end), r.decay});
+      pieces.push_back({r.begin, r.end, grads.slice(r.begin, r.end), params.slice(r.begin, r.end), r.decay,
+                        r.decoupled_lr && !ignore_decoupled});
     state = std::make_unique<AdamWState>(pieces, kNumel, Device::cpu(), params_dtype, DType::f32, offload);
   }
-  void step(int64_t t) {
+  void step(int64_t t, const StepRates& rates = {1e-2f, 0.1f, 3e-3f}) {
     std::vector<float> g(static_cast<size_t>(kNumel));
     for (size_t i = 0; i < g.size(); ++i) g[i] = std::cos(0.11f * float(i) * float(t)) * float(t);
     grads.copy_from(Tensor::from_vector(g, {kNumel}, DType::f32));
-    state->step({.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_scale = 0.5f, .step = t}, 0.1f);
+    state->step({.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_scale = 0.5f, .step = t}, rates);
   }
 };
 
@@ -71,6 +77,35 @@ TEST(AdamWStateOffload, ChunkedPipelineEqualsTheUpdateWithoutOffloadBitForBit) {
           }
         }
       }
+}
+
+// --decoupled-lr: the marked pieces take the decoupled rate and the others the plain one, on the
+// device and in the offloaded part, with f32 masters and with remainders: the same bits as states
+// with no piece marked, stepped at one rate or the other.
+TEST(AdamWStateDecoupledLr, MarkedPiecesStepAtTheDecoupledRate) {
+  const StepRates rates{1e-2f, 0.1f, 3e-3f};
+  for (const AdamWStateOptions& options :
+       {AdamWStateOptions{}, AdamWStateOptions{.cpu_offload = true, .offload_fraction = 0.5, .chunk_elements = 8},
+        AdamWStateOptions{.store_param_remainders = true}}) {
+    SCOPED_TRACE("offload " + std::to_string(options.cpu_offload) + " remainders " +
+                 std::to_string(options.store_param_remainders));
+    Model decoupled(DType::bf16, options);
+    Model at_lr(DType::bf16, options, /*ignore_decoupled=*/true), at_decoupled(DType::bf16, options, true);
+    for (int64_t t = 1; t <= 3; ++t) {
+      decoupled.step(t, rates);
+      at_lr.step(t, {rates.lr, rates.weight_decay});
+      at_decoupled.step(t, {*rates.decoupled_lr, rates.weight_decay});
+    }
+    for (const Range& r : kPieces) {
+      const Model& want = r.decoupled_lr ? at_decoupled : at_lr;
+      EXPECT_EQ(decoupled.params.slice(r.begin, r.end).to_vector(), want.params.slice(r.begin, r.end).to_vector())
+          << "piece [" << r.begin << ", " << r.end << ")";
+      EXPECT_EQ(decoupled.state->master_values(r.begin, r.end).to_vector(),
+                want.state->master_values(r.begin, r.end).to_vector());
+    }
+    // The control: the two rates move the parameters apart.
+    EXPECT_NE(at_lr.params.to_vector(), at_decoupled.params.to_vector());
+  }
 }
 
 // The CPU queue is what makes the test above check the ordering: a copy lands only when a wait

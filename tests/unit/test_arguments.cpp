@@ -211,8 +211,8 @@ TEST(ParseArgs, FlagProblems) {
   // Megatron's flags for what is not built say so, with what to do instead, values and all.
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--ckpt-format", "torch_dist"})),
                        "--ckpt-format: Megatron's flag, not built here: checkpoints here are per-rank safetensors"));
-  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--decoupled-lr", "1e-4"})),
-                       "--decoupled-lr: Megatron's flag, not built here: one learning rate schedule"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--grad-reduce-in-bf16"})),
+                       "--grad-reduce-in-bf16: Megatron's flag, not built here: gradients reduce in fp32"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--softmax-type", "learnable"})),
                        "--softmax-type: Megatron's flag, not built here: gpt-oss's attention sinks"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--megatron-fsdp-main-grads-dtype", "bf16"})),

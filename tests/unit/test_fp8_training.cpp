@@ -51,7 +51,7 @@ std::vector<double> loss_curve(const TransformerConfig& c, int steps) {
                                               {.training = true, .seed = 1, .step = uint64_t(step)});
     losses.push_back(s.loss_sum / s.num_tokens);
     model.update_fp8_scales();
-    opt.step(3e-3, 0.0);
+    opt.step({3e-3, 0.0});
   }
   return losses;
 }

@@ -169,9 +169,44 @@ TEST(GPTModel, OverfitsOneBatch) {
       const LossSums s = model.forward_backward(b.tokens, b.labels, b.mask, float(1.0 / 26.0),
                                                 {.training = true, .seed = 1, .step = uint64_t(step)});
       loss = s.loss_sum / s.num_tokens;
-      opt.step(1e-2, 0.0);
+      opt.step({1e-2, 0.0});
     }
     EXPECT_LT(loss, 0.1) << (c.swiglu ? "llama" : "gpt2") << " style";
+  }
+}
+
+// --decoupled-lr: after one step from the same gradients, the word embedding and the output
+// layer (one tied weight in the gpt2-style model, two in the llama-style one) equal a step of
+// every parameter at the decoupled rate, every other parameter (the position embedding included,
+// as in Megatron) a step at the plain rate.
+TEST(GPTModel, DecoupledLrStepsTheEmbeddingAndOutputLayerAtItsRate) {
+  for (const TransformerConfig& c : {gpt2_style(DType::f32), llama_style(DType::f32)}) {
+    SCOPED_TRACE(c.swiglu ? "llama style" : "gpt2 style");
+    ParallelContext ctx = ParallelContext::single_process();
+    const Batch b = random_batch(2, c.seq_length, c.vocab_size, 3);
+    const auto one_step = [&](const StepRates& rates) {
+      auto model = std::make_unique<GPTModel>(c, ctx);
+      model->parameters().initialize(1);
+      AdamWOptimizer opt(model->parameters(), ctx, {.clip_grad = 1.0});
+      model->parameters().zero_grads();
+      model->forward_backward(b.tokens, b.labels, b.mask, 0.1f, {.training = true, .seed = 1});
+      opt.step(rates);
+      return model;
+    };
+    const auto decoupled = one_step({1e-2f, 0.1f, 3e-3f});
+    const auto at_lr = one_step({1e-2f, 0.1f});
+    const auto at_decoupled = one_step({3e-3f, 0.1f});
+    std::vector<std::string> marked;
+    for (size_t k = 0; k < decoupled->parameters().params().size(); ++k) {
+      const Parameter& p = *decoupled->parameters().params()[k];
+      if (p.spec.embedding_or_output) marked.push_back(p.spec.name);
+      GPTModel& want = p.spec.embedding_or_output ? *at_decoupled : *at_lr;
+      EXPECT_EQ(p.data.to_vector(), want.parameters().params()[k]->data.to_vector()) << p.spec.name;
+    }
+    EXPECT_EQ(marked, c.untie_embeddings_and_output_weights
+                          ? (std::vector<std::string>{"embedding.word_embeddings.weight", "output_layer.weight"})
+                          : (std::vector<std::string>{"embedding.word_embeddings.weight"}));
+    EXPECT_NE(at_lr->parameters().param_buffer().to_vector(), at_decoupled->parameters().param_buffer().to_vector());
   }
 }
 

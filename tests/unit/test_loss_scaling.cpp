@@ -57,7 +57,7 @@ TEST(LossScaling, FoldedUnscalingUpdatesExactlyLikeUnscaledGradients) {
   for (int step = 0; step < 3; ++step) {
     fill_grads(plain_reg, step, 1.0f);
     fill_grads(scaled_reg, step, scaled.loss_scale());
-    const OptimizerStepResult a = plain.step(1e-2, 0.1), b = scaled.step(1e-2, 0.1);
+    const OptimizerStepResult a = plain.step({1e-2, 0.1}), b = scaled.step({1e-2, 0.1});
     ASSERT_FALSE(b.skipped);
     ASSERT_TRUE(a.grad_norm && b.grad_norm);
     EXPECT_GT(*a.grad_norm, 1.0);
@@ -76,7 +76,7 @@ TEST(LossScaling, OverflowSkipsTheStepAndBacksOffTheScale) {
   add_params(reg);
   AdamWOptimizer opt(reg, ctx, {.clip_grad = 1.0}, std::make_unique<DynamicGradScaler>(small_scaler()));
   fill_grads(reg, 0, opt.loss_scale());
-  ASSERT_FALSE(opt.step(1e-2, 0.1).skipped);  // some moments, so that "unchanged" means something
+  ASSERT_FALSE(opt.step({1e-2, 0.1}).skipped);  // some moments, so that "unchanged" means something
 
   const std::vector<GradScalerState> after = {{1024.0f, 0, 1}, {512.0f, 0, 0}, {256.0f, 0, -1}};
   const float bad[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
@@ -85,7 +85,7 @@ TEST(LossScaling, OverflowSkipsTheStepAndBacksOffTheScale) {
     fill_grads(reg, 1, opt.loss_scale());
     reg.params()[k % 2]->main_grad.set_item(3, bad[k]);
     const std::vector<float> before = snapshot(reg, opt);
-    const OptimizerStepResult r = opt.step(1e-2, 0.1);
+    const OptimizerStepResult r = opt.step({1e-2, 0.1});
     EXPECT_TRUE(r.skipped) << "overflow " << k;
     EXPECT_FALSE(r.grad_norm.has_value());
     EXPECT_EQ(opt.step_count(), 1);
@@ -93,7 +93,7 @@ TEST(LossScaling, OverflowSkipsTheStepAndBacksOffTheScale) {
     EXPECT_EQ(snapshot(reg, opt), before) << "overflow " << k;
   }
   fill_grads(reg, 2, opt.loss_scale());
-  EXPECT_FALSE(opt.step(1e-2, 0.1).skipped);
+  EXPECT_FALSE(opt.step({1e-2, 0.1}).skipped);
   EXPECT_EQ(opt.step_count(), 2);
 }
 
@@ -105,7 +105,7 @@ TEST(LossScaling, StaticScaleSkipsOverflowsWithoutChanging) {
   AdamWOptimizer opt(reg, ctx, {}, std::make_unique<ConstantGradScaler>(64.0f));
   fill_grads(reg, 0, 64.0f);
   reg.params()[0]->main_grad.set_item(0, std::numeric_limits<float>::infinity());
-  EXPECT_TRUE(opt.step(1e-2, 0.0).skipped);
+  EXPECT_TRUE(opt.step({1e-2, 0.0}).skipped);
   EXPECT_EQ(opt.loss_scale(), 64.0f);
   EXPECT_EQ(opt.step_count(), 0);
 }

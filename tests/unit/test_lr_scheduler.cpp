@@ -20,6 +20,7 @@
 // than 1e-3 relative.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -156,6 +157,29 @@ TEST(LrSchedule, SampleBasedLengths) {
       {{0, 0.01}, {30, 0.01}, {35, 0.0055}, {40, 0.001}});
 }
 
+// --decoupled-lr 0.004 --decoupled-min-lr 0.0002 beside kIters' linear schedule (lr 0.01, min-lr
+// 0.001, W = 4, D = 20): the same warmup and decay between the decoupled bounds. steps 2:
+// 0.004 * 2 / 4 = 0.002; 4: 0.004; 8: r = 0.25, c = 0.75, 0.0002 + 0.75 * 0.0038 = 0.00305;
+// 20 and beyond: 0.0002. Without --decoupled-min-lr the end is --min-lr: steps 8:
+// 0.001 + 0.75 * 0.003 = 0.00325. The plain rate stays kIters' (0.00775 at 8); without the flag
+// there is no decoupled rate.
+TEST(LrSchedule, DecoupledLrTakesTheScheduleBetweenItsOwnBounds) {
+  const auto decoupled_at = [](const Argv& extra, int64_t steps) {
+    OptimizerParamScheduler scheduler = scheduler_for(extra);
+    scheduler.set_num_steps(steps);
+    return scheduler.decoupled_lr();
+  };
+  const Argv both = with(kIters, {"--decoupled-lr", "0.004", "--decoupled-min-lr", "0.0002"});
+  for (const Point& p : std::vector<Point>{{2, 0.002}, {4, 0.004}, {8, 0.00305}, {20, 0.0002}, {22, 0.0002}}) {
+    const std::optional<double> lr = decoupled_at(both, p.steps);
+    ASSERT_TRUE(lr.has_value());
+    EXPECT_NEAR(*lr, p.lr, 1e-13 * p.lr) << "at " << p.steps << " samples";
+  }
+  EXPECT_NEAR(scheduler_for(both).lr_at(8), 0.00775, 1e-13);
+  EXPECT_NEAR(decoupled_at(with(kIters, {"--decoupled-lr", "0.004"}), 8).value(), 0.00325, 1e-13);
+  EXPECT_FALSE(decoupled_at(kIters, 8).has_value());
+}
+
 // Megatron's rules: a run counts its schedule in iterations or in samples, never both.
 TEST(LrSchedule, IterationAndSampleFormsDoNotMix) {
   const auto error = [](const Argv& extra) { return megatron::testing::error_of([&] { scheduler_for(extra); }); };
@@ -181,5 +205,25 @@ TEST(LrSchedule, IterationAndSampleFormsDoNotMix) {
   EXPECT_NE(error({"--train-samples", "1"}).find("--train-samples 1 is less than one global batch (2 samples)"),
             std::string::npos);
   EXPECT_NE(error({"--train-iters", "10", "--lr-warmup-init", "0.02"}).find("--lr-warmup-init 0.02 exceeds --lr"),
+            std::string::npos);
+}
+
+// The decoupled schedule obeys --lr's rules; Megatron would take these silently.
+TEST(LrSchedule, DecoupledLrErrors) {
+  const auto error = [](const Argv& extra) {
+    return megatron::testing::error_of([&] { scheduler_for(with(kIters, extra)); });
+  };
+  EXPECT_NE(error({"--decoupled-min-lr", "0.001"}).find("--decoupled-min-lr 0.001 without --decoupled-lr"),
+            std::string::npos);
+  EXPECT_NE(error({"--decoupled-lr", "0"}).find("--decoupled-lr 0 must be positive"), std::string::npos);
+  EXPECT_NE(error({"--decoupled-lr", "0.004", "--decoupled-min-lr", "0.005"})
+                .find("--decoupled-min-lr 0.005 exceeds --decoupled-lr 0.004"),
+            std::string::npos);
+  EXPECT_NE(error({"--decoupled-lr", "0.004", "--decoupled-min-lr", "-1"}).find("--decoupled-min-lr -1 must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(error({"--decoupled-lr", "0.0005"}).find("--min-lr 0.001 exceeds --decoupled-lr 0.0005"),
+            std::string::npos);
+  EXPECT_NE(error({"--decoupled-lr", "0.004", "--decoupled-min-lr", "0", "--lr-warmup-init", "0.005"})
+                .find("--lr-warmup-init 0.005 exceeds --decoupled-lr 0.004"),
             std::string::npos);
 }

@@ -117,7 +117,7 @@ TEST(ReleasedWeights, TrainBitForBitAsKeptWeightsWhileHoldingLessAfterTheBackwar
         EXPECT_EQ(released.released_parts(), buckets) << name << ", step " << step;
         EXPECT_EQ(released_held, kept_held - weight_bytes) << name << ", step " << step;
         EXPECT_NE(error_of([&] { reg.params()[0]->data.item(0); }).find("memory was released"), std::string::npos);
-        const OptimizerStepResult a = kept.optimizer->step(1e-2, 0.1), b = released.optimizer->step(1e-2, 0.1);
+        const OptimizerStepResult a = kept.optimizer->step({1e-2, 0.1}), b = released.optimizer->step({1e-2, 0.1});
         EXPECT_FALSE(b.skipped) << name;
         EXPECT_EQ(a.grad_norm, b.grad_norm) << name << ", step " << step;
         EXPECT_EQ(released.released_parts(), 0u) << name << ": every weight back after the step";
@@ -144,7 +144,7 @@ TEST(ReleasedWeights, SkippedStepsLeaveTheWeightsAsTheyWere) {
       kept.forward_backward(step, 1);
       released.forward_backward(step, 1);
       ASSERT_GT(released.released_parts(), 0u);
-      const OptimizerStepResult a = kept.optimizer->step(1e-2, 0.1), b = released.optimizer->step(1e-2, 0.1);
+      const OptimizerStepResult a = kept.optimizer->step({1e-2, 0.1}), b = released.optimizer->step({1e-2, 0.1});
       ASSERT_EQ(a.skipped, b.skipped) << "step " << step;
       EXPECT_EQ(released.released_parts(), 0u);
       if (b.skipped && updated == 0) {

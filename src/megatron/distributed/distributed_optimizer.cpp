@@ -15,9 +15,11 @@ std::vector<AdamWState::Piece> shard_pieces(DistributedDataParallel& ddp) {
                  "the distributed optimizer needs DDP built with use_distributed_optimizer (its padded buckets)");
   ParameterRegistry& registry = ddp.registry();
   std::vector<AdamWState::Piece> pieces;
-  for (const ShardParamRange& r : ddp.shards().params)
-    pieces.push_back({r.in_shards.begin, r.in_shards.end, ddp.grad_of(r), ddp.param_of(r),
-                      registry.params()[r.param]->spec.weight_decay});
+  for (const ShardParamRange& r : ddp.shards().params) {
+    const ParamSpec& spec = registry.params()[r.param]->spec;
+    pieces.push_back({r.in_shards.begin, r.in_shards.end, ddp.grad_of(r), ddp.param_of(r), spec.weight_decay,
+                      spec.embedding_or_output});
+  }
   return pieces;
 }
 }  // namespace
@@ -106,8 +108,8 @@ void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {
   for (size_t b = 0; b < ddp_->shards().in_buffer.size(); ++b) ops::count_nonfinite(acc, ddp_->grad_shard(b));
 }
 
-void DistributedOptimizer::update(double lr, double weight_decay, float grad_scale) {
-  update_parts(state_, part_ranges(), step_params(lr, grad_scale), float(weight_decay));
+void DistributedOptimizer::update(const StepRates& rates, float grad_scale) {
+  update_parts(state_, part_ranges(), step_params(grad_scale), rates);
   if (!fp8_params_.empty() && !fp8_cast_in_update_) cast_fp8_params();
   ddp_->start_param_gather();
   if (!ddp_->config().overlap_param_gather) ddp_->finish_param_gather();

@@ -44,7 +44,7 @@ class DistributedOptimizer final : public Optimizer {
  private:
   void count_nonfinite_grads(Tensor& acc) const override;
   double global_grad_norm() const override;
-  void update(double lr, double weight_decay, float grad_scale) override;
+  void update(const StepRates& rates, float grad_scale) override;
   void keep_params() override;
   // Each bucket's shard in the concatenated shards (the state's index space), for update_parts.
   PartRanges part_ranges() const;

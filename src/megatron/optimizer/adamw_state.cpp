@@ -21,9 +21,17 @@ Tensor host_tensor(int64_t numel, DType dtype, Device model_device, std::vector<
   return Tensor::from_blob(blocks.back().get(), {numel}, dtype);
 }
 
-ops::AdamWParams with_decay(ops::AdamWParams p, bool decay, float weight_decay) {
-  p.weight_decay = decay ? weight_decay : 0.0f;
-  return p;
+// The learning rate of the pieces marked decoupled_lr or not, and a piece's weight decay, this step.
+float lr_of(bool decoupled_lr, const StepRates& rates) {
+  return decoupled_lr ? rates.decoupled_lr.value_or(rates.lr) : rates.lr;
+}
+float weight_decay_of(const AdamWState::Piece& piece, const StepRates& rates) {
+  return piece.weight_decay ? rates.weight_decay : 0.0f;
+}
+ops::AdamWParams params_of(ops::AdamWParams base, const AdamWState::Piece& piece, const StepRates& rates) {
+  base.lr = lr_of(piece.decoupled_lr, rates);
+  base.weight_decay = weight_decay_of(piece, rates);
+  return base;
 }
 }  // namespace
 
@@ -183,16 +191,16 @@ size_t AdamWState::host_bytes() const {
   return host_.master.nbytes() + host_.exp_avg.nbytes() + host_.exp_avg_sq.nbytes();
 }
 
-void AdamWState::step(const ops::AdamWParams& base, float weight_decay) {
+void AdamWState::step(const ops::AdamWParams& base, const StepRates& rates) {
   // The copies start after the gradients are complete; the device's kernels are queued before the
   // host blocks in the offloaded pipeline, so they run while it does.
   if (copies_) copies_->after_compute();
-  step_on_device(base, weight_decay, {host_pieces_, pieces_.size()});
-  step_offloaded(base, weight_decay);
+  step_on_device(base, rates, {host_pieces_, pieces_.size()});
+  step_offloaded(base, rates);
 }
 
-void AdamWState::step(const ops::AdamWParams& base, float weight_decay, int64_t begin, int64_t end) {
-  step_on_device(base, weight_decay, device_pieces_in(begin, end));
+void AdamWState::step(const ops::AdamWParams& base, const StepRates& rates, int64_t begin, int64_t end) {
+  step_on_device(base, rates, device_pieces_in(begin, end));
 }
 
 void AdamWState::write_params_from_masters(int64_t begin, int64_t end) {
@@ -219,20 +227,21 @@ std::pair<size_t, size_t> AdamWState::device_pieces_in(int64_t begin, int64_t en
   return {first, last};
 }
 
-void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay, std::pair<size_t, size_t> pieces) {
-  // The pieces with a 16-bit or f32 compute copy (or none apart from the master) in one op; FP8
-  // codes piece by piece, each with its own scale and amax.
-  std::vector<ops::AdamWPiece> together;
+void AdamWState::step_on_device(const ops::AdamWParams& base, const StepRates& rates,
+                                std::pair<size_t, size_t> pieces) {
+  // The pieces with a 16-bit or f32 compute copy (or none apart from the master) in one op per
+  // learning rate (two under --decoupled-lr); FP8 codes piece by piece, each with its own scale and
+  // amax.
+  std::vector<ops::AdamWPiece> together[2];  // at rates.lr, at the decoupled rate
   for (size_t i = pieces.first; i < pieces.second; ++i) {
     Piece& p = pieces_[i];
-    const float decay = p.weight_decay ? weight_decay : 0.0f;
     if (!dtype_is_fp8(p.param.dtype())) {
-      together.push_back({p.begin - device_.first, p.grad, p.param, decay});
+      together[p.decoupled_lr].push_back({p.begin - device_.first, p.grad, p.param, weight_decay_of(p, rates)});
       continue;
     }
     Tensor m = view(device_.exp_avg, device_, p.begin, p.end), v = view(device_.exp_avg_sq, device_, p.begin, p.end);
     Tensor master = view(device_.master, device_, p.begin, p.end);
-    const ops::AdamWParams params = with_decay(base, p.weight_decay, weight_decay);
+    const ops::AdamWParams params = params_of(base, p, rates);
     if (p.fp8_cast != nullptr) {
       Tensor amax = p.fp8_cast->amax_history.slice(0, 1);
       ops::adamw_step_fp8(master, m, v, p.grad, p.param, amax, p.fp8_cast->scale, params);
@@ -241,10 +250,14 @@ void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay
       ops::adamw_step(master, m, v, p.grad, no_copy, params);
     }
   }
-  if (together.empty()) return;
   Tensor no_master;
-  ops::adamw_step_pieces(device_master_ ? device_.master : no_master, device_.exp_avg, device_.exp_avg_sq, together,
-                         base);
+  for (const bool decoupled : {false, true}) {
+    if (together[decoupled].empty()) continue;
+    ops::AdamWParams params = base;
+    params.lr = lr_of(decoupled, rates);
+    ops::adamw_step_pieces(device_master_ ? device_.master : no_master, device_.exp_avg, device_.exp_avg_sq,
+                           together[decoupled], params);
+  }
 }
 
 // Chunk k's gradients go down into slot k % 2, the host updates them into the slot's parameters,
@@ -252,7 +265,7 @@ void AdamWState::step_on_device(const ops::AdamWParams& base, float weight_decay
 // the host updates chunk k the stream runs up(k-1) and down(k+1). Each slot is refilled only after
 // its last reader is done: down(k+1) is queued after update(k-1) returned, and update(k) writes
 // parameter slot k % 2 after host_wait(down k), which the in-order queue puts after up(k-2).
-void AdamWState::step_offloaded(const ops::AdamWParams& base, float weight_decay) {
+void AdamWState::step_offloaded(const ops::AdamWParams& base, const StepRates& rates) {
   if (chunks_.empty()) return;
   const auto in_slot = [](const Tensor& slot, const Segment& s) {
     return slot.slice(s.slot_offset, s.slot_offset + s.end - s.begin);
@@ -276,7 +289,7 @@ void AdamWState::step_offloaded(const ops::AdamWParams& base, float weight_decay
       Tensor master = view(host_.master, host_, s.begin, s.end), m = view(host_.exp_avg, host_, s.begin, s.end);
       Tensor v = view(host_.exp_avg_sq, host_, s.begin, s.end);
       Tensor grad = in_slot(grad_slots_[k % 2], s), model_copy = in_slot(param_slots_[k % 2], s);
-      ops::adamw_step(master, m, v, grad, model_copy, with_decay(base, pieces_[s.piece].weight_decay, weight_decay));
+      ops::adamw_step(master, m, v, grad, model_copy, params_of(base, pieces_[s.piece], rates));
     }
   };
   OffloadCopies::Mark down[2] = {queue_down(0), 0}, last_up = 0;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,17 @@ struct AdamWStateOptions {
   bool store_param_remainders = false;
 };
 
+// One step's rates from the schedule (OptimizerParamScheduler): the learning rate, the weight decay
+// of the pieces that decay, and under --decoupled-lr the learning rate of the pieces marked
+// decoupled_lr (the embedding and output layer; unset: `lr`).
+struct StepRates {
+  StepRates(float lr_, float weight_decay_, std::optional<float> decoupled_lr_ = std::nullopt)
+      : lr(lr_), weight_decay(weight_decay_), decoupled_lr(decoupled_lr_) {}
+  float lr;
+  float weight_decay;
+  std::optional<float> decoupled_lr;
+};
+
 class AdamWState {
  public:
   // Elements [begin, end) of the index space, updated from `grad` into `param` (views of the same
@@ -57,6 +69,7 @@ class AdamWState {
     int64_t begin = 0, end = 0;
     Tensor grad, param;
     bool weight_decay = true;
+    bool decoupled_lr = false;                  // updated at StepRates::decoupled_lr (ParamSpec::embedding_or_output)
     ops::Fp8TensorScaling* fp8_cast = nullptr;  // set_params' fp8_casts
   };
   // `pieces` in increasing order, not overlapping, inside [0, numel), possibly none (a
@@ -66,11 +79,12 @@ class AdamWState {
   AdamWState(std::vector<Piece> pieces, int64_t numel, Device device, DType params_dtype, DType state_dtype,
              const AdamWStateOptions& options);
 
-  // AdamW on every piece; `base` without weight decay, `weight_decay` applied where a piece wants it.
-  void step(const ops::AdamWParams& base, float weight_decay);
+  // AdamW on every piece: `base`'s constants (its lr and weight decay unused), each piece's learning
+  // rate and weight decay from `rates`.
+  void step(const ops::AdamWParams& base, const StepRates& rates);
   // AdamW on the pieces inside the index range [begin, end), which may cut no piece and hold none
   // offloaded: an update part by part (Optimizer::update_parts).
-  void step(const ops::AdamWParams& base, float weight_decay, int64_t begin, int64_t end);
+  void step(const ops::AdamWParams& base, const StepRates& rates, int64_t begin, int64_t end);
   // The parameters of the pieces inside [begin, end) written from their masters, which must be kept
   // apart on the device in f32 (not as remainders, not for FP8 codes): after an update, what that
   // update wrote, bit for bit (ops::cast rounds as AdamW's copy does).
@@ -119,8 +133,8 @@ class AdamWState {
   Tensor param_range(int64_t begin, int64_t end) const;
   // The pieces inside [begin, end) as an index range of pieces_ (none cut), all on the device.
   std::pair<size_t, size_t> device_pieces_in(int64_t begin, int64_t end) const;
-  void step_on_device(const ops::AdamWParams& base, float weight_decay, std::pair<size_t, size_t> pieces);
-  void step_offloaded(const ops::AdamWParams& base, float weight_decay);
+  void step_on_device(const ops::AdamWParams& base, const StepRates& rates, std::pair<size_t, size_t> pieces);
+  void step_offloaded(const ops::AdamWParams& base, const StepRates& rates);
 
   std::vector<Piece> pieces_;
   size_t host_pieces_ = 0;  // pieces_[0, host_pieces_) are offloaded

@@ -13,6 +13,8 @@ OptimizerParamScheduler::OptimizerParamScheduler(const OptimizerArgs& args, int6
     : max_lr_(args.lr),
       min_lr_(args.min_lr),
       init_lr_(args.lr_warmup_init),
+      decoupled_max_lr_(args.decoupled_lr),
+      decoupled_min_lr_(args.decoupled_min_lr.value_or(args.min_lr)),
       style_(args.lr_decay_style),
       wsd_style_(args.lr_wsd_decay_style),
       weight_decay_(args.weight_decay) {
@@ -26,15 +28,20 @@ OptimizerParamScheduler::OptimizerParamScheduler(const OptimizerArgs& args, int6
   MEGATRON_CHECK(decay_steps_ > 0, "the LR decay length is 0 samples; set --train-iters or --train-samples");
 }
 
-double OptimizerParamScheduler::lr_at(int64_t num_steps) const {
+std::optional<double> OptimizerParamScheduler::decoupled_lr() const {
+  if (!decoupled_max_lr_) return std::nullopt;
+  return lr_at(num_steps_, *decoupled_max_lr_, decoupled_min_lr_);
+}
+
+double OptimizerParamScheduler::lr_at(int64_t num_steps, double max_lr, double min_lr) const {
   const double steps = double(num_steps);
-  if (warmup_steps_ > 0 && steps <= warmup_steps_) return init_lr_ + (max_lr_ - init_lr_) * steps / warmup_steps_;
-  if (style_ == LrDecayStyle::constant) return max_lr_;
-  if (num_steps > decay_steps_) return min_lr_;
+  if (warmup_steps_ > 0 && steps <= warmup_steps_) return init_lr_ + (max_lr - init_lr_) * steps / warmup_steps_;
+  if (style_ == LrDecayStyle::constant) return max_lr;
+  if (num_steps > decay_steps_) return min_lr;
   if (style_ == LrDecayStyle::inverse_square_root) {
     // Python's x**0.5 is C's pow(x, 0.5), which may differ from sqrt in the last bit.
     const double warm = std::max(warmup_steps_, 1.0);
-    return std::max(min_lr_, max_lr_ * std::pow(warm, 0.5) / std::pow(std::max(steps, 1.0), 0.5));
+    return std::max(min_lr, max_lr * std::pow(warm, 0.5) / std::pow(std::max(steps, 1.0), 0.5));
   }
   const double ratio = (steps - warmup_steps_) / (double(decay_steps_) - warmup_steps_);
   double coeff = 0.0;
@@ -71,7 +78,7 @@ double OptimizerParamScheduler::lr_at(int64_t num_steps) const {
     default:
       MEGATRON_FAIL("unhandled LR decay style");
   }
-  return min_lr_ + coeff * (max_lr_ - min_lr_);
+  return min_lr + coeff * (max_lr - min_lr);
 }
 
 }  // namespace megatron

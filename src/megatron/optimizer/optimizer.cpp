@@ -33,7 +33,7 @@ Optimizer::Optimizer(ParameterRegistry& registry, const AdamWHyper& hyper,
       found_inf_group_(std::move(found_inf_group)),
       grad_scaler_(std::move(grad_scaler)) {}
 
-OptimizerStepResult Optimizer::step(double lr, double weight_decay) {
+OptimizerStepResult Optimizer::step(const StepRates& rates) {
   OptimizerStepResult result;
   // The scale the loss was multiplied by in this step's backward; update() may change it.
   const double inv_scale = grad_scaler_ ? double(grad_scaler_->inv_scale()) : 1.0;
@@ -59,17 +59,17 @@ OptimizerStepResult Optimizer::step(double lr, double weight_decay) {
   double clip_coeff = 1.0;
   if (hyper_.clip_grad > 0.0) clip_coeff = std::min(1.0, hyper_.clip_grad / (grad_norm + 1e-6));
   ++step_count_;
-  update(lr, weight_decay, float(clip_coeff * inv_scale));
+  update(rates, float(clip_coeff * inv_scale));
   return result;
 }
 
 void Optimizer::update_parts(AdamWState& state, const PartRanges& parts, const ops::AdamWParams& params,
-                             float weight_decay) const {
+                             const StepRates& rates) const {
   const size_t n = registry_->param_buffers().size();
   bool released = false;
   for (size_t k = 0; k < n; ++k) released = released || !registry_->params_held(k);
   if (!released) {
-    state.step(params, weight_decay);
+    state.step(params, rates);
     return;
   }
   MEGATRON_CHECK(parts.size() == n && registry_->grad_parts() == n,
@@ -79,7 +79,7 @@ void Optimizer::update_parts(AdamWState& state, const PartRanges& parts, const o
   for (size_t k = 0; k < n; ++k) {
     const bool part_released = !registry_->params_held(k);
     if (part_released) registry_->acquire_params(k);
-    state.step(params, weight_decay, parts[k].first, parts[k].second);
+    state.step(params, rates, parts[k].first, parts[k].second);
     if (part_released) registry_->release_grads(k);
   }
 }
@@ -103,8 +103,8 @@ std::vector<AdamWState::Piece> parameter_pieces(ParameterRegistry& registry) {
   std::vector<AdamWState::Piece> pieces;
   for (const auto& p : registry.params()) {
     const int64_t n = shape_numel(p->local_shape);
-    pieces.push_back(
-        {p->buffer_offset, p->buffer_offset + n, p->main_grad.view({n}), p->data.view({n}), p->spec.weight_decay});
+    pieces.push_back({p->buffer_offset, p->buffer_offset + n, p->main_grad.view({n}), p->data.view({n}),
+                      p->spec.weight_decay, p->spec.embedding_or_output});
   }
   std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
   return pieces;
@@ -141,9 +141,8 @@ double AdamWOptimizer::global_grad_norm() const {
   return std::sqrt(dense.item(0) + expert.item(0));
 }
 
-ops::AdamWParams Optimizer::step_params(double lr, float grad_scale) const {
-  return {.lr = float(lr),
-          .beta1 = float(hyper_.beta1),
+ops::AdamWParams Optimizer::step_params(float grad_scale) const {
+  return {.beta1 = float(hyper_.beta1),
           .beta2 = float(hyper_.beta2),
           .eps = float(hyper_.eps),
           .grad_scale = grad_scale,
@@ -154,8 +153,8 @@ void AdamWOptimizer::count_nonfinite_grads(Tensor& acc) const {
   for (const Tensor& grads : registry_->grad_buffers()) ops::count_nonfinite(acc, grads);
 }
 
-void AdamWOptimizer::update(double lr, double weight_decay, float grad_scale) {
-  update_parts(state_, part_ranges(), step_params(lr, grad_scale), float(weight_decay));
+void AdamWOptimizer::update(const StepRates& rates, float grad_scale) {
+  update_parts(state_, part_ranges(), step_params(grad_scale), rates);
 }
 
 void AdamWOptimizer::keep_params() { restore_released_params(state_, part_ranges()); }

@@ -57,8 +57,8 @@ bool is_saved_replica(const Parameter& p, const ParallelContext& ctx);
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One update with this lr and weight decay from the (reduced) gradients in the main-grad buffer.
-  OptimizerStepResult step(double lr, double weight_decay);
+  // One update at these rates from the (reduced) gradients in the main-grad buffer.
+  OptimizerStepResult step(const StepRates& rates);
   // Bytes of the state buffers this rank allocated (master weights when separate from the
   // parameters, Adam moments): what the training log reports as optimizer state.
   virtual size_t state_bytes() const = 0;
@@ -88,8 +88,8 @@ class Optimizer {
   Optimizer(ParameterRegistry& registry, const AdamWHyper& hyper, std::shared_ptr<Communicator> found_inf_group,
             std::unique_ptr<GradScaler> grad_scaler);
 
-  // AdamW's arguments for this step, without weight decay (each piece of the state adds its own).
-  ops::AdamWParams step_params(double lr, float grad_scale) const;
+  // AdamW's constants for this step (each piece of the state adds its learning rate and weight decay).
+  ops::AdamWParams step_params(float grad_scale) const;
 
   // Index ranges [begin, end) of an optimizer's state, one per part of the registry's buffers.
   using PartRanges = std::vector<std::pair<int64_t, int64_t>>;
@@ -99,7 +99,7 @@ class Optimizer {
   // just before its update writes them from the masters, and gives its gradients back after it, so
   // at no moment does the step hold every weight beside every gradient.
   void update_parts(AdamWState& state, const PartRanges& parts, const ops::AdamWParams& params,
-                    float weight_decay) const;
+                    const StepRates& rates) const;
   // A skipped step's parameters: the released parts' weights taken again and written from the
   // unchanged masters, so they are what they were. Returns whether any part was released.
   bool restore_released_params(AdamWState& state, const PartRanges& parts) const;
@@ -117,7 +117,7 @@ class Optimizer {
   // Global L2 norm of the main grads as stored (scaled).
   virtual double global_grad_norm() const = 0;
   // AdamW over this rank's parameters with step step_count_; grad_scale multiplies the main grads.
-  virtual void update(double lr, double weight_decay, float grad_scale) = 0;
+  virtual void update(const StepRates& rates, float grad_scale) = 0;
   // A skipped step: the parameters as they were (restore_released_params).
   virtual void keep_params() = 0;
 
@@ -142,7 +142,7 @@ class AdamWOptimizer final : public Optimizer {
  private:
   void count_nonfinite_grads(Tensor& acc) const override;
   double global_grad_norm() const override;
-  void update(double lr, double weight_decay, float grad_scale) override;
+  void update(const StepRates& rates, float grad_scale) override;
   void keep_params() override;
   // The registry's parameter parts in the flat buffer's elements (the state's index space).
   PartRanges part_ranges() const;

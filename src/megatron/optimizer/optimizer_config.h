@@ -16,6 +16,10 @@ enum class WsdDecayStyle { exponential, linear, cosine, minus_sqrt };
 struct OptimizerArgs {
   double lr = 0.0;  // required
   double min_lr = 0.0;
+  // The embedding and output layer's own maximum and minimum learning rate under the same schedule
+  // (Megatron's decoupled_lr group); --decoupled-min-lr needs --decoupled-lr and defaults to min_lr.
+  std::optional<double> decoupled_lr;
+  std::optional<double> decoupled_min_lr;
   LrDecayStyle lr_decay_style = LrDecayStyle::linear;
   int64_t lr_decay_iters = 0;  // derived: train_iters (iteration-based training)
   int64_t lr_warmup_iters = 0;

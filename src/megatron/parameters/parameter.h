@@ -26,6 +26,9 @@ struct ParamSpec {
   InitMethod init = InitMethod::normal;
   float init_std = 0.02f;
   bool weight_decay = true;        // false for biases and norm weights
+  // The word embedding (either pipeline end's copy) and the output layer's weight: updated at
+  // --decoupled-lr's learning rate when it is given (Megatron's is_embedding_or_output_parameter).
+  bool embedding_or_output = false;
   bool sequence_parallel = false;  // replicated under TP but sees only a sequence shard under SP
   // Dim 0 indexes MoE experts, split in contiguous ranges over the expert-parallel ranks (the
   // global tensor holds every expert by its global index); a TP split (expert tensor

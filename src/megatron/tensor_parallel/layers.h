@@ -82,6 +82,7 @@ class ColumnParallelLinear {
   int64_t output_size_per_partition() const { return output_per_partition_; }
   // The FP8 scaling state of the GEMMs, or null when they run in bf16.
   Fp8Linear* fp8() const { return fp8_.get(); }
+  Parameter* weight() const { return weight_; }  // Options::shared_weight where given
 
  private:
   // y (and *gelu_pre) rows = the GEMM of input rows; *input_t as LinearSaved's.

@@ -304,6 +304,11 @@ std::vector<Flag> build_flag_table() {
       {"--device", FIELD(device), training, "Where to run", {"auto", "cpu", "cuda"}},
       {"--lr", FIELD(optimizer.lr), lr, "Peak learning rate; required"},
       {"--min-lr", FIELD(optimizer.min_lr), lr, "Learning rate at the end of the decay"},
+      {"--decoupled-lr", FIELD(optimizer.decoupled_lr), lr,
+       "The word embedding and output layer's peak learning rate, under the same warmup and decay; unset: --lr"},
+      {"--decoupled-min-lr", FIELD(optimizer.decoupled_min_lr), lr,
+       "The word embedding and output layer's learning rate at the end of the decay (with --decoupled-lr); "
+       "unset: --min-lr"},
       {"--lr-decay-style",
        enum_field(FIELD(optimizer.lr_decay_style)),
        lr,
@@ -585,8 +590,6 @@ const char* const kTrainIntro =
 // Megatron's flags for what is not built here, each with what to do instead (flags::NotBuilt).
 std::vector<flags::NotBuilt> megatron_flags_not_built() {
   const std::string fsdp = "Megatron FSDP is --use-megatron-fsdp with --data-parallel-sharding-strategy: write that";
-  const std::string decoupled_lr =
-      "one learning rate schedule for every parameter here (--lr, --min-lr); drop the flag";
   const std::string mla = "multi-latent attention (DeepSeek-V2/V3) is not built: attention here is MHA or GQA";
   const std::string yarn = "YaRN RoPE scaling is not built: --use-rope-scaling gives Llama-3.x's frequency scaling";
   const std::string gpt_oss =
@@ -622,8 +625,6 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
       {"--record-memory-history", memory_history},
       {"--memory-snapshot-path", memory_history},
       {"--logging-level", "the log lines here are Megatron's prints, at one level: drop the flag"},
-      {"--decoupled-lr", decoupled_lr},
-      {"--decoupled-min-lr", decoupled_lr},
       {"--grad-reduce-in-bf16", "gradients reduce in fp32 here: drop the flag"},
       {"--num-distributed-optimizer-instances",
        "the distributed optimizer shards over the whole data-parallel group here: drop the flag"},
@@ -836,6 +837,37 @@ void check_pipeline(const TrainingArgs& a, std::vector<std::string>& errors) {
                             per_step * shape.group_size()));
 }
 
+// The embedding and output layer's schedule obeys --lr's rules (Megatron checks neither).
+void check_decoupled_lr(const OptimizerArgs& o, std::vector<std::string>& errors) {
+  if (!o.decoupled_lr) {
+    if (o.decoupled_min_lr)
+      errors.push_back(concat("--decoupled-min-lr ", *o.decoupled_min_lr,
+                              " without --decoupled-lr: it is the end of --decoupled-lr's schedule; give "
+                              "--decoupled-lr too, or drop it"));
+    return;
+  }
+  const double max_lr = *o.decoupled_lr;
+  if (!(max_lr > 0.0)) {
+    errors.push_back(concat("--decoupled-lr ", max_lr, " must be positive: e.g. --decoupled-lr 1e-4"));
+    return;
+  }
+  const double min_lr = o.decoupled_min_lr.value_or(o.min_lr);
+  if (o.decoupled_min_lr && min_lr < 0.0) {
+    errors.push_back(concat("--decoupled-min-lr ", min_lr, " must be >= 0"));
+  } else if (min_lr > max_lr) {
+    errors.push_back(o.decoupled_min_lr
+                         ? concat("--decoupled-min-lr ", min_lr, " exceeds --decoupled-lr ", max_lr,
+                                  ": the schedule decays from one down to the other; lower --decoupled-min-lr")
+                         : concat("--min-lr ", min_lr, " exceeds --decoupled-lr ", max_lr,
+                                  ": the embedding and output layer decay to --min-lr unless --decoupled-min-lr "
+                                  "is given; give a lower --decoupled-min-lr"));
+  }
+  if (o.lr_warmup_init > max_lr)
+    errors.push_back(concat("--lr-warmup-init ", o.lr_warmup_init, " exceeds --decoupled-lr ", max_lr,
+                            ": the embedding and output layer's warmup rises from it to --decoupled-lr; lower "
+                            "--lr-warmup-init"));
+}
+
 void check_schedule(const TrainingArgs& a, std::vector<std::string>& errors) {
   const OptimizerArgs& o = a.optimizer;
   if (!(o.lr > 0.0)) {
@@ -853,6 +885,7 @@ void check_schedule(const TrainingArgs& a, std::vector<std::string>& errors) {
     errors.push_back(concat("--lr-warmup-init ", o.lr_warmup_init, " exceeds --lr ", o.lr,
                             ": warmup rises from it to lr; lower --lr-warmup-init"));
   }
+  check_decoupled_lr(o, errors);
   // The lengths of this run's unit, and those of the other unit, which must stay unset.
   const bool by_samples = a.train_samples > 0;
   const char* unit = by_samples ? "samples" : "iters";

@@ -623,7 +623,10 @@ IterationResult TrainingLoop::train_step() {
   model.update_fp8_scales();                         // the delayed FP8 recipe's amax histories and scales
   const float loss_scale = optimizer->loss_scale();  // the step may change it
   timers.start("optimizer");
-  const OptimizerStepResult step = optimizer->step(scheduler.lr(), scheduler.weight_decay());
+  const std::optional<double> decoupled_lr = scheduler.decoupled_lr();
+  const OptimizerStepResult step =
+      optimizer->step({float(scheduler.lr()), float(scheduler.weight_decay()),
+                       decoupled_lr ? std::optional<float>(float(*decoupled_lr)) : std::nullopt});
   timers.stop("optimizer");
   nan_check.optimizer_step(step, loss_scale, progress.iteration + 1);
   if (profile) {

@@ -71,6 +71,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
     // Marked before the buffers are laid out (allocate, below), where nothing has read it yet.
     word_embeddings_->weight()->spec.pipeline_copy = !stage_.embedding;
     word_embeddings_->weight()->spec.shared_embedding = tied && stage_.embedding != stage_.loss;
+    word_embeddings_->weight()->spec.embedding_or_output = true;
   }
   // Replicated; under SP added to this rank's sequence shard only, so its gradient is summed over
   // TP before the optimizer.
@@ -94,6 +95,7 @@ GPTModel::GPTModel(const TransformerConfig& config, const ParallelContext& ctx, 
     if (tied) out.shared_weight = word_embeddings_->weight();
     output_layer_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
         *registry_, ctx, "output_layer", config.hidden_size, config.padded_vocab_size, out);
+    output_layer_->weight()->spec.embedding_or_output = true;  // the word embedding when tied
     output_params_.end = registered();
   }
   if (own_registry_) own_registry_->allocate(config.params_dtype, device);
