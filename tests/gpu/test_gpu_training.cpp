@@ -254,6 +254,15 @@ TEST_F(GpuTraining, LlamaStyleOnCudnnHeadDim128MatchesTheCpu) {
   expect_cudnn_attention(r.gpu_paths, what);
 }
 
+// --qk-layernorm: the norms over each head (the norm op on rows of the head dim, 128) between the
+// split-out q, k, v and RoPE, the attention on cuDNN.
+TEST_F(GpuTraining, QkLayernormLlamaStyleMatchesTheCpu) {
+  const BothRuns r = train_on_both(run_of(with(kLlama, {"--qk-layernorm"}), "1e-4", kBf16));
+  const std::string what = "LLaMA style bf16 with --qk-layernorm, cuDNN head dim 128";
+  expect_same_curves(r, kBf16Tolerance, what);
+  expect_cudnn_attention(r.gpu_paths, what);
+}
+
 // Routing decides discontinuously (top-k), so a token whose two best experts are within a
 // rounding of each other may go elsewhere on the GPU; those are rare enough at these sizes that
 // the bf16 tolerance holds (a wrong router or expert gradient moves the curve far more).

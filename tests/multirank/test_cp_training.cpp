@@ -96,6 +96,17 @@ TEST(CpTraining, EveryLayoutFollowsTheSingleRank) {
   }
 }
 
+// --qk-layernorm (LLaMA style) with the whole world as CP: the norms normalise each rank's own
+// tokens' heads, their weights' gradients summed over the CP ranks.
+TEST(CpTraining, QkLayernormFollowsTheSingleRank) {
+  const int world = int(make_state({}).ctx.world->size());
+  const std::vector<std::string> run = with(tiny_cp_run(ModelStyle::llama, kIterations), {"--qk-layernorm"});
+  const TrainingSummary want = run_f64(ParallelContext::single_process(), run);
+  const ParallelState st = make_state({.cp = world}, 60);
+  const TrainingSummary s = run_f64(st.ctx, with(run, {"--context-parallel-size", std::to_string(world)}));
+  expect_same_run(want, s, 200 * 0x1p-53, "LLaMA qk-layernorm CP=" + std::to_string(world), st.ctx.world->rank() == 0);
+}
+
 // The weights and optimizer state of CP ranks are replicas, saved once (from DP x CP rank 0); the
 // checkpoint does not depend on CP, so one rank resumes it.
 TEST(CpCheckpoint, SavedAtCp2ResumesAtCp1) {

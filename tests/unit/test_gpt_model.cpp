@@ -93,6 +93,51 @@ TEST(GPTModel, SlidingWindowQkvBiasAndRopeScalingGradientsMatchFiniteDifferences
   check_gradients_by_finite_differences(llama_with_hf_features(DType::f64));
 }
 
+// --qk-layernorm (Qwen3, OLMo-2): the query and key heads' norms in both kinds: RMSNorm beside
+// GQA and RoPE, LayerNorm (weight and bias) beside learned positions.
+TEST(GPTModel, QkLayernormGradientsMatchFiniteDifferences) {
+  for (TransformerConfig c : {llama_style(DType::f64), gpt2_style(DType::f64)}) {
+    SCOPED_TRACE(c.swiglu ? "llama style" : "gpt2 style");
+    c.qk_layernorm = true;
+    check_gradients_by_finite_differences(c);
+  }
+}
+
+// What the q/k norms do, known without them: with eps negligible, a head normalised over its own
+// dim forgets its scale, so scaling one query head's or one key head's rows of the QKV weight
+// leaves the loss as it was, while scaling a value head's rows moves it; without the norms the
+// query scale moves it too (the controls).
+TEST(GPTModel, QkLayernormMakesEachQueryAndKeyHeadScaleFree) {
+  const auto loss_after_scaling = [](bool qk_layernorm, int64_t first_row, int64_t rows) {
+    TransformerConfig c = llama_style(DType::f64);
+    c.qk_layernorm = qk_layernorm;
+    c.layernorm_epsilon = 1e-30f;
+    ParallelContext ctx = ParallelContext::single_process();
+    GPTModel model(c, ctx);
+    model.parameters().initialize(8);
+    for (const auto& p : model.parameters().params()) {
+      if (p->spec.name != "decoder.layers.0.self_attention.linear_qkv.weight") continue;
+      const int64_t width = c.hidden_size;
+      for (int64_t i = first_row * width; i < (first_row + rows) * width; ++i)
+        p->data.set_item(i, 3.0 * p->data.item(i));
+    }
+    const Batch b = random_batch(2, c.seq_length, c.vocab_size, 7);
+    const LossSums s = model.evaluate(b.tokens, b.labels, b.mask);
+    return s.loss_sum / s.num_tokens;
+  };
+  // Group 0's rows of the fused weight: its query heads, then its key head, then its value head.
+  const TransformerConfig c = llama_style(DType::f64);
+  const int64_t d = c.kv_channels, q_heads = c.num_attention_heads / c.num_query_groups;
+  const double plain = loss_after_scaling(true, 0, 0);
+  EXPECT_NEAR(loss_after_scaling(true, 0, d), plain, 1e-12 * plain) << "query head 0";
+  EXPECT_NEAR(loss_after_scaling(true, (q_heads - 1) * d, d), plain, 1e-12 * plain) << "query head " << q_heads - 1;
+  EXPECT_NEAR(loss_after_scaling(true, q_heads * d, d), plain, 1e-12 * plain) << "key head 0";
+  EXPECT_GT(std::abs(loss_after_scaling(true, (q_heads + 1) * d, d) - plain), 1e-6 * plain) << "value head 0";
+  const double without = loss_after_scaling(false, 0, 0);
+  EXPECT_GT(std::abs(loss_after_scaling(false, 0, d) - without), 1e-6 * without) << "query head 0, no norms";
+  EXPECT_GT(std::abs(without - plain), 1e-6 * plain) << "the norms change the model";
+}
+
 // Generation's key/value cache (transformer/kv_cache.h, GPTModel::next_logits): a prompt run into
 // the cache, then one token at a time, gives the logits the full forward of the whole sequence
 // gives. In f64 the two differ only in the order of a few sums (the cached run's zero query rows
@@ -131,6 +176,12 @@ TEST(GPTModel, Gpt2StyleCachedGenerationEqualsFullForward) {
 
 TEST(GPTModel, LlamaStyleCachedGenerationWithHfFeaturesEqualsFullForward) {
   check_cached_logits_equal_full_forward(llama_with_hf_features(DType::f64));
+}
+
+TEST(GPTModel, QkLayernormCachedGenerationEqualsFullForward) {
+  TransformerConfig c = llama_with_hf_features(DType::f64);
+  c.qk_layernorm = true;
+  check_cached_logits_equal_full_forward(c);
 }
 
 TEST(GPTModel, InitialLossIsLogVocab) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "megatron/hf_bridge/hf_config.h"
+#include "megatron/hf_bridge/hf_family.h"
 #include "megatron/hf_bridge/tensor_mapping.h"
 #include "test_util.h"
 
@@ -161,4 +162,16 @@ TEST(HfMapping, ConfigFieldsWeCannotBuildAreErrorsNamingThem) {
   nlohmann::json no_layers = base;
   no_layers.erase("num_hidden_layers");
   EXPECT_NE(error_of([&] { read_hf_config(no_layers, "c.json"); }).find("no \"num_hidden_layers\""), std::string::npos);
+}
+
+// Export: a model with --qk-layernorm has no family here to become (its norms would be dropped).
+TEST(HfMapping, QkLayernormModelsHaveNoFamilyToExportAs) {
+  TransformerConfig c;
+  c.normalization = Normalization::RMSNorm;
+  c.swiglu = true;
+  c.position_embedding_type = PositionEmbeddingType::rope;
+  c.add_bias_linear = false;
+  EXPECT_EQ(family_of_model(c), Family::llama);
+  c.qk_layernorm = true;
+  EXPECT_NE(error_of([&] { family_of_model(c); }).find("--qk-layernorm"), std::string::npos);
 }

@@ -229,8 +229,20 @@ TEST(NumParameters, LlamaTiny) {
   //              fc1 64*(2*176) = 22,528; fc2 176*64 = 11,264  -> 46,208, times 2 = 92,416
   //   final RMSNorm 64; no biases, no position table
   //   total 16,384 + 16,384 + 92,416 + 64 = 125,248
-  const TransformerConfig config = preset_config("llama-tiny", 256);
+  TransformerConfig config = preset_config("llama-tiny", 256);
   EXPECT_EQ(num_parameters(config), 125248);
+  // --qk-layernorm adds two RMSNorms over d = 16 a layer: 125,248 + 2*2*16 = 125,312; as
+  // LayerNorms (weight and bias) they add 2*2*2*16 = 128 beside the LayerNorms' own biases.
+  config.qk_layernorm = true;
+  EXPECT_EQ(num_parameters(config), 125312);
+  const int64_t layernorm = [&] {
+    TransformerConfig c = config;
+    c.normalization = Normalization::LayerNorm;
+    const int64_t with_qk = num_parameters(c);
+    c.qk_layernorm = false;
+    return with_qk - num_parameters(c);
+  }();
+  EXPECT_EQ(layernorm, 128);
 }
 
 // All FLOP counts below are integers under 2^53, so double arithmetic is exact whatever the

@@ -27,6 +27,9 @@ std::optional<Family> family_of_model_type(const std::string& model_type) {
 }
 
 Family family_of_model(const TransformerConfig& c) {
+  MEGATRON_CHECK(!c.qk_layernorm,
+                 "this model normalises its query and key heads (--qk-layernorm): none of the Hugging Face families "
+                 "exported here (GPT-2, LLaMA, Mistral, Qwen2) has those norms, and Qwen3's is not built");
   const bool gpt2_like = c.normalization == Normalization::LayerNorm && !c.swiglu &&
                          c.position_embedding_type == PositionEmbeddingType::learned_absolute && c.add_bias_linear &&
                          !c.untie_embeddings_and_output_weights && c.window_size_left < 0 &&

@@ -29,7 +29,10 @@ struct ParamSpec {
   // The word embedding (either pipeline end's copy) and the output layer's weight: updated at
   // --decoupled-lr's learning rate when it is given (Megatron's is_embedding_or_output_parameter).
   bool embedding_or_output = false;
-  bool sequence_parallel = false;  // replicated under TP but sees only a sequence shard under SP
+  // Replicated under TP, but each rank's gradient covers part of its use: a sequence shard under SP
+  // (the norms, the position embedding, the router), its own heads (the q/k norms, which Megatron's
+  // finalize_model_grads sums by name): summed over TP before the optimizer.
+  bool sequence_parallel = false;
   // Dim 0 indexes MoE experts, split in contiguous ranges over the expert-parallel ranks (the
   // global tensor holds every expert by its global index); a TP split (expert tensor
   // parallelism) then cuts another dimension of each expert.

@@ -23,7 +23,8 @@ struct LayerDims {
   int64_t e;               // bytes of an activation element (the params dtype)
   int64_t stats;           // bytes of a norm statistic, an lse or a routing weight: f32 (f64 runs: f64)
   bool layer_norm;         // LayerNorm keeps a mean beside rstd
-  bool fused_attention;    // q, k, v read in place from the projection (RoPE turns it in place): no CP
+  bool qk_norm;            // --qk-layernorm: the query and key heads normalised, q, k, v split out
+  bool fused_attention;    // q, k, v read in place from the projection (RoPE turns it in place): no CP, no qk_norm
   bool dropout;            // hidden dropout in training: its gradient is a new tensor
   bool recompute_core_attn, recompute_mlp, recompute_moe_act, recompute_layernorm;
   bool sequence_parallel, tp_comm_overlap;
@@ -43,7 +44,8 @@ LayerDims layer_dims(const TransformerConfig& c, const ActivationShape& s) {
   d.e = int64_t(dtype_size(c.params_dtype));
   d.stats = c.params_dtype == DType::f64 ? 8 : 4;
   d.layer_norm = c.normalization == Normalization::LayerNorm;
-  d.fused_attention = !s.context_parallel;
+  d.qk_norm = c.qk_layernorm;
+  d.fused_attention = !s.context_parallel && !d.qk_norm;
   d.dropout = c.hidden_dropout > 0.0f;
   d.recompute_core_attn = c.recompute.recomputes("core_attn");
   d.recompute_mlp = c.recompute.recomputes("mlp");
@@ -72,10 +74,14 @@ int64_t norm_output_kept(const LayerDims& d, bool fp8) {
 }
 
 // SelfAttention::Saved: the projection's input (or its FP8 cast), q, k and v (or the fused
-// projection), the op's output and lse (unless core_attn is recomputed; the output projection's
-// input is that output, and its FP8 cast beside it).
+// projection), the q/k norms' inputs and statistics, the op's output and lse (unless core_attn is
+// recomputed; the output projection's input is that output, and its FP8 cast beside it).
 int64_t attention_saved(const LayerDims& d, bool fp8) {
   int64_t bytes = norm_output_kept(d, fp8) + d.T * d.qkv * d.e;
+  if (d.qk_norm) {
+    const int64_t heads = d.T * (d.heads + d.groups);
+    bytes += heads * d.head_dim * d.e + heads * d.stats * (d.layer_norm ? 2 : 1);
+  }
   if (!d.recompute_core_attn) {
     bytes += d.T * d.heads * d.head_dim * d.e + d.T * d.heads * d.stats;
     if (keeps_row_cast(d, fp8)) bytes += d.T * d.heads * d.head_dim;
@@ -127,7 +133,8 @@ int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep, int64_t 
 //   attention: dh and its dropout gradient, the output projection's input gradient, dqkv and the
 //     split q, k, v gradients (and, where the fused op splits by definition, the split q, k, v
 //     themselves: on the CPU, and on CUDA unless cuDNN reads the MHA layout in place); the op's
-//     output and lse again when core_attn is recomputed.
+//     output and lse again when core_attn is recomputed; the q/k norms' input gradients beside
+//     the gradients they read.
 //   Both: the norm's output rebuilt when layernorm is recomputed.
 int64_t layer_backward_working(const TransformerConfig& c, bool moe_layer, const LayerDims& d, const ActivationShape& s,
                                PlanBackend backend) {
@@ -151,6 +158,7 @@ int64_t layer_backward_working(const TransformerConfig& c, bool moe_layer, const
   const int64_t splits = in_place ? 0 : d.fused_attention ? 2 : 1;
   int64_t attention = stream + (d.dropout ? stream : 0) + out + d.T * d.qkv * d.e * (1 + splits);
   if (d.recompute_core_attn) attention += out + d.T * d.heads * d.stats;
+  if (d.qk_norm) attention += d.T * (d.heads + d.groups) * d.head_dim * d.e;
   attention += rebuilt;
   return incoming + std::max(mlp, attention);
 }

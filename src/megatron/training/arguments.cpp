@@ -101,6 +101,8 @@ std::vector<Flag> build_flag_table() {
        "unset: full attention"},
       {"--disable-bias-linear", Switch{FIELD(model.add_bias_linear), false}, model, "No biases in linear layers"},
       {"--add-qkv-bias", Switch{FIELD(model.add_qkv_bias), true}, model, "Bias on the QKV projection only"},
+      {"--qk-layernorm", Switch{FIELD(model.qk_layernorm), true}, model,
+       "Normalise each query and key head (--normalization's kind, over --kv-channels) before RoPE"},
       {"--untie-embeddings-and-output-weights", Switch{FIELD(model.untie_embeddings_and_output_weights), true}, model,
        "Separate output layer instead of the word embeddings"},
       {"--init-method-std", FIELD(model.init_method_std), model,
@@ -611,7 +613,6 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
        "checkpoints here are per-rank safetensors shards with a metadata.json, loadable at any parallel layout "
        "(as torch_dist); Megatron's torch, torch_dist and torch_dcp files are neither written nor read. Drop the "
        "flag (megatron export-hf writes a Hugging Face model)"},
-      {"--qk-layernorm", "no norm on queries and keys: models that need one cannot be trained here yet"},
       {"--apply-layernorm-1p", "norm weights are used as stored, not as 1 + w: drop the flag"},
       {"--log-params-norm", "drop the flag (the log line carries the gradient norm)"},
       {"--use-pytorch-profiler", torch_profiler},

@@ -60,7 +60,16 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
                    {.bias = config.add_bias_linear,
                     .init_std = output_init_std(config),
                     .fp8 = fp8,
-                    .fp8_param = fp8 && config.fp8.fp8_param_gather}) {}
+                    .fp8_param = fp8 && config.fp8.fp8_param_gather}) {
+  if (config.qk_layernorm) {
+    // Each TP rank normalises its own heads, so each holds part of the weights' gradient.
+    const Norm::Rows head{.width = config.kv_channels, .partial_over_tp = true};
+    q_layernorm_ =
+        std::make_unique<Norm>(registry, config, prefix + ".q_layernorm.weight", prefix + ".q_layernorm.bias", head);
+    k_layernorm_ =
+        std::make_unique<Norm>(registry, config, prefix + ".k_layernorm.weight", prefix + ".k_layernorm.bias", head);
+  }
+}
 
 std::vector<tensor_parallel::Fp8Linear*> SelfAttention::fp8_linears() const {
   std::vector<tensor_parallel::Fp8Linear*> layers;
@@ -72,6 +81,8 @@ std::vector<tensor_parallel::Fp8Linear*> SelfAttention::fp8_linears() const {
 void SelfAttention::Saved::count(ActivationMemory& m) const {
   qkv.count(m);
   for (const Tensor* t : {&q, &k, &v, &fused, &out, &lse}) m.add(*t);
+  q_norm.count(m);
+  k_norm.count(m);
   proj.count(m);  // its input is `out`, counted once
 }
 
@@ -101,7 +112,7 @@ Tensor SelfAttention::attend(const Tensor& projected, const ForwardContext& fwd,
                      .max_seqlen = fwd.max_seqlen,
                      .deterministic = deterministic_};
   if (fwd.kv_cache) return forward_cached(qkv, fwd, saved);
-  if (!cp_) {
+  if (!cp_ && !q_layernorm_) {
     // q, k, v read in place from the projection where the backend can; RoPE turns its query and
     // key heads in place (the projection's output is this layer's own, kept for nothing else).
     saved.fused = qkv;
@@ -112,6 +123,7 @@ Tensor SelfAttention::attend(const Tensor& projected, const ForwardContext& fwd,
     saved.k = split.k;
     saved.v = split.v;
     ops::qkv_split(saved.q, saved.k, saved.v, qkv);
+    if (q_layernorm_) normalize_heads(saved.q, saved.k, saved.q_norm, saved.k_norm);
     if (rope_) {
       rotate(saved.q, false);
       rotate(saved.k, false);
@@ -166,15 +178,25 @@ void SelfAttention::core_attention_backward(ops::SplitQkv& d, const Tensor& dout
   ops::attention_backward(d.q, d.k, d.v, dout, saved.q, saved.k, saved.v, saved.out, saved.lse, saved.attention);
 }
 
-// The two CP chunks' true positions. `inverse`: the backward rotation.
+// The whole sequence from position 0, or the two CP chunks' true positions. `inverse`: the backward
+// rotation.
 void SelfAttention::rotate(Tensor& x, bool inverse) const {
+  const auto turn = [&](Tensor& rows, int64_t first_position) {
+    ops::RopeParams at = rope_params_;
+    at.position_offset = first_position;
+    inverse ? ops::rope_backward(rows, rows, at) : ops::rope_forward(rows, rows, at);
+  };
+  if (!cp_) return turn(x, 0);
   const context_parallel::CpChunks c = context_parallel::cp_chunks(x.dim(0) * cp_->size(), cp_->size(), cp_->rank());
   for (int half = 0; half < 2; ++half) {
     Tensor rows = x.slice(half * c.length, (half + 1) * c.length);
-    ops::RopeParams at = rope_params_;
-    at.position_offset = c.start(half);
-    inverse ? ops::rope_backward(rows, rows, at) : ops::rope_forward(rows, rows, at);
+    turn(rows, c.start(half));
   }
+}
+
+void SelfAttention::normalize_heads(Tensor& q, Tensor& k, Norm::Saved& saved_q, Norm::Saved& saved_k) const {
+  q = q_layernorm_->forward(ResidualStream{q, Tensor()}, saved_q);
+  k = k_layernorm_->forward(ResidualStream{k, Tensor()}, saved_k);
 }
 
 // The new queries sit at rows [L, L + S) of a query tensor over all L + S positions, whose rows
@@ -190,6 +212,10 @@ Tensor SelfAttention::forward_cached(const Tensor& qkv, const ForwardContext& fw
   const ops::SplitQkv split = ops::empty_split_qkv(qkv, heads_local_);
   Tensor q = split.q, k = split.k, v = split.v;
   ops::qkv_split(q, k, v, qkv);
+  if (q_layernorm_) {
+    Norm::Saved for_no_backward_q, for_no_backward_k;
+    normalize_heads(q, k, for_no_backward_q, for_no_backward_k);
+  }
   if (rope_) {
     ops::RopeParams at_offset = rope_params_;
     at_offset.position_offset = L;
@@ -243,6 +269,10 @@ Tensor SelfAttention::backward(const Tensor& dy, const Saved& given) const {
   if (rope_) {
     rotate(d.q, true);
     rotate(d.k, true);
+  }
+  if (q_layernorm_) {
+    d.q = q_layernorm_->backward(d.q, saved.q_norm);
+    d.k = k_layernorm_->backward(d.k, saved.k_norm);
   }
   ops::qkv_merge(dqkv, d.q, d.k, d.v);
   return linear_qkv_.backward(dqkv.view({S, B, -1}), saved.qkv);

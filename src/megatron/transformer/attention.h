@@ -1,6 +1,7 @@
 #pragma once
 // Self-attention (Megatron-Core SelfAttention): fused QKV column-parallel projection in the
-// per-query-group layout, RoPE, core (flash-style) attention, row-parallel output projection.
+// per-query-group layout, the q/k norms (--qk-layernorm), RoPE, core (flash-style) attention,
+// row-parallel output projection.
 // Under TP each rank owns whole query groups: num_query_groups / TP of them, and its heads'
 // global indices [head_offset, head_offset + heads_local) of total_heads feed the attention
 // dropout's counters, so every TP layout draws the TP=1 masks. With sequence parallelism the
@@ -14,7 +15,9 @@
 // Without CP the layer makes no copies: RoPE rotates the projection's query and key heads in place
 // (ops::rope_forward_qkv), the attention op reads q, k, v from it (attention_forward_qkv; in place
 // where the backend can, else it splits them itself), and backward rotates the fused gradient
-// back in place.
+// back in place. With --qk-layernorm q, k and v are split out as under CP: each query and key head
+// is normalised over its head dim (Megatron's q_layernorm / k_layernorm: one weight for all query
+// heads, one for all key heads) before RoPE, and the norms keep the heads they normalised.
 // With --recompute-modules core_attn (selective recomputation) the attention op's output and
 // log-sum-exp are not kept: backward runs the op again on the saved q, k, v before the output
 // projection's backward, which reads the output. The op is deterministic, so the gradients are the
@@ -29,6 +32,7 @@
 #include "megatron/ops/rope.h"
 #include "megatron/tensor_parallel/layers.h"
 #include "megatron/transformer/forward_context.h"
+#include "megatron/transformer/norm.h"
 #include "megatron/transformer/transformer_config.h"
 
 namespace megatron {
@@ -37,7 +41,8 @@ class SelfAttention {
  public:
   struct Saved {
     tensor_parallel::LinearSaved qkv, proj;
-    Tensor q, k, v;   // under CP (after RoPE): (S,B,NH_local,d), (S,B,G_local,d)
+    Tensor q, k, v;              // under CP or --qk-layernorm (after RoPE): (S,B,NH_local,d), (S,B,G_local,d)
+    Norm::Saved q_norm, k_norm;  // --qk-layernorm: the heads before their norms, and the statistics
     Tensor fused;     // without CP, instead of q, k, v: the projection (S,B,G_local,(NH/G+2)*d), after RoPE
     Tensor out, lse;  // empty when recomputed (core_attn)
     ops::AttentionParams attention;
@@ -66,9 +71,12 @@ class SelfAttention {
   // projection): fills saved.out and saved.lse; and its backward on the separate q, k, v.
   void core_attention(Saved& saved) const;
   void core_attention_backward(ops::SplitQkv& d, const Tensor& dout, const Saved& saved) const;
-  // Under CP: RoPE of q or k (S,B,heads,d) in place at the positions this rank holds (both
-  // chunks'), or with `inverse` its backward on their gradients.
+  // RoPE of q or k (S,B,heads,d) in place at the positions this rank holds (under CP both chunks'),
+  // or with `inverse` its backward on their gradients.
   void rotate(Tensor& x, bool inverse) const;
+  // --qk-layernorm: q and k replaced by their normalised heads; `saved_q` and `saved_k` hold what
+  // the norms' backward reads.
+  void normalize_heads(Tensor& q, Tensor& k, Norm::Saved& saved_q, Norm::Saved& saved_k) const;
 
   static int64_t query_groups_per_rank(const TransformerConfig& c, int tp);
   std::string prefix_;
@@ -86,6 +94,7 @@ class SelfAttention {
   std::shared_ptr<Communicator> cp_a2a_, cp_p2p_;  // the hierarchical CP levels (null unless given)
   tensor_parallel::ColumnParallelLinear linear_qkv_;
   tensor_parallel::RowParallelLinear linear_proj_;
+  std::unique_ptr<Norm> q_layernorm_, k_layernorm_;  // --qk-layernorm; null without it
 };
 
 }  // namespace megatron

@@ -7,21 +7,21 @@ Tensor rows(const Tensor& t) { return t.view({-1, t.dim(-1)}); }
 DType stats_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
 }  // namespace
 
-Norm::Norm(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
-           const std::string& weight_name, const std::string& bias_name) {
+Norm::Norm(ParameterRegistry& registry, const TransformerConfig& config, const std::string& weight_name,
+           const std::string& bias_name, const Rows& rows) {
   const bool layernorm = config.normalization == Normalization::LayerNorm;
   params_ = {layernorm ? ops::NormKind::layernorm : ops::NormKind::rmsnorm, config.layernorm_epsilon};
   weight_ = registry.add({.name = weight_name,
-                          .global_shape = {config.hidden_size},
+                          .global_shape = {rows.width},
                           .init = InitMethod::ones,
                           .weight_decay = false,
-                          .sequence_parallel = ctx.sequence_parallel()});
+                          .sequence_parallel = rows.partial_over_tp});
   if (layernorm)
     bias_ = registry.add({.name = bias_name,
-                          .global_shape = {config.hidden_size},
+                          .global_shape = {rows.width},
                           .init = InitMethod::zeros,
                           .weight_decay = false,
-                          .sequence_parallel = ctx.sequence_parallel()});
+                          .sequence_parallel = rows.partial_over_tp});
 }
 
 // y2 (rows) = norm(x), or only the statistics where y2 is undefined; saved as forward's.

@@ -1,8 +1,9 @@
 #pragma once
-// LayerNorm / RMSNorm module over the hidden dimension, replicated across TP. Under sequence
-// parallelism it normalises this rank's sequence shard; its weight and bias gradients then cover
-// that shard only and are summed over TP before the optimizer (ParamSpec::sequence_parallel,
-// finalize_model_grads).
+// LayerNorm / RMSNorm module over the last dimension (the hidden size; a head's for the query and
+// key norms of --qk-layernorm), replicated across TP. Under sequence parallelism it normalises this
+// rank's sequence shard, and a q/k norm normalises this rank's heads: the weight and bias gradients
+// then cover that part only and are summed over TP before the optimizer
+// (ParamSpec::sequence_parallel, finalize_model_grads).
 #include <string>
 
 #include "megatron/core/activation_memory.h"
@@ -23,10 +24,20 @@ class Norm {
       for (const Tensor* t : {&input, &mean, &rstd}) m.add(*t);
     }
   };
+  // What a norm normalises: rows of `width` elements, and whether each TP rank's gradient covers
+  // only part of the rows (its sequence shard under SP, its heads for a q/k norm).
+  struct Rows {
+    int64_t width;
+    bool partial_over_tp;
+  };
+  // The hidden-size norm of the residual stream: partial over TP under sequence parallelism.
+  static Rows hidden(const TransformerConfig& config, const ParallelContext& ctx) {
+    return {config.hidden_size, ctx.sequence_parallel()};
+  }
   // weight_name / bias_name: full Megatron names (TE spec fuses the pre-norms into the next
   // linear, e.g. "...self_attention.linear_qkv.layer_norm_weight").
-  Norm(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
-       const std::string& weight_name, const std::string& bias_name);
+  Norm(ParameterRegistry& registry, const TransformerConfig& config, const std::string& weight_name,
+       const std::string& bias_name, const Rows& rows);
   // y = norm(x.residual + x.delta), the addition fused into the norm when x defers one; the sum
   // (the stream's next residual) is saved.input. (S,B,C) -> (S,B,C)
   Tensor forward(const ResidualStream& x, Saved& saved) const;

@@ -10,8 +10,8 @@ TransformerBlock::TransformerBlock(ParameterRegistry& registry, const ParallelCo
   for (int64_t i = first_layer; i < last_layer; ++i)
     layers_.push_back(std::make_unique<TransformerLayer>(registry, ctx, config, i));
   if (has_final_norm)
-    final_norm_ =
-        std::make_unique<Norm>(registry, ctx, config, "decoder.final_layernorm.weight", "decoder.final_layernorm.bias");
+    final_norm_ = std::make_unique<Norm>(registry, config, "decoder.final_layernorm.weight",
+                                         "decoder.final_layernorm.bias", Norm::hidden(config, ctx));
 }
 
 ResidualStream TransformerBlock::forward(const ResidualStream& x, const ForwardContext& fwd, Saved& saved) const {

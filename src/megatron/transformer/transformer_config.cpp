@@ -278,6 +278,7 @@ int64_t num_parameters(const TransformerConfig& c) {
   const bool qkv_bias = c.add_bias_linear || c.add_qkv_bias;
 
   int64_t layer = 2 * norm;                                      // input + pre-MLP norm
+  if (c.qk_layernorm) layer += 2 * norm / h * c.kv_channels;     // q and k norms over a head
   layer += h * qkv_width + (qkv_bias ? qkv_width : 0);           // linear_qkv
   layer += q_width * h + (c.add_bias_linear ? h : 0);            // linear_proj
   layer += h * fc1_width + (c.add_bias_linear ? fc1_width : 0);  // linear_fc1

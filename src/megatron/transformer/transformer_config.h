@@ -50,6 +50,9 @@ struct TransformerConfig {
   int64_t window_size_right = -1;
   bool add_bias_linear = true;  // flag: --disable-bias-linear clears it
   bool add_qkv_bias = false;    // bias on QKV only (Qwen2); implied by add_bias_linear
+  // --qk-layernorm: each query and key head normalised over its head dim (the model's
+  // normalization, one weight for all heads of q, one for k) before RoPE (Qwen3, OLMo-2).
+  bool qk_layernorm = false;
   bool untie_embeddings_and_output_weights = false;
   float init_method_std = 0.02f;
   float attention_dropout = 0.1f;

@@ -41,15 +41,16 @@ TransformerLayer::TransformerLayer(ParameterRegistry& registry, const ParallelCo
       hidden_dropout_(config.hidden_dropout),
       sequence_parallel_(ctx.sequence_parallel()),
       recompute_norms_(config.recompute.recomputes("layernorm")),
-      input_norm_(registry, ctx, config, prefix_ + ".self_attention.linear_qkv.layer_norm_weight",
-                  prefix_ + ".self_attention.linear_qkv.layer_norm_bias"),
+      input_norm_(registry, config, prefix_ + ".self_attention.linear_qkv.layer_norm_weight",
+                  prefix_ + ".self_attention.linear_qkv.layer_norm_bias", Norm::hidden(config, ctx)),
       self_attention_(registry, ctx, config, prefix_ + ".self_attention", layer_fp8(config, layer_number)),
       // Megatron's MoE spec keeps the pre-MLP norm as its own module (no fused fc1 to carry it).
-      pre_mlp_norm_(registry, ctx, config,
+      pre_mlp_norm_(registry, config,
                     prefix_ + (is_moe_layer(config, layer_number) ? ".pre_mlp_layernorm.weight"
                                                                   : ".mlp.linear_fc1.layer_norm_weight"),
                     prefix_ + (is_moe_layer(config, layer_number) ? ".pre_mlp_layernorm.bias"
-                                                                  : ".mlp.linear_fc1.layer_norm_bias")),
+                                                                  : ".mlp.linear_fc1.layer_norm_bias"),
+                    Norm::hidden(config, ctx)),
       mlp_(is_moe_layer(config, layer_number)
                ? nullptr
                : std::make_unique<MLP>(registry, ctx, config, prefix_ + ".mlp", layer_fp8(config, layer_number))),
