@@ -1,7 +1,9 @@
 // Hugging Face import and export on the tiny checkpoints of every family (tests/hf/tiny/, made by
 // transformers): our logits match transformers' within 1e-4 in fp32, export gives back every
 // tensor bit for bit, the checkpoint is written at the requested TP layout, bad input is an error
-// naming the tensor or field with nothing written, and train/generate need no model flags.
+// naming the tensor or field with nothing written, and train/generate need no model flags. Qwen3,
+// whose checkpoints need transformers to make, is checked against an independent float64 forward
+// (hf/llama_family_oracle.h) on a Qwen3 checkpoint made from the Qwen2 fixture.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 
 #include "e2e/e2e_util.h"
 #include "hf/hf_test_util.h"
+#include "hf/llama_family_oracle.h"
 #include "megatron/checkpointing/checkpoint.h"
 #include "megatron/hf_bridge/convert.h"
 #include "megatron/hf_bridge/hf_config.h"
@@ -39,7 +42,98 @@ std::string import_error(const std::string& hf_dir, const std::string& save) {
   return error_of([&] { hf_bridge::import_hf({.hf_dir = hf_dir, .save = save}); });
 }
 
+// The oracle's logits of the prompts `input_ids` (P,T), rounded once to f32 as the fixtures' are.
+HfReference oracle_reference(const LlamaFamilyOracle& oracle, const Tensor& input_ids) {
+  const int64_t P = input_ids.dim(0), T = input_ids.dim(1);
+  std::vector<float> flat;
+  for (int64_t p = 0; p < P; ++p) {
+    std::vector<int64_t> ids(input_ids.data<int64_t>() + p * T, input_ids.data<int64_t>() + (p + 1) * T);
+    for (const auto& row : oracle.logits(ids))
+      for (double x : row) flat.push_back(float(x));
+  }
+  const int64_t V = int64_t(flat.size()) / (P * T);
+  return {input_ids, Tensor::from_vector(flat, {P, T, V})};
+}
+
+// A Qwen3 checkpoint made from the Qwen2 fixture (transformers is not at hand to make one): no
+// q/k/v biases, q_norm and k_norm weights of values around 1 (unlike the ones they start as), and
+// Qwen3's config.json (head_dim written out, as Qwen3Config saves it, attention_bias false).
+std::string qwen3_fixture(const TempDir& dir) {
+  const std::string out = edited_fixture(dir, "qwen2", [](std::vector<checkpointing::NamedTensor>& t) {
+    std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.ends_with("_proj.bias"); });
+    for (int layer = 0; layer < 2; ++layer)
+      for (const char* norm : {"q_norm", "k_norm"}) {
+        std::vector<float> w(16);
+        for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f + 0.3f * std::sin(float(7 * i + 3 * layer + norm[0]));
+        t.push_back(
+            {"model.layers." + std::to_string(layer) + ".self_attn." + norm + ".weight", Tensor::from_vector(w, {16})});
+      }
+  });
+  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
+  config["model_type"] = "qwen3";
+  config["architectures"] = {"Qwen3ForCausalLM"};
+  config["head_dim"] = 16;
+  config["attention_bias"] = false;
+  checkpointing::write_file_atomic(out + "/config.json", config.dump());
+  return out;
+}
+
 }  // namespace
+
+// The float64 oracle the Qwen3 test below relies on reproduces transformers' own logits of the
+// Qwen2 fixture (to their f32 rounding): its attention, RoPE, GQA, biases, norms and MLP are
+// transformers', only the q/k norms being unchecked by it.
+TEST(HfBridge, TheLlamaFamilyOracleReproducesTransformersOnQwen2) {
+  const HfReference ref = hf_reference("qwen2");
+  const HfReference mine = oracle_reference(LlamaFamilyOracle(hf_fixture("qwen2")), ref.input_ids);
+  ASSERT_EQ(mine.logits.shape(), ref.logits.shape());
+  double worst = 0.0;
+  for (int64_t i = 0; i < ref.logits.numel(); ++i)
+    worst = std::max(worst, std::fabs(mine.logits.item(i) - ref.logits.item(i)));
+  std::printf("qwen2: max |oracle - transformers| = %.3g\n", worst);
+  EXPECT_LE(worst, 1e-5);
+}
+
+// Qwen3 (q_norm and k_norm: --qk-layernorm): the imported model's logits are the oracle's, which
+// differ from those of the same model without the norms by far more than the bound; the flag is
+// set; export gives back every tensor bit for bit, and its config.json reads back as the same model.
+TEST(HfBridge, Qwen3ImportsWithItsQkNormsAndExportsBitForBit) {
+  TempDir dir;
+  const std::string hf = qwen3_fixture(dir), ckpt = dir / "qwen3-ckpt", out = dir / "exported";
+  hf_bridge::import_hf({.hf_dir = hf, .save = ckpt});
+  const TrainingArgs args = read_checkpoint_args(ckpt);
+  EXPECT_TRUE(args.model.qk_layernorm);
+  EXPECT_EQ(args.model.kv_channels, 16);
+  const ParallelContext single = ParallelContext::single_process();
+  GPTModel model(args.model, single);
+  load_model_weights(ckpt, model);
+  LlamaFamilyOracle oracle(hf);
+  const Tensor prompts = hf_reference("qwen2").input_ids;
+  const double error = max_logit_error(model, oracle_reference(oracle, prompts));
+  std::printf("qwen3: max |logit - oracle| = %.3g (bound %.0e)\n", error, kLogitTolerance);
+  EXPECT_LE(error, kLogitTolerance);
+  oracle.ignore_qk_norms();
+  EXPECT_GT(max_logit_error(model, oracle_reference(oracle, prompts)), 100 * kLogitTolerance);
+
+  hf_bridge::export_hf({.load = ckpt, .hf_dir = out});
+  const auto original = hf_bridge::HfWeights::open(hf), exported = hf_bridge::HfWeights::open(out);
+  EXPECT_EQ(exported.names(), original.names());
+  for (const std::string& name : original.names()) {
+    if (!exported.has(name)) continue;
+    const Tensor a = original.load(name), b = exported.load(name);
+    EXPECT_TRUE(a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0) << name;
+  }
+  const auto read = [](const std::string& path) {
+    return hf_bridge::read_hf_config(nlohmann::json::parse(checkpointing::read_file(path)), path);
+  };
+  const hf_bridge::HfModelConfig a = read(hf + "/config.json"), b = read(out + "/config.json");
+  EXPECT_EQ(b.family, hf_bridge::Family::qwen3);
+  EXPECT_EQ(a.model_flags, b.model_flags);
+  const nlohmann::json written = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
+  EXPECT_EQ(written["architectures"], nlohmann::json({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(written["head_dim"], 16);
+  EXPECT_EQ(written["attention_bias"], false);
+}
 
 TEST(HfBridge, ImportedLogitsMatchTransformers) {
   for (const char* family : kHfFamilies) {

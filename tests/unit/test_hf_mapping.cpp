@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 
 #include "megatron/hf_bridge/hf_config.h"
 #include "megatron/hf_bridge/hf_family.h"
@@ -164,8 +165,9 @@ TEST(HfMapping, ConfigFieldsWeCannotBuildAreErrorsNamingThem) {
   EXPECT_NE(error_of([&] { read_hf_config(no_layers, "c.json"); }).find("no \"num_hidden_layers\""), std::string::npos);
 }
 
-// Export: a model with --qk-layernorm has no family here to become (its norms would be dropped).
-TEST(HfMapping, QkLayernormModelsHaveNoFamilyToExportAs) {
+// Export: a LLaMA-like model with --qk-layernorm is Qwen3's; with a QKV bias or a sliding window,
+// or GPT-2-like, it has no family (its norms or those features would be dropped).
+TEST(HfMapping, QkLayernormModelsExportAsQwen3) {
   TransformerConfig c;
   c.normalization = Normalization::RMSNorm;
   c.swiglu = true;
@@ -173,5 +175,35 @@ TEST(HfMapping, QkLayernormModelsHaveNoFamilyToExportAs) {
   c.add_bias_linear = false;
   EXPECT_EQ(family_of_model(c), Family::llama);
   c.qk_layernorm = true;
-  EXPECT_NE(error_of([&] { family_of_model(c); }).find("--qk-layernorm"), std::string::npos);
+  EXPECT_EQ(family_of_model(c), Family::qwen3);
+  c.add_qkv_bias = true;
+  EXPECT_NE(error_of([&] { family_of_model(c); }).find("exports as Qwen3"), std::string::npos);
+  TransformerConfig gpt2;
+  gpt2.qk_layernorm = true;
+  EXPECT_NE(error_of([&] { family_of_model(gpt2); }).find("no --qk-layernorm"), std::string::npos);
+}
+
+// Qwen3's config: --qk-layernorm, head_dim (128 when absent, Qwen3Config's default), no biases.
+TEST(HfMapping, Qwen3ConfigFields) {
+  const nlohmann::json base = {{"model_type", "qwen3"},       {"hidden_size", 64},
+                               {"intermediate_size", 128},    {"num_hidden_layers", 2},
+                               {"num_attention_heads", 4},    {"num_key_value_heads", 2},
+                               {"vocab_size", 320},           {"max_position_embeddings", 64},
+                               {"use_sliding_window", false}, {"sliding_window", nullptr},
+                               {"max_window_layers", 28}};
+  const auto flags = [](const nlohmann::json& j) {
+    std::map<std::string, std::string> m;
+    for (const auto& [k, v] : read_hf_config(j, "c.json").model_flags) m[k] = v;
+    return m;
+  };
+  std::map<std::string, std::string> f = flags(base);
+  EXPECT_EQ(f["--qk-layernorm"], "true");
+  EXPECT_EQ(f["--kv-channels"], "128");
+  EXPECT_EQ(f.count("--add-qkv-bias"), 0u);
+  nlohmann::json with_dim = base;
+  with_dim["head_dim"] = 16;
+  EXPECT_EQ(flags(with_dim)["--kv-channels"], "16");
+  nlohmann::json biased = base;
+  biased["attention_bias"] = true;
+  EXPECT_NE(error_of([&] { read_hf_config(biased, "c.json"); }).find("\"attention_bias\" is true"), std::string::npos);
 }

@@ -176,7 +176,7 @@ std::map<std::string, Shape> parameter_shapes(GPTModel& model) {
 const flags::FlagTable<ImportOptions>& import_flags() {
   static const flags::FlagTable<ImportOptions> table(
       "megatron import-hf",
-      "Converts a Hugging Face model directory (LLaMA, Mistral, Qwen2, GPT-2) into a megatron checkpoint that "
+      "Converts a Hugging Face model directory (LLaMA, Mistral, Qwen2, Qwen3, GPT-2) into a megatron checkpoint that "
       "`megatron train --load CKPT --finetune` and `megatron generate --load CKPT` use without model flags.",
       {{"--hf-dir", IMPORT_FIELD(hf_dir), "conversion",
         "Hugging Face model directory: config.json, model.safetensors (or shards and their index), tokenizer"},

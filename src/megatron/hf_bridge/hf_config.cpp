@@ -113,7 +113,10 @@ void read_rope(Fields& f, Flags& flags) {
 
 void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows) {
   const int64_t hidden = f.integer("hidden_size"), heads = f.integer("num_attention_heads");
-  const int64_t groups = f.integer("num_key_value_heads", family == Family::mistral ? 8 : heads);
+  // Absent, transformers' defaults: Mistral's and Qwen3's class defaults, the heads elsewhere.
+  const int64_t groups = f.integer("num_key_value_heads", family == Family::mistral ? 8
+                                                          : family == Family::qwen3 ? 32
+                                                                                    : heads);
   const int64_t positions = f.integer("max_position_embeddings");
   vocab_rows = f.integer("vocab_size");
   flags.insert(flags.end(), {{"--num-layers", std::to_string(f.integer("num_hidden_layers"))},
@@ -131,20 +134,22 @@ void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows
                              {"--hidden-dropout", "0"}});
   if (groups != heads)
     flags.insert(flags.end(), {{"--group-query-attention", "true"}, {"--num-query-groups", std::to_string(groups)}});
-  if (f.present("head_dim")) flags.emplace_back("--kv-channels", std::to_string(f.integer("head_dim")));
+  if (f.present("head_dim") || family == Family::qwen3)  // Qwen3Config's head_dim defaults to 128
+    flags.emplace_back("--kv-channels", std::to_string(f.integer("head_dim", 128)));
   f.mark("head_dim");
   read_rope(f, flags);
   f.require("hidden_act", "silu", "the MLP is SwiGLU (--swiglu), gated by SiLU");
-  if (family == Family::llama) {
+  if (family == Family::llama || family == Family::qwen3)
     f.require("attention_bias", false, "Megatron's --add-qkv-bias has no o_proj bias");
-    f.require("mlp_bias", false, "we build the MLP without biases");
-  }
+  if (family == Family::llama) f.require("mlp_bias", false, "we build the MLP without biases");
   if (family == Family::qwen2) flags.emplace_back("--add-qkv-bias", "true");
-  const bool sliding = family == Family::mistral || (family == Family::qwen2 && f.present("use_sliding_window") &&
-                                                     f.get("use_sliding_window") == true);
+  if (family == Family::qwen3) flags.emplace_back("--qk-layernorm", "true");  // q_norm and k_norm over head_dim
+  const bool qwen = family == Family::qwen2 || family == Family::qwen3;
+  const bool sliding =
+      family == Family::mistral || (qwen && f.present("use_sliding_window") && f.get("use_sliding_window") == true);
   f.mark("use_sliding_window");
-  if (family == Family::qwen2) {
-    f.require("use_sliding_window", false, "Qwen2's sliding window covers only some layers, which we do not build");
+  if (qwen) {
+    f.require("use_sliding_window", false, "Qwen's sliding window covers only some layers, which we do not build");
     f.mark("sliding_window");     // unused without use_sliding_window
     f.mark("max_window_layers");  // likewise
   }
@@ -283,7 +288,9 @@ nlohmann::json hf_config_json(Family family, const TransformerConfig& c, int64_t
                                   << "--hidden-size " << c.hidden_size << ", which Qwen2's config.json cannot express");
   if (family == Family::llama) j.update({{"attention_bias", false}, {"mlp_bias", false}});
   if (family == Family::mistral) j["sliding_window"] = c.window_size_left + 1;
-  if (family == Family::qwen2) j.update({{"use_sliding_window", false}, {"max_window_layers", c.num_layers}});
+  if (family == Family::qwen2 || family == Family::qwen3)
+    j.update({{"use_sliding_window", false}, {"max_window_layers", c.num_layers}});
+  if (family == Family::qwen3) j["attention_bias"] = false;
   return j;
 }
 

@@ -6,9 +6,8 @@ namespace megatron::hf_bridge {
 
 const std::vector<FamilyInfo>& families() {
   static const std::vector<FamilyInfo> table = {
-      {Family::llama, "llama", "LlamaForCausalLM"},
-      {Family::mistral, "mistral", "MistralForCausalLM"},
-      {Family::qwen2, "qwen2", "Qwen2ForCausalLM"},
+      {Family::llama, "llama", "LlamaForCausalLM"}, {Family::mistral, "mistral", "MistralForCausalLM"},
+      {Family::qwen2, "qwen2", "Qwen2ForCausalLM"}, {Family::qwen3, "qwen3", "Qwen3ForCausalLM"},
       {Family::gpt2, "gpt2", "GPT2LMHeadModel"},
   };
   return table;
@@ -27,21 +26,25 @@ std::optional<Family> family_of_model_type(const std::string& model_type) {
 }
 
 Family family_of_model(const TransformerConfig& c) {
-  MEGATRON_CHECK(!c.qk_layernorm,
-                 "this model normalises its query and key heads (--qk-layernorm): none of the Hugging Face families "
-                 "exported here (GPT-2, LLaMA, Mistral, Qwen2) has those norms, and Qwen3's is not built");
   const bool gpt2_like = c.normalization == Normalization::LayerNorm && !c.swiglu &&
                          c.position_embedding_type == PositionEmbeddingType::learned_absolute && c.add_bias_linear &&
                          !c.untie_embeddings_and_output_weights && c.window_size_left < 0 &&
-                         c.num_query_groups == c.num_attention_heads && !c.use_rope_scaling;
+                         c.num_query_groups == c.num_attention_heads && !c.use_rope_scaling && !c.qk_layernorm;
   if (gpt2_like) return Family::gpt2;
   const bool llama_like = c.normalization == Normalization::RMSNorm && c.swiglu &&
                           c.position_embedding_type == PositionEmbeddingType::rope && !c.add_bias_linear &&
                           !c.rotary_interleaved && c.rotary_percent == 1.0f;
   MEGATRON_CHECK(llama_like,
                  "this model has no Hugging Face family to export as: GPT-2 takes LayerNorm, GELU, learned absolute "
-                 "positions, biases and a tied output layer; LLaMA, Mistral and Qwen2 take RMSNorm, --swiglu, "
-                 "--position-embedding-type rope (halves rotated, --rotary-percent 1), --disable-bias-linear");
+                 "positions, biases and a tied output layer (and no --qk-layernorm); LLaMA, Mistral, Qwen2 and Qwen3 "
+                 "take RMSNorm, --swiglu, --position-embedding-type rope (halves rotated, --rotary-percent 1), "
+                 "--disable-bias-linear");
+  if (c.qk_layernorm) {
+    MEGATRON_CHECK(!c.add_qkv_bias && c.window_size_left < 0,
+                   "a model with --qk-layernorm exports as Qwen3, whose exported config here has no QKV bias and no "
+                   "sliding window; drop --add-qkv-bias / --window-size or --qk-layernorm");
+    return Family::qwen3;
+  }
   if (c.window_size_left >= 0) {
     MEGATRON_CHECK(!c.add_qkv_bias && !c.use_rope_scaling,
                    "a model with a sliding window exports as Mistral, which has no QKV bias and no Llama-3 RoPE "

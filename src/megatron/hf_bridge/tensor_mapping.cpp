@@ -23,6 +23,10 @@ void llama_rules(std::vector<TensorRule>& rules, Family family, const Transforme
       rules.push_back({ours + "self_attention.linear_qkv.bias",
                        {attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"},
                        Layout::qkv});
+    if (family == Family::qwen3) {
+      rules.push_back({ours + "self_attention.q_layernorm.weight", {attn + "q_norm.weight"}});
+      rules.push_back({ours + "self_attention.k_layernorm.weight", {attn + "k_norm.weight"}});
+    }
     rules.push_back({ours + "self_attention.linear_proj.weight", {attn + "o_proj.weight"}});
     rules.push_back({ours + "mlp.linear_fc1.layer_norm_weight", {hf + "post_attention_layernorm.weight"}});
     rules.push_back(

@@ -1,0 +1,163 @@
+#pragma once
+// An independent float64 forward of a LLaMA-family causal language model (LLaMA, Qwen2, Qwen3)
+// from its Hugging Face directory: config.json and the tensors by their Hugging Face names, naive
+// loops written from transformers' modeling code, sharing nothing with the model under test. The
+// logits of a family whose checkpoints cannot be made here (transformers needs the GPU machine's
+// Python) come from it; on the Qwen2 fixture it reproduces transformers' own reference logits,
+// which checks it.
+//   per layer: h = x + o_proj(attention(rope(q_norm(q)), rope(k_norm(k)), v)) with q, k, v the
+//   projections (with their biases, where present) of rmsnorm(x); q_norm/k_norm (Qwen3) normalise
+//   each head over head_dim; RoPE rotates halves; GQA shares key/value head n / (heads / kv_heads);
+//   then h + down(silu(gate(rmsnorm(h))) * up(rmsnorm(h))). Then the final norm and lm_head (the
+//   embedding when tied).
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "megatron/checkpointing/checkpoint.h"
+#include "megatron/hf_bridge/hf_weights.h"
+
+namespace megatron::testing {
+
+class LlamaFamilyOracle {
+ public:
+  explicit LlamaFamilyOracle(const std::string& hf_dir)
+      : weights_(hf_bridge::HfWeights::open(hf_dir)),
+        config_(nlohmann::json::parse(checkpointing::read_file(hf_dir + "/config.json"))) {
+    H_ = config_.at("hidden_size").get<int64_t>();
+    heads_ = config_.at("num_attention_heads").get<int64_t>();
+    kv_heads_ = config_.at("num_key_value_heads").get<int64_t>();
+    d_ = config_.contains("head_dim") ? config_.at("head_dim").get<int64_t>() : H_ / heads_;
+    layers_ = config_.at("num_hidden_layers").get<int64_t>();
+    V_ = config_.at("vocab_size").get<int64_t>();
+    eps_ = config_.at("rms_norm_eps").get<double>();
+    theta_ = config_.at("rope_parameters").at("rope_theta").get<double>();
+    tied_ = config_.value("tie_word_embeddings", false);
+  }
+  // Skip the q/k norms even where the checkpoint has them (a control: they must matter).
+  void ignore_qk_norms() { qk_norms_ = false; }
+
+  // Logits (T,V) of one prompt.
+  std::vector<std::vector<double>> logits(const std::vector<int64_t>& ids) const {
+    const int64_t T = int64_t(ids.size());
+    const Matrix embed = load("model.embed_tokens.weight");
+    Matrix x(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) x[size_t(t)] = embed[size_t(ids[size_t(t)])];
+    for (int64_t l = 0; l < layers_; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      const Matrix h = rmsnorm_rows(x, load(p + "input_layernorm.weight")[0]);
+      Matrix q = linear(h, p + "self_attn.q_proj"), k = linear(h, p + "self_attn.k_proj");
+      const Matrix v = linear(h, p + "self_attn.v_proj");
+      const bool normed = qk_norms_ && weights_.has(p + "self_attn.q_norm.weight");
+      if (normed) {
+        normalize_heads(q, load(p + "self_attn.q_norm.weight")[0]);
+        normalize_heads(k, load(p + "self_attn.k_norm.weight")[0]);
+      }
+      rotate(q);
+      rotate(k);
+      const Matrix attended = attention(q, k, v);
+      const Matrix o = linear(attended, p + "self_attn.o_proj");
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t c = 0; c < H_; ++c) x[size_t(t)][size_t(c)] += o[size_t(t)][size_t(c)];
+      const Matrix h2 = rmsnorm_rows(x, load(p + "post_attention_layernorm.weight")[0]);
+      const Matrix gate = linear(h2, p + "mlp.gate_proj"), up = linear(h2, p + "mlp.up_proj");
+      Matrix act = gate;
+      for (size_t t = 0; t < act.size(); ++t)
+        for (size_t j = 0; j < act[t].size(); ++j) act[t][j] = gate[t][j] / (1.0 + std::exp(-gate[t][j])) * up[t][j];
+      const Matrix down = linear(act, p + "mlp.down_proj");
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t c = 0; c < H_; ++c) x[size_t(t)][size_t(c)] += down[size_t(t)][size_t(c)];
+    }
+    const Matrix final = rmsnorm_rows(x, load("model.norm.weight")[0]);
+    const Matrix head = tied_ ? embed : load("lm_head.weight");
+    return matmul_transposed(final, head);
+  }
+
+ private:
+  using Matrix = std::vector<std::vector<double>>;
+
+  // A tensor as rows of doubles (a 1-D tensor is one row).
+  Matrix load(const std::string& name) const {
+    const Tensor t = weights_.load(name);
+    const int64_t cols = t.dim(-1), rows = t.numel() / cols;
+    Matrix m(static_cast<size_t>(rows), std::vector<double>(static_cast<size_t>(cols)));
+    for (int64_t i = 0; i < t.numel(); ++i) m[size_t(i / cols)][size_t(i % cols)] = t.item(i);
+    return m;
+  }
+  static Matrix matmul_transposed(const Matrix& a, const Matrix& w) {  // a w^T
+    Matrix y(a.size(), std::vector<double>(w.size(), 0.0));
+    for (size_t t = 0; t < a.size(); ++t)
+      for (size_t o = 0; o < w.size(); ++o)
+        for (size_t i = 0; i < a[t].size(); ++i) y[t][o] += a[t][i] * w[o][i];
+    return y;
+  }
+  Matrix linear(const Matrix& a, const std::string& module) const {
+    Matrix y = matmul_transposed(a, load(module + ".weight"));
+    if (weights_.has(module + ".bias")) {
+      const std::vector<double> b = load(module + ".bias")[0];
+      for (auto& row : y)
+        for (size_t o = 0; o < row.size(); ++o) row[o] += b[o];
+    }
+    return y;
+  }
+  void rmsnorm(double* x, int64_t n, const std::vector<double>& w) const {
+    double mean_square = 0.0;
+    for (int64_t i = 0; i < n; ++i) mean_square += x[i] * x[i];
+    const double scale = 1.0 / std::sqrt(mean_square / double(n) + eps_);
+    for (int64_t i = 0; i < n; ++i) x[i] = w[size_t(i)] * (x[i] * scale);
+  }
+  Matrix rmsnorm_rows(const Matrix& x, const std::vector<double>& w) const {
+    Matrix y = x;
+    for (auto& row : y) rmsnorm(row.data(), int64_t(row.size()), w);
+    return y;
+  }
+  void normalize_heads(Matrix& x, const std::vector<double>& w) const {
+    for (auto& row : x)
+      for (size_t head = 0; head < row.size() / size_t(d_); ++head) rmsnorm(row.data() + head * size_t(d_), d_, w);
+  }
+  // Rotate-half RoPE at positions 0..T-1: pair (i, i + d/2) turned by t / theta^(2i/d).
+  void rotate(Matrix& x) const {
+    for (size_t t = 0; t < x.size(); ++t)
+      for (size_t head = 0; head < x[t].size() / size_t(d_); ++head) {
+        double* v = x[t].data() + head * size_t(d_);
+        for (int64_t i = 0; i < d_ / 2; ++i) {
+          const double angle = double(t) / std::pow(theta_, double(2 * i) / double(d_));
+          const double a = v[i], b = v[i + d_ / 2];
+          v[i] = a * std::cos(angle) - b * std::sin(angle);
+          v[i + d_ / 2] = b * std::cos(angle) + a * std::sin(angle);
+        }
+      }
+  }
+  // Causal softmax attention, scores scaled by 1/sqrt(head_dim).
+  Matrix attention(const Matrix& q, const Matrix& k, const Matrix& v) const {
+    const size_t T = q.size();
+    Matrix out(T, std::vector<double>(size_t(heads_ * d_), 0.0));
+    for (int64_t n = 0; n < heads_; ++n) {
+      const int64_t g = n / (heads_ / kv_heads_);
+      for (size_t t = 0; t < T; ++t) {
+        std::vector<double> score(t + 1);
+        double top = -INFINITY, sum = 0.0;
+        for (size_t s = 0; s <= t; ++s) {
+          double dot = 0.0;
+          for (int64_t i = 0; i < d_; ++i) dot += q[t][size_t(n * d_ + i)] * k[s][size_t(g * d_ + i)];
+          score[s] = dot / std::sqrt(double(d_));
+          top = std::max(top, score[s]);
+        }
+        for (size_t s = 0; s <= t; ++s) sum += score[s] = std::exp(score[s] - top);
+        for (size_t s = 0; s <= t; ++s)
+          for (int64_t i = 0; i < d_; ++i) out[t][size_t(n * d_ + i)] += score[s] / sum * v[s][size_t(g * d_ + i)];
+      }
+    }
+    return out;
+  }
+
+  hf_bridge::HfWeights weights_;
+  nlohmann::json config_;
+  int64_t H_, heads_, kv_heads_, d_, layers_, V_;
+  double eps_, theta_;
+  bool tied_;
+  bool qk_norms_ = true;
+};
+
+}  // namespace megatron::testing
