@@ -42,42 +42,6 @@ std::string import_error(const std::string& hf_dir, const std::string& save) {
   return error_of([&] { hf_bridge::import_hf({.hf_dir = hf_dir, .save = save}); });
 }
 
-// The oracle's logits of the prompts `input_ids` (P,T), rounded once to f32 as the fixtures' are.
-HfReference oracle_reference(const LlamaFamilyOracle& oracle, const Tensor& input_ids) {
-  const int64_t P = input_ids.dim(0), T = input_ids.dim(1);
-  std::vector<float> flat;
-  for (int64_t p = 0; p < P; ++p) {
-    std::vector<int64_t> ids(input_ids.data<int64_t>() + p * T, input_ids.data<int64_t>() + (p + 1) * T);
-    for (const auto& row : oracle.logits(ids))
-      for (double x : row) flat.push_back(float(x));
-  }
-  const int64_t V = int64_t(flat.size()) / (P * T);
-  return {input_ids, Tensor::from_vector(flat, {P, T, V})};
-}
-
-// A Qwen3 checkpoint made from the Qwen2 fixture (transformers is not at hand to make one): no
-// q/k/v biases, q_norm and k_norm weights of values around 1 (unlike the ones they start as), and
-// Qwen3's config.json (head_dim written out, as Qwen3Config saves it, attention_bias false).
-std::string qwen3_fixture(const TempDir& dir) {
-  const std::string out = edited_fixture(dir, "qwen2", [](std::vector<checkpointing::NamedTensor>& t) {
-    std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.ends_with("_proj.bias"); });
-    for (int layer = 0; layer < 2; ++layer)
-      for (const char* norm : {"q_norm", "k_norm"}) {
-        std::vector<float> w(16);
-        for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f + 0.3f * std::sin(float(7 * i + 3 * layer + norm[0]));
-        t.push_back(
-            {"model.layers." + std::to_string(layer) + ".self_attn." + norm + ".weight", Tensor::from_vector(w, {16})});
-      }
-  });
-  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
-  config["model_type"] = "qwen3";
-  config["architectures"] = {"Qwen3ForCausalLM"};
-  config["head_dim"] = 16;
-  config["attention_bias"] = false;
-  checkpointing::write_file_atomic(out + "/config.json", config.dump());
-  return out;
-}
-
 }  // namespace
 
 // The float64 oracle the Qwen3 test below relies on reproduces transformers' own logits of the

@@ -4,7 +4,7 @@ one family at a time, so that one family's files are gone before the next one's 
 
   prepare WORK FAMILY  transformers builds a randomly initialised model from a config shaped like
                        Llama-3.2-1B (llama), Mistral-7B with two layers (mistral), Qwen2.5-0.5B
-                       (qwen2) or GPT-2 (gpt2), no download, saves it as WORK/FAMILY/hf with a small
+                       (qwen2), Qwen3-0.6B (qwen3) or GPT-2 (gpt2), no download, saves it as WORK/FAMILY/hf with a small
                        byte-level BPE tokenizer, and writes WORK/FAMILY/reference.safetensors: 8
                        prompts (input_ids, I64 8 x 32) and transformers' fp32 logits for them (TF32
                        off), plus a batch (batch_ids, 2 x 65) for the fine-tuning check.
@@ -47,9 +47,16 @@ def configs():
         vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
         num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=True, use_sliding_window=False, bos_token_id=0, eos_token_id=0)
+    # Its heads (16 x 128) are twice as wide as its hidden size: --kv-channels is not hidden / heads.
+    qwen3_0_6b = transformers.Qwen3Config(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True,
+        use_sliding_window=False, bos_token_id=0, eos_token_id=0)
     gpt2 = transformers.GPT2Config(bos_token_id=0, eos_token_id=0)
     # sliding_window 16 < the 32-token prompts, so Mistral's window matters here (4096 would not).
-    return {"llama": llama_3_2_1b, "mistral": mistral_7b_two_layers, "qwen2": qwen2_5_0_5b, "gpt2": gpt2}
+    return {"llama": llama_3_2_1b, "mistral": mistral_7b_two_layers, "qwen2": qwen2_5_0_5b, "qwen3": qwen3_0_6b,
+            "gpt2": gpt2}
 
 
 def logits_of(model, ids):

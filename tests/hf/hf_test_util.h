@@ -61,6 +61,29 @@ inline std::string odd_vocabulary_gpt2(const TempDir& dir) {
   return odd;
 }
 
+// A Qwen3 checkpoint made from the Qwen2 fixture (transformers is not at hand to make one): no
+// q/k/v biases, q_norm and k_norm weights of values around 1 (unlike the ones they start as), and
+// Qwen3's config.json (head_dim written out, as Qwen3Config saves it, attention_bias false).
+inline std::string qwen3_fixture(const TempDir& dir) {
+  const std::string out = edited_fixture(dir, "qwen2", [](std::vector<checkpointing::NamedTensor>& t) {
+    std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.ends_with("_proj.bias"); });
+    for (int layer = 0; layer < 2; ++layer)
+      for (const char* norm : {"q_norm", "k_norm"}) {
+        std::vector<float> w(16);
+        for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f + 0.3f * std::sin(float(7 * i + 3 * layer + norm[0]));
+        t.push_back(
+            {"model.layers." + std::to_string(layer) + ".self_attn." + norm + ".weight", Tensor::from_vector(w, {16})});
+      }
+  });
+  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
+  config["model_type"] = "qwen3";
+  config["architectures"] = {"Qwen3ForCausalLM"};
+  config["head_dim"] = 16;
+  config["attention_bias"] = false;
+  checkpointing::write_file_atomic(out + "/config.json", config.dump());
+  return out;
+}
+
 // The flags of `megatron train --load CKPT --finetune` with no model flags (the checkpoint's are
 // taken), plus `extra`.
 inline std::vector<std::string> finetune_argv(const std::string& ckpt, std::vector<std::string> extra = {}) {

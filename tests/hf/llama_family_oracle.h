@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "hf/hf_test_util.h"
 #include "megatron/checkpointing/checkpoint.h"
 #include "megatron/hf_bridge/hf_weights.h"
 
@@ -159,5 +160,18 @@ class LlamaFamilyOracle {
   bool tied_;
   bool qk_norms_ = true;
 };
+
+// The oracle's logits of the prompts `input_ids` (P,T), rounded once to f32 as the fixtures' are.
+inline HfReference oracle_reference(const LlamaFamilyOracle& oracle, const Tensor& input_ids) {
+  const int64_t P = input_ids.dim(0), T = input_ids.dim(1);
+  std::vector<float> flat;
+  for (int64_t p = 0; p < P; ++p) {
+    std::vector<int64_t> ids(input_ids.data<int64_t>() + p * T, input_ids.data<int64_t>() + (p + 1) * T);
+    for (const auto& row : oracle.logits(ids))
+      for (double x : row) flat.push_back(float(x));
+  }
+  const int64_t V = int64_t(flat.size()) / (P * T);
+  return {input_ids, Tensor::from_vector(flat, {P, T, V})};
+}
 
 }  // namespace megatron::testing

@@ -5,11 +5,13 @@
 // TP = 2 and one imported at TP = 1 and resharded on load, loaded as `megatron train --load CKPT
 // --finetune` at TP = 2 loads it (no model flags; the stored vocabulary is HF's rows, whatever
 // the TP it was imported at). A vocabulary TP 2 does not divide moves between TP 1 and TP 2 (its
-// padding row added or dropped on load); the optimizer state of such a move is refused.
+// padding row added or dropped on load); the optimizer state of such a move is refused. Qwen3's
+// q/k norms at TP 2 against the float64 oracle (hf/llama_family_oracle.h).
 #include <algorithm>
 #include <memory>
 
 #include "hf/hf_test_util.h"
+#include "hf/llama_family_oracle.h"
 #include "megatron/hf_bridge/convert.h"
 #include "megatron/optimizer/lr_scheduler.h"
 #include "megatron/optimizer/optimizer.h"
@@ -44,6 +46,36 @@ TEST(HfTensorParallel, LogitsMatchTransformersAtTp2) {
                     error);
       EXPECT_LE(error, kLogitTolerance) << family << " imported at TP " << import_tp;
     }
+  }
+  st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
+}
+
+// Qwen3 (made from the Qwen2 fixture, hf/hf_test_util.h): imported at TP 1 and at TP 2 and run at
+// TP 2, each rank's q/k norms (replicated) applied to its own query groups; the logits match the
+// float64 oracle's within the same bound.
+TEST(HfTensorParallel, Qwen3LogitsMatchTheOracleAtTp2) {
+  std::unique_ptr<TempDir> owner;
+  if (make_state({}).ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
+  const std::string dir = shared_directory(owner.get());
+  const ParallelState st = make_state({.tp = 2}, 60);
+  const std::string hf = dir + "/qwen2-edited";  // where qwen3_fixture writes, edited_fixture of qwen2
+  if (st.ctx.world->rank() == 0) {
+    ASSERT_EQ(qwen3_fixture(*owner), hf);
+    for (int64_t tp : {1, 2})
+      hf_bridge::import_hf({.hf_dir = hf, .save = dir + "/tp" + std::to_string(tp), .tensor_model_parallel_size = tp});
+  }
+  st.ctx.world->barrier();
+  const HfReference ref = oracle_reference(LlamaFamilyOracle(hf), hf_reference("qwen2").input_ids);
+  for (int64_t import_tp : {1, 2}) {
+    const std::string ckpt = dir + "/tp" + std::to_string(import_tp);
+    const TrainingArgs args = parse_training_args(finetune_argv(ckpt, {"--tensor-model-parallel-size", "2"}), 2);
+    const ParallelContext ctx = model_context(st.ctx, args.parallel);
+    GPTModel model(args.model, ctx);
+    ASSERT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, nullptr));
+    const double error = max_logit_error(model, ref);
+    if (st.ctx.world->rank() == 0)
+      std::printf("qwen3 imported at TP %ld, run at TP 2: max |logit - oracle| = %.3g\n", long(import_tp), error);
+    EXPECT_LE(error, kLogitTolerance) << "qwen3 imported at TP " << import_tp;
   }
   st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
