@@ -192,6 +192,9 @@ inline double expect_same_curve(const TrainingSummary& single, const TrainingSum
   double worst = expect_close(single.train_losses, s.train_losses, first, tolerance, what + " loss");
   if (compare_grad_norm)
     worst = std::max(worst, expect_close(single.grad_norms, s.grad_norms, first, tolerance, what + " grad norm"));
+  // --log-params-norm's values (whole runs only: a resumed one logs at other iterations).
+  if (first == 0)
+    worst = std::max(worst, expect_close(single.params_norms, s.params_norms, 0, tolerance, what + " params norm"));
   // fp16: the same steps skipped and the same loss scales (always equal for other precisions).
   EXPECT_EQ(std::vector<bool>(single.skipped.begin() + long(first), single.skipped.end()), s.skipped) << what;
   EXPECT_EQ(std::vector<double>(single.loss_scales.begin() + long(first), single.loss_scales.end()), s.loss_scales)
@@ -233,13 +236,16 @@ inline void expect_pp_layouts_follow_the_single_rank(const std::vector<PpLayout>
                                                      double tolerance) {
   std::map<ModelStyle, TrainingSummary> single;
   for (const PpLayout& l : layouts) {
+    // --log-params-norm: each stage's parameters (the tied embedding's copy once) in the norm.
+    const std::vector<std::string> run = with(tiny_pp_run(l.style, iterations), {"--log-params-norm"});
     if (!single.count(l.style)) {
-      single[l.style] = run_f64(ParallelContext::single_process(), tiny_pp_run(l.style, iterations));
+      single[l.style] = run_f64(ParallelContext::single_process(), run);
       ASSERT_EQ(single[l.style].valid_losses.size(), 1u);
+      ASSERT_EQ(single[l.style].params_norms.size(), 2u);  // after the first iteration and the last
     }
     const ParallelState st = make_state(l.sizes, 60);
     const std::string what = std::string(style_name(l.style)) + " " + l.name;
-    const TrainingSummary s = run_f64(st.ctx, with(tiny_pp_run(l.style, iterations), l.flags));
+    const TrainingSummary s = run_f64(st.ctx, with(run, l.flags));
     expect_same_run(single[l.style], s, tolerance, what, st.ctx.world->rank() == 0);
   }
 }

@@ -79,7 +79,8 @@ TEST(CpTraining, EveryLayoutFollowsTheSingleRank) {
   for (const Layout& l : layouts(world)) {
     const auto key = std::pair{l.style, l.documents};
     if (!single.contains(key))
-      single[key] = run_f64(ParallelContext::single_process(), tiny_cp_run(l.style, kIterations, l.documents));
+      single[key] = run_f64(ParallelContext::single_process(),
+                            with(tiny_cp_run(l.style, kIterations, l.documents), {"--log-params-norm"}));
   }
   // The document masks must matter in these batches, or their layout would test nothing.
   if (single.contains({ModelStyle::llama, true})) {
@@ -91,7 +92,9 @@ TEST(CpTraining, EveryLayoutFollowsTheSingleRank) {
     const std::string what = std::string(style_name(l.style)) + " " + l.name;
     const TrainingSummary& want = single.at({l.style, l.documents});
     ASSERT_EQ(want.valid_losses.size(), 1u);
-    const TrainingSummary s = run_f64(st.ctx, with(tiny_cp_run(l.style, kIterations, l.documents), l.flags));
+    // --log-params-norm: the TP x SP layout's replicated weights counted on TP rank 0 alone.
+    const TrainingSummary s =
+        run_f64(st.ctx, with(with(tiny_cp_run(l.style, kIterations, l.documents), {"--log-params-norm"}), l.flags));
     expect_same_run(want, s, tolerance, what, st.ctx.world->rank() == 0);
   }
 }

@@ -84,15 +84,17 @@ TEST(MoETraining, ExpertParallelMatchesTheSingleRankCurve) {
   const int world = world_size();
   const double tolerance = 200 * 0x1p-53;
   constexpr int64_t kIterations = 10;
-  const TrainingSummary single = run(ParallelContext::single_process(), with(tiny_run(kIterations), kMoE), DType::f64);
+  // --log-params-norm: each EP rank's experts summed over the expert model-parallel group.
+  const std::vector<std::string> moe_run = with(with(tiny_run(kIterations), kMoE), {"--log-params-norm"});
+  const TrainingSummary single = run(ParallelContext::single_process(), moe_run, DType::f64);
   ASSERT_EQ(single.valid_losses.size(), 1u);
+  ASSERT_EQ(single.params_norms.size(), 2u);
   for (const EpLayout& l : ep_layouts(world)) {
     ParallelSizes sizes;
     sizes.pp = l.pp;
     sizes.ep = l.ep;
     const ParallelState st = make_state(sizes, 60);
-    const TrainingSummary s =
-        run(st.ctx, with(with(with(tiny_run(kIterations), kMoE), ep_flags(l.ep)), l.flags), DType::f64);
+    const TrainingSummary s = run(st.ctx, with(with(moe_run, ep_flags(l.ep)), l.flags), DType::f64);
     double worst = expect_same_curve(single, s, 0, tolerance, /*compare_grad_norm=*/true, l.name);
     worst = std::max(worst, expect_close(single.valid_losses, s.valid_losses, 0, tolerance, l.name + " validation"));
     worst = std::max(worst, expect_close({*single.end_valid_loss}, {*s.end_valid_loss}, 0, tolerance,

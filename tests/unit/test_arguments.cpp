@@ -203,6 +203,15 @@ TEST(ParseArgs, YamlProblems) {
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--config", twice.path()})), "is given twice"));
 }
 
+// --log-params-norm reads the weights each rank holds: not FP8 codes, not Megatron FSDP's shards.
+TEST(ParseArgs, LogParamsNormRefusesWeightsItCannotRead) {
+  EXPECT_TRUE(parse_training_args(with(minimal_argv(), {"--log-params-norm"})).log_params_norm);
+  EXPECT_TRUE(contains(
+      parse_error(with(minimal_argv(), {"--log-params-norm", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                                        "optim_grads_params", "--use-distributed-optimizer"})),
+      "--log-params-norm with --data-parallel-sharding-strategy optim_grads_params"));
+}
+
 TEST(ParseArgs, FlagProblems) {
   EXPECT_TRUE(contains(parse_error(with(without("--hidden-size"), {"--hiden-size", "64"})),
                        "--hiden-size: unknown flag; did you mean --hidden-size?"));

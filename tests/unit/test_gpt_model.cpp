@@ -184,6 +184,22 @@ TEST(GPTModel, QkLayernormCachedGenerationEqualsFullForward) {
   check_cached_logits_equal_full_forward(c);
 }
 
+// --log-params-norm's norm on one rank: every parameter's weights once, the tied embedding too.
+TEST(GPTModel, ParamsNormIsTheNormOfEveryWeight) {
+  for (const TransformerConfig& c : {gpt2_style(DType::f32), llama_style(DType::bf16)}) {
+    ParallelContext ctx = ParallelContext::single_process();
+    GPTModel model(c, ctx);
+    model.parameters().initialize(5);
+    double squares = 0.0;
+    for (const auto& p : model.parameters().params())
+      for (int64_t i = 0; i < p->data.numel(); ++i) squares += p->data.item(i) * p->data.item(i);
+    const double norm = norm_of_each_parameter_once(model.parameters(), ctx,
+                                                    [](const Parameter& p) -> const Tensor& { return p.data; });
+    // f32 accumulation of a few thousand squares against f64: 1e-6 relative.
+    EXPECT_NEAR(norm, std::sqrt(squares), 1e-6 * std::sqrt(squares)) << (c.swiglu ? "llama" : "gpt2");
+  }
+}
+
 TEST(GPTModel, InitialLossIsLogVocab) {
   // With std 0.02 weights the logits are ~0, so the softmax is nearly uniform over the padded
   // vocabulary (padded rows take part in the softmax, as in Megatron).

@@ -74,3 +74,28 @@ TEST(Metrics, MoEFieldsOnlyForMoEModels) {
   stats.load_balancing_name = "seq_load_balancing_loss";  // Megatron's name under seq_aux_loss
   EXPECT_NE(format_training_log_line(stats).find(" seq_load_balancing_loss: 1.250000E+00 |"), std::string::npos);
 }
+
+// --log-params-norm: Megatron's " params norm: %.3f |" after the grad norm, the unrounded value in
+// the file; without the flag neither.
+TEST(Metrics, ParamsNormOnlyWhenLogged) {
+  IterationStats stats;
+  stats.grad_norm = 1.5;
+  EXPECT_EQ(format_training_log_line(stats).find("params norm"), std::string::npos);
+  stats.params_norm = 123.45678;
+  const std::string line = format_training_log_line(stats);
+  EXPECT_NE(line.find(" grad norm: 1.500 | params norm: 123.457 | number of skipped iterations:"), std::string::npos)
+      << line;
+  const TempDir dir;
+  {
+    MetricsFile file(dir / "m.jsonl");
+    file.write_training(stats);
+    stats.params_norm.reset();
+    file.write_training(stats);
+  }
+  std::ifstream in(dir / "m.jsonl");
+  std::string with_norm, without;
+  std::getline(in, with_norm);
+  std::getline(in, without);
+  EXPECT_EQ(nlohmann::json::parse(with_norm).at("params_norm").get<double>(), 123.45678);
+  EXPECT_FALSE(nlohmann::json::parse(without).contains("params_norm"));
+}

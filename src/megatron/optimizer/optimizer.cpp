@@ -119,26 +119,43 @@ AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContex
       state_(parameter_pieces(registry), registry.num_local_elements(), registry.device(), registry.params_dtype(),
              registry.grad_dtype(), state_options) {}
 
-double AdamWOptimizer::global_grad_norm() const {
-  // Megatron's get_grad_norm_fp32: every parameter once (a tied weight is one parameter; a
-  // parameter replicated across TP counts on TP rank 0 only, the tied embedding on the first pipeline
-  // stage only), the squares summed over the
-  // model-parallel group. The DP replicas hold identical reduced grads and are not summed; the
-  // experts (and their expert TP shards) of other ranks are other parameters, summed over
-  // Megatron's expert model-parallel group (expert TP x EP x PP).
-  Tensor dense = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
-  Tensor expert = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
-  const bool split_experts = registry_->ep_size() > 1 || registry_->expert_tp_size() != registry_->tp_size();
-  if (!holds_duplicates_ && !split_experts) {
-    for (const Tensor& grads : registry_->grad_buffers()) ops::sum_squares(dense, grads);
-  } else {
-    for (const auto& p : registry_->params())
-      if (!p->is_duplicate()) ops::sum_squares(split_experts && p->spec.expert_parallel ? expert : dense, p->main_grad);
-  }
-  ctx_->mp->all_reduce(dense, ReduceOp::sum);
+namespace {
+// Whether the experts are split otherwise than the dense parameters (by EP, or an expert TP of
+// their own): then their norm is summed over the expert model-parallel group (expert TP x EP x PP).
+bool experts_split_apart(const ParameterRegistry& registry) {
+  return registry.ep_size() > 1 || registry.expert_tp_size() != registry.tp_size();
+}
+
+// sqrt(dense summed over MP + expert summed over expert MP), the accumulators of this rank's squares.
+double reduced_norm(Tensor& dense, Tensor& expert, bool split_experts, const ParallelContext& ctx) {
+  ctx.mp->all_reduce(dense, ReduceOp::sum);
   if (!split_experts) return std::sqrt(dense.item(0));
-  ctx_->expert_mp->all_reduce(expert, ReduceOp::sum);
+  ctx.expert_mp->all_reduce(expert, ReduceOp::sum);
   return std::sqrt(dense.item(0) + expert.item(0));
+}
+}  // namespace
+
+double norm_of_each_parameter_once(const ParameterRegistry& registry, const ParallelContext& ctx,
+                                   const std::function<const Tensor&(const Parameter&)>& of) {
+  // f32 accumulators (f64 for f64 models), whatever the tensors' dtype.
+  const DType acc = registry.grad_dtype();
+  Tensor dense = Tensor::zeros({1}, acc, registry.device()), expert = Tensor::zeros({1}, acc, registry.device());
+  const bool split_experts = experts_split_apart(registry);
+  for (const auto& p : registry.params())
+    if (!p->is_duplicate()) ops::sum_squares(split_experts && p->spec.expert_parallel ? expert : dense, of(*p));
+  return reduced_norm(dense, expert, split_experts, ctx);
+}
+
+double AdamWOptimizer::global_grad_norm() const {
+  // Megatron's get_grad_norm_fp32 (norm_of_each_parameter_once); without duplicates or experts
+  // apart, one reduction over whole buffer ranges, not one per parameter: the padding between
+  // parameters holds zeros.
+  if (holds_duplicates_ || experts_split_apart(*registry_))
+    return norm_of_each_parameter_once(*registry_, *ctx_,
+                                       [](const Parameter& p) -> const Tensor& { return p.main_grad; });
+  Tensor dense = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device()), unused;
+  for (const Tensor& grads : registry_->grad_buffers()) ops::sum_squares(dense, grads);
+  return reduced_norm(dense, unused, false, *ctx_);
 }
 
 ops::AdamWParams Optimizer::step_params(float grad_scale) const {

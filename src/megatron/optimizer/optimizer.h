@@ -16,6 +16,7 @@
 // An overflow skips the step: parameters, moments and the step count stay as they were. Otherwise
 // the grads are unscaled inside AdamW (1/loss_scale folded into its gradient scale with the clip
 // coefficient, no extra pass) and the reported norm is the unscaled one, which clipping uses.
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +54,15 @@ bool is_optimizer_state_name(const std::string& name);
 // replicas; an expert-parallel parameter on expert-data-parallel rank 0, since each EP rank holds
 // other experts (Megatron's writers: DP rank 0, or expert-DP rank 0, of each (tp, pp, ep)).
 bool is_saved_replica(const Parameter& p, const ParallelContext& ctx);
+
+// The global L2 norm of one tensor per parameter this rank holds (`of(p)`: its main grad, or its
+// weights), each parameter once over the world, as Megatron's get_grad_norm_fp32 and
+// calc_params_l2_norm take it: not the duplicates (Parameter::is_duplicate: TP replicas but TP
+// rank 0's, pipeline copies), the squares summed over the model-parallel group, and the experts'
+// (where EP or an expert TP of its own splits them) over the expert model-parallel group. The DP
+// replicas hold the same values and are not summed. Collective over those groups.
+double norm_of_each_parameter_once(const ParameterRegistry& registry, const ParallelContext& ctx,
+                                   const std::function<const Tensor&(const Parameter&)>& of);
 
 class Optimizer {
  public:

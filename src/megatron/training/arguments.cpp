@@ -451,6 +451,9 @@ std::vector<Flag> build_flag_table() {
        "Write world-size to TensorBoard"},
       {"--log-memory-to-tensorboard", Switch{FIELD(log_memory_to_tensorboard), true}, logging,
        "Write the allocator's allocated, reserved and peak bytes to TensorBoard"},
+      {"--log-params-norm", Switch{FIELD(log_params_norm), true}, logging,
+       "Print the L2 norm of the parameters after each logged step (log line, metrics file, TensorBoard "
+       "params-norm)"},
       {"--log-throughput", Switch{FIELD(log_throughput), true}, logging,
        "Write throughput (TFLOP/s/GPU) to TensorBoard at each log line (the log line always shows it)"},
       {"--timing-log-level", FIELD(timing_log_level), logging,
@@ -614,7 +617,6 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
        "(as torch_dist); Megatron's torch, torch_dist and torch_dcp files are neither written nor read. Drop the "
        "flag (megatron export-hf writes a Hugging Face model)"},
       {"--apply-layernorm-1p", "norm weights are used as stored, not as 1 + w: drop the flag"},
-      {"--log-params-norm", "drop the flag (the log line carries the gradient norm)"},
       {"--use-pytorch-profiler", torch_profiler},
       {"--pytorch-profiler-collect-shapes", torch_profiler},
       {"--pytorch-profiler-collect-callstack", torch_profiler},
@@ -1158,6 +1160,19 @@ void check_implementation_choices(const TrainingArgs& a, std::vector<std::string
         "for rotary embeddings, or write --position-embedding-type none for no position encoding");
 }
 
+// --log-params-norm reads the model's weights as each rank holds them after the step.
+void check_params_norm(const TrainingArgs& a, std::vector<std::string>& errors) {
+  if (!a.log_params_norm) return;
+  if (a.model.fp8.enabled() && a.model.fp8.fp8_param_gather)
+    errors.push_back(
+        "--log-params-norm with --fp8-param-gather: the weights are held as FP8 codes, whose norm is not built "
+        "here; drop one of the two");
+  if (a.use_megatron_fsdp && a.data_parallel_sharding_strategy == "optim_grads_params")
+    errors.push_back(
+        "--log-params-norm with --data-parallel-sharding-strategy optim_grads_params: each rank holds a shard of "
+        "the weights between steps, whose norm is not built here; use optim_grads, or drop --log-params-norm");
+}
+
 void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
   if (!a.save.empty() && a.save_interval <= 0) {
     errors.push_back(concat("--save ", a.save, " needs --save-interval N (got ", a.save_interval,
@@ -1345,6 +1360,7 @@ std::vector<std::string> validate(const TrainingArgs& args) {
   check_data_parallel(args, errors);
   check_mixed_precision(args, errors);
   check_run(args, errors);
+  check_params_norm(args, errors);
   check_implementation_choices(args, errors);
   return errors;
 }

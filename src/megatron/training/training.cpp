@@ -474,6 +474,8 @@ struct TrainingLoop : TrainingSetUp {
   explicit TrainingLoop(const TrainingSetUp& set_up);
   IterationResult train_step();
   void record(const IterationResult& it);
+  // --log-params-norm's value when `logged` (collective: every rank calls it alike).
+  std::optional<double> params_norm(bool logged);
   std::optional<EarlyExit> evaluate_save_and_decide_exit(const ExitConditions& exit_conditions);
   void evaluate_after_training();
   // A checkpoint of the state now (asynchronous with --async-save), timed.
@@ -655,6 +657,18 @@ IterationResult TrainingLoop::train_step() {
   return {loss, step, batch_size, micro, seconds};
 }
 
+// --log-params-norm: the parameters' norm after the step (Megatron's calc_params_l2_norm), on the
+// iterations that print or write it. The model's weights as this rank holds them: the compute copy
+// (bf16 in a bf16 run, where Megatron reads the f32 masters; the rounding moves the norm by about
+// 1e-6 of itself), each parameter once over the world; an overlapped parameter all-gather is
+// finished first.
+std::optional<double> TrainingLoop::params_norm(bool logged) {
+  if (!args.log_params_norm || !logged) return std::nullopt;
+  ddp.finish_param_gather();
+  return norm_of_each_parameter_once(model.parameters(), ctx,
+                                     [](const Parameter& p) -> const Tensor& { return p.data; });
+}
+
 void TrainingLoop::record(const IterationResult& it) {
   const HeldBytes held = ddp.held_bytes();
   summary.weight_bytes = held.weights;
@@ -670,6 +684,11 @@ void TrainingLoop::record(const IterationResult& it) {
   interval.add(it.loss, it.step.skipped, it.seconds, double(it.batch_size * args.model.seq_length),
                num_floating_point_operations(args.model, it.batch_size));
 
+  const bool first = progress.iteration == first_iteration + 1;
+  const bool log_line = first || progress.iteration % args.log_interval == 0 || progress.iteration == train_iters;
+  const bool tensorboard_now = !args.tensorboard_dir.empty() && progress.iteration % args.tensorboard_log_interval == 0;
+  const std::optional<double> norm = params_norm(log_line || tensorboard_now);
+  if (norm) summary.params_norms.push_back(*norm);
   tensorboard.iteration({.iteration = progress.iteration,
                          .consumed_samples = progress.consumed_train_samples,
                          .learning_rate = scheduler.lr(),
@@ -677,9 +696,9 @@ void TrainingLoop::record(const IterationResult& it) {
                          .lm_loss = it.loss,
                          .loss_scale = optimizer->loss_scale(),
                          .grad_norm = it.step.grad_norm,
+                         .params_norm = norm,
                          .world_size = ctx.world->size(),
                          .memory = memory_stats(device)});
-  const bool first = progress.iteration == first_iteration + 1;
   const double activation_mib = double(model.activation_bytes()) / (1024.0 * 1024.0);  // all chunks
   if (first)
     LOG_INFO("> activation memory per micro-batch (saved for backward, per rank): " << activation_mib << " MiB");
@@ -691,7 +710,7 @@ void TrainingLoop::record(const IterationResult& it) {
                          .microbatch_group_size = pipeline_step_shape(args, false).microbatch_group_size,
                          .overlap_p2p = args.pipeline_overlaps_p2p()},
                         device);
-  if (first || progress.iteration % args.log_interval == 0 || progress.iteration == train_iters) {
+  if (log_line) {
     const int64_t iters_in_interval = interval.iterations();
     IterationStats st;
     st.iteration = progress.iteration;
@@ -701,6 +720,7 @@ void TrainingLoop::record(const IterationResult& it) {
     st.global_batch_size = it.batch_size;
     st.loss_scale = optimizer->loss_scale();  // after this step's update, as Megatron logs it
     st.grad_norm = it.step.grad_norm;
+    st.params_norm = norm;
     st.peak_memory_mib = peak_memory_mib(device);
     st.reserved_memory_mib = double(memory_stats(device).reserved_bytes) / (1024.0 * 1024.0);
     interval.close(st, it.loss, ctx.world->size());
