@@ -218,8 +218,8 @@ TEST(ParseArgs, FlagProblems) {
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--use-mcore-modles"})),
                        "--use-mcore-modles: unknown flag; did you mean --use-mcore-models?"));
   // Megatron's flags for what is not built say so, with what to do instead, values and all.
-  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--ckpt-format", "torch_dist"})),
-                       "--ckpt-format: Megatron's flag, not built here: checkpoints here are per-rank safetensors"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--ckpt-format", "torch"})),
+                       "--ckpt-format torch is not built here: checkpoints here reshard at load as torch_dist's do"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--grad-reduce-in-bf16"})),
                        "--grad-reduce-in-bf16: Megatron's flag, not built here: gradients reduce in fp32"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--softmax-type", "learnable"})),
@@ -849,6 +849,8 @@ TEST(MegatronImplementationChoices, ALaunchScriptsChoicesParseAndChangeNothingEl
                         "--no-mmap-bin-files",
                         "--no-create-attention-mask-in-dataloader",
                         "--auto-detect-ckpt-format",
+                        "--ckpt-format",
+                        "torch_dist",
                         "--distributed-backend",
                         "gloo",
                         "--manual-gc",

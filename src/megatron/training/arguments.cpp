@@ -517,6 +517,13 @@ std::vector<Flag> build_flag_table() {
        "No attention mask tensor is built here: causal (and document) masking happens inside the attention kernels"},
       {"--auto-detect-ckpt-format", Switch{FIELD(implementation.auto_detect_ckpt_format), true}, impl,
        "There is one checkpoint format here"},
+      {"--ckpt-format",
+       FIELD(implementation.ckpt_format),
+       impl,
+       "Checkpoints here are per-rank safetensors shards with a metadata.json that load at any parallel layout, "
+       "as torch_dist's do (Megatron's default); Megatron's own files are neither written nor read (megatron "
+       "export-hf writes a Hugging Face model). The other formats are not built",
+       {"torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"}},
       {"--distributed-backend",
        FIELD(implementation.distributed_backend),
        impl,
@@ -612,10 +619,6 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
       "Weights & Biases logging: use --tensorboard-dir (TensorBoard event files) or --metrics-file (JSONL)";
   return {
       {"--use-legacy-models", "Megatron-Core's GPT model is the only model here; drop the flag"},
-      {"--ckpt-format",
-       "checkpoints here are per-rank safetensors shards with a metadata.json, loadable at any parallel layout "
-       "(as torch_dist); Megatron's torch, torch_dist and torch_dcp files are neither written nor read. Drop the "
-       "flag (megatron export-hf writes a Hugging Face model)"},
       {"--apply-layernorm-1p", "norm weights are used as stored, not as 1 + w: drop the flag"},
       {"--use-pytorch-profiler", torch_profiler},
       {"--pytorch-profiler-collect-shapes", torch_profiler},
@@ -1137,6 +1140,10 @@ void check_implementation_choices(const TrainingArgs& a, std::vector<std::string
     errors.push_back(
         "--rope-type yarn is not built here: RoPE is Megatron's rope type (with --use-rope-scaling for Llama-3.x); "
         "write rope or drop the flag");
+  if (!c.ckpt_format.empty() && c.ckpt_format != "torch_dist")
+    errors.push_back(concat("--ckpt-format ", c.ckpt_format,
+                            " is not built here: checkpoints here reshard at load as torch_dist's do (Megatron's "
+                            "default); write torch_dist or drop the flag"));
   if (c.moe_router_dtype == "fp64")
     errors.push_back(
         "--moe-router-dtype fp64 is not built here: the router runs in fp32 (Megatron's --moe-router-dtype fp32); "

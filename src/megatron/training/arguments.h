@@ -63,6 +63,7 @@ struct MegatronImplementationChoices {
   bool mmap_bin_files = true;                       // --no-mmap-bin-files clears it
   bool create_attention_mask_in_dataloader = true;  // --no-create-attention-mask-in-dataloader clears it
   bool auto_detect_ckpt_format = false;
+  std::string ckpt_format;  // unset | torch_dist (what our checkpoints do); the other formats are refused
   std::string distributed_backend = "nccl";  // nccl | gloo
   bool manual_gc = false;
   int64_t manual_gc_interval = 0;
