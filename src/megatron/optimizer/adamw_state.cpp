@@ -230,13 +230,14 @@ std::pair<size_t, size_t> AdamWState::device_pieces_in(int64_t begin, int64_t en
 void AdamWState::step_on_device(const ops::AdamWParams& base, const StepRates& rates,
                                 std::pair<size_t, size_t> pieces) {
   // The pieces with a 16-bit or f32 compute copy (or none apart from the master) in one op per
-  // learning rate (two under --decoupled-lr); FP8 codes piece by piece, each with its own scale and
-  // amax.
+  // learning rate (two under --decoupled-lr, one without); FP8 codes piece by piece, each with its
+  // own scale and amax.
   std::vector<ops::AdamWPiece> together[2];  // at rates.lr, at the decoupled rate
   for (size_t i = pieces.first; i < pieces.second; ++i) {
     Piece& p = pieces_[i];
     if (!dtype_is_fp8(p.param.dtype())) {
-      together[p.decoupled_lr].push_back({p.begin - device_.first, p.grad, p.param, weight_decay_of(p, rates)});
+      const bool decoupled = p.decoupled_lr && rates.decoupled_lr.has_value();
+      together[size_t(decoupled)].push_back({p.begin - device_.first, p.grad, p.param, weight_decay_of(p, rates)});
       continue;
     }
     Tensor m = view(device_.exp_avg, device_, p.begin, p.end), v = view(device_.exp_avg_sq, device_, p.begin, p.end);
@@ -252,11 +253,11 @@ void AdamWState::step_on_device(const ops::AdamWParams& base, const StepRates& r
   }
   Tensor no_master;
   for (const bool decoupled : {false, true}) {
-    if (together[decoupled].empty()) continue;
+    if (together[size_t(decoupled)].empty()) continue;
     ops::AdamWParams params = base;
     params.lr = lr_of(decoupled, rates);
     ops::adamw_step_pieces(device_master_ ? device_.master : no_master, device_.exp_avg, device_.exp_avg_sq,
-                           together[decoupled], params);
+                           together[size_t(decoupled)], params);
   }
 }
 
