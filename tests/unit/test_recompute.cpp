@@ -150,6 +150,19 @@ TEST_P(RecomputeGradients, AreBitIdenticalToKeepingEverything) {
 
 INSTANTIATE_TEST_SUITE_P(Styles, RecomputeGradients, ::testing::Bool());
 
+// --qk-layernorm: the q/k norms' saved inputs rebuilt by a full recompute, kept under selective
+// core_attn (whose rerun reads the normalised, rotated q and k).
+TEST(RecomputeGradients, QkLayernormAreBitIdenticalToKeepingEverything) {
+  TransformerConfig config = megatron::testing::llama_style(DType::f32);
+  config.qk_layernorm = true;
+  const Pass kept = run(config, {});
+  for (const auto& [what, recompute] : std::vector<std::pair<std::string, RecomputeConfig>>{
+           {"full uniform 1", full("uniform", 1)},
+           {"selective core_attn", selective({})},
+           {"selective core_attn mlp layernorm", selective({"core_attn", "mlp", "layernorm"})}})
+    expect_bit_identical(kept, run(config, recompute), what);
+}
+
 // FP8 layers keep the forward's casts of x^T for the weight-gradient GEMMs, and under the delayed
 // recipe SwiGLU writes fc2's input and fc1's output gradient as FP8 casts directly; recomputing
 // the MLP (or the whole layer) takes the other path, the bf16 activation cast by the layer, and
