@@ -3,7 +3,7 @@
 # (tests/tensorboard_oracle/read_events.js: npm protobufjs decoding TensorBoard's Event message,
 # npm crc-32's CRC-32C checking the framing), and every scalar equals the value the metrics file
 # logged for the same iteration, rounded to float as TensorBoard's simple_value holds it: lm loss,
-# learning-rate, grad-norm, loss-scale, batch-size, world-size (each also "vs samples" at the
+# learning-rate, grad-norm, params-norm (--log-params-norm), loss-scale, batch-size, world-size (each also "vs samples" at the
 # consumed samples), iteration-time, throughput, skipped-iterations, nan-iterations,
 # mem-max-allocated-bytes (the metrics' peak memory), lm loss validation (and its perplexity) and
 # lm loss test; mem-allocated-bytes and mem-reserved-bytes, which the metrics file does not hold,
@@ -28,7 +28,7 @@ fail() {
   --device cpu --train-iters 6 --log-interval 1 --eval-interval 3 --eval-iters 1 --fp16 \
   --metrics-file "$dir/metrics.jsonl" --tensorboard-dir "$dir/tb" --tensorboard-queue-size 7 \
   --log-timers-to-tensorboard --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --log-throughput \
-  --log-memory-to-tensorboard --timing-log-level 1 \
+  --log-memory-to-tensorboard --timing-log-level 1 --log-params-norm \
   >"$dir/log" 2>&1 || fail "training failed: $(cat "$dir/log")"
 files=("$dir"/tb/events.out.tfevents.*)
 [ "${#files[@]}" -eq 1 ] && [ -f "${files[0]}" ] || fail "expected one event file in $dir/tb: ${files[*]}"
@@ -72,6 +72,12 @@ for (const m of metrics) {
     both('batch-size', m, m.global_batch_size);
     both('world-size', m, 1);
     if (m.grad_norm !== null) both('grad-norm', m, m.grad_norm);
+    if (typeof m.params_norm !== 'number') {
+      console.error(`iteration ${m.iteration}: the metrics file holds no params_norm`);
+      problems += 1;
+    } else {
+      both('params-norm', m, m.params_norm);
+    }
     expect('iteration-time', m.iteration, m.elapsed_ms_per_iteration * 1e-3);
     const printed = timerBlocks[trainLines++] || {};
     for (const name of ['forward-backward', 'all-grads-sync', 'optimizer']) {
