@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpoint_io.h"
 #include "megatron/training/training.h"
+#include "tiktoken_vocab.h"
 #include "unit/sentencepiece_test_model.h"
 #include "unit/test_tokenizer_fixtures.h"
 
@@ -78,6 +80,34 @@ std::vector<std::string> write_tokenizer(const std::string& type, const std::str
     copy("llama3/tokenizer_config.json", "tokenizer_config.json");
     return {"--tokenizer-type", type, "--tokenizer-model", dir};
   }
+  if (type == "TikTokenizer") {
+    // The 256 bytes and 24 longer tokens, "oW" among them, which the v1 pattern keeps inside
+    // "HelloWorld" and v2 cuts apart; Megatron's options all given unlike its defaults, so the
+    // checkpoint must keep them.
+    std::vector<std::string> longer = {"oW"};
+    for (int k = 0; k < 23; ++k) longer.push_back("z" + std::to_string(k));
+    const nlohmann::json vocab = megatron::testing::tiktoken_vocabulary(longer);
+    std::ofstream(dir + "/megatron-vocab.json") << vocab.dump();
+    return {"--tokenizer-type",
+            type,
+            "--tokenizer-model",
+            dir + "/megatron-vocab.json",
+            "--vocab-size",
+            "300",
+            "--tiktoken-num-special-tokens",
+            "20",
+            "--tiktoken-pattern",
+            "v1",
+            "--special-tokens",
+            "<unk>",
+            "<s>",
+            "</s>",
+            "<mask>",
+            "<pad>",
+            "<cls>",
+            "<sep>",
+            "<x>"};
+  }
   if (type == "NullTokenizer") return {"--tokenizer-type", type, "--vocab-size", "100"};
   if (type == "ByteTokenizer") return {"--tokenizer-type", type};
   std::ofstream(dir + "/sp.model", std::ios::binary) << megatron::testing::sentencepiece_model_proto();
@@ -141,6 +171,7 @@ INSTANTIATE_TEST_SUITE_P(EveryType, CheckpointTokenizer,
                                            TokenizerCase{"GPTSentencePieceTokenizer", "hello world"},
                                            TokenizerCase{"Llama2Tokenizer", "hello world"},
                                            TokenizerCase{"ByteTokenizer", "Hi there"},
+                                           TokenizerCase{"TikTokenizer", "HelloWorld<x>"},
                                            TokenizerCase{"NullTokenizer", "7 8 9"}),
                          [](const auto& param_info) { return param_info.param.type; });
 

@@ -21,6 +21,7 @@
 
 #include "megatron/datasets/tokenizers/gpt2_bpe_tokenizer.h"
 #include "megatron/datasets/tokenizers/hf_tokenizer.h"
+#include "megatron/datasets/tokenizers/tiktoken_tokenizer.h"
 #include "test_tokenizer_fixtures.h"
 #include "test_util.h"
 
@@ -314,4 +315,25 @@ TEST(TokenizerParity, Gpt2MatchesGpt3Encoder) {
 TEST(TokenizerParity, Llama3MatchesTransformersJs) {
   const HuggingFaceTokenizer tokenizer(tokenizer_fixture("llama3/tokenizer.json"));
   expect_parity(tokenizer, "llama3_transformers_js.js", corpus());
+}
+
+// Megatron's TikTokenizer on a vocabulary of cl100k_base's tokens in Megatron's layout (the bytes
+// first; tests/tokenizer_oracle/megatron_tiktoken_vocab.js), against the npm tiktoken package's
+// Rust core built as Megatron builds it (megatron_tiktoken.js): 1000 special tokens, the v2
+// pattern, special tokens' text encoded as their ids.
+TEST(TokenizerParity, TikTokenizerMatchesTiktoken) {
+  const TempDir dir;
+  const std::string vocab = dir / "vocab.json";
+  const std::string fixtures = fs::path(tokenizer_fixture("node_modules")).parent_path().string();
+  const std::string command = "node '" +
+                              (repo_root() / "tests" / "tokenizer_oracle" / "megatron_tiktoken_vocab.js").string() +
+                              "' '" + fixtures + "' '" + vocab + "'";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const int64_t vocab_size = 1000 + 100256;  // every cl100k token
+  setenv("MEGATRON_TIKTOKEN_VOCAB", vocab.c_str(), 1);
+  setenv("MEGATRON_TIKTOKEN_VOCAB_SIZE", std::to_string(vocab_size).c_str(), 1);
+  const TikTokenizer tokenizer(vocab, {.vocab_size = vocab_size});
+  std::vector<std::string> documents = corpus();
+  documents.push_back("special <s>tokens</s> in <pad> the <SPECIAL_999> text, and not: <s <SPECIAL_1000>");
+  expect_parity(tokenizer, "megatron_tiktoken.js", documents);
 }

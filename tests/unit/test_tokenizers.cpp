@@ -70,7 +70,8 @@ TEST(NullTokenizer, RejectsWordsThatAreNotIdsInTheVocabulary) {
 TEST(TokenizerFactory, BuildsTheNamedTokenizer) {
   EXPECT_EQ(supported_tokenizer_types(),
             (std::vector<std::string>{"ByteTokenizer", "NullTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer",
-                                      "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"}));
+                                      "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer",
+                                      "TikTokenizer"}));
   const auto byte = make_tokenizer("ByteTokenizer", 0, "");
   EXPECT_EQ(byte->name(), "ByteTokenizer");
   EXPECT_EQ(make_tokenizer("ByteTokenizer", 257, "")->vocab_size(), 257);
@@ -80,8 +81,8 @@ TEST(TokenizerFactory, BuildsTheNamedTokenizer) {
 }
 
 TEST(TokenizerFactory, ErrorsNameTheProblem) {
-  const std::string unknown = error_of([] { make_tokenizer("TikTokenizer", 0, ""); });
-  EXPECT_NE(unknown.find("'TikTokenizer'"), std::string::npos) << unknown;
+  const std::string unknown = error_of([] { make_tokenizer("MultimodalTokenizer", 0, ""); });
+  EXPECT_NE(unknown.find("'MultimodalTokenizer'"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("supported: ByteTokenizer (no files), NullTokenizer (--vocab-size), GPT2BPETokenizer "
                          "(--vocab-file vocab.json --merge-file merges.txt), HuggingFaceTokenizer"),
             std::string::npos)
@@ -107,10 +108,12 @@ TEST(TokenizerFactory, ErrorsNameTheProblem) {
 TEST(TokenizerOptions, CompleteWhenEveryFlagTheTypeReadsIsGiven) {
   const auto options = [](std::string type, int64_t vocab_size, std::string model, std::string vocab,
                           std::string merges) {
-    return TokenizerOptions{type, vocab_size, model, vocab, merges};
+    return TokenizerOptions{type, vocab_size, model, vocab, merges, "", 0, {}};
   };
   EXPECT_FALSE(tokenizer_options_complete(options("", 0, "", "", "")));
-  EXPECT_FALSE(tokenizer_options_complete(options("TikTokenizer", 0, "t.model", "", "")));
+  EXPECT_FALSE(tokenizer_options_complete(options("MultimodalTokenizer", 0, "t.model", "", "")));
+  EXPECT_FALSE(tokenizer_options_complete(options("TikTokenizer", 0, "", "", "")));
+  EXPECT_TRUE(tokenizer_options_complete(options("TikTokenizer", 0, "vocab.json", "", "")));  // --vocab-size optional
   EXPECT_TRUE(tokenizer_options_complete(options("ByteTokenizer", 0, "", "", "")));
   EXPECT_FALSE(tokenizer_options_complete(options("NullTokenizer", 0, "", "", "")));
   EXPECT_TRUE(tokenizer_options_complete(options("NullTokenizer", 100, "", "", "")));
@@ -127,34 +130,34 @@ TEST(TokenizerOptions, CompleteWhenEveryFlagTheTypeReadsIsGiven) {
 // Megatron's command line wins over a checkpoint's arguments flag by flag; a different type
 // replaces the whole tokenizer (its files would not fit the saved type's).
 TEST(TokenizerOptions, GivenFlagsOverrideTheSavedOnesOfTheSameType) {
-  const TokenizerOptions saved{"GPT2BPETokenizer", 0, "", "/ckpt/vocab.json", "/ckpt/merges.txt"};
+  const TokenizerOptions saved{"GPT2BPETokenizer", 0, "", "/ckpt/vocab.json", "/ckpt/merges.txt", "", 0, {}};
   EXPECT_EQ(complete_tokenizer_options({}, saved).vocab_file, "/ckpt/vocab.json");
   EXPECT_EQ(complete_tokenizer_options({}, saved).type, "GPT2BPETokenizer");
-  TokenizerOptions given{"GPT2BPETokenizer", 0, "", "", "/mine/merges.txt"};
+  TokenizerOptions given{"GPT2BPETokenizer", 0, "", "", "/mine/merges.txt", "", 0, {}};
   const TokenizerOptions mixed = complete_tokenizer_options(given, saved);
   EXPECT_EQ(mixed.vocab_file, "/ckpt/vocab.json");
   EXPECT_EQ(mixed.merge_file, "/mine/merges.txt");
   given.type.clear();  // no --tokenizer-type: the saved one
   EXPECT_EQ(complete_tokenizer_options(given, saved).merge_file, "/mine/merges.txt");
   EXPECT_EQ(complete_tokenizer_options(given, saved).type, "GPT2BPETokenizer");
-  const TokenizerOptions other{"NullTokenizer", 100, "", "", ""};
+  const TokenizerOptions other{"NullTokenizer", 100, "", "", "", "", 0, {}};
   const TokenizerOptions replaced = complete_tokenizer_options(other, saved);
   EXPECT_EQ(replaced.type, "NullTokenizer");
   EXPECT_EQ(replaced.vocab_size, 100);
   EXPECT_TRUE(replaced.vocab_file.empty() && replaced.merge_file.empty());
-  const TokenizerOptions null_saved{"NullTokenizer", 100, "", "", ""};
-  EXPECT_EQ(complete_tokenizer_options({"", 200, "", "", ""}, null_saved).vocab_size, 200);
+  const TokenizerOptions null_saved{"NullTokenizer", 100, "", "", "", "", 0, {}};
+  EXPECT_EQ(complete_tokenizer_options({"", 200, "", "", "", "", 0, {}}, null_saved).vocab_size, 200);
 }
 
 TEST(TokenizerOptions, FilesMoveIntoADirectoryByName) {
-  const TokenizerOptions given{"HuggingFaceTokenizer", 0, "/data/llama3", "", ""};
+  const TokenizerOptions given{"HuggingFaceTokenizer", 0, "/data/llama3", "", "", "", 0, {}};
   const std::vector<TokenizerFile> files = {{"--tokenizer-model", "/data/llama3/tokenizer.json", "tokenizer.json"},
                                             {"", "/data/llama3/tokenizer_config.json", "tokenizer_config.json"}};
   const TokenizerOptions moved = tokenizer_options_in(given, files, "/ckpt/iter_0000010");
   EXPECT_EQ(moved.model, "/ckpt/iter_0000010/tokenizer.json");
   EXPECT_EQ(moved.type, "HuggingFaceTokenizer");
   const TokenizerOptions gpt2 = tokenizer_options_in(
-      {"GPT2BPETokenizer", 0, "", "a/v.json", "b/m.txt"},
+      {"GPT2BPETokenizer", 0, "", "a/v.json", "b/m.txt", "", 0, {}},
       {{"--vocab-file", "a/v.json", "vocab.json"}, {"--merge-file", "b/m.txt", "merges.txt"}}, "/c");
   EXPECT_EQ(gpt2.vocab_file, "/c/vocab.json");
   EXPECT_EQ(gpt2.merge_file, "/c/merges.txt");

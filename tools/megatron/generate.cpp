@@ -104,7 +104,15 @@ const flags::FlagTable<GenerateArgs>& generate_flags() {
           {"--vocab-file", FIELD(tokenizer.vocab_file), tokenizer_section, "GPT-2 vocab.json (GPT2BPETokenizer)"},
           {"--merge-file", FIELD(tokenizer.merge_file), tokenizer_section, "GPT-2 merges.txt (GPT2BPETokenizer)"},
           {"--tokenizer-model", FIELD(tokenizer.model), tokenizer_section, "Model file of tokenizers that need one"},
-          {"--vocab-size", FIELD(tokenizer.vocab_size), tokenizer_section, "Vocabulary size of NullTokenizer"},
+          {"--vocab-size", FIELD(tokenizer.vocab_size), tokenizer_section,
+           "Vocabulary size of NullTokenizer and TikTokenizer"},
+          {"--tiktoken-pattern", FIELD(tokenizer.tiktoken_pattern), tokenizer_section,
+           "TikTokenizer's split regex: v1 or v2 (Megatron's; unset: v2)"},
+          {"--tiktoken-num-special-tokens", FIELD(tokenizer.tiktoken_num_special_tokens), tokenizer_section,
+           "TikTokenizer's number of special-token ids before the vocabulary (unset: 1000)"},
+          {"--special-tokens", FIELD(tokenizer.special_tokens), tokenizer_section,
+           "TikTokenizer's special tokens, which must include <unk> <s> </s> <mask> <pad> <cls> <sep> (unset: those "
+           "seven)"},
       },
       validate);
   return table;

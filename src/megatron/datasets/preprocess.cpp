@@ -44,12 +44,19 @@ std::vector<flags::Flag<PreprocessOptions>> preprocess_flag_rows() {
       {"--json-keys", FIELD(json_keys), io, "Keys to tokenize, one dataset each"},
       {"--tokenizer-type", FIELD(tokenizer_type), tokenizer,
        "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
-       "ByteTokenizer or NullTokenizer; required"},
+       "TikTokenizer, ByteTokenizer or NullTokenizer; required"},
       {"--vocab-size", FIELD(vocab_size), tokenizer, "Vocabulary size of NullTokenizer"},
       {"--tokenizer-model", FIELD(tokenizer_model), tokenizer,
-       "tokenizer.json or SentencePiece .model of tokenizers that read one"},
+       "tokenizer.json, SentencePiece .model or tiktoken vocabulary JSON of tokenizers that read one"},
       {"--vocab-file", FIELD(vocab_file), tokenizer, "GPT-2 vocab.json (GPT2BPETokenizer)"},
       {"--merge-file", FIELD(merge_file), tokenizer, "GPT-2 merges.txt (GPT2BPETokenizer)"},
+      {"--tiktoken-pattern", FIELD(tiktoken_pattern), tokenizer,
+       "TikTokenizer's split regex: v1 or v2 (Megatron's; unset: v2)"},
+      {"--tiktoken-num-special-tokens", FIELD(tiktoken_num_special_tokens), tokenizer,
+       "TikTokenizer's number of special-token ids before the vocabulary (unset: 1000)"},
+      {"--special-tokens", FIELD(special_tokens), tokenizer,
+       "TikTokenizer's special tokens, which must include <unk> <s> </s> <mask> <pad> <cls> <sep> (unset: those "
+       "seven)"},
       {"--append-eod", Switch{FIELD(append_eod), true}, processing,
        "Append the end-of-document id to every non-empty document"},
       {"--workers", FIELD(workers), processing, "Tokenizer threads"},
@@ -358,7 +365,8 @@ void write_chunk(const TokenizedChunk& chunk, const std::string& input,
 PreprocessReport preprocess_data(const PreprocessOptions& options, std::ostream& log) {
   if (const std::vector<std::string> problems = validate(options); !problems.empty()) flags::throw_problems(problems);
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(TokenizerOptions{
-      options.tokenizer_type, options.vocab_size, options.tokenizer_model, options.vocab_file, options.merge_file});
+      options.tokenizer_type, options.vocab_size, options.tokenizer_model, options.vocab_file, options.merge_file,
+      options.tiktoken_pattern, options.tiktoken_num_special_tokens, options.special_tokens});
   std::error_code ec;
   MEGATRON_CHECK(!std::filesystem::is_directory(options.input, ec),
                  "--input " << options.input << " is a directory; give a .jsonl file");

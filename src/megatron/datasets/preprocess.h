@@ -27,6 +27,9 @@ struct PreprocessOptions {
   int64_t vocab_size = 0;                      // --vocab-size (0: not given)
   std::string tokenizer_model;                 // --tokenizer-model
   std::string vocab_file, merge_file;          // --vocab-file, --merge-file (GPT2BPETokenizer)
+  std::string tiktoken_pattern;                // --tiktoken-pattern (TikTokenizer)
+  int64_t tiktoken_num_special_tokens = 0;     // --tiktoken-num-special-tokens (TikTokenizer)
+  std::vector<std::string> special_tokens;     // --special-tokens (TikTokenizer)
   bool append_eod = false;                     // --append-eod
   int64_t workers = 1;                         // --workers: tokenizer threads
   double max_bad_lines_fraction = 0.001;       // --max-bad-lines-fraction

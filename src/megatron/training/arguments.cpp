@@ -388,12 +388,20 @@ std::vector<Flag> build_flag_table() {
       {"--mock-data", Switch{FIELD(data.mock_data), true}, data, "Megatron's synthetic dataset instead of files"},
       {"--tokenizer-type", FIELD(data.tokenizer_type), data,
        "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, "
-       "Llama2Tokenizer, ByteTokenizer or NullTokenizer; required unless --load holds a checkpoint, whose saved "
+       "Llama2Tokenizer, TikTokenizer, ByteTokenizer or NullTokenizer; required unless --load holds a checkpoint, "
+       "whose saved "
        "tokenizer then fills the tokenizer flags not given"},
       {"--vocab-file", FIELD(data.vocab_file), data, "GPT-2 vocab.json (GPT2BPETokenizer)"},
       {"--merge-file", FIELD(data.merge_file), data, "GPT-2 merges.txt (GPT2BPETokenizer)"},
       {"--tokenizer-model", FIELD(data.tokenizer_model), data, "Model file of tokenizers that need one"},
-      {"--vocab-size", FIELD(data.vocab_size), data, "Vocabulary size of NullTokenizer"},
+      {"--vocab-size", FIELD(data.vocab_size), data, "Vocabulary size of NullTokenizer and TikTokenizer"},
+      {"--tiktoken-pattern", FIELD(data.tiktoken_pattern), data,
+       "TikTokenizer's split regex: v1 or v2 (Megatron's; unset: v2)"},
+      {"--tiktoken-num-special-tokens", FIELD(data.tiktoken_num_special_tokens), data,
+       "TikTokenizer's number of special-token ids before the vocabulary (unset: 1000)"},
+      {"--special-tokens", FIELD(data.special_tokens), data,
+       "TikTokenizer's special tokens, which must include <unk> <s> </s> <mask> <pad> <cls> <sep> (unset: those "
+       "seven)"},
       {"--eod-mask-loss", Switch{FIELD(data.eod_mask_loss), true}, data, "No loss on end-of-document tokens"},
       {"--reset-position-ids", Switch{FIELD(data.reset_position_ids), true}, data,
        "Restart position ids after each end-of-document token"},
@@ -637,9 +645,6 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
       {"--dist-ckpt-strictness",
        "checkpoints load strictly here: every tensor of the model must be in the checkpoint, at the shapes the "
        "metadata gives; drop the flag"},
-      {"--tiktoken-pattern",
-       "the TikTokenizer is not built: use a Hugging Face tokenizer.json "
-       "(--tokenizer-type HuggingFaceTokenizer)"},
       {"--multi-latent-attention", mla},
       {"--q-lora-rank", mla},
       {"--kv-lora-rank", mla},
@@ -1282,15 +1287,27 @@ int64_t TrainingArgs::global_batch_size_at(int64_t consumed_samples) const {
 }
 
 datasets::TokenizerOptions tokenizer_options(const DataArgs& data) {
-  return {data.tokenizer_type, data.vocab_size, data.tokenizer_model, data.vocab_file, data.merge_file};
+  return {data.tokenizer_type,
+          data.vocab_size,
+          data.tokenizer_model,
+          data.vocab_file,
+          data.merge_file,
+          data.tiktoken_pattern,
+          data.tiktoken_num_special_tokens,
+          data.special_tokens};
 }
 
 std::vector<std::pair<std::string, std::string>> tokenizer_flags(const datasets::TokenizerOptions& options) {
+  std::string specials;
+  for (const std::string& t : options.special_tokens) specials += (specials.empty() ? "" : " ") + t;
   return {{"--tokenizer-type", options.type},
           {"--vocab-size", std::to_string(options.vocab_size)},
           {"--tokenizer-model", options.model},
           {"--vocab-file", options.vocab_file},
-          {"--merge-file", options.merge_file}};
+          {"--merge-file", options.merge_file},
+          {"--tiktoken-pattern", options.tiktoken_pattern},
+          {"--tiktoken-num-special-tokens", std::to_string(options.tiktoken_num_special_tokens)},
+          {"--special-tokens", specials}};
 }
 
 int64_t tokenizer_vocab_size(const DataArgs& data) {

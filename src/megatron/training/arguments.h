@@ -24,7 +24,10 @@ struct DataArgs {
   std::string tokenizer_type;          // NullTokenizer, ByteTokenizer, GPT2BPETokenizer, ...
   std::string tokenizer_model;         // path for tokenizers that need one
   std::string vocab_file, merge_file;  // GPT2BPETokenizer
-  int64_t vocab_size = 0;              // NullTokenizer size
+  int64_t vocab_size = 0;              // NullTokenizer size; TikTokenizer's (unset: 131072)
+  std::string tiktoken_pattern;        // TikTokenizer (datasets::TokenizerOptions)
+  int64_t tiktoken_num_special_tokens = 0;
+  std::vector<std::string> special_tokens;
   bool eod_mask_loss = false;
   bool reset_position_ids = false;
   bool reset_attention_mask = false;

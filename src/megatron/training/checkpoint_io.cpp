@@ -197,7 +197,8 @@ bool same_directory(const std::string& a, const std::string& b) {
   return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
 }
 
-// common.json's record of the tokenizer: {"type": T, "vocab_size": N, "files": {name: flag}}.
+// common.json's record of the tokenizer: {"type": T, "vocab_size": N, "files": {name: flag}}, and a
+// TikTokenizer's pattern, number of special tokens and special tokens.
 constexpr const char* kTokenizerKey = "tokenizer";
 
 // Copies the files the tokenizer reads into the staging directory; returns its record.
@@ -208,7 +209,12 @@ nlohmann::json save_tokenizer(checkpointing::CheckpointStaging& staging, const d
     staging.add_file(file.name, datasets::read_tokenizer_file(file.path, tokenizer->name() + " file"));
     files[file.name] = file.flag;
   }
-  return {{"type", options.type}, {"vocab_size", options.vocab_size}, {"files", files}};
+  nlohmann::json record = {{"type", options.type}, {"vocab_size", options.vocab_size}, {"files", files}};
+  if (options.type == "TikTokenizer")  // its own choices, unset where Megatron's defaults apply
+    record.update({{"tiktoken_pattern", options.tiktoken_pattern},
+                   {"tiktoken_num_special_tokens", options.tiktoken_num_special_tokens},
+                   {"special_tokens", options.special_tokens}});
+  return record;
 }
 
 // The tokenizer saved with a checkpoint, its files the checkpoint's own copies; nullopt for a
@@ -221,6 +227,9 @@ std::optional<datasets::TokenizerOptions> saved_tokenizer(const checkpointing::C
     const nlohmann::json& record = header.common.at(kTokenizerKey);
     options.type = record.at("type").get<std::string>();
     options.vocab_size = record.at("vocab_size").get<int64_t>();
+    options.tiktoken_pattern = record.value("tiktoken_pattern", std::string());
+    options.tiktoken_num_special_tokens = record.value("tiktoken_num_special_tokens", int64_t(0));
+    options.special_tokens = record.value("special_tokens", std::vector<std::string>());
     for (const auto& [name, flag] : record.at("files").items()) {
       const auto held = header.files.find(name);
       MEGATRON_CHECK(held != header.files.end(), "checkpoint " << header.directory << " records tokenizer file " << name

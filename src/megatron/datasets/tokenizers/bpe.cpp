@@ -150,9 +150,55 @@ struct BytePairEncoder::PairTable {
 BytePairEncoder::BytePairEncoder(const std::vector<std::pair<std::string, int32_t>>& vocab,
                                  const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
                                  std::string source)
+    : BytePairEncoder(vocab, merges.size(), std::move(source)) {
+  ignore_merges_ = ignore_merges;
+  std::unordered_map<std::string_view, int32_t> by_stand_in;  // views into `vocab`
+  by_stand_in.reserve(vocab.size());
+  for (const auto& [token, id] : vocab) by_stand_in.emplace(token, id);
+  std::string joined;
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const auto& [left, right] = merges[rank];
+    const auto l = by_stand_in.find(left);
+    const auto r = by_stand_in.find(right);
+    joined = left + right;
+    const auto m = by_stand_in.find(joined);
+    MEGATRON_CHECK(l != by_stand_in.end() && r != by_stand_in.end() && m != by_stand_in.end(),
+                   source_ << ": merge " << rank << " '" << left << " " << right << "' uses a token missing from "
+                           << "the vocabulary ('"
+                           << (l == by_stand_in.end()   ? left
+                               : r == by_stand_in.end() ? right
+                                                        : joined)
+                           << "'); the merges do not belong to this vocabulary");
+    pairs_->put(PairTable::key_of(l->second, r->second), {int32_t(rank), m->second});
+  }
+}
+
+BytePairEncoder BytePairEncoder::from_ranks(const std::vector<std::string>& tokens, int32_t id_offset,
+                                            std::string source) {
+  std::vector<std::pair<std::string, int32_t>> vocab;
+  vocab.reserve(tokens.size());
+  size_t pairs = 0;
+  for (size_t rank = 0; rank < tokens.size(); ++rank) {
+    vocab.emplace_back(bytes_to_unicode_string(tokens[rank]), int32_t(rank) + id_offset);
+    pairs += tokens[rank].empty() ? 0 : tokens[rank].size() - 1;
+  }
+  BytePairEncoder bpe(vocab, pairs, std::move(source));
+  for (size_t rank = 0; rank < tokens.size(); ++rank) {
+    const std::string_view token = tokens[rank];
+    for (size_t split = 1; split < token.size(); ++split) {
+      const std::optional<int32_t> left = bpe.token_id(token.substr(0, split)),
+                                   right = bpe.token_id(token.substr(split));
+      if (left && right) bpe.pairs_->put(PairTable::key_of(*left, *right), {int32_t(rank), int32_t(rank) + id_offset});
+    }
+  }
+  return bpe;
+}
+
+BytePairEncoder::BytePairEncoder(const std::vector<std::pair<std::string, int32_t>>& vocab, size_t pairs,
+                                 std::string source)
     : source_(std::move(source)),
-      pairs_(std::make_unique<PairTable>(merges.size())),
-      ignore_merges_(ignore_merges),
+      pairs_(std::make_unique<PairTable>(pairs)),
+      ignore_merges_(false),
       cache_key_(next_cache_key.fetch_add(1)) {
   byte_ids_.fill(-1);
   std::unordered_map<std::string_view, int32_t> by_stand_in;  // views into `vocab`
@@ -181,23 +227,6 @@ BytePairEncoder::BytePairEncoder(const std::vector<std::pair<std::string, int32_
     id_bytes_[size_t(id)] = std::move(*bytes);
   }
   size_ = int64_t(vocab.size());
-
-  std::string joined;
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& [left, right] = merges[rank];
-    const auto l = by_stand_in.find(left);
-    const auto r = by_stand_in.find(right);
-    joined = left + right;
-    const auto m = by_stand_in.find(joined);
-    MEGATRON_CHECK(l != by_stand_in.end() && r != by_stand_in.end() && m != by_stand_in.end(),
-                   source_ << ": merge " << rank << " '" << left << " " << right << "' uses a token missing from "
-                           << "the vocabulary ('"
-                           << (l == by_stand_in.end()   ? left
-                               : r == by_stand_in.end() ? right
-                                                        : joined)
-                           << "'); the merges do not belong to this vocabulary");
-    pairs_->put(PairTable::key_of(l->second, r->second), {int32_t(rank), m->second});
-  }
 }
 
 BytePairEncoder::BytePairEncoder(BytePairEncoder&&) noexcept = default;

@@ -50,6 +50,11 @@ class BytePairEncoder {
   BytePairEncoder(const std::vector<std::pair<std::string, int32_t>>& vocab,
                   const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
                   std::string source);
+  // tiktoken's form (Megatron's TikTokenizer): `tokens` (raw bytes) by rank, token k's id
+  // k + id_offset. Adjacent parts merge when their concatenation is a token, at that token's rank
+  // (every split of every token into two tokens is a pair), the leftmost of equal ranks first:
+  // tiktoken's byte_pair_merge. Throws when a token repeats.
+  static BytePairEncoder from_ranks(const std::vector<std::string>& tokens, int32_t id_offset, std::string source);
   BytePairEncoder(BytePairEncoder&&) noexcept;
   BytePairEncoder(const BytePairEncoder&) = delete;
   BytePairEncoder& operator=(const BytePairEncoder&) = delete;
@@ -77,6 +82,8 @@ class BytePairEncoder {
   };
   static constexpr int32_t kNoRank = INT32_MAX;
 
+  // The vocabulary alone (no pairs yet), room for `pairs` pairs.
+  BytePairEncoder(const std::vector<std::pair<std::string, int32_t>>& vocab, size_t pairs, std::string source);
   Lookup lookup(int32_t left, int32_t right) const;
   int32_t byte_id(uint8_t b) const;
   void merge_short(std::string_view word, std::vector<int32_t>& out) const;

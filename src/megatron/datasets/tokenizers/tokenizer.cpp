@@ -12,6 +12,7 @@
 #include "megatron/datasets/tokenizers/hf_tokenizer.h"
 #include "megatron/datasets/tokenizers/null_tokenizer.h"
 #include "megatron/datasets/tokenizers/sentencepiece_tokenizer.h"
+#include "megatron/datasets/tokenizers/tiktoken_tokenizer.h"
 
 namespace megatron::datasets {
 
@@ -70,6 +71,18 @@ std::unique_ptr<Tokenizer> make_sentencepiece(const TokenizerOptions& o) {
   return check_vocab_size(o, std::make_unique<SentencePieceTokenizer>(o.model, flavor));
 }
 
+// TikTokenizer's vocabulary size is a choice (the first vocab_size - specials ranks), Megatron's
+// default 131072.
+std::unique_ptr<Tokenizer> make_tiktoken(const TokenizerOptions& o) {
+  check_required(o, "--tokenizer-model", o.model, "the tiktoken vocabulary JSON");
+  TikTokenizerOptions t;
+  if (!o.tiktoken_pattern.empty()) t.pattern = o.tiktoken_pattern;
+  if (o.tiktoken_num_special_tokens != 0) t.num_special_tokens = o.tiktoken_num_special_tokens;
+  if (!o.special_tokens.empty()) t.special_tokens = o.special_tokens;
+  if (o.vocab_size != 0) t.vocab_size = o.vocab_size;
+  return std::make_unique<TikTokenizer>(o.model, t);
+}
+
 struct Entry {
   const char* type;
   const char* needs;  // the flags it takes, for the error that lists the types
@@ -102,6 +115,7 @@ constexpr Entry kTokenizers[] = {
      "--tokenizer-model tokenizer.model",
      make_sentencepiece<SentencePieceTokenizer::Flavor::llama2>,
      {"--tokenizer-model"}},
+    {"TikTokenizer", "--tokenizer-model vocab.json", make_tiktoken, {"--tokenizer-model"}},
 };
 
 const Entry* find_entry(const std::string& type) {
@@ -110,8 +124,16 @@ const Entry* find_entry(const std::string& type) {
   return nullptr;
 }
 
-// A tokenizer rejects the file flags it does not read rather than ignoring them.
+// A tokenizer rejects the file flags it does not read rather than ignoring them, and the
+// TikTokenizer's own flags unless it is one.
 void check_unused(const TokenizerOptions& o, const Entry& entry) {
+  if (o.type != "TikTokenizer") {
+    const char* given = !o.tiktoken_pattern.empty()          ? "--tiktoken-pattern"
+                        : o.tiktoken_num_special_tokens != 0 ? "--tiktoken-num-special-tokens"
+                        : !o.special_tokens.empty()          ? "--special-tokens"
+                                                             : nullptr;
+    MEGATRON_CHECK(given == nullptr, o.type << " takes no " << given << " (TikTokenizer's); drop the flag");
+  }
   for (const FileFlag& f : kFileFlags) {
     const std::string& value = o.*f.field;
     MEGATRON_CHECK(value.empty() || entry.reads_flag(f.flag),
@@ -166,6 +188,9 @@ TokenizerOptions complete_tokenizer_options(const TokenizerOptions& given, const
   if (given.vocab_size != 0) o.vocab_size = given.vocab_size;
   for (const FileFlag& f : kFileFlags)
     if (!(given.*f.field).empty()) o.*f.field = given.*f.field;
+  if (!given.tiktoken_pattern.empty()) o.tiktoken_pattern = given.tiktoken_pattern;
+  if (given.tiktoken_num_special_tokens != 0) o.tiktoken_num_special_tokens = given.tiktoken_num_special_tokens;
+  if (!given.special_tokens.empty()) o.special_tokens = given.special_tokens;
   return o;
 }
 

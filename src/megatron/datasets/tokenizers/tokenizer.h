@@ -54,6 +54,10 @@ struct TokenizerOptions {
   std::string model;       // --tokenizer-model: tokenizer.json (or its directory) or a SentencePiece .model
   std::string vocab_file;  // --vocab-file: GPT-2 vocab.json
   std::string merge_file;  // --merge-file: GPT-2 merges.txt
+  // TikTokenizer's (tiktoken_tokenizer.h); unset: Megatron's defaults (v2, 1000, its seven tokens).
+  std::string tiktoken_pattern;             // --tiktoken-pattern: v1 | v2
+  int64_t tiktoken_num_special_tokens = 0;  // --tiktoken-num-special-tokens
+  std::vector<std::string> special_tokens;  // --special-tokens
 };
 
 // The tokenizer named by Megatron's --tokenizer-type. A tokenizer rejects the flags it does not
