@@ -44,18 +44,56 @@ std::string import_error(const std::string& hf_dir, const std::string& save) {
 
 }  // namespace
 
-// The float64 oracle the Qwen3 test below relies on reproduces transformers' own logits of the
-// Qwen2 fixture (to their f32 rounding): its attention, RoPE, GQA, biases, norms and MLP are
-// transformers', only the q/k norms being unchecked by it.
-TEST(HfBridge, TheLlamaFamilyOracleReproducesTransformersOnQwen2) {
-  const HfReference ref = hf_reference("qwen2");
-  const HfReference mine = oracle_reference(LlamaFamilyOracle(hf_fixture("qwen2")), ref.input_ids);
-  ASSERT_EQ(mine.logits.shape(), ref.logits.shape());
-  double worst = 0.0;
-  for (int64_t i = 0; i < ref.logits.numel(); ++i)
-    worst = std::max(worst, std::fabs(mine.logits.item(i) - ref.logits.item(i)));
-  std::printf("qwen2: max |oracle - transformers| = %.3g\n", worst);
-  EXPECT_LE(worst, 1e-5);
+// The float64 oracle the Qwen3 and Mixtral tests below rely on reproduces transformers' own logits
+// of the Qwen2 and Mistral fixtures (to their f32 rounding): its attention, RoPE, GQA, biases,
+// sliding window, norms and MLP are transformers', only the q/k norms and the sparse MoE block
+// being unchecked by it.
+TEST(HfBridge, TheLlamaFamilyOracleReproducesTransformers) {
+  for (const char* family : {"qwen2", "mistral"}) {
+    const HfReference ref = hf_reference(family);
+    const HfReference mine = oracle_reference(LlamaFamilyOracle(hf_fixture(family)), ref.input_ids);
+    ASSERT_EQ(mine.logits.shape(), ref.logits.shape());
+    double worst = 0.0;
+    for (int64_t i = 0; i < ref.logits.numel(); ++i)
+      worst = std::max(worst, std::fabs(mine.logits.item(i) - ref.logits.item(i)));
+    std::printf("%s: max |oracle - transformers| = %.3g\n", family, worst);
+    EXPECT_LE(worst, 1e-5) << family;
+  }
+}
+
+// Mixtral (a sparse MoE block in every layer, made from the Mistral fixture): the imported MoE
+// model's logits are the oracle's; export gives back every tensor bit for bit and a config.json
+// that reads back as the same model.
+TEST(HfBridge, MixtralImportsItsExpertsAndExportsBitForBit) {
+  TempDir dir;
+  const std::string hf = mixtral_fixture(dir), ckpt = dir / "mixtral-ckpt", out = dir / "exported";
+  hf_bridge::import_hf({.hf_dir = hf, .save = ckpt});
+  const TrainingArgs args = read_checkpoint_args(ckpt);
+  EXPECT_EQ(args.model.moe.num_moe_experts, 4);
+  EXPECT_EQ(args.model.moe.moe_router_topk, 2);
+  EXPECT_EQ(args.model.window_size_left, 3);
+  const ParallelContext single = ParallelContext::single_process();
+  GPTModel model(args.model, single);
+  load_model_weights(ckpt, model);
+  const HfReference ref = oracle_reference(LlamaFamilyOracle(hf), hf_reference("mistral").input_ids);
+  const double error = max_logit_error(model, ref);
+  std::printf("mixtral: max |logit - oracle| = %.3g (bound %.0e)\n", error, kLogitTolerance);
+  EXPECT_LE(error, kLogitTolerance);
+
+  hf_bridge::export_hf({.load = ckpt, .hf_dir = out});
+  const auto original = hf_bridge::HfWeights::open(hf), exported = hf_bridge::HfWeights::open(out);
+  EXPECT_EQ(exported.names(), original.names());
+  for (const std::string& name : original.names()) {
+    if (!exported.has(name)) continue;
+    const Tensor a = original.load(name), b = exported.load(name);
+    EXPECT_TRUE(a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0) << name;
+  }
+  const auto read = [](const std::string& path) {
+    return hf_bridge::read_hf_config(nlohmann::json::parse(checkpointing::read_file(path)), path);
+  };
+  const hf_bridge::HfModelConfig a = read(hf + "/config.json"), b = read(out + "/config.json");
+  EXPECT_EQ(b.family, hf_bridge::Family::mixtral);
+  EXPECT_EQ(a.model_flags, b.model_flags);
 }
 
 // Qwen3 (q_norm and k_norm: --qk-layernorm): the imported model's logits are the oracle's, which

@@ -84,6 +84,42 @@ inline std::string qwen3_fixture(const TempDir& dir) {
   return out;
 }
 
+// A Mixtral checkpoint made from the Mistral fixture (sliding window 4, untied): each layer's MLP
+// replaced by a sparse MoE block of 4 experts of the MLP's shape, 2 per token, its router's and
+// experts' weights drawn here (the router's large enough that the top two are seldom close), and
+// Mixtral's config.json.
+inline std::string mixtral_fixture(const TempDir& dir) {
+  const std::string out = edited_fixture(dir, "mistral", [](std::vector<checkpointing::NamedTensor>& t) {
+    std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.find(".mlp.") != std::string::npos; });
+    const auto drawn = [](int64_t rows, int64_t cols, double scale, int seed) {
+      std::vector<float> w(size_t(rows * cols));
+      for (size_t i = 0; i < w.size(); ++i) w[i] = float(scale * std::sin(0.7 * double(i) + 1.3 * seed));
+      return Tensor::from_vector(w, {rows, cols});
+    };
+    for (int layer = 0; layer < 2; ++layer) {
+      const std::string block = "model.layers." + std::to_string(layer) + ".block_sparse_moe.";
+      t.push_back({block + "gate.weight", drawn(4, 64, 0.5, 10 * layer)});
+      for (int e = 0; e < 4; ++e) {
+        const std::string expert = block + "experts." + std::to_string(e) + ".";
+        const int seed = 10 * layer + 3 * e + 1;
+        t.push_back({expert + "w1.weight", drawn(128, 64, 0.1, seed)});
+        t.push_back({expert + "w3.weight", drawn(128, 64, 0.1, seed + 100)});
+        t.push_back({expert + "w2.weight", drawn(64, 128, 0.1, seed + 200)});
+      }
+    }
+  });
+  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
+  config["model_type"] = "mixtral";
+  config["architectures"] = {"MixtralForCausalLM"};
+  config["num_local_experts"] = 4;
+  config["num_experts_per_tok"] = 2;
+  config["router_aux_loss_coef"] = 0.02;
+  config["output_router_logits"] = false;
+  config["router_jitter_noise"] = 0.0;
+  checkpointing::write_file_atomic(out + "/config.json", config.dump());
+  return out;
+}
+
 // The flags of `megatron train --load CKPT --finetune` with no model flags (the checkpoint's are
 // taken), plus `extra`.
 inline std::vector<std::string> finetune_argv(const std::string& ckpt, std::vector<std::string> extra = {}) {

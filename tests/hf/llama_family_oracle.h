@@ -8,8 +8,12 @@
 //   per layer: h = x + o_proj(attention(rope(q_norm(q)), rope(k_norm(k)), v)) with q, k, v the
 //   projections (with their biases, where present) of rmsnorm(x); q_norm/k_norm (Qwen3) normalise
 //   each head over head_dim; RoPE rotates halves; GQA shares key/value head n / (heads / kv_heads);
-//   then h + down(silu(gate(rmsnorm(h))) * up(rmsnorm(h))). Then the final norm and lm_head (the
+//   a sliding_window W (Mistral, Mixtral) lets a query see itself and the W - 1 keys before it;
+//   then h + down(silu(gate(rmsnorm(h))) * up(rmsnorm(h))), or for Mixtral's sparse MoE block the
+//   sum over the top num_experts_per_tok experts of a softmax over block_sparse_moe.gate's logits,
+//   renormalised, times each expert's w2(silu(w1 y) * w3 y). Then the final norm and lm_head (the
 //   embedding when tied).
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -35,6 +39,9 @@ class LlamaFamilyOracle {
     eps_ = config_.at("rms_norm_eps").get<double>();
     theta_ = config_.at("rope_parameters").at("rope_theta").get<double>();
     tied_ = config_.value("tie_word_embeddings", false);
+    if (config_.contains("sliding_window") && config_["sliding_window"].is_number_integer())
+      window_ = config_["sliding_window"].get<int64_t>();
+    top_k_ = config_.value("num_experts_per_tok", int64_t(0));
   }
   // Skip the q/k norms even where the checkpoint has them (a control: they must matter).
   void ignore_qk_norms() { qk_norms_ = false; }
@@ -62,11 +69,9 @@ class LlamaFamilyOracle {
       for (int64_t t = 0; t < T; ++t)
         for (int64_t c = 0; c < H_; ++c) x[size_t(t)][size_t(c)] += o[size_t(t)][size_t(c)];
       const Matrix h2 = rmsnorm_rows(x, load(p + "post_attention_layernorm.weight")[0]);
-      const Matrix gate = linear(h2, p + "mlp.gate_proj"), up = linear(h2, p + "mlp.up_proj");
-      Matrix act = gate;
-      for (size_t t = 0; t < act.size(); ++t)
-        for (size_t j = 0; j < act[t].size(); ++j) act[t][j] = gate[t][j] / (1.0 + std::exp(-gate[t][j])) * up[t][j];
-      const Matrix down = linear(act, p + "mlp.down_proj");
+      const Matrix down = weights_.has(p + "block_sparse_moe.gate.weight")
+                              ? sparse_moe(h2, p + "block_sparse_moe.")
+                              : swiglu(h2, p + "mlp.gate_proj", p + "mlp.up_proj", p + "mlp.down_proj");
       for (int64_t t = 0; t < T; ++t)
         for (int64_t c = 0; c < H_; ++c) x[size_t(t)][size_t(c)] += down[size_t(t)][size_t(c)];
     }
@@ -101,6 +106,37 @@ class LlamaFamilyOracle {
         for (size_t o = 0; o < row.size(); ++o) row[o] += b[o];
     }
     return y;
+  }
+  Matrix swiglu(const Matrix& y, const std::string& gate_proj, const std::string& up_proj,
+                const std::string& down_proj) const {
+    const Matrix gate = linear(y, gate_proj), up = linear(y, up_proj);
+    Matrix act = gate;
+    for (size_t t = 0; t < act.size(); ++t)
+      for (size_t j = 0; j < act[t].size(); ++j) act[t][j] = gate[t][j] / (1.0 + std::exp(-gate[t][j])) * up[t][j];
+    return linear(act, down_proj);
+  }
+  Matrix sparse_moe(const Matrix& y, const std::string& block) const {
+    const Matrix logits = linear(y, block + "gate");
+    Matrix out(y.size(), std::vector<double>(y[0].size(), 0.0));
+    for (size_t t = 0; t < y.size(); ++t) {
+      std::vector<double> p = logits[t];
+      const double top = *std::max_element(p.begin(), p.end());
+      double sum = 0.0;
+      for (double& v : p) sum += v = std::exp(v - top);
+      std::vector<size_t> order(p.size());
+      for (size_t e = 0; e < p.size(); ++e) order[e] = e;
+      std::partial_sort(order.begin(), order.begin() + top_k_, order.end(),
+                        [&](size_t a, size_t b) { return p[a] > p[b]; });
+      double chosen = 0.0;
+      for (int64_t k = 0; k < top_k_; ++k) chosen += p[order[size_t(k)]] / sum;
+      for (int64_t k = 0; k < top_k_; ++k) {
+        const size_t e = order[size_t(k)];
+        const std::string expert = block + "experts." + std::to_string(e) + ".";
+        const Matrix one = swiglu({y[t]}, expert + "w1", expert + "w3", expert + "w2");
+        for (size_t c = 0; c < out[t].size(); ++c) out[t][c] += p[e] / sum / chosen * one[0][c];
+      }
+    }
+    return out;
   }
   void rmsnorm(double* x, int64_t n, const std::vector<double>& w) const {
     double mean_square = 0.0;
@@ -139,14 +175,16 @@ class LlamaFamilyOracle {
       for (size_t t = 0; t < T; ++t) {
         std::vector<double> score(t + 1);
         double top = -INFINITY, sum = 0.0;
-        for (size_t s = 0; s <= t; ++s) {
+        const size_t first = window_ > 0 && t + 1 > size_t(window_) ? t + 1 - size_t(window_) : 0;
+        for (size_t s = 0; s < first; ++s) score[s] = -INFINITY;
+        for (size_t s = first; s <= t; ++s) {
           double dot = 0.0;
           for (int64_t i = 0; i < d_; ++i) dot += q[t][size_t(n * d_ + i)] * k[s][size_t(g * d_ + i)];
           score[s] = dot / std::sqrt(double(d_));
           top = std::max(top, score[s]);
         }
-        for (size_t s = 0; s <= t; ++s) sum += score[s] = std::exp(score[s] - top);
-        for (size_t s = 0; s <= t; ++s)
+        for (size_t s = first; s <= t; ++s) sum += score[s] = std::exp(score[s] - top);
+        for (size_t s = first; s <= t; ++s)
           for (int64_t i = 0; i < d_; ++i) out[t][size_t(n * d_ + i)] += score[s] / sum * v[s][size_t(g * d_ + i)];
       }
     }
@@ -158,6 +196,8 @@ class LlamaFamilyOracle {
   int64_t H_, heads_, kv_heads_, d_, layers_, V_;
   double eps_, theta_;
   bool tied_;
+  int64_t window_ = 0;  // sliding_window; 0: none
+  int64_t top_k_ = 0;   // num_experts_per_tok (Mixtral)
   bool qk_norms_ = true;
 };
 

@@ -80,6 +80,38 @@ TEST(HfTensorParallel, Qwen3LogitsMatchTheOracleAtTp2) {
   st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
 
+// Mixtral (made from the Mistral fixture): imported at TP 1 and at TP 2 and run at TP 2, each
+// rank holding its share of every expert's fc1 and fc2 (expert tensor parallelism = TP); the
+// logits match the float64 oracle's within the bound.
+TEST(HfTensorParallel, MixtralLogitsMatchTheOracleAtTp2) {
+  std::unique_ptr<TempDir> owner;
+  if (make_state({}).ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
+  const std::string dir = shared_directory(owner.get());
+  const ParallelState st = make_state({.tp = 2}, 60);
+  const std::string hf = dir + "/mistral-edited";  // where mixtral_fixture writes, edited_fixture of mistral
+  if (st.ctx.world->rank() == 0) {
+    ASSERT_EQ(mixtral_fixture(*owner), hf);
+    for (int64_t tp : {1, 2})
+      hf_bridge::import_hf({.hf_dir = hf, .save = dir + "/tp" + std::to_string(tp), .tensor_model_parallel_size = tp});
+  }
+  st.ctx.world->barrier();
+  const HfReference ref = oracle_reference(LlamaFamilyOracle(hf), hf_reference("mistral").input_ids);
+  for (int64_t import_tp : {1, 2}) {
+    const std::string ckpt = dir + "/tp" + std::to_string(import_tp);
+    // MoE under TP routes each rank's own tokens: sequence parallelism (Megatron's rule).
+    const TrainingArgs args =
+        parse_training_args(finetune_argv(ckpt, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}), 2);
+    const ParallelContext ctx = model_context(st.ctx, args.parallel);
+    GPTModel model(args.model, ctx);
+    ASSERT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, nullptr));
+    const double error = max_logit_error(model, ref);
+    if (st.ctx.world->rank() == 0)
+      std::printf("mixtral imported at TP %ld, run at TP 2: max |logit - oracle| = %.3g\n", long(import_tp), error);
+    EXPECT_LE(error, kLogitTolerance) << "mixtral imported at TP " << import_tp;
+  }
+  st.ctx.world->barrier();
+}
+
 // GPT-2 with 321 rows (as GPT-2's 50257, odd): imported at TP 1 it holds 321 rows and runs at TP 2
 // with 322, the padding row added as zeros (an import at TP 2 writes the same); imported at TP 2 it
 // holds 322 rows and runs at TP 1 with 321, the padding row dropped. The logits of HF's columns

@@ -207,3 +207,49 @@ TEST(HfMapping, Qwen3ConfigFields) {
   biased["attention_bias"] = true;
   EXPECT_NE(error_of([&] { read_hf_config(biased, "c.json"); }).find("\"attention_bias\" is true"), std::string::npos);
 }
+
+// Mixtral's config: experts and top k from num_local_experts and num_experts_per_tok, a router
+// jitter (which would change training) refused; export picks Mixtral for an every-layer MoE model
+// with Megatron's default softmax router, and refuses what it cannot describe.
+TEST(HfMapping, MixtralConfigAndFamily) {
+  const nlohmann::json base = {{"model_type", "mixtral"},
+                               {"hidden_size", 64},
+                               {"intermediate_size", 128},
+                               {"num_hidden_layers", 2},
+                               {"num_attention_heads", 4},
+                               {"num_key_value_heads", 2},
+                               {"vocab_size", 320},
+                               {"max_position_embeddings", 64},
+                               {"num_local_experts", 8},
+                               {"num_experts_per_tok", 2},
+                               {"router_aux_loss_coef", 0.02},
+                               {"output_router_logits", false},
+                               {"router_jitter_noise", 0.0},
+                               {"sliding_window", nullptr}};
+  std::map<std::string, std::string> flags;
+  for (const auto& [k, v] : read_hf_config(base, "c.json").model_flags) flags[k] = v;
+  EXPECT_EQ(flags["--num-experts"], "8");
+  EXPECT_EQ(flags["--moe-router-topk"], "2");
+  EXPECT_EQ(flags["--ffn-hidden-size"], "128");
+  EXPECT_EQ(flags.count("--window-size"), 0u);
+  nlohmann::json jitter = base;
+  jitter["router_jitter_noise"] = 0.01;
+  EXPECT_NE(error_of([&] { read_hf_config(jitter, "c.json"); }).find("\"router_jitter_noise\" is 0.01"),
+            std::string::npos);
+
+  TransformerConfig c;
+  c.normalization = Normalization::RMSNorm;
+  c.swiglu = true;
+  c.position_embedding_type = PositionEmbeddingType::rope;
+  c.add_bias_linear = false;
+  c.num_layers = 2;
+  c.ffn_hidden_size = 128;
+  c.moe.num_moe_experts = 8;
+  c.moe.moe_ffn_hidden_size = 128;
+  EXPECT_EQ(family_of_model(c), Family::mixtral);
+  c.moe.moe_router_pre_softmax = true;
+  EXPECT_NE(error_of([&] { family_of_model(c); }).find("Mixtral takes"), std::string::npos);
+  c.moe.moe_router_pre_softmax = false;
+  c.moe.moe_shared_expert_intermediate_size = 64;
+  EXPECT_NE(error_of([&] { family_of_model(c); }).find("no shared expert"), std::string::npos);
+}

@@ -125,21 +125,23 @@ void check_tensors(const HfWeights& weights, const std::vector<TensorRule>& rule
                                     << list(extra) << "; config.json describes another model than the weights");
 }
 
-// Copies the box of `global` starting at `offset` with local's shape into `local` (1-D or 2-D,
-// contiguous).
+// Copies the box of `global` starting at `offset` with local's shape into `local` (any number of
+// dimensions, both contiguous): one run of local's last dimension at a time.
 void copy_from_global(const Tensor& global, const Shape& offset, Tensor& local) {
   const size_t es = dtype_size(global.dtype());
   const auto* src = static_cast<const uint8_t*>(global.raw());
   auto* dst = static_cast<uint8_t*>(local.raw());
-  if (local.ndim() == 1) {
-    std::memcpy(dst, src + size_t(offset[0]) * es, local.nbytes());
-    return;
+  const int64_t dims = local.ndim(), cols = local.dim(dims - 1), runs = local.numel() / std::max<int64_t>(cols, 1);
+  std::vector<int64_t> stride(size_t(dims), 1);  // the global tensor's, in elements
+  for (int64_t d = dims - 2; d >= 0; --d) stride[size_t(d)] = stride[size_t(d + 1)] * global.dim(d + 1);
+  for (int64_t run = 0; run < runs; ++run) {
+    int64_t rest = run, at = offset[size_t(dims - 1)];
+    for (int64_t d = dims - 2; d >= 0; --d) {
+      at += (offset[size_t(d)] + rest % local.dim(d)) * stride[size_t(d)];
+      rest /= local.dim(d);
+    }
+    std::memcpy(dst + size_t(run * cols) * es, src + size_t(at) * es, size_t(cols) * es);
   }
-  MEGATRON_CHECK(local.ndim() == 2, "copy_from_global: " << local.ndim() << "-D parameters are not sharded here");
-  const int64_t global_cols = global.dim(1), cols = local.dim(1);
-  for (int64_t i = 0; i < local.dim(0); ++i)
-    std::memcpy(dst + size_t(i * cols) * es, src + size_t((offset[0] + i) * global_cols + offset[1]) * es,
-                size_t(cols) * es);
 }
 
 // TP rank r's shards of every parameter (global tensors by name), as that rank would save them.
@@ -176,7 +178,7 @@ std::map<std::string, Shape> parameter_shapes(GPTModel& model) {
 const flags::FlagTable<ImportOptions>& import_flags() {
   static const flags::FlagTable<ImportOptions> table(
       "megatron import-hf",
-      "Converts a Hugging Face model directory (LLaMA, Mistral, Qwen2, Qwen3, GPT-2) into a megatron checkpoint that "
+      "Converts a Hugging Face model directory (LLaMA, Mistral, Qwen2, Qwen3, Mixtral, GPT-2) into a megatron checkpoint that "
       "`megatron train --load CKPT --finetune` and `megatron generate --load CKPT` use without model flags.",
       {{"--hf-dir", IMPORT_FIELD(hf_dir), "conversion",
         "Hugging Face model directory: config.json, model.safetensors (or shards and their index), tokenizer"},
@@ -219,6 +221,8 @@ void import_hf(const ImportOptions& o) {
   std::vector<std::pair<std::string, std::string>> flags = hf.model_flags;
   for (auto& flag : tokenizer_flags_of(o.hf_dir)) flags.push_back(std::move(flag));
   const int64_t tp = o.tensor_model_parallel_size, world = tp * o.pipeline_model_parallel_size;
+  // Megatron's rule for MoE layers under TP: each TP rank routes its own tokens (SP).
+  if (hf.family == Family::mixtral && tp > 1) flags.emplace_back("--sequence-parallel", "true");
   flags.insert(flags.end(), {{"--tensor-model-parallel-size", std::to_string(tp)},
                              {"--pipeline-model-parallel-size", std::to_string(o.pipeline_model_parallel_size)},
                              {"--micro-batch-size", "1"},

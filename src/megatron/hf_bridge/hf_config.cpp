@@ -114,8 +114,8 @@ void read_rope(Fields& f, Flags& flags) {
 void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows) {
   const int64_t hidden = f.integer("hidden_size"), heads = f.integer("num_attention_heads");
   // Absent, transformers' defaults: Mistral's and Qwen3's class defaults, the heads elsewhere.
-  const int64_t groups = f.integer("num_key_value_heads", family == Family::mistral ? 8
-                                                          : family == Family::qwen3 ? 32
+  const int64_t groups = f.integer("num_key_value_heads", family == Family::mistral || family == Family::mixtral ? 8
+                                                          : family == Family::qwen3                              ? 32
                                                                                     : heads);
   const int64_t positions = f.integer("max_position_embeddings");
   vocab_rows = f.integer("vocab_size");
@@ -141,12 +141,21 @@ void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows
   f.require("hidden_act", "silu", "the MLP is SwiGLU (--swiglu), gated by SiLU");
   if (family == Family::llama || family == Family::qwen3)
     f.require("attention_bias", false, "Megatron's --add-qkv-bias has no o_proj bias");
+  if (family == Family::mixtral) {
+    // Every layer's MLP is E SwiGLU experts of intermediate_size, each token routed to the top k of
+    // a softmax over them, renormalised: Megatron's softmax over the top k logits.
+    flags.insert(flags.end(), {{"--num-experts", std::to_string(f.integer("num_local_experts", 8))},
+                               {"--moe-router-topk", std::to_string(f.integer("num_experts_per_tok", 2))}});
+    f.require("router_jitter_noise", 0.0, "we do not jitter the router's input in training");
+    f.mark("router_aux_loss_coef");  // a training loss's weight (transformers': with output_router_logits)
+    f.mark("output_router_logits");  // likewise
+  }
   if (family == Family::llama) f.require("mlp_bias", false, "we build the MLP without biases");
   if (family == Family::qwen2) flags.emplace_back("--add-qkv-bias", "true");
   if (family == Family::qwen3) flags.emplace_back("--qk-layernorm", "true");  // q_norm and k_norm over head_dim
   const bool qwen = family == Family::qwen2 || family == Family::qwen3;
-  const bool sliding =
-      family == Family::mistral || (qwen && f.present("use_sliding_window") && f.get("use_sliding_window") == true);
+  const bool sliding = family == Family::mistral || family == Family::mixtral ||
+                       (qwen && f.present("use_sliding_window") && f.get("use_sliding_window") == true);
   f.mark("use_sliding_window");
   if (qwen) {
     f.require("use_sliding_window", false, "Qwen's sliding window covers only some layers, which we do not build");
@@ -291,6 +300,14 @@ nlohmann::json hf_config_json(Family family, const TransformerConfig& c, int64_t
   if (family == Family::qwen2 || family == Family::qwen3)
     j.update({{"use_sliding_window", false}, {"max_window_layers", c.num_layers}});
   if (family == Family::qwen3) j["attention_bias"] = false;
+  if (family == Family::mixtral) {
+    j.update({{"num_local_experts", c.moe.num_moe_experts},
+              {"num_experts_per_tok", c.moe.moe_router_topk},
+              {"router_aux_loss_coef", json_float(c.moe.moe_aux_loss_coeff)},
+              {"output_router_logits", false},
+              {"router_jitter_noise", 0.0}});
+    j["sliding_window"] = c.window_size_left >= 0 ? nlohmann::json(c.window_size_left + 1) : nlohmann::json();
+  }
   return j;
 }
 

@@ -28,6 +28,20 @@ void llama_rules(std::vector<TensorRule>& rules, Family family, const Transforme
       rules.push_back({ours + "self_attention.k_layernorm.weight", {attn + "k_norm.weight"}});
     }
     rules.push_back({ours + "self_attention.linear_proj.weight", {attn + "o_proj.weight"}});
+    if (family == Family::mixtral) {
+      const std::string moe = hf + "block_sparse_moe.";
+      rules.push_back({ours + "pre_mlp_layernorm.weight", {hf + "post_attention_layernorm.weight"}});
+      rules.push_back({ours + "mlp.router.weight", {moe + "gate.weight"}});
+      std::vector<std::string> fc1, fc2;
+      for (int64_t e = 0; e < c.moe.num_moe_experts; ++e) {
+        const std::string expert = moe + "experts." + std::to_string(e) + ".";
+        fc1.insert(fc1.end(), {expert + "w1.weight", expert + "w3.weight"});  // gate, up
+        fc2.push_back(expert + "w2.weight");
+      }
+      rules.push_back({ours + "mlp.experts.linear_fc1.weight", fc1, Layout::experts});
+      rules.push_back({ours + "mlp.experts.linear_fc2.weight", fc2, Layout::experts});
+      continue;
+    }
     rules.push_back({ours + "mlp.linear_fc1.layer_norm_weight", {hf + "post_attention_layernorm.weight"}});
     rules.push_back(
         {ours + "mlp.linear_fc1.weight", {hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"}, Layout::stacked});
@@ -87,7 +101,8 @@ Moves row_moves(const TensorRule& rule, const Shape& ours, const TransformerConf
       m.moves.push_back({0, 0, 0, hf_vocab_rows});
       m.hf_rows = {hf_vocab_rows};
       break;
-    case Layout::stacked: {
+    case Layout::stacked:
+    case Layout::experts: {  // rows: of the experts' flattened (E x rows, cols) view (row_view)
       const auto n = int64_t(rule.hf.size());
       for (int64_t i = 0; i < n; ++i) m.moves.push_back({size_t(i), 0, i * rows / n, rows / n});
       m.hf_rows.assign(size_t(n), rows / n);
@@ -110,6 +125,13 @@ Moves row_moves(const TensorRule& rule, const Shape& ours, const TransformerConf
     }
   }
   return m;
+}
+
+// The shape the rows of a layout count: an expert tensor (E, rows, cols) as (E x rows, cols).
+Shape row_view(const TensorRule& rule, const Shape& ours) {
+  if (rule.layout != Layout::experts) return ours;
+  MEGATRON_CHECK(ours.size() == 3, rule.ours << " is not an (experts, rows, columns) tensor");
+  return {ours[0] * ours[1], ours[2]};
 }
 
 // A layout's view of an HF tensor: a Conv1D weight transposed, anything else as it is.
@@ -159,8 +181,9 @@ bool ignorable_hf_tensor(Family family, const std::string& name) {
   return ends_with(".rotary_emb.inv_freq");
 }
 
-std::vector<Shape> hf_shapes(const TensorRule& rule, const Shape& ours, const TransformerConfig& config,
+std::vector<Shape> hf_shapes(const TensorRule& rule, const Shape& ours_shape, const TransformerConfig& config,
                              int64_t hf_vocab_rows) {
+  const Shape ours = row_view(rule, ours_shape);
   const Moves m = row_moves(rule, ours, config, hf_vocab_rows);
   std::vector<Shape> shapes;
   for (int64_t rows : m.hf_rows) {
@@ -179,8 +202,9 @@ Tensor to_ours(const TensorRule& rule, const std::vector<Tensor>& hf, const Shap
   std::vector<Tensor> sources;
   for (const Tensor& t : hf) sources.push_back(transposed(rule, t.shape().size()) ? transpose_2d(t) : t);
   Tensor out = Tensor::zeros(ours, dtype);  // padding rows stay zero
-  const size_t bytes = row_bytes(ours, dtype);
-  for (const RowMove& move : row_moves(rule, ours, config, hf_vocab_rows).moves)
+  const Shape rows = row_view(rule, ours);
+  const size_t bytes = row_bytes(rows, dtype);
+  for (const RowMove& move : row_moves(rule, rows, config, hf_vocab_rows).moves)
     std::memcpy(static_cast<uint8_t*>(out.raw()) + size_t(move.our_row) * bytes,
                 static_cast<const uint8_t*>(sources[move.hf_index].raw()) + size_t(move.hf_row) * bytes,
                 size_t(move.rows) * bytes);
@@ -189,10 +213,11 @@ Tensor to_ours(const TensorRule& rule, const std::vector<Tensor>& hf, const Shap
 
 std::vector<Tensor> to_hf(const TensorRule& rule, const Tensor& ours, const TransformerConfig& config,
                           int64_t hf_vocab_rows) {
-  const Moves m = row_moves(rule, ours.shape(), config, hf_vocab_rows);
+  const Shape view = row_view(rule, ours.shape());
+  const Moves m = row_moves(rule, view, config, hf_vocab_rows);
   std::vector<Tensor> out;
-  for (int64_t rows : m.hf_rows) out.push_back(Tensor::empty(with_rows(ours.shape(), rows), ours.dtype()));
-  const size_t bytes = row_bytes(ours.shape(), ours.dtype());
+  for (int64_t rows : m.hf_rows) out.push_back(Tensor::empty(with_rows(view, rows), ours.dtype()));
+  const size_t bytes = row_bytes(view, ours.dtype());
   for (const RowMove& move : m.moves)
     std::memcpy(static_cast<uint8_t*>(out[move.hf_index].raw()) + size_t(move.hf_row) * bytes,
                 static_cast<const uint8_t*>(ours.raw()) + size_t(move.our_row) * bytes, size_t(move.rows) * bytes);

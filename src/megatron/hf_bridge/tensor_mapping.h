@@ -25,7 +25,9 @@
 
 namespace megatron::hf_bridge {
 
-enum class Layout { same, conv1d, vocab_rows, stacked, qkv, packed_qkv };
+// experts: our (E, rows, cols) expert tensor is the HF tensors (rows / n each: for fc1 [w1, w3] of
+// each expert in turn, for fc2 each expert's w2) one after another, as `stacked` over E x rows.
+enum class Layout { same, conv1d, vocab_rows, stacked, qkv, packed_qkv, experts };
 
 struct TensorRule {
   std::string ours;             // our global parameter name

@@ -159,7 +159,9 @@ RoutingParams routing_params(const MoEConfig& m, int64_t sequence_length) {
 ops::TopKRouting topk_routing(const RoutingParams& p, int64_t num_tokens) {
   MEGATRON_CHECK(p.capacity_factor == 0.0, "the device routing is dropless; capacity " << p.capacity_factor
                                                                                        << " routes on the host");
-  MEGATRON_CHECK(num_tokens % p.sequence_length == 0,
+  // Only the per-sequence balancing counts by sequence (any number of tokens routes otherwise:
+  // generation's prompts, an imported model's logits).
+  MEGATRON_CHECK(p.load_balancing != LoadBalancingType::seq_aux_loss || num_tokens % p.sequence_length == 0,
                  num_tokens << " tokens are not whole sequences of " << p.sequence_length);
   // The sequences the load-balancing counts are kept for: B of the (S,B) tokens, or all as one.
   const int64_t B = p.load_balancing == LoadBalancingType::none           ? 0
@@ -179,7 +181,8 @@ Routing route(const std::vector<double>& logits, int64_t T, int64_t E, const Rou
               const std::vector<double>& expert_bias, const SumOverShards& sum_over_shards) {
   MEGATRON_CHECK(int64_t(logits.size()) == T * E,
                  "router logits hold " << logits.size() << " values, not " << T << " tokens x " << E << " experts");
-  MEGATRON_CHECK(T % p.sequence_length == 0, T << " tokens are not whole sequences of " << p.sequence_length);
+  MEGATRON_CHECK(p.load_balancing != LoadBalancingType::seq_aux_loss || T % p.sequence_length == 0,
+                 T << " tokens are not whole sequences of " << p.sequence_length);
   Routing r{.num_tokens = T, .num_experts = E};
   r.probs.assign(size_t(T * E), 0.0);
   r.chosen.assign(size_t(T * E), 0);
