@@ -42,6 +42,26 @@ std::string import_error(const std::string& hf_dir, const std::string& save) {
   return error_of([&] { hf_bridge::import_hf({.hf_dir = hf_dir, .save = save}); });
 }
 
+// Exports `ckpt` into `out`: every tensor of the Hugging Face directory `hf` comes back bit for
+// bit, and the config.json written reads back as the same model, of `family`.
+void expect_export_gives_back(const std::string& hf, const std::string& ckpt, const std::string& out,
+                              hf_bridge::Family family) {
+  hf_bridge::export_hf({.load = ckpt, .hf_dir = out});
+  const auto original = hf_bridge::HfWeights::open(hf), exported = hf_bridge::HfWeights::open(out);
+  EXPECT_EQ(exported.names(), original.names());
+  for (const std::string& name : original.names()) {
+    if (!exported.has(name)) continue;
+    const Tensor a = original.load(name), b = exported.load(name);
+    EXPECT_TRUE(a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0) << name;
+  }
+  const auto read = [](const std::string& path) {
+    return hf_bridge::read_hf_config(nlohmann::json::parse(checkpointing::read_file(path)), path);
+  };
+  const hf_bridge::HfModelConfig a = read(hf + "/config.json"), b = read(out + "/config.json");
+  EXPECT_EQ(b.family, family);
+  EXPECT_EQ(a.model_flags, b.model_flags);
+}
+
 }  // namespace
 
 // The float64 oracle the Qwen3 and Mixtral tests below rely on reproduces transformers' own logits
@@ -80,20 +100,7 @@ TEST(HfBridge, MixtralImportsItsExpertsAndExportsBitForBit) {
   std::printf("mixtral: max |logit - oracle| = %.3g (bound %.0e)\n", error, kLogitTolerance);
   EXPECT_LE(error, kLogitTolerance);
 
-  hf_bridge::export_hf({.load = ckpt, .hf_dir = out});
-  const auto original = hf_bridge::HfWeights::open(hf), exported = hf_bridge::HfWeights::open(out);
-  EXPECT_EQ(exported.names(), original.names());
-  for (const std::string& name : original.names()) {
-    if (!exported.has(name)) continue;
-    const Tensor a = original.load(name), b = exported.load(name);
-    EXPECT_TRUE(a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0) << name;
-  }
-  const auto read = [](const std::string& path) {
-    return hf_bridge::read_hf_config(nlohmann::json::parse(checkpointing::read_file(path)), path);
-  };
-  const hf_bridge::HfModelConfig a = read(hf + "/config.json"), b = read(out + "/config.json");
-  EXPECT_EQ(b.family, hf_bridge::Family::mixtral);
-  EXPECT_EQ(a.model_flags, b.model_flags);
+  expect_export_gives_back(hf, ckpt, out, hf_bridge::Family::mixtral);
 }
 
 // Qwen3 (q_norm and k_norm: --qk-layernorm): the imported model's logits are the oracle's, which
@@ -117,20 +124,7 @@ TEST(HfBridge, Qwen3ImportsWithItsQkNormsAndExportsBitForBit) {
   oracle.ignore_qk_norms();
   EXPECT_GT(max_logit_error(model, oracle_reference(oracle, prompts)), 100 * kLogitTolerance);
 
-  hf_bridge::export_hf({.load = ckpt, .hf_dir = out});
-  const auto original = hf_bridge::HfWeights::open(hf), exported = hf_bridge::HfWeights::open(out);
-  EXPECT_EQ(exported.names(), original.names());
-  for (const std::string& name : original.names()) {
-    if (!exported.has(name)) continue;
-    const Tensor a = original.load(name), b = exported.load(name);
-    EXPECT_TRUE(a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0) << name;
-  }
-  const auto read = [](const std::string& path) {
-    return hf_bridge::read_hf_config(nlohmann::json::parse(checkpointing::read_file(path)), path);
-  };
-  const hf_bridge::HfModelConfig a = read(hf + "/config.json"), b = read(out + "/config.json");
-  EXPECT_EQ(b.family, hf_bridge::Family::qwen3);
-  EXPECT_EQ(a.model_flags, b.model_flags);
+  expect_export_gives_back(hf, ckpt, out, hf_bridge::Family::qwen3);
   const nlohmann::json written = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
   EXPECT_EQ(written["architectures"], nlohmann::json({"Qwen3ForCausalLM"}));
   EXPECT_EQ(written["head_dim"], 16);

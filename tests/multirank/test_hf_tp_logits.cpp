@@ -8,6 +8,7 @@
 // padding row added or dropped on load); the optimizer state of such a move is refused. Qwen3's
 // q/k norms at TP 2 against the float64 oracle (hf/llama_family_oracle.h).
 #include <algorithm>
+#include <functional>
 #include <memory>
 
 #include "hf/hf_test_util.h"
@@ -50,66 +51,51 @@ TEST(HfTensorParallel, LogitsMatchTransformersAtTp2) {
   st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
 
-// Qwen3 (made from the Qwen2 fixture, hf/hf_test_util.h): imported at TP 1 and at TP 2 and run at
-// TP 2, each rank's q/k norms (replicated) applied to its own query groups; the logits match the
-// float64 oracle's within the same bound.
-TEST(HfTensorParallel, Qwen3LogitsMatchTheOracleAtTp2) {
+// A checkpoint `make_fixture` writes (from the fixture of `base`: its prompts), imported at TP 1
+// and at TP 2 and run at TP 2 with `run_flags`: the logits match the float64 oracle's within the
+// bound.
+void expect_oracle_logits_at_tp2(const std::string& name, const std::string& base,
+                                 const std::function<std::string(const TempDir&)>& make_fixture,
+                                 const std::vector<std::string>& run_flags) {
   std::unique_ptr<TempDir> owner;
   if (make_state({}).ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
   const std::string dir = shared_directory(owner.get());
   const ParallelState st = make_state({.tp = 2}, 60);
-  const std::string hf = dir + "/qwen2-edited";  // where qwen3_fixture writes, edited_fixture of qwen2
+  const std::string hf = dir + "/" + base + "-edited";  // where edited_fixture of `base` writes
   if (st.ctx.world->rank() == 0) {
-    ASSERT_EQ(qwen3_fixture(*owner), hf);
+    ASSERT_EQ(make_fixture(*owner), hf);
     for (int64_t tp : {1, 2})
       hf_bridge::import_hf({.hf_dir = hf, .save = dir + "/tp" + std::to_string(tp), .tensor_model_parallel_size = tp});
   }
   st.ctx.world->barrier();
-  const HfReference ref = oracle_reference(LlamaFamilyOracle(hf), hf_reference("qwen2").input_ids);
+  const HfReference ref = oracle_reference(LlamaFamilyOracle(hf), hf_reference(base).input_ids);
   for (int64_t import_tp : {1, 2}) {
-    const std::string ckpt = dir + "/tp" + std::to_string(import_tp);
-    const TrainingArgs args = parse_training_args(finetune_argv(ckpt, {"--tensor-model-parallel-size", "2"}), 2);
+    std::vector<std::string> flags = {"--tensor-model-parallel-size", "2"};
+    flags.insert(flags.end(), run_flags.begin(), run_flags.end());
+    const TrainingArgs args = parse_training_args(finetune_argv(dir + "/tp" + std::to_string(import_tp), flags), 2);
     const ParallelContext ctx = model_context(st.ctx, args.parallel);
     GPTModel model(args.model, ctx);
     ASSERT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, nullptr));
     const double error = max_logit_error(model, ref);
     if (st.ctx.world->rank() == 0)
-      std::printf("qwen3 imported at TP %ld, run at TP 2: max |logit - oracle| = %.3g\n", long(import_tp), error);
-    EXPECT_LE(error, kLogitTolerance) << "qwen3 imported at TP " << import_tp;
+      std::printf("%s imported at TP %ld, run at TP 2: max |logit - oracle| = %.3g\n", name.c_str(), long(import_tp),
+                  error);
+    EXPECT_LE(error, kLogitTolerance) << name << " imported at TP " << import_tp;
   }
   st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
 
-// Mixtral (made from the Mistral fixture): imported at TP 1 and at TP 2 and run at TP 2, each
-// rank holding its share of every expert's fc1 and fc2 (expert tensor parallelism = TP); the
-// logits match the float64 oracle's within the bound.
+// Qwen3 (made from the Qwen2 fixture, hf/hf_test_util.h): each rank's q/k norms (replicated)
+// applied to its own query groups.
+TEST(HfTensorParallel, Qwen3LogitsMatchTheOracleAtTp2) {
+  expect_oracle_logits_at_tp2("qwen3", "qwen2", qwen3_fixture, {});
+}
+
+// Mixtral (made from the Mistral fixture): each rank holding its share of every expert's fc1 and
+// fc2 (expert tensor parallelism = TP); MoE under TP routes each rank's own tokens: sequence
+// parallelism (Megatron's rule).
 TEST(HfTensorParallel, MixtralLogitsMatchTheOracleAtTp2) {
-  std::unique_ptr<TempDir> owner;
-  if (make_state({}).ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
-  const std::string dir = shared_directory(owner.get());
-  const ParallelState st = make_state({.tp = 2}, 60);
-  const std::string hf = dir + "/mistral-edited";  // where mixtral_fixture writes, edited_fixture of mistral
-  if (st.ctx.world->rank() == 0) {
-    ASSERT_EQ(mixtral_fixture(*owner), hf);
-    for (int64_t tp : {1, 2})
-      hf_bridge::import_hf({.hf_dir = hf, .save = dir + "/tp" + std::to_string(tp), .tensor_model_parallel_size = tp});
-  }
-  st.ctx.world->barrier();
-  const HfReference ref = oracle_reference(LlamaFamilyOracle(hf), hf_reference("mistral").input_ids);
-  for (int64_t import_tp : {1, 2}) {
-    const std::string ckpt = dir + "/tp" + std::to_string(import_tp);
-    // MoE under TP routes each rank's own tokens: sequence parallelism (Megatron's rule).
-    const TrainingArgs args =
-        parse_training_args(finetune_argv(ckpt, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}), 2);
-    const ParallelContext ctx = model_context(st.ctx, args.parallel);
-    GPTModel model(args.model, ctx);
-    ASSERT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, nullptr));
-    const double error = max_logit_error(model, ref);
-    if (st.ctx.world->rank() == 0)
-      std::printf("mixtral imported at TP %ld, run at TP 2: max |logit - oracle| = %.3g\n", long(import_tp), error);
-    EXPECT_LE(error, kLogitTolerance) << "mixtral imported at TP " << import_tp;
-  }
-  st.ctx.world->barrier();
+  expect_oracle_logits_at_tp2("mixtral", "mistral", mixtral_fixture, {"--sequence-parallel"});
 }
 
 // GPT-2 with 321 rows (as GPT-2's 50257, odd): imported at TP 1 it holds 321 rows and runs at TP 2
