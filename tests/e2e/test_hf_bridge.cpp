@@ -263,9 +263,9 @@ TEST(HfBridge, BadInputIsAnErrorNamingItAndWritesNothing) {
   config["qk_layernorm"] = true;
   checkpointing::write_file_atomic(unknown + "/config.json", config.dump());
   EXPECT_NE(import_error(unknown, save).find("qk_layernorm"), std::string::npos);
-  config["model_type"] = "mixtral";
+  config["model_type"] = "deepseek_v3";
   checkpointing::write_file_atomic(unknown + "/config.json", config.dump());
-  EXPECT_NE(import_error(unknown, save).find("model_type \"mixtral\""), std::string::npos);
+  EXPECT_NE(import_error(unknown, save).find("model_type \"deepseek_v3\""), std::string::npos);
   EXPECT_TRUE(nothing_written(save));
 }
 
