@@ -113,7 +113,7 @@ void read_rope(Fields& f, Flags& flags) {
 
 void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows) {
   const int64_t hidden = f.integer("hidden_size"), heads = f.integer("num_attention_heads");
-  // Absent, transformers' defaults: Mistral's and Qwen3's class defaults, the heads elsewhere.
+  // Absent, transformers' class defaults: 8 for Mistral and Mixtral, 32 for Qwen3, the heads elsewhere.
   const int64_t groups = f.integer("num_key_value_heads", family == Family::mistral || family == Family::mixtral ? 8
                                                           : family == Family::qwen3                              ? 32
                                                                                     : heads);

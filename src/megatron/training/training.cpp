@@ -659,9 +659,9 @@ IterationResult TrainingLoop::train_step() {
 
 // --log-params-norm: the parameters' norm after the step (Megatron's calc_params_l2_norm), on the
 // iterations that print or write it. The model's weights as this rank holds them: the compute copy
-// (bf16 in a bf16 run, where Megatron reads the f32 masters; the rounding moves the norm by about
-// 1e-6 of itself), each parameter once over the world; an overlapped parameter all-gather is
-// finished first.
+// (bf16 in a bf16 run, where Megatron reads the f32 masters; the per-element roundings, independent,
+// are expected, not measured, to move the norm far less than the log's printed precision), each
+// parameter once over the world; an overlapped parameter all-gather is finished first.
 std::optional<double> TrainingLoop::params_norm(bool logged) {
   if (!args.log_params_norm || !logged) return std::nullopt;
   ddp.finish_param_gather();
