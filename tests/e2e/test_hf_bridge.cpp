@@ -2,8 +2,9 @@
 // transformers): our logits match transformers' within 1e-4 in fp32, export gives back every
 // tensor bit for bit, the checkpoint is written at the requested TP layout, bad input is an error
 // naming the tensor or field with nothing written, and train/generate need no model flags. Qwen3,
-// whose checkpoints need transformers to make, is checked against an independent float64 forward
-// (hf/llama_family_oracle.h) on a Qwen3 checkpoint made from the Qwen2 fixture.
+// Mixtral and Qwen3-MoE, whose checkpoints need transformers to make, are checked against an
+// independent float64 forward (hf/llama_family_oracle.h) on checkpoints made from the Qwen2 and
+// Mistral fixtures.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -101,6 +102,48 @@ TEST(HfBridge, MixtralImportsItsExpertsAndExportsBitForBit) {
   EXPECT_LE(error, kLogitTolerance);
 
   expect_export_gives_back(hf, ckpt, out, hf_bridge::Family::mixtral);
+}
+
+// Qwen3-MoE (made from the Qwen2 fixture: layer 0 dense, layer 1 a sparse block of experts
+// narrower than the dense MLP), with norm_topk_prob true (Megatron's default router) and false
+// (--moe-router-pre-softmax): the imported model's logits are the oracle's, and the oracle's with
+// the other normalisation differ by far more than the bound; export gives back every tensor bit
+// for bit and a config.json that reads back as the same model.
+TEST(HfBridge, Qwen3MoeImportsItsDenseAndSparseLayersAndExportsBitForBit) {
+  for (const bool norm_topk_prob : {true, false}) {
+    SCOPED_TRACE(norm_topk_prob ? "norm_topk_prob true" : "norm_topk_prob false");
+    TempDir dir;
+    const std::string hf = qwen3_moe_fixture(dir, norm_topk_prob), ckpt = dir / "ckpt", out = dir / "exported";
+    hf_bridge::import_hf({.hf_dir = hf, .save = ckpt});
+    const TrainingArgs args = read_checkpoint_args(ckpt);
+    EXPECT_TRUE(args.model.qk_layernorm);
+    EXPECT_EQ(args.model.moe.num_moe_experts, 4);
+    EXPECT_EQ(args.model.moe.moe_router_topk, 2);
+    EXPECT_EQ(args.model.moe.moe_ffn_hidden_size, 48);
+    EXPECT_EQ(args.model.ffn_hidden_size, 128);
+    EXPECT_EQ(args.model.moe.moe_layer_freq, "[0,1]");
+    EXPECT_EQ(args.model.moe.moe_router_pre_softmax, !norm_topk_prob);
+    const ParallelContext single = ParallelContext::single_process();
+    GPTModel model(args.model, single);
+    load_model_weights(ckpt, model);
+    LlamaFamilyOracle oracle(hf);
+    const Tensor prompts = hf_reference("qwen2").input_ids;
+    const double error = max_logit_error(model, oracle_reference(oracle, prompts));
+    std::printf("qwen3_moe (norm_topk_prob %d): max |logit - oracle| = %.3g (bound %.0e)\n", int(norm_topk_prob),
+                error, kLogitTolerance);
+    EXPECT_LE(error, kLogitTolerance);
+    oracle.renormalise_top_k(!norm_topk_prob);
+    EXPECT_GT(max_logit_error(model, oracle_reference(oracle, prompts)), 100 * kLogitTolerance);
+
+    expect_export_gives_back(hf, ckpt, out, hf_bridge::Family::qwen3_moe);
+    const nlohmann::json written = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
+    EXPECT_EQ(written["architectures"], nlohmann::json({"Qwen3MoeForCausalLM"}));
+    EXPECT_EQ(written["mlp_only_layers"], nlohmann::json({0}));
+    EXPECT_EQ(written["decoder_sparse_step"], 1);
+    EXPECT_EQ(written["moe_intermediate_size"], 48);
+    EXPECT_EQ(written["intermediate_size"], 128);
+    EXPECT_EQ(written["norm_topk_prob"], norm_topk_prob);
+  }
 }
 
 // Qwen3 (q_norm and k_norm: --qk-layernorm): the imported model's logits are the oracle's, which

@@ -61,50 +61,91 @@ inline std::string odd_vocabulary_gpt2(const TempDir& dir) {
   return odd;
 }
 
-// A Qwen3 checkpoint made from the Qwen2 fixture (transformers is not at hand to make one): no
-// q/k/v biases, q_norm and k_norm weights of values around 1 (unlike the ones they start as), and
-// Qwen3's config.json (head_dim written out, as Qwen3Config saves it, attention_bias false).
-inline std::string qwen3_fixture(const TempDir& dir) {
-  const std::string out = edited_fixture(dir, "qwen2", [](std::vector<checkpointing::NamedTensor>& t) {
-    std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.ends_with("_proj.bias"); });
-    for (int layer = 0; layer < 2; ++layer)
-      for (const char* norm : {"q_norm", "k_norm"}) {
-        std::vector<float> w(16);
-        for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f + 0.3f * std::sin(float(7 * i + 3 * layer + norm[0]));
-        t.push_back(
-            {"model.layers." + std::to_string(layer) + ".self_attn." + norm + ".weight", Tensor::from_vector(w, {16})});
-      }
-  });
-  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
-  config["model_type"] = "qwen3";
-  config["architectures"] = {"Qwen3ForCausalLM"};
+// Weights drawn here for the checkpoints made from the fixtures: a (rows, cols) tensor of values
+// scale * sin(0.7 i + 1.3 seed), of no pattern a wrong mapping would keep.
+inline Tensor drawn_weight(int64_t rows, int64_t cols, double scale, int seed) {
+  std::vector<float> w(size_t(rows * cols));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(scale * std::sin(0.7 * double(i) + 1.3 * seed));
+  return Tensor::from_vector(w, {rows, cols});
+}
+
+// The Qwen2 fixture's tensors made Qwen3's: no q/k/v biases, and q_norm and k_norm weights of
+// values around 1 (unlike the ones they start as).
+inline void make_qwen3_attention(std::vector<checkpointing::NamedTensor>& t) {
+  std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.ends_with("_proj.bias"); });
+  for (int layer = 0; layer < 2; ++layer)
+    for (const char* norm : {"q_norm", "k_norm"}) {
+      std::vector<float> w(16);
+      for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f + 0.3f * std::sin(float(7 * i + 3 * layer + norm[0]));
+      t.push_back(
+          {"model.layers." + std::to_string(layer) + ".self_attn." + norm + ".weight", Tensor::from_vector(w, {16})});
+    }
+}
+
+// The Qwen2 fixture's config.json made Qwen3's (head_dim written out, as Qwen3Config saves it,
+// attention_bias false) with `model_type` and `architecture`.
+inline nlohmann::json qwen3_config(const std::string& dir, const std::string& model_type,
+                                   const std::string& architecture) {
+  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(dir + "/config.json"));
+  config["model_type"] = model_type;
+  config["architectures"] = {architecture};
   config["head_dim"] = 16;
   config["attention_bias"] = false;
+  return config;
+}
+
+// A Qwen3 checkpoint made from the Qwen2 fixture (transformers is not at hand to make one).
+inline std::string qwen3_fixture(const TempDir& dir) {
+  const std::string out = edited_fixture(dir, "qwen2", make_qwen3_attention);
+  checkpointing::write_file_atomic(out + "/config.json", qwen3_config(out, "qwen3", "Qwen3ForCausalLM").dump());
+  return out;
+}
+
+// A Qwen3-MoE checkpoint made from the Qwen2 fixture: Qwen3's attention; layer 0 keeps its dense
+// MLP (mlp_only_layers [0]), layer 1's is a sparse block of 4 experts of moe_intermediate_size 48
+// (not the dense 128), 2 per token, their top-2 probabilities renormalised when `norm_topk_prob`.
+inline std::string qwen3_moe_fixture(const TempDir& dir, bool norm_topk_prob) {
+  const std::string out = edited_fixture(dir, "qwen2", [](std::vector<checkpointing::NamedTensor>& t) {
+    make_qwen3_attention(t);
+    std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.starts_with("model.layers.1.mlp."); });
+    const std::string block = "model.layers.1.mlp.";
+    t.push_back({block + "gate.weight", drawn_weight(4, 64, 0.5, 20)});
+    for (int e = 0; e < 4; ++e) {
+      const std::string expert = block + "experts." + std::to_string(e) + ".";
+      t.push_back({expert + "gate_proj.weight", drawn_weight(48, 64, 0.3, 3 * e + 31)});
+      t.push_back({expert + "up_proj.weight", drawn_weight(48, 64, 0.3, 3 * e + 131)});
+      t.push_back({expert + "down_proj.weight", drawn_weight(64, 48, 0.3, 3 * e + 231)});
+    }
+  });
+  nlohmann::json config = qwen3_config(out, "qwen3_moe", "Qwen3MoeForCausalLM");
+  config.update({{"num_experts", 4},
+                 {"num_experts_per_tok", 2},
+                 {"moe_intermediate_size", 48},
+                 {"decoder_sparse_step", 1},
+                 {"mlp_only_layers", {0}},
+                 {"norm_topk_prob", norm_topk_prob},
+                 {"router_aux_loss_coef", 0.001},
+                 {"output_router_logits", false}});
   checkpointing::write_file_atomic(out + "/config.json", config.dump());
   return out;
 }
 
 // A Mixtral checkpoint made from the Mistral fixture (sliding window 4, untied): each layer's MLP
 // replaced by a sparse MoE block of 4 experts of the MLP's shape, 2 per token, its router's and
-// experts' weights drawn here (the router's large enough that the top two are seldom close), and
+// experts' weights drawn (the router's large enough that the top two are seldom close), and
 // Mixtral's config.json.
 inline std::string mixtral_fixture(const TempDir& dir) {
   const std::string out = edited_fixture(dir, "mistral", [](std::vector<checkpointing::NamedTensor>& t) {
     std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.find(".mlp.") != std::string::npos; });
-    const auto drawn = [](int64_t rows, int64_t cols, double scale, int seed) {
-      std::vector<float> w(size_t(rows * cols));
-      for (size_t i = 0; i < w.size(); ++i) w[i] = float(scale * std::sin(0.7 * double(i) + 1.3 * seed));
-      return Tensor::from_vector(w, {rows, cols});
-    };
     for (int layer = 0; layer < 2; ++layer) {
       const std::string block = "model.layers." + std::to_string(layer) + ".block_sparse_moe.";
-      t.push_back({block + "gate.weight", drawn(4, 64, 0.5, 10 * layer)});
+      t.push_back({block + "gate.weight", drawn_weight(4, 64, 0.5, 10 * layer)});
       for (int e = 0; e < 4; ++e) {
         const std::string expert = block + "experts." + std::to_string(e) + ".";
         const int seed = 10 * layer + 3 * e + 1;
-        t.push_back({expert + "w1.weight", drawn(128, 64, 0.1, seed)});
-        t.push_back({expert + "w3.weight", drawn(128, 64, 0.1, seed + 100)});
-        t.push_back({expert + "w2.weight", drawn(64, 128, 0.1, seed + 200)});
+        t.push_back({expert + "w1.weight", drawn_weight(128, 64, 0.1, seed)});
+        t.push_back({expert + "w3.weight", drawn_weight(128, 64, 0.1, seed + 100)});
+        t.push_back({expert + "w2.weight", drawn_weight(64, 128, 0.1, seed + 200)});
       }
     }
   });

@@ -1,5 +1,6 @@
 #pragma once
-// An independent float64 forward of a LLaMA-family causal language model (LLaMA, Qwen2, Qwen3)
+// An independent float64 forward of a LLaMA-family causal language model (LLaMA, Mistral, Qwen2,
+// Qwen3, Mixtral, Qwen3-MoE)
 // from its Hugging Face directory: config.json and the tensors by their Hugging Face names, naive
 // loops written from transformers' modeling code, sharing nothing with the model under test. The
 // logits of a family whose checkpoints cannot be made here (transformers needs the GPU machine's
@@ -9,11 +10,13 @@
 //   projections (with their biases, where present) of rmsnorm(x); q_norm/k_norm (Qwen3) normalise
 //   each head over head_dim; RoPE rotates halves; GQA shares key/value head n / (heads / kv_heads);
 //   a sliding_window W (Mistral, Mixtral) lets a query see itself and the W - 1 keys before it;
-//   then h + down(silu(gate(rmsnorm(h))) * up(rmsnorm(h))), or for Mixtral's sparse MoE block the
-//   sum over the top num_experts_per_tok experts of a softmax over block_sparse_moe.gate's logits,
-//   renormalised, times each expert's w2(silu(w1 y) * w3 y). Then the final norm and lm_head (the
-//   embedding when tied).
+//   then h + down(silu(gate(rmsnorm(h))) * up(rmsnorm(h))), or for a sparse MoE block (Mixtral's
+//   block_sparse_moe, Qwen3-MoE's mlp with a router `gate`) the sum over the top
+//   num_experts_per_tok experts of a softmax over the router's logits, renormalised (Mixtral;
+//   Qwen3-MoE with norm_topk_prob), times each expert's down(silu(gate y) * up y) (Mixtral's w2,
+//   w1, w3). Then the final norm and lm_head (the embedding when tied).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,9 +45,12 @@ class LlamaFamilyOracle {
     if (config_.contains("sliding_window") && config_["sliding_window"].is_number_integer())
       window_ = config_["sliding_window"].get<int64_t>();
     top_k_ = config_.value("num_experts_per_tok", int64_t(0));
+    renormalise_ = config_.at("model_type") == "mixtral" || config_.value("norm_topk_prob", false);
   }
   // Skip the q/k norms even where the checkpoint has them (a control: they must matter).
   void ignore_qk_norms() { qk_norms_ = false; }
+  // Renormalise the top k routing probabilities or not, whatever the config says (a control).
+  void renormalise_top_k(bool renormalise) { renormalise_ = renormalise; }
 
   // Logits (T,V) of one prompt.
   std::vector<std::vector<double>> logits(const std::vector<int64_t>& ids) const {
@@ -70,7 +76,9 @@ class LlamaFamilyOracle {
         for (int64_t c = 0; c < H_; ++c) x[size_t(t)][size_t(c)] += o[size_t(t)][size_t(c)];
       const Matrix h2 = rmsnorm_rows(x, load(p + "post_attention_layernorm.weight")[0]);
       const Matrix down = weights_.has(p + "block_sparse_moe.gate.weight")
-                              ? sparse_moe(h2, p + "block_sparse_moe.")
+                              ? sparse_moe(h2, p + "block_sparse_moe.", {"w1", "w3", "w2"})
+                          : weights_.has(p + "mlp.gate.weight")
+                              ? sparse_moe(h2, p + "mlp.", {"gate_proj", "up_proj", "down_proj"})
                               : swiglu(h2, p + "mlp.gate_proj", p + "mlp.up_proj", p + "mlp.down_proj");
       for (int64_t t = 0; t < T; ++t)
         for (int64_t c = 0; c < H_; ++c) x[size_t(t)][size_t(c)] += down[size_t(t)][size_t(c)];
@@ -115,7 +123,8 @@ class LlamaFamilyOracle {
       for (size_t j = 0; j < act[t].size(); ++j) act[t][j] = gate[t][j] / (1.0 + std::exp(-gate[t][j])) * up[t][j];
     return linear(act, down_proj);
   }
-  Matrix sparse_moe(const Matrix& y, const std::string& block) const {
+  // `expert_proj`: the names of an expert's gate, up and down projections.
+  Matrix sparse_moe(const Matrix& y, const std::string& block, const std::array<const char*, 3>& expert_proj) const {
     const Matrix logits = linear(y, block + "gate");
     Matrix out(y.size(), std::vector<double>(y[0].size(), 0.0));
     for (size_t t = 0; t < y.size(); ++t) {
@@ -129,10 +138,11 @@ class LlamaFamilyOracle {
                         [&](size_t a, size_t b) { return p[a] > p[b]; });
       double chosen = 0.0;
       for (int64_t k = 0; k < top_k_; ++k) chosen += p[order[size_t(k)]] / sum;
+      if (!renormalise_) chosen = 1.0;
       for (int64_t k = 0; k < top_k_; ++k) {
         const size_t e = order[size_t(k)];
         const std::string expert = block + "experts." + std::to_string(e) + ".";
-        const Matrix one = swiglu({y[t]}, expert + "w1", expert + "w3", expert + "w2");
+        const Matrix one = swiglu({y[t]}, expert + expert_proj[0], expert + expert_proj[1], expert + expert_proj[2]);
         for (size_t c = 0; c < out[t].size(); ++c) out[t][c] += p[e] / sum / chosen * one[0][c];
       }
     }
@@ -197,7 +207,8 @@ class LlamaFamilyOracle {
   double eps_, theta_;
   bool tied_;
   int64_t window_ = 0;  // sliding_window; 0: none
-  int64_t top_k_ = 0;   // num_experts_per_tok (Mixtral)
+  int64_t top_k_ = 0;   // num_experts_per_tok (Mixtral, Qwen3-MoE)
+  bool renormalise_ = false;  // the top k's probabilities divided by their sum
   bool qk_norms_ = true;
 };
 

@@ -5,7 +5,7 @@ Run on a machine with torch and transformers (the GPU machine; no network needed
     python3 tests/hf/make_tiny_checkpoints.py OUT_DIR
 then copy OUT_DIR/<family>/ over tests/hf/tiny/<family>/.
 
-Each family (llama, mistral, qwen2, qwen3, mixtral, gpt2) gets a randomly initialised model of hidden size 64 and
+Each family (llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, gpt2) gets a randomly initialised model of hidden size 64 and
 2 layers over one tiny byte-level BPE vocabulary, saved with save_pretrained (llama sharded, to
 exercise the index), its tokenizer files, and reference.safetensors: `input_ids` (I64, P x T) and
 `logits` (F32, P x T x V), computed by transformers in float64 on the CPU so that the reference
@@ -69,6 +69,9 @@ def configs():
                             use_sliding_window=False),
         "mixtral": llama_like("MixtralConfig", num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
                               rope_theta=1000000.0, tie_word_embeddings=False),
+        "qwen3_moe": llama_like("Qwen3MoeConfig", rope_theta=1000000.0, head_dim=16, tie_word_embeddings=False,
+                                num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, mlp_only_layers=[0],
+                                norm_topk_prob=True, use_sliding_window=False),
         "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
                                         eos_token_id=0),

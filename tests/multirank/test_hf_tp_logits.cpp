@@ -6,7 +6,8 @@
 // --finetune` at TP = 2 loads it (no model flags; the stored vocabulary is HF's rows, whatever
 // the TP it was imported at). A vocabulary TP 2 does not divide moves between TP 1 and TP 2 (its
 // padding row added or dropped on load); the optimizer state of such a move is refused. Qwen3's
-// q/k norms at TP 2 against the float64 oracle (hf/llama_family_oracle.h).
+// q/k norms, Mixtral's and Qwen3-MoE's experts at TP 2 against the float64 oracle
+// (hf/llama_family_oracle.h).
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -96,6 +97,13 @@ TEST(HfTensorParallel, Qwen3LogitsMatchTheOracleAtTp2) {
 // parallelism (Megatron's rule).
 TEST(HfTensorParallel, MixtralLogitsMatchTheOracleAtTp2) {
   expect_oracle_logits_at_tp2("mixtral", "mistral", mixtral_fixture, {"--sequence-parallel"});
+}
+
+// Qwen3-MoE (made from the Qwen2 fixture): a dense layer beside a sparse one, its experts narrower
+// than the dense MLP, each TP rank holding its share of both.
+TEST(HfTensorParallel, Qwen3MoeLogitsMatchTheOracleAtTp2) {
+  expect_oracle_logits_at_tp2(
+      "qwen3_moe", "qwen2", [](const TempDir& dir) { return qwen3_moe_fixture(dir, true); }, {"--sequence-parallel"});
 }
 
 // GPT-2 with 321 rows (as GPT-2's 50257, odd): imported at TP 1 it holds 321 rows and runs at TP 2

@@ -253,3 +253,76 @@ TEST(HfMapping, MixtralConfigAndFamily) {
   c.moe.moe_shared_expert_intermediate_size = 64;
   EXPECT_NE(error_of([&] { family_of_model(c); }).find("no shared expert"), std::string::npos);
 }
+
+// Qwen3-MoE's config: which layers are sparse from mlp_only_layers and decoder_sparse_step (layer i
+// when unlisted and (i + 1) % step == 0, transformers' rule) as --moe-layer-freq, the experts'
+// width, norm_topk_prob false (Qwen3MoeConfig's default) as --moe-router-pre-softmax,
+// num_key_value_heads 4 and head_dim hidden / heads when absent (Qwen3MoeConfig's, not Qwen3's
+// 128); a layer index out of range is an error naming it. Export picks Qwen3-MoE for an MoE model
+// with --qk-layernorm, and refuses what its router cannot describe.
+TEST(HfMapping, Qwen3MoeConfigAndFamily) {
+  const nlohmann::json base = {{"model_type", "qwen3_moe"},
+                               {"hidden_size", 64},
+                               {"intermediate_size", 128},
+                               {"num_hidden_layers", 4},
+                               {"num_attention_heads", 8},
+                               {"vocab_size", 320},
+                               {"max_position_embeddings", 64},
+                               {"num_experts", 8},
+                               {"num_experts_per_tok", 2},
+                               {"moe_intermediate_size", 32},
+                               {"router_aux_loss_coef", 0.001},
+                               {"output_router_logits", false},
+                               {"use_sliding_window", false},
+                               {"sliding_window", nullptr}};
+  const auto flags = [](const nlohmann::json& j) {
+    std::map<std::string, std::string> m;
+    for (const auto& [k, v] : read_hf_config(j, "c.json").model_flags) m[k] = v;
+    return m;
+  };
+  const auto with = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json j = base;
+    j[key] = value;
+    return j;
+  };
+  std::map<std::string, std::string> f = flags(base);
+  EXPECT_EQ(f["--num-experts"], "8");
+  EXPECT_EQ(f["--moe-router-topk"], "2");
+  EXPECT_EQ(f["--moe-ffn-hidden-size"], "32");
+  EXPECT_EQ(f["--ffn-hidden-size"], "128");
+  EXPECT_EQ(f["--moe-layer-freq"], "1");
+  EXPECT_EQ(f["--moe-router-pre-softmax"], "true");
+  EXPECT_EQ(f["--qk-layernorm"], "true");
+  EXPECT_EQ(f["--num-query-groups"], "4");
+  EXPECT_EQ(f.count("--kv-channels"), 0u);  // hidden / heads
+  EXPECT_EQ(flags(with("norm_topk_prob", true)).count("--moe-router-pre-softmax"), 0u);
+  EXPECT_EQ(flags(with("decoder_sparse_step", 2))["--moe-layer-freq"], "[0,1,0,1]");
+  EXPECT_EQ(flags(with("mlp_only_layers", {0, 2}))["--moe-layer-freq"], "[0,1,0,1]");
+  nlohmann::json both = with("decoder_sparse_step", 2);
+  both["mlp_only_layers"] = {3};
+  EXPECT_EQ(flags(both)["--moe-layer-freq"], "[0,1,0,0]");
+  EXPECT_NE(error_of([&] { read_hf_config(with("mlp_only_layers", {4}), "c.json"); })
+                .find("\"mlp_only_layers\" holds 4, not a layer index in [0, 4)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { read_hf_config(with("norm_topk_prob", 1), "c.json"); }).find("not true or false"),
+            std::string::npos);
+
+  TransformerConfig c;
+  c.normalization = Normalization::RMSNorm;
+  c.swiglu = true;
+  c.position_embedding_type = PositionEmbeddingType::rope;
+  c.add_bias_linear = false;
+  c.num_layers = 4;
+  c.ffn_hidden_size = 128;
+  c.moe.num_moe_experts = 8;
+  c.moe.moe_ffn_hidden_size = 32;
+  c.moe.moe_layer_freq = "[0,1,0,1]";
+  c.moe.moe_router_pre_softmax = true;
+  // Mixtral cannot describe dense layers, other expert widths or pre-softmax routing; the message
+  // names the way to Qwen3-MoE.
+  EXPECT_NE(error_of([&] { family_of_model(c); }).find("exports as Qwen3-MoE"), std::string::npos);
+  c.qk_layernorm = true;
+  EXPECT_EQ(family_of_model(c), Family::qwen3_moe);
+  c.moe.moe_shared_expert_intermediate_size = 64;
+  EXPECT_NE(error_of([&] { family_of_model(c); }).find("exports as Qwen3-MoE, which takes"), std::string::npos);
+}

@@ -111,11 +111,51 @@ void read_rope(Fields& f, Flags& flags) {
   flags.emplace_back("--rope-scaling-factor", float_text(rope["factor"].get<double>()));
 }
 
+// Qwen3-MoE's MLPs: layer i holds the sparse block unless mlp_only_layers lists it or i + 1 is no
+// multiple of decoder_sparse_step (transformers' Qwen3MoeDecoderLayer), a dense MLP of
+// intermediate_size otherwise: --moe-layer-freq as a list where some layer is dense. The router is
+// a softmax over all experts and its top k, renormalised with norm_topk_prob (Megatron's default
+// router), as they are without it (--moe-router-pre-softmax).
+void read_qwen3_moe_layers(Fields& f, Flags& flags) {
+  const int64_t layers = f.integer("num_hidden_layers"), step = f.integer("decoder_sparse_step", 1);
+  std::set<int64_t> dense;
+  if (f.present("mlp_only_layers")) {
+    const nlohmann::json& listed = f.get("mlp_only_layers");
+    MEGATRON_CHECK(listed.is_array(), f.where() << ": \"mlp_only_layers\" is " << listed.dump() << ", not a list");
+    for (const nlohmann::json& i : listed) {
+      MEGATRON_CHECK(i.is_number_integer() && i.get<int64_t>() >= 0 && i.get<int64_t>() < layers,
+                     f.where() << ": \"mlp_only_layers\" holds " << i.dump() << ", not a layer index in [0, "
+                               << layers << ")");
+      dense.insert(i.get<int64_t>());
+    }
+  }
+  f.mark("mlp_only_layers");
+  std::string pattern;
+  bool every_layer = true;
+  for (int64_t i = 0; i < layers; ++i) {
+    const bool moe = !dense.count(i) && (i + 1) % step == 0;
+    every_layer = every_layer && moe;
+    pattern += std::string(i == 0 ? "[" : ",") + (moe ? "1" : "0");
+  }
+  flags.insert(flags.end(), {{"--num-experts", std::to_string(f.integer("num_experts", 128))},
+                             {"--moe-router-topk", std::to_string(f.integer("num_experts_per_tok", 8))},
+                             {"--moe-ffn-hidden-size", std::to_string(f.integer("moe_intermediate_size", 768))},
+                             {"--moe-layer-freq", every_layer ? "1" : pattern + "]"}});
+  const nlohmann::json& renormalised = f.get("norm_topk_prob");
+  MEGATRON_CHECK(renormalised.is_null() || renormalised.is_boolean(),
+                 f.where() << ": \"norm_topk_prob\" is " << renormalised.dump() << ", not true or false");
+  if (renormalised != true) flags.emplace_back("--moe-router-pre-softmax", "true");  // Qwen3MoeConfig's default
+  f.mark("router_aux_loss_coef");  // a training loss's weight (transformers': with output_router_logits)
+  f.mark("output_router_logits");  // likewise
+}
+
 void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows) {
   const int64_t hidden = f.integer("hidden_size"), heads = f.integer("num_attention_heads");
-  // Absent, transformers' class defaults: 8 for Mistral and Mixtral, 32 for Qwen3, the heads elsewhere.
+  // Absent, transformers' class defaults: 8 for Mistral and Mixtral, 32 for Qwen3, 4 for Qwen3-MoE,
+  // the heads elsewhere.
   const int64_t groups = f.integer("num_key_value_heads", family == Family::mistral || family == Family::mixtral ? 8
                                                           : family == Family::qwen3                              ? 32
+                                                          : family == Family::qwen3_moe                          ? 4
                                                                                     : heads);
   const int64_t positions = f.integer("max_position_embeddings");
   vocab_rows = f.integer("vocab_size");
@@ -139,7 +179,7 @@ void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows
   f.mark("head_dim");
   read_rope(f, flags);
   f.require("hidden_act", "silu", "the MLP is SwiGLU (--swiglu), gated by SiLU");
-  if (family == Family::llama || family == Family::qwen3)
+  if (family == Family::llama || family == Family::qwen3 || family == Family::qwen3_moe)
     f.require("attention_bias", false, "Megatron's --add-qkv-bias has no o_proj bias");
   if (family == Family::mixtral) {
     // Every layer's MLP is E SwiGLU experts of intermediate_size, each token routed to the top k of
@@ -150,10 +190,12 @@ void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows
     f.mark("router_aux_loss_coef");  // a training loss's weight (transformers': with output_router_logits)
     f.mark("output_router_logits");  // likewise
   }
+  if (family == Family::qwen3_moe) read_qwen3_moe_layers(f, flags);
   if (family == Family::llama) f.require("mlp_bias", false, "we build the MLP without biases");
   if (family == Family::qwen2) flags.emplace_back("--add-qkv-bias", "true");
-  if (family == Family::qwen3) flags.emplace_back("--qk-layernorm", "true");  // q_norm and k_norm over head_dim
-  const bool qwen = family == Family::qwen2 || family == Family::qwen3;
+  if (family == Family::qwen3 || family == Family::qwen3_moe)
+    flags.emplace_back("--qk-layernorm", "true");  // q_norm and k_norm over head_dim
+  const bool qwen = family == Family::qwen2 || family == Family::qwen3 || family == Family::qwen3_moe;
   const bool sliding = family == Family::mistral || family == Family::mixtral ||
                        (qwen && f.present("use_sliding_window") && f.get("use_sliding_window") == true);
   f.mark("use_sliding_window");
@@ -297,9 +339,25 @@ nlohmann::json hf_config_json(Family family, const TransformerConfig& c, int64_t
                                   << "--hidden-size " << c.hidden_size << ", which Qwen2's config.json cannot express");
   if (family == Family::llama) j.update({{"attention_bias", false}, {"mlp_bias", false}});
   if (family == Family::mistral) j["sliding_window"] = c.window_size_left + 1;
-  if (family == Family::qwen2 || family == Family::qwen3)
+  if (family == Family::qwen2 || family == Family::qwen3 || family == Family::qwen3_moe)
     j.update({{"use_sliding_window", false}, {"max_window_layers", c.num_layers}});
-  if (family == Family::qwen3) j["attention_bias"] = false;
+  if (family == Family::qwen3 || family == Family::qwen3_moe) j["attention_bias"] = false;
+  if (family == Family::qwen3_moe) {
+    std::string why;
+    const std::vector<bool> pattern = moe_layer_pattern(c.moe.moe_layer_freq, c.num_layers, &why);
+    MEGATRON_CHECK(why.empty(), "--moe-layer-freq " << c.moe.moe_layer_freq << ": " << why);
+    nlohmann::json dense = nlohmann::json::array();
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      if (!pattern[size_t(i)]) dense.push_back(i);
+    j.update({{"num_experts", c.moe.num_moe_experts},
+              {"num_experts_per_tok", c.moe.moe_router_topk},
+              {"moe_intermediate_size", c.moe.moe_ffn_hidden_size},
+              {"decoder_sparse_step", 1},
+              {"mlp_only_layers", dense},
+              {"norm_topk_prob", !c.moe.moe_router_pre_softmax},
+              {"router_aux_loss_coef", json_float(c.moe.moe_aux_loss_coeff)},
+              {"output_router_logits", false}});
+  }
   if (family == Family::mixtral) {
     j.update({{"num_local_experts", c.moe.num_moe_experts},
               {"num_experts_per_tok", c.moe.moe_router_topk},

@@ -10,7 +10,8 @@ const std::vector<FamilyInfo>& families() {
   static const std::vector<FamilyInfo> table = {
       {Family::llama, "llama", "LlamaForCausalLM"},       {Family::mistral, "mistral", "MistralForCausalLM"},
       {Family::qwen2, "qwen2", "Qwen2ForCausalLM"},       {Family::qwen3, "qwen3", "Qwen3ForCausalLM"},
-      {Family::mixtral, "mixtral", "MixtralForCausalLM"}, {Family::gpt2, "gpt2", "GPT2LMHeadModel"},
+      {Family::mixtral, "mixtral", "MixtralForCausalLM"}, {Family::qwen3_moe, "qwen3_moe", "Qwen3MoeForCausalLM"},
+      {Family::gpt2, "gpt2", "GPT2LMHeadModel"},
   };
   return table;
 }
@@ -42,21 +43,34 @@ Family family_of_model(const TransformerConfig& c) {
                  "take RMSNorm, --swiglu, --position-embedding-type rope (halves rotated, --rotary-percent 1), "
                  "--disable-bias-linear");
   if (c.moe.enabled()) {
-    // Mixtral's router: a softmax over all experts, the top k renormalised (Megatron's softmax
-    // over the top k logits), every layer an MoE layer, no shared expert, dropless.
+    // Both MoE families route as Megatron's default softmax router does (a softmax over the top k
+    // logits is the top k of a softmax over all experts, renormalised), dropless, with no shared
+    // expert.
     const MoEConfig& m = c.moe;
+    const bool plain_router = m.moe_router_score_function == RouterScoreFunction::softmax &&
+                              !m.moe_router_topk_scaling_factor && m.moe_router_num_groups == 0 &&
+                              !m.moe_router_enable_expert_bias && m.moe_shared_expert_intermediate_size == 0 &&
+                              !m.moe_expert_capacity_factor;
+    if (c.qk_layernorm) {
+      // Qwen3-MoE: dense layers where --moe-layer-freq has none (mlp_only_layers), the top k
+      // renormalised or, with --moe-router-pre-softmax, not (norm_topk_prob).
+      MEGATRON_CHECK(plain_router && !c.add_qkv_bias && c.window_size_left < 0,
+                     "this MoE model with --qk-layernorm exports as Qwen3-MoE, which takes the softmax router "
+                     "without top-k scaling, groups or expert bias, no shared expert, no capacity factor, and no "
+                     "--add-qkv-bias or --window-size");
+      return Family::qwen3_moe;
+    }
     std::string why;
     const std::vector<bool> pattern = moe_layer_pattern(m.moe_layer_freq, c.num_layers, &why);
     const bool every_layer = why.empty() && std::all_of(pattern.begin(), pattern.end(), [](bool b) { return b; });
-    MEGATRON_CHECK(every_layer && m.moe_router_score_function == RouterScoreFunction::softmax &&
-                       !m.moe_router_pre_softmax && !m.moe_router_topk_scaling_factor && m.moe_router_num_groups == 0 &&
-                       !m.moe_router_enable_expert_bias && m.moe_shared_expert_intermediate_size == 0 &&
-                       !m.moe_expert_capacity_factor && !c.qk_layernorm && !c.add_qkv_bias && !c.use_rope_scaling &&
-                       m.moe_ffn_hidden_size == c.ffn_hidden_size,
+    MEGATRON_CHECK(every_layer && plain_router && !m.moe_router_pre_softmax && !c.add_qkv_bias &&
+                       !c.use_rope_scaling && m.moe_ffn_hidden_size == c.ffn_hidden_size,
                    "this MoE model has no Hugging Face family to export as: Mixtral takes an MoE layer in every "
                    "layer (--moe-layer-freq 1), the softmax router without --moe-router-pre-softmax, top-k "
                    "scaling, groups or expert bias, no shared expert, no capacity factor, --moe-ffn-hidden-size "
-                   "equal to --ffn-hidden-size, and no --qk-layernorm, --add-qkv-bias or --use-rope-scaling");
+                   "equal to --ffn-hidden-size, and no --add-qkv-bias or --use-rope-scaling; with --qk-layernorm "
+                   "the model exports as Qwen3-MoE, which also takes dense layers, --moe-router-pre-softmax and "
+                   "its own --moe-ffn-hidden-size");
     return Family::mixtral;
   }
   if (c.qk_layernorm) {

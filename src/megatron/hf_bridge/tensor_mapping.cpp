@@ -12,6 +12,12 @@ std::string layer(int64_t i) { return "decoder.layers." + std::to_string(i) + ".
 
 void llama_rules(std::vector<TensorRule>& rules, Family family, const TransformerConfig& c, const std::string& p) {
   rules.push_back({"embedding.word_embeddings.weight", {p + "model.embed_tokens.weight"}, Layout::vocab_rows});
+  std::vector<bool> moe_layers;  // empty: a dense model
+  if (c.moe.enabled()) {
+    std::string why;
+    moe_layers = moe_layer_pattern(c.moe.moe_layer_freq, c.num_layers, &why);
+    MEGATRON_CHECK(why.empty(), "--moe-layer-freq " << c.moe.moe_layer_freq << ": " << why);
+  }
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string ours = layer(i), hf = p + "model.layers." + std::to_string(i) + ".";
     const std::string attn = hf + "self_attn.";
@@ -23,20 +29,24 @@ void llama_rules(std::vector<TensorRule>& rules, Family family, const Transforme
       rules.push_back({ours + "self_attention.linear_qkv.bias",
                        {attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"},
                        Layout::qkv});
-    if (family == Family::qwen3) {
+    if (family == Family::qwen3 || family == Family::qwen3_moe) {
       rules.push_back({ours + "self_attention.q_layernorm.weight", {attn + "q_norm.weight"}});
       rules.push_back({ours + "self_attention.k_layernorm.weight", {attn + "k_norm.weight"}});
     }
     rules.push_back({ours + "self_attention.linear_proj.weight", {attn + "o_proj.weight"}});
-    if (family == Family::mixtral) {
-      const std::string moe = hf + "block_sparse_moe.";
+    if (!moe_layers.empty() && moe_layers[size_t(i)]) {
+      // Mixtral's block_sparse_moe (w1, w3, w2) or Qwen3-MoE's mlp (gate_proj, up_proj, down_proj):
+      // the router `gate` and each expert's gate, up and down projections.
+      const bool mixtral = family == Family::mixtral;
+      const std::string moe = hf + (mixtral ? "block_sparse_moe." : "mlp.");
       rules.push_back({ours + "pre_mlp_layernorm.weight", {hf + "post_attention_layernorm.weight"}});
       rules.push_back({ours + "mlp.router.weight", {moe + "gate.weight"}});
       std::vector<std::string> fc1, fc2;
       for (int64_t e = 0; e < c.moe.num_moe_experts; ++e) {
         const std::string expert = moe + "experts." + std::to_string(e) + ".";
-        fc1.insert(fc1.end(), {expert + "w1.weight", expert + "w3.weight"});  // gate, up
-        fc2.push_back(expert + "w2.weight");
+        fc1.insert(fc1.end(), {expert + (mixtral ? "w1.weight" : "gate_proj.weight"),
+                               expert + (mixtral ? "w3.weight" : "up_proj.weight")});
+        fc2.push_back(expert + (mixtral ? "w2.weight" : "down_proj.weight"));
       }
       rules.push_back({ours + "mlp.experts.linear_fc1.weight", fc1, Layout::experts});
       rules.push_back({ours + "mlp.experts.linear_fc2.weight", fc2, Layout::experts});
