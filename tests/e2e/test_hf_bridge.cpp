@@ -129,8 +129,8 @@ TEST(HfBridge, Qwen3MoeImportsItsDenseAndSparseLayersAndExportsBitForBit) {
     LlamaFamilyOracle oracle(hf);
     const Tensor prompts = hf_reference("qwen2").input_ids;
     const double error = max_logit_error(model, oracle_reference(oracle, prompts));
-    std::printf("qwen3_moe (norm_topk_prob %d): max |logit - oracle| = %.3g (bound %.0e)\n", int(norm_topk_prob),
-                error, kLogitTolerance);
+    std::printf("qwen3_moe (norm_topk_prob %d): max |logit - oracle| = %.3g (bound %.0e)\n", int(norm_topk_prob), error,
+                kLogitTolerance);
     EXPECT_LE(error, kLogitTolerance);
     oracle.renormalise_top_k(!norm_topk_prob);
     EXPECT_GT(max_logit_error(model, oracle_reference(oracle, prompts)), 100 * kLogitTolerance);

@@ -206,8 +206,8 @@ class LlamaFamilyOracle {
   int64_t H_, heads_, kv_heads_, d_, layers_, V_;
   double eps_, theta_;
   bool tied_;
-  int64_t window_ = 0;  // sliding_window; 0: none
-  int64_t top_k_ = 0;   // num_experts_per_tok (Mixtral, Qwen3-MoE)
+  int64_t window_ = 0;        // sliding_window; 0: none
+  int64_t top_k_ = 0;         // num_experts_per_tok (Mixtral, Qwen3-MoE)
   bool renormalise_ = false;  // the top k's probabilities divided by their sum
   bool qk_norms_ = true;
 };

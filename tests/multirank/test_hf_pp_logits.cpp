@@ -25,8 +25,8 @@ using namespace pipeline_parallel;
 // others undefined.
 Tensor pipeline_logits(GPTModel& stage, const Tensor& tokens, const ParallelContext& ctx) {
   const int64_t P = tokens.dim(0), T = tokens.dim(1);
-  const MicroBatch prompts{
-      tokens, Tensor::zeros({P, T}, DType::i32), Tensor::zeros({P, T}, DType::f32), Tensor(), Tensor()};
+  const MicroBatch prompts{tokens, Tensor::zeros({P, T}, DType::i32), Tensor::zeros({P, T}, DType::f32), Tensor(),
+                           Tensor()};
   GPTModel::Saved saved;
   StageFunctions functions;
   functions.forward = [&](int64_t, int64_t, const Tensor& input) {
@@ -73,7 +73,8 @@ TEST(HfPipelineParallel, LogitsMatchTransformersAtPp2) {
   if (make_state({}).ctx.world->rank() == 0) owner = std::make_unique<TempDir>();
   const std::string dir = shared_directory(owner.get());
   const ParallelState st = make_state({.tp = make_state({}).ctx.world->size() / 2, .pp = 2}, 60);
-  for (const char* family : kHfFamilies) expect_logits_at_pp2(st, dir, family, hf_fixture(family), hf_reference(family), {});
+  for (const char* family : kHfFamilies)
+    expect_logits_at_pp2(st, dir, family, hf_fixture(family), hf_reference(family), {});
   st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
 

@@ -102,8 +102,8 @@ TEST(HfTensorParallel, MixtralLogitsMatchTheOracleAtTp2) {
 // Qwen3-MoE (made from the Qwen2 fixture): a dense layer beside a sparse one, its experts narrower
 // than the dense MLP, each TP rank holding its share of both.
 TEST(HfTensorParallel, Qwen3MoeLogitsMatchTheOracleAtTp2) {
-  expect_oracle_logits_at_tp2(
-      "qwen3_moe", "qwen2", [](const TempDir& dir) { return qwen3_moe_fixture(dir, true); }, {"--sequence-parallel"});
+  expect_oracle_logits_at_tp2("qwen3_moe", "qwen2", [](const TempDir& dir) { return qwen3_moe_fixture(dir, true); },
+                              {"--sequence-parallel"});
 }
 
 // GPT-2 with 321 rows (as GPT-2's 50257, odd): imported at TP 1 it holds 321 rows and runs at TP 2

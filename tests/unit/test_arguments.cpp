@@ -517,7 +517,7 @@ TEST(ParseArgs, MoEFlags) {
                                                                       "--moe-router-topk",
                                                                       "4",
                                                                       "--moe-layer-freq",
-                                                                      "[1,0]",
+                                                                      "([1]+[0])*1",
                                                                       "--moe-router-score-function",
                                                                       "sigmoid",
                                                                       "--moe-router-enable-expert-bias",
@@ -541,7 +541,7 @@ TEST(ParseArgs, MoEFlags) {
   const MoEConfig& m = args.model.moe;
   EXPECT_EQ(m.num_moe_experts, 8);
   EXPECT_EQ(m.moe_router_topk, 4);
-  EXPECT_EQ(m.moe_layer_freq, "[1,0]");
+  EXPECT_EQ(m.moe_layer_freq, "([1]+[0])*1");  // as given: Megatron's list expression
   EXPECT_EQ(m.moe_router_score_function, RouterScoreFunction::sigmoid);
   EXPECT_TRUE(m.moe_router_enable_expert_bias);
   EXPECT_EQ(m.moe_expert_capacity_factor, 1.25);

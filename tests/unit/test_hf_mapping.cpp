@@ -261,20 +261,13 @@ TEST(HfMapping, MixtralConfigAndFamily) {
 // 128); a layer index out of range is an error naming it. Export picks Qwen3-MoE for an MoE model
 // with --qk-layernorm, and refuses what its router cannot describe.
 TEST(HfMapping, Qwen3MoeConfigAndFamily) {
-  const nlohmann::json base = {{"model_type", "qwen3_moe"},
-                               {"hidden_size", 64},
-                               {"intermediate_size", 128},
-                               {"num_hidden_layers", 4},
-                               {"num_attention_heads", 8},
-                               {"vocab_size", 320},
-                               {"max_position_embeddings", 64},
-                               {"num_experts", 8},
-                               {"num_experts_per_tok", 2},
-                               {"moe_intermediate_size", 32},
-                               {"router_aux_loss_coef", 0.001},
-                               {"output_router_logits", false},
-                               {"use_sliding_window", false},
-                               {"sliding_window", nullptr}};
+  const nlohmann::json base = {{"model_type", "qwen3_moe"},     {"hidden_size", 64},
+                               {"intermediate_size", 128},      {"num_hidden_layers", 4},
+                               {"num_attention_heads", 8},      {"vocab_size", 320},
+                               {"max_position_embeddings", 64}, {"num_experts", 8},
+                               {"num_experts_per_tok", 2},      {"moe_intermediate_size", 32},
+                               {"router_aux_loss_coef", 0.001}, {"output_router_logits", false},
+                               {"use_sliding_window", false},   {"sliding_window", nullptr}};
   const auto flags = [](const nlohmann::json& j) {
     std::map<std::string, std::string> m;
     for (const auto& [k, v] : read_hf_config(j, "c.json").model_flags) m[k] = v;
@@ -301,8 +294,9 @@ TEST(HfMapping, Qwen3MoeConfigAndFamily) {
   nlohmann::json both = with("decoder_sparse_step", 2);
   both["mlp_only_layers"] = {3};
   EXPECT_EQ(flags(both)["--moe-layer-freq"], "[0,1,0,0]");
-  EXPECT_NE(error_of([&] { read_hf_config(with("mlp_only_layers", {4}), "c.json"); })
-                .find("\"mlp_only_layers\" holds 4, not a layer index in [0, 4)"),
+  EXPECT_NE(error_of([&] {
+              read_hf_config(with("mlp_only_layers", {4}), "c.json");
+            }).find("\"mlp_only_layers\" holds 4, not a layer index in [0, 4)"),
             std::string::npos);
   EXPECT_NE(error_of([&] { read_hf_config(with("norm_topk_prob", 1), "c.json"); }).find("not true or false"),
             std::string::npos);

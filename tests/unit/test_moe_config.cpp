@@ -1,4 +1,4 @@
-// MoE settings: --moe-layer-freq in both of Megatron's forms, and bad combinations reported with
+// MoE settings: --moe-layer-freq in each of Megatron's forms, and bad combinations reported with
 // the value, the rule and the fix before any work starts.
 #include <gtest/gtest.h>
 
@@ -33,6 +33,40 @@ TEST(MoEConfig, LayerFrequencyAsEveryNthOrAList) {
   EXPECT_NE(why.find("2 entries for 4 layers"), std::string::npos) << why;
   EXPECT_TRUE(moe_layer_pattern("0", 4, &why).empty());
   EXPECT_TRUE(moe_layer_pattern("[1,2,0,0]", 4, &why).empty());
+}
+
+// Megatron evaluates a pattern with '[' as Python: lists joined by + and repeated by * (a count on
+// either side), in parentheses or not, as DeepSeek-V3's ([0]*3+[1]*58) and Qwen3-MoE's ([1]*48).
+// Known answers written out by hand; what Python would refuse or read otherwise is an error naming
+// the place.
+TEST(MoEConfig, LayerFrequencyAsMegatronsListExpression) {
+  std::string why;
+  const auto pattern = [&](const std::string& freq, int64_t layers) {
+    why.clear();
+    return moe_layer_pattern(freq, layers, &why);
+  };
+  using P = std::vector<bool>;
+  EXPECT_EQ(pattern("([0]*3+[1]*2)", 5), (P{false, false, false, true, true}));
+  EXPECT_EQ(pattern("[1]*3", 3), (P{true, true, true}));
+  EXPECT_EQ(pattern("([1]*3+[0]*1)*2", 8), (P{true, true, true, false, true, true, true, false}));
+  EXPECT_EQ(pattern("2 * [1, 0] + [0]", 5), (P{true, false, true, false, false}));
+  EXPECT_EQ(pattern("[0]+[1]*2*2", 5), (P{false, true, true, true, true}));
+  EXPECT_EQ(pattern("[1,0,]*2", 4), (P{true, false, true, false}));
+  EXPECT_EQ(pattern("[]+[1]*2", 2), (P{true, true}));
+  EXPECT_TRUE(why.empty()) << why;
+  const auto error = [&](const std::string& freq, int64_t layers) {
+    EXPECT_TRUE(pattern(freq, layers).empty()) << freq;
+    return why;
+  };
+  EXPECT_NE(error("([0]*3+[1]*2)", 4).find("5 entries for 4 layers"), std::string::npos) << why;
+  EXPECT_NE(error("([1]*3", 3).find("a '(' without its ')' at character 7"), std::string::npos) << why;
+  EXPECT_NE(error("[1]*[1]", 2).find("a list multiplied by a list"), std::string::npos) << why;
+  EXPECT_NE(error("[1]+2", 3).find("a count with no list to repeat"), std::string::npos) << why;
+  EXPECT_NE(error("[1,2]*2", 4).find("list entry 2, not 0 or 1"), std::string::npos) << why;
+  EXPECT_NE(error("[1 0]", 2).find("a list without its ']'"), std::string::npos) << why;
+  EXPECT_NE(error("[1]*3)", 3).find("unexpected ')' at character 6"), std::string::npos) << why;
+  EXPECT_NE(error("[1]*99999999999", 3).find("a count above"), std::string::npos) << why;
+  EXPECT_NE(error("[x]", 1).find("not 0 or 1"), std::string::npos) << why;
 }
 
 TEST(MoEConfig, ValidSettingsAndDenseModelsPass) {

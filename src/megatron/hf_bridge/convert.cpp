@@ -179,7 +179,8 @@ const flags::FlagTable<ImportOptions>& import_flags() {
   static const flags::FlagTable<ImportOptions> table(
       "megatron import-hf",
       "Converts a Hugging Face model directory (LLaMA, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, GPT-2) into a "
-      "megatron checkpoint that `megatron train --load CKPT --finetune` and `megatron generate --load CKPT` use without model flags.",
+      "megatron checkpoint that `megatron train --load CKPT --finetune` and `megatron generate --load CKPT` use "
+      "without model flags.",
       {{"--hf-dir", IMPORT_FIELD(hf_dir), "conversion",
         "Hugging Face model directory: config.json, model.safetensors (or shards and their index), tokenizer"},
        {"--save", IMPORT_FIELD(save), "conversion", "Checkpoint directory to write (it must hold no checkpoint yet)"},

@@ -123,9 +123,9 @@ void read_qwen3_moe_layers(Fields& f, Flags& flags) {
     const nlohmann::json& listed = f.get("mlp_only_layers");
     MEGATRON_CHECK(listed.is_array(), f.where() << ": \"mlp_only_layers\" is " << listed.dump() << ", not a list");
     for (const nlohmann::json& i : listed) {
-      MEGATRON_CHECK(i.is_number_integer() && i.get<int64_t>() >= 0 && i.get<int64_t>() < layers,
-                     f.where() << ": \"mlp_only_layers\" holds " << i.dump() << ", not a layer index in [0, "
-                               << layers << ")");
+      MEGATRON_CHECK(
+          i.is_number_integer() && i.get<int64_t>() >= 0 && i.get<int64_t>() < layers,
+          f.where() << ": \"mlp_only_layers\" holds " << i.dump() << ", not a layer index in [0, " << layers << ")");
       dense.insert(i.get<int64_t>());
     }
   }
@@ -156,7 +156,7 @@ void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows
   const int64_t groups = f.integer("num_key_value_heads", family == Family::mistral || family == Family::mixtral ? 8
                                                           : family == Family::qwen3                              ? 32
                                                           : family == Family::qwen3_moe                          ? 4
-                                                                                    : heads);
+                                                                                        : heads);
   const int64_t positions = f.integer("max_position_embeddings");
   vocab_rows = f.integer("vocab_size");
   flags.insert(flags.end(), {{"--num-layers", std::to_string(f.integer("num_hidden_layers"))},

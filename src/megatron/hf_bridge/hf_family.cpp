@@ -63,8 +63,8 @@ Family family_of_model(const TransformerConfig& c) {
     std::string why;
     const std::vector<bool> pattern = moe_layer_pattern(m.moe_layer_freq, c.num_layers, &why);
     const bool every_layer = why.empty() && std::all_of(pattern.begin(), pattern.end(), [](bool b) { return b; });
-    MEGATRON_CHECK(every_layer && plain_router && !m.moe_router_pre_softmax && !c.add_qkv_bias &&
-                       !c.use_rope_scaling && m.moe_ffn_hidden_size == c.ffn_hidden_size,
+    MEGATRON_CHECK(every_layer && plain_router && !m.moe_router_pre_softmax && !c.add_qkv_bias && !c.use_rope_scaling &&
+                       m.moe_ffn_hidden_size == c.ffn_hidden_size,
                    "this MoE model has no Hugging Face family to export as: Mixtral takes an MoE layer in every "
                    "layer (--moe-layer-freq 1), the softmax router without --moe-router-pre-softmax, top-k "
                    "scaling, groups or expert bias, no shared expert, no capacity factor, --moe-ffn-hidden-size "

@@ -111,7 +111,8 @@ std::vector<Flag> build_flag_table() {
       {"--hidden-dropout", FIELD(model.hidden_dropout), model, "Dropout on the residual branches"},
       {"--num-experts", FIELD(model.moe.num_moe_experts), moe, "Experts per MoE layer; unset: a dense model"},
       {"--moe-layer-freq", FIELD(model.moe.moe_layer_freq), moe,
-       "Which layers are MoE: N for every N-th from the first, or one 0/1 per layer, e.g. [1,0,1,0]"},
+       "Which layers are MoE: N for every N-th from the first, or one 0/1 per layer as a list or a list expression, "
+       "e.g. [1,0,1,0] or ([0]*1+[1]*3)"},
       {"--moe-ffn-hidden-size", FIELD(model.moe.moe_ffn_hidden_size), moe,
        "Width of each expert; derived: --ffn-hidden-size"},
       {"--moe-shared-expert-intermediate-size", FIELD(model.moe.moe_shared_expert_intermediate_size), moe,

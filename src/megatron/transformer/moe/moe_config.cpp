@@ -2,30 +2,124 @@
 
 #include <cctype>
 #include <charconv>
+#include <optional>
 
 #include "megatron/core/strings.h"
 
 namespace megatron {
+
+namespace {
+
+// Megatron evaluates a --moe-layer-freq holding '[' as a Python expression. This reads the part of
+// Python its patterns are written in: lists of 0 and 1, `+` joining lists, `*` repeating one by a
+// count on either side, parentheses; e.g. "([0]*3+[1]*58)" or "([1]*3+[0]*1)*3".
+class LayerPatternExpression {
+ public:
+  struct Invalid {
+    std::string why;
+  };
+  explicit LayerPatternExpression(const std::string& text) : text_(text) {}
+
+  std::vector<bool> evaluate() {
+    std::vector<bool> pattern = sum();
+    skip_spaces();
+    if (pos_ != text_.size()) fail("unexpected '" + text_.substr(pos_, 1) + "'");
+    return pattern;
+  }
+
+ private:
+  // No pattern is longer than this many layers; a count beyond it is a typo, not a model.
+  static constexpr int64_t kLongest = int64_t(1) << 20;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Invalid{concat(what, " at character ", pos_ + 1, " of the expression")};
+  }
+  void skip_spaces() {
+    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+  }
+  bool take(char c) {
+    skip_spaces();
+    if (pos_ < text_.size() && text_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  bool at_digit() {
+    skip_spaces();
+    return pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]));
+  }
+  int64_t number() {
+    int64_t value = 0;
+    const auto [end, ec] = std::from_chars(text_.data() + pos_, text_.data() + text_.size(), value);
+    if (ec != std::errc()) fail("a number out of range");
+    pos_ = size_t(end - text_.data());
+    return value;
+  }
+  std::vector<bool> sum() {  // product ('+' product)*
+    std::vector<bool> pattern = product();
+    while (take('+')) {
+      const std::vector<bool> more = product();
+      pattern.insert(pattern.end(), more.begin(), more.end());
+      if (int64_t(pattern.size()) > kLongest) fail(concat("a pattern longer than ", kLongest, " layers"));
+    }
+    return pattern;
+  }
+  std::vector<bool> product() {  // factors joined by '*': one list, any counts
+    std::optional<std::vector<bool>> list;
+    int64_t times = 1;
+    do {
+      if (at_digit()) {
+        times *= number();
+        if (times > kLongest) fail(concat("a count above ", kLongest));
+      } else {
+        if (list) fail("a list multiplied by a list");
+        list = atom();
+      }
+    } while (take('*'));
+    if (!list) fail("a count with no list to repeat");
+    if (int64_t(list->size()) * times > kLongest) fail(concat("a pattern longer than ", kLongest, " layers"));
+    std::vector<bool> repeated;
+    for (int64_t i = 0; i < times; ++i) repeated.insert(repeated.end(), list->begin(), list->end());
+    return repeated;
+  }
+  std::vector<bool> atom() {  // '(' sum ')' | '[' 0 or 1 (',' 0 or 1)* ','? ']'
+    if (take('(')) {
+      std::vector<bool> inner = sum();
+      if (!take(')')) fail("a '(' without its ')'");
+      return inner;
+    }
+    if (!take('[')) fail("neither a list, a count nor '('");
+    std::vector<bool> list;
+    while (!take(']')) {
+      if (!at_digit()) fail("a list entry that is not 0 or 1");
+      const int64_t entry = number();
+      if (entry != 0 && entry != 1) fail(concat("list entry ", entry, ", not 0 or 1"));
+      list.push_back(entry == 1);
+      if (take(',')) continue;
+      skip_spaces();
+      if (pos_ == text_.size() || text_[pos_] != ']') fail("a list without its ']'");
+    }
+    return list;
+  }
+
+  const std::string& text_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
 
 std::vector<bool> moe_layer_pattern(const std::string& freq, int64_t num_layers, std::string* error) {
   const auto fail = [&](const std::string& why) {
     *error = why;
     return std::vector<bool>{};
   };
-  if (!freq.empty() && freq.front() == '[') {
-    if (freq.back() != ']') return fail("a list must end with ']'");
+  if (freq.find('[') != std::string::npos) {
     std::vector<bool> pattern;
-    std::string item;
-    for (size_t i = 1; i < freq.size(); ++i) {
-      const char c = freq[i];
-      if (std::isspace(static_cast<unsigned char>(c))) continue;
-      if (c != ',' && c != ']') {
-        item += c;
-        continue;
-      }
-      if (item != "0" && item != "1") return fail(concat("list entry '", item, "' is not 0 or 1"));
-      pattern.push_back(item == "1");
-      item.clear();
+    try {
+      pattern = LayerPatternExpression(freq).evaluate();
+    } catch (const LayerPatternExpression::Invalid& invalid) {
+      return fail(invalid.why);
     }
     if (int64_t(pattern.size()) != num_layers)
       return fail(concat("the list has ", pattern.size(), " entries for ", num_layers, " layers"));
@@ -34,7 +128,7 @@ std::vector<bool> moe_layer_pattern(const std::string& freq, int64_t num_layers,
   int64_t every = 0;
   const auto [end, ec] = std::from_chars(freq.data(), freq.data() + freq.size(), every);
   if (ec != std::errc() || end != freq.data() + freq.size() || every <= 0)
-    return fail("it is neither a positive integer nor a list like [1,0,1,0]");
+    return fail("it is neither a positive integer nor a list expression like [1,0,1,0] or ([0]*1+[1]*3)");
   std::vector<bool> pattern(size_t(std::max<int64_t>(num_layers, 0)));
   for (int64_t i = 0; i < num_layers; ++i) pattern[size_t(i)] = i % every == 0;
   return pattern;
@@ -106,8 +200,10 @@ std::vector<std::string> validate_moe(const MoEConfig& m, int64_t num_layers, bo
   if (!m.enabled()) return errors;
   std::string why;
   if (moe_layer_pattern(m.moe_layer_freq, num_layers, &why).empty() && num_layers > 0)
-    errors.push_back(concat("--moe-layer-freq '", m.moe_layer_freq, "' cannot be used: ", why,
-                            "; give N for every N-th layer or one 0/1 per layer, e.g. [1,0,1,0]"));
+    errors.push_back(
+        concat("--moe-layer-freq '", m.moe_layer_freq, "' cannot be used: ", why,
+               "; give N for every N-th layer, or one 0/1 per layer as a list or Megatron's list expression, e.g. "
+               "[1,0,1,0] or ([0]*1+[1]*3)"));
   if (m.moe_ffn_hidden_size <= 0)
     errors.push_back(concat("--moe-ffn-hidden-size ", m.moe_ffn_hidden_size,
                             " must be positive: leave it unset to use --ffn-hidden-size"));

@@ -16,7 +16,7 @@ enum class TokenDispatcherType { allgather, alltoall };
 
 struct MoEConfig {
   int64_t num_moe_experts = 0;                      // --num-experts; 0: a dense model
-  std::string moe_layer_freq = "1";                 // N (every N-th layer, from layer 0) or a list "[1,0,1,0]"
+  std::string moe_layer_freq = "1";                 // N (every N-th layer, from layer 0) or a list "[1,0]*2"
   int64_t moe_ffn_hidden_size = 0;                  // derived: ffn_hidden_size
   int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared expert
   int64_t moe_router_topk = 2;
@@ -43,8 +43,9 @@ struct MoEConfig {
 };
 
 // Which of `num_layers` layers (0-based) are MoE layers under --moe-layer-freq: "N" makes layers
-// 0, N, 2N, ... MoE; "[1,0,...]" lists one 0/1 per layer. Empty, with *error set, when the value
-// cannot be read or the list's length differs from num_layers.
+// 0, N, 2N, ... MoE; "[1,0,...]" lists one 0/1 per layer, and as in Megatron (which evaluates it
+// as Python) lists may be joined by `+` and repeated by `*`, e.g. "([0]*3+[1]*58)". Empty, with
+// *error set, when the value cannot be read or the list's length differs from num_layers.
 std::vector<bool> moe_layer_pattern(const std::string& moe_layer_freq, int64_t num_layers, std::string* error);
 
 // Fills moe_ffn_hidden_size (= ffn_hidden_size, Megatron's default) where it is still 0.
