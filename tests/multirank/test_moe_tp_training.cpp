@@ -6,8 +6,8 @@
 // and on 4 ranks EP=2 x TP=2 and TP=2 x DP=2 with the distributed optimizer (expert DP 2), with
 // the allgather and the alltoall dispatcher; and with --expert-tensor-parallel-size 1, TP=2 x EP=2
 // (the TP ranks hold whole experts and exchange their sequence halves; on 4 ranks with the
-// distributed optimizer over expert DP 2). The TP layouts pad the vocabulary to the single
-// rank's 128 rows (--make-vocab-size-divisible-by 32).
+// distributed optimizer over expert DP 2); and a gated shared expert. The TP layouts pad the
+// vocabulary to the single rank's 128 rows (--make-vocab-size-divisible-by 32).
 //
 // Tolerance 200 u (u = 2^-53) relative, as the TP, PP and EP tests: each layout sums the same f64
 // terms in another order (TP partial outputs, the router's gradient over the sequence shards,
@@ -55,6 +55,24 @@ TEST(MoETensorParallelTraining, ExpertTensorParallelMatchesTheSingleRankCurve) {
     const TrainingSummary s = run_f64(st.ctx, with(with(with(run, moe_tp2_flags()), layout), l.flags));
     expect_same_run(single, s, tolerance, l.name, st.ctx.world->rank() == 0);
   }
+}
+
+// A shared expert gated per token (--moe-shared-expert-gate, Qwen2-MoE's): under sequence
+// parallelism each TP rank's gate-weight gradient covers its own tokens and must be summed over TP
+// (a gradient left unsummed, or summed where it is whole, moves the curve by far more than the
+// bound). TP=2 on 2 ranks, EP=2 x TP=2 with the alltoall dispatcher on 4.
+TEST(MoETensorParallelTraining, GatedSharedExpertMatchesTheSingleRankCurve) {
+  const int world = int(make_state({}).ctx.world->size());
+  const std::vector<std::string> run = with(
+      with(tiny_run(10), moe_flags()), {"--moe-shared-expert-intermediate-size", "16", "--moe-shared-expert-gate"});
+  const TrainingSummary single = run_f64(ParallelContext::single_process(), run);
+  const int ep = world / 2;
+  const ParallelState st = make_state({.tp = 2, .ep = ep}, 60);
+  const std::vector<std::string> layout = {"--expert-model-parallel-size", std::to_string(ep),
+                                           "--moe-token-dispatcher-type", "alltoall"};
+  const TrainingSummary s = run_f64(st.ctx, with(with(run, moe_tp2_flags()), layout));
+  expect_same_run(single, s, 200 * 0x1p-53, ep == 1 ? "TP=2 gated shared expert" : "EP=2 x TP=2 gated shared expert",
+                  st.ctx.world->rank() == 0);
 }
 
 }  // namespace

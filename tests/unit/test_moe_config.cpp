@@ -92,6 +92,9 @@ TEST(MoEConfig, BadCombinationsAreNamed) {
   m.moe_pad_expert_input_to_capacity = true;
   expect_error(m, "needs --moe-expert-capacity-factor");
   m = eight_experts();
+  m.moe_shared_expert_gate = true;
+  expect_error(m, "--moe-shared-expert-gate gates the shared expert, and there is none");
+  m = eight_experts();
   m.moe_expert_capacity_factor = 0.0;
   expect_error(m, "--moe-expert-capacity-factor 0 must be positive");
   m = eight_experts();

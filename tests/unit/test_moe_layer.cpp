@@ -1,6 +1,6 @@
 // The MoE layer inside a tiny GPT (one MoE layer, one dense): every parameter's gradient against
 // central finite differences in f64, for softmax routing with the load-balancing and z losses, a
-// shared expert and capacity drops with padding, and for DeepSeek-style sigmoid routing with
+// shared expert (gated or not) and capacity drops with padding, and for DeepSeek-style sigmoid routing with
 // group limits, the expert bias and the per-sequence loss; experts as per-expert GEMMs and as
 // the grouped GEMM. The routers' losses enter the
 // objective with ForwardContext::aux_loss_grad_scale, as their gradients do.
@@ -68,6 +68,16 @@ TEST(MoELayer, SoftmaxRoutingWithLossesSharedExpertAndCapacityMatchesFiniteDiffe
   c.moe.moe_shared_expert_intermediate_size = 12;
   c.moe.moe_expert_capacity_factor = 1.0;
   c.moe.moe_pad_expert_input_to_capacity = true;
+  check_gradients_by_finite_differences(c);
+}
+
+// Megatron's shared-expert gate (Qwen2-MoE's shared_expert_gate): the shared expert's output
+// scaled per token by sigmoid(x . gate_weight), whose gradient the check covers with the rest.
+TEST(MoELayer, GatedSharedExpertMatchesFiniteDifferences) {
+  TransformerConfig c = moe_model();
+  c.moe.moe_router_pre_softmax = true;
+  c.moe.moe_shared_expert_intermediate_size = 12;
+  c.moe.moe_shared_expert_gate = true;
   check_gradients_by_finite_differences(c);
 }
 
@@ -177,9 +187,12 @@ TEST(MoELayer, ParameterCountMatchesTheRegistry) {
   // num_parameters (the formula the log and `plan` use) against what the model registers.
   TransformerConfig c = moe_model();
   c.moe.moe_shared_expert_intermediate_size = 12;
-  ParallelContext ctx = ParallelContext::single_process();
-  GPTModel model(c, ctx);
-  int64_t registered = 0;
-  for (const auto& p : model.parameters().params()) registered += shape_numel(p->spec.global_shape);
-  EXPECT_EQ(num_parameters(c), registered);
+  for (const bool gate : {false, true}) {
+    c.moe.moe_shared_expert_gate = gate;
+    ParallelContext ctx = ParallelContext::single_process();
+    GPTModel model(c, ctx);
+    int64_t registered = 0;
+    for (const auto& p : model.parameters().params()) registered += shape_numel(p->spec.global_shape);
+    EXPECT_EQ(num_parameters(c), registered) << (gate ? "with" : "without") << " the shared-expert gate";
+  }
 }

@@ -1,7 +1,8 @@
 // megatron plan's activation model (planning/activation_model.h) against the engine: for each preset
 // and setting, the bytes the plan says one micro-batch keeps for backward equal, to the byte, what a
 // forward of the built model counts in its Saved structs (GPTModel::activation_bytes): dense GPT-2
-// and LLaMA styles, f32 and bf16, MoE (top-2 in f32 and bf16, and DeepSeek routing with a shared expert), full
+// and LLaMA styles, f32 and bf16, MoE (top-2 in f32 and bf16, and DeepSeek routing with a shared expert,
+// gated or not, in f32 and bf16), full
 // recomputation (uniform 1 and 2, block 1), selective recomputation of core_attn, mlp, both, and layernorm,
 // pipeline stages (first: embedding, no loss; last: stage input, loss), and FP8 (each recipe, bf16
 // first and last layers, with recomputation and MoE). Exact: both count the same
@@ -79,6 +80,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qk_layernorm_core_attn", kLlama + " --qk-layernorm --recompute-granularity selective", {}},
         Case{"moe", "--model-preset moe-tiny", {}}, Case{"moe_bf16", "--model-preset moe-tiny --bf16", {}},
         Case{"deepseek_shared_expert", "--model-preset deepseek-tiny", {}},
+        Case{"gated_shared_expert", "--model-preset deepseek-tiny --moe-shared-expert-gate", {}},
+        Case{"gated_shared_expert_bf16", "--model-preset deepseek-tiny --moe-shared-expert-gate --bf16", {}},
+        Case{"shared_expert_bf16", "--model-preset deepseek-tiny --bf16", {}},
+        Case{"gated_shared_expert_bf16_layernorm",
+             "--model-preset deepseek-tiny --moe-shared-expert-gate --bf16 --recompute-granularity selective "
+             "--recompute-modules layernorm",
+             {}},
         Case{"moe_every_other_layer", "--model-preset moe-tiny --num-layers 4 --moe-layer-freq 2", {}},
         Case{"full_uniform_1",
              kLlama + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1",

@@ -13,19 +13,19 @@ namespace {
 
 // The sizes a layer's tensors are made of, for one micro-batch on one rank.
 struct LayerDims {
-  int64_t T, Ts;           // tokens; tokens of the residual stream (T / TP under SP)
-  int64_t H;               // hidden
-  int64_t heads, groups;   // this rank's query heads and query groups
+  int64_t T, Ts;          // tokens; tokens of the residual stream (T / TP under SP)
+  int64_t H;              // hidden
+  int64_t heads, groups;  // this rank's query heads and query groups
   int64_t head_dim;
-  int64_t qkv;             // width of the fused projection: groups x (heads/groups + 2) x head_dim
-  int64_t ffn;             // this rank's MLP width (before SwiGLU's doubling)
-  int64_t fc1_factor;      // 2 with SwiGLU ([gate; up]), else 1
-  int64_t e;               // bytes of an activation element (the params dtype)
-  int64_t stats;           // bytes of a norm statistic, an lse or a routing weight: f32 (f64 runs: f64)
-  bool layer_norm;         // LayerNorm keeps a mean beside rstd
-  bool qk_norm;            // --qk-layernorm: the query and key heads normalised, q, k, v split out
-  bool fused_attention;    // q, k, v read in place from the projection (RoPE turns it in place): no CP, no qk_norm
-  bool dropout;            // hidden dropout in training: its gradient is a new tensor
+  int64_t qkv;           // width of the fused projection: groups x (heads/groups + 2) x head_dim
+  int64_t ffn;           // this rank's MLP width (before SwiGLU's doubling)
+  int64_t fc1_factor;    // 2 with SwiGLU ([gate; up]), else 1
+  int64_t e;             // bytes of an activation element (the params dtype)
+  int64_t stats;         // bytes of a norm statistic, an lse or a routing weight: f32 (f64 runs: f64)
+  bool layer_norm;       // LayerNorm keeps a mean beside rstd
+  bool qk_norm;          // --qk-layernorm: the query and key heads normalised, q, k, v split out
+  bool fused_attention;  // q, k, v read in place from the projection (RoPE turns it in place): no CP, no qk_norm
+  bool dropout;          // hidden dropout in training: its gradient is a new tensor
   bool recompute_core_attn, recompute_mlp, recompute_moe_act, recompute_layernorm;
   bool sequence_parallel, tp_comm_overlap;
 };
@@ -108,7 +108,7 @@ int64_t expert_rows(const MoEConfig& moe, const LayerDims& d) { return d.Ts * mo
 // dropless, its logits and top-k choices; the probabilities are the plan's), the dispatch plan (row
 // indices and weights, the (T,E) row map and probabilities, over the EP group's tokens), the
 // experts' input, fc1 output and activation output (unless moe_act is recomputed), their output,
-// and the shared expert's MLP (its input is the router's).
+// and the shared expert's MLP, with its gate the MLP's output and the sigmoid per token.
 int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep, int64_t expert_tp) {
   const int64_t N = expert_rows(moe, d), E = moe.num_moe_experts, group_tokens = d.Ts * ep;
   int64_t bytes = d.Ts * d.H * d.stats;
@@ -119,7 +119,13 @@ int64_t moe_saved(const MoEConfig& moe, const LayerDims& d, int64_t ep, int64_t 
   bytes += N * (4 + d.stats) + group_tokens * E * (4 + d.stats);
   bytes += N * d.H * d.e + N * moe.moe_ffn_hidden_size * d.fc1_factor * d.e + N * d.H * d.e;
   if (!d.recompute_moe_act) bytes += N * moe.moe_ffn_hidden_size * d.e;
-  if (moe.moe_shared_expert_intermediate_size > 0) bytes += mlp_saved(d, moe.moe_shared_expert_intermediate_size, false);
+  // The shared expert's MLP keeps the layer's input (whatever the layernorm recompute): the router's
+  // own in f32 and f64 runs, beside the router's f32 copy in 16-bit ones.
+  if (moe.moe_shared_expert_intermediate_size > 0) {
+    bytes += mlp_saved(d, moe.moe_shared_expert_intermediate_size, false);
+    if (d.e != d.stats) bytes += d.Ts * d.H * d.e;
+  }
+  if (moe.moe_shared_expert_gate) bytes += d.Ts * d.H * d.e + d.Ts * d.stats;  // the gated output, the sigmoid
   return bytes;
 }
 
@@ -217,7 +223,7 @@ ChunkActivations chunk_activations(const TransformerConfig& config, const pipeli
     const bool last_layer_recomputed = !segments.empty() && segments.back().checkpointed;
     a.final_norm_and_loss = (last_layer_recomputed ? 0 : norm_saved(d)) + stream + d.T * vocab * d.e + d.T * d.stats;
     if (last_layer_recomputed) a.layers.back().backward_working += norm_saved(d);
-    a.inputs += 2 * 4 * d.T;                         // labels and loss mask, sequence-major
+    a.inputs += 2 * 4 * d.T;  // labels and loss mask, sequence-major
     // The output layer's input gradient; under SP also the gathered input its weight gradient reads
     // and the reduce-scattered result.
     a.loss_working = d.T * d.H * d.e + (shape.sequence_parallel ? d.T * d.H * d.e + stream : 0);

@@ -117,6 +117,8 @@ std::vector<Flag> build_flag_table() {
        "Width of each expert; derived: --ffn-hidden-size"},
       {"--moe-shared-expert-intermediate-size", FIELD(model.moe.moe_shared_expert_intermediate_size), moe,
        "Width of the shared expert every token also passes through; unset: none"},
+      {"--moe-shared-expert-gate", Switch{FIELD(model.moe.moe_shared_expert_gate), true}, moe,
+       "Scale the shared expert's output per token by sigmoid(x . w), w a learnt (1, hidden) weight (Qwen2-MoE)"},
       {"--moe-router-topk", FIELD(model.moe.moe_router_topk), moe, "Experts each token is routed to"},
       {"--moe-router-score-function",
        enum_field(FIELD(model.moe.moe_router_score_function)),

@@ -286,11 +286,11 @@ int64_t num_parameters(const TransformerConfig& c) {
 
   int64_t total = c.num_layers * layer + norm;  // + final norm
   if (c.moe.enabled()) {
-    // An MoE layer holds the router, E experts and the shared expert in place of the MLP.
+    // An MoE layer holds the router, E experts and the shared expert (and its gate) in place of the MLP.
     const MoEConfig& m = c.moe;
     const int64_t gated = c.swiglu ? 3 : 2;
     const int64_t moe_mlp = m.num_moe_experts * h + m.num_moe_experts * gated * h * m.moe_ffn_hidden_size +
-                            gated * h * m.moe_shared_expert_intermediate_size;
+                            gated * h * m.moe_shared_expert_intermediate_size + (m.moe_shared_expert_gate ? h : 0);
     const int64_t dense_mlp = gated * h * c.ffn_hidden_size;
     total += moe_layer_count(c) * (moe_mlp - dense_mlp);
   }

@@ -19,6 +19,7 @@ struct MoEConfig {
   std::string moe_layer_freq = "1";                 // N (every N-th layer, from layer 0) or a list "[1,0]*2"
   int64_t moe_ffn_hidden_size = 0;                  // derived: ffn_hidden_size
   int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared expert
+  bool moe_shared_expert_gate = false;              // the shared expert's output scaled by sigmoid(x . w)
   int64_t moe_router_topk = 2;
   RouterScoreFunction moe_router_score_function = RouterScoreFunction::softmax;
   bool moe_router_pre_softmax = false;  // softmax over all experts before top-k (else over the k)

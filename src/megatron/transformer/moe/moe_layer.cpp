@@ -3,14 +3,6 @@
 #include "megatron/ops/elementwise.h"
 
 namespace megatron::moe {
-namespace {
-TransformerConfig shared_expert_config(const TransformerConfig& config) {
-  TransformerConfig shared = config;
-  shared.ffn_hidden_size = config.moe.moe_shared_expert_intermediate_size;
-  return shared;
-}
-}  // namespace
-
 MoELayer::MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, const TransformerConfig& config,
                    const std::string& prefix)
     : recompute_(config.recompute.recomputes("moe")),
@@ -33,7 +25,7 @@ MoELayer::MoELayer(ParameterRegistry& registry, const ParallelContext& ctx, cons
                  "the context's expert TP x EP group has " << (exchange_ ? exchange_->size() : 1) << " ranks, not EP "
                                                            << ep << " x expert TP " << etp);
   if (config.moe.moe_shared_expert_intermediate_size > 0)
-    shared_experts_ = std::make_unique<MLP>(registry, ctx, shared_expert_config(config), prefix + ".shared_experts");
+    shared_experts_ = std::make_unique<SharedExperts>(registry, ctx, config, prefix + ".shared_experts");
 }
 
 void MoELayer::Saved::count(ActivationMemory& m) const {

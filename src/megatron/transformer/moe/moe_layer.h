@@ -1,6 +1,7 @@
 #pragma once
 // Megatron-Core's MoELayer, in place of the MLP of the layers --moe-layer-freq selects:
-//   y = sum_e probs[t,e] expert_e(x_t)  (+ shared_expert(x) with --moe-shared-expert-intermediate-size)
+//   y = sum_e probs[t,e] expert_e(x_t)  (+ shared_expert(x) with --moe-shared-expert-intermediate-size,
+//   gated with --moe-shared-expert-gate: shared_experts.h)
 // router (router.h) -> dispatch (token_dispatcher.h) -> experts (experts.h) -> combine; under
 // expert parallelism and tensor parallelism (with sequence parallelism: each TP rank holds a
 // shard of the tokens and routes it) each rank runs its own experts, or its expert TP shard of
@@ -9,15 +10,15 @@
 // token_dispatcher.h) or alltoall (each token goes to its experts' ranks only,
 // alltoall_exchange.h); the exchange back sums the expert TP shards' partial outputs. Parameter
 // names are Megatron's: mlp.router.weight, mlp.experts.linear_fc{1,2}.weight (all experts, by global
-// index), mlp.shared_experts.linear_fc{1,2}.weight.
+// index), mlp.shared_experts.linear_fc{1,2}.weight (and .gate_weight).
 #include <memory>
 #include <string>
 
-#include "megatron/transformer/mlp.h"
 #include "megatron/transformer/moe/alltoall_exchange.h"
 #include "megatron/transformer/moe/experts.h"
 #include "megatron/transformer/moe/moe_stats.h"
 #include "megatron/transformer/moe/router.h"
+#include "megatron/transformer/moe/shared_experts.h"
 #include "megatron/transformer/moe/token_dispatcher.h"
 
 namespace megatron::moe {
@@ -30,7 +31,7 @@ class MoELayer {
     AllToAllExchange exchange;  // alltoall only
     Experts::Saved experts;
     Tensor expert_output;  // (N,H) rows before the weighted combine: the probabilities' gradient
-    MLP::Saved shared;
+    SharedExperts::Saved shared;
     // --recompute-modules moe: the layer's input and forward settings alone (with the router's
     // statistics); backward runs the forward again from them.
     Tensor recompute_input;
@@ -54,7 +55,7 @@ class MoELayer {
   bool alltoall_;                          // the all-to-all dispatcher (with an exchange)
   Router router_;
   Experts experts_;
-  std::unique_ptr<MLP> shared_experts_;
+  std::unique_ptr<SharedExperts> shared_experts_;
 };
 
 }  // namespace megatron::moe
