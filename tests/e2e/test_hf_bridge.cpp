@@ -2,7 +2,7 @@
 // transformers): our logits match transformers' within 1e-4 in fp32, export gives back every
 // tensor bit for bit, the checkpoint is written at the requested TP layout, bad input is an error
 // naming the tensor or field with nothing written, and train/generate need no model flags. Qwen3,
-// Mixtral and Qwen3-MoE, whose checkpoints need transformers to make, are checked against an
+// Mixtral, Qwen2-MoE and Qwen3-MoE, whose checkpoints need transformers to make, are checked against an
 // independent float64 forward (hf/llama_family_oracle.h) on checkpoints made from the Qwen2 and
 // Mistral fixtures.
 #include <gtest/gtest.h>
@@ -144,6 +144,48 @@ TEST(HfBridge, Qwen3MoeImportsItsDenseAndSparseLayersAndExportsBitForBit) {
     EXPECT_EQ(written["intermediate_size"], 128);
     EXPECT_EQ(written["norm_topk_prob"], norm_topk_prob);
   }
+}
+
+// Qwen2-MoE (made from the Qwen2 fixture: QKV biases, layer 0 dense, layer 1 a sparse block beside
+// a gated shared expert): the imported model's logits are the oracle's, which differ from those
+// of the same model without the shared expert's gate by far more than the bound; export gives
+// back every tensor bit for bit and a config.json that reads back as the same model.
+TEST(HfBridge, Qwen2MoeImportsItsGatedSharedExpertAndExportsBitForBit) {
+  TempDir dir;
+  const std::string hf = qwen2_moe_fixture(dir), ckpt = dir / "ckpt", out = dir / "exported";
+  hf_bridge::import_hf({.hf_dir = hf, .save = ckpt});
+  const TrainingArgs args = read_checkpoint_args(ckpt);
+  EXPECT_TRUE(args.model.add_qkv_bias);
+  EXPECT_EQ(args.model.moe.moe_shared_expert_intermediate_size, 40);
+  EXPECT_TRUE(args.model.moe.moe_shared_expert_gate);
+  EXPECT_TRUE(args.model.moe.moe_router_pre_softmax);
+  EXPECT_EQ(args.model.moe.moe_layer_freq, "[0,1]");
+  const ParallelContext single = ParallelContext::single_process();
+  GPTModel model(args.model, single);
+  load_model_weights(ckpt, model);
+  const Tensor prompts = hf_reference("qwen2").input_ids;
+  const double error = max_logit_error(model, oracle_reference(LlamaFamilyOracle(hf), prompts));
+  std::printf("qwen2_moe: max |logit - oracle| = %.3g (bound %.0e)\n", error, kLogitTolerance);
+  EXPECT_LE(error, kLogitTolerance);
+  // The control: a gate of zeros scales the shared expert by 1/2 everywhere.
+  TempDir control_dir;  // edited_fixture of qwen2 writes where `hf` lies within `dir`
+  const std::string ungated = edited_fixture(control_dir, "qwen2", [&](std::vector<checkpointing::NamedTensor>& t) {
+    const hf_bridge::HfWeights gated = hf_bridge::HfWeights::open(hf);
+    t.clear();
+    for (const std::string& name : gated.names())
+      t.push_back(
+          {name, name.ends_with("shared_expert_gate.weight") ? Tensor::zeros({1, 64}, DType::f32) : gated.load(name)});
+  });
+  checkpointing::write_file_atomic(ungated + "/config.json", checkpointing::read_file(hf + "/config.json"));
+  EXPECT_GT(max_logit_error(model, oracle_reference(LlamaFamilyOracle(ungated), prompts)), 100 * kLogitTolerance);
+
+  expect_export_gives_back(hf, ckpt, out, hf_bridge::Family::qwen2_moe);
+  const nlohmann::json written = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
+  EXPECT_EQ(written["architectures"], nlohmann::json({"Qwen2MoeForCausalLM"}));
+  EXPECT_EQ(written["shared_expert_intermediate_size"], 40);
+  EXPECT_EQ(written["qkv_bias"], true);
+  EXPECT_EQ(written["norm_topk_prob"], false);
+  EXPECT_EQ(written.count("head_dim"), 0u);
 }
 
 // Qwen3 (q_norm and k_norm: --qk-layernorm): the imported model's logits are the oracle's, which

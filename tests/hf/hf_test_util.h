@@ -130,6 +130,43 @@ inline std::string qwen3_moe_fixture(const TempDir& dir, bool norm_topk_prob) {
   return out;
 }
 
+// A Qwen2-MoE checkpoint made from the Qwen2 fixture (its q/k/v biases kept): layer 0 keeps its
+// dense MLP (mlp_only_layers [0]), layer 1's is a sparse block of 4 experts of moe_intermediate_size
+// 48, 2 per token, their top-2 probabilities not renormalised (norm_topk_prob false, the default),
+// beside a shared expert of 40 scaled by sigmoid(shared_expert_gate x).
+inline std::string qwen2_moe_fixture(const TempDir& dir) {
+  const std::string out = edited_fixture(dir, "qwen2", [](std::vector<checkpointing::NamedTensor>& t) {
+    std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.starts_with("model.layers.1.mlp."); });
+    const std::string block = "model.layers.1.mlp.";
+    t.push_back({block + "gate.weight", drawn_weight(4, 64, 0.5, 40)});
+    for (int e = 0; e < 4; ++e) {
+      const std::string expert = block + "experts." + std::to_string(e) + ".";
+      t.push_back({expert + "gate_proj.weight", drawn_weight(48, 64, 0.3, 3 * e + 41)});
+      t.push_back({expert + "up_proj.weight", drawn_weight(48, 64, 0.3, 3 * e + 141)});
+      t.push_back({expert + "down_proj.weight", drawn_weight(64, 48, 0.3, 3 * e + 241)});
+    }
+    t.push_back({block + "shared_expert.gate_proj.weight", drawn_weight(40, 64, 0.3, 51)});
+    t.push_back({block + "shared_expert.up_proj.weight", drawn_weight(40, 64, 0.3, 52)});
+    t.push_back({block + "shared_expert.down_proj.weight", drawn_weight(64, 40, 0.3, 53)});
+    t.push_back({block + "shared_expert_gate.weight", drawn_weight(1, 64, 0.4, 54)});
+  });
+  nlohmann::json config = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
+  config["model_type"] = "qwen2_moe";
+  config["architectures"] = {"Qwen2MoeForCausalLM"};
+  config.update({{"num_experts", 4},
+                 {"num_experts_per_tok", 2},
+                 {"moe_intermediate_size", 48},
+                 {"shared_expert_intermediate_size", 40},
+                 {"decoder_sparse_step", 1},
+                 {"mlp_only_layers", {0}},
+                 {"norm_topk_prob", false},
+                 {"qkv_bias", true},
+                 {"router_aux_loss_coef", 0.001},
+                 {"output_router_logits", false}});
+  checkpointing::write_file_atomic(out + "/config.json", config.dump());
+  return out;
+}
+
 // A Mixtral checkpoint made from the Mistral fixture (sliding window 4, untied): each layer's MLP
 // replaced by a sparse MoE block of 4 experts of the MLP's shape, 2 per token, its router's and
 // experts' weights drawn (the router's large enough that the top two are seldom close), and

@@ -1,6 +1,6 @@
 #pragma once
 // An independent float64 forward of a LLaMA-family causal language model (LLaMA, Mistral, Qwen2,
-// Qwen3, Mixtral, Qwen3-MoE)
+// Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE)
 // from its Hugging Face directory: config.json and the tensors by their Hugging Face names, naive
 // loops written from transformers' modeling code, sharing nothing with the model under test. The
 // logits of a family whose checkpoints cannot be made here (transformers needs the GPU machine's
@@ -13,8 +13,9 @@
 //   then h + down(silu(gate(rmsnorm(h))) * up(rmsnorm(h))), or for a sparse MoE block (Mixtral's
 //   block_sparse_moe, Qwen3-MoE's mlp with a router `gate`) the sum over the top
 //   num_experts_per_tok experts of a softmax over the router's logits, renormalised (Mixtral;
-//   Qwen3-MoE with norm_topk_prob), times each expert's down(silu(gate y) * up y) (Mixtral's w2,
-//   w1, w3). Then the final norm and lm_head (the embedding when tied).
+//   Qwen-MoE with norm_topk_prob), times each expert's down(silu(gate y) * up y) (Mixtral's w2,
+//   w1, w3), plus Qwen2-MoE's shared expert of the same form scaled by sigmoid(shared_expert_gate
+//   y). Then the final norm and lm_head (the embedding when tied).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -145,6 +146,13 @@ class LlamaFamilyOracle {
         const Matrix one = swiglu({y[t]}, expert + expert_proj[0], expert + expert_proj[1], expert + expert_proj[2]);
         for (size_t c = 0; c < out[t].size(); ++c) out[t][c] += p[e] / sum / chosen * one[0][c];
       }
+    }
+    if (weights_.has(block + "shared_expert_gate.weight")) {
+      const Matrix shared = swiglu(y, block + "shared_expert.gate_proj", block + "shared_expert.up_proj",
+                                   block + "shared_expert.down_proj");
+      const Matrix gate = linear(y, block + "shared_expert_gate");
+      for (size_t t = 0; t < y.size(); ++t)
+        for (size_t c = 0; c < out[t].size(); ++c) out[t][c] += shared[t][c] / (1.0 + std::exp(-gate[t][0]));
     }
     return out;
   }

@@ -5,8 +5,8 @@ Run on a machine with torch and transformers (the GPU machine; no network needed
     python3 tests/hf/make_tiny_checkpoints.py OUT_DIR
 then copy OUT_DIR/<family>/ over tests/hf/tiny/<family>/.
 
-Each family (llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, gpt2) gets a randomly initialised model of hidden size 64 and
-2 layers over one tiny byte-level BPE vocabulary, saved with save_pretrained (llama sharded, to
+Each family (llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gpt2) gets a randomly initialised
+model of hidden size 64 and 2 layers over one tiny byte-level BPE vocabulary, saved with save_pretrained (llama sharded, to
 exercise the index), its tokenizer files, and reference.safetensors: `input_ids` (I64, P x T) and
 `logits` (F32, P x T x V), computed by transformers in float64 on the CPU so that the reference
 carries no rounding of its own at fp32 tolerances. Every parameter (norm weights and biases
@@ -69,6 +69,9 @@ def configs():
                             use_sliding_window=False),
         "mixtral": llama_like("MixtralConfig", num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
                               rope_theta=1000000.0, tie_word_embeddings=False),
+        "qwen2_moe": llama_like("Qwen2MoeConfig", rope_theta=1000000.0, tie_word_embeddings=False, num_experts=4,
+                                num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=40,
+                                mlp_only_layers=[0], norm_topk_prob=False, use_sliding_window=False),
         "qwen3_moe": llama_like("Qwen3MoeConfig", rope_theta=1000000.0, head_dim=16, tie_word_embeddings=False,
                                 num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, mlp_only_layers=[0],
                                 norm_topk_prob=True, use_sliding_window=False),

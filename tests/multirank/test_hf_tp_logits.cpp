@@ -6,7 +6,7 @@
 // --finetune` at TP = 2 loads it (no model flags; the stored vocabulary is HF's rows, whatever
 // the TP it was imported at). A vocabulary TP 2 does not divide moves between TP 1 and TP 2 (its
 // padding row added or dropped on load); the optimizer state of such a move is refused. Qwen3's
-// q/k norms, Mixtral's and Qwen3-MoE's experts at TP 2 against the float64 oracle
+// q/k norms, Mixtral's, Qwen2-MoE's and Qwen3-MoE's experts at TP 2 against the float64 oracle
 // (hf/llama_family_oracle.h).
 #include <algorithm>
 #include <functional>
@@ -104,6 +104,12 @@ TEST(HfTensorParallel, MixtralLogitsMatchTheOracleAtTp2) {
 TEST(HfTensorParallel, Qwen3MoeLogitsMatchTheOracleAtTp2) {
   expect_oracle_logits_at_tp2("qwen3_moe", "qwen2", [](const TempDir& dir) { return qwen3_moe_fixture(dir, true); },
                               {"--sequence-parallel"});
+}
+
+// Qwen2-MoE (made from the Qwen2 fixture): QKV biases, and a gated shared expert split over TP beside
+// the experts, its gate replicated.
+TEST(HfTensorParallel, Qwen2MoeLogitsMatchTheOracleAtTp2) {
+  expect_oracle_logits_at_tp2("qwen2_moe", "qwen2", qwen2_moe_fixture, {"--sequence-parallel"});
 }
 
 // GPT-2 with 321 rows (as GPT-2's 50257, odd): imported at TP 1 it holds 321 rows and runs at TP 2

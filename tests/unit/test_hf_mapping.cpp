@@ -250,8 +250,10 @@ TEST(HfMapping, MixtralConfigAndFamily) {
   c.moe.moe_router_pre_softmax = true;
   EXPECT_NE(error_of([&] { family_of_model(c); }).find("Mixtral takes"), std::string::npos);
   c.moe.moe_router_pre_softmax = false;
-  c.moe.moe_shared_expert_intermediate_size = 64;
-  EXPECT_NE(error_of([&] { family_of_model(c); }).find("no shared expert"), std::string::npos);
+  c.moe.moe_shared_expert_intermediate_size = 64;  // ungated: not Qwen2-MoE's either
+  EXPECT_NE(error_of([&] { family_of_model(c); }).find("exports as Qwen2-MoE"), std::string::npos);
+  c.moe.moe_shared_expert_gate = true;
+  EXPECT_EQ(family_of_model(c), Family::qwen2_moe);
 }
 
 // Qwen3-MoE's config: which layers are sparse from mlp_only_layers and decoder_sparse_step (layer i
@@ -319,4 +321,35 @@ TEST(HfMapping, Qwen3MoeConfigAndFamily) {
   EXPECT_EQ(family_of_model(c), Family::qwen3_moe);
   c.moe.moe_shared_expert_intermediate_size = 64;
   EXPECT_NE(error_of([&] { family_of_model(c); }).find("exports as Qwen3-MoE, which takes"), std::string::npos);
+}
+
+// Qwen2-MoE's config: Qwen3-MoE's MoE fields (here at their Qwen2MoeConfig defaults when absent:
+// 60 experts, top 4, experts of 1408) and a shared expert of shared_expert_intermediate_size
+// (5632 when absent), always gated; qkv_bias (true when absent) as --add-qkv-bias.
+TEST(HfMapping, Qwen2MoeConfigFields) {
+  const nlohmann::json base = {
+      {"model_type", "qwen2_moe"},     {"hidden_size", 64},           {"intermediate_size", 128},
+      {"num_hidden_layers", 2},        {"num_attention_heads", 16},   {"vocab_size", 320},
+      {"max_position_embeddings", 64}, {"use_sliding_window", false}, {"shared_expert_intermediate_size", 96}};
+  const auto flags = [](const nlohmann::json& j) {
+    std::map<std::string, std::string> m;
+    for (const auto& [k, v] : read_hf_config(j, "c.json").model_flags) m[k] = v;
+    return m;
+  };
+  std::map<std::string, std::string> f = flags(base);
+  EXPECT_EQ(f["--num-experts"], "60");
+  EXPECT_EQ(f["--moe-router-topk"], "4");
+  EXPECT_EQ(f["--moe-ffn-hidden-size"], "1408");
+  EXPECT_EQ(f["--moe-shared-expert-intermediate-size"], "96");
+  EXPECT_EQ(f["--moe-shared-expert-gate"], "true");
+  EXPECT_EQ(f["--moe-router-pre-softmax"], "true");
+  EXPECT_EQ(f["--add-qkv-bias"], "true");
+  EXPECT_EQ(f.count("--qk-layernorm"), 0u);
+  EXPECT_EQ(f.count("--num-query-groups"), 0u);  // 16 heads, 16 groups (the default)
+  nlohmann::json unbiased = base;
+  unbiased["qkv_bias"] = false;
+  EXPECT_EQ(flags(unbiased).count("--add-qkv-bias"), 0u);
+  nlohmann::json no_shared = base;
+  no_shared.erase("shared_expert_intermediate_size");
+  EXPECT_EQ(flags(no_shared)["--moe-shared-expert-intermediate-size"], "5632");
 }

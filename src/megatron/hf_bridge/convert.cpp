@@ -178,7 +178,8 @@ std::map<std::string, Shape> parameter_shapes(GPTModel& model) {
 const flags::FlagTable<ImportOptions>& import_flags() {
   static const flags::FlagTable<ImportOptions> table(
       "megatron import-hf",
-      "Converts a Hugging Face model directory (LLaMA, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE, GPT-2) into a "
+      "Converts a Hugging Face model directory (LLaMA, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-2) "
+      "into a "
       "megatron checkpoint that `megatron train --load CKPT --finetune` and `megatron generate --load CKPT` use "
       "without model flags.",
       {{"--hf-dir", IMPORT_FIELD(hf_dir), "conversion",
@@ -223,7 +224,7 @@ void import_hf(const ImportOptions& o) {
   for (auto& flag : tokenizer_flags_of(o.hf_dir)) flags.push_back(std::move(flag));
   const int64_t tp = o.tensor_model_parallel_size, world = tp * o.pipeline_model_parallel_size;
   // Megatron's rule for MoE layers under TP: each TP rank routes its own tokens (SP).
-  const bool moe = hf.family == Family::mixtral || hf.family == Family::qwen3_moe;
+  const bool moe = hf.family == Family::mixtral || hf.family == Family::qwen2_moe || hf.family == Family::qwen3_moe;
   if (moe && tp > 1) flags.emplace_back("--sequence-parallel", "true");
   flags.insert(flags.end(), {{"--tensor-model-parallel-size", std::to_string(tp)},
                              {"--pipeline-model-parallel-size", std::to_string(o.pipeline_model_parallel_size)},

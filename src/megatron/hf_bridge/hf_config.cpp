@@ -111,12 +111,13 @@ void read_rope(Fields& f, Flags& flags) {
   flags.emplace_back("--rope-scaling-factor", float_text(rope["factor"].get<double>()));
 }
 
-// Qwen3-MoE's MLPs: layer i holds the sparse block unless mlp_only_layers lists it or i + 1 is no
-// multiple of decoder_sparse_step (transformers' Qwen3MoeDecoderLayer), a dense MLP of
+// Qwen2-MoE's and Qwen3-MoE's MLPs: layer i holds the sparse block unless mlp_only_layers lists it
+// or i + 1 is no multiple of decoder_sparse_step (transformers' decoder layers), a dense MLP of
 // intermediate_size otherwise: --moe-layer-freq as a list where some layer is dense. The router is
 // a softmax over all experts and its top k, renormalised with norm_topk_prob (Megatron's default
-// router), as they are without it (--moe-router-pre-softmax).
-void read_qwen3_moe_layers(Fields& f, Flags& flags) {
+// router), as they are without it (--moe-router-pre-softmax). Qwen2-MoE's block adds a shared
+// expert, its output scaled by sigmoid(shared_expert_gate(x)): --moe-shared-expert-gate.
+void read_qwen_moe_layers(Fields& f, Family family, Flags& flags) {
   const int64_t layers = f.integer("num_hidden_layers"), step = f.integer("decoder_sparse_step", 1);
   std::set<int64_t> dense;
   if (f.present("mlp_only_layers")) {
@@ -137,10 +138,17 @@ void read_qwen3_moe_layers(Fields& f, Flags& flags) {
     every_layer = every_layer && moe;
     pattern += std::string(i == 0 ? "[" : ",") + (moe ? "1" : "0");
   }
-  flags.insert(flags.end(), {{"--num-experts", std::to_string(f.integer("num_experts", 128))},
-                             {"--moe-router-topk", std::to_string(f.integer("num_experts_per_tok", 8))},
-                             {"--moe-ffn-hidden-size", std::to_string(f.integer("moe_intermediate_size", 768))},
-                             {"--moe-layer-freq", every_layer ? "1" : pattern + "]"}});
+  // Absent, the config classes' defaults (Qwen2MoeConfig's, Qwen3MoeConfig's).
+  const bool qwen2 = family == Family::qwen2_moe;
+  flags.insert(flags.end(),
+               {{"--num-experts", std::to_string(f.integer("num_experts", qwen2 ? 60 : 128))},
+                {"--moe-router-topk", std::to_string(f.integer("num_experts_per_tok", qwen2 ? 4 : 8))},
+                {"--moe-ffn-hidden-size", std::to_string(f.integer("moe_intermediate_size", qwen2 ? 1408 : 768))},
+                {"--moe-layer-freq", every_layer ? "1" : pattern + "]"}});
+  if (qwen2)
+    flags.insert(flags.end(), {{"--moe-shared-expert-intermediate-size",
+                                std::to_string(f.integer("shared_expert_intermediate_size", 5632))},
+                               {"--moe-shared-expert-gate", "true"}});
   const nlohmann::json& renormalised = f.get("norm_topk_prob");
   MEGATRON_CHECK(renormalised.is_null() || renormalised.is_boolean(),
                  f.where() << ": \"norm_topk_prob\" is " << renormalised.dump() << ", not true or false");
@@ -152,10 +160,11 @@ void read_qwen3_moe_layers(Fields& f, Flags& flags) {
 void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows) {
   const int64_t hidden = f.integer("hidden_size"), heads = f.integer("num_attention_heads");
   // Absent, transformers' class defaults: 8 for Mistral and Mixtral, 32 for Qwen3, 4 for Qwen3-MoE,
-  // the heads elsewhere.
+  // 16 for Qwen2-MoE, the heads elsewhere.
   const int64_t groups = f.integer("num_key_value_heads", family == Family::mistral || family == Family::mixtral ? 8
                                                           : family == Family::qwen3                              ? 32
                                                           : family == Family::qwen3_moe                          ? 4
+                                                          : family == Family::qwen2_moe                          ? 16
                                                                                         : heads);
   const int64_t positions = f.integer("max_position_embeddings");
   vocab_rows = f.integer("vocab_size");
@@ -190,12 +199,19 @@ void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows
     f.mark("router_aux_loss_coef");  // a training loss's weight (transformers': with output_router_logits)
     f.mark("output_router_logits");  // likewise
   }
-  if (family == Family::qwen3_moe) read_qwen3_moe_layers(f, flags);
+  if (family == Family::qwen2_moe || family == Family::qwen3_moe) read_qwen_moe_layers(f, family, flags);
+  if (family == Family::qwen2_moe) {
+    const nlohmann::json& bias = f.get("qkv_bias");  // Qwen2MoeConfig's default: true
+    MEGATRON_CHECK(bias.is_null() || bias.is_boolean(),
+                   f.where() << ": \"qkv_bias\" is " << bias.dump() << ", not true or false");
+    if (bias != false) flags.emplace_back("--add-qkv-bias", "true");
+  }
   if (family == Family::llama) f.require("mlp_bias", false, "we build the MLP without biases");
   if (family == Family::qwen2) flags.emplace_back("--add-qkv-bias", "true");
   if (family == Family::qwen3 || family == Family::qwen3_moe)
     flags.emplace_back("--qk-layernorm", "true");  // q_norm and k_norm over head_dim
-  const bool qwen = family == Family::qwen2 || family == Family::qwen3 || family == Family::qwen3_moe;
+  const bool qwen =
+      family == Family::qwen2 || family == Family::qwen3 || family == Family::qwen2_moe || family == Family::qwen3_moe;
   const bool sliding = family == Family::mistral || family == Family::mixtral ||
                        (qwen && f.present("use_sliding_window") && f.get("use_sliding_window") == true);
   f.mark("use_sliding_window");
@@ -333,16 +349,20 @@ nlohmann::json hf_config_json(Family family, const TransformerConfig& c, int64_t
                          {"high_freq_factor", 4.0},
                          {"original_max_position_embeddings", 8192}};
   // Qwen2 has no head_dim field: its heads are hidden_size / num_attention_heads wide.
-  if (family != Family::qwen2) j["head_dim"] = c.kv_channels;
-  MEGATRON_CHECK(family != Family::qwen2 || c.kv_channels * c.num_attention_heads == c.hidden_size,
+  const bool qwen2 = family == Family::qwen2 || family == Family::qwen2_moe;
+  if (!qwen2) j["head_dim"] = c.kv_channels;
+  MEGATRON_CHECK(!qwen2 || c.kv_channels * c.num_attention_heads == c.hidden_size,
                  "--kv-channels " << c.kv_channels << " x " << c.num_attention_heads << " heads differs from "
                                   << "--hidden-size " << c.hidden_size << ", which Qwen2's config.json cannot express");
   if (family == Family::llama) j.update({{"attention_bias", false}, {"mlp_bias", false}});
   if (family == Family::mistral) j["sliding_window"] = c.window_size_left + 1;
-  if (family == Family::qwen2 || family == Family::qwen3 || family == Family::qwen3_moe)
+  if (qwen2 || family == Family::qwen3 || family == Family::qwen3_moe)
     j.update({{"use_sliding_window", false}, {"max_window_layers", c.num_layers}});
   if (family == Family::qwen3 || family == Family::qwen3_moe) j["attention_bias"] = false;
-  if (family == Family::qwen3_moe) {
+  if (family == Family::qwen2_moe)
+    j.update(
+        {{"qkv_bias", c.add_qkv_bias}, {"shared_expert_intermediate_size", c.moe.moe_shared_expert_intermediate_size}});
+  if (family == Family::qwen2_moe || family == Family::qwen3_moe) {
     std::string why;
     const std::vector<bool> pattern = moe_layer_pattern(c.moe.moe_layer_freq, c.num_layers, &why);
     MEGATRON_CHECK(why.empty(), "--moe-layer-freq " << c.moe.moe_layer_freq << ": " << why);

@@ -8,9 +8,13 @@ namespace megatron::hf_bridge {
 
 const std::vector<FamilyInfo>& families() {
   static const std::vector<FamilyInfo> table = {
-      {Family::llama, "llama", "LlamaForCausalLM"},       {Family::mistral, "mistral", "MistralForCausalLM"},
-      {Family::qwen2, "qwen2", "Qwen2ForCausalLM"},       {Family::qwen3, "qwen3", "Qwen3ForCausalLM"},
-      {Family::mixtral, "mixtral", "MixtralForCausalLM"}, {Family::qwen3_moe, "qwen3_moe", "Qwen3MoeForCausalLM"},
+      {Family::llama, "llama", "LlamaForCausalLM"},
+      {Family::mistral, "mistral", "MistralForCausalLM"},
+      {Family::qwen2, "qwen2", "Qwen2ForCausalLM"},
+      {Family::qwen3, "qwen3", "Qwen3ForCausalLM"},
+      {Family::mixtral, "mixtral", "MixtralForCausalLM"},
+      {Family::qwen2_moe, "qwen2_moe", "Qwen2MoeForCausalLM"},
+      {Family::qwen3_moe, "qwen3_moe", "Qwen3MoeForCausalLM"},
       {Family::gpt2, "gpt2", "GPT2LMHeadModel"},
   };
   return table;
@@ -43,22 +47,29 @@ Family family_of_model(const TransformerConfig& c) {
                  "take RMSNorm, --swiglu, --position-embedding-type rope (halves rotated, --rotary-percent 1), "
                  "--disable-bias-linear");
   if (c.moe.enabled()) {
-    // Both MoE families route as Megatron's default softmax router does (a softmax over the top k
-    // logits is the top k of a softmax over all experts, renormalised), dropless, with no shared
-    // expert.
+    // The MoE families route as Megatron's default softmax router does (a softmax over the top k
+    // logits is the top k of a softmax over all experts, renormalised), dropless.
     const MoEConfig& m = c.moe;
     const bool plain_router = m.moe_router_score_function == RouterScoreFunction::softmax &&
                               !m.moe_router_topk_scaling_factor && m.moe_router_num_groups == 0 &&
-                              !m.moe_router_enable_expert_bias && m.moe_shared_expert_intermediate_size == 0 &&
-                              !m.moe_expert_capacity_factor;
+                              !m.moe_router_enable_expert_bias && !m.moe_expert_capacity_factor;
+    const bool shared = m.moe_shared_expert_intermediate_size > 0;
     if (c.qk_layernorm) {
       // Qwen3-MoE: dense layers where --moe-layer-freq has none (mlp_only_layers), the top k
       // renormalised or, with --moe-router-pre-softmax, not (norm_topk_prob).
-      MEGATRON_CHECK(plain_router && !c.add_qkv_bias && c.window_size_left < 0,
+      MEGATRON_CHECK(plain_router && !shared && !c.add_qkv_bias && c.window_size_left < 0,
                      "this MoE model with --qk-layernorm exports as Qwen3-MoE, which takes the softmax router "
                      "without top-k scaling, groups or expert bias, no shared expert, no capacity factor, and no "
                      "--add-qkv-bias or --window-size");
       return Family::qwen3_moe;
+    }
+    if (shared) {
+      // Qwen2-MoE: as Qwen3-MoE's layers and router, beside a shared expert gated per token.
+      MEGATRON_CHECK(plain_router && m.moe_shared_expert_gate && c.window_size_left < 0 && !c.use_rope_scaling,
+                     "this MoE model with a shared expert exports as Qwen2-MoE, which takes the softmax router "
+                     "without top-k scaling, groups or expert bias, no capacity factor, --moe-shared-expert-gate "
+                     "(its shared expert is always gated), and no --window-size or --use-rope-scaling");
+      return Family::qwen2_moe;
     }
     std::string why;
     const std::vector<bool> pattern = moe_layer_pattern(m.moe_layer_freq, c.num_layers, &why);
@@ -67,10 +78,10 @@ Family family_of_model(const TransformerConfig& c) {
                        m.moe_ffn_hidden_size == c.ffn_hidden_size,
                    "this MoE model has no Hugging Face family to export as: Mixtral takes an MoE layer in every "
                    "layer (--moe-layer-freq 1), the softmax router without --moe-router-pre-softmax, top-k "
-                   "scaling, groups or expert bias, no shared expert, no capacity factor, --moe-ffn-hidden-size "
-                   "equal to --ffn-hidden-size, and no --add-qkv-bias or --use-rope-scaling; with --qk-layernorm "
-                   "the model exports as Qwen3-MoE, which also takes dense layers, --moe-router-pre-softmax and "
-                   "its own --moe-ffn-hidden-size");
+                   "scaling, groups or expert bias, no capacity factor, --moe-ffn-hidden-size equal to "
+                   "--ffn-hidden-size, and no --add-qkv-bias or --use-rope-scaling; with --qk-layernorm the model "
+                   "exports as Qwen3-MoE, with a gated shared expert as Qwen2-MoE, which both also take dense "
+                   "layers, --moe-router-pre-softmax and their own --moe-ffn-hidden-size");
     return Family::mixtral;
   }
   if (c.qk_layernorm) {

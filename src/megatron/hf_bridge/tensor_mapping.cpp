@@ -25,7 +25,7 @@ void llama_rules(std::vector<TensorRule>& rules, Family family, const Transforme
     rules.push_back({ours + "self_attention.linear_qkv.weight",
                      {attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"},
                      Layout::qkv});
-    if (family == Family::qwen2)
+    if (c.add_qkv_bias)  // Qwen2's, Qwen2-MoE's with qkv_bias
       rules.push_back({ours + "self_attention.linear_qkv.bias",
                        {attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias"},
                        Layout::qkv});
@@ -35,8 +35,9 @@ void llama_rules(std::vector<TensorRule>& rules, Family family, const Transforme
     }
     rules.push_back({ours + "self_attention.linear_proj.weight", {attn + "o_proj.weight"}});
     if (!moe_layers.empty() && moe_layers[size_t(i)]) {
-      // Mixtral's block_sparse_moe (w1, w3, w2) or Qwen3-MoE's mlp (gate_proj, up_proj, down_proj):
-      // the router `gate` and each expert's gate, up and down projections.
+      // Mixtral's block_sparse_moe (w1, w3, w2) or Qwen-MoE's mlp (gate_proj, up_proj, down_proj):
+      // the router `gate` and each expert's gate, up and down projections; Qwen2-MoE's shared
+      // expert and its gate beside them.
       const bool mixtral = family == Family::mixtral;
       const std::string moe = hf + (mixtral ? "block_sparse_moe." : "mlp.");
       rules.push_back({ours + "pre_mlp_layernorm.weight", {hf + "post_attention_layernorm.weight"}});
@@ -50,6 +51,14 @@ void llama_rules(std::vector<TensorRule>& rules, Family family, const Transforme
       }
       rules.push_back({ours + "mlp.experts.linear_fc1.weight", fc1, Layout::experts});
       rules.push_back({ours + "mlp.experts.linear_fc2.weight", fc2, Layout::experts});
+      if (c.moe.moe_shared_expert_intermediate_size > 0) {
+        const std::string shared = ours + "mlp.shared_experts.";
+        rules.push_back({shared + "linear_fc1.weight",
+                         {moe + "shared_expert.gate_proj.weight", moe + "shared_expert.up_proj.weight"},
+                         Layout::stacked});
+        rules.push_back({shared + "linear_fc2.weight", {moe + "shared_expert.down_proj.weight"}});
+        rules.push_back({shared + "gate_weight", {moe + "shared_expert_gate.weight"}});
+      }
       continue;
     }
     rules.push_back({ours + "mlp.linear_fc1.layer_norm_weight", {hf + "post_attention_layernorm.weight"}});
