@@ -4,7 +4,9 @@ one family at a time, so that one family's files are gone before the next one's 
 
   prepare WORK FAMILY  transformers builds a randomly initialised model from a config shaped like
                        Llama-3.2-1B (llama), Mistral-7B with two layers (mistral), Qwen2.5-0.5B
-                       (qwen2), Qwen3-0.6B (qwen3) or GPT-2 (gpt2), no download, saves it as WORK/FAMILY/hf with a small
+                       (qwen2), Qwen3-0.6B (qwen3), GPT-2 (gpt2), Mixtral-8x7B with one layer
+                       (mixtral), Qwen1.5-MoE-A2.7B (qwen2_moe) or Qwen3-30B-A3B (qwen3_moe) with
+                       two, no download, saves it as WORK/FAMILY/hf with a small
                        byte-level BPE tokenizer, and writes WORK/FAMILY/reference.safetensors: 8
                        prompts (input_ids, I64 8 x 32) and transformers' fp32 logits for them (TF32
                        off), plus a batch (batch_ids, 2 x 65) for the fine-tuning check.
@@ -54,9 +56,30 @@ def configs():
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True,
         use_sliding_window=False, bos_token_id=0, eos_token_id=0)
     gpt2 = transformers.GPT2Config(bos_token_id=0, eos_token_id=0)
+    # The MoE families with their hub models' layer shapes and fewer layers (fp32 weights and the
+    # fine-tuning's Adam state of the whole model fit one GPU): Mixtral-8x7B (one layer),
+    # Qwen1.5-MoE-A2.7B (two: the first dense through mlp_only_layers), Qwen3-30B-A3B (two).
+    mixtral_8x7b_one_layer = transformers.MixtralConfig(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=1, num_attention_heads=32,
+        num_key_value_heads=8, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1000000.0,
+        num_local_experts=8, num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False, bos_token_id=0,
+        eos_token_id=0)
+    qwen1_5_moe_a2_7b_two_layers = transformers.Qwen2MoeConfig(
+        vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=2, num_attention_heads=16,
+        num_key_value_heads=16, max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+        norm_topk_prob=False, mlp_only_layers=[0], use_sliding_window=False, tie_word_embeddings=False,
+        bos_token_id=0, eos_token_id=0)
+    qwen3_30b_a3b_two_layers = transformers.Qwen3MoeConfig(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, num_experts=128, num_experts_per_tok=8,
+        moe_intermediate_size=768, norm_topk_prob=True, use_sliding_window=False, tie_word_embeddings=False,
+        bos_token_id=0, eos_token_id=0)
     # sliding_window 16 < the 32-token prompts, so Mistral's window matters here (4096 would not).
     return {"llama": llama_3_2_1b, "mistral": mistral_7b_two_layers, "qwen2": qwen2_5_0_5b, "qwen3": qwen3_0_6b,
-            "gpt2": gpt2}
+            "gpt2": gpt2, "mixtral": mixtral_8x7b_one_layer, "qwen2_moe": qwen1_5_moe_a2_7b_two_layers,
+            "qwen3_moe": qwen3_30b_a3b_two_layers}
 
 
 def logits_of(model, ids):

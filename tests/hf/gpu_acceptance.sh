@@ -3,8 +3,8 @@
 #   tests/hf/gpu_acceptance.sh [BUILD_DIR [FAMILY...]]   (default build/gpu, every family)
 # BUILD_DIR must hold `megatron` and `tests/test_hf_acceptance` already (about 2 minutes on 16 cores):
 #   cmake --preset gpu && cmake --build build/gpu -j "$(nproc)" --target megatron test_hf_acceptance
-# For LLaMA-3.2-1B-, Mistral-7B- (two layers), Qwen2.5-0.5B-, Qwen3-0.6B- and GPT-2-shaped random models, one
-# family at a time: import; our logits on 8 prompts against transformers' (fp32 within 1e-3, bf16
+# For LLaMA-3.2-1B-, Mistral-7B- (two layers), Qwen2.5-0.5B-, Qwen3-0.6B-, GPT-2-, Mixtral-8x7B- (one
+# layer), Qwen1.5-MoE-A2.7B- and Qwen3-30B-A3B- (two layers) shaped random models, one family at a time: import; our logits on 8 prompts against transformers' (fp32 within 1e-3, bf16
 # within the bound test_hf_acceptance states); for LLaMA, 256 new tokens generated with the KV cache
 # and their tokens/s; export and reload with AutoModelForCausalLM (same logits); 50 steps of
 # fine-tuning saved without optimizer state, export, and transformers' loss on a batch against ours.
@@ -13,13 +13,13 @@
 # disk). A failing family is reported and the next one still runs; the summary comes last and the
 # exit status is 1 if any step failed. Work files and logs go to $OUT/hf-acceptance (or
 # /tmp/hf-acceptance). Each family's minutes are printed; naming families (llama mistral qwen2
-# qwen3 gpt2) runs only those, so the work can be split over several runs of a time-limited machine.
+# qwen3 gpt2 mixtral qwen2_moe qwen3_moe) runs only those, so the work can be split over several runs of a time-limited machine.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build="${1:-build/gpu}"
 shift || true
 families=("$@")
-[ ${#families[@]} -gt 0 ] || families=(llama mistral qwen2 qwen3 gpt2)
+[ ${#families[@]} -gt 0 ] || families=(llama mistral qwen2 qwen3 gpt2 mixtral qwen2_moe qwen3_moe)
 work="${OUT:-/tmp}/hf-acceptance"
 megatron="$build/megatron"
 for binary in "$megatron" "$build/tests/test_hf_acceptance"; do
@@ -63,7 +63,7 @@ family_acceptance() {
 
 failed=()
 for family in "${families[@]}"; do
-  case "$family" in llama | mistral | qwen2 | qwen3 | gpt2) ;; *) echo "gpu_acceptance.sh: unknown family $family" >&2 && exit 2 ;; esac
+  case "$family" in llama | mistral | qwen2 | qwen3 | gpt2 | mixtral | qwen2_moe | qwen3_moe) ;; *) echo "gpu_acceptance.sh: unknown family $family" >&2 && exit 2 ;; esac
   started=$SECONDS
   ( set -e; family_acceptance "$family" )
   [ $? -eq 0 ] || failed+=("$family")
