@@ -33,6 +33,17 @@ std::string import_family(const std::string& family, const TempDir& dir, int64_t
   return ckpt;
 }
 
+// A checkpoint's model as one rank's whole model (its parameters are the global tensors), its
+// weights loaded.
+struct LoadedModel {
+  explicit LoadedModel(const std::string& ckpt) : args(read_checkpoint_args(ckpt)), model(args.model, single) {
+    load_model_weights(ckpt, model);
+  }
+  TrainingArgs args;
+  ParallelContext single = ParallelContext::single_process();
+  GPTModel model;
+};
+
 // Whether `save` holds no checkpoint at all, not even a staging directory.
 bool nothing_written(const std::string& save) {
   if (!fs::exists(save)) return true;
@@ -89,15 +100,12 @@ TEST(HfBridge, MixtralImportsItsExpertsAndExportsBitForBit) {
   TempDir dir;
   const std::string hf = mixtral_fixture(dir), ckpt = dir / "mixtral-ckpt", out = dir / "exported";
   hf_bridge::import_hf({.hf_dir = hf, .save = ckpt});
-  const TrainingArgs args = read_checkpoint_args(ckpt);
-  EXPECT_EQ(args.model.moe.num_moe_experts, 4);
-  EXPECT_EQ(args.model.moe.moe_router_topk, 2);
-  EXPECT_EQ(args.model.window_size_left, 3);
-  const ParallelContext single = ParallelContext::single_process();
-  GPTModel model(args.model, single);
-  load_model_weights(ckpt, model);
+  LoadedModel m(ckpt);
+  EXPECT_EQ(m.args.model.moe.num_moe_experts, 4);
+  EXPECT_EQ(m.args.model.moe.moe_router_topk, 2);
+  EXPECT_EQ(m.args.model.window_size_left, 3);
   const HfReference ref = oracle_reference(LlamaFamilyOracle(hf), hf_reference("mistral").input_ids);
-  const double error = max_logit_error(model, ref);
+  const double error = max_logit_error(m.model, ref);
   std::printf("mixtral: max |logit - oracle| = %.3g (bound %.0e)\n", error, kLogitTolerance);
   EXPECT_LE(error, kLogitTolerance);
 
@@ -115,25 +123,23 @@ TEST(HfBridge, Qwen3MoeImportsItsDenseAndSparseLayersAndExportsBitForBit) {
     TempDir dir;
     const std::string hf = qwen3_moe_fixture(dir, norm_topk_prob), ckpt = dir / "ckpt", out = dir / "exported";
     hf_bridge::import_hf({.hf_dir = hf, .save = ckpt});
-    const TrainingArgs args = read_checkpoint_args(ckpt);
-    EXPECT_TRUE(args.model.qk_layernorm);
-    EXPECT_EQ(args.model.moe.num_moe_experts, 4);
-    EXPECT_EQ(args.model.moe.moe_router_topk, 2);
-    EXPECT_EQ(args.model.moe.moe_ffn_hidden_size, 48);
-    EXPECT_EQ(args.model.ffn_hidden_size, 128);
-    EXPECT_EQ(args.model.moe.moe_layer_freq, "[0,1]");
-    EXPECT_EQ(args.model.moe.moe_router_pre_softmax, !norm_topk_prob);
-    const ParallelContext single = ParallelContext::single_process();
-    GPTModel model(args.model, single);
-    load_model_weights(ckpt, model);
+    LoadedModel m(ckpt);
+    const MoEConfig& moe = m.args.model.moe;
+    EXPECT_TRUE(m.args.model.qk_layernorm);
+    EXPECT_EQ(moe.num_moe_experts, 4);
+    EXPECT_EQ(moe.moe_router_topk, 2);
+    EXPECT_EQ(moe.moe_ffn_hidden_size, 48);
+    EXPECT_EQ(m.args.model.ffn_hidden_size, 128);
+    EXPECT_EQ(moe.moe_layer_freq, "[0,1]");
+    EXPECT_EQ(moe.moe_router_pre_softmax, !norm_topk_prob);
     LlamaFamilyOracle oracle(hf);
     const Tensor prompts = hf_reference("qwen2").input_ids;
-    const double error = max_logit_error(model, oracle_reference(oracle, prompts));
+    const double error = max_logit_error(m.model, oracle_reference(oracle, prompts));
     std::printf("qwen3_moe (norm_topk_prob %d): max |logit - oracle| = %.3g (bound %.0e)\n", int(norm_topk_prob), error,
                 kLogitTolerance);
     EXPECT_LE(error, kLogitTolerance);
     oracle.renormalise_top_k(!norm_topk_prob);
-    EXPECT_GT(max_logit_error(model, oracle_reference(oracle, prompts)), 100 * kLogitTolerance);
+    EXPECT_GT(max_logit_error(m.model, oracle_reference(oracle, prompts)), 100 * kLogitTolerance);
 
     expect_export_gives_back(hf, ckpt, out, hf_bridge::Family::qwen3_moe);
     const nlohmann::json written = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
@@ -154,17 +160,15 @@ TEST(HfBridge, Qwen2MoeImportsItsGatedSharedExpertAndExportsBitForBit) {
   TempDir dir;
   const std::string hf = qwen2_moe_fixture(dir), ckpt = dir / "ckpt", out = dir / "exported";
   hf_bridge::import_hf({.hf_dir = hf, .save = ckpt});
-  const TrainingArgs args = read_checkpoint_args(ckpt);
-  EXPECT_TRUE(args.model.add_qkv_bias);
-  EXPECT_EQ(args.model.moe.moe_shared_expert_intermediate_size, 40);
-  EXPECT_TRUE(args.model.moe.moe_shared_expert_gate);
-  EXPECT_TRUE(args.model.moe.moe_router_pre_softmax);
-  EXPECT_EQ(args.model.moe.moe_layer_freq, "[0,1]");
-  const ParallelContext single = ParallelContext::single_process();
-  GPTModel model(args.model, single);
-  load_model_weights(ckpt, model);
+  LoadedModel m(ckpt);
+  const MoEConfig& moe = m.args.model.moe;
+  EXPECT_TRUE(m.args.model.add_qkv_bias);
+  EXPECT_EQ(moe.moe_shared_expert_intermediate_size, 40);
+  EXPECT_TRUE(moe.moe_shared_expert_gate);
+  EXPECT_TRUE(moe.moe_router_pre_softmax);
+  EXPECT_EQ(moe.moe_layer_freq, "[0,1]");
   const Tensor prompts = hf_reference("qwen2").input_ids;
-  const double error = max_logit_error(model, oracle_reference(LlamaFamilyOracle(hf), prompts));
+  const double error = max_logit_error(m.model, oracle_reference(LlamaFamilyOracle(hf), prompts));
   std::printf("qwen2_moe: max |logit - oracle| = %.3g (bound %.0e)\n", error, kLogitTolerance);
   EXPECT_LE(error, kLogitTolerance);
   // The control: a gate of zeros scales the shared expert by 1/2 everywhere.
@@ -177,7 +181,7 @@ TEST(HfBridge, Qwen2MoeImportsItsGatedSharedExpertAndExportsBitForBit) {
           {name, name.ends_with("shared_expert_gate.weight") ? Tensor::zeros({1, 64}, DType::f32) : gated.load(name)});
   });
   checkpointing::write_file_atomic(ungated + "/config.json", checkpointing::read_file(hf + "/config.json"));
-  EXPECT_GT(max_logit_error(model, oracle_reference(LlamaFamilyOracle(ungated), prompts)), 100 * kLogitTolerance);
+  EXPECT_GT(max_logit_error(m.model, oracle_reference(LlamaFamilyOracle(ungated), prompts)), 100 * kLogitTolerance);
 
   expect_export_gives_back(hf, ckpt, out, hf_bridge::Family::qwen2_moe);
   const nlohmann::json written = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));
@@ -195,19 +199,16 @@ TEST(HfBridge, Qwen3ImportsWithItsQkNormsAndExportsBitForBit) {
   TempDir dir;
   const std::string hf = qwen3_fixture(dir), ckpt = dir / "qwen3-ckpt", out = dir / "exported";
   hf_bridge::import_hf({.hf_dir = hf, .save = ckpt});
-  const TrainingArgs args = read_checkpoint_args(ckpt);
-  EXPECT_TRUE(args.model.qk_layernorm);
-  EXPECT_EQ(args.model.kv_channels, 16);
-  const ParallelContext single = ParallelContext::single_process();
-  GPTModel model(args.model, single);
-  load_model_weights(ckpt, model);
+  LoadedModel m(ckpt);
+  EXPECT_TRUE(m.args.model.qk_layernorm);
+  EXPECT_EQ(m.args.model.kv_channels, 16);
   LlamaFamilyOracle oracle(hf);
   const Tensor prompts = hf_reference("qwen2").input_ids;
-  const double error = max_logit_error(model, oracle_reference(oracle, prompts));
+  const double error = max_logit_error(m.model, oracle_reference(oracle, prompts));
   std::printf("qwen3: max |logit - oracle| = %.3g (bound %.0e)\n", error, kLogitTolerance);
   EXPECT_LE(error, kLogitTolerance);
   oracle.ignore_qk_norms();
-  EXPECT_GT(max_logit_error(model, oracle_reference(oracle, prompts)), 100 * kLogitTolerance);
+  EXPECT_GT(max_logit_error(m.model, oracle_reference(oracle, prompts)), 100 * kLogitTolerance);
 
   expect_export_gives_back(hf, ckpt, out, hf_bridge::Family::qwen3);
   const nlohmann::json written = nlohmann::json::parse(checkpointing::read_file(out + "/config.json"));

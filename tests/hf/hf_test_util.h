@@ -94,6 +94,20 @@ inline nlohmann::json qwen3_config(const std::string& dir, const std::string& mo
   return config;
 }
 
+// The Qwen2 fixture's layer 1 MLP replaced by a Qwen-MoE sparse block (mlp.gate and
+// mlp.experts.E.{gate,up,down}_proj): 4 experts of 48, their weights drawn from seeds after `seed`.
+inline void sparse_layer_1(std::vector<checkpointing::NamedTensor>& t, int seed) {
+  std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.starts_with("model.layers.1.mlp."); });
+  const std::string block = "model.layers.1.mlp.";
+  t.push_back({block + "gate.weight", drawn_weight(4, 64, 0.5, seed)});
+  for (int e = 0; e < 4; ++e) {
+    const std::string expert = block + "experts." + std::to_string(e) + ".";
+    t.push_back({expert + "gate_proj.weight", drawn_weight(48, 64, 0.3, seed + 3 * e + 1)});
+    t.push_back({expert + "up_proj.weight", drawn_weight(48, 64, 0.3, seed + 3 * e + 101)});
+    t.push_back({expert + "down_proj.weight", drawn_weight(64, 48, 0.3, seed + 3 * e + 201)});
+  }
+}
+
 // A Qwen3 checkpoint made from the Qwen2 fixture (transformers is not at hand to make one).
 inline std::string qwen3_fixture(const TempDir& dir) {
   const std::string out = edited_fixture(dir, "qwen2", make_qwen3_attention);
@@ -107,15 +121,7 @@ inline std::string qwen3_fixture(const TempDir& dir) {
 inline std::string qwen3_moe_fixture(const TempDir& dir, bool norm_topk_prob) {
   const std::string out = edited_fixture(dir, "qwen2", [](std::vector<checkpointing::NamedTensor>& t) {
     make_qwen3_attention(t);
-    std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.starts_with("model.layers.1.mlp."); });
-    const std::string block = "model.layers.1.mlp.";
-    t.push_back({block + "gate.weight", drawn_weight(4, 64, 0.5, 20)});
-    for (int e = 0; e < 4; ++e) {
-      const std::string expert = block + "experts." + std::to_string(e) + ".";
-      t.push_back({expert + "gate_proj.weight", drawn_weight(48, 64, 0.3, 3 * e + 31)});
-      t.push_back({expert + "up_proj.weight", drawn_weight(48, 64, 0.3, 3 * e + 131)});
-      t.push_back({expert + "down_proj.weight", drawn_weight(64, 48, 0.3, 3 * e + 231)});
-    }
+    sparse_layer_1(t, 30);
   });
   nlohmann::json config = qwen3_config(out, "qwen3_moe", "Qwen3MoeForCausalLM");
   config.update({{"num_experts", 4},
@@ -136,15 +142,8 @@ inline std::string qwen3_moe_fixture(const TempDir& dir, bool norm_topk_prob) {
 // beside a shared expert of 40 scaled by sigmoid(shared_expert_gate x).
 inline std::string qwen2_moe_fixture(const TempDir& dir) {
   const std::string out = edited_fixture(dir, "qwen2", [](std::vector<checkpointing::NamedTensor>& t) {
-    std::erase_if(t, [](const checkpointing::NamedTensor& x) { return x.name.starts_with("model.layers.1.mlp."); });
+    sparse_layer_1(t, 40);
     const std::string block = "model.layers.1.mlp.";
-    t.push_back({block + "gate.weight", drawn_weight(4, 64, 0.5, 40)});
-    for (int e = 0; e < 4; ++e) {
-      const std::string expert = block + "experts." + std::to_string(e) + ".";
-      t.push_back({expert + "gate_proj.weight", drawn_weight(48, 64, 0.3, 3 * e + 41)});
-      t.push_back({expert + "up_proj.weight", drawn_weight(48, 64, 0.3, 3 * e + 141)});
-      t.push_back({expert + "down_proj.weight", drawn_weight(64, 48, 0.3, 3 * e + 241)});
-    }
     t.push_back({block + "shared_expert.gate_proj.weight", drawn_weight(40, 64, 0.3, 51)});
     t.push_back({block + "shared_expert.up_proj.weight", drawn_weight(40, 64, 0.3, 52)});
     t.push_back({block + "shared_expert.down_proj.weight", drawn_weight(64, 40, 0.3, 53)});

@@ -17,6 +17,13 @@ using megatron::testing::error_of;
 
 namespace {
 
+// A config.json's Megatron flags, by flag.
+std::map<std::string, std::string> model_flags(const nlohmann::json& config) {
+  std::map<std::string, std::string> flags;
+  for (const auto& [flag, value] : read_hf_config(config, "c.json").model_flags) flags[flag] = value;
+  return flags;
+}
+
 // Rows numbered by value: row i of a tensor of `rows` rows and `cols` columns holds base + i.
 Tensor numbered_rows(int64_t rows, int64_t cols, float base) {
   std::vector<float> v;
@@ -191,18 +198,13 @@ TEST(HfMapping, Qwen3ConfigFields) {
                                {"vocab_size", 320},           {"max_position_embeddings", 64},
                                {"use_sliding_window", false}, {"sliding_window", nullptr},
                                {"max_window_layers", 28}};
-  const auto flags = [](const nlohmann::json& j) {
-    std::map<std::string, std::string> m;
-    for (const auto& [k, v] : read_hf_config(j, "c.json").model_flags) m[k] = v;
-    return m;
-  };
-  std::map<std::string, std::string> f = flags(base);
+  std::map<std::string, std::string> f = model_flags(base);
   EXPECT_EQ(f["--qk-layernorm"], "true");
   EXPECT_EQ(f["--kv-channels"], "128");
   EXPECT_EQ(f.count("--add-qkv-bias"), 0u);
   nlohmann::json with_dim = base;
   with_dim["head_dim"] = 16;
-  EXPECT_EQ(flags(with_dim)["--kv-channels"], "16");
+  EXPECT_EQ(model_flags(with_dim)["--kv-channels"], "16");
   nlohmann::json biased = base;
   biased["attention_bias"] = true;
   EXPECT_NE(error_of([&] { read_hf_config(biased, "c.json"); }).find("\"attention_bias\" is true"), std::string::npos);
@@ -226,8 +228,7 @@ TEST(HfMapping, MixtralConfigAndFamily) {
                                {"output_router_logits", false},
                                {"router_jitter_noise", 0.0},
                                {"sliding_window", nullptr}};
-  std::map<std::string, std::string> flags;
-  for (const auto& [k, v] : read_hf_config(base, "c.json").model_flags) flags[k] = v;
+  std::map<std::string, std::string> flags = model_flags(base);
   EXPECT_EQ(flags["--num-experts"], "8");
   EXPECT_EQ(flags["--moe-router-topk"], "2");
   EXPECT_EQ(flags["--ffn-hidden-size"], "128");
@@ -270,17 +271,12 @@ TEST(HfMapping, Qwen3MoeConfigAndFamily) {
                                {"num_experts_per_tok", 2},      {"moe_intermediate_size", 32},
                                {"router_aux_loss_coef", 0.001}, {"output_router_logits", false},
                                {"use_sliding_window", false},   {"sliding_window", nullptr}};
-  const auto flags = [](const nlohmann::json& j) {
-    std::map<std::string, std::string> m;
-    for (const auto& [k, v] : read_hf_config(j, "c.json").model_flags) m[k] = v;
-    return m;
-  };
   const auto with = [&](const char* key, const nlohmann::json& value) {
     nlohmann::json j = base;
     j[key] = value;
     return j;
   };
-  std::map<std::string, std::string> f = flags(base);
+  std::map<std::string, std::string> f = model_flags(base);
   EXPECT_EQ(f["--num-experts"], "8");
   EXPECT_EQ(f["--moe-router-topk"], "2");
   EXPECT_EQ(f["--moe-ffn-hidden-size"], "32");
@@ -290,12 +286,12 @@ TEST(HfMapping, Qwen3MoeConfigAndFamily) {
   EXPECT_EQ(f["--qk-layernorm"], "true");
   EXPECT_EQ(f["--num-query-groups"], "4");
   EXPECT_EQ(f.count("--kv-channels"), 0u);  // hidden / heads
-  EXPECT_EQ(flags(with("norm_topk_prob", true)).count("--moe-router-pre-softmax"), 0u);
-  EXPECT_EQ(flags(with("decoder_sparse_step", 2))["--moe-layer-freq"], "[0,1,0,1]");
-  EXPECT_EQ(flags(with("mlp_only_layers", {0, 2}))["--moe-layer-freq"], "[0,1,0,1]");
+  EXPECT_EQ(model_flags(with("norm_topk_prob", true)).count("--moe-router-pre-softmax"), 0u);
+  EXPECT_EQ(model_flags(with("decoder_sparse_step", 2))["--moe-layer-freq"], "[0,1,0,1]");
+  EXPECT_EQ(model_flags(with("mlp_only_layers", {0, 2}))["--moe-layer-freq"], "[0,1,0,1]");
   nlohmann::json both = with("decoder_sparse_step", 2);
   both["mlp_only_layers"] = {3};
-  EXPECT_EQ(flags(both)["--moe-layer-freq"], "[0,1,0,0]");
+  EXPECT_EQ(model_flags(both)["--moe-layer-freq"], "[0,1,0,0]");
   EXPECT_NE(error_of([&] {
               read_hf_config(with("mlp_only_layers", {4}), "c.json");
             }).find("\"mlp_only_layers\" holds 4, not a layer index in [0, 4)"),
@@ -331,12 +327,7 @@ TEST(HfMapping, Qwen2MoeConfigFields) {
       {"model_type", "qwen2_moe"},     {"hidden_size", 64},           {"intermediate_size", 128},
       {"num_hidden_layers", 2},        {"num_attention_heads", 16},   {"vocab_size", 320},
       {"max_position_embeddings", 64}, {"use_sliding_window", false}, {"shared_expert_intermediate_size", 96}};
-  const auto flags = [](const nlohmann::json& j) {
-    std::map<std::string, std::string> m;
-    for (const auto& [k, v] : read_hf_config(j, "c.json").model_flags) m[k] = v;
-    return m;
-  };
-  std::map<std::string, std::string> f = flags(base);
+  std::map<std::string, std::string> f = model_flags(base);
   EXPECT_EQ(f["--num-experts"], "60");
   EXPECT_EQ(f["--moe-router-topk"], "4");
   EXPECT_EQ(f["--moe-ffn-hidden-size"], "1408");
@@ -348,8 +339,8 @@ TEST(HfMapping, Qwen2MoeConfigFields) {
   EXPECT_EQ(f.count("--num-query-groups"), 0u);  // 16 heads, 16 groups (the default)
   nlohmann::json unbiased = base;
   unbiased["qkv_bias"] = false;
-  EXPECT_EQ(flags(unbiased).count("--add-qkv-bias"), 0u);
+  EXPECT_EQ(model_flags(unbiased).count("--add-qkv-bias"), 0u);
   nlohmann::json no_shared = base;
   no_shared.erase("shared_expert_intermediate_size");
-  EXPECT_EQ(flags(no_shared)["--moe-shared-expert-intermediate-size"], "5632");
+  EXPECT_EQ(model_flags(no_shared)["--moe-shared-expert-intermediate-size"], "5632");
 }
