@@ -17,6 +17,17 @@ using megatron::testing::error_of;
 
 namespace {
 
+// A LLaMA-like model (RMSNorm, SwiGLU, RoPE, no biases): what the LLaMA family and its relatives
+// export from.
+TransformerConfig llama_like() {
+  TransformerConfig c;
+  c.normalization = Normalization::RMSNorm;
+  c.swiglu = true;
+  c.position_embedding_type = PositionEmbeddingType::rope;
+  c.add_bias_linear = false;
+  return c;
+}
+
 // A config.json's Megatron flags, by flag.
 std::map<std::string, std::string> model_flags(const nlohmann::json& config) {
   std::map<std::string, std::string> flags;
@@ -175,11 +186,7 @@ TEST(HfMapping, ConfigFieldsWeCannotBuildAreErrorsNamingThem) {
 // Export: a LLaMA-like model with --qk-layernorm is Qwen3's; with a QKV bias or a sliding window,
 // or GPT-2-like, it has no family (its norms or those features would be dropped).
 TEST(HfMapping, QkLayernormModelsExportAsQwen3) {
-  TransformerConfig c;
-  c.normalization = Normalization::RMSNorm;
-  c.swiglu = true;
-  c.position_embedding_type = PositionEmbeddingType::rope;
-  c.add_bias_linear = false;
+  TransformerConfig c = llama_like();
   EXPECT_EQ(family_of_model(c), Family::llama);
   c.qk_layernorm = true;
   EXPECT_EQ(family_of_model(c), Family::qwen3);
@@ -238,11 +245,7 @@ TEST(HfMapping, MixtralConfigAndFamily) {
   EXPECT_NE(error_of([&] { read_hf_config(jitter, "c.json"); }).find("\"router_jitter_noise\" is 0.01"),
             std::string::npos);
 
-  TransformerConfig c;
-  c.normalization = Normalization::RMSNorm;
-  c.swiglu = true;
-  c.position_embedding_type = PositionEmbeddingType::rope;
-  c.add_bias_linear = false;
+  TransformerConfig c = llama_like();
   c.num_layers = 2;
   c.ffn_hidden_size = 128;
   c.moe.num_moe_experts = 8;
@@ -299,11 +302,7 @@ TEST(HfMapping, Qwen3MoeConfigAndFamily) {
   EXPECT_NE(error_of([&] { read_hf_config(with("norm_topk_prob", 1), "c.json"); }).find("not true or false"),
             std::string::npos);
 
-  TransformerConfig c;
-  c.normalization = Normalization::RMSNorm;
-  c.swiglu = true;
-  c.position_embedding_type = PositionEmbeddingType::rope;
-  c.add_bias_linear = false;
+  TransformerConfig c = llama_like();
   c.num_layers = 4;
   c.ffn_hidden_size = 128;
   c.moe.num_moe_experts = 8;

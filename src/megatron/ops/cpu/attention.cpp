@@ -12,6 +12,7 @@
 #include "megatron/core/rng.h"
 #include "megatron/ops/checks/attention.h"
 #include "megatron/ops/cpu/dispatch_dtype.h"
+#include "megatron/ops/cpu/dot_row.h"
 #include "megatron/ops/dropout.h"
 
 namespace megatron::ops::cpu {
@@ -72,13 +73,6 @@ KeyMask key_mask(const AttentionParams& p, int64_t B, int64_t S) {
     }
   }
   return mask;
-}
-
-template <class T>
-compute_t<T> dot_row(const T* a, const T* b, int64_t n) {
-  compute_t<T> sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += load(a[i]) * load(b[i]);
-  return sum;
 }
 
 template <class T>

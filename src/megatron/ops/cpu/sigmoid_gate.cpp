@@ -6,24 +6,18 @@
 #include <vector>
 
 #include "megatron/ops/cpu/dispatch_dtype.h"
+#include "megatron/ops/cpu/dot_row.h"
 #include "megatron/ops/sigmoid_gate.h"
 
 namespace megatron::ops::cpu {
 namespace {
 
 template <class T>
-compute_t<T> row_dot(const T* a, const T* b, int64_t H) {
-  compute_t<T> sum = 0;
-  for (int64_t h = 0; h < H; ++h) sum += load(a[h]) * load(b[h]);
-  return sum;
-}
-
-template <class T>
 void forward_kernel(T* y, compute_t<T>* score, const T* out, const T* x, const T* w, int64_t N, int64_t H) {
   using C = compute_t<T>;
 #pragma omp parallel for if (worth_parallel(N * H))
   for (int64_t t = 0; t < N; ++t) {
-    const C s = C(1) / (C(1) + std::exp(-row_dot(x + t * H, w, H)));
+    const C s = C(1) / (C(1) + std::exp(-dot_row(x + t * H, w, H)));
     score[t] = s;
     for (int64_t h = 0; h < H; ++h) y[t * H + h] = store<T>(s * load(out[t * H + h]));
   }
@@ -37,7 +31,7 @@ void backward_kernel(T* dout, T* dx, compute_t<T>* dw, const T* dy, const T* out
 #pragma omp parallel for if (worth_parallel(N * H))
   for (int64_t t = 0; t < N; ++t) {
     const C s = score[t];
-    g[size_t(t)] = row_dot(dy + t * H, out + t * H, H) * s * (C(1) - s);
+    g[size_t(t)] = dot_row(dy + t * H, out + t * H, H) * s * (C(1) - s);
     for (int64_t h = 0; h < H; ++h) {
       dout[t * H + h] = store<T>(s * load(dy[t * H + h]));
       dx[t * H + h] = store<T>(g[size_t(t)] * load(w[h]));
