@@ -3,7 +3,8 @@
 # (tests/tensorboard_oracle/read_events.js: npm protobufjs decoding TensorBoard's Event message,
 # npm crc-32's CRC-32C checking the framing), and every scalar equals the value the metrics file
 # logged for the same iteration, rounded to float as TensorBoard's simple_value holds it: lm loss,
-# learning-rate, grad-norm, params-norm (--log-params-norm), loss-scale, batch-size, world-size (each also "vs samples" at the
+# learning-rate, grad-norm, num-zeros (--log-num-zeros-in-grad), params-norm (--log-params-norm), loss-scale,
+# batch-size, world-size (each also "vs samples" at the
 # consumed samples), iteration-time, throughput, skipped-iterations, nan-iterations,
 # mem-max-allocated-bytes (the metrics' peak memory), lm loss validation (and its perplexity) and
 # lm loss test; mem-allocated-bytes and mem-reserved-bytes, which the metrics file does not hold,
@@ -11,6 +12,8 @@
 # mem-allocated-count to be a positive whole number (of blocks handed out). With
 # --timing-log-level 1, Megatron's "<timer>-time" scalars (forward-backward, all-grads-sync,
 # optimizer) equal the timer lines the log printed after each log line (ms, two decimals) in seconds.
+# The fp16 run starts at a loss scale of 2^20, where one step overflows (skipped: no grad norm, no
+# zero count) and the others update (both written).
 # usage: tensorboard_test.sh MEGATRON FIXTURES_DIR
 set -u
 megatron=$1
@@ -25,10 +28,10 @@ fail() {
 [ -d "$fixtures/node_modules/protobufjs" ] || fail "$fixtures/node_modules/protobufjs is missing: run scripts/fetch-fixtures.sh"
 "$megatron" train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2 \
   --global-batch-size 4 --lr 1e-3 --lr-warmup-iters 2 --mock-data --tokenizer-type NullTokenizer --vocab-size 100 \
-  --device cpu --train-iters 6 --log-interval 1 --eval-interval 3 --eval-iters 1 --fp16 \
+  --device cpu --train-iters 6 --log-interval 1 --eval-interval 3 --eval-iters 1 --fp16 --initial-loss-scale 1048576 \
   --metrics-file "$dir/metrics.jsonl" --tensorboard-dir "$dir/tb" --tensorboard-queue-size 7 \
   --log-timers-to-tensorboard --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --log-throughput \
-  --log-memory-to-tensorboard --timing-log-level 1 --log-params-norm \
+  --log-memory-to-tensorboard --timing-log-level 1 --log-params-norm --log-num-zeros-in-grad \
   >"$dir/log" 2>&1 || fail "training failed: $(cat "$dir/log")"
 files=("$dir"/tb/events.out.tfevents.*)
 [ "${#files[@]}" -eq 1 ] && [ -f "${files[0]}" ] || fail "expected one event file in $dir/tb: ${files[*]}"
@@ -72,6 +75,7 @@ for (const m of metrics) {
     both('batch-size', m, m.global_batch_size);
     both('world-size', m, 1);
     if (m.grad_norm !== null) both('grad-norm', m, m.grad_norm);
+    if (m.num_zeros_in_grad !== undefined) both('num-zeros', m, m.num_zeros_in_grad);  // absent on a skipped step
     if (typeof m.params_norm !== 'number') {
       console.error(`iteration ${m.iteration}: the metrics file holds no params_norm`);
       problems += 1;

@@ -76,6 +76,30 @@ TEST_F(CudaReduce, CountNonfiniteIsExact) {
   }
 }
 
+// count_zeros as the CPU counts them, into f32 and f64 accumulators (f64: exact past 2^24).
+TEST_F(CudaReduce, CountZerosIsExact) {
+  for (const DType dtype : kDtypes) {
+    for (const int64_t n : kSizes) {
+      Tensor host = randn({n}, dtype, uint64_t(n) + 5);
+      for (const int64_t at : {int64_t(0), n / 3, n / 2, n - 1}) host.set_item(at, at % 2 == 0 ? 0.0 : -0.0);
+      for (const int64_t misalign : {0, 1}) {
+        Pair x = pair_of(host, misalign);
+        Pair acc = accumulator(4.0);
+        ops::cpu::count_zeros(acc.cpu, x.cpu);
+        ops::cuda::count_zeros(acc.gpu, x.gpu);
+        EXPECT_TRUE(equals_cpu(acc)) << dtype_name(dtype) << " n=" << n;
+        Tensor acc64 = Tensor::zeros({1}, DType::f64, gpu());
+        ops::cuda::count_zeros(acc64, x.gpu);
+        EXPECT_EQ(acc64.to(Device::cpu()).item(0), acc.cpu.item(0) - 4.0) << dtype_name(dtype) << " n=" << n;
+      }
+    }
+  }
+  const int64_t many = (int64_t(1) << 24) + 3;
+  Tensor zeros = Tensor::zeros({many}, DType::bf16, gpu()), acc64 = Tensor::zeros({1}, DType::f64, gpu());
+  ops::cuda::count_zeros(acc64, zeros);
+  EXPECT_EQ(acc64.to(Device::cpu()).item(0), double(many));
+}
+
 // The fp16 overflow chain of tests/unit/test_ops_reduce.cpp on the GPU: an f16 store beyond 65504
 // (a cast, a cuBLASLt output) is Inf, the Inf reaches the fp32 main grad through the
 // weight-gradient GEMM, and count_nonfinite counts it.

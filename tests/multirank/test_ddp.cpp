@@ -171,14 +171,26 @@ TEST_F(Ddp, DistributedOptimizerUpdatesLikeReplicatedAdamW) {
       DistributedDataParallel dist_ddp(dist_reg, st_.ctx, {.use_distributed_optimizer = true});
       AdamWOptimizer ref(ref_reg, st_.ctx, {.clip_grad = clip});
       DistributedOptimizer dist(dist_ddp, st_.ctx, {.clip_grad = clip});
+      ref.set_log_num_zeros_in_grad(true);
+      dist.set_log_num_zeros_in_grad(true);
       for (int step = 0; step < 3; ++step) {
         for (DistributedDataParallel* ddp : {&ref_ddp, &dist_ddp}) {
           ddp->zero_grad();
           fill_grads(ddp->registry(), r_, step);
+          // Zeros on every rank at step + 5 places of "c": the reduced gradient's zeros, which the
+          // shards count once (the padding between parameters not among them).
+          Tensor c = ddp->registry().params()[2]->main_grad;
+          for (int64_t i = 0; i < step + 5; ++i) c.set_item(i * 7, 0.0);
           ddp->finish_grad_sync();
         }
         const StepRates rates{1e-2f, 0.1f, 3e-3f};
         const OptimizerStepResult a = ref.step(rates), b = dist.step(rates);
+        double zeros = 0;  // by hand, from the replicated optimizer's reduced gradients
+        for (const auto& p : ref_reg.params())
+          for (int64_t i = 0; i < p->main_grad.numel(); ++i) zeros += p->main_grad.item(i) == 0.0;
+        EXPECT_GE(zeros, step + 5);
+        EXPECT_EQ(a.num_zeros_in_grad, std::optional<double>(zeros)) << dtype_name(dtype) << " step " << step;
+        EXPECT_EQ(b.num_zeros_in_grad, a.num_zeros_in_grad) << dtype_name(dtype) << " step " << step;
         // The norm of integers over R ranks: sums of squares in fp32 are exact up to 2^24.
         EXPECT_EQ(a.grad_norm, b.grad_norm) << dtype_name(dtype) << " step " << step;
         for (size_t k = 0; k < ref_reg.params().size(); ++k)

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "megatron/core/rng.h"
 #include "megatron/models/gpt/gpt_model.h"
@@ -198,6 +199,31 @@ TEST(GPTModel, ParamsNormIsTheNormOfEveryWeight) {
     // f32 accumulation of a few thousand squares against f64: 1e-6 relative.
     EXPECT_NEAR(norm, std::sqrt(squares), 1e-6 * std::sqrt(squares)) << (c.swiglu ? "llama" : "gpt2");
   }
+}
+
+// --log-num-zeros-in-grad, a count known by hand: in the untied LLaMA-style model the only zero
+// gradients are the word-embedding rows of ids no input token has (the output layer's softmax
+// reaches every row, padding included), hidden_size each.
+TEST(GPTModel, NumZerosInGradAreTheUnusedEmbeddingRows) {
+  TransformerConfig c = llama_style(DType::f64);
+  c.attention_dropout = c.hidden_dropout = 0.0f;  // a dropped feature could zero a weight's gradient too
+  ASSERT_TRUE(c.untie_embeddings_and_output_weights);
+  ParallelContext ctx = ParallelContext::single_process();
+  GPTModel model(c, ctx);
+  model.parameters().initialize(3);
+  AdamWOptimizer opt(model.parameters(), ctx, {.clip_grad = 1.0});
+  opt.set_log_num_zeros_in_grad(true);
+  Batch b = random_batch(1, 4, c.vocab_size, 9);  // 4 tokens: most of the 24 rows unused
+  // Every loss counted: a last token outside the loss would send its embedding row no gradient.
+  for (int64_t i = 0; i < b.mask.numel(); ++i) b.mask.data<float>()[i] = 1.0f;
+  std::set<int32_t> used(b.tokens.data<int32_t>(), b.tokens.data<int32_t>() + b.tokens.numel());
+  model.parameters().zero_grads();
+  model.forward_backward(b.tokens, b.labels, b.mask, 0.25f, {.training = true, .seed = 1});
+  const OptimizerStepResult step = opt.step({1e-3f, 0.0f});
+  ASSERT_TRUE(step.num_zeros_in_grad.has_value());
+  EXPECT_EQ(*step.num_zeros_in_grad, double((c.padded_vocab_size - int64_t(used.size())) * c.hidden_size));
+  opt.set_log_num_zeros_in_grad(false);
+  EXPECT_FALSE(opt.step({1e-3f, 0.0f}).num_zeros_in_grad.has_value());
 }
 
 TEST(GPTModel, InitialLossIsLogVocab) {

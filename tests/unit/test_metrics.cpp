@@ -82,9 +82,13 @@ TEST(Metrics, ParamsNormOnlyWhenLogged) {
   stats.grad_norm = 1.5;
   EXPECT_EQ(format_training_log_line(stats).find("params norm"), std::string::npos);
   stats.params_norm = 123.45678;
-  const std::string line = format_training_log_line(stats);
+  std::string line = format_training_log_line(stats);
   EXPECT_NE(line.find(" grad norm: 1.500 | params norm: 123.457 | number of skipped iterations:"), std::string::npos)
       << line;
+  stats.num_zeros_in_grad = 4096;  // --log-num-zeros-in-grad: between the two norms, as Megatron prints it
+  line = format_training_log_line(stats);
+  EXPECT_NE(line.find(" grad norm: 1.500 | num zeros: 4096 | params norm: 123.457 |"), std::string::npos) << line;
+  stats.num_zeros_in_grad.reset();
   const TempDir dir;
   {
     MetricsFile file(dir / "m.jsonl");

@@ -37,6 +37,31 @@ TEST(Reduce, CountsNonFiniteInEveryFloatingDtype) {
   }
 }
 
+// --log-num-zeros-in-grad: +0 and -0 count, a denormal or a NaN does not; into an f64 accumulator
+// whatever the dtype, where a count past 2^24 stays exact (an f32 one would round it).
+TEST(Reduce, CountsZerosExactly) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    Tensor x = randn({100}, dt, 2);
+    x.set_item(0, 0.0);
+    x.set_item(7, -0.0);
+    x.set_item(50, std::numeric_limits<double>::quiet_NaN());
+    x.set_item(60, dt == DType::f64 ? 1e-310 : dt == DType::f32 ? 1e-40 : 1e-7);  // a denormal: not zero
+    x.set_item(99, 0.0);
+    Tensor acc = Tensor::zeros({1}, dt == DType::f64 ? DType::f64 : DType::f32);
+    ops::count_zeros(acc, x);
+    EXPECT_EQ(acc.item(0), 3.0) << dtype_name(dt);
+    Tensor acc64 = Tensor::zeros({1}, DType::f64);
+    ops::count_zeros(acc64, x);
+    EXPECT_EQ(acc64.item(0), 3.0) << dtype_name(dt);
+  }
+  const int64_t many = (int64_t(1) << 24) + 3;  // not a float: 2^24 + 3 rounds to 2^24 + 4
+  Tensor zeros = Tensor::zeros({many}, DType::bf16), acc64 = Tensor::zeros({1}, DType::f64);
+  ops::count_zeros(acc64, zeros);
+  EXPECT_EQ(acc64.item(0), double(many));
+  Tensor acc16 = Tensor::zeros({1}, DType::f16);
+  EXPECT_THROW(ops::count_zeros(acc16, zeros), Error);  // accumulators are f32 or f64
+}
+
 // fp16 loss scaling relies on this chain: a result beyond f16's range is stored as Inf, the Inf
 // reaches the fp32 main grads through the weight-gradient GEMM, and count_nonfinite finds it.
 TEST(Reduce, CountsTheInfOfAnOverflowingF16Store) {

@@ -79,29 +79,40 @@ void DistributedOptimizer::cast_fp8_params() {
   cast_fp8_param_shards(shards, fp8_params_, &ddp_->group());
 }
 
-double DistributedOptimizer::global_grad_norm() const {
+double DistributedOptimizer::sum_over_grad_shards(const ParameterReduction& reduce, bool whole_shards,
+                                                  DType acc_dtype) const {
   // The shards of the group's ranks tile every parameter once; a parameter replicated across TP
   // counts on TP rank 0 only, the tied embedding on the first pipeline stage only (Megatron's get_grad_norm_fp32 over
   // the distributed-optimizer instance: DP x CP, then the model-parallel ranks). Expert buckets are sharded over expert
-  // DP and hold other experts on each EP rank: their squares are summed over both.
+  // DP and hold other experts on each EP rank: their terms are summed over both.
   const RankShards& shards = ddp_->shards();
   const BufferLayout& layout = ddp_->layout();
-  Tensor dense = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
-  Tensor expert = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device());
+  Tensor dense = Tensor::zeros({1}, acc_dtype, registry_->device());
+  Tensor expert = Tensor::zeros({1}, acc_dtype, registry_->device());
   const auto acc_of = [&](size_t bucket) -> Tensor& { return layout.buckets[bucket].expert_parallel ? expert : dense; };
-  if (!holds_duplicates_) {
-    for (size_t b = 0; b < shards.in_buffer.size(); ++b) ops::sum_squares(acc_of(b), ddp_->grad_shard(b));
+  if (whole_shards && !holds_duplicates_) {
+    for (size_t b = 0; b < shards.in_buffer.size(); ++b) reduce(acc_of(b), ddp_->grad_shard(b));
   } else {
     for (const ShardParamRange& r : shards.params)
-      if (!registry_->params()[r.param]->is_duplicate()) ops::sum_squares(acc_of(r.bucket), ddp_->grad_of(r));
+      if (!registry_->params()[r.param]->is_duplicate()) reduce(acc_of(r.bucket), ddp_->grad_of(r));
   }
   const ParallelContext& ctx = ddp_->context();
   ddp_->group().all_reduce(dense, ReduceOp::sum);
   ctx.mp->all_reduce(dense, ReduceOp::sum);
-  if (!ddp_->has_expert_buckets()) return std::sqrt(dense.item(0));
+  if (!ddp_->has_expert_buckets()) return dense.item(0);
   ctx.expert_dp->all_reduce(expert, ReduceOp::sum);
   ctx.expert_mp->all_reduce(expert, ReduceOp::sum);  // expert TP x EP x PP: every expert shard once
-  return std::sqrt(dense.item(0) + expert.item(0));
+  return dense.item(0) + expert.item(0);
+}
+
+double DistributedOptimizer::global_grad_norm() const {
+  // Whole shards where nothing is a duplicate: the padding between parameters holds zeros.
+  return std::sqrt(sum_over_grad_shards(ops::sum_squares, /*whole_shards=*/true, registry_->grad_dtype()));
+}
+
+double DistributedOptimizer::count_zero_grads() const {
+  // Not whole shards: the padding's zeros are no gradients. f64: exact counts.
+  return sum_over_grad_shards(ops::count_zeros, /*whole_shards=*/false, DType::f64);
 }
 
 void DistributedOptimizer::count_nonfinite_grads(Tensor& acc) const {

@@ -44,6 +44,11 @@ class DistributedOptimizer final : public Optimizer {
  private:
   void count_nonfinite_grads(Tensor& acc) const override;
   double global_grad_norm() const override;
+  double count_zero_grads() const override;
+  // The sum over the world of `reduce(acc, grads)` over this rank's gradient shards, each parameter
+  // once, in `acc_dtype` accumulators; whole_shards: over whole bucket shards (padding included)
+  // where nothing is a duplicate.
+  double sum_over_grad_shards(const ParameterReduction& reduce, bool whole_shards, DType acc_dtype) const;
   void update(const StepRates& rates, float grad_scale) override;
   void keep_params() override;
   // Each bucket's shard in the concatenated shards (the state's index space), for update_parts.

@@ -12,5 +12,8 @@ MEGATRON_OP(sum_squares, void(Tensor& acc, const Tensor& x));
 MEGATRON_OP(dot, void(Tensor& acc, const Tensor& a, const Tensor& b));
 // acc += number of NaN/Inf in x  (fp16 overflow detection)
 MEGATRON_OP(count_nonfinite, void(Tensor& acc, const Tensor& x));
+// acc += number of zeros (+0 and -0) in x  (--log-num-zeros-in-grad); acc may be f64 whatever x
+// is, for counts exact beyond 2^24
+MEGATRON_OP(count_zeros, void(Tensor& acc, const Tensor& x));
 
 }  // namespace megatron::ops

@@ -56,6 +56,8 @@ OptimizerStepResult Optimizer::step(const StepRates& rates) {
     result.skipped = true;
     return result;
   }
+  // Before the update, which may give released parts' gradients back (update_parts).
+  if (log_num_zeros_in_grad_) result.num_zeros_in_grad = count_zero_grads();
   double clip_coeff = 1.0;
   if (hyper_.clip_grad > 0.0) clip_coeff = std::min(1.0, hyper_.clip_grad / (grad_norm + 1e-6));
   ++step_count_;
@@ -126,24 +128,30 @@ bool experts_split_apart(const ParameterRegistry& registry) {
   return registry.ep_size() > 1 || registry.expert_tp_size() != registry.tp_size();
 }
 
-// sqrt(dense summed over MP + expert summed over expert MP), the accumulators of this rank's squares.
-double reduced_norm(Tensor& dense, Tensor& expert, bool split_experts, const ParallelContext& ctx) {
+// dense summed over MP + expert summed over expert MP, the accumulators of this rank's terms.
+double reduced_sum(Tensor& dense, Tensor& expert, bool split_experts, const ParallelContext& ctx) {
   ctx.mp->all_reduce(dense, ReduceOp::sum);
-  if (!split_experts) return std::sqrt(dense.item(0));
+  if (!split_experts) return dense.item(0);
   ctx.expert_mp->all_reduce(expert, ReduceOp::sum);
-  return std::sqrt(dense.item(0) + expert.item(0));
+  return dense.item(0) + expert.item(0);
 }
 }  // namespace
+
+double sum_over_each_parameter_once(const ParameterRegistry& registry, const ParallelContext& ctx,
+                                    const std::function<const Tensor&(const Parameter&)>& of,
+                                    const ParameterReduction& reduce, DType acc_dtype) {
+  Tensor dense = Tensor::zeros({1}, acc_dtype, registry.device());
+  Tensor expert = Tensor::zeros({1}, acc_dtype, registry.device());
+  const bool split_experts = experts_split_apart(registry);
+  for (const auto& p : registry.params())
+    if (!p->is_duplicate()) reduce(split_experts && p->spec.expert_parallel ? expert : dense, of(*p));
+  return reduced_sum(dense, expert, split_experts, ctx);
+}
 
 double norm_of_each_parameter_once(const ParameterRegistry& registry, const ParallelContext& ctx,
                                    const std::function<const Tensor&(const Parameter&)>& of) {
   // f32 accumulators (f64 for f64 models), whatever the tensors' dtype.
-  const DType acc = registry.grad_dtype();
-  Tensor dense = Tensor::zeros({1}, acc, registry.device()), expert = Tensor::zeros({1}, acc, registry.device());
-  const bool split_experts = experts_split_apart(registry);
-  for (const auto& p : registry.params())
-    if (!p->is_duplicate()) ops::sum_squares(split_experts && p->spec.expert_parallel ? expert : dense, of(*p));
-  return reduced_norm(dense, expert, split_experts, ctx);
+  return std::sqrt(sum_over_each_parameter_once(registry, ctx, of, ops::sum_squares, registry.grad_dtype()));
 }
 
 double AdamWOptimizer::global_grad_norm() const {
@@ -155,7 +163,12 @@ double AdamWOptimizer::global_grad_norm() const {
                                        [](const Parameter& p) -> const Tensor& { return p.main_grad; });
   Tensor dense = Tensor::zeros({1}, registry_->grad_dtype(), registry_->device()), unused;
   for (const Tensor& grads : registry_->grad_buffers()) ops::sum_squares(dense, grads);
-  return reduced_norm(dense, unused, false, *ctx_);
+  return std::sqrt(reduced_sum(dense, unused, false, *ctx_));
+}
+
+double AdamWOptimizer::count_zero_grads() const {
+  return sum_over_each_parameter_once(
+      *registry_, *ctx_, [](const Parameter& p) -> const Tensor& { return p.main_grad; }, ops::count_zeros, DType::f64);
 }
 
 ops::AdamWParams Optimizer::step_params(float grad_scale) const {

@@ -36,6 +36,9 @@ struct OptimizerStepResult {
   // step before the norm was taken (Megatron's None, which the log leaves out).
   std::optional<double> grad_norm;
   bool skipped = false;  // non-finite gradients: no update (counted in the log)
+  // --log-num-zeros-in-grad: the main grads' elements equal to zero, each parameter's once over
+  // the world (Megatron's count_zeros_fp32); absent without the flag or on a skipped step.
+  std::optional<double> num_zeros_in_grad;
 };
 
 struct AdamWHyper {
@@ -63,6 +66,13 @@ bool is_saved_replica(const Parameter& p, const ParallelContext& ctx);
 // replicas hold the same values and are not summed. Collective over those groups.
 double norm_of_each_parameter_once(const ParameterRegistry& registry, const ParallelContext& ctx,
                                    const std::function<const Tensor&(const Parameter&)>& of);
+// The same grouping for any accumulating reduction (ops::sum_squares, ops::count_zeros): the sum
+// over the world of `reduce(acc, of(p))`, each parameter once, in accumulators of `acc_dtype`
+// (the gradients' f32, or f64 for exact counts).
+using ParameterReduction = std::function<void(Tensor& acc, const Tensor& x)>;
+double sum_over_each_parameter_once(const ParameterRegistry& registry, const ParallelContext& ctx,
+                                    const std::function<const Tensor&(const Parameter&)>& of,
+                                    const ParameterReduction& reduce, DType acc_dtype);
 
 class Optimizer {
  public:
@@ -77,6 +87,8 @@ class Optimizer {
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
 
+  // --log-num-zeros-in-grad: each step that updates counts its gradients' zeros.
+  void set_log_num_zeros_in_grad(bool on) { log_num_zeros_in_grad_ = on; }
   // The factor the loss is multiplied by before backward: the scaler's, 1 without one.
   float loss_scale() const { return grad_scaler_ ? grad_scaler_->scale() : 1.0f; }
   // Null without loss scaling; checkpoints save and restore its state.
@@ -126,6 +138,8 @@ class Optimizer {
   virtual void count_nonfinite_grads(Tensor& acc) const = 0;
   // Global L2 norm of the main grads as stored (scaled).
   virtual double global_grad_norm() const = 0;
+  // The main grads' zeros over the world, each parameter once (padding between them not counted).
+  virtual double count_zero_grads() const = 0;
   // AdamW over this rank's parameters with step step_count_; grad_scale multiplies the main grads.
   virtual void update(const StepRates& rates, float grad_scale) = 0;
   // A skipped step: the parameters as they were (restore_released_params).
@@ -134,6 +148,7 @@ class Optimizer {
   std::shared_ptr<Communicator> found_inf_group_;
   std::unique_ptr<GradScaler> grad_scaler_;
   int64_t step_count_ = 0;
+  bool log_num_zeros_in_grad_ = false;
 };
 
 class AdamWOptimizer final : public Optimizer {
@@ -152,6 +167,7 @@ class AdamWOptimizer final : public Optimizer {
  private:
   void count_nonfinite_grads(Tensor& acc) const override;
   double global_grad_norm() const override;
+  double count_zero_grads() const override;
   void update(const StepRates& rates, float grad_scale) override;
   void keep_params() override;
   // The registry's parameter parts in the flat buffer's elements (the state's index space).

@@ -465,6 +465,8 @@ std::vector<Flag> build_flag_table() {
       {"--log-params-norm", Switch{FIELD(log_params_norm), true}, logging,
        "Print the L2 norm of the parameters after each logged step (log line, metrics file, TensorBoard "
        "params-norm)"},
+      {"--log-num-zeros-in-grad", Switch{FIELD(log_num_zeros_in_grad), true}, logging,
+       "Print each logged step's number of zero gradient elements (log line, metrics file, TensorBoard num-zeros)"},
       {"--log-throughput", Switch{FIELD(log_throughput), true}, logging,
        "Write throughput (TFLOP/s/GPU) to TensorBoard at each log line (the log line always shows it)"},
       {"--timing-log-level", FIELD(timing_log_level), logging,
@@ -682,7 +684,6 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
        "the flex token dispatcher (DeepEP, HybridEP) is not built: "
        "--moe-token-dispatcher-type allgather or alltoall"},
       {"--mtp-loss-scaling-factor", "multi-token prediction is not built: drop the flag"},
-      {"--log-num-zeros-in-grad", "drop the flag (the log line carries the gradient norm)"},
       {"--distribute-saved-activations", "drop the flag; --sequence-parallel splits activations over the TP ranks"},
       {"--use-custom-fsdp", fsdp},
       {"--use-torch-fsdp2", fsdp},

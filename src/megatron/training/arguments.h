@@ -150,6 +150,9 @@ struct TrainingArgs {
   // --log-params-norm: the L2 norm of the parameters after the step, each once over the world, on
   // the log line, in the metrics file and in TensorBoard (training/params_norm.h).
   bool log_params_norm = false;
+  // --log-num-zeros-in-grad: each step's count of zero gradient elements, each parameter's once
+  // (Optimizer::count_zero_grads), on the log line, in the metrics file and in TensorBoard.
+  bool log_num_zeros_in_grad = false;
   int64_t profile_ops_iteration = 0;  // print the per-op time of this iteration (0: never)
   // Megatron's --profile: the CUDA profiler's capture range (nsys --capture-range=cudaProfilerApi)
   // over iterations profile_step_start + 1 .. profile_step_end, on the global ranks in

@@ -17,7 +17,7 @@ std::string format_tflops(double tflops) {
 }
 
 std::string format_training_log_line(const IterationStats& s) {
-  char head[768], norm[64] = "", params[64] = "", tail[256];
+  char head[768], norm[64] = "", zeros[64] = "", params[64] = "", tail[256];
   std::snprintf(head, sizeof head,
                 " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
                 "throughput per GPU (TFLOP/s/GPU): %s | tokens per second: %.0f | learning rate: %.6E | "
@@ -27,12 +27,14 @@ std::string format_training_log_line(const IterationStats& s) {
                 format_tflops(s.tflops_per_gpu).c_str(), s.tokens_per_second, s.learning_rate,
                 static_cast<long long>(s.global_batch_size), s.lm_loss, s.loss_scale);
   if (s.grad_norm) std::snprintf(norm, sizeof norm, " grad norm: %.3f |", *s.grad_norm);
+  // A whole count, printed as Megatron's int64 count prints.
+  if (s.num_zeros_in_grad) std::snprintf(zeros, sizeof zeros, " num zeros: %.0f |", *s.num_zeros_in_grad);
   if (s.params_norm) std::snprintf(params, sizeof params, " params norm: %.3f |", *s.params_norm);
   std::snprintf(tail, sizeof tail,
                 " number of skipped iterations: %3lld | number of nan iterations: %3lld | peak memory (MiB): %.0f |",
                 static_cast<long long>(s.skipped_iterations), static_cast<long long>(s.nan_iterations),
                 s.peak_memory_mib);
-  std::string line = std::string(head) + norm + params + tail;
+  std::string line = std::string(head) + norm + zeros + params + tail;
   if (s.load_balancing_loss) {
     char moe[256];
     std::snprintf(moe, sizeof moe, " %s: %.6E | z_loss: %.6E | tokens per expert (min/max): %lld/%lld |",
@@ -83,6 +85,7 @@ void MetricsFile::write_training(const IterationStats& s) {
                       {"reserved_memory_mib", s.reserved_memory_mib},
                       {"optimizer_state_mib", s.optimizer_state_mib},
                       {"activation_memory_mib", s.activation_memory_mib}};
+  if (s.num_zeros_in_grad) j["num_zeros_in_grad"] = *s.num_zeros_in_grad;
   if (s.params_norm) j["params_norm"] = *s.params_norm;
   if (s.load_balancing_loss) {
     j[s.load_balancing_name] = *s.load_balancing_loss;

@@ -20,7 +20,8 @@ struct IterationStats {
   double lm_loss = 0.0;
   double loss_scale = 1.0;
   std::optional<double> grad_norm;  // absent for a step skipped on overflow: not printed (Megatron)
-  std::optional<double> params_norm;  // with --log-params-norm
+  std::optional<double> num_zeros_in_grad;  // with --log-num-zeros-in-grad (absent on a skipped step)
+  std::optional<double> params_norm;        // with --log-params-norm
   int64_t skipped_iterations = 0;   // in the interval since the previous log line
   int64_t nan_iterations = 0;       // skipped iterations with a non-finite loss, in the interval
   double peak_memory_mib = 0.0;

@@ -23,6 +23,7 @@ void TensorBoardLog::iteration(const IterationScalars& s) {
   if (args_->log_loss_scale_to_tensorboard) add("loss-scale", s.loss_scale, s.iteration, s.consumed_samples);
   if (args_->log_world_size_to_tensorboard) add("world-size", double(s.world_size), s.iteration, s.consumed_samples);
   if (s.grad_norm) add("grad-norm", *s.grad_norm, s.iteration, s.consumed_samples);
+  if (s.num_zeros_in_grad) add("num-zeros", *s.num_zeros_in_grad, s.iteration, s.consumed_samples);
   if (s.params_norm) add("params-norm", *s.params_norm, s.iteration, s.consumed_samples);
   if (args_->log_memory_to_tensorboard) {
     writer_->add_scalar("mem-reserved-bytes", double(s.memory.reserved_bytes), s.iteration);

@@ -35,7 +35,8 @@ struct IterationScalars {
   double lm_loss = 0.0;
   double loss_scale = 1.0;
   std::optional<double> grad_norm;
-  std::optional<double> params_norm;  // with --log-params-norm, at the TensorBoard interval
+  std::optional<double> num_zeros_in_grad;  // with --log-num-zeros-in-grad
+  std::optional<double> params_norm;        // with --log-params-norm, at the TensorBoard interval
   int64_t world_size = 1;
   MemoryStats memory;  // the allocator's figures after the step
 };

@@ -439,9 +439,13 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainingArgs& args, ModelChunks&
       .cpu_offload = args.optimizer.optimizer_cpu_offload,
       .offload_fraction = args.optimizer.optimizer_offload_fraction,
       .store_param_remainders = args.optimizer.keeps_param_remainders(args.model.params_dtype)};
+  std::unique_ptr<Optimizer> optimizer;
   if (args.use_distributed_optimizer)
-    return std::make_unique<DistributedOptimizer>(ddp, ctx, hyper, grad_scaler_for(args), state_options);
-  return std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args), state_options);
+    optimizer = std::make_unique<DistributedOptimizer>(ddp, ctx, hyper, grad_scaler_for(args), state_options);
+  else
+    optimizer = std::make_unique<AdamWOptimizer>(model.parameters(), ctx, hyper, grad_scaler_for(args), state_options);
+  optimizer->set_log_num_zeros_in_grad(args.log_num_zeros_in_grad);
+  return optimizer;
 }
 
 // What one training iteration leaves for its logging.
@@ -689,6 +693,7 @@ void TrainingLoop::record(const IterationResult& it) {
   const bool tensorboard_now = !args.tensorboard_dir.empty() && progress.iteration % args.tensorboard_log_interval == 0;
   const std::optional<double> norm = params_norm(log_line || tensorboard_now);
   if (norm) summary.params_norms.push_back(*norm);
+  if (it.step.num_zeros_in_grad) summary.num_zeros_in_grad.push_back(*it.step.num_zeros_in_grad);
   tensorboard.iteration({.iteration = progress.iteration,
                          .consumed_samples = progress.consumed_train_samples,
                          .learning_rate = scheduler.lr(),
@@ -696,6 +701,7 @@ void TrainingLoop::record(const IterationResult& it) {
                          .lm_loss = it.loss,
                          .loss_scale = optimizer->loss_scale(),
                          .grad_norm = it.step.grad_norm,
+                         .num_zeros_in_grad = it.step.num_zeros_in_grad,
                          .params_norm = norm,
                          .world_size = ctx.world->size(),
                          .memory = memory_stats(device)});
@@ -720,6 +726,7 @@ void TrainingLoop::record(const IterationResult& it) {
     st.global_batch_size = it.batch_size;
     st.loss_scale = optimizer->loss_scale();  // after this step's update, as Megatron logs it
     st.grad_norm = it.step.grad_norm;
+    st.num_zeros_in_grad = it.step.num_zeros_in_grad;
     st.params_norm = norm;
     st.peak_memory_mib = peak_memory_mib(device);
     st.reserved_memory_mib = double(memory_stats(device).reserved_bytes) / (1024.0 * 1024.0);

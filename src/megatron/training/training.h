@@ -22,6 +22,7 @@ struct TrainingSummary {
   std::vector<bool> skipped;         // whether each iteration's update was skipped
   std::vector<double> valid_losses;  // each periodic evaluation's loss, in order
   std::vector<double> params_norms;  // --log-params-norm: the norm after each iteration that logged it
+  std::vector<double> num_zeros_in_grad;  // --log-num-zeros-in-grad: each updating iteration's count
   // After the last iteration, as Megatron's pretrain does: the validation split once more, then
   // the test split, eval_iters global batches each; unset when that split is not built.
   std::optional<double> end_valid_loss, test_loss;

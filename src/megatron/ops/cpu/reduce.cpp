@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "megatron/ops/cpu/dispatch_dtype.h"
@@ -49,6 +50,20 @@ void check_input(const Tensor& x, const char* name) {
   check_cpu(x, name);
 }
 
+// acc += the number of elements of x for which `counted(value)` holds; `op` names the op in errors.
+// f64_acc: an f64 accumulator is taken whatever x's dtype (exact counts).
+template <class Predicate>
+void count_where(Tensor& acc, const Tensor& x, const char* op, bool f64_acc, Predicate counted) {
+  check_input(x, (std::string(op) + " x").c_str());
+  check_acc(acc, f64_acc && acc.dtype() == DType::f64 ? DType::f64 : x.dtype(), (std::string(op) + " acc").c_str());
+  double total = 0.0;
+  dispatch_floating(x.dtype(), op, [&]<class T>(std::type_identity<T>) {
+    const T* p = x.data<T>();
+    total = blocked_sum(x.numel(), [p, counted](int64_t i) { return counted(double(load(p[i]))) ? 1.0 : 0.0; });
+  });
+  accumulate(acc, total);
+}
+
 }  // namespace
 
 }  // namespace megatron::ops::cpu
@@ -86,14 +101,11 @@ void cpu::dot(Tensor& acc, const Tensor& a, const Tensor& b) {
 }
 
 void cpu::count_nonfinite(Tensor& acc, const Tensor& x) {
-  check_input(x, "count_nonfinite x");
-  check_acc(acc, x.dtype(), "count_nonfinite acc");
-  double total = 0.0;
-  dispatch_floating(x.dtype(), "count_nonfinite", [&]<class T>(std::type_identity<T>) {
-    const T* p = x.data<T>();
-    total = blocked_sum(x.numel(), [p](int64_t i) { return std::isfinite(double(load(p[i]))) ? 0.0 : 1.0; });
-  });
-  accumulate(acc, total);
+  count_where(acc, x, "count_nonfinite", false, [](double v) { return !std::isfinite(v); });
+}
+
+void cpu::count_zeros(Tensor& acc, const Tensor& x) {
+  count_where(acc, x, "count_zeros", true, [](double v) { return v == 0.0; });
 }
 
 }  // namespace megatron::ops

@@ -23,6 +23,10 @@ struct NonFiniteTerm {
   static constexpr bool kBinary = false;
   __device__ double operator()(float x, float) const { return isfinite(x) ? 0.0 : 1.0; }
 };
+struct ZeroTerm {  // every storage dtype's zeros are float zeros
+  static constexpr bool kBinary = false;
+  __device__ double operator()(float x, float) const { return x == 0.0f ? 1.0 : 0.0; }
+};
 
 // partial[block] = sum of term over the block's grid-stride share of [0, n). b is unused (may be
 // null) for unary terms.
@@ -48,10 +52,11 @@ __global__ void partial_sums_kernel(double* partial, const T* a, const T* b, int
   if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
-// acc[0] += sum of partial[0, count), one block of kMaxPartials threads.
-__global__ void finish_kernel(float* acc, const double* partial, int count) {
+// acc[0] += sum of partial[0, count), one block of kMaxPartials threads; Acc float or double.
+template <class Acc>
+__global__ void finish_kernel(Acc* acc, const double* partial, int count) {
   const double total = block_sum(int(threadIdx.x) < count ? partial[threadIdx.x] : 0.0);
-  if (threadIdx.x == 0) acc[0] = float(double(acc[0]) + total);
+  if (threadIdx.x == 0) acc[0] = Acc(double(acc[0]) + total);
 }
 
 template <class Term, class T>
@@ -66,15 +71,20 @@ void reduce_into(Tensor& acc, const T* a, const T* b, int64_t n, Term term) {
     partial_sums_kernel<false><<<blocks, kThreads, 0, stream()>>>(p, a, b, n, term);
   }
   CUDA_CHECK_LAUNCH();
-  finish_kernel<<<1, kMaxPartials, 0, stream()>>>(device_data<float>(acc), p, blocks);
+  if (acc.dtype() == DType::f64) {
+    finish_kernel<<<1, kMaxPartials, 0, stream()>>>(static_cast<double*>(acc.raw()), p, blocks);  // check_acc's
+  } else {
+    finish_kernel<<<1, kMaxPartials, 0, stream()>>>(device_data<float>(acc), p, blocks);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
-// acc: one f32 element on the same device (f64 accumulators go with f64 inputs: CPU-only).
-void check_acc(const Tensor& acc, const char* name) {
+// acc: one f32 element on the same device (f64 inputs are CPU-only); with f64_allowed (exact
+// counts) an f64 one too.
+void check_acc(const Tensor& acc, const char* name, bool f64_allowed = false) {
   check_cuda(acc, name);
   check_numel(acc, 1, name);
-  check_dtype(acc, DType::f32, name);
+  if (!(f64_allowed && acc.dtype() == DType::f64)) check_dtype(acc, DType::f32, name);
 }
 
 }  // namespace
@@ -103,12 +113,24 @@ void cuda::dot(Tensor& acc, const Tensor& a, const Tensor& b) {
   });
 }
 
-void cuda::count_nonfinite(Tensor& acc, const Tensor& x) {
-  check_cuda(x, "count_nonfinite x");
-  dispatch_storage(x.dtype(), "count_nonfinite", [&]<class T>(std::type_identity<T>) {
-    check_acc(acc, "count_nonfinite acc");
-    reduce_into(acc, device_data<T>(x), static_cast<const T*>(nullptr), x.numel(), NonFiniteTerm{});
+namespace cuda {
+namespace {
+// acc += the number of elements of x that `term` counts (1 each); `op` names the op in errors.
+template <class Term>
+void count_where(Tensor& acc, const Tensor& x, const std::string& op, bool f64_acc, Term term) {
+  check_cuda(x, (op + " x").c_str());
+  dispatch_storage(x.dtype(), op.c_str(), [&]<class T>(std::type_identity<T>) {
+    check_acc(acc, (op + " acc").c_str(), f64_acc);
+    reduce_into(acc, device_data<T>(x), static_cast<const T*>(nullptr), x.numel(), term);
   });
 }
+}  // namespace
+}  // namespace cuda
+
+void cuda::count_nonfinite(Tensor& acc, const Tensor& x) {
+  count_where(acc, x, "count_nonfinite", false, NonFiniteTerm{});
+}
+
+void cuda::count_zeros(Tensor& acc, const Tensor& x) { count_where(acc, x, "count_zeros", true, ZeroTerm{}); }
 
 }  // namespace megatron::ops
