@@ -91,30 +91,44 @@ def randomise(model, seed):
             p.copy_(1.0 + 0.2 * noise if is_norm_weight else 0.1 * noise)
 
 
+def make_family(out, index, family, cfg, tokenizer):
+    torch.manual_seed(index)
+    # The MoE families' experts as plain per-expert products: transformers' default grouped_mm
+    # takes no float64, which the reference logits are computed in.
+    experts = {"experts_implementation": "eager"} if family in ("mixtral", "qwen2_moe", "qwen3_moe") else {}
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32, **experts)
+    randomise(model, 1000 + index)
+    model.eval()
+    d = os.path.join(out, family)
+    os.makedirs(d, exist_ok=True)
+    shard = {"max_shard_size": "200KB"} if family == "llama" else {}
+    model.save_pretrained(d, **shard)
+    tokenizer.save_pretrained(d)
+    g = torch.Generator().manual_seed(7 + index)
+    input_ids = torch.randint(1, VOCAB, (PROMPTS, PROMPT_LEN), generator=g)
+    with torch.no_grad():
+        logits = model.to(torch.float64)(input_ids).logits
+    save_file({"input_ids": input_ids.to(torch.int64).contiguous(),
+               "logits": logits.to(torch.float32).contiguous()}, os.path.join(d, "reference.safetensors"))
+    print(family, "->", sorted(os.listdir(d)))
+    print(json.dumps(json.load(open(os.path.join(d, "config.json"))), indent=1))
+
+
 def main(out):
     tokenizer = make_tokenizer()
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    failed = []
     for index, (family, cfg) in enumerate(configs().items()):
-        torch.manual_seed(index)
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-        randomise(model, 1000 + index)
-        model.eval()
-        d = os.path.join(out, family)
-        os.makedirs(d, exist_ok=True)
-        shard = {"max_shard_size": "200KB"} if family == "llama" else {}
-        model.save_pretrained(d, **shard)
-        tokenizer.save_pretrained(d)
-        g = torch.Generator().manual_seed(7 + index)
-        input_ids = torch.randint(1, VOCAB, (PROMPTS, PROMPT_LEN), generator=g)
-        with torch.no_grad():
-            logits = model.to(torch.float64)(input_ids).logits
-        save_file({"input_ids": input_ids.to(torch.int64).contiguous(),
-                   "logits": logits.to(torch.float32).contiguous()}, os.path.join(d, "reference.safetensors"))
-        print(family, "->", sorted(os.listdir(d)))
-        print(json.dumps(json.load(open(os.path.join(d, "config.json"))), indent=1))
+        try:
+            make_family(out, index, family, cfg, tokenizer)
+        except Exception as e:  # the next family still runs; the exit status reports this one
+            print(family, "FAILED:", repr(e), flush=True)
+            failed.append(family)
     with open(os.path.join(out, "versions.json"), "w") as f:
         json.dump(versions, f)
     print(versions)
+    if failed:
+        sys.exit("failed: " + " ".join(failed))
 
 
 if __name__ == "__main__":
