@@ -38,7 +38,7 @@ struct OptimizerStepResult {
   bool skipped = false;  // non-finite gradients: no update (counted in the log)
   // --log-num-zeros-in-grad: the main grads' elements equal to zero, each parameter's once over
   // the world (Megatron's count_zeros_fp32); absent without the flag or on a skipped step.
-  std::optional<double> num_zeros_in_grad;
+  std::optional<double> num_zeros_in_grad = std::nullopt;
 };
 
 struct AdamWHyper {
