@@ -1,10 +1,10 @@
 // Hugging Face import and export on the tiny checkpoints of every family (tests/hf/tiny/, made by
 // transformers): our logits match transformers' within 1e-4 in fp32, export gives back every
 // tensor bit for bit, the checkpoint is written at the requested TP layout, bad input is an error
-// naming the tensor or field with nothing written, and train/generate need no model flags. Qwen3,
-// Mixtral, Qwen2-MoE and Qwen3-MoE, whose checkpoints need transformers to make, are checked against an
-// independent float64 forward (hf/llama_family_oracle.h) on checkpoints made from the Qwen2 and
-// Mistral fixtures.
+// naming the tensor or field with nothing written, and train/generate need no model flags. Beside
+// the fixtures, variants transformers' fixtures do not cover (other expert widths, both top-k
+// normalisations, an ungated control) are checked against an independent float64 forward
+// (hf/llama_family_oracle.h) on checkpoints made from the Qwen2 and Mistral fixtures.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -76,12 +76,13 @@ void expect_export_gives_back(const std::string& hf, const std::string& ckpt, co
 
 }  // namespace
 
-// The float64 oracle the Qwen3 and Mixtral tests below rely on reproduces transformers' own logits
-// of the Qwen2 and Mistral fixtures (to their f32 rounding): its attention, RoPE, GQA, biases,
-// sliding window, norms and MLP are transformers', only the q/k norms and the sparse MoE block
-// being unchecked by it.
+// The float64 oracle the tests below rely on (on checkpoints made from the Qwen2 and Mistral
+// fixtures: other expert widths, dense layers beside sparse ones, both top-k normalisations)
+// reproduces transformers' own logits of the transformers-made fixtures (to their f32 rounding):
+// its attention, RoPE, GQA, biases, sliding window, norms, q/k norms, MLP and sparse MoE blocks
+// (Mixtral's, Qwen2-MoE's with its gated shared expert, Qwen3-MoE's) are transformers'.
 TEST(HfBridge, TheLlamaFamilyOracleReproducesTransformers) {
-  for (const char* family : {"qwen2", "mistral"}) {
+  for (const char* family : {"qwen2", "mistral", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"}) {
     const HfReference ref = hf_reference(family);
     const HfReference mine = oracle_reference(LlamaFamilyOracle(hf_fixture(family)), ref.input_ids);
     ASSERT_EQ(mine.logits.shape(), ref.logits.shape());
@@ -220,12 +221,8 @@ TEST(HfBridge, Qwen3ImportsWithItsQkNormsAndExportsBitForBit) {
 TEST(HfBridge, ImportedLogitsMatchTransformers) {
   for (const char* family : kHfFamilies) {
     TempDir dir;
-    const std::string ckpt = import_family(family, dir);
-    const TrainingArgs args = read_checkpoint_args(ckpt);
-    const ParallelContext single = ParallelContext::single_process();
-    GPTModel model(args.model, single);  // the whole model: its parameters are the global tensors
-    load_model_weights(ckpt, model);
-    const double error = max_logit_error(model, hf_reference(family));
+    LoadedModel m(import_family(family, dir));
+    const double error = max_logit_error(m.model, hf_reference(family));
     std::printf("%s: max |logit - transformers| = %.3g (bound %.0e)\n", family, error, kLogitTolerance);
     EXPECT_LE(error, kLogitTolerance) << family;
   }

@@ -18,7 +18,15 @@
 
 namespace megatron::testing {
 
-inline const char* const kHfFamilies[] = {"llama", "mistral", "qwen2", "gpt2"};
+inline const char* const kHfFamilies[] = {"llama",   "mistral",   "qwen2",     "qwen3",
+                                          "mixtral", "qwen2_moe", "qwen3_moe", "gpt2"};
+
+// The flags a run at TP > 1 adds for a family: Megatron's rule for MoE layers under TP, each rank
+// routing its own tokens (sequence parallelism).
+inline std::vector<std::string> tp_run_flags(const std::string& family) {
+  const bool moe = family == "mixtral" || family == "qwen2_moe" || family == "qwen3_moe";
+  return moe ? std::vector<std::string>{"--sequence-parallel"} : std::vector<std::string>{};
+}
 
 inline std::string hf_fixture(const std::string& family) {
   return (repo_root() / "tests" / "hf" / "tiny" / family).string();

@@ -37,7 +37,7 @@ class LlamaFamilyOracle {
     H_ = config_.at("hidden_size").get<int64_t>();
     heads_ = config_.at("num_attention_heads").get<int64_t>();
     kv_heads_ = config_.at("num_key_value_heads").get<int64_t>();
-    d_ = config_.contains("head_dim") ? config_.at("head_dim").get<int64_t>() : H_ / heads_;
+    d_ = config_.value("head_dim", nlohmann::json()).is_number() ? config_.at("head_dim").get<int64_t>() : H_ / heads_;
     layers_ = config_.at("num_hidden_layers").get<int64_t>();
     V_ = config_.at("vocab_size").get<int64_t>();
     eps_ = config_.at("rms_norm_eps").get<double>();

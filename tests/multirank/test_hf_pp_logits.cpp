@@ -74,7 +74,8 @@ TEST(HfPipelineParallel, LogitsMatchTransformersAtPp2) {
   const std::string dir = shared_directory(owner.get());
   const ParallelState st = make_state({.tp = make_state({}).ctx.world->size() / 2, .pp = 2}, 60);
   for (const char* family : kHfFamilies)
-    expect_logits_at_pp2(st, dir, family, hf_fixture(family), hf_reference(family), {});
+    expect_logits_at_pp2(st, dir, family, hf_fixture(family), hf_reference(family),
+                         st.ctx.world->size() > 2 ? tp_run_flags(family) : std::vector<std::string>{});
   st.ctx.world->barrier();  // rank 0 removes the directory once everyone is done with it
 }
 
@@ -92,9 +93,8 @@ TEST(HfPipelineParallel, Qwen3MoeLogitsMatchTheOracleAtPp2) {
   }
   st.ctx.world->barrier();
   const HfReference ref = oracle_reference(LlamaFamilyOracle(hf), hf_reference("qwen2").input_ids);
-  std::vector<std::string> run_flags;
-  if (st.ctx.world->size() > 2) run_flags.push_back("--sequence-parallel");
-  expect_logits_at_pp2(st, dir, "qwen3_moe", hf, ref, run_flags);
+  expect_logits_at_pp2(st, dir, "qwen3_moe", hf, ref,
+                       st.ctx.world->size() > 2 ? tp_run_flags("qwen3_moe") : std::vector<std::string>{});
   st.ctx.world->barrier();
 }
 

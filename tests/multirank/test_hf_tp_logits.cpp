@@ -38,7 +38,9 @@ TEST(HfTensorParallel, LogitsMatchTransformersAtTp2) {
       st.ctx.world->barrier();
       // As `megatron train --load CKPT --finetune` at TP 2 would: model flags from the checkpoint,
       // its architecture (padded vocabulary included) checked on load.
-      const TrainingArgs args = parse_training_args(finetune_argv(ckpt, {"--tensor-model-parallel-size", "2"}), 2);
+      std::vector<std::string> flags = {"--tensor-model-parallel-size", "2"};
+      for (const std::string& flag : tp_run_flags(family)) flags.push_back(flag);
+      const TrainingArgs args = parse_training_args(finetune_argv(ckpt, flags), 2);
       const ParallelContext ctx = model_context(st.ctx, args.parallel);
       GPTModel model(args.model, ctx);
       ASSERT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, nullptr));

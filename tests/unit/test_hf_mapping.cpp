@@ -197,7 +197,8 @@ TEST(HfMapping, QkLayernormModelsExportAsQwen3) {
   EXPECT_NE(error_of([&] { family_of_model(gpt2); }).find("no --qk-layernorm"), std::string::npos);
 }
 
-// Qwen3's config: --qk-layernorm, head_dim (128 when absent, Qwen3Config's default), no biases.
+// Qwen3's config: --qk-layernorm, head_dim (128 when absent, Qwen3Config's default; --kv-channels
+// only where it differs from hidden / heads, Megatron's default), no biases.
 TEST(HfMapping, Qwen3ConfigFields) {
   const nlohmann::json base = {{"model_type", "qwen3"},       {"hidden_size", 64},
                                {"intermediate_size", 128},    {"num_hidden_layers", 2},
@@ -210,8 +211,12 @@ TEST(HfMapping, Qwen3ConfigFields) {
   EXPECT_EQ(f["--kv-channels"], "128");
   EXPECT_EQ(f.count("--add-qkv-bias"), 0u);
   nlohmann::json with_dim = base;
-  with_dim["head_dim"] = 16;
-  EXPECT_EQ(model_flags(with_dim)["--kv-channels"], "16");
+  with_dim["head_dim"] = 32;
+  EXPECT_EQ(model_flags(with_dim)["--kv-channels"], "32");
+  with_dim["head_dim"] = 16;  // 64 / 4 heads
+  EXPECT_EQ(model_flags(with_dim).count("--kv-channels"), 0u);
+  with_dim["head_dim"] = nullptr;  // as transformers v5 writes an unset one: Qwen3's 128
+  EXPECT_EQ(model_flags(with_dim)["--kv-channels"], "128");
   nlohmann::json biased = base;
   biased["attention_bias"] = true;
   EXPECT_NE(error_of([&] { read_hf_config(biased, "c.json"); }).find("\"attention_bias\" is true"), std::string::npos);
@@ -264,7 +269,8 @@ TEST(HfMapping, MixtralConfigAndFamily) {
 // when unlisted and (i + 1) % step == 0, transformers' rule) as --moe-layer-freq, the experts'
 // width, norm_topk_prob false (Qwen3MoeConfig's default) as --moe-router-pre-softmax,
 // num_key_value_heads 4 and head_dim hidden / heads when absent (Qwen3MoeConfig's, not Qwen3's
-// 128); a layer index out of range is an error naming it. Export picks Qwen3-MoE for an MoE model
+// 128), the expert count under either of transformers' names; a layer index out of range is an
+// error naming it. Export picks Qwen3-MoE for an MoE model
 // with --qk-layernorm, and refuses what its router cannot describe.
 TEST(HfMapping, Qwen3MoeConfigAndFamily) {
   const nlohmann::json base = {{"model_type", "qwen3_moe"},     {"hidden_size", 64},
@@ -300,6 +306,14 @@ TEST(HfMapping, Qwen3MoeConfigAndFamily) {
             }).find("\"mlp_only_layers\" holds 4, not a layer index in [0, 4)"),
             std::string::npos);
   EXPECT_NE(error_of([&] { read_hf_config(with("norm_topk_prob", 1), "c.json"); }).find("not true or false"),
+            std::string::npos);
+  // transformers v5 writes the expert count as num_local_experts.
+  nlohmann::json v5 = base;
+  v5.erase("num_experts");
+  v5["num_local_experts"] = 6;
+  EXPECT_EQ(model_flags(v5)["--num-experts"], "6");
+  EXPECT_NE(error_of([&] { read_hf_config(with("num_local_experts", 6), "c.json"); })
+                .find("\"num_experts\" 8 and \"num_local_experts\" 6 disagree"),
             std::string::npos);
 
   TransformerConfig c = llama_like();

@@ -138,10 +138,19 @@ void read_qwen_moe_layers(Fields& f, Family family, Flags& flags) {
     every_layer = every_layer && moe;
     pattern += std::string(i == 0 ? "[" : ",") + (moe ? "1" : "0");
   }
-  // Absent, the config classes' defaults (Qwen2MoeConfig's, Qwen3MoeConfig's).
+  // Absent, the config classes' defaults (Qwen2MoeConfig's, Qwen3MoeConfig's). transformers v5
+  // saves Qwen3-MoE's expert count as num_local_experts (its attribute_map's name), v4 as num_experts.
   const bool qwen2 = family == Family::qwen2_moe;
+  int64_t experts = f.integer("num_experts", qwen2 ? 60 : 128);
+  if (!qwen2 && f.present("num_local_experts")) {
+    const int64_t local = f.integer("num_local_experts");
+    MEGATRON_CHECK(!f.present("num_experts") || experts == local,
+                   f.where() << ": \"num_experts\" " << experts << " and \"num_local_experts\" " << local
+                             << " disagree; they name the same count");
+    experts = local;
+  }
   flags.insert(flags.end(),
-               {{"--num-experts", std::to_string(f.integer("num_experts", qwen2 ? 60 : 128))},
+               {{"--num-experts", std::to_string(experts)},
                 {"--moe-router-topk", std::to_string(f.integer("num_experts_per_tok", qwen2 ? 4 : 8))},
                 {"--moe-ffn-hidden-size", std::to_string(f.integer("moe_intermediate_size", qwen2 ? 1408 : 768))},
                 {"--moe-layer-freq", every_layer ? "1" : pattern + "]"}});
@@ -183,9 +192,12 @@ void read_llama_like(Fields& f, Family family, Flags& flags, int64_t& vocab_rows
                              {"--hidden-dropout", "0"}});
   if (groups != heads)
     flags.insert(flags.end(), {{"--group-query-attention", "true"}, {"--num-query-groups", std::to_string(groups)}});
-  if (f.present("head_dim") || family == Family::qwen3)  // Qwen3Config's head_dim defaults to 128
-    flags.emplace_back("--kv-channels", std::to_string(f.integer("head_dim", 128)));
+  // head_dim when absent (or null): 128 for Qwen3 (Qwen3Config's), hidden_size / heads elsewhere,
+  // which is Megatron's default too: --kv-channels only where the width differs from it, so that
+  // configs written with and without the field read as the same model.
+  const int64_t head_dim = f.present("head_dim") ? f.integer("head_dim") : family == Family::qwen3 ? 128 : 0;
   f.mark("head_dim");
+  if (head_dim > 0 && head_dim * heads != hidden) flags.emplace_back("--kv-channels", std::to_string(head_dim));
   read_rope(f, flags);
   f.require("hidden_act", "silu", "the MLP is SwiGLU (--swiglu), gated by SiLU");
   if (family == Family::llama || family == Family::qwen3 || family == Family::qwen3_moe)
