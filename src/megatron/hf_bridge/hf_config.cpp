@@ -161,7 +161,7 @@ void read_qwen_moe_layers(Fields& f, Family family, Flags& flags) {
   const nlohmann::json& renormalised = f.get("norm_topk_prob");
   MEGATRON_CHECK(renormalised.is_null() || renormalised.is_boolean(),
                  f.where() << ": \"norm_topk_prob\" is " << renormalised.dump() << ", not true or false");
-  if (renormalised != true) flags.emplace_back("--moe-router-pre-softmax", "true");  // Qwen3MoeConfig's default
+  if (renormalised != true) flags.emplace_back("--moe-router-pre-softmax", "true");  // both classes' default
   f.mark("router_aux_loss_coef");  // a training loss's weight (transformers': with output_router_logits)
   f.mark("output_router_logits");  // likewise
 }
