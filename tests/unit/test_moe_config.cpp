@@ -53,6 +53,7 @@ TEST(MoEConfig, LayerFrequencyAsMegatronsListExpression) {
   EXPECT_EQ(pattern("[0]+[1]*2*2", 5), (P{false, true, true, true, true}));
   EXPECT_EQ(pattern("[1,0,]*2", 4), (P{true, false, true, false}));
   EXPECT_EQ(pattern("[]+[1]*2", 2), (P{true, true}));
+  EXPECT_EQ(pattern("[0]*0*7+[1]", 1), (P{true}));  // a count of 0 repeats nothing, as in Python
   EXPECT_TRUE(why.empty()) << why;
   const auto error = [&](const std::string& freq, int64_t layers) {
     EXPECT_TRUE(pattern(freq, layers).empty()) << freq;
@@ -66,6 +67,7 @@ TEST(MoEConfig, LayerFrequencyAsMegatronsListExpression) {
   EXPECT_NE(error("[1 0]", 2).find("a list without its ']'"), std::string::npos) << why;
   EXPECT_NE(error("[1]*3)", 3).find("unexpected ')' at character 6"), std::string::npos) << why;
   EXPECT_NE(error("[1]*99999999999", 3).find("a count above"), std::string::npos) << why;
+  EXPECT_NE(error("[1]*1048576*99999999999999", 3).find("a count above"), std::string::npos) << why;
   EXPECT_NE(error("[x]", 1).find("not 0 or 1"), std::string::npos) << why;
 }
 

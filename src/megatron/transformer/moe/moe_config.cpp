@@ -70,8 +70,10 @@ class LayerPatternExpression {
     int64_t times = 1;
     do {
       if (at_digit()) {
-        times *= number();
-        if (times > kLongest) fail(concat("a count above ", kLongest));
+        const int64_t count = number();
+        if (times > 0 && count > kLongest / times)
+          fail(concat("a count above ", kLongest));  // checked before it can overflow
+        times *= count;
       } else {
         if (list) fail("a list multiplied by a list");
         list = atom();
@@ -211,8 +213,9 @@ std::vector<std::string> validate_moe(const MoEConfig& m, int64_t num_layers, bo
     errors.push_back(concat("--moe-shared-expert-intermediate-size ", m.moe_shared_expert_intermediate_size,
                             " must be positive, or unset for no shared expert"));
   if (m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size <= 0)
-    errors.push_back("--moe-shared-expert-gate gates the shared expert, and there is none: give "
-                     "--moe-shared-expert-intermediate-size, or drop the flag");
+    errors.push_back(
+        "--moe-shared-expert-gate gates the shared expert, and there is none: give "
+        "--moe-shared-expert-intermediate-size, or drop the flag");
   if (add_bias_linear) errors.push_back("--num-experts: the experts have no biases; add --disable-bias-linear");
   check_router(m, errors);
   check_balancing(m, errors);
