@@ -65,6 +65,33 @@ TEST(MegatronScriptFlags, ImplementationChoicesAreNamedAndChangeNoLoss) {
   EXPECT_EQ(losses(dir / "scripted.jsonl"), expected);
 }
 
+// Megatron's flags that choose what is computed reach the run through the command: the default
+// --optimizer adam and the new implementation rows change no loss; --init-method-xavier-uniform
+// (the init), --rotary-seq-len-interpolation-factor (RoPE) and --apply-wd-to-qk-layernorm (the
+// optimizer's decay of the q/k norms, beside --qk-layernorm) each change the losses.
+TEST(MegatronScriptFlags, ModelAndOptimizerFlagsReachTheRun) {
+  const TempDir dir;
+  const auto run = [&](const std::string& name, const std::string& flags) {
+    const megatron::testing::RunResult result = run_megatron(
+        std::string(kLlamaRun) + "--qk-layernorm " + "--weight-decay 0.1 --metrics-file " + (dir / name) + flags);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return losses(dir / name);
+  };
+  const std::vector<double> plain = run("plain.jsonl", "");
+  ASSERT_EQ(plain.size(), 3u);
+  EXPECT_EQ(run("adam.jsonl", " --optimizer adam --openai-gelu --use-dist-ckpt --num-dataset-builder-threads 4"),
+            plain);
+  const std::pair<const char*, const char*> changing[] = {
+      {"xavier.jsonl", " --init-method-xavier-uniform"},
+      {"interpolated.jsonl", " --rotary-seq-len-interpolation-factor 2"},
+      {"decayed.jsonl", " --apply-wd-to-qk-layernorm"}};
+  for (const auto& [name, flags] : changing) {
+    const std::vector<double> changed = run(name, flags);
+    EXPECT_EQ(changed.size(), 3u) << flags;
+    EXPECT_NE(changed, plain) << flags;
+  }
+}
+
 // --deterministic-mode through the command: the program sets NCCL_ALGO=Ring (the log says so), the
 // CPU run's losses are the plain run's bit for bit (the CPU ops always sum in a fixed order), and a
 // launcher's NCCL_ALGO=Tree stops the run before it starts, naming the variable and the fix.

@@ -277,6 +277,15 @@ TEST_F(GpuTraining, MoELlamaStyleWithGroupedGemmMatchesTheCpu) {
   EXPECT_EQ(r.gpu_paths[OpPath::grouped_gemm_per_expert], 0) << what << ": the experts ran one GEMM each";
 }
 
+// --moe-shared-expert-gate (Qwen2-MoE's block): the shared expert's output scaled per token by
+// sigmoid(x . w), the gate's op (GPU-tested alone: CudaSigmoidGate) inside the model's MoE layer.
+TEST_F(GpuTraining, MoEGatedSharedExpertMatchesTheCpu) {
+  const BothRuns r = train_on_both(
+      run_of(with(moe_of(kLlama), {"--moe-shared-expert-intermediate-size", "256", "--moe-shared-expert-gate"}), "1e-4",
+             kBf16));
+  expect_same_curves(r, kBf16Tolerance, "MoE LLaMA style bf16 with a gated shared expert");
+}
+
 TEST_F(GpuTraining, Fp16WithDynamicLossScalingMatchesTheCpu) {
   const BothRuns r = train_on_both(run_of(kGpt2, "1e-3", kFp16Scaling));
   const std::string what = "GPT-2 style fp16, dynamic loss scaling";

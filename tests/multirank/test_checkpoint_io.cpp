@@ -25,16 +25,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> run_argv(const std::string& save, bool distributed_optimizer) {
+std::vector<std::string> run_argv(const std::string& save, bool distributed_optimizer,
+                                  const std::vector<std::string>& extra = {}) {
   std::vector<std::string> argv = minimal_train_argv({"--save", save, "--save-interval", "1"});
   if (distributed_optimizer) argv.push_back("--use-distributed-optimizer");
+  argv.insert(argv.end(), extra.begin(), extra.end());
   return argv;
 }
 
 // A model and optimizer laid out for this world's DP size, ready to be saved.
 struct SavedRun {
-  SavedRun(const ParallelContext& ctx, bool distributed_optimizer, const std::string& save)
-      : args(parse_training_args(run_argv(save, distributed_optimizer), ctx.world->size())),
+  SavedRun(const ParallelContext& ctx, bool distributed_optimizer, const std::string& save,
+           const std::vector<std::string>& extra = {})
+      : args(parse_training_args(run_argv(save, distributed_optimizer, extra), ctx.world->size())),
         model(args.model, ctx),
         ddp(model.parameters(), ctx, {.use_distributed_optimizer = distributed_optimizer}),
         scheduler(args.optimizer, args.train_iters, args.global_batch_size) {
@@ -130,6 +133,88 @@ TEST_F(CheckpointIo, AFailingRankFailsTheSaveOnEveryRankAndKeepsThePreviousCheck
   }
   save(run, 2);  // and the next save succeeds
   EXPECT_EQ(checkpointing::read_tracker(dir_), 2);
+}
+
+// --dist-ckpt-strictness, both ways round, with the query/key layernorms (--qk-layernorm) the
+// weights one side lacks: a checkpoint with them loads into a model without them unless raise_all
+// (which every rank refuses, naming them); one without them loads into a model with them only
+// under a lenient value, the norms then keeping their initial ones and every other weight the
+// saved values, and not beside optimizer state to restore.
+TEST_F(CheckpointIo, DistCkptStrictnessDecidesOnWeightsOneSideLacks) {
+  SavedRun with_norms(st_.ctx, false, dir_ + "/with_norms", {"--qk-layernorm"});
+  save(with_norms, 1);
+  SavedRun plain(st_.ctx, false, dir_ + "/plain");
+  save(plain, 1);
+  const auto args_for = [&](const std::string& load, bool qk_layernorm, const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = minimal_train_argv({"--load", load});
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    TrainingArgs args = parse_training_args(argv, st_.ctx.world->size());
+    args.model.qk_layernorm = qk_layernorm;  // no flag turns a checkpoint's --qk-layernorm off
+    return args;
+  };
+  TrainingProgress progress;
+  const auto expect_saved_weights = [](GPTModel& loaded, GPTModel& saved) {
+    for (const auto& p : loaded.parameters().params()) {
+      if (p->spec.name.find("_layernorm.") != std::string::npos &&
+          p->spec.name.find("self_attention.") != std::string::npos) {
+        for (float v : p->data.to_vector())
+          EXPECT_EQ(v, p->spec.init == InitMethod::ones ? 1.0f : 0.0f) << p->spec.name;
+        continue;
+      }
+      const Parameter* s = nullptr;
+      for (const auto& q : saved.parameters().params())
+        if (q->spec.name == p->spec.name) s = q.get();
+      ASSERT_NE(s, nullptr) << p->spec.name;
+      EXPECT_EQ(p->data.to_vector(), s->data.to_vector()) << p->spec.name;
+    }
+  };
+
+  // The checkpoint holds weights no rank's model does.
+  for (const std::string strictness : {"assume_ok_unexpected", "log_unexpected", "log_all", "ignore_all"}) {
+    SCOPED_TRACE(strictness);
+    const TrainingArgs args = args_for(dir_ + "/with_norms", false, {"--dist-ckpt-strictness", strictness});
+    GPTModel model(args.model, st_.ctx);
+    model.parameters().initialize(7);
+    EXPECT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, &progress));
+    expect_saved_weights(model, with_norms.model);
+  }
+  {
+    const TrainingArgs args = args_for(dir_ + "/with_norms", false, {"--dist-ckpt-strictness", "raise_all"});
+    GPTModel model(args.model, st_.ctx);
+    const std::string error = error_of([&] { load_training_checkpoint(args, model, nullptr, nullptr, &progress); });
+    EXPECT_NE(error.find("weight(s) that no rank's model has: decoder.layers.0.self_attention.k_layernorm.bias"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("(--dist-ckpt-strictness raise_all)"), std::string::npos) << error;
+  }
+
+  // The model holds weights the checkpoint lacks.
+  for (const std::string strictness : {"assume_ok_unexpected", "raise_unexpected", "raise_all"}) {
+    const TrainingArgs args = args_for(dir_ + "/plain", true, {"--dist-ckpt-strictness", strictness});
+    GPTModel model(args.model, st_.ctx);
+    const std::string error = error_of([&] { load_training_checkpoint(args, model, nullptr, nullptr, &progress); });
+    EXPECT_NE(error.find("lacks 8 weight(s) this model holds: decoder.layers.0.self_attention.q_layernorm.weight"),
+              std::string::npos)
+        << strictness << ": " << error;
+  }
+  for (const std::string strictness : {"log_unexpected", "log_all", "return_unexpected", "return_all", "ignore_all"}) {
+    SCOPED_TRACE(strictness);
+    const TrainingArgs args = args_for(dir_ + "/plain", true, {"--dist-ckpt-strictness", strictness});
+    GPTModel model(args.model, st_.ctx);
+    model.parameters().initialize(7);
+    EXPECT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, &progress));
+    expect_saved_weights(model, plain.model);
+    // With the optimizer's state to restore as well, refused; --no-load-optim restores none.
+    AdamWOptimizer optimizer(model.parameters(), st_.ctx, AdamWHyper{});
+    const std::string error = error_of([&] { load_training_checkpoint(args, model, &optimizer, nullptr, &progress); });
+    EXPECT_NE(error.find("fresh optimizer state for some parameters beside restored state for the others is not "
+                         "built: add --no-load-optim"),
+              std::string::npos)
+        << error;
+    TrainingArgs no_optim = args;
+    no_optim.no_load_optim = true;
+    EXPECT_TRUE(load_training_checkpoint(no_optim, model, &optimizer, nullptr, &progress));
+  }
 }
 
 }  // namespace

@@ -699,7 +699,8 @@ TEST(ArgsToFlags, RoundTrip) {
 TEST(Help, ListsEveryFlag) {
   const std::string help = training_args_help();
   for (const auto& [flag, value] : training_args_to_flags(TrainingArgs{})) {
-    EXPECT_TRUE(contains(help, "  " + flag + " ")) << flag;
+    // Followed by its value's kind or help, or by a line break where the name is too long for the column.
+    EXPECT_TRUE(contains(help, "  " + flag + " ") || contains(help, "  " + flag + "\n")) << flag;
   }
   EXPECT_TRUE(contains(help, "--config FILE.yaml"));
   EXPECT_TRUE(contains(help, "--normalization {LayerNorm,RMSNorm}"));
@@ -725,6 +726,93 @@ TEST(ParseArgs, SlidingWindowAndRopeScaling) {
             std::string::npos);
   EXPECT_NE(parse_error(with(minimal_argv(), {"--use-rope-scaling"})).find("--position-embedding-type is not rope"),
             std::string::npos);
+}
+
+// --rotary-seq-len-interpolation-factor: Megatron's integer, read with RoPE only.
+TEST(ParseArgs, RotarySeqLenInterpolationFactor) {
+  const Argv rope = with(minimal_argv(), {"--position-embedding-type", "rope"});
+  EXPECT_FALSE(parse_training_args(rope).model.rotary_seq_len_interpolation_factor.has_value());
+  EXPECT_EQ(parse_training_args(with(rope, {"--rotary-seq-len-interpolation-factor", "4"}))
+                .model.rotary_seq_len_interpolation_factor,
+            4);
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--rotary-seq-len-interpolation-factor", "4"})),
+                       "--rotary-seq-len-interpolation-factor 4 interpolates RoPE positions, but "
+                       "--position-embedding-type is not rope"));
+  EXPECT_TRUE(contains(parse_error(with(rope, {"--rotary-seq-len-interpolation-factor", "0"})),
+                       "--rotary-seq-len-interpolation-factor 0 must be >= 1"));
+}
+
+// Megatron's optimizer flags: --optimizer adam is the optimizer built; the others, and the
+// flags only they read, are refused naming what to do. --apply-wd-to-qk-layernorm and its
+// deprecated spelling say the same.
+TEST(ParseArgs, OptimizerChoiceAndQkLayernormDecay) {
+  EXPECT_EQ(parse_training_args(minimal_argv()).optimizer.optimizer, "adam");
+  EXPECT_EQ(parse_error(with(minimal_argv(), {"--optimizer", "adam"})), "");
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--optimizer", "sgd"})),
+                       "--optimizer sgd is not built here: the optimizer is Adam with decoupled weight decay"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--optimizer", "adamw"})),
+                       "--optimizer 'adamw': expected one of adam, sgd, muon, dist_muon, lion, soap, adaptive_muon"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--sgd-momentum", "0.9"})),
+                       "--sgd-momentum: Megatron's flag, not built here: the optimizer here is Adam"));
+
+  EXPECT_FALSE(parse_training_args(minimal_argv()).optimizer.decays_qk_layernorm());
+  EXPECT_TRUE(
+      parse_training_args(with(minimal_argv(), {"--apply-wd-to-qk-layernorm"})).optimizer.decays_qk_layernorm());
+  EXPECT_TRUE(parse_training_args(with(minimal_argv(), {"--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm"}))
+                  .optimizer.decays_qk_layernorm());
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--no-weight-decay-cond-type", "biases"})),
+                       "expected one of apply_wd_to_qk_layernorm"));
+}
+
+// --dist-ckpt-strictness: Megatron's values and default (what each does: CheckpointIo tests).
+TEST(ParseArgs, DistCkptStrictnessTakesMegatronsValues) {
+  EXPECT_EQ(parse_training_args(minimal_argv()).dist_ckpt_strictness, "assume_ok_unexpected");
+  EXPECT_EQ(parse_training_args(with(minimal_argv(), {"--dist-ckpt-strictness", "log_all"})).dist_ckpt_strictness,
+            "log_all");
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--dist-ckpt-strictness", "strict"})),
+                       "expected one of assume_ok_unexpected, log_unexpected, log_all, raise_unexpected, raise_all, "
+                       "return_unexpected, return_all, ignore_all"));
+}
+
+// Megatron's old flags that Megatron itself refuses are refused naming their successors.
+TEST(ParseArgs, MegatronsRetiredFlagsNameTheirSuccessors) {
+  const std::pair<Argv, std::string> cases[] = {
+      {{"--batch-size", "8"}, "use --micro-batch-size"},
+      {{"--warmup", "100"}, "use --lr-warmup-fraction or --lr-warmup-iters"},
+      {{"--model-parallel-size", "2"}, "use --tensor-model-parallel-size"},
+      {{"--checkpoint-activations"}, "use --recompute-activations"},
+  };
+  for (const auto& [given, successor] : cases)
+    EXPECT_TRUE(contains(
+        parse_error(with(minimal_argv(), given)),
+        given[0] + ": Megatron's flag, not built here: Megatron's old flag, refused by Megatron too: " + successor))
+        << given[0] << ": " << parse_error(with(minimal_argv(), given));
+}
+
+// Megatron features not built here are named so, with what the run does instead.
+TEST(ParseArgs, UnbuiltMegatronFeaturesAreNamed) {
+  const std::pair<Argv, std::string> cases[] = {
+      {{"--fim-data"}, "fill-in-the-middle data (Megatron's GPTFIMDataset) is not built"},
+      {{"--fim-rate", "0.9"}, "fill-in-the-middle data (Megatron's GPTFIMDataset) is not built"},
+      {{"--muon-momentum", "0.95"}, "the optimizer here is Adam with decoupled weight decay"},
+      {{"--yaml-cfg", "run.yaml"}, "Megatron's nested YAML configuration is not read: --config takes"},
+      {{"--hybrid-layer-pattern", "M*M*"}, "Mamba and other hybrid or heterogeneous layer stacks are not built"},
+      {{"--decoder-num-layers", "4"}, "a GPT model's depth is --num-layers"},
+  };
+  for (const auto& [given, instead] : cases)
+    EXPECT_TRUE(
+        contains(parse_error(with(minimal_argv(), given)), given[0] + ": Megatron's flag, not built here: " + instead))
+        << parse_error(with(minimal_argv(), given));
+}
+
+TEST(ParseArgs, MoeLayerRecomputeIsSelectiveWithMoe) {
+  const TrainingArgs args = parse_training_args(
+      with(minimal_argv(), {"--num-experts", "4", "--disable-bias-linear", "--moe-layer-recompute"}));
+  EXPECT_TRUE(args.model.recompute.recomputes("moe"));
+  EXPECT_TRUE(
+      contains(parse_error(with(minimal_argv(), {"--moe-layer-recompute", "--recompute-granularity", "full",
+                                                 "--recompute-method", "uniform", "--recompute-num-layers", "1"})),
+               "--moe-layer-recompute is Megatron's deprecated spelling"));
 }
 
 TEST(ParseArgs, RecomputeFlags) {
@@ -878,7 +966,20 @@ TEST(MegatronImplementationChoices, ALaunchScriptsChoicesParseAndChangeNothingEl
                         "--rope-type",
                         "rope",
                         "--use-rotary-position-embeddings",
-                        "--no-position-embedding"};
+                        "--no-position-embedding",
+                        "--use-dist-ckpt",
+                        "--dist-ckpt-format",
+                        "zarr",
+                        "--ckpt-fully-parallel-save",
+                        "--num-dataset-builder-threads",
+                        "8",
+                        "--dist-ckpt-workers",
+                        "2",
+                        "--ddp-pad-buckets-for-high-nccl-busbw",
+                        "--no-gradient-reduce-div-fusion",
+                        "--ddp-reduce-scatter-with-fp32-accumulation",
+                        "--moe-shared-expert-overlap",
+                        "--openai-gelu"};
   const TrainingArgs plain = parse_training_args(llama);
   TrainingArgs given = parse_training_args(with(llama, choices));
   EXPECT_EQ(given.implementation.transformer_impl, "local");
@@ -957,6 +1058,18 @@ TEST(MegatronImplementationChoices, ValuesFollowMegatronsRules) {
                        "--empty-unused-memory-level 3 must be 0, 1 or 2"));
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--manual-gc-interval", "-1"})),
                        "--manual-gc-interval -1 must be >= 0"));
+  EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--num-dataset-builder-threads", "0"})),
+                       "--num-dataset-builder-threads 0 must be >= 1"));
+  EXPECT_TRUE(
+      contains(parse_error(with(minimal_argv(), {"--dist-ckpt-workers", "0"})), "--dist-ckpt-workers 0 must be >= 1"));
+  const Argv shared_expert =
+      with(minimal_argv(), {"--num-experts", "4", "--disable-bias-linear", "--moe-shared-expert-intermediate-size",
+                            "64", "--moe-shared-expert-overlap"});
+  EXPECT_TRUE(contains(parse_error(shared_expert),
+                       "--moe-shared-expert-overlap overlaps the shared expert with the "
+                       "alltoall token exchange, and Megatron refuses it beside "
+                       "--moe-token-dispatcher-type allgather"));
+  EXPECT_EQ(parse_error(with(shared_expert, {"--moe-token-dispatcher-type", "alltoall"})), "");
   EXPECT_TRUE(contains(parse_error(with(minimal_argv(), {"--moe-router-dtype", "fp64"})),
                        "--moe-router-dtype fp64 is not built here: the router runs in fp32"));
   EXPECT_TRUE(

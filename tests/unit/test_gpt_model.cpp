@@ -243,6 +243,59 @@ TEST(GPTModel, SameSeedSameModelAnyRegistrationOrder) {
   EXPECT_NE(a.parameters().param_buffer().to_vector(), b.parameters().param_buffer().to_vector());
 }
 
+// --init-method-xavier-uniform: every weight the normal init would draw lies in Xavier's bound of
+// its global matrix, a = sqrt(6 / (fan_in + fan_out)) (an expert's own (out, in) matrix), and fills
+// it as a uniform does where it has n >= 384 elements: the largest draw within 10% of a (each draw
+// misses that band with probability 0.9, all of them with 0.9^384 < 1e-17) and the mean square
+// a^2 / 3 within 15% (the estimate's relative spread is sqrt(0.8 / n) <= 4.6%: over 3 spreads).
+// Norm weights and biases keep their ones and zeros; the draws differ from the normal init's.
+TEST(GPTModel, XavierUniformInitDrawsEachMatrixWithinItsBound) {
+  TransformerConfig gpt2 = gpt2_style(DType::f32);
+  gpt2.hidden_size = 32;
+  gpt2.kv_channels = 8;
+  gpt2.ffn_hidden_size = 64;
+  gpt2.max_position_embeddings = gpt2.seq_length = 16;
+  TransformerConfig moe = gpt2;
+  moe.normalization = Normalization::RMSNorm;
+  moe.swiglu = true;
+  moe.position_embedding_type = PositionEmbeddingType::rope;
+  moe.add_bias_linear = false;
+  moe.moe.num_moe_experts = 4;
+  moe.moe.moe_ffn_hidden_size = 48;
+  for (const TransformerConfig& c : {gpt2, moe}) {
+    SCOPED_TRACE(c.swiglu ? "llama style with experts" : "gpt2 style");
+    ParallelContext ctx = ParallelContext::single_process();
+    GPTModel xavier(c, ctx), normal(c, ctx);
+    xavier.parameters().initialize(5, true);
+    normal.parameters().initialize(5);
+    int64_t drawn = 0;
+    for (size_t k = 0; k < normal.parameters().params().size(); ++k) {
+      const Parameter& p = *xavier.parameters().params()[k];
+      const std::vector<float> got = p.data.to_vector();
+      const std::vector<float> plain = normal.parameters().params()[k]->data.to_vector();
+      if (p.spec.init != InitMethod::normal) {
+        EXPECT_EQ(got, plain) << p.spec.name;
+        continue;
+      }
+      const Shape& shape = p.spec.global_shape;
+      const double a = std::sqrt(6.0 / double(shape[shape.size() - 2] + shape.back()));
+      double largest = 0.0, squares = 0.0;
+      for (float v : got) {
+        largest = std::max(largest, double(std::abs(v)));
+        squares += double(v) * v;
+      }
+      EXPECT_LE(largest, a * (1.0 + 1e-6)) << p.spec.name;  // the bound as a float
+      EXPECT_NE(got, plain) << p.spec.name;
+      const double n = double(got.size());
+      if (n < 384) continue;
+      ++drawn;
+      EXPECT_GE(largest, 0.9 * a) << p.spec.name;
+      EXPECT_NEAR(squares / n, a * a / 3.0, 0.15 * a * a / 3.0) << p.spec.name;
+    }
+    EXPECT_GE(drawn, 8);
+  }
+}
+
 TEST(GPTModel, OverfitsOneBatch) {
   for (const TransformerConfig& base : {gpt2_style(DType::f32), llama_style(DType::f32)}) {
     TransformerConfig c = base;
@@ -300,6 +353,54 @@ TEST(GPTModel, DecoupledLrStepsTheEmbeddingAndOutputLayerAtItsRate) {
                           ? (std::vector<std::string>{"embedding.word_embeddings.weight", "output_layer.weight"})
                           : (std::vector<std::string>{"embedding.word_embeddings.weight"}));
     EXPECT_NE(at_lr->parameters().param_buffer().to_vector(), at_decoupled->parameters().param_buffer().to_vector());
+  }
+}
+
+// --apply-wd-to-qk-layernorm: from the same gradients, one step with the query and key layernorms
+// decayed differs from one without exactly there, by AdamW's decoupled decay lr * wd * w of the
+// weights before the step (ones at init, so 1e-3); every other parameter, the other norms
+// included, steps identically. Both norm kinds: RMSNorm (weights) and LayerNorm (weights, biases).
+TEST(GPTModel, ApplyWdToQkLayernormDecaysOnlyTheQueryAndKeyNorms) {
+  for (TransformerConfig c : {llama_style(DType::f32), gpt2_style(DType::f32)}) {
+    SCOPED_TRACE(c.swiglu ? "llama style" : "gpt2 style");
+    c.qk_layernorm = true;
+    ParallelContext ctx = ParallelContext::single_process();
+    const Batch b = random_batch(2, c.seq_length, c.vocab_size, 3);
+    const StepRates rates{1e-2f, 0.1f};
+    const auto one_step = [&](bool decay_qk_layernorm) {
+      auto model = std::make_unique<GPTModel>(c, ctx);
+      model->parameters().initialize(1);
+      AdamWOptimizer opt(model->parameters(), ctx, {.clip_grad = 1.0, .decay_qk_layernorm = decay_qk_layernorm});
+      model->parameters().zero_grads();
+      model->forward_backward(b.tokens, b.labels, b.mask, 0.1f, {.training = true, .seed = 1});
+      opt.step(rates);
+      return model;
+    };
+    const auto decayed = one_step(true), plain = one_step(false);
+    std::set<std::string> differing;
+    for (size_t k = 0; k < plain->parameters().params().size(); ++k) {
+      const Parameter& p = *plain->parameters().params()[k];
+      const std::vector<float> got = decayed->parameters().params()[k]->data.to_vector();
+      const std::vector<float> want = p.data.to_vector();
+      if (got != want) differing.insert(p.spec.name);
+      if (!p.spec.name.ends_with("q_layernorm.weight") && !p.spec.name.ends_with("k_layernorm.weight")) continue;
+      // f32 steps of size ~1e-2 from 1: each value is off by at most an ulp of 1 (1.2e-7) on either side.
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_NEAR(double(want[i]) - double(got[i]), double(rates.lr) * rates.weight_decay * 1.0, 3e-7) << p.spec.name;
+    }
+    EXPECT_EQ(differing, (std::set<std::string>{"decoder.layers.0.self_attention.k_layernorm.weight",
+                                                "decoder.layers.0.self_attention.q_layernorm.weight",
+                                                "decoder.layers.1.self_attention.k_layernorm.weight",
+                                                "decoder.layers.1.self_attention.q_layernorm.weight"}));
+    // The biases of LayerNorm q/k norms are decayed too (Megatron's name match), though at their
+    // initial zeros the step cannot show it; the other norms' and the linear layers' biases are not.
+    for (const auto& p : plain->parameters().params()) {
+      const bool qk = p->spec.name.find("q_layernorm.") != std::string::npos ||
+                      p->spec.name.find("k_layernorm.") != std::string::npos;
+      EXPECT_EQ(applies_weight_decay(p->spec, {.decay_qk_layernorm = true}), p->spec.weight_decay || qk)
+          << p->spec.name;
+      EXPECT_EQ(applies_weight_decay(p->spec, {}), p->spec.weight_decay) << p->spec.name;
+    }
   }
 }
 

@@ -183,6 +183,35 @@ TEST(HfMapping, ConfigFieldsWeCannotBuildAreErrorsNamingThem) {
   EXPECT_NE(error_of([&] { read_hf_config(no_layers, "c.json"); }).find("no \"num_hidden_layers\""), std::string::npos);
 }
 
+// Linear RoPE scaling (position interpolation) is --rotary-seq-len-interpolation-factor, both ways;
+// Megatron's factor is a whole number, so a fractional one is refused, as is a model with both
+// scalings (config.json holds one).
+TEST(HfMapping, LinearRopeScalingIsTheInterpolationFactor) {
+  const nlohmann::json base = {{"model_type", "llama"},  {"hidden_size", 64},        {"intermediate_size", 128},
+                               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"max_position_embeddings", 64},
+                               {"vocab_size", 320},      {"hidden_act", "silu"}};
+  nlohmann::json linear = base;
+  linear["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  EXPECT_EQ(model_flags(linear)["--rotary-seq-len-interpolation-factor"], "4");
+  EXPECT_EQ(model_flags(linear).count("--use-rope-scaling"), 0u);
+  EXPECT_EQ(model_flags(base).count("--rotary-seq-len-interpolation-factor"), 0u);
+  linear["rope_scaling"]["factor"] = 2.5;
+  EXPECT_NE(error_of([&] { read_hf_config(linear, "c.json"); }).find("linear rope scaling with factor 2.5"),
+            std::string::npos);
+
+  TransformerConfig c = llama_like();
+  c.rotary_seq_len_interpolation_factor = 4;
+  const nlohmann::json exported = hf_config_json(Family::llama, c, 320, DType::f32, {});
+  EXPECT_EQ(exported["rope_scaling"], nlohmann::json({{"rope_type", "linear"}, {"factor", 4.0}}));
+  EXPECT_EQ(family_of_model(c), Family::llama);
+  c.window_size_left = 3;
+  EXPECT_NE(error_of([&] { family_of_model(c); }).find("takes no QKV bias and no RoPE scaling"), std::string::npos);
+  c.window_size_left = -1;
+  c.use_rope_scaling = true;
+  EXPECT_NE(error_of([&] { hf_config_json(Family::llama, c, 320, DType::f32, {}); }).find("holds one RoPE scaling"),
+            std::string::npos);
+}
+
 // Export: a LLaMA-like model with --qk-layernorm is Qwen3's; with a QKV bias or a sliding window,
 // or GPT-2-like, it has no family (its norms or those features would be dropped).
 TEST(HfMapping, QkLayernormModelsExportAsQwen3) {
@@ -312,8 +341,9 @@ TEST(HfMapping, Qwen3MoeConfigAndFamily) {
   v5.erase("num_experts");
   v5["num_local_experts"] = 6;
   EXPECT_EQ(model_flags(v5)["--num-experts"], "6");
-  EXPECT_NE(error_of([&] { read_hf_config(with("num_local_experts", 6), "c.json"); })
-                .find("\"num_experts\" 8 and \"num_local_experts\" 6 disagree"),
+  EXPECT_NE(error_of([&] {
+              read_hf_config(with("num_local_experts", 6), "c.json");
+            }).find("\"num_experts\" 8 and \"num_local_experts\" 6 disagree"),
             std::string::npos);
 
   TransformerConfig c = llama_like();

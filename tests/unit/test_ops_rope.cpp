@@ -166,6 +166,32 @@ TEST(Rope, LlamaThreeScalingMatchesKnownAnswers) {
   EXPECT_NEAR(ops::rope_inv_freq(30, 128, unscaled), 0.00213111954, 1e-6 * 0.00213111954);
 }
 
+// --rotary-seq-len-interpolation-factor f: position p turns by the angles of p / f. Known answer:
+// D = 4, position 2, f = 2: the first pair (inv_freq 1) turns by exactly 1 radian, as position 1
+// does unscaled. Against Megatron's formulation (positions times 1/f, then times inv_freq) at
+// f = 3, where the two roundings differ: angles below 10 rad agree to a few float ulp (1e-6 rad).
+TEST(Rope, InterpolationFactorTurnsPositionPAsPOverTheFactor) {
+  const Tensor x = Tensor::from_vector({1, 0, 0, 0}, {1, 1, 1, 4}, DType::f64);
+  Tensor y = Tensor::empty({1, 1, 1, 4}, DType::f64);
+  ops::rope_forward(y, x, {.position_offset = 2, .seq_len_interpolation_factor = 2.0f});
+  EXPECT_DOUBLE_EQ(y.item(0), std::cos(1.0));
+  EXPECT_DOUBLE_EQ(y.item(2), std::sin(1.0));
+
+  const RopeParams p{.position_offset = 20, .seq_len_interpolation_factor = 3.0f};
+  const Tensor xs = randn({kS, kB, kH, kD}, DType::f64, 4);
+  Tensor ys = poisoned(xs.shape(), DType::f64);
+  ops::rope_forward(ys, xs, p);
+  for (int64_t s = 0; s < kS; ++s)
+    for (int64_t c = 0; c < kD / 2; ++c) {
+      const float inv_freq = 1.0f / std::pow(p.base, float(2 * c) / float(kD));
+      const double angle = double(float(float(p.position_offset + s) * (1.0f / 3.0f)) * inv_freq);
+      const double x0 = xs.item(s * kB * kH * kD + c), x1 = xs.item(s * kB * kH * kD + c + kD / 2);
+      EXPECT_NEAR(ys.item(s * kB * kH * kD + c), x0 * std::cos(angle) - x1 * std::sin(angle), 1e-5);
+      EXPECT_NEAR(ys.item(s * kB * kH * kD + c + kD / 2), x1 * std::cos(angle) + x0 * std::sin(angle), 1e-5);
+    }
+  EXPECT_EQ(ops::rope_inv_freq(1, 8, p), ops::rope_inv_freq(1, 8, {}) / 3.0f);
+}
+
 namespace {
 
 // Split + rope of q and k + merge, through the separate ops: the definition of rope_*_qkv.

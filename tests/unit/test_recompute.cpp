@@ -79,15 +79,30 @@ TEST(RecomputeConfig, EveryBrokenRuleIsNamed) {
   EXPECT_TRUE(mentions(validate_recompute(modules_alone, 4), "applies to --recompute-granularity selective"));
   EXPECT_TRUE(validate_recompute(selective({"moe", "moe_act"}), 4).empty());
   EXPECT_TRUE(validate_recompute(full("uniform", 1), 4).empty());  // with MoE layers too
-  EXPECT_TRUE(mentions(validate_recompute(selective({"shared_experts"}), 4), "shared_experts: Megatron's module, not built"));
+  EXPECT_TRUE(
+      mentions(validate_recompute(selective({"shared_experts"}), 4), "shared_experts: Megatron's module, not built"));
   EXPECT_TRUE(mentions(validate_recompute(selective({"attn"}), 4), "attn: unknown module"));
+
+  // Megatron's deprecated --moe-layer-recompute: selective, moe beside the modules (the default
+  // core_attn, or those given), and refused beside full.
+  RecomputeConfig moe_layer;
+  moe_layer.moe_layer_recompute = true;
+  EXPECT_TRUE(validate_recompute(moe_layer, 4).empty());
+  EXPECT_TRUE(moe_layer.selective());
+  EXPECT_TRUE(moe_layer.recomputes("moe") && moe_layer.recomputes("core_attn") && !moe_layer.recomputes("mlp"));
+  RecomputeConfig with_mlp = selective({"mlp"});
+  with_mlp.moe_layer_recompute = true;
+  EXPECT_TRUE(with_mlp.recomputes("moe") && with_mlp.recomputes("mlp") && !with_mlp.recomputes("core_attn"));
+  RecomputeConfig with_full = full("uniform", 1);
+  with_full.moe_layer_recompute = true;
+  EXPECT_TRUE(mentions(validate_recompute(with_full, 4), "--moe-layer-recompute is Megatron's deprecated spelling"));
 }
 
 struct Pass {
   double loss;
   Tensor grads;
   int64_t activation_bytes;
-  int64_t moe_layers;                     // the MoE layers' routing statistics of the forward
+  int64_t moe_layers;  // the MoE layers' routing statistics of the forward
   moe::MoEStats::Values moe_stats;
   std::vector<double> expert_loads;  // every router's tokens counted for its expert bias
 };
@@ -112,8 +127,12 @@ Pass run(TransformerConfig config, const RecomputeConfig& recompute) {
   model.parameters().zero_grads();
   const ForwardContext fwd{.training = true, .seed = 99, .step = 3};
   const LossSums sums = model.forward_backward(tokens, labels, mask, 0.125f, fwd, Tensor(), segments);
-  Pass pass{sums.loss_sum, model.parameters().grad_buffer().clone(), model.activation_bytes(), model.moe_stats().layers,
-            model.moe_stats().values(), {}};
+  Pass pass{sums.loss_sum,
+            model.parameters().grad_buffer().clone(),
+            model.activation_bytes(),
+            model.moe_stats().layers,
+            model.moe_stats().values(),
+            {}};
   for (const moe::MoELayer* layer : model.moe_layers())
     for (double n : layer->router().tokens_since_update()) pass.expert_loads.push_back(n);
   return pass;
@@ -212,7 +231,12 @@ TEST(RecomputeGradients, MoEAreBitIdenticalToKeepingEverything) {
       {"selective moe", selective({"moe"})},
       {"selective moe_act", selective({"moe_act"})},
       {"selective core_attn moe", selective({"core_attn", "moe"})},
-      {"selective layernorm", selective({"layernorm"})}};
+      {"selective layernorm", selective({"layernorm"})},
+      {"moe layer recompute", [] {
+         RecomputeConfig r;
+         r.moe_layer_recompute = true;
+         return r;
+       }()}};
   for (const auto& [what, recompute] : settings) {
     const Pass again = run(config, recompute);
     expect_bit_identical(kept, again, what);

@@ -10,15 +10,15 @@ namespace megatron {
 
 namespace {
 // One piece per owned range of a parameter: its elements of the concatenated shards.
-std::vector<AdamWState::Piece> shard_pieces(DistributedDataParallel& ddp) {
+std::vector<AdamWState::Piece> shard_pieces(DistributedDataParallel& ddp, const AdamWHyper& hyper) {
   MEGATRON_CHECK(ddp.config().use_distributed_optimizer,
                  "the distributed optimizer needs DDP built with use_distributed_optimizer (its padded buckets)");
   ParameterRegistry& registry = ddp.registry();
   std::vector<AdamWState::Piece> pieces;
   for (const ShardParamRange& r : ddp.shards().params) {
     const ParamSpec& spec = registry.params()[r.param]->spec;
-    pieces.push_back({r.in_shards.begin, r.in_shards.end, ddp.grad_of(r), ddp.param_of(r), spec.weight_decay,
-                      spec.embedding_or_output});
+    pieces.push_back({r.in_shards.begin, r.in_shards.end, ddp.grad_of(r), ddp.param_of(r),
+                      applies_weight_decay(spec, hyper), spec.embedding_or_output});
   }
   return pieces;
 }
@@ -30,7 +30,7 @@ DistributedOptimizer::DistributedOptimizer(DistributedDataParallel& ddp, const P
     : Optimizer(ddp.registry(), hyper, ctx.world, std::move(grad_scaler)),
       ddp_(&ddp),
       // f32 state (f64 for f64 models), as the main grads.
-      state_(shard_pieces(ddp), ddp.shards().numel, ddp.registry().device(), ddp.registry().params_dtype(),
+      state_(shard_pieces(ddp, hyper), ddp.shards().numel, ddp.registry().device(), ddp.registry().params_dtype(),
              ddp.registry().grad_dtype(), state_options) {
   if (ddp.has_fp8_buckets()) hold_params_in_fp8();
 }

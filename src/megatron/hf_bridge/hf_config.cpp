@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <set>
 
 #include "megatron/core/error.h"
@@ -81,7 +82,8 @@ class Fields {
 
 using Flags = std::vector<std::pair<std::string, std::string>>;
 
-// rope_theta and Llama-3 scaling, from the v4 fields or the v5 rope_parameters.
+// rope_theta and the scaling (Llama-3's, or linear: position interpolation), from the v4 fields or
+// the v5 rope_parameters.
 void read_rope(Fields& f, Flags& flags) {
   nlohmann::json rope = nlohmann::json::object();
   if (f.present("rope_parameters")) rope = f.get("rope_parameters");
@@ -95,8 +97,21 @@ void read_rope(Fields& f, Flags& flags) {
                            : rope.contains("type")    ? rope["type"].get<std::string>()
                                                       : "default";
   if (type == "default") return;
-  MEGATRON_CHECK(type == "llama3", f.where() << ": rope_type \"" << type << "\" cannot be imported; we build the "
-                                             << "default RoPE and Llama-3's scaling (rope_type llama3)");
+  MEGATRON_CHECK(type == "llama3" || type == "linear",
+                 f.where() << ": rope_type \"" << type << "\" cannot be imported; we build the default RoPE, "
+                           << "Llama-3's scaling (rope_type llama3) and position interpolation (rope_type linear)");
+  MEGATRON_CHECK(rope.contains("factor") && rope["factor"].is_number(),
+                 f.where() << ": " << type << " rope scaling without a numeric \"factor\"");
+  if (type == "linear") {
+    // Megatron's --rotary-seq-len-interpolation-factor is an integer.
+    const double factor = rope["factor"].get<double>();
+    MEGATRON_CHECK(factor >= 1.0 && factor == std::floor(factor),
+                   f.where() << ": linear rope scaling with factor " << rope["factor"].dump()
+                             << " cannot be imported: Megatron's --rotary-seq-len-interpolation-factor takes a whole "
+                             << "number >= 1");
+    flags.emplace_back("--rotary-seq-len-interpolation-factor", std::to_string(int64_t(factor)));
+    return;
+  }
   // Megatron-Core fixes these three; another value would give other frequencies.
   const std::pair<const char*, double> fixed[] = {
       {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192.0}};
@@ -106,7 +121,6 @@ void read_rope(Fields& f, Flags& flags) {
                              << (rope.contains(key) ? rope[key].dump() : "(absent)") << " cannot be imported; "
                              << "Megatron's --use-rope-scaling fixes it to " << value);
   }
-  MEGATRON_CHECK(rope.contains("factor"), f.where() << ": llama3 rope scaling without \"factor\"");
   flags.emplace_back("--use-rope-scaling", "true");
   flags.emplace_back("--rope-scaling-factor", float_text(rope["factor"].get<double>()));
 }
@@ -144,9 +158,9 @@ void read_qwen_moe_layers(Fields& f, Family family, Flags& flags) {
   int64_t experts = f.integer("num_experts", qwen2 ? 60 : 128);
   if (!qwen2 && f.present("num_local_experts")) {
     const int64_t local = f.integer("num_local_experts");
-    MEGATRON_CHECK(!f.present("num_experts") || experts == local,
-                   f.where() << ": \"num_experts\" " << experts << " and \"num_local_experts\" " << local
-                             << " disagree; they name the same count");
+    MEGATRON_CHECK(!f.present("num_experts") || experts == local, f.where() << ": \"num_experts\" " << experts
+                                                                            << " and \"num_local_experts\" " << local
+                                                                            << " disagree; they name the same count");
     experts = local;
   }
   flags.insert(flags.end(),
@@ -354,6 +368,11 @@ nlohmann::json hf_config_json(Family family, const TransformerConfig& c, int64_t
             {"rope_theta", json_float(c.rotary_base)},
             {"attention_dropout", json_float(c.attention_dropout)},
             {"tie_word_embeddings", !c.untie_embeddings_and_output_weights}});
+  MEGATRON_CHECK(!(c.use_rope_scaling && c.rotary_seq_len_interpolation_factor),
+                 "--use-rope-scaling with --rotary-seq-len-interpolation-factor: Hugging Face's config.json holds "
+                 "one RoPE scaling, so this model cannot be exported");
+  if (c.rotary_seq_len_interpolation_factor)
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", double(*c.rotary_seq_len_interpolation_factor)}};
   if (c.use_rope_scaling)
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", json_float(c.rope_scaling_factor)},

@@ -33,10 +33,12 @@ std::optional<Family> family_of_model_type(const std::string& model_type) {
 }
 
 Family family_of_model(const TransformerConfig& c) {
+  // Llama-3's scaling or position interpolation: exported only where Llama-3's scaling is.
+  const bool rope_scaled = c.use_rope_scaling || c.rotary_seq_len_interpolation_factor.has_value();
   const bool gpt2_like = c.normalization == Normalization::LayerNorm && !c.swiglu &&
                          c.position_embedding_type == PositionEmbeddingType::learned_absolute && c.add_bias_linear &&
                          !c.untie_embeddings_and_output_weights && c.window_size_left < 0 &&
-                         c.num_query_groups == c.num_attention_heads && !c.use_rope_scaling && !c.qk_layernorm;
+                         c.num_query_groups == c.num_attention_heads && !rope_scaled && !c.qk_layernorm;
   if (gpt2_like) return Family::gpt2;
   const bool llama_like = c.normalization == Normalization::RMSNorm && c.swiglu &&
                           c.position_embedding_type == PositionEmbeddingType::rope && !c.add_bias_linear &&
@@ -65,21 +67,22 @@ Family family_of_model(const TransformerConfig& c) {
     }
     if (shared) {
       // Qwen2-MoE: as Qwen3-MoE's layers and router, beside a shared expert gated per token.
-      MEGATRON_CHECK(plain_router && m.moe_shared_expert_gate && c.window_size_left < 0 && !c.use_rope_scaling,
+      MEGATRON_CHECK(plain_router && m.moe_shared_expert_gate && c.window_size_left < 0 && !rope_scaled,
                      "this MoE model with a shared expert exports as Qwen2-MoE, which takes the softmax router "
                      "without top-k scaling, groups or expert bias, no capacity factor, --moe-shared-expert-gate "
-                     "(its shared expert is always gated), and no --window-size or --use-rope-scaling");
+                     "(its shared expert is always gated), and no --window-size or RoPE scaling (--use-rope-scaling, "
+                     "--rotary-seq-len-interpolation-factor)");
       return Family::qwen2_moe;
     }
     std::string why;
     const std::vector<bool> pattern = moe_layer_pattern(m.moe_layer_freq, c.num_layers, &why);
     const bool every_layer = why.empty() && std::all_of(pattern.begin(), pattern.end(), [](bool b) { return b; });
-    MEGATRON_CHECK(every_layer && plain_router && !m.moe_router_pre_softmax && !c.add_qkv_bias && !c.use_rope_scaling &&
+    MEGATRON_CHECK(every_layer && plain_router && !m.moe_router_pre_softmax && !c.add_qkv_bias && !rope_scaled &&
                        m.moe_ffn_hidden_size == c.ffn_hidden_size,
                    "this MoE model has no Hugging Face family to export as: Mixtral takes an MoE layer in every "
                    "layer (--moe-layer-freq 1), the softmax router without --moe-router-pre-softmax, top-k "
                    "scaling, groups or expert bias, no capacity factor, --moe-ffn-hidden-size equal to "
-                   "--ffn-hidden-size, and no --add-qkv-bias or --use-rope-scaling; with --qk-layernorm the model "
+                   "--ffn-hidden-size, and no --add-qkv-bias or RoPE scaling; with --qk-layernorm the model "
                    "exports as Qwen3-MoE, with a gated shared expert as Qwen2-MoE, which both also take dense "
                    "layers, --moe-router-pre-softmax and their own --moe-ffn-hidden-size");
     return Family::mixtral;
@@ -91,13 +94,14 @@ Family family_of_model(const TransformerConfig& c) {
     return Family::qwen3;
   }
   if (c.window_size_left >= 0) {
-    MEGATRON_CHECK(!c.add_qkv_bias && !c.use_rope_scaling,
-                   "a model with a sliding window exports as Mistral, which has no QKV bias and no Llama-3 RoPE "
-                   "scaling; drop --add-qkv-bias / --use-rope-scaling or --window-size");
+    MEGATRON_CHECK(!c.add_qkv_bias && !rope_scaled,
+                   "a model with a sliding window exports as Mistral, which takes no QKV bias and no RoPE scaling "
+                   "here; drop --add-qkv-bias / --use-rope-scaling / --rotary-seq-len-interpolation-factor or "
+                   "--window-size");
     return Family::mistral;
   }
   if (c.add_qkv_bias) {
-    MEGATRON_CHECK(!c.use_rope_scaling, "a model with a QKV bias exports as Qwen2, which has no Llama-3 RoPE scaling");
+    MEGATRON_CHECK(!rope_scaled, "a model with a QKV bias exports as Qwen2, which takes no RoPE scaling here");
     return Family::qwen2;
   }
   return Family::llama;

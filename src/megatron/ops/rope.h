@@ -11,6 +11,9 @@
 //   w = 2 pi / inv_freq[j], frequencies with w < 8192/4 stay, those with w > 8192/1 are divided by
 //   the factor, and those between blend the two: s = (8192 / w - 1) / (4 - 1),
 //   inv_freq = (1 - s) inv_freq / factor + s inv_freq.
+//   seq_len_interpolation_factor f (Megatron's --rotary-seq-len-interpolation-factor): the angles
+//   of position p / f, as inv_freq / f (Hugging Face's linear scaling computes it so; Megatron
+//   divides the positions, the same angles up to an ulp).
 // y may alias x (in place).
 #include "megatron/core/tensor.h"
 #include "megatron/ops/op.h"
@@ -23,6 +26,7 @@ struct RopeParams {
   bool interleaved = false;
   int64_t position_offset = 0;
   float scaling_factor = 0.0f;  // Llama-3.x scaling factor; 0: none
+  float seq_len_interpolation_factor = 1.0f;
 };
 
 // inv_freq[j] of the rotation above, in float32, for both backends (j < rot_dim / 2).

@@ -19,6 +19,12 @@ std::string optimizer_state_name(const std::string& param_name, const std::strin
 
 bool is_optimizer_state_name(const std::string& name) { return name.starts_with(kOptimizerStatePrefix); }
 
+bool applies_weight_decay(const ParamSpec& spec, const AdamWHyper& hyper) {
+  const bool qk_layernorm =
+      spec.name.find("q_layernorm.") != std::string::npos || spec.name.find("k_layernorm.") != std::string::npos;
+  return spec.weight_decay || (hyper.decay_qk_layernorm && qk_layernorm);
+}
+
 bool is_saved_replica(const Parameter& p, const ParallelContext& ctx) {
   const Communicator& replicas = p.spec.expert_parallel ? *ctx.expert_dp : *ctx.dp_cp;
   return !p.is_duplicate() && replicas.rank() == 0;
@@ -101,12 +107,12 @@ bool Optimizer::restore_released_params(AdamWState& state, const PartRanges& par
 
 namespace {
 // One piece per parameter, in buffer order: its elements of the flat buffers.
-std::vector<AdamWState::Piece> parameter_pieces(ParameterRegistry& registry) {
+std::vector<AdamWState::Piece> parameter_pieces(ParameterRegistry& registry, const AdamWHyper& hyper) {
   std::vector<AdamWState::Piece> pieces;
   for (const auto& p : registry.params()) {
     const int64_t n = shape_numel(p->local_shape);
     pieces.push_back({p->buffer_offset, p->buffer_offset + n, p->main_grad.view({n}), p->data.view({n}),
-                      p->spec.weight_decay, p->spec.embedding_or_output});
+                      applies_weight_decay(p->spec, hyper), p->spec.embedding_or_output});
   }
   std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
   return pieces;
@@ -118,8 +124,8 @@ AdamWOptimizer::AdamWOptimizer(ParameterRegistry& registry, const ParallelContex
     : Optimizer(registry, hyper, ctx.mp, std::move(grad_scaler)),
       ctx_(&ctx),
       // f32 state (f64 for f64 models), as the main grads.
-      state_(parameter_pieces(registry), registry.num_local_elements(), registry.device(), registry.params_dtype(),
-             registry.grad_dtype(), state_options) {}
+      state_(parameter_pieces(registry, hyper), registry.num_local_elements(), registry.device(),
+             registry.params_dtype(), registry.grad_dtype(), state_options) {}
 
 namespace {
 // Whether the experts are split otherwise than the dense parameters (by EP, or an expert TP of

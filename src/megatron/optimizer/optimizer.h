@@ -43,7 +43,13 @@ struct OptimizerStepResult {
 
 struct AdamWHyper {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, clip_grad = 1.0;
+  bool decay_qk_layernorm = false;  // OptimizerArgs::decays_qk_layernorm()
 };
+
+// Whether weight decay applies to a parameter: where its spec says (not on biases and norm
+// weights), and on the query and key layernorms' weights and biases too under decay_qk_layernorm,
+// matched by name as Megatron matches them ("q_layernorm." or "k_layernorm." in the name).
+bool applies_weight_decay(const ParamSpec& spec, const AdamWHyper& hyper);
 
 // Checkpoint name of one piece of a parameter's optimizer state: "optimizer.<param>.<what>",
 // what = exp_avg, exp_avg_sq or fp32_param (the master copy, saved only when it differs from

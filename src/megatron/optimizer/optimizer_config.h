@@ -14,6 +14,9 @@ enum class LrDecayStyle { constant, linear, cosine, inverse_square_root, WSD };
 enum class WsdDecayStyle { exponential, linear, cosine, minus_sqrt };
 
 struct OptimizerArgs {
+  // Megatron's --optimizer: adam (AdamW, decoupled weight decay) is the one built; its other
+  // choices are refused.
+  std::string optimizer = "adam";
   double lr = 0.0;  // required
   double min_lr = 0.0;
   // The embedding and output layer's own maximum and minimum learning rate under the same schedule
@@ -28,6 +31,14 @@ struct OptimizerArgs {
   WsdDecayStyle lr_wsd_decay_style = WsdDecayStyle::exponential;
   int64_t lr_wsd_decay_iters = 0;
   double weight_decay = 0.01;
+  // Weight decay skips biases and norm weights; these put it back on the query and key layernorms
+  // (Megatron's Qwen3-Next grouping). --no-weight-decay-cond-type apply_wd_to_qk_layernorm is
+  // Megatron's deprecated spelling of the flag.
+  bool apply_wd_to_qk_layernorm = false;
+  std::string no_weight_decay_cond_type;
+  bool decays_qk_layernorm() const {
+    return apply_wd_to_qk_layernorm || no_weight_decay_cond_type == "apply_wd_to_qk_layernorm";
+  }
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;

@@ -1,6 +1,7 @@
 #include "megatron/parameters/parameter_registry.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "megatron/core/rng.h"
 #include "megatron/ops/elementwise.h"
@@ -48,6 +49,16 @@ std::vector<int64_t> part_begins(const std::vector<int64_t>& ends, int64_t numel
                                 << p->buffer_offset + shape_numel(p->local_shape) << ", a part ends at " << *it << ")");
   }
   return begins;
+}
+
+// Xavier's bound sqrt(6 / (fan_in + fan_out)) for the matrix of the last two dims (torch's fans of
+// a 2-D weight (out, in)); an expert weight (E, out, in) is E such matrices.
+float xavier_uniform_bound(const ParamSpec& spec) {
+  const Shape& shape = spec.global_shape;
+  MEGATRON_CHECK(shape.size() >= 2, "--init-method-xavier-uniform: " << spec.name << " of shape " << shape_str(shape)
+                                                                     << " is not a matrix");
+  const double fan_out = double(shape[shape.size() - 2]), fan_in = double(shape.back());
+  return float(std::sqrt(6.0 / (fan_in + fan_out)));
 }
 }  // namespace
 
@@ -278,7 +289,7 @@ void ParameterRegistry::drop_buffers(bool params, bool grads) {
   }
 }
 
-void ParameterRegistry::initialize(uint64_t seed) {
+void ParameterRegistry::initialize(uint64_t seed, bool xavier_uniform) {
   MEGATRON_CHECK(param_parts_.size() == 1, "initialize() needs the flat parameter buffer; call it before sharding");
   Tensor& param_buffer = param_parts_[0];
   // Values are drawn on the host in parallel (each element is independent), then stored in
@@ -291,11 +302,14 @@ void ParameterRegistry::initialize(uint64_t seed) {
     const float std_dev = p->spec.init_std;
     const InitMethod init = p->spec.init;
     const Parameter& param = *p;
+    const float xavier_bound = xavier_uniform && init == InitMethod::normal ? xavier_uniform_bound(p->spec) : 0.0f;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
+      const uint64_t at = uint64_t(param.global_index(i));
       values[size_t(i)] = init == InitMethod::zeros  ? 0.0f
                           : init == InitMethod::ones ? 1.0f
-                                                     : std_dev * rng.normal(uint64_t(param.global_index(i)));
+                          : xavier_uniform           ? xavier_bound * (2.0f * rng.uniform(at) - 1.0f)
+                                                     : std_dev * rng.normal(at);
     }
     Tensor dst = p->view_of(host);
     ops::cast(dst, Tensor::from_blob(values.data(), p->local_shape, DType::f32));

@@ -72,8 +72,11 @@ class ParameterRegistry {
   // Makes the flat buffers on `device` and points every parameter into them.
   void allocate(DType params_dtype, Device device = Device::cpu());
   // Initialises every parameter from (seed, name, global element index): independent of TP
-  // layout and of registration order.
-  void initialize(uint64_t seed);
+  // layout and of registration order. xavier_uniform (Megatron's --init-method-xavier-uniform):
+  // the InitMethod::normal parameters are drawn from U(-a, a) instead, a = sqrt(6 / (fan_in +
+  // fan_out)) of their global matrix (the last two dims; an expert's own matrix), as Megatron's
+  // torch.nn.init.xavier_uniform_ draws them under --use-cpu-initialization.
+  void initialize(uint64_t seed, bool xavier_uniform = false);
   // Zeroes every main gradient.
   void zero_grads();
   // The training step's zeroing (DDP::zero_grad): zeroes the main gradients except those of

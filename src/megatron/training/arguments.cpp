@@ -96,6 +96,9 @@ std::vector<Flag> build_flag_table() {
        "Llama-3.x RoPE frequency scaling (low/high frequency factors 1 and 4, original context 8192)"},
       {"--rope-scaling-factor", FIELD(model.rope_scaling_factor), model,
        "Factor of --use-rope-scaling (Llama-3.1: 8, Llama-3.2: 32)"},
+      {"--rotary-seq-len-interpolation-factor", FIELD(model.rotary_seq_len_interpolation_factor), model,
+       "Position interpolation: RoPE rotates position p by the angles of p / factor (Hugging Face's linear "
+       "scaling); a checkpoint may be fine-tuned at another factor"},
       {"--window-size", FIELD(window_size), model,
        "Sliding-window attention \"L,R\": query i sees keys i-L..i+R (-1: unlimited; causal models take R = 0); "
        "unset: full attention"},
@@ -107,6 +110,9 @@ std::vector<Flag> build_flag_table() {
        "Separate output layer instead of the word embeddings"},
       {"--init-method-std", FIELD(model.init_method_std), model,
        "Std of the normal weight init (output projections use std/sqrt(2*layers))"},
+      {"--init-method-xavier-uniform", Switch{FIELD(model.init_method_xavier_uniform), true}, model,
+       "Draw the weights --init-method-std would draw from Xavier's uniform distribution instead, from each "
+       "weight's whole matrix (Megatron's fans under --use-cpu-initialization)"},
       {"--attention-dropout", FIELD(model.attention_dropout), model, "Dropout on attention probabilities"},
       {"--hidden-dropout", FIELD(model.hidden_dropout), model, "Dropout on the residual branches"},
       {"--num-experts", FIELD(model.moe.num_moe_experts), moe, "Experts per MoE layer; unset: a dense model"},
@@ -170,6 +176,8 @@ std::vector<Flag> build_flag_table() {
        {"full", "selective"}},
       {"--recompute-activations", Switch{FIELD(model.recompute.recompute_activations), true}, recompute,
        "The same as --recompute-granularity selective"},
+      {"--moe-layer-recompute", Switch{FIELD(model.recompute.moe_layer_recompute), true}, recompute,
+       "Megatron's deprecated spelling of selective recomputation with moe beside the --recompute-modules"},
       {"--recompute-method",
        FIELD(model.recompute.recompute_method),
        recompute,
@@ -336,7 +344,19 @@ std::vector<Flag> build_flag_table() {
        "Length of the WSD anneal; required with --lr-decay-style WSD"},
       {"--lr-wsd-decay-samples", FIELD(optimizer.lr_wsd_decay_samples), lr,
        "Length of the WSD anneal in samples, with --train-samples"},
+      {"--optimizer",
+       FIELD(optimizer.optimizer),
+       optimizer,
+       "Adam with decoupled weight decay (Megatron's adam); the other optimizers are not built",
+       {"adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"}},
       {"--weight-decay", FIELD(optimizer.weight_decay), optimizer, "Decoupled weight decay (not on biases, norms)"},
+      {"--apply-wd-to-qk-layernorm", Switch{FIELD(optimizer.apply_wd_to_qk_layernorm), true}, optimizer,
+       "Weight decay on the query and key layernorms (--qk-layernorm) too"},
+      {"--no-weight-decay-cond-type",
+       FIELD(optimizer.no_weight_decay_cond_type),
+       optimizer,
+       "Megatron's deprecated spelling of --apply-wd-to-qk-layernorm",
+       {"apply_wd_to_qk_layernorm"}},
       {"--clip-grad", FIELD(optimizer.clip_grad), optimizer, "Clip the global gradient L2 norm to this; 0 disables"},
       {"--adam-beta1", FIELD(optimizer.adam_beta1), optimizer, "Adam beta1"},
       {"--adam-beta2", FIELD(optimizer.adam_beta2), optimizer, "Adam beta2"},
@@ -419,6 +439,14 @@ std::vector<Flag> build_flag_table() {
        "Load weights only: iteration 0, fresh optimizer and scheduler"},
       {"--no-save-optim", Switch{FIELD(no_save_optim), true}, checkpoint, "Leave optimizer state out of checkpoints"},
       {"--no-load-optim", Switch{FIELD(no_load_optim), true}, checkpoint, "Do not load optimizer state"},
+      {"--dist-ckpt-strictness",
+       FIELD(dist_ckpt_strictness),
+       checkpoint,
+       "Weights the model holds that the checkpoint lacks: an error (assume_ok_unexpected, raise_*), or kept at "
+       "their initial values (log_* with a warning naming them; return_*, ignore_all silently); *_all also warn "
+       "of (log_all) or refuse (raise_all) weights the checkpoint holds that no rank's model does",
+       {"assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all", "return_unexpected",
+        "return_all", "ignore_all"}},
       {"--async-save", Switch{FIELD(async_save), true}, checkpoint,
        "Take the state into host memory at the save iteration and write the files from a background thread "
        "while training goes on; published (atomically) once every rank has written"},
@@ -602,6 +630,29 @@ std::vector<Flag> build_flag_table() {
       {"--no-position-embedding", Switch{FIELD(implementation.add_position_embedding), false}, impl,
        "Megatron's deprecated switch: accepted with --position-embedding-type rope (no learned position table), "
        "which it needs here as in Megatron"},
+      {"--use-dist-ckpt", Switch{FIELD(implementation.use_dist_ckpt), true}, impl,
+       "Megatron's deprecated flag, without effect there too: --ckpt-format chooses the format"},
+      {"--dist-ckpt-format", FIELD(implementation.dist_ckpt_format), impl,
+       "Megatron's deprecated flag, without effect there too: --ckpt-format chooses the format"},
+      {"--ckpt-fully-parallel-save", Switch{FIELD(implementation.ckpt_fully_parallel_save), true}, impl,
+       "Megatron's deprecated flag, without effect there too: every rank writes its own shards here"},
+      {"--num-dataset-builder-threads", FIELD(implementation.num_dataset_builder_threads), impl,
+       "Threads that build the dataset indices: one per rank here, the same indices"},
+      {"--dist-ckpt-workers", FIELD(implementation.dist_ckpt_workers), impl,
+       "Processes that write an async save: one thread per rank writes it here, the same files"},
+      {"--ddp-pad-buckets-for-high-nccl-busbw", Switch{FIELD(implementation.ddp_pad_buckets_for_high_nccl_busbw), true},
+       impl, "Bucket sizes padded for NCCL's bandwidth: a transport choice, the same sums"},
+      {"--no-gradient-reduce-div-fusion", Switch{FIELD(implementation.gradient_reduce_div_fusion), false}, impl,
+       "Where the 1/DP scaling of the gradients happens: the same products either way"},
+      {"--ddp-reduce-scatter-with-fp32-accumulation",
+       Switch{FIELD(implementation.ddp_reduce_scatter_with_fp32_accumulation), true}, impl,
+       "Gradients always reduce in fp32 here"},
+      {"--moe-shared-expert-overlap", Switch{FIELD(implementation.moe_shared_expert_overlap), true}, impl,
+       "Megatron's overlap of the shared expert with the token exchange: the shared expert runs before the router "
+       "here, Megatron's order without the flag (whose gradients sum in the other order, a rounding apart)"},
+      {"--openai-gelu", Switch{FIELD(implementation.openai_gelu), true}, impl,
+       "Megatron's legacy GELU switch, read by no Megatron-Core layer: GELU here is the tanh form, openai_gelu's "
+       "and Megatron's fused bias-GELU's"},
   };
 }
 
@@ -630,7 +681,32 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
       "too), and megatron plan predicts them";
   const std::string wandb =
       "Weights & Biases logging: use --tensorboard-dir (TensorBoard event files) or --metrics-file (JSONL)";
-  return {
+  const std::string adam_only =
+      "the optimizer here is Adam with decoupled weight decay (Megatron's --optimizer adam): drop the flag";
+  const std::string fim =
+      "fill-in-the-middle data (Megatron's GPTFIMDataset) is not built: the data here is pretraining text as "
+      "preprocess-data writes it";
+  const std::string hybrid =
+      "Mamba and other hybrid or heterogeneous layer stacks are not built: every layer "
+      "here is a transformer layer";
+  std::vector<flags::NotBuilt> not_built = {
+      {"--batch-size", "Megatron's old flag, refused by Megatron too: use --micro-batch-size"},
+      {"--warmup", "Megatron's old flag, refused by Megatron too: use --lr-warmup-fraction or --lr-warmup-iters"},
+      {"--model-parallel-size", "Megatron's old flag, refused by Megatron too: use --tensor-model-parallel-size"},
+      {"--checkpoint-activations",
+       "Megatron's old flag, refused by Megatron too: use --recompute-activations, or --recompute-granularity with "
+       "--recompute-method"},
+      {"--sgd-momentum", adam_only},
+      {"--lion-beta1", adam_only},
+      {"--lion-beta2", adam_only},
+      {"--ddp-num-buckets", "the gradient buckets here are sized by --ddp-bucket-size: write that"},
+      {"--ddp-average-in-collective",
+       "gradients are scaled by 1/DP before they are summed here (Megatron's default): drop the flag"},
+      {"--fp16-lm-cross-entropy", "the cross entropy runs in fp32 here (Megatron's default): drop the flag"},
+      {"--check-for-large-grads",
+       "Megatron's rerun state machine is not built: a non-finite loss or gradient stops the run (or skips the "
+       "step, with --no-check-for-nan-in-loss-and-grad); drop the flag"},
+      {"--squared-relu", "squared ReLU is not built: the MLP's activation is GELU, or SwiGLU with --swiglu"},
       {"--use-legacy-models", "Megatron-Core's GPT model is the only model here; drop the flag"},
       {"--apply-layernorm-1p", "norm weights are used as stored, not as 1 + w: drop the flag"},
       {"--use-pytorch-profiler", torch_profiler},
@@ -647,9 +723,6 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
       {"--grad-reduce-in-bf16", "gradients reduce in fp32 here: drop the flag"},
       {"--num-distributed-optimizer-instances",
        "the distributed optimizer shards over the whole data-parallel group here: drop the flag"},
-      {"--dist-ckpt-strictness",
-       "checkpoints load strictly here: every tensor of the model must be in the checkpoint, at the shapes the "
-       "metadata gives; drop the flag"},
       {"--multi-latent-attention", mla},
       {"--q-lora-rank", mla},
       {"--kv-lora-rank", mla},
@@ -690,7 +763,29 @@ std::vector<flags::NotBuilt> megatron_flags_not_built() {
       {"--wandb-project", wandb},
       {"--wandb-exp-name", wandb},
       {"--wandb-save-dir", wandb},
+      {"--yaml-cfg",
+       "Megatron's nested YAML configuration is not read: --config takes a YAML file of flag values "
+       "(keys: flag names without the leading dashes)"},
+      {"--spec", "the layers here are Megatron-Core's GPT layers, chosen by flags; no module spec is read"},
+      {"--encoder-num-layers", "a GPT model's depth is --num-layers: write that"},
+      {"--decoder-num-layers", "a GPT model's depth is --num-layers: write that"},
+      {"--no-rope-freq", "RoPE is applied in every layer here (Llama-4's layers without it are not built)"},
+      {"--moe-use-upcycling", "turning a dense checkpoint into an MoE model is not built"},
+      {"--hybrid-layer-pattern", hybrid},
+      {"--hybrid-override-pattern", hybrid},
+      {"--heterogeneous-layers-config-path", hybrid},
+      {"--heterogeneous-layers-config-encoded-json", hybrid},
   };
+  for (const char* flag :
+       {"--fim-data", "--fim-rate", "--fim-spm-rate", "--fim-split-sample", "--fim-fragment-rate", "--fim-no-prefix",
+        "--fim-prefix-token", "--fim-middle-token", "--fim-suffix-token", "--fim-pad-token", "--fim-eod-token"})
+    not_built.push_back({flag, fim});
+  for (const char* flag :
+       {"--muon-momentum", "--muon-nesterov", "--muon-num-ns-steps", "--muon-scale-mode", "--muon-tp-mode",
+        "--muon-extra-scale-factor", "--muon-fp32-matmul-prec", "--muon-no-split-qkv", "--muon-coefficient-type",
+        "--muon-scalar-optimizer", "--muon-use-syrk"})
+    not_built.push_back({flag, adam_only});
+  return not_built;
 }
 
 const flags::FlagTable<TrainingArgs>& flag_table() {
@@ -947,6 +1042,10 @@ void check_schedule(const TrainingArgs& a, std::vector<std::string>& errors) {
 }
 
 void check_optimizer(const OptimizerArgs& o, std::vector<std::string>& errors) {
+  if (o.optimizer != "adam")
+    errors.push_back(concat("--optimizer ", o.optimizer,
+                            " is not built here: the optimizer is Adam with decoupled weight decay (Megatron's "
+                            "adam); write --optimizer adam or drop the flag"));
   if (o.weight_decay < 0.0) errors.push_back(concat("--weight-decay ", o.weight_decay, " must be >= 0: e.g. 0.1"));
   if (o.clip_grad < 0.0) errors.push_back(concat("--clip-grad ", o.clip_grad, " must be >= 0 (0 disables): e.g. 1"));
   for (const auto& [beta, flag] : {std::pair{o.adam_beta1, "--adam-beta1"}, std::pair{o.adam_beta2, "--adam-beta2"}}) {
@@ -1149,6 +1248,15 @@ void check_implementation_choices(const TrainingArgs& a, std::vector<std::string
     errors.push_back(
         "--rope-type yarn is not built here: RoPE is Megatron's rope type (with --use-rope-scaling for Llama-3.x); "
         "write rope or drop the flag");
+  for (const auto& [count, flag] : {std::pair{c.num_dataset_builder_threads, "--num-dataset-builder-threads"},
+                                    std::pair{c.dist_ckpt_workers, "--dist-ckpt-workers"}})
+    if (count < 1) errors.push_back(concat(flag, " ", count, " must be >= 1 (as in Megatron; it has no effect here)"));
+  if (c.moe_shared_expert_overlap && a.model.moe.moe_shared_expert_intermediate_size > 0 &&
+      a.model.moe.moe_token_dispatcher_type != TokenDispatcherType::alltoall)
+    errors.push_back(
+        "--moe-shared-expert-overlap overlaps the shared expert with the alltoall token exchange, and Megatron "
+        "refuses it beside --moe-token-dispatcher-type allgather: add --moe-token-dispatcher-type alltoall or drop "
+        "the flag");
   if (!c.ckpt_format.empty() && c.ckpt_format != "torch_dist")
     errors.push_back(concat("--ckpt-format ", c.ckpt_format,
                             " is not built here: checkpoints here reshard at load as torch_dist's do (Megatron's "

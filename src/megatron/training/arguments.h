@@ -31,7 +31,7 @@ struct DataArgs {
   bool eod_mask_loss = false;
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
-  int64_t num_workers = 2;  // loader: batches prefetched = 2 * num_workers (0: none)
+  int64_t num_workers = 2;                 // loader: batches prefetched = 2 * num_workers (0: none)
   std::string dataloader_type = "single";  // Megatron's samplers: single (built), cyclic, external
   double mid_level_dataset_surplus = 0.005;
 
@@ -91,6 +91,18 @@ struct MegatronImplementationChoices {
   // --position-embedding-type (which they do not set: one flag is never rewritten from another).
   bool use_rotary_position_embeddings = false;
   bool add_position_embedding = true;  // --no-position-embedding clears it
+  // Megatron's deprecated checkpoint flags, without effect there as here (--ckpt-format chooses).
+  bool use_dist_ckpt = false;
+  std::string dist_ckpt_format;
+  bool ckpt_fully_parallel_save = false;
+  // How Megatron builds and moves things, not what it computes: the same numbers either way.
+  int64_t num_dataset_builder_threads = 1;
+  int64_t dist_ckpt_workers = 1;
+  bool ddp_pad_buckets_for_high_nccl_busbw = false;
+  bool gradient_reduce_div_fusion = true;  // --no-gradient-reduce-div-fusion clears it
+  bool ddp_reduce_scatter_with_fp32_accumulation = false;
+  bool openai_gelu = false;  // read by no Megatron-Core layer; GELU here is its tanh form, as Megatron's fused one
+  bool moe_shared_expert_overlap = false;
 };
 
 struct TrainingArgs {
@@ -99,11 +111,11 @@ struct TrainingArgs {
   OptimizerArgs optimizer;
   DataArgs data;
 
-  std::string model_preset;       // --model-preset NAME: starting values for model fields
-  std::string window_size;        // --window-size "L,R" as given; derived into model.window_size_*
-  bool bf16 = false;              // --bf16: params_dtype bf16 (derived into model.params_dtype)
-  bool fp16 = false;              // --fp16: params_dtype f16 with loss scaling
-  int64_t world_size = 1;         // from the launcher, not a flag
+  std::string model_preset;  // --model-preset NAME: starting values for model fields
+  std::string window_size;   // --window-size "L,R" as given; derived into model.window_size_*
+  bool bf16 = false;         // --bf16: params_dtype bf16 (derived into model.params_dtype)
+  bool fp16 = false;         // --fp16: params_dtype f16 with loss scaling
+  int64_t world_size = 1;    // from the launcher, not a flag
   // Megatron's --calculate-per-token-loss: each step's loss is the global batch's loss sum over its
   // loss tokens, not the mean of each micro-batch's mean.
   bool calculate_per_token_loss = false;
@@ -179,6 +191,10 @@ struct TrainingArgs {
   bool finetune = false;
   bool no_save_optim = false;
   bool no_load_optim = false;
+  // Megatron's --dist-ckpt-strictness: what a load does with weights this rank's model holds that
+  // the checkpoint lacks, and (the *_all values) with weights the checkpoint holds that no rank's
+  // model does (checkpoint_io.h).
+  std::string dist_ckpt_strictness = "assume_ok_unexpected";
   // Megatron's non-persistent checkpoints, of type local only (training/local_checkpoint.h): each
   // rank keeps its own newest state in <dir>/rank_RRRRR, resumed only under the same layout.
   int64_t non_persistent_save_interval = 0;  // 0: none

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "megatron/core/error.h"
 #include "megatron/core/logging.h"
 #include "megatron/core/progress.h"
+#include "megatron/core/strings.h"
 #include "megatron/datasets/tokenizers/tokenizer.h"
 #include "megatron/distributed/fp8_params.h"
 #include "megatron/parallel/text_collectives.h"
@@ -271,12 +273,80 @@ void load_vocabulary_slice(const CheckpointReader& reader, const std::string& na
   slice.local.copy_from(host);
 }
 
+// --dist-ckpt-strictness (checkpoint_io.h, restore_training_state).
+bool keeps_lacked_weights(const std::string& strictness) {
+  return strictness != "assume_ok_unexpected" && !strictness.starts_with("raise_");
+}
+
+// This rank's parameters that the checkpoint does not hold.
+std::vector<std::string> lacked_weights(const CheckpointReader& reader, const ParameterRegistry& registry) {
+  std::vector<std::string> lacked;
+  for (const auto& p : registry.params())
+    if (!reader.has(p->spec.name)) lacked.push_back(p->spec.name);
+  return lacked;
+}
+
+// The first few names and how many more, for messages.
+std::string name_list(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 8;
+  std::string text;
+  for (size_t i = 0; i < std::min(names.size(), kShown); ++i) text += (i ? ", " : "") + names[i];
+  if (names.size() > kShown) text += concat(" and ", names.size() - kShown, " more");
+  return text;
+}
+
+// Weights of the checkpoint no rank's model holds, under the *_all values: the ranks' weight names
+// are gathered on rank 0, which compares them with the checkpoint's and sends every rank the list.
+void check_unused_weights(const CheckpointReader& reader, const CheckpointedModel& model,
+                          const std::string& strictness) {
+  if (strictness != "log_all" && strictness != "raise_all") return;
+  std::string held;
+  for (const auto& p : model.parameters.params()) held += p->spec.name + "\n";
+  for (moe::MoELayer* layer : model.moe_layers)
+    if (!layer->router().expert_bias().empty()) held += layer->router().expert_bias_name() + "\n";
+  Communicator& world = *model.ctx.world;
+  const std::vector<std::string> every_rank = gather_text(world, held, kRoot, model.device);
+  std::string unused;
+  if (world.rank() == kRoot) {
+    std::set<std::string> names;
+    for (const std::string& text : every_rank)
+      for (std::string_view rest = text; !rest.empty();) {
+        const size_t end = rest.find('\n');
+        names.emplace(rest.substr(0, end));
+        rest.remove_prefix(end + 1);
+      }
+    std::vector<std::string> listed;
+    for (const std::string& name : reader.names())
+      if (!is_optimizer_state_name(name) && name.find("._extra_state.") == std::string::npos && !names.count(name))
+        listed.push_back(name);
+    if (!listed.empty()) unused = concat(listed.size(), " weight(s) that no rank's model has: ", name_list(listed));
+  }
+  unused = broadcast_text(world, unused, kRoot, model.device);
+  if (unused.empty()) return;
+  MEGATRON_CHECK(strictness != "raise_all", "checkpoint " << reader.directory() << " holds " << unused
+                                                          << " (--dist-ckpt-strictness raise_all); load it into the "
+                                                          << "model it was saved from, or pass log_all to ignore them");
+  LOG_WARN("checkpoint " << reader.directory() << " holds " << unused
+                         << "; they are not loaded (--dist-ckpt-strictness " << strictness << ")");
+}
+
 // The model's state: every parameter's slices held here, the MoE routers' expert biases
 // (Megatron's persistent buffers, so --finetune loads them too) and the FP8 layers' recipe state
 // (fp8_checkpoint.h; part of Megatron's model state dict as well). One progress step per parameter:
 // on `given`, else on a reporter of its own ("checkpoint '<dir>' load").
 void load_model_state(const CheckpointReader& reader, const CheckpointedModel& model, const std::string& load_dir,
-                      ProgressReporter* given = nullptr) {
+                      const std::string& strictness, ProgressReporter* given = nullptr) {
+  const std::vector<std::string> lacked = lacked_weights(reader, model.parameters);
+  if (!lacked.empty()) {
+    MEGATRON_CHECK(keeps_lacked_weights(strictness),
+                   "checkpoint " << load_dir << " lacks " << lacked.size() << " weight(s) this model holds: "
+                                 << name_list(lacked) << "; load it into the model it was saved from, or pass "
+                                 << "--dist-ckpt-strictness log_unexpected to keep their initial values");
+    if (strictness.starts_with("log_"))
+      LOG_WARN("checkpoint " << load_dir << " lacks " << lacked.size()
+                             << " weight(s) this model holds: " << name_list(lacked)
+                             << "; they keep their initial values (--dist-ckpt-strictness " << strictness << ")");
+  }
   std::optional<ProgressReporter> own;
   if (!given)
     own.emplace("checkpoint '" + reader.directory() + "' load", int64_t(model.parameters.params().size()), "tensors");
@@ -284,6 +354,10 @@ void load_model_state(const CheckpointReader& reader, const CheckpointedModel& m
   const ParameterRegistry& registry = model.parameters;
   std::vector<Fp8ParamShard> fp8_values;  // FP8 parameters: the values read, whole, and the codes
   for (const auto& p : registry.params()) {
+    if (!reader.has(p->spec.name)) {  // kept at its initial values, as checked above
+      progress.advance();
+      continue;
+    }
     const std::optional<int64_t> stored_rows = changed_vocabulary_rows(reader, *p, model.config.true_vocab_size);
     if (registry.weights_sharded()) {
       MEGATRON_CHECK(!stored_rows, "checkpoint " << load_dir << " holds " << stored_rows.value_or(0) << " rows of "
@@ -553,7 +627,15 @@ void restore_training_state(const CheckpointReader& reader, const TrainingArgs& 
                                     << args.parallel.tensor_model_parallel_size
                                     << ": its optimizer state does not fit; resume at the checkpoint's TP, or start "
                                     << "from its weights with --finetune or --no-load-optim");
-  load_model_state(reader, model, reader.directory());
+  const std::vector<std::string> lacked = lacked_weights(reader, model.parameters);
+  MEGATRON_CHECK(!restore_optimizer || lacked.empty() || !keeps_lacked_weights(args.dist_ckpt_strictness),
+                 "checkpoint " << reader.directory() << " lacks " << lacked.size() << " weight(s) this model holds ("
+                               << name_list(lacked) << "), kept at their initial values under --dist-ckpt-strictness "
+                               << args.dist_ckpt_strictness << ", and fresh optimizer state for some parameters "
+                               << "beside restored state for the others is not built: add --no-load-optim (fresh "
+                               << "optimizer state for all) or --finetune");
+  check_unused_weights(reader, model, args.dist_ckpt_strictness);
+  load_model_state(reader, model, reader.directory(), args.dist_ckpt_strictness);
 
   if (optimizer) {
     if (restore_optimizer) {
@@ -649,7 +731,7 @@ datasets::TokenizerOptions run_tokenizer_options(const datasets::TokenizerOption
 void load_model_weights(const std::string& load_dir, const CheckpointedModel& model, int64_t ckpt_step,
                         ProgressReporter* progress) {
   const CheckpointReader reader = open_chosen(load_dir, ckpt_step, /*describe=*/false);
-  load_model_state(reader, model, load_dir, progress);
+  load_model_state(reader, model, load_dir, TrainingArgs{}.dist_ckpt_strictness, progress);
 }
 
 }  // namespace megatron

@@ -82,18 +82,21 @@ struct CheckpointedModel {
         parameters(model.parameters()),
         moe_layers(model.moe_layers()),
         fp8_linears(model.fp8_linears()),
-        device(model.device()) {}
+        device(model.device()),
+        ctx(model.context()) {}
   CheckpointedModel(ModelChunks& chunks)
       : config(chunks.config()),
         parameters(chunks.parameters()),
         moe_layers(chunks.moe_layers()),
         fp8_linears(chunks.fp8_linears()),
-        device(chunks.device()) {}
+        device(chunks.device()),
+        ctx(chunks.chunk(0).context()) {}
   const TransformerConfig& config;
   ParameterRegistry& parameters;
   std::vector<moe::MoELayer*> moe_layers;
   std::vector<tensor_parallel::Fp8Linear*> fp8_linears;
   Device device;
+  const ParallelContext& ctx;
 };
 
 // One save of the protocol above in its steps, so that the files can be written on another thread
@@ -163,6 +166,16 @@ std::vector<checkpointing::ShardedTensor> model_state(const CheckpointedModel& m
 nlohmann::json training_common_state(const TrainingArgs& args, const Optimizer* optimizer,
                                      const OptimizerParamScheduler& scheduler, const TrainingProgress& progress);
 // Restores from an opened checkpoint what load_training_checkpoint restores from --load's.
+// --dist-ckpt-strictness (Megatron's values; in its words "unexpected" are weights this rank's model
+// holds that the checkpoint lacks, "missing" weights the checkpoint holds that no rank's model
+// does; weights are the parameters, and among the unused also the routers' expert biases, not the
+// FP8 recipe state, which fp8_checkpoint.h handles):
+//   lacked weights: assume_ok_unexpected (the default), raise_unexpected, raise_all: an Error
+//     listing them before any tensor is read; log_*: a warning listing them, return_*, ignore_all:
+//     none; these keep their initial values. Their optimizer state cannot be restored: with it to
+//     restore (no --finetune or --no-load-optim) a load that lacks weights is an Error;
+//   unused weights (*_all): log_all warns, raise_all fails on every rank, naming them (a
+//     collective over ctx.world: the ranks' weights are gathered); the others ignore them.
 void restore_training_state(const checkpointing::CheckpointReader& reader, const TrainingArgs& args,
                             const CheckpointedModel& model, Optimizer* optimizer, OptimizerParamScheduler* scheduler,
                             TrainingProgress* progress);

@@ -434,7 +434,7 @@ void log_layout(const TrainingArgs& args, const ParallelContext& ctx, const Dist
 std::unique_ptr<Optimizer> make_optimizer(const TrainingArgs& args, ModelChunks& model, DistributedDataParallel& ddp,
                                           const ParallelContext& ctx) {
   const AdamWHyper hyper{args.optimizer.adam_beta1, args.optimizer.adam_beta2, args.optimizer.adam_eps,
-                         args.optimizer.clip_grad};
+                         args.optimizer.clip_grad, args.optimizer.decays_qk_layernorm()};
   const AdamWStateOptions state_options{
       .cpu_offload = args.optimizer.optimizer_cpu_offload,
       .offload_fraction = args.optimizer.optimizer_offload_fraction,
@@ -820,7 +820,7 @@ TrainingSummary pretrain(const TrainingArgs& args, const ParallelContext& groups
   const pipeline_parallel::PipelineSplit split =
       pipeline_parallel::pipeline_split(args.parallel, args.model.num_layers);
   ModelChunks model(args.model, ctx, device, split);
-  model.parameters().initialize(uint64_t(args.seed));
+  model.parameters().initialize(uint64_t(args.seed), args.model.init_method_xavier_uniform);
   for (const std::string& line : flags_without_effect(args)) LOG_INFO("> " << line);
   if (args.model.deterministic_mode)
     LOG_INFO("> deterministic mode: the embedding and attention backwards sum in a fixed order"

@@ -45,7 +45,8 @@ SelfAttention::SelfAttention(ParameterRegistry& registry, const ParallelContext&
       rope_params_{.base = config.rotary_base,
                    .percent = config.rotary_percent,
                    .interleaved = config.rotary_interleaved,
-                   .scaling_factor = config.use_rope_scaling ? config.rope_scaling_factor : 0.0f},
+                   .scaling_factor = config.use_rope_scaling ? config.rope_scaling_factor : 0.0f,
+                   .seq_len_interpolation_factor = float(config.rotary_seq_len_interpolation_factor.value_or(1))},
       cp_(ctx.cp && ctx.cp->size() > 1 ? ctx.cp : nullptr),
       cp_comm_type_(ctx.cp_comm_type),
       cp_a2a_(ctx.cp_a2a),
@@ -87,7 +88,7 @@ void SelfAttention::Saved::count(ActivationMemory& m) const {
 }
 
 Tensor SelfAttention::forward(const Tensor& x, const ForwardContext& fwd, Saved& saved) const {
-  const Tensor projected = linear_qkv_.forward(x, saved.qkv);  // (S,B,...): the whole sequence under SP too
+  const Tensor projected = linear_qkv_.forward(x, saved.qkv);         // (S,B,...): the whole sequence under SP too
   if (saved.qkv.input_t.codes.defined()) saved.qkv.input = Tensor();  // backward reads the FP8 cast of x^T
   return attend(projected, fwd, saved);
 }

@@ -17,12 +17,14 @@ bool contains(const std::vector<std::string>& list, const std::string& item) {
 
 void check_full(const RecomputeConfig& r, int64_t layers_per_pipeline_rank, std::vector<std::string>& e) {
   if (r.recompute_method.empty())
-    e.push_back("--recompute-granularity full needs --recompute-method uniform (every layer, in groups of "
-                "--recompute-num-layers) or block (the first --recompute-num-layers layers of each pipeline stage)");
+    e.push_back(
+        "--recompute-granularity full needs --recompute-method uniform (every layer, in groups of "
+        "--recompute-num-layers) or block (the first --recompute-num-layers layers of each pipeline stage)");
   if (!r.recompute_num_layers) {
-    e.push_back(concat("--recompute-granularity full needs --recompute-num-layers between 1 and the layers per "
-                       "pipeline rank (",
-                       layers_per_pipeline_rank, ")"));
+    e.push_back(
+        concat("--recompute-granularity full needs --recompute-num-layers between 1 and the layers per "
+               "pipeline rank (",
+               layers_per_pipeline_rank, ")"));
   } else if (*r.recompute_num_layers < 1 || *r.recompute_num_layers > layers_per_pipeline_rank) {
     e.push_back(concat("--recompute-num-layers ", *r.recompute_num_layers,
                        " must lie between 1 and the layers per pipeline rank (", layers_per_pipeline_rank,
@@ -33,6 +35,7 @@ void check_full(const RecomputeConfig& r, int64_t layers_per_pipeline_rank, std:
 
 bool RecomputeConfig::recomputes(const std::string& module) const {
   if (!selective()) return false;
+  if (module == "moe" && moe_layer_recompute) return true;
   return recompute_modules.empty() ? module == "core_attn" : contains(recompute_modules, module);
 }
 
@@ -54,8 +57,13 @@ std::vector<LayerSegment> recompute_segments(const RecomputeConfig& r, int64_t n
 std::vector<std::string> validate_recompute(const RecomputeConfig& r, int64_t layers_per_pipeline_rank) {
   std::vector<std::string> e;
   if (r.recompute_activations && r.recompute_granularity == "full")
-    e.push_back("--recompute-activations means --recompute-granularity selective, but --recompute-granularity is "
-                "full: give one of them");
+    e.push_back(
+        "--recompute-activations means --recompute-granularity selective, but --recompute-granularity is "
+        "full: give one of them");
+  if (r.moe_layer_recompute && r.recompute_granularity == "full")
+    e.push_back(
+        "--moe-layer-recompute is Megatron's deprecated spelling of --recompute-granularity selective "
+        "--recompute-modules moe, but --recompute-granularity is full: give one of them");
   if (r.full()) check_full(r, layers_per_pipeline_rank, e);
   if (!r.full() && !r.recompute_method.empty())
     e.push_back(concat("--recompute-method ", r.recompute_method,

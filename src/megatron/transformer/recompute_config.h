@@ -1,8 +1,8 @@
 #pragma once
 // Activation recomputation, with Megatron-Core's TransformerConfig names and flags
 // (--recompute-granularity, --recompute-method, --recompute-num-layers, --recompute-modules,
-// --recompute-activations). Plain data held by TransformerConfig::recompute; the block and the
-// layer read it through the functions below, and validate_recompute reports every broken rule.
+// --recompute-activations, and the deprecated --moe-layer-recompute). Plain data held by TransformerConfig::recompute;
+// the block and the layer read it through the functions below, and validate_recompute reports every broken rule.
 //
 // full: a checkpointed group of layers keeps only its input (the residual stream) and the
 //   forward's settings; backward runs the group's forward again to rebuild what its layers save,
@@ -31,14 +31,18 @@
 namespace megatron {
 
 struct RecomputeConfig {
-  std::string recompute_granularity;  // "", "full" or "selective"
+  std::string recompute_granularity;   // "", "full" or "selective"
   bool recompute_activations = false;  // Megatron's shorthand for --recompute-granularity selective
-  std::string recompute_method;       // "", "uniform" or "block" (full only)
+  std::string recompute_method;        // "", "uniform" or "block" (full only)
   std::optional<int64_t> recompute_num_layers;
   std::vector<std::string> recompute_modules;  // selective only; empty: Megatron's default core_attn
+  // Megatron's deprecated --moe-layer-recompute: selective, with moe beside the modules.
+  bool moe_layer_recompute = false;
 
   bool full() const { return recompute_granularity == "full"; }
-  bool selective() const { return recompute_granularity == "selective" || recompute_activations; }
+  bool selective() const {
+    return recompute_granularity == "selective" || recompute_activations || moe_layer_recompute;
+  }
   // Whether selective recomputation covers `module` (a --recompute-modules name).
   bool recomputes(const std::string& module) const;
 };

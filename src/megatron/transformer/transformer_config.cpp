@@ -109,6 +109,15 @@ void check_rope_scaling_and_window(const TransformerConfig& c, std::vector<std::
   if (c.use_rope_scaling && !(c.rope_scaling_factor > 0.0f)) {
     errors.push_back(concat("--rope-scaling-factor ", c.rope_scaling_factor, " must be positive: use e.g. 8"));
   }
+  if (const std::optional<int64_t> factor = c.rotary_seq_len_interpolation_factor) {
+    if (c.position_embedding_type != PositionEmbeddingType::rope)
+      errors.push_back(concat("--rotary-seq-len-interpolation-factor ", *factor,
+                              " interpolates RoPE positions, but --position-embedding-type is not rope: add "
+                              "--position-embedding-type rope or drop the factor"));
+    if (*factor < 1)
+      errors.push_back(concat("--rotary-seq-len-interpolation-factor ", *factor,
+                              " must be >= 1: the context length over the one trained at, e.g. 4"));
+  }
   if (c.window_size_left < -1) {
     errors.push_back(concat("--window-size ", c.window_size_left, ",", c.window_size_right,
                             ": the left size must be >= 0, or -1 for no window; use e.g. 4096,0"));

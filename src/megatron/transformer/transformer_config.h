@@ -5,6 +5,7 @@
 // inconsistency without rewriting anything. The parallel layout is not part of it: layers read
 // it from their ParallelContext (parallel/parallel_args.h).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,8 @@ struct TransformerConfig {
   bool rotary_interleaved = false;
   bool use_rope_scaling = false;     // Llama-3.x frequency scaling (ops/rope.h)
   float rope_scaling_factor = 8.0f;  // its factor (Llama-3.1: 8, Llama-3.2: 32)
+  // Position interpolation: RoPE angles of position p / factor (Hugging Face's linear scaling).
+  std::optional<int64_t> rotary_seq_len_interpolation_factor;
   // Sliding-window attention, Megatron's --window-size "L,R": query i sees keys [i - L, i + R];
   // -1 is unlimited. Causal models take R = 0 (or -1, the same under the causal mask).
   int64_t window_size_left = -1;
@@ -55,15 +58,16 @@ struct TransformerConfig {
   bool qk_layernorm = false;
   bool untie_embeddings_and_output_weights = false;
   float init_method_std = 0.02f;
+  bool init_method_xavier_uniform = false;  // ParameterRegistry::initialize
   float attention_dropout = 0.1f;
   float hidden_dropout = 0.1f;
   DType params_dtype = DType::f32;  // --bf16 / --fp16; f64 only for CPU gradient checks
   // --deterministic-mode: the GPU ops whose sums land in a varying order (float atomics) take
   // fixed-order kernels instead, so a run repeats its bits (the CPU ops always do).
   bool deterministic_mode = false;
-  MoEConfig moe;                    // mixture of experts; off unless --num-experts
-  RecomputeConfig recompute;        // activation recomputation; off unless --recompute-*
-  Fp8Config fp8;                    // FP8 GEMMs; off unless --fp8-format
+  MoEConfig moe;              // mixture of experts; off unless --num-experts
+  RecomputeConfig recompute;  // activation recomputation; off unless --recompute-*
+  Fp8Config fp8;              // FP8 GEMMs; off unless --fp8-format
 };
 
 // Fills the fields Megatron derives, where they are still 0: ffn_hidden_size (4h, or
