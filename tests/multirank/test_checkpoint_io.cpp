@@ -217,6 +217,24 @@ TEST_F(CheckpointIo, DistCkptStrictnessDecidesOnWeightsOneSideLacks) {
   }
 }
 
+// --override-ckpt-iteration: the resumed progress is iteration N and N global batches of samples
+// (Megatron's rewind), the checkpoint's own values without it.
+TEST_F(CheckpointIo, OverrideCkptIterationRewindsTheProgress) {
+  SavedRun run(st_.ctx, false, dir_);
+  save_training_checkpoint(run.args, run.model, run.optimizer.get(), run.scheduler,
+                           {.iteration = 7, .consumed_train_samples = 7 * run.args.global_batch_size}, st_.ctx);
+  for (const bool rewind : {false, true}) {
+    std::vector<std::string> argv = minimal_train_argv({"--load", dir_});
+    if (rewind) argv.insert(argv.end(), {"--override-ckpt-iteration", "3"});
+    const TrainingArgs args = parse_training_args(argv, st_.ctx.world->size());
+    GPTModel model(args.model, st_.ctx);
+    TrainingProgress progress;
+    ASSERT_TRUE(load_training_checkpoint(args, model, nullptr, nullptr, &progress));
+    EXPECT_EQ(progress.iteration, rewind ? 3 : 7);
+    EXPECT_EQ(progress.consumed_train_samples, (rewind ? 3 : 7) * args.global_batch_size);
+  }
+}
+
 }  // namespace
 }  // namespace megatron::testing
 

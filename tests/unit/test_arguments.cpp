@@ -774,6 +774,15 @@ TEST(ParseArgs, DistCkptStrictnessTakesMegatronsValues) {
                        "return_unexpected, return_all, ignore_all"));
 }
 
+TEST(ParseArgs, OverrideCkptIterationNeedsLoadWithoutFinetune) {
+  EXPECT_FALSE(parse_training_args(minimal_argv()).override_ckpt_iteration.has_value());
+  for (const Argv& wrong :
+       {Argv{"--override-ckpt-iteration", "3"}, Argv{"--override-ckpt-iteration", "-1", "--load", "/nonexistent-dir"},
+        Argv{"--override-ckpt-iteration", "3", "--load", "/nonexistent-dir", "--finetune"}})
+    EXPECT_TRUE(contains(parse_error(with(minimal_argv(), wrong)), "--override-ckpt-iteration "))
+        << parse_error(with(minimal_argv(), wrong));
+}
+
 // Megatron's old flags that Megatron itself refuses are refused naming their successors.
 TEST(ParseArgs, MegatronsRetiredFlagsNameTheirSuccessors) {
   const std::pair<Argv, std::string> cases[] = {

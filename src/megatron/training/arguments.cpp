@@ -435,6 +435,9 @@ std::vector<Flag> build_flag_table() {
       {"--save-interval", FIELD(save_interval), checkpoint, "Iterations between checkpoints; required with --save"},
       {"--ckpt-step", FIELD(ckpt_step), checkpoint,
        "Iteration of --load to resume from; 0: the tracker's (latest_checkpointed_iteration.txt)"},
+      {"--override-ckpt-iteration", FIELD(override_ckpt_iteration), checkpoint,
+       "Resume as from this iteration instead of the checkpoint's: the data loader replays from iteration x "
+       "--global-batch-size samples (the weights, optimizer and learning-rate schedule are the checkpoint's)"},
       {"--finetune", Switch{FIELD(finetune), true}, checkpoint,
        "Load weights only: iteration 0, fresh optimizer and scheduler"},
       {"--no-save-optim", Switch{FIELD(no_save_optim), true}, checkpoint, "Leave optimizer state out of checkpoints"},
@@ -1309,6 +1312,10 @@ void check_run(const TrainingArgs& a, std::vector<std::string>& errors) {
                             " chooses the iteration of --load DIR to resume from: give a saved iteration (> 0) and "
                             "--load, or leave it out to resume from the tracker's"));
   }
+  if (a.override_ckpt_iteration && (*a.override_ckpt_iteration < 0 || a.load.empty() || a.finetune))
+    errors.push_back(concat("--override-ckpt-iteration ", *a.override_ckpt_iteration,
+                            " sets the iteration a run resumed from --load continues at: give an iteration >= 0 and "
+                            "--load, without --finetune (which starts at iteration 0; Megatron refuses both too)"));
   if (a.finetune && a.load.empty()) {
     errors.push_back(
         "--finetune needs --load DIR: it starts from a checkpoint's weights; give --load or drop "

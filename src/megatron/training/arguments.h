@@ -188,6 +188,9 @@ struct TrainingArgs {
   datasets::TokenizerOptions tokenizer;
   int64_t save_interval = 0;
   int64_t ckpt_step = 0;  // the iteration --load reads; 0: the tracker's (Megatron treats 0 as unset too)
+  // Megatron's --override-ckpt-iteration: the loaded run continues as from this iteration, its data
+  // position rewound to iteration * global batch size samples (checkpoint_io.h).
+  std::optional<int64_t> override_ckpt_iteration;
   bool finetune = false;
   bool no_save_optim = false;
   bool no_load_optim = false;

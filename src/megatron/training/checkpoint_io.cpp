@@ -660,6 +660,21 @@ void restore_training_state(const CheckpointReader& reader, const TrainingArgs& 
     progress->skipped_iterations = common.at("skipped_iterations").get<int64_t>();
     progress->nan_iterations = common.at("nan_iterations").get<int64_t>();
     if (scheduler) scheduler->set_num_steps(common.at("scheduler_num_steps").get<int64_t>());
+    if (const std::optional<int64_t> iteration = args.override_ckpt_iteration) {
+      // Megatron's: the samples of `iteration` steps at this run's global batch size (the data
+      // loader replays from there), whatever the checkpoint's batch size was.
+      const std::string saved_batch = common.at("args").value("--global-batch-size", std::string());
+      if (!saved_batch.empty() && saved_batch != std::to_string(args.global_batch_size))
+        LOG_WARN("--override-ckpt-iteration " << *iteration << " counts " << args.global_batch_size
+                                              << " samples an iteration, but checkpoint " << reader.directory()
+                                              << " was saved at --global-batch-size " << saved_batch
+                                              << ": if the iteration is in that run's units, the data resumes at "
+                                              << "another sample");
+      progress->iteration = *iteration;
+      progress->consumed_train_samples = *iteration * args.global_batch_size;
+      LOG_INFO("  --override-ckpt-iteration: starting at iteration " << *iteration << " (consumed_train_samples "
+                                                                     << progress->consumed_train_samples << ")");
+    }
   }
 }
 

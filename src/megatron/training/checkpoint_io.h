@@ -181,7 +181,10 @@ void restore_training_state(const checkpointing::CheckpointReader& reader, const
                             TrainingProgress* progress);
 
 // Loads checkpoint_to_load(args.load, args.ckpt_step) (or nothing when it holds none). Restores the
-// model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress.
+// model weights, and unless --finetune / --no-load-optim the optimizer, scheduler and progress;
+// --override-ckpt-iteration N then sets the progress to iteration N and N x --global-batch-size
+// consumed samples (Megatron's rewind of the data loader; a warning where the checkpoint's batch
+// size differs), the scheduler staying the checkpoint's.
 // Returns whether a checkpoint was loaded.
 bool load_training_checkpoint(const TrainingArgs& args, const CheckpointedModel& model, Optimizer* optimizer,
                               OptimizerParamScheduler* scheduler, TrainingProgress* progress);
